@@ -1,0 +1,8 @@
+"""ascend_emu: Huawei Ascend NPU MLA / sparse-attention operators emulated on the CPU.
+
+Sub-packages: ``layouts`` (FRACTAL_NZ, paged caches), ``quant`` (rounding, int8 schemes,
+combined rows), ``ops`` (the op interface, torch_npu signatures over NumPy), ``emu`` (the CPU
+backend), ``torch_npu`` (a drop-in for ``import torch_npu``).
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,15 @@
+"""Storage layouts: matrix FRACTAL_NZ and the paged KV-cache modes (ops_reference §1.4, §2.3, §4)."""
+
+from .nz import (ACL_FORMAT_NAMES, FRACTAL_NZ, ND, NZArray, as_nz, c0_for, get_npu_format, nd_to_nz,
+                 nz_coords, nz_offset, nz_shape, nz_to_nd)
+from .paged import (CACHE_MODE_ALIASES, CACHE_MODES, NZ_ROW_BYTES, SKIP_INDEX, CacheLayout, CacheLocation,
+                    CacheMode, canonical_cache_mode, check_index_range, duplicate_slots, is_nz_mode,
+                    slots_from_cache_index, slots_from_pages, slots_from_positions)
+
+__all__ = [
+    "ACL_FORMAT_NAMES", "FRACTAL_NZ", "ND", "NZArray", "as_nz", "c0_for", "get_npu_format", "nd_to_nz",
+    "nz_coords", "nz_offset", "nz_shape", "nz_to_nd",
+    "CACHE_MODE_ALIASES", "CACHE_MODES", "NZ_ROW_BYTES", "SKIP_INDEX", "CacheLayout", "CacheLocation",
+    "CacheMode", "canonical_cache_mode", "check_index_range", "duplicate_slots", "is_nz_mode",
+    "slots_from_cache_index", "slots_from_pages", "slots_from_positions",
+]

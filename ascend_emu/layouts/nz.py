@@ -1,0 +1,221 @@
+"""FRACTAL_NZ: the matrix storage format torch_npu produces with ``npu_format_cast(x, 29)``.
+
+Source: ops_reference §1.4 (torch_npu ``FormatHelper.cpp::InferShapeNDToNZ``; the
+``npu_format_cast`` doc). For ND dims ``[..., M, N]`` of itemsize ``s``:
+
+- ``C0 = 32 // min(s, 2)``: 16 for fp16 / bf16, 32 for int8, and 16 for fp32 / int32 too
+  (torch_npu sizes 4-byte types as if they were 2-byte).
+- storage shape ``[..., ceil(N/C0), ceil(M/16), 16, C0]``; batch dims are kept;
+- a 1-D input ``[L]`` is treated as ``[L, 1]``, a 0-D input as ``[1, 1]``;
+- element ``(..., m, n)`` lives at storage ``[..., n // C0, m // 16, m % 16, n % C0]``;
+- padding elements are zero (unverified on hardware; ops_reference §8).
+
+This is *matrix* NZ over a whole tensor. The paged-cache NZ layout (per block
+``[D/C0, BlockSize, C0]`` with ``C0 = 32 bytes / itemsize``) lives in :mod:`.paged`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import DTypeError, ShapeError, arg_error
+
+#: ACL format ids as torch_npu numbers them.
+ND = 2
+FRACTAL_NZ = 29
+ACL_FORMAT_NAMES = {ND: "ND", FRACTAL_NZ: "FRACTAL_NZ"}
+
+#: Rows per fractal.
+M0 = 16
+#: Bytes per fractal row.
+FRACTAL_ROW_BYTES = 32
+
+_SUPPORTED = ("bfloat16", "float16", "float32", "int32", "int8")
+
+
+def _check_dtype(dtype: np.dtype, name: str = "x") -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype.name not in _SUPPORTED:
+        raise arg_error(DTypeError, name, f"one of {', '.join(_SUPPORTED)} for FRACTAL_NZ", dtype)
+    return dtype
+
+
+def c0_for(dtype) -> int:
+    """Columns per fractal, C0, of matrix FRACTAL_NZ for ``dtype``.
+
+    Returns ``32 // min(itemsize, 2)``: 16 for bf16 / fp16 / fp32 / int32, 32 for int8.
+
+    Raises:
+        DTypeError: dtype not one of bf16, fp16, fp32, int32, int8.
+    """
+    dtype = _check_dtype(dtype, "dtype")
+    return FRACTAL_ROW_BYTES // min(dtype.itemsize, 2)
+
+
+def _as_matrix_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    shape = tuple(int(s) for s in shape)
+    if len(shape) == 0:
+        return (1, 1)
+    if len(shape) == 1:
+        return (shape[0], 1)
+    return shape
+
+
+def nz_shape(shape: Sequence[int], dtype) -> tuple[int, ...]:
+    """Storage shape of an ND tensor of ``shape`` / ``dtype`` cast to FRACTAL_NZ.
+
+    Args:
+        shape: logical ND shape ``[..., M, N]`` (1-D and 0-D follow the rules in the module doc).
+        dtype: element dtype.
+
+    Returns:
+        ``(..., ceil(N/C0), ceil(M/16), 16, C0)``.
+
+    Raises:
+        DTypeError: unsupported dtype.
+    """
+    c0 = c0_for(dtype)
+    *batch, m, n = _as_matrix_shape(shape)
+    return (*batch, -(-n // c0), -(-m // M0), M0, c0)
+
+
+def nd_to_nz(x: np.ndarray) -> np.ndarray:
+    """Lay an ND array out as FRACTAL_NZ storage (zero padded).
+
+    Args:
+        x: ``[..., M, N]`` array of bf16 / fp16 / fp32 / int32 / int8 (any strides).
+
+    Returns:
+        New C-contiguous array of the same dtype, shape :func:`nz_shape` ``(x.shape, x.dtype)``.
+
+    Raises:
+        DTypeError: unsupported dtype.
+    """
+    x = np.asarray(x)
+    c0 = c0_for(x.dtype)
+    mat = x.reshape(_as_matrix_shape(x.shape))
+    *batch, m, n = mat.shape
+    n1, m1 = -(-n // c0), -(-m // M0)
+    out = np.zeros((*batch, n1, m1 * M0, c0), dtype=x.dtype)  # [..., N/C0, M_pad, C0]
+    full = n // c0
+    nb = len(batch)
+    if full:
+        # [..., M, full, C0] -> [..., full, M, C0]
+        src = mat[..., : full * c0].reshape(*batch, m, full, c0)
+        out[..., :full, :m, :] = np.moveaxis(src, nb + 1, nb)
+    if n % c0:
+        out[..., full, :m, : n % c0] = mat[..., full * c0 :]
+    return out.reshape(nz_shape(x.shape, x.dtype))
+
+
+def nz_to_nd(storage: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """Read FRACTAL_NZ storage back as the ND array of logical ``shape``.
+
+    Args:
+        storage: array of shape :func:`nz_shape` ``(shape, storage.dtype)``.
+        shape: the logical ND shape.
+
+    Returns:
+        New C-contiguous array of ``shape`` (padding dropped).
+
+    Raises:
+        ShapeError: ``storage.shape`` is not the NZ shape of ``shape``.
+    """
+    storage = np.asarray(storage)
+    want = nz_shape(shape, storage.dtype)
+    if storage.shape != want:
+        raise arg_error(ShapeError, "storage", f"NZ storage shape {want} for ND shape {tuple(shape)}",
+                        storage.shape)
+    mat_shape = _as_matrix_shape(shape)
+    *batch, m, n = mat_shape
+    n1, m1, _, c0 = want[-4:]
+    nb = len(batch)
+    s = storage.reshape(*batch, n1, m1 * M0, c0)[..., :m, :]  # [..., N/C0, M, C0]
+    nd = np.moveaxis(s, nb, nb + 1).reshape(*batch, m, n1 * c0)[..., :n]
+    return np.ascontiguousarray(nd).reshape(tuple(int(v) for v in shape))
+
+
+def nz_offset(shape: Sequence[int], dtype, index: Sequence[int]) -> int:
+    """Flat element offset, in the NZ storage, of logical element ``index`` of an ND tensor.
+
+    Args:
+        shape: logical ND shape.
+        dtype: element dtype.
+        index: logical coordinates, one per dim of ``shape`` (0-D: ``()``).
+
+    Returns:
+        Offset in elements from the start of the storage (multiply by itemsize for bytes).
+
+    Raises:
+        ShapeError: ``index`` has the wrong length or lies outside ``shape``.
+    """
+    shape = tuple(int(s) for s in shape)
+    index = tuple(int(i) for i in index)
+    if len(index) != len(shape) or any(not 0 <= i < s for i, s in zip(index, shape)):
+        raise arg_error(ShapeError, "index", f"coordinates inside {shape}", index)
+    st = nz_shape(shape, dtype)
+    mat_index = index + (0,) * (len(_as_matrix_shape(shape)) - len(index))
+    *bidx, m, n = mat_index
+    c0 = st[-1]
+    coords = (*bidx, n // c0, m // M0, m % M0, n % c0)
+    return int(np.ravel_multi_index(coords, st))
+
+
+def nz_coords(shape: Sequence[int], dtype, offset: int) -> tuple[int, ...] | None:
+    """Reverse of :func:`nz_offset`: logical coordinates stored at element ``offset``.
+
+    Returns:
+        The logical index tuple, or ``None`` when ``offset`` holds padding.
+
+    Raises:
+        ShapeError: ``offset`` outside the storage.
+    """
+    shape = tuple(int(s) for s in shape)
+    st = nz_shape(shape, dtype)
+    size = int(np.prod(st))
+    if not 0 <= int(offset) < size:
+        raise arg_error(ShapeError, "offset", f"an element offset in [0, {size})", offset)
+    *bidx, n1, m1, m0, c = np.unravel_index(int(offset), st)
+    c0 = st[-1]
+    m, n = m1 * M0 + m0, n1 * c0 + c
+    mat = _as_matrix_shape(shape)
+    if m >= mat[-2] or n >= mat[-1]:
+        return None
+    full = (*(int(b) for b in bidx), int(m), int(n))
+    return full[: len(shape)]  # 1-D [L] was [L, 1]; 0-D was [1, 1]
+
+
+class NZArray(np.ndarray):
+    """A weight that has been cast to FRACTAL_NZ.
+
+    Like a torch_npu tensor after ``npu_format_cast(x, 29)``, it shows its logical ND values
+    (indexing, ``np.asarray``) and knows its device storage (:meth:`storage`). Ops that require
+    FRACTAL_NZ weights check for this type (:func:`get_npu_format`).
+    """
+
+    npu_format = FRACTAL_NZ
+
+    def storage(self) -> np.ndarray:
+        """The FRACTAL_NZ storage bytes as the NPU holds them (shape :func:`nz_shape`)."""
+        return nd_to_nz(np.asarray(self))
+
+    def __array_finalize__(self, obj):  # views of a cast weight stay tagged
+        pass
+
+
+def as_nz(x: np.ndarray) -> NZArray:
+    """Copy ``x`` into a new :class:`NZArray` (the numpy form of ``npu_format_cast(x, 29)``).
+
+    Raises:
+        DTypeError: dtype without a FRACTAL_NZ layout.
+    """
+    x = np.asarray(x)
+    _check_dtype(x.dtype)
+    return np.array(x, copy=True, order="C").view(NZArray)
+
+
+def get_npu_format(x) -> int:
+    """ACL format id of ``x``: 29 for an :class:`NZArray`, else 2 (ND)."""
+    return FRACTAL_NZ if isinstance(x, NZArray) else ND

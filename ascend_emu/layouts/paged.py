@@ -1,0 +1,382 @@
+"""Paged / block KV-cache layouts: where each token's row lives, byte by byte.
+
+Sources: ops_reference §1.4 (paged NZ), §2.3 (mla_prolog cache modes and index meanings), §4
+(npu_kv_rmsnorm_rope_cache cache modes and index meanings).
+
+A cache is raw memory. Whatever shape it is declared with, the op writes bytes where the NPU
+would. Tokens are first mapped to a **slot** (a global row number ``block * BlockSize + row``),
+then a slot and an element to a byte offset:
+
+- ND modes (``PA_BSND``, ``PA_BLK_BSND``, ``BSND``, ``TND``, ``Norm``): row ``slot`` is
+  contiguous, at ``slot * Nkv * D`` elements (``[..., BlockSize, Nkv, D]`` order).
+- NZ modes (``PA_NZ``, ``PA_BLK_NZ``): each block is stored ``[D / C0, BlockSize, C0]`` with
+  ``C0 = 32 bytes / itemsize`` (16 for bf16 / fp16, 32 for int8); element ``d`` of slot
+  ``blk * bs + r`` sits at ``blk*bs*D + (d // C0)*bs*C0 + r*C0 + d % C0``.
+
+How an op's index tensor becomes slots differs between ops (ops_reference §6 gotcha 5):
+
+- ``PA_BSND`` / ``PA_NZ``: the index *is* the slot (:func:`slots_from_cache_index`).
+- ``npu_mla_prolog_v3`` ``PA_BLK_*``: the index holds **block ids** (:func:`slots_from_pages`
+  with ``page_offsets=False``).
+- ``npu_kv_rmsnorm_rope_cache`` ``PA_BLK_*``: the index holds **token offsets of page starts**,
+  ``block_id * BlockSize`` (:func:`slots_from_pages` with ``page_offsets=True``).
+- In both PA_BLK flavours a batch's tokens start at row 0 of its first listed block.
+- ``-1`` means "skip this token" (or, for PA_BLK, this page) everywhere it is accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, Sequence
+
+import numpy as np
+
+from ..errors import IndexRangeError, ModeError, ShapeError, arg_error
+
+CacheMode = Literal["PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND", "Norm"]
+
+#: Canonical cache-mode names.
+CACHE_MODES: tuple[str, ...] = ("PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND", "Norm")
+#: Other spellings the seeds use for the same layouts.
+CACHE_MODE_ALIASES = {"PA": "PA_BSND", "PA_BNSD": "PA_BSND", "PA_BLK_BNSD": "PA_BLK_BSND"}
+#: Bytes in one NZ fractal row; C0 = NZ_ROW_BYTES // itemsize.
+NZ_ROW_BYTES = 32
+#: The index value that means "do not write this token".
+SKIP_INDEX = -1
+
+
+def canonical_cache_mode(mode: str, *, allowed: Sequence[str] | None = None,
+                         name: str = "cache_mode") -> str:
+    """Canonical name of ``mode`` (aliases resolved).
+
+    Args:
+        mode: a cache-mode string as a seed spells it.
+        allowed: the spellings the calling op accepts (aliases included); default all.
+        name: argument name for the error message.
+
+    Raises:
+        ModeError: unknown mode, or one ``allowed`` does not list.
+    """
+    choices = tuple(allowed) if allowed is not None else CACHE_MODES + tuple(CACHE_MODE_ALIASES)
+    if not isinstance(mode, str) or mode not in choices:
+        raise arg_error(ModeError, name, f"one of {list(choices)}", repr(mode))
+    return CACHE_MODE_ALIASES.get(mode, mode)
+
+
+def is_nz_mode(mode: str) -> bool:
+    """True for the paged FRACTAL_NZ modes ``PA_NZ`` and ``PA_BLK_NZ``."""
+    return canonical_cache_mode(mode) in ("PA_NZ", "PA_BLK_NZ")
+
+
+class CacheLocation(NamedTuple):
+    """Logical meaning of one cache byte (see :meth:`CacheLayout.locate`)."""
+
+    block: int   #: block (BSND: batch; TND: 0; Norm: batch)
+    row: int     #: row inside the block (token position)
+    head: int    #: kv head (Nkv = 1 in every MLA op)
+    dim: int     #: element index inside the row's D elements
+    byte: int    #: byte inside that element (0 for int8)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheLayout:
+    """Geometry of one KV cache tensor in one cache mode.
+
+    Attributes:
+        mode: canonical cache mode.
+        num_blocks: blocks (PA_*: BlockNum; BSND / Norm: B; TND: 1).
+        block_size: rows per block (PA_*: BlockSize; BSND: S; Norm: cache_length; TND: T).
+        dim: elements per row and head (D: 512, 64, 576, or 656 bytes for combined rows).
+        itemsize: bytes per element (2 for bf16 / fp16, 1 for int8).
+        heads: kv heads Nkv (must be 1 for NZ and Norm modes).
+    """
+
+    mode: str
+    num_blocks: int
+    block_size: int
+    dim: int
+    itemsize: int
+    heads: int = 1
+
+    def __post_init__(self):
+        object.__setattr__(self, "mode", canonical_cache_mode(self.mode))
+        if self.nz:
+            if NZ_ROW_BYTES % self.itemsize:
+                raise arg_error(ShapeError, "itemsize", "1, 2 or 4 bytes for an NZ cache", self.itemsize)
+            if self.dim % self.c0:
+                raise arg_error(ShapeError, "D", f"a multiple of C0={self.c0} for an NZ cache", self.dim)
+            if self.heads != 1:
+                raise arg_error(ShapeError, "Nkv", "1 for an NZ cache", self.heads)
+        if self.mode == "Norm" and self.heads != 1:
+            raise arg_error(ShapeError, "N", "1 for a Norm cache [B, 1, cache_length, D]", self.heads)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_declared(cls, mode: str, shape: Sequence[int], itemsize: int, *,
+                      name: str = "cache") -> "CacheLayout":
+        """Layout of a cache from its declared shape.
+
+        Declared shapes: PA modes ``[BlockNum, BlockSize, Nkv, D]``; ``BSND`` ``[B, S, Nkv, D]``;
+        ``TND`` ``[T, Nkv, D]``; ``Norm`` ``[B, 1, cache_length, D]``.
+
+        Raises:
+            ShapeError: wrong rank, or an NZ cache whose D is not a multiple of C0.
+        """
+        mode = canonical_cache_mode(mode)
+        shape = tuple(int(s) for s in shape)
+        if mode == "TND":
+            if len(shape) != 3:
+                raise arg_error(ShapeError, name, "a 3-D [T, Nkv, D] tensor for cache_mode TND", shape)
+            t, n, d = shape
+            return cls(mode=mode, num_blocks=1, block_size=t, dim=d, itemsize=itemsize, heads=n)
+        if len(shape) != 4:
+            want = "[B, 1, cache_length, D]" if mode == "Norm" else "[BlockNum, BlockSize, Nkv, D]"
+            raise arg_error(ShapeError, name, f"a 4-D {want} tensor for cache_mode {mode}", shape)
+        if mode == "Norm":
+            b, n, length, d = shape
+            return cls(mode=mode, num_blocks=b, block_size=length, dim=d, itemsize=itemsize, heads=n)
+        nb, bs, n, d = shape
+        return cls(mode=mode, num_blocks=nb, block_size=bs, dim=d, itemsize=itemsize, heads=n)
+
+    # ------------------------------------------------------------------ geometry
+    @property
+    def nz(self) -> bool:
+        """True for PA_NZ / PA_BLK_NZ."""
+        return self.mode in ("PA_NZ", "PA_BLK_NZ")
+
+    @property
+    def c0(self) -> int:
+        """Elements per NZ fractal row: 32 bytes / itemsize."""
+        return NZ_ROW_BYTES // self.itemsize
+
+    @property
+    def num_rows(self) -> int:
+        """Total slots: num_blocks * block_size."""
+        return self.num_blocks * self.block_size
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one slot (all heads)."""
+        return self.heads * self.dim * self.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole cache."""
+        return self.num_rows * self.row_bytes
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes that stay contiguous when one row is written: the row (ND) or 32 (NZ)."""
+        return NZ_ROW_BYTES if self.nz else self.row_bytes
+
+    def storage_shape(self) -> tuple[int, ...]:
+        """Shape that shows the memory order: ``[BlockNum, D/C0, BlockSize, C0]`` (NZ) or
+        ``[num_blocks, block_size, Nkv, D]`` (ND)."""
+        if self.nz:
+            return (self.num_blocks, self.dim // self.c0, self.block_size, self.c0)
+        return (self.num_blocks, self.block_size, self.heads, self.dim)
+
+    # ------------------------------------------------------------------ forward map
+    def element_offset(self, slot: int, d: int, head: int = 0) -> int:
+        """Offset in elements of element ``d`` of ``head`` of ``slot``.
+
+        Raises:
+            IndexRangeError: slot, head or d out of range.
+        """
+        self._check_coords(slot, d, head)
+        if self.nz:
+            blk, r = divmod(slot, self.block_size)
+            c0 = self.c0
+            return blk * self.block_size * self.dim + (d // c0) * self.block_size * c0 + r * c0 + d % c0
+        return (slot * self.heads + head) * self.dim + d
+
+    def byte_offset(self, slot: int, d: int, head: int = 0) -> int:
+        """Offset in bytes of element ``d`` of ``head`` of ``slot`` (see :meth:`element_offset`)."""
+        return self.element_offset(slot, d, head) * self.itemsize
+
+    def chunk_offsets(self, slots: np.ndarray) -> np.ndarray:
+        """Byte offsets of every contiguous chunk of each slot's row.
+
+        Args:
+            slots: int64 ``[T]`` slots, each in ``[0, num_rows)`` (already validated).
+
+        Returns:
+            int64 ``[T, row_bytes // chunk_bytes]``; chunk ``j`` of row ``t`` holds row bytes
+            ``[j*chunk_bytes, (j+1)*chunk_bytes)`` and starts at ``out[t, j]`` in the cache.
+        """
+        slots = np.asarray(slots, dtype=np.int64)
+        if not self.nz:
+            return (slots * self.row_bytes)[:, None]  # [T, 1]
+        blk, r = np.divmod(slots, self.block_size)  # [T], [T]
+        nchunk = self.row_bytes // NZ_ROW_BYTES
+        base = blk * (self.block_size * self.row_bytes) + r * NZ_ROW_BYTES  # [T]
+        return base[:, None] + np.arange(nchunk, dtype=np.int64)[None, :] * (self.block_size * NZ_ROW_BYTES)
+
+    # ------------------------------------------------------------------ reverse map
+    def locate(self, byte_offset: int) -> CacheLocation:
+        """Which logical element a cache byte belongs to.
+
+        Every byte of a paged cache belongs to exactly one (block, row, head, dim, byte); the
+        caches these ops use have no padding.
+
+        Raises:
+            IndexRangeError: ``byte_offset`` outside ``[0, nbytes)``.
+        """
+        off = int(byte_offset)
+        if not 0 <= off < self.nbytes:
+            raise arg_error(IndexRangeError, "byte_offset", f"a byte in [0, {self.nbytes})", off)
+        elem, byte = divmod(off, self.itemsize)
+        if self.nz:
+            blk_elems = self.block_size * self.dim
+            blk, rem = divmod(elem, blk_elems)
+            d1, rem = divmod(rem, self.block_size * self.c0)
+            r, d0 = divmod(rem, self.c0)
+            return CacheLocation(blk, r, 0, d1 * self.c0 + d0, byte)
+        slot, rem = divmod(elem, self.heads * self.dim)
+        head, d = divmod(rem, self.dim)
+        blk, r = divmod(slot, self.block_size)
+        return CacheLocation(blk, r, head, d, byte)
+
+    def slot_of(self, loc: CacheLocation) -> int:
+        """Global slot ``block * block_size + row`` of a location."""
+        return loc.block * self.block_size + loc.row
+
+    def _check_coords(self, slot: int, d: int, head: int) -> None:
+        if not 0 <= slot < self.num_rows:
+            raise arg_error(IndexRangeError, "slot", f"a slot in [0, {self.num_rows})", slot)
+        if not 0 <= head < self.heads:
+            raise arg_error(IndexRangeError, "head", f"a head in [0, {self.heads})", head)
+        if not 0 <= d < self.dim:
+            raise arg_error(IndexRangeError, "d", f"an element in [0, {self.dim})", d)
+
+
+# ---------------------------------------------------------------------- index -> slot maps
+def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
+
+
+def check_index_range(values: np.ndarray, lo: int, hi: int, *, name: str, what: str,
+                      allow_skip: bool = True) -> None:
+    """Raise unless every value is in ``[lo, hi)`` (or ``-1`` when ``allow_skip``).
+
+    The message names the first offending coordinate, e.g. ``cache_index[3, 1] = 9000``.
+
+    Raises:
+        IndexRangeError: a value is out of range.
+    """
+    values = np.asarray(values)
+    if values.size == 0:
+        return
+    ok = (values >= lo) & (values < hi)
+    if allow_skip:
+        ok |= values == SKIP_INDEX
+    if not ok.all():
+        bad = np.logical_not(ok)
+        coord = _first_bad(bad)
+        skip = f"{SKIP_INDEX} (skip) or " if allow_skip else ""
+        raise IndexRangeError(
+            f"{name}{list(coord)} = {int(values[coord])}: expected {skip}{what} in [{lo}, {hi}); "
+            f"{int(bad.sum())} value(s) out of range")
+
+
+def slots_from_cache_index(cache_index: np.ndarray, num_rows: int, *, name: str = "cache_index",
+                           allow_skip: bool = True) -> np.ndarray:
+    """PA_BSND / PA_NZ (and MlaPreprocess slotmapping): the index is the global slot.
+
+    Args:
+        cache_index: integer ``[T]`` or ``[B, S]``; values in ``[0, num_rows)`` or -1 (skip).
+        num_rows: BlockNum * BlockSize.
+
+    Returns:
+        int64 ``[T]`` slots (-1 kept for skipped tokens).
+
+    Raises:
+        IndexRangeError: a value out of range.
+    """
+    idx = np.asarray(cache_index)
+    check_index_range(idx, 0, num_rows, name=name, what="slot", allow_skip=allow_skip)
+    return idx.reshape(-1).astype(np.int64)
+
+
+def slots_from_pages(pages: np.ndarray, seq_lens: Sequence[int], block_size: int, num_blocks: int, *,
+                     page_offsets: bool, name: str) -> np.ndarray:
+    """PA_BLK_BSND / PA_BLK_NZ: every batch's tokens fill its listed blocks from row 0.
+
+    Token ``p`` (0-based within batch ``b``) goes to page ``pages[off_b + p // block_size]``,
+    row ``p % block_size``, where ``off_b = sum(ceil(seq_lens[i] / block_size) for i < b)``.
+
+    Args:
+        pages: integer, flattened to ``[sum(ceil(S_b / block_size))]``. With
+            ``page_offsets=False`` (npu_mla_prolog_v3) values are block ids in
+            ``[0, num_blocks)``; with ``page_offsets=True`` (npu_kv_rmsnorm_rope_cache) they are
+            token offsets of page starts, ``block_id * block_size``. -1 skips the page.
+        seq_lens: tokens per batch, ``[B]``.
+        block_size: rows per block.
+        num_blocks: blocks in the cache.
+        page_offsets: which of the two index meanings ``pages`` has.
+        name: argument name for errors.
+
+    Returns:
+        int64 ``[sum(seq_lens)]`` slots, batch-major; -1 for tokens of skipped pages.
+
+    Raises:
+        ShapeError: ``pages`` has the wrong number of entries.
+        IndexRangeError: a page out of range, or (page offsets) not a multiple of block_size.
+    """
+    pages = np.asarray(pages).reshape(-1).astype(np.int64)
+    seq_lens = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
+    per_batch = -(-seq_lens // block_size)  # [B]
+    if pages.size != int(per_batch.sum()):
+        raise arg_error(ShapeError, name,
+                        f"{int(per_batch.sum())} page entries (sum of ceil(S_b/{block_size}))", pages.size)
+    if page_offsets:
+        check_index_range(pages, 0, num_blocks * block_size, name=name, what="page start offset")
+        misaligned = (pages >= 0) & (pages % block_size != 0)
+        if misaligned.any():
+            i = int(np.argmax(misaligned))
+            raise IndexRangeError(f"{name}[{i}] = {int(pages[i])}: expected a page start offset, "
+                                  f"a multiple of block_size={block_size} (block_id * block_size), or -1")
+        block_ids = np.where(pages >= 0, pages // block_size, SKIP_INDEX)
+    else:
+        check_index_range(pages, 0, num_blocks, name=name, what="block id")
+        block_ids = pages
+    total = int(seq_lens.sum())
+    batch = np.repeat(np.arange(seq_lens.size), seq_lens)  # [T]
+    starts = np.concatenate(([0], np.cumsum(seq_lens)[:-1]))  # [B]
+    page_starts = np.concatenate(([0], np.cumsum(per_batch)[:-1]))  # [B]
+    pos = np.arange(total, dtype=np.int64) - starts[batch]  # [T] position within batch
+    blk = block_ids[page_starts[batch] + pos // block_size]  # [T]
+    return np.where(blk >= 0, blk * block_size + pos % block_size, SKIP_INDEX).astype(np.int64)
+
+
+def slots_from_positions(index: np.ndarray, cache_length: int, *, name: str = "index") -> np.ndarray:
+    """Norm mode of npu_kv_rmsnorm_rope_cache: ``index[b, s]`` is a position inside batch b.
+
+    Args:
+        index: integer ``[B, S]``; values in ``[0, cache_length)`` or -1 (skip).
+        cache_length: rows per batch in the ``[B, 1, cache_length, D]`` cache.
+
+    Returns:
+        int64 ``[B*S]`` slots ``b * cache_length + index[b, s]`` (-1 kept).
+
+    Raises:
+        IndexRangeError: a value out of range.
+    """
+    idx = np.asarray(index).astype(np.int64)
+    check_index_range(idx, 0, cache_length, name=name, what="position")
+    b = np.arange(idx.shape[0], dtype=np.int64)[:, None]  # [B, 1]
+    return np.where(idx >= 0, b * cache_length + idx, SKIP_INDEX).reshape(-1)
+
+
+def duplicate_slots(slots: np.ndarray) -> dict[int, list[int]]:
+    """Slots written by more than one token: ``{slot: [token, token, ...]}`` (skips ignored)."""
+    slots = np.asarray(slots).reshape(-1)
+    live = np.flatnonzero(slots >= 0)
+    if live.size < 2:
+        return {}
+    vals, counts = np.unique(slots[live], return_counts=True)
+    dup = vals[counts > 1]
+    if dup.size == 0:
+        return {}
+    return {int(s): [int(t) for t in live[slots[live] == s]] for s in dup}
+

@@ -1,0 +1,162 @@
+"""Rounding and casts as the Ascend vector unit performs them.
+
+Source: ops_reference §1.2 (CastFP32ToINT8, CAST_RINT / CAST_ROUND, MlaPreprocess RmsNormQuant)
+and DESIGN.md "Numerics policy".
+
+- fp32 -> bf16: round to nearest, ties to even (RNE); NaN becomes the quiet NaN ``sign | 0x7FC0``,
+  exactly as ``ml_dtypes`` does, so byte comparisons with ml_dtypes / torch results are stable.
+- bf16 -> fp32: exact (``bits << 16``).
+- fp32 -> fp16: IEEE RNE (``CAST_NONE`` / ``CAST_RINT``), or ties away from zero (``CAST_ROUND``).
+- fp32 -> int8: ``CAST_RINT`` is half-to-even, ``CAST_ROUND`` half-away-from-zero; both saturate
+  to [-128, 127].
+
+The scalar functions with a ``_bits`` suffix are Numba ``njit`` functions usable inside kernels,
+where bf16 travels as ``uint16``. The array functions are the NumPy-level API.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import ml_dtypes
+import numpy as np
+from numba import njit
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+INT8_MIN = -128
+INT8_MAX = 127
+#: fp16 has 10 explicit mantissa bits and a minimum normal exponent of -14.
+_F16_MANT_BITS = 10
+_F16_MIN_EXP = -14
+
+Rounding = Literal["half_even", "half_away"]
+
+
+# ---------------------------------------------------------------------- scalar, Numba
+@njit(cache=True, inline="always")
+def f32_bits_to_bf16_bits(u):
+    """bf16 bits (uint16) of the fp32 value with bits ``u`` (uint32), RNE, canonical NaN."""
+    u = np.uint32(u)
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint16((u >> np.uint32(16)) & np.uint32(0x8000) | np.uint32(0x7FC0))
+    lsb = (u >> np.uint32(16)) & np.uint32(1)
+    return np.uint16((u + np.uint32(0x7FFF) + lsb) >> np.uint32(16))
+
+
+@njit(cache=True, inline="always")
+def f32_to_bf16_bits(x):
+    """bf16 bits (uint16) of fp32 ``x``, RNE."""
+    return f32_bits_to_bf16_bits(np.float32(x).view(np.uint32))
+
+
+@njit(cache=True, inline="always")
+def bf16_bits_to_f32(h):
+    """fp32 value of bf16 bits ``h`` (exact)."""
+    return (np.uint32(h) << np.uint32(16)).view(np.float32)
+
+
+@njit(cache=True)
+def _f32_array_to_bf16_bits(src, dst):
+    s = src.reshape(-1).view(np.uint32)
+    d = dst.reshape(-1)
+    for i in range(s.size):
+        d[i] = f32_bits_to_bf16_bits(s[i])
+
+
+# ---------------------------------------------------------------------- arrays, NumPy
+def to_bf16(x) -> np.ndarray:
+    """Round fp32 (or wider) values to bf16, RNE.
+
+    Args:
+        x: array-like of float; float64 is first rounded to fp32 (as a kernel holding fp32 would).
+
+    Returns:
+        ``ml_dtypes.bfloat16`` array of ``x``'s shape.
+    """
+    x32 = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty(x32.shape, dtype=np.uint16)
+    _f32_array_to_bf16_bits(x32, out)
+    return out.view(BF16)
+
+
+def bf16_to_f32(x) -> np.ndarray:
+    """Widen bf16 (``ml_dtypes.bfloat16`` or its ``uint16`` bits) to fp32, exactly."""
+    x = np.asarray(x)
+    bits = x.view(np.uint16) if x.dtype == BF16 else x.astype(np.uint16, copy=False)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def to_f32(x) -> np.ndarray:
+    """fp32 copy of a bf16 / fp16 / fp32 / integer array (exact for those dtypes)."""
+    x = np.asarray(x)
+    if x.dtype == BF16:
+        return bf16_to_f32(x)
+    return x.astype(np.float32)
+
+
+def round_half_even(x) -> np.ndarray:
+    """Round to integral values, ties to even (``CAST_RINT``); dtype kept."""
+    return np.rint(x)
+
+
+def round_half_away(x) -> np.ndarray:
+    """Round to integral values, ties away from zero (``CAST_ROUND``); dtype kept.
+
+    Computed in float64, where ``|x| + 0.5`` is exact for every fp32 / fp16 input.
+    """
+    x = np.asarray(x)
+    x64 = x.astype(np.float64)
+    return (np.sign(x64) * np.floor(np.abs(x64) + 0.5)).astype(x.dtype)
+
+
+def saturate_int8(x) -> np.ndarray:
+    """Clip integral float values to [-128, 127] and cast to int8 (NaN -> 0)."""
+    x = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0)
+    return np.clip(x, INT8_MIN, INT8_MAX).astype(np.int8)
+
+
+def f32_to_int8(x, rounding: Rounding = "half_even") -> np.ndarray:
+    """fp32 -> int8 with the given rounding, saturating (CastFP32ToINT8 for ``half_even``).
+
+    Raises:
+        ValueError: unknown rounding.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if rounding == "half_even":
+        return saturate_int8(round_half_even(x))
+    if rounding == "half_away":
+        return saturate_int8(round_half_away(x))
+    raise ValueError(f"rounding: expected 'half_even' or 'half_away', got {rounding!r}")
+
+
+def f32_to_f16(x, rounding: Rounding = "half_even") -> np.ndarray:
+    """fp32 -> fp16. ``half_even`` is IEEE RNE (``CAST_NONE``/``CAST_RINT``); ``half_away`` is
+    ``CAST_ROUND`` (nearest, ties away from zero). Overflow gives +-inf in both.
+
+    Raises:
+        ValueError: unknown rounding.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if rounding == "half_even":
+        return x.astype(np.float16)
+    if rounding != "half_away":
+        raise ValueError(f"rounding: expected 'half_even' or 'half_away', got {rounding!r}")
+    x64 = x.astype(np.float64)
+    finite = np.isfinite(x64) & (x64 != 0)
+    _, e = np.frexp(np.where(finite, x64, 1.0))  # x = m * 2**e, 0.5 <= |m| < 1
+    ulp_exp = np.maximum(e - 1, _F16_MIN_EXP) - _F16_MANT_BITS
+    q = x64 / np.exp2(ulp_exp)  # exact: power-of-two scaling
+    r = np.sign(q) * np.floor(np.abs(q) + 0.5) * np.exp2(ulp_exp)
+    with np.errstate(over="ignore"):
+        return np.where(finite, r, x64).astype(np.float16)
+
+
+def f32_to_int8_via_f16(x, *, f16_rounding: Rounding, int8_rounding: Rounding) -> np.ndarray:
+    """fp32 -> fp16 -> int8, the two-step casts of the q_nope quant (both ``half_away``) and of
+    MlaPreprocess RmsNormQuant (``half_even`` then ``half_even``, clamped in fp16 first).
+
+    The double rounding differs from a direct fp32 -> int8 round by 1 for some |x| > 64.
+    """
+    h = f32_to_f16(x, f16_rounding).astype(np.float32)  # exact widening
+    h = np.clip(h, INT8_MIN, INT8_MAX)
+    return f32_to_int8(h, int8_rounding)
