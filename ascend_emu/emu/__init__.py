@@ -1,0 +1,5 @@
+"""The CPU backend: Numba kernels and NumPy / BLAS matmuls behind the op contract.
+
+One function per op family, each taking the normalised-argument object its ``ops`` module
+builds. Backends trust the contract and never validate user input again.
+"""

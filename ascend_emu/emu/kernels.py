@@ -1,0 +1,194 @@
+"""Numba kernels shared by the emu backend: RmsNorm, RoPE, row scatter / gather.
+
+Numerics (ops_reference §1.1, §1.3; DESIGN.md "Numerics policy"): everything in fp32, no fused
+multiply-add (no ``fastmath``), bf16 rounding by explicit RNE on ``uint16`` bits. Kernels take
+already-validated arguments: slots reaching :func:`scatter_rows` are in range and unique.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..layouts import CacheLayout
+from ..quant import f32_bits_to_bf16_bits
+
+ROPE_DIM = 64
+_HALF = ROPE_DIM // 2
+
+
+# ---------------------------------------------------------------------- RmsNorm
+@njit(cache=True, inline="always")
+def rms_norm_row(x, gamma, eps, scale, out):
+    """``out = x / sqrt(sum(x^2) * (1/H) + eps) * gamma * scale`` for one row, fp32.
+
+    Kernel order (ops_reference §1.3): square-sum, multiply by 1/H, add eps, sqrt, divide,
+    multiply by gamma, then by the v3 scale (qc_qr_scale / kc_scale; 1.0 elsewhere).
+    """
+    h = x.shape[0]
+    ss = np.float32(0.0)
+    for i in range(h):
+        ss += x[i] * x[i]
+    rms = np.sqrt(ss * np.float32(np.float32(1.0) / np.float32(h)) + eps)
+    for i in range(h):
+        out[i] = x[i] / rms * gamma[i] * scale
+
+
+@njit(cache=True, parallel=True)
+def _rms_norm_2d(x, gamma, eps, scale, out):
+    for t in prange(x.shape[0]):
+        rms_norm_row(x[t], gamma, eps, scale, out[t])
+
+
+def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float, scale: float = 1.0) -> np.ndarray:
+    """RmsNorm over the last axis in fp32.
+
+    Args:
+        x: fp32 ``[T, H]``.
+        gamma: fp32 ``[H]``.
+        eps: epsilon (rounded to fp32).
+        scale: extra multiplier applied last (v3 ``qc_qr_scale`` / ``kc_scale``).
+
+    Returns:
+        fp32 ``[T, H]``.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty_like(x)
+    _rms_norm_2d(x, np.ascontiguousarray(gamma, dtype=np.float32), np.float32(eps), np.float32(scale), out)
+    return out
+
+
+# ---------------------------------------------------------------------- RoPE
+@njit(cache=True, inline="always")
+def rope_row(x, cos, sin, deinterleave, out):
+    """RoPE of one 64-element row in fp32 (ops_reference §1.1).
+
+    With ``deinterleave`` (the MLA prolog family) the input pairs are first split into
+    ``x' = [x[0::2], x[1::2]]``; then rotate_half with half-layout cos / sin:
+    ``out[:32] = x'[:32]*cos[:32] - x'[32:]*sin[:32]``,
+    ``out[32:] = x'[32:]*cos[32:] + x'[:32]*sin[32:]``.
+    Without it (MlaPreprocess) ``x' = x``.
+    """
+    for i in range(_HALF):
+        if deinterleave:
+            a = x[2 * i]
+            b = x[2 * i + 1]
+        else:
+            a = x[i]
+            b = x[i + _HALF]
+        out[i] = a * cos[i] - b * sin[i]
+        out[i + _HALF] = b * cos[i + _HALF] + a * sin[i + _HALF]
+
+
+@njit(cache=True, parallel=True)
+def _rope_3d(x, cos, sin, deinterleave, out):
+    for t in prange(x.shape[0]):
+        for n in range(x.shape[1]):
+            rope_row(x[t, n], cos[t], sin[t], deinterleave, out[t, n])
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, deinterleave: bool) -> np.ndarray:
+    """RoPE over the last axis (64) in fp32, cos / sin shared by all heads of a token.
+
+    Args:
+        x: fp32 ``[T, 64]`` or ``[T, N, 64]``.
+        cos, sin: fp32 ``[T, 64]``.
+        deinterleave: True for the MLA prolog family, False for MlaPreprocess.
+
+    Returns:
+        fp32 of ``x``'s shape.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    x3 = x.reshape(x.shape[0], -1, ROPE_DIM)  # [T, N, 64]
+    out = np.empty_like(x3)
+    _rope_3d(x3, np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32),
+             deinterleave, out)
+    return out.reshape(x.shape)
+
+
+# ---------------------------------------------------------------------- bf16 rounding
+@njit(cache=True, parallel=True)
+def _to_bf16_bits_2d(x, out):
+    for t in prange(x.shape[0]):
+        xb = x[t].view(np.uint32)
+        for i in range(xb.shape[0]):
+            out[t, i] = f32_bits_to_bf16_bits(xb[i])
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """RNE fp32 -> bf16 bits (``uint16``), parallel over the leading axis."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    x2 = x.reshape(x.shape[0] if x.ndim else 1, -1)
+    out = np.empty(x2.shape, dtype=np.uint16)
+    if x2.size:
+        _to_bf16_bits_2d(x2, out)
+    return out.reshape(x.shape)
+
+
+# ---------------------------------------------------------------------- scatter / gather
+@njit(cache=True, parallel=True)
+def _scatter_chunks(cache, rows, offsets, chunk):
+    for t in prange(offsets.shape[0]):
+        for j in range(offsets.shape[1]):
+            dst = offsets[t, j]
+            src = j * chunk
+            for k in range(chunk):
+                cache[dst + k] = rows[t, src + k]
+
+
+@njit(cache=True, parallel=True)
+def _gather_chunks(cache, offsets, chunk, rows):
+    for t in prange(offsets.shape[0]):
+        for j in range(offsets.shape[1]):
+            src = offsets[t, j]
+            dst = j * chunk
+            for k in range(chunk):
+                rows[t, dst + k] = cache[src + k]
+
+
+def last_writer(slots: np.ndarray) -> np.ndarray:
+    """Token indices to write so that each slot is written once, by its last token; -1 skipped.
+
+    Makes scatters deterministic whatever the thread count when tokens share a slot.
+    """
+    slots = np.asarray(slots).reshape(-1)
+    live = np.flatnonzero(slots >= 0)
+    if live.size == 0:
+        return live
+    rev = live[::-1]
+    _, first_in_rev = np.unique(slots[rev], return_index=True)
+    return np.sort(rev[first_in_rev])
+
+
+def scatter_rows(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout: CacheLayout) -> None:
+    """Write token rows into a cache in place, where ``layout`` puts them.
+
+    Args:
+        cache: the C-contiguous cache array (any dtype; treated as raw bytes).
+        rows: ``[T, heads * dim]`` values of the cache's element type (or their raw bytes,
+            ``uint8 [T, row_bytes]``).
+        slots: int64 ``[T]`` validated slots; -1 skips the token; for a slot written by several
+            tokens the last one wins.
+        layout: the cache's :class:`~ascend_emu.layouts.CacheLayout`.
+    """
+    keep = last_writer(slots)
+    if keep.size == 0:
+        return
+    raw = np.ascontiguousarray(rows).view(np.uint8).reshape(rows.shape[0], -1)  # [T, row_bytes]
+    offsets = layout.chunk_offsets(np.asarray(slots).reshape(-1)[keep])  # [T', nchunk]
+    flat = cache.reshape(-1).view(np.uint8)  # shares memory with cache
+    _scatter_chunks(flat, np.ascontiguousarray(raw[keep]), offsets, layout.chunk_bytes)
+
+
+def gather_rows(cache: np.ndarray, slots: np.ndarray, layout: CacheLayout) -> np.ndarray:
+    """Read the raw bytes of the rows at ``slots`` (all valid, no -1).
+
+    Returns:
+        ``uint8 [T, row_bytes]``; ``.view(dtype)`` gives the elements.
+    """
+    slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+    offsets = layout.chunk_offsets(slots)
+    rows = np.empty((slots.size, layout.row_bytes), dtype=np.uint8)
+    if slots.size:
+        _gather_chunks(np.ascontiguousarray(cache).reshape(-1).view(np.uint8), offsets, layout.chunk_bytes, rows)
+    return rows

@@ -1,0 +1,13 @@
+"""The op interface: torch_npu's op names and signatures over NumPy arrays.
+
+Each op validates and normalises its arguments once (the contract: shapes, dtypes, modes,
+index ranges), then hands a normalised argument object to the selected backend
+(:mod:`ascend_emu.ops._backend`). A rejected call writes nothing. bf16 arrays use
+``ml_dtypes.bfloat16``; weights that must be FRACTAL_NZ are :class:`~ascend_emu.layouts.NZArray`
+(from :func:`npu_format_cast`).
+"""
+
+from ._backend import backend_name, get_backend, set_backend
+from .format_cast import get_npu_format, npu_format_cast
+
+__all__ = ["backend_name", "get_backend", "set_backend", "get_npu_format", "npu_format_cast"]

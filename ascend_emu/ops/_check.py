@@ -1,0 +1,117 @@
+"""Argument checks shared by every op contract.
+
+Each check raises the house error (see :mod:`ascend_emu.errors`) naming the argument, the
+expectation and the value. Nothing here writes to any array.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..errors import DTypeError, DuplicateSlotWarning, FormatError, ShapeError, arg_error
+from ..layouts import FRACTAL_NZ, duplicate_slots, get_npu_format
+from ..quant import BF16
+
+#: dtype names as the seeds spell them.
+DTYPES = {
+    "bfloat16": BF16,
+    "float16": np.dtype(np.float16),
+    "float32": np.dtype(np.float32),
+    "int8": np.dtype(np.int8),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+}
+
+
+def dtype_name(dtype) -> str:
+    """Seed spelling of a NumPy dtype (``bfloat16`` for ml_dtypes' type)."""
+    return np.dtype(dtype).name
+
+
+def required(x, name: str) -> np.ndarray:
+    """``x`` as an ndarray (subclass kept); raises if it is None.
+
+    Raises:
+        ShapeError: x is None.
+    """
+    if x is None:
+        raise arg_error(ShapeError, name, "a tensor", None)
+    return x if isinstance(x, np.ndarray) else np.asarray(x)
+
+
+def optional(x, name: str) -> np.ndarray | None:
+    """``x`` as an ndarray, or None."""
+    return None if x is None else required(x, name)
+
+
+def check_dtype(x: np.ndarray, name: str, allowed: Iterable[str]) -> None:
+    """Raise unless ``x.dtype`` is one of ``allowed`` (seed spellings).
+
+    Raises:
+        DTypeError: dtype not allowed.
+    """
+    allowed = tuple(allowed)
+    if dtype_name(x.dtype) not in allowed:
+        raise arg_error(DTypeError, name, f"dtype {' or '.join(allowed)}", dtype_name(x.dtype))
+
+
+def check_shape(x: np.ndarray, name: str, expected: Sequence[int | None], what: str = "") -> None:
+    """Raise unless ``x.shape`` matches ``expected`` (None = any size).
+
+    Raises:
+        ShapeError: rank or a size differs.
+    """
+    ok = x.ndim == len(expected) and all(e is None or e == s for e, s in zip(expected, x.shape))
+    if not ok:
+        shown = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+        raise arg_error(ShapeError, name, f"shape {shown}{' ' + what if what else ''}", list(x.shape))
+
+
+def check_ndim(x: np.ndarray, name: str, ndims: Iterable[int], what: str = "") -> None:
+    """Raise unless ``x.ndim`` is one of ``ndims``.
+
+    Raises:
+        ShapeError: wrong rank.
+    """
+    ndims = tuple(ndims)
+    if x.ndim not in ndims:
+        raise arg_error(ShapeError, name, f"{' or '.join(map(str, ndims))}-D{' ' + what if what else ''}",
+                        f"{x.ndim}-D shape {list(x.shape)}")
+
+
+def check_cache(x: np.ndarray, name: str) -> None:
+    """A cache is written in place as raw memory: it must be C-contiguous and writable.
+
+    Raises:
+        ShapeError: not contiguous or not writable.
+    """
+    if not x.flags.c_contiguous:
+        raise arg_error(ShapeError, name, "a C-contiguous cache (it is updated in place as raw memory)",
+                        f"strides {x.strides}")
+    if not x.flags.writeable:
+        raise arg_error(ShapeError, name, "a writable cache", "a read-only array")
+
+
+def check_nz_weight(w: np.ndarray, name: str) -> None:
+    """Raise unless ``w`` has been cast to FRACTAL_NZ.
+
+    Raises:
+        FormatError: ``w`` is ND; the message gives the fix.
+    """
+    if get_npu_format(w) != FRACTAL_NZ:
+        raise FormatError(f"{name}: expected a FRACTAL_NZ weight (format 29), got format "
+                          f"{get_npu_format(w)} (ND); cast it first: {name} = npu_format_cast({name}, 29)")
+
+
+def warn_duplicates(slots: np.ndarray, name: str, *, stacklevel: int = 4) -> None:
+    """Warn when two tokens write the same slot (undefined on hardware; here the last wins)."""
+    dups = duplicate_slots(slots)
+    if dups:
+        shown = "; ".join(f"slot {s} <- tokens {t}" for s, t in list(dups.items())[:4])
+        more = f" (+{len(dups) - 4} more slots)" if len(dups) > 4 else ""
+        warnings.warn(f"{name}: {len(dups)} cache slot(s) written by more than one token, undefined on "
+                      f"hardware; the emulator keeps the last token: {shown}{more}",
+                      DuplicateSlotWarning, stacklevel=stacklevel)
