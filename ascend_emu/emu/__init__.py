@@ -3,3 +3,5 @@
 One function per op family, each taking the normalised-argument object its ``ops`` module
 builds. Backends trust the contract and never validate user input again.
 """
+
+from .kv_rmsnorm_rope_cache import kv_rmsnorm_rope_cache  # noqa: F401

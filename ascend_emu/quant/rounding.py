@@ -52,7 +52,59 @@ def f32_to_bf16_bits(x):
 @njit(cache=True, inline="always")
 def bf16_bits_to_f32(h):
     """fp32 value of bf16 bits ``h`` (exact)."""
-    return (np.uint32(h) << np.uint32(16)).view(np.float32)
+    return np.uint32(np.uint32(h) << np.uint32(16)).view(np.float32)
+
+
+@njit(cache=True, inline="always")
+def f16_bits_to_f32(h):
+    """fp32 value of fp16 bits ``h`` (uint16), exact (subnormals, inf and NaN payload kept).
+
+    Numba has no CPU float16 type, so kernels carry fp16 as ``uint16`` like bf16.
+    """
+    h = np.uint32(h)
+    sign = (h & np.uint32(0x8000)) << np.uint32(16)
+    exp = (h >> np.uint32(10)) & np.uint32(0x1F)
+    mant = h & np.uint32(0x3FF)
+    if exp == np.uint32(0x1F):
+        return np.uint32(sign | np.uint32(0x7F800000) | (mant << np.uint32(13))).view(np.float32)
+    if exp == np.uint32(0):
+        mag = np.float32(mant) * np.float32(2.0 ** -24)  # exact: <= 10 bits times a power of two
+        return -mag if sign else mag
+    return np.uint32(sign | ((exp + np.uint32(112)) << np.uint32(23)) | (mant << np.uint32(13))).view(np.float32)
+
+
+@njit(cache=True, inline="always")
+def f32_bits_to_f16_bits(u):
+    """fp16 bits (uint16) of the fp32 value with bits ``u`` (uint32): IEEE RNE (``CAST_NONE`` /
+    ``CAST_RINT``), overflow to +-inf, subnormals rounded, NaN quieted (``sign | 0x7E00 | payload``),
+    bit-identical to NumPy's ``astype(np.float16)`` except for signalling-NaN payloads."""
+    u = np.uint32(u)
+    sign = (u >> np.uint32(16)) & np.uint32(0x8000)
+    exp = np.int64((u >> np.uint32(23)) & np.uint32(0xFF))
+    mant = u & np.uint32(0x7FFFFF)
+    if exp == 0xFF:
+        if mant:
+            return np.uint16(sign | np.uint32(0x7E00) | (mant >> np.uint32(13)))
+        return np.uint16(sign | np.uint32(0x7C00))
+    e = exp - 112  # fp16 biased exponent
+    if e >= 31:
+        return np.uint16(sign | np.uint32(0x7C00))
+    if e <= 0:
+        if e < -10:
+            return np.uint16(sign)  # below half the smallest subnormal
+        m = mant | np.uint32(0x800000)
+        shift = np.uint32(14 - e)
+        res = m >> shift
+        rem = m & ((np.uint32(1) << shift) - np.uint32(1))
+        half = np.uint32(1) << (shift - np.uint32(1))
+        if rem > half or (rem == half and (res & np.uint32(1))):
+            res += np.uint32(1)
+        return np.uint16(sign | res)
+    res = (np.uint32(e) << np.uint32(10)) | (mant >> np.uint32(13))
+    rem = mant & np.uint32(0x1FFF)
+    if rem > np.uint32(0x1000) or (rem == np.uint32(0x1000) and (res & np.uint32(1))):
+        res += np.uint32(1)  # a carry into the exponent gives the next binade or inf, as IEEE
+    return np.uint16(sign | res)
 
 
 @njit(cache=True)

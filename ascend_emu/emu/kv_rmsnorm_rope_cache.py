@@ -1,0 +1,133 @@
+"""emu backend of ``npu_kv_rmsnorm_rope_cache``: one fused Numba pass per token, then two scatters.
+
+Numerics (ops_reference §1.1-§1.3, §4; kernel ``kv_rms_norm_rope_cache_b16_pa_nz_quant.h``):
+
+- bf16 / fp16 inputs (kept as ``uint16`` bits) widened exactly to fp32, gamma already fp32.
+- RmsNorm in fp32 (:func:`~ascend_emu.emu.kernels.rms_norm_row`: square-sum, times 1/512, plus
+  eps, sqrt, divide, times gamma). The hardware reduces the 512 squares as a tree, this emulator
+  sequentially, so ``rms`` may differ in its last fp32 bit.
+- RoPE in fp32 (:func:`~ascend_emu.emu.kernels.rope_row` with de-interleave): the same products
+  and sums as the kernel's ``y0 = (real, imag) * cos``, ``y1 = (-imag, real) * sin``, ``y0 + y1``.
+- Rows for the outputs and the non-quant caches: one RNE rounding fp32 -> bf16 (``CAST_RINT``)
+  or fp32 -> fp16 (``CAST_NONE``, also RNE).
+- int8 caches: fp32 row times the fp32 scale, then ``RoundFloat2Int8`` (fp32 -> int32 RINT ->
+  half -> int8): round-half-even, saturated to [-128, 127]; NaN becomes 0 (as
+  :func:`~ascend_emu.quant.saturate_int8`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..ops.kv_rmsnorm_rope_cache import (RMS_SIZE, ROPE_SIZE, UNWRITTEN_OUTPUT_FILL,
+                                         KvRmsNormRopeCacheArgs)
+from ..quant import BF16, INT8_MAX, INT8_MIN
+from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
+from .kernels import rms_norm_row, rope_row, scatter_rows
+
+
+@njit(cache=True, inline="always")
+def _widen(h, is_bf16):
+    """fp32 value of bf16 / fp16 bits (exact)."""
+    return bf16_bits_to_f32(h) if is_bf16 else f16_bits_to_f32(h)
+
+
+@njit(cache=True, inline="always")
+def _narrow(x, is_bf16):
+    """bf16 / fp16 bits of fp32 ``x``, RNE."""
+    u = np.float32(x).view(np.uint32)
+    return f32_bits_to_bf16_bits(u) if is_bf16 else f32_bits_to_f16_bits(u)
+
+
+@njit(cache=True, inline="always")
+def _round_float_to_int8(x):
+    """``RoundFloat2Int8``: round half to even, saturate to int8; NaN -> 0."""
+    if x != x:
+        return np.int8(0)
+    r = np.rint(x)
+    if r > INT8_MAX:
+        return np.int8(INT8_MAX)
+    if r < INT8_MIN:
+        return np.int8(INT8_MIN)
+    return np.int8(r)
+
+
+@njit(cache=True, parallel=True)
+def _kv_rmsnorm_rope_rows(kv, gamma, cos, sin, eps, is_bf16, quant, k_scale, c_scale, k_rows, y_rows,
+                          k_int8, y_int8):
+    """Per token: RmsNorm of ``kv[:512]``, RoPE of ``kv[512:]``, rounding and quant.
+
+    Args:
+        kv: uint16 ``[T, 576]`` bf16 / fp16 bits.
+        gamma: fp32 ``[512]``.
+        cos, sin: uint16 ``[T, 64]``.
+        eps: fp32.
+        is_bf16: bits are bf16 (else fp16).
+        quant: also write ``k_int8`` / ``y_int8``.
+        k_scale, c_scale: fp32 ``[64]`` / ``[512]`` multipliers (unused without ``quant``).
+        k_rows, y_rows: out, uint16 ``[T, 64]`` / ``[T, 512]`` kv-dtype bits.
+        k_int8, y_int8: out, int8 ``[T, 64]`` / ``[T, 512]`` (``[0, .]`` without ``quant``).
+    """
+    one = np.float32(1.0)
+    for t in prange(kv.shape[0]):
+        x = np.empty(RMS_SIZE, dtype=np.float32)  # [512]
+        y = np.empty(RMS_SIZE, dtype=np.float32)  # [512]
+        r = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
+        c = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
+        s = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
+        k = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
+        for i in range(RMS_SIZE):
+            x[i] = _widen(kv[t, i], is_bf16)
+        for i in range(ROPE_SIZE):
+            r[i] = _widen(kv[t, RMS_SIZE + i], is_bf16)
+            c[i] = _widen(cos[t, i], is_bf16)
+            s[i] = _widen(sin[t, i], is_bf16)
+        rms_norm_row(x, gamma, eps, one, y)
+        rope_row(r, c, s, True, k)
+        for i in range(RMS_SIZE):
+            y_rows[t, i] = _narrow(y[i], is_bf16)
+        for i in range(ROPE_SIZE):
+            k_rows[t, i] = _narrow(k[i], is_bf16)
+        if quant:
+            for i in range(RMS_SIZE):
+                y_int8[t, i] = _round_float_to_int8(y[i] * c_scale[i])
+            for i in range(ROPE_SIZE):
+                k_int8[t, i] = _round_float_to_int8(k[i] * k_scale[i])
+
+
+_NO_SCALE = np.empty(0, dtype=np.float32)
+
+
+def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs):
+    """emu implementation of :func:`ascend_emu.ops.npu_kv_rmsnorm_rope_cache`.
+
+    Args:
+        args: validated arguments (slots in range, caches contiguous and writable).
+
+    Returns:
+        ``(k_cache, ckv_cache, k_embed_out [B, 1, S, 64], y_out [B, 1, S, 512])``; the caches are
+        the caller's arrays, updated in place.
+    """
+    t = args.kv.shape[0]
+    quant = args.quant
+    k_rows = np.empty((t, ROPE_SIZE), dtype=np.uint16)  # [T, 64] kv-dtype bits
+    y_rows = np.empty((t, RMS_SIZE), dtype=np.uint16)  # [T, 512] kv-dtype bits
+    k_int8 = np.empty((t if quant else 0, ROPE_SIZE), dtype=np.int8)  # [T, 64]
+    y_int8 = np.empty((t if quant else 0, RMS_SIZE), dtype=np.int8)  # [T, 512]
+    _kv_rmsnorm_rope_rows(
+        args.kv.view(np.uint16), args.gamma, args.cos.view(np.uint16), args.sin.view(np.uint16), args.epsilon,
+        args.kv_dtype == BF16, quant,
+        args.k_rope_scale if quant else _NO_SCALE, args.c_kv_scale if quant else _NO_SCALE,
+        k_rows, y_rows, k_int8, y_int8)
+    scatter_rows(args.k_cache, k_int8 if quant else k_rows, args.slots, args.k_layout)
+    scatter_rows(args.ckv_cache, y_int8 if quant else y_rows, args.slots, args.ckv_layout)
+
+    b, s, dtype = args.batch, args.seq_len, args.kv_dtype
+    if args.is_output_kv:
+        k_embed_out = k_rows.view(dtype).reshape(b, 1, s, ROPE_SIZE)  # [B, 1, S, 64]
+        y_out = y_rows.view(dtype).reshape(b, 1, s, RMS_SIZE)  # [B, 1, S, 512]
+    else:
+        k_embed_out = np.full((b, 1, s, ROPE_SIZE), UNWRITTEN_OUTPUT_FILL, dtype=dtype)  # [B, 1, S, 64]
+        y_out = np.full((b, 1, s, RMS_SIZE), UNWRITTEN_OUTPUT_FILL, dtype=dtype)  # [B, 1, S, 512]
+    return args.k_cache, args.ckv_cache, k_embed_out, y_out

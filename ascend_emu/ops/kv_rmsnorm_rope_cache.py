@@ -1,0 +1,305 @@
+"""``torch_npu.npu_kv_rmsnorm_rope_cache`` on NumPy arrays: the contract.
+
+Sources: the seed doc ``shared/seeds/npu_kv_rmsnorm_rope_cache.md``; ops_reference §1.1 (RoPE),
+§1.2 (``RoundFloat2Int8``), §1.4 (paged NZ), §4 (this op), §6 (gotchas); torch_npu's
+``npu_kv_rmsnorm_rope_cache_meta`` (output shapes / dtypes); the A2/A3 kernel's host tiling and
+``kv_rms_norm_rope_cache_b16_*`` kernels (which modes have a quant kernel, BlockSize alignment).
+
+What the op does, per token ``t`` of ``kv [B, 1, S, 576] = [512 rms_in | 64 rope_in]``:
+
+1. ``y = rms_in / sqrt(sum(rms_in^2) * (1/512) + eps) * gamma``, fp32 (ops_reference §1.3).
+2. ``k = deinterleave(rope_in)`` then ``k_embed = k * cos + rotate_half(k) * sin``, fp32 (§1.1).
+3. Non-quant: both rows are rounded once to the kv dtype (RNE) and written to the caches.
+   Quant (int8): the caches get ``saturate(rint(k_embed * k_rope_scale))`` and
+   ``saturate(rint(y * c_kv_scale))``, computed from the **fp32** values, not from the kv-dtype
+   rounded ones (the kernel multiplies its fp32 result ``y0`` / ``xLocalFp32`` by the scale and
+   calls ``RoundFloat2Int8``: fp32 -> int32 RINT -> half -> int8, i.e. half-to-even, saturated).
+4. ``k_embed_out`` / ``y_out`` are the un-quantized rows in the kv dtype.
+
+Choices where the sources leave room (each lives in one named constant below):
+
+- :data:`QUANT_CACHE_MODES`: the int8 path is legal in the five PA modes only. The A2/A3 kernel has
+  quant kernels for PA / PA_BNSD (5011), PA_BLK_BNSD (5010), PA_NZ (4011) and PA_BLK_NZ (4010);
+  ``Norm`` + scales would run the non-quant Norm kernel against int8 caches, so it is rejected.
+- :data:`OUTPUT_KV_CACHE_MODES`: ``is_output_kv=True`` is rejected in ``Norm`` mode. The seed says
+  the flag is only effective in the PA modes, and the Norm kernel never writes the two outputs.
+- :data:`UNWRITTEN_OUTPUT_FILL`: with ``is_output_kv=False`` the hardware returns uninitialised
+  ``[B, 1, S, 64]`` / ``[B, 1, S, 512]`` tensors (the meta function always allocates them); the
+  emulator returns them filled with zeros, deterministically.
+- :data:`SCALE_SHAPES`: ``k_rope_scale`` / ``c_kv_scale`` may be ``[D]``, ``[1, D]`` (the aclnn
+  ``[N, D]`` with N = 1) or ``[1]`` (per-tensor; listed by the aclnn doc, broadcast here).
+  Offsets are rejected: the seed says they are not supported, and the kernel has no offset add.
+- Scales must be given both or neither (seed: "k_rope_scale和c_kv_scale必须同时非空"), even
+  though the kernel has per-cache quant flags.
+- ``cos`` / ``sin`` must be ``[B, 1, S, 64]`` exactly, as the seed states (the host tiling would
+  also broadcast ``[B, 1, 1, 64]``; not accepted here).
+- Index values must be int64 (seed). Out-of-range values raise :class:`IndexRangeError` (the
+  hardware writes wherever they point); ``-1`` skips the token (PA_BLK: the page).
+- Duplicate destination slots (undefined on hardware) warn; the last token wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from ..errors import DTypeError, ModeError, ShapeError, arg_error
+from ..layouts import (CacheLayout, canonical_cache_mode, slots_from_cache_index, slots_from_pages,
+                       slots_from_positions)
+from ..quant import to_f32
+from ._backend import get_backend
+from ._check import check_cache, check_dtype, check_shape, dtype_name, optional, required, warn_duplicates
+
+KvCacheMode = Literal["Norm", "PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ"]
+
+#: Cache-mode spellings the seed lists.
+CACHE_MODES: tuple[str, ...] = ("Norm", "PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ")
+#: Modes with an int8 quant kernel (tiling keys 5011, 5010, 4011, 4010).
+QUANT_CACHE_MODES: tuple[str, ...] = ("PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ")
+#: Modes in which ``is_output_kv=True`` is accepted (seed: only the PA modes).
+OUTPUT_KV_CACHE_MODES: tuple[str, ...] = QUANT_CACHE_MODES
+#: Value of ``k_embed_out`` / ``y_out`` when ``is_output_kv=False`` (uninitialised on hardware).
+UNWRITTEN_OUTPUT_FILL = 0.0
+#: kv / gamma / cos / sin dtypes; non-quant caches must match kv's.
+KV_DTYPES = ("bfloat16", "float16")
+#: rms_size, rope_size and hidden_size = rms_size + rope_size (seed: only these values).
+RMS_SIZE = 512
+ROPE_SIZE = 64
+HIDDEN_SIZE = RMS_SIZE + ROPE_SIZE
+#: Accepted scale shapes as functions of the row width D.
+SCALE_SHAPES = ("[D]", "[1, D]", "[1]")
+#: BlockSize of a PA cache must fill whole 32-byte rows: 16 for bf16 / fp16, 32 for int8.
+BLOCK_ALIGN_BYTES = 32
+
+
+@dataclass(frozen=True, kw_only=True)
+class KvRmsNormRopeCacheArgs:
+    """Normalised, validated arguments of :func:`npu_kv_rmsnorm_rope_cache`.
+
+    Attributes:
+        kv: ``[T, 576]`` C-contiguous, kv dtype (T = B * S, batch-major).
+        gamma: fp32 ``[512]``.
+        cos, sin: ``[T, 64]`` C-contiguous, kv dtype.
+        k_cache, ckv_cache: the caller's caches, updated in place and returned.
+        k_layout, ckv_layout: their :class:`CacheLayout` (canonical mode, geometry, itemsize).
+        slots: int64 ``[T]`` destination slot per token, validated; -1 = skip.
+        k_rope_scale, c_kv_scale: fp32 ``[64]`` / ``[512]`` multipliers (broadcast), or None
+            (non-quant).
+        epsilon: fp32 epsilon.
+        cache_mode: the seed spelling the caller used.
+        is_output_kv: whether ``k_embed_out`` / ``y_out`` carry the rows.
+        batch, seq_len: B and S.
+    """
+
+    kv: np.ndarray
+    gamma: np.ndarray
+    cos: np.ndarray
+    sin: np.ndarray
+    k_cache: np.ndarray
+    ckv_cache: np.ndarray
+    k_layout: CacheLayout
+    ckv_layout: CacheLayout
+    slots: np.ndarray
+    k_rope_scale: np.ndarray | None
+    c_kv_scale: np.ndarray | None
+    epsilon: np.float32
+    cache_mode: str
+    is_output_kv: bool
+    batch: int
+    seq_len: int
+
+    @property
+    def quant(self) -> bool:
+        """True when the caches are int8 (both scales given)."""
+        return self.k_rope_scale is not None
+
+    @property
+    def kv_dtype(self) -> np.dtype:
+        """bf16 or fp16."""
+        return self.kv.dtype
+
+
+def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None,
+                              c_kv_scale=None, k_rope_offset=None, c_kv_offset=None, epsilon=1e-5,
+                              cache_mode: KvCacheMode = "Norm", is_output_kv: bool = False):
+    """RmsNorm + RoPE of MLA's compressed kv, scattered into two caches in place.
+
+    Args:
+        kv: ``[B, 1, S, 576]`` bf16 / fp16 (any strides) = ``[512 rms_in | 64 rope_in]``.
+        gamma: ``[512]``, kv's dtype.
+        cos, sin: ``[B, 1, S, 64]``, kv's dtype, half layout (``cos[i] = cos(theta_{i mod 32})``).
+        index: int64. ``Norm``: ``[B, S]`` positions in ``[0, cache_length)``; ``PA`` /
+            ``PA_BNSD`` / ``PA_NZ``: ``[B*S]`` global slots ``block * BlockSize + row``;
+            ``PA_BLK_BNSD`` / ``PA_BLK_NZ``: ``[B*ceil(S/BlockSize)]`` token offsets of page
+            starts (``block_id * BlockSize``; a batch's tokens fill its pages from row 0).
+            ``-1`` skips the token (PA_BLK: the page).
+        k_cache: C-contiguous, written in place. ``Norm``: ``[B, 1, cache_length, 64]``; PA
+            modes: ``[BlockNum, BlockSize, 1, 64]``; NZ modes store
+            ``[BlockNum, 64/C0, BlockSize, C0]`` bytes in it (C0 = 16 for bf16 / fp16, 32 for
+            int8). dtype: kv's, or int8 with scales.
+        ckv_cache: as ``k_cache`` with 512 instead of 64.
+        k_rope_scale: fp32 ``[64]``, ``[1, 64]`` or ``[1]`` multiplier; with ``c_kv_scale``
+            selects int8 caches.
+        c_kv_scale: fp32 ``[512]``, ``[1, 512]`` or ``[1]`` multiplier.
+        k_rope_offset, c_kv_offset: must be None (not supported by the kernel).
+        epsilon: RmsNorm epsilon (used as fp32). Default 1e-5.
+        cache_mode: ``Norm`` (default), ``PA``, ``PA_BNSD``, ``PA_NZ``, ``PA_BLK_BNSD``,
+            ``PA_BLK_NZ``.
+        is_output_kv: return the rows in ``k_embed_out`` / ``y_out`` (PA modes only). Default
+            False: both are returned zero-filled.
+
+    Returns:
+        ``(k_cache, ckv_cache, k_embed_out, y_out)``: the same cache objects, updated in place;
+        ``k_embed_out [B, 1, S, 64]`` and ``y_out [B, 1, S, 512]`` in kv's dtype (un-quantized).
+
+    Numerics: kv, gamma, cos, sin widened exactly to fp32; RmsNorm and RoPE in fp32 (no FMA);
+    one RNE rounding to the kv dtype for the outputs and the non-quant caches; int8 caches from
+    the fp32 values times the scale (fp32 multiply), round-half-even, saturated to [-128, 127].
+
+    Raises:
+        ShapeError: a shape, a cache geometry, BlockSize alignment, block count, or a
+            non-contiguous / read-only cache.
+        DTypeError: a dtype (kv family, int64 index, fp32 scales, cache dtypes per quant mode).
+        ModeError: unknown cache_mode, offsets given, only one scale given, quant or
+            is_output_kv in Norm mode.
+        IndexRangeError: an index value outside its cache (or a misaligned PA_BLK page offset).
+
+    Warns:
+        DuplicateSlotWarning: two tokens write the same slot.
+    """
+    args = _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale,
+                      k_rope_offset, c_kv_offset, epsilon, cache_mode, is_output_kv)
+    return get_backend().kv_rmsnorm_rope_cache(args)
+
+
+# ---------------------------------------------------------------------- validation
+def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset,
+               c_kv_offset, epsilon, cache_mode, is_output_kv) -> KvRmsNormRopeCacheArgs:
+    if not isinstance(cache_mode, str) or cache_mode not in CACHE_MODES:
+        raise arg_error(ModeError, "cache_mode", f"one of {list(CACHE_MODES)}", repr(cache_mode))
+    mode = canonical_cache_mode(cache_mode, allowed=CACHE_MODES)
+    for name, off in (("k_rope_offset", k_rope_offset), ("c_kv_offset", c_kv_offset)):
+        if off is not None:
+            raise arg_error(ModeError, name, "None (quant offsets are not supported by npu_kv_rmsnorm_rope_cache;"
+                            " only symmetric quant with k_rope_scale / c_kv_scale)", "a tensor")
+    if not isinstance(is_output_kv, (bool, np.bool_)):
+        raise arg_error(DTypeError, "is_output_kv", "a bool", type(is_output_kv).__name__)
+    if is_output_kv and cache_mode not in OUTPUT_KV_CACHE_MODES:
+        raise arg_error(ModeError, "is_output_kv", f"False in cache_mode {cache_mode} (k_embed_out / y_out are "
+                        f"only produced in {list(OUTPUT_KV_CACHE_MODES)})", is_output_kv)
+    eps = _epsilon(epsilon)
+
+    # ---- token inputs
+    kv = required(kv, "kv")
+    check_dtype(kv, "kv", KV_DTYPES)
+    check_shape(kv, "kv", [None, 1, None, HIDDEN_SIZE], "[B, 1, S, 576]")
+    b, _, s, _ = kv.shape
+    if b < 1 or s < 1:
+        raise arg_error(ShapeError, "kv", "B >= 1 and S >= 1", list(kv.shape))
+    kv_dtype = dtype_name(kv.dtype)
+    gamma = required(gamma, "gamma")
+    check_dtype(gamma, "gamma", (kv_dtype,))
+    check_shape(gamma, "gamma", [RMS_SIZE], "[rms_size]")
+    cos = required(cos, "cos")
+    sin = required(sin, "sin")
+    for name, x in (("cos", cos), ("sin", sin)):
+        check_dtype(x, name, (kv_dtype,))
+        check_shape(x, name, [b, 1, s, ROPE_SIZE], "[B, 1, S, rope_size]")
+
+    # ---- quant mode and scales
+    k_rope_scale = optional(k_rope_scale, "k_rope_scale")
+    c_kv_scale = optional(c_kv_scale, "c_kv_scale")
+    if (k_rope_scale is None) != (c_kv_scale is None):
+        given, missing = ("k_rope_scale", "c_kv_scale") if c_kv_scale is None else ("c_kv_scale", "k_rope_scale")
+        raise arg_error(ModeError, missing, f"a tensor when {given} is given (int8 quant needs both scales)", None)
+    quant = k_rope_scale is not None
+    if quant and cache_mode not in QUANT_CACHE_MODES:
+        raise arg_error(ModeError, "k_rope_scale / c_kv_scale",
+                        f"None in cache_mode {cache_mode} (int8 quant only in {list(QUANT_CACHE_MODES)})", "tensors")
+    if quant:
+        k_rope_scale = _scale(k_rope_scale, "k_rope_scale", ROPE_SIZE)
+        c_kv_scale = _scale(c_kv_scale, "c_kv_scale", RMS_SIZE)
+    cache_dtype = "int8" if quant else kv_dtype
+    why = "(int8 quant: k_rope_scale / c_kv_scale given)" if quant else "(non-quant: the kv dtype)"
+
+    # ---- caches
+    k_cache = required(k_cache, "k_cache")
+    ckv_cache = required(ckv_cache, "ckv_cache")
+    layouts = []
+    for name, cache, dim in (("k_cache", k_cache, ROPE_SIZE), ("ckv_cache", ckv_cache, RMS_SIZE)):
+        if dtype_name(cache.dtype) != cache_dtype:
+            raise arg_error(DTypeError, name, f"dtype {cache_dtype} {why}", dtype_name(cache.dtype))
+        if mode == "Norm":
+            check_shape(cache, name, [b, 1, None, dim], "[B, 1, cache_length, D] for cache_mode Norm")
+        else:
+            check_shape(cache, name, [None, None, 1, dim], f"[block_num, block_size, 1, D] for cache_mode {cache_mode}")
+        check_cache(cache, name)
+        layouts.append(CacheLayout.from_declared(mode, cache.shape, cache.dtype.itemsize, name=name))
+    k_layout, ckv_layout = layouts
+    if np.may_share_memory(k_cache, ckv_cache):
+        raise arg_error(ShapeError, "ckv_cache", "memory separate from k_cache", "an overlapping array")
+    if (k_layout.num_blocks, k_layout.block_size) != (ckv_layout.num_blocks, ckv_layout.block_size):
+        what = "cache_length" if mode == "Norm" else "block_num and block_size"
+        raise arg_error(ShapeError, "ckv_cache", f"the same {what} as k_cache {list(k_cache.shape)}",
+                        list(ckv_cache.shape))
+    if mode == "Norm":
+        if k_layout.block_size < s:
+            raise arg_error(ShapeError, "k_cache", f"cache_length >= S={s} (cache_mode Norm)", k_layout.block_size)
+    else:
+        bs, nb = k_layout.block_size, k_layout.num_blocks
+        align = BLOCK_ALIGN_BYTES // k_cache.dtype.itemsize
+        if bs < 1 or bs % align:
+            raise arg_error(ShapeError, "k_cache", f"block_size a positive multiple of {align} for {cache_dtype} "
+                            f"caches ({BLOCK_ALIGN_BYTES}-byte aligned)", bs)
+        need = -(-s // bs) * b
+        if nb < need:
+            raise arg_error(ShapeError, "k_cache", f"block_num >= ceil(S/block_size)*B = ceil({s}/{bs})*{b} = {need}",
+                            nb)
+
+    # ---- index -> slots
+    slots = _slots(index, mode, cache_mode, b, s, k_layout)
+    warn_duplicates(slots, "index", stacklevel=4)
+
+    return KvRmsNormRopeCacheArgs(
+        kv=np.ascontiguousarray(kv).reshape(b * s, HIDDEN_SIZE),  # [T, 576]
+        gamma=np.ascontiguousarray(to_f32(gamma)),  # [512] fp32
+        cos=np.ascontiguousarray(cos).reshape(b * s, ROPE_SIZE),  # [T, 64]
+        sin=np.ascontiguousarray(sin).reshape(b * s, ROPE_SIZE),  # [T, 64]
+        k_cache=k_cache, ckv_cache=ckv_cache, k_layout=k_layout, ckv_layout=ckv_layout,
+        slots=slots, k_rope_scale=k_rope_scale, c_kv_scale=c_kv_scale, epsilon=eps,
+        cache_mode=cache_mode, is_output_kv=bool(is_output_kv), batch=int(b), seq_len=int(s))
+
+
+def _epsilon(epsilon) -> np.float32:
+    try:
+        eps = float(epsilon)
+    except (TypeError, ValueError):
+        raise arg_error(DTypeError, "epsilon", "a float", repr(epsilon)) from None
+    if not np.isfinite(eps) or eps < 0:
+        raise arg_error(ShapeError, "epsilon", "a finite value >= 0", eps)
+    return np.float32(eps)
+
+
+def _scale(scale: np.ndarray, name: str, dim: int) -> np.ndarray:
+    """Validate a static multiplier scale and broadcast it to fp32 ``[dim]``."""
+    check_dtype(scale, name, ("float32",))
+    if tuple(scale.shape) not in ((dim,), (1, dim), (1,)):
+        raise arg_error(ShapeError, name, f"shape [{dim}], [1, {dim}] or [1]", list(scale.shape))
+    return np.ascontiguousarray(np.broadcast_to(scale.reshape(-1), (dim,)), dtype=np.float32)  # [dim]
+
+
+def _slots(index, mode: str, cache_mode: str, b: int, s: int, layout: CacheLayout) -> np.ndarray:
+    """Validated destination slot per token, int64 ``[B*S]`` (-1 = skip)."""
+    index = required(index, "index")
+    check_dtype(index, "index", ("int64",))
+    if mode == "Norm":
+        check_shape(index, "index", [b, s], "[B, S] for cache_mode Norm")
+        return slots_from_positions(index, layout.block_size, name="index")
+    if mode in ("PA_BSND", "PA_NZ"):
+        check_shape(index, "index", [b * s], f"[B*S] for cache_mode {cache_mode}")
+        return slots_from_cache_index(index, layout.num_rows, name="index")
+    pages = -(-s // layout.block_size)
+    check_shape(index, "index", [b * pages], f"[B*ceil(S/block_size)] = [{b}*{pages}] for cache_mode {cache_mode}")
+    return slots_from_pages(index, [s] * b, layout.block_size, layout.num_blocks, page_offsets=True, name="index")
