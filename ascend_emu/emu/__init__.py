@@ -5,3 +5,4 @@ builds. Backends trust the contract and never validate user input again.
 """
 
 from .kv_rmsnorm_rope_cache import kv_rmsnorm_rope_cache  # noqa: F401
+from .mla_prolog import mla_prolog  # noqa: F401

@@ -1,0 +1,706 @@
+"""``npu_mla_prolog``, ``npu_mla_prolog_v2`` and ``npu_mla_prolog_v3``: the MLA prolog contract.
+
+Sources: seeds ``npu_mla_prolog.md`` and ``npu_mla_prolog_v3.md``; ops_reference §1.1, §1.3,
+§1.4, §2.1-§2.5, §6; torch_npu's meta functions ``npu_mla_prolog_forward`` /
+``npu_mla_prolog_v2_forward`` / ``npu_mla_prolog_v3_forward`` (signatures, keyword-only
+boundaries, output shapes and dtypes); the ops-transformer MlaProlog host checks (legal mode
+combinations, He / Hcq / N / BlockSize ranges, per-scenario dtypes).
+
+One contract serves all three entry points: v1 and v2 map their arguments onto v3's (v1/v2 have
+no ``qc_qr_scale`` / ``kc_scale`` / ``query_norm_flag``, and select their quant scenario from
+dtypes and the scales given rather than from explicit modes), :func:`_normalise` validates
+everything and builds one :class:`MlaPrologArgs`, the backend computes, and each entry point
+packs its own outputs.
+
+Emulated today: the non-quant scenario (every mode 0). The quantized scenarios are listed in
+:data:`QUANT_SCENARIOS` (legal combinations, dtypes, required scales) and raise
+``NotImplementedError`` naming the modes until their computation lands.
+
+Contract highlights (be stricter than the hardware):
+
+- ``weight_dq``, ``weight_uq_qr``, ``weight_dkv_kr`` must be FRACTAL_NZ (``npu_format_cast(w, 29)``);
+  ``weight_uk`` must be ND.
+- ``token_x`` is ``[T, He]`` or ``[B, S, He]``; ``rope_sin`` / ``rope_cos`` have the same rank and
+  leading dims with last dim Dr = 64. Non-contiguous inputs are accepted (copied).
+- Caches are C-contiguous, writable, updated in place and returned as the same objects.
+- ``cache_index`` values outside the cache raise :class:`IndexRangeError` (the hardware does not
+  check them and corrupts memory); ``-1`` skips the token (PA_BSND / PA_NZ) or the block
+  (PA_BLK_*): the kernel's scatter returns early on a negative index; two tokens writing one slot
+  warn (:class:`DuplicateSlotWarning`) and the last one wins.
+- B / S / T = 0: query and query_rope are empty and the caches are not touched. BlockNum = 0
+  (Skv = 0): queries are computed, nothing is written, and ``cache_index`` values are not
+  range-checked (no index reaches memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal, Mapping
+
+import numpy as np
+
+from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error
+from ..layouts import (FRACTAL_NZ, NZ_ROW_BYTES, CacheLayout, canonical_cache_mode, get_npu_format,
+                       slots_from_cache_index, slots_from_pages)
+from ._backend import get_backend
+from ._check import (check_cache, check_dtype, check_ndim, check_nz_weight, check_shape, dtype_name, optional,
+                     required, warn_duplicates)
+
+# ---------------------------------------------------------------------- fixed dims (§2.1)
+#: kv low-rank dim Hckv.
+HCKV = 512
+#: qk nope dim D.
+D_NOPE = 128
+#: qk rope dim Dr.
+D_ROPE = 64
+#: kv heads Nkv.
+NKV = 1
+#: Legal head counts N.
+HEAD_NUMS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: Legal per-tile quant tile sizes.
+TILE_SIZES = (128,)
+
+Version = Literal[1, 2, 3]
+CacheModeV3 = Literal["PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND"]
+_OP_NAMES = {1: "npu_mla_prolog", 2: "npu_mla_prolog_v2", 3: "npu_mla_prolog_v3"}
+
+#: Shape of an output the scenario does not produce: v3 (torch_npu meta, CANN >= 8.5.0) gives an
+#: empty ``[0]`` tensor; the v2 meta always declares ``dequant_scale_q_nope`` as ``[1]`` outside
+#: the kv-quant scenario (its value is not defined there; the emulator writes 0).
+UNUSED_OUTPUT_SHAPE = {2: (1,), 3: (0,)}
+
+
+# ---------------------------------------------------------------------- per-version limits
+@dataclass(frozen=True, kw_only=True)
+class VersionLimits:
+    """Shape values and modes one entry point accepts (its seed doc; v2 follows v1's).
+
+    Attributes:
+        he: legal He.
+        hcq: legal Hcq.
+        block_sizes: legal BlockSize of the paged modes.
+        cache_modes: accepted ``cache_mode`` strings.
+        quant_modes: legal ``(weight_quant_mode, kv_cache_quant_mode, query_quant_mode)``.
+        max_b: largest B.
+        max_s: largest S (None: unlimited).
+        max_t: largest T (None: unlimited).
+    """
+
+    he: tuple[int, ...]
+    hcq: tuple[int, ...]
+    block_sizes: tuple[int, ...]
+    cache_modes: tuple[str, ...]
+    quant_modes: tuple[tuple[int, int, int], ...]
+    max_b: int = 65536
+    max_s: int | None = None
+    max_t: int | None = None
+
+
+_V12_LIMITS = dict(he=(7168,), hcq=(1536,), block_sizes=(16, 128), cache_modes=("PA_BSND", "PA_NZ"),
+                   max_s=16, max_t=1048576)
+#: One table for every version-specific value (seeds: v1 "约束说明", v3 "约束说明").
+VERSION_LIMITS: Mapping[int, VersionLimits] = MappingProxyType({
+    1: VersionLimits(**_V12_LIMITS, quant_modes=((0, 0, 0), (1, 0, 0), (1, 2, 0))),
+    2: VersionLimits(**_V12_LIMITS, quant_modes=((0, 0, 0), (1, 0, 0), (1, 2, 0), (2, 0, 0), (2, 1, 1))),
+    3: VersionLimits(he=(7168, 7680), hcq=(1536,), block_sizes=tuple(range(16, 1025, 16)),
+                     cache_modes=("PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND"),
+                     quant_modes=((0, 0, 0), (1, 0, 0), (1, 2, 0), (1, 3, 0), (2, 0, 0), (2, 1, 1), (2, 3, 0))),
+})
+
+
+# ---------------------------------------------------------------------- quant scenarios
+#: The optional scale tensors, in signature order.
+SCALE_ARGS = ("dequant_scale_x", "dequant_scale_w_dq", "dequant_scale_w_uq_qr", "dequant_scale_w_dkv_kr",
+              "quant_scale_ckv", "quant_scale_ckr", "smooth_scales_cq", "k_nope_clip_alpha")
+_FULL_QUANT_SCALES = ("dequant_scale_x", "dequant_scale_w_dq", "dequant_scale_w_uq_qr", "dequant_scale_w_dkv_kr")
+
+
+def _dtypes(**override: str) -> Mapping[str, str]:
+    base = dict(token_x="bfloat16", weight_dq="bfloat16", weight_uq_qr="bfloat16", weight_uk="bfloat16",
+                weight_dkv_kr="bfloat16", rmsnorm_gamma_cq="bfloat16", rmsnorm_gamma_ckv="bfloat16",
+                rope_sin="bfloat16", rope_cos="bfloat16", kv_cache="bfloat16", kr_cache="bfloat16",
+                query="bfloat16")
+    base.update(override)
+    return MappingProxyType(base)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantScenario:
+    """One legal combination of v3 quant modes.
+
+    Attributes:
+        name: the seed's name of the scenario.
+        implemented: False until the emulator computes it (the contract raises
+            NotImplementedError).
+        dtypes: dtype (seed spelling) of every tensor argument, and of the ``query`` output.
+        required: scale arguments that must be given.
+        optional: scale arguments that may be given; every other scale must be None.
+        repo_mode: the value both ``ckvkr_repo_mode`` and ``quant_scale_repo_mode`` must have
+            (1 = combined 656-byte rows, only with per-tile kv quant).
+        kv_dtile: last dim Dtile of kv_cache (512, or 656 for combined per-tile rows).
+    """
+
+    name: str
+    implemented: bool
+    dtypes: Mapping[str, str]
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    repo_mode: int = 0
+    kv_dtile: int = 512
+
+
+#: Legal ``(weight_quant_mode, kv_cache_quant_mode, query_quant_mode)`` on Atlas A2 / A3 and what
+#: each requires. Source: ops-transformer host checks (QUANT_MODE_HASH_TABLE, FillXxxParamInfo;
+#: query_quant_mode is 1 exactly with full quant + per-tensor kv); where the seed's table differs
+#: (it prints weight_quant_mode=2 for partial per-channel and 3 for partial per-tile) the host
+#: check is followed.
+QUANT_SCENARIOS: Mapping[tuple[int, int, int], QuantScenario] = MappingProxyType({
+    (0, 0, 0): QuantScenario(name="non-quant", implemented=True, dtypes=_dtypes()),
+    (1, 0, 0): QuantScenario(
+        name="partial quant, kv_cache non-quant", implemented=False,
+        dtypes=_dtypes(weight_uq_qr="int8"),
+        required=("dequant_scale_w_uq_qr",), optional=("smooth_scales_cq",)),
+    (1, 2, 0): QuantScenario(
+        name="partial quant, kv_cache per-channel quant", implemented=False,
+        dtypes=_dtypes(weight_uq_qr="int8", kv_cache="int8", kr_cache="int8"),
+        required=("dequant_scale_w_uq_qr", "quant_scale_ckv", "quant_scale_ckr"), optional=("smooth_scales_cq",)),
+    (1, 3, 0): QuantScenario(
+        name="partial quant, kv_cache per-tile quant", implemented=False,
+        dtypes=_dtypes(weight_uq_qr="int8", kv_cache="int8"),
+        required=("dequant_scale_w_uq_qr", "k_nope_clip_alpha"), optional=("smooth_scales_cq",), repo_mode=1,
+        kv_dtile=656),
+    (2, 0, 0): QuantScenario(
+        name="full quant, kv_cache non-quant", implemented=False,
+        dtypes=_dtypes(token_x="int8", weight_dq="int8", weight_uq_qr="int8", weight_dkv_kr="int8"),
+        required=_FULL_QUANT_SCALES, optional=("smooth_scales_cq",)),
+    (2, 1, 1): QuantScenario(
+        name="full quant, kv_cache per-tensor quant", implemented=False,
+        dtypes=_dtypes(token_x="int8", weight_dq="int8", weight_uq_qr="int8", weight_dkv_kr="int8",
+                       kv_cache="int8", query="int8"),
+        required=_FULL_QUANT_SCALES + ("quant_scale_ckv",), optional=("smooth_scales_cq",)),
+    (2, 3, 0): QuantScenario(
+        name="full quant, kv_cache per-tile quant", implemented=False,
+        dtypes=_dtypes(token_x="int8", weight_dq="int8", weight_uq_qr="int8", weight_dkv_kr="int8",
+                       kv_cache="int8"),
+        required=_FULL_QUANT_SCALES + ("k_nope_clip_alpha",), optional=("smooth_scales_cq",), repo_mode=1,
+        kv_dtile=656),
+})
+_MODE_NAMES = ("weight_quant_mode", "kv_cache_quant_mode", "query_quant_mode")
+#: Ranges of the integer mode attributes (A2 / A3; weight_quant_mode 3-5 are Ascend 950 modes).
+_MODE_RANGES = {"weight_quant_mode": (0, 1, 2), "kv_cache_quant_mode": (0, 1, 2, 3), "query_quant_mode": (0, 1),
+                "ckvkr_repo_mode": (0, 1), "quant_scale_repo_mode": (0, 1)}
+
+
+# ---------------------------------------------------------------------- normalised arguments
+@dataclass(frozen=True, kw_only=True)
+class MlaPrologArgs:
+    """Validated, normalised arguments of every MLA prolog entry point (v3's argument set).
+
+    Attributes:
+        version: entry point (1, 2, 3); only output packing depends on it.
+        scenario: the quant scenario selected by the modes.
+        token_x: ``[T, He]`` (a 2-D view of the input; bf16 in the non-quant scenario).
+        weight_dq: FRACTAL_NZ ``[He, Hcq]``.
+        weight_uq_qr: FRACTAL_NZ ``[Hcq, N*(D+Dr)]``, per head ``[D nope | Dr rope]`` columns.
+        weight_uk: ND ``[N, D, Hckv]``.
+        weight_dkv_kr: FRACTAL_NZ ``[He, Hckv+Dr]``.
+        rmsnorm_gamma_cq: ``[Hcq]``.
+        rmsnorm_gamma_ckv: ``[Hckv]``.
+        rope_sin, rope_cos: ``[T, Dr]``.
+        kv_cache, kr_cache: the caller's caches, written in place.
+        kv_layout, kr_layout: their :class:`CacheLayout`.
+        slots: int64 ``[T]`` validated cache rows (-1 = skip), or None when nothing is written
+            (T = 0 or an empty cache).
+        cache_index, actual_seq_len: the caller's index tensors (kept for other backends).
+        batch_shape: ``(B, S)`` for 3-D ``token_x``, ``(T,)`` for 2-D.
+        num_heads: N.
+        cache_mode: canonical cache mode.
+        rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv: RmsNorm epsilons.
+        qc_qr_scale, kc_scale: v3 scale factors (1.0 for v1 / v2).
+        query_norm_flag: return query_norm.
+        weight_quant_mode, kv_cache_quant_mode, query_quant_mode, ckvkr_repo_mode,
+            quant_scale_repo_mode, tile_size: v3 modes (inferred for v1 / v2).
+        dequant_scale_x ... k_nope_clip_alpha: the optional scale tensors (None when absent).
+    """
+
+    version: int
+    scenario: QuantScenario
+    token_x: np.ndarray
+    weight_dq: np.ndarray
+    weight_uq_qr: np.ndarray
+    weight_uk: np.ndarray
+    weight_dkv_kr: np.ndarray
+    rmsnorm_gamma_cq: np.ndarray
+    rmsnorm_gamma_ckv: np.ndarray
+    rope_sin: np.ndarray
+    rope_cos: np.ndarray
+    kv_cache: np.ndarray
+    kr_cache: np.ndarray
+    kv_layout: CacheLayout
+    kr_layout: CacheLayout
+    slots: np.ndarray | None
+    cache_index: np.ndarray | None
+    actual_seq_len: np.ndarray | None
+    batch_shape: tuple[int, ...]
+    num_heads: int
+    cache_mode: str
+    rmsnorm_epsilon_cq: float
+    rmsnorm_epsilon_ckv: float
+    qc_qr_scale: float
+    kc_scale: float
+    query_norm_flag: bool
+    weight_quant_mode: int
+    kv_cache_quant_mode: int
+    query_quant_mode: int
+    ckvkr_repo_mode: int
+    quant_scale_repo_mode: int
+    tile_size: int
+    dequant_scale_x: np.ndarray | None = None
+    dequant_scale_w_dq: np.ndarray | None = None
+    dequant_scale_w_uq_qr: np.ndarray | None = None
+    dequant_scale_w_dkv_kr: np.ndarray | None = None
+    quant_scale_ckv: np.ndarray | None = None
+    quant_scale_ckr: np.ndarray | None = None
+    smooth_scales_cq: np.ndarray | None = None
+    k_nope_clip_alpha: np.ndarray | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """T = B * S."""
+        return int(self.token_x.shape[0])
+
+
+# ---------------------------------------------------------------------- entry points
+def npu_mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
+                   rmsnorm_gamma_ckv, rope_sin, rope_cos, cache_index, kv_cache, kr_cache, *,
+                   dequant_scale_x=None, dequant_scale_w_dq=None, dequant_scale_w_uq_qr=None,
+                   dequant_scale_w_dkv_kr=None, quant_scale_ckv=None, quant_scale_ckr=None,
+                   smooth_scales_cq=None, rmsnorm_epsilon_cq: float = 1e-05, rmsnorm_epsilon_ckv: float = 1e-05,
+                   cache_mode: str = "PA_BSND"):
+    """MLA prolog v1 (seed ``npu_mla_prolog.md``): queries out, kv / kr caches updated in place.
+
+    Numerics: the non-quant chain of :func:`ascend_emu.emu.mla_prolog.mla_prolog` (ops_reference
+    §2.1 steps 1-8) with ``qc_qr_scale = kc_scale = 1``.
+
+    Args:
+        token_x: bf16 ``[T, He]`` or ``[B, S, He]``; He = 7168.
+        weight_dq: bf16 FRACTAL_NZ ``[He, Hcq]``; Hcq = 1536.
+        weight_uq_qr: bf16 FRACTAL_NZ ``[Hcq, N*(D+Dr)]``; N in 1, 2, 4, ..., 128; D = 128, Dr = 64.
+        weight_uk: bf16 ND ``[N, D, Hckv]``; Hckv = 512.
+        weight_dkv_kr: bf16 FRACTAL_NZ ``[He, Hckv+Dr]``.
+        rmsnorm_gamma_cq: bf16 ``[Hcq]``.
+        rmsnorm_gamma_ckv: bf16 ``[Hckv]``.
+        rope_sin, rope_cos: bf16 ``[T, Dr]`` / ``[B, S, Dr]`` (same rank as token_x).
+        cache_index: int64 ``[T]`` / ``[B, S]`` global cache rows in ``[0, BlockNum*BlockSize)``,
+            -1 = skip.
+        kv_cache: bf16 ``[BlockNum, BlockSize, 1, Hckv]``, updated in place; BlockSize 16 or 128.
+        kr_cache: bf16 ``[BlockNum, BlockSize, 1, Dr]``, updated in place.
+        dequant_scale_x ... smooth_scales_cq: quant-scenario scales; must be None (quantized
+            scenarios are not emulated yet).
+        rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv: RmsNorm epsilons (default 1e-5).
+        cache_mode: ``"PA_BSND"`` (default) or ``"PA_NZ"``.
+
+    Returns:
+        ``(query, query_rope, kv_cache, kr_cache)``: bf16 ``[T, N, Hckv]`` / ``[B, S, N, Hckv]``,
+        bf16 ``[T, N, Dr]`` / ``[B, S, N, Dr]``, and the cache objects passed in.
+
+    Raises:
+        ShapeError, DTypeError, FormatError, ModeError, IndexRangeError: the contract (module
+            doc); caches are untouched.
+        NotImplementedError: int8 weight_uq_qr / int8 caches / quant scales (a quant scenario).
+    """
+    args = _legacy_args(1, locals())
+    query, query_rope, _ = _run(args)
+    return query, query_rope, args.kv_cache, args.kr_cache
+
+
+def npu_mla_prolog_v2(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
+                      rmsnorm_gamma_ckv, rope_sin, rope_cos, cache_index, kv_cache, kr_cache, *,
+                      dequant_scale_x=None, dequant_scale_w_dq=None, dequant_scale_w_uq_qr=None,
+                      dequant_scale_w_dkv_kr=None, quant_scale_ckv=None, quant_scale_ckr=None,
+                      smooth_scales_cq=None, rmsnorm_epsilon_cq: float = 1e-05, rmsnorm_epsilon_ckv: float = 1e-05,
+                      cache_mode: str = "PA_BSND"):
+    """MLA prolog v2: v1's arguments and results plus ``dequant_scale_q_nope``.
+
+    Same contract and numerics as :func:`npu_mla_prolog` (v2 adds full quant, not emulated yet).
+
+    Returns:
+        ``(query, query_rope, kv_cache, kr_cache, dequant_scale_q_nope)``; outside the kv-quant
+        scenario ``dequant_scale_q_nope`` is fp32 ``[1]`` (torch_npu meta), holding 0.
+
+    Raises:
+        As :func:`npu_mla_prolog`; int8 token_x also selects a (not emulated) quant scenario.
+    """
+    args = _legacy_args(2, locals())
+    query, query_rope, rest = _run(args)
+    return query, query_rope, args.kv_cache, args.kr_cache, rest[0]
+
+
+def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
+                      rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, *, cache_index=None,
+                      dequant_scale_x=None, dequant_scale_w_dq=None, dequant_scale_w_uq_qr=None,
+                      dequant_scale_w_dkv_kr=None, quant_scale_ckv=None, quant_scale_ckr=None,
+                      smooth_scales_cq=None, actual_seq_len=None, k_nope_clip_alpha=None,
+                      rmsnorm_epsilon_cq: float = 1e-05, rmsnorm_epsilon_ckv: float = 1e-05,
+                      cache_mode: CacheModeV3 = "PA_BSND", query_norm_flag: bool = False,
+                      weight_quant_mode: int = 0, kv_cache_quant_mode: int = 0, query_quant_mode: int = 0,
+                      ckvkr_repo_mode: int = 0, quant_scale_repo_mode: int = 0, tile_size: int = 128,
+                      qc_qr_scale: float = 1.0, kc_scale: float = 1.0, token_x_dtype=None, weight_dq_dtype=None,
+                      weight_uq_qr_dtype=None, weight_dkv_kr_dtype=None, kv_cache_dtype=None):
+    """MLA prolog v3 (seed ``npu_mla_prolog_v3.md``): queries and query_norm out, caches in place.
+
+    Numerics: :func:`ascend_emu.emu.mla_prolog.mla_prolog` (ops_reference §2.1 steps 1-8, with
+    ``qc_qr_scale`` after the cq RmsNorm and ``kc_scale`` after the ckv RmsNorm).
+
+    Args:
+        token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
+            rmsnorm_gamma_ckv, rope_sin, rope_cos: as :func:`npu_mla_prolog`; He in
+            {7168, 7680}.
+        kv_cache: bf16, updated in place: ``[BlockNum, BlockSize, 1, 512]`` (PA_* modes;
+            BlockSize a multiple of 16 in [16, 1024]), ``[B, S, 1, 512]`` (BSND) or ``[T, 1, 512]``
+            (TND).
+        kr_cache: bf16, same leading dims with last dim 64.
+        cache_index: int64. PA_BSND / PA_NZ: ``[T]`` / ``[B, S]`` global rows in
+            ``[0, BlockNum*BlockSize)``; PA_BLK_BSND / PA_BLK_NZ: BLOCK IDS in ``[0, BlockNum)``,
+            ``[B, ceil(S/BlockSize)]`` (3-D token_x) or ``[sum_b ceil(S_b/BlockSize)]`` (2-D,
+            with ``actual_seq_len``); a batch's tokens fill its blocks from row 0. -1 skips
+            the token (PA) or block (PA_BLK). Must be None for BSND / TND (token t is written
+            at its own position).
+        actual_seq_len: int32 ``[B]`` prefix sums of the per-batch lengths; required exactly for
+            2-D token_x with PA_BLK_*; last value = T.
+        dequant_scale_x ... smooth_scales_cq, k_nope_clip_alpha: quant scales; None in the
+            non-quant scenario.
+        rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv: RmsNorm epsilons (default 1e-5).
+        cache_mode: PA_BSND (default), PA_NZ, PA_BLK_BSND, PA_BLK_NZ, BSND (3-D token_x) or TND
+            (2-D token_x).
+        query_norm_flag: also return query_norm (default False).
+        weight_quant_mode, kv_cache_quant_mode, query_quant_mode, ckvkr_repo_mode,
+            quant_scale_repo_mode: legal combinations in :data:`QUANT_SCENARIOS`; only all-0
+            (non-quant) is emulated.
+        tile_size: per-tile quant tile, 128.
+        qc_qr_scale: multiplier after the cq RmsNorm (default 1.0).
+        kc_scale: multiplier after the ckv RmsNorm (default 1.0).
+        token_x_dtype, weight_dq_dtype, weight_uq_qr_dtype, weight_dkv_kr_dtype, kv_cache_dtype:
+            hifloat8 tags of Ascend 950's weight_quant_mode=5; must be None.
+
+    Returns:
+        ``(query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``:
+        bf16 ``[T, N, 512]`` / ``[B, S, N, 512]``; bf16 ``[T, N, 64]`` / ``[B, S, N, 64]``;
+        fp32 ``[0]``; bf16 ``[T, Hcq]`` / ``[B, S, Hcq]`` when ``query_norm_flag`` else an empty
+        ``[0]`` tensor of weight_uq_qr's dtype; fp32 ``[0]`` (torch_npu meta, CANN >= 8.5).
+
+    Raises:
+        ShapeError, DTypeError, FormatError, ModeError, IndexRangeError: the contract (module
+            doc); caches are untouched.
+        NotImplementedError: a legal quantized mode combination.
+    """
+    values = dict(locals())
+    for tag in ("token_x_dtype", "weight_dq_dtype", "weight_uq_qr_dtype", "weight_dkv_kr_dtype", "kv_cache_dtype"):
+        tag_value = values.pop(tag)
+        if tag_value is not None:
+            raise arg_error(ModeError, tag, "None (hifloat8 inputs, weight_quant_mode=5, exist on Ascend 950 "
+                            "only and are not emulated)", repr(tag_value))
+    modes = {name: values.pop(name) for name in _MODE_NAMES + ("ckvkr_repo_mode", "quant_scale_repo_mode")}
+    args = _normalise(3, values, modes, reason="", stacklevel=4)
+    query, query_rope, rest = _run(args)
+    return (query, query_rope) + rest
+
+
+# ---------------------------------------------------------------------- v1 / v2 mapping
+def _legacy_args(version: int, values: dict) -> MlaPrologArgs:
+    """Map v1 / v2 arguments onto v3's: infer the modes, fill v3-only arguments with defaults."""
+    values = dict(values)
+    modes, reason = _infer_legacy_modes(values)
+    values.update(actual_seq_len=None, k_nope_clip_alpha=None, query_norm_flag=False, tile_size=TILE_SIZES[0],
+                  qc_qr_scale=1.0, kc_scale=1.0)
+    return _normalise(version, values, modes, reason=reason, stacklevel=5)
+
+
+def _is_int8(x) -> bool:
+    return x is not None and dtype_name(np.asarray(x).dtype) == "int8"
+
+
+def _infer_legacy_modes(values: dict) -> tuple[dict, str]:
+    """v1 / v2 select their scenario from dtypes and the scales given (seed v1 weight_uq_qr).
+
+    Full quant (v3 weight_quant_mode=2): int8 token_x or x / w_dq / w_dkv_kr dequant scales.
+    Partial (1): int8 weight_uq_qr, dequant_scale_w_uq_qr or smooth_scales_cq. kv quant: int8
+    caches or quant_scale_ckv / ckr; per-tensor (1, with per-token-head query quant) under full
+    quant, per-channel (2) otherwise.
+    """
+    given = [name for name in SCALE_ARGS if values.get(name) is not None]
+    full = [f"{n} int8" for n in ("token_x",) if _is_int8(values[n])] + \
+        [n + " given" for n in given if n in ("dequant_scale_x", "dequant_scale_w_dq", "dequant_scale_w_dkv_kr")]
+    partial = [f"{n} int8" for n in ("weight_uq_qr",) if _is_int8(values[n])] + \
+        [n + " given" for n in given if n in ("dequant_scale_w_uq_qr", "smooth_scales_cq")]
+    kv = [f"{n} int8" for n in ("kv_cache", "kr_cache") if _is_int8(values[n])] + \
+        [n + " given" for n in given if n in ("quant_scale_ckv", "quant_scale_ckr")]
+    wq = 2 if full else 1 if partial else 0
+    kvq = (1 if wq == 2 else 2) if kv else 0
+    modes = dict(weight_quant_mode=wq, kv_cache_quant_mode=kvq, query_quant_mode=int(wq == 2 and kvq == 1),
+                 ckvkr_repo_mode=0, quant_scale_repo_mode=0)
+    return modes, ", ".join(full + partial + kv)
+
+
+# ---------------------------------------------------------------------- the contract
+def _select_scenario(version: int, modes: dict, tile_size, reason: str) -> QuantScenario:
+    """Check the mode integers and their combination; the scenario they select.
+
+    Raises:
+        ModeError: a mode out of range, or an illegal combination.
+        NotImplementedError: a legal quantized scenario.
+    """
+    op = _OP_NAMES[version]
+    why = f" (selected by {reason})" if reason else ""
+    for name, allowed in _MODE_RANGES.items():
+        value = modes[name]
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
+            raise arg_error(ModeError, name, f"one of {list(allowed)}", repr(value))
+    if isinstance(tile_size, (bool, np.bool_)) or not isinstance(tile_size, (int, np.integer)) \
+            or tile_size not in TILE_SIZES:
+        raise arg_error(ModeError, "tile_size", f"one of {list(TILE_SIZES)}", repr(tile_size))
+    key = tuple(int(modes[n]) for n in _MODE_NAMES)
+    shown = ", ".join(f"{n}={v}" for n, v in zip(_MODE_NAMES, key))
+    legal = VERSION_LIMITS[version].quant_modes
+    if key not in legal:
+        raise ModeError(f"{op}: ({shown}){why} is not a legal mode combination; expected one of "
+                        f"{[QUANT_SCENARIOS[k].name + ' ' + str(k) for k in legal]}")
+    scenario = QUANT_SCENARIOS[key]
+    for name in ("ckvkr_repo_mode", "quant_scale_repo_mode"):
+        if modes[name] != scenario.repo_mode:
+            raise arg_error(ModeError, name, f"{scenario.repo_mode} in the {scenario.name} scenario", modes[name])
+    if not scenario.implemented:
+        raise NotImplementedError(f"{op}: the {scenario.name} scenario ({shown}){why} is not emulated yet; "
+                                  f"only the non-quant scenario (all modes 0) is")
+    return scenario
+
+
+def _check_scales(scenario: QuantScenario, values: dict) -> dict:
+    """Scale tensors as arrays; raise when a required one is missing or a forbidden one given."""
+    out = {}
+    for name in SCALE_ARGS:
+        x = optional(values.get(name), name)
+        if x is None and name in scenario.required:
+            raise arg_error(ShapeError, name, f"a tensor in the {scenario.name} scenario", None)
+        if x is not None and name not in scenario.required + scenario.optional:
+            raise arg_error(ModeError, name, f"None in the {scenario.name} scenario", f"a {list(x.shape)} tensor")
+        out[name] = x
+    return out
+
+
+def _check_float(value, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(value):
+        raise arg_error(DTypeError, name, "a finite float", repr(value))
+    return float(value)
+
+
+def _normalise(version: int, values: dict, modes: dict, *, reason: str, stacklevel: int) -> MlaPrologArgs:
+    """Validate every argument (nothing is written) and build :class:`MlaPrologArgs`.
+
+    ``reason`` says what selected the modes (v1 / v2); ``stacklevel`` points duplicate-slot
+    warnings at the caller of the entry point.
+    """
+    limits = VERSION_LIMITS[version]
+    scenario = _select_scenario(version, modes, values["tile_size"], reason)
+    cache_mode = canonical_cache_mode(values["cache_mode"], allowed=limits.cache_modes)
+    names = ("token_x", "weight_dq", "weight_uq_qr", "weight_uk", "weight_dkv_kr", "rmsnorm_gamma_cq",
+             "rmsnorm_gamma_ckv", "rope_sin", "rope_cos", "kv_cache", "kr_cache")
+    t = {name: required(values[name], name) for name in names}
+    scales = _check_scales(scenario, values)
+    for name in names:
+        check_dtype(t[name], name, (scenario.dtypes[name],))
+    for name in ("weight_dq", "weight_uq_qr", "weight_dkv_kr"):
+        check_nz_weight(t[name], name)
+    if get_npu_format(t["weight_uk"]) == FRACTAL_NZ:
+        raise FormatError("weight_uk: expected an ND weight (format 2), got FRACTAL_NZ (29); pass the ND "
+                          "tensor (npu_format_cast(weight_uk, 2))")
+    query_norm_flag = values["query_norm_flag"]
+    if not isinstance(query_norm_flag, (bool, np.bool_)):
+        raise arg_error(DTypeError, "query_norm_flag", "a bool", repr(query_norm_flag))
+    eps_cq = _check_float(values["rmsnorm_epsilon_cq"], "rmsnorm_epsilon_cq")
+    eps_ckv = _check_float(values["rmsnorm_epsilon_ckv"], "rmsnorm_epsilon_ckv")
+    qc_qr_scale = _check_float(values["qc_qr_scale"], "qc_qr_scale")
+    kc_scale = _check_float(values["kc_scale"], "kc_scale")
+
+    # ---- tokens: [T, He] / [B, S, He]; rope_sin / rope_cos alike
+    x = t["token_x"]
+    check_ndim(x, "token_x", (2, 3), "[T, He] or [B, S, He]")
+    batch_shape = tuple(int(s) for s in x.shape[:-1])
+    for name in ("rope_sin", "rope_cos"):
+        check_shape(t[name], name, batch_shape + (D_ROPE,), "(token_x's leading dims, Dr)")
+    num_tokens = int(np.prod(batch_shape))
+    if len(batch_shape) == 2:
+        _check_max(batch_shape[0], limits.max_b, "B (token_x.shape[0])")
+        _check_max(batch_shape[1], limits.max_s, "S (token_x.shape[1])")
+    else:
+        _check_max(num_tokens, limits.max_t, "T (token_x.shape[0])")
+
+    # ---- weights
+    he = int(x.shape[-1])
+    if he not in limits.he:
+        raise arg_error(ShapeError, "token_x", f"He = token_x.shape[-1] in {list(limits.he)}", he)
+    check_ndim(t["weight_dq"], "weight_dq", (2,), "[He, Hcq]")
+    hcq = int(t["weight_dq"].shape[1])
+    if hcq not in limits.hcq:
+        raise arg_error(ShapeError, "weight_dq", f"Hcq = weight_dq.shape[1] in {list(limits.hcq)}", hcq)
+    check_shape(t["weight_dq"], "weight_dq", (he, hcq), "[He, Hcq]")
+    check_ndim(t["weight_uk"], "weight_uk", (3,), "[N, D, Hckv]")
+    num_heads = int(t["weight_uk"].shape[0])
+    if num_heads not in HEAD_NUMS:
+        raise arg_error(ShapeError, "weight_uk", f"N = weight_uk.shape[0] in {list(HEAD_NUMS)}", num_heads)
+    check_shape(t["weight_uk"], "weight_uk", (num_heads, D_NOPE, HCKV), "[N, D=128, Hckv=512]")
+    check_shape(t["weight_uq_qr"], "weight_uq_qr", (hcq, num_heads * (D_NOPE + D_ROPE)), "[Hcq, N*(D+Dr)]")
+    check_shape(t["weight_dkv_kr"], "weight_dkv_kr", (he, HCKV + D_ROPE), "[He, Hckv+Dr]")
+    check_shape(t["rmsnorm_gamma_cq"], "rmsnorm_gamma_cq", (hcq,), "[Hcq]")
+    check_shape(t["rmsnorm_gamma_ckv"], "rmsnorm_gamma_ckv", (HCKV,), "[Hckv]")
+
+    # ---- caches and where each token goes
+    kv_layout, kr_layout = _check_caches(t["kv_cache"], t["kr_cache"], cache_mode, batch_shape, limits,
+                                         kv_dtile=scenario.kv_dtile)
+    cache_index = optional(values.get("cache_index"), "cache_index")
+    actual_seq_len = optional(values.get("actual_seq_len"), "actual_seq_len")
+    slots = _slots(cache_mode, cache_index, actual_seq_len, batch_shape, kv_layout)
+    if slots is not None and (num_tokens == 0 or kv_layout.num_rows == 0):
+        slots = None
+    if slots is not None:
+        warn_duplicates(slots, "cache_index", stacklevel=stacklevel)
+
+    return MlaPrologArgs(
+        version=version, scenario=scenario, token_x=x.reshape(num_tokens, he),
+        weight_dq=t["weight_dq"], weight_uq_qr=t["weight_uq_qr"], weight_uk=t["weight_uk"],
+        weight_dkv_kr=t["weight_dkv_kr"], rmsnorm_gamma_cq=t["rmsnorm_gamma_cq"],
+        rmsnorm_gamma_ckv=t["rmsnorm_gamma_ckv"], rope_sin=t["rope_sin"].reshape(num_tokens, D_ROPE),
+        rope_cos=t["rope_cos"].reshape(num_tokens, D_ROPE), kv_cache=t["kv_cache"], kr_cache=t["kr_cache"],
+        kv_layout=kv_layout, kr_layout=kr_layout, slots=slots, cache_index=cache_index,
+        actual_seq_len=actual_seq_len, batch_shape=batch_shape, num_heads=num_heads, cache_mode=cache_mode,
+        rmsnorm_epsilon_cq=eps_cq, rmsnorm_epsilon_ckv=eps_ckv, qc_qr_scale=qc_qr_scale, kc_scale=kc_scale,
+        query_norm_flag=bool(query_norm_flag), tile_size=int(values["tile_size"]),
+        **{name: int(v) for name, v in modes.items()}, **scales)
+
+
+def _check_max(value: int, limit: int | None, what: str) -> None:
+    if limit is not None and value > limit:
+        raise arg_error(ShapeError, what, f"at most {limit}", value)
+
+
+def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, batch_shape: tuple[int, ...],
+                  limits: VersionLimits, *, kv_dtile: int) -> tuple[CacheLayout, CacheLayout]:
+    """Shapes of kv_cache / kr_cache for ``cache_mode``; their layouts.
+
+    Raises:
+        ShapeError: rank / dims / BlockSize / contiguity, or token_x's rank does not fit BSND / TND.
+    """
+    num_tokens = int(np.prod(batch_shape))
+    if cache_mode == "BSND":
+        if len(batch_shape) != 2:
+            raise arg_error(ShapeError, "token_x", "3-D [B, S, He] for cache_mode BSND", f"{len(batch_shape) + 1}-D")
+        lead, what = batch_shape, "[B, S, Nkv=1, {}]"
+    elif cache_mode == "TND":
+        if len(batch_shape) != 1:
+            raise arg_error(ShapeError, "token_x", "2-D [T, He] for cache_mode TND", f"{len(batch_shape) + 1}-D")
+        lead, what = batch_shape, "[T, Nkv=1, {}]"
+    else:
+        check_ndim(kv_cache, "kv_cache", (4,), "[BlockNum, BlockSize, Nkv, Dtile]")
+        lead, what = tuple(int(s) for s in kv_cache.shape[:2]), "[BlockNum, BlockSize, Nkv=1, {}]"
+        if lead[1] not in limits.block_sizes:
+            shown = (f"a multiple of 16 in [16, {limits.block_sizes[-1]}]" if len(limits.block_sizes) > 2
+                     else f"one of {list(limits.block_sizes)}")
+            raise arg_error(ShapeError, "kv_cache", f"BlockSize = kv_cache.shape[1] {shown}", lead[1])
+    if cache_mode in ("BSND", "TND") and num_tokens == 0:
+        raise arg_error(ShapeError, "token_x", f"at least one token for cache_mode {cache_mode} (its caches "
+                        "cannot be empty)", list(batch_shape))
+    layouts = []
+    for cache, name, dim, dim_name in ((kv_cache, "kv_cache", kv_dtile, f"Dtile={kv_dtile}"),
+                                       (kr_cache, "kr_cache", D_ROPE, f"Dr={D_ROPE}")):
+        check_shape(cache, name, lead + (NKV, dim), what.format(dim_name))
+        check_cache(cache, name)
+        layout = CacheLayout.from_declared(cache_mode, cache.shape, cache.dtype.itemsize, name=name)
+        if layout.nz and dim % layout.c0:
+            raise arg_error(ShapeError, name, f"D a multiple of C0={layout.c0} ({NZ_ROW_BYTES} bytes) for "
+                            f"cache_mode {cache_mode}", dim)
+        layouts.append(layout)
+    return layouts[0], layouts[1]
+
+
+def _slots(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int, ...],
+           layout: CacheLayout) -> np.ndarray | None:
+    """Global cache row of every token (-1 = skip), validated; None for an empty cache.
+
+    Raises:
+        ShapeError, DTypeError: cache_index / actual_seq_len missing, extra or malformed.
+        IndexRangeError: an index outside the cache.
+    """
+    num_tokens = int(np.prod(batch_shape))
+    merged = len(batch_shape) == 1
+    blk = cache_mode in ("PA_BLK_BSND", "PA_BLK_NZ")
+    if not (blk and merged) and actual_seq_len is not None:
+        raise arg_error(ShapeError, "actual_seq_len", "None unless token_x is 2-D and cache_mode is PA_BLK_BSND "
+                        "or PA_BLK_NZ", f"a {list(actual_seq_len.shape)} tensor")
+    if cache_mode in ("BSND", "TND"):
+        if cache_index is not None:
+            raise arg_error(ShapeError, "cache_index", f"None for cache_mode {cache_mode} (tokens are written at "
+                            "their own position)", f"a {list(cache_index.shape)} tensor")
+        return np.arange(num_tokens, dtype=np.int64)
+    if cache_index is None:
+        raise arg_error(ShapeError, "cache_index", f"an int64 tensor for cache_mode {cache_mode}", None)
+    check_dtype(cache_index, "cache_index", ("int64",))
+    empty = layout.num_rows == 0
+    if not blk:
+        check_shape(cache_index, "cache_index", batch_shape, "([T] or [B, S], like token_x)")
+        return None if empty else slots_from_cache_index(cache_index, layout.num_rows)
+    bs = layout.block_size
+    if merged:
+        if actual_seq_len is None:
+            raise arg_error(ShapeError, "actual_seq_len", f"an int32 [B] prefix-sum tensor for 2-D token_x with "
+                            f"cache_mode {cache_mode}", None)
+        check_dtype(actual_seq_len, "actual_seq_len", ("int32",))
+        check_ndim(actual_seq_len, "actual_seq_len", (1,), "[B]")
+        ends = actual_seq_len.astype(np.int64)
+        seq_lens = np.diff(ends, prepend=0)  # [B]
+        if ends.size and (seq_lens < 0).any():
+            b = int(np.argmax(seq_lens < 0))
+            raise arg_error(ShapeError, f"actual_seq_len[{b}]", "non-decreasing prefix sums >= 0", int(ends[b]))
+        total = int(ends[-1]) if ends.size else 0
+        if total != num_tokens:
+            raise arg_error(ShapeError, "actual_seq_len", f"prefix sums ending at T = {num_tokens}",
+                            f"last value {total}")
+        check_ndim(cache_index, "cache_index", (1,), "[sum(ceil(S_b/BlockSize))] for 2-D token_x")
+    else:
+        b, s = batch_shape
+        check_shape(cache_index, "cache_index", (b, -(-s // bs)), "[B, ceil(S/BlockSize)]")
+        seq_lens = np.full(b, s, dtype=np.int64)
+    if empty:
+        return None
+    return slots_from_pages(cache_index, seq_lens, bs, layout.num_blocks, page_offsets=False, name="cache_index")
+
+
+# ---------------------------------------------------------------------- backend call, outputs
+def _empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+    return np.zeros(shape, dtype=np.dtype(dtype))
+
+
+def _run(args: MlaPrologArgs) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+    """Call the backend; shape its results as the entry point returns them.
+
+    Returns:
+        ``(query, query_rope, rest)``: v2 ``rest = (dequant_scale_q_nope,)``, v3 ``rest =
+        (dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``, v1 ``()``.
+    """
+    query, query_rope, dq_nope, query_norm, dq_norm = get_backend().mla_prolog(args)
+    n, lead = args.num_heads, args.batch_shape
+    query = query.reshape(lead + (n, HCKV))  # [T | B, S, N, Hckv]
+    query_rope = query_rope.reshape(lead + (n, D_ROPE))  # [T | B, S, N, Dr]
+    if args.version == 1:
+        return query, query_rope, ()
+    unused = UNUSED_OUTPUT_SHAPE[args.version]
+    dq_nope = _empty(unused, np.float32) if dq_nope is None else dq_nope
+    if args.version == 2:
+        return query, query_rope, (dq_nope,)
+    if args.query_norm_flag:
+        query_norm = query_norm.reshape(lead + (args.weight_dq.shape[1],))  # [T | B, S, Hcq]
+    else:
+        query_norm = _empty(unused, args.weight_uq_qr.dtype)
+    dq_norm = _empty(unused, np.float32) if dq_norm is None else dq_norm
+    return query, query_rope, (dq_nope, query_norm, dq_norm)
