@@ -1,0 +1,228 @@
+"""The one bridge between torch tensors and the NumPy op interface.
+
+Tensors cross without copies where the dtype allows: plain dtypes through ``Tensor.numpy()`` /
+``torch.from_numpy``; bf16 and the float8 types through an integer view of the same bytes
+(``t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)``), because NumPy has no bf16 of its own.
+Non-contiguous tensors become strided NumPy views of the same memory.
+
+A tensor cast with ``npu_format_cast(t, 29)`` carries its :class:`~ascend_emu.layouts.NZArray`
+(the NumPy form of a FRACTAL_NZ weight); :func:`to_numpy` hands back that same object on every
+call, so anything the backend keeps on it (the cached fp32 widening of a weight, see
+:mod:`ascend_emu.emu.matmul`) survives from one call to the next.
+
+:func:`call_op` runs a NumPy op on torch arguments: tensors in, tensors out, and an output that
+*is* one of the input arrays (an in-place cache) comes back as the caller's own tensor object.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from typing import Any, Callable, Mapping, Sequence
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from ..errors import DTypeError, ModeError, arg_error
+from ..layouts import NZArray
+
+#: Attribute of a torch tensor holding its NZArray after ``npu_format_cast(t, 29)``.
+NZ_ATTR = "_ascend_emu_nz"
+
+#: torch dtypes NumPy lacks, crossed as an integer view of the same bytes:
+#: torch dtype -> (torch view dtype, NumPy view dtype, ml_dtypes dtype).
+_VIEWED: dict[torch.dtype, tuple[torch.dtype, np.dtype, np.dtype]] = {
+    torch.bfloat16: (torch.int16, np.dtype(np.int16), np.dtype(ml_dtypes.bfloat16)),
+}
+for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"):
+    if hasattr(torch, _name) and hasattr(ml_dtypes, _name):
+        _VIEWED[getattr(torch, _name)] = (torch.uint8, np.dtype(np.uint8), np.dtype(getattr(ml_dtypes, _name)))
+#: ml_dtypes dtype -> (NumPy view dtype, torch view dtype, torch dtype).
+_VIEWED_BACK = {npd: (npv, tv, td) for td, (tv, npv, npd) in _VIEWED.items()}
+
+
+def to_numpy(t, name: str = "tensor") -> np.ndarray | None:
+    """NumPy view of a CPU torch tensor's memory (no copy).
+
+    Args:
+        t: a CPU ``torch.Tensor`` of any strides (``requires_grad`` is dropped: the view is
+            detached), or None. A tensor cast with ``npu_format_cast(t, 29)`` gives back the
+            same :class:`~ascend_emu.layouts.NZArray` object on every call.
+        name: argument name for error messages.
+
+    Returns:
+        An ``ndarray`` sharing ``t``'s memory, same shape and strides (bf16 as
+        ``ml_dtypes.bfloat16``), or None for None.
+
+    Raises:
+        DTypeError: ``t`` is not a tensor, lives off the CPU, or has a dtype with no NumPy form.
+    """
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise arg_error(DTypeError, name, "a torch.Tensor", type(t).__name__)
+    nz = t.__dict__.get(NZ_ATTR)
+    if nz is not None and nz.ctypes.data == t.data_ptr() and nz.shape == tuple(t.shape):
+        return nz
+    if t.device.type != "cpu":
+        raise arg_error(DTypeError, name, "a CPU tensor (the emulator runs on the CPU)", f"device {t.device}")
+    t = t.detach()
+    viewed = _VIEWED.get(t.dtype)
+    try:
+        if viewed is not None:
+            return t.view(viewed[0]).numpy().view(viewed[2])
+        return t.numpy()
+    except (TypeError, RuntimeError) as exc:
+        raise arg_error(DTypeError, name, "a tensor dtype NumPy can view", f"{t.dtype} ({exc})") from None
+
+
+def to_torch(a) -> torch.Tensor | None:
+    """torch tensor over a NumPy array's memory (no copy where torch allows).
+
+    Args:
+        a: an ``ndarray`` (bf16 / float8 as ml_dtypes types; an :class:`NZArray` gives a plain,
+            untagged tensor of its logical values), a torch tensor (returned as is), or None.
+
+    Returns:
+        A CPU tensor of the same shape and dtype sharing ``a``'s memory. Arrays torch cannot
+        wrap (read-only, negative strides, non-native byte order) are copied first.
+
+    Raises:
+        DTypeError: a dtype torch has no counterpart for.
+    """
+    if a is None or isinstance(a, torch.Tensor):
+        return a
+    a = np.asarray(a)  # drops NZArray (and other subclasses) to a plain view; 0-d for scalars
+    if not a.flags.writeable or any(s < 0 for s in a.strides) or not a.dtype.isnative:
+        a = np.array(a, dtype=a.dtype.newbyteorder("=") if not a.dtype.isnative else a.dtype)
+    back = _VIEWED_BACK.get(a.dtype)
+    try:
+        if back is not None:
+            return torch.from_numpy(a.view(back[0])).view(back[2])
+        return torch.from_numpy(a)
+    except TypeError as exc:
+        raise arg_error(DTypeError, "array", "a dtype torch supports", f"{a.dtype} ({exc})") from None
+
+
+def tag_nz(t: torch.Tensor, nz: NZArray) -> torch.Tensor:
+    """Mark ``t`` as FRACTAL_NZ: :func:`to_numpy` will return ``nz`` (which must view ``t``)."""
+    t.__dict__[NZ_ATTR] = nz
+    return t
+
+
+def nz_of(t) -> NZArray | None:
+    """The NZArray a tensor was tagged with by ``npu_format_cast(t, 29)``, else None."""
+    return t.__dict__.get(NZ_ATTR) if isinstance(t, torch.Tensor) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(fn: Callable) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def _param_names(fn: Callable) -> tuple[str, ...]:
+    sig = _signature(fn)
+    return tuple(sig.parameters) if sig is not None else ()
+
+
+def call_op(fn: Callable, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Any:
+    """Call the NumPy op ``fn`` with torch arguments and return torch results.
+
+    Every tensor argument, positional or keyword, goes through :func:`to_numpy` (None and plain
+    Python values pass through unchanged; lists / tuples are converted element by element).
+    Results go through :func:`to_torch`, except that a result array that *is* one of the
+    argument arrays (a cache the op updated in place and returned) comes back as the caller's
+    original tensor object, so the caller's tensor shows the update without any copy back.
+
+    Args:
+        fn: a function of :mod:`ascend_emu.ops`.
+        args: positional arguments (torch tensors or anything ``fn`` accepts).
+        kwargs: keyword arguments.
+
+    Returns:
+        ``fn``'s result with every array replaced by a tensor (tuples / lists kept).
+    """
+    kwargs = dict(kwargs or {})
+    names = _param_names(fn)
+    originals: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
+
+    def down(v, name: str):
+        if isinstance(v, torch.Tensor):
+            a = to_numpy(v, name)
+            originals[id(a)] = (a, v)  # keeps ``a`` alive, so the id stays unique for the call
+            return a
+        if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+            return type(v)(down(x, f"{name}[{i}]") for i, x in enumerate(v))
+        return v
+
+    np_args = [down(v, names[i] if i < len(names) else f"args[{i}]") for i, v in enumerate(args)]
+    np_kwargs = {k: down(v, k) for k, v in kwargs.items()}
+    result = fn(*np_args, **np_kwargs)
+
+    def up(r):
+        if isinstance(r, np.ndarray):
+            hit = originals.get(id(r))
+            return hit[1] if hit is not None and hit[0] is r else to_torch(r)
+        if isinstance(r, (tuple, list)):
+            return type(r)(up(x) for x in r)
+        return r
+
+    return up(result)
+
+
+def _is_default(value, default) -> bool:
+    if value is default:
+        return True
+    if isinstance(value, (bool, int, float, str)) and isinstance(default, (bool, int, float, str)):
+        return value == default
+    return False
+
+
+def resolve_op(op_name: str, public_name: str | None = None) -> Callable:
+    """The NumPy op ``ascend_emu.ops.<op_name>``, looked up at call time.
+
+    Raises:
+        NotImplementedError: this version of ascend_emu has no such op.
+    """
+    fn = getattr(importlib.import_module("ascend_emu.ops"), op_name, None)
+    if fn is None:
+        raise NotImplementedError(f"{public_name or op_name}: not emulated by this version of ascend_emu "
+                                  f"(ascend_emu.ops.{op_name} does not exist)")
+    return fn
+
+
+def call_emulated(op_name: str, wrapper: Callable, params: Mapping[str, Any], *,
+                  public_name: str | None = None) -> Any:
+    """Run ``ascend_emu.ops.<op_name>`` for a torch_npu-signature ``wrapper`` called with ``params``.
+
+    Every parameter goes by keyword. A parameter of ``wrapper`` the NumPy op does not take is
+    dropped while it holds ``wrapper``'s default, and rejected otherwise, so a setting the
+    emulator cannot honour is never ignored silently.
+
+    Args:
+        op_name: name in :mod:`ascend_emu.ops`.
+        wrapper: the torch-level function (its signature gives the defaults).
+        params: the wrapper's arguments by name (``locals()`` at its top).
+        public_name: name for messages (default ``torch_npu.<op_name>``).
+
+    Raises:
+        NotImplementedError: the op does not exist yet.
+        ModeError: a non-default value for a parameter the op does not take.
+    """
+    public_name = public_name or f"torch_npu.{op_name}"
+    fn = resolve_op(op_name, public_name)
+    accepted = _param_names(fn)
+    defaults = _signature(wrapper).parameters
+    kwargs = {}
+    for key, value in params.items():
+        if key in accepted:
+            kwargs[key] = value
+        elif not _is_default(value, defaults[key].default):
+            raise arg_error(ModeError, key, f"the default {defaults[key].default!r} ({public_name} in "
+                            f"ascend_emu does not support this argument)", repr(value))
+    return call_op(fn, (), kwargs)
