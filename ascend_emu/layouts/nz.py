@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from numba import njit, prange
 
 from ..errors import DTypeError, ShapeError, arg_error
 
@@ -81,33 +82,114 @@ def nz_shape(shape: Sequence[int], dtype) -> tuple[int, ...]:
     return (*batch, -(-n // c0), -(-m // M0), M0, c0)
 
 
-def nd_to_nz(x: np.ndarray) -> np.ndarray:
-    """Lay an ND array out as FRACTAL_NZ storage (zero padded).
+def nd_to_nz(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
+    """Lay an ND array out as FRACTAL_NZ storage (zero padded), as ``npu_format_cast(x, 29)``
+    stores it (ops_reference §1.4).
+
+    Element ``(..., m, n)`` goes to storage ``[..., n // C0, m // 16, m % 16, n % C0]``; the
+    padding rows ``m >= M`` and columns ``n >= N`` of the last fractals are zero.
 
     Args:
-        x: ``[..., M, N]`` array of bf16 / fp16 / fp32 / int32 / int8 (any strides).
+        x: ``[..., M, N]`` array of bf16 / fp16 / fp32 / int32 / int8, any strides; a 1-D ``[L]``
+            is laid out as ``[L, 1]`` and a 0-D as ``[1, 1]``.
+        out: optional C-contiguous array of ``x.dtype`` and shape
+            :func:`nz_shape` ``(x.shape, x.dtype)`` to write into (every byte is written).
 
     Returns:
-        New C-contiguous array of the same dtype, shape :func:`nz_shape` ``(x.shape, x.dtype)``.
+        ``out``, or a new C-contiguous array of that dtype and shape.
 
     Raises:
-        DTypeError: unsupported dtype.
+        DTypeError: unsupported dtype, or ``out`` of another dtype.
+        ShapeError: ``out`` of the wrong shape, or not C-contiguous / writable.
     """
     x = np.asarray(x)
     c0 = c0_for(x.dtype)
-    mat = x.reshape(_as_matrix_shape(x.shape))
+    want = nz_shape(x.shape, x.dtype)
+    if out is None:
+        out = np.empty(want, dtype=x.dtype)
+    else:
+        _check_out(out, want, x.dtype)
+    mat = x.reshape(_as_matrix_shape(x.shape))  # [..., M, N]
+    if out.size == 0:
+        return out
+    if not _nd_to_nz_parallel(mat, out, c0):
+        _nd_to_nz_numpy(mat, out, c0)
+    return out
+
+
+def _check_out(out, want: tuple[int, ...], dtype: np.dtype) -> None:
+    if not isinstance(out, np.ndarray) or out.dtype != dtype:
+        raise arg_error(DTypeError, "out", f"an array of dtype {dtype.name}",
+                        getattr(out, "dtype", type(out).__name__))
+    if out.shape != want:
+        raise arg_error(ShapeError, "out", f"NZ storage shape {want}", out.shape)
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        raise arg_error(ShapeError, "out", "a C-contiguous writable array", f"strides {out.strides}")
+
+
+def _nd_to_nz_numpy(mat: np.ndarray, out: np.ndarray, c0: int) -> None:
+    """NumPy path of :func:`nd_to_nz`: any dtype, shape and strides. ``mat`` is ``[..., M, N]``."""
     *batch, m, n = mat.shape
-    n1, m1 = -(-n // c0), -(-m // M0)
-    out = np.zeros((*batch, n1, m1 * M0, c0), dtype=x.dtype)  # [..., N/C0, M_pad, C0]
-    full = n // c0
     nb = len(batch)
+    dst = out.reshape(*batch, out.shape[-4], out.shape[-3] * M0, c0)  # [..., N/C0, M_pad, C0]
+    full = n // c0
     if full:
         # [..., M, full, C0] -> [..., full, M, C0]
         src = mat[..., : full * c0].reshape(*batch, m, full, c0)
-        out[..., :full, :m, :] = np.moveaxis(src, nb + 1, nb)
+        dst[..., :full, :m, :] = np.moveaxis(src, nb + 1, nb)
     if n % c0:
-        out[..., full, :m, : n % c0] = mat[..., full * c0 :]
-    return out.reshape(nz_shape(x.shape, x.dtype))
+        dst[..., full, :m, : n % c0] = mat[..., full * c0:]
+        dst[..., full, :m, n % c0:] = 0
+    dst[..., m:, :] = 0
+
+
+#: Arrays smaller than this take the NumPy path (no thread start-up for tiny weights).
+PARALLEL_MIN_BYTES = 1 << 16
+#: Source rows one parallel task moves: each task writes runs of TILE_ROWS * 32 contiguous bytes.
+TILE_ROWS = 32
+_WORD = 8  # the parallel copy moves uint64 words; a fractal row is 4 (32 B) or 8 (64 B) words
+
+
+def _nd_to_nz_parallel(mat: np.ndarray, out: np.ndarray, c0: int) -> bool:
+    """Parallel Numba copy for the common case; returns False (nothing written) when it does
+    not apply: small arrays, N not a multiple of C0, or buffers not 8-byte aligned."""
+    *batch, m, n = mat.shape
+    if mat.nbytes < PARALLEL_MIN_BYTES or n % c0:
+        return False
+    src = np.ascontiguousarray(mat)
+    if src.ctypes.data % _WORD or out.ctypes.data % _WORD:
+        return False
+    row_words = n * src.itemsize // _WORD
+    chunk_words = c0 * src.itemsize // _WORD
+    nbatch = int(np.prod(batch, dtype=np.int64)) if batch else 1
+    _nd_to_nz_words(src.reshape(-1).view(np.uint64), out.reshape(-1).view(np.uint64),
+                    nbatch, m, out.shape[-3] * M0, row_words, n // c0, chunk_words)
+    return True
+
+
+@njit(cache=True, parallel=True)
+def _nd_to_nz_words(src, dst, nbatch, m, m_pad, row_words, n1, chunk_words):
+    """src: flat uint64 ``[nbatch * M * row_words]`` (ND rows); dst: flat uint64
+    ``[nbatch * n1 * m_pad * chunk_words]`` (NZ). One task = TILE_ROWS rows of one batch."""
+    tiles = (m_pad + TILE_ROWS - 1) // TILE_ROWS
+    for task in prange(nbatch * tiles):
+        b = task // tiles
+        i0 = (task % tiles) * TILE_ROWS
+        i1 = min(i0 + TILE_ROWS, m_pad)
+        i_data = max(min(i1, m), i0)  # rows [i0, i_data) hold data, [i_data, i1) are padding
+        for j in range(n1):
+            d = (b * n1 + j) * m_pad * chunk_words + i0 * chunk_words
+            s = b * m * row_words + i0 * row_words + j * chunk_words
+            for _ in range(i0, i_data):
+                for k in range(0, chunk_words, 4):
+                    dst[d + k] = src[s + k]
+                    dst[d + k + 1] = src[s + k + 1]
+                    dst[d + k + 2] = src[s + k + 2]
+                    dst[d + k + 3] = src[s + k + 3]
+                s += row_words
+                d += chunk_words
+            for k in range((i1 - i_data) * chunk_words):
+                dst[d + k] = 0
 
 
 def nz_to_nd(storage: np.ndarray, shape: Sequence[int]) -> np.ndarray:
