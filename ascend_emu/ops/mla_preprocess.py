@@ -1,0 +1,516 @@
+"""``torch_npu.atb.npu_mla_preprocess`` (ATB MlaPreprocess / aclnnMlaPreprocessV2) on NumPy arrays:
+the contract.
+
+Sources: the seed doc ``shared/seeds/mla_preprocess_v2.md`` (aclnn); torch_npu's
+``op_plugin/atb/_atb_api_docs.py`` (signature, doc example, out= form),
+``_atb_meta_registrations.py`` (output shapes / dtypes) and op-plugin's ``npu_mla_preprocess``
+(the cache_mode / quant_mode spellings); ops_reference §1.1 (plain rotate_half), §1.2 (RmsNormQuant
+rounding), §1.4 (NZ weights), §3 (flow, cacheMode table), §8; the A2/A3 kernel
+(``mla_preprocess_bf16.h`` / ``mla_preprocess_fp16.h``, ``mla_kernel_utils.h``) and the ATB kernel
+test ``test_mla_preprocess.py`` where the docs are silent.
+
+What the op computes, per token (``T`` tokens, ``He`` hidden, ``N`` heads; step by step in
+:func:`ascend_emu.emu.mla_preprocess`):
+
+1. RmsNormQuant0 (fp32): ``y = x / rms(x) * gamma0 + beta0``, ``rms = sqrt(sum(x^2)/He + eps)``;
+   ``quant_mode='per_tensor_quant_asymm'``: ``y * (1/quant_scale0) + quant_offset0``;
+   ``'per_token_quant_symm'``: ``s = max|y| / 127``, ``y * (1/s)`` (``s`` kept as the row's
+   dequant scale). Then fp32 -> fp16 (RNE) -> clamp [-128, 127] -> int8 (RINT) (§1.2).
+2. ``int8 @ wdqkv^T`` exact in int32, ``+ bias0`` (per-tensor), to fp32, ``* descale0[col]``
+   (per-token: ``* s``), rounded once to the input dtype: ``[T, 2112] = [ckv 512 | krope 64 | q_a 1536]``.
+3. q path: RmsNormQuant1 on ``q_a`` (gamma1, beta1, quant_scale1 / offset1), ``@ wuq^T``,
+   ``+ bias1``, ``* descale1`` (per-token: ``* s``), rounded: per head ``[q_nope 128 | q_pe 64]``.
+   ``q_nope @ wuk[n]`` (fp32 accumulate, rounded once) -> ``q_out0``; ``int8_nzcache``:
+   ``int8(fp16(q_nope_out * q_nope_scale[n]))``. ``q_pe`` -> plain rotate_half RoPE (no
+   de-interleave, §1.1) -> ``q_out1`` (``kvcache``: concatenated into ``q_out0[..., 512:]``).
+4. kv path: ``ckv = rms_norm(ckv) * gamma2`` (no beta), ``krope`` -> RoPE; written to the caches at
+   ``slotmapping[t]`` (a global slot ``block * BlockSize + row``; -1 skips the token).
+   ``int8_nzcache``: ``int8(fp16(ckv_fp32 * (1/ctkv_scale)))``.
+
+Modes (aclnn cacheMode number; caches are raw memory, written where the NPU writes them):
+
+============== == ========================================= ============================== ==============
+cache_mode     #  kv_cache                                  kv_cache_rope                  q_out0
+============== == ========================================= ============================== ==============
+'kvcache'      0  ``[BlockNum, BlockSize, 1, 576]`` ND       unused                         ``[T, N, 576]``
+'krope_ctkv'   1  ``[BlockNum, BlockSize, 1, 512]`` ND       ``[BlockNum, BlockSize, 1, 64]`` ``[T, N, 512]``
+'int8_nzcache' 2  int8 PA_NZ, D=512, C0=32                  PA_NZ, D=64, C0=16             int8 ``[T, N, 512]``
+'nzcache'      3  PA_NZ, D=512, C0=16                       PA_NZ, D=64, C0=16             ``[T, N, 512]``
+============== == ========================================= ============================== ==============
+
+An NZ cache (modes 2 / 3) may be declared in its storage shape ``[BlockNum, D/C0, 128, C0]``, in
+the docs' ``[BlockNum, head_num*D/C0, 128, C0]`` (then it holds ``head_num`` times the blocks:
+the kernel addresses it as raw memory in blocks of ``128 * D`` elements) or in the logical shape
+``[BlockNum, 128, 1, D]`` (ATB kernel test, vllm-ascend). Token ``slot`` element ``d`` lands at
+element ``slot//128*128*D + d//C0*128*C0 + slot%128*C0 + d%C0``.
+
+Weights ``wdqkv`` (int8, logical ``[2112, He]``, Linear layout) and ``wuq`` (int8, logical
+``[N*192, 1536]``) must be FRACTAL_NZ (:func:`~ascend_emu.ops.npu_format_cast` ``(w, 29)``), given
+either with their logical shape or, as in the torch_npu doc example, as the 4-D storage-shaped
+tensor ``[1, K/32, N, 32]`` (``[1, He/32, 2112, 32]`` / ``[1, 48, N*192, 32]``) that was itself
+cast; the op reads the latter back as logical with :func:`~ascend_emu.layouts.nz_to_nd` (once per
+tensor: the result is kept on the array, like the NZ copy torch_npu makes). ``wuk`` (input dtype)
+is ND ``[N, 128, 512]``, or FRACTAL_NZ with that logical shape or its storage shape
+``[N, 32, 128, 16]``.
+
+Choices where the sources are silent or disagree (each in one named constant below):
+
+- :data:`EPSILON`: the RmsNorm epsilon is **1e-6**. torch_npu passes ``epsilon=1e-5`` to ATB, but
+  the kernel ignores it: ``RmsNormQuant::Init`` and ``MLAOperation`` hard-code ``epsilon_ = 1e-6``
+  (the ATB kernel test's golden uses 1e-6 too).
+- cacheMode 2 quant (:data:`CTKV_SCALE_IS_DIVISOR`): the kernel computes
+  ``scale3 = 1 / (float)ctkv_scale`` and multiplies the **fp32** RmsNorm output by it (before any
+  rounding to the input dtype), while ``q_nope_scale`` is a multiplier on the einsum output already
+  rounded to the input dtype (``EinSumQuant``). Both then go fp32 -> fp16 -> int8 like step 1.
+- :data:`CACHE_MODES`: torch_npu's own map knows 'krope_ctkv', 'int8_nzcache' and 'nzcache'; the
+  aclnn cacheMode 0 is accepted here as 'kvcache'.
+- fp16 ``descale0`` / ``descale1`` are int64 holding the fp32 scale's bits in the low 32 bits (high
+  32 bits 0 or their sign extension), as the ATB kernel test packs them (``process_deq_scale``);
+  the fp16 kernel dequantizes in the fixpipe, emulated as an fp32 multiply then one RNE to fp16.
+  bf16 takes fp32 descales. The fp16 kernel has no per-token path, so fp16 + 'per_token_quant_symm'
+  is rejected (:data:`PER_TOKEN_DTYPES`).
+- :data:`HEAD_NUMS`: the aclnn doc lists N in {16, 32, 64, 128}; vllm-ascend runs the op with
+  N = 128 / TP (its smoke test uses 2), so any N in [1, 128] is accepted.
+- Block size: the kernel addresses NZ caches with a hard-coded 128 rows per block
+  (:data:`NZ_BLOCK_SIZE`); ND caches take torch_npu's ``BlockSize <= 128 or 256``.
+- Arguments the kernel never reads in the selected mode are rejected rather than ignored:
+  quant scales / offsets / biases with 'per_token_quant_symm', ``ctkv_scale`` / ``q_nope_scale``
+  outside 'int8_nzcache'. In 'per_tensor_quant_asymm' a missing bias means zero (aclnn: "支持传入空tensor").
+- Functional form (no out= arrays): torch_npu allocates fresh outputs and the kernel writes only
+  the tokens' rows, so the rest of ``kv_cache_out0/1`` is uninitialised on hardware. Here they
+  start as copies of ``kv_cache`` / ``kv_cache_rope`` (the aclnn contract: "kvCache and kvCacheOut
+  are the same tensor"), and ``kv_cache`` itself is not modified. Pass the caches themselves as
+  ``kv_cache_out0`` / ``kv_cache_out1`` to update them in place. In 'kvcache' mode ``q_out1`` is
+  not written: the functional form returns it filled with :data:`UNWRITTEN_FILL`.
+- ``slotmapping``: -1 skips the token (kernel ``if (slotValue == -1) continue``); any other value
+  outside the cache is an :class:`~ascend_emu.errors.IndexRangeError`; duplicate slots warn, the
+  last token wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error
+from ..layouts import NZ_ROW_BYTES, CacheLayout, NZArray, nz_shape, nz_to_nd, slots_from_cache_index
+from ..quant import to_f32
+from ._backend import get_backend
+from ._check import (check_cache, check_dtype, check_nz_weight, check_shape, dtype_name, optional, required,
+                     warn_duplicates)
+
+CacheModeName = Literal["kvcache", "krope_ctkv", "int8_nzcache", "nzcache"]
+QuantModeName = Literal["per_tensor_quant_asymm", "per_token_quant_symm"]
+
+#: torch_npu spelling -> aclnn cacheMode.
+CACHE_MODES: dict[str, int] = {"kvcache": 0, "krope_ctkv": 1, "int8_nzcache": 2, "nzcache": 3}
+#: torch_npu spelling -> aclnn quantMode.
+QUANT_MODES: dict[str, int] = {"per_tensor_quant_asymm": 0, "per_token_quant_symm": 1}
+#: torch_npu's defaults for ``cache_mode=None`` / ``quant_mode=None``.
+DEFAULT_CACHE_MODE = "krope_ctkv"
+DEFAULT_QUANT_MODE = "per_token_quant_symm"
+#: RmsNorm epsilon the kernel hard-codes (torch_npu's ``epsilon=1e-5`` is not read).
+EPSILON = 1e-6
+#: cacheMode 2: the ckv is multiplied by ``1 / ctkv_scale``; ``q_nope_scale`` multiplies.
+CTKV_SCALE_IS_DIVISOR = True
+#: Value of outputs the kernel does not write in the functional form ('kvcache' q_out1).
+UNWRITTEN_FILL = 0
+
+#: Fixed widths: wdqkv output ``[ckv 512 | krope 64 | q_a 1536]``, per-head ``[nope 128 | rope 64]``.
+KV_LORA_RANK = 512
+ROPE_DIM = 64
+KV_A_DIM = KV_LORA_RANK + ROPE_DIM  # 576
+Q_LORA_RANK = 1536
+WDQKV_DIM = KV_A_DIM + Q_LORA_RANK  # 2112
+QK_NOPE_DIM = 128
+QK_HEAD_DIM = QK_NOPE_DIM + ROPE_DIM  # 192
+#: hiddenSize range (aclnn doc: 2048..10240, multiple of 256).
+HIDDEN_MIN, HIDDEN_MAX, HIDDEN_ALIGN = 2048, 10240, 256
+#: tokenNum limit (torch_npu doc: tokenNum <= 1024).
+TOKEN_NUM_MAX = 1024
+#: Accepted head counts (see module doc).
+HEAD_NUMS = range(1, 129)
+#: Rows per block of an NZ cache (hard-coded in the kernel's NZ addressing).
+NZ_BLOCK_SIZE = 128
+#: ND caches: BlockSize <= 128 or == 256 (torch_npu doc).
+ND_BLOCK_SIZE_MAX, ND_BLOCK_SIZE_LARGE = 128, 256
+INPUT_DTYPES = ("bfloat16", "float16")
+#: descale dtype per input dtype (torch_npu doc).
+DESCALE_DTYPES = {"bfloat16": "float32", "float16": "int64"}
+#: Input dtypes with a per-token quant kernel.
+PER_TOKEN_DTYPES = ("bfloat16",)
+#: Attribute of a storage-shaped NZ weight holding its logical NZArray once read back.
+_LOGICAL_ATTR = "_ascend_emu_logical"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MlaPreprocessArgs:
+    """Normalised, validated arguments of :func:`npu_mla_preprocess`.
+
+    Attributes:
+        input: ``[T, He]`` bf16 / fp16 (any strides).
+        gamma0, beta0: ``[He]`` input dtype.
+        wdqkv: int8 logical ``[2112, He]`` (an :class:`NZArray`).
+        descale0: fp32 ``[2112]``.
+        bias0: int32 ``[2112]``, or None (zero / per-token).
+        quant_scale0, quant_offset0: fp32 scalars (per-tensor), or None (per-token).
+        gamma1, beta1: ``[1536]`` input dtype.
+        wuq: int8 logical ``[N*192, 1536]`` (an :class:`NZArray`).
+        descale1: fp32 ``[N*192]``.
+        bias1: int32 ``[N*192]`` or None.
+        quant_scale1, quant_offset1: fp32 scalars or None.
+        gamma2: ``[512]`` input dtype.
+        cos, sin: ``[T, 64]`` input dtype.
+        wuk: logical ``[N, 128, 512]`` input dtype (ND array or NZArray).
+        slots: int64 ``[T]`` validated global slots; -1 = skip.
+        ctkv_scale: fp32 scalar ('int8_nzcache') or None.
+        q_nope_scale: fp32 ``[N]`` ('int8_nzcache') or None.
+        cache_mode, quant_mode: torch_npu spellings.
+        epsilon: fp32 RmsNorm epsilon.
+        q_out0: destination ``[T, N, 512]`` (``[T, N, 576]`` for 'kvcache'); int8 for
+            'int8_nzcache', else input dtype.
+        q_out1: destination ``[T, N, 64]`` input dtype (not written in 'kvcache').
+        kv_cache_out0: destination cache, a plain C-contiguous view of the caller's memory.
+        kv_cache_out1: destination rope cache (None in 'kvcache').
+        kv_layout, krope_layout: their :class:`CacheLayout` (``krope_layout`` None in 'kvcache').
+    """
+
+    input: np.ndarray
+    gamma0: np.ndarray
+    beta0: np.ndarray
+    wdqkv: np.ndarray
+    descale0: np.ndarray
+    bias0: np.ndarray | None
+    quant_scale0: np.float32 | None
+    quant_offset0: np.float32 | None
+    gamma1: np.ndarray
+    beta1: np.ndarray
+    wuq: np.ndarray
+    descale1: np.ndarray
+    bias1: np.ndarray | None
+    quant_scale1: np.float32 | None
+    quant_offset1: np.float32 | None
+    gamma2: np.ndarray
+    cos: np.ndarray
+    sin: np.ndarray
+    wuk: np.ndarray
+    slots: np.ndarray
+    ctkv_scale: np.float32 | None
+    q_nope_scale: np.ndarray | None
+    cache_mode: CacheModeName
+    quant_mode: QuantModeName
+    epsilon: np.float32
+    q_out0: np.ndarray
+    q_out1: np.ndarray
+    kv_cache_out0: np.ndarray
+    kv_cache_out1: np.ndarray | None
+    kv_layout: CacheLayout
+    krope_layout: CacheLayout | None
+
+    @property
+    def token_num(self) -> int:
+        """T."""
+        return int(self.input.shape[0])
+
+    @property
+    def head_num(self) -> int:
+        """N."""
+        return int(self.wuk.shape[0])
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Input dtype (bf16 or fp16)."""
+        return self.input.dtype
+
+    @property
+    def per_token(self) -> bool:
+        """True for 'per_token_quant_symm'."""
+        return self.quant_mode == "per_token_quant_symm"
+
+
+# ---------------------------------------------------------------------- helpers
+def _mode(value, name: str, table: dict[str, int], default: str) -> str:
+    value = default if value is None else value
+    if not isinstance(value, str) or value not in table:
+        raise arg_error(ModeError, name, f"one of {list(table)} or None (default {default!r})", repr(value))
+    return value
+
+
+def _vector(x, name: str, size: int, dtype: str) -> np.ndarray:
+    x = required(x, name)
+    check_dtype(x, name, (dtype,))
+    check_shape(x, name, (size,))
+    return x
+
+
+def _scalar(x, name: str, dtype: str) -> np.float32:
+    """A ``[1]`` tensor as an exact fp32 scalar."""
+    return np.float32(to_f32(_vector(x, name, 1, dtype))[0])
+
+
+def _reject(values: dict, why: str) -> None:
+    for name, v in values.items():
+        if v is not None:
+            raise arg_error(ModeError, name, f"None ({why}; the kernel does not read it)", "a tensor")
+
+
+def _logical_weight(w, name: str, logical: tuple[int, ...], dtype: str, *, nz_required: bool) -> np.ndarray:
+    """A weight in its logical shape: ``w`` itself, or its storage-shaped form read back.
+
+    The storage-shaped form of logical ``[..., M, K]`` is ``[B, K/C0, M_pad16, C0]`` (``B`` = the
+    batch, 1 for a matrix), i.e. :func:`nz_shape` with the two row dims merged.
+    """
+    w = required(w, name)
+    check_dtype(w, name, (dtype,))
+    nz = nz_shape(logical, w.dtype)  # [..., K/C0, M_pad/16, 16, C0]
+    storage = (*(logical[:-2] or (1,)), nz[-4], nz[-3] * nz[-2], nz[-1])
+    if w.shape == logical:
+        if nz_required:
+            check_nz_weight(w, name)
+        return w
+    if w.shape != storage:
+        raise arg_error(ShapeError, name, f"the logical shape {list(logical)} or the FRACTAL_NZ storage shape "
+                        f"{list(storage)}", list(w.shape))
+    check_nz_weight(w, name)  # a storage-shaped weight is meaningful only once cast
+    cached = getattr(w, _LOGICAL_ATTR, None)
+    if cached is None:
+        cached = nz_to_nd(np.asarray(w).reshape(nz), logical).view(NZArray)  # [*logical]
+        setattr(w, _LOGICAL_ATTR, cached)
+    return cached
+
+
+def _descale(d, name: str, size: int, in_dtype: str) -> np.ndarray:
+    """fp32 ``[size]`` descale: fp32 as given (bf16), or the fp32 bits in an int64 (fp16)."""
+    want = DESCALE_DTYPES[in_dtype]
+    d = required(d, name)
+    if dtype_name(d.dtype) != want:
+        raise arg_error(DTypeError, name, f"dtype {want} with {in_dtype} input", dtype_name(d.dtype))
+    check_shape(d, name, (size,))
+    if want == "float32":
+        return np.ascontiguousarray(d)
+    bits = np.ascontiguousarray(d).view(np.uint64)
+    high = bits >> np.uint64(32)
+    bad = (high != 0) & (high != np.uint64(0xFFFFFFFF))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise FormatError(f"{name}[{i}] = {int(d[i])}: expected an fp32 scale's bits in the low 32 bits of the "
+                          f"int64 (high 32 bits 0 or their sign extension), as the ATB kernel test packs it")
+    return (bits & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32)
+
+
+def _cache_layout(cache: np.ndarray, name: str, *, dim: int, dtype: str, nz: bool, head_num: int) -> CacheLayout:
+    """Validate a cache (raw memory) and describe where the kernel writes in it."""
+    check_dtype(cache, name, (dtype,))
+    check_cache(cache, name)
+    shape = tuple(cache.shape)
+    itemsize = cache.dtype.itemsize
+    if not nz:
+        if len(shape) != 4 or shape[2:] != (1, dim):
+            raise arg_error(ShapeError, name, f"[BlockNum, BlockSize, 1, {dim}]", list(shape))
+        nb, bs = shape[:2]
+        if not (1 <= bs <= ND_BLOCK_SIZE_MAX or bs == ND_BLOCK_SIZE_LARGE):
+            raise arg_error(ShapeError, f"{name} BlockSize", f"1..{ND_BLOCK_SIZE_MAX} or {ND_BLOCK_SIZE_LARGE}", bs)
+        return CacheLayout(mode="PA_BSND", num_blocks=nb, block_size=bs, dim=dim, itemsize=itemsize)
+    c0 = NZ_ROW_BYTES // itemsize
+    bs = NZ_BLOCK_SIZE
+    per_block = {dim // c0 * k: k for k in (1, head_num)}  # storage dim 1 -> blocks per declared block
+    if len(shape) == 4 and shape[1:] == (bs, 1, dim):
+        return CacheLayout(mode="PA_NZ", num_blocks=shape[0], block_size=bs, dim=dim, itemsize=itemsize)
+    if len(shape) == 4 and shape[2:] == (bs, c0) and shape[1] in per_block:
+        return CacheLayout(mode="PA_NZ", num_blocks=shape[0] * per_block[shape[1]], block_size=bs, dim=dim,
+                           itemsize=itemsize)
+    storage = " or ".join(f"[BlockNum, {d1}, {bs}, {c0}]" for d1 in per_block)
+    raise arg_error(ShapeError, name, f"an NZ cache of BlockSize {bs}: logical [BlockNum, {bs}, 1, {dim}] or "
+                    f"storage {storage}", list(shape))
+
+
+def _plain(a: np.ndarray) -> np.ndarray:
+    """The same memory as a plain ndarray (NZArray tags dropped; Numba types plain arrays)."""
+    return a.view(np.ndarray)
+
+
+def _same_as(out, name: str, ref: np.ndarray, ref_name: str) -> np.ndarray:
+    out = required(out, name)
+    if out.dtype != ref.dtype:
+        raise arg_error(DTypeError, name, f"the dtype of {ref_name}, {dtype_name(ref.dtype)}", dtype_name(out.dtype))
+    check_shape(out, name, ref.shape, f"(the shape of {ref_name})")
+    check_cache(out, name)
+    return out
+
+
+def _q_out(out, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    out = required(out, name)
+    if out.dtype != dtype:
+        raise arg_error(DTypeError, name, f"dtype {dtype_name(dtype)}", dtype_name(out.dtype))
+    check_shape(out, name, shape)
+    if not out.flags.writeable:
+        raise arg_error(ShapeError, name, "a writable array", "a read-only array")
+    return out
+
+
+# ---------------------------------------------------------------------- the op
+def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq, descale1, gamma2, cos, sin,
+                       wuk, kv_cache, kv_cache_rope, slotmapping, *, quant_scale0=None, quant_offset0=None,
+                       bias0=None, quant_scale1=None, quant_offset1=None, bias1=None, ctkv_scale=None,
+                       q_nope_scale=None, cache_mode: CacheModeName | None = None,
+                       quant_mode: QuantModeName | None = None, q_out0=None, kv_cache_out0=None, q_out1=None,
+                       kv_cache_out1=None):
+    """MLA preprocessing: RmsNormQuant, two int8 matmuls, the W^UK einsum, RoPE, and the cache write.
+
+    Numerics, modes, layouts and every choice made where the sources are silent: module doc.
+
+    Args:
+        input: ``[T, He]`` bf16 / fp16, ``0 <= T <= 1024``, He in 2048..10240 and a multiple of 256.
+        gamma0, beta0: ``[He]`` input dtype.
+        wdqkv: int8 FRACTAL_NZ, logical ``[2112, He]`` or storage ``[1, He/32, 2112, 32]``.
+        descale0: ``[2112]`` fp32 (bf16 input) or int64 (fp16 input; fp32 bits in the low word).
+        gamma1, beta1: ``[1536]`` input dtype.
+        wuq: int8 FRACTAL_NZ, logical ``[N*192, 1536]`` or storage ``[1, 48, N*192, 32]``.
+        descale1: ``[N*192]``, dtype as ``descale0``.
+        gamma2: ``[512]`` input dtype.
+        cos, sin: ``[T, 64]`` input dtype (half layout, shared by all heads).
+        wuk: ``[N, 128, 512]`` input dtype, ND or FRACTAL_NZ (also storage ``[N, 32, 128, 16]``);
+            N in 1..128.
+        kv_cache: the kv cache of ``cache_mode`` (module doc table); C-contiguous.
+        kv_cache_rope: the rope cache (modes 1-3), unused in 'kvcache' (may be None).
+        slotmapping: int32 ``[T]``; global slot ``block * BlockSize + row`` or -1 (skip).
+        quant_scale0, quant_offset0: ``[1]`` input dtype / int8; required with
+            'per_tensor_quant_asymm', rejected with 'per_token_quant_symm'.
+        bias0: int32 ``[2112]`` or None (zero); rejected with 'per_token_quant_symm'.
+        quant_scale1, quant_offset1, bias1: as above for the q path (``bias1`` ``[N*192]``).
+        ctkv_scale: ``[1]`` input dtype, 'int8_nzcache' only (the ckv is multiplied by its inverse).
+        q_nope_scale: ``[N]`` input dtype, 'int8_nzcache' only (multiplier).
+        cache_mode: 'kvcache', 'krope_ctkv' (default), 'int8_nzcache' or 'nzcache'.
+        quant_mode: 'per_token_quant_symm' (default, bf16 only) or 'per_tensor_quant_asymm'.
+        q_out0, kv_cache_out0, q_out1, kv_cache_out1: the out= form: all given (``kv_cache_out1``
+            may be None in 'kvcache'), they are written in place and returned; ``kv_cache`` /
+            ``kv_cache_rope`` are then only checked, never read or written. Pass the caches
+            themselves to update them in place. The cache outputs must match the caches' shape and
+            dtype; ``q_out0`` / ``q_out1`` the shapes / dtypes of the Returns.
+
+    Returns:
+        ``(q_out0, kv_cache_out0, q_out1, kv_cache_out1)``: ``q_out0`` ``[T, N, 512]`` (int8 for
+        'int8_nzcache', ``[T, N, 576]`` = ``[nope | rope]`` for 'kvcache'), the kv cache after the
+        write, ``q_out1`` ``[T, N, 64]`` (q_rope), the rope cache after the write. Out= form: the
+        given arrays. Functional form: new arrays (the caches' copies, see module doc).
+
+    Raises:
+        ShapeError, DTypeError: a shape / dtype off the table above.
+        ModeError: unknown mode, fp16 with per-token quant, an argument the mode does not read, or an
+            incomplete out= set.
+        FormatError: an int8 weight not cast to FRACTAL_NZ; a badly packed int64 descale.
+        IndexRangeError: a slot outside the cache (other than -1).
+    """
+    cache_mode = _mode(cache_mode, "cache_mode", CACHE_MODES, DEFAULT_CACHE_MODE)
+    quant_mode = _mode(quant_mode, "quant_mode", QUANT_MODES, DEFAULT_QUANT_MODE)
+    per_token = quant_mode == "per_token_quant_symm"
+
+    x = required(input, "input")
+    check_dtype(x, "input", INPUT_DTYPES)
+    dt = dtype_name(x.dtype)
+    check_shape(x, "input", (None, None), "[tokenNum, hiddenSize]")
+    t, hidden = x.shape
+    if t > TOKEN_NUM_MAX:
+        raise arg_error(ShapeError, "input tokenNum", f"0..{TOKEN_NUM_MAX}", t)
+    if not (HIDDEN_MIN <= hidden <= HIDDEN_MAX and hidden % HIDDEN_ALIGN == 0):
+        raise arg_error(ShapeError, "input hiddenSize",
+                        f"{HIDDEN_MIN}..{HIDDEN_MAX} and a multiple of {HIDDEN_ALIGN}", hidden)
+    if per_token and dt not in PER_TOKEN_DTYPES:
+        raise arg_error(ModeError, "quant_mode", f"'per_tensor_quant_asymm' with {dt} input (the {dt} kernel has "
+                        f"no per-token quant)", repr(quant_mode))
+
+    wuk_in = required(wuk, "wuk")
+    if wuk_in.ndim not in (3, 4) or wuk_in.shape[0] not in HEAD_NUMS:
+        raise arg_error(ShapeError, "wuk", f"[N, 128, 512] (ND / NZ) or [N, 32, 128, 16] (NZ storage) with N in "
+                        f"1..{HEAD_NUMS[-1]}", list(wuk_in.shape))
+    n = int(wuk_in.shape[0])
+    wuk_l = _logical_weight(wuk_in, "wuk", (n, QK_NOPE_DIM, KV_LORA_RANK), dt, nz_required=False)
+    wdqkv_l = _logical_weight(wdqkv, "wdqkv", (WDQKV_DIM, hidden), "int8", nz_required=True)
+    wuq_l = _logical_weight(wuq, "wuq", (n * QK_HEAD_DIM, Q_LORA_RANK), "int8", nz_required=True)
+
+    g0 = _vector(gamma0, "gamma0", hidden, dt)
+    b0 = _vector(beta0, "beta0", hidden, dt)
+    g1 = _vector(gamma1, "gamma1", Q_LORA_RANK, dt)
+    b1 = _vector(beta1, "beta1", Q_LORA_RANK, dt)
+    g2 = _vector(gamma2, "gamma2", KV_LORA_RANK, dt)
+    d0 = _descale(descale0, "descale0", WDQKV_DIM, dt)
+    d1 = _descale(descale1, "descale1", n * QK_HEAD_DIM, dt)
+    cos_ = required(cos, "cos")
+    sin_ = required(sin, "sin")
+    for name, a in (("cos", cos_), ("sin", sin_)):
+        check_dtype(a, name, (dt,))
+        check_shape(a, name, (t, ROPE_DIM))
+
+    quant = {"quant_scale0": quant_scale0, "quant_offset0": quant_offset0, "bias0": bias0,
+             "quant_scale1": quant_scale1, "quant_offset1": quant_offset1, "bias1": bias1}
+    if per_token:
+        _reject(quant, f"quant_mode={quant_mode!r}")
+        qs0 = qo0 = qs1 = qo1 = bias0_ = bias1_ = None
+    else:
+        qs0, qs1 = _scalar(quant_scale0, "quant_scale0", dt), _scalar(quant_scale1, "quant_scale1", dt)
+        qo0, qo1 = _scalar(quant_offset0, "quant_offset0", "int8"), _scalar(quant_offset1, "quant_offset1", "int8")
+        bias0_ = None if bias0 is None else _vector(bias0, "bias0", WDQKV_DIM, "int32")
+        bias1_ = None if bias1 is None else _vector(bias1, "bias1", n * QK_HEAD_DIM, "int32")
+    if cache_mode == "int8_nzcache":
+        ctkv = _scalar(ctkv_scale, "ctkv_scale", dt)
+        qns = to_f32(_vector(q_nope_scale, "q_nope_scale", n, dt))
+    else:
+        _reject({"ctkv_scale": ctkv_scale, "q_nope_scale": q_nope_scale}, f"cache_mode={cache_mode!r}")
+        ctkv, qns = None, None
+
+    # caches: (dim, dtype, nz) of kv_cache and kv_cache_rope per mode
+    nz = cache_mode in ("int8_nzcache", "nzcache")
+    kv_dim = KV_A_DIM if cache_mode == "kvcache" else KV_LORA_RANK
+    kv_dt = "int8" if cache_mode == "int8_nzcache" else dt
+    kv_in = required(kv_cache, "kv_cache")
+    kv_layout = _cache_layout(kv_in, "kv_cache", dim=kv_dim, dtype=kv_dt, nz=nz, head_num=n)
+    rope_in = optional(kv_cache_rope, "kv_cache_rope")
+    krope_layout = None
+    if cache_mode != "kvcache":
+        rope_in = required(rope_in, "kv_cache_rope")
+        krope_layout = _cache_layout(rope_in, "kv_cache_rope", dim=ROPE_DIM, dtype=dt, nz=nz, head_num=n)
+        if krope_layout.num_rows != kv_layout.num_rows:
+            raise arg_error(ShapeError, "kv_cache_rope", f"as many slots as kv_cache ({kv_layout.num_rows})",
+                            f"{krope_layout.num_rows} slots (shape {list(rope_in.shape)})")
+
+    sm = required(slotmapping, "slotmapping")
+    check_dtype(sm, "slotmapping", ("int32",))
+    check_shape(sm, "slotmapping", (t,))
+    slots = slots_from_cache_index(sm, kv_layout.num_rows, name="slotmapping")  # [T] int64, -1 kept
+
+    q0_shape = (t, n, kv_dim if cache_mode == "kvcache" else KV_LORA_RANK)
+    q0_dtype = np.dtype(np.int8) if cache_mode == "int8_nzcache" else x.dtype
+    q1_shape = (t, n, ROPE_DIM)
+    outs = {"q_out0": q_out0, "kv_cache_out0": kv_cache_out0, "q_out1": q_out1, "kv_cache_out1": kv_cache_out1}
+    if any(v is not None for v in outs.values()):
+        needed = [k for k in outs if not (k == "kv_cache_out1" and cache_mode == "kvcache")]
+        for k in needed:
+            if outs[k] is None:
+                raise arg_error(ModeError, k, "a tensor (the out= form takes q_out0, kv_cache_out0, q_out1 and "
+                                "kv_cache_out1 together)", None)
+        q0 = _q_out(q_out0, "q_out0", q0_shape, q0_dtype)
+        q1 = _q_out(q_out1, "q_out1", q1_shape, x.dtype)
+        kv_out = _same_as(kv_cache_out0, "kv_cache_out0", kv_in, "kv_cache")
+        rope_out = None if cache_mode == "kvcache" else _same_as(kv_cache_out1, "kv_cache_out1", rope_in,
+                                                                 "kv_cache_rope")
+        result = (q0, kv_out, q1, kv_cache_out1 if rope_out is None else rope_out)
+    else:
+        q0 = np.empty(q0_shape, dtype=q0_dtype)
+        q1 = np.full(q1_shape, UNWRITTEN_FILL, dtype=x.dtype)
+        kv_out = np.array(_plain(kv_in), copy=True)
+        rope_out = None if rope_in is None else np.array(_plain(rope_in), copy=True)
+        result = (q0, kv_out, q1, rope_out)
+    warn_duplicates(slots, "slotmapping")
+
+    args = MlaPreprocessArgs(
+        input=x, gamma0=g0, beta0=b0, wdqkv=wdqkv_l, descale0=d0, bias0=bias0_, quant_scale0=qs0,
+        quant_offset0=qo0, gamma1=g1, beta1=b1, wuq=wuq_l, descale1=d1, bias1=bias1_, quant_scale1=qs1,
+        quant_offset1=qo1, gamma2=g2, cos=cos_, sin=sin_, wuk=wuk_l, slots=slots, ctkv_scale=ctkv,
+        q_nope_scale=qns, cache_mode=cache_mode, quant_mode=quant_mode, epsilon=np.float32(EPSILON),
+        q_out0=q0, q_out1=q1, kv_cache_out0=_plain(kv_out),
+        kv_cache_out1=None if cache_mode == "kvcache" else _plain(rope_out),
+        kv_layout=kv_layout, krope_layout=krope_layout)
+    get_backend().mla_preprocess(args)
+    return result
