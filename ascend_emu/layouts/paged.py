@@ -31,7 +31,7 @@ from typing import Literal, NamedTuple, Sequence
 
 import numpy as np
 
-from ..errors import IndexRangeError, ModeError, ShapeError, arg_error
+from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error
 
 CacheMode = Literal["PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND", "Norm"]
 
@@ -69,26 +69,42 @@ def is_nz_mode(mode: str) -> bool:
 
 
 class CacheLocation(NamedTuple):
-    """Logical meaning of one cache byte (see :meth:`CacheLayout.locate`)."""
+    """Logical meaning of one cache byte (see :meth:`CacheLayout.locate`).
 
-    block: int   #: block (BSND: batch; TND: 0; Norm: batch)
-    row: int     #: row inside the block (token position)
-    head: int    #: kv head (Nkv = 1 in every MLA op)
-    dim: int     #: element index inside the row's D elements
-    byte: int    #: byte inside that element (0 for int8)
+    For a combined-row cache (int8, D = 656 bytes) ``dim`` is the byte inside the row;
+    ``ascend_emu.quant.MLA_ROW.field_of_byte(dim)`` names its field (k_nope / k_rope / scale).
+    """
+
+    block: int   #: block (PA_*: block id; BSND / Norm: batch b; TND: 0)
+    row: int     #: row inside the block (PA_*: row; BSND: s; Norm: position; TND: token t)
+    head: int    #: kv head in [0, Nkv) (Nkv = 1 in every MLA op)
+    dim: int     #: element index d in [0, D) inside the head's row
+    byte: int    #: byte inside that element, in [0, itemsize) (always 0 for int8)
 
 
 @dataclass(frozen=True, kw_only=True)
 class CacheLayout:
     """Geometry of one KV cache tensor in one cache mode.
 
+    A **slot** is a global row number ``block * block_size + row``: the PA_BSND / PA_NZ
+    ``cache_index`` value, ``b * S + s`` for BSND, ``t`` for TND, ``b * cache_length + pos``
+    for Norm. Offsets are counted from the start of the cache's memory, whatever its declared
+    shape (a PA_NZ cache declared ``[BlockNum, BlockSize, 1, D]`` holds
+    ``[BlockNum, D/C0, BlockSize, C0]``, ops_reference §1.4, §2.3).
+
     Attributes:
-        mode: canonical cache mode.
+        mode: canonical cache mode (aliases PA / PA_BNSD / PA_BLK_BNSD are resolved; with
+            Nkv = 1, the only value the MLA ops allow, BNSD and BSND orders are the same bytes).
         num_blocks: blocks (PA_*: BlockNum; BSND / Norm: B; TND: 1).
         block_size: rows per block (PA_*: BlockSize; BSND: S; Norm: cache_length; TND: T).
-        dim: elements per row and head (D: 512, 64, 576, or 656 bytes for combined rows).
-        itemsize: bytes per element (2 for bf16 / fp16, 1 for int8).
+        dim: elements per row and head, D (512, 64, 576; 656 for int8 combined rows).
+        itemsize: bytes per element: 1 (int8), 2 (bf16 / fp16) or 4.
         heads: kv heads Nkv (must be 1 for NZ and Norm modes).
+
+    Raises:
+        ModeError: unknown mode.
+        ShapeError: negative sizes (D and Nkv must be >= 1), an itemsize other than 1 / 2 / 4, or an NZ cache whose D
+            is not a multiple of C0 or whose Nkv is not 1.
     """
 
     mode: str
@@ -100,9 +116,13 @@ class CacheLayout:
 
     def __post_init__(self):
         object.__setattr__(self, "mode", canonical_cache_mode(self.mode))
+        for name, value, low in (("num_blocks", self.num_blocks, 0), ("block_size", self.block_size, 0),
+                                 ("D", self.dim, 1), ("Nkv", self.heads, 1)):
+            if not isinstance(value, (int, np.integer)) or value < low:
+                raise arg_error(ShapeError, name, f"an integer >= {low}", value)
+        if self.itemsize not in (1, 2, 4):
+            raise arg_error(ShapeError, "itemsize", "1, 2 or 4 bytes", self.itemsize)
         if self.nz:
-            if NZ_ROW_BYTES % self.itemsize:
-                raise arg_error(ShapeError, "itemsize", "1, 2 or 4 bytes for an NZ cache", self.itemsize)
             if self.dim % self.c0:
                 raise arg_error(ShapeError, "D", f"a multiple of C0={self.c0} for an NZ cache", self.dim)
             if self.heads != 1:
@@ -116,11 +136,21 @@ class CacheLayout:
                       name: str = "cache") -> "CacheLayout":
         """Layout of a cache from its declared shape.
 
-        Declared shapes: PA modes ``[BlockNum, BlockSize, Nkv, D]``; ``BSND`` ``[B, S, Nkv, D]``;
-        ``TND`` ``[T, Nkv, D]``; ``Norm`` ``[B, 1, cache_length, D]``.
+        Declared shapes (ops_reference §2.3, §4): PA modes ``[BlockNum, BlockSize, Nkv, D]``
+        (NZ modes too: the declared shape stays ND); ``BSND`` ``[B, S, Nkv, D]``; ``TND``
+        ``[T, Nkv, D]``; ``Norm`` ``[B, 1, cache_length, D]``. An NZ cache declared by its memory
+        shape ``[BlockNum, D/C0, BlockSize, C0]`` (MlaPreprocess cacheMode 2 / 3) is not
+        recognised here; build the layout with the keyword constructor.
+
+        Args:
+            mode: cache mode (aliases accepted).
+            shape: the cache tensor's declared shape.
+            itemsize: bytes per element of the cache dtype.
+            name: argument name for errors.
 
         Raises:
-            ShapeError: wrong rank, or an NZ cache whose D is not a multiple of C0.
+            ModeError: unknown mode.
+            ShapeError: wrong rank, or a geometry :class:`CacheLayout` rejects.
         """
         mode = canonical_cache_mode(mode)
         shape = tuple(int(s) for s in shape)
@@ -180,6 +210,9 @@ class CacheLayout:
     def element_offset(self, slot: int, d: int, head: int = 0) -> int:
         """Offset in elements of element ``d`` of ``head`` of ``slot``.
 
+        ND modes: ``(slot * Nkv + head) * D + d``. NZ modes (§1.4):
+        ``blk*bs*D + (d // C0)*bs*C0 + r*C0 + d % C0`` with ``blk, r = divmod(slot, bs)``.
+
         Raises:
             IndexRangeError: slot, head or d out of range.
         """
@@ -191,14 +224,21 @@ class CacheLayout:
         return (slot * self.heads + head) * self.dim + d
 
     def byte_offset(self, slot: int, d: int, head: int = 0) -> int:
-        """Offset in bytes of element ``d`` of ``head`` of ``slot`` (see :meth:`element_offset`)."""
+        """Offset in bytes of the first byte of element ``d`` of ``head`` of ``slot``
+        (:meth:`element_offset` times itemsize).
+
+        Raises:
+            IndexRangeError: slot, head or d out of range.
+        """
         return self.element_offset(slot, d, head) * self.itemsize
 
     def chunk_offsets(self, slots: np.ndarray) -> np.ndarray:
-        """Byte offsets of every contiguous chunk of each slot's row.
+        """Byte offsets of every contiguous chunk of each slot's row (what scatter / gather
+        kernels copy: one whole row for ND modes, ``D / C0`` 32-byte fractal rows for NZ).
 
         Args:
-            slots: int64 ``[T]`` slots, each in ``[0, num_rows)`` (already validated).
+            slots: integer ``[T]`` slots, each in ``[0, num_rows)``; not checked here (validate
+                them first, e.g. with :func:`slots_from_cache_index`).
 
         Returns:
             int64 ``[T, row_bytes // chunk_bytes]``; chunk ``j`` of row ``t`` holds row bytes
@@ -214,10 +254,16 @@ class CacheLayout:
 
     # ------------------------------------------------------------------ reverse map
     def locate(self, byte_offset: int) -> CacheLocation:
-        """Which logical element a cache byte belongs to.
+        """Which logical element a cache byte belongs to (reverse of :meth:`byte_offset`).
 
-        Every byte of a paged cache belongs to exactly one (block, row, head, dim, byte); the
-        caches these ops use have no padding.
+        Every byte of a cache in these layouts belongs to exactly one (block, row, head, dim,
+        byte): NZ modes require D to be a multiple of C0, so no byte is padding or unused.
+
+        Args:
+            byte_offset: byte from the start of the cache's memory.
+
+        Returns:
+            A :class:`CacheLocation`; ``slot_of`` gives its slot.
 
         Raises:
             IndexRangeError: ``byte_offset`` outside ``[0, nbytes)``.
@@ -255,16 +301,36 @@ def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
 
 
+def _at(name: str, coord: tuple[int, ...]) -> str:
+    return f"{name}[{', '.join(map(str, coord))}]" if coord else name
+
+
+def _check_integer(values: np.ndarray, name: str) -> None:
+    if values.dtype.kind not in "iu":
+        raise arg_error(DTypeError, name, "an integer index tensor", values.dtype)
+
+
 def check_index_range(values: np.ndarray, lo: int, hi: int, *, name: str, what: str,
                       allow_skip: bool = True) -> None:
     """Raise unless every value is in ``[lo, hi)`` (or ``-1`` when ``allow_skip``).
 
-    The message names the first offending coordinate, e.g. ``cache_index[3, 1] = 9000``.
+    Other negative values are errors too, even where the kernel would skip them (stricter than
+    the hardware, DESIGN.md "Errors and safety").
+
+    Args:
+        values: integer array of any shape (an empty array passes).
+        lo, hi: the valid half-open range.
+        name: argument name for the message.
+        what: what a value means, e.g. ``"slot"`` or ``"block id"``.
+        allow_skip: accept :data:`SKIP_INDEX` (-1).
 
     Raises:
-        IndexRangeError: a value is out of range.
+        DTypeError: ``values`` is not an integer array.
+        IndexRangeError: a value is out of range; the message names the first offending
+            coordinate and value (e.g. ``cache_index[3, 1] = 9000``) and the count of bad values.
     """
     values = np.asarray(values)
+    _check_integer(values, name)
     if values.size == 0:
         return
     ok = (values >= lo) & (values < hi)
@@ -275,23 +341,28 @@ def check_index_range(values: np.ndarray, lo: int, hi: int, *, name: str, what: 
         coord = _first_bad(bad)
         skip = f"{SKIP_INDEX} (skip) or " if allow_skip else ""
         raise IndexRangeError(
-            f"{name}{list(coord)} = {int(values[coord])}: expected {skip}{what} in [{lo}, {hi}); "
+            f"{_at(name, coord)} = {int(values[coord])}: expected {skip}{what} in [{lo}, {hi}); "
             f"{int(bad.sum())} value(s) out of range")
 
 
 def slots_from_cache_index(cache_index: np.ndarray, num_rows: int, *, name: str = "cache_index",
                            allow_skip: bool = True) -> np.ndarray:
-    """PA_BSND / PA_NZ (and MlaPreprocess slotmapping): the index is the global slot.
+    """PA_BSND / PA_NZ (and MlaPreprocess ``slotmapping``): the index *is* the global slot.
+
+    Source: ops_reference §2.3 (PA_BSND / PA_NZ), §3 (slotMapping), §4 (PA / PA_NZ).
 
     Args:
         cache_index: integer ``[T]`` or ``[B, S]``; values in ``[0, num_rows)`` or -1 (skip).
         num_rows: BlockNum * BlockSize.
+        name: argument name for errors.
+        allow_skip: accept -1.
 
     Returns:
-        int64 ``[T]`` slots (-1 kept for skipped tokens).
+        int64 ``[T]`` slots, token-major (``[B, S]`` flattened), -1 kept for skipped tokens.
 
     Raises:
-        IndexRangeError: a value out of range.
+        DTypeError: not an integer tensor.
+        IndexRangeError: a value out of range (the message names its coordinates).
     """
     idx = np.asarray(cache_index)
     check_index_range(idx, 0, num_rows, name=name, what="slot", allow_skip=allow_skip)
@@ -302,48 +373,65 @@ def slots_from_pages(pages: np.ndarray, seq_lens: Sequence[int], block_size: int
                      page_offsets: bool, name: str) -> np.ndarray:
     """PA_BLK_BSND / PA_BLK_NZ: every batch's tokens fill its listed blocks from row 0.
 
+    Source: ops_reference §2.3 (npu_mla_prolog_v3: block ids), §4 (npu_kv_rmsnorm_rope_cache:
+    page start offsets), §6 gotcha 5.
+
     Token ``p`` (0-based within batch ``b``) goes to page ``pages[off_b + p // block_size]``,
     row ``p % block_size``, where ``off_b = sum(ceil(seq_lens[i] / block_size) for i < b)``.
 
     Args:
-        pages: integer, flattened to ``[sum(ceil(S_b / block_size))]``. With
-            ``page_offsets=False`` (npu_mla_prolog_v3) values are block ids in
-            ``[0, num_blocks)``; with ``page_offsets=True`` (npu_kv_rmsnorm_rope_cache) they are
-            token offsets of page starts, ``block_id * block_size``. -1 skips the page.
-        seq_lens: tokens per batch, ``[B]``.
-        block_size: rows per block.
+        pages: integer ``[sum(ceil(S_b / block_size))]`` (merged) or ``[B, ceil(S / block_size)]``
+            (non-merged, equal S), read in row-major order. With ``page_offsets=False``
+            (npu_mla_prolog_v3 ``cache_index``) values are block ids in ``[0, num_blocks)``; with
+            ``page_offsets=True`` (npu_kv_rmsnorm_rope_cache ``index``) they are token offsets of
+            page starts, ``block_id * block_size``, in ``[0, num_blocks * block_size)``. -1 skips
+            the whole page.
+        seq_lens: tokens per batch ``[B]`` (lengths, not prefix sums), each >= 0.
+        block_size: rows per block, >= 1.
         num_blocks: blocks in the cache.
         page_offsets: which of the two index meanings ``pages`` has.
         name: argument name for errors.
 
     Returns:
-        int64 ``[sum(seq_lens)]`` slots, batch-major; -1 for tokens of skipped pages.
+        int64 ``[sum(seq_lens)]`` slots ``block_id * block_size + row``, batch-major; -1 for the
+        tokens of skipped pages.
 
     Raises:
-        ShapeError: ``pages`` has the wrong number of entries.
-        IndexRangeError: a page out of range, or (page offsets) not a multiple of block_size.
+        DTypeError: ``pages`` not an integer tensor.
+        ShapeError: ``pages`` has the wrong number of entries, a negative ``seq_lens`` value, or
+            ``block_size < 1``.
+        IndexRangeError: a page out of range, or (page offsets) not a multiple of block_size;
+            the message names the coordinates in ``pages``.
     """
-    pages = np.asarray(pages).reshape(-1).astype(np.int64)
+    pages_nd = np.asarray(pages)
+    _check_integer(pages_nd, name)
+    if int(block_size) < 1:
+        raise arg_error(ShapeError, "block_size", "an integer >= 1", block_size)
     seq_lens = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
+    if (seq_lens < 0).any():
+        i = int(np.argmax(seq_lens < 0))
+        raise arg_error(ShapeError, f"seq_lens[{i}]", "a token count >= 0", int(seq_lens[i]))
     per_batch = -(-seq_lens // block_size)  # [B]
-    if pages.size != int(per_batch.sum()):
+    if pages_nd.size != int(per_batch.sum()):
         raise arg_error(ShapeError, name,
-                        f"{int(per_batch.sum())} page entries (sum of ceil(S_b/{block_size}))", pages.size)
+                        f"{int(per_batch.sum())} page entries (sum of ceil(S_b/{block_size}) over "
+                        f"seq_lens {seq_lens.tolist()})", f"{pages_nd.size} (shape {list(pages_nd.shape)})")
     if page_offsets:
-        check_index_range(pages, 0, num_blocks * block_size, name=name, what="page start offset")
-        misaligned = (pages >= 0) & (pages % block_size != 0)
+        check_index_range(pages_nd, 0, num_blocks * block_size, name=name, what="page start offset")
+        misaligned = (pages_nd >= 0) & (pages_nd % block_size != 0)
         if misaligned.any():
-            i = int(np.argmax(misaligned))
-            raise IndexRangeError(f"{name}[{i}] = {int(pages[i])}: expected a page start offset, "
-                                  f"a multiple of block_size={block_size} (block_id * block_size), or -1")
-        block_ids = np.where(pages >= 0, pages // block_size, SKIP_INDEX)
+            coord = _first_bad(misaligned)
+            raise IndexRangeError(f"{_at(name, coord)} = {int(pages_nd[coord])}: expected a page start "
+                                  f"offset, a multiple of block_size={block_size} (block_id * block_size), "
+                                  f"or -1")
     else:
-        check_index_range(pages, 0, num_blocks, name=name, what="block id")
-        block_ids = pages
+        check_index_range(pages_nd, 0, num_blocks, name=name, what="block id")
+    flat = pages_nd.reshape(-1).astype(np.int64)  # [P]
+    block_ids = np.where(flat >= 0, flat // block_size, SKIP_INDEX) if page_offsets else flat
     total = int(seq_lens.sum())
     batch = np.repeat(np.arange(seq_lens.size), seq_lens)  # [T]
-    starts = np.concatenate(([0], np.cumsum(seq_lens)[:-1]))  # [B]
-    page_starts = np.concatenate(([0], np.cumsum(per_batch)[:-1]))  # [B]
+    starts = np.concatenate(([0], np.cumsum(seq_lens)[:-1])).astype(np.int64)  # [B]
+    page_starts = np.concatenate(([0], np.cumsum(per_batch)[:-1])).astype(np.int64)  # [B]
     pos = np.arange(total, dtype=np.int64) - starts[batch]  # [T] position within batch
     blk = block_ids[page_starts[batch] + pos // block_size]  # [T]
     return np.where(blk >= 0, blk * block_size + pos % block_size, SKIP_INDEX).astype(np.int64)
@@ -352,31 +440,46 @@ def slots_from_pages(pages: np.ndarray, seq_lens: Sequence[int], block_size: int
 def slots_from_positions(index: np.ndarray, cache_length: int, *, name: str = "index") -> np.ndarray:
     """Norm mode of npu_kv_rmsnorm_rope_cache: ``index[b, s]`` is a position inside batch b.
 
+    Source: ops_reference §4 (``cache[b, 0, index[b, s]]``; -1 skips).
+
     Args:
         index: integer ``[B, S]``; values in ``[0, cache_length)`` or -1 (skip).
         cache_length: rows per batch in the ``[B, 1, cache_length, D]`` cache.
+        name: argument name for errors.
 
     Returns:
         int64 ``[B*S]`` slots ``b * cache_length + index[b, s]`` (-1 kept).
 
     Raises:
-        IndexRangeError: a value out of range.
+        DTypeError: not an integer tensor.
+        ShapeError: ``index`` is not 2-D.
+        IndexRangeError: a value out of range (the message names its coordinates).
     """
-    idx = np.asarray(index).astype(np.int64)
+    idx = np.asarray(index)
+    if idx.ndim != 2:
+        raise arg_error(ShapeError, name, "a 2-D [B, S] tensor", f"shape {list(idx.shape)}")
     check_index_range(idx, 0, cache_length, name=name, what="position")
+    idx = idx.astype(np.int64)
     b = np.arange(idx.shape[0], dtype=np.int64)[:, None]  # [B, 1]
     return np.where(idx >= 0, b * cache_length + idx, SKIP_INDEX).reshape(-1)
 
 
 def duplicate_slots(slots: np.ndarray) -> dict[int, list[int]]:
-    """Slots written by more than one token: ``{slot: [token, token, ...]}`` (skips ignored)."""
+    """Slots written by more than one token.
+
+    Args:
+        slots: integer slots of any shape, read flattened; negative values (skips) are ignored.
+
+    Returns:
+        ``{slot: [token, token, ...]}`` in increasing slot order, tokens (flat indices) in
+        increasing order; empty when every slot is written at most once.
+    """
     slots = np.asarray(slots).reshape(-1)
-    live = np.flatnonzero(slots >= 0)
+    live = np.flatnonzero(slots >= 0)  # [L] token ids
     if live.size < 2:
         return {}
-    vals, counts = np.unique(slots[live], return_counts=True)
-    dup = vals[counts > 1]
-    if dup.size == 0:
-        return {}
-    return {int(s): [int(t) for t in live[slots[live] == s]] for s in dup}
-
+    order = live[np.argsort(slots[live], kind="stable")]  # tokens sorted by slot, then token
+    sorted_slots = slots[order]
+    starts = np.flatnonzero(np.concatenate(([True], sorted_slots[1:] != sorted_slots[:-1])))
+    counts = np.diff(np.append(starts, sorted_slots.size))
+    return {int(sorted_slots[s]): order[s:s + c].tolist() for s, c in zip(starts, counts) if c > 1}

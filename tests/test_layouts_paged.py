@@ -1,0 +1,324 @@
+"""Paged / block KV-cache layouts (ops_reference §1.4, §2.3, §4): CacheLayout forward and reverse
+maps for every cache mode, and the index -> slot maps, against tests/reference/layouts.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ascend_emu.errors import DTypeError, IndexRangeError, ModeError, ShapeError
+from ascend_emu.layouts import (CACHE_MODE_ALIASES, CACHE_MODES, SKIP_INDEX, CacheLayout, CacheLocation,
+                                canonical_cache_mode, check_index_range, duplicate_slots, is_nz_mode,
+                                slots_from_cache_index, slots_from_pages, slots_from_positions)
+from tests.reference import layouts as ref
+
+#: (mode as the seeds spell it, declared shape, itemsize)
+LAYOUT_CASES = [
+    ("PA_BSND", (3, 4, 1, 8), 2),
+    ("PA_BSND", (2, 16, 2, 6), 1),
+    ("PA", (2, 4, 1, 5), 4),
+    ("PA_BNSD", (2, 3, 1, 4), 2),
+    ("PA_NZ", (2, 4, 1, 32), 2),
+    ("PA_NZ", (3, 16, 1, 64), 1),
+    ("PA_NZ", (2, 2, 1, 16), 4),
+    ("PA_BLK_NZ", (2, 8, 1, 48), 2),
+    ("PA_BLK_BSND", (2, 4, 1, 10), 2),
+    ("PA_BLK_BNSD", (3, 2, 1, 3), 1),
+    ("BSND", (2, 5, 1, 7), 2),
+    ("BSND", (2, 3, 2, 4), 1),
+    ("TND", (6, 1, 9), 2),
+    ("TND", (4, 2, 3), 4),
+    ("Norm", (2, 1, 7, 6), 2),
+    ("PA_BSND", (2, 4, 1, 656), 1),  # combined per-tile rows (int8, §2.2)
+]
+CASE_IDS = [f"{m}-{'x'.join(map(str, s))}-i{i}" for m, s, i in LAYOUT_CASES]
+
+
+def logical_elements(mode, shape):
+    """Every (block, row, head, d) of a declared cache."""
+    nb, bs, nkv, dim = ref.declared_geometry(mode, shape)
+    for blk in range(nb):
+        for r in range(bs):
+            for h in range(nkv):
+                for d in range(dim):
+                    yield blk, r, h, d
+
+
+# ---------------------------------------------------------------------- modes
+def test_canonical_cache_mode():
+    for mode in CACHE_MODES:
+        assert canonical_cache_mode(mode) == mode
+    assert CACHE_MODE_ALIASES == {"PA": "PA_BSND", "PA_BNSD": "PA_BSND", "PA_BLK_BNSD": "PA_BLK_BSND"}
+    for alias, mode in CACHE_MODE_ALIASES.items():
+        assert canonical_cache_mode(alias) == mode
+    assert canonical_cache_mode("PA", allowed=("PA", "PA_NZ")) == "PA_BSND"
+    with pytest.raises(ModeError, match="cache_mode: expected one of"):
+        canonical_cache_mode("PA_NZZ")
+    with pytest.raises(ModeError, match="my_mode"):
+        canonical_cache_mode("TND", allowed=("PA_BSND",), name="my_mode")
+    with pytest.raises(ModeError):
+        canonical_cache_mode(3)
+    assert is_nz_mode("PA_NZ") and is_nz_mode("PA_BLK_NZ") and not is_nz_mode("PA_BNSD")
+
+
+# ---------------------------------------------------------------------- geometry
+@pytest.mark.parametrize("mode,shape,itemsize", LAYOUT_CASES, ids=CASE_IDS)
+def test_from_declared_geometry(mode, shape, itemsize):
+    lay = CacheLayout.from_declared(mode, shape, itemsize)
+    nb, bs, nkv, dim = ref.declared_geometry(mode, shape)
+    assert (lay.mode, lay.num_blocks, lay.block_size, lay.heads, lay.dim, lay.itemsize) == (
+        canonical_cache_mode(mode), nb, bs, nkv, dim, itemsize)
+    assert lay.nbytes == int(np.prod(shape)) * itemsize
+    assert lay.row_bytes == nkv * dim * itemsize
+    assert int(np.prod(lay.storage_shape())) * itemsize == lay.nbytes
+    if lay.nz:
+        c0 = ref.cache_c0(itemsize)
+        assert lay.c0 == c0 and lay.chunk_bytes == 32
+        assert lay.storage_shape() == (nb, dim // c0, bs, c0)
+    else:
+        assert lay.chunk_bytes == lay.row_bytes
+        assert lay.storage_shape() == (nb, bs, nkv, dim)
+
+
+@pytest.mark.parametrize("mode,shape,itemsize", LAYOUT_CASES, ids=CASE_IDS)
+def test_forward_map_matches_reference_formula(mode, shape, itemsize):
+    lay = CacheLayout.from_declared(mode, shape, itemsize)
+    storage = np.arange(lay.nbytes // itemsize).reshape(lay.storage_shape())
+    for blk, r, h, d in logical_elements(mode, shape):
+        slot = blk * lay.block_size + r
+        want = ref.element_offset(mode, shape, itemsize, blk, r, h, d)
+        assert lay.element_offset(slot, d, h) == want
+        assert lay.byte_offset(slot, d, h) == want * itemsize
+        # storage_shape shows the memory order
+        at = (blk, d // lay.c0, r, d % lay.c0) if lay.nz else (blk, r, h, d)
+        assert storage[at] == want
+
+
+@pytest.mark.parametrize("mode,shape,itemsize", LAYOUT_CASES, ids=CASE_IDS)
+def test_every_byte_located_exactly_once(mode, shape, itemsize):
+    lay = CacheLayout.from_declared(mode, shape, itemsize)
+    hits = np.zeros(lay.nbytes, dtype=np.int64)
+    for blk, r, h, d in logical_elements(mode, shape):
+        off = ref.element_offset(mode, shape, itemsize, blk, r, h, d) * itemsize
+        for k in range(itemsize):
+            hits[off + k] += 1
+            loc = lay.locate(off + k)
+            assert loc == CacheLocation(blk, r, h, d, k)
+            assert lay.slot_of(loc) == blk * lay.block_size + r
+    assert (hits == 1).all()  # no byte unused, none shared
+
+
+@pytest.mark.parametrize("mode,shape,itemsize", LAYOUT_CASES, ids=CASE_IDS)
+def test_chunk_offsets_consistent_with_byte_offset(mode, shape, itemsize, rng):
+    lay = CacheLayout.from_declared(mode, shape, itemsize)
+    slots = rng.permutation(lay.num_rows)[:5]
+    offs = lay.chunk_offsets(slots)  # [T, nchunk]
+    cb = lay.chunk_bytes
+    assert offs.dtype == np.int64 and offs.shape == (slots.size, lay.row_bytes // cb)
+    for t, slot in enumerate(slots):
+        for rb in range(lay.row_bytes):  # every byte of the row, as a kernel writes it
+            j, k = divmod(rb, cb)
+            e, byte = divmod(rb, itemsize)
+            h, d = divmod(e, lay.dim)
+            assert offs[t, j] + k == lay.byte_offset(int(slot), d, h) + byte
+
+
+def test_paged_nz_block_layout_example():
+    # §2.3: an int8 kv cache [BlockNum, bs, 1, 512] in PA_NZ is memory [BlockNum, 16, bs, 32]
+    lay = CacheLayout.from_declared("PA_NZ", (4, 128, 1, 512), 1)
+    assert lay.storage_shape() == (4, 16, 128, 32)
+    # token idx = 300: blk 2, r 44; element d = 70 -> [2, 2, 44, 6]
+    assert lay.byte_offset(300, 70) == np.ravel_multi_index((2, 2, 44, 6), (4, 16, 128, 32))
+    bf = CacheLayout.from_declared("PA_NZ", (4, 128, 1, 64), 2)  # bf16 kr cache: [4, 4, 128, 16]
+    assert bf.storage_shape() == (4, 4, 128, 16)
+    assert bf.element_offset(129, 17) == 1 * 128 * 64 + 1 * 128 * 16 + 1 * 16 + 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_round_trip_property(data):
+    mode = data.draw(st.sampled_from(CACHE_MODES + tuple(CACHE_MODE_ALIASES)))
+    itemsize = data.draw(st.sampled_from([1, 2, 4]))
+    nz = canonical_cache_mode(mode) in ("PA_NZ", "PA_BLK_NZ")
+    nkv = 1 if nz or mode == "Norm" else data.draw(st.integers(1, 3))
+    c0 = 32 // itemsize
+    dim = c0 * data.draw(st.integers(1, 4)) if nz else data.draw(st.integers(1, 40))
+    nb, bs = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 20))
+    shape = {"TND": (bs, nkv, dim), "Norm": (nb, 1, bs, dim)}.get(mode, (nb, bs, nkv, dim))
+    lay = CacheLayout.from_declared(mode, shape, itemsize)
+    nb_ref, bs_ref, _, _ = ref.declared_geometry(mode, shape)
+    blk, r = data.draw(st.integers(0, nb_ref - 1)), data.draw(st.integers(0, bs_ref - 1))
+    h, d = data.draw(st.integers(0, nkv - 1)), data.draw(st.integers(0, dim - 1))
+    off = lay.byte_offset(blk * bs_ref + r, d, h)
+    assert off == ref.element_offset(mode, shape, itemsize, blk, r, h, d) * itemsize
+    assert lay.locate(off) == (blk, r, h, d, 0)
+    any_byte = data.draw(st.integers(0, lay.nbytes - 1))
+    loc = lay.locate(any_byte)
+    assert lay.byte_offset(lay.slot_of(loc), loc.dim, loc.head) + loc.byte == any_byte
+
+
+@pytest.mark.parametrize("mode,shape,itemsize,match", [
+    ("PA_NZ", (2, 4, 1, 40), 2, "D: expected a multiple of C0=16"),
+    ("PA_BLK_NZ", (2, 4, 1, 48), 1, "C0=32"),
+    ("PA_NZ", (2, 4, 2, 32), 2, "Nkv: expected 1"),
+    ("Norm", (2, 2, 4, 8), 2, "N: expected 1"),
+    ("PA_BSND", (2, 4, 8), 2, "4-D"),
+    ("TND", (2, 4, 1, 8), 2, "3-D"),
+    ("Norm", (4, 8), 2, r"\[B, 1, cache_length, D\]"),
+    ("BSND", (2, 4, 1, 8), 3, "itemsize"),
+    ("BSND", (2, -4, 1, 8), 2, "block_size"),
+    ("PA_BSND", (2, 4, 1, 0), 2, "D: expected an integer >= 1"),
+])
+def test_geometry_errors(mode, shape, itemsize, match):
+    with pytest.raises(ShapeError, match=match):
+        CacheLayout.from_declared(mode, shape, itemsize)
+
+
+def test_coordinate_errors():
+    lay = CacheLayout.from_declared("PA_BSND", (2, 4, 2, 8), 2)
+    for args, name in [((8, 0, 0), "slot"), ((-1, 0, 0), "slot"), ((0, 8, 0), "d"), ((0, 0, 2), "head")]:
+        with pytest.raises(IndexRangeError, match=f"^{name}: expected"):
+            lay.element_offset(*args)
+        with pytest.raises(IndexRangeError, match=f"^{name}: expected"):
+            lay.byte_offset(*args)
+    with pytest.raises(IndexRangeError, match=r"byte_offset: expected a byte in \[0, 256\)"):
+        lay.locate(256)
+    with pytest.raises(IndexRangeError):
+        lay.locate(-1)
+    with pytest.raises(ModeError):
+        CacheLayout(mode="PAGED", num_blocks=1, block_size=1, dim=1, itemsize=1)
+
+
+# ---------------------------------------------------------------------- index -> slot maps
+CACHE_INDEX_CASES = [np.array([5, -1, 0, 11, 3]), np.array([[1, 2, -1], [7, 0, 11]]), np.zeros((0,), np.int64)]
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("cache_index", CACHE_INDEX_CASES, ids=["T", "BS", "empty"])
+def test_slots_from_cache_index(cache_index, dtype):
+    got = slots_from_cache_index(cache_index.astype(dtype), 12)
+    assert got.dtype == np.int64
+    assert got.tolist() == ref.slots_cache_index(cache_index)
+
+
+def test_slots_from_cache_index_errors():
+    with pytest.raises(IndexRangeError, match=r"cache_index\[1, 2\] = 12: expected -1 \(skip\) or slot "
+                                              r"in \[0, 12\); 2 value\(s\) out of range"):
+        slots_from_cache_index(np.array([[1, 2, 3], [4, 5, 12], [13, 0, 0]]), 12)
+    with pytest.raises(IndexRangeError, match=r"cache_index\[0\] = -2"):  # only -1 means skip
+        slots_from_cache_index(np.array([-2, 0]), 12)
+    with pytest.raises(IndexRangeError, match=r"slot_mapping\[1\] = -1: expected slot in"):
+        slots_from_cache_index(np.array([0, -1]), 12, name="slot_mapping", allow_skip=False)
+    with pytest.raises(DTypeError, match="cache_index: expected an integer"):
+        slots_from_cache_index(np.array([0.0, 1.0]), 12)
+
+
+def test_check_index_range_scalar_and_empty():
+    check_index_range(np.zeros((0, 3), np.int32), 0, 1, name="x", what="v")
+    with pytest.raises(IndexRangeError, match=r"^x = 5: expected v in \[0, 4\)"):
+        check_index_range(np.int64(5), 0, 4, name="x", what="v", allow_skip=False)
+
+
+#: (tokens per batch, block size)
+PAGE_CASES = [([5], 4), ([3, 0, 9], 4), ([4, 4], 4), ([1, 1, 1], 16), ([17, 2], 8)]
+
+
+def _pages_for(seq_lens, bs, num_blocks, rng, skip_some):
+    n_pages = sum(ref.ceil_div(s, bs) for s in seq_lens)
+    ids = rng.permutation(num_blocks)[:n_pages].astype(np.int64)
+    if skip_some and n_pages > 1:
+        ids[rng.integers(0, n_pages)] = SKIP_INDEX
+    return ids
+
+
+@pytest.mark.parametrize("skip_some", [False, True])
+@pytest.mark.parametrize("page_offsets", [False, True], ids=["block_ids", "page_offsets"])
+@pytest.mark.parametrize("seq_lens,bs", PAGE_CASES, ids=str)
+def test_slots_from_pages(seq_lens, bs, page_offsets, skip_some, rng):
+    num_blocks = 12
+    ids = _pages_for(seq_lens, bs, num_blocks, rng, skip_some)
+    index = np.where(ids >= 0, ids * bs, SKIP_INDEX) if page_offsets else ids
+    got = slots_from_pages(index.astype(np.int32), seq_lens, bs, num_blocks, page_offsets=page_offsets,
+                           name="cache_index")
+    assert got.dtype == np.int64
+    assert got.tolist() == ref.slots_blk(index, seq_lens, bs, page_offsets=page_offsets)
+    # the two index meanings address the same slots
+    same = slots_from_pages(ids, seq_lens, bs, num_blocks, page_offsets=False, name="cache_index")
+    assert got.tolist() == same.tolist()
+
+
+def test_slots_from_pages_non_merged_and_row_zero():
+    # non-merged [B, ceil(S/bs)] table; each batch starts at row 0 of its first block
+    table = np.array([[3, 1], [0, 2]])
+    got = slots_from_pages(table, [6, 6], 4, 4, page_offsets=False, name="cache_index")
+    assert got.tolist() == [12, 13, 14, 15, 4, 5, 0, 1, 2, 3, 8, 9]
+    offsets = slots_from_pages(table * 4, [6, 6], 4, 4, page_offsets=True, name="index")
+    assert offsets.tolist() == got.tolist()
+
+
+def test_slots_from_pages_errors():
+    with pytest.raises(ShapeError, match=r"cache_index: expected 3 page entries"):
+        slots_from_pages(np.array([0, 1]), [5, 1], 4, 8, page_offsets=False, name="cache_index")
+    with pytest.raises(IndexRangeError, match=r"cache_index\[1, 0\] = 8: expected -1 \(skip\) or block id "
+                                              r"in \[0, 8\)"):
+        slots_from_pages(np.array([[0, 1], [8, 2]]), [5, 5], 4, 8, page_offsets=False, name="cache_index")
+    with pytest.raises(IndexRangeError, match=r"index\[1\] = 6: expected a page start offset, a multiple of "
+                                              r"block_size=4"):
+        slots_from_pages(np.array([4, 6]), [3, 2], 4, 8, page_offsets=True, name="index")
+    with pytest.raises(IndexRangeError, match=r"index\[0\] = 32: expected -1 \(skip\) or page start offset "
+                                              r"in \[0, 32\)"):
+        slots_from_pages(np.array([32]), [3], 4, 8, page_offsets=True, name="index")
+    with pytest.raises(ShapeError, match=r"seq_lens\[1\]"):
+        slots_from_pages(np.array([0]), [3, -1], 4, 8, page_offsets=False, name="cache_index")
+    with pytest.raises(ShapeError, match="block_size"):
+        slots_from_pages(np.array([0]), [3], 0, 8, page_offsets=False, name="cache_index")
+    with pytest.raises(DTypeError):
+        slots_from_pages(np.array([0.0]), [3], 4, 8, page_offsets=False, name="cache_index")
+
+
+@settings(max_examples=60, deadline=None)
+@given(seq_lens=st.lists(st.integers(0, 20), min_size=1, max_size=4), bs=st.integers(1, 8),
+       page_offsets=st.booleans(), seed=st.integers(0, 2**16))
+def test_slots_from_pages_property(seq_lens, bs, page_offsets, seed):
+    rng = np.random.default_rng(seed)
+    n_pages = sum(ref.ceil_div(s, bs) for s in seq_lens)
+    num_blocks = n_pages + 3
+    ids = _pages_for(seq_lens, bs, num_blocks, rng, skip_some=bool(seed % 2))
+    index = np.where(ids >= 0, ids * bs, SKIP_INDEX) if page_offsets else ids
+    got = slots_from_pages(index, seq_lens, bs, num_blocks, page_offsets=page_offsets, name="i")
+    assert got.tolist() == ref.slots_blk(index, seq_lens, bs, page_offsets=page_offsets)
+    live = got[got >= 0]
+    assert len(set(live.tolist())) == live.size  # distinct pages -> distinct slots
+    assert (live < num_blocks * bs).all()
+
+
+def test_slots_from_positions():
+    index = np.array([[0, 6, -1], [3, -1, 2]], dtype=np.int32)
+    got = slots_from_positions(index, 7)
+    assert got.dtype == np.int64
+    assert got.tolist() == ref.slots_norm(index, 7) == [0, 6, -1, 10, -1, 9]
+    with pytest.raises(IndexRangeError, match=r"index\[1, 2\] = 7: expected -1 \(skip\) or position in \[0, 7\)"):
+        slots_from_positions(np.array([[0, 1, 2], [0, 1, 7]]), 7)
+    with pytest.raises(ShapeError, match=r"index: expected a 2-D \[B, S\]"):
+        slots_from_positions(np.array([0, 1]), 7)
+
+
+def test_duplicate_slots():
+    assert duplicate_slots(np.array([3, 1, 3, -1, 1, 2, 3, -1])) == {1: [1, 4], 3: [0, 2, 6]}
+    assert duplicate_slots(np.array([0, 1, 2, -1, -1])) == {}
+    assert duplicate_slots(np.array([], dtype=np.int64)) == {}
+    assert duplicate_slots(np.array([[5, 5]])) == {5: [0, 1]}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-1, 6), max_size=30))
+def test_duplicate_slots_property(slots):
+    want = {}
+    for t, s in enumerate(slots):
+        if s >= 0:
+            want.setdefault(s, []).append(t)
+    want = {s: t for s, t in sorted(want.items()) if len(t) > 1}
+    got = duplicate_slots(np.array(slots, dtype=np.int64))
+    assert got == want and list(got) == list(want)
