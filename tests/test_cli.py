@@ -1,0 +1,186 @@
+"""The ``ascend-emu`` command line: ``run`` (in subprocesses, on tiny temp scripts), ``locate``,
+``demo`` and ``python -m ascend_emu``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ascend_emu.cli import main
+
+RUN = [sys.executable, "-m", "ascend_emu", "run"]
+
+
+def _script(tmp_path, body: str, name: str = "script.py") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def _run(cmd, cwd, env=None, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+# ------------------------------------------------------------------------------ run
+def test_run_resolves_torch_npu_to_the_emulator_with_argv_and_main(tmp_path):
+    pytest.importorskip("torch")
+    script = _script(tmp_path, """
+        import json, sys
+        import torch, torch_npu
+        import helper_mod  # next to the script: its directory is on sys.path
+        x = torch.ones(2).npu()
+        print(json.dumps({"name": __name__, "argv": sys.argv, "module": torch_npu.__name__,
+                          "npu": torch.npu is torch_npu.npu, "helper": helper_mod.VALUE}))
+    """)
+    _script(tmp_path, "VALUE = 42\n", "helper_mod.py")
+    proc = _run(RUN + [script, "a b", "--force", "-x"], cwd=str(tmp_path.parent))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"name": "__main__", "argv": [script, "a b", "--force", "-x"],
+                   "module": "ascend_emu.torch_npu", "npu": True, "helper": 42}
+
+
+@pytest.mark.parametrize("code, expected", [("sys.exit(3)", 3), ("sys.exit('bye')", 1), ("pass", 0)])
+def test_run_propagates_exit_codes(tmp_path, code, expected):
+    script = _script(tmp_path, f"import sys\n{code}\n")
+    proc = _run(RUN + [script], cwd=str(tmp_path))
+    assert proc.returncode == expected, proc.stderr
+
+
+def test_run_shows_script_traceback_like_python(tmp_path):
+    script = _script(tmp_path, """
+        def inner():
+            raise ValueError("boom in script")
+        inner()
+    """)
+    proc = _run(RUN + [script], cwd=str(tmp_path))
+    plain = _run([sys.executable, script], cwd=str(tmp_path))
+    assert proc.returncode == plain.returncode == 1
+    assert proc.stderr.startswith("Traceback (most recent call last):")
+    assert "ValueError: boom in script" in proc.stderr
+    assert f'File "{script}", line 3, in inner' in proc.stderr
+    assert "cli.py" not in proc.stderr and "runpy" not in proc.stderr
+
+
+def test_run_missing_script_exits_2(tmp_path):
+    proc = _run(RUN + [str(tmp_path / "nope.py")], cwd=str(tmp_path))
+    assert proc.returncode == 2 and "nope.py" in proc.stderr
+
+
+def test_run_prefers_a_real_torch_npu_unless_forced(tmp_path):
+    pytest.importorskip("torch")
+    fake = tmp_path / "site" / "torch_npu"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("REAL = True\n")
+    script = _script(tmp_path, "import torch_npu\nprint(getattr(torch_npu, 'REAL', False), torch_npu.__name__)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]))
+    real = _run(RUN + [script], cwd=str(tmp_path), env=env)
+    assert real.returncode == 0, real.stderr
+    assert real.stdout.split() == ["True", "torch_npu"]
+    assert "real torch_npu is installed" in real.stderr and "--force" in real.stderr
+    forced = _run(RUN + ["--force", script], cwd=str(tmp_path), env=env)
+    assert forced.returncode == 0, forced.stderr
+    assert forced.stdout.split() == ["False", "ascend_emu.torch_npu"]
+
+
+def test_module_help_lists_commands():
+    proc = _run([sys.executable, "-m", "ascend_emu", "--help"], cwd=None)
+    assert proc.returncode == 0
+    for cmd in ("run", "demo", "locate"):
+        assert cmd in proc.stdout
+
+
+def test_console_script_is_installed():
+    exe = shutil.which("ascend-emu")
+    if exe is None:
+        pytest.skip("the ascend-emu console script is not on PATH (package not installed with pip)")
+    proc = _run([exe, "--version"], cwd=None)
+    assert proc.returncode == 0 and proc.stdout.startswith("ascend-emu ")
+
+
+@pytest.mark.slow
+def test_demo_runs_and_checks_pass():
+    pytest.importorskip("torch")
+    from ascend_emu import ops
+
+    if getattr(ops, "npu_mla_prolog_v3", None) is None:
+        pytest.skip("ascend_emu.ops.npu_mla_prolog_v3 has not landed yet")
+    proc = _run([sys.executable, "-m", "ascend_emu", "demo"], cwd=None, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "query      (2, 4, 8, 512) torch.bfloat16" in proc.stdout
+    assert "== PA_BSND kr_cache row" in proc.stdout and ": True" in proc.stdout
+    assert "False" not in proc.stdout
+
+
+# ------------------------------------------------------------------------------ locate
+def _locate(capsys, *args) -> dict:
+    assert main(["locate", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _nz_offset_by_hand(slot, d, block_size, dim, itemsize):
+    """ops_reference §1.4 paged NZ: blk*bs*D + (d//C0)*bs*C0 + r*C0 + d%C0 elements."""
+    c0 = 32 // itemsize
+    blk, r = divmod(slot, block_size)
+    return (blk * block_size * dim + (d // c0) * block_size * c0 + r * c0 + d % c0) * itemsize
+
+
+LOCATE_CASES = [
+    ("PA_NZ", "4,16,1,64", "bfloat16", 37, 20),
+    ("PA_NZ", "3,32,1,512", "int8", 70, 511),
+    ("PA_BSND", "4,16,1,576", "bfloat16", 63, 575),
+    ("PA_BLK_NZ", "2,128,1,512", "bfloat16", 200, 17),
+    ("TND", "10,1,64", "float16", 9, 3),
+]
+
+
+@pytest.mark.parametrize("mode, shape, dtype, slot, dim", LOCATE_CASES)
+def test_locate_forward_and_reverse_agree(capsys, mode, shape, dtype, slot, dim):
+    fwd = _locate(capsys, "--cache-mode", mode, "--shape", shape, "--dtype", dtype, "--slot", str(slot),
+                  "--dim", str(dim))
+    sizes = [int(v) for v in shape.split(",")]
+    itemsize = {"bfloat16": 2, "float16": 2, "int8": 1}[dtype]
+    if mode.endswith("NZ"):
+        assert fwd["byte_offset"] == _nz_offset_by_hand(slot, dim, sizes[1], sizes[-1], itemsize)
+    else:
+        assert fwd["byte_offset"] == (slot * sizes[-1] + dim) * itemsize
+    for k in range(itemsize):
+        rev = _locate(capsys, "--cache-mode", mode, "--shape", shape, "--dtype", dtype, "--byte",
+                      str(fwd["byte_offset"] + k))
+        assert (rev["slot"], rev["dim"], rev["head"], rev["byte_in_element"]) == (slot, dim, 0, k)
+        assert (rev["block"], rev["row"]) == (fwd["block"], fwd["row"])
+
+
+def test_locate_slot_lists_nz_chunks(capsys):
+    out = _locate(capsys, "--cache-mode", "PA_NZ", "--shape", "4,16,1,64", "--dtype", "bfloat16", "--slot", "37")
+    assert out["chunk_bytes"] == 32
+    assert [c["byte_offset"] for c in out["chunks"]] == [_nz_offset_by_hand(37, d, 16, 64, 2) for d in (0, 16, 32, 48)]
+    assert [c["elements"] for c in out["chunks"]] == [[0, 16], [16, 32], [32, 48], [48, 64]]
+
+
+@pytest.mark.parametrize("row_byte, field", [(0, ("k_nope", 0, 0)), (511, ("k_nope", 511, 0)),
+                                             (512 + 2 * 3 + 1, ("k_rope", 3, 1)), (640 + 4 * 2, ("scale", 2, 0)),
+                                             (655, ("scale", 3, 3))])
+def test_locate_combined_names_the_field(capsys, row_byte, field):
+    out = _locate(capsys, "--cache-mode", "PA_BSND", "--shape", "2,16,1,656", "--dtype", "int8", "--combined",
+                  "--byte", str(5 * 656 + row_byte))
+    assert (out["slot"], out["dim"]) == (5, row_byte)
+    assert (out["field"], out["field_element"], out["field_byte"]) == field
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cache-mode", "PA_NZ", "--shape", "4,16,1,64", "--dtype", "bfloat16", "--byte", "8192"], "byte_offset"),
+    (["--cache-mode", "PA_NZ", "--shape", "4,16,1,64", "--dtype", "bfloat16", "--slot", "64"], "slot"),
+    (["--cache-mode", "PA_BSND", "--shape", "4,16,1,576", "--dtype", "int8", "--combined", "--slot", "1"],
+     "--combined"),
+    (["--cache-mode", "PA_BSND", "--shape", "4,16,64", "--dtype", "int8", "--slot", "1"], "4-D"),
+])
+def test_locate_errors_exit_2_with_message(capsys, args, message):
+    assert main(["locate", *args]) == 2
+    assert message in capsys.readouterr().err
