@@ -186,6 +186,15 @@ def _parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+def _name_row_field(info: dict, row_byte: int) -> str:
+    """Add the 656-byte-row field of ``row_byte`` to ``info``; return the line saying it."""
+    from .quant import MLA_ROW
+
+    field, elem, k = MLA_ROW.field_of_byte(row_byte)
+    info.update(field=field, field_element=elem, field_byte=k)
+    return f"\n  656-byte row byte {row_byte}: {field}[{elem}], byte {k}"
+
+
 def cmd_locate(ns: argparse.Namespace) -> int:
     """``ascend-emu locate``: see the module doc."""
     import numpy as np
@@ -212,9 +221,7 @@ def cmd_locate(ns: argparse.Namespace) -> int:
             text = (f"byte {ns.byte} -> block {loc.block}, row {loc.row} (slot {layout.slot_of(loc)}), "
                     f"head {loc.head}, dim {loc.dim}, byte {loc.byte} of the element")
             if ns.combined:
-                field, elem, k = MLA_ROW.field_of_byte(loc.dim)
-                info.update(field=field, field_element=elem, field_byte=k)
-                text += f"\n  656-byte row byte {loc.dim}: {field}[{elem}], byte {k}"
+                text += _name_row_field(info, loc.dim)
         else:
             block, row = divmod(ns.slot, layout.block_size) if 0 <= ns.slot else (None, None)
             if ns.dim is not None:
@@ -224,9 +231,7 @@ def cmd_locate(ns: argparse.Namespace) -> int:
                 text = (f"slot {ns.slot} (block {block}, row {row}), head {ns.head}, dim {ns.dim} -> bytes "
                         f"[{off}, {off + layout.itemsize}) (element offset {off // layout.itemsize})")
                 if ns.combined:
-                    field, elem, k = MLA_ROW.field_of_byte(ns.dim)
-                    info.update(field=field, field_element=elem, field_byte=k)
-                    text += f"\n  656-byte row byte {ns.dim}: {field}[{elem}], byte {k}"
+                    text += _name_row_field(info, ns.dim)
             else:
                 layout.byte_offset(ns.slot, 0)  # range check
                 per_chunk = layout.chunk_bytes // layout.itemsize
