@@ -102,25 +102,37 @@ krope0 = kv_cache_out1.reshape(-1, 64 // 16, block_size, 16)[blk, :, row, :].res
 print(f"  token 0 -> slot {slot}: ckv int8 (first 8 of 512):", ckv0[:8].tolist())
 print(f"  token 0 -> slot {slot}: k_rope {kv_cache_out1.dtype} (first 4 of 64):", krope0[:4].tolist())
 
-# The other cache modes, bf16 input, default per-token quant, functional form (new tensors back).
+# Every cache_mode x quant_mode pair with bf16 input, functional form (new tensors back; the
+# caches passed in are left as they were).
 dtype = torch.bfloat16
-x = torch.randn((token_num, 2048), dtype=dtype)
-w_dqkv = torch_npu.npu_format_cast(torch.randint(-8, 8, (2112, 2048), dtype=torch.int8), 29)
+hidden = 2048
+w_dqkv = torch_npu.npu_format_cast(torch.randint(-8, 8, (2112, hidden), dtype=torch.int8), 29)
 w_uq = torch_npu.npu_format_cast(torch.randint(-8, 8, (head_num * 192, 1536), dtype=torch.int8), 29)
-w_uk = torch.randn((head_num, 128, 512), dtype=dtype) / 8
-common = (x, torch.rand(2048, dtype=dtype), torch.zeros(2048, dtype=dtype), w_dqkv, torch.rand(2112) / 1000,
-          torch.rand(1536, dtype=dtype), torch.zeros(1536, dtype=dtype), w_uq, torch.rand(head_num * 192) / 1000,
-          torch.rand(512, dtype=dtype), torch.rand((token_num, 64), dtype=dtype),
-          torch.rand((token_num, 64), dtype=dtype), w_uk)
-caches = {
-    "kvcache": (torch.zeros((block_num, block_size, 1, 576), dtype=dtype), None),
-    "krope_ctkv": (torch.zeros((block_num, block_size, 1, 512), dtype=dtype),
-                   torch.zeros((block_num, block_size, 1, 64), dtype=dtype)),
-    "nzcache": (torch.zeros((block_num, 512 // 16, block_size, 16), dtype=dtype),
-                torch.zeros((block_num, 64 // 16, block_size, 16), dtype=dtype)),
+common = (torch.randn((token_num, hidden), dtype=dtype), torch.rand(hidden, dtype=dtype),
+          torch.zeros(hidden, dtype=dtype), w_dqkv, torch.rand(2112) / 1000, torch.rand(1536, dtype=dtype),
+          torch.zeros(1536, dtype=dtype), w_uq, torch.rand(head_num * 192) / 1000, torch.rand(512, dtype=dtype),
+          torch.rand((token_num, 64), dtype=dtype), torch.rand((token_num, 64), dtype=dtype),
+          torch.randn((head_num, 128, 512), dtype=dtype) / 8)
+caches = {  # (kv_cache, kv_cache_rope) as each mode declares them
+    "kvcache": lambda: (torch.zeros((block_num, block_size, 1, 576), dtype=dtype), None),
+    "krope_ctkv": lambda: (torch.zeros((block_num, block_size, 1, 512), dtype=dtype),
+                           torch.zeros((block_num, block_size, 1, 64), dtype=dtype)),
+    "int8_nzcache": lambda: (torch.zeros((block_num, 512 // 32, block_size, 32), dtype=torch.int8),
+                             torch.zeros((block_num, 64 // 16, block_size, 16), dtype=dtype)),
+    "nzcache": lambda: (torch.zeros((block_num, 512 // 16, block_size, 16), dtype=dtype),
+                        torch.zeros((block_num, 64 // 16, block_size, 16), dtype=dtype)),
 }
-for mode, (kv, kr) in caches.items():
-    q0, kv_out, q1, kr_out = torch_npu.atb.npu_mla_preprocess(*common, kv, kr, slotmapping, cache_mode=mode)
-    print(f"{mode} / per_token_quant_symm: q_out0 {tuple(q0.shape)} {q0.dtype}, kv_cache_out0 "
-          f"{tuple(kv_out.shape)}, q_out1 {tuple(q1.shape)}, kv_cache_out1 "
-          f"{None if kr_out is None else tuple(kr_out.shape)}; q_out0[0, 0, :4] = {q0[0, 0, :4].tolist()}")
+per_tensor = dict(quant_scale0=torch.tensor([0.03], dtype=dtype), quant_offset0=torch.tensor([0], dtype=torch.int8),
+                  quant_scale1=torch.tensor([0.05], dtype=dtype), quant_offset1=torch.tensor([0], dtype=torch.int8))
+int8_scales = dict(ctkv_scale=torch.tensor([0.02], dtype=dtype),
+                   q_nope_scale=torch.full((head_num,), 32.0, dtype=dtype))
+for mode, make_caches in caches.items():
+    for quant_mode in ("per_tensor_quant_asymm", "per_token_quant_symm"):
+        kv, kr = make_caches()
+        kwargs = {**(per_tensor if quant_mode == "per_tensor_quant_asymm" else {}),
+                  **(int8_scales if mode == "int8_nzcache" else {})}
+        q0, kv_out, q1, kr_out = torch_npu.atb.npu_mla_preprocess(*common, kv, kr, slotmapping, cache_mode=mode,
+                                                                  quant_mode=quant_mode, **kwargs)
+        print(f"{mode} / {quant_mode}: q_out0 {tuple(q0.shape)} {q0.dtype}, kv_cache_out0 "
+              f"{tuple(kv_out.shape)} {kv_out.dtype}, kv_cache_out1 {None if kr_out is None else tuple(kr_out.shape)}; "
+              f"q_out0[0, 0, :4] = {q0[0, 0, :4].tolist()}")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops.mla_preprocess import KV_A_DIM, KV_LORA_RANK, QK_NOPE_DIM, MlaPreprocessArgs
+from ..ops.mla_preprocess import KV_A_DIM, KV_LORA_RANK, QK_HEAD_DIM, QK_NOPE_DIM, MlaPreprocessArgs
 from ..quant import BF16, INT8_MAX, f32_to_f16, f32_to_int8_via_f16, group_amax, to_bf16, to_f32
 from .kernels import rms_norm, rope, scatter_rows
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64
@@ -71,6 +71,8 @@ def mla_preprocess(args: MlaPreprocessArgs) -> None:
     caches ``args.kv_cache_out0`` / ``args.kv_cache_out1`` in place (module doc for the numerics)."""
     dt, t, n = args.dtype, args.token_num, args.head_num
     mode = args.cache_mode
+    if t == 0:
+        return  # no token: nothing to write
     cos, sin = to_f32(args.cos), to_f32(args.sin)  # [T, 64]
 
     q8, s0 = _rms_norm_quant(to_f32(args.input), args.gamma0, args.beta0, args.quant_scale0,
@@ -80,7 +82,7 @@ def mla_preprocess(args: MlaPreprocessArgs) -> None:
 
     q8, s1 = _rms_norm_quant(q_a, args.gamma1, args.beta1, args.quant_scale1, args.quant_offset1,
                              args.epsilon)  # [T, 1536] int8
-    mm1 = _matmul_dequant(q8, args.wuq, args.bias1, args.descale1, s1, dt).reshape(t, n, -1)  # [T, N, 192]
+    mm1 = _matmul_dequant(q8, args.wuq, args.bias1, args.descale1, s1, dt).reshape(t, n, QK_HEAD_DIM)  # [T, N, 192]
     q_nope = matmul_f32(mm1[:, :, :QK_NOPE_DIM].transpose(1, 0, 2), weight_f32(args.wuk))  # [N, T, 512]
     q_nope = _round(q_nope.transpose(1, 0, 2), dt)  # [T, N, 512]
     q_rope = _round(rope(mm1[:, :, QK_NOPE_DIM:], cos, sin, deinterleave=False), dt)  # [T, N, 64]
