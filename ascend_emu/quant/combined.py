@@ -16,6 +16,10 @@ bytes   content
 
 DeepSeek FlashMLA's 656-byte FP8 row orders the parts nope | scales | rope; the two are not
 byte-compatible.
+
+The byte offsets of the MLA row are the constants :data:`NOPE_OFFSET` (0), :data:`ROPE_OFFSET`
+(512), :data:`SCALE_OFFSET` (640) and :data:`ROW_BYTES` (656). :func:`read_combined_cache` reads
+rows back out of a whole cache (PA_BSND, BSND or TND).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError, arg_error
+from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error
 from .rounding import BF16
 
 NOPE_DIM = 512
@@ -36,7 +40,7 @@ FP32_BYTES = 4
 
 @dataclass(frozen=True, kw_only=True)
 class CombinedRowFormat:
-    """Byte layout of one combined row.
+    """Byte layout of one combined row: ``[d_nope int8 | d_rope bf16 | num_tiles fp32]``.
 
     Attributes:
         d_nope: int8 k_nope elements (Hckv).
@@ -81,8 +85,10 @@ class CombinedRowFormat:
     def field_of_byte(self, byte: int) -> tuple[str, int, int]:
         """``(field, element, byte_in_element)`` of byte ``byte`` of a row.
 
-        ``field`` is ``"k_nope"``, ``"k_rope"`` or ``"scale"``; for a scale the element is the
-        tile index.
+        ``field`` is ``"k_nope"``, ``"k_rope"`` or ``"scale"``; ``element`` is the k_nope / k_rope
+        element or, for a scale, the tile index; ``byte_in_element`` counts little-endian bytes
+        (0 for k_nope, 0-1 for k_rope, 0-3 for a scale). MLA row: bytes 0-511 -> k_nope,
+        512-639 -> k_rope 0-63, 640-655 -> scale 0-3.
 
         Raises:
             ShapeError: byte outside ``[0, row_bytes)``.
@@ -146,7 +152,19 @@ class CombinedRowFormat:
         return k_nope, k_rope, scales
 
     def dequantize(self, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(k_nope fp32 = int8 * scale of its tile, k_rope bf16, scales fp32)`` of rows."""
+        """Unpack rows and dequantize k_nope (ops_reference §2.2, §5.2).
+
+        Args:
+            rows: int8 / uint8 ``[..., row_bytes]``.
+
+        Returns:
+            ``(k_nope, k_rope, scales)``: fp32 ``[..., d_nope]`` = ``fp32(int8) * scale`` of its
+            tile (one fp32 multiply, exact int8 widening), bf16 ``[..., d_rope]``, fp32
+            ``[..., num_tiles]``.
+
+        Raises:
+            DTypeError / ShapeError: as :meth:`unpack`.
+        """
         k_nope, k_rope, scales = self.unpack(rows)
         lead = k_nope.shape[:-1]
         deq = (k_nope.astype(np.float32).reshape(*lead, self.num_tiles, self.tile_size)
@@ -165,6 +183,74 @@ class CombinedRowFormat:
 
 #: The MLA row: 512 int8 | 64 bf16 | 4 fp32 = 656 bytes.
 MLA_ROW = CombinedRowFormat()
-ROW_BYTES = MLA_ROW.row_bytes
-ROPE_OFFSET = MLA_ROW.rope_offset
-SCALE_OFFSET = MLA_ROW.scale_offset
+#: First byte of k_nope in an MLA row.
+NOPE_OFFSET = MLA_ROW.nope_offset  # 0
+#: First byte of k_rope in an MLA row.
+ROPE_OFFSET = MLA_ROW.rope_offset  # 512
+#: First byte of the fp32 scales in an MLA row.
+SCALE_OFFSET = MLA_ROW.scale_offset  # 640
+#: Bytes per MLA row.
+ROW_BYTES = MLA_ROW.row_bytes  # 656
+#: Scales per MLA row.
+NUM_TILES = MLA_ROW.num_tiles  # 4
+
+
+def read_combined_cache(kv_cache, *, slot: int | None = None, block: int | None = None,
+                        row_format: CombinedRowFormat = MLA_ROW
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read combined rows back out of a per-tile int8 KV cache, dequantized.
+
+    The cache is what ``npu_mla_prolog_v3`` writes with ``kv_cache_quant_mode=3`` and what
+    ``npu_kv_quant_sparse_flash_attention`` reads as ``key`` / ``value`` (ops_reference §2.2,
+    §5.1). Rows are addressed by slot = ``block * BlockSize + row`` (PA_BSND: the
+    ``cache_index`` value; BSND: ``b * S + s``; TND: ``t``).
+
+    Args:
+        kv_cache: int8 ``[BlockNum, BlockSize, 1, row_bytes]`` (PA_BSND), ``[B, S, 1, row_bytes]``
+            (BSND) or ``[T, 1, row_bytes]`` (TND); row_bytes is 656 for :data:`MLA_ROW`. Any
+            strides.
+        slot: read the one row at this slot, in ``[0, BlockNum * BlockSize)`` (TND: ``[0, T)``).
+        block: read every row of this block (PA_BSND) / batch (BSND), in ``[0, BlockNum)``;
+            not for a TND cache. At most one of ``slot`` and ``block`` may be given.
+        row_format: the row layout.
+
+    Returns:
+        ``(k_nope, k_rope, scales)``: k_nope dequantized, fp32 ``[..., d_nope]``
+        (``int8 * scale`` of its tile); k_rope bf16 ``[..., d_rope]``; scales fp32
+        ``[..., num_tiles]``. ``...`` is the cache's shape without its last dim, minus the
+        indexed dims: whole cache ``[BlockNum, BlockSize, 1]`` / ``[B, S, 1]`` / ``[T, 1]``;
+        one block ``[BlockSize, 1]``; one slot ``[1]``. New arrays; the cache is not modified.
+
+    Raises:
+        DTypeError: ``kv_cache`` is not int8.
+        ShapeError: not a 3-D / 4-D cache with Nkv = 1 and last dim ``row_bytes``.
+        ModeError: both ``slot`` and ``block`` given, or ``block`` for a 3-D TND cache.
+        IndexRangeError: ``slot`` or ``block`` out of range.
+    """
+    kv_cache = np.asarray(kv_cache)
+    if kv_cache.dtype != np.int8:
+        raise arg_error(DTypeError, "kv_cache", "an int8 combined-row cache", kv_cache.dtype)
+    if kv_cache.ndim not in (3, 4) or kv_cache.shape[-1] != row_format.row_bytes or kv_cache.shape[-2] != 1:
+        raise arg_error(ShapeError, "kv_cache",
+                        f"[BlockNum, BlockSize, 1, {row_format.row_bytes}] (PA_BSND), "
+                        f"[B, S, 1, {row_format.row_bytes}] (BSND) or [T, 1, {row_format.row_bytes}] (TND)",
+                        list(kv_cache.shape))
+    if slot is not None and block is not None:
+        raise arg_error(ModeError, "slot/block", "at most one of slot and block", (slot, block))
+    rows = kv_cache  # [..., 1, row_bytes]
+    if block is not None:
+        if kv_cache.ndim == 3:
+            raise arg_error(ModeError, "block", "None for a 3-D TND cache [T, 1, row_bytes] (use slot)",
+                            block)
+        block = int(block)
+        if not 0 <= block < kv_cache.shape[0]:
+            raise arg_error(IndexRangeError, "block", f"a block in [0, {kv_cache.shape[0]})", block)
+        rows = kv_cache[block]  # [BlockSize, 1, row_bytes]
+    elif slot is not None:
+        slot = int(slot)
+        lead = kv_cache.shape[:-2]  # [BlockNum, BlockSize] or [T]
+        num_rows = int(np.prod(lead))
+        if not 0 <= slot < num_rows:
+            raise arg_error(IndexRangeError, "slot", f"a slot in [0, {num_rows})", slot)
+        rows = kv_cache[np.unravel_index(slot, lead)]  # [1, row_bytes]
+    return row_format.dequantize(rows)

@@ -22,6 +22,8 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
+from ..errors import DTypeError, arg_error
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 INT8_MIN = -128
 INT8_MAX = 127
@@ -109,37 +111,59 @@ def f32_bits_to_f16_bits(u):
 
 @njit(cache=True)
 def _f32_array_to_bf16_bits(src, dst):
-    s = src.reshape(-1).view(np.uint32)
-    d = dst.reshape(-1)
-    for i in range(s.size):
-        d[i] = f32_bits_to_bf16_bits(s[i])
+    """src: flat uint32 fp32 bits ``[n]``; dst: flat uint16 ``[n]`` (1-D only: one compilation)."""
+    for i in range(src.size):
+        dst[i] = f32_bits_to_bf16_bits(src[i])
 
 
 # ---------------------------------------------------------------------- arrays, NumPy
 def to_bf16(x) -> np.ndarray:
-    """Round fp32 (or wider) values to bf16, RNE.
+    """Round fp32 values to bf16, RNE, NaN -> ``sign | 0x7FC0`` (bit-identical to ml_dtypes).
+
+    Source: ops_reference §1 (bf16 outputs use CAST_RINT); DESIGN.md "Numerics policy".
 
     Args:
-        x: array-like of float; float64 is first rounded to fp32 (as a kernel holding fp32 would).
+        x: array-like of any real dtype; float64 is first rounded to fp32 (as a kernel holding
+            fp32 would), integers are converted to fp32 first.
 
     Returns:
-        ``ml_dtypes.bfloat16`` array of ``x``'s shape.
+        New ``ml_dtypes.bfloat16`` array of ``x``'s shape.
     """
     x32 = np.ascontiguousarray(x, dtype=np.float32)
     out = np.empty(x32.shape, dtype=np.uint16)
-    _f32_array_to_bf16_bits(x32, out)
+    _f32_array_to_bf16_bits(x32.reshape(-1).view(np.uint32), out.reshape(-1))
     return out.view(BF16)
 
 
 def bf16_to_f32(x) -> np.ndarray:
-    """Widen bf16 (``ml_dtypes.bfloat16`` or its ``uint16`` bits) to fp32, exactly."""
+    """Widen bf16 to fp32, exactly (``bits << 16``; NaN payloads kept).
+
+    Args:
+        x: ``ml_dtypes.bfloat16`` values, or their bits as ``uint16`` / ``int16`` (the int16 view
+            of a torch bf16 tensor), any shape.
+
+    Returns:
+        New fp32 array of ``x``'s shape.
+
+    Raises:
+        DTypeError: any other dtype (a float32 array is *not* reinterpreted as bits).
+    """
     x = np.asarray(x)
-    bits = x.view(np.uint16) if x.dtype == BF16 else x.astype(np.uint16, copy=False)
+    if x.dtype not in (BF16, np.dtype(np.uint16), np.dtype(np.int16)):
+        raise arg_error(DTypeError, "x", "bfloat16, or its bits as uint16 / int16", x.dtype)
+    bits = x.view(np.uint16)
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def to_f32(x) -> np.ndarray:
-    """fp32 copy of a bf16 / fp16 / fp32 / integer array (exact for those dtypes)."""
+    """fp32 copy of a bf16 / fp16 / fp32 / integer array.
+
+    Exact for bf16, fp16, fp32 and integers of magnitude below 2**24 (int8, int16); wider
+    integers and float64 round to nearest.
+
+    Returns:
+        New fp32 array of ``x``'s shape.
+    """
     x = np.asarray(x)
     if x.dtype == BF16:
         return bf16_to_f32(x)
@@ -147,28 +171,62 @@ def to_f32(x) -> np.ndarray:
 
 
 def round_half_even(x) -> np.ndarray:
-    """Round to integral values, ties to even (``CAST_RINT``); dtype kept."""
+    """Round to integral values, ties to even (``CAST_RINT``, ops_reference §1.2).
+
+    Args:
+        x: float array, any shape.
+
+    Returns:
+        Array of ``x``'s float dtype and shape; inf / NaN pass through.
+    """
     return np.rint(x)
 
 
 def round_half_away(x) -> np.ndarray:
-    """Round to integral values, ties away from zero (``CAST_ROUND``); dtype kept.
+    """Round to integral values, ties away from zero (``CAST_ROUND``, ops_reference §1.2).
 
-    Computed in float64, where ``|x| + 0.5`` is exact for every fp32 / fp16 input.
+    Exact for every float dtype: ``x - trunc(x)`` is exact, and only its comparison with 0.5
+    decides (no ``x + 0.5`` rounding trap).
+
+    Args:
+        x: float array, any shape.
+
+    Returns:
+        Array of ``x``'s float dtype and shape; inf / NaN pass through, the sign of zero is kept.
     """
     x = np.asarray(x)
-    x64 = x.astype(np.float64)
-    return (np.sign(x64) * np.floor(np.abs(x64) + 0.5)).astype(x.dtype)
+    t = np.trunc(x)
+    with np.errstate(invalid="ignore"):  # inf - inf
+        up = np.abs(x - t) >= 0.5
+    return np.where(up, t + np.sign(x), t).astype(x.dtype, copy=False)
 
 
 def saturate_int8(x) -> np.ndarray:
-    """Clip integral float values to [-128, 127] and cast to int8 (NaN -> 0)."""
+    """Clip integral float values to [-128, 127] and cast to int8.
+
+    Values must already be integral (round first). NaN becomes 0: the hardware result for NaN
+    is not documented (choice kept here). +-inf saturate.
+
+    Returns:
+        int8 array of ``x``'s shape.
+    """
     x = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0)
     return np.clip(x, INT8_MIN, INT8_MAX).astype(np.int8)
 
 
 def f32_to_int8(x, rounding: Rounding = "half_even") -> np.ndarray:
-    """fp32 -> int8 with the given rounding, saturating (CastFP32ToINT8 for ``half_even``).
+    """fp32 -> int8 with the given rounding, saturating to [-128, 127].
+
+    ``half_even`` is the mla_prolog ``CastFP32ToINT8`` / kv_rmsnorm ``RoundFloat2Int8`` chain
+    (CAST_RINT; the later fp16 / int8 casts see integers); ``half_away`` is CAST_ROUND
+    (ops_reference §1.2).
+
+    Args:
+        x: values, converted to fp32 first; any shape.
+        rounding: ``"half_even"`` or ``"half_away"``.
+
+    Returns:
+        int8 array of ``x``'s shape (NaN -> 0, see :func:`saturate_int8`).
 
     Raises:
         ValueError: unknown rounding.
@@ -182,15 +240,27 @@ def f32_to_int8(x, rounding: Rounding = "half_even") -> np.ndarray:
 
 
 def f32_to_f16(x, rounding: Rounding = "half_even") -> np.ndarray:
-    """fp32 -> fp16. ``half_even`` is IEEE RNE (``CAST_NONE``/``CAST_RINT``); ``half_away`` is
-    ``CAST_ROUND`` (nearest, ties away from zero). Overflow gives +-inf in both.
+    """fp32 -> fp16 (ops_reference §1.2).
+
+    ``half_even`` is IEEE RNE (``CAST_NONE`` / ``CAST_RINT``); ``half_away`` is ``CAST_ROUND``
+    (nearest, ties away from zero), also in the subnormal range (fp16 ulp 2**-24). Values that
+    round past 65504 give +-inf in both (65520 and above for ``half_away``); the hardware's
+    overflow behaviour is not documented. NaN and inf pass through.
+
+    Args:
+        x: values, converted to fp32 first; any shape.
+        rounding: ``"half_even"`` or ``"half_away"``.
+
+    Returns:
+        float16 array of ``x``'s shape.
 
     Raises:
         ValueError: unknown rounding.
     """
     x = np.asarray(x, dtype=np.float32)
     if rounding == "half_even":
-        return x.astype(np.float16)
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16)
     if rounding != "half_away":
         raise ValueError(f"rounding: expected 'half_even' or 'half_away', got {rounding!r}")
     x64 = x.astype(np.float64)
@@ -198,16 +268,31 @@ def f32_to_f16(x, rounding: Rounding = "half_even") -> np.ndarray:
     _, e = np.frexp(np.where(finite, x64, 1.0))  # x = m * 2**e, 0.5 <= |m| < 1
     ulp_exp = np.maximum(e - 1, _F16_MIN_EXP) - _F16_MANT_BITS
     q = x64 / np.exp2(ulp_exp)  # exact: power-of-two scaling
-    r = np.sign(q) * np.floor(np.abs(q) + 0.5) * np.exp2(ulp_exp)
+    r = round_half_away(q) * np.exp2(ulp_exp)
     with np.errstate(over="ignore"):
         return np.where(finite, r, x64).astype(np.float16)
 
 
 def f32_to_int8_via_f16(x, *, f16_rounding: Rounding, int8_rounding: Rounding) -> np.ndarray:
-    """fp32 -> fp16 -> int8, the two-step casts of the q_nope quant (both ``half_away``) and of
-    MlaPreprocess RmsNormQuant (``half_even`` then ``half_even``, clamped in fp16 first).
+    """fp32 -> fp16 -> int8 (ops_reference §1.2): the two-step casts of the A2/A3 q_nope
+    dynamic quant (``half_away`` twice) and of MlaPreprocess RmsNormQuant (``half_even`` then
+    ``half_even``, clamped to [-128, 127] in fp16 first).
 
-    The double rounding differs from a direct fp32 -> int8 round by 1 for some |x| > 64.
+    The double rounding can differ by 1 from a direct fp32 -> int8 round: when ``x`` lies within
+    half an fp16 ulp of a tie ``k + 0.5``, the fp16 step lands exactly on the tie and the int8
+    step then breaks it (e.g. 64.51 -> 64.5 -> 64 with half_even, but rint(64.51) = 65). The spec
+    mentions |x| > 64; the same happens at every magnitude from 0.5 up (0.5001 -> 0.5 -> 0).
+
+    Args:
+        x: values, converted to fp32 first; any shape.
+        f16_rounding: rounding of the fp32 -> fp16 step.
+        int8_rounding: rounding of the fp16 -> int8 step.
+
+    Returns:
+        int8 array of ``x``'s shape.
+
+    Raises:
+        ValueError: unknown rounding.
     """
     h = f32_to_f16(x, f16_rounding).astype(np.float32)  # exact widening
     h = np.clip(h, INT8_MIN, INT8_MAX)
