@@ -273,13 +273,9 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
 
 
 def _epsilon(epsilon) -> np.float32:
-    try:
-        eps = float(epsilon)
-    except (TypeError, ValueError):
-        raise arg_error(DTypeError, "epsilon", "a float", repr(epsilon)) from None
-    if not np.isfinite(eps) or eps < 0:
-        raise arg_error(ShapeError, "epsilon", "a finite value >= 0", eps)
-    return np.float32(eps)
+    if isinstance(epsilon, (bool, np.bool_)) or not isinstance(epsilon, (int, float, np.integer, np.floating)):
+        raise arg_error(DTypeError, "epsilon", "a float", repr(epsilon))
+    return np.float32(epsilon)
 
 
 def _scale(scale: np.ndarray, name: str, dim: int) -> np.ndarray:
