@@ -193,16 +193,19 @@ def _nd_to_nz_words(src, dst, nbatch, m, m_pad, row_words, n1, chunk_words):
 
 
 def nz_to_nd(storage: np.ndarray, shape: Sequence[int]) -> np.ndarray:
-    """Read FRACTAL_NZ storage back as the ND array of logical ``shape``.
+    """Read FRACTAL_NZ storage back as the ND array of logical ``shape`` (inverse of
+    :func:`nd_to_nz`, ops_reference §1.4).
 
     Args:
-        storage: array of shape :func:`nz_shape` ``(shape, storage.dtype)``.
-        shape: the logical ND shape.
+        storage: bf16 / fp16 / fp32 / int32 / int8 array of shape :func:`nz_shape`
+            ``(shape, storage.dtype)``, any strides.
+        shape: the logical ND shape ``[..., M, N]`` (or 1-D / 0-D).
 
     Returns:
-        New C-contiguous array of ``shape`` (padding dropped).
+        New C-contiguous array of ``shape`` and ``storage.dtype`` (padding dropped).
 
     Raises:
+        DTypeError: unsupported dtype.
         ShapeError: ``storage.shape`` is not the NZ shape of ``shape``.
     """
     storage = np.asarray(storage)
@@ -222,15 +225,19 @@ def nz_to_nd(storage: np.ndarray, shape: Sequence[int]) -> np.ndarray:
 def nz_offset(shape: Sequence[int], dtype, index: Sequence[int]) -> int:
     """Flat element offset, in the NZ storage, of logical element ``index`` of an ND tensor.
 
+    ``(..., m, n)`` -> row-major offset of storage ``[..., n // C0, m // 16, m % 16, n % C0]``
+    in :func:`nz_shape` (ops_reference §1.4).
+
     Args:
         shape: logical ND shape.
-        dtype: element dtype.
-        index: logical coordinates, one per dim of ``shape`` (0-D: ``()``).
+        dtype: element dtype (bf16 / fp16 / fp32 / int32 / int8).
+        index: logical coordinates, one per dim of ``shape`` (1-D: ``(m,)``; 0-D: ``()``).
 
     Returns:
         Offset in elements from the start of the storage (multiply by itemsize for bytes).
 
     Raises:
+        DTypeError: unsupported dtype.
         ShapeError: ``index`` has the wrong length or lies outside ``shape``.
     """
     shape = tuple(int(s) for s in shape)
@@ -248,10 +255,20 @@ def nz_offset(shape: Sequence[int], dtype, index: Sequence[int]) -> int:
 def nz_coords(shape: Sequence[int], dtype, offset: int) -> tuple[int, ...] | None:
     """Reverse of :func:`nz_offset`: logical coordinates stored at element ``offset``.
 
+    Every storage element is either exactly one logical element or padding (rows ``m >= M`` or
+    columns ``n >= N`` of the last fractals).
+
+    Args:
+        shape: logical ND shape.
+        dtype: element dtype (bf16 / fp16 / fp32 / int32 / int8).
+        offset: element offset in ``[0, prod(nz_shape(shape, dtype)))``.
+
     Returns:
-        The logical index tuple, or ``None`` when ``offset`` holds padding.
+        The logical index tuple (``len(shape)`` entries), or ``None`` when ``offset`` holds
+        padding.
 
     Raises:
+        DTypeError: unsupported dtype.
         ShapeError: ``offset`` outside the storage.
     """
     shape = tuple(int(s) for s in shape)
@@ -270,11 +287,14 @@ def nz_coords(shape: Sequence[int], dtype, offset: int) -> tuple[int, ...] | Non
 
 
 class NZArray(np.ndarray):
-    """A weight that has been cast to FRACTAL_NZ.
+    """A weight that has been cast to FRACTAL_NZ (ops_reference §1.4, DESIGN.md "Arrays and
+    formats").
 
     Like a torch_npu tensor after ``npu_format_cast(x, 29)``, it shows its logical ND values
-    (indexing, ``np.asarray``) and knows its device storage (:meth:`storage`). Ops that require
-    FRACTAL_NZ weights check for this type (:func:`get_npu_format`).
+    (indexing, ``np.asarray``, shape ``[..., M, N]``) and knows its device storage
+    (:meth:`storage`). Ops that require FRACTAL_NZ weights check for this type
+    (:func:`get_npu_format`). Views and ufunc results of an NZArray are NZArrays too; use
+    ``np.asarray`` for a plain array.
     """
 
     npu_format = FRACTAL_NZ
@@ -290,6 +310,12 @@ class NZArray(np.ndarray):
 def as_nz(x: np.ndarray) -> NZArray:
     """Copy ``x`` into a new :class:`NZArray` (the numpy form of ``npu_format_cast(x, 29)``).
 
+    Args:
+        x: bf16 / fp16 / fp32 / int32 / int8 array, any shape and strides.
+
+    Returns:
+        A new C-contiguous :class:`NZArray` with ``x``'s logical values.
+
     Raises:
         DTypeError: dtype without a FRACTAL_NZ layout.
     """
@@ -299,5 +325,6 @@ def as_nz(x: np.ndarray) -> NZArray:
 
 
 def get_npu_format(x) -> int:
-    """ACL format id of ``x``: 29 for an :class:`NZArray`, else 2 (ND)."""
+    """ACL format id of ``x`` (torch_npu ``get_npu_format``): 29 (FRACTAL_NZ) for an
+    :class:`NZArray`, else 2 (ND). Never raises."""
     return FRACTAL_NZ if isinstance(x, NZArray) else ND

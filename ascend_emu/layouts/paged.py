@@ -21,7 +21,9 @@ How an op's index tensor becomes slots differs between ops (ops_reference §6 go
 - ``npu_kv_rmsnorm_rope_cache`` ``PA_BLK_*``: the index holds **token offsets of page starts**,
   ``block_id * BlockSize`` (:func:`slots_from_pages` with ``page_offsets=True``).
 - In both PA_BLK flavours a batch's tokens start at row 0 of its first listed block.
-- ``-1`` means "skip this token" (or, for PA_BLK, this page) everywhere it is accepted.
+- ``-1`` means "skip this token" (or, for PA_BLK, this page) everywhere it is accepted; other
+  negative values, which the kernels would also skip, are rejected (stricter than the hardware).
+- Slots are validated here, before any kernel sees them (:func:`check_index_range`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ SKIP_INDEX = -1
 
 def canonical_cache_mode(mode: str, *, allowed: Sequence[str] | None = None,
                          name: str = "cache_mode") -> str:
-    """Canonical name of ``mode`` (aliases resolved).
+    """Canonical name of ``mode`` (aliases resolved: PA, PA_BNSD -> PA_BSND; PA_BLK_BNSD ->
+    PA_BLK_BSND).
 
     Args:
         mode: a cache-mode string as a seed spells it.
@@ -64,7 +67,11 @@ def canonical_cache_mode(mode: str, *, allowed: Sequence[str] | None = None,
 
 
 def is_nz_mode(mode: str) -> bool:
-    """True for the paged FRACTAL_NZ modes ``PA_NZ`` and ``PA_BLK_NZ``."""
+    """True for the paged FRACTAL_NZ modes ``PA_NZ`` and ``PA_BLK_NZ`` (aliases accepted).
+
+    Raises:
+        ModeError: unknown mode.
+    """
     return canonical_cache_mode(mode) in ("PA_NZ", "PA_BLK_NZ")
 
 
