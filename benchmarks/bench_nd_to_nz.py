@@ -12,7 +12,7 @@ Usage: ``python benchmarks/bench_nd_to_nz.py [--m 7168] [--n 1536] [--repeat 20]
 from __future__ import annotations
 
 import argparse
-import time
+import timeit
 
 import ml_dtypes
 import numpy as np
@@ -24,14 +24,9 @@ TARGET_RATIO = 0.5
 
 
 def best_time(fn, repeat: int) -> float:
-    """Best wall time of ``fn()`` over ``repeat`` runs, after one warm-up run."""
+    """Best wall time of ``fn()`` over ``repeat`` single runs, after one warm-up run."""
     fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return min(timeit.repeat(fn, number=1, repeat=repeat))
 
 
 def main() -> None:

@@ -188,6 +188,14 @@ def _expand_scale(scale: np.ndarray, x_shape: tuple[int, ...], granularity: str,
     return scale
 
 
+def _grouped(a: np.ndarray, scale, granularity: str, tile_size: int | None
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """``a`` viewed by groups (per_tile: ``[..., D/tile, tile]``) and ``scale`` broadcast to it."""
+    _check_granularity(granularity)
+    scale = _expand_scale(np.asarray(scale, dtype=np.float32), a.shape, granularity, tile_size)
+    return (_tiles(a, tile_size) if granularity == "per_tile" else a), scale
+
+
 def quantize_with_dequant_scale(x, scale, granularity: Granularity, *, tile_size: int | None = None,
                                 rounding: Rounding = "half_even") -> np.ndarray:
     """``saturate(round(x * fp32(1 / scale)))`` with given dequant scales; zero scale -> 0.
@@ -209,15 +217,12 @@ def quantize_with_dequant_scale(x, scale, granularity: Granularity, *, tile_size
         ValueError: unknown granularity.
         ShapeError: ``scale`` does not match the groups of ``x``, or bad ``tile_size``.
     """
-    _check_granularity(granularity)
     x = np.asarray(x, dtype=np.float32)
-    scale = _expand_scale(np.asarray(scale, dtype=np.float32), x.shape, granularity, tile_size)
+    groups, scale = _grouped(x, scale, granularity, tile_size)
     positive = scale > 0
     inv = np.where(positive, np.float32(1.0) / np.where(positive, scale, np.float32(1.0)),
                    np.float32(0.0)).astype(np.float32)
-    if granularity == "per_tile":
-        return f32_to_int8(_tiles(x, tile_size) * inv, rounding).reshape(x.shape)
-    return f32_to_int8(x * inv, rounding)
+    return f32_to_int8(groups * inv, rounding).reshape(x.shape)
 
 
 def dequantize(q, scale, granularity: Granularity = "per_token", *, tile_size: int | None = None
@@ -237,9 +242,6 @@ def dequantize(q, scale, granularity: Granularity = "per_token", *, tile_size: i
         ValueError: unknown granularity.
         ShapeError: ``scale`` does not match the groups of ``q``, or bad ``tile_size``.
     """
-    _check_granularity(granularity)
     q = np.asarray(q).astype(np.float32)
-    scale = _expand_scale(np.asarray(scale, dtype=np.float32), q.shape, granularity, tile_size)
-    if granularity == "per_tile":
-        return (_tiles(q, tile_size) * scale).reshape(q.shape)
-    return q * scale
+    groups, scale = _grouped(q, scale, granularity, tile_size)
+    return (groups * scale).reshape(q.shape)
