@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import sys
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
+    raise ModuleNotFoundError('ascend_emu.torch_npu needs torch; install it with: pip install -e ".[torch]" '
+                              "(or pip install torch)", name=exc.name) from exc
 
 from .. import __version__ as _emu_version
 from ..layouts import FRACTAL_NZ, ND
