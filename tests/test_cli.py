@@ -79,7 +79,7 @@ def test_run_prefers_a_real_torch_npu_unless_forced(tmp_path):
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("REAL = True\n")
     script = _script(tmp_path, "import torch_npu\nprint(getattr(torch_npu, 'REAL', False), torch_npu.__name__)\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(fake.parent), os.environ.get("PYTHONPATH")) if p))
     real = _run(RUN + [script], cwd=str(tmp_path), env=env)
     assert real.returncode == 0, real.stderr
     assert real.stdout.split() == ["True", "torch_npu"]
