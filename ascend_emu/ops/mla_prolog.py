@@ -507,6 +507,9 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str, stacklev
     cache_mode = canonical_cache_mode(values["cache_mode"], allowed=limits.cache_modes)
     names = ("token_x", "weight_dq", "weight_uq_qr", "weight_uk", "weight_dkv_kr", "rmsnorm_gamma_cq",
              "rmsnorm_gamma_ckv", "rope_sin", "rope_cos", "kv_cache", "kr_cache")
+    for name in ("kv_cache", "kr_cache"):
+        if values[name] is not None and not isinstance(values[name], np.ndarray):
+            raise arg_error(DTypeError, name, "a NumPy array (updated in place)", type(values[name]).__name__)
     t = {name: required(values[name], name) for name in names}
     scales = _check_scales(scenario, values)
     for name in names:
