@@ -3,8 +3,8 @@
 Shapes of the seed example: B=8, S=2, N=32, He=7168, Hcq=1536, Hckv=512, D=128, Dr=64,
 BlockSize=128. The floor is measured in the same run: ``x @ W_dq``, ``cq @ W_uq_qr``, the
 per-head ``q_nope @ W_uk`` and ``x @ W_dkv_kr`` as fp32 BLAS calls on pre-widened fp32 weights
-(what the op cannot avoid). Both are the best of N runs after a warm-up. The target is at most
-1.5x the floor.
+(what the op cannot avoid). Both are the best of N alternating runs after a warm-up. The
+target is at most 1.5x the floor.
 
 Usage: ``python benchmarks/bench_mla_prolog_v3.py [--batch 8] [--seq 2] [--heads 32] [--repeat 20]``
 """
@@ -26,14 +26,17 @@ BLOCK_SIZE = 128
 TARGET_RATIO = 1.5
 
 
-def best_time(fn, repeat: int) -> float:
-    """Best wall time of ``fn()`` over ``repeat`` runs, after one warm-up run."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+def best_times(fns, repeat: int) -> list[float]:
+    """Best wall time of each ``fn()`` over ``repeat`` rounds, after one warm-up round; the
+    candidates alternate within each round so that both see the same machine load."""
+    for fn in fns:
         fn()
-        best = min(best, time.perf_counter() - t0)
+    best = [float("inf")] * len(fns)
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
     return best
 
 
@@ -83,9 +86,7 @@ def main() -> None:
         np.matmul(q_nope32, w_uk32)
         np.matmul(x32, w_dkv_kr32)
 
-    t_floor = best_time(floor, args.repeat)
-    t_op = best_time(op, args.repeat)
-    t_floor = min(t_floor, best_time(floor, args.repeat))  # re-measured after the op: same conditions
+    t_floor, t_op = best_times([floor, op], args.repeat)
     ratio = t_op / t_floor
     print(f"npu_mla_prolog_v3 non-quant PA_BSND, B={b} S={s} N={n} He={HE} Hcq={HCQ}, best of {args.repeat}")
     print(f"  fp32 matmul floor (x@Wdq, cq@Wuq_qr, q@Wuk per head, x@Wdkv_kr): {t_floor * 1e3:8.2f} ms")
