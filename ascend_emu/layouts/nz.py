@@ -19,7 +19,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from ..errors import DTypeError, ShapeError, arg_error
 
@@ -167,6 +169,27 @@ def _nd_to_nz_parallel(mat: np.ndarray, out: np.ndarray, c0: int) -> bool:
     return True
 
 
+@intrinsic
+def _store_streaming(typingctx, arr, idx, val):
+    """``arr[idx] = val`` as a non-temporal (streaming) store, for 1-D arrays inside Numba.
+
+    The written cache lines bypass the cache hierarchy, so a large layout copy moves one read
+    and one write stream (as memcpy does) instead of also reading every destination line first.
+    The thread barrier that ends a parallel loop orders these stores before the caller reads.
+    """
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and isinstance(idx, types.Integer)
+            and val == arr.dtype):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        store = builder.store(args[2], builder.gep(ary.data, [args[1]]))
+        store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+
+    return types.void(arr, idx, val), codegen
+
+
 @njit(cache=True, parallel=True)
 def _nd_to_nz_words(src, dst, nbatch, m, m_pad, row_words, n1, chunk_words):
     """src: flat uint64 ``[nbatch * M * row_words]`` (ND rows); dst: flat uint64
@@ -182,14 +205,14 @@ def _nd_to_nz_words(src, dst, nbatch, m, m_pad, row_words, n1, chunk_words):
             s = b * m * row_words + i0 * row_words + j * chunk_words
             for _ in range(i0, i_data):
                 for k in range(0, chunk_words, 4):
-                    dst[d + k] = src[s + k]
-                    dst[d + k + 1] = src[s + k + 1]
-                    dst[d + k + 2] = src[s + k + 2]
-                    dst[d + k + 3] = src[s + k + 3]
+                    _store_streaming(dst, d + k, src[s + k])
+                    _store_streaming(dst, d + k + 1, src[s + k + 1])
+                    _store_streaming(dst, d + k + 2, src[s + k + 2])
+                    _store_streaming(dst, d + k + 3, src[s + k + 3])
                 s += row_words
                 d += chunk_words
             for k in range((i1 - i_data) * chunk_words):
-                dst[d + k] = 0
+                _store_streaming(dst, d + k, np.uint64(0))
 
 
 def nz_to_nd(storage: np.ndarray, shape: Sequence[int]) -> np.ndarray:
