@@ -46,6 +46,9 @@ class CombinedRowFormat:
         d_nope: int8 k_nope elements (Hckv).
         d_rope: bf16 k_rope elements (Dr).
         tile_size: nope elements per fp32 scale.
+
+    Raises:
+        ShapeError: ``tile_size`` is not a positive divisor of ``d_nope``.
     """
 
     d_nope: int = NOPE_DIM
