@@ -429,13 +429,13 @@ def _infer_legacy_modes(values: dict) -> tuple[dict, str]:
     caches or quant_scale_ckv / ckr; per-tensor (1, with per-token-head query quant) under full
     quant, per-channel (2) otherwise.
     """
-    given = [name for name in SCALE_ARGS if values.get(name) is not None]
-    full = [f"{n} int8" for n in ("token_x",) if _is_int8(values[n])] + \
-        [n + " given" for n in given if n in ("dequant_scale_x", "dequant_scale_w_dq", "dequant_scale_w_dkv_kr")]
-    partial = [f"{n} int8" for n in ("weight_uq_qr",) if _is_int8(values[n])] + \
-        [n + " given" for n in given if n in ("dequant_scale_w_uq_qr", "smooth_scales_cq")]
-    kv = [f"{n} int8" for n in ("kv_cache", "kr_cache") if _is_int8(values[n])] + \
-        [n + " given" for n in given if n in ("quant_scale_ckv", "quant_scale_ckr")]
+    def triggers(tensors, scales):
+        return ([f"{n} int8" for n in tensors if _is_int8(values[n])]
+                + [f"{n} given" for n in scales if values.get(n) is not None])
+
+    full = triggers(("token_x",), ("dequant_scale_x", "dequant_scale_w_dq", "dequant_scale_w_dkv_kr"))
+    partial = triggers(("weight_uq_qr",), ("dequant_scale_w_uq_qr", "smooth_scales_cq"))
+    kv = triggers(("kv_cache", "kr_cache"), ("quant_scale_ckv", "quant_scale_ckr"))
     wq = 2 if full else 1 if partial else 0
     kvq = (1 if wq == 2 else 2) if kv else 0
     modes = dict(weight_quant_mode=wq, kv_cache_quant_mode=kvq, query_quant_mode=int(wq == 2 and kvq == 1),
@@ -453,13 +453,10 @@ def _select_scenario(version: int, modes: dict, tile_size, reason: str) -> Quant
     """
     op = _OP_NAMES[version]
     why = f" (selected by {reason})" if reason else ""
-    for name, allowed in _MODE_RANGES.items():
-        value = modes[name]
+    checks = [(n, modes[n], allowed) for n, allowed in _MODE_RANGES.items()] + [("tile_size", tile_size, TILE_SIZES)]
+    for name, value, allowed in checks:
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
             raise arg_error(ModeError, name, f"one of {list(allowed)}", repr(value))
-    if isinstance(tile_size, (bool, np.bool_)) or not isinstance(tile_size, (int, np.integer)) \
-            or tile_size not in TILE_SIZES:
-        raise arg_error(ModeError, "tile_size", f"one of {list(TILE_SIZES)}", repr(tile_size))
     key = tuple(int(modes[n]) for n in _MODE_NAMES)
     shown = ", ".join(f"{n}={v}" for n, v in zip(_MODE_NAMES, key))
     legal = VERSION_LIMITS[version].quant_modes
