@@ -146,6 +146,16 @@ def _gather_chunks(cache, offsets, chunk, rows):
                 rows[t, dst + k] = cache[src + k]
 
 
+def _copy_word(nbytes: int, chunk: int, row_bytes: int, offsets: np.ndarray):
+    """Widest unsigned word (8, 4, 2 or 1 bytes) dividing the cache size, the chunk, the row and every
+    offset, so chunks are copied as words (a byte loop is ~10x slower for 32-byte NZ chunks)."""
+    for word in (np.uint64, np.uint32, np.uint16):
+        w = np.dtype(word).itemsize
+        if nbytes % w == 0 and chunk % w == 0 and row_bytes % w == 0 and not np.any(offsets % w):
+            return word
+    return np.uint8
+
+
 def last_writer(slots: np.ndarray) -> np.ndarray:
     """Token indices to write so that each slot is written once, by its last token; -1 skipped.
 
@@ -177,7 +187,9 @@ def scatter_rows(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout:
     raw = np.ascontiguousarray(rows).view(np.uint8).reshape(rows.shape[0], -1)  # [T, row_bytes]
     offsets = layout.chunk_offsets(np.asarray(slots).reshape(-1)[keep])  # [T', nchunk]
     flat = cache.reshape(-1).view(np.uint8)  # shares memory with cache
-    _scatter_chunks(flat, np.ascontiguousarray(raw[keep]), offsets, layout.chunk_bytes)
+    word = _copy_word(flat.size, layout.chunk_bytes, raw.shape[1], offsets)
+    w = np.dtype(word).itemsize
+    _scatter_chunks(flat.view(word), np.ascontiguousarray(raw[keep]).view(word), offsets // w, layout.chunk_bytes // w)
 
 
 def gather_rows(cache: np.ndarray, slots: np.ndarray, layout: CacheLayout) -> np.ndarray:
@@ -190,5 +202,8 @@ def gather_rows(cache: np.ndarray, slots: np.ndarray, layout: CacheLayout) -> np
     offsets = layout.chunk_offsets(slots)
     rows = np.empty((slots.size, layout.row_bytes), dtype=np.uint8)
     if slots.size:
-        _gather_chunks(np.ascontiguousarray(cache).reshape(-1).view(np.uint8), offsets, layout.chunk_bytes, rows)
+        flat = np.ascontiguousarray(cache).reshape(-1).view(np.uint8)
+        word = _copy_word(flat.size, layout.chunk_bytes, layout.row_bytes, offsets)
+        w = np.dtype(word).itemsize
+        _gather_chunks(flat.view(word), offsets // w, layout.chunk_bytes // w, rows.view(word))
     return rows
