@@ -27,9 +27,15 @@ Contract highlights (be stricter than the hardware):
   check them and corrupts memory); ``-1`` skips the token (PA_BSND / PA_NZ) or the block
   (PA_BLK_*): the kernel's scatter returns early on a negative index; two tokens writing one slot
   warn (:class:`DuplicateSlotWarning`) and the last one wins.
-- B / S / T = 0: query and query_rope are empty and the caches are not touched. BlockNum = 0
-  (Skv = 0): queries are computed, nothing is written, and ``cache_index`` values are not
-  range-checked (no index reaches memory).
+- B / S / T = 0: query and query_rope are empty and the caches are not touched (paged modes;
+  BSND / TND caches may not be empty, seed v3). BlockNum = 0 (Skv = 0): queries are computed,
+  nothing is written, and ``cache_index`` values are not range-checked (no index reaches memory).
+
+Choices where the sources are silent or disagree: v1 / v2 infer their v3 modes as
+:func:`_infer_legacy_modes` says; an inferred illegal combination (e.g. int8 caches with bf16
+weights) is a ModeError, a legal quantized one NotImplementedError. ``-1`` in a PA_BLK
+``cache_index`` skips that block's tokens. The legal mode combinations follow the ops-transformer
+host checks where the seed's table differs (see :data:`QUANT_SCENARIOS`).
 """
 
 from __future__ import annotations
