@@ -337,7 +337,19 @@ def test_dequant_error_bound_property(vals, granularity):
     q, scale = quantize_dynamic(x, granularity, tile_size=tile)
     deq = dequantize(q, scale, granularity, tile_size=tile)
     s = np.repeat(scale.reshape(-1), x.size // scale.size).reshape(x.shape).astype(np.float64)
-    assert (np.abs(deq.astype(np.float64) - x) <= s * 0.5 * (1 + 1e-4)).all()
+    err = np.abs(deq.astype(np.float64) - x)
+    live = s > 0
+    assert (err[live] <= s[live] * 0.5 * (1 + 1e-4)).all()
+    # scale 0: an all-zero group, or subnormals whose amax / 127 underflows (ZERO_GROUP_POLICY)
+    assert not q[~live].any() and (np.abs(x[~live]) < 127 * 2.0**-149).all()
+
+
+def test_underflowing_scale_is_a_zero_group():
+    x = np.zeros((2, 4), np.float32)
+    x[1, 3] = 7 * 2.0**-149  # subnormal: 7 * 2**-149 / 127 rounds to 0 in fp32
+    for g in ("per_tensor", "per_token"):
+        q, scale = quantize_dynamic(x, g)
+        assert not q.any() and not scale.any()
 
 
 def test_quantize_with_dequant_scale_and_errors(rng):

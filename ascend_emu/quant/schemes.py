@@ -23,7 +23,9 @@ Source: ops_reference §1.2 (DynamicQuant, static quant), §2.2 (per-tile) and �
   Per-channel quant exists only with static scales (:func:`quantize_static`, a ``[D]`` scale).
 
 An all-zero group has ``amax = 0``; the kernel would compute ``1/0``. Here the scale is stored as 0
-and the quantized values as 0, so ``q * scale`` is still ``x`` (:data:`ZERO_GROUP_POLICY`).
+and the quantized values as 0, so ``q * scale`` is still ``x`` (:data:`ZERO_GROUP_POLICY`). The
+same applies to a group of subnormals whose ``amax / 127`` underflows to 0 in fp32 (its values are
+below 127 * 2**-149 in magnitude).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from .rounding import INT8_MAX, Rounding, f32_to_int8
 Granularity = Literal["per_tensor", "per_token", "per_token_head", "per_tile"]
 GRANULARITIES: tuple[str, ...] = Granularity.__args__
 #: What happens to a group whose values are all zero (the kernel's 1/0 is not defined).
-ZERO_GROUP_POLICY = "an all-zero group gets dequant scale 0 and int8 values 0"
+ZERO_GROUP_POLICY = ("a group whose dequant scale is 0 (all zeros, or amax / 127 underflowing) gets "
+                     "dequant scale 0 and int8 values 0")
 #: Granularities whose dynamic scale is ``amax * fp32(1/127)`` (the kernel's Muls, per-tile path,
 #: ops_reference §1.2); all others use ``amax / 127`` (Div). The two differ by one fp32 ulp for a
 #: few percent of amax values.
