@@ -176,7 +176,7 @@ def _store_streaming(typingctx, arr, idx, val):
 
     The written cache lines bypass the cache hierarchy, so a large layout copy moves one read
     and one write stream (as memcpy does) instead of also reading every destination line first.
-    The thread barrier that ends a parallel loop orders these stores before the caller reads.
+    Streaming stores are weakly ordered: a task ends with :func:`_store_fence`.
     """
     if not (isinstance(arr, types.Array) and arr.ndim == 1 and isinstance(idx, types.Integer)
             and val == arr.dtype):
@@ -189,6 +189,17 @@ def _store_streaming(typingctx, arr, idx, val):
         return context.get_dummy_value()
 
     return types.void(arr, idx, val), codegen
+
+
+@intrinsic
+def _store_fence(typingctx):
+    """A full memory fence inside Numba: earlier streaming stores become visible to every thread."""
+
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return types.void(), codegen
 
 
 @njit(cache=True, parallel=True)
@@ -214,6 +225,7 @@ def _nd_to_nz_words(src, dst, nbatch, m, m_pad, row_words, n1, chunk_words):
                 d += chunk_words
             for k in range((i1 - i_data) * chunk_words):
                 _store_streaming(dst, d + k, np.uint64(0))
+        _store_fence()
 
 
 def nz_to_nd(storage: np.ndarray, shape: Sequence[int]) -> np.ndarray:
