@@ -126,14 +126,29 @@ def to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- scatter / gather
+@njit(cache=True, inline="always")
+def _scatter_token(cache, rows, offsets, chunk, t):
+    for j in range(offsets.shape[1]):
+        dst = offsets[t, j]
+        src = j * chunk
+        for k in range(chunk):
+            cache[dst + k] = rows[t, src + k]
+
+
 @njit(cache=True, parallel=True)
 def _scatter_chunks(cache, rows, offsets, chunk):
     for t in prange(offsets.shape[0]):
-        for j in range(offsets.shape[1]):
-            dst = offsets[t, j]
-            src = j * chunk
-            for k in range(chunk):
-                cache[dst + k] = rows[t, src + k]
+        _scatter_token(cache, rows, offsets, chunk, t)
+
+
+@njit(cache=True)
+def _scatter_chunks_serial(cache, rows, offsets, chunk):
+    for t in range(offsets.shape[0]):
+        _scatter_token(cache, rows, offsets, chunk, t)
+
+
+#: Below this many bytes a scatter runs on one thread: starting the pool costs more than the copy.
+SCATTER_PARALLEL_MIN_BYTES = 1 << 20
 
 
 @njit(cache=True, parallel=True)
@@ -149,9 +164,10 @@ def _gather_chunks(cache, offsets, chunk, rows):
 def _copy_word(nbytes: int, chunk: int, row_bytes: int, offsets: np.ndarray):
     """Widest unsigned word (8, 4, 2 or 1 bytes) dividing the cache size, the chunk, the row and every
     offset, so chunks are copied as words (a byte loop is ~10x slower for 32-byte NZ chunks)."""
+    low = int(np.bitwise_or.reduce(offsets, axis=None)) if offsets.size else 0
     for word in (np.uint64, np.uint32, np.uint16):
         w = np.dtype(word).itemsize
-        if nbytes % w == 0 and chunk % w == 0 and row_bytes % w == 0 and not np.any(offsets % w):
+        if (nbytes | chunk | row_bytes | low) % w == 0:
             return word
     return np.uint8
 
@@ -170,7 +186,8 @@ def last_writer(slots: np.ndarray) -> np.ndarray:
     return np.sort(rev[first_in_rev])
 
 
-def scatter_rows(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout: CacheLayout) -> None:
+def scatter_rows(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout: CacheLayout, *,
+                 keep: np.ndarray | None = None) -> None:
     """Write token rows into a cache in place, where ``layout`` puts them.
 
     Args:
@@ -180,16 +197,22 @@ def scatter_rows(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout:
         slots: int64 ``[T]`` validated slots; -1 skips the token; for a slot written by several
             tokens the last one wins.
         layout: the cache's :class:`~ascend_emu.layouts.CacheLayout`.
+        keep: ``last_writer(slots)`` when the caller already has it (several caches, same slots).
     """
-    keep = last_writer(slots)
+    keep = last_writer(slots) if keep is None else keep
     if keep.size == 0:
         return
     raw = np.ascontiguousarray(rows).view(np.uint8).reshape(rows.shape[0], -1)  # [T, row_bytes]
-    offsets = layout.chunk_offsets(np.asarray(slots).reshape(-1)[keep])  # [T', nchunk]
+    slots = np.asarray(slots).reshape(-1)
+    if keep.size < raw.shape[0]:  # else keep is arange(T): no copy needed
+        raw, slots = raw[keep], slots[keep]
+    offsets = layout.chunk_offsets(slots)  # [T', nchunk]
     flat = cache.reshape(-1).view(np.uint8)  # shares memory with cache
     word = _copy_word(flat.size, layout.chunk_bytes, raw.shape[1], offsets)
     w = np.dtype(word).itemsize
-    _scatter_chunks(flat.view(word), np.ascontiguousarray(raw[keep]).view(word), offsets // w, layout.chunk_bytes // w)
+    scatter = _scatter_chunks if raw.itemsize * raw.shape[1] * keep.size >= SCATTER_PARALLEL_MIN_BYTES \
+        else _scatter_chunks_serial
+    scatter(flat.view(word), np.ascontiguousarray(raw).view(word), offsets // w, layout.chunk_bytes // w)
 
 
 def gather_rows(cache: np.ndarray, slots: np.ndarray, layout: CacheLayout) -> np.ndarray:

@@ -489,4 +489,5 @@ def duplicate_slots(slots: np.ndarray) -> dict[int, list[int]]:
     sorted_slots = slots[order]
     starts = np.flatnonzero(np.concatenate(([True], sorted_slots[1:] != sorted_slots[:-1])))
     counts = np.diff(np.append(starts, sorted_slots.size))
-    return {int(sorted_slots[s]): order[s:s + c].tolist() for s, c in zip(starts, counts) if c > 1}
+    multi = counts > 1  # only repeated slots reach the Python loop
+    return {int(sorted_slots[s]): order[s:s + c].tolist() for s, c in zip(starts[multi], counts[multi])}
