@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from numba import njit
 
+from ascend_emu.emu.kv_rmsnorm_rope_cache import PARALLEL_MIN_TOKENS
 from ascend_emu.errors import DTypeError, DuplicateSlotWarning, IndexRangeError, ModeError, ShapeError
 from ascend_emu.ops import npu_kv_rmsnorm_rope_cache
 from ascend_emu.quant.rounding import f16_bits_to_f32, f32_bits_to_f16_bits
@@ -335,17 +336,18 @@ def test_non_contiguous_inputs(rng, mode):
 
 @pytest.mark.parametrize("quant", QUANT)
 def test_one_vs_two_threads_identical(rng, quant):
-    b, s, bs, mode = 4, 37, 32, "PA_BLK_NZ"
+    b, s, bs, mode = 8, 37, 32, "PA_BLK_NZ"
+    assert b * s >= PARALLEL_MIN_TOKENS  # the threaded kernel path
     inputs = make_inputs(rng, b, s, BF16)
     scales = make_scales(rng) if quant else (None, None)
     dtype = np.dtype(np.int8) if quant else BF16
-    index = make_index(rng, mode, b, s, bs, 10, None)
+    index = make_index(rng, mode, b, s, bs, 20, None)
     results = []
     old = numba.get_num_threads()
     try:
         for n in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
             numba.set_num_threads(n)
-            caches = [poisoned(sh, dtype) for sh in cache_shapes(mode, b, 10, bs, None)]
+            caches = [poisoned(sh, dtype) for sh in cache_shapes(mode, b, 20, bs, None)]
             out = call(inputs, index, *caches, scales, cache_mode=mode, is_output_kv=True)
             results.append([raw(x).copy() for x in out])
     finally:

@@ -17,6 +17,7 @@ Numerics (ops_reference §1.1-§1.3, §4; kernel ``kv_rms_norm_rope_cache_b16_pa
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -24,20 +25,30 @@ from ..ops.kv_rmsnorm_rope_cache import (RMS_SIZE, ROPE_SIZE, UNWRITTEN_OUTPUT_F
                                          KvRmsNormRopeCacheArgs)
 from ..quant import BF16, INT8_MAX, INT8_MIN
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
-from .kernels import rms_norm_row, rope_row, scatter_rows
+from .kernels import last_writer, rms_norm_row, rope_row, scatter_rows
 
 
 @njit(cache=True, inline="always")
-def _widen(h, is_bf16):
-    """fp32 value of bf16 / fp16 bits (exact)."""
-    return bf16_bits_to_f32(h) if is_bf16 else f16_bits_to_f32(h)
+def _widen_row(bits, out, is_bf16):
+    """``out[i]`` = fp32 value of the bf16 / fp16 bits ``bits[i]`` (exact). The dtype test sits outside
+    the element loops so that each loop is branch-free (twice as fast)."""
+    if is_bf16:
+        for i in range(out.shape[0]):
+            out[i] = bf16_bits_to_f32(bits[i])
+    else:
+        for i in range(out.shape[0]):
+            out[i] = f16_bits_to_f32(bits[i])
 
 
 @njit(cache=True, inline="always")
-def _narrow(x, is_bf16):
-    """bf16 / fp16 bits of fp32 ``x``, RNE."""
-    u = np.float32(x).view(np.uint32)
-    return f32_bits_to_bf16_bits(u) if is_bf16 else f32_bits_to_f16_bits(u)
+def _narrow_row(x, out, is_bf16):
+    """``out[i]`` = bf16 / fp16 bits of fp32 ``x[i]``, RNE."""
+    if is_bf16:
+        for i in range(out.shape[0]):
+            out[i] = f32_bits_to_bf16_bits(np.float32(x[i]).view(np.uint32))
+    else:
+        for i in range(out.shape[0]):
+            out[i] = f32_bits_to_f16_bits(np.float32(x[i]).view(np.uint32))
 
 
 @njit(cache=True, inline="always")
@@ -53,12 +64,13 @@ def _round_float_to_int8(x):
     return np.int8(r)
 
 
-@njit(cache=True, parallel=True)
-def _kv_rmsnorm_rope_rows(kv, gamma, cos, sin, eps, is_bf16, quant, k_scale, c_scale, k_rows, y_rows,
-                          k_int8, y_int8):
-    """Per token: RmsNorm of ``kv[:512]``, RoPE of ``kv[512:]``, rounding and quant.
+@njit(cache=True)
+def _kv_rmsnorm_rope_range(lo, hi, kv, gamma, cos, sin, eps, is_bf16, quant, k_scale, c_scale, k_rows, y_rows,
+                           k_int8, y_int8):
+    """Tokens ``[lo, hi)``: RmsNorm of ``kv[:512]``, RoPE of ``kv[512:]``, rounding and quant.
 
     Args:
+        lo, hi: token range.
         kv: uint16 ``[T, 576]`` bf16 / fp16 bits.
         gamma: fp32 ``[512]``.
         cos, sin: uint16 ``[T, 64]``.
@@ -70,30 +82,42 @@ def _kv_rmsnorm_rope_rows(kv, gamma, cos, sin, eps, is_bf16, quant, k_scale, c_s
         k_int8, y_int8: out, int8 ``[T, 64]`` / ``[T, 512]`` (``[0, .]`` without ``quant``).
     """
     one = np.float32(1.0)
-    for t in prange(kv.shape[0]):
-        x = np.empty(RMS_SIZE, dtype=np.float32)  # [512]
-        y = np.empty(RMS_SIZE, dtype=np.float32)  # [512]
-        r = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
-        c = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
-        s = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
-        k = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
-        for i in range(RMS_SIZE):
-            x[i] = _widen(kv[t, i], is_bf16)
-        for i in range(ROPE_SIZE):
-            r[i] = _widen(kv[t, RMS_SIZE + i], is_bf16)
-            c[i] = _widen(cos[t, i], is_bf16)
-            s[i] = _widen(sin[t, i], is_bf16)
+    x = np.empty(RMS_SIZE, dtype=np.float32)  # [512] scratch, reused for every token
+    y = np.empty(RMS_SIZE, dtype=np.float32)  # [512]
+    r = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
+    c = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
+    s = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
+    k = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
+    for t in range(lo, hi):
+        _widen_row(kv[t, :RMS_SIZE], x, is_bf16)
+        _widen_row(kv[t, RMS_SIZE:], r, is_bf16)
+        _widen_row(cos[t], c, is_bf16)
+        _widen_row(sin[t], s, is_bf16)
         rms_norm_row(x, gamma, eps, one, y)
         rope_row(r, c, s, True, k)
-        for i in range(RMS_SIZE):
-            y_rows[t, i] = _narrow(y[i], is_bf16)
-        for i in range(ROPE_SIZE):
-            k_rows[t, i] = _narrow(k[i], is_bf16)
+        _narrow_row(y, y_rows[t], is_bf16)
+        _narrow_row(k, k_rows[t], is_bf16)
         if quant:
             for i in range(RMS_SIZE):
                 y_int8[t, i] = _round_float_to_int8(y[i] * c_scale[i])
             for i in range(ROPE_SIZE):
                 k_int8[t, i] = _round_float_to_int8(k[i] * k_scale[i])
+
+
+@njit(cache=True, parallel=True)
+def _kv_rmsnorm_rope_parallel(parts, kv, gamma, cos, sin, eps, is_bf16, quant, k_scale, c_scale, k_rows, y_rows,
+                              k_int8, y_int8):
+    """:func:`_kv_rmsnorm_rope_range` over ``parts`` contiguous token ranges in parallel. Every token
+    is computed alone, so the result does not depend on ``parts`` or the thread count."""
+    n = kv.shape[0]
+    for p in prange(parts):
+        _kv_rmsnorm_rope_range(p * n // parts, (p + 1) * n // parts, kv, gamma, cos, sin, eps, is_bf16, quant,
+                               k_scale, c_scale, k_rows, y_rows, k_int8, y_int8)
+
+
+#: Below this many tokens one thread is faster than starting the pool (64 decode tokens take tens
+#: of microseconds).
+PARALLEL_MIN_TOKENS = 256
 
 
 _NO_SCALE = np.empty(0, dtype=np.float32)
@@ -115,19 +139,24 @@ def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs):
     y_rows = np.empty((t, RMS_SIZE), dtype=np.uint16)  # [T, 512] kv-dtype bits
     k_int8 = np.empty((t if quant else 0, ROPE_SIZE), dtype=np.int8)  # [T, 64]
     y_int8 = np.empty((t if quant else 0, RMS_SIZE), dtype=np.int8)  # [T, 512]
-    _kv_rmsnorm_rope_rows(
-        args.kv.view(np.uint16), args.gamma, args.cos.view(np.uint16), args.sin.view(np.uint16), args.epsilon,
-        args.kv_dtype == BF16, quant,
-        args.k_rope_scale if quant else _NO_SCALE, args.c_kv_scale if quant else _NO_SCALE,
-        k_rows, y_rows, k_int8, y_int8)
-    scatter_rows(args.k_cache, k_int8 if quant else k_rows, args.slots, args.k_layout)
-    scatter_rows(args.ckv_cache, y_int8 if quant else y_rows, args.slots, args.ckv_layout)
+    operands = (args.kv.view(np.uint16), args.gamma, args.cos.view(np.uint16), args.sin.view(np.uint16),
+                args.epsilon, args.kv_dtype == BF16, quant, args.k_rope_scale if quant else _NO_SCALE,
+                args.c_kv_scale if quant else _NO_SCALE, k_rows, y_rows, k_int8, y_int8)
+    if t >= PARALLEL_MIN_TOKENS:
+        _kv_rmsnorm_rope_parallel(min(t, 4 * numba.get_num_threads()), *operands)
+    else:
+        _kv_rmsnorm_rope_range(0, t, *operands)
+    keep = last_writer(args.slots)  # [T'] tokens to write (last one per slot), shared by both caches
+    scatter_rows(args.k_cache, k_int8 if quant else k_rows, args.slots, args.k_layout, keep=keep)
+    scatter_rows(args.ckv_cache, y_int8 if quant else y_rows, args.slots, args.ckv_layout, keep=keep)
 
     b, s, dtype = args.batch, args.seq_len, args.kv_dtype
     if args.is_output_kv:
         k_embed_out = k_rows.view(dtype).reshape(b, 1, s, ROPE_SIZE)  # [B, 1, S, 64]
         y_out = y_rows.view(dtype).reshape(b, 1, s, RMS_SIZE)  # [B, 1, S, 512]
     else:
-        k_embed_out = np.full((b, 1, s, ROPE_SIZE), UNWRITTEN_OUTPUT_FILL, dtype=dtype)  # [B, 1, S, 64]
-        y_out = np.full((b, 1, s, RMS_SIZE), UNWRITTEN_OUTPUT_FILL, dtype=dtype)  # [B, 1, S, 512]
+        k_embed_out = np.zeros((b, 1, s, ROPE_SIZE), dtype=dtype)  # [B, 1, S, 64]
+        y_out = np.zeros((b, 1, s, RMS_SIZE), dtype=dtype)  # [B, 1, S, 512]
+        if UNWRITTEN_OUTPUT_FILL:
+            k_embed_out[...], y_out[...] = UNWRITTEN_OUTPUT_FILL, UNWRITTEN_OUTPUT_FILL
     return args.k_cache, args.ckv_cache, k_embed_out, y_out
