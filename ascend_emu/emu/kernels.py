@@ -25,13 +25,38 @@ def rms_norm_row(x, gamma, eps, scale, out):
     Kernel order (ops_reference §1.3): square-sum, multiply by 1/H, add eps, sqrt, divide,
     multiply by gamma, then by the v3 scale (qc_qr_scale / kc_scale; 1.0 elsewhere).
     """
-    h = x.shape[0]
     ss = np.float32(0.0)
-    for i in range(h):
+    for i in range(x.shape[0]):
         ss += x[i] * x[i]
+    rms_norm_scale_row(x, ss, gamma, eps, scale, out)
+
+
+@njit(cache=True, inline="always")
+def rms_norm_scale_row(x, ss, gamma, eps, scale, out):
+    """The rest of :func:`rms_norm_row` once its square-sum ``ss`` is known (fp32)."""
+    h = x.shape[0]
     rms = np.sqrt(ss * np.float32(np.float32(1.0) / np.float32(h)) + eps)
     for i in range(h):
         out[i] = x[i] / rms * gamma[i] * scale
+
+
+@njit(cache=True, inline="always")
+def square_sums4(a, b, c, d):
+    """:func:`rms_norm_row`'s square-sums (fp32, element order) of four equal-length rows at once.
+
+    Bit-identical to four separate sums; four independent add chains run ~3x faster than one
+    after the other (a single 512-element chain is bound by the add latency).
+    """
+    s0 = np.float32(0.0)
+    s1 = np.float32(0.0)
+    s2 = np.float32(0.0)
+    s3 = np.float32(0.0)
+    for i in range(a.shape[0]):
+        s0 += a[i] * a[i]
+        s1 += b[i] * b[i]
+        s2 += c[i] * c[i]
+        s3 += d[i] * d[i]
+    return s0, s1, s2, s3
 
 
 @njit(cache=True, parallel=True)
