@@ -25,7 +25,10 @@ from ..ops.kv_rmsnorm_rope_cache import (RMS_SIZE, ROPE_SIZE, UNWRITTEN_OUTPUT_F
                                          KvRmsNormRopeCacheArgs)
 from ..quant import BF16, INT8_MAX, INT8_MIN
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
-from .kernels import last_writer, rms_norm_row, rope_row, scatter_rows
+from .kernels import last_writer, rms_norm_row, rms_norm_scale_row, rope_row, scatter_rows, square_sums4
+
+#: Tokens whose RmsNorm square-sums run interleaved (:func:`~ascend_emu.emu.kernels.square_sums4`).
+_GROUP = 4
 
 
 @njit(cache=True, inline="always")
@@ -82,26 +85,37 @@ def _kv_rmsnorm_rope_range(lo, hi, kv, gamma, cos, sin, eps, is_bf16, quant, k_s
         k_int8, y_int8: out, int8 ``[T, 64]`` / ``[T, 512]`` (``[0, .]`` without ``quant``).
     """
     one = np.float32(1.0)
-    x = np.empty(RMS_SIZE, dtype=np.float32)  # [512] scratch, reused for every token
+    x = np.empty((_GROUP, RMS_SIZE), dtype=np.float32)  # [4, 512] scratch: widened rms_in of a token group
     y = np.empty(RMS_SIZE, dtype=np.float32)  # [512]
     r = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
     c = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
     s = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
     k = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
-    for t in range(lo, hi):
-        _widen_row(kv[t, :RMS_SIZE], x, is_bf16)
-        _widen_row(kv[t, RMS_SIZE:], r, is_bf16)
-        _widen_row(cos[t], c, is_bf16)
-        _widen_row(sin[t], s, is_bf16)
-        rms_norm_row(x, gamma, eps, one, y)
-        rope_row(r, c, s, True, k)
-        _narrow_row(y, y_rows[t], is_bf16)
-        _narrow_row(k, k_rows[t], is_bf16)
-        if quant:
-            for i in range(RMS_SIZE):
-                y_int8[t, i] = _round_float_to_int8(y[i] * c_scale[i])
-            for i in range(ROPE_SIZE):
-                k_int8[t, i] = _round_float_to_int8(k[i] * k_scale[i])
+    zero = np.float32(0.0)
+    sums = (zero, zero, zero, zero)
+    for t0 in range(lo, hi, _GROUP):
+        n = min(_GROUP, hi - t0)
+        for j in range(n):
+            _widen_row(kv[t0 + j, :RMS_SIZE], x[j], is_bf16)
+        if n == _GROUP:  # the square-sums of four tokens as four interleaved chains (same values)
+            sums = square_sums4(x[0], x[1], x[2], x[3])
+        for j in range(n):
+            t = t0 + j
+            if n == _GROUP:
+                rms_norm_scale_row(x[j], sums[j], gamma, eps, one, y)
+            else:
+                rms_norm_row(x[j], gamma, eps, one, y)
+            _widen_row(kv[t, RMS_SIZE:], r, is_bf16)
+            _widen_row(cos[t], c, is_bf16)
+            _widen_row(sin[t], s, is_bf16)
+            rope_row(r, c, s, True, k)
+            _narrow_row(y, y_rows[t], is_bf16)
+            _narrow_row(k, k_rows[t], is_bf16)
+            if quant:
+                for i in range(RMS_SIZE):
+                    y_int8[t, i] = _round_float_to_int8(y[i] * c_scale[i])
+                for i in range(ROPE_SIZE):
+                    k_int8[t, i] = _round_float_to_int8(k[i] * k_scale[i])
 
 
 @njit(cache=True, parallel=True)
@@ -146,7 +160,8 @@ def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs):
         _kv_rmsnorm_rope_parallel(min(t, 4 * numba.get_num_threads()), *operands)
     else:
         _kv_rmsnorm_rope_range(0, t, *operands)
-    keep = last_writer(args.slots)  # [T'] tokens to write (last one per slot), shared by both caches
+    # [T'] tokens to write (the last one per slot), shared by both caches
+    keep = np.flatnonzero(args.slots >= 0) if args.unique_slots else last_writer(args.slots)
     scatter_rows(args.k_cache, k_int8 if quant else k_rows, args.slots, args.k_layout, keep=keep)
     scatter_rows(args.ckv_cache, y_int8 if quant else y_rows, args.slots, args.ckv_layout, keep=keep)
 

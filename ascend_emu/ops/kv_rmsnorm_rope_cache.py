@@ -40,6 +40,7 @@ Choices where the sources leave room (each lives in one named constant below):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -85,6 +86,7 @@ class KvRmsNormRopeCacheArgs:
         k_cache, ckv_cache: the caller's caches, updated in place and returned.
         k_layout, ckv_layout: their :class:`CacheLayout` (canonical mode, geometry, itemsize).
         slots: int64 ``[T]`` destination slot per token, validated; -1 = skip.
+        unique_slots: no slot is written twice (else a DuplicateSlotWarning was issued).
         k_rope_scale, c_kv_scale: fp32 ``[64]`` / ``[512]`` multipliers (broadcast), or None
             (non-quant).
         epsilon: fp32 epsilon.
@@ -102,6 +104,7 @@ class KvRmsNormRopeCacheArgs:
     k_layout: CacheLayout
     ckv_layout: CacheLayout
     slots: np.ndarray
+    unique_slots: bool
     k_rope_scale: np.ndarray | None
     c_kv_scale: np.ndarray | None
     epsilon: np.float32
@@ -236,7 +239,7 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
         else:
             check_shape(cache, name, [None, None, 1, dim], f"[block_num, block_size, 1, D] for cache_mode {cache_mode}")
         check_cache(cache, name)
-        layouts.append(CacheLayout.from_declared(mode, cache.shape, cache.dtype.itemsize, name=name))
+        layouts.append(_layout(mode, cache.shape, cache.dtype.itemsize, name))
     k_layout, ckv_layout = layouts
     if np.may_share_memory(k_cache, ckv_cache):
         raise arg_error(ShapeError, "ckv_cache", "memory separate from k_cache", "an overlapping array")
@@ -260,7 +263,10 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
 
     # ---- index -> slots
     slots = _slots(index, mode, cache_mode, b, s, k_layout)
-    warn_duplicates(slots, "index", stacklevel=4)
+    live = np.sort(slots[slots >= 0])  # [T'] written slots, sorted
+    unique = bool(np.all(live[1:] != live[:-1]))
+    if not unique:
+        warn_duplicates(slots, "index", stacklevel=4)
 
     return KvRmsNormRopeCacheArgs(
         kv=np.ascontiguousarray(kv).reshape(b * s, HIDDEN_SIZE),  # [T, 576]
@@ -268,8 +274,14 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
         cos=np.ascontiguousarray(cos).reshape(b * s, ROPE_SIZE),  # [T, 64]
         sin=np.ascontiguousarray(sin).reshape(b * s, ROPE_SIZE),  # [T, 64]
         k_cache=k_cache, ckv_cache=ckv_cache, k_layout=k_layout, ckv_layout=ckv_layout,
-        slots=slots, k_rope_scale=k_rope_scale, c_kv_scale=c_kv_scale, epsilon=eps,
+        slots=slots, unique_slots=unique, k_rope_scale=k_rope_scale, c_kv_scale=c_kv_scale, epsilon=eps,
         cache_mode=cache_mode, is_output_kv=bool(is_output_kv), batch=int(b), seq_len=int(s))
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(mode: str, shape: tuple[int, ...], itemsize: int, name: str) -> CacheLayout:
+    """:meth:`CacheLayout.from_declared`, memoised (decode loops pass the same caches every step)."""
+    return CacheLayout.from_declared(mode, shape, itemsize, name=name)
 
 
 def _epsilon(epsilon) -> np.float32:
