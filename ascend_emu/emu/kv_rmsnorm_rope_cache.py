@@ -4,8 +4,10 @@ Numerics (ops_reference §1.1-§1.3, §4; kernel ``kv_rms_norm_rope_cache_b16_pa
 
 - bf16 / fp16 inputs (kept as ``uint16`` bits) widened exactly to fp32, gamma already fp32.
 - RmsNorm in fp32 (:func:`~ascend_emu.emu.kernels.rms_norm_row`: square-sum, times 1/512, plus
-  eps, sqrt, divide, times gamma). The hardware reduces the 512 squares as a tree, this emulator
-  sequentially, so ``rms`` may differ in its last fp32 bit.
+  eps, sqrt, divide, times gamma). The hardware adds the 512 squares as a tree (three halving
+  adds of 64-lane blocks, then ``WholeReduceSum``), this emulator in element order, so ``rms``
+  may differ in its last fp32 bit (about 0.1 % of the rounded y elements move by one ulp).
+- Duplicate slots: the last token wins (deterministic for any thread count).
 - RoPE in fp32 (:func:`~ascend_emu.emu.kernels.rope_row` with de-interleave): the same products
   and sums as the kernel's ``y0 = (real, imag) * cos``, ``y1 = (-imag, real) * sin``, ``y0 + y1``.
 - Rows for the outputs and the non-quant caches: one RNE rounding fp32 -> bf16 (``CAST_RINT``)
@@ -29,6 +31,10 @@ from .kernels import last_writer, rms_norm_row, rms_norm_scale_row, rope_row, sc
 
 #: Tokens whose RmsNorm square-sums run interleaved (:func:`~ascend_emu.emu.kernels.square_sums4`).
 _GROUP = 4
+#: Below this many tokens one thread is faster than starting the pool (64 decode tokens take tens
+#: of microseconds).
+PARALLEL_MIN_TOKENS = 256
+_NO_SCALE = np.empty(0, dtype=np.float32)
 
 
 @njit(cache=True, inline="always")
@@ -128,13 +134,6 @@ def _kv_rmsnorm_rope_parallel(parts, kv, gamma, cos, sin, eps, is_bf16, quant, k
         _kv_rmsnorm_rope_range(p * n // parts, (p + 1) * n // parts, kv, gamma, cos, sin, eps, is_bf16, quant,
                                k_scale, c_scale, k_rows, y_rows, k_int8, y_int8)
 
-
-#: Below this many tokens one thread is faster than starting the pool (64 decode tokens take tens
-#: of microseconds).
-PARALLEL_MIN_TOKENS = 256
-
-
-_NO_SCALE = np.empty(0, dtype=np.float32)
 
 
 def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs):
