@@ -6,6 +6,8 @@ expectation and the value. Nothing here writes to any array.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from typing import Iterable, Sequence
 
@@ -106,12 +108,26 @@ def check_nz_weight(w: np.ndarray, name: str) -> None:
                           f"{get_npu_format(w)} (ND); cast it first: {name} = npu_format_cast({name}, 29)")
 
 
-def warn_duplicates(slots: np.ndarray, name: str, *, stacklevel: int = 4) -> None:
-    """Warn when two tokens write the same slot (undefined on hardware; here the last wins)."""
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _caller_stacklevel() -> int:
+    """``stacklevel`` for :func:`warnings.warn` that points at the first frame outside this
+    package (the user's call, also through the torch_npu drop-in)."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+def warn_duplicates(slots: np.ndarray, name: str) -> None:
+    """Warn when two tokens write the same slot (undefined on hardware; here the last wins).
+
+    The warning is attributed to the user's line that called the op."""
     dups = duplicate_slots(slots)
     if dups:
         shown = "; ".join(f"slot {s} <- tokens {t}" for s, t in list(dups.items())[:4])
         more = f" (+{len(dups) - 4} more slots)" if len(dups) > 4 else ""
         warnings.warn(f"{name}: {len(dups)} cache slot(s) written by more than one token, undefined on "
                       f"hardware; the emulator keeps the last token: {shown}{more}",
-                      DuplicateSlotWarning, stacklevel=stacklevel)
+                      DuplicateSlotWarning, stacklevel=_caller_stacklevel())

@@ -266,7 +266,7 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
     live = np.sort(slots[slots >= 0])  # [T'] written slots, sorted
     unique = bool(np.all(live[1:] != live[:-1]))
     if not unique:
-        warn_duplicates(slots, "index", stacklevel=4)
+        warn_duplicates(slots, "index")
 
     return KvRmsNormRopeCacheArgs(
         kv=np.ascontiguousarray(kv).reshape(b * s, HIDDEN_SIZE),  # [T, 576]

@@ -408,7 +408,7 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
             raise arg_error(ModeError, tag, "None (hifloat8 inputs, weight_quant_mode=5, exist on Ascend 950 "
                             "only and are not emulated)", repr(tag_value))
     modes = {name: values.pop(name) for name in _MODE_NAMES + ("ckvkr_repo_mode", "quant_scale_repo_mode")}
-    args = _normalise(3, values, modes, reason="", stacklevel=4)
+    args = _normalise(3, values, modes, reason="")
     query, query_rope, rest = _run(args)
     return (query, query_rope) + rest
 
@@ -420,7 +420,7 @@ def _legacy_args(version: int, values: dict) -> MlaPrologArgs:
     modes, reason = _infer_legacy_modes(values)
     values.update(actual_seq_len=None, k_nope_clip_alpha=None, query_norm_flag=False, tile_size=TILE_SIZES[0],
                   qc_qr_scale=1.0, kc_scale=1.0)
-    return _normalise(version, values, modes, reason=reason, stacklevel=5)
+    return _normalise(version, values, modes, reason=reason)
 
 
 def _is_int8(x) -> bool:
@@ -499,11 +499,10 @@ def _check_float(value, name: str) -> float:
     return float(value)
 
 
-def _normalise(version: int, values: dict, modes: dict, *, reason: str, stacklevel: int) -> MlaPrologArgs:
+def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPrologArgs:
     """Validate every argument (nothing is written) and build :class:`MlaPrologArgs`.
 
-    ``reason`` says what selected the modes (v1 / v2); ``stacklevel`` points duplicate-slot
-    warnings at the caller of the entry point.
+    ``reason`` says what selected the modes (v1 / v2).
     """
     limits = VERSION_LIMITS[version]
     scenario = _select_scenario(version, modes, values["tile_size"], reason)
@@ -571,7 +570,7 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str, stacklev
     if slots is not None and (num_tokens == 0 or kv_layout.num_rows == 0):
         slots = None
     if slots is not None:
-        warn_duplicates(slots, "cache_index", stacklevel=stacklevel)
+        warn_duplicates(slots, "cache_index")
 
     return MlaPrologArgs(
         version=version, scenario=scenario, token_x=x.reshape(num_tokens, he),
