@@ -379,11 +379,12 @@ BAD_V3 = [
     ("repo mode", lambda w: _case(ckvkr_repo_mode=1), ModeError, "ckvkr_repo_mode"),
     ("tile_size", lambda w: _case(tile_size=64), ModeError, "tile_size"),
     ("hifloat8 tag", lambda w: _case(token_x_dtype=1), ModeError, "token_x_dtype"),
-    ("partial quant", lambda w: _case(weight_quant_mode=1), NotImplementedError, "weight_quant_mode=1"),
-    ("full quant per-tensor", lambda w: _case(weight_quant_mode=2, kv_cache_quant_mode=1, query_quant_mode=1),
-     NotImplementedError, "kv_cache_quant_mode=1"),
-    ("per-tile", lambda w: _case(weight_quant_mode=1, kv_cache_quant_mode=3, ckvkr_repo_mode=1,
-                                 quant_scale_repo_mode=1), NotImplementedError, "per-tile"),
+    ("partial quant without its scale", lambda w: _case(weight_quant_mode=1), ShapeError,
+     "dequant_scale_w_uq_qr: expected a tensor in the partial quant"),
+    ("full quant per-tensor without scales", lambda w: _case(weight_quant_mode=2, kv_cache_quant_mode=1,
+                                                             query_quant_mode=1), ShapeError, "dequant_scale_x"),
+    ("per-tile without scales", lambda w: _case(weight_quant_mode=1, kv_cache_quant_mode=3, ckvkr_repo_mode=1,
+                                                quant_scale_repo_mode=1), ShapeError, "per-tile"),
     ("non-contiguous cache", lambda w: _case(kv_cache=poisoned((2, 16, 1, 2 * HCKV), BF16)[..., ::2]), ShapeError,
      "C-contiguous"),
 ]
@@ -408,9 +409,11 @@ def test_bad_v3_inputs_raise_and_leave_caches(data, rng, name, mutate, error, ma
 
 
 BAD_LEGACY = [
-    ("int8 weight_uq_qr", dict(weight_uq_qr="int8"), NotImplementedError, "weight_uq_qr int8"),
-    ("dequant_scale_w_uq_qr", dict(dequant_scale_w_uq_qr=True), NotImplementedError, "partial quant"),
-    ("int8 caches + int8 weight", dict(weight_uq_qr="int8", caches="int8"), NotImplementedError, "per-channel"),
+    ("int8 weight_uq_qr without its scale", dict(weight_uq_qr="int8"), ShapeError, "dequant_scale_w_uq_qr"),
+    ("dequant_scale_w_uq_qr with a bf16 weight", dict(dequant_scale_w_uq_qr=True), DTypeError,
+     "weight_uq_qr: expected dtype int8"),
+    ("int8 caches + int8 weight without scales", dict(weight_uq_qr="int8", caches="int8"), ShapeError,
+     "per-channel"),
     ("int8 caches, bf16 weights", dict(caches="int8"), ModeError, "legal mode combination"),
     ("PA_BLK_BSND", dict(cache_mode="PA_BLK_BSND"), ModeError, "cache_mode"),
     ("BlockSize 48", dict(block_size=48), ShapeError, "BlockSize"),

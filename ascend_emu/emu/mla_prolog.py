@@ -1,7 +1,11 @@
-"""The MLA prolog (npu_mla_prolog v1 / v2 / v3) on the CPU.
+"""The MLA prolog (npu_mla_prolog v1 / v2 / v3) on the CPU, every A2 / A3 quant scenario.
 
-Source: ops_reference §2.1 (computation order and dtypes), §1.1 (RoPE), §1.3 (RmsNorm), §2.3
-(cache layouts). Takes the validated :class:`ascend_emu.ops.mla_prolog.MlaPrologArgs`.
+Source: ops_reference §2.1 (computation order and dtypes, quantized variants), §2.2 (per-tile
+combined rows), §1.1 (RoPE), §1.2 (rounding), §1.3 (RmsNorm), §2.3 (cache layouts); the A2 / A3
+kernel (ops-transformer ``attention/mla_prolog/op_kernel``: ``mla_prolog_vector_comm.h``
+Dequant / DynamicQuant / QuantPerTile, ``service_dynamic_quant_qn_mul_qr.h``) for the fp32
+operation order of every quantized step. Takes the validated
+:class:`ascend_emu.ops.mla_prolog.MlaPrologArgs`.
 """
 
 from __future__ import annotations
@@ -9,9 +13,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..quant import BF16, bf16_bits_to_f32, f32_to_bf16_bits, to_f32
-from .kernels import rms_norm_row, rope_row, scatter_rows
-from .matmul import matmul_f32, weight_f32
+from ..quant import (BF16, INT8_MAX, MLA_ROW, CombinedRowFormat, bf16_bits_to_f32, bf16_to_f32, dynamic_scale,
+                     f32_to_bf16_bits, f32_to_int8, f32_to_int8_via_f16, group_amax, quantize_static,
+                     quantize_with_dequant_scale, to_bf16, to_f32)
+from .kernels import last_writer, rms_norm_row, rope_row, scatter_rows
+from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64
 
 #: Per-head column split of weight_uq_qr's output: [D nope | Dr rope].
 D_NOPE = 128
@@ -19,6 +25,8 @@ D_NOPE = 128
 D_ROPE = 64
 #: kv low-rank dim; ckvkr = [Hckv kv | Dr rope].
 HCKV = 512
+#: The int8 bound the kernel's DynamicQuant divides by (its ``maxInt8Tensor``), fp32.
+_Q_MAX = np.float32(INT8_MAX)
 
 
 # ---------------------------------------------------------------------- fused vector stages
@@ -29,6 +37,16 @@ HCKV = 512
 def _bf16(x):
     """fp32 -> bf16 (RNE) -> fp32: the value a kernel holds after rounding to bf16."""
     return bf16_bits_to_f32(f32_to_bf16_bits(x))
+
+
+@njit(cache=True, parallel=True)
+def _dequant(acc, tok_scale, col_scale, out):
+    """int32 matmul result -> fp32, kernel ``Dequant``: ``fp32(acc) * tok_scale[t]`` (RowMuls),
+    then ``* col_scale[c]`` (VecMulMat), two fp32 roundings. ``acc`` holds exact integers."""
+    for t in prange(acc.shape[0]):
+        s = tok_scale[t]
+        for c in range(acc.shape[1]):
+            out[t, c] = np.float32(np.float32(acc[t, c]) * s) * col_scale[c]
 
 
 @njit(cache=True, parallel=True)
@@ -48,9 +66,22 @@ def _cq_norm(cq, gamma, eps, scale, bits, out):
 
 
 @njit(cache=True, parallel=True)
-def _qcqr_split_rope(qcqr, cos, sin, q_nope, q_rope_bits):
+def _cq_norm_f32(cq, round_in, gamma, eps, scale, out):
+    """Step 2 before the dynamic quant: cq (-> bf16 when ``round_in``); RmsNorm * gamma * scale,
+    kept in fp32 (``out``)."""
+    h = cq.shape[1]
+    for t in prange(cq.shape[0]):
+        row = np.empty(h, dtype=np.float32)
+        for i in range(h):
+            row[i] = _bf16(cq[t, i]) if round_in else cq[t, i]
+        rms_norm_row(row, gamma, eps, scale, out[t])
+
+
+@njit(cache=True, parallel=True)
+def _qcqr_split_rope(qcqr, round_rope, cos, sin, q_nope, q_rope_bits):
     """Steps 3 and 5 after ``cq_n @ W_uq_qr``: per head, bf16 nope -> ``q_nope[n, t]`` (its fp32
-    value, head-major for the per-head matmul); bf16 rope -> RoPE -> bf16 bits ``[T, N, Dr]``."""
+    value, head-major for the per-head matmul); rope (-> bf16 when ``round_rope``) -> RoPE -> bf16
+    bits ``[T, N, Dr]``."""
     n, dn, dr = q_nope.shape[0], q_nope.shape[2], q_rope_bits.shape[2]
     for t in prange(qcqr.shape[0]):
         r = np.empty(dr, dtype=np.float32)
@@ -60,7 +91,8 @@ def _qcqr_split_rope(qcqr, cos, sin, q_nope, q_rope_bits):
             for i in range(dn):
                 q_nope[h, t, i] = _bf16(qcqr[t, base + i])
             for i in range(dr):
-                r[i] = _bf16(qcqr[t, base + dn + i])
+                v = qcqr[t, base + dn + i]
+                r[i] = _bf16(v) if round_rope else v
             rope_row(r, cos[t], sin[t], True, y)
             for i in range(dr):
                 q_rope_bits[t, h, i] = f32_to_bf16_bits(y[i])
@@ -75,85 +107,235 @@ def _query_bits(query, out):
                 out[t, h, i] = f32_to_bf16_bits(query[h, t, i])
 
 
+@njit(cache=True, inline="always")
+def _kv_kr_row(src, round_in, gamma, eps, scale, cos, sin, row, normed, y):
+    """One token of steps 6-8: ckvkr (-> bf16 when ``round_in``) into ``row``; RmsNorm(kv) *
+    gamma * scale into ``normed`` and RoPE(kr) into ``y``, fp32."""
+    hk = normed.shape[0]
+    for i in range(row.shape[0]):
+        row[i] = _bf16(src[i]) if round_in else src[i]
+    rms_norm_row(row[:hk], gamma, eps, scale, normed)
+    rope_row(row[hk:], cos, sin, True, y)
+
+
 @njit(cache=True, parallel=True)
-def _kv_kr(ckvkr, gamma, eps, scale, cos, sin, kv_bits, kr_bits):
-    """Steps 6-8 after ``x @ W_dkv_kr``: ckvkr -> bf16; RmsNorm(kv) * gamma * scale -> bf16;
-    RoPE(kr) -> bf16."""
+def _kv_kr(ckvkr, round_in, gamma, eps, scale, cos, sin, kv_bits, kr_bits):
+    """Steps 6-8 after ``x @ W_dkv_kr``: RmsNorm(kv) * gamma * scale -> bf16; RoPE(kr) -> bf16."""
     hk, dr = kv_bits.shape[1], kr_bits.shape[1]
     for t in prange(ckvkr.shape[0]):
         row = np.empty(hk + dr, dtype=np.float32)
         normed = np.empty(hk, dtype=np.float32)
         y = np.empty(dr, dtype=np.float32)
-        for i in range(hk + dr):
-            row[i] = _bf16(ckvkr[t, i])
-        rms_norm_row(row[:hk], gamma, eps, scale, normed)
-        rope_row(row[hk:], cos[t], sin[t], True, y)
+        _kv_kr_row(ckvkr[t], round_in, gamma, eps, scale, cos[t], sin[t], row, normed, y)
         for i in range(hk):
             kv_bits[t, i] = f32_to_bf16_bits(normed[i])
         for i in range(dr):
             kr_bits[t, i] = f32_to_bf16_bits(y[i])
 
 
+@njit(cache=True, parallel=True)
+def _kv_kr_f32(ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits):
+    """Steps 6-8 before the kv quant: RmsNorm(kv) * gamma * scale kept in fp32 (``kv``);
+    RoPE(kr) -> bf16."""
+    hk, dr = kv.shape[1], kr_bits.shape[1]
+    for t in prange(ckvkr.shape[0]):
+        row = np.empty(hk + dr, dtype=np.float32)
+        y = np.empty(dr, dtype=np.float32)
+        _kv_kr_row(ckvkr[t], round_in, gamma, eps, scale, cos[t], sin[t], row, kv[t], y)
+        for i in range(dr):
+            kr_bits[t, i] = f32_to_bf16_bits(y[i])
+
+
+# ---------------------------------------------------------------------- quant steps (NumPy)
+def _int8_matmul_dequant(a_i8: np.ndarray, w, tok_scale: np.ndarray, col_scale: np.ndarray) -> np.ndarray:
+    """``int8 a @ int8 w`` exact (int32 values), then :func:`_dequant`; fp32 ``[T, N]``."""
+    acc = matmul_int8_exact(a_i8, weight_f64(w))  # [T, N] exact integers
+    out = np.empty(acc.shape, dtype=np.float32)
+    _dequant(acc, _f32_vector(tok_scale), _f32_vector(col_scale), out)
+    return out
+
+
+def _f32_vector(a) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a, dtype=np.float32).reshape(-1))
+
+
+def _dynamic_quant_127(x: np.ndarray, *, query: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's row DynamicQuant (``mla_prolog_vector_comm.h``): per row of the last axis
+    ``amax = max |x|``, dequant scale ``amax / 127`` (Div), ``y = x * (127 / amax)`` (Div, then
+    RowMuls; the golden divides by the scale instead).
+
+    ``query=False`` (cq, ``CastFP32ToINT8``): int8 = rint(y), half-even. ``query=True`` (q_nope,
+    ``DynamicQuantQnWithMulQr`` on A2 / A3): y -> fp16 CAST_ROUND -> int8 CAST_ROUND, half away
+    from zero twice (the golden rounds x / scale half-even; the two differ by 1 where §1.2 says).
+    A row of zeros gets scale 0 and int8 0 (quant.ZERO_GROUP_POLICY).
+
+    Returns:
+        ``(q, scale)``: int8 of x's shape; fp32 ``[..., 1]``.
+    """
+    amax = group_amax(x, "per_token")  # [..., 1]
+    scale = dynamic_scale(amax, "per_token")  # amax / 127
+    with np.errstate(divide="ignore"):
+        mult = np.where(amax > 0, _Q_MAX / amax, np.float32(0.0)).astype(np.float32)
+    y = x * mult
+    if query:
+        return f32_to_int8_via_f16(y, f16_rounding="half_away", int8_rounding="half_away"), scale
+    return f32_to_int8(y, "half_even"), scale
+
+
+def _per_tile_rows(kv: np.ndarray, kr_bits: np.ndarray, alpha: np.float32, tile_size: int) -> np.ndarray:
+    """Combined rows ``[512 int8 | 64 bf16 | 4 fp32]`` (ops_reference §2.2; kernel QuantPerTile).
+
+    Per tile of ``tile_size``: ``lim = amax * alpha``; ``x_c = max(min(x, lim), -lim)``; dequant
+    scale ``lim * fp32(1/127)``; ``int8 = rint(x_c * (1 / scale))`` half-even. kc_scale is
+    already in ``kv``. An all-zero tile gets scale 0 and int8 0.
+
+    Returns:
+        int8 ``[T, 656]``.
+    """
+    t = kv.shape[0]
+    fmt = MLA_ROW if tile_size == MLA_ROW.tile_size else CombinedRowFormat(tile_size=tile_size)
+    amax = group_amax(kv, "per_tile", tile_size=tile_size)  # [T, tiles, 1]
+    lim = amax * alpha  # fp32
+    clipped = np.maximum(np.minimum(kv.reshape(t, -1, tile_size), lim), -lim)  # [T, tiles, tile]
+    scale = dynamic_scale(lim, "per_tile")[..., 0]  # [T, tiles]
+    q = quantize_with_dequant_scale(clipped.reshape(t, -1), scale, "per_tile", tile_size=tile_size)
+    return fmt.pack(q, kr_bits.view(BF16), scale)
+
+
+def _empty_outputs(args) -> tuple:
+    t, n, hcq = args.num_tokens, args.num_heads, args.weight_dq.shape[1]
+    qq = args.query_quant_mode == 1
+    query = np.empty((t, n, HCKV), dtype=np.int8 if qq else BF16)
+    dq_nope = np.empty((t, n, 1), dtype=np.float32) if qq else None
+    query_norm = np.empty((t, hcq), dtype=args.weight_uq_qr.dtype) if args.query_norm_flag else None
+    dq_norm = np.empty((t, 1), dtype=np.float32) if args.query_norm_flag and args.weight_quant_mode else None
+    return query, np.empty((t, n, D_ROPE), dtype=BF16), dq_nope, query_norm, dq_norm
+
+
 def mla_prolog(args) -> tuple:
-    """Compute the MLA prolog (non-quant scenario) and write kv / kr into their caches.
+    """Compute the MLA prolog in the scenario ``args`` selects; write kv / kr into their caches.
 
-    The chain (ops_reference §2.1; matmuls widen bf16 exactly to fp32 and accumulate in fp32,
-    RmsNorm / RoPE run in fp32; "-> bf16" is one round-to-nearest-even):
+    The chain (ops_reference §2.1; bf16 matmuls widen exactly to fp32 and accumulate in fp32,
+    int8 matmuls are exact integers; RmsNorm / RoPE run in fp32; "-> bf16" is one RNE rounding;
+    ``dequant(acc) = fp32(acc) * row scale * column scale``, two fp32 multiplies in that order):
 
-    1. ``cq = x @ W_dq`` ``[T, Hcq]`` -> bf16.
-    2. ``cq_n = RmsNorm(cq) * gamma_cq * qc_qr_scale`` (fp32; kernel order x / rms * gamma * scale)
-       -> bf16; this is ``query_norm``.
-    3. ``qcqr = cq_n @ W_uq_qr`` -> bf16, viewed ``[T, N, 192]`` = per head ``[128 nope | 64 rope]``.
-    4. ``query[:, n] = qcqr[:, n, :128] @ W_uk[n]`` per head ``[T, 512]`` -> bf16.
+    1. ``cq = x @ W_dq`` ``[T, Hcq]``: bf16 x -> bf16; int8 x (weight_quant_mode 2) ->
+       ``dequant(acc, dequant_scale_x[t], dequant_scale_w_dq[c])``, not rounded.
+    2. ``cq_n = RmsNorm(cq) * gamma_cq * qc_qr_scale`` (fp32; kernel order x / rms * gamma *
+       scale). Non-quant: -> bf16, this is ``query_norm``. weight_quant_mode 1 / 2: times
+       ``smooth_scales_cq`` if given, then per-token dynamic quant (:func:`_dynamic_quant_127`,
+       half-even): int8 ``query_norm`` and fp32 ``dequant_scale_q_norm`` ``s[t] = amax / 127``.
+    3. ``qcqr = cq_n @ W_uq_qr`` viewed ``[T, N, 192]`` = per head ``[128 nope | 64 rope]``: bf16
+       path -> bf16; int8 path -> ``dequant(acc, s[t], dequant_scale_w_uq_qr[c])`` in fp32, the
+       nope part -> bf16, the rope part kept fp32.
+    4. ``query[:, n] = qcqr[:, n, :128] @ W_uk[n]`` per head ``[T, 512]`` -> bf16. With
+       query_quant_mode 1: per token and head dynamic quant of that bf16 query
+       (:func:`_dynamic_quant_127`: y = x * (127 / amax) -> fp16 -> int8, CAST_ROUND twice, the
+       A2 / A3 kernel; the golden's ``round(x / scale)`` half-even differs by 1 now and then),
+       ``dequant_scale_q_nope = amax / 127`` ``[T, N, 1]``.
     5. ``query_rope = RoPE(qcqr[:, :, 128:])``: de-interleave ``[x0::2 | x1::2]``, then rotate_half
-       with half-layout cos / sin (§1.1), fp32 -> bf16.
-    6. ``ckvkr = x @ W_dkv_kr`` ``[T, 576]`` -> bf16.
-    7. ``kv = RmsNorm(ckvkr[:, :512]) * gamma_ckv * kc_scale`` -> bf16 -> kv_cache.
-    8. ``kr = RoPE(ckvkr[:, 512:])`` -> bf16 -> kr_cache.
+       with half-layout cos / sin (§1.1), fp32 -> bf16. With query_quant_mode 1 (kernel MulQr):
+       ``bf16(fp32(query_rope) * (quant_scale_ckv / dequant_scale_q_nope))``, the factor one fp32
+       division (the golden multiplies, then divides).
+    6. ``ckvkr = x @ W_dkv_kr`` ``[T, 576]``: bf16 path -> bf16; int8 path ->
+       ``dequant(acc, dequant_scale_x[t], dequant_scale_w_dkv_kr[c])``, not rounded.
+    7. ``kv = RmsNorm(ckvkr[:, :512]) * gamma_ckv * kc_scale`` (fp32), then by kv_cache_quant_mode:
+       0 -> bf16; 1 -> ``rint(kv * quant_scale_ckv[0])`` int8; 2 -> ``rint(kv * quant_scale_ckv[c])``
+       int8 (static multipliers, half-even, saturated); 3 -> per-tile combined rows
+       (:func:`_per_tile_rows`).
+    8. ``kr = RoPE(ckvkr[:, 512:])`` -> bf16 (kr_cache, or bytes 512-639 of the combined row);
+       kv_cache_quant_mode 2: ``rint(fp32(bf16 kr) * quant_scale_ckr[c])`` int8.
 
-    v1 / v2 have no scales: ``qc_qr_scale = kc_scale = 1``. Cache rows go to ``args.slots`` in
-    ``args.kv_layout`` / ``args.kr_layout`` (-1 skips; for a shared slot the last token wins);
-    with ``args.slots is None`` (no token or an empty cache) steps 6-8 are skipped.
+    Cache rows go to ``args.slots`` in ``args.kv_layout`` / ``args.kr_layout`` (-1 skips; for a
+    shared slot the last token wins); with ``args.slots is None`` (no token or an empty cache)
+    steps 6-8 are skipped.
 
     Args:
         args: validated :class:`~ascend_emu.ops.mla_prolog.MlaPrologArgs`.
 
     Returns:
-        ``(query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``: bf16
-        ``[T, N, 512]``, bf16 ``[T, N, 64]``, None, bf16 ``[T, Hcq]`` when
-        ``args.query_norm_flag`` else None, None (the Nones are quant-scenario outputs).
+        ``(query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``: query
+        ``[T, N, 512]`` (bf16, int8 with query quant), bf16 ``[T, N, 64]``, fp32 ``[T, N, 1]`` or
+        None, ``[T, Hcq]`` (bf16 / int8) when ``args.query_norm_flag`` else None, fp32 ``[T, 1]``
+        when ``args.query_norm_flag`` and weight_quant_mode is 1 or 2, else None.
     """
     t, n, hcq = args.num_tokens, args.num_heads, args.weight_dq.shape[1]
     if t == 0:
-        query_norm = np.empty((0, hcq), dtype=BF16) if args.query_norm_flag else None
-        return np.empty((0, n, HCKV), dtype=BF16), np.empty((0, n, D_ROPE), dtype=BF16), None, query_norm, None
-    x = to_f32(args.token_x)  # [T, He]
+        return _empty_outputs(args)
+    wqm, kvq = args.weight_quant_mode, args.kv_cache_quant_mode
+    full = wqm == 2
     cos = to_f32(args.rope_cos)  # [T, Dr]
     sin = to_f32(args.rope_sin)  # [T, Dr]
+    x = args.token_x if full else to_f32(args.token_x)  # [T, He] int8 / fp32
     f32 = np.float32
 
+    def down_proj(w, col_scale):  # steps 1 and 6: bf16 path (rounded later) or dequantized int8 path
+        if full:
+            return _int8_matmul_dequant(x, w, args.dequant_scale_x, col_scale)
+        return matmul_f32(x, weight_f32(w))
+
     # ---- query path
-    cq = matmul_f32(x, weight_f32(args.weight_dq))  # [T, Hcq]                           step 1
-    cq_n_bits = np.empty((t, hcq), dtype=np.uint16)  # [T, Hcq] query_norm
-    cq_n = np.empty((t, hcq), dtype=np.float32)  # [T, Hcq]
-    _cq_norm(cq, to_f32(args.rmsnorm_gamma_cq), f32(args.rmsnorm_epsilon_cq), f32(args.qc_qr_scale), cq_n_bits,
-             cq_n)  # steps 1-2
-    qcqr = matmul_f32(cq_n, weight_f32(args.weight_uq_qr))  # [T, N*(D+Dr)]                step 3
+    cq = down_proj(args.weight_dq, args.dequant_scale_w_dq)  # [T, Hcq]                  step 1
+    gamma_cq, eps_cq, qc_scale = to_f32(args.rmsnorm_gamma_cq), f32(args.rmsnorm_epsilon_cq), f32(args.qc_qr_scale)
+    query_norm = dq_norm = None
+    if wqm == 0:
+        cq_n_bits = np.empty((t, hcq), dtype=np.uint16)  # [T, Hcq] query_norm
+        cq_n = np.empty((t, hcq), dtype=np.float32)  # [T, Hcq]
+        _cq_norm(cq, gamma_cq, eps_cq, qc_scale, cq_n_bits, cq_n)  # steps 1-2
+        qcqr = matmul_f32(cq_n, weight_f32(args.weight_uq_qr))  # [T, N*(D+Dr)]           step 3
+        query_norm = cq_n_bits.view(BF16)
+    else:
+        cq_n = np.empty((t, hcq), dtype=np.float32)  # [T, Hcq]
+        _cq_norm_f32(cq, not full, gamma_cq, eps_cq, qc_scale, cq_n)  # steps 1-2
+        if args.smooth_scales_cq is not None:
+            cq_n *= _f32_vector(args.smooth_scales_cq)  # [1, Hcq] or [1]
+        query_norm, dq_norm = _dynamic_quant_127(cq_n, query=False)  # int8 [T, Hcq], fp32 [T, 1]
+        qcqr = _int8_matmul_dequant(query_norm, args.weight_uq_qr, dq_norm, args.dequant_scale_w_uq_qr)  # step 3
     q_nope = np.empty((n, t, D_NOPE), dtype=np.float32)  # [N, T, D]
     query_rope = np.empty((t, n, D_ROPE), dtype=np.uint16)  # [T, N, Dr]
-    _qcqr_split_rope(qcqr, cos, sin, q_nope, query_rope)  # steps 3, 5
+    _qcqr_split_rope(qcqr, wqm == 0, cos, sin, q_nope, query_rope)  # steps 3, 5
     query = np.empty((t, n, HCKV), dtype=np.uint16)  # [T, N, Hckv]
     _query_bits(matmul_f32(q_nope, to_f32(args.weight_uk)), query)  # step 4
+    query, query_rope = query.view(BF16), query_rope.view(BF16)
+    dq_nope = None
+    if args.query_quant_mode == 1:
+        query, dq_nope = _dynamic_quant_127(bf16_to_f32(query), query=True)  # int8 [T, N, Hckv], [T, N, 1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            factor = f32(_f32_vector(args.quant_scale_ckv)[0]) / dq_nope  # [T, N, 1]
+            query_rope = to_bf16(bf16_to_f32(query_rope) * factor)
 
     # ---- kv path
     if args.slots is not None:
-        ckvkr = matmul_f32(x, weight_f32(args.weight_dkv_kr))  # [T, Hckv + Dr]              step 6
-        kv = np.empty((t, HCKV), dtype=np.uint16)  # [T, Hckv]
-        kr = np.empty((t, D_ROPE), dtype=np.uint16)  # [T, Dr]
-        _kv_kr(ckvkr, to_f32(args.rmsnorm_gamma_ckv), f32(args.rmsnorm_epsilon_ckv), f32(args.kc_scale), cos, sin,
-               kv, kr)  # steps 6-8
-        scatter_rows(args.kv_cache, kv, args.slots, args.kv_layout)
-        scatter_rows(args.kr_cache, kr, args.slots, args.kr_layout)
+        ckvkr = down_proj(args.weight_dkv_kr, args.dequant_scale_w_dkv_kr)  # [T, Hckv + Dr]  step 6
+        _kv_path(args, ckvkr, not full, cos, sin)  # steps 6-8
 
-    query_norm = cq_n_bits.view(BF16) if args.query_norm_flag else None
-    return query.view(BF16), query_rope.view(BF16), None, query_norm, None
+    if not args.query_norm_flag:
+        query_norm = dq_norm = None
+    return query, query_rope, dq_nope, query_norm, dq_norm
+
+
+def _kv_path(args, ckvkr: np.ndarray, round_in: bool, cos: np.ndarray, sin: np.ndarray) -> None:
+    """Steps 7-8 and the scatters (see :func:`mla_prolog`)."""
+    t, kvq, f32 = args.num_tokens, args.kv_cache_quant_mode, np.float32
+    norm_args = (to_f32(args.rmsnorm_gamma_ckv), f32(args.rmsnorm_epsilon_ckv), f32(args.kc_scale), cos, sin)
+    kr = np.empty((t, D_ROPE), dtype=np.uint16)  # [T, Dr] bf16 bits
+    keep = last_writer(args.slots)
+    if kvq == 0:
+        kv = np.empty((t, HCKV), dtype=np.uint16)  # [T, Hckv] bf16 bits
+        _kv_kr(ckvkr, round_in, *norm_args, kv, kr)
+    else:
+        kv32 = np.empty((t, HCKV), dtype=np.float32)  # [T, Hckv]
+        _kv_kr_f32(ckvkr, round_in, *norm_args, kv32, kr)
+        qs_ckv = _f32_vector(args.quant_scale_ckv) if kvq in (1, 2) else None
+        if kvq == 1:
+            kv = quantize_static(kv32, qs_ckv[:1])  # per-tensor: element 0
+        elif kvq == 2:
+            kv = quantize_static(kv32, qs_ckv)
+            kr = quantize_static(bf16_to_f32(kr), _f32_vector(args.quant_scale_ckr))
+        else:
+            alpha = f32(_f32_vector(args.k_nope_clip_alpha)[0])
+            rows = _per_tile_rows(kv32, kr, alpha, args.tile_size)  # [T, 656]
+            scatter_rows(args.kv_cache, rows, args.slots, args.kv_layout, keep=keep)
+            return
+    scatter_rows(args.kv_cache, kv, args.slots, args.kv_layout, keep=keep)
+    scatter_rows(args.kr_cache, kr, args.slots, args.kr_layout, keep=keep)

@@ -12,9 +12,8 @@ dtypes and the scales given rather than from explicit modes), :func:`_normalise`
 everything and builds one :class:`MlaPrologArgs`, the backend computes, and each entry point
 packs its own outputs.
 
-Emulated today: the non-quant scenario (every mode 0). The quantized scenarios are listed in
-:data:`QUANT_SCENARIOS` (legal combinations, dtypes, required scales) and raise
-``NotImplementedError`` naming the modes until their computation lands.
+Every legal quant scenario of the v3 seed's table is emulated (:data:`QUANT_SCENARIOS`); the
+numerics of each are stated step by step in :func:`ascend_emu.emu.mla_prolog.mla_prolog`.
 
 Contract highlights (be stricter than the hardware):
 
@@ -33,9 +32,11 @@ Contract highlights (be stricter than the hardware):
 
 Choices where the sources are silent or disagree: v1 / v2 infer their v3 modes as
 :func:`_infer_legacy_modes` says; an inferred illegal combination (e.g. int8 caches with bf16
-weights) is a ModeError, a legal quantized one NotImplementedError. ``-1`` in a PA_BLK
-``cache_index`` skips that block's tokens. The legal mode combinations follow the ops-transformer
-host checks where the seed's table differs (see :data:`QUANT_SCENARIOS`).
+weights) is a ModeError. ``-1`` in a PA_BLK ``cache_index`` skips that block's tokens. The legal
+mode combinations are the rows of the v3 seed's scenario table read through its dtype columns
+(see :data:`QUANT_SCENARIOS`); the scale shapes each scenario accepts are
+:func:`expected_scale_shapes`. ``k_nope_clip_alpha`` must be finite and > 0 (a zero or negative
+clip limit gives a zero or negative dequant scale).
 """
 
 from __future__ import annotations
@@ -105,13 +106,15 @@ class VersionLimits:
 
 _V12_LIMITS = dict(he=(7168,), hcq=(1536,), block_sizes=(16, 128), cache_modes=("PA_BSND", "PA_NZ"),
                    max_s=16, max_t=1048576)
-#: One table for every version-specific value (seeds: v1 "约束说明", v3 "约束说明").
+#: One table for every version-specific value (seeds: v1 "约束说明", v3 "约束说明"; v2: its
+#: torch_npu doc). v1 has no full quant (its dequant_scale_x / _w_dq / _w_dkv_kr are "reserved").
 VERSION_LIMITS: Mapping[int, VersionLimits] = MappingProxyType({
     1: VersionLimits(**_V12_LIMITS, quant_modes=((0, 0, 0), (1, 0, 0), (1, 2, 0))),
     2: VersionLimits(**_V12_LIMITS, quant_modes=((0, 0, 0), (1, 0, 0), (1, 2, 0), (2, 0, 0), (2, 1, 1))),
     3: VersionLimits(he=(7168, 7680), hcq=(1536,), block_sizes=tuple(range(16, 1025, 16)),
                      cache_modes=("PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND"),
-                     quant_modes=((0, 0, 0), (1, 0, 0), (1, 2, 0), (1, 3, 0), (2, 0, 0), (2, 1, 1), (2, 3, 0))),
+                     quant_modes=((0, 0, 0), (1, 0, 0), (1, 2, 0), (1, 3, 0), (2, 0, 0), (2, 1, 1), (2, 3, 0),
+                                  (2, 3, 1))),
 })
 
 
@@ -120,6 +123,9 @@ VERSION_LIMITS: Mapping[int, VersionLimits] = MappingProxyType({
 SCALE_ARGS = ("dequant_scale_x", "dequant_scale_w_dq", "dequant_scale_w_uq_qr", "dequant_scale_w_dkv_kr",
               "quant_scale_ckv", "quant_scale_ckr", "smooth_scales_cq", "k_nope_clip_alpha")
 _FULL_QUANT_SCALES = ("dequant_scale_x", "dequant_scale_w_dq", "dequant_scale_w_uq_qr", "dequant_scale_w_dkv_kr")
+_FULL_QUANT_DTYPES = dict(token_x="int8", weight_dq="int8", weight_uq_qr="int8", weight_dkv_kr="int8")
+#: Cache modes of the combined-row (per-tile) scenarios (aclnn v3 doc: no NZ, no PA_BLK).
+COMBINED_CACHE_MODES = ("PA_BSND", "BSND", "TND")
 
 
 def _dtypes(**override: str) -> Mapping[str, str]:
@@ -137,65 +143,114 @@ class QuantScenario:
 
     Attributes:
         name: the seed's name of the scenario.
-        implemented: False until the emulator computes it (the contract raises
-            NotImplementedError).
-        dtypes: dtype (seed spelling) of every tensor argument, and of the ``query`` output.
+        dtypes: dtype (seed spelling) of every tensor argument, and of the ``query`` output
+            (``query_norm`` has weight_uq_qr's dtype, as torch_npu's meta function says).
         required: scale arguments that must be given.
         optional: scale arguments that may be given; every other scale must be None.
         repo_mode: the value both ``ckvkr_repo_mode`` and ``quant_scale_repo_mode`` must have
             (1 = combined 656-byte rows, only with per-tile kv quant).
         kv_dtile: last dim Dtile of kv_cache (512, or 656 for combined per-tile rows).
+        cache_modes: the cache modes the scenario allows (None: all of the version's).
     """
 
     name: str
-    implemented: bool
     dtypes: Mapping[str, str]
     required: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()
     repo_mode: int = 0
     kv_dtile: int = 512
+    cache_modes: tuple[str, ...] | None = None
+
+    @property
+    def combined(self) -> bool:
+        """kv_cache holds combined ``[512 int8 | 64 bf16 | 4 fp32]`` rows; kr_cache is empty."""
+        return self.repo_mode == 1
 
 
-#: Legal ``(weight_quant_mode, kv_cache_quant_mode, query_quant_mode)`` on Atlas A2 / A3 and what
-#: each requires. Source: ops-transformer host checks (QUANT_MODE_HASH_TABLE, FillXxxParamInfo;
-#: query_quant_mode is 1 exactly with full quant + per-tensor kv); where the seed's table differs
-#: (it prints weight_quant_mode=2 for partial per-channel and 3 for partial per-tile) the host
-#: check is followed.
+#: Legal ``(weight_quant_mode, kv_cache_quant_mode, query_quant_mode)`` on Atlas A2 / A3 (the rows
+#: of the v3 seed's scenario table) and what each requires. The table contradicts itself twice and
+#: its dtype columns are followed: the partial-quant per-channel row prints weight_quant_mode=2 and
+#: the partial-quant per-tile row 3 (3 is Ascend 950's mxfp8 mode), while their dtypes (bf16
+#: token_x, only weight_uq_qr int8) are partial quant, mode 1. The full-quant per-tile row prints
+#: query_quant_mode=1 (int8 query) while the dtype column and the A2 / A3 kernel keep the query
+#: in bf16: both are accepted; with query_quant_mode=1 the row's required quant_scale_ckv ([1])
+#: is folded into query_rope as in the per-tensor row. The per-tile rows need k_nope_clip_alpha
+#: (dtype columns; the kernel reads it unconditionally) and no quant_scale_ckv with a bf16 query
+#: (dtype columns, although the scenario text lists it).
 QUANT_SCENARIOS: Mapping[tuple[int, int, int], QuantScenario] = MappingProxyType({
-    (0, 0, 0): QuantScenario(name="non-quant", implemented=True, dtypes=_dtypes()),
+    (0, 0, 0): QuantScenario(name="non-quant", dtypes=_dtypes()),
     (1, 0, 0): QuantScenario(
-        name="partial quant, kv_cache non-quant", implemented=False,
-        dtypes=_dtypes(weight_uq_qr="int8"),
+        name="partial quant, kv_cache non-quant", dtypes=_dtypes(weight_uq_qr="int8"),
         required=("dequant_scale_w_uq_qr",), optional=("smooth_scales_cq",)),
     (1, 2, 0): QuantScenario(
-        name="partial quant, kv_cache per-channel quant", implemented=False,
+        name="partial quant, kv_cache per-channel quant",
         dtypes=_dtypes(weight_uq_qr="int8", kv_cache="int8", kr_cache="int8"),
         required=("dequant_scale_w_uq_qr", "quant_scale_ckv", "quant_scale_ckr"), optional=("smooth_scales_cq",)),
     (1, 3, 0): QuantScenario(
-        name="partial quant, kv_cache per-tile quant", implemented=False,
-        dtypes=_dtypes(weight_uq_qr="int8", kv_cache="int8"),
+        name="partial quant, kv_cache per-tile quant", dtypes=_dtypes(weight_uq_qr="int8", kv_cache="int8"),
         required=("dequant_scale_w_uq_qr", "k_nope_clip_alpha"), optional=("smooth_scales_cq",), repo_mode=1,
-        kv_dtile=656),
+        kv_dtile=656, cache_modes=COMBINED_CACHE_MODES),
     (2, 0, 0): QuantScenario(
-        name="full quant, kv_cache non-quant", implemented=False,
-        dtypes=_dtypes(token_x="int8", weight_dq="int8", weight_uq_qr="int8", weight_dkv_kr="int8"),
+        name="full quant, kv_cache non-quant", dtypes=_dtypes(**_FULL_QUANT_DTYPES),
         required=_FULL_QUANT_SCALES, optional=("smooth_scales_cq",)),
     (2, 1, 1): QuantScenario(
-        name="full quant, kv_cache per-tensor quant", implemented=False,
-        dtypes=_dtypes(token_x="int8", weight_dq="int8", weight_uq_qr="int8", weight_dkv_kr="int8",
-                       kv_cache="int8", query="int8"),
+        name="full quant, kv_cache per-tensor quant",
+        dtypes=_dtypes(**_FULL_QUANT_DTYPES, kv_cache="int8", query="int8"),
         required=_FULL_QUANT_SCALES + ("quant_scale_ckv",), optional=("smooth_scales_cq",)),
     (2, 3, 0): QuantScenario(
-        name="full quant, kv_cache per-tile quant", implemented=False,
-        dtypes=_dtypes(token_x="int8", weight_dq="int8", weight_uq_qr="int8", weight_dkv_kr="int8",
-                       kv_cache="int8"),
+        name="full quant, kv_cache per-tile quant", dtypes=_dtypes(**_FULL_QUANT_DTYPES, kv_cache="int8"),
         required=_FULL_QUANT_SCALES + ("k_nope_clip_alpha",), optional=("smooth_scales_cq",), repo_mode=1,
-        kv_dtile=656),
+        kv_dtile=656, cache_modes=COMBINED_CACHE_MODES),
+    (2, 3, 1): QuantScenario(
+        name="full quant, kv_cache per-tile quant, int8 query",
+        dtypes=_dtypes(**_FULL_QUANT_DTYPES, kv_cache="int8", query="int8"),
+        required=_FULL_QUANT_SCALES + ("k_nope_clip_alpha", "quant_scale_ckv"), optional=("smooth_scales_cq",),
+        repo_mode=1, kv_dtile=656, cache_modes=COMBINED_CACHE_MODES),
 })
 _MODE_NAMES = ("weight_quant_mode", "kv_cache_quant_mode", "query_quant_mode")
-#: Ranges of the integer mode attributes (A2 / A3; weight_quant_mode 3-5 are Ascend 950 modes).
-_MODE_RANGES = {"weight_quant_mode": (0, 1, 2), "kv_cache_quant_mode": (0, 1, 2, 3), "query_quant_mode": (0, 1),
-                "ckvkr_repo_mode": (0, 1), "quant_scale_repo_mode": (0, 1)}
+#: Ranges of the other integer mode attributes.
+_MODE_RANGES = {"ckvkr_repo_mode": (0, 1), "quant_scale_repo_mode": (0, 1)}
+#: Why a weight_quant_mode the A2 / A3 table does not list is rejected.
+_WEIGHT_MODE_HINTS = {
+    3: "weight_quant_mode=3 is Ascend 950's mxfp8 mode (not emulated); the seed's partial-quant per-tile "
+       "row prints 3 but its dtypes (bf16 token_x, int8 weight_uq_qr) are weight_quant_mode=1, and its "
+       "full-quant per-tile row is weight_quant_mode=2",
+    4: "weight_quant_mode=4 is an Ascend 950 mode (not emulated)",
+    5: "weight_quant_mode=5 is Ascend 950's hifloat8 mode (not emulated)",
+}
+
+
+def expected_scale_shapes(version: int, modes: tuple[int, int, int], num_tokens: int, num_heads: int,
+                          hcq: int) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """Accepted shapes of every scale argument (all fp32) in one scenario.
+
+    Sources: seed v3 参数说明 (dequant_scale_x ``[T]`` or ``[B*S, 1]``; quant_scale_ckv ``[1, Hckv]``
+    in partial quant, ``[1]`` in full quant; smooth_scales_cq ``[1, Hcq]`` or ``[1]``), the v1 seed
+    and the v2 doc (2-D shapes only; v2's quant_scale_ckv is ``[1, Hckv]``, of which the per-tensor
+    kernel reads element 0: ``[1]`` is accepted too).
+
+    Args:
+        version: entry point (1, 2, 3).
+        modes: ``(weight_quant_mode, kv_cache_quant_mode, query_quant_mode)``.
+        num_tokens: T (= B*S).
+        num_heads: N.
+        hcq: Hcq.
+
+    Returns:
+        ``{scale name: accepted shapes}``.
+    """
+    v3 = version == 3
+    ckv = {1: ((1,), (1, HCKV)) if version == 2 else ((1,),), 2: ((1, HCKV),), 3: ((1,),)}.get(modes[1], ())
+    return {
+        "dequant_scale_x": ((num_tokens, 1),) + (((num_tokens,),) if v3 else ()),
+        "dequant_scale_w_dq": ((1, hcq),),
+        "dequant_scale_w_uq_qr": ((1, num_heads * (D_NOPE + D_ROPE)),),
+        "dequant_scale_w_dkv_kr": ((1, HCKV + D_ROPE),),
+        "quant_scale_ckv": ckv,
+        "quant_scale_ckr": ((1, D_ROPE),),
+        "smooth_scales_cq": ((1, hcq),) + (((1,),) if v3 else ()),
+        "k_nope_clip_alpha": ((1,),),
+    }
 
 
 # ---------------------------------------------------------------------- normalised arguments
@@ -206,7 +261,7 @@ class MlaPrologArgs:
     Attributes:
         version: entry point (1, 2, 3); only output packing depends on it.
         scenario: the quant scenario selected by the modes.
-        token_x: ``[T, He]`` (a 2-D view of the input; bf16 in the non-quant scenario).
+        token_x: ``[T, He]`` (a 2-D view of the input; bf16, int8 in full quant).
         weight_dq: FRACTAL_NZ ``[He, Hcq]``.
         weight_uq_qr: FRACTAL_NZ ``[Hcq, N*(D+Dr)]``, per head ``[D nope | Dr rope]`` columns.
         weight_uk: ND ``[N, D, Hckv]``.
@@ -215,7 +270,8 @@ class MlaPrologArgs:
         rmsnorm_gamma_ckv: ``[Hckv]``.
         rope_sin, rope_cos: ``[T, Dr]``.
         kv_cache, kr_cache: the caller's caches, written in place.
-        kv_layout, kr_layout: their :class:`CacheLayout`.
+        kv_layout, kr_layout: their :class:`CacheLayout` (``kr_layout`` None when kr_cache is the
+            empty tensor of the combined per-tile rows).
         slots: int64 ``[T]`` validated cache rows (-1 = skip), or None when nothing is written
             (T = 0 or an empty cache).
         cache_index, actual_seq_len: the caller's index tensors (kept for other backends).
@@ -227,7 +283,8 @@ class MlaPrologArgs:
         query_norm_flag: return query_norm.
         weight_quant_mode, kv_cache_quant_mode, query_quant_mode, ckvkr_repo_mode,
             quant_scale_repo_mode, tile_size: v3 modes (inferred for v1 / v2).
-        dequant_scale_x ... k_nope_clip_alpha: the optional scale tensors (None when absent).
+        dequant_scale_x ... k_nope_clip_alpha: the optional fp32 scale tensors, shapes as
+            :func:`expected_scale_shapes` accepts them (None when absent).
     """
 
     version: int
@@ -244,7 +301,7 @@ class MlaPrologArgs:
     kv_cache: np.ndarray
     kr_cache: np.ndarray
     kv_layout: CacheLayout
-    kr_layout: CacheLayout
+    kr_layout: CacheLayout | None
     slots: np.ndarray | None
     cache_index: np.ndarray | None
     actual_seq_len: np.ndarray | None
@@ -286,13 +343,17 @@ def npu_mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, r
                    cache_mode: str = "PA_BSND"):
     """MLA prolog v1 (seed ``npu_mla_prolog.md``): queries out, kv / kr caches updated in place.
 
-    Numerics: the non-quant chain of :func:`ascend_emu.emu.mla_prolog.mla_prolog` (ops_reference
-    §2.1 steps 1-8) with ``qc_qr_scale = kc_scale = 1``.
+    Numerics: :func:`ascend_emu.emu.mla_prolog.mla_prolog` (ops_reference §2.1 steps 1-8 and its
+    quantized variants) with ``qc_qr_scale = kc_scale = 1``. The scenario follows from dtypes and
+    the scales given (seed, weight_uq_qr): bf16 weight_uq_qr = non-quant; int8 weight_uq_qr =
+    partial quant (v3 weight_quant_mode=1), with bf16 caches (kv non-quant) or int8 kv_cache and
+    kr_cache (per-channel kv quant, v3 kv_cache_quant_mode=2). v1 has no full quant.
 
     Args:
         token_x: bf16 ``[T, He]`` or ``[B, S, He]``; He = 7168.
         weight_dq: bf16 FRACTAL_NZ ``[He, Hcq]``; Hcq = 1536.
-        weight_uq_qr: bf16 FRACTAL_NZ ``[Hcq, N*(D+Dr)]``; N in 1, 2, 4, ..., 128; D = 128, Dr = 64.
+        weight_uq_qr: bf16 or int8 FRACTAL_NZ ``[Hcq, N*(D+Dr)]``; N in 1, 2, 4, ..., 128;
+            D = 128, Dr = 64.
         weight_uk: bf16 ND ``[N, D, Hckv]``; Hckv = 512.
         weight_dkv_kr: bf16 FRACTAL_NZ ``[He, Hckv+Dr]``.
         rmsnorm_gamma_cq: bf16 ``[Hcq]``.
@@ -300,10 +361,18 @@ def npu_mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, r
         rope_sin, rope_cos: bf16 ``[T, Dr]`` / ``[B, S, Dr]`` (same rank as token_x).
         cache_index: int64 ``[T]`` / ``[B, S]`` global cache rows in ``[0, BlockNum*BlockSize)``,
             -1 = skip.
-        kv_cache: bf16 ``[BlockNum, BlockSize, 1, Hckv]``, updated in place; BlockSize 16 or 128.
-        kr_cache: bf16 ``[BlockNum, BlockSize, 1, Dr]``, updated in place.
-        dequant_scale_x ... smooth_scales_cq: quant-scenario scales; must be None (quantized
-            scenarios are not emulated yet).
+        kv_cache: bf16 or int8 ``[BlockNum, BlockSize, 1, Hckv]``, updated in place; BlockSize 16
+            or 128.
+        kr_cache: bf16 or int8 (with an int8 kv_cache) ``[BlockNum, BlockSize, 1, Dr]``, updated
+            in place.
+        dequant_scale_x, dequant_scale_w_dq, dequant_scale_w_dkv_kr: reserved; must be None.
+        dequant_scale_w_uq_qr: fp32 ``[1, N*(D+Dr)]`` per-channel dequant scale of the int8
+            weight_uq_qr; required exactly in partial quant.
+        quant_scale_ckv: fp32 ``[1, Hckv]`` static per-channel kv quant multiplier; required
+            exactly with int8 caches.
+        quant_scale_ckr: fp32 ``[1, Dr]`` static per-channel kr quant multiplier; likewise.
+        smooth_scales_cq: fp32 ``[1, Hcq]``, optional in partial quant: multiplies the cq RmsNorm
+            output before its dynamic quant.
         rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv: RmsNorm epsilons (default 1e-5).
         cache_mode: ``"PA_BSND"`` (default) or ``"PA_NZ"``.
 
@@ -313,8 +382,9 @@ def npu_mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, r
 
     Raises:
         ShapeError, DTypeError, FormatError, ModeError, IndexRangeError: the contract (module
-            doc); caches are untouched.
-        NotImplementedError: int8 weight_uq_qr / int8 caches / quant scales (a quant scenario).
+            doc); caches are untouched. A scale given outside its scenario, or an inferred
+            combination v1 does not have (e.g. int8 caches with a bf16 weight_uq_qr), is a
+            ModeError naming what selected it.
     """
     args = _legacy_args(1, locals())
     query, query_rope, _ = _run(args)
@@ -327,16 +397,24 @@ def npu_mla_prolog_v2(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
                       dequant_scale_w_dkv_kr=None, quant_scale_ckv=None, quant_scale_ckr=None,
                       smooth_scales_cq=None, rmsnorm_epsilon_cq: float = 1e-05, rmsnorm_epsilon_ckv: float = 1e-05,
                       cache_mode: str = "PA_BSND"):
-    """MLA prolog v2: v1's arguments and results plus ``dequant_scale_q_nope``.
+    """MLA prolog v2 (its torch_npu doc): v1's arguments and results plus ``dequant_scale_q_nope``.
 
-    Same contract and numerics as :func:`npu_mla_prolog` (v2 adds full quant, not emulated yet).
+    Same contract and numerics as :func:`npu_mla_prolog`, plus full quant (v3
+    weight_quant_mode=2), selected by int8 token_x or its dequant scales: int8 token_x /
+    weight_dq / weight_uq_qr / weight_dkv_kr with fp32 ``dequant_scale_x`` ``[T, 1]``,
+    ``dequant_scale_w_dq`` ``[1, Hcq]``, ``dequant_scale_w_uq_qr`` ``[1, N*(D+Dr)]`` and
+    ``dequant_scale_w_dkv_kr`` ``[1, Hckv+Dr]``; bf16 caches (kv non-quant), or an int8
+    kv_cache with a bf16 kr_cache and ``quant_scale_ckv`` (per-tensor: ``[1, Hckv]`` as the v2
+    doc gives it, of which element 0 is used, or ``[1]``), which also quantizes the query per
+    token and head (v3 kv_cache_quant_mode=1, query_quant_mode=1).
 
     Returns:
-        ``(query, query_rope, kv_cache, kr_cache, dequant_scale_q_nope)``; outside the kv-quant
-        scenario ``dequant_scale_q_nope`` is fp32 ``[1]`` (torch_npu meta), holding 0.
+        ``(query, query_rope, kv_cache, kr_cache, dequant_scale_q_nope)``; with kv quant under full
+        quant ``query`` is int8 and ``dequant_scale_q_nope`` fp32 ``[T, N, 1]`` (``[B*S, N, 1]``),
+        otherwise ``dequant_scale_q_nope`` is fp32 ``[1]`` (torch_npu meta), holding 0.
 
     Raises:
-        As :func:`npu_mla_prolog`; int8 token_x also selects a (not emulated) quant scenario.
+        As :func:`npu_mla_prolog`.
     """
     args = _legacy_args(2, locals())
     query, query_rope, rest = _run(args)
@@ -356,17 +434,34 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
                       weight_uq_qr_dtype=None, weight_dkv_kr_dtype=None, kv_cache_dtype=None):
     """MLA prolog v3 (seed ``npu_mla_prolog_v3.md``): queries and query_norm out, caches in place.
 
-    Numerics: :func:`ascend_emu.emu.mla_prolog.mla_prolog` (ops_reference §2.1 steps 1-8, with
-    ``qc_qr_scale`` after the cq RmsNorm and ``kc_scale`` after the ckv RmsNorm).
+    Numerics: :func:`ascend_emu.emu.mla_prolog.mla_prolog` (ops_reference §2.1 steps 1-8 and its
+    quantized variants, §2.2 per-tile rows, with ``qc_qr_scale`` after the cq RmsNorm and
+    ``kc_scale`` after the ckv RmsNorm).
+
+    The scenario is chosen by ``(weight_quant_mode, kv_cache_quant_mode, query_quant_mode)``, one
+    of :data:`QUANT_SCENARIOS` (the seed's scenario table), which fixes every tensor's dtype, the
+    scales that must / may be given (shapes: :func:`expected_scale_shapes`) and, for per-tile,
+    the repo modes and cache modes:
+
+    - (0, 0, 0) non-quant; (1, 0, 0) partial quant (int8 weight_uq_qr); (1, 2, 0) partial quant
+      with int8 per-channel kv_cache and kr_cache; (2, 0, 0) full quant (int8 token_x and
+      weights); (2, 1, 1) full quant with an int8 per-tensor kv_cache and int8 query.
+    - Per-tile (1, 3, 0), (2, 3, 0), (2, 3, 1): ``ckvkr_repo_mode = quant_scale_repo_mode = 1``,
+      kv_cache int8 with Dtile = 656 combined rows ``[512 int8 | 64 bf16 k_rope | 4 fp32 dequant
+      scales]`` (read them back with :func:`ascend_emu.quant.read_combined_cache`), kr_cache an
+      empty tensor, cache_mode PA_BSND, BSND or TND, ``k_nope_clip_alpha`` required.
 
     Args:
-        token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
-            rmsnorm_gamma_ckv, rope_sin, rope_cos: as :func:`npu_mla_prolog`; He in
-            {7168, 7680}.
-        kv_cache: bf16, updated in place: ``[BlockNum, BlockSize, 1, 512]`` (PA_* modes;
-            BlockSize a multiple of 16 in [16, 1024]), ``[B, S, 1, 512]`` (BSND) or ``[T, 1, 512]``
-            (TND).
-        kr_cache: bf16, same leading dims with last dim 64.
+        token_x: bf16 (int8 in full quant) ``[T, He]`` or ``[B, S, He]``; He in {7168, 7680}.
+        weight_dq, weight_dkv_kr: FRACTAL_NZ, bf16 (int8 in full quant), as :func:`npu_mla_prolog`.
+        weight_uq_qr: FRACTAL_NZ, bf16 (int8 in partial and full quant).
+        weight_uk, rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin, rope_cos: bf16, as
+            :func:`npu_mla_prolog`.
+        kv_cache: updated in place: ``[BlockNum, BlockSize, 1, Dtile]`` (PA_* modes; BlockSize a
+            multiple of 16 in [16, 1024]), ``[B, S, 1, Dtile]`` (BSND) or ``[T, 1, Dtile]``
+            (TND); bf16 with Dtile 512, int8 with Dtile 512 (kv quant) or 656 (per-tile).
+        kr_cache: same leading dims with last dim 64; bf16 (int8 with per-channel kv quant);
+            empty (any shape with no element, bf16) in the per-tile scenarios.
         cache_index: int64. PA_BSND / PA_NZ: ``[T]`` / ``[B, S]`` global rows in
             ``[0, BlockNum*BlockSize)``; PA_BLK_BSND / PA_BLK_NZ: BLOCK IDS in ``[0, BlockNum)``,
             ``[B, ceil(S/BlockSize)]`` (3-D token_x) or ``[sum_b ceil(S_b/BlockSize)]`` (2-D,
@@ -375,15 +470,22 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
             at its own position).
         actual_seq_len: int32 ``[B]`` prefix sums of the per-batch lengths; required exactly for
             2-D token_x with PA_BLK_*; last value = T.
-        dequant_scale_x ... smooth_scales_cq, k_nope_clip_alpha: quant scales; None in the
-            non-quant scenario.
+        dequant_scale_x: fp32 ``[T, 1]`` (``[B*S, 1]``) or ``[T]``, per-token dequant scale of
+            the int8 token_x (full quant).
+        dequant_scale_w_dq, dequant_scale_w_uq_qr, dequant_scale_w_dkv_kr: fp32 ``[1, Hcq]``,
+            ``[1, N*(D+Dr)]``, ``[1, Hckv+Dr]`` per-channel weight dequant scales.
+        quant_scale_ckv: fp32 static kv quant multiplier: ``[1, Hckv]`` per-channel (1, 2, 0),
+            ``[1]`` per-tensor (2, 1, 1) and (2, 3, 1) (there it only folds into query_rope).
+        quant_scale_ckr: fp32 ``[1, Dr]`` static kr quant multiplier (1, 2, 0).
+        smooth_scales_cq: fp32 ``[1, Hcq]`` or ``[1]``, optional whenever weight_uq_qr is int8.
+        k_nope_clip_alpha: fp32 ``[1]``, finite and > 0, per-tile clip factor (1.0: no clip).
         rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv: RmsNorm epsilons (default 1e-5).
         cache_mode: PA_BSND (default), PA_NZ, PA_BLK_BSND, PA_BLK_NZ, BSND (3-D token_x) or TND
             (2-D token_x).
         query_norm_flag: also return query_norm (default False).
-        weight_quant_mode, kv_cache_quant_mode, query_quant_mode, ckvkr_repo_mode,
-            quant_scale_repo_mode: legal combinations in :data:`QUANT_SCENARIOS`; only all-0
-            (non-quant) is emulated.
+        weight_quant_mode, kv_cache_quant_mode, query_quant_mode: one of the combinations in
+            :data:`QUANT_SCENARIOS` (above).
+        ckvkr_repo_mode, quant_scale_repo_mode: 1 exactly in the per-tile scenarios, else 0.
         tile_size: per-tile quant tile, 128.
         qc_qr_scale: multiplier after the cq RmsNorm (default 1.0).
         kc_scale: multiplier after the ckv RmsNorm (default 1.0).
@@ -391,15 +493,23 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
             hifloat8 tags of Ascend 950's weight_quant_mode=5; must be None.
 
     Returns:
-        ``(query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``:
-        bf16 ``[T, N, 512]`` / ``[B, S, N, 512]``; bf16 ``[T, N, 64]`` / ``[B, S, N, 64]``;
-        fp32 ``[0]``; bf16 ``[T, Hcq]`` / ``[B, S, Hcq]`` when ``query_norm_flag`` else an empty
-        ``[0]`` tensor of weight_uq_qr's dtype; fp32 ``[0]`` (torch_npu meta, CANN >= 8.5).
+        ``(query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``, shapes
+        and dtypes as torch_npu's meta function gives them (CANN >= 8.5; an output the scenario
+        does not produce is an empty ``[0]`` tensor):
+
+        - query: ``[T, N, 512]`` / ``[B, S, N, 512]``, int8 with query_quant_mode=1, else bf16.
+        - query_rope: bf16 ``[T, N, 64]`` / ``[B, S, N, 64]``.
+        - dequant_scale_q_nope: fp32 ``[T, N, 1]`` (``[B*S, N, 1]``) with query_quant_mode=1.
+        - query_norm: ``[T, Hcq]`` / ``[B, S, Hcq]`` when ``query_norm_flag``, of weight_uq_qr's
+          dtype (int8: the dynamically quantized cq that feeds the weight_uq_qr matmul);
+          otherwise ``[0]`` of that dtype.
+        - dequant_scale_q_norm: fp32 ``[T, 1]`` (``[B*S, 1]``) when ``query_norm_flag`` and
+          weight_quant_mode is 1 or 2.
 
     Raises:
         ShapeError, DTypeError, FormatError, ModeError, IndexRangeError: the contract (module
-            doc); caches are untouched.
-        NotImplementedError: a legal quantized mode combination.
+            doc); caches are untouched. An illegal mode combination is a ModeError naming the
+            modes and listing the legal ones.
     """
     values = dict(locals())
     for tag in ("token_x_dtype", "weight_dq_dtype", "weight_uq_qr_dtype", "weight_dkv_kr_dtype", "kv_cache_dtype"):
@@ -454,11 +564,15 @@ def _select_scenario(version: int, modes: dict, tile_size, reason: str) -> Quant
     """Check the mode integers and their combination; the scenario they select.
 
     Raises:
-        ModeError: a mode out of range, or an illegal combination.
-        NotImplementedError: a legal quantized scenario.
+        ModeError: a mode that is not an int, an illegal combination (the message names the
+            modes and lists the legal ones), or repo modes / tile_size the scenario does not take.
     """
     op = _OP_NAMES[version]
     why = f" (selected by {reason})" if reason else ""
+    for name in _MODE_NAMES:
+        value = modes[name]
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise arg_error(ModeError, name, "an int", repr(value))
     checks = [(n, modes[n], allowed) for n, allowed in _MODE_RANGES.items()] + [("tile_size", tile_size, TILE_SIZES)]
     for name, value, allowed in checks:
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
@@ -467,20 +581,25 @@ def _select_scenario(version: int, modes: dict, tile_size, reason: str) -> Quant
     shown = ", ".join(f"{n}={v}" for n, v in zip(_MODE_NAMES, key))
     legal = VERSION_LIMITS[version].quant_modes
     if key not in legal:
-        raise ModeError(f"{op}: ({shown}){why} is not a legal mode combination; expected one of "
-                        f"{[QUANT_SCENARIOS[k].name + ' ' + str(k) for k in legal]}")
+        hint = f" ({_WEIGHT_MODE_HINTS[key[0]]})" if key[0] in _WEIGHT_MODE_HINTS else ""
+        listed = "; ".join(f"{k} {QUANT_SCENARIOS[k].name}" for k in legal)
+        raise ModeError(f"{op}: ({shown}){why} is not a legal mode combination{hint}; the legal "
+                        f"(weight_quant_mode, kv_cache_quant_mode, query_quant_mode) are: {listed}")
     scenario = QUANT_SCENARIOS[key]
     for name in ("ckvkr_repo_mode", "quant_scale_repo_mode"):
         if modes[name] != scenario.repo_mode:
-            raise arg_error(ModeError, name, f"{scenario.repo_mode} in the {scenario.name} scenario", modes[name])
-    if not scenario.implemented:
-        raise NotImplementedError(f"{op}: the {scenario.name} scenario ({shown}){why} is not emulated yet; "
-                                  f"only the non-quant scenario (all modes 0) is")
+            raise arg_error(ModeError, name, f"{scenario.repo_mode} in the {scenario.name} scenario {key}",
+                            modes[name])
     return scenario
 
 
 def _check_scales(scenario: QuantScenario, values: dict) -> dict:
-    """Scale tensors as arrays; raise when a required one is missing or a forbidden one given."""
+    """Scale tensors as arrays; raise when a required one is missing or a forbidden one given.
+
+    Raises:
+        ShapeError: a required scale is None.
+        ModeError: a scale the scenario does not take is given.
+    """
     out = {}
     for name in SCALE_ARGS:
         x = optional(values.get(name), name)
@@ -490,6 +609,26 @@ def _check_scales(scenario: QuantScenario, values: dict) -> dict:
             raise arg_error(ModeError, name, f"None in the {scenario.name} scenario", f"a {list(x.shape)} tensor")
         out[name] = x
     return out
+
+
+def _check_scale_shapes(scales: dict, accepted: dict) -> None:
+    """Dtype (fp32) and shape of every given scale; ``k_nope_clip_alpha`` finite and > 0.
+
+    Raises:
+        DTypeError: not fp32.
+        ShapeError: a shape :func:`expected_scale_shapes` does not list.
+        ValueError: k_nope_clip_alpha not finite or not > 0 (ModeError).
+    """
+    for name, x in scales.items():
+        if x is None:
+            continue
+        check_dtype(x, name, ("float32",))
+        if tuple(x.shape) not in accepted[name]:
+            shown = " or ".join(str(list(a)) for a in accepted[name])
+            raise arg_error(ShapeError, name, f"shape {shown}", list(x.shape))
+    alpha = scales.get("k_nope_clip_alpha")
+    if alpha is not None and not (np.isfinite(alpha[0]) and alpha[0] > 0):
+        raise arg_error(ModeError, "k_nope_clip_alpha", "a finite clip factor > 0", float(alpha[0]))
 
 
 def _check_float(value, name: str) -> float:
@@ -507,6 +646,9 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPr
     limits = VERSION_LIMITS[version]
     scenario = _select_scenario(version, modes, values["tile_size"], reason)
     cache_mode = canonical_cache_mode(values["cache_mode"], allowed=limits.cache_modes)
+    if scenario.cache_modes is not None and cache_mode not in scenario.cache_modes:
+        raise arg_error(ModeError, "cache_mode", f"one of {list(scenario.cache_modes)} in the {scenario.name} "
+                        "scenario (combined 656-byte rows)", repr(cache_mode))
     names = ("token_x", "weight_dq", "weight_uq_qr", "weight_uk", "weight_dkv_kr", "rmsnorm_gamma_cq",
              "rmsnorm_gamma_ckv", "rope_sin", "rope_cos", "kv_cache", "kr_cache")
     for name in ("kv_cache", "kr_cache"):
@@ -560,10 +702,12 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPr
     check_shape(t["weight_dkv_kr"], "weight_dkv_kr", (he, HCKV + D_ROPE), "[He, Hckv+Dr]")
     check_shape(t["rmsnorm_gamma_cq"], "rmsnorm_gamma_cq", (hcq,), "[Hcq]")
     check_shape(t["rmsnorm_gamma_ckv"], "rmsnorm_gamma_ckv", (HCKV,), "[Hckv]")
+    key = tuple(int(modes[n]) for n in _MODE_NAMES)
+    _check_scale_shapes(scales, expected_scale_shapes(version, key, num_tokens, num_heads, hcq))
 
     # ---- caches and where each token goes
     kv_layout, kr_layout = _check_caches(t["kv_cache"], t["kr_cache"], cache_mode, batch_shape, limits,
-                                         kv_dtile=scenario.kv_dtile)
+                                         kv_dtile=scenario.kv_dtile, combined=scenario.combined)
     cache_index = optional(values.get("cache_index"), "cache_index")
     actual_seq_len = optional(values.get("actual_seq_len"), "actual_seq_len")
     slots = _slots(cache_mode, cache_index, actual_seq_len, batch_shape, kv_layout)
@@ -591,11 +735,16 @@ def _check_max(value: int, limit: int | None, what: str) -> None:
 
 
 def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, batch_shape: tuple[int, ...],
-                  limits: VersionLimits, *, kv_dtile: int) -> tuple[CacheLayout, CacheLayout]:
+                  limits: VersionLimits, *, kv_dtile: int, combined: bool
+                  ) -> tuple[CacheLayout, CacheLayout | None]:
     """Shapes of kv_cache / kr_cache for ``cache_mode``; their layouts.
 
+    With ``combined`` (per-tile, 656-byte rows holding k_rope too) kr_cache must be empty and
+    has no layout (None).
+
     Raises:
-        ShapeError: rank / dims / BlockSize / contiguity, or token_x's rank does not fit BSND / TND.
+        ShapeError: rank / dims / BlockSize / contiguity, token_x's rank does not fit BSND / TND,
+            or a non-empty kr_cache with combined rows.
     """
     num_tokens = int(np.prod(batch_shape))
     if cache_mode == "BSND":
@@ -616,17 +765,23 @@ def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, b
     if cache_mode in ("BSND", "TND") and num_tokens == 0:
         raise arg_error(ShapeError, "token_x", f"at least one token for cache_mode {cache_mode} (its caches "
                         "cannot be empty)", list(batch_shape))
-    layouts = []
-    for cache, name, dim, dim_name in ((kv_cache, "kv_cache", kv_dtile, f"Dtile={kv_dtile}"),
-                                       (kr_cache, "kr_cache", D_ROPE, f"Dr={D_ROPE}")):
+    layouts = {}
+    caches = [(kv_cache, "kv_cache", kv_dtile, f"Dtile={kv_dtile}")]
+    if combined:
+        if kr_cache.size:
+            raise arg_error(ShapeError, "kr_cache", "an empty tensor (k_rope is stored in kv_cache's combined "
+                            "656-byte rows)", f"shape {list(kr_cache.shape)}")
+    else:
+        caches.append((kr_cache, "kr_cache", D_ROPE, f"Dr={D_ROPE}"))
+    for cache, name, dim, dim_name in caches:
         check_shape(cache, name, lead + (NKV, dim), what.format(dim_name))
         check_cache(cache, name)
         layout = CacheLayout.from_declared(cache_mode, cache.shape, cache.dtype.itemsize, name=name)
         if layout.nz and dim % layout.c0:
             raise arg_error(ShapeError, name, f"D a multiple of C0={layout.c0} ({NZ_ROW_BYTES} bytes) for "
                             f"cache_mode {cache_mode}", dim)
-        layouts.append(layout)
-    return layouts[0], layouts[1]
+        layouts[name] = layout
+    return layouts["kv_cache"], layouts.get("kr_cache")
 
 
 def _slots(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int, ...],
@@ -700,12 +855,13 @@ def _run(args: MlaPrologArgs) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray,
     if args.version == 1:
         return query, query_rope, ()
     unused = UNUSED_OUTPUT_SHAPE[args.version]
-    dq_nope = _empty(unused, np.float32) if dq_nope is None else dq_nope
+    t = args.num_tokens
+    dq_nope = _empty(unused, np.float32) if dq_nope is None else dq_nope.reshape(t, n, 1)  # [T, N, 1]
     if args.version == 2:
         return query, query_rope, (dq_nope,)
     if args.query_norm_flag:
         query_norm = query_norm.reshape(lead + (args.weight_dq.shape[1],))  # [T | B, S, Hcq]
     else:
         query_norm = _empty(unused, args.weight_uq_qr.dtype)
-    dq_norm = _empty(unused, np.float32) if dq_norm is None else dq_norm
+    dq_norm = _empty(unused, np.float32) if dq_norm is None else dq_norm.reshape(t, 1)  # [T, 1]
     return query, query_rope, (dq_nope, query_norm, dq_norm)

@@ -1,9 +1,19 @@
-"""Reference npu_mla_prolog v1 / v2 / v3, non-quant: plain NumPy, step by step (ops_reference §2.1).
+"""Reference npu_mla_prolog v1 / v2 / v3, every quant scenario: plain NumPy, step by step.
 
-Imports only numpy and ml_dtypes. bf16 rounding is ml_dtypes' fp32 -> bf16 cast (RNE); matmuls
-accumulate in float64 (an exact-as-possible stand-in for the kernel's fp32 accumulator) and are
-rounded to fp32 first; RmsNorm and RoPE follow the official goldens' formulas in fp32. Cache
-layouts and index meanings are written out from ops_reference §1.4 / §2.3 with plain loops.
+Imports only numpy and ml_dtypes. Sources: ops_reference §2.1 (steps and their quantized
+variants), §2.2 (per-tile rows), §1.2 (rounding), §1.3 (RmsNorm kernel order).
+
+- bf16 rounding is ml_dtypes' fp32 -> bf16 cast (RNE).
+- bf16 matmuls accumulate in float64 (an exact-as-possible stand-in for the kernel's fp32
+  accumulator) and are rounded to fp32 first; int8 matmuls are exact int64 sums.
+- Where a result must match the emulator byte for byte (integer outputs, caches), the fp32 steps
+  follow the kernel's operation order as ops_reference §1.2 / §1.3 record it: RmsNorm sums
+  squares left to right in fp32 and multiplies by fp32(1/H); dequant is ``fp32(acc) * row scale
+  * column scale``; dynamic quant multiplies by ``127 / amax``; per-tile quant multiplies by
+  ``1 / scale``; the q_nope int8 rounds through fp16 half-away-from-zero twice. The official
+  golden's own forms (division by the dequant scale, half-even q_nope, ``x * qscale / scale`` for
+  query_rope) are given too where they differ (``query_golden``, query_rope).
+- Cache layouts and index meanings are written out from ops_reference §1.4 / §2.3 with loops.
 """
 
 from __future__ import annotations
@@ -16,6 +26,9 @@ HCKV = 512
 D_NOPE = 128
 D_ROPE = 64
 NZ_ROW_BYTES = 32
+Q_MAX = np.float32(127.0)
+#: Per-tile combined row: 512 int8 | 64 bf16 | 4 fp32 = 656 bytes.
+ROW_BYTES = 656
 
 
 def bf16(x) -> np.ndarray:
@@ -32,11 +45,24 @@ def matmul(a, b64: np.ndarray) -> np.ndarray:
     return (np.asarray(a).astype(np.float64) @ b64).astype(np.float32)
 
 
+def int_matmul(a, w) -> np.ndarray:
+    """Exact ``int8 a @ int8 w`` as int64."""
+    return np.einsum("tk,kn->tn", np.asarray(a, dtype=np.int64), np.asarray(w, dtype=np.int64))
+
+
+def dequant(acc, row_scale, col_scale) -> np.ndarray:
+    """``fp32(acc) * row_scale[t] * col_scale[c]``, in that order, fp32."""
+    return (np.asarray(acc).astype(np.float32) * f32(row_scale).reshape(-1, 1)) * f32(col_scale).reshape(1, -1)
+
+
 def rms_norm(x, gamma, eps: float, scale: float = 1.0) -> np.ndarray:
-    """``x / sqrt(mean(x^2) + eps) * gamma * scale`` in fp32 (the goldens' formula)."""
+    """``x / sqrt(sum(x^2) * (1/H) + eps) * gamma * scale`` in fp32, squares summed left to right
+    (kernel order, ops_reference §1.3; the goldens' ``mean`` is the same formula)."""
     x = f32(x)
-    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
-    return x / np.sqrt(ms + np.float32(eps)) * f32(gamma) * np.float32(scale)
+    h = x.shape[-1]
+    ss = np.cumsum(x * x, axis=-1, dtype=np.float32)[..., -1:]
+    rms = np.sqrt(ss * (np.float32(1.0) / np.float32(h)) + np.float32(eps))
+    return x / rms * f32(gamma) * np.float32(scale)
 
 
 def rope(x, cos, sin) -> np.ndarray:
@@ -51,35 +77,145 @@ def rope(x, cos, sin) -> np.ndarray:
     return q * f32(cos) + rotated * f32(sin)
 
 
-def mla_prolog(x, w_dq64, w_uq_qr64, w_uk64, w_dkv_kr64, gamma_cq, gamma_ckv, sin, cos, *, eps_cq: float = 1e-5,
-               eps_ckv: float = 1e-5, qc_qr_scale: float = 1.0, kc_scale: float = 1.0) -> dict:
-    """The non-quant MLA prolog for T tokens.
+# ---------------------------------------------------------------------- quant primitives
+def saturate(v) -> np.ndarray:
+    return np.clip(v, -128, 127).astype(np.int8)
+
+
+def dynamic_quant(x) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: scale = amax / 127; int8 = rint(x * (127 / amax)), half-even (kernel order)."""
+    amax = np.max(np.abs(x), axis=-1, keepdims=True)
+    return saturate(np.rint(x * (Q_MAX / amax))), amax / Q_MAX
+
+
+def round_half_away(v) -> np.ndarray:
+    """Round float64 values to integers, ties away from zero."""
+    return np.sign(v) * np.floor(np.abs(v) + 0.5)
+
+
+def f16_half_away(y) -> np.ndarray:
+    """fp32 -> the nearest fp16 value, ties away from zero (CAST_ROUND), as float64 (|y| < 65504)."""
+    y = np.asarray(y, dtype=np.float64)
+    _, e = np.frexp(np.abs(y))  # |y| = m * 2**e, 0.5 <= m < 1
+    ulp = np.exp2(np.maximum(e - 1, -14) - 10)  # fp16: 10 mantissa bits, normal exponents >= -14
+    return round_half_away(y / ulp) * ulp
+
+
+def query_quant(q) -> dict:
+    """Per token and head dynamic quant of the bf16 query ``[T, N, 512]``.
+
+    Returns:
+        ``query`` (kernel: ``y = x * (127 / amax)`` -> fp16 -> int8, half away twice),
+        ``query_golden`` (the official golden: ``rint(x / scale)``, half-even), and
+        ``dequant_scale_q_nope`` ``[T, N, 1]`` = amax / 127.
+    """
+    x = f32(q)
+    amax = np.max(np.abs(x), axis=-1, keepdims=True)
+    scale = amax / Q_MAX
+    kernel = saturate(round_half_away(f16_half_away(x * (Q_MAX / amax))))
+    golden = saturate(np.rint(x / scale))
+    return dict(query=kernel, query_golden=golden, dequant_scale_q_nope=scale)
+
+
+def static_quant(x, scale) -> np.ndarray:
+    """``rint(x * scale)`` half-even, saturated (static scales are multipliers)."""
+    return saturate(np.rint(f32(x) * f32(scale)))
+
+
+def per_tile_rows(kv, kr, alpha: float, tile_size: int = 128) -> np.ndarray:
+    """Combined 656-byte rows ``[512 int8 | 64 bf16 kr | 4 fp32 scales]`` (ops_reference §2.2).
+
+    Per tile: ``lim = amax * alpha``; clip to ``[-lim, lim]``; scale ``lim * fp32(1/127)``;
+    int8 = rint(x * fp32(1 / scale)), half-even; a zero tile has scale 0 and int8 0.
+    """
+    kv = f32(kv)
+    t = kv.shape[0]
+    tiles = kv.reshape(t, -1, tile_size)
+    lim = np.max(np.abs(tiles), axis=-1, keepdims=True) * np.float32(alpha)
+    scale = lim * (np.float32(1.0) / Q_MAX)  # [T, tiles, 1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(scale > 0, np.float32(1.0) / scale, np.float32(0.0)).astype(np.float32)
+    q = saturate(np.rint(np.clip(tiles, -lim, lim) * inv)).reshape(t, -1)
+    rows = np.zeros((t, ROW_BYTES), dtype=np.uint8)
+    rows[:, :HCKV] = q.view(np.uint8)
+    rows[:, HCKV:HCKV + 2 * D_ROPE] = np.ascontiguousarray(kr, dtype=BF16).view(np.uint8).reshape(t, -1)
+    rows[:, HCKV + 2 * D_ROPE:] = scale.astype("<f4").reshape(t, -1).view(np.uint8)
+    return rows.view(np.int8)
+
+
+# ---------------------------------------------------------------------- the op
+def _project(x, w, row_scale, col_scale) -> np.ndarray:
+    """Steps 1 / 6: int8 weights: exact int matmul, dequantized, fp32 (not rounded); bf16
+    weights (given as float64): bf16(x @ w) as fp32."""
+    if np.asarray(w).dtype.kind == "i":
+        return dequant(int_matmul(x, w), row_scale, col_scale)
+    return f32(bf16(matmul(x, w)))
+
+
+def mla_prolog(x, w_dq, w_uq_qr, w_uk64, w_dkv_kr, gamma_cq, gamma_ckv, sin, cos, *, eps_cq: float = 1e-5,
+               eps_ckv: float = 1e-5, qc_qr_scale: float = 1.0, kc_scale: float = 1.0, modes=(0, 0, 0),
+               scales=None, tile_size: int = 128) -> dict:
+    """The MLA prolog for T tokens, in the scenario ``modes``.
 
     Args:
-        x: bf16 ``[T, He]``.
-        w_dq64, w_uq_qr64, w_dkv_kr64: the ND weights as float64 (``[He, Hcq]``,
-            ``[Hcq, N*192]``, ``[He, 576]``).
+        x: bf16 ``[T, He]`` (int8 with weight_quant_mode 2).
+        w_dq, w_uq_qr, w_dkv_kr: the ND weights ``[He, Hcq]``, ``[Hcq, N*192]``, ``[He, 576]``:
+            bf16 weights as float64, int8 weights as int8.
         w_uk64: float64 ``[N, 128, 512]``.
         gamma_cq, gamma_ckv: bf16 ``[Hcq]``, ``[512]``.
         sin, cos: bf16 ``[T, 64]``.
+        modes: ``(weight_quant_mode, kv_cache_quant_mode, query_quant_mode)``.
+        scales: the scale arguments by name (fp32 arrays; missing = None).
 
     Returns:
-        dict of bf16 arrays: ``query`` [T, N, 512], ``query_rope`` [T, N, 64], ``query_norm``
-        [T, Hcq], ``kv`` [T, 512], ``kr`` [T, 64].
+        dict: ``query`` [T, N, 512] (bf16, or int8 with query quant, plus ``query_golden`` and
+        ``dequant_scale_q_nope`` [T, N, 1]), bf16 ``query_rope`` [T, N, 64], ``query_norm``
+        [T, Hcq] (bf16, or int8 plus ``dequant_scale_q_norm`` [T, 1]), ``kv`` [T, 512] (bf16 /
+        int8) and ``kr`` [T, 64] (bf16 / int8), or ``kv`` = combined int8 rows [T, 656] and
+        ``kr`` None (per-tile).
     """
-    t = x.shape[0]
-    n = w_uk64.shape[0]
-    cq = bf16(matmul(x, w_dq64))  # [T, Hcq]                                  step 1
-    cq_n = bf16(rms_norm(cq, gamma_cq, eps_cq, qc_qr_scale))  # [T, Hcq]         step 2
-    qcqr = bf16(matmul(cq_n, w_uq_qr64)).reshape(t, n, D_NOPE + D_ROPE)  # [T, N, 192] step 3
+    wqm, kvq, qqm = modes
+    sc = dict(scales or {})
+    t, n = x.shape[0], w_uk64.shape[0]
+    out = {}
+    cq = _project(x, w_dq, sc.get("dequant_scale_x"), sc.get("dequant_scale_w_dq"))  # [T, Hcq]     step 1
+    cq_n = rms_norm(cq, gamma_cq, eps_cq, qc_qr_scale)  # [T, Hcq] fp32                              step 2
+    if wqm == 0:
+        out["query_norm"] = bf16(cq_n)
+        qcqr = f32(bf16(matmul(out["query_norm"], w_uq_qr)))  # [T, N*192]                             step 3
+    else:
+        if sc.get("smooth_scales_cq") is not None:
+            cq_n = cq_n * f32(sc["smooth_scales_cq"]).reshape(-1)
+        out["query_norm"], out["dequant_scale_q_norm"] = dynamic_quant(cq_n)  # int8 [T, Hcq], [T, 1]
+        qcqr = dequant(int_matmul(out["query_norm"], w_uq_qr), out["dequant_scale_q_norm"],
+                       sc["dequant_scale_w_uq_qr"])  # [T, N*192] fp32
+    qcqr = qcqr.reshape(t, n, D_NOPE + D_ROPE)
+    qc = bf16(qcqr[:, :, :D_NOPE])  # [T, N, 128]
     query = np.empty((t, n, HCKV), dtype=BF16)
     for h in range(n):  # step 4, per head
-        query[:, h] = bf16(matmul(qcqr[:, h, :D_NOPE], w_uk64[h]))
-    query_rope = bf16(rope(qcqr[:, :, D_NOPE:], cos[:, None, :], sin[:, None, :]))  # [T, N, 64] step 5
-    ckvkr = bf16(matmul(x, w_dkv_kr64))  # [T, 576]                             step 6
-    kv = bf16(rms_norm(ckvkr[:, :HCKV], gamma_ckv, eps_ckv, kc_scale))  # [T, 512]  step 7
-    kr = bf16(rope(ckvkr[:, HCKV:], cos, sin))  # [T, 64]                         step 8
-    return dict(query=query, query_rope=query_rope, query_norm=cq_n, kv=kv, kr=kr)
+        query[:, h] = bf16(matmul(qc[:, h], w_uk64[h]))
+    qr = qcqr[:, :, D_NOPE:] if wqm else f32(bf16(qcqr[:, :, D_NOPE:]))  # [T, N, 64]
+    out["query_rope"] = bf16(rope(qr, cos[:, None, :], sin[:, None, :]))  # step 5
+    out["query"] = query
+    if qqm:
+        out.update(query_quant(query))
+        with np.errstate(divide="ignore", invalid="ignore"):  # golden: x * quant_scale_ckv / scale
+            out["query_rope"] = bf16(f32(out["query_rope"]) * f32(sc["quant_scale_ckv"]).reshape(-1)[0]
+                                     / out["dequant_scale_q_nope"])
+    ckvkr = _project(x, w_dkv_kr, sc.get("dequant_scale_x"), sc.get("dequant_scale_w_dkv_kr"))  # [T, 576] step 6
+    kv = rms_norm(ckvkr[:, :HCKV], gamma_ckv, eps_ckv, kc_scale)  # [T, 512] fp32                    step 7
+    kr = bf16(rope(ckvkr[:, HCKV:], cos, sin))  # [T, 64]                                             step 8
+    if kvq == 0:
+        kv = bf16(kv)
+    elif kvq == 1:
+        kv = static_quant(kv, f32(sc["quant_scale_ckv"]).reshape(-1)[0])
+    elif kvq == 2:
+        kv = static_quant(kv, f32(sc["quant_scale_ckv"]).reshape(-1))
+        kr = static_quant(kr, f32(sc["quant_scale_ckr"]).reshape(-1))
+    else:
+        kv, kr = per_tile_rows(kv, kr, f32(sc["k_nope_clip_alpha"]).reshape(-1)[0], tile_size), None
+    out.update(kv=kv, kr=kr)
+    return out
 
 
 # ---------------------------------------------------------------------- where tokens go (§2.3)
