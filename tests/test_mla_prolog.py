@@ -18,7 +18,10 @@ import pytest
 from ascend_emu.errors import (DTypeError, DuplicateSlotWarning, FormatError, IndexRangeError, ModeError,
                                ShapeError)
 from ascend_emu.ops import npu_format_cast, npu_mla_prolog, npu_mla_prolog_v2, npu_mla_prolog_v3
-from tests.helpers import assert_same_bytes, bit_identical_share, dual_threshold_ok, poisoned, raw
+from ascend_emu.ops._check import DTYPES
+from ascend_emu.ops.mla_prolog import QUANT_SCENARIOS
+from ascend_emu.quant import read_combined_cache
+from tests.helpers import POISON_BYTE, assert_same_bytes, bit_identical_share, dual_threshold_ok, poisoned, raw
 from tests.reference import mla_prolog as ref
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -334,6 +337,446 @@ def test_thread_count_does_not_change_results(data, rng):
         assert_same_bytes(b, a, "2-thread vs 1-thread result")
 
 
+# ---------------------------------------------------------------------- quantized scenarios
+#: Every legal v3 mode combination except non-quant (the seed's scenario table, dtype columns).
+QUANT_MODES = [(1, 0, 0), (1, 2, 0), (1, 3, 0), (2, 0, 0), (2, 1, 1), (2, 3, 0), (2, 3, 1)]
+QUANT_N = 2
+#: Tokens in the quant pool (every quant test uses a prefix of it).
+QUANT_POOL = 12
+#: Fixed per-scenario settings: qc_qr_scale, kc_scale, smooth_scales_cq shape (None: not given),
+#: k_nope_clip_alpha (per-tile).
+QUANT_SETTINGS = {
+    (1, 0, 0): dict(qc=1.0, kc=1.0, smooth=(1, HCQ), alpha=None),
+    (1, 2, 0): dict(qc=2.0, kc=0.5, smooth=None, alpha=None),
+    (1, 3, 0): dict(qc=1.0, kc=3.0, smooth=(1, HCQ), alpha=0.85),
+    (2, 0, 0): dict(qc=10.0, kc=10.0, smooth=None, alpha=None),
+    (2, 1, 1): dict(qc=10.0, kc=10.0, smooth=(1, HCQ), alpha=None),
+    (2, 3, 0): dict(qc=1.0, kc=1.0, smooth=None, alpha=1.0),
+    (2, 3, 1): dict(qc=10.0, kc=2.0, smooth=(1,), alpha=0.9),
+}
+#: Largest share of int8 elements off by one from the kernel-order reference. Full quant is
+#: integer-exact up to the bf16 ``q_nope @ W_uk`` matmul, partial quant up to ``x @ W_dq`` /
+#: ``x @ W_dkv_kr`` (fp32 BLAS vs the reference's float64, 1 bf16 ulp now and then); measured 0.
+INT8_OFF_BY_ONE_SHARE = 0.002
+#: Largest share of int8 query elements off by one from the official golden's ``rint(x / scale)``
+#: (the A2 / A3 kernel rounds half away from zero twice through fp16, ops_reference §1.2);
+#: measured about 1.2 %.
+GOLDEN_QUERY_OFF_BY_ONE_SHARE = 0.03
+#: Bit-identical share floors of the quant scenarios' float outputs, a little below the measured
+#: minimum: query 0.9998; query_rope 0.9984 (with query quant the kernel folds quant_scale_ckv /
+#: scale into one factor, the golden multiplies then divides; 1.0 without); bf16 k_rope in the
+#: caches 0.9995; fp32 dynamic scales 1.0 in full quant, 0.8 in partial quant (one token in five
+#: or six whose bf16 ``x @ W`` differs by an ulp somewhere gets a scale an ulp or two away; the
+#: scales are also held to SCALE_RTOL).
+QUANT_SHARE_FLOOR = {"query": 0.997, "query_rope": 0.997, "scale": 0.6, "rope": 0.997}
+#: Relative tolerance of the fp32 dynamic scales (a few fp32 ulps).
+SCALE_RTOL = 1e-6
+
+
+def _nz(a):
+    return npu_format_cast(a, 29)
+
+
+class QuantData:
+    """Signed data for the quant scenarios: bf16 normal (scaled like trained weights) and int8
+    uniform in [-100, 100] (the official v2 / v3 tests' randint), fp32 scales, per token pool."""
+
+    def __init__(self, rng):
+        def normal(shape, scale=1.0):
+            return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(BF16)
+
+        def int8(shape):
+            return rng.integers(-100, 101, shape).astype(np.int8)
+
+        def uniform(shape, lo, hi):
+            return rng.uniform(lo, hi, shape).astype(np.float32)
+
+        n = QUANT_N
+        self.x = {"bfloat16": normal((QUANT_POOL, HE)), "int8": int8((QUANT_POOL, HE))}
+        self.w_nd = {  # ND weights by dtype
+            "bfloat16": dict(weight_dq=normal((HE, HCQ), HE ** -0.5), weight_dkv_kr=normal((HE, HCKV + DR), HE ** -0.5)),
+            "int8": dict(weight_dq=int8((HE, HCQ)), weight_uq_qr=int8((HCQ, n * (D + DR))),
+                         weight_dkv_kr=int8((HE, HCKV + DR))),
+        }
+        self.w_nz = {dt: {k: _nz(v) for k, v in ws.items()} for dt, ws in self.w_nd.items()}
+        self.w_uk = normal((n, D, HCKV), D ** -0.5)
+        self.gamma_cq, self.gamma_ckv = normal((HCQ,)), normal((HCKV,))
+        self.sin, self.cos = normal((QUANT_POOL, DR)), normal((QUANT_POOL, DR))
+        self.scales = dict(
+            dequant_scale_x=uniform((QUANT_POOL, 1), 1e-3, 2e-3),
+            dequant_scale_w_dq=uniform((1, HCQ), 1e-3, 2e-3),
+            dequant_scale_w_uq_qr=uniform((1, n * (D + DR)), 1e-3, 2e-3),
+            dequant_scale_w_dkv_kr=uniform((1, HCKV + DR), 1e-3, 2e-3),
+            quant_scale_ckv_channel=uniform((1, HCKV), 20.0, 40.0),
+            quant_scale_ckv_tensor=np.array([30.0], np.float32),
+            quant_scale_ckr=uniform((1, DR), 20.0, 40.0),
+            smooth_scales_cq=uniform((1, HCQ), 0.5, 1.5),
+        )
+        self._gold = {}
+
+    def scenario(self, modes):
+        return QUANT_SCENARIOS[modes]
+
+    def weights(self, modes) -> tuple:
+        """(weight_dq, weight_uq_qr, weight_dkv_kr) NZ for the scenario."""
+        full = modes[0] == 2
+        down = self.w_nz["int8" if full else "bfloat16"]
+        return down["weight_dq"], self.w_nz["int8"]["weight_uq_qr"], down["weight_dkv_kr"]
+
+    def scale_kwargs(self, modes, t: int) -> dict:
+        """The scale arguments the scenario takes, for the first t pool tokens."""
+        sc, st = self.scenario(modes), QUANT_SETTINGS[modes]
+        out = {}
+        for name in sc.required + sc.optional:
+            if name == "quant_scale_ckv":
+                out[name] = self.scales["quant_scale_ckv_channel" if modes[1] == 2 else "quant_scale_ckv_tensor"]
+            elif name == "smooth_scales_cq":
+                if st["smooth"] is not None:
+                    full = self.scales[name]
+                    out[name] = full if st["smooth"] == full.shape else full.reshape(-1)[:1].copy()
+            elif name == "k_nope_clip_alpha":
+                out[name] = np.array([st["alpha"]], np.float32)
+            elif name == "dequant_scale_x":
+                out[name] = self.scales[name][:t].copy()
+            else:
+                out[name] = self.scales[name]
+        return out
+
+    def mode_kwargs(self, modes) -> dict:
+        sc, st = self.scenario(modes), QUANT_SETTINGS[modes]
+        return dict(weight_quant_mode=modes[0], kv_cache_quant_mode=modes[1], query_quant_mode=modes[2],
+                    ckvkr_repo_mode=sc.repo_mode, quant_scale_repo_mode=sc.repo_mode, qc_qr_scale=st["qc"],
+                    kc_scale=st["kc"])
+
+    def tokens(self, modes, batch_shape):
+        """token_x, rope_sin, rope_cos for the first prod(batch_shape) pool tokens."""
+        t = int(np.prod(batch_shape))
+        x = self.x["int8" if modes[0] == 2 else "bfloat16"]
+        return tuple(a[:t].reshape(batch_shape + (a.shape[1],)).copy() for a in (x, self.sin, self.cos))
+
+    def reference(self, modes, t: int) -> dict:
+        """Reference results of the first t pool tokens (computed once per scenario)."""
+        if modes not in self._gold:
+            st = QUANT_SETTINGS[modes]
+            w_dq, w_uq_qr, w_dkv_kr = (np.asarray(w).view(np.ndarray) for w in self.weights(modes))
+            w_dq, w_dkv_kr = (w if w.dtype == np.int8 else w.astype(np.float64) for w in (w_dq, w_dkv_kr))
+            x = self.x["int8" if modes[0] == 2 else "bfloat16"]
+            self._gold[modes] = ref.mla_prolog(
+                x, w_dq, w_uq_qr, self.w_uk.astype(np.float64), w_dkv_kr, self.gamma_cq, self.gamma_ckv,
+                self.sin, self.cos, qc_qr_scale=st["qc"], kc_scale=st["kc"], modes=modes,
+                scales=self.scale_kwargs(modes, QUANT_POOL))
+        return {k: (v[:t] if isinstance(v, np.ndarray) and v.ndim else v) for k, v in self._gold[modes].items()}
+
+    def caches(self, modes, lead):
+        """Poisoned kv_cache / kr_cache of the scenario's dtypes with leading dims ``lead``."""
+        sc = self.scenario(modes)
+        kv = poisoned(lead + (1, sc.kv_dtile), DTYPES[sc.dtypes["kv_cache"]])
+        kr = np.zeros((0,), BF16) if sc.combined else poisoned(lead + (1, DR), DTYPES[sc.dtypes["kr_cache"]])
+        return kv, kr
+
+
+@pytest.fixture(scope="module")
+def qdata():
+    return QuantData(np.random.default_rng(11))
+
+
+def call_quant(qdata, modes, x, sin, cos, kv_cache, kr_cache, cache_index, *, cache_mode="PA_BSND",
+               query_norm_flag=True, version=3, **over):
+    """Call one entry point in a quant scenario (v1 / v2: the scenario follows from dtypes and scales)."""
+    t = x.size // x.shape[-1]
+    w_dq, w_uq_qr, w_dkv_kr = qdata.weights(modes)
+    kw = qdata.scale_kwargs(modes, t)
+    kw.update(over)
+    args = (x, w_dq, w_uq_qr, qdata.w_uk, w_dkv_kr, qdata.gamma_cq, qdata.gamma_ckv, sin, cos)
+    if version == 3:
+        return npu_mla_prolog_v3(*args, kv_cache, kr_cache, cache_index=cache_index, cache_mode=cache_mode,
+                                 query_norm_flag=query_norm_flag, **qdata.mode_kwargs(modes), **kw)
+    kw.pop("k_nope_clip_alpha", None)
+    fn = npu_mla_prolog if version == 1 else npu_mla_prolog_v2
+    return fn(*args, cache_index, kv_cache, kr_cache, cache_mode=cache_mode, **kw)
+
+
+def assert_int8(actual, expected, what, max_share: float = 0.0):
+    """int8 equal, or off by one on at most ``max_share`` of the elements."""
+    assert actual.dtype == np.int8 and actual.shape == expected.shape, \
+        f"{what}: {actual.dtype}{list(actual.shape)} vs {expected.dtype}{list(expected.shape)}"
+    diff = np.abs(actual.astype(np.int16) - expected.astype(np.int16))
+    assert diff.max(initial=0) <= 1, f"{what}: off by {diff.max()}"
+    off = np.count_nonzero(diff)
+    assert off <= max_share * diff.size, f"{what}: {off} of {diff.size} elements off by one"
+
+
+def assert_float_share(actual, golden, what, floor):
+    """Dual 0.005 criterion plus a bit-identical share floor (bf16); fp32 scales also within
+    SCALE_RTOL."""
+    assert actual.dtype == golden.dtype and actual.shape == golden.shape, \
+        f"{what}: {actual.dtype}{list(actual.shape)} vs {golden.dtype}{list(golden.shape)}"
+    assert dual_threshold_ok(actual, golden, PREC), f"{what}: fails the dual {PREC} criterion"
+    if actual.dtype == np.float32:
+        np.testing.assert_allclose(actual, golden, rtol=SCALE_RTOL, atol=0, err_msg=what)
+    share = bit_identical_share(actual, golden)
+    assert share >= floor, f"{what}: bit-identical share {share:.4f} < {floor}"
+
+
+def assert_quant_outputs(out, gold, modes, batch_shape, *, query_norm_flag=True):
+    """Shapes / dtypes as torch_npu's v3 meta gives them, and values against the reference."""
+    t, n = int(np.prod(batch_shape)), QUANT_N
+    query, query_rope, dq_nope, query_norm, dq_norm = out
+    assert query.shape == batch_shape + (n, HCKV) and query_rope.shape == batch_shape + (n, DR)
+    assert query_rope.dtype == BF16
+    if modes[2]:
+        assert dq_nope.shape == (t, n, 1) and dq_nope.dtype == np.float32
+        assert_int8(query.reshape(t, n, HCKV), gold["query"], "query", INT8_OFF_BY_ONE_SHARE)
+        assert_int8(query.reshape(t, n, HCKV), gold["query_golden"], "query vs golden",
+                    GOLDEN_QUERY_OFF_BY_ONE_SHARE)
+        assert_float_share(dq_nope, gold["dequant_scale_q_nope"], "dequant_scale_q_nope", QUANT_SHARE_FLOOR["scale"])
+    else:
+        assert dq_nope.shape == (0,) and dq_nope.dtype == np.float32
+        assert_float_share(query.reshape(t, n, HCKV), gold["query"], "query", QUANT_SHARE_FLOOR["query"])
+    assert_float_share(query_rope.reshape(t, n, DR), gold["query_rope"], "query_rope", QUANT_SHARE_FLOOR["query_rope"])
+    if not query_norm_flag:
+        assert [(o.shape, o.dtype) for o in (query_norm, dq_norm)] == [((0,), np.int8), ((0,), np.float32)]
+        return
+    assert query_norm.shape == batch_shape + (HCQ,) and dq_norm.shape == (t, 1) and dq_norm.dtype == np.float32
+    exact = modes[0] == 2
+    assert_int8(query_norm.reshape(t, HCQ), gold["query_norm"], "query_norm", 0.0 if exact else INT8_OFF_BY_ONE_SHARE)
+    if exact:
+        assert_same_bytes(dq_norm, gold["dequant_scale_q_norm"], "dequant_scale_q_norm")
+    else:
+        assert_float_share(dq_norm, gold["dequant_scale_q_norm"], "dequant_scale_q_norm", QUANT_SHARE_FLOOR["scale"])
+
+
+def assert_quant_cache(actual, before, rows, slots, *, nz, block_size, what, exact):
+    """Cache bytes against the reference rows written at ``slots`` (last writer wins).
+
+    ``exact`` (full quant: every step before the cache is integer-exact or follows the kernel's
+    fp32 order in the reference): all bytes equal. Otherwise (partial quant, whose bf16 ``x @ W``
+    may differ by 1 bf16 ulp from the reference's float64 matmul) the bytes outside the written
+    rows are exact and the written rows are split: int8 elements equal or off by one on a small
+    share; bf16 (rope) and fp32 (scale) elements within the dual criterion with a bit-identical
+    share floor.
+    """
+    expected = before.copy()
+    ref.write_rows(expected, rows, slots, nz=nz, block_size=block_size)
+    if exact:
+        assert_same_bytes(actual, expected, what)
+        return
+    marker = np.dtype(f"u{actual.dtype.itemsize}")
+    mask = np.zeros(actual.shape, dtype=marker)
+    ref.write_rows(mask, np.ones((len(slots), actual.shape[-1]), dtype=marker), slots, nz=nz, block_size=block_size)
+    byte_mask = np.repeat(mask.reshape(-1) != 0, actual.dtype.itemsize)
+    assert_same_bytes(raw(actual)[~byte_mask], raw(before)[~byte_mask], f"{what} outside the written rows")
+    live = sorted({s for s in slots if s >= 0})
+    got = ref.read_rows(actual, live, nz=nz, block_size=block_size)
+    want = ref.read_rows(expected, live, nz=nz, block_size=block_size)
+    if got.dtype == BF16:
+        assert_float_share(got, want, what, QUANT_SHARE_FLOOR["rope"])
+    elif got.shape[-1] != ref.ROW_BYTES:
+        assert_int8(got, want, what, INT8_OFF_BY_ONE_SHARE)
+    else:
+        nope, rope, scale = slice(0, HCKV), slice(HCKV, HCKV + 2 * DR), slice(HCKV + 2 * DR, ref.ROW_BYTES)
+        assert_int8(got[:, nope], want[:, nope], f"{what} k_nope", INT8_OFF_BY_ONE_SHARE)
+        for part, dtype, key in ((rope, BF16, "rope"), (scale, np.float32, "scale")):
+            assert_float_share(np.ascontiguousarray(got[:, part]).view(dtype),
+                               np.ascontiguousarray(want[:, part]).view(dtype), f"{what} {key}", QUANT_SHARE_FLOOR[key])
+
+
+def quant_cache_setup(qdata, modes, rng, batch_shape, cache_mode):
+    """Poisoned caches, cache_index and the slots each token writes (a skipped token in PA_BSND)."""
+    t = int(np.prod(batch_shape))
+    if cache_mode in ("BSND", "TND"):
+        kv, kr = qdata.caches(modes, batch_shape)
+        return kv, kr, None, list(range(t)), 1
+    block_num, bs = 3, 16
+    kv, kr = qdata.caches(modes, (block_num, bs))
+    flat = rng.permutation(block_num * bs)[:t].astype(np.int64)
+    flat[1] = -1  # skipped token
+    return kv, kr, flat.reshape(batch_shape), ref.slots_paged(flat), bs
+
+
+#: (modes, cache mode) pairs: PA_BSND and PA_NZ, or for the per-tile rows PA_BSND and the
+#: token's own position (BSND for 3-D token_x, TND for 2-D).
+QUANT_CASES = [(m, cm) for m in QUANT_MODES for cm in (("PA_BSND", "OWN") if m[1] == 3 else ("PA_BSND", "PA_NZ"))]
+
+
+@pytest.mark.parametrize("rank", RANKS)
+@pytest.mark.parametrize("modes, cache_mode", QUANT_CASES, ids=[f"{m}-{c}" for m, c in QUANT_CASES])
+def test_v3_quant_scenarios(qdata, rng, modes, cache_mode, rank):
+    """Every row of the v3 seed's scenario table: outputs and caches against the reference."""
+    batch_shape = (2, 3) if rank == 3 else (5,)
+    if cache_mode == "OWN":
+        cache_mode = "BSND" if rank == 3 else "TND"
+    x, sin, cos = qdata.tokens(modes, batch_shape)
+    kv_cache, kr_cache, cache_index, slots, bs = quant_cache_setup(qdata, modes, rng, batch_shape, cache_mode)
+    kv_before, kr_before = kv_cache.copy(), kr_cache.copy()
+
+    out = call_quant(qdata, modes, x, sin, cos, kv_cache, kr_cache, cache_index, cache_mode=cache_mode)
+
+    gold = qdata.reference(modes, int(np.prod(batch_shape)))
+    assert_quant_outputs(out, gold, modes, batch_shape)
+    nz, exact = cache_mode == "PA_NZ", modes[0] == 2
+    assert_quant_cache(kv_cache, kv_before, gold["kv"], slots, nz=nz, block_size=bs, what="kv_cache", exact=exact)
+    if gold["kr"] is None:
+        assert kr_cache.size == 0
+    else:
+        assert_quant_cache(kr_cache, kr_before, gold["kr"], slots, nz=nz, block_size=bs, what="kr_cache", exact=exact)
+
+
+@pytest.mark.parametrize("modes", [m for m in QUANT_MODES if m[1] == 3])
+def test_per_tile_rows_read_back(qdata, rng, modes):
+    """read_combined_cache decodes each written row to the clipped kv within half a step of its
+    tile; a tile whose gamma is zero stores scale 0 and int8 0; -1 skips; duplicates: last wins."""
+    t = 4
+    x, sin, cos = qdata.tokens(modes, (t,))
+    gamma_ckv = qdata.gamma_ckv.copy()
+    gamma_ckv[128:256] = 0  # tile 1 all zero
+    kv_cache, kr_cache = qdata.caches(modes, (2, 16))
+    cache_index = np.array([7, -1, 20, 7], dtype=np.int64)
+    with pytest.warns(DuplicateSlotWarning, match=r"slot 7 <- tokens \[0, 3\]"):
+        w_dq, w_uq_qr, w_dkv_kr = qdata.weights(modes)
+        npu_mla_prolog_v3(x, w_dq, w_uq_qr, qdata.w_uk, w_dkv_kr, qdata.gamma_cq, gamma_ckv, sin, cos, kv_cache,
+                          kr_cache, cache_index=cache_index, **qdata.mode_kwargs(modes),
+                          **qdata.scale_kwargs(modes, t))
+    alpha = QUANT_SETTINGS[modes]["alpha"]
+    for token, slot in ((3, 7), (2, 20)):
+        k_nope, k_rope, scales = read_combined_cache(kv_cache, slot=slot)  # [1, 512], [1, 64], [1, 4]
+        rows = kv_cache.reshape(-1, ref.ROW_BYTES)[slot]
+        assert_same_bytes(k_rope, rows[512:640].copy().view(BF16).reshape(1, DR), "k_rope bytes")
+        assert scales[0, 1] == 0 and not rows[128:256].any()
+        kv32 = qdata_kv_f32(qdata, modes, gamma_ckv, token)
+        lim = scales[0].repeat(128) * np.float32(127)
+        clipped = np.clip(kv32, -lim, lim)
+        step = scales[0].repeat(128)
+        assert np.all(np.abs(k_nope[0] - clipped) <= step * 0.5 * (1 + 1e-5) + 1e-30)
+        amax = np.abs(kv32.reshape(4, 128)).max(axis=1)
+        np.testing.assert_allclose(scales[0], amax * np.float32(alpha) / 127, rtol=1e-6)
+    untouched = np.ones(kv_cache.reshape(-1, ref.ROW_BYTES).shape[0], bool)
+    untouched[[7, 20]] = False
+    assert (kv_cache.reshape(-1, ref.ROW_BYTES)[untouched].view(np.uint8) == POISON_BYTE).all()
+
+
+def qdata_kv_f32(qdata, modes, gamma_ckv, token):
+    """The reference's fp32 kv (before the per-tile quant) of one pool token with ``gamma_ckv``."""
+    st = QUANT_SETTINGS[modes]
+    w_dq, w_uq_qr, w_dkv_kr = (np.asarray(w).view(np.ndarray) for w in qdata.weights(modes))
+    w_dq, w_dkv_kr = (w if w.dtype == np.int8 else w.astype(np.float64) for w in (w_dq, w_dkv_kr))
+    x = qdata.x["int8" if modes[0] == 2 else "bfloat16"][token:token + 1]
+    scales = qdata.scale_kwargs(modes, QUANT_POOL)
+    if "dequant_scale_x" in scales:
+        scales["dequant_scale_x"] = scales["dequant_scale_x"][token:token + 1]
+    gold = ref.mla_prolog(x, w_dq, w_uq_qr, qdata.w_uk.astype(np.float64), w_dkv_kr, qdata.gamma_cq, gamma_ckv,
+                          qdata.sin[token:token + 1], qdata.cos[token:token + 1], qc_qr_scale=st["qc"],
+                          kc_scale=st["kc"], modes=modes, scales=scales)
+    return gold["kv_f32"][0]
+
+
+#: (version, modes) of the quantized v1 / v2 scenarios (selected by dtypes and scales).
+LEGACY_QUANT = [(1, (1, 0, 0)), (1, (1, 2, 0)), (2, (1, 0, 0)), (2, (1, 2, 0)), (2, (2, 0, 0)), (2, (2, 1, 1))]
+
+
+@pytest.mark.parametrize("version, modes", LEGACY_QUANT)
+def test_legacy_quant_matches_v3(qdata, rng, version, modes):
+    """v1 / v2 infer the scenario and run the one implementation: byte-identical to v3 with the
+    explicit modes (qc_qr_scale = kc_scale = 1), dequant_scale_q_nope as the v2 meta gives it."""
+    t = 3
+    x, sin, cos = qdata.tokens(modes, (1, t))
+    cache_index = rng.permutation(32)[:t].reshape(1, t).astype(np.int64)
+    caches_v3, caches_old = qdata.caches(modes, (2, 16)), qdata.caches(modes, (2, 16))
+    w_dq, w_uq_qr, w_dkv_kr = qdata.weights(modes)
+    args = (x, w_dq, w_uq_qr, qdata.w_uk, w_dkv_kr, qdata.gamma_cq, qdata.gamma_ckv, sin, cos)
+    mk = dict(qdata.mode_kwargs(modes), qc_qr_scale=1.0, kc_scale=1.0)
+    v3 = npu_mla_prolog_v3(*args, *caches_v3, cache_index=cache_index, **mk, **qdata.scale_kwargs(modes, t))
+    old = call_quant(qdata, modes, x, sin, cos, *caches_old, cache_index, version=version)
+    for a, b, what in ((old[0], v3[0], "query"), (old[1], v3[1], "query_rope"), (caches_old[0], caches_v3[0], "kv"),
+                       (caches_old[1], caches_v3[1], "kr")):
+        assert_same_bytes(a, b, f"v{version} {what}")
+    assert old[2] is caches_old[0] and old[3] is caches_old[1]
+    if version == 2:
+        if modes[2]:
+            assert_same_bytes(old[4], v3[2], "dequant_scale_q_nope")
+            assert old[4].shape == (t, QUANT_N, 1)
+        else:
+            assert old[4].shape == (1,) and old[4].dtype == np.float32 and old[4][0] == 0
+
+
+def test_v2_per_tensor_scale_as_documented(qdata, rng):
+    """v2's doc gives quant_scale_ckv as [1, Hckv]; per-tensor quant reads element 0 ([1] works too)."""
+    modes = (2, 1, 1)
+    x, sin, cos = qdata.tokens(modes, (2,))
+    results = []
+    for scale in (np.array([[30.0] + [5.0] * (HCKV - 1)], np.float32), np.array([30.0], np.float32)):
+        caches = qdata.caches(modes, (1, 16))
+        out = call_quant(qdata, modes, x, sin, cos, *caches, np.array([3, 9], np.int64), version=2,
+                         quant_scale_ckv=scale)
+        results.append((out[0], out[1], out[4]) + caches)
+    for a, b in zip(*results):
+        assert_same_bytes(a, b, "v2 [1, Hckv] vs [1] quant_scale_ckv")
+
+
+@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 3, 1)])
+def test_quant_output_shapes_without_query_norm(qdata, rng, modes):
+    x, sin, cos = qdata.tokens(modes, (2, 2))
+    kv_cache, kr_cache = qdata.caches(modes, (2, 2) if modes[1] == 3 else (1, 16))
+    cm = "BSND" if modes[1] == 3 else "PA_BSND"
+    ci = None if modes[1] == 3 else np.arange(4, dtype=np.int64).reshape(2, 2)
+    out = call_quant(qdata, modes, x, sin, cos, kv_cache, kr_cache, ci, cache_mode=cm, query_norm_flag=False)
+    assert_quant_outputs(out, qdata.reference(modes, 4), modes, (2, 2), query_norm_flag=False)
+
+
+@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 1, 1), (2, 3, 1)])
+@pytest.mark.parametrize("batch_shape", [(0,), (0, 3)])
+def test_quant_empty_tokens(qdata, rng, modes, batch_shape):
+    x, sin, cos = qdata.tokens(modes, batch_shape)
+    kv_cache, kr_cache = qdata.caches(modes, (2, 16))
+    before = kv_cache.copy()
+    out = call_quant(qdata, modes, x, sin, cos, kv_cache, kr_cache, np.zeros(batch_shape, np.int64))
+    qdtype = np.int8 if modes[2] else BF16
+    assert out[0].shape == batch_shape + (QUANT_N, HCKV) and out[0].dtype == qdtype
+    assert out[2].shape == ((0, QUANT_N, 1) if modes[2] else (0,))
+    assert out[3].shape == batch_shape + (HCQ,) and out[3].dtype == np.int8 and out[4].shape == (0, 1)
+    assert_same_bytes(kv_cache, before, "kv_cache")
+
+
+def test_quant_empty_cache_still_computes_queries(qdata, rng):
+    modes = (2, 1, 1)
+    x, sin, cos = qdata.tokens(modes, (3,))
+    kv_cache, kr_cache = qdata.caches(modes, (0, 16))
+    out = call_quant(qdata, modes, x, sin, cos, kv_cache, kr_cache, np.zeros(3, np.int64))
+    assert_quant_outputs(out, qdata.reference(modes, 3), modes, (3,))
+
+
+def test_quant_non_contiguous_token_x(qdata, rng):
+    modes = (2, 3, 0)
+    x, sin, cos = qdata.tokens(modes, (3,))
+    wide = np.zeros((3, 2 * HE), np.int8)
+    wide[:, 1::2] = x
+    results = []
+    for tokens in (x, wide[:, 1::2]):
+        caches = qdata.caches(modes, (1, 16))
+        out = call_quant(qdata, modes, tokens, sin, cos, *caches, np.array([4, 0, 9], np.int64))
+        results.append(list(out) + list(caches))
+    for a, b in zip(*results):
+        assert_same_bytes(b, a, "strided int8 token_x result")
+
+
+@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 3, 1)])
+def test_quant_thread_count_does_not_change_results(qdata, rng, modes):
+    x, sin, cos = qdata.tokens(modes, (QUANT_POOL,))
+    ci = rng.permutation(32)[:QUANT_POOL].astype(np.int64)
+    results = []
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, 2):
+            numba.set_num_threads(threads)
+            caches = qdata.caches(modes, (2, 16))
+            out = call_quant(qdata, modes, x, sin, cos, *caches, ci, cache_mode="PA_NZ" if modes[1] == 2 else "PA_BSND")
+            results.append(list(out) + list(caches))
+    finally:
+        numba.set_num_threads(before)
+    for a, b in zip(*results):
+        assert_same_bytes(b, a, "2-thread vs 1-thread result")
+
+
 # ---------------------------------------------------------------------- bad inputs
 def _case(**over):
     """A mutation of the valid v3 call below: keyword overrides of its arguments."""
@@ -441,6 +884,121 @@ def test_bad_legacy_inputs_raise_and_leave_caches(data, rng, version, name, chan
         fn(x, data.w_dq_nz, w_uq_qr, w_uk, data.w_dkv_kr_nz, data.gamma_cq, data.gamma_ckv, sin, cos,
            np.arange(seq, dtype=np.int64).reshape(1, seq), kv_cache, kr_cache, **kw)
     for c, b in zip((kv_cache, kr_cache), before):
+        assert_same_bytes(c, b, "cache after a rejected call")
+
+
+#: (name, modes of the valid base call, overrides(qdata) -> kwargs, error, match). The base call
+#: is valid for ``modes`` (PA_BSND, 3 tokens, its scales); each case breaks one thing.
+BAD_QUANT = [
+    ("seed's per-tile row (3, 3, 0)", (1, 3, 0), lambda q: dict(weight_quant_mode=3), ModeError,
+     r"\(weight_quant_mode=3, kv_cache_quant_mode=3, query_quant_mode=0\) is not a legal mode combination "
+     r"\(weight_quant_mode=3 is Ascend 950.*\(1, 3, 0\) partial quant, kv_cache per-tile quant"),
+    ("seed's per-channel row (2, 2, 0)", (1, 2, 0), lambda q: dict(weight_quant_mode=2), ModeError,
+     r"weight_quant_mode=2, kv_cache_quant_mode=2.*not a legal mode combination.*\(2, 3, 1\)"),
+    ("query quant without full quant", (1, 2, 0), lambda q: dict(query_quant_mode=1), ModeError,
+     "legal mode combination"),
+    ("per-tensor kv without query quant", (2, 1, 1), lambda q: dict(query_quant_mode=0), ModeError,
+     "legal mode combination"),
+    ("weight_quant_mode 5", (2, 0, 0), lambda q: dict(weight_quant_mode=5), ModeError, "hifloat8"),
+    ("bool mode", (1, 0, 0), lambda q: dict(weight_quant_mode=True), ModeError, "weight_quant_mode: expected an int"),
+    ("missing dequant_scale_x", (2, 0, 0), lambda q: dict(dequant_scale_x=None), ShapeError, "dequant_scale_x"),
+    ("missing k_nope_clip_alpha", (2, 3, 0), lambda q: dict(k_nope_clip_alpha=None), ShapeError, "k_nope_clip_alpha"),
+    ("(2, 3, 1) without quant_scale_ckv", (2, 3, 1), lambda q: dict(quant_scale_ckv=None), ShapeError,
+     "quant_scale_ckv"),
+    ("quant_scale_ckv with a bf16 per-tile query", (2, 3, 0),
+     lambda q: dict(quant_scale_ckv=np.ones(1, np.float32)), ModeError, "quant_scale_ckv: expected None"),
+    ("quant_scale_ckr in per-tensor", (2, 1, 1), lambda q: dict(quant_scale_ckr=np.ones((1, DR), np.float32)),
+     ModeError, "quant_scale_ckr"),
+    ("dequant scale shape", (1, 0, 0), lambda q: dict(dequant_scale_w_uq_qr=np.ones((QUANT_N * 192,), np.float32)),
+     ShapeError, r"dequant_scale_w_uq_qr: expected shape \[1, 384\]"),
+    ("dequant_scale_x rows", (2, 0, 0), lambda q: dict(dequant_scale_x=np.ones((4, 1), np.float32)), ShapeError,
+     r"dequant_scale_x: expected shape \[3, 1\] or \[3\]"),
+    ("per-tensor scale [1, Hckv] in v3", (2, 1, 1), lambda q: dict(quant_scale_ckv=np.ones((1, HCKV), np.float32)),
+     ShapeError, r"quant_scale_ckv: expected shape \[1\]"),
+    ("per-channel scale [1] ", (1, 2, 0), lambda q: dict(quant_scale_ckv=np.ones(1, np.float32)), ShapeError,
+     r"quant_scale_ckv: expected shape \[1, 512\]"),
+    ("fp16 scale", (1, 0, 0), lambda q: dict(smooth_scales_cq=np.ones((1, HCQ), np.float16)), DTypeError,
+     "smooth_scales_cq: expected dtype float32"),
+    ("alpha 0", (1, 3, 0), lambda q: dict(k_nope_clip_alpha=np.zeros(1, np.float32)), ModeError, "k_nope_clip_alpha"),
+    ("alpha NaN", (2, 3, 0), lambda q: dict(k_nope_clip_alpha=np.full(1, np.nan, np.float32)), ModeError,
+     "k_nope_clip_alpha"),
+    ("bf16 token_x in full quant", (2, 0, 0), lambda q: dict(token_x=q.tokens((1, 0, 0), (3,))[0]), DTypeError,
+     "token_x: expected dtype int8"),
+    ("bf16 weight_uq_qr in partial quant", (1, 0, 0), lambda q: dict(weight_uq_qr=_nz(np.zeros((HCQ, 384), BF16))),
+     DTypeError, "weight_uq_qr: expected dtype int8"),
+    ("int8 kr_cache in per-tensor", (2, 1, 1), lambda q: dict(kr_cache=poisoned((2, 16, 1, DR), np.int8)),
+     DTypeError, "kr_cache: expected dtype bfloat16"),
+    ("bf16 kv_cache in per-channel", (1, 2, 0), lambda q: dict(kv_cache=poisoned((2, 16, 1, HCKV), BF16)),
+     DTypeError, "kv_cache: expected dtype int8"),
+    ("per-tile PA_NZ", (1, 3, 0), lambda q: dict(cache_mode="PA_NZ"), ModeError,
+     r"cache_mode: expected one of \['PA_BSND', 'BSND', 'TND'\]"),
+    ("per-tile PA_BLK_BSND", (2, 3, 0), lambda q: dict(cache_mode="PA_BLK_BSND",
+                                                      actual_seq_len=np.array([3], np.int32)), ModeError, "cache_mode"),
+    ("per-tile repo mode 0", (2, 3, 0), lambda q: dict(ckvkr_repo_mode=0), ModeError, "ckvkr_repo_mode: expected 1"),
+    ("repo mode 1 without per-tile", (2, 1, 1), lambda q: dict(quant_scale_repo_mode=1), ModeError,
+     "quant_scale_repo_mode: expected 0"),
+    ("per-tile kr_cache not empty", (1, 3, 0), lambda q: dict(kr_cache=poisoned((2, 16, 1, DR), BF16)), ShapeError,
+     "kr_cache: expected an empty tensor"),
+    ("per-tile Dtile 512", (2, 3, 1), lambda q: dict(kv_cache=poisoned((2, 16, 1, HCKV), np.int8)), ShapeError,
+     "Dtile=656"),
+    ("per-tile cache_index range", (2, 3, 0), lambda q: dict(cache_index=np.array([0, 32, 1], np.int64)),
+     IndexRangeError, r"cache_index\[1\] = 32"),
+]
+
+
+@pytest.mark.parametrize("name, modes, mutate, error, match", BAD_QUANT, ids=[c[0] for c in BAD_QUANT])
+def test_bad_quant_inputs_raise_and_leave_caches(qdata, rng, name, modes, mutate, error, match):
+    x, sin, cos = qdata.tokens(modes, (3,))
+    kv_cache, kr_cache = qdata.caches(modes, (2, 16))
+    w_dq, w_uq_qr, w_dkv_kr = qdata.weights(modes)
+    kwargs = dict(token_x=x, weight_dq=w_dq, weight_uq_qr=w_uq_qr, weight_uk=qdata.w_uk, weight_dkv_kr=w_dkv_kr,
+                  rmsnorm_gamma_cq=qdata.gamma_cq, rmsnorm_gamma_ckv=qdata.gamma_ckv, rope_sin=sin, rope_cos=cos,
+                  kv_cache=kv_cache, kr_cache=kr_cache, cache_index=np.array([0, 5, 9], np.int64),
+                  **qdata.mode_kwargs(modes), **qdata.scale_kwargs(modes, 3))
+    npu_mla_prolog_v3(**dict(kwargs, kv_cache=kv_cache.copy(), kr_cache=kr_cache.copy()))  # the base call is valid
+    kwargs.update(mutate(qdata))
+    caches = [kwargs["kv_cache"], kwargs["kr_cache"]]
+    before = [c.copy() for c in caches]
+    with pytest.raises(error, match=match):
+        npu_mla_prolog_v3(**kwargs)
+    for c, b in zip(caches, before):
+        assert_same_bytes(c, b, "cache after a rejected call")
+
+
+#: (name, version, modes, overrides(qdata) -> kwargs, error, match) for the v1 / v2 inference.
+BAD_LEGACY_QUANT = [
+    ("v1 full quant (reserved scales)", 1, (2, 0, 0), lambda q: {}, ModeError,
+     r"\(weight_quant_mode=2, kv_cache_quant_mode=0, query_quant_mode=0\) \(selected by token_x int8, "
+     r"dequant_scale_x given.*not a legal mode combination"),
+    ("v1 dequant_scale_x with bf16 token_x", 1, (1, 0, 0),
+     lambda q: dict(dequant_scale_x=np.ones((3, 1), np.float32)), ModeError, "dequant_scale_x given"),
+    ("v2 per-tensor kv with an int8 kr_cache", 2, (2, 1, 1),
+     lambda q: dict(kr_cache=poisoned((2, 16, 1, DR), np.int8)), DTypeError, "kr_cache: expected dtype bfloat16"),
+    ("v2 quant_scale_ckv without int8 caches", 2, (2, 0, 0),
+     lambda q: dict(quant_scale_ckv=np.ones((1, HCKV), np.float32)), DTypeError, "kv_cache: expected dtype int8"),
+    ("v2 full quant without dequant_scale_w_dq", 2, (2, 0, 0), lambda q: dict(dequant_scale_w_dq=None), ShapeError,
+     "dequant_scale_w_dq"),
+    ("v1 smooth_scales_cq [1]", 1, (1, 0, 0), lambda q: dict(smooth_scales_cq=np.ones(1, np.float32)), ShapeError,
+     r"smooth_scales_cq: expected shape \[1, 1536\]"),
+]
+
+
+@pytest.mark.parametrize("name, version, modes, mutate, error, match", BAD_LEGACY_QUANT,
+                         ids=[c[0] for c in BAD_LEGACY_QUANT])
+def test_bad_legacy_quant_inputs(qdata, rng, name, version, modes, mutate, error, match):
+    x, sin, cos = qdata.tokens(modes, (3,))
+    kv_cache, kr_cache = qdata.caches(modes, (2, 16))
+    w_dq, w_uq_qr, w_dkv_kr = qdata.weights(modes)
+    kwargs = qdata.scale_kwargs(modes, 3)
+    kwargs.update(kv_cache=kv_cache, kr_cache=kr_cache)
+    kwargs.update(mutate(qdata))
+    caches = [kwargs.pop("kv_cache"), kwargs.pop("kr_cache")]
+    before = [c.copy() for c in caches]
+    fn = npu_mla_prolog if version == 1 else npu_mla_prolog_v2
+    with pytest.raises(error, match=match):
+        fn(x, w_dq, w_uq_qr, qdata.w_uk, w_dkv_kr, qdata.gamma_cq, qdata.gamma_ckv, sin, cos,
+           np.array([0, 5, 9], np.int64), *caches, **kwargs)
+    for c, b in zip(caches, before):
         assert_same_bytes(c, b, "cache after a rejected call")
 
 

@@ -171,8 +171,8 @@ def mla_prolog(x, w_dq, w_uq_qr, w_uk64, w_dkv_kr, gamma_cq, gamma_ckv, sin, cos
         dict: ``query`` [T, N, 512] (bf16, or int8 with query quant, plus ``query_golden`` and
         ``dequant_scale_q_nope`` [T, N, 1]), bf16 ``query_rope`` [T, N, 64], ``query_norm``
         [T, Hcq] (bf16, or int8 plus ``dequant_scale_q_norm`` [T, 1]), ``kv`` [T, 512] (bf16 /
-        int8) and ``kr`` [T, 64] (bf16 / int8), or ``kv`` = combined int8 rows [T, 656] and
-        ``kr`` None (per-tile).
+        int8) and ``kr`` [T, 64] (bf16 / int8), or ``kv`` = combined int8 rows [T, 656], ``kr``
+        None and ``kv_f32`` the fp32 kv before its quant (per-tile).
     """
     wqm, kvq, qqm = modes
     sc = dict(scales or {})
@@ -213,6 +213,7 @@ def mla_prolog(x, w_dq, w_uq_qr, w_uk64, w_dkv_kr, gamma_cq, gamma_ckv, sin, cos
         kv = static_quant(kv, f32(sc["quant_scale_ckv"]).reshape(-1))
         kr = static_quant(kr, f32(sc["quant_scale_ckr"]).reshape(-1))
     else:
+        out["kv_f32"] = kv
         kv, kr = per_tile_rows(kv, kr, f32(sc["k_nope_clip_alpha"]).reshape(-1)[0], tile_size), None
     out.update(kv=kv, kr=kr)
     return out
