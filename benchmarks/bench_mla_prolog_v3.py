@@ -1,10 +1,20 @@
-"""npu_mla_prolog_v3 (non-quant, PA_BSND) against the bare fp32 matmuls it contains.
+"""npu_mla_prolog_v3 (non-quant and per-tile quant) against the bare matmuls it contains; the
+exact int8 matmul path against the integer matmul a developer would write.
 
 Shapes of the seed example: B=8, S=2, N=32, He=7168, Hcq=1536, Hckv=512, D=128, Dr=64,
-BlockSize=128. The floor is measured in the same run: ``x @ W_dq``, ``cq @ W_uq_qr``, the
-per-head ``q_nope @ W_uk`` and ``x @ W_dkv_kr`` as fp32 BLAS calls on pre-widened fp32 weights
-(what the op cannot avoid). Both are the best of N alternating runs after a warm-up. The
-target is at most 1.5x the floor.
+BlockSize=128. Every floor is measured in the same run, and every figure is the best of N
+alternating runs after a warm-up:
+
+- non-quant, PA_BSND: the floor is ``x @ W_dq``, ``cq @ W_uq_qr``, the per-head
+  ``q_nope @ W_uk`` and ``x @ W_dkv_kr`` as fp32 BLAS calls on pre-widened fp32 weights.
+- per-tile (kv_cache_quant_mode=3, 656-byte rows, PA_BSND), partial quant (weight_quant_mode=1)
+  and full quant (2): the same four matmuls as the op runs them, on pre-widened operands: int8 x
+  int8 products as float64 BLAS (exact), bf16 ones as fp32 BLAS.
+- int8 matmuls: ``matmul_int8_exact`` (float64 BLAS on the cached float64 weight) against
+  ``np.matmul`` on int32 operands and ``torch.matmul`` on int32 tensors (if torch is installed),
+  for the three int8 x int8 shapes of the full-quant op; the results are checked equal.
+
+The target for the op is at most 1.5x its floor.
 
 Usage: ``python benchmarks/bench_mla_prolog_v3.py [--batch 8] [--seq 2] [--heads 32] [--repeat 20]``
 """
@@ -17,6 +27,7 @@ import time
 import ml_dtypes
 import numpy as np
 
+from ascend_emu.emu.matmul import matmul_int8_exact, weight_f64
 from ascend_emu.ops import npu_format_cast, npu_mla_prolog_v3
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -45,6 +56,21 @@ def bf16(rng, shape, scale: float) -> np.ndarray:
     return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(BF16)
 
 
+def int8(rng, shape) -> np.ndarray:
+    """Uniform int8 values in [-127, 127]."""
+    return rng.integers(-127, 128, shape).astype(np.int8)
+
+
+def report(title: str, floor_what: str, t_floor: float, t_op: float) -> None:
+    ratio = t_op / t_floor
+    verdict = "meets" if ratio <= TARGET_RATIO else "misses"
+    label = f"floor ({floor_what}):"
+    print(title)
+    print(f"  {label} {t_floor * 1e3:8.2f} ms")
+    print(f"  {'npu_mla_prolog_v3:':{len(label)}} {t_op * 1e3:8.2f} ms")
+    print(f"  ratio op / floor: {ratio:.2f} ({verdict} the target <= {TARGET_RATIO})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8, help="B (default 8)")
@@ -54,6 +80,7 @@ def main() -> None:
     args = parser.parse_args()
     b, s, n = args.batch, args.seq, args.heads
     t = b * s
+    shape = f"B={b} S={s} N={n} He={HE} Hcq={HCQ}, best of {args.repeat}"
 
     rng = np.random.default_rng(0)
     x = bf16(rng, (b, s, HE), 1.0)  # [B, S, He]
@@ -87,12 +114,71 @@ def main() -> None:
         np.matmul(x32, w_dkv_kr32)
 
     t_floor, t_op = best_times([floor, op], args.repeat)
-    ratio = t_op / t_floor
-    print(f"npu_mla_prolog_v3 non-quant PA_BSND, B={b} S={s} N={n} He={HE} Hcq={HCQ}, best of {args.repeat}")
-    print(f"  fp32 matmul floor (x@Wdq, cq@Wuq_qr, q@Wuk per head, x@Wdkv_kr): {t_floor * 1e3:8.2f} ms")
-    print(f"  npu_mla_prolog_v3:                                              {t_op * 1e3:8.2f} ms")
-    verdict = "meets" if ratio <= TARGET_RATIO else "misses"
-    print(f"  ratio op / floor: {ratio:.2f} ({verdict} the target <= {TARGET_RATIO})")
+    report(f"npu_mla_prolog_v3 non-quant PA_BSND, {shape}",
+           "fp32 x@Wdq, cq@Wuq_qr, q@Wuk per head, x@Wdkv_kr", t_floor, t_op)
+
+    # ---- per-tile quant, partial (1, 3, 0) and full (2, 3, 0)
+    x_i8 = int8(rng, (b, s, HE))  # [B, S, He]
+    w_dq_i8, w_uq_qr_i8, w_dkv_kr_i8 = int8(rng, (HE, HCQ)), int8(rng, (HCQ, n * (D + DR))), int8(rng, (HE, HCKV + DR))
+    w_dq_i8_nz, w_uq_qr_i8_nz, w_dkv_kr_i8_nz = (npu_format_cast(w, 29) for w in (w_dq_i8, w_uq_qr_i8, w_dkv_kr_i8))
+    rows = np.zeros((block_num, BLOCK_SIZE, 1, 656), dtype=np.int8)  # [BlockNum, BlockSize, 1, 656]
+    no_kr = np.zeros((0,), dtype=BF16)
+    scales = dict(dequant_scale_w_uq_qr=np.full((1, n * (D + DR)), 1e-3, np.float32),
+                  k_nope_clip_alpha=np.ones(1, np.float32))
+    full_scales = dict(scales, dequant_scale_x=np.full((t, 1), 1e-2, np.float32),
+                       dequant_scale_w_dq=np.full((1, HCQ), 1e-3, np.float32),
+                       dequant_scale_w_dkv_kr=np.full((1, HCKV + DR), 1e-3, np.float32))
+    x64 = x_i8.reshape(t, HE).astype(np.float64)  # [T, He]
+    q64 = rng.integers(-127, 128, (t, HCQ)).astype(np.float64)  # [T, Hcq]
+    w_dq64, w_uq_qr64, w_dkv_kr64 = (w.astype(np.float64) for w in (w_dq_i8, w_uq_qr_i8, w_dkv_kr_i8))
+    for wqm, label in ((1, "partial"), (2, "full")):
+        full = wqm == 2
+        tokens = x_i8 if full else x
+        w_down = (w_dq_i8_nz, w_dkv_kr_i8_nz) if full else (w_dq_nz, w_dkv_kr_nz)
+
+        def op_tile(tokens=tokens, w_down=w_down, wqm=wqm, kw=full_scales if full else scales):
+            npu_mla_prolog_v3(tokens, w_down[0], w_uq_qr_i8_nz, w_uk, w_down[1], gamma_cq, gamma_ckv, sin, cos, rows,
+                              no_kr, cache_index=cache_index, cache_mode="PA_BSND", weight_quant_mode=wqm,
+                              kv_cache_quant_mode=3, ckvkr_repo_mode=1, quant_scale_repo_mode=1, **kw)
+
+        def floor_tile(full=full):
+            if full:
+                np.matmul(x64, w_dq64)
+                np.matmul(x64, w_dkv_kr64)
+            else:
+                np.matmul(x32, w_dq32)
+                np.matmul(x32, w_dkv_kr32)
+            np.matmul(q64, w_uq_qr64)
+            np.matmul(q_nope32, w_uk32)
+
+        t_floor, t_op = best_times([floor_tile, op_tile], args.repeat)
+        kinds = "f64 x@Wdq, x@Wdkv_kr" if full else "fp32 x@Wdq, x@Wdkv_kr"
+        report(f"npu_mla_prolog_v3 per-tile ({label} quant, weight_quant_mode={wqm}, 656-byte rows), {shape}",
+               f"{kinds}; f64 q@Wuq_qr; fp32 q@Wuk", t_floor, t_op)
+
+    # ---- int8 x int8 matmuls: float64 BLAS vs integer matmul
+    print(f"int8 x int8 matmuls of the full-quant op (T={t}), best of {args.repeat}")
+    cases = (("x @ W_dq", x_i8.reshape(t, HE), w_dq_i8_nz), ("q @ W_uq_qr", q64.astype(np.int8), w_uq_qr_i8_nz),
+             ("x @ W_dkv_kr", x_i8.reshape(t, HE), w_dkv_kr_i8_nz))
+    try:
+        import torch
+    except ModuleNotFoundError:
+        torch = None
+    for name, a, w in cases:
+        w64 = weight_f64(w)  # cached on the NZ weight, as in the op
+        a32, w32 = a.astype(np.int32), np.asarray(w).astype(np.int32)
+        fns = [lambda: matmul_int8_exact(a, w64), lambda: np.matmul(a32, w32)]
+        if torch is not None:
+            ta, tw = torch.from_numpy(a32), torch.from_numpy(w32)
+            fns.append(lambda: torch.matmul(ta, tw))
+        exact = matmul_int8_exact(a, w64)
+        assert np.array_equal(exact.astype(np.int64), np.matmul(a32, w32).astype(np.int64)), name
+        times = best_times(fns, max(3, args.repeat // 4))
+        line = (f"  {name:13s} [{a.shape[0]}, {a.shape[1]}] x [{w.shape[0]}, {w.shape[1]}]: float64 BLAS "
+                f"{times[0] * 1e3:7.2f} ms; np.matmul int32 {times[1] * 1e3:8.2f} ms ({times[1] / times[0]:.1f}x)")
+        if torch is not None:
+            line += f"; torch int32 {times[2] * 1e3:8.2f} ms ({times[2] / times[0]:.1f}x)"
+        print(line)
 
 
 if __name__ == "__main__":
