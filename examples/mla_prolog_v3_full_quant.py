@@ -36,15 +36,16 @@ w_dq, dequant_scale_w_dq = quant_per_channel(torch.randn(He, Hcq) * He ** -0.5)
 w_uq_qr, dequant_scale_w_uq_qr = quant_per_channel(torch.randn(Hcq, N * (D + Dr)) * Hcq ** -0.5)
 w_dkv_kr, dequant_scale_w_dkv_kr = quant_per_channel(torch.randn(He, Hckv + Dr) * He ** -0.5)
 w_uk = (torch.randn(N, D, Hckv) * D ** -0.5).to(torch.bfloat16).npu()
-w_dq_cast = torch_npu.npu_format_cast(w_dq.contiguous(), 29)
-w_uq_qr_cast = torch_npu.npu_format_cast(w_uq_qr.contiguous(), 29)
-w_dkv_kr_cast = torch_npu.npu_format_cast(w_dkv_kr.contiguous(), 29)
-rmsnorm_gamma_cq = torch.ones(Hcq, dtype=torch.bfloat16).npu()
-rmsnorm_gamma_ckv = torch.ones(Hckv, dtype=torch.bfloat16).npu()
-angles = torch.arange(T).float()[:, None] * (1.0 / 10000 ** (torch.arange(0, Dr, 2).float() / Dr))[None, :]
-angles = torch.cat([angles, angles], dim=-1).view(B, S, Dr)
-rope_sin = angles.sin().to(torch.bfloat16).npu()
-rope_cos = angles.cos().to(torch.bfloat16).npu()
+w_dq_cast, w_uq_qr_cast, w_dkv_kr_cast = (torch_npu.npu_format_cast(w.contiguous(), 29)
+                                         for w in (w_dq, w_uq_qr, w_dkv_kr))
+rmsnorm_gamma_cq = (torch.rand(Hcq) + 0.5).to(torch.bfloat16).npu()
+rmsnorm_gamma_ckv = (torch.rand(Hckv) + 0.5).to(torch.bfloat16).npu()
+# decode: sequence b has its S new tokens at positions lengths[b] .. lengths[b] + S - 1
+lengths = torch.randint(0, 1000, (B, 1))
+positions = (lengths + torch.arange(S)).view(-1).float()  # [T]
+theta = torch.outer(positions, 10000.0 ** (-torch.arange(0, Dr, 2).float() / Dr))  # [T, Dr/2]
+theta = theta.repeat(1, 2).view(B, S, Dr)  # half layout: the 32 frequencies twice
+rope_cos, rope_sin = theta.cos().to(torch.bfloat16).npu(), theta.sin().to(torch.bfloat16).npu()
 cache_index = torch.randperm(BlockNum * BlockSize)[:T].view(B, S).npu()
 scales = dict(dequant_scale_x=dequant_scale_x, dequant_scale_w_dq=dequant_scale_w_dq,
               dequant_scale_w_uq_qr=dequant_scale_w_uq_qr, dequant_scale_w_dkv_kr=dequant_scale_w_dkv_kr)

@@ -35,12 +35,18 @@ w_dq = (torch.randn(He, Hcq) * He ** -0.5).to(torch.bfloat16)
 w_uq_qr_int8, dequant_scale_w_uq_qr = quant_per_channel(torch.randn(Hcq, N * (D + Dr)) * Hcq ** -0.5)
 w_uk = (torch.randn(N, D, Hckv) * D ** -0.5).to(torch.bfloat16).npu()
 w_dkv_kr = (torch.randn(He, Hckv + Dr) * He ** -0.5).to(torch.bfloat16)
-rmsnorm_gamma_cq = torch.ones(Hcq, dtype=torch.bfloat16).npu()
-rmsnorm_gamma_ckv = torch.ones(Hckv, dtype=torch.bfloat16).npu()
-angles = torch.arange(T).float()[:, None] * (1.0 / 10000 ** (torch.arange(0, Dr, 2).float() / Dr))[None, :]
-angles = torch.cat([angles, angles], dim=-1).view(B, S, Dr)
-rope_sin = angles.sin().to(torch.bfloat16).npu()
-rope_cos = angles.cos().to(torch.bfloat16).npu()
+rmsnorm_gamma_cq, rmsnorm_gamma_ckv = (torch.ones(h, dtype=torch.bfloat16).npu() for h in (Hcq, Hckv))
+
+
+def rope_tables(positions):
+    """bf16 sin / cos in the half layout the MLA ops take (the 32 frequencies twice)."""
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, Dr, 2).float() / Dr)
+    angles = positions.float()[..., None] * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.sin().to(torch.bfloat16).npu(), angles.cos().to(torch.bfloat16).npu()
+
+
+rope_sin, rope_cos = rope_tables(torch.arange(S).repeat(B, 1))  # [B, S, Dr]: each sequence's prefill 0..S-1
 k_nope_clip_alpha = torch.tensor([1.0], dtype=torch.float32).npu()
 kr_cache = torch.empty(0, dtype=torch.bfloat16).npu()  # per-tile: k_rope lives in the kv_cache rows
 w_uq_qr_cast = torch_npu.npu_format_cast(w_uq_qr_int8.npu().contiguous(), 29)

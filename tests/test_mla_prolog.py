@@ -778,6 +778,15 @@ def test_quant_thread_count_does_not_change_results(qdata, rng, modes):
 
 
 # ---------------------------------------------------------------------- bad inputs
+def assert_rejected(call, caches, error, match):
+    """``call()`` raises ``error`` matching ``match`` and leaves every cache byte-identical."""
+    before = [c.copy() for c in caches]
+    with pytest.raises(error, match=match):
+        call()
+    for c, b in zip(caches, before):
+        assert_same_bytes(c, b, "cache after a rejected call")
+
+
 def _case(**over):
     """A mutation of the valid v3 call below: keyword overrides of its arguments."""
     return over
@@ -843,12 +852,7 @@ def test_bad_v3_inputs_raise_and_leave_caches(data, rng, name, mutate, error, ma
                   kv_cache=poisoned((2, 16, 1, HCKV), BF16), kr_cache=poisoned((2, 16, 1, DR), BF16),
                   cache_index=np.array([0, 1, 2], np.int64))
     kwargs.update(mutate(data))
-    caches = [kwargs["kv_cache"], kwargs["kr_cache"]]
-    before = [c.copy() for c in caches]
-    with pytest.raises(error, match=match):
-        npu_mla_prolog_v3(**kwargs)
-    for c, b in zip(caches, before):
-        assert_same_bytes(c, b, "cache after a rejected call")
+    assert_rejected(lambda: npu_mla_prolog_v3(**kwargs), [kwargs["kv_cache"], kwargs["kr_cache"]], error, match)
 
 
 BAD_LEGACY = [
@@ -875,16 +879,13 @@ def test_bad_legacy_inputs_raise_and_leave_caches(data, rng, version, name, chan
     bs = change.get("block_size", 16)
     dtype = np.int8 if change.get("caches") == "int8" else BF16
     kv_cache, kr_cache = poisoned((2, bs, 1, HCKV), dtype), poisoned((2, bs, 1, DR), dtype)
-    before = [kv_cache.copy(), kr_cache.copy()]
     kw = dict(cache_mode=change.get("cache_mode", "PA_BSND"))
     if change.get("dequant_scale_w_uq_qr"):
         kw["dequant_scale_w_uq_qr"] = np.ones((1, D + DR), np.float32)
     fn = npu_mla_prolog if version == 1 else npu_mla_prolog_v2
-    with pytest.raises(error, match=match):
-        fn(x, data.w_dq_nz, w_uq_qr, w_uk, data.w_dkv_kr_nz, data.gamma_cq, data.gamma_ckv, sin, cos,
-           np.arange(seq, dtype=np.int64).reshape(1, seq), kv_cache, kr_cache, **kw)
-    for c, b in zip((kv_cache, kr_cache), before):
-        assert_same_bytes(c, b, "cache after a rejected call")
+    assert_rejected(lambda: fn(x, data.w_dq_nz, w_uq_qr, w_uk, data.w_dkv_kr_nz, data.gamma_cq, data.gamma_ckv, sin,
+                               cos, np.arange(seq, dtype=np.int64).reshape(1, seq), kv_cache, kr_cache, **kw),
+                    [kv_cache, kr_cache], error, match)
 
 
 #: (name, modes of the valid base call, overrides(qdata) -> kwargs, error, match). The base call
@@ -957,12 +958,7 @@ def test_bad_quant_inputs_raise_and_leave_caches(qdata, rng, name, modes, mutate
                   **qdata.mode_kwargs(modes), **qdata.scale_kwargs(modes, 3))
     npu_mla_prolog_v3(**dict(kwargs, kv_cache=kv_cache.copy(), kr_cache=kr_cache.copy()))  # the base call is valid
     kwargs.update(mutate(qdata))
-    caches = [kwargs["kv_cache"], kwargs["kr_cache"]]
-    before = [c.copy() for c in caches]
-    with pytest.raises(error, match=match):
-        npu_mla_prolog_v3(**kwargs)
-    for c, b in zip(caches, before):
-        assert_same_bytes(c, b, "cache after a rejected call")
+    assert_rejected(lambda: npu_mla_prolog_v3(**kwargs), [kwargs["kv_cache"], kwargs["kr_cache"]], error, match)
 
 
 #: (name, version, modes, overrides(qdata) -> kwargs, error, match) for the v1 / v2 inference.
@@ -993,13 +989,9 @@ def test_bad_legacy_quant_inputs(qdata, rng, name, version, modes, mutate, error
     kwargs.update(kv_cache=kv_cache, kr_cache=kr_cache)
     kwargs.update(mutate(qdata))
     caches = [kwargs.pop("kv_cache"), kwargs.pop("kr_cache")]
-    before = [c.copy() for c in caches]
     fn = npu_mla_prolog if version == 1 else npu_mla_prolog_v2
-    with pytest.raises(error, match=match):
-        fn(x, w_dq, w_uq_qr, qdata.w_uk, w_dkv_kr, qdata.gamma_cq, qdata.gamma_ckv, sin, cos,
-           np.array([0, 5, 9], np.int64), *caches, **kwargs)
-    for c, b in zip(caches, before):
-        assert_same_bytes(c, b, "cache after a rejected call")
+    assert_rejected(lambda: fn(x, w_dq, w_uq_qr, qdata.w_uk, w_dkv_kr, qdata.gamma_cq, qdata.gamma_ckv, sin, cos,
+                               np.array([0, 5, 9], np.int64), *caches, **kwargs), caches, error, match)
 
 
 def test_v1_keyword_only_boundary(data, rng):
