@@ -622,6 +622,23 @@ def test_v3_quant_scenarios(qdata, rng, modes, cache_mode, rank):
         assert_quant_cache(kr_cache, kr_before, gold["kr"], slots, nz=nz, block_size=bs, what="kr_cache", exact=exact)
 
 
+@pytest.mark.parametrize("cache_mode", ["PA_BLK_BSND", "PA_BLK_NZ"])
+@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 1, 1)])
+def test_quant_pa_blk_int8_caches(qdata, rng, modes, cache_mode):
+    """int8 caches in the PA_BLK modes (block ids; NZ int8 blocks are [Hckv/32, BlockSize, 32])."""
+    batch_shape, bs = (2, 3), 16
+    x, sin, cos = qdata.tokens(modes, batch_shape)
+    kv_cache, kr_cache = qdata.caches(modes, (4, bs))
+    kv_before, kr_before = kv_cache.copy(), kr_cache.copy()
+    cache_index = np.array([[2], [0]], dtype=np.int64)  # [B, ceil(S/bs)] block ids
+    out = call_quant(qdata, modes, x, sin, cos, kv_cache, kr_cache, cache_index, cache_mode=cache_mode)
+    gold = qdata.reference(modes, 6)
+    assert_quant_outputs(out, gold, modes, batch_shape)
+    slots, nz = ref.slots_blocks(cache_index, [3, 3], bs), cache_mode.endswith("NZ")
+    for cache, before, key in ((kv_cache, kv_before, "kv"), (kr_cache, kr_before, "kr")):
+        assert_quant_cache(cache, before, gold[key], slots, nz=nz, block_size=bs, what=key, exact=modes[0] == 2)
+
+
 @pytest.mark.parametrize("modes", [m for m in QUANT_MODES if m[1] == 3])
 def test_per_tile_rows_read_back(qdata, rng, modes):
     """read_combined_cache decodes each written row to the clipped kv within half a step of its
