@@ -394,7 +394,8 @@ class QuantData:
         n = QUANT_N
         self.x = {"bfloat16": normal((QUANT_POOL, HE)), "int8": int8((QUANT_POOL, HE))}
         self.w_nd = {  # ND weights by dtype
-            "bfloat16": dict(weight_dq=normal((HE, HCQ), HE ** -0.5), weight_dkv_kr=normal((HE, HCKV + DR), HE ** -0.5)),
+            "bfloat16": dict(weight_dq=normal((HE, HCQ), HE ** -0.5),
+                             weight_dkv_kr=normal((HE, HCKV + DR), HE ** -0.5)),
             "int8": dict(weight_dq=int8((HE, HCQ)), weight_uq_qr=int8((HCQ, n * (D + DR))),
                          weight_dkv_kr=int8((HE, HCKV + DR))),
         }
