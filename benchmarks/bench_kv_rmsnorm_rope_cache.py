@@ -4,8 +4,8 @@ The baseline, measured in the same run: plain torch ops in fp32 (split, RmsNorm,
 rotate_half RoPE), ``.to(bfloat16)``, then ``index_put`` into NZ views
 ``[block_num, D/16, block_size, 16]`` of the two caches (the op-plugin golden's scatter, without
 its Python loop). Both write the same caches (checked before timing). Time per call is the best
-average over 15 rounds of ``--calls`` calls, after a warm-up round; the two candidates' rounds
-alternate so that a busy machine slows both alike.
+average over 15 alternating rounds of ``--calls`` calls, after a warm-up round
+(``benchmarks/_timing.py``).
 
 Usage: ``python benchmarks/bench_kv_rmsnorm_rope_cache.py [--batch 64] [--seq 1] [--block-size 128]``
 """
@@ -13,43 +13,19 @@ Usage: ``python benchmarks/bench_kv_rmsnorm_rope_cache.py [--batch 64] [--seq 1]
 from __future__ import annotations
 
 import argparse
-import time
 
 import ml_dtypes
 import numpy as np
 import torch
+from _timing import best_times
 
 from ascend_emu.ops import npu_kv_rmsnorm_rope_cache
+from ascend_emu.torch_npu._convert import to_torch
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 RMS, ROPE = 512, 64
 C0 = 16  # bf16 NZ fractal row
 EPS = 1e-5
-
-
-def per_call(candidates, calls: int, rounds: int = 15) -> list[float]:
-    """Best average wall time per call of each ``(fn, torch_threads)`` candidate, over ``rounds``
-    rounds of ``calls`` calls. Rounds of the candidates alternate, so a busy machine slows them
-    alike; one warm-up round first."""
-    default_threads = torch.get_num_threads()
-    best = [float("inf")] * len(candidates)
-    for r in range(rounds + 1):
-        for i, (fn, threads) in enumerate(candidates):
-            torch.set_num_threads(threads or default_threads)
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            if r:
-                best[i] = min(best[i], (time.perf_counter() - t0) / calls)
-    torch.set_num_threads(default_threads)
-    return best
-
-
-def to_torch(a: np.ndarray) -> torch.Tensor:
-    """Zero-copy bf16 / int64 numpy -> torch."""
-    if a.dtype == BF16:
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
 
 
 def main() -> None:
@@ -98,7 +74,12 @@ def main() -> None:
         assert np.allclose(a, g, rtol=0.04, atol=0.04), "emu and torch golden caches disagree"
 
     threads = torch.get_num_threads()
-    t_emu, t_torch, t_torch1 = per_call([(emu, None), (golden, None), (golden, 1)], args.calls)
+    all_threads, one_thread = (lambda: torch.set_num_threads(threads)), (lambda: torch.set_num_threads(1))
+    try:
+        t_emu, t_torch, t_torch1 = best_times([emu, golden, golden], 15, number=args.calls,
+                                              before=[all_threads, all_threads, one_thread])
+    finally:
+        torch.set_num_threads(threads)
     print(f"npu_kv_rmsnorm_rope_cache PA_NZ bf16  B={b} S={s} block_size={bs} block_num={nb}")
     print(f"  emu (ascend_emu.ops)              : {t_emu * 1e6:9.1f} us/call")
     print(f"  torch-CPU golden, {threads} torch threads : {t_torch * 1e6:9.1f} us/call   "

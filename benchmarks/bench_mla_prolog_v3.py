@@ -22,10 +22,10 @@ Usage: ``python benchmarks/bench_mla_prolog_v3.py [--batch 8] [--seq 2] [--heads
 from __future__ import annotations
 
 import argparse
-import time
 
 import ml_dtypes
 import numpy as np
+from _timing import best_times
 
 from ascend_emu.emu.matmul import matmul_int8_exact, weight_f64
 from ascend_emu.ops import npu_format_cast, npu_mla_prolog_v3
@@ -35,20 +35,6 @@ HE, HCQ, HCKV, D, DR = 7168, 1536, 512, 128, 64
 BLOCK_SIZE = 128
 #: Largest accepted ratio op / floor.
 TARGET_RATIO = 1.5
-
-
-def best_times(fns, repeat: int) -> list[float]:
-    """Best wall time of each ``fn()`` over ``repeat`` rounds, after one warm-up round; the
-    candidates alternate within each round so that both see the same machine load."""
-    for fn in fns:
-        fn()
-    best = [float("inf")] * len(fns)
-    for _ in range(repeat):
-        for i, fn in enumerate(fns):
-            t0 = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - t0)
-    return best
 
 
 def bf16(rng, shape, scale: float) -> np.ndarray:

@@ -14,30 +14,16 @@ Usage: ``python benchmarks/bench_nd_to_nz.py [--m 7168] [--n 1536] [--repeat 20]
 from __future__ import annotations
 
 import argparse
-import timeit
 
 import ml_dtypes
 import numba
 import numpy as np
+from _timing import best_times
 
 from ascend_emu.layouts import nd_to_nz, nz_shape
 
 #: Share of the memcpy bandwidth nd_to_nz must reach.
 TARGET_RATIO = 0.5
-
-
-def best_times(fns, repeat: int) -> list[float]:
-    """Best wall time of each ``fn()`` over ``repeat`` single runs, after one warm-up run each.
-
-    The candidates run in turn, round after round, so a busy spell of the machine hits them alike.
-    """
-    for fn in fns:
-        fn()
-    best = [float("inf")] * len(fns)
-    for _ in range(repeat):
-        for i, fn in enumerate(fns):
-            best[i] = min(best[i], timeit.timeit(fn, number=1))
-    return best
 
 
 def main() -> None:
