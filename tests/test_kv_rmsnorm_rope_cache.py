@@ -336,6 +336,8 @@ def test_non_contiguous_inputs(rng, mode):
 
 @pytest.mark.parametrize("quant", QUANT)
 def test_one_vs_two_threads_identical(rng, quant):
+    """The threaded kernel path (no sweep shape reaches it): identical with 1 and 2 threads, and
+    right against the reference."""
     b, s, bs, mode = 8, 37, 32, "PA_BLK_NZ"
     assert b * s >= PARALLEL_MIN_TOKENS  # the threaded kernel path
     inputs = make_inputs(rng, b, s, BF16)
@@ -354,6 +356,18 @@ def test_one_vs_two_threads_identical(rng, quant):
         numba.set_num_threads(old)
     for one, two in zip(*results):
         assert np.array_equal(one, two)
+
+    k_cache, ckv_cache, k_out, y_out = out
+    ref = kv_rmsnorm_rope_cache_ref(*inputs, index, poisoned(k_cache.shape, dtype), poisoned(ckv_cache.shape, dtype),
+                                    k_rope_scale=scales[0], c_kv_scale=scales[1], cache_mode=mode)
+    check_values(k_out, ref.k_embed_out, BF16, MIN_IDENTICAL_K)
+    check_values(y_out, ref.y_out, BF16)
+    if quant:
+        check_int8_cache(k_cache, ref.k_cache, ref.k_rows, ref.k_scaled, ref.slots, mode, bs, "k_cache")
+        check_int8_cache(ckv_cache, ref.ckv_cache, ref.y_rows, ref.y_scaled, ref.slots, mode, bs, "ckv_cache")
+    else:
+        check_values(k_cache, ref.k_cache, BF16, MIN_IDENTICAL_K)
+        check_values(ckv_cache, ref.ckv_cache, BF16)
 
 
 # ---------------------------------------------------------------------- bad inputs
