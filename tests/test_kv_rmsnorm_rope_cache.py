@@ -452,6 +452,8 @@ BAD_INPUTS = [
     ("blk_out_of_range", {"mode": "PA_BLK_BNSD"}, _set(index=lambda a: _put(a["index"], 0, 4 * 16)),
      IndexRangeError, "index"),
     ("epsilon_text", {}, _set(epsilon="small"), DTypeError, "epsilon"),
+    ("epsilon_nan", {}, _set(epsilon=float("nan")), DTypeError, "epsilon"),
+    ("epsilon_negative", {}, _set(epsilon=-1e-5), DTypeError, "epsilon"),
 ]
 
 

@@ -147,7 +147,7 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
             selects int8 caches.
         c_kv_scale: fp32 ``[512]``, ``[1, 512]`` or ``[1]`` multiplier.
         k_rope_offset, c_kv_offset: must be None (not supported by the kernel).
-        epsilon: RmsNorm epsilon (used as fp32). Default 1e-5.
+        epsilon: RmsNorm epsilon, a finite float >= 0 (used as fp32). Default 1e-5.
         cache_mode: ``Norm`` (default), ``PA``, ``PA_BNSD``, ``PA_NZ``, ``PA_BLK_BNSD``,
             ``PA_BLK_NZ``.
         is_output_kv: return the rows in ``k_embed_out`` / ``y_out`` (PA modes only). Default
@@ -164,7 +164,8 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
     Raises:
         ShapeError: a shape, a cache geometry, BlockSize alignment, block count, or a
             non-contiguous / read-only cache.
-        DTypeError: a dtype (kv family, int64 index, fp32 scales, cache dtypes per quant mode).
+        DTypeError: a dtype (kv family, int64 index, fp32 scales, cache dtypes per quant mode), a
+            non-bool ``is_output_kv``, an ``epsilon`` that is not a finite float >= 0.
         ModeError: unknown cache_mode, offsets given, only one scale given, quant or
             is_output_kv in Norm mode.
         IndexRangeError: an index value outside its cache (or a misaligned PA_BLK page offset).
@@ -180,8 +181,6 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
 # ---------------------------------------------------------------------- validation
 def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset,
                c_kv_offset, epsilon, cache_mode, is_output_kv) -> KvRmsNormRopeCacheArgs:
-    if not isinstance(cache_mode, str) or cache_mode not in CACHE_MODES:
-        raise arg_error(ModeError, "cache_mode", f"one of {list(CACHE_MODES)}", repr(cache_mode))
     mode = canonical_cache_mode(cache_mode, allowed=CACHE_MODES)
     for name, off in (("k_rope_offset", k_rope_offset), ("c_kv_offset", c_kv_offset)):
         if off is not None:
@@ -285,8 +284,9 @@ def _layout(mode: str, shape: tuple[int, ...], itemsize: int, name: str) -> Cach
 
 
 def _epsilon(epsilon) -> np.float32:
-    if isinstance(epsilon, (bool, np.bool_)) or not isinstance(epsilon, (int, float, np.integer, np.floating)):
-        raise arg_error(DTypeError, "epsilon", "a float", repr(epsilon))
+    if isinstance(epsilon, (bool, np.bool_)) or not isinstance(epsilon, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(epsilon) or epsilon < 0:
+        raise arg_error(DTypeError, "epsilon", "a finite float >= 0", repr(epsilon))
     return np.float32(epsilon)
 
 
