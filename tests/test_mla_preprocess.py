@@ -335,6 +335,9 @@ def _bad_cases():
          lambda c: {"quant_offset0": np.array([3], np.int32)}, DTypeError),
         ("non_contiguous_cache", "krope_ctkv", "per_tensor_quant_asymm", "bfloat16",
          lambda c: {"kv_cache_out0": poisoned((BLOCK_NUM, BLOCK_SIZE, 2, 512), bf)[:, :, :1]}, ShapeError),
+        ("out_caches_overlap", "krope_ctkv", "per_tensor_quant_asymm", "bfloat16",
+         lambda c: {"kv_cache_out1": c["args"]["kv_cache"].reshape(-1)[:BLOCK_NUM * BLOCK_SIZE * 64]
+                    .reshape(BLOCK_NUM, BLOCK_SIZE, 1, 64)}, ShapeError),
         ("rope_cache_int8", "nzcache", "per_tensor_quant_asymm", "bfloat16",
          lambda c: {"kv_cache_rope": poisoned((BLOCK_NUM, 2, BLOCK_SIZE, 32), i8)}, DTypeError),
     ]

@@ -392,7 +392,7 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
         given arrays. Functional form: new arrays (the caches' copies, see module doc).
 
     Raises:
-        ShapeError, DTypeError: a shape / dtype off the table above.
+        ShapeError, DTypeError: a shape / dtype off the table above; out= caches that overlap.
         ModeError: unknown mode, fp16 with per-token quant, an argument the mode does not read, or an
             incomplete out= set.
         FormatError: an int8 weight not cast to FRACTAL_NZ; a badly packed int64 descale.
@@ -484,6 +484,8 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
         q1 = _q_out(q_out1, "q_out1", q1_shape, x.dtype)
         kv_out = _same_as(kv_cache_out0, "kv_cache_out0", kv_in, "kv_cache")
         rope_out = _same_as(kv_cache_out1, "kv_cache_out1", rope_in, "kv_cache_rope")
+        if np.may_share_memory(kv_out, rope_out):
+            raise arg_error(ShapeError, "kv_cache_out1", "memory separate from kv_cache_out0", "an overlapping array")
     else:
         q0 = np.empty(q0_shape, dtype=q0_dtype)
         q1 = np.empty(q1_shape, dtype=x.dtype)
