@@ -10,7 +10,9 @@ and kr_cache is an empty tensor. This is the cache npu_kv_quant_sparse_flash_att
 
 1. partial quant (int8 weight_uq_qr), PA_BSND paged cache; one token's row is decoded with
    ``ascend_emu.quant.read_combined_cache``.
-2. full quant (int8 token_x and weights), BSND cache, the int8 query (query_quant_mode=1).
+2. full quant (int8 token_x and weights), BSND cache. The query stays bf16 in the per-tile modes
+   (query_quant_mode=0; the doc's table prints 1 for this row, which torch_npu's own output
+   declaration and the kernel's checks do not take).
 """
 
 import torch
@@ -83,10 +85,10 @@ query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm = torc
     torch_npu.npu_format_cast(w_dkv_kr_int8.npu().contiguous(), 29), rmsnorm_gamma_cq, rmsnorm_gamma_ckv,
     rope_sin, rope_cos, kv_cache_bsnd, kr_cache, dequant_scale_x=x_scale.view(T, 1).npu(),
     dequant_scale_w_dq=dequant_scale_w_dq.npu(), dequant_scale_w_uq_qr=dequant_scale_w_uq_qr.npu(),
-    dequant_scale_w_dkv_kr=dequant_scale_w_dkv_kr.npu(), quant_scale_ckv=torch.tensor([1.0]).npu(),
-    k_nope_clip_alpha=k_nope_clip_alpha, cache_mode="BSND", query_norm_flag=True, weight_quant_mode=2,
-    kv_cache_quant_mode=3, query_quant_mode=1, ckvkr_repo_mode=1, quant_scale_repo_mode=1)
-print("full quant, kv_cache per-tile (BSND), int8 query")
+    dequant_scale_w_dkv_kr=dequant_scale_w_dkv_kr.npu(), k_nope_clip_alpha=k_nope_clip_alpha,
+    cache_mode="BSND", query_norm_flag=True, weight_quant_mode=2, kv_cache_quant_mode=3, query_quant_mode=0,
+    ckvkr_repo_mode=1, quant_scale_repo_mode=1)
+print("full quant, kv_cache per-tile (BSND)")
 print("  query:", tuple(query.shape), query.dtype, " dequant_scale_q_nope:", tuple(dequant_scale_q_nope.shape))
 print("  query_norm:", tuple(query_norm.shape), query_norm.dtype, " dequant_scale_q_norm:",
       tuple(dequant_scale_q_norm.shape))

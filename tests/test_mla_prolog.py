@@ -339,7 +339,7 @@ def test_thread_count_does_not_change_results(data, rng):
 
 # ---------------------------------------------------------------------- quantized scenarios
 #: Every legal v3 mode combination except non-quant (the seed's scenario table, dtype columns).
-QUANT_MODES = [(1, 0, 0), (1, 2, 0), (1, 3, 0), (2, 0, 0), (2, 1, 1), (2, 3, 0), (2, 3, 1)]
+QUANT_MODES = [(1, 0, 0), (1, 2, 0), (1, 3, 0), (2, 0, 0), (2, 1, 1), (2, 3, 0)]
 QUANT_N = 2
 #: Tokens in the quant pool (every quant test uses a prefix of it).
 QUANT_POOL = 12
@@ -348,11 +348,10 @@ QUANT_POOL = 12
 QUANT_SETTINGS = {
     (1, 0, 0): dict(qc=1.0, kc=1.0, smooth=(1, HCQ), alpha=None),
     (1, 2, 0): dict(qc=2.0, kc=0.5, smooth=None, alpha=None),
-    (1, 3, 0): dict(qc=1.0, kc=3.0, smooth=(1, HCQ), alpha=0.85),
+    (1, 3, 0): dict(qc=1.0, kc=3.0, smooth=(1, HCQ), alpha=1.0),
     (2, 0, 0): dict(qc=10.0, kc=10.0, smooth=None, alpha=None),
     (2, 1, 1): dict(qc=10.0, kc=10.0, smooth=(1, HCQ), alpha=None),
-    (2, 3, 0): dict(qc=1.0, kc=1.0, smooth=None, alpha=1.0),
-    (2, 3, 1): dict(qc=10.0, kc=2.0, smooth=(1,), alpha=0.9),
+    (2, 3, 0): dict(qc=10.0, kc=2.0, smooth=(1,), alpha=0.9),
 }
 #: Largest share of int8 elements off by one from the kernel-order reference. Full quant is
 #: integer-exact up to the bf16 ``q_nope @ W_uk`` matmul, partial quant up to ``x @ W_dq`` /
@@ -731,7 +730,7 @@ def test_v2_per_tensor_scale_as_documented(qdata, rng):
         assert_same_bytes(a, b, "v2 [1, Hckv] vs [1] quant_scale_ckv")
 
 
-@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 3, 1)])
+@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 3, 0)])
 def test_quant_output_shapes_without_query_norm(qdata, rng, modes):
     x, sin, cos = qdata.tokens(modes, (2, 2))
     kv_cache, kr_cache = qdata.caches(modes, (2, 2) if modes[1] == 3 else (1, 16))
@@ -741,7 +740,7 @@ def test_quant_output_shapes_without_query_norm(qdata, rng, modes):
     assert_quant_outputs(out, qdata.reference(modes, 4), modes, (2, 2), query_norm_flag=False)
 
 
-@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 1, 1), (2, 3, 1)])
+@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 1, 1), (2, 3, 0)])
 @pytest.mark.parametrize("batch_shape", [(0,), (0, 3)])
 def test_quant_empty_tokens(qdata, rng, modes, batch_shape):
     x, sin, cos = qdata.tokens(modes, batch_shape)
@@ -777,7 +776,7 @@ def test_quant_non_contiguous_token_x(qdata, rng):
         assert_same_bytes(b, a, "strided int8 token_x result")
 
 
-@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 3, 1)])
+@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 3, 0)])
 def test_quant_thread_count_does_not_change_results(qdata, rng, modes):
     x, sin, cos = qdata.tokens(modes, (QUANT_POOL,))
     ci = rng.permutation(32)[:QUANT_POOL].astype(np.int64)
@@ -913,7 +912,11 @@ BAD_QUANT = [
      r"\(weight_quant_mode=3, kv_cache_quant_mode=3, query_quant_mode=0\) is not a legal mode combination "
      r"\(weight_quant_mode=3 is Ascend 950.*\(1, 3, 0\) partial quant, kv_cache per-tile quant"),
     ("seed's per-channel row (2, 2, 0)", (1, 2, 0), lambda q: dict(weight_quant_mode=2), ModeError,
-     r"weight_quant_mode=2, kv_cache_quant_mode=2.*not a legal mode combination.*\(2, 3, 1\)"),
+     r"weight_quant_mode=2, kv_cache_quant_mode=2.*not a legal mode combination.*\(2, 3, 0\)"),
+    ("seed's full-quant per-tile row (2, 3, 1)", (2, 3, 0),
+     lambda q: dict(query_quant_mode=1, quant_scale_ckv=np.ones(1, np.float32)), ModeError,
+     r"\(weight_quant_mode=2, kv_cache_quant_mode=3, query_quant_mode=1\) is not a legal mode combination "
+     r"\(the seed's full-quant per-tile row .* query stays bf16"),
     ("query quant without full quant", (1, 2, 0), lambda q: dict(query_quant_mode=1), ModeError,
      "legal mode combination"),
     ("per-tensor kv without query quant", (2, 1, 1), lambda q: dict(query_quant_mode=0), ModeError,
@@ -922,8 +925,6 @@ BAD_QUANT = [
     ("bool mode", (1, 0, 0), lambda q: dict(weight_quant_mode=True), ModeError, "weight_quant_mode: expected an int"),
     ("missing dequant_scale_x", (2, 0, 0), lambda q: dict(dequant_scale_x=None), ShapeError, "dequant_scale_x"),
     ("missing k_nope_clip_alpha", (2, 3, 0), lambda q: dict(k_nope_clip_alpha=None), ShapeError, "k_nope_clip_alpha"),
-    ("(2, 3, 1) without quant_scale_ckv", (2, 3, 1), lambda q: dict(quant_scale_ckv=None), ShapeError,
-     "quant_scale_ckv"),
     ("quant_scale_ckv with a bf16 per-tile query", (2, 3, 0),
      lambda q: dict(quant_scale_ckv=np.ones(1, np.float32)), ModeError, "quant_scale_ckv: expected None"),
     ("quant_scale_ckr in per-tensor", (2, 1, 1), lambda q: dict(quant_scale_ckr=np.ones((1, DR), np.float32)),
@@ -958,7 +959,7 @@ BAD_QUANT = [
      "quant_scale_repo_mode: expected 0"),
     ("per-tile kr_cache not empty", (1, 3, 0), lambda q: dict(kr_cache=poisoned((2, 16, 1, DR), BF16)), ShapeError,
      "kr_cache: expected an empty tensor"),
-    ("per-tile Dtile 512", (2, 3, 1), lambda q: dict(kv_cache=poisoned((2, 16, 1, HCKV), np.int8)), ShapeError,
+    ("per-tile Dtile 512", (2, 3, 0), lambda q: dict(kv_cache=poisoned((2, 16, 1, HCKV), np.int8)), ShapeError,
      "Dtile=656"),
     ("per-tile cache_index range", (2, 3, 0), lambda q: dict(cache_index=np.array([0, 32, 1], np.int64)),
      IndexRangeError, r"cache_index\[1\] = 32"),
