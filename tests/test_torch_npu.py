@@ -37,15 +37,33 @@ def _poisoned_tensor(shape, dtype) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------ torch patches
-def test_tensor_and_module_npu_return_self():
-    t = torch.randn(3)
-    assert t.npu() is t
-    assert t.npu(0) is t
-    assert t.npu("npu:0") is t
-    m = torch.nn.Linear(2, 2)
-    assert m.npu() is m
+def test_npu_copies_host_tensors_and_cpu_copies_back():
+    """Host and device memory are separate, as on hardware: ``.npu()`` of a host tensor and
+    ``.cpu()`` of an NPU tensor are copies; ``.npu()`` of an NPU tensor is the tensor itself."""
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    for dev in ((), (0,), ("npu:0",)):
+        d = t.npu(*dev)
+        assert d is not t and d.data_ptr() != t.data_ptr() and torch.equal(d, t)
+        assert d.npu() is d
+    d[0, 0] = 100.0
+    assert t[0, 0].item() == 0.0  # the host tensor does not see device writes
+    h = d.cpu()
+    assert h.data_ptr() != d.data_ptr() and torch.equal(h, d)
+    d[0, 1] = 200.0
+    assert h[0, 1].item() == 1.0  # nor does a host copy taken before them
+    assert t.cpu() is t  # torch's own behaviour for host tensors
+    assert h.npu() is not h  # a .cpu() copy is a host tensor again
+    transposed = torch.randn(4, 6).T
+    assert transposed.npu().stride() == transposed.stride()  # memory format preserved, as .to() does
     with pytest.raises(ValueError, match="index in"):
         t.npu(1)
+
+
+def test_module_npu_moves_parameters_in_place():
+    m = torch.nn.Linear(2, 2)
+    weight = m.weight
+    assert m.npu() is m and m.weight is weight
+    assert m.weight.npu() is m.weight and m.bias.npu() is m.bias
 
 
 def test_torch_npu_namespace():
@@ -102,6 +120,8 @@ def test_format_cast_29_tags_and_keeps_nd_values(dtype):
     w_nz = torch_npu.npu_format_cast(w, 29)
     assert torch_npu.get_npu_format(w) == 2
     assert torch_npu.get_npu_format(w_nz) == 29
+    assert w_nz.npu() is w_nz  # already on the NPU: still tagged
+    assert torch_npu.get_npu_format(w_nz.cpu()) == 2  # the host copy is ND, as torch_npu's .cpu()
     assert w_nz.shape == w.shape and w_nz.dtype == w.dtype
     assert torch.equal(w_nz, w)  # logical ND values visible, like torch_npu's .cpu()
     assert w_nz.data_ptr() != w.data_ptr()  # a new tensor
@@ -258,6 +278,7 @@ def test_kv_rmsnorm_rope_cache_updates_callers_caches(rng):
                                               cache_mode="PA_BNSD", is_output_kv=True)
     assert out[0] is k_cache and out[1] is ckv_cache
     k_rope, c_kv = out[2], out[3]
+    assert k_rope.npu() is k_rope and c_kv.npu() is c_kv  # op outputs live on the NPU
     assert isinstance(k_rope, torch.Tensor) and k_rope.dtype == torch.bfloat16 and k_rope.shape == (B, 1, S, 64)
     assert isinstance(c_kv, torch.Tensor) and c_kv.dtype == torch.bfloat16 and c_kv.shape == (B, 1, S, 512)
     # the torch wrapper writes exactly what the NumPy op writes, into the caller's own tensors
@@ -307,3 +328,22 @@ def test_mla_prolog_v3_outputs_and_inplace_caches(rng):
     assert_same_bytes(_bits(kv_cache), np_kv, "kv_cache")
     assert_same_bytes(_bits(kr_cache), np_kr, "kr_cache")
     assert not (_bits(kr_cache) == POISON_BYTE).all()  # the caller's tensor was written
+
+
+def test_npu_cache_update_leaves_the_host_tensor(rng):
+    """The op-plugin test pattern: a golden from the host cache, the op on ``cache.npu()``, then
+    ``cache_npu.cpu()`` against the golden. The host cache must not see the op's writes (it would
+    make that comparison compare a tensor with itself)."""
+    _needs_op("npu_kv_rmsnorm_rope_cache")
+    B, S = 2, 3
+    kv = torch.from_numpy(rng.standard_normal((B, 1, S, 576), dtype=np.float32)).to(torch.bfloat16)
+    gamma, cos, sin = torch.ones(512, dtype=torch.bfloat16), torch.ones(B, 1, S, 64, dtype=torch.bfloat16), \
+        torch.zeros(B, 1, S, 64, dtype=torch.bfloat16)
+    k_cache = _poisoned_tensor((2, 16, 1, 64), torch.bfloat16)
+    ckv_cache = _poisoned_tensor((2, 16, 1, 512), torch.bfloat16)
+    k_npu, ckv_npu = k_cache.npu(), ckv_cache.npu()
+    out = torch_npu.npu_kv_rmsnorm_rope_cache(kv.npu(), gamma.npu(), cos.npu(), sin.npu(),
+                                              torch.arange(B * S).npu(), k_npu, ckv_npu, cache_mode="PA")
+    assert out[0] is k_npu and out[1] is ckv_npu
+    assert (_bits(k_cache) == POISON_BYTE).all() and (_bits(ckv_cache) == POISON_BYTE).all()
+    assert not (_bits(k_npu.cpu()) == POISON_BYTE).all()

@@ -4,8 +4,8 @@ Use it as ``import ascend_emu.torch_npu as torch_npu``, or run an unmodified scr
 ``ascend-emu run script.py`` (which makes ``import torch_npu`` resolve here, see :func:`install`).
 
 Importing this module does to torch what the real ``import torch_npu`` does (see
-:mod:`ascend_emu.torch_npu.npu`): ``torch.npu`` exists, ``Tensor.npu()`` / ``Module.npu()``
-return the object itself (the emulated NPU is the CPU).
+:mod:`ascend_emu.torch_npu.npu`): ``torch.npu`` exists, ``Tensor.npu()`` copies a host tensor to
+the (emulated) NPU and ``.cpu()`` copies it back, so host and device tensors never alias.
 
 The ops take torch_npu's exact signatures (its meta registrations: argument names, order,
 keyword-only marks, defaults) and run :mod:`ascend_emu.ops` through the zero-copy bridge in
@@ -50,7 +50,7 @@ def npu_format_cast(self: torch.Tensor, acl_format: int, customize_dtype=None) -
         customize_dtype: not emulated; must be None.
 
     Returns:
-        A new CPU tensor (a copy; the input is not changed).
+        A new tensor on the emulated NPU (a copy; the input is not changed).
 
     Raises:
         ModeError: another ``acl_format``, or a ``customize_dtype``.
@@ -62,7 +62,7 @@ def npu_format_cast(self: torch.Tensor, acl_format: int, customize_dtype=None) -
         from ..errors import ModeError, arg_error
         raise arg_error(ModeError, "customize_dtype", "None (not emulated)", repr(customize_dtype))
     cast = ops.npu_format_cast(to_numpy(self, "self"), acl_format)
-    out = to_torch(cast)
+    out = npu.mark_npu(to_torch(cast))
     return tag_nz(out, cast) if ops.get_npu_format(cast) == FRACTAL_NZ else out
 
 

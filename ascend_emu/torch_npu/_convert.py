@@ -10,8 +10,9 @@ A tensor cast with ``npu_format_cast(t, 29)`` carries its :class:`~ascend_emu.la
 call, so anything the backend keeps on it (the cached fp32 widening of a weight, see
 :mod:`ascend_emu.emu.matmul`) survives from one call to the next.
 
-:func:`call_op` runs a NumPy op on torch arguments: tensors in, tensors out, and an output that
-*is* one of the input arrays (an in-place cache) comes back as the caller's own tensor object.
+:func:`call_op` runs a NumPy op on torch arguments: tensors in, tensors out (on the emulated NPU,
+:func:`~ascend_emu.torch_npu.npu.mark_npu`), and an output that *is* one of the input arrays (an
+in-place cache) comes back as the caller's own tensor object.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 
 from ..errors import DTypeError, ModeError, arg_error
 from ..layouts import NZArray
+from .npu import mark_npu
 
 #: Attribute of a torch tensor holding its NZArray after ``npu_format_cast(t, 29)``.
 NZ_ATTR = "_ascend_emu_nz"
@@ -135,7 +137,8 @@ def call_op(fn: Callable, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | 
 
     Every tensor argument, positional or keyword, goes through :func:`to_numpy` (None and plain
     Python values pass through unchanged; lists / tuples are converted element by element).
-    Results go through :func:`to_torch`, except that a result array that *is* one of the
+    Results go through :func:`to_torch` and are marked as NPU tensors (``.npu()`` returns them
+    as they are, ``.cpu()`` copies them), except that a result array that *is* one of the
     argument arrays (a cache the op updated in place and returned) comes back as the caller's
     original tensor object, so the caller's tensor shows the update without any copy back.
 
@@ -167,7 +170,7 @@ def call_op(fn: Callable, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | 
     def up(r):
         if isinstance(r, np.ndarray):
             hit = originals.get(id(r))
-            return hit[1] if hit is not None and hit[0] is r else to_torch(r)
+            return hit[1] if hit is not None and hit[0] is r else mark_npu(to_torch(r))
         if isinstance(r, (tuple, list)):
             return type(r)(up(x) for x in r)
         return r

@@ -1,12 +1,20 @@
 """``torch.npu`` / ``torch_npu.npu``: the device namespace scripts touch, for one emulated NPU.
 
-Importing :mod:`ascend_emu.torch_npu` installs this module as ``torch.npu`` and makes
-``Tensor.npu()`` / ``Module.npu()`` return the object itself, as the real ``import torch_npu``
-does on an Atlas machine (:func:`patch_torch`). The emulated NPU is the CPU: tensors stay CPU
-tensors, every call is synchronous, and there is exactly one device, index 0.
+Importing :mod:`ascend_emu.torch_npu` installs this module as ``torch.npu`` and patches
+``Tensor.npu()``, ``Tensor.cpu()`` and ``Module.npu()`` (:func:`patch_torch`), as the real
+``import torch_npu`` does on an Atlas machine. The emulated NPU is the CPU: every tensor is a CPU
+tensor, every call is synchronous, and there is exactly one device, index 0.
+
+Host and device memory stay separate, as on hardware: ``t.npu()`` of a host tensor is a copy
+marked as living on the NPU, and ``.cpu()`` of such a tensor is a copy back. So an op that updates
+a cache in place (``k_cache_npu = k_cache.npu()``) leaves the host ``k_cache`` as it was, and a
+script comparing ``k_cache_npu.cpu()`` with a golden computed from ``k_cache`` compares two
+different tensors, as it does on an Atlas machine. Tensors the ops and ``npu_format_cast`` return
+are on the NPU too; ``.npu()`` of an NPU tensor returns it unchanged.
 
 Not emulated: ``device="npu"`` / ``.to("npu")`` strings (torch itself rejects the device type;
-use ``.npu()``), memory statistics, multi-device placement.
+use ``.npu()``; ``.to("cpu")`` of an NPU tensor is the tensor itself, not a copy), memory
+statistics, multi-device placement.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import torch
 
 #: Devices the emulator offers.
 DEVICE_COUNT = 1
+#: Attribute (in a tensor's ``__dict__``) marking it as living on the emulated NPU.
+ON_NPU_ATTR = "_ascend_emu_on_npu"
 _DEVICE_NAME = "Ascend NPU (ascend_emu, emulated on the CPU)"
 _current = 0
 
@@ -189,22 +199,56 @@ class Event:
         return (end_event._t - self._t) * 1e3
 
 
+def is_on_npu(t) -> bool:
+    """True for a tensor on the emulated NPU (from ``.npu()``, an op or ``npu_format_cast``)."""
+    return isinstance(t, torch.Tensor) and t.__dict__.get(ON_NPU_ATTR, False)
+
+
+def mark_npu(t: torch.Tensor) -> torch.Tensor:
+    """Mark ``t`` (in place) as living on the emulated NPU; returns ``t``."""
+    t.__dict__[ON_NPU_ATTR] = True
+    return t
+
+
+#: torch's own ``Tensor.cpu`` (kept once, so that patching twice does not wrap the patch).
+_TORCH_CPU = getattr(torch.Tensor.cpu, "__wrapped__", torch.Tensor.cpu)
+
+
 def _tensor_npu(self, device=None, non_blocking: bool = False, memory_format=torch.preserve_format):
-    """``Tensor.npu()``: the emulated NPU is the CPU, so the tensor itself."""
+    """``Tensor.npu()``: an NPU tensor as is; a host tensor copied to the NPU (a new tensor, like
+    the host-to-device copy of torch_npu; autograd sees it as a copy)."""
     _index(device)
-    return self
+    if is_on_npu(self):
+        return self
+    return mark_npu(self.clone(memory_format=memory_format))
+
+
+def _tensor_cpu(self, memory_format=torch.preserve_format):
+    """``Tensor.cpu()``: a copy back to the host for an NPU tensor; torch's own behaviour (the
+    tensor itself) for a host tensor."""
+    if is_on_npu(self):
+        return self.clone(memory_format=memory_format)
+    return _TORCH_CPU(self, memory_format=memory_format)
+
+
+_tensor_cpu.__wrapped__ = _TORCH_CPU
 
 
 def _module_npu(self, device=None):
-    """``Module.npu()``: the module itself (its parameters stay on the CPU)."""
+    """``Module.npu()``: the module itself, its parameters and buffers moved to the NPU in place
+    (the same objects, as torch_npu keeps the Parameter objects)."""
     _index(device)
+    for t in (*self.parameters(), *self.buffers()):
+        mark_npu(t)
     return self
 
 
 def patch_torch() -> None:
-    """Do what ``import torch_npu`` does to torch: ``torch.npu``, ``Tensor.npu``, ``Module.npu``."""
+    """Do what ``import torch_npu`` does to torch: ``torch.npu``, ``Tensor.npu``, ``Tensor.cpu``,
+    ``Module.npu``."""
     module = sys.modules[__name__]
     torch.npu = module
     sys.modules["torch.npu"] = module
     torch.Tensor.npu = _tensor_npu
+    torch.Tensor.cpu = _tensor_cpu
     torch.nn.Module.npu = _module_npu
