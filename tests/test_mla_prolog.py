@@ -813,6 +813,12 @@ def _nd(w):
     return np.asarray(w).view(np.ndarray).copy()
 
 
+def _overlapping_caches():
+    """A kv_cache [2, 16, 1, 512] and a kr_cache [2, 16, 1, 64] over its last bytes."""
+    kv_cache = poisoned((2, 16, 1, HCKV), BF16)
+    return kv_cache, kv_cache.reshape(-1)[-2 * 16 * DR:].reshape(2, 16, 1, DR)
+
+
 BAD_V3 = [
     ("ND weight_dq", lambda w: _case(weight_dq=_nd(w.w_dq)), FormatError, r"npu_format_cast\(weight_dq, 29\)"),
     ("NZ weight_uk", lambda w: _case(weight_uk=npu_format_cast(w.heads(2)[1], 29)), FormatError, "weight_uk"),
@@ -856,6 +862,8 @@ BAD_V3 = [
                                                 quant_scale_repo_mode=1), ShapeError, "per-tile"),
     ("non-contiguous cache", lambda w: _case(kv_cache=poisoned((2, 16, 1, 2 * HCKV), BF16)[..., ::2]), ShapeError,
      "C-contiguous"),
+    ("kr_cache inside kv_cache", lambda w: _case(**dict(zip(("kv_cache", "kr_cache"), _overlapping_caches()))),
+     ShapeError, "kr_cache: expected memory separate from kv_cache"),
 ]
 
 

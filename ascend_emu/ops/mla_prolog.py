@@ -21,7 +21,8 @@ Contract highlights (be stricter than the hardware):
   ``weight_uk`` must be ND.
 - ``token_x`` is ``[T, He]`` or ``[B, S, He]``; ``rope_sin`` / ``rope_cos`` have the same rank and
   leading dims with last dim Dr = 64. Non-contiguous inputs are accepted (copied).
-- Caches are C-contiguous, writable, updated in place and returned as the same objects.
+- Caches are C-contiguous, writable, separate (kv_cache and kr_cache may not share memory),
+  updated in place and returned as the same objects.
 - ``cache_index`` values outside the cache raise :class:`IndexRangeError` (the hardware does not
   check them and corrupts memory); ``-1`` skips the token (PA_BSND / PA_NZ) or the block
   (PA_BLK_*): the kernel's scatter returns early on a negative index; two tokens writing one slot
@@ -751,7 +752,7 @@ def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, b
 
     Raises:
         ShapeError: rank / dims / BlockSize / contiguity, token_x's rank does not fit BSND / TND,
-            or a non-empty kr_cache with combined rows.
+            a non-empty kr_cache with combined rows, or kv_cache and kr_cache sharing memory.
     """
     num_tokens = int(np.prod(batch_shape))
     if cache_mode == "BSND":
@@ -788,6 +789,8 @@ def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, b
             raise arg_error(ShapeError, name, f"D a multiple of C0={layout.c0} ({NZ_ROW_BYTES} bytes) for "
                             f"cache_mode {cache_mode}", dim)
         layouts[name] = layout
+    if not combined and np.may_share_memory(kv_cache, kr_cache):
+        raise arg_error(ShapeError, "kr_cache", "memory separate from kv_cache", "an overlapping array")
     return layouts["kv_cache"], layouts.get("kr_cache")
 
 
