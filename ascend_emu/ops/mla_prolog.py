@@ -836,7 +836,9 @@ def _slots(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int,
         if total != num_tokens:
             raise arg_error(ShapeError, "actual_seq_len", f"prefix sums ending at T = {num_tokens}",
                             f"last value {total}")
-        check_ndim(cache_index, "cache_index", (1,), "[sum(ceil(S_b/BlockSize))] for 2-D token_x")
+        pages = int((-(-seq_lens // bs)).sum())
+        check_shape(cache_index, "cache_index", (pages,), f"[sum(ceil(S_b/BlockSize))] for 2-D token_x, "
+                    "S_b from actual_seq_len")
     else:
         b, s = batch_shape
         check_shape(cache_index, "cache_index", (b, -(-s // bs)), "[B, ceil(S/BlockSize)]")
