@@ -3,7 +3,9 @@
 Commands:
 
 - ``ascend-emu run [--force] SCRIPT [ARGS...]``: run SCRIPT as ``__main__`` with ``import torch_npu``
-  resolving to :mod:`ascend_emu.torch_npu`. If a real torch_npu is installed the script runs
+  resolving to :mod:`ascend_emu.torch_npu`, as ``python SCRIPT ARGS...`` would: ``sys.argv``,
+  an absolute ``__file__`` (and traceback paths), the script's directory in place of the
+  launcher's ``sys.path[0]``, its exit status. If a real torch_npu is installed the script runs
   against it unless ``--force`` is given.
 - ``ascend-emu demo``: ``npu_mla_prolog_v3`` through the drop-in, then where one token's k_rope
   landed in a PA_NZ cache, checked byte by byte against a PA_BSND run.
@@ -15,12 +17,14 @@ Commands:
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import importlib.util
+import io
 import json
 import os
-import runpy
 import sys
 import time
+import types
 
 from . import __version__
 
@@ -54,9 +58,26 @@ def _show_script_exception(script: str, exc: BaseException) -> None:
     sys.excepthook(type(exc), exc.with_traceback(tb), tb)
 
 
+def _run_as_main(path: str) -> None:
+    """Execute the script at absolute ``path`` as ``__main__``, as ``python path`` does (its own
+    ``__main__`` module in ``sys.modules`` while it runs; no ``__future__`` flags of this file)."""
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        sys.modules["__main__"] = saved
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     """``ascend-emu run``: see the module doc."""
-    script = ns.script  # as given, like `python SCRIPT`: sys.argv[0], __file__ and tracebacks show it so
+    script = ns.script  # sys.argv[0] as given; __file__ and tracebacks absolute (Python >= 3.9)
     if not os.path.isfile(script):
         _err(f"can't open file {ns.script!r}: no such file")
         return 2
@@ -68,14 +89,16 @@ def cmd_run(ns: argparse.Namespace) -> int:
         if real is not None:
             _err(f"--force: using the emulator, not the installed torch_npu ({real.origin})")
         _install_emulator()
+    path = os.path.join(os.getcwd(), script)  # absolute, not normalised (as Python does)
     sys.argv = [script, *ns.args]
-    sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
+    if not getattr(sys.flags, "safe_path", False):  # python -P (3.11+) adds no script directory
+        sys.path[0] = os.path.dirname(os.path.realpath(script))  # the launcher's entry (cwd / bin)
     try:
-        runpy.run_path(script, run_name="__main__")
+        _run_as_main(path)
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as exc:  # noqa: BLE001  (shown like Python shows it, then exit 1 / 130)
-        _show_script_exception(script, exc)
+        _show_script_exception(path, exc)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
     return 0
 

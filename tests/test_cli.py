@@ -46,6 +46,32 @@ def test_run_resolves_torch_npu_to_the_emulator_with_argv_and_main(tmp_path):
                    "module": "ascend_emu.torch_npu", "npu": True, "helper": 42}
 
 
+def test_run_sets_file_and_sys_path_as_python_does(tmp_path):
+    """``python SCRIPT``: ``__file__`` absolute, the script's directory replaces sys.path[0] (the
+    current directory is not importable unless it holds the script)."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "cwd").mkdir()
+    _script(tmp_path / "cwd", "VALUE = 1\n", "only_in_cwd.py")
+    body = """
+        import json, sys
+        try:
+            import only_in_cwd
+            found = True
+        except ModuleNotFoundError:
+            found = False
+        print(json.dumps({"file": __file__, "argv0": sys.argv[0], "path0": sys.path[0], "cwd_module": found}))
+    """
+    _script(tmp_path / "scripts", body)
+    script = os.path.join("..", "scripts", "script.py")  # relative, as typed
+    plain = _run([sys.executable, script], cwd=str(tmp_path / "cwd"))
+    emu = _run(RUN + [script], cwd=str(tmp_path / "cwd"))
+    assert plain.returncode == emu.returncode == 0, emu.stderr
+    want = json.loads(plain.stdout.strip().splitlines()[-1])
+    assert json.loads(emu.stdout.strip().splitlines()[-1]) == want
+    assert os.path.isabs(want["file"]) and os.path.samefile(want["file"], tmp_path / "scripts" / "script.py")
+    assert want["argv0"] == script and want["cwd_module"] is False
+
+
 @pytest.mark.parametrize("code, expected", [("sys.exit(3)", 3), ("sys.exit('bye')", 1), ("pass", 0)])
 def test_run_propagates_exit_codes(tmp_path, code, expected):
     script = _script(tmp_path, f"import sys\n{code}\n")
@@ -54,17 +80,18 @@ def test_run_propagates_exit_codes(tmp_path, code, expected):
 
 
 def test_run_shows_script_traceback_like_python(tmp_path):
-    script = _script(tmp_path, """
+    _script(tmp_path, """
         def inner():
             raise ValueError("boom in script")
         inner()
     """)
-    proc = _run(RUN + [script], cwd=str(tmp_path))
-    plain = _run([sys.executable, script], cwd=str(tmp_path))
+    proc = _run(RUN + ["script.py"], cwd=str(tmp_path))  # relative: the traceback still names the absolute path
+    plain = _run([sys.executable, "script.py"], cwd=str(tmp_path))
     assert proc.returncode == plain.returncode == 1
+    assert proc.stderr == plain.stderr
     assert proc.stderr.startswith("Traceback (most recent call last):")
     assert "ValueError: boom in script" in proc.stderr
-    assert f'File "{script}", line 3, in inner' in proc.stderr
+    assert f'File "{tmp_path / "script.py"}", line 3, in inner' in proc.stderr
     assert "cli.py" not in proc.stderr and "runpy" not in proc.stderr
 
 
