@@ -69,13 +69,16 @@ print(c_kv[:, 0, 0, :8])
 # PA_NZ stores each block as [D/16, block_size, 16]: read token b's row back from that layout
 k_nz = k_cache.cpu().view(block_num, rope_size // 16, block_size, 16)
 ckv_nz = ckv_cache.cpu().view(block_num, rms_size // 16, block_size, 16)
+held = []
 for b in range(batch_size):
     slot = int(index[b])
     blk, row = divmod(slot, block_size)
     k_row = k_nz[blk, :, row, :].reshape(rope_size)
     ckv_row = ckv_nz[blk, :, row, :].reshape(rms_size)
+    held += [torch.equal(k_row, k_rope[b, 0, 0].cpu()), torch.equal(ckv_row, c_kv[b, 0, 0].cpu())]
     print(f"seq {b}: position {int(positions[b])} -> slot {slot} (block {blk}, row {row}); "
-          f"cache holds k_rope: {torch.equal(k_row, k_rope[b, 0, 0].cpu())}, "
-          f"c_kv: {torch.equal(ckv_row, c_kv[b, 0, 0].cpu())}")
+          f"cache holds k_rope: {held[-2]}, c_kv: {held[-1]}")
 written = (k_nz != 0).any(dim=3).any(dim=1)  # [block_num, block_size] token rows of the NZ layout
 print("token rows written:", int(written.sum()), "of", block_num * block_size)
+if not all(held) or int(written.sum()) != batch_size:
+    raise SystemExit("the PA_NZ cache does not hold the returned rows where the slots point")

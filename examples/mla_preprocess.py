@@ -90,7 +90,10 @@ outs = torch_npu.atb.npu_mla_preprocess(
     kv_cache_out1=kv_cache_out1,
 )
 print("int8_nzcache / per_tensor_quant_asymm (out= form):")
-print("  returned the out= tensors:", all(a is b for a, b in zip(outs, (q_out0, kv_cache_out0, q_out1, kv_cache_out1))))
+returned = all(a is b for a, b in zip(outs, (q_out0, kv_cache_out0, q_out1, kv_cache_out1)))
+print("  returned the out= tensors:", returned)
+if not returned:
+    raise SystemExit("the out= form must return the out= tensors themselves")
 print("  q_out0", tuple(q_out0.shape), q_out0.dtype, "token 0, head 0:", q_out0[0, 0, :8].tolist())
 print("  q_out1", tuple(q_out1.shape), q_out1.dtype, "token 0, head 0:", q_out1[0, 0, :4].tolist())
 # The caches are raw memory in the kernel's NZ blocks of 128 rows: a slot's 512 int8 ckv values
