@@ -135,7 +135,6 @@ def _kv_rmsnorm_rope_parallel(parts, kv, gamma, cos, sin, eps, is_bf16, quant, k
                                k_scale, c_scale, k_rows, y_rows, k_int8, y_int8)
 
 
-
 def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs):
     """emu implementation of :func:`ascend_emu.ops.npu_kv_rmsnorm_rope_cache`.
 
@@ -169,8 +168,6 @@ def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs):
         k_embed_out = k_rows.view(dtype).reshape(b, 1, s, ROPE_SIZE)  # [B, 1, S, 64]
         y_out = y_rows.view(dtype).reshape(b, 1, s, RMS_SIZE)  # [B, 1, S, 512]
     else:
-        k_embed_out = np.zeros((b, 1, s, ROPE_SIZE), dtype=dtype)  # [B, 1, S, 64]
-        y_out = np.zeros((b, 1, s, RMS_SIZE), dtype=dtype)  # [B, 1, S, 512]
-        if UNWRITTEN_OUTPUT_FILL:
-            k_embed_out[...], y_out[...] = UNWRITTEN_OUTPUT_FILL, UNWRITTEN_OUTPUT_FILL
+        k_embed_out = np.full((b, 1, s, ROPE_SIZE), UNWRITTEN_OUTPUT_FILL, dtype=dtype)  # [B, 1, S, 64]
+        y_out = np.full((b, 1, s, RMS_SIZE), UNWRITTEN_OUTPUT_FILL, dtype=dtype)  # [B, 1, S, 512]
     return args.k_cache, args.ckv_cache, k_embed_out, y_out
