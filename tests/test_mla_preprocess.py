@@ -215,6 +215,21 @@ def test_out_form_into_separate_tensors_leaves_caches(rng):
                                               "rope": poisoned(before["rope"].shape, before["rope"].dtype)})
 
 
+def test_fp16_negative_descales_sign_extended(rng):
+    """int64 descales whose high word is the sign extension of a negative fp32's bits (module doc)."""
+    case = make_case(rng, "float16", "krope_ctkv", "per_tensor_quant_asymm")
+    for name in ("descale0", "descale1"):
+        bits = case["args"][name].astype(np.uint32).view(np.float32)
+        case["args"][name] = (-bits).view(np.int32).astype(np.int64)  # [size] high word 0xFFFFFFFF
+        assert (case["args"][name] < 0).all()
+    before = _snapshot(case)
+    got = run(case, **_in_place_outs(case))
+    want = reference(case)
+    check_close(got[0], want["q_out0"], "q_out0", exact=False)
+    check_close(got[2], want["q_out1"], "q_out1")
+    check_caches(case, got, want, before)
+
+
 # ---------------------------------------------------------------------- weight and cache forms
 def _storage_form(w: np.ndarray) -> np.ndarray:
     """The doc example's form of a weight: its FRACTAL_NZ storage as a tensor, itself cast."""
