@@ -13,18 +13,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..quant import (BF16, INT8_MAX, MLA_ROW, CombinedRowFormat, bf16_bits_to_f32, bf16_to_f32, dynamic_scale,
+from ..ops.mla_prolog import D_NOPE, D_ROPE, HCKV
+from ..quant import (BF16, INT8_MAX, CombinedRowFormat, bf16_bits_to_f32, bf16_to_f32, dynamic_scale,
                      f32_to_bf16_bits, f32_to_int8, f32_to_int8_via_f16, group_amax, quantize_static,
                      quantize_with_dequant_scale, to_bf16, to_f32)
 from .kernels import last_writer, rms_norm_row, rope_row, scatter_rows
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64
 
-#: Per-head column split of weight_uq_qr's output: [D nope | Dr rope].
-D_NOPE = 128
-#: RoPE dim Dr.
-D_ROPE = 64
-#: kv low-rank dim; ckvkr = [Hckv kv | Dr rope].
-HCKV = 512
 #: The int8 bound the kernel's DynamicQuant divides by (its ``maxInt8Tensor``), fp32.
 _Q_MAX = np.float32(INT8_MAX)
 
@@ -193,7 +188,7 @@ def _per_tile_rows(kv: np.ndarray, kr_bits: np.ndarray, alpha: np.float32, tile_
         int8 ``[T, 656]``.
     """
     t = kv.shape[0]
-    fmt = MLA_ROW if tile_size == MLA_ROW.tile_size else CombinedRowFormat(tile_size=tile_size)
+    fmt = CombinedRowFormat(tile_size=tile_size)  # tile_size 128: quant.MLA_ROW
     amax = group_amax(kv, "per_tile", tile_size=tile_size)  # [T, tiles, 1]
     lim = amax * alpha  # fp32
     clipped = np.maximum(np.minimum(kv.reshape(t, -1, tile_size), lim), -lim)  # [T, tiles, tile]
