@@ -49,7 +49,7 @@ from typing import Literal, Mapping
 import numpy as np
 
 from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error
-from ..layouts import (FRACTAL_NZ, NZ_ROW_BYTES, CacheLayout, canonical_cache_mode, get_npu_format,
+from ..layouts import (FRACTAL_NZ, CacheLayout, canonical_cache_mode, get_npu_format,
                        slots_from_cache_index, slots_from_pages)
 from ._backend import get_backend
 from ._check import (check_cache, check_dtype, check_ndim, check_nz_weight, check_shape, dtype_name, optional,
@@ -784,11 +784,9 @@ def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, b
     for cache, name, dim, dim_name in caches:
         check_shape(cache, name, lead + (NKV, dim), what.format(dim_name))
         check_cache(cache, name)
-        layout = CacheLayout.from_declared(cache_mode, cache.shape, cache.dtype.itemsize, name=name)
-        if layout.nz and dim % layout.c0:
-            raise arg_error(ShapeError, name, f"D a multiple of C0={layout.c0} ({NZ_ROW_BYTES} bytes) for "
-                            f"cache_mode {cache_mode}", dim)
-        layouts[name] = layout
+        # NZ modes: D (512 or 64 here; 656-byte rows are never NZ) must be a multiple of C0, which
+        # CacheLayout checks.
+        layouts[name] = CacheLayout.from_declared(cache_mode, cache.shape, cache.dtype.itemsize, name=name)
     if not combined and np.may_share_memory(kv_cache, kr_cache):
         raise arg_error(ShapeError, "kr_cache", "memory separate from kv_cache", "an overlapping array")
     return layouts["kv_cache"], layouts.get("kr_cache")
