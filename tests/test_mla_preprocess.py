@@ -274,6 +274,16 @@ def test_nz_cache_declarations_hold_the_same_bytes(rng, cache_mode, declared):
         assert_same_bytes(b, a, f"{declared} declaration")
 
 
+def test_nd_caches_with_block_size_256(rng):
+    """torch_npu: ND caches take BlockSize <= 128 or 256."""
+    case = make_case(rng, "bfloat16", "krope_ctkv", "per_token_quant_symm")
+    case["args"]["kv_cache"] = poisoned((2, 256, 1, 512), BF16)
+    case["args"]["kv_cache_rope"] = poisoned((2, 256, 1, 64), BF16)
+    before = _snapshot(case)
+    got = run(case, **_in_place_outs(case))
+    check_caches(case, got, reference(case), before)
+
+
 # ---------------------------------------------------------------------- slots
 def test_duplicate_slots_warn_and_last_token_wins(rng):
     case = make_case(rng, "bfloat16", "nzcache", "per_tensor_quant_asymm", slots=[7, 300, 7, -1])
@@ -332,6 +342,13 @@ def _bad_cases():
          lambda c: {"descale0": np.ones(2112, np.float32)}, DTypeError),
         ("descale_bad_packing", "krope_ctkv", "per_tensor_quant_asymm", "float16",
          lambda c: {"descale1": c["args"]["descale1"] | np.int64(1 << 40)}, FormatError),
+        ("token_num_1025", "krope_ctkv", "per_tensor_quant_asymm", "bfloat16",
+         lambda c: {"input": np.zeros((1025, HIDDEN), bf)}, ShapeError),
+        ("head_num_129", "krope_ctkv", "per_tensor_quant_asymm", "bfloat16",
+         lambda c: {"wuk": np.ones((129, 128, 512), bf)}, ShapeError),
+        ("nd_cache_block_192", "krope_ctkv", "per_tensor_quant_asymm", "bfloat16",
+         lambda c: {"kv_cache": poisoned((2, 192, 1, 512), bf), "kv_cache_rope": poisoned((2, 192, 1, 64), bf),
+                    "kv_cache_out0": None, "q_out0": None, "q_out1": None, "kv_cache_out1": None}, ShapeError),
         ("nz_cache_block_64", "nzcache", "per_tensor_quant_asymm", "bfloat16",
          lambda c: {"kv_cache": poisoned((6, 64, 1, 512), bf)}, ShapeError),
         ("int8_cache_bf16", "int8_nzcache", "per_tensor_quant_asymm", "bfloat16",
