@@ -13,7 +13,8 @@ different tensors, as it does on an Atlas machine. Tensors the ops and ``npu_for
 are on the NPU too; ``.npu()`` of an NPU tensor returns it unchanged.
 
 Not emulated: ``device="npu"`` / ``.to("npu")`` strings (torch itself rejects the device type;
-use ``.npu()``; ``.to("cpu")`` of an NPU tensor is the tensor itself, not a copy), memory
+use ``.npu()``); the NPU mark does not follow views and results of torch ops, so ``.cpu()`` /
+``.to("cpu")`` of those (and ``.to("cpu")`` of an NPU tensor) is torch's own, not a copy; memory
 statistics, multi-device placement.
 """
 
