@@ -695,6 +695,32 @@ def test_per_tile_rows_read_back(qdata, rng, modes):
     assert (kv_cache.reshape(-1, ref.ROW_BYTES)[untouched].view(np.uint8) == POISON_BYTE).all()
 
 
+@pytest.mark.parametrize("modes", [(1, 0, 0), (2, 1, 1)])
+def test_zero_rows_quantize_to_zero(qdata, rng, modes):
+    """A row of zeros gets dequant scale 0 and int8 0: the cq row of the dynamic quant (gamma_cq = 0)
+    and the query rows of head 0 in the per-token-head quant (weight_uk[0] = 0), without warnings."""
+    x, sin, cos = qdata.tokens(modes, (3,))
+    gamma_cq, w_uk = qdata.gamma_cq, qdata.w_uk
+    if modes[2]:
+        w_uk = w_uk.copy()
+        w_uk[0] = 0
+    else:
+        gamma_cq = np.zeros_like(gamma_cq)
+    w_dq, w_uq_qr, w_dkv_kr = qdata.weights(modes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        query, query_rope, dq_nope, query_norm, dq_norm = npu_mla_prolog_v3(
+            x, w_dq, w_uq_qr, w_uk, w_dkv_kr, gamma_cq, qdata.gamma_ckv, sin, cos, *qdata.caches(modes, (1, 16)),
+            cache_index=np.arange(3, dtype=np.int64), query_norm_flag=True, **qdata.mode_kwargs(modes),
+            **qdata.scale_kwargs(modes, 3))
+    if modes[2]:
+        assert not query[:, 0].any() and not dq_nope[:, 0].any()
+        assert query[:, 1].any() and dq_nope[:, 1].all()
+    else:
+        assert not query_norm.any() and not dq_norm.any()
+        assert (query == 0).all() and (query_rope == 0).all()  # +-0
+
+
 def qdata_kv_f32(qdata, modes, gamma_ckv, token):
     """The reference's fp32 kv (before the per-tile quant) of one pool token with ``gamma_ckv``."""
     st = QUANT_SETTINGS[modes]
