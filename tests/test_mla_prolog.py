@@ -293,18 +293,27 @@ def test_duplicate_slots_warn_last_wins(data, rng):
     assert_caches(kv_cache, kr_cache, kv_before, kr_before, gold, list(cache_index), nz=False, block_size=16)
 
 
-def test_non_contiguous_token_x(data, rng):
+def _strided(a: np.ndarray) -> np.ndarray:
+    """A non-contiguous view holding ``a``'s values (every other element of the last axis)."""
+    wide = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), dtype=a.dtype)
+    wide[..., ::2] = a
+    view = wide[..., ::2]
+    assert not view.flags.c_contiguous
+    return view
+
+
+def test_non_contiguous_inputs(data, rng):
+    """Strided token_x, rope_sin / rope_cos, gammas and cache_index give the contiguous call's bytes."""
     x, sin, cos = make_tokens(data, (3,))
-    wide = np.zeros((3, 2 * HE), dtype=BF16)
-    wide[:, ::2] = x
-    strided = wide[:, ::2]  # [T, He], stride 2 elements
-    assert not strided.flags.c_contiguous
     ci = np.array([0, 7, 2], dtype=np.int64)
     caches_a, caches_b = paged_caches(1, 16), paged_caches(1, 16)
-    out_a = call(3, data, 2, x, sin, cos, *caches_a, ci)
-    out_b = call(3, data, 2, strided, sin, cos, *caches_b, ci)
-    for a, b in zip(out_a[:2] + caches_a, out_b[:2] + caches_b):
-        assert_same_bytes(b, a, "strided token_x result")
+    out_a = call(3, data, 2, x, sin, cos, *caches_a, ci, query_norm_flag=True)
+    w_uq_qr, w_uk, _, _ = data.heads(2)
+    out_b = npu_mla_prolog_v3(_strided(x), data.w_dq_nz, w_uq_qr, w_uk, data.w_dkv_kr_nz, _strided(data.gamma_cq),
+                              _strided(data.gamma_ckv), _strided(sin), _strided(cos), *caches_b,
+                              cache_index=_strided(ci), query_norm_flag=True)
+    for a, b in zip(out_a + caches_a, out_b + caches_b):
+        assert_same_bytes(b, a, "strided inputs' result")
 
 
 @pytest.mark.parametrize("version", VERSIONS)
