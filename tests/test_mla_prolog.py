@@ -143,8 +143,10 @@ def assert_queries(out, gold, batch_shape, n):
     assert_close(query_rope.reshape(-1, n, DR), gold["query_rope"], "query_rope")
 
 
-def assert_cache(actual, before, rows, slots, *, nz, block_size, what):
-    """Untouched bytes exact; written rows (last writer per slot) within the criterion."""
+def written_rows(actual, before, rows, slots, *, nz, block_size, what):
+    """Check that the bytes outside the rows ``slots`` select are still ``before``'s; return the
+    written rows ``(got, want)``, want = ``rows`` written into ``before`` by the reference
+    (last writer per slot), both ``[live slots, D]`` in slot order."""
     expected = before.copy()
     ref.write_rows(expected, rows, slots, nz=nz, block_size=block_size)
     marker = np.dtype(f"u{actual.dtype.itemsize}")  # same itemsize, so the same NZ C0
@@ -154,9 +156,13 @@ def assert_cache(actual, before, rows, slots, *, nz, block_size, what):
     assert_same_bytes(raw(actual)[~byte_mask], raw(before)[~byte_mask], f"{what} outside the written rows")
     live = sorted({s for s in slots if s >= 0})
     assert len(live) * actual.shape[-1] == int(mask.sum())
-    got = ref.read_rows(actual, live, nz=nz, block_size=block_size)
-    want = ref.read_rows(expected, live, nz=nz, block_size=block_size)
-    assert_close(got, want, what)
+    return (ref.read_rows(actual, live, nz=nz, block_size=block_size),
+            ref.read_rows(expected, live, nz=nz, block_size=block_size))
+
+
+def assert_cache(actual, before, rows, slots, *, nz, block_size, what):
+    """Untouched bytes exact; written rows (last writer per slot) within the criterion."""
+    assert_close(*written_rows(actual, before, rows, slots, nz=nz, block_size=block_size, what=what), what)
 
 
 def assert_caches(kv_cache, kr_cache, kv_before, kr_before, gold, slots, *, nz, block_size):
@@ -588,19 +594,12 @@ def assert_quant_cache(actual, before, rows, slots, *, nz, block_size, what, exa
     share; bf16 (rope) and fp32 (scale) elements within the dual criterion with a bit-identical
     share floor.
     """
-    expected = before.copy()
-    ref.write_rows(expected, rows, slots, nz=nz, block_size=block_size)
     if exact:
+        expected = before.copy()
+        ref.write_rows(expected, rows, slots, nz=nz, block_size=block_size)
         assert_same_bytes(actual, expected, what)
         return
-    marker = np.dtype(f"u{actual.dtype.itemsize}")
-    mask = np.zeros(actual.shape, dtype=marker)
-    ref.write_rows(mask, np.ones((len(slots), actual.shape[-1]), dtype=marker), slots, nz=nz, block_size=block_size)
-    byte_mask = np.repeat(mask.reshape(-1) != 0, actual.dtype.itemsize)
-    assert_same_bytes(raw(actual)[~byte_mask], raw(before)[~byte_mask], f"{what} outside the written rows")
-    live = sorted({s for s in slots if s >= 0})
-    got = ref.read_rows(actual, live, nz=nz, block_size=block_size)
-    want = ref.read_rows(expected, live, nz=nz, block_size=block_size)
+    got, want = written_rows(actual, before, rows, slots, nz=nz, block_size=block_size, what=what)
     if got.dtype == BF16:
         assert_float_share(got, want, what, QUANT_SHARE_FLOOR["rope"])
     elif got.shape[-1] != ref.ROW_BYTES:
