@@ -70,6 +70,7 @@ def mla_preprocess(args: MlaPreprocessArgs) -> None:
     """Run MlaPreprocess on validated arguments, writing ``args.q_out0`` / ``args.q_out1`` and the
     caches ``args.kv_cache_out0`` / ``args.kv_cache_out1`` in place (module doc for the numerics)."""
     dt, t, n = args.dtype, args.token_num, args.head_num
+    mode = args.cache_mode
     if t == 0:
         return  # no token: nothing to write
     cos, sin = to_f32(args.cos), to_f32(args.sin)  # [T, 64]
@@ -89,7 +90,13 @@ def mla_preprocess(args: MlaPreprocessArgs) -> None:
     ckv = rms_norm(kv[:, :KV_LORA_RANK], to_f32(args.gamma2), args.epsilon)  # [T, 512] fp32
     krope = _round(rope(kv[:, KV_LORA_RANK:], cos, sin, deinterleave=False), dt)  # [T, 64]
 
-    if args.cache_mode == "int8_nzcache":
+    if mode == "kvcache":
+        args.q_out0[:, :, :KV_LORA_RANK] = q_nope
+        args.q_out0[:, :, KV_LORA_RANK:] = q_rope
+        row = np.concatenate([_round(ckv, dt), krope], axis=1)  # [T, 576]
+        scatter_rows(args.kv_cache_out0, row, args.slots, args.kv_layout)
+        return
+    if mode == "int8_nzcache":
         np.copyto(args.q_out0, _to_int8(to_f32(q_nope) * args.q_nope_scale[None, :, None]))
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             ckv_out = _to_int8(ckv * (np.float32(1.0) / args.ctkv_scale))  # [T, 512] int8
