@@ -3,7 +3,6 @@ ml_dtypes and the exact-arithmetic references in tests/reference/quant.py."""
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings

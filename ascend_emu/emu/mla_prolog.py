@@ -257,7 +257,7 @@ def mla_prolog(args) -> tuple:
     t, n, hcq = args.num_tokens, args.num_heads, args.weight_dq.shape[1]
     if t == 0:
         return _empty_outputs(args)
-    wqm, kvq = args.weight_quant_mode, args.kv_cache_quant_mode
+    wqm = args.weight_quant_mode
     full = wqm == 2
     cos = to_f32(args.rope_cos)  # [T, Dr]
     sin = to_f32(args.rope_sin)  # [T, Dr]

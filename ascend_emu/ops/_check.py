@@ -97,6 +97,17 @@ def check_cache(x: np.ndarray, name: str) -> None:
         raise arg_error(ShapeError, name, "a writable cache", "a read-only array")
 
 
+def check_separate(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:
+    """Two caches written by one call must not share memory (each would overwrite the other's
+    rows; on hardware the result depends on write order).
+
+    Raises:
+        ShapeError: ``b`` overlaps ``a``.
+    """
+    if np.may_share_memory(a, b):
+        raise arg_error(ShapeError, b_name, f"memory separate from {a_name}", "an overlapping array")
+
+
 def check_nz_weight(w: np.ndarray, name: str) -> None:
     """Raise unless ``w`` has been cast to FRACTAL_NZ.
 

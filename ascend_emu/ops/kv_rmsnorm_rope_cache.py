@@ -51,7 +51,8 @@ from ..layouts import (CacheLayout, canonical_cache_mode, slots_from_cache_index
                        slots_from_positions)
 from ..quant import to_f32
 from ._backend import get_backend
-from ._check import check_cache, check_dtype, check_shape, dtype_name, optional, required, warn_duplicates
+from ._check import (check_cache, check_dtype, check_separate, check_shape, dtype_name, optional, required,
+                     warn_duplicates)
 
 KvCacheMode = Literal["Norm", "PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ"]
 
@@ -240,8 +241,7 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
         check_cache(cache, name)
         layouts.append(_layout(mode, cache.shape, cache.dtype.itemsize, name))
     k_layout, ckv_layout = layouts
-    if np.may_share_memory(k_cache, ckv_cache):
-        raise arg_error(ShapeError, "ckv_cache", "memory separate from k_cache", "an overlapping array")
+    check_separate(k_cache, "k_cache", ckv_cache, "ckv_cache")
     if (k_layout.num_blocks, k_layout.block_size) != (ckv_layout.num_blocks, ckv_layout.block_size):
         what = "cache_length" if mode == "Norm" else "block_num and block_size"
         raise arg_error(ShapeError, "ckv_cache", f"the same {what} as k_cache {list(k_cache.shape)}",

@@ -100,8 +100,8 @@ from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error
 from ..layouts import NZ_ROW_BYTES, CacheLayout, NZArray, nz_shape, nz_to_nd, slots_from_cache_index
 from ..quant import to_f32
 from ._backend import get_backend
-from ._check import (check_cache, check_dtype, check_nz_weight, check_shape, dtype_name, optional, required,
-                     warn_divergence, warn_duplicates)
+from ._check import (check_cache, check_dtype, check_nz_weight, check_separate, check_shape, dtype_name, optional,
+                     required, warn_divergence, warn_duplicates)
 
 CacheModeName = Literal["kvcache", "krope_ctkv", "int8_nzcache", "nzcache"]
 QuantModeName = Literal["per_tensor_quant_asymm", "per_token_quant_symm"]
@@ -502,8 +502,8 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
         kv_out = _same_as(kv_cache_out0, "kv_cache_out0", kv_in, "kv_cache")
         rope_out = None if cache_mode == "kvcache" else _same_as(kv_cache_out1, "kv_cache_out1", rope_in,
                                                                  "kv_cache_rope")
-        if rope_out is not None and np.may_share_memory(kv_out, rope_out):
-            raise arg_error(ShapeError, "kv_cache_out1", "memory separate from kv_cache_out0", "an overlapping array")
+        if rope_out is not None:
+            check_separate(kv_out, "kv_cache_out0", rope_out, "kv_cache_out1")
         result = (q0, kv_out, q1, kv_cache_out1 if rope_out is None else rope_out)
     else:
         q0 = np.empty(q0_shape, dtype=q0_dtype)

@@ -52,8 +52,8 @@ from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error
 from ..layouts import (FRACTAL_NZ, CacheLayout, canonical_cache_mode, get_npu_format,
                        slots_from_cache_index, slots_from_pages)
 from ._backend import get_backend
-from ._check import (check_cache, check_dtype, check_ndim, check_nz_weight, check_shape, dtype_name, optional,
-                     required, warn_divergence, warn_duplicates)
+from ._check import (check_cache, check_dtype, check_ndim, check_nz_weight, check_separate, check_shape, dtype_name,
+                     optional, required, warn_divergence, warn_duplicates)
 
 # ---------------------------------------------------------------------- fixed dims (§2.1)
 #: kv low-rank dim Hckv.
@@ -794,8 +794,8 @@ def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, b
         # NZ modes: D (512 or 64 here; 656-byte rows are never NZ) must be a multiple of C0, which
         # CacheLayout checks.
         layouts[name] = CacheLayout.from_declared(cache_mode, cache.shape, cache.dtype.itemsize, name=name)
-    if not combined and np.may_share_memory(kv_cache, kr_cache):
-        raise arg_error(ShapeError, "kr_cache", "memory separate from kv_cache", "an overlapping array")
+    if not combined:
+        check_separate(kv_cache, "kv_cache", kr_cache, "kr_cache")
     return layouts["kv_cache"], layouts.get("kr_cache")
 
 
@@ -842,7 +842,7 @@ def _slots(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int,
             raise arg_error(ShapeError, "actual_seq_len", f"prefix sums ending at T = {num_tokens}",
                             f"last value {total}")
         pages = int((-(-seq_lens // bs)).sum())
-        check_shape(cache_index, "cache_index", (pages,), f"[sum(ceil(S_b/BlockSize))] for 2-D token_x, "
+        check_shape(cache_index, "cache_index", (pages,), "[sum(ceil(S_b/BlockSize))] for 2-D token_x, "
                     "S_b from actual_seq_len")
     else:
         b, s = batch_shape
