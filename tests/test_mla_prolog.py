@@ -911,6 +911,8 @@ BAD_V3 = [
      r"cache_index\[1\] = 32"),
     ("cache_index -2", lambda w: _case(cache_index=np.array([0, -2, 2], np.int64)), IndexRangeError, r"\[1\] = -2"),
     ("unknown cache_mode", lambda w: _case(cache_mode="PA"), ModeError, "cache_mode"),
+    ("negative epsilon", lambda w: _case(rmsnorm_epsilon_ckv=-1e-5), DTypeError, "rmsnorm_epsilon_ckv.*>= 0"),
+    ("NaN qc_qr_scale", lambda w: _case(qc_qr_scale=float("nan")), DTypeError, "qc_qr_scale"),
     ("BlockSize 24", lambda w: _case(kv_cache=poisoned((2, 24, 1, HCKV), BF16),
                                      kr_cache=poisoned((2, 24, 1, DR), BF16)), ShapeError, "BlockSize"),
     ("kr_cache blocks", lambda w: _case(kr_cache=poisoned((3, 16, 1, DR), BF16)), ShapeError, "kr_cache"),

@@ -523,3 +523,12 @@ def test_read_combined_cache_errors(rng):
         read_combined_cache(tnd, slot=-1)
     with pytest.raises(IndexRangeError, match=r"block: expected a block in \[0, 2\), got 2"):
         read_combined_cache(pa, block=2)
+
+
+def test_inverse_scale_zero_policy_and_fp32_reciprocal():
+    from ascend_emu.quant import inverse_scale
+    sub = np.float32(1e-45)  # subnormal: its fp32 reciprocal overflows
+    got = inverse_scale(np.array([[0.0], [2.0], [3.0], [sub]], np.float32))
+    assert got.dtype == np.float32
+    assert got[0, 0] == 0 and got[1, 0] == np.float32(0.5) and got[3, 0] == np.inf
+    assert got[2, 0] == np.float32(np.float32(1.0) / np.float32(3.0))

@@ -1,8 +1,9 @@
-"""Numba kernels shared by the emu backend: RmsNorm, RoPE, row scatter / gather.
+"""Numba kernels shared by the emu backend: RmsNorm, RoPE, the row scatter into caches.
 
 Numerics (ops_reference §1.1, §1.3; DESIGN.md "Numerics policy"): everything in fp32, no fused
-multiply-add (no ``fastmath``), bf16 rounding by explicit RNE on ``uint16`` bits. Kernels take
-already-validated arguments: slots reaching :func:`scatter_rows` are in range and unique.
+multiply-add (no ``fastmath``); bf16 rounding is :mod:`ascend_emu.quant.rounding`'s RNE on
+``uint16`` bits. Kernels take already-validated arguments: slots reaching :func:`scatter_rows`
+are in range.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import numpy as np
 from numba import njit, prange
 
 from ..layouts import CacheLayout
-from ..quant import f32_bits_to_bf16_bits
 
 ROPE_DIM = 64
 _HALF = ROPE_DIM // 2
@@ -131,26 +131,7 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, deinterleave: bool)
     return out.reshape(x.shape)
 
 
-# ---------------------------------------------------------------------- bf16 rounding
-@njit(cache=True, parallel=True)
-def _to_bf16_bits_2d(x, out):
-    for t in prange(x.shape[0]):
-        xb = x[t].view(np.uint32)
-        for i in range(xb.shape[0]):
-            out[t, i] = f32_bits_to_bf16_bits(xb[i])
-
-
-def to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """RNE fp32 -> bf16 bits (``uint16``), parallel over the leading axis."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    x2 = x.reshape(x.shape[0] if x.ndim else 1, -1)
-    out = np.empty(x2.shape, dtype=np.uint16)
-    if x2.size:
-        _to_bf16_bits_2d(x2, out)
-    return out.reshape(x.shape)
-
-
-# ---------------------------------------------------------------------- scatter / gather
+# ---------------------------------------------------------------------- scatter
 @njit(cache=True, inline="always")
 def _scatter_token(cache, rows, offsets, chunk, t):
     for j in range(offsets.shape[1]):
@@ -174,16 +155,6 @@ def _scatter_chunks_serial(cache, rows, offsets, chunk):
 
 #: Below this many bytes a scatter runs on one thread: starting the pool costs more than the copy.
 SCATTER_PARALLEL_MIN_BYTES = 1 << 20
-
-
-@njit(cache=True, parallel=True)
-def _gather_chunks(cache, offsets, chunk, rows):
-    for t in prange(offsets.shape[0]):
-        for j in range(offsets.shape[1]):
-            src = offsets[t, j]
-            dst = j * chunk
-            for k in range(chunk):
-                rows[t, dst + k] = cache[src + k]
 
 
 def _copy_word(nbytes: int, chunk: int, row_bytes: int, offsets: np.ndarray):
@@ -238,20 +209,3 @@ def scatter_rows(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout:
     scatter = _scatter_chunks if raw.itemsize * raw.shape[1] * keep.size >= SCATTER_PARALLEL_MIN_BYTES \
         else _scatter_chunks_serial
     scatter(flat.view(word), np.ascontiguousarray(raw).view(word), offsets // w, layout.chunk_bytes // w)
-
-
-def gather_rows(cache: np.ndarray, slots: np.ndarray, layout: CacheLayout) -> np.ndarray:
-    """Read the raw bytes of the rows at ``slots`` (all valid, no -1).
-
-    Returns:
-        ``uint8 [T, row_bytes]``; ``.view(dtype)`` gives the elements.
-    """
-    slots = np.asarray(slots, dtype=np.int64).reshape(-1)
-    offsets = layout.chunk_offsets(slots)
-    rows = np.empty((slots.size, layout.row_bytes), dtype=np.uint8)
-    if slots.size:
-        flat = np.ascontiguousarray(cache).reshape(-1).view(np.uint8)
-        word = _copy_word(flat.size, layout.chunk_bytes, layout.row_bytes, offsets)
-        w = np.dtype(word).itemsize
-        _gather_chunks(flat.view(word), offsets // w, layout.chunk_bytes // w, rows.view(word))
-    return rows

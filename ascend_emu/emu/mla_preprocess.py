@@ -27,7 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops.mla_preprocess import KV_A_DIM, KV_LORA_RANK, QK_HEAD_DIM, QK_NOPE_DIM, MlaPreprocessArgs
-from ..quant import BF16, INT8_MAX, f32_to_f16, f32_to_int8_via_f16, group_amax, to_bf16, to_f32
+from ..quant import (BF16, dynamic_scale, f32_to_f16, f32_to_int8_via_f16, group_amax, inverse_scale, to_bf16,
+                     to_f32)
 from .kernels import rms_norm, rope, scatter_rows
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64
 
@@ -49,10 +50,9 @@ def _rms_norm_quant(x32, gamma, beta, scale, offset, eps) -> tuple[np.ndarray, n
     if scale is not None:
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             return _to_int8(y * (np.float32(1.0) / scale) + offset), None
-    s = (group_amax(y, "per_token") / np.float32(INT8_MAX)).astype(np.float32)  # [T, 1]
-    with np.errstate(divide="ignore"):
-        inv = np.where(s > 0, np.float32(1.0) / np.where(s > 0, s, 1), 0).astype(np.float32)
-    return _to_int8(y * inv), s
+    s = dynamic_scale(group_amax(y, "per_token"), "per_token")  # [T, 1] max|y| / 127
+    with np.errstate(invalid="ignore"):
+        return _to_int8(y * inverse_scale(s)), s
 
 
 def _matmul_dequant(q8, w, bias, descale, token_scale, dtype) -> np.ndarray:

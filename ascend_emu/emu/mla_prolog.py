@@ -45,25 +45,9 @@ def _dequant(acc, tok_scale, col_scale, out):
 
 
 @njit(cache=True, parallel=True)
-def _cq_norm(cq, gamma, eps, scale, bits, out):
-    """Steps 1-2 after ``x @ W_dq``: cq -> bf16; RmsNorm * gamma * scale -> bf16 (bits and value)."""
-    h = cq.shape[1]
-    for t in prange(cq.shape[0]):
-        row = np.empty(h, dtype=np.float32)
-        normed = np.empty(h, dtype=np.float32)
-        for i in range(h):
-            row[i] = _bf16(cq[t, i])
-        rms_norm_row(row, gamma, eps, scale, normed)
-        for i in range(h):
-            b = f32_to_bf16_bits(normed[i])
-            bits[t, i] = b
-            out[t, i] = bf16_bits_to_f32(b)
-
-
-@njit(cache=True, parallel=True)
-def _cq_norm_f32(cq, round_in, gamma, eps, scale, out):
-    """Step 2 before the dynamic quant: cq (-> bf16 when ``round_in``); RmsNorm * gamma * scale,
-    kept in fp32 (``out``)."""
+def _cq_norm(cq, round_in, gamma, eps, scale, out):
+    """Steps 1-2 after ``x @ W_dq``: cq (-> bf16 when ``round_in``); RmsNorm * gamma * scale kept
+    in fp32 (``out``; the caller rounds it to bf16 or quantizes it)."""
     h = cq.shape[1]
     for t in prange(cq.shape[0]):
         row = np.empty(h, dtype=np.float32)
@@ -102,41 +86,18 @@ def _query_bits(query, out):
                 out[t, h, i] = f32_to_bf16_bits(query[h, t, i])
 
 
-@njit(cache=True, inline="always")
-def _kv_kr_row(src, round_in, gamma, eps, scale, cos, sin, row, normed, y):
-    """One token of steps 6-8: ckvkr (-> bf16 when ``round_in``) into ``row``; RmsNorm(kv) *
-    gamma * scale into ``normed`` and RoPE(kr) into ``y``, fp32."""
-    hk = normed.shape[0]
-    for i in range(row.shape[0]):
-        row[i] = _bf16(src[i]) if round_in else src[i]
-    rms_norm_row(row[:hk], gamma, eps, scale, normed)
-    rope_row(row[hk:], cos, sin, True, y)
-
-
 @njit(cache=True, parallel=True)
-def _kv_kr(ckvkr, round_in, gamma, eps, scale, cos, sin, kv_bits, kr_bits):
-    """Steps 6-8 after ``x @ W_dkv_kr``: RmsNorm(kv) * gamma * scale -> bf16; RoPE(kr) -> bf16."""
-    hk, dr = kv_bits.shape[1], kr_bits.shape[1]
-    for t in prange(ckvkr.shape[0]):
-        row = np.empty(hk + dr, dtype=np.float32)
-        normed = np.empty(hk, dtype=np.float32)
-        y = np.empty(dr, dtype=np.float32)
-        _kv_kr_row(ckvkr[t], round_in, gamma, eps, scale, cos[t], sin[t], row, normed, y)
-        for i in range(hk):
-            kv_bits[t, i] = f32_to_bf16_bits(normed[i])
-        for i in range(dr):
-            kr_bits[t, i] = f32_to_bf16_bits(y[i])
-
-
-@njit(cache=True, parallel=True)
-def _kv_kr_f32(ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits):
-    """Steps 6-8 before the kv quant: RmsNorm(kv) * gamma * scale kept in fp32 (``kv``);
-    RoPE(kr) -> bf16."""
+def _kv_kr(ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits):
+    """Steps 6-8 after ``x @ W_dkv_kr``: ckvkr (-> bf16 when ``round_in``); RmsNorm(kv) * gamma *
+    scale kept in fp32 (``kv``, rounded or quantized by the caller); RoPE(kr) -> bf16 bits."""
     hk, dr = kv.shape[1], kr_bits.shape[1]
     for t in prange(ckvkr.shape[0]):
         row = np.empty(hk + dr, dtype=np.float32)
         y = np.empty(dr, dtype=np.float32)
-        _kv_kr_row(ckvkr[t], round_in, gamma, eps, scale, cos[t], sin[t], row, kv[t], y)
+        for i in range(hk + dr):
+            row[i] = _bf16(ckvkr[t, i]) if round_in else ckvkr[t, i]
+        rms_norm_row(row[:hk], gamma, eps, scale, kv[t])
+        rope_row(row[hk:], cos[t], sin[t], True, y)
         for i in range(dr):
             kr_bits[t, i] = f32_to_bf16_bits(y[i])
 
@@ -273,15 +234,12 @@ def mla_prolog(args) -> tuple:
     cq = down_proj(args.weight_dq, args.dequant_scale_w_dq)  # [T, Hcq]                  step 1
     gamma_cq, eps_cq, qc_scale = to_f32(args.rmsnorm_gamma_cq), f32(args.rmsnorm_epsilon_cq), f32(args.qc_qr_scale)
     query_norm = dq_norm = None
+    cq_n = np.empty((t, hcq), dtype=np.float32)  # [T, Hcq]
+    _cq_norm(cq, not full, gamma_cq, eps_cq, qc_scale, cq_n)  # steps 1-2
     if wqm == 0:
-        cq_n_bits = np.empty((t, hcq), dtype=np.uint16)  # [T, Hcq] query_norm
-        cq_n = np.empty((t, hcq), dtype=np.float32)  # [T, Hcq]
-        _cq_norm(cq, gamma_cq, eps_cq, qc_scale, cq_n_bits, cq_n)  # steps 1-2
-        qcqr = matmul_f32(cq_n, weight_f32(args.weight_uq_qr))  # [T, N*(D+Dr)]           step 3
-        query_norm = cq_n_bits.view(BF16)
+        query_norm = to_bf16(cq_n)  # [T, Hcq] bf16
+        qcqr = matmul_f32(bf16_to_f32(query_norm), weight_f32(args.weight_uq_qr))  # [T, N*(D+Dr)]  step 3
     else:
-        cq_n = np.empty((t, hcq), dtype=np.float32)  # [T, Hcq]
-        _cq_norm_f32(cq, not full, gamma_cq, eps_cq, qc_scale, cq_n)  # steps 1-2
         if args.smooth_scales_cq is not None:
             cq_n *= _f32_vector(args.smooth_scales_cq)  # [1, Hcq] or [1]
         query_norm, dq_norm = _dynamic_quant_127(cq_n, query=False)  # int8 [T, Hcq], fp32 [T, 1]
@@ -315,12 +273,11 @@ def _kv_path(args, ckvkr: np.ndarray, round_in: bool, cos: np.ndarray, sin: np.n
     norm_args = (to_f32(args.rmsnorm_gamma_ckv), f32(args.rmsnorm_epsilon_ckv), f32(args.kc_scale), cos, sin)
     kr = np.empty((t, D_ROPE), dtype=np.uint16)  # [T, Dr] bf16 bits
     keep = last_writer(args.slots)
+    kv32 = np.empty((t, HCKV), dtype=np.float32)  # [T, Hckv]
+    _kv_kr(ckvkr, round_in, *norm_args, kv32, kr)
     if kvq == 0:
-        kv = np.empty((t, HCKV), dtype=np.uint16)  # [T, Hckv] bf16 bits
-        _kv_kr(ckvkr, round_in, *norm_args, kv, kr)
+        kv = to_bf16(kv32)  # [T, Hckv] bf16
     else:
-        kv32 = np.empty((t, HCKV), dtype=np.float32)  # [T, Hckv]
-        _kv_kr_f32(ckvkr, round_in, *norm_args, kv32, kr)
         qs_ckv = _f32_vector(args.quant_scale_ckv) if kvq in (1, 2) else None
         if kvq == 1:
             kv = quantize_static(kv32, qs_ckv[:1])  # per-tensor: element 0

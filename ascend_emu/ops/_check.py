@@ -97,6 +97,20 @@ def check_cache(x: np.ndarray, name: str) -> None:
         raise arg_error(ShapeError, name, "a writable cache", "a read-only array")
 
 
+def check_float(value, name: str, *, nonnegative: bool = False) -> float:
+    """A finite Python / NumPy real number (not a bool); with ``nonnegative`` also >= 0 (an
+    RmsNorm epsilon).
+
+    Raises:
+        DTypeError: not a finite real number, or negative when ``nonnegative``.
+    """
+    ok = not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating)) \
+        and bool(np.isfinite(value)) and not (nonnegative and value < 0)
+    if not ok:
+        raise arg_error(DTypeError, name, "a finite float" + (" >= 0" if nonnegative else ""), repr(value))
+    return float(value)
+
+
 def check_separate(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:
     """Two caches written by one call must not share memory (each would overwrite the other's
     rows; on hardware the result depends on write order).

@@ -51,8 +51,8 @@ from ..layouts import (CacheLayout, canonical_cache_mode, slots_from_cache_index
                        slots_from_positions)
 from ..quant import to_f32
 from ._backend import get_backend
-from ._check import (check_cache, check_dtype, check_separate, check_shape, dtype_name, optional, required,
-                     warn_duplicates)
+from ._check import (check_cache, check_dtype, check_float, check_separate, check_shape, dtype_name, optional,
+                     required, warn_duplicates)
 
 KvCacheMode = Literal["Norm", "PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ"]
 
@@ -192,7 +192,7 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
     if is_output_kv and cache_mode not in OUTPUT_KV_CACHE_MODES:
         raise arg_error(ModeError, "is_output_kv", f"False in cache_mode {cache_mode} (k_embed_out / y_out are "
                         f"only produced in {list(OUTPUT_KV_CACHE_MODES)})", is_output_kv)
-    eps = _epsilon(epsilon)
+    eps = np.float32(check_float(epsilon, "epsilon", nonnegative=True))
 
     # ---- token inputs
     kv = required(kv, "kv")
@@ -281,13 +281,6 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
 def _layout(mode: str, shape: tuple[int, ...], itemsize: int, name: str) -> CacheLayout:
     """:meth:`CacheLayout.from_declared`, memoised (decode loops pass the same caches every step)."""
     return CacheLayout.from_declared(mode, shape, itemsize, name=name)
-
-
-def _epsilon(epsilon) -> np.float32:
-    if isinstance(epsilon, (bool, np.bool_)) or not isinstance(epsilon, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(epsilon) or epsilon < 0:
-        raise arg_error(DTypeError, "epsilon", "a finite float >= 0", repr(epsilon))
-    return np.float32(epsilon)
 
 
 def _scale(scale: np.ndarray, name: str, dim: int) -> np.ndarray:

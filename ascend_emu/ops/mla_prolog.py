@@ -52,8 +52,8 @@ from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error
 from ..layouts import (FRACTAL_NZ, CacheLayout, canonical_cache_mode, get_npu_format,
                        slots_from_cache_index, slots_from_pages)
 from ._backend import get_backend
-from ._check import (check_cache, check_dtype, check_ndim, check_nz_weight, check_separate, check_shape, dtype_name,
-                     optional, required, warn_divergence, warn_duplicates)
+from ._check import (check_cache, check_dtype, check_float, check_ndim, check_nz_weight, check_separate, check_shape,
+                     dtype_name, optional, required, warn_divergence, warn_duplicates)
 
 # ---------------------------------------------------------------------- fixed dims (§2.1)
 #: kv low-rank dim Hckv.
@@ -646,13 +646,6 @@ def _check_scale_shapes(scales: dict, accepted: dict) -> None:
         raise arg_error(ModeError, "k_nope_clip_alpha", "a finite clip factor > 0", float(alpha[0]))
 
 
-def _check_float(value, name: str) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(value):
-        raise arg_error(DTypeError, name, "a finite float", repr(value))
-    return float(value)
-
-
 def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPrologArgs:
     """Validate every argument (nothing is written) and build :class:`MlaPrologArgs`.
 
@@ -681,10 +674,10 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPr
     query_norm_flag = values["query_norm_flag"]
     if not isinstance(query_norm_flag, (bool, np.bool_)):
         raise arg_error(DTypeError, "query_norm_flag", "a bool", repr(query_norm_flag))
-    eps_cq = _check_float(values["rmsnorm_epsilon_cq"], "rmsnorm_epsilon_cq")
-    eps_ckv = _check_float(values["rmsnorm_epsilon_ckv"], "rmsnorm_epsilon_ckv")
-    qc_qr_scale = _check_float(values["qc_qr_scale"], "qc_qr_scale")
-    kc_scale = _check_float(values["kc_scale"], "kc_scale")
+    eps_cq = check_float(values["rmsnorm_epsilon_cq"], "rmsnorm_epsilon_cq", nonnegative=True)
+    eps_ckv = check_float(values["rmsnorm_epsilon_ckv"], "rmsnorm_epsilon_ckv", nonnegative=True)
+    qc_qr_scale = check_float(values["qc_qr_scale"], "qc_qr_scale")
+    kc_scale = check_float(values["kc_scale"], "kc_scale")
 
     # ---- tokens: [T, He] / [B, S, He]; rope_sin / rope_cos alike
     x = t["token_x"]

@@ -6,7 +6,7 @@ from .rounding import (BF16, INT8_MAX, INT8_MIN, bf16_bits_to_f32, bf16_to_f32, 
                        f32_to_bf16_bits, f32_to_f16, f32_to_int8, f32_to_int8_via_f16, round_half_away,
                        round_half_even, saturate_int8, to_bf16, to_f32)
 from .schemes import (GRANULARITIES, RECIPROCAL_127_GRANULARITIES, ZERO_GROUP_POLICY, dequantize,
-                      dynamic_scale, group_amax, quantize_dynamic, quantize_static,
+                      dynamic_scale, group_amax, inverse_scale, quantize_dynamic, quantize_static,
                       quantize_with_dequant_scale)
 
 __all__ = [
@@ -16,6 +16,6 @@ __all__ = [
     "f32_to_bf16_bits", "f32_to_f16", "f32_to_int8", "f32_to_int8_via_f16", "round_half_away",
     "round_half_even", "saturate_int8", "to_bf16", "to_f32",
     "GRANULARITIES", "RECIPROCAL_127_GRANULARITIES", "ZERO_GROUP_POLICY", "dequantize",
-    "dynamic_scale", "group_amax", "quantize_dynamic", "quantize_static",
+    "dynamic_scale", "group_amax", "inverse_scale", "quantize_dynamic", "quantize_static",
     "quantize_with_dequant_scale",
 ]

@@ -222,13 +222,27 @@ def quantize_with_dequant_scale(x, scale, granularity: Granularity, *, tile_size
     """
     x = np.asarray(x, dtype=np.float32)
     groups, scale = _grouped(x, scale, granularity, tile_size)
-    positive = scale > 0
     # A subnormal scale has an fp32 reciprocal of inf: x * inf saturates, 0 * inf is NaN -> 0,
     # the kernel's own arithmetic; the floating-point warnings that produces are expected.
     with np.errstate(over="ignore", invalid="ignore"):
-        inv = np.where(positive, np.float32(1.0) / np.where(positive, scale, np.float32(1.0)),
-                       np.float32(0.0)).astype(np.float32)
-        return f32_to_int8(groups * inv, rounding).reshape(x.shape)
+        return f32_to_int8(groups * inverse_scale(scale), rounding).reshape(x.shape)
+
+
+def inverse_scale(scale) -> np.ndarray:
+    """The multiplier a dynamic quant applies: ``fp32(1 / scale)``, and 0 where ``scale`` is 0
+    (:data:`ZERO_GROUP_POLICY`).
+
+    Args:
+        scale: fp32 dequant scales (>= 0), any shape.
+
+    Returns:
+        fp32 array of ``scale``'s shape (inf for a subnormal scale, as in fp32 hardware).
+    """
+    scale = np.asarray(scale, dtype=np.float32)
+    positive = scale > 0
+    with np.errstate(over="ignore", divide="ignore"):
+        return np.where(positive, np.float32(1.0) / np.where(positive, scale, np.float32(1.0)),
+                        np.float32(0.0)).astype(np.float32)
 
 
 def dequantize(q, scale, granularity: Granularity = "per_token", *, tile_size: int | None = None
