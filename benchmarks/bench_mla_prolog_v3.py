@@ -27,11 +27,14 @@ import ml_dtypes
 import numpy as np
 from _timing import best_times
 
+from ascend_emu.mla import D_NOPE as D
+from ascend_emu.mla import D_ROPE as DR
+from ascend_emu.mla import HCKV
 from ascend_emu.emu.matmul import matmul_int8_exact, weight_f64
 from ascend_emu.ops import npu_format_cast, npu_mla_prolog_v3
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-HE, HCQ, HCKV, D, DR = 7168, 1536, 512, 128, 64
+HE, HCQ = 7168, 1536
 BLOCK_SIZE = 128
 #: Largest accepted ratio op / floor.
 TARGET_RATIO = 1.5

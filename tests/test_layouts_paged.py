@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from ascend_emu.errors import DTypeError, IndexRangeError, ModeError, ShapeError
 from ascend_emu.layouts import (CACHE_MODE_ALIASES, CACHE_MODES, SKIP_INDEX, CacheLayout, CacheLocation,
                                 canonical_cache_mode, check_index_range, duplicate_slots, is_nz_mode,
-                                slots_from_cache_index, slots_from_pages, slots_from_positions)
+                                slots_from_block_table, slots_from_cache_index, slots_from_pages,
+                                slots_from_positions)
 from tests.reference import layouts as ref
 
 #: (mode as the seeds spell it, declared shape, itemsize)
@@ -322,3 +323,30 @@ def test_duplicate_slots_property(slots):
     want = {s: t for s, t in sorted(want.items()) if len(t) > 1}
     got = duplicate_slots(np.array(slots, dtype=np.int64))
     assert got == want and list(got) == list(want)
+
+
+@pytest.mark.parametrize("kv_lens, bs", [([5, 2], 4), ([16, 1, 0, 33], 16), ([1], 1)])
+def test_slots_from_block_table(kv_lens, bs, rng):
+    num_blocks = 40
+    cols = max(-(-n // bs) for n in kv_lens) + 1  # one spare column of padding
+    table = rng.permutation(num_blocks)[:len(kv_lens) * cols].reshape(len(kv_lens), cols).astype(np.int32)
+    table[:, -1] = -1  # padding past what any batch needs is not read
+    slots = slots_from_block_table(table, kv_lens, bs, num_blocks)
+    assert slots.dtype == np.int64 and slots.shape == (len(kv_lens), max(kv_lens))
+    for b, expected in enumerate(ref.slots_block_table(table, kv_lens, bs)):
+        assert slots[b, :kv_lens[b]].tolist() == expected
+        assert (slots[b, kv_lens[b]:] == SKIP_INDEX).all()
+
+
+def test_slots_from_block_table_errors():
+    table = np.array([[3, 1], [0, -1]], dtype=np.int32)
+    with pytest.raises(IndexRangeError, match=r"block_table\[1, 1\] = -1: .*kv tokens \[4, 6\) of batch 1"):
+        slots_from_block_table(table, [5, 6], 4, 4)
+    with pytest.raises(IndexRangeError, match=r"block_table\[0, 1\] = 9"):
+        slots_from_block_table(np.array([[3, 9]]), [5], 4, 4)
+    with pytest.raises(ShapeError, match=r"block_table: expected a 2-D \[B=1, >= 3\]"):
+        slots_from_block_table(table[:1], [9], 4, 4)
+    with pytest.raises(ShapeError, match="kv_lens"):
+        slots_from_block_table(table, [1, -2], 4, 4)
+    with pytest.raises(DTypeError, match="block_table"):
+        slots_from_block_table(table.astype(np.float32), [1, 1], 4, 4)

@@ -13,7 +13,7 @@ from numba import njit, prange
 
 from ..layouts import CacheLayout
 
-ROPE_DIM = 64
+from ..mla import D_ROPE as ROPE_DIM
 _HALF = ROPE_DIM // 2
 
 

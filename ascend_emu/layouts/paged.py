@@ -444,6 +444,65 @@ def slots_from_pages(pages: np.ndarray, seq_lens: Sequence[int], block_size: int
     return np.where(blk >= 0, blk * block_size + pos % block_size, SKIP_INDEX).astype(np.int64)
 
 
+def slots_from_block_table(block_table: np.ndarray, kv_lens: Sequence[int], block_size: int, num_blocks: int, *,
+                           name: str = "block_table") -> np.ndarray:
+    """PA_BSND reads (sparse attention, lightning indexer): kv token ``p`` of batch ``b`` lives in
+    block ``block_table[b, p // block_size]``, row ``p % block_size``.
+
+    Source: ops_reference §5.1 (``block_table`` int32 ``[B, >= ceil(max_s2 / block_size)]``);
+    vLLM's paged attention uses the same map.
+
+    Only the entries that cover a batch's ``kv_lens[b]`` tokens are read and checked; the rest of
+    a row (padding, often 0 or -1) is ignored, as the kernels ignore it.
+
+    Args:
+        block_table: integer ``[B, max_blocks]``.
+        kv_lens: kv tokens per batch ``[B]`` (lengths, not prefix sums), each >= 0.
+        block_size: rows per block, >= 1.
+        num_blocks: blocks in the cache.
+        name: argument name for errors.
+
+    Returns:
+        int64 ``[B, max(kv_lens)]`` slots ``block * block_size + row``; -1 at positions past
+        ``kv_lens[b]``.
+
+    Raises:
+        DTypeError: ``block_table`` not an integer tensor.
+        ShapeError: not 2-D, fewer rows than ``kv_lens`` has batches, too few columns for the
+            longest sequence, a negative length, or ``block_size < 1``.
+        IndexRangeError: a needed entry outside ``[0, num_blocks)``; the message names its
+            coordinates ``block_table[b, j]`` and value.
+    """
+    table = np.asarray(block_table)
+    _check_integer(table, name)
+    if int(block_size) < 1:
+        raise arg_error(ShapeError, "block_size", "an integer >= 1", block_size)
+    kv_lens = np.asarray(kv_lens, dtype=np.int64).reshape(-1)  # [B]
+    if (kv_lens < 0).any():
+        i = int(np.argmax(kv_lens < 0))
+        raise arg_error(ShapeError, f"kv_lens[{i}]", "a token count >= 0", int(kv_lens[i]))
+    b = kv_lens.size
+    need = -(-kv_lens // block_size)  # [B] blocks each batch reads
+    max_need = int(need.max()) if b else 0
+    if table.ndim != 2 or table.shape[0] != b or table.shape[1] < max_need:
+        raise arg_error(ShapeError, name, f"a 2-D [B={b}, >= {max_need}] table (ceil(max kv length / "
+                        f"block_size={block_size}) columns)", f"shape {list(table.shape)}")
+    used = np.arange(table.shape[1])[None, :] < need[:, None]  # [B, max_blocks]
+    bad = used & ((table < 0) | (table >= num_blocks))
+    if bad.any():
+        coord = _first_bad(bad)
+        raise IndexRangeError(f"{_at(name, coord)} = {int(table[coord])}: expected a block id in "
+                              f"[0, {num_blocks}) (the entry covers kv tokens [{coord[1] * block_size}, "
+                              f"{min((coord[1] + 1) * block_size, int(kv_lens[coord[0]]))}) of batch {coord[0]}); "
+                              f"{int(bad.sum())} needed entries out of range")
+    max_len = int(kv_lens.max()) if b else 0
+    pos = np.arange(max_len, dtype=np.int64)  # [S2]
+    blocks = table[:, :max(max_need, 0)].astype(np.int64)[:, pos // block_size] if max_len else \
+        np.zeros((b, 0), np.int64)  # [B, S2]
+    slots = blocks * block_size + pos % block_size  # [B, S2]
+    return np.where(pos[None, :] < kv_lens[:, None], slots, SKIP_INDEX)
+
+
 def slots_from_positions(index: np.ndarray, cache_length: int, *, name: str = "index") -> np.ndarray:
     """Norm mode of npu_kv_rmsnorm_rope_cache: ``index[b, s]`` is a position inside batch b.
 

@@ -67,9 +67,9 @@ UNWRITTEN_OUTPUT_FILL = 0.0
 #: kv / gamma / cos / sin dtypes; non-quant caches must match kv's.
 KV_DTYPES = ("bfloat16", "float16")
 #: rms_size, rope_size and hidden_size = rms_size + rope_size (seed: only these values).
-RMS_SIZE = 512
-ROPE_SIZE = 64
-HIDDEN_SIZE = RMS_SIZE + ROPE_SIZE
+from ..mla import D_QK as HIDDEN_SIZE  # noqa: E402
+from ..mla import D_ROPE as ROPE_SIZE
+from ..mla import HCKV as RMS_SIZE
 #: Accepted scale shapes as functions of the row width D.
 SCALE_SHAPES = ("[D]", "[1, D]", "[1]")
 #: BlockSize of a PA cache must fill whole 32-byte rows: 16 for bf16 / fp16, 32 for int8.

@@ -126,12 +126,12 @@ CTKV_SCALE_IS_DIVISOR = True
 UNWRITTEN_FILL = 0
 
 #: Fixed widths: wdqkv output ``[ckv 512 | krope 64 | q_a 1536]``, per-head ``[nope 128 | rope 64]``.
-KV_LORA_RANK = 512
-ROPE_DIM = 64
-KV_A_DIM = KV_LORA_RANK + ROPE_DIM  # 576
+from ..mla import D_QK as KV_A_DIM  # noqa: E402  (576)
+from ..mla import D_ROPE as ROPE_DIM
+from ..mla import HCKV as KV_LORA_RANK
 Q_LORA_RANK = 1536
 WDQKV_DIM = KV_A_DIM + Q_LORA_RANK  # 2112
-QK_NOPE_DIM = 128
+from ..mla import D_NOPE as QK_NOPE_DIM  # noqa: E402
 QK_HEAD_DIM = QK_NOPE_DIM + ROPE_DIM  # 192
 #: hiddenSize range (aclnn doc: 2048..10240, multiple of 256).
 HIDDEN_MIN, HIDDEN_MAX, HIDDEN_ALIGN = 2048, 10240, 256

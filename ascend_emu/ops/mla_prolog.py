@@ -56,14 +56,7 @@ from ._check import (check_cache, check_dtype, check_float, check_ndim, check_nz
                      dtype_name, optional, required, warn_divergence, warn_duplicates)
 
 # ---------------------------------------------------------------------- fixed dims (§2.1)
-#: kv low-rank dim Hckv.
-HCKV = 512
-#: qk nope dim D.
-D_NOPE = 128
-#: qk rope dim Dr.
-D_ROPE = 64
-#: kv heads Nkv.
-NKV = 1
+from ..mla import D_NOPE, D_ROPE, HCKV, NKV  # noqa: E402,F401  (re-exported for the backends)
 #: Legal head counts N.
 HEAD_NUMS = (1, 2, 4, 8, 16, 32, 64, 128)
 #: Legal per-tile quant tile sizes.

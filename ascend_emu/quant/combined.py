@@ -31,9 +31,10 @@ import numpy as np
 from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error
 from .rounding import BF16
 
-NOPE_DIM = 512
-ROPE_DIM = 64
-TILE_SIZE = 128
+from ..mla import D_ROPE as ROPE_DIM
+from ..mla import HCKV as NOPE_DIM
+from ..mla import TILE_SIZE
+
 BF16_BYTES = 2
 FP32_BYTES = 4
 

@@ -173,3 +173,8 @@ def slots_norm(index: np.ndarray, cache_length: int) -> list[int]:
             v = int(index[b, s])
             out.append(-1 if v < 0 else b * cache_length + v)
     return out
+
+
+def slots_block_table(block_table: np.ndarray, kv_lens: list[int], bs: int) -> list[list[int]]:
+    """PA_BSND read map, one loop per token: token p of batch b is row p % bs of block_table[b, p // bs]."""
+    return [[int(block_table[b, p // bs]) * bs + p % bs for p in range(n)] for b, n in enumerate(kv_lens)]

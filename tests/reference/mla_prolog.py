@@ -22,9 +22,7 @@ import ml_dtypes
 import numpy as np
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-HCKV = 512
-D_NOPE = 128
-D_ROPE = 64
+from ascend_emu.mla import D_NOPE, D_ROPE, HCKV  # noqa: E402
 NZ_ROW_BYTES = 32
 Q_MAX = np.float32(127.0)
 #: Per-tile combined row: 512 int8 | 64 bf16 | 4 fp32 = 656 bytes.

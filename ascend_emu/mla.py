@@ -1,0 +1,20 @@
+"""The fixed MLA (DeepSeek V3 / V3.2) dimensions, defined once for every op, kernel and test.
+
+Source: ops_reference §2.1 (Hckv = 512, D = 128, Dr = 64, Nkv = 1), §2.2 (per-tile quant, tile
+128) and §5.1 (the sparse-attention query ``[.., 576] = cat(q_nope 512, q_rope 64)``). The seeds
+(``shared/seeds/npu_mla_prolog_v3.md``, ``npu_kv_quant_sparse_flash_attention.md``) fix the same
+values. The 656-byte combined row built from them is :data:`ascend_emu.quant.MLA_ROW`.
+"""
+
+#: Hckv: kv low-rank dim (k_nope / compressed kv width, the absorbed value width).
+HCKV = 512
+#: D: per-head qk nope dim (before the absorption into Hckv).
+D_NOPE = 128
+#: Dr: qk rope dim.
+D_ROPE = 64
+#: Hckv + Dr = 576: the absorbed query / key width (kv_rmsnorm_rope_cache input, SFA query).
+D_QK = HCKV + D_ROPE
+#: Nkv: kv heads of the MLA caches.
+NKV = 1
+#: Per-tile quant tile (elements of k_nope per fp32 scale).
+TILE_SIZE = 128
