@@ -6,3 +6,7 @@ backend), ``torch_npu`` (a drop-in for ``import torch_npu``).
 """
 
 __version__ = "0.1.0"
+
+from . import _threads
+
+_threads.configure()  # before any Numba kernel or torch loads an OpenMP runtime
