@@ -1,0 +1,204 @@
+"""``where`` (logical -> bytes) and ``what`` (byte -> logical) for every cache mode.
+
+Sources: ops_reference §1.4 (paged NZ: element ``d`` of slot ``blk*bs + r`` at element
+``blk*bs*D + (d//C0)*bs*C0 + r*C0 + d%C0``), §2.3 / §4 (ND modes: rows contiguous), §2.2
+(656-byte combined rows: k_nope bytes 0-511, k_rope 512-639, scales 640-655).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field as dc_field
+
+import numpy as np
+
+from ..errors import IndexRangeError, ShapeError, arg_error
+from ..layouts import NZ_BLOCK_ROWS
+from .cache import Cache, CacheSpec, map_bytes
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """Contiguous cache bytes ``[start, stop)`` holding elements ``[first, last)`` of one field
+    of one head's row."""
+
+    start: int
+    stop: int
+    head: int
+    field: str
+    first: int
+    last: int
+    c0_chunk: int | None = None  #: NZ: which C0 chunk of the row (dims [j*C0, (j+1)*C0))
+
+
+@dataclass(frozen=True)
+class Where:
+    """Result of :func:`where`: the bytes of a slot (or of one element or field of it)."""
+
+    slot: int
+    block: int
+    row: int
+    ranges: list[ByteRange]
+    cache: dict = dc_field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes in all ranges."""
+        return sum(r.stop - r.start for r in self.ranges)
+
+    def to_dict(self) -> dict:
+        """Plain data (JSON-ready)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class What:
+    """Result of :func:`what`: the logical meaning of one byte, or ``unused``."""
+
+    byte_offset: int
+    unused: bool = False
+    block: int | None = None
+    row: int | None = None
+    slot: int | None = None
+    head: int | None = None
+    dim: int | None = None          #: element of the head's row (row byte for combined rows)
+    byte_in_element: int | None = None
+    field: str | None = None        #: "element", or "k_nope" / "k_rope" / "scale"
+    field_element: int | None = None
+    field_byte: int | None = None
+    c0_chunk: int | None = None     #: NZ: dim // C0
+    fractal: int | None = None      #: NZ: row // 16 (which 16-row fractal of the block)
+    cache: dict = dc_field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """Plain data (JSON-ready)."""
+        return asdict(self)
+
+
+def _spec(cache: Cache | CacheSpec) -> CacheSpec:
+    return cache.spec if isinstance(cache, Cache) else cache
+
+
+def where(cache: Cache | CacheSpec, slot: int, *, head: int | None = None, dim: int | None = None,
+          field: str | None = None, element: int | None = None) -> Where:
+    """The bytes of a slot, of one field of it, or of one element.
+
+    Args:
+        cache: the cache (or its spec; no bytes are read).
+        slot: global slot ``block * BlockSize + row`` (PA_* ``cache_index`` value; BSND
+            ``b*S + s``; TND ``t``; Norm ``b*cache_length + pos``).
+        head: kv head; default all heads (only with no ``dim`` / ``element``; else 0).
+        dim: element ``d`` of the head's row; for combined rows the row's byte (as ``locate
+            --combined``): the field element holding it is returned.
+        field: a field name of :attr:`CacheSpec.fields` (``element``; ``k_nope`` / ``k_rope`` /
+            ``scale``); alone it selects the whole field.
+        element: with ``field``: one element of it (tile index for ``scale``).
+
+    Returns:
+        A :class:`Where`; ``ranges`` in increasing element order (one per NZ C0 chunk, per
+        field, per head), ``stop - start`` bytes each.
+
+    Raises:
+        IndexRangeError: slot, head, dim or element out of range.
+        ShapeError: an unknown field, or ``dim`` together with ``field`` / ``element``, or
+            ``element`` without ``field``.
+    """
+    spec = _spec(cache)
+    lay = spec.layout
+    slot = int(slot)
+    if not 0 <= slot < lay.num_rows:
+        raise arg_error(IndexRangeError, "slot", f"a slot in [0, {lay.num_rows})", slot)
+    if dim is not None and (field is not None or element is not None):
+        raise arg_error(ShapeError, "dim", "dim alone, or field [+ element]", (dim, field, element))
+    if element is not None and field is None:
+        raise arg_error(ShapeError, "element", "a field name with it", element)
+    heads = range(lay.heads) if head is None else [int(head)]
+    for h in heads:
+        if not 0 <= h < lay.heads:
+            raise arg_error(IndexRangeError, "head", f"a head in [0, {lay.heads})", h)
+    fields = spec.fields
+    if dim is not None:
+        dim = int(dim)
+        if not 0 <= dim < lay.dim:
+            raise arg_error(IndexRangeError, "dim", f"an element in [0, {lay.dim})", dim)
+        m = map_bytes(spec, lay.byte_offset(slot, dim, heads[0]))
+        f = fields[int(m.field)]
+        pieces = [(f, int(m.element), int(m.element) + 1)]
+    elif field is not None:
+        f = spec.field(field)
+        if element is None:
+            pieces = [(f, 0, f.count)]
+        else:
+            element = int(element)
+            if not 0 <= element < f.count:
+                raise arg_error(IndexRangeError, "element", f"a {f.name} element in [0, {f.count})", element)
+            pieces = [(f, element, element + 1)]
+    else:
+        pieces = [(f, 0, f.count) for f in fields]
+    ranges = []
+    for h in heads:
+        for f, lo, hi in pieces:
+            ranges += _field_ranges(spec, slot, h, f, lo, hi)
+    blk, row = divmod(slot, lay.block_size)
+    return Where(slot=slot, block=blk, row=row, ranges=ranges, cache=spec.describe())
+
+
+def _field_ranges(spec: CacheSpec, slot: int, head: int, f, lo: int, hi: int) -> list[ByteRange]:
+    """Contiguous byte ranges of elements [lo, hi) of field ``f`` of (slot, head)."""
+    lay = spec.layout
+    first_byte, last_byte = f.offset + lo * f.size, f.offset + hi * f.size  # inside the head's row
+    if not lay.nz:
+        base = lay.byte_offset(slot, 0, head)
+        return [ByteRange(base + first_byte, base + last_byte, head, f.name, lo, hi)]
+    out = []
+    b = first_byte
+    while b < last_byte:  # split at the 32-byte C0 chunks of the NZ row
+        j = b // (lay.c0 * lay.itemsize)
+        end = min(last_byte, (j + 1) * lay.c0 * lay.itemsize)
+        start = lay.byte_offset(slot, b // lay.itemsize, head) + b % lay.itemsize
+        out.append(ByteRange(start, start + end - b, head, f.name, (b - f.offset) // f.size,
+                             (end - f.offset) // f.size, c0_chunk=j))
+        b = end
+    return out
+
+
+def what(cache: Cache | CacheSpec, byte_offset: int) -> What:
+    """The logical meaning of one cache byte.
+
+    Args:
+        cache: the cache (or its spec). With a :class:`Cache` whose bytes run past the layout
+            (a raw file with a tail), those bytes are reported ``unused``.
+        byte_offset: from the start of the cache's memory.
+
+    Returns:
+        A :class:`What`. Every byte of a paged / ND cache belongs to exactly one element
+        (``unused`` is only for bytes past the layout).
+
+    Raises:
+        IndexRangeError: ``byte_offset`` negative, or past the cache (its bytes when given).
+    """
+    spec = _spec(cache)
+    lay = spec.layout
+    off = int(byte_offset)
+    size = cache.raw.size if isinstance(cache, Cache) else lay.nbytes
+    if not 0 <= off < max(size, lay.nbytes):
+        raise arg_error(IndexRangeError, "byte_offset", f"a byte in [0, {max(size, lay.nbytes)})", off)
+    if off >= lay.nbytes:
+        return What(byte_offset=off, unused=True, cache=spec.describe())
+    m = map_bytes(spec, off)
+    nz = lay.nz
+    return What(byte_offset=off, block=int(m.block), row=int(m.row), slot=int(m.slot), head=int(m.head),
+                dim=int(m.dim), byte_in_element=off % lay.itemsize, field=spec.fields[int(m.field)].name,
+                field_element=int(m.element), field_byte=int(m.byte),
+                c0_chunk=int(m.dim) // lay.c0 if nz else None,
+                fractal=int(m.row) // NZ_BLOCK_ROWS if nz else None, cache=spec.describe())
+
+
+def claimed_bytes(spec: CacheSpec) -> np.ndarray:
+    """How many logical elements claim each byte: int ``[nbytes]`` built from :func:`where` over
+    every slot and field (1 everywhere for a well-formed layout; 0 = unused)."""
+    lay = spec.layout
+    count = np.zeros(lay.nbytes, dtype=np.int64)
+    for slot in range(lay.num_rows):
+        for r in where(spec, slot).ranges:
+            count[r.start:r.stop] += 1
+    return count
