@@ -205,7 +205,7 @@ def test_locate_combined_names_the_field(capsys, row_byte, field):
     (["--cache-mode", "PA_NZ", "--shape", "4,16,1,64", "--dtype", "bfloat16", "--byte", "8192"], "byte_offset"),
     (["--cache-mode", "PA_NZ", "--shape", "4,16,1,64", "--dtype", "bfloat16", "--slot", "64"], "slot"),
     (["--cache-mode", "PA_BSND", "--shape", "4,16,1,576", "--dtype", "int8", "--combined", "--slot", "1"],
-     "--combined"),
+     "combined"),
     (["--cache-mode", "PA_BSND", "--shape", "4,16,64", "--dtype", "int8", "--slot", "1"], "4-D"),
 ])
 def test_locate_errors_exit_2_with_message(capsys, args, message):

@@ -105,7 +105,6 @@ def diff(a: Cache, b: Cache, *, expect_slots: Iterable[int] | None = None) -> Di
     ra, rb = a.raw[:n], b.raw[:n]
     off = np.flatnonzero(ra != rb).astype(np.int64)  # [K]
     m = map_bytes(spec, off)
-    sizes = np.array([f.size for f in spec.fields], dtype=np.int64)[m.field]  # [K]
     start = off - m.byte  # first byte of each differing byte's element
     keep = np.ones(off.size, dtype=bool)
     nan_equal = 0
