@@ -16,7 +16,9 @@ import os
 import sys
 
 #: Values shown per dump line in text output (all of them are in --json).
-TEXT_VALUES = 16
+TEXT_VALUES = 8
+#: Text width when stdout is not a terminal (a dump line is 32 bytes of hex plus values).
+PIPE_WIDTH = 240
 
 
 def _err(msg: str) -> None:
@@ -41,18 +43,18 @@ def _print_json(obj) -> None:
 def _console():
     from rich.console import Console
 
-    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 200))
+    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", PIPE_WIDTH))
     return Console(file=sys.stdout, width=width, highlight=False, soft_wrap=False)
 
 
-def _table(title: str, *columns: str):
+def _table(title: str, *columns: str, no_wrap: tuple[str, ...] = ()):
     """A rich table whose caption line (``title``) is printed above it by :func:`_show`."""
     from rich.table import Table
 
     table = Table(show_edge=False, pad_edge=False)
     table.caption_line = title
     for c in columns:
-        table.add_column(c, overflow="fold")
+        table.add_column(c, overflow="fold", no_wrap=c in no_wrap)
     return table
 
 
@@ -207,8 +209,13 @@ def cmd_what(ns) -> int:
 # ---------------------------------------------------------------------------------------- dump
 def _fmt(v) -> str:
     if isinstance(v, float):
-        return f"{v:.6g}"
+        return f"{v:.4g}"
     return str(v)
+
+
+def _values(vals) -> str:
+    shown = " ".join(_fmt(v) for v in vals[:TEXT_VALUES])
+    return shown + (f" ... (+{len(vals) - TEXT_VALUES})" if len(vals) > TEXT_VALUES else "")
 
 
 def cmd_dump(ns) -> int:
@@ -224,19 +231,22 @@ def cmd_dump(ns) -> int:
     con = _console()
     con.print(_describe(res.cache))
     combined = cache.spec.row_format is not None
-    cols = ["offset", "slot (blk,row)", "field [elements]", "bytes", "values"] + (["dequant"] if combined else [])
-    table = _table(f"{res.what}: bytes [{res.start}, {res.stop}), {len(res.lines)} line(s)", *cols)
+    nz = cache.layout.nz
+    cols = (["offset", "slot (blk,row)", "field [elements]", "bytes", "values"] + (["dequant"] if combined else [])
+            + (["boundary"] if nz else []))
+    table = _table(f"{res.what}: bytes [{res.start}, {res.stop}), {len(res.lines)} line(s)", *cols,
+                   no_wrap=("bytes", "slot (blk,row)", "field [elements]"))
     for ln in res.lines:
-        if ln.marks and cache.layout.nz:
+        if nz and any(m.startswith("fractal") for m in ln.marks) and ln is not res.lines[0]:
             table.add_section()
         label = f"{ln.field}[{ln.first}:{ln.last}]" + (f" h{ln.head}" if cache.layout.heads > 1 else "")
         if ln.c0_chunk is not None:
             label += f" C0#{ln.c0_chunk} F{ln.fractal}"
-        vals = " ".join(_fmt(v) for v in ln.values[:TEXT_VALUES]) + (" ..." if len(ln.values) > TEXT_VALUES else "")
-        row = [str(ln.offset), f"{ln.slot} ({ln.block},{ln.row})", label, ln.hex, vals]
+        row = [str(ln.offset), f"{ln.slot} ({ln.block},{ln.row})", label, ln.hex, _values(ln.values)]
         if combined:
-            row.append(" ".join(_fmt(v) for v in (ln.dequant or [])[:TEXT_VALUES])
-                       + (f"  (tile {ln.tile})" if ln.tile is not None else ""))
+            row.append((f"tile {ln.tile}: " if ln.tile is not None else "") + _values(ln.dequant or []))
+        if nz:
+            row.append("; ".join(m.split(" (")[0] for m in ln.marks if m.startswith("fractal")))
         table.add_row(*row)
     _show(con, table)
     if res.tiles:

@@ -51,8 +51,7 @@ def plot_grid(g: Grid, path) -> str:
     chunks, rows = g.shape
     data = np.ma.masked_less(g.logical_row.astype(float), 0)  # [chunks, rows]
     fig, ax = plt.subplots(figsize=(min(2 + 0.6 * chunks, 16), min(2 + 0.18 * rows, 14)))
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("#d0d0d0")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#d0d0d0")
     im = ax.imshow(data.T, cmap=cmap, aspect="auto", interpolation="nearest",
                    extent=(-0.5, chunks - 0.5, rows - 0.5, -0.5))
     for r in range(g.fractal_rows, rows, g.fractal_rows):
@@ -85,8 +84,7 @@ def plot_diff(d: Diff, path) -> str:
     heat = d.heat  # [BlockNum, BlockSize]
     fig, ax = plt.subplots(figsize=(min(3 + 0.12 * heat.shape[1], 16), min(2 + 0.25 * heat.shape[0], 14)))
     data = np.ma.masked_equal(heat.astype(float), 0)
-    cmap = plt.get_cmap("magma_r").copy()
-    cmap.set_bad("#f4f4f4")
+    cmap = plt.get_cmap("magma_r").with_extremes(bad="#f4f4f4")
     im = ax.imshow(data, cmap=cmap, aspect="auto", interpolation="nearest")
     ax.set_xlabel("row inside the block")
     ax.set_ylabel("block")
