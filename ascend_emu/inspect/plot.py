@@ -59,17 +59,20 @@ def plot_grid(g: Grid, path) -> str:
     for j in range(1, chunks):
         ax.axvline(j - 0.5, color="white", lw=0.8)
     if chunks * rows <= 512:
+        base = int(g.offset.min())
+        who = "slot " if g.kind == "cache block" else "m "
         for j in range(chunks):
             for r in range(rows):
                 lr = int(g.logical_row[j, r])
-                label = "pad" if lr < 0 else f"{lr}"
+                label = ("pad" if lr < 0 else f"{who}{lr}") + f"  +{int(g.offset[j, r]) - base}"
                 ax.text(j, r, label, ha="center", va="center", fontsize=6,
                         color="black" if lr < 0 else "white")
     ax.set_xticks(range(chunks), [f"{int(g.first_col[j, 0])}-{int(g.first_col[j, 0]) + g.c0 - 1}"
                                   for j in range(chunks)], rotation=90, fontsize=7)
     ax.set_xlabel(f"C0 chunk (dims / columns; {g.c0 * g.itemsize} bytes per cell)")
     ax.set_ylabel("row inside the fractals (16 per fractal)")
-    ax.set_title(g.title, fontsize=9)
+    ax.set_title(f"{g.title}\nmemory runs down each C0 column, then on to the next; cells show "
+                 f"+byte offset from {int(g.offset.min())}", fontsize=8)
     fig.colorbar(im, ax=ax, label="slot" if g.kind == "cache block" else "ND row m")
     return _save(fig, path)
 
