@@ -274,6 +274,14 @@ def test_inspect_what_reads_geometry_from_a_file(capsys, nz_files):
     assert out["slot"] == 37 and out["cache"]["storage_shape"] == [4, 4, 16, 16]
 
 
+def test_inspect_what_of_an_nz_weight_byte(capsys):
+    byte = 2 * 32 * 16 * 2 + 33  # C0 chunk 2 starts after two [32 rows, 16] chunks; row 1, byte 1
+    out = _inspect(capsys, "what", "--weight-shape", "20,40", "--dtype", "bfloat16", "--byte", str(byte))
+    assert (out["padding"], out["index"], out["byte_in_element"], out["c0_chunk"]) == (False, [1, 32], 1, 2)
+    out = _inspect(capsys, "what", "--weight-shape", "20,40", "--dtype", "bfloat16", "--byte", str(20 * 32))
+    assert out["padding"] and out["storage_index"] == [0, 1, 4, 0]
+
+
 def test_inspect_dump_a_slot(capsys, nz_files):
     import numpy as np
 

@@ -330,6 +330,27 @@ def test_weight_grid_against_reference_offsets(shape, dtype):
                 assert g.logical_row[j, r] == -1 and g.valid_cols[j, r] == 0
 
 
+@pytest.mark.parametrize("shape, dtype", [((20, 40), BF16), ((3, 33), np.int8), ((2, 5, 17), np.float32)])
+def test_every_weight_byte_is_one_element_or_padding(shape, dtype):
+    """FRACTAL_NZ weight: what_weight over every storage byte names each logical (element, byte) once,
+    at the reference offset, and calls the rest padding."""
+    itemsize = np.dtype(dtype).itemsize
+    st = ref.nz_storage_shape(shape, itemsize)
+    seen = {}
+    padding = 0
+    for off in range(int(np.prod(st)) * itemsize):
+        w = inspect.what_weight(shape, dtype, off)
+        if w.padding:
+            padding += 1
+            continue
+        key = (tuple(w.index), w.byte_in_element)
+        assert key not in seen
+        seen[key] = off
+        assert off == ref.nz_flat_offset(shape, itemsize, tuple(w.index)) * itemsize + w.byte_in_element
+    assert len(seen) == int(np.prod(shape)) * itemsize
+    assert padding == (int(np.prod(st)) - int(np.prod(shape))) * itemsize
+
+
 # ---------------------------------------------------------------------- blocks
 def test_blocks_maps_tokens_and_flags_unused_and_shared_blocks():
     table = np.array([[0, 1, 9], [2, 1, 0]], dtype=np.int32)  # column 2 of row 0 is padding
@@ -441,3 +462,46 @@ def test_pictures_are_written(rng, tmp_path):
              plot_blocks(inspect.blocks([[0, 1], [2, 1]], [20, 17], 16, 4), tmp_path / "blocks.png")]
     for p in paths:
         assert _is_png(tmp_path / p.rsplit("/", 1)[-1]), p
+
+
+def test_combined_rows_written_by_mla_prolog_v3_per_tile():
+    """npu_mla_prolog_v3 kv_cache_quant_mode=3 (656-byte rows, PA_BSND) through the torch drop-in: the
+    inspector reads the op's tensor, recognises the rows, and its fields match a struct decode."""
+    torch = pytest.importorskip("torch")
+    import ascend_emu.torch_npu as torch_npu
+
+    gen = torch.Generator().manual_seed(0)
+    B, S, He, Hcq, Hckv, N, D, Dr = 1, 3, 7168, 1536, 512, 8, 128, 64
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(torch.bfloat16)
+
+    w_uq = torch.randn(Hcq, N * (D + Dr), generator=gen) * Hcq ** -0.5
+    w_scale = w_uq.abs().amax(dim=0, keepdim=True) / 127  # [1, N*(D+Dr)]
+    w_uq_int8 = torch.round(w_uq / w_scale).to(torch.int8)
+    angles = torch.arange(S).float()[:, None] * (1.0 / 10000 ** (torch.arange(0, Dr, 2).float() / Dr))
+    angles = torch.cat([angles, angles], dim=-1)[None]  # [1, S, Dr]
+    kv_cache = torch.zeros(2, 16, 1, 656, dtype=torch.int8)  # [BlockNum, BlockSize, 1, 656]
+    before = inspect.Cache.from_array(kv_cache.clone(), "PA_BSND")
+    cache_index = torch.tensor([[5, 17, 30]])
+    torch_npu.npu_mla_prolog_v3(
+        randn(B, S, He), torch_npu.npu_format_cast(randn(He, Hcq, scale=He ** -0.5), 29),
+        torch_npu.npu_format_cast(w_uq_int8, 29), randn(N, D, Hckv, scale=D ** -0.5),
+        torch_npu.npu_format_cast(randn(He, Hckv + Dr, scale=He ** -0.5), 29), torch.ones(Hcq, dtype=torch.bfloat16),
+        torch.ones(Hckv, dtype=torch.bfloat16), angles.sin().to(torch.bfloat16), angles.cos().to(torch.bfloat16),
+        kv_cache, torch.empty(0, dtype=torch.bfloat16), cache_index=cache_index, dequant_scale_w_uq_qr=w_scale,
+        k_nope_clip_alpha=torch.tensor([1.0]), cache_mode="PA_BSND", query_norm_flag=True, weight_quant_mode=1,
+        kv_cache_quant_mode=3, query_quant_mode=0, ckvkr_repo_mode=1, quant_scale_repo_mode=1, tile_size=128)
+    after = inspect.Cache.from_array(kv_cache, "PA_BSND")
+    assert after.spec.row_format is not None
+    d = inspect.diff(before, after, expect_slots=[5, 17, 30])
+    assert d.summary["slots"] == [5, 17, 30] and d.summary["outside_expected_bytes"] == 0
+    for slot in (5, 17, 30):
+        row = after.raw[slot * 656:(slot + 1) * 656].tobytes()
+        deq, rope, scales = qref.decode_row(row)
+        (rng_,) = inspect.where(after, slot, field="scale").ranges
+        assert after.raw[rng_.start:rng_.stop].view(np.float32).tolist() == scales.tolist()
+        dumped = inspect.dump(after, slot=slot)
+        assert [t.scale for t in dumped.tiles] == scales.tolist()
+        assert np.array_equal(np.array([v for ln in dumped.lines if ln.field == "k_nope" for v in ln.dequant],
+                                       np.float32), deq)

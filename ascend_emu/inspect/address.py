@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field as dc_field
 import numpy as np
 
 from ..errors import IndexRangeError, ShapeError, arg_error
-from ..layouts import NZ_BLOCK_ROWS
+from ..layouts import NZ_BLOCK_ROWS, nz_coords, nz_shape
 from .cache import Cache, CacheSpec, map_bytes
 
 
@@ -191,6 +191,51 @@ def what(cache: Cache | CacheSpec, byte_offset: int) -> What:
                 field_element=int(m.element), field_byte=int(m.byte),
                 c0_chunk=int(m.dim) // lay.c0 if nz else None,
                 fractal=int(m.row) // NZ_BLOCK_ROWS if nz else None, cache=spec.describe())
+
+
+@dataclass(frozen=True)
+class WeightByte:
+    """Result of :func:`what_weight`: one byte of a FRACTAL_NZ weight's storage."""
+
+    byte_offset: int
+    padding: bool
+    index: list[int] | None     #: logical ND index of the element, None for padding
+    byte_in_element: int
+    storage_index: list[int]    #: index into the storage ``[..., N/C0, M_pad/16, 16, C0]``
+    c0_chunk: int               #: storage dim -4: which C0 column block
+    fractal: int                #: storage dim -3: which 16-row fractal
+    storage_shape: list[int]
+
+    def to_dict(self) -> dict:
+        """Plain data (JSON-ready)."""
+        return asdict(self)
+
+
+def what_weight(shape, dtype, byte_offset: int) -> WeightByte:
+    """The logical element (or padding) behind one byte of a FRACTAL_NZ weight (``npu_format_cast(w,
+    29)``, ops_reference §1.4: storage ``[..., ceil(N/C0), ceil(M/16), 16, C0]``, zero padded).
+
+    Args:
+        shape: the weight's logical ND shape.
+        dtype: bf16 / fp16 / fp32 / int32 / int8.
+        byte_offset: byte of the storage.
+
+    Raises:
+        DTypeError: a dtype without FRACTAL_NZ.
+        IndexRangeError: ``byte_offset`` outside the storage.
+    """
+    dt = np.dtype(dtype)
+    st = nz_shape(shape, dt)
+    nbytes = int(np.prod(st)) * dt.itemsize
+    off = int(byte_offset)
+    if not 0 <= off < nbytes:
+        raise arg_error(IndexRangeError, "byte_offset", f"a byte in [0, {nbytes}) of NZ storage {list(st)}", off)
+    elem, byte = divmod(off, dt.itemsize)
+    idx = nz_coords(shape, dt, elem)
+    storage = [int(v) for v in np.unravel_index(elem, st)]
+    return WeightByte(byte_offset=off, padding=idx is None, index=None if idx is None else list(idx),
+                      byte_in_element=byte, storage_index=storage, c0_chunk=storage[-4], fractal=storage[-3],
+                      storage_shape=list(st))
 
 
 def claimed_bytes(spec: CacheSpec) -> np.ndarray:

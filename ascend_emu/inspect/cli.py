@@ -183,8 +183,20 @@ def cmd_where(ns) -> int:
 
 def cmd_what(ns) -> int:
     """``inspect what``: byte -> logical."""
-    from .address import what
+    from .address import what, what_weight
 
+    if getattr(ns, "weight_shape", None) is not None:
+        if ns.dtype is None:
+            raise _usage("--weight-shape needs --dtype")
+        w = what_weight(ns.weight_shape, _np_dtype(ns.dtype), ns.byte)
+        if ns.json:
+            _print_json(w.to_dict())
+        else:
+            where_ = "padding" if w.padding else f"element {w.index}, byte {w.byte_in_element}"
+            _console().print(f"FRACTAL_NZ weight {list(ns.weight_shape)} {ns.dtype}, storage {w.storage_shape}\n"
+                             f"byte {w.byte_offset} -> {where_}; storage index {w.storage_index} (C0 chunk "
+                             f"{w.c0_chunk}, fractal {w.fractal})")
+        return 0
     res = what(_cache_or_spec(ns), ns.byte)
     if ns.json:
         _print_json(res.to_dict())
@@ -266,8 +278,7 @@ def cmd_grid(ns) -> int:
 
     if ns.weight_shape is not None:
         if ns.dtype is None:
-            _err("inspect grid: --weight-shape needs --dtype")
-            return 2
+            raise _usage("--weight-shape needs --dtype")
         g = weight_grid(ns.weight_shape, _np_dtype(ns.dtype), batch=ns.batch)
     else:
         g = grid(_cache_or_spec(ns), ns.block)
@@ -414,6 +425,8 @@ def _add_where_what(p: argparse.ArgumentParser, *, which: str) -> None:
         p.add_argument("--element", type=int, help="with --field: one element of it (tile for scale)")
     else:
         p.add_argument("--byte", type=int, required=True, help="byte offset from the start of the cache")
+        p.add_argument("--weight-shape", type=parse_shape,
+                       help="instead of a cache: a FRACTAL_NZ weight of this ND shape [.., M, N] (with --dtype)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -495,6 +508,13 @@ def cmd_locate(ns) -> int:
         _err("locate: --head needs --dim")
         return 2
     return cmd_what(ns) if ns.byte is not None else cmd_where(ns)
+
+
+def _usage(message: str):
+    """A usage error, reported like the house errors (exit 2)."""
+    from ..errors import ModeError
+
+    return ModeError(message)
 
 
 def _guard(fn, name: str):
