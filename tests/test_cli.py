@@ -266,6 +266,14 @@ def test_inspect_where_every_field_of_a_combined_row(capsys):
     assert "scale" in text and "[3920, 3936)" in text
 
 
+def test_inspect_where_a_token_lives(capsys):
+    geo = ["--cache-mode", "PA_BLK_NZ", "--shape", "4,16,1,64", "--dtype", "bfloat16"]
+    out = _inspect(capsys, "where", *geo, "--token", "18", "--index", "[[3,1]]", "--seq-lens", "20", "--dim", "5")
+    assert (out["token"], out["slot"], out["byte_offset"]) == (18, 18, (16 * 64 + 2 * 16 + 5) * 2)
+    assert main(["inspect", "where", *geo, "--token", "0", "--index", "[-1,1]", "--seq-lens", "20"]) == 2
+    assert "skipped" in capsys.readouterr().err
+
+
 def test_inspect_what_reads_geometry_from_a_file(capsys, nz_files):
     out = _inspect(capsys, "what", nz_files["a"], "--byte", "4777")
     assert (out["slot"], out["dim"], out["byte_in_element"], out["c0_chunk"], out["fractal"]) == (37, 20, 1, 1, 0)

@@ -141,6 +141,33 @@ def test_what_rejects_bytes_outside_the_cache():
         inspect.what(_spec("PA_NZ", (4, 16, 1, 64), "bfloat16"), 8192)
 
 
+@pytest.mark.parametrize("mode, shape, index, seq_lens, page_index, expected", [
+    ("PA_NZ", (4, 16, 1, 64), np.array([[3, 17], [40, 63]]), None, None,
+     ref.slots_cache_index(np.array([3, 17, 40, 63]))),
+    ("PA_BLK_NZ", (4, 16, 1, 64), np.array([3, 1, 2]), [20, 5], "block_ids",
+     ref.slots_blk(np.array([3, 1, 2]), [20, 5], 16, page_offsets=False)),
+    ("PA_BLK_BSND", (4, 16, 1, 64), np.array([48, 16, 32]), [20, 5], "page_offsets",
+     ref.slots_blk(np.array([48, 16, 32]), [20, 5], 16, page_offsets=True)),
+    ("Norm", (2, 1, 7, 6), np.array([[6, 0], [2, 5]]), None, None, ref.slots_norm(np.array([[6, 0], [2, 5]]), 7)),
+    ("TND", (6, 1, 9), None, None, None, list(range(6))),
+])
+def test_token_slot_follows_each_index_meaning(mode, shape, index, seq_lens, page_index, expected):
+    spec = _spec(mode, shape, "bfloat16")
+    kw = {} if page_index is None else dict(page_index=page_index)
+    got = [inspect.token_slot(spec, t, index=index, seq_lens=seq_lens, **kw) for t in range(len(expected))]
+    assert got == expected
+
+
+def test_token_slot_refuses_skipped_tokens_and_missing_index():
+    spec = _spec("PA_NZ", (4, 16, 1, 64), "bfloat16")
+    with pytest.raises(IndexRangeError, match="skipped"):
+        inspect.token_slot(spec, 1, index=np.array([3, -1]))
+    with pytest.raises(ShapeError, match="index"):
+        inspect.token_slot(spec, 1)
+    with pytest.raises(IndexRangeError, match=r"index\[1\] = 64"):
+        inspect.token_slot(spec, 0, index=np.array([3, 64]))
+
+
 # ---------------------------------------------------------------------- geometry: BlockSize rule, storage shapes
 @pytest.mark.parametrize("mode, shape, dtype", [
     ("PA_NZ", (4, 10, 1, 64), "bfloat16"), ("PA_BLK_NZ", (4, 8, 1, 512), "int8"),

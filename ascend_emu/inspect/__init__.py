@@ -16,7 +16,8 @@ combined rows, :data:`~ascend_emu.quant.MLA_ROW`).
 20
 """
 
-from .address import ByteRange, WeightByte, What, Where, claimed_bytes, what, what_weight, where
+from .address import (PAGE_INDEX_KINDS, ByteRange, WeightByte, What, Where, claimed_bytes, token_slot, what,
+                      what_weight, where)
 from .blocks import BlockMap, BlockRun, SequenceBlocks, blocks
 from .cache import CACHE_DTYPES, ByteMap, Cache, CacheSpec, FieldKind, map_bytes
 from .diff import Diff, FieldDiff, SlotDiff, diff
@@ -25,7 +26,8 @@ from .files import FILE_FORMAT, FILE_VERSION, load_cache, save_cache
 from .grid import Grid, grid, weight_grid
 
 __all__ = [
-    "ByteRange", "WeightByte", "What", "Where", "claimed_bytes", "what", "what_weight", "where",
+    "PAGE_INDEX_KINDS", "ByteRange", "WeightByte", "What", "Where", "claimed_bytes", "token_slot", "what",
+    "what_weight", "where",
     "BlockMap", "BlockRun", "SequenceBlocks", "blocks",
     "CACHE_DTYPES", "ByteMap", "Cache", "CacheSpec", "FieldKind", "map_bytes",
     "Diff", "FieldDiff", "SlotDiff", "diff",

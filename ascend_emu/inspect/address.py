@@ -161,6 +161,65 @@ def _field_ranges(spec: CacheSpec, slot: int, head: int, f, lo: int, hi: int) ->
     return out
 
 
+#: What the values of an op's PA_BLK index are (ops_reference §6 gotcha 5): block ids
+#: (npu_mla_prolog_v3 ``cache_index``) or page start offsets ``block_id * BlockSize``
+#: (npu_kv_rmsnorm_rope_cache ``index``).
+PAGE_INDEX_KINDS = ("block_ids", "page_offsets")
+
+
+def token_slot(cache: Cache | CacheSpec, token: int, *, index=None, seq_lens=None,
+               page_index: str = "block_ids") -> int:
+    """The slot an op wrote token ``token`` to, from the op's index tensor.
+
+    Args:
+        cache: the cache (or its spec): its mode says how to read ``index``.
+        token: flat token number ``t`` (batch-major: ``b * S + s``).
+        index: the op's index tensor. PA_BSND / PA_NZ: slots ``[T]`` / ``[B, S]``
+            (:func:`~ascend_emu.layouts.slots_from_cache_index`); PA_BLK_*: pages
+            (:func:`~ascend_emu.layouts.slots_from_pages`, see ``page_index``); Norm: positions
+            ``[B, S]`` (:func:`~ascend_emu.layouts.slots_from_positions`); BSND / TND: None (a token
+            is written at its own position).
+        seq_lens: PA_BLK_* only: tokens per batch ``[B]``.
+        page_index: PA_BLK_* only: one of :data:`PAGE_INDEX_KINDS`.
+
+    Returns:
+        The slot ``block * BlockSize + row``.
+
+    Raises:
+        ShapeError: a missing or extra ``index`` / ``seq_lens``, or an unknown ``page_index``.
+        IndexRangeError: ``token`` out of range, skipped (index -1), or an index value outside the
+            cache (validated by the ``slots_from_*`` map).
+    """
+    from ..layouts import slots_from_cache_index, slots_from_pages, slots_from_positions
+
+    lay = _spec(cache).layout
+    mode = lay.mode
+    if mode in ("BSND", "TND"):
+        if index is not None:
+            raise arg_error(ShapeError, "index", f"None for cache_mode {mode} (tokens sit at their own position)",
+                            "an index")
+        slots = np.arange(lay.num_rows, dtype=np.int64)
+    elif index is None:
+        raise arg_error(ShapeError, "index", f"the op's index tensor for cache_mode {mode}", None)
+    elif mode in ("PA_BSND", "PA_NZ"):
+        slots = slots_from_cache_index(np.asarray(index), lay.num_rows, name="index")
+    elif mode == "Norm":
+        slots = slots_from_positions(np.asarray(index), lay.block_size, name="index")
+    else:
+        if page_index not in PAGE_INDEX_KINDS:
+            raise arg_error(ShapeError, "page_index", f"one of {list(PAGE_INDEX_KINDS)}", repr(page_index))
+        if seq_lens is None:
+            raise arg_error(ShapeError, "seq_lens", f"tokens per batch for cache_mode {mode}", None)
+        slots = slots_from_pages(np.asarray(index), seq_lens, lay.block_size, lay.num_blocks,
+                                 page_offsets=page_index == "page_offsets", name="index")
+    t = int(token)
+    if not 0 <= t < slots.size:
+        raise arg_error(IndexRangeError, "token", f"a token in [0, {slots.size})", t)
+    if slots[t] < 0:
+        raise arg_error(IndexRangeError, "token", "a token the op writes (its index entry is -1: skipped)", t)
+    return int(slots[t])
+
+
 def what(cache: Cache | CacheSpec, byte_offset: int) -> What:
     """The logical meaning of one cache byte.
 

@@ -147,16 +147,22 @@ def _describe(info: dict) -> str:
 # ---------------------------------------------------------------------------------------- where / what
 def cmd_where(ns) -> int:
     """``inspect where``: logical -> bytes."""
-    from .address import where
+    from .address import token_slot, where
 
     target = _cache_or_spec(ns)
     spec = getattr(target, "spec", target)
+    if getattr(ns, "token", None) is not None:
+        ns.slot = token_slot(target, ns.token, index=ns.index, seq_lens=ns.seq_lens, page_index=ns.page_index)
+    elif getattr(ns, "index", None) is not None:
+        raise _usage("--index goes with --token")
     res = where(target, ns.slot, head=ns.head, dim=ns.dim, field=ns.field, element=ns.element)
     lay = spec.layout
     info = res.to_dict()
     info["chunk_bytes"] = lay.chunk_bytes
     info["chunks"] = [{"elements": [r.first, r.last], "byte_offset": r.start, "bytes": r.stop - r.start,
                        "field": r.field, "head": r.head} for r in res.ranges]
+    if getattr(ns, "token", None) is not None:
+        info["token"] = ns.token
     if ns.dim is not None:
         off = lay.byte_offset(ns.slot, ns.dim, ns.head or 0)
         info.update(head=ns.head or 0, dim=ns.dim, byte_offset=off, element_offset=off // lay.itemsize)
@@ -166,6 +172,8 @@ def cmd_where(ns) -> int:
     con = _console()
     con.print(_describe(info["cache"]))
     what = f"slot {res.slot} = block {res.block}, row {res.row}"
+    if getattr(ns, "token", None) is not None:
+        what = f"token {ns.token} -> {what}"
     if ns.dim is not None:
         what += f", head {ns.head or 0}, dim {ns.dim}"
     elif ns.field is not None:
@@ -365,8 +373,8 @@ def cmd_diff(ns) -> int:
 
 
 # ---------------------------------------------------------------------------------------- blocks
-def _block_table(text: str):
-    """A JSON list of lists, or a .npy / .pt file holding the table."""
+def _int_array(text: str):
+    """An integer array: JSON (``[[0,1],[2,3]]``) or a .npy / .pt file holding it."""
     import numpy as np
 
     if os.path.exists(text):
@@ -378,7 +386,8 @@ def _block_table(text: str):
     try:
         return np.asarray(json.loads(text), dtype=np.int64)
     except (json.JSONDecodeError, ValueError, TypeError):
-        raise argparse.ArgumentTypeError(f"expected a JSON list like [[0,1],[2,3]] or a .npy / .pt file, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a JSON list like [[0,1],[2,3]] or a .npy / .pt file, "
+                                         f"got {text!r}")
 
 
 def cmd_blocks(ns) -> int:
@@ -418,7 +427,15 @@ def cmd_blocks(ns) -> int:
 def _add_where_what(p: argparse.ArgumentParser, *, which: str) -> None:
     _add_geometry(p, file="one")
     if which == "where":
-        p.add_argument("--slot", type=int, required=True, help="global slot (block * BlockSize + row)")
+        which = p.add_mutually_exclusive_group(required=True)
+        which.add_argument("--slot", type=int, help="global slot (block * BlockSize + row)")
+        which.add_argument("--token", type=int, help="flat token b*S + s of an op call, mapped through --index")
+        p.add_argument("--index", type=_int_array, help="with --token: the op's index (cache_index / index) as "
+                                                        "JSON or a .npy / .pt file; none for BSND / TND")
+        p.add_argument("--seq-lens", type=_int_list, help="with --token, PA_BLK_*: tokens per batch")
+        p.add_argument("--page-index", choices=["block_ids", "page_offsets"], default="block_ids",
+                       help="PA_BLK_* index values: block ids (npu_mla_prolog_v3, default) or page start "
+                            "offsets block_id*BlockSize (npu_kv_rmsnorm_rope_cache)")
         p.add_argument("--dim", type=int, help="element of the row (the row's byte for 656-byte rows)")
         p.add_argument("--head", type=int, help="kv head (default: all; 0 with --dim)")
         p.add_argument("--field", help="element / k_nope / k_rope / scale")
@@ -474,7 +491,7 @@ def add_inspect_parser(sub) -> None:
     p.set_defaults(func=_guard(cmd_diff, "inspect diff"))
 
     p = cmds.add_parser("blocks", help="block table: which block and row each token lives in")
-    p.add_argument("--block-table", type=_block_table, required=True,
+    p.add_argument("--block-table", type=_int_array, required=True,
                    help="JSON [[...], ...] or a .npy / .pt file, [B, max_blocks]")
     p.add_argument("--seq-lens", type=_int_list, required=True, help="tokens per sequence, e.g. 20,5")
     p.add_argument("--block-size", type=int, required=True, help="rows per block")

@@ -180,7 +180,7 @@ class CacheLayout:
         (NZ modes too: the declared shape stays ND); ``BSND`` ``[B, S, Nkv, D]``; ``TND``
         ``[T, Nkv, D]``; ``Norm`` ``[B, 1, cache_length, D]``. An NZ cache declared by its memory
         shape ``[BlockNum, D/C0, BlockSize, C0]`` (MlaPreprocess cacheMode 2 / 3) is not
-        recognised here; build the layout with the keyword constructor.
+        recognised here; :meth:`from_shape` recognises both.
 
         Args:
             mode: cache mode (aliases accepted).
