@@ -9,9 +9,9 @@ Commands:
   against it unless ``--force`` is given.
 - ``ascend-emu demo``: ``npu_mla_prolog_v3`` through the drop-in, then where one token's k_rope
   landed in a PA_NZ cache, checked byte by byte against a PA_BSND run.
-- ``ascend-emu locate``: the forward / reverse map of a paged cache
-  (:class:`ascend_emu.layouts.CacheLayout`): byte offset -> block, row, head, dim, byte; slot, dim
-  -> byte offset; ``--combined`` names the field of a 656-byte row (:data:`ascend_emu.quant.MLA_ROW`).
+- ``ascend-emu inspect where|what|dump|grid|diff|blocks``: bit-level cache debugging
+  (:mod:`ascend_emu.inspect`, rendered by :mod:`ascend_emu.inspect.cli`); ``ascend-emu locate``
+  is an alias of ``inspect where`` (``--slot``) / ``inspect what`` (``--byte``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import argparse
 import importlib.machinery
 import importlib.util
 import io
-import json
 import os
 import sys
 import time
@@ -183,103 +182,24 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     same_row = torch.equal(from_bytes.view(torch.int16), bsnd_row.view(torch.int16))
     print(f"  row read back from the raw PA_NZ bytes == PA_BSND kr_cache row {slot}: {same_row}")
 
-    def nz_to_bsnd(cache, dim):
-        c0 = 32 // cache.element_size()
-        return cache.reshape(block_num, dim // c0, block_size, c0).permute(0, 2, 1, 3).reshape(cache.shape)
+    def nz_rows(cache):  # [BlockNum*BlockSize, 1, D] int16, the PA_NZ blocks in row order
+        lay = CacheLayout.from_declared("PA_NZ", cache.shape, cache.element_size())
+        return lay.to_rows(cache.view(torch.int16).numpy())
 
-    same_caches = all(torch.equal(nz_to_bsnd(nz, d).view(torch.int16), nd.view(torch.int16))
-                      for nz, nd, d in ((kv_nz, kv_nd, Hckv), (kr_nz, kr_nd, Dr)))
+    same_caches = all(np.array_equal(nz_rows(nz), nd.view(torch.int16).numpy().reshape(-1, 1, nd.shape[-1]))
+                      for nz, nd in ((kv_nz, kv_nd), (kr_nz, kr_nd)))
     same_query = torch.equal(query.view(torch.int16), query_nd.view(torch.int16)) and torch.equal(
         query_rope.view(torch.int16), query_rope_nd.view(torch.int16))
     print(f"  whole kv_cache and kr_cache, PA_NZ bytes re-ordered to BSND == PA_BSND run: {same_caches}")
     print(f"  query / query_rope identical in both runs: {same_query}")
-    print("\nmore: ascend-emu locate --cache-mode PA_NZ --shape "
+    print("\nmore: ascend-emu inspect where --cache-mode PA_NZ --shape "
           f"{','.join(map(str, kr_nz.shape))} --dtype bfloat16 --slot {slot}")
     return 0 if (same_row and same_caches and same_query) else 1
-
-
-# ---------------------------------------------------------------------------------------- locate
-def _parse_shape(text: str) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(v) for v in text.replace("x", ",").split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 4,16,1,64, got {text!r}")
-    if not shape or any(v <= 0 for v in shape):
-        raise argparse.ArgumentTypeError(f"expected positive sizes, got {text!r}")
-    return shape
-
-
-def _name_row_field(info: dict, row_byte: int) -> str:
-    """Add the 656-byte-row field of ``row_byte`` to ``info``; return the line saying it."""
-    from .quant import MLA_ROW
-
-    field, elem, k = MLA_ROW.field_of_byte(row_byte)
-    info.update(field=field, field_element=elem, field_byte=k)
-    return f"\n  656-byte row byte {row_byte}: {field}[{elem}], byte {k}"
-
-
-def cmd_locate(ns: argparse.Namespace) -> int:
-    """``ascend-emu locate``: see the module doc."""
-    import numpy as np
-
-    from .errors import AscendEmuError
-    from .layouts import CacheLayout
-    from .ops._check import DTYPES
-    from .quant import MLA_ROW
-
-    try:
-        dtype = DTYPES[ns.dtype]
-        layout = CacheLayout.from_declared(ns.cache_mode, ns.shape, dtype.itemsize, name="--shape")
-        if ns.combined and (dtype.itemsize != 1 or layout.dim != MLA_ROW.row_bytes or layout.nz):
-            raise AscendEmuError(f"--combined: expected an int8 ND-mode cache with D={MLA_ROW.row_bytes} "
-                                 f"(656-byte rows), got {ns.dtype} D={layout.dim} cache_mode {layout.mode}")
-        info = {"cache_mode": layout.mode, "shape": list(ns.shape), "dtype": ns.dtype,
-                "storage_shape": list(layout.storage_shape()), "nbytes": layout.nbytes}
-        if layout.nz:
-            info["C0"] = layout.c0
-        if ns.byte is not None:
-            loc = layout.locate(ns.byte)
-            info.update(byte_offset=ns.byte, block=loc.block, row=loc.row, slot=layout.slot_of(loc),
-                        head=loc.head, dim=loc.dim, byte_in_element=loc.byte)
-            text = (f"byte {ns.byte} -> block {loc.block}, row {loc.row} (slot {layout.slot_of(loc)}), "
-                    f"head {loc.head}, dim {loc.dim}, byte {loc.byte} of the element")
-            if ns.combined:
-                text += _name_row_field(info, loc.dim)
-        else:
-            block, row = divmod(ns.slot, layout.block_size) if 0 <= ns.slot else (None, None)
-            if ns.dim is not None:
-                off = layout.byte_offset(ns.slot, ns.dim, ns.head)
-                info.update(slot=ns.slot, block=block, row=row, head=ns.head, dim=ns.dim, byte_offset=off,
-                            element_offset=off // layout.itemsize)
-                text = (f"slot {ns.slot} (block {block}, row {row}), head {ns.head}, dim {ns.dim} -> bytes "
-                        f"[{off}, {off + layout.itemsize}) (element offset {off // layout.itemsize})")
-                if ns.combined:
-                    text += _name_row_field(info, ns.dim)
-            else:
-                layout.byte_offset(ns.slot, 0)  # range check
-                per_chunk = layout.chunk_bytes // layout.itemsize
-                offsets = [int(o) for o in layout.chunk_offsets(np.array([ns.slot]))[0]]
-                info.update(slot=ns.slot, block=block, row=row, chunk_bytes=layout.chunk_bytes,
-                            chunks=[{"elements": [j * per_chunk, (j + 1) * per_chunk], "byte_offset": o}
-                                    for j, o in enumerate(offsets)])
-                lines = [f"slot {ns.slot} = block {block}, row {row}: {len(offsets)} contiguous chunk(s) of "
-                         f"{layout.chunk_bytes} bytes"]
-                what = "dims" if layout.heads == 1 else "elements (head-major)"
-                lines += [f"  {what} [{j * per_chunk}, {(j + 1) * per_chunk}) -> bytes [{o}, "
-                          f"{o + layout.chunk_bytes})" for j, o in enumerate(offsets)]
-                text = "\n".join(lines)
-    except (AscendEmuError, KeyError) as exc:
-        _err(f"locate: {exc}")
-        return 2
-    print(json.dumps(info) if ns.json else text)
-    return 0
 
 
 # ---------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     """The ``ascend-emu`` argument parser."""
-    from .layouts import CACHE_MODE_ALIASES, CACHE_MODES
-
     parser = argparse.ArgumentParser(
         prog="ascend-emu", description="Emulate Huawei Ascend NPU (torch_npu) MLA operators on the CPU.")
     parser.add_argument("--version", action="version", version=f"ascend-emu {__version__}")
@@ -300,33 +220,14 @@ def build_parser() -> argparse.ArgumentParser:
                                       "the torch_npu drop-in, then bit-level cache layout debugging.")
     demo.set_defaults(func=cmd_demo)
 
-    loc = sub.add_parser("locate", help="map cache byte offsets to (block, row, head, dim) and back",
-                         description="Forward / reverse address map of a paged KV cache. Declared shapes: "
-                                     "PA_* [BlockNum, BlockSize, Nkv, D]; BSND [B, S, Nkv, D]; TND [T, Nkv, D]; "
-                                     "Norm [B, 1, cache_length, D].")
-    loc.add_argument("--cache-mode", required=True, choices=list(CACHE_MODES) + list(CACHE_MODE_ALIASES),
-                     help="cache layout")
-    loc.add_argument("--shape", required=True, type=_parse_shape, help="declared cache shape, e.g. 4,16,1,64")
-    loc.add_argument("--dtype", required=True, choices=["bfloat16", "float16", "float32", "int8"],
-                     help="cache dtype")
-    what = loc.add_mutually_exclusive_group(required=True)
-    what.add_argument("--byte", type=int, help="reverse map: byte offset from the start of the cache")
-    what.add_argument("--slot", type=int, help="forward map: global slot (block * BlockSize + row)")
-    loc.add_argument("--dim", type=int, help="with --slot: element of the row (byte of the row with --combined)")
-    loc.add_argument("--head", type=int, default=0, help="with --slot --dim: kv head (default 0)")
-    loc.add_argument("--combined", action="store_true",
-                     help="int8 cache of 656-byte rows (512 int8 k_nope | 64 bf16 k_rope | 4 fp32 scales): "
-                          "name the field of the byte")
-    loc.add_argument("--json", action="store_true", help="print one JSON object")
-    loc.set_defaults(func=cmd_locate)
+    from .inspect.cli import add_inspect_parser, add_locate_parser
+
+    add_inspect_parser(sub)
+    add_locate_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``ascend-emu`` console script and of ``python -m ascend_emu``."""
     ns = build_parser().parse_args(argv)
-    if ns.command == "locate" and ns.byte is not None and (ns.dim is not None or ns.head != 0):
-        build_parser().error("locate: --dim / --head go with --slot, not --byte")
-    if ns.command == "locate" and ns.dim is None and ns.head != 0:
-        build_parser().error("locate: --head needs --dim")
     return ns.func(ns)

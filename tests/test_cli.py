@@ -1,5 +1,5 @@
 """The ``ascend-emu`` command line: ``run`` (in subprocesses, on tiny temp scripts), ``locate``,
-``demo`` and ``python -m ascend_emu``."""
+``inspect``, ``demo`` and ``python -m ascend_emu``."""
 
 from __future__ import annotations
 
@@ -205,9 +205,148 @@ def test_locate_combined_names_the_field(capsys, row_byte, field):
     (["--cache-mode", "PA_NZ", "--shape", "4,16,1,64", "--dtype", "bfloat16", "--byte", "8192"], "byte_offset"),
     (["--cache-mode", "PA_NZ", "--shape", "4,16,1,64", "--dtype", "bfloat16", "--slot", "64"], "slot"),
     (["--cache-mode", "PA_BSND", "--shape", "4,16,1,576", "--dtype", "int8", "--combined", "--slot", "1"],
-     "--combined"),
+     "combined"),
     (["--cache-mode", "PA_BSND", "--shape", "4,16,64", "--dtype", "int8", "--slot", "1"], "4-D"),
 ])
 def test_locate_errors_exit_2_with_message(capsys, args, message):
     assert main(["locate", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shape, dtype", [("4,10,1,64", "bfloat16"), ("2,24,1,512", "int8")])
+def test_locate_rejects_block_sizes_no_op_accepts(capsys, shape, dtype):
+    assert main(["locate", "--cache-mode", "PA_NZ", "--shape", shape, "--dtype", dtype, "--slot", "1"]) == 2
+    assert "BlockSize" in capsys.readouterr().err
+
+
+def test_locate_is_inspect_where_and_what(capsys):
+    geo = ["--cache-mode", "PA_NZ", "--shape", "4,16,1,64", "--dtype", "bfloat16"]
+    for loc, ins in ((["--slot", "37"], ["where", "--slot", "37"]), (["--byte", "4777"], ["what", "--byte", "4777"])):
+        assert main(["locate", *geo, *loc]) == 0
+        alias = capsys.readouterr().out
+        assert main(["inspect", ins[0], *geo, *ins[1:]]) == 0
+        assert capsys.readouterr().out == alias
+
+
+# ------------------------------------------------------------------------------ inspect
+def _inspect(capsys, *args, rc=0) -> dict:
+    assert main(["inspect", *args, "--json"]) == rc
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture
+def nz_files(tmp_path):
+    """Two PA_NZ bf16 caches [4, 16, 1, 64] as .npz files: b = a with two bytes of slot 37 and one of slot
+    3 changed; plus a's raw bytes as .bin and as a storage-shape .npy of int16."""
+    import numpy as np
+
+    from ascend_emu import inspect
+    from ascend_emu.quant import BF16
+
+    rng = np.random.default_rng(7)
+    a = inspect.Cache.from_array(rng.standard_normal((4, 16, 1, 64)).astype(BF16), "PA_NZ")
+    raw = a.raw.copy()
+    changed = [4777, 4779, 3 * 32 + 1]  # slot 37 dims 20 and 21 (high bytes); slot 3 dim 0
+    raw[changed] ^= 0x40
+    b = inspect.Cache(spec=a.spec, raw=raw, shape=a.shape)
+    a.raw.tofile(tmp_path / "a.bin")
+    return {"a": inspect.save_cache(tmp_path / "a", a), "b": inspect.save_cache(tmp_path / "b", b),
+            "bin": str(tmp_path / "a.bin"), "changed": changed, "cache": a}
+
+
+def test_inspect_where_every_field_of_a_combined_row(capsys):
+    geo = ["--cache-mode", "PA_BSND", "--shape", "2,16,1,656", "--dtype", "int8"]
+    out = _inspect(capsys, "where", *geo, "--slot", "5")
+    assert [(c["field"], c["byte_offset"], c["bytes"]) for c in out["chunks"]] == [
+        ("k_nope", 5 * 656, 512), ("k_rope", 5 * 656 + 512, 128), ("scale", 5 * 656 + 640, 16)]
+    out = _inspect(capsys, "where", *geo, "--slot", "5", "--field", "scale", "--element", "2")
+    assert [(c["byte_offset"], c["bytes"]) for c in out["chunks"]] == [(5 * 656 + 648, 4)]
+    assert main(["inspect", "where", *geo, "--slot", "5", "--field", "scale"]) == 0
+    text = capsys.readouterr().out
+    assert "scale" in text and "[3920, 3936)" in text
+
+
+def test_inspect_where_a_token_lives(capsys):
+    geo = ["--cache-mode", "PA_BLK_NZ", "--shape", "4,16,1,64", "--dtype", "bfloat16"]
+    out = _inspect(capsys, "where", *geo, "--token", "18", "--index", "[[3,1]]", "--seq-lens", "20", "--dim", "5")
+    assert (out["token"], out["slot"], out["byte_offset"]) == (18, 18, (16 * 64 + 2 * 16 + 5) * 2)
+    assert main(["inspect", "where", *geo, "--token", "0", "--index", "[-1,1]", "--seq-lens", "20"]) == 2
+    assert "skipped" in capsys.readouterr().err
+
+
+def test_inspect_what_reads_geometry_from_a_file(capsys, nz_files):
+    out = _inspect(capsys, "what", nz_files["a"], "--byte", "4777")
+    assert (out["slot"], out["dim"], out["byte_in_element"], out["c0_chunk"], out["fractal"]) == (37, 20, 1, 1, 0)
+    out = _inspect(capsys, "what", nz_files["bin"], "--cache-mode", "PA_NZ", "--shape", "4,4,16,16", "--dtype",
+                   "bfloat16", "--byte", "4777")
+    assert out["slot"] == 37 and out["cache"]["storage_shape"] == [4, 4, 16, 16]
+
+
+def test_inspect_what_of_an_nz_weight_byte(capsys):
+    byte = 2 * 32 * 16 * 2 + 33  # C0 chunk 2 starts after two [32 rows, 16] chunks; row 1, byte 1
+    out = _inspect(capsys, "what", "--weight-shape", "20,40", "--dtype", "bfloat16", "--byte", str(byte))
+    assert (out["padding"], out["index"], out["byte_in_element"], out["c0_chunk"]) == (False, [1, 32], 1, 2)
+    out = _inspect(capsys, "what", "--weight-shape", "20,40", "--dtype", "bfloat16", "--byte", str(20 * 32))
+    assert out["padding"] and out["storage_index"] == [0, 1, 4, 0]
+
+
+def test_inspect_dump_a_slot(capsys, nz_files):
+    import numpy as np
+
+    out = _inspect(capsys, "dump", nz_files["a"], "--slot", "37")
+    rows = nz_files["cache"].rows()  # [64, 1, 64]
+    assert [v for ln in out["lines"] for v in ln["values"]] == [float(v) for v in rows[37, 0]]
+    assert [ln["c0_chunk"] for ln in out["lines"]] == [0, 1, 2, 3]
+    assert main(["inspect", "dump", nz_files["a"], "--block", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "fractal 0 of C0 chunk 3" in text
+    assert "C0#3 F0" in text and "bytes [4096, 6144)" in text
+    assert np.isfinite(rows).all()
+
+
+def test_inspect_diff_text_json_exit_status_and_picture(capsys, nz_files, tmp_path):
+    out = _inspect(capsys, "diff", nz_files["a"], nz_files["b"], rc=1)
+    assert out["changed_bytes"] == sorted(nz_files["changed"])
+    assert out["summary"]["slots"] == [3, 37]
+    out = _inspect(capsys, "diff", nz_files["a"], nz_files["b"], "--expect-slots", "3,37", rc=0)
+    assert out["summary"]["outside_expected_bytes"] == 0
+    out = _inspect(capsys, "diff", nz_files["a"], nz_files["b"], "--expect-slots", "37", rc=1)
+    assert out["summary"]["outside_expected_slots"] == [3]
+    png = tmp_path / "diff.png"
+    pytest.importorskip("matplotlib")
+    assert main(["inspect", "diff", nz_files["a"], nz_files["b"], "--png", str(png)]) == 1
+    text = capsys.readouterr().out
+    assert "3 differing byte(s) in 2 slot(s)" in text and png.stat().st_size > 2000
+    assert main(["inspect", "diff", nz_files["a"], nz_files["a"]]) == 0
+
+
+def test_inspect_grid_and_blocks_pictures(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = _inspect(capsys, "grid", "--cache-mode", "PA_NZ", "--shape", "2,16,1,64", "--dtype", "bfloat16",
+                   "--block", "1", "--png", str(tmp_path / "g.png"))
+    assert out["chunks"] == 4 and out["offset"][1][0] == 2048 + 512 and (tmp_path / "g.png").stat().st_size > 2000
+    out = _inspect(capsys, "grid", "--weight-shape", "20,40", "--dtype", "bfloat16")
+    assert out["logical_row"][0][20] == -1 and out["valid_cols"][2][0] == 8
+    out = _inspect(capsys, "blocks", "--block-table", "[[0,1,9],[2,1,0]]", "--seq-lens", "20,17", "--block-size",
+                   "16", "--num-blocks", "4", "--png", str(tmp_path / "b.png"))
+    assert out["unused_blocks"] == [3] and out["shared_blocks"] == [1]
+    assert (tmp_path / "b.png").stat().st_size > 2000
+
+
+def test_inspect_reads_a_torch_save_dump(capsys, tmp_path):
+    torch = pytest.importorskip("torch")
+    kv = torch.randn(2, 16, 1, 512, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    torch.save(kv, tmp_path / "kv.pt")
+    out = _inspect(capsys, "dump", str(tmp_path / "kv.pt"), "--cache-mode", "PA_BSND", "--slot", "17")
+    got = [v for ln in out["lines"] for v in ln["values"]]
+    assert got == [float(v) for v in kv.reshape(32, 512)[17].float()]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["dump", "missing.npz", "--slot", "0"], "missing.npz"),
+    (["where", "--cache-mode", "PA_NZ", "--shape", "4,16,1,64", "--slot", "0"], "--dtype"),
+    (["dump", "x.bin", "--cache-mode", "PA_NZ", "--slot", "0"], "shape"),
+])
+def test_inspect_errors_exit_2_with_message(capsys, args, message):
+    assert main(["inspect", *args]) == 2
     assert message in capsys.readouterr().err

@@ -2,15 +2,17 @@
 
 from .nz import (ACL_FORMAT_NAMES, FRACTAL_NZ, ND, NZArray, as_nz, c0_for, get_npu_format, nd_to_nz,
                  nz_coords, nz_offset, nz_shape, nz_to_nd)
-from .paged import (CACHE_MODE_ALIASES, CACHE_MODES, NZ_ROW_BYTES, SKIP_INDEX, CacheLayout, CacheLocation,
-                    CacheMode, canonical_cache_mode, check_index_range, duplicate_slots, is_nz_mode,
+from .paged import (CACHE_MODE_ALIASES, CACHE_MODES, NZ_BLOCK_ROWS, NZ_ROW_BYTES, SKIP_INDEX, CacheLayout,
+                    CacheLocation, CacheMode, canonical_cache_mode, check_block_size, check_index_range,
+                    duplicate_slots, is_nz_mode,
                     slots_from_block_table, slots_from_cache_index, slots_from_pages,
                     slots_from_positions)
 
 __all__ = [
     "ACL_FORMAT_NAMES", "FRACTAL_NZ", "ND", "NZArray", "as_nz", "c0_for", "get_npu_format", "nd_to_nz",
     "nz_coords", "nz_offset", "nz_shape", "nz_to_nd",
-    "CACHE_MODE_ALIASES", "CACHE_MODES", "NZ_ROW_BYTES", "SKIP_INDEX", "CacheLayout", "CacheLocation",
-    "CacheMode", "canonical_cache_mode", "check_index_range", "duplicate_slots", "is_nz_mode",
+    "CACHE_MODE_ALIASES", "CACHE_MODES", "NZ_BLOCK_ROWS", "NZ_ROW_BYTES", "SKIP_INDEX", "CacheLayout",
+    "CacheLocation", "CacheMode", "canonical_cache_mode", "check_block_size", "check_index_range",
+    "duplicate_slots", "is_nz_mode",
     "slots_from_block_table", "slots_from_cache_index", "slots_from_pages", "slots_from_positions",
 ]

@@ -34,6 +34,7 @@ from typing import Literal, NamedTuple, Sequence
 import numpy as np
 
 from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error
+from .nz import M0
 
 CacheMode = Literal["PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND", "Norm"]
 
@@ -45,6 +46,38 @@ CACHE_MODE_ALIASES = {"PA": "PA_BSND", "PA_BNSD": "PA_BSND", "PA_BLK_BNSD": "PA_
 NZ_ROW_BYTES = 32
 #: The index value that means "do not write this token".
 SKIP_INDEX = -1
+#: BlockSize of an NZ paged cache (PA_NZ, PA_BLK_NZ) is a multiple of this many rows: one
+#: fractal's rows, M0 = 16. npu_mla_prolog_v3 (BlockSize 16..1024, multiples of 16, any cache
+#: dtype), npu_kv_rmsnorm_rope_cache (32 bytes / itemsize: 16 for bf16 / fp16, 32 for int8, a
+#: stricter op-specific rule) and MlaPreprocess (BlockSize 128) all satisfy it; no op writes an
+#: NZ cache whose BlockSize breaks it. ND modes have no alignment rule (MlaPreprocess takes
+#: BlockSize 1..128 or 256).
+NZ_BLOCK_ROWS = M0
+
+
+def check_block_size(mode: str, block_size: int, *, name: str = "BlockSize") -> None:
+    """Raise unless ``block_size`` is one some op accepts for ``mode``.
+
+    The rule (:data:`NZ_BLOCK_ROWS`): NZ modes need a positive multiple of 16 rows; every other
+    mode any block_size >= 1. Sources: npu_mla_prolog_v3 doc (BlockSize 16-1024, multiple of
+    16), aclnnKvRmsNormRopeCache (BlockSize aligned to 32 bytes), MlaPreprocess (128).
+
+    Args:
+        mode: cache mode (aliases accepted).
+        block_size: rows per block.
+        name: argument name for the error.
+
+    Raises:
+        ModeError: unknown mode.
+        ShapeError: a BlockSize no op accepts for the mode.
+    """
+    mode = canonical_cache_mode(mode)
+    bs = int(block_size)
+    if mode in ("PA_NZ", "PA_BLK_NZ") and (bs < 1 or bs % NZ_BLOCK_ROWS):
+        raise arg_error(ShapeError, name, f"a positive multiple of {NZ_BLOCK_ROWS} (whole fractals of "
+                        f"{NZ_BLOCK_ROWS} rows) for cache_mode {mode}", bs)
+    if bs < 1:
+        raise arg_error(ShapeError, name, "an integer >= 1", bs)
 
 
 def canonical_cache_mode(mode: str, *, allowed: Sequence[str] | None = None,
@@ -147,7 +180,7 @@ class CacheLayout:
         (NZ modes too: the declared shape stays ND); ``BSND`` ``[B, S, Nkv, D]``; ``TND``
         ``[T, Nkv, D]``; ``Norm`` ``[B, 1, cache_length, D]``. An NZ cache declared by its memory
         shape ``[BlockNum, D/C0, BlockSize, C0]`` (MlaPreprocess cacheMode 2 / 3) is not
-        recognised here; build the layout with the keyword constructor.
+        recognised here; :meth:`from_shape` recognises both.
 
         Args:
             mode: cache mode (aliases accepted).
@@ -174,6 +207,49 @@ class CacheLayout:
             return cls(mode=mode, num_blocks=b, block_size=length, dim=d, itemsize=itemsize, heads=n)
         nb, bs, n, d = shape
         return cls(mode=mode, num_blocks=nb, block_size=bs, dim=d, itemsize=itemsize, heads=n)
+
+    @classmethod
+    def from_shape(cls, mode: str, shape: Sequence[int], itemsize: int, *,
+                   name: str = "cache") -> "CacheLayout":
+        """Layout of a cache given in its declared shape **or** its storage shape.
+
+        Besides the declared shapes of :meth:`from_declared`, an NZ-mode cache is recognised by
+        its memory shape ``[BlockNum, D/C0, BlockSize, C0]`` (MlaPreprocess cacheMode 2 / 3,
+        :meth:`storage_shape`) or ``[BlockNum, D/C0, BlockSize, 1, C0]`` (the layout
+        aclnnKvRmsNormRopeCache documents), with ``C0 = 32 bytes / itemsize``. A 4-D shape is
+        read as declared ``[BlockNum, BlockSize, 1, D]`` when it fits that reading under
+        :func:`check_block_size`, else as storage. Unlike :meth:`from_declared` the BlockSize
+        rule of :func:`check_block_size` is applied.
+
+        Args:
+            mode: cache mode (aliases accepted).
+            shape: the tensor's shape.
+            itemsize: bytes per element.
+            name: argument name for errors.
+
+        Raises:
+            ModeError: unknown mode.
+            ShapeError: neither reading fits, or a geometry :class:`CacheLayout` or
+                :func:`check_block_size` rejects.
+        """
+        mode = canonical_cache_mode(mode)
+        shape = tuple(int(s) for s in shape)
+        c0 = NZ_ROW_BYTES // itemsize if itemsize in (1, 2, 4) else 0
+        if mode in ("PA_NZ", "PA_BLK_NZ") and c0:
+            storage = None
+            if len(shape) == 5 and shape[3] == 1 and shape[4] == c0:
+                storage = (shape[0], shape[1], shape[2])
+            elif len(shape) == 4 and shape[3] == c0 and not (shape[2] == 1 and shape[1] % NZ_BLOCK_ROWS == 0
+                                                                and shape[1] > 0):
+                storage = (shape[0], shape[1], shape[2])
+            if storage is not None:
+                nb, d1, bs = storage
+                check_block_size(mode, bs, name=f"{name} BlockSize (storage shape dim 2)")
+                return cls(mode=mode, num_blocks=nb, block_size=bs, dim=d1 * c0, itemsize=itemsize)
+        layout = cls.from_declared(mode, shape, itemsize, name=name)
+        if layout.mode.startswith("PA"):
+            check_block_size(mode, layout.block_size, name=f"{name} BlockSize (shape[1])")
+        return layout
 
     # ------------------------------------------------------------------ geometry
     @property
@@ -212,6 +288,38 @@ class CacheLayout:
         if self.nz:
             return (self.num_blocks, self.dim // self.c0, self.block_size, self.c0)
         return (self.num_blocks, self.block_size, self.heads, self.dim)
+
+    def to_rows(self, buffer) -> np.ndarray:
+        """The cache's rows in logical order, whatever the mode: ``[num_rows, Nkv, D]``.
+
+        NZ modes re-order each block ``[D/C0, BlockSize, C0]`` to ``[BlockSize, D]`` (ops_reference
+        §1.4); ND modes are a reshape. The bytes are not interpreted: element ``[slot, h, d]`` of
+        the result is element ``d`` of head ``h`` of ``slot``, in ``buffer``'s dtype.
+
+        Args:
+            buffer: NumPy array holding exactly the cache's bytes (any shape, e.g. the declared
+                or the storage shape; any dtype of this layout's itemsize, uint8 included when
+                itemsize is 1), C-contiguous.
+
+        Returns:
+            A new ``[num_rows, Nkv, D]`` array of ``buffer``'s dtype (uint8 buffers of a wider
+            itemsize give ``[num_rows, Nkv, D * itemsize]`` bytes).
+
+        Raises:
+            ShapeError: ``buffer`` does not hold ``nbytes`` bytes or is not C-contiguous.
+        """
+        arr = np.asarray(buffer)
+        if arr.nbytes != self.nbytes or not arr.flags.c_contiguous:
+            raise arg_error(ShapeError, "buffer", f"a C-contiguous array of {self.nbytes} bytes",
+                            f"{arr.nbytes} bytes, shape {list(arr.shape)}")
+        raw = arr.reshape(-1).view(np.uint8)  # [nbytes]
+        if self.nz:
+            blocks = raw.reshape(self.num_blocks, self.dim // self.c0, self.block_size, NZ_ROW_BYTES)
+            rows = blocks.transpose(0, 2, 1, 3).reshape(self.num_rows, 1, self.row_bytes)  # [rows, 1, D*s]
+        else:
+            rows = raw.reshape(self.num_rows, self.heads, self.dim * self.itemsize)  # [rows, Nkv, D*s]
+        rows = np.ascontiguousarray(rows)
+        return rows if arr.dtype == np.uint8 else rows.view(arr.dtype)
 
     # ------------------------------------------------------------------ forward map
     def element_offset(self, slot: int, d: int, head: int = 0) -> int:

@@ -1,0 +1,549 @@
+"""``ascend-emu inspect where|what|dump|grid|diff|blocks`` and its alias ``ascend-emu locate``.
+
+Parses arguments, calls the pure functions of :mod:`ascend_emu.inspect` and renders their results:
+text (rich tables), ``--json`` (one JSON object; NaN / inf as strings) or ``--png PATH``
+(:mod:`ascend_emu.inspect.plot`). Exit status: 0 on success, 2 on a usage or input error (the
+message names the argument); ``diff`` exits 1 when bytes differ outside the expected slots (all
+differing bytes without ``--expect-slots``), like ``diff(1)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+#: Values shown per dump line in text output (all of them are in --json).
+TEXT_VALUES = 8
+#: Text width when stdout is not a terminal (a dump line is 32 bytes of hex plus values).
+PIPE_WIDTH = 240
+
+
+def _err(msg: str) -> None:
+    print(f"ascend-emu: {msg}", file=sys.stderr)
+
+
+def _jsonable(obj):
+    """Replace non-finite floats by strings ("nan", "inf", "-inf") so the output is strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(_jsonable(obj)))
+
+
+def _console():
+    from rich.console import Console
+
+    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", PIPE_WIDTH))
+    return Console(file=sys.stdout, width=width, highlight=False, soft_wrap=False)
+
+
+def _table(title: str, *columns: str, no_wrap: tuple[str, ...] = ()):
+    """A rich table whose caption line (``title``) is printed above it by :func:`_show`."""
+    from rich.table import Table
+
+    table = Table(show_edge=False, pad_edge=False)
+    table.caption_line = title
+    for c in columns:
+        table.add_column(c, overflow="fold", no_wrap=c in no_wrap)
+    return table
+
+
+def _show(con, table) -> None:
+    con.print(table.caption_line)
+    con.print(table)
+
+
+# ---------------------------------------------------------------------------------------- argument types
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``4,16,1,64`` (or ``4x16x1x64``) -> (4, 16, 1, 64); argparse type."""
+    try:
+        shape = tuple(int(v) for v in text.replace("x", ",").split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 4,16,1,64, got {text!r}")
+    if not shape or any(v <= 0 for v in shape):
+        raise argparse.ArgumentTypeError(f"expected positive sizes, got {text!r}")
+    return shape
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+def _byte_range(text: str) -> tuple[int, int | None]:
+    """``START`` or ``START:STOP``."""
+    try:
+        lo, _, hi = text.partition(":")
+        return int(lo), (int(hi) if hi else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START or START:STOP byte offsets, got {text!r}")
+
+
+# ---------------------------------------------------------------------------------------- cache arguments
+def _add_geometry(p: argparse.ArgumentParser, *, file: str | None) -> None:
+    from ..layouts import CACHE_MODE_ALIASES, CACHE_MODES
+    from .cache import CACHE_DTYPES
+
+    if file == "one":
+        p.add_argument("file", nargs="?", help="cache file: .npz (ascend_emu.inspect.save_cache), .pt (torch.save "
+                                               "of the cache), .npy or raw .bin")
+    elif file == "two":
+        p.add_argument("file_a", help="first cache file")
+        p.add_argument("file_b", help="second cache file")
+    p.add_argument("--cache-mode", choices=list(CACHE_MODES) + list(CACHE_MODE_ALIASES),
+                   help="cache layout (required without an .npz file)")
+    p.add_argument("--shape", type=parse_shape,
+                   help="declared shape (PA_* [BlockNum, BlockSize, Nkv, D]; BSND [B, S, Nkv, D]; TND [T, Nkv, D]; "
+                        "Norm [B, 1, cache_length, D]) or NZ storage shape [BlockNum, D/C0, BlockSize, C0]")
+    p.add_argument("--dtype", choices=list(CACHE_DTYPES), help="cache dtype")
+    p.add_argument("--combined", action="store_true", default=None,
+                   help="int8 cache of 656-byte rows (512 int8 k_nope | 64 bf16 k_rope | 4 fp32 scales); "
+                        "automatic for int8 ND caches with D = 656")
+
+
+def _spec(ns, name: str = "--shape"):
+    """CacheSpec from --cache-mode --shape --dtype (no file)."""
+    from ..errors import ShapeError, arg_error
+    from .cache import CacheSpec
+
+    missing = [f"--{k.replace('_', '-')}" for k in ("cache_mode", "shape", "dtype") if getattr(ns, k) is None]
+    if missing:
+        raise arg_error(ShapeError, "/".join(missing), "a value (or a cache file)", None)
+    return CacheSpec.from_shape(ns.cache_mode, ns.shape, ns.dtype, combined=ns.combined, name=name)
+
+
+def _load(ns, path: str):
+    from .files import load_cache
+
+    return load_cache(path, cache_mode=ns.cache_mode, shape=ns.shape, dtype=ns.dtype, combined=ns.combined)
+
+
+def _cache_or_spec(ns):
+    return _load(ns, ns.file) if getattr(ns, "file", None) else _spec(ns)
+
+
+def _describe(info: dict) -> str:
+    parts = [f"{info['cache_mode']} {info['dtype']}", f"{info['num_blocks']} x {info['block_size']} rows",
+             f"Nkv {info['heads']}", f"D {info['dim']}", f"storage {info['storage_shape']}"]
+    if "C0" in info:
+        parts.append(f"C0 {info['C0']}")
+    if "row_format" in info:
+        parts.append(f"656-byte rows (tile {info['row_format']['tile_size']})")
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------- where / what
+def cmd_where(ns) -> int:
+    """``inspect where``: logical -> bytes."""
+    from .address import token_slot, where
+
+    target = _cache_or_spec(ns)
+    spec = getattr(target, "spec", target)
+    if getattr(ns, "token", None) is not None:
+        ns.slot = token_slot(target, ns.token, index=ns.index, seq_lens=ns.seq_lens, page_index=ns.page_index)
+    elif getattr(ns, "index", None) is not None:
+        raise _usage("--index goes with --token")
+    res = where(target, ns.slot, head=ns.head, dim=ns.dim, field=ns.field, element=ns.element)
+    lay = spec.layout
+    info = res.to_dict()
+    info["chunk_bytes"] = lay.chunk_bytes
+    info["chunks"] = [{"elements": [r.first, r.last], "byte_offset": r.start, "bytes": r.stop - r.start,
+                       "field": r.field, "head": r.head} for r in res.ranges]
+    if getattr(ns, "token", None) is not None:
+        info["token"] = ns.token
+    if ns.dim is not None:
+        off = lay.byte_offset(ns.slot, ns.dim, ns.head or 0)
+        info.update(head=ns.head or 0, dim=ns.dim, byte_offset=off, element_offset=off // lay.itemsize)
+    if ns.json:
+        _print_json(info)
+        return 0
+    con = _console()
+    con.print(_describe(info["cache"]))
+    what = f"slot {res.slot} = block {res.block}, row {res.row}"
+    if getattr(ns, "token", None) is not None:
+        what = f"token {ns.token} -> {what}"
+    if ns.dim is not None:
+        what += f", head {ns.head or 0}, dim {ns.dim}"
+    elif ns.field is not None:
+        what += f", {ns.field}" + (f"[{ns.element}]" if ns.element is not None else "")
+    table = _table(f"{what}: {len(res.ranges)} contiguous range(s), {res.nbytes} bytes", "bytes", "head", "field",
+                   "elements", "C0 chunk")
+    for r in res.ranges:
+        table.add_row(f"[{r.start}, {r.stop})", str(r.head), r.field, f"[{r.first}, {r.last})",
+                      "" if r.c0_chunk is None else str(r.c0_chunk))
+    _show(con, table)
+    if ns.dim is not None and spec.row_format is not None:
+        con.print(f"656-byte row byte {ns.dim} -> bytes [{info['byte_offset']}, {info['byte_offset'] + 1})")
+    return 0
+
+
+def cmd_what(ns) -> int:
+    """``inspect what``: byte -> logical."""
+    from .address import what, what_weight
+
+    if getattr(ns, "weight_shape", None) is not None:
+        if ns.dtype is None:
+            raise _usage("--weight-shape needs --dtype")
+        w = what_weight(ns.weight_shape, _np_dtype(ns.dtype), ns.byte)
+        if ns.json:
+            _print_json(w.to_dict())
+        else:
+            where_ = "padding" if w.padding else f"element {w.index}, byte {w.byte_in_element}"
+            _console().print(f"FRACTAL_NZ weight {list(ns.weight_shape)} {ns.dtype}, storage {w.storage_shape}\n"
+                             f"byte {w.byte_offset} -> {where_}; storage index {w.storage_index} (C0 chunk "
+                             f"{w.c0_chunk}, fractal {w.fractal})")
+        return 0
+    res = what(_cache_or_spec(ns), ns.byte)
+    if ns.json:
+        _print_json(res.to_dict())
+        return 0
+    con = _console()
+    con.print(_describe(res.cache))
+    if res.unused:
+        con.print(f"byte {res.byte_offset}: unused (past the cache's {res.cache['nbytes']} bytes)")
+        return 0
+    text = f"byte {res.byte_offset} -> block {res.block}, row {res.row} (slot {res.slot}), head {res.head}, "
+    if res.field == "element":
+        text += f"dim {res.dim}, byte {res.byte_in_element} of the element"
+    else:
+        text += (f"656-byte row byte {res.dim}: {res.field}[{res.field_element}], byte {res.field_byte} of the "
+                 f"{'int8' if res.field == 'k_nope' else 'bf16' if res.field == 'k_rope' else 'fp32'}")
+    if res.c0_chunk is not None:
+        text += f"\n  NZ: C0 chunk {res.c0_chunk}, fractal {res.fractal} of the block"
+    con.print(text)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- dump
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _values(vals) -> str:
+    shown = " ".join(_fmt(v) for v in vals[:TEXT_VALUES])
+    return shown + (f" ... (+{len(vals) - TEXT_VALUES})" if len(vals) > TEXT_VALUES else "")
+
+
+def cmd_dump(ns) -> int:
+    """``inspect dump``: annotated hexdump."""
+    from .dump import dump
+
+    cache = _load(ns, ns.file)
+    start, stop = ns.bytes if ns.bytes is not None else (None, None)
+    res = dump(cache, slot=ns.slot, block=ns.block, start=start, stop=stop)
+    if ns.json:
+        _print_json(res.to_dict())
+        return 0
+    con = _console()
+    con.print(_describe(res.cache))
+    combined = cache.spec.row_format is not None
+    nz = cache.layout.nz
+    cols = (["offset", "slot (blk,row)", "field [elements]", "bytes", "values"] + (["dequant"] if combined else [])
+            + (["boundary"] if nz else []))
+    table = _table(f"{res.what}: bytes [{res.start}, {res.stop}), {len(res.lines)} line(s)", *cols,
+                   no_wrap=("bytes", "slot (blk,row)", "field [elements]"))
+    for ln in res.lines:
+        if nz and any(m.startswith("fractal") for m in ln.marks) and ln is not res.lines[0]:
+            table.add_section()
+        label = f"{ln.field}[{ln.first}:{ln.last}]" + (f" h{ln.head}" if cache.layout.heads > 1 else "")
+        if ln.c0_chunk is not None:
+            label += f" C0#{ln.c0_chunk} F{ln.fractal}"
+        row = [str(ln.offset), f"{ln.slot} ({ln.block},{ln.row})", label, ln.hex, _values(ln.values)]
+        if combined:
+            row.append((f"tile {ln.tile}: " if ln.tile is not None else "") + _values(ln.dequant or []))
+        if nz:
+            row.append("; ".join(m.split(" (")[0] for m in ln.marks if m.startswith("fractal")))
+        table.add_row(*row)
+    _show(con, table)
+    if res.tiles:
+        tiles = _table("per-tile scales (k_nope ~= int8 * scale)", "slot", "tile", "k_nope elements", "scale",
+                       "dequant min", "dequant max")
+        for t in res.tiles:
+            tiles.add_row(str(t.slot), str(t.tile), f"[{t.first}, {t.last})", _fmt(t.scale), _fmt(t.dequant_min),
+                          _fmt(t.dequant_max))
+        _show(con, tiles)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- grid
+def cmd_grid(ns) -> int:
+    """``inspect grid``: NZ fractal grid of a cache block or a weight."""
+    from .grid import grid, weight_grid
+
+    if ns.weight_shape is not None:
+        if ns.dtype is None:
+            raise _usage("--weight-shape needs --dtype")
+        g = weight_grid(ns.weight_shape, _np_dtype(ns.dtype), batch=ns.batch)
+    else:
+        g = grid(_cache_or_spec(ns), ns.block)
+    if ns.png:
+        from .plot import plot_grid
+
+        plot_grid(g, ns.png)
+    if ns.json:
+        _print_json(g.to_dict())
+        return 0
+    con = _console()
+    chunks, rows = g.shape
+    table = _table(g.title, "row", *[f"C0#{j} [{int(g.first_col[j, 0])}:{int(g.first_col[j, 0]) + g.c0}]"
+                                     for j in range(chunks)])
+    for r in range(rows):
+        if r and r % g.fractal_rows == 0:
+            table.add_section()
+        cells = []
+        for j in range(chunks):
+            lr = int(g.logical_row[j, r])
+            who = "pad" if lr < 0 else (f"slot {lr}" if g.kind == "cache block" else f"m {lr}")
+            if 0 < g.valid_cols[j, r] < g.c0:
+                who += f" ({int(g.valid_cols[j, r])} cols)"
+            cells.append(f"{who} @{int(g.offset[j, r])}")
+        table.add_row(str(r), *cells)
+    _show(con, table)
+    if ns.png:
+        con.print(f"picture: {ns.png}")
+    return 0
+
+
+def _np_dtype(name: str):
+    from .cache import CACHE_DTYPES
+
+    import numpy as np
+
+    return CACHE_DTYPES[name] if name in CACHE_DTYPES else np.dtype(name)
+
+
+# ---------------------------------------------------------------------------------------- diff
+def cmd_diff(ns) -> int:
+    """``inspect diff A B``."""
+    from .diff import diff
+
+    a, b = _load(ns, ns.file_a), _load(ns, ns.file_b)
+    res = diff(a, b, expect_slots=ns.expect_slots)
+    if ns.png:
+        from .plot import plot_diff
+
+        plot_diff(res, ns.png)
+    s = res.summary
+    bad = s["bytes"] if s["outside_expected_bytes"] is None else s["outside_expected_bytes"]
+    if ns.json:
+        _print_json(res.to_dict())
+        return 1 if bad else 0
+    con = _console()
+    con.print(_describe(res.cache))
+    if res.same:
+        con.print(f"no differing bytes ({res.nan_equal} element(s) NaN in both, bits differing, counted equal)")
+        return 0
+    table = _table(f"{s['bytes']} differing byte(s) in {len(s['slots'])} slot(s)", "block", "slot (row)", "field",
+                   "bytes", "elements", "max ulp", "max |int delta|", "expected")
+    for sd in res.slots[:ns.max_slots]:
+        for k, fd in enumerate(sd.fields):
+            elems = ",".join(map(str, fd.elements[:8])) + (" ..." if len(fd.elements) > 8 else "")
+            table.add_row(str(sd.block) if k == 0 else "", f"{sd.slot} ({sd.row})" if k == 0 else "", fd.field,
+                          str(fd.bytes), elems, "" if fd.max_ulp is None else str(fd.max_ulp),
+                          "" if fd.max_int_delta is None else str(fd.max_int_delta),
+                          "" if sd.expected is None else ("yes" if sd.expected else "NO"))
+    _show(con, table)
+    if len(res.slots) > ns.max_slots:
+        con.print(f"... {len(res.slots) - ns.max_slots} more slot(s) (--max-slots, or --json for all)")
+    lines = [f"summary: {s['bytes']} bytes, slots {s['slots'][:32]}{' ...' if len(s['slots']) > 32 else ''}",
+             f"  max ulp (bf16): {s['max_ulp_bf16']}, max int8 delta: {s['max_int8_delta']}, "
+             f"scale bytes: {s['scale_bytes']}, NaN on one side: {s['nan_mismatch']}, "
+             f"NaN on both (equal): {res.nan_equal}"]
+    if s["outside_expected_bytes"] is not None:
+        lines.append(f"  outside the expected slots: {s['outside_expected_bytes']} bytes in slots "
+                     f"{s['outside_expected_slots']}")
+    if ns.png:
+        lines.append(f"picture: {ns.png}")
+    con.print("\n".join(lines))
+    return 1 if bad else 0
+
+
+# ---------------------------------------------------------------------------------------- blocks
+def _int_array(text: str):
+    """An integer array: JSON (``[[0,1],[2,3]]``) or a .npy / .pt file holding it."""
+    import numpy as np
+
+    if os.path.exists(text):
+        if text.endswith((".pt", ".pth")):
+            import torch
+
+            return torch.load(text, map_location="cpu", weights_only=True).numpy()
+        return np.load(text, allow_pickle=False)
+    try:
+        return np.asarray(json.loads(text), dtype=np.int64)
+    except (json.JSONDecodeError, ValueError, TypeError):
+        raise argparse.ArgumentTypeError(f"expected a JSON list like [[0,1],[2,3]] or a .npy / .pt file, "
+                                         f"got {text!r}")
+
+
+def cmd_blocks(ns) -> int:
+    """``inspect blocks``: block-table view."""
+    from .blocks import blocks
+
+    res = blocks(ns.block_table, ns.seq_lens, ns.block_size, ns.num_blocks)
+    if ns.png:
+        from .plot import plot_blocks
+
+        plot_blocks(res, ns.png)
+    if ns.json:
+        _print_json(res.to_dict())
+        return 0
+    con = _console()
+    table = _table(f"block table: BlockSize {res.block_size}, {res.num_blocks} block(s)", "seq", "tokens", "block",
+                   "table column", "rows", "slots", "note")
+    shared = set(res.shared_blocks)
+    for seq in res.sequences:
+        for k, run in enumerate(seq.runs):
+            n = run.last_token - run.first_token
+            table.add_row(str(seq.seq) if k == 0 else "", f"[{run.first_token}, {run.last_token})", str(run.block),
+                          str(run.column), f"[0, {n})", f"[{run.block * res.block_size}, "
+                          f"{run.block * res.block_size + n})",
+                          f"shared with {[s for s in res.owners[run.block] if s != seq.seq] or 'itself'}"
+                          if run.block in shared else "")
+        if not seq.runs:
+            table.add_row(str(seq.seq), "(empty)", "", "", "", "", "")
+    _show(con, table)
+    con.print(f"unused blocks: {res.unused_blocks}\nshared blocks: {res.shared_blocks}")
+    if ns.png:
+        con.print(f"picture: {ns.png}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- parsers
+def _add_where_what(p: argparse.ArgumentParser, *, which: str) -> None:
+    _add_geometry(p, file="one")
+    if which == "where":
+        which = p.add_mutually_exclusive_group(required=True)
+        which.add_argument("--slot", type=int, help="global slot (block * BlockSize + row)")
+        which.add_argument("--token", type=int, help="flat token b*S + s of an op call, mapped through --index")
+        p.add_argument("--index", type=_int_array, help="with --token: the op's index (cache_index / index) as "
+                                                        "JSON or a .npy / .pt file; none for BSND / TND")
+        p.add_argument("--seq-lens", type=_int_list, help="with --token, PA_BLK_*: tokens per batch")
+        p.add_argument("--page-index", choices=["block_ids", "page_offsets"], default="block_ids",
+                       help="PA_BLK_* index values: block ids (npu_mla_prolog_v3, default) or page start "
+                            "offsets block_id*BlockSize (npu_kv_rmsnorm_rope_cache)")
+        p.add_argument("--dim", type=int, help="element of the row (the row's byte for 656-byte rows)")
+        p.add_argument("--head", type=int, help="kv head (default: all; 0 with --dim)")
+        p.add_argument("--field", help="element / k_nope / k_rope / scale")
+        p.add_argument("--element", type=int, help="with --field: one element of it (tile for scale)")
+    else:
+        p.add_argument("--byte", type=int, required=True, help="byte offset from the start of the cache")
+        p.add_argument("--weight-shape", type=parse_shape,
+                       help="instead of a cache: a FRACTAL_NZ weight of this ND shape [.., M, N] (with --dtype)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_inspect_parser(sub) -> None:
+    """Register ``inspect`` (with its six commands) on the ``ascend-emu`` subparsers ``sub``."""
+    ins = sub.add_parser("inspect", help="bit-level cache debugging: where, what, dump, grid, diff, blocks",
+                         description="Inspect KV caches byte by byte (ascend_emu.inspect). Caches come from "
+                                     "--cache-mode/--shape/--dtype (address maps only) or a file: .npz written "
+                                     "by ascend_emu.inspect.save_cache, a torch.save .pt dump, .npy, or raw .bin "
+                                     "(with --shape --dtype --cache-mode).")
+    cmds = ins.add_subparsers(dest="inspect_command", required=True, metavar="COMMAND")
+
+    p = cmds.add_parser("where", help="slot / dim / field -> byte offsets")
+    _add_where_what(p, which="where")
+    p.set_defaults(func=_guard(cmd_where, "inspect where"))
+
+    p = cmds.add_parser("what", help="byte offset -> block, row, head, dim, field")
+    _add_where_what(p, which="what")
+    p.set_defaults(func=_guard(cmd_what, "inspect what"))
+
+    p = cmds.add_parser("dump", help="annotated hexdump of a slot, a block or a byte range")
+    _add_geometry(p, file="one")
+    sel = p.add_mutually_exclusive_group(required=True)
+    sel.add_argument("--slot", type=int, help="one slot, all fields")
+    sel.add_argument("--block", type=int, help="one block, in memory order")
+    sel.add_argument("--bytes", type=_byte_range, help="START[:STOP] byte range (STOP default START+32)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_guard(cmd_dump, "inspect dump"))
+
+    p = cmds.add_parser("grid", help="fractal grid of an NZ cache block or NZ weight")
+    _add_geometry(p, file="one")
+    p.add_argument("--block", type=int, default=0, help="block id (default 0)")
+    p.add_argument("--weight-shape", type=parse_shape, help="instead: FRACTAL_NZ weight of this ND shape [.., M, N]")
+    p.add_argument("--batch", type=int, default=0, help="with --weight-shape: flat batch matrix index")
+    p.add_argument("--png", metavar="PATH", help="write a picture")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_guard(cmd_grid, "inspect grid"))
+
+    p = cmds.add_parser("diff", help="NaN-aware byte diff of two caches, by block / slot / field")
+    _add_geometry(p, file="two")
+    p.add_argument("--expect-slots", type=_int_list, help="slots expected to change, e.g. 3,17,40")
+    p.add_argument("--max-slots", type=int, default=64, help="slots listed in text output (default 64)")
+    p.add_argument("--png", metavar="PATH", help="write a blocks x rows heat map")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_guard(cmd_diff, "inspect diff"))
+
+    p = cmds.add_parser("blocks", help="block table: which block and row each token lives in")
+    p.add_argument("--block-table", type=_int_array, required=True,
+                   help="JSON [[...], ...] or a .npy / .pt file, [B, max_blocks]")
+    p.add_argument("--seq-lens", type=_int_list, required=True, help="tokens per sequence, e.g. 20,5")
+    p.add_argument("--block-size", type=int, required=True, help="rows per block")
+    p.add_argument("--num-blocks", type=int, help="blocks in the cache (default: largest entry + 1)")
+    p.add_argument("--png", metavar="PATH", help="write a picture")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_guard(cmd_blocks, "inspect blocks"))
+
+
+def add_locate_parser(sub) -> None:
+    """Register ``locate``: an alias of ``inspect where`` (``--slot``) / ``inspect what`` (``--byte``)."""
+    loc = sub.add_parser("locate", help="alias of `inspect where` (--slot) / `inspect what` (--byte)",
+                         description="Forward / reverse address map of a KV cache: `inspect where` with --slot, "
+                                     "`inspect what` with --byte.")
+    _add_geometry(loc, file=None)
+    which = loc.add_mutually_exclusive_group(required=True)
+    which.add_argument("--byte", type=int, help="reverse map: byte offset from the start of the cache")
+    which.add_argument("--slot", type=int, help="forward map: global slot (block * BlockSize + row)")
+    loc.add_argument("--dim", type=int, help="with --slot: element of the row (byte of the row with --combined)")
+    loc.add_argument("--head", type=int, help="with --slot --dim: kv head (default 0)")
+    loc.add_argument("--json", action="store_true", help="print one JSON object")
+    loc.set_defaults(func=_guard(cmd_locate, "locate"), field=None, element=None)
+
+
+def cmd_locate(ns) -> int:
+    """``ascend-emu locate``: ``inspect where`` / ``inspect what``."""
+    if ns.byte is not None and (ns.dim is not None or ns.head is not None):
+        _err("locate: --dim / --head go with --slot, not --byte")
+        return 2
+    if ns.dim is None and ns.head is not None:
+        _err("locate: --head needs --dim")
+        return 2
+    return cmd_what(ns) if ns.byte is not None else cmd_where(ns)
+
+
+def _usage(message: str):
+    """A usage error, reported like the house errors (exit 2)."""
+    from ..errors import ModeError
+
+    return ModeError(message)
+
+
+def _guard(fn, name: str):
+    """Run ``fn``; report house errors (and missing optional packages) as ``ascend-emu: NAME: msg``, exit 2."""
+    def run(ns) -> int:
+        from ..errors import AscendEmuError
+
+        try:
+            return fn(ns)
+        except (AscendEmuError, ModuleNotFoundError, OSError) as exc:
+            _err(f"{name}: {exc}")
+            return 2
+
+    run.__doc__ = fn.__doc__
+    return run
