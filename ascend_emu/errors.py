@@ -36,15 +36,6 @@ class DuplicateSlotWarning(UserWarning):
     """Two tokens write the same cache slot; on hardware the result is undefined."""
 
 
-class HardwareDivergenceWarning(UserWarning):
-    """The emulator runs a call that torch_npu / CANN on Atlas A2 / A3 is known to reject.
-
-    The emulator is otherwise never looser than the hardware; it accepts these few calls only
-    because the project's specification asks for them, and says so each time: a script relying on
-    one may fail on an Atlas machine. The message names the evidence.
-    """
-
-
 def arg_error(cls: type[AscendEmuError], name: str, expected: str, got: object) -> AscendEmuError:
     """Build ``cls`` with the house message format: ``name: expected ..., got ...``."""
     return cls(f"{name}: expected {expected}, got {got}")

@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..errors import DTypeError, DuplicateSlotWarning, FormatError, HardwareDivergenceWarning, ShapeError, arg_error
+from ..errors import DTypeError, DuplicateSlotWarning, FormatError, ShapeError, arg_error
 from ..layouts import FRACTAL_NZ, duplicate_slots, get_npu_format
 from ..quant import BF16
 
@@ -156,9 +156,3 @@ def warn_duplicates(slots: np.ndarray, name: str) -> None:
         warnings.warn(f"{name}: {len(dups)} cache slot(s) written by more than one token, undefined on "
                       f"hardware; the emulator keeps the last token: {shown}{more}",
                       DuplicateSlotWarning, stacklevel=_caller_stacklevel())
-
-
-def warn_divergence(message: str) -> None:
-    """Warn that the call runs here but is known to be rejected on Atlas A2 / A3
-    (:class:`~ascend_emu.errors.HardwareDivergenceWarning`), attributed to the user's line."""
-    warnings.warn(message, HardwareDivergenceWarning, stacklevel=_caller_stacklevel())
