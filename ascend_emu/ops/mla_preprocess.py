@@ -93,12 +93,12 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error
+from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error, describe
 from ..layouts import NZ_ROW_BYTES, CacheLayout, NZArray, nz_shape, nz_to_nd, slots_from_cache_index
 from ..quant import to_f32
 from ._backend import get_backend
 from ._check import (check_cache, check_dtype, check_nz_weight, check_separate, check_shape, dtype_name, optional,
-                     required, warn_duplicates)
+                     required, transposed_hint, warn_duplicates)
 
 CacheModeName = Literal["krope_ctkv", "int8_nzcache", "nzcache"]
 QuantModeName = Literal["per_tensor_quant_asymm", "per_token_quant_symm"]
@@ -236,9 +236,9 @@ class MlaPreprocessArgs:
 def _mode(value, name: str, table: dict[str, int], default: str) -> str:
     value = default if value is None else value
     if name == "cache_mode" and value == "kvcache":
-        raise arg_error(ModeError, name, f"one of {list(table)} or None ({KVCACHE_REJECTED})", repr(value))
+        raise arg_error(ModeError, name, f"one of {list(table)} or None ({KVCACHE_REJECTED})", describe(value))
     if not isinstance(value, str) or value not in table:
-        raise arg_error(ModeError, name, f"one of {list(table)} or None (default {default!r})", repr(value))
+        raise arg_error(ModeError, name, f"one of {list(table)} or None (default {default!r})", describe(value))
     return value
 
 
@@ -257,7 +257,7 @@ def _scalar(x, name: str, dtype: str) -> np.float32:
 def _reject(values: dict, why: str) -> None:
     for name, v in values.items():
         if v is not None:
-            raise arg_error(ModeError, name, f"None ({why}; the kernel does not read it)", "a tensor")
+            raise arg_error(ModeError, name, f"None ({why}; the kernel does not read it)", describe(v))
 
 
 def _logical_weight(w, name: str, logical: tuple[int, ...], dtype: str, *, nz_required: bool) -> np.ndarray:
@@ -276,7 +276,7 @@ def _logical_weight(w, name: str, logical: tuple[int, ...], dtype: str, *, nz_re
         return w
     if w.shape != storage:
         raise arg_error(ShapeError, name, f"the logical shape {list(logical)} or the FRACTAL_NZ storage shape "
-                        f"{list(storage)}", list(w.shape))
+                        f"{list(storage)}", f"{list(w.shape)}{transposed_hint(w.shape, logical, name)}")
     check_nz_weight(w, name)  # a storage-shaped weight is meaningful only once cast
     cached = getattr(w, _LOGICAL_ATTR, None)
     if cached is None:

@@ -48,12 +48,12 @@ from typing import Literal, Mapping
 
 import numpy as np
 
-from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error
+from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error, describe
 from ..layouts import (FRACTAL_NZ, CacheLayout, canonical_cache_mode, get_npu_format,
                        slots_from_cache_index, slots_from_pages)
 from ._backend import get_backend
 from ._check import (check_cache, check_dtype, check_float, check_ndim, check_nz_weight, check_separate, check_shape,
-                     dtype_name, optional, required, warn_duplicates)
+                     dtype_name, kernel_input, optional, required, transposed_hint, warn_duplicates)
 
 # ---------------------------------------------------------------------- fixed dims (§2.1)
 from ..mla import D_NOPE, D_ROPE, HCKV, NKV  # noqa: E402,F401  (re-exported for the backends)
@@ -514,7 +514,7 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
         tag_value = values.pop(tag)
         if tag_value is not None:
             raise arg_error(ModeError, tag, "None (hifloat8 inputs, weight_quant_mode=5, exist on Ascend 950 "
-                            "only and are not emulated)", repr(tag_value))
+                            "only and are not emulated)", describe(tag_value))
     modes = {name: values.pop(name) for name in _MODE_NAMES + ("ckvkr_repo_mode", "quant_scale_repo_mode")}
     args = _normalise(3, values, modes, reason="")
     query, query_rope, rest = _run(args)
@@ -570,11 +570,11 @@ def _select_scenario(version: int, modes: dict, tile_size, reason: str) -> Quant
     for name in _MODE_NAMES:
         value = modes[name]
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise arg_error(ModeError, name, "an int", repr(value))
+            raise arg_error(ModeError, name, "an int", describe(value))
     checks = [(n, modes[n], allowed) for n, allowed in _MODE_RANGES.items()] + [("tile_size", tile_size, TILE_SIZES)]
     for name, value, allowed in checks:
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
-            raise arg_error(ModeError, name, f"one of {list(allowed)}", repr(value))
+            raise arg_error(ModeError, name, f"one of {list(allowed)}", describe(value))
     key = tuple(int(modes[n]) for n in _MODE_NAMES)
     shown = ", ".join(f"{n}={v}" for n, v in zip(_MODE_NAMES, key))
     legal = VERSION_LIMITS[version].quant_modes
@@ -647,9 +647,14 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPr
         if values[name] is not None and not isinstance(values[name], np.ndarray):
             raise arg_error(DTypeError, name, "a NumPy array (updated in place)", type(values[name]).__name__)
     t = {name: required(values[name], name) for name in names}
+    key = tuple(int(modes[n]) for n in _MODE_NAMES)
+    shown = ", ".join(f"{n}={v}" for n, v in zip(_MODE_NAMES, key))
+    for name in names:  # before the scales: a bf16 weight in a quant mode is a dtype error
+        want = scenario.dtypes[name]
+        if dtype_name(t[name].dtype) != want:
+            raise arg_error(DTypeError, name, f"dtype {want} with {shown} ({scenario.name}"
+                            + (f", selected by {reason})" if reason else ")"), dtype_name(t[name].dtype))
     scales = _check_scales(scenario, values)
-    for name in names:
-        check_dtype(t[name], name, (scenario.dtypes[name],))
     for name in ("weight_dq", "weight_uq_qr", "weight_dkv_kr"):
         check_nz_weight(t[name], name)
     if get_npu_format(t["weight_uk"]) == FRACTAL_NZ:
@@ -657,7 +662,7 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPr
                           "tensor (npu_format_cast(weight_uk, 2))")
     query_norm_flag = values["query_norm_flag"]
     if not isinstance(query_norm_flag, (bool, np.bool_)):
-        raise arg_error(DTypeError, "query_norm_flag", "a bool", repr(query_norm_flag))
+        raise arg_error(DTypeError, "query_norm_flag", "a bool", describe(query_norm_flag))
     eps_cq = check_float(values["rmsnorm_epsilon_cq"], "rmsnorm_epsilon_cq", nonnegative=True)
     eps_ckv = check_float(values["rmsnorm_epsilon_ckv"], "rmsnorm_epsilon_ckv", nonnegative=True)
     qc_qr_scale = check_float(values["qc_qr_scale"], "qc_qr_scale")
@@ -683,7 +688,8 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPr
     check_ndim(t["weight_dq"], "weight_dq", (2,), "[He, Hcq]")
     hcq = int(t["weight_dq"].shape[1])
     if hcq not in limits.hcq:
-        raise arg_error(ShapeError, "weight_dq", f"Hcq = weight_dq.shape[1] in {list(limits.hcq)}", hcq)
+        hint = transposed_hint(t["weight_dq"].shape, (he, limits.hcq[0]), "weight_dq")
+        raise arg_error(ShapeError, "weight_dq", f"Hcq = weight_dq.shape[1] in {list(limits.hcq)}", f"{hcq}{hint}")
     check_shape(t["weight_dq"], "weight_dq", (he, hcq), "[He, Hcq]")
     check_ndim(t["weight_uk"], "weight_uk", (3,), "[N, D, Hckv]")
     num_heads = int(t["weight_uk"].shape[0])
@@ -694,15 +700,15 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPr
     check_shape(t["weight_dkv_kr"], "weight_dkv_kr", (he, HCKV + D_ROPE), "[He, Hckv+Dr]")
     check_shape(t["rmsnorm_gamma_cq"], "rmsnorm_gamma_cq", (hcq,), "[Hcq]")
     check_shape(t["rmsnorm_gamma_ckv"], "rmsnorm_gamma_ckv", (HCKV,), "[Hckv]")
-    key = tuple(int(modes[n]) for n in _MODE_NAMES)
     _check_scale_shapes(scales, expected_scale_shapes(version, key, num_tokens, num_heads, hcq))
+    scales = {name: None if x is None else kernel_input(x) for name, x in scales.items()}
 
     # ---- caches and where each token goes
     kv_layout, kr_layout = _check_caches(t["kv_cache"], t["kr_cache"], cache_mode, batch_shape, limits,
                                          kv_dtile=scenario.kv_dtile, combined=scenario.combined)
     cache_index = optional(values.get("cache_index"), "cache_index")
     actual_seq_len = optional(values.get("actual_seq_len"), "actual_seq_len")
-    slots = _slots(cache_mode, cache_index, actual_seq_len, batch_shape, kv_layout)
+    slots = _slots(cache_mode, cache_index, actual_seq_len, batch_shape, kv_layout, max_b=limits.max_b)
     if slots is not None and (num_tokens == 0 or kv_layout.num_rows == 0):
         slots = None
     if slots is not None:
@@ -777,7 +783,7 @@ def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, b
 
 
 def _slots(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int, ...],
-           layout: CacheLayout) -> np.ndarray | None:
+           layout: CacheLayout, *, max_b: int) -> np.ndarray | None:
     """Global cache row of every token (-1 = skip), validated; None for an empty cache.
 
     Raises:
@@ -809,6 +815,7 @@ def _slots(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int,
                             f"cache_mode {cache_mode}", None)
         check_dtype(actual_seq_len, "actual_seq_len", ("int32",))
         check_ndim(actual_seq_len, "actual_seq_len", (1,), "[B]")
+        _check_max(int(actual_seq_len.shape[0]), max_b, "B (actual_seq_len.shape[0])")  # before any copy
         ends = actual_seq_len.astype(np.int64)
         seq_lens = np.diff(ends, prepend=0)  # [B]
         if ends.size and (seq_lens < 0).any():
