@@ -116,7 +116,7 @@ def test_non_native_byte_order_rejected(rng, name, dtype):
                     rf"{name}: expected native byte order .*got dtype '{dtype}'")
 
 
-@pytest.mark.parametrize("value", [1e40, 3.5e38, float("inf")])
+@pytest.mark.parametrize("value", [1e40, 3.5e38, float("inf"), float("nan"), 10**39, 10**400, np.float64(-1e39)])
 def test_epsilon_overflowing_fp32_rejected(rng, value):
     """1e40 passed the old float64 finiteness check and became inf in fp32."""
     args, kw = kv_case(rng)

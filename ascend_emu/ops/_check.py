@@ -128,8 +128,13 @@ def check_float(value, name: str, *, nonnegative: bool = False) -> float:
     """
     ok = not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating))
     if ok:
-        with np.errstate(over="ignore", invalid="ignore"):
-            ok = bool(np.isfinite(value)) and bool(np.isfinite(np.float32(value))) and not (nonnegative and value < 0)
+        try:
+            as_float = float(value)  # OverflowError: an int beyond float64
+        except OverflowError:
+            ok = False
+        else:
+            with np.errstate(over="ignore"):
+                ok = bool(np.isfinite(np.float32(as_float))) and not (nonnegative and as_float < 0)
     if not ok:
         raise arg_error(DTypeError, name, f"a float finite in fp32 (|x| <= {float(np.finfo(np.float32).max):.7g})"
                         + (" and >= 0" if nonnegative else ""), describe(value))
