@@ -87,6 +87,33 @@ def test_torch_message_summarises_an_unsupported_tensor_argument(rng):
                     ModeError, r"v: expected the default None .*got a \[4, 1, 2, 576\] float32 tensor \(")
 
 
+#: A [4, 1, 2, 576] array (4,608 values: numpy prints dozens of lines) where a scalar goes.
+BIG = np.arange(4 * 2 * 576, dtype=np.float32).reshape(4, 1, 2, 576)
+
+
+def _assert_summarised(call, arrays):
+    before = [raw(a).copy() for a in arrays]
+    with pytest.raises(ascend_emu.errors.AscendEmuError) as exc:
+        call()
+    msg = str(exc.value)
+    assert "[4, 1, 2, 576] float32 array (0.0, 1.0, 2.0, 3.0, ...)" in msg, msg
+    assert "array(" not in msg and "\n" not in msg and len(msg) <= MAX_MESSAGE_CHARS, msg
+    for a, b in zip(arrays, before):
+        assert_same_bytes(a, b, "array after a rejected call")
+
+
+@pytest.mark.parametrize("name", ["cache_mode", "is_output_kv", "epsilon", "k_rope_offset", "c_kv_offset"])
+def test_kv_rmsnorm_scalar_arguments_given_a_tensor(rng, name):
+    args, kw = kv_case(rng)
+    _assert_summarised(lambda: kv_call(args, {**kw, name: BIG}), [args["k_cache"], args["ckv_cache"]])
+
+
+@pytest.mark.parametrize("name", ["cache_mode", "quant_mode", "ctkv_scale", "bias0"])
+def test_mla_preprocess_scalar_arguments_given_a_tensor(rng, name):
+    args, _ = preprocess_case(rng)
+    _assert_summarised(lambda: preprocess_call(args, **{name: BIG}), [args["kv_cache"], args["kv_cache_rope"]])
+
+
 def test_describe_never_copies_or_prints_a_whole_array():
     huge = np.broadcast_to(np.float32(1.5), (1 << 40,))  # a 4 TiB view
     assert describe(huge) == "a [1099511627776] float32 array (1.5, 1.5, 1.5, 1.5, ...)"
@@ -232,6 +259,14 @@ def prolog_args(p, rng, t=2, **over):
 
 def prolog_call(args, kw):
     return ops.npu_mla_prolog_v3(*args.values(), **kw)
+
+
+@pytest.mark.parametrize("name", ["cache_mode", "query_norm_flag", "weight_quant_mode", "ckvkr_repo_mode",
+                                  "tile_size", "rmsnorm_epsilon_cq", "qc_qr_scale", "token_x_dtype",
+                                  "quant_scale_ckr"])
+def test_mla_prolog_scalar_arguments_given_a_tensor(prolog, rng, name):
+    args, kw = prolog_args(prolog, rng, **{name: BIG})
+    _assert_summarised(lambda: prolog_call(args, kw), [args["kv_cache"], args["kr_cache"]])
 
 
 def test_mla_prolog_v3_231_rejected_with_the_evidence(prolog, rng):

@@ -182,13 +182,15 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
 # ---------------------------------------------------------------------- validation
 def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset,
                c_kv_offset, epsilon, cache_mode, is_output_kv) -> KvRmsNormRopeCacheArgs:
+    if not isinstance(cache_mode, str):
+        raise arg_error(ModeError, "cache_mode", f"one of {list(CACHE_MODES)}", describe(cache_mode))
     mode = canonical_cache_mode(cache_mode, allowed=CACHE_MODES)
     for name, off in (("k_rope_offset", k_rope_offset), ("c_kv_offset", c_kv_offset)):
         if off is not None:
             raise arg_error(ModeError, name, "None (quant offsets are not supported by npu_kv_rmsnorm_rope_cache;"
                             " only symmetric quant with k_rope_scale / c_kv_scale)", describe(off))
     if not isinstance(is_output_kv, (bool, np.bool_)):
-        raise arg_error(DTypeError, "is_output_kv", "a bool", type(is_output_kv).__name__)
+        raise arg_error(DTypeError, "is_output_kv", "a bool", describe(is_output_kv))
     if is_output_kv and cache_mode not in OUTPUT_KV_CACHE_MODES:
         raise arg_error(ModeError, "is_output_kv", f"False in cache_mode {cache_mode} (k_embed_out / y_out are "
                         f"only produced in {list(OUTPUT_KV_CACHE_MODES)})", is_output_kv)

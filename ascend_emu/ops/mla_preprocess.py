@@ -235,7 +235,7 @@ class MlaPreprocessArgs:
 # ---------------------------------------------------------------------- helpers
 def _mode(value, name: str, table: dict[str, int], default: str) -> str:
     value = default if value is None else value
-    if name == "cache_mode" and value == "kvcache":
+    if name == "cache_mode" and isinstance(value, str) and value == "kvcache":
         raise arg_error(ModeError, name, f"one of {list(table)} or None ({KVCACHE_REJECTED})", describe(value))
     if not isinstance(value, str) or value not in table:
         raise arg_error(ModeError, name, f"one of {list(table)} or None (default {default!r})", describe(value))

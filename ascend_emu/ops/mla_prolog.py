@@ -605,7 +605,7 @@ def _check_scales(scenario: QuantScenario, values: dict) -> dict:
         if x is None and name in scenario.required:
             raise arg_error(ShapeError, name, f"a tensor in the {scenario.name} scenario", None)
         if x is not None and name not in scenario.required + scenario.optional:
-            raise arg_error(ModeError, name, f"None in the {scenario.name} scenario", f"a {list(x.shape)} tensor")
+            raise arg_error(ModeError, name, f"None in the {scenario.name} scenario", describe(x))
         out[name] = x
     return out
 
@@ -637,6 +637,8 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPr
     """
     limits = VERSION_LIMITS[version]
     scenario = _select_scenario(version, modes, values["tile_size"], reason)
+    if not isinstance(values["cache_mode"], str):
+        raise arg_error(ModeError, "cache_mode", f"one of {list(limits.cache_modes)}", describe(values["cache_mode"]))
     cache_mode = canonical_cache_mode(values["cache_mode"], allowed=limits.cache_modes)
     if scenario.cache_modes is not None and cache_mode not in scenario.cache_modes:
         raise arg_error(ModeError, "cache_mode", f"one of {list(scenario.cache_modes)} in the {scenario.name} "
@@ -795,11 +797,11 @@ def _slots(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int,
     blk = cache_mode in ("PA_BLK_BSND", "PA_BLK_NZ")
     if not (blk and merged) and actual_seq_len is not None:
         raise arg_error(ShapeError, "actual_seq_len", "None unless token_x is 2-D and cache_mode is PA_BLK_BSND "
-                        "or PA_BLK_NZ", f"a {list(actual_seq_len.shape)} tensor")
+                        "or PA_BLK_NZ", describe(actual_seq_len))
     if cache_mode in ("BSND", "TND"):
         if cache_index is not None:
             raise arg_error(ShapeError, "cache_index", f"None for cache_mode {cache_mode} (tokens are written at "
-                            "their own position)", f"a {list(cache_index.shape)} tensor")
+                            "their own position)", describe(cache_index))
         return np.arange(num_tokens, dtype=np.int64)
     if cache_index is None:
         raise arg_error(ShapeError, "cache_index", f"an int64 tensor for cache_mode {cache_mode}", None)
