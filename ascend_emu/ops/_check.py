@@ -155,8 +155,8 @@ def kernel_input(x: np.ndarray) -> np.ndarray:
 
 
 def check_separate(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:
-    """Two caches written by one call must not share memory (each would overwrite the other's
-    rows; on hardware the result depends on write order).
+    """Two arrays written by one call (caches, out= arrays) must not share memory (each would
+    overwrite the other's rows; on hardware the result depends on write order).
 
     Raises:
         ShapeError: ``b`` overlaps ``a``.

@@ -234,9 +234,9 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
     ckv_cache = required(ckv_cache, "ckv_cache")
     int8_caches = [n for n, c in (("k_cache", k_cache), ("ckv_cache", ckv_cache)) if dtype_name(c.dtype) == "int8"]
     if int8_caches and not quant:
-        raise arg_error(ModeError, "k_rope_scale, c_kv_scale", f"fp32 multiplier tensors (int8 {' and '.join(int8_caches)}"
-                        f": int8 caches are quantized with k_rope_scale [64] / [1, 64] / [1] and c_kv_scale [512] / "
-                        f"[1, 512] / [1])", "None")
+        raise arg_error(ModeError, "k_rope_scale, c_kv_scale",
+                        f"fp32 multiplier tensors (int8 {' and '.join(int8_caches)}: int8 caches are quantized with "
+                        f"k_rope_scale [64] / [1, 64] / [1] and c_kv_scale [512] / [1, 512] / [1])", "None")
     layouts = []
     for name, cache, dim in (("k_cache", k_cache, ROPE_SIZE), ("ckv_cache", ckv_cache, RMS_SIZE)):
         if dtype_name(cache.dtype) != cache_dtype:

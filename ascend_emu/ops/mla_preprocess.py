@@ -397,8 +397,9 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
 
     Returns:
         ``(q_out0, kv_cache_out0, q_out1, kv_cache_out1)``: ``q_out0`` ``[T, N, 512]`` (int8 for
-        'int8_nzcache'), the kv cache after the write, ``q_out1`` ``[T, N, 64]`` (q_rope), the rope cache after the write. Out= form: the
-        given arrays. Functional form: new arrays (the caches' copies, see module doc).
+        'int8_nzcache'), the kv cache after the write, ``q_out1`` ``[T, N, 64]`` (q_rope), the
+        rope cache after the write. Out= form: the given arrays. Functional form: new arrays (the
+        caches' copies, see module doc).
 
     Raises:
         ShapeError, DTypeError: a shape / dtype off the table above; out= arrays that overlap.
