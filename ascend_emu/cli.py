@@ -38,12 +38,15 @@ def _err(msg: str) -> None:
 
 # ---------------------------------------------------------------------------------------- run
 def _install_emulator() -> bool:
-    """Make ``import torch_npu`` resolve to the emulator; False (with a message) without torch."""
-    if importlib.util.find_spec("torch") is None:
+    """Make ``import torch_npu`` resolve to the emulator; False (with the install hint) when
+    torch cannot be imported."""
+    try:
+        import ascend_emu.torch_npu as drop_in
+    except ImportError as exc:
+        if not (exc.name or "").split(".")[0] == "torch":
+            raise
         _err(f"torch is not installed, so `import torch_npu` cannot be emulated; {TORCH_HINT}")
         return False
-    import ascend_emu.torch_npu as drop_in
-
     drop_in.install()
     return True
 
@@ -87,7 +90,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
     else:
         if real is not None:
             _err(f"--force: using the emulator, not the installed torch_npu ({real.origin})")
-        _install_emulator()
+        if not _install_emulator():
+            return 2
     path = os.path.join(os.getcwd(), script)  # absolute, not normalised (as Python does)
     sys.argv = [script, *ns.args]
     if not getattr(sys.flags, "safe_path", False):  # python -P (3.11+) adds no script directory

@@ -7,6 +7,8 @@ fixed from the message alone. All errors subclass ``ValueError`` or ``TypeError`
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class AscendEmuError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -36,15 +38,49 @@ class DuplicateSlotWarning(UserWarning):
     """Two tokens write the same cache slot; on hardware the result is undefined."""
 
 
-class HardwareDivergenceWarning(UserWarning):
-    """The emulator runs a call that torch_npu / CANN on Atlas A2 / A3 is known to reject.
+#: Longest value text a message carries; longer text (a tensor's repr) is cut with "...".
+MAX_VALUE_CHARS = 120
+#: Longest text a caller formats itself (shapes, hints) that a message carries.
+MAX_FORMATTED_CHARS = 400
+#: Values shown from an array.
+SHOWN_VALUES = 4
 
-    The emulator is otherwise never looser than the hardware; it accepts these few calls only
-    because the project's specification asks for them, and says so each time: a script relying on
-    one may fail on an Atlas machine. The message names the evidence.
+
+def describe(value) -> str:
+    """A short, one-line description of ``value`` for an error message.
+
+    Arrays and tensors (anything with ``shape`` and ``dtype``, NumPy or torch) give their shape,
+    dtype and at most :data:`SHOWN_VALUES` values, never the whole tensor; other values their
+    ``repr``, cut to :data:`MAX_VALUE_CHARS` characters.
     """
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None and not isinstance(value, np.generic):
+        try:
+            shape = [int(s) for s in shape]
+            size = int(np.prod(shape, dtype=np.int64))
+            # element by element: no copy of a huge or strided array
+            shown = [value[np.unravel_index(i, shape)] for i in range(min(size, SHOWN_VALUES))]
+            shown = [str(v.item() if hasattr(v, "item") else v) for v in shown]
+        except Exception:  # noqa: BLE001  (a description must never raise)
+            return f"a {type(value).__name__}"
+        dtype_text = str(dtype).replace("torch.", "")
+        values = ", ".join(shown) + (", ..." if size > SHOWN_VALUES else "")
+        kind = "tensor" if type(value).__module__.startswith("torch") else "array"
+        return f"a {shape} {dtype_text} {kind}" + (f" ({values})" if size else "")
+    return _shorten(repr(value))
+
+
+def _shorten(text: str, limit: int = MAX_VALUE_CHARS) -> str:
+    text = " ".join(text.split())  # one line
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def arg_error(cls: type[AscendEmuError], name: str, expected: str, got: object) -> AscendEmuError:
-    """Build ``cls`` with the house message format: ``name: expected ..., got ...``."""
+    """Build ``cls`` with the house message format: ``name: expected ..., got ...``.
+
+    ``got`` is shown as given when it is a string the caller formatted (cut to one line of
+    :data:`MAX_FORMATTED_CHARS`), else through :func:`describe` (an array: shape, dtype, a few
+    values).
+    """
+    got = _shorten(got, MAX_FORMATTED_CHARS) if isinstance(got, str) else describe(got)
     return cls(f"{name}: expected {expected}, got {got}")

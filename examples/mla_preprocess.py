@@ -2,9 +2,8 @@
 quant_mode 'per_tensor_quant_asymm', out= form), then the other cache modes with bf16 input.
 
 Run on a laptop with:  ascend-emu run examples/mla_preprocess.py
-(on an Atlas A2/A3 machine the same script runs against the real torch_npu, except the
-'kvcache' mode of the loop: torch_npu does not map that aclnn cacheMode 0, and the emulator says
-so with a HardwareDivergenceWarning).
+(on an Atlas A2/A3 machine the same script runs against the real torch_npu). The aclnn cacheMode 0
+('kvcache') is not in the loop: torch_npu does not map it, and the emulator rejects it likewise.
 
 Changes from the doc example: head_num 128 -> 16 and block_num 192 -> 4 (the doc's int8 cache
 alone is 1.6 GB); distinct slots (the doc's randint(0, 7) lets tokens share a slot, which the
@@ -119,7 +118,6 @@ common = (torch.randn((token_num, hidden), dtype=dtype), torch.rand(hidden, dtyp
           torch.rand((token_num, 64), dtype=dtype), torch.rand((token_num, 64), dtype=dtype),
           torch.randn((head_num, 128, 512), dtype=dtype) / 8)
 caches = {  # (kv_cache, kv_cache_rope) as each mode declares them
-    "kvcache": lambda: (torch.zeros((block_num, block_size, 1, 576), dtype=dtype), None),
     "krope_ctkv": lambda: (torch.zeros((block_num, block_size, 1, 512), dtype=dtype),
                            torch.zeros((block_num, block_size, 1, 64), dtype=dtype)),
     "int8_nzcache": lambda: (torch.zeros((block_num, 512 // 32, block_size, 32), dtype=torch.int8),
@@ -139,5 +137,5 @@ for mode, make_caches in caches.items():
         q0, kv_out, q1, kr_out = torch_npu.atb.npu_mla_preprocess(*common, kv, kr, slotmapping, cache_mode=mode,
                                                                   quant_mode=quant_mode, **kwargs)
         print(f"{mode} / {quant_mode}: q_out0 {tuple(q0.shape)} {q0.dtype}, kv_cache_out0 "
-              f"{tuple(kv_out.shape)} {kv_out.dtype}, kv_cache_out1 {None if kr_out is None else tuple(kr_out.shape)}; "
+              f"{tuple(kv_out.shape)} {kv_out.dtype}, kv_cache_out1 {tuple(kr_out.shape)}; "
               f"q_out0[0, 0, :4] = {q0[0, 0, :4].tolist()}")

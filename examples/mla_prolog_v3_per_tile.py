@@ -12,7 +12,7 @@ and kr_cache is an empty tensor. This is the cache npu_kv_quant_sparse_flash_att
    ``ascend_emu.quant.read_combined_cache``.
 2. full quant (int8 token_x and weights), BSND cache. The query stays bf16 in the per-tile modes
    (query_quant_mode=0; the doc's table prints 1 for this row, which torch_npu's own output
-   declaration and the kernel's checks do not take).
+   declaration and the kernel's checks do not take; the emulator rejects it likewise).
 """
 
 import torch

@@ -1,5 +1,17 @@
+import os
+
 import numpy as np
 import pytest
+from hypothesis import settings
+
+#: CI runs (env ``CI`` set, as CI services do): the same examples on every run (``derandomize``),
+#: no example database replaying earlier failures (``database=None``) and no per-example deadline
+#: (timing on shared runners is noise), so a red CI always means a regression. Locally the
+#: default profile keeps random exploration and the database; ``HYPOTHESIS_PROFILE=ci`` selects
+#: the CI one.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+settings.load_profile("ci" if _CI else os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture

@@ -100,6 +100,33 @@ def test_run_missing_script_exits_2(tmp_path):
     assert proc.returncode == 2 and "nope.py" in proc.stderr
 
 
+@pytest.mark.parametrize("blocker", [
+    "sys.modules['torch'] = None",  # import torch raises ModuleNotFoundError
+    "sys.meta_path.insert(0, Blocker())",  # a finder that refuses torch, as when it is not installed
+])
+def test_run_stops_with_the_install_hint_without_torch(tmp_path, blocker):
+    """Without torch the script must not run on (it would fail later at ``import torch_npu``, or
+    worse, run half-way): exit 2 with the install hint."""
+    script = _script(tmp_path, "print('SCRIPT RAN')\n")
+    shim = textwrap.dedent(f"""
+        import sys
+
+        class Blocker:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+                return None
+
+        {blocker}
+        from ascend_emu.cli import main
+        sys.exit(main(["run", {script!r}]))
+    """)
+    proc = _run([sys.executable, "-c", shim], cwd=str(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert "SCRIPT RAN" not in proc.stdout
+    assert "torch is not installed" in proc.stderr and 'pip install -e ".[torch]"' in proc.stderr
+
+
 def test_run_prefers_a_real_torch_npu_unless_forced(tmp_path):
     pytest.importorskip("torch")
     fake = tmp_path / "site" / "torch_npu"

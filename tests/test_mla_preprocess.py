@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 from ascend_emu import ops
-from ascend_emu.errors import (DTypeError, DuplicateSlotWarning, FormatError, HardwareDivergenceWarning,
-                               IndexRangeError, ModeError, ShapeError)
+from ascend_emu.errors import DTypeError, DuplicateSlotWarning, FormatError, IndexRangeError, ModeError, ShapeError
 from tests.helpers import BF16, assert_same_bytes, bit_identical_share, dual_threshold_ok, poisoned, raw
 from tests.reference import mla_preprocess as ref
 
@@ -27,7 +26,7 @@ BLOCK_SIZE = 128
 BLOCK_NUM = 3
 SLOTS = [130, 5, -1, 383]  # -1 skips token 2; 383 is the last slot
 
-CACHE_MODES = ["kvcache", "krope_ctkv", "int8_nzcache", "nzcache"]
+CACHE_MODES = ["krope_ctkv", "int8_nzcache", "nzcache"]  # aclnn's "kvcache" is rejected (test_errors.py)
 QUANT_MODES = ["per_tensor_quant_asymm", "per_token_quant_symm"]
 DTYPES = ["bfloat16", "float16"]
 NZ_MODES = ("int8_nzcache", "nzcache")
@@ -332,7 +331,7 @@ def _bad_cases():
                     "bias0": None, "quant_scale1": None, "quant_offset1": None, "bias1": None}, ModeError),
         ("bias_with_per_token", "nzcache", "per_token_quant_symm", "bfloat16",
          lambda c: {"bias0": np.zeros(2112, np.int32)}, ModeError),
-        ("missing_quant_scale", "kvcache", "per_tensor_quant_asymm", "bfloat16",
+        ("missing_quant_scale", "krope_ctkv", "per_tensor_quant_asymm", "bfloat16",
          lambda c: {"quant_scale1": None}, ShapeError),
         ("missing_ctkv_scale", "int8_nzcache", "per_tensor_quant_asymm", "bfloat16",
          lambda c: {"ctkv_scale": None}, ShapeError),
@@ -441,18 +440,3 @@ def test_no_warning_for_distinct_slots(rng):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         run(case)
-
-
-@pytest.mark.parametrize("cache_mode", CACHE_MODES)
-def test_hardware_divergence_warned_only_for_kvcache(rng, cache_mode):
-    """'kvcache' runs as the specification asks, but torch_npu does not map it: every call says
-    so, pointing at the caller's line; the three modes torch_npu maps do not warn."""
-    case = make_case(rng, "bfloat16", cache_mode, "per_token_quant_symm")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        run(case)
-    hits = [w for w in caught if issubclass(w.category, HardwareDivergenceWarning)]
-    if cache_mode == "kvcache":
-        assert len(hits) == 1 and "krope_ctkv" in str(hits[0].message)
-    else:
-        assert hits == []

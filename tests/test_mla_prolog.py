@@ -19,8 +19,7 @@ import numba
 import numpy as np
 import pytest
 
-from ascend_emu.errors import (DTypeError, DuplicateSlotWarning, FormatError, HardwareDivergenceWarning,
-                               IndexRangeError, ModeError, ShapeError)
+from ascend_emu.errors import DTypeError, DuplicateSlotWarning, FormatError, IndexRangeError, ModeError, ShapeError
 from ascend_emu.ops import npu_format_cast, npu_mla_prolog, npu_mla_prolog_v2, npu_mla_prolog_v3
 from ascend_emu.quant import read_combined_cache
 from tests.helpers import (POISON_BYTE, assert_same_bytes, bit_identical_share, dual_threshold_ok, max_ulp_bf16,
@@ -365,8 +364,8 @@ def test_thread_count_does_not_change_results(data, rng):
 _PARTIAL = ("dequant_scale_w_uq_qr",)
 _FULL = ("dequant_scale_x", "dequant_scale_w_dq", "dequant_scale_w_uq_qr", "dequant_scale_w_dkv_kr")
 #: Every legal v3 mode combination except non-quant, written out here from the v3 seed's tables
-#: (scenario rows read through the dtype columns; the full-quant per-tile row takes both a bf16 and
-#: an int8 query, as the issue asks): kv_cache / kr_cache dtypes (kr None: the empty tensor
+#: (scenario rows read through the dtype columns; the full-quant per-tile row with the bf16 query
+#: the hardware takes, its printed int8 query is rejected): kv_cache / kr_cache dtypes (kr None: the empty tensor
 #: of the 656-byte combined rows), and the scale arguments the scenario requires (every quant
 #: scenario may also take smooth_scales_cq).
 SEED_SCENARIOS = {
@@ -376,7 +375,6 @@ SEED_SCENARIOS = {
     (2, 0, 0): dict(kv="bfloat16", kr="bfloat16", scales=_FULL),
     (2, 1, 1): dict(kv="int8", kr="bfloat16", scales=_FULL + ("quant_scale_ckv",)),
     (2, 3, 0): dict(kv="int8", kr=None, scales=_FULL + ("k_nope_clip_alpha",)),
-    (2, 3, 1): dict(kv="int8", kr=None, scales=_FULL + ("k_nope_clip_alpha", "quant_scale_ckv")),
 }
 QUANT_MODES = list(SEED_SCENARIOS)
 _TEST_DTYPES = {"bfloat16": BF16, "int8": np.dtype(np.int8)}
@@ -392,7 +390,6 @@ QUANT_SETTINGS = {
     (2, 0, 0): dict(qc=10.0, kc=10.0, smooth=None, alpha=None),
     (2, 1, 1): dict(qc=10.0, kc=10.0, smooth=(1, HCQ), alpha=None),
     (2, 3, 0): dict(qc=1.0, kc=1.0, smooth=None, alpha=1.0),
-    (2, 3, 1): dict(qc=10.0, kc=2.0, smooth=(1,), alpha=0.9),
 }
 #: Largest share of int8 elements off by one from the kernel-order reference. Full quant is
 #: integer-exact up to the bf16 ``q_nope @ W_uk`` matmul, partial quant up to ``x @ W_dq`` /
@@ -655,25 +652,6 @@ def test_v3_quant_scenarios(qdata, rng, modes, cache_mode, rank):
         assert_quant_cache(kr_cache, kr_before, gold["kr"], slots, nz=nz, block_size=bs, what="kr_cache", exact=exact)
 
 
-@pytest.mark.parametrize("modes", QUANT_MODES)
-def test_hardware_divergence_warned_only_for_the_int8_per_tile_query(qdata, modes):
-    """(2, 3, 1) runs as the specification asks, but torch_npu / the A2 / A3 host check reject it:
-    every call says so, pointing at the caller's line; no other scenario warns."""
-    x, sin, cos = qdata.tokens(modes, (2, 2))
-    kv_cache, kr_cache = qdata.caches(modes, (2, 2) if modes[1] == 3 else (1, 16))
-    cm = "BSND" if modes[1] == 3 else "PA_BSND"
-    ci = None if modes[1] == 3 else np.arange(4, dtype=np.int64).reshape(2, 2)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        call_quant(qdata, modes, x, sin, cos, kv_cache, kr_cache, ci, cache_mode=cm)
-    hits = [w for w in caught if issubclass(w.category, HardwareDivergenceWarning)]
-    if modes == (2, 3, 1):
-        assert len(hits) == 1 and "query_quant_mode=0" in str(hits[0].message)
-        assert hits[0].filename == __file__
-    else:
-        assert hits == []
-
-
 @pytest.mark.parametrize("cache_mode", ["PA_BLK_BSND", "PA_BLK_NZ"])
 @pytest.mark.parametrize("modes", [(1, 2, 0), (2, 1, 1)])
 def test_quant_pa_blk_int8_caches(qdata, rng, modes, cache_mode):
@@ -808,7 +786,7 @@ def test_v2_per_tensor_scale_as_documented(qdata, rng):
         assert_same_bytes(a, b, "v2 [1, Hckv] vs [1] quant_scale_ckv")
 
 
-@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 3, 1)])
+@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 3, 0)])
 def test_quant_output_shapes_without_query_norm(qdata, rng, modes):
     x, sin, cos = qdata.tokens(modes, (2, 2))
     kv_cache, kr_cache = qdata.caches(modes, (2, 2) if modes[1] == 3 else (1, 16))
@@ -818,7 +796,7 @@ def test_quant_output_shapes_without_query_norm(qdata, rng, modes):
     assert_quant_outputs(out, qdata.reference(modes, 4), modes, (2, 2), query_norm_flag=False)
 
 
-@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 1, 1), (2, 3, 1)])
+@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 1, 1), (2, 3, 0)])
 @pytest.mark.parametrize("batch_shape", [(0,), (0, 3)])
 def test_quant_empty_tokens(qdata, rng, modes, batch_shape):
     x, sin, cos = qdata.tokens(modes, batch_shape)
@@ -854,7 +832,7 @@ def test_quant_non_contiguous_token_x(qdata, rng):
         assert_same_bytes(b, a, "strided int8 token_x result")
 
 
-@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 3, 1)])
+@pytest.mark.parametrize("modes", [(1, 2, 0), (2, 3, 0)])
 def test_quant_thread_count_does_not_change_results(qdata, rng, modes):
     x, sin, cos = qdata.tokens(modes, (QUANT_POOL,))
     ci = rng.permutation(32)[:QUANT_POOL].astype(np.int64)
@@ -945,12 +923,14 @@ BAD_V3 = [
     ("repo mode", lambda w: _case(ckvkr_repo_mode=1), ModeError, "ckvkr_repo_mode"),
     ("tile_size", lambda w: _case(tile_size=64), ModeError, "tile_size"),
     ("hifloat8 tag", lambda w: _case(token_x_dtype=1), ModeError, "token_x_dtype"),
-    ("partial quant without its scale", lambda w: _case(weight_quant_mode=1), ShapeError,
-     "dequant_scale_w_uq_qr: expected a tensor in the partial quant"),
-    ("full quant per-tensor without scales", lambda w: _case(weight_quant_mode=2, kv_cache_quant_mode=1,
-                                                             query_quant_mode=1), ShapeError, "dequant_scale_x"),
-    ("per-tile without scales", lambda w: _case(weight_quant_mode=1, kv_cache_quant_mode=3, ckvkr_repo_mode=1,
-                                                quant_scale_repo_mode=1), ShapeError, "per-tile"),
+    ("partial quant mode with bf16 weights, no scale", lambda w: _case(weight_quant_mode=1), DTypeError,
+     "weight_uq_qr: expected dtype int8 with weight_quant_mode=1"),
+    ("full quant per-tensor mode with bf16 inputs", lambda w: _case(weight_quant_mode=2, kv_cache_quant_mode=1,
+                                                                    query_quant_mode=1), DTypeError,
+     "token_x: expected dtype int8 with weight_quant_mode=2"),
+    ("per-tile mode with bf16 weights", lambda w: _case(weight_quant_mode=1, kv_cache_quant_mode=3, ckvkr_repo_mode=1,
+                                                        quant_scale_repo_mode=1), DTypeError,
+     "weight_uq_qr: expected dtype int8 with weight_quant_mode=1, kv_cache_quant_mode=3"),
     ("non-contiguous cache", lambda w: _case(kv_cache=poisoned((2, 16, 1, 2 * HCKV), BF16)[..., ::2]), ShapeError,
      "C-contiguous"),
     ("kr_cache inside kv_cache", lambda w: _case(**dict(zip(("kv_cache", "kr_cache"), _overlapping_caches()))),
@@ -1029,7 +1009,7 @@ BAD_QUANT = [
      r"\(weight_quant_mode=3, kv_cache_quant_mode=3, query_quant_mode=0\) is not a legal mode combination "
      r"\(weight_quant_mode=3 is Ascend 950.*\(1, 3, 0\) partial quant, kv_cache per-tile quant"),
     ("seed's per-channel row (2, 2, 0)", (1, 2, 0), lambda q: dict(weight_quant_mode=2), ModeError,
-     r"weight_quant_mode=2, kv_cache_quant_mode=2.*not a legal mode combination.*\(2, 3, 1\)"),
+     r"weight_quant_mode=2, kv_cache_quant_mode=2.*not a legal mode combination.*\(2, 3, 0\)"),
     ("query quant without full quant", (1, 2, 0), lambda q: dict(query_quant_mode=1), ModeError,
      "legal mode combination"),
     ("per-tensor kv without query quant", (2, 1, 1), lambda q: dict(query_quant_mode=0), ModeError,
@@ -1038,8 +1018,9 @@ BAD_QUANT = [
     ("bool mode", (1, 0, 0), lambda q: dict(weight_quant_mode=True), ModeError, "weight_quant_mode: expected an int"),
     ("missing dequant_scale_x", (2, 0, 0), lambda q: dict(dequant_scale_x=None), ShapeError, "dequant_scale_x"),
     ("missing k_nope_clip_alpha", (2, 3, 0), lambda q: dict(k_nope_clip_alpha=None), ShapeError, "k_nope_clip_alpha"),
-    ("(2, 3, 1) without quant_scale_ckv", (2, 3, 1), lambda q: dict(quant_scale_ckv=None), ShapeError,
-     "quant_scale_ckv"),
+    ("seed's int8 per-tile query (2, 3, 1)", (2, 3, 0),
+     lambda q: dict(query_quant_mode=1, quant_scale_ckv=np.ones(1, np.float32)), ModeError,
+     r"query_quant_mode=1\).*not a legal mode combination \(.*meta function.*mla_prolog_tiling_check\.cpp"),
     ("quant_scale_ckv with a bf16 per-tile query", (2, 3, 0),
      lambda q: dict(quant_scale_ckv=np.ones(1, np.float32)), ModeError, "quant_scale_ckv: expected None"),
     ("quant_scale_ckr in per-tensor", (2, 1, 1), lambda q: dict(quant_scale_ckr=np.ones((1, DR), np.float32)),
@@ -1074,7 +1055,7 @@ BAD_QUANT = [
      "quant_scale_repo_mode: expected 0"),
     ("per-tile kr_cache not empty", (1, 3, 0), lambda q: dict(kr_cache=poisoned((2, 16, 1, DR), BF16)), ShapeError,
      "kr_cache: expected an empty tensor"),
-    ("per-tile Dtile 512", (2, 3, 1), lambda q: dict(kv_cache=poisoned((2, 16, 1, HCKV), np.int8)), ShapeError,
+    ("per-tile Dtile 512", (2, 3, 0), lambda q: dict(kv_cache=poisoned((2, 16, 1, HCKV), np.int8)), ShapeError,
      "Dtile=656"),
     ("per-tile cache_index range", (2, 3, 0), lambda q: dict(cache_index=np.array([0, 32, 1], np.int64)),
      IndexRangeError, r"cache_index\[1\] = 32"),

@@ -11,7 +11,7 @@ import importlib
 import os
 from types import ModuleType
 
-from ..errors import ModeError, arg_error
+from ..errors import ModeError, arg_error, describe
 
 #: Registered backends: name -> module path.
 BACKENDS: dict[str, str] = {"emu": "ascend_emu.emu"}
@@ -27,7 +27,7 @@ def set_backend(name: str) -> None:
     """
     global _selected
     if name not in BACKENDS:
-        raise arg_error(ModeError, "backend", f"one of {sorted(BACKENDS)}", repr(name))
+        raise arg_error(ModeError, "backend", f"one of {sorted(BACKENDS)}", describe(name))
     _selected = name
 
 
@@ -35,7 +35,7 @@ def backend_name() -> str:
     """Name of the selected backend."""
     name = _selected or os.environ.get(_ENV, "emu")
     if name not in BACKENDS:
-        raise arg_error(ModeError, _ENV, f"one of {sorted(BACKENDS)}", repr(name))
+        raise arg_error(ModeError, _ENV, f"one of {sorted(BACKENDS)}", describe(name))
     return name
 
 

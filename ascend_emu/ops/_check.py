@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..errors import DTypeError, DuplicateSlotWarning, FormatError, HardwareDivergenceWarning, ShapeError, arg_error
+from ..errors import DTypeError, DuplicateSlotWarning, FormatError, ShapeError, arg_error, describe
 from ..layouts import FRACTAL_NZ, duplicate_slots, get_npu_format
 from ..quant import BF16
 
@@ -34,14 +34,21 @@ def dtype_name(dtype) -> str:
 
 
 def required(x, name: str) -> np.ndarray:
-    """``x`` as an ndarray (subclass kept); raises if it is None.
+    """``x`` as an ndarray (subclass kept); raises if it is None or not in native byte order.
 
     Raises:
         ShapeError: x is None.
+        DTypeError: non-native byte order (e.g. ``'>f2'``): the checks compare dtype names and
+            the kernels read native bytes, so such an array would be misread (and a cache
+            written with native bytes).
     """
     if x is None:
         raise arg_error(ShapeError, name, "a tensor", None)
-    return x if isinstance(x, np.ndarray) else np.asarray(x)
+    x = x if isinstance(x, np.ndarray) else np.asarray(x)
+    if not x.dtype.isnative:
+        raise arg_error(DTypeError, name, f"native byte order ({sys.byteorder}-endian; convert with "
+                        f"{name}.astype({name}.dtype.newbyteorder('=')))", f"dtype {x.dtype.str!r}")
+    return x
 
 
 def optional(x, name: str) -> np.ndarray | None:
@@ -64,12 +71,26 @@ def check_shape(x: np.ndarray, name: str, expected: Sequence[int | None], what: 
     """Raise unless ``x.shape`` matches ``expected`` (None = any size).
 
     Raises:
-        ShapeError: rank or a size differs.
+        ShapeError: rank or a size differs; the message says when ``x`` looks transposed.
     """
     ok = x.ndim == len(expected) and all(e is None or e == s for e, s in zip(expected, x.shape))
     if not ok:
         shown = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
-        raise arg_error(ShapeError, name, f"shape {shown}{' ' + what if what else ''}", list(x.shape))
+        raise arg_error(ShapeError, name, f"shape {shown}{' ' + what if what else ''}",
+                        f"{list(x.shape)}{transposed_hint(x.shape, expected, name)}")
+
+
+def transposed_hint(shape: Sequence[int], expected: Sequence[int | None], name: str) -> str:
+    """A hint for a weight given transposed: ``shape`` is ``expected`` with its last two dims
+    swapped (and they differ), else ``""``."""
+    shape, expected = tuple(int(s) for s in shape), tuple(expected)
+    if len(shape) < 2 or len(shape) != len(expected) or None in expected[-2:] or expected[-1] == expected[-2]:
+        return ""
+    swapped = expected[:-2] + (expected[-1], expected[-2])
+    if all(e is None or e == s for e, s in zip(swapped, shape)):
+        return (f" (it looks transposed: pass {name} transposed; for a FRACTAL_NZ weight, transpose the ND "
+                f"tensor, make it contiguous, then npu_format_cast it)")
+    return ""
 
 
 def check_ndim(x: np.ndarray, name: str, ndims: Iterable[int], what: str = "") -> None:
@@ -98,22 +119,44 @@ def check_cache(x: np.ndarray, name: str) -> None:
 
 
 def check_float(value, name: str, *, nonnegative: bool = False) -> float:
-    """A finite Python / NumPy real number (not a bool); with ``nonnegative`` also >= 0 (an
-    RmsNorm epsilon).
+    """A real Python / NumPy number (not a bool) that is finite once rounded to fp32, as the
+    kernels use it (1e40 passes a float64 check and becomes inf); with ``nonnegative`` also >= 0
+    (an RmsNorm epsilon).
 
     Raises:
-        DTypeError: not a finite real number, or negative when ``nonnegative``.
+        DTypeError: not a real number, not finite in fp32, or negative when ``nonnegative``.
     """
-    ok = not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating)) \
-        and bool(np.isfinite(value)) and not (nonnegative and value < 0)
+    ok = not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating))
+    if ok:
+        try:
+            as_float = float(value)  # OverflowError: an int beyond float64
+        except OverflowError:
+            ok = False
+        else:
+            with np.errstate(over="ignore"):
+                ok = bool(np.isfinite(np.float32(as_float))) and not (nonnegative and as_float < 0)
     if not ok:
-        raise arg_error(DTypeError, name, "a finite float" + (" >= 0" if nonnegative else ""), repr(value))
+        raise arg_error(DTypeError, name, f"a float finite in fp32 (|x| <= {float(np.finfo(np.float32).max):.7g})"
+                        + (" and >= 0" if nonnegative else ""), describe(value))
     return float(value)
 
 
+def kernel_input(x: np.ndarray) -> np.ndarray:
+    """``x`` as the Numba kernels are compiled for it: a plain, C-contiguous, writable ndarray in
+    native byte order; ``x`` itself when it is one already, else a copy.
+
+    Numba types a read-only, strided or subclass array differently, so without this the first
+    call with one compiles a new specialisation of every kernel it reaches (seconds each); with
+    it one compiled signature serves every caller. The kernels only read these inputs.
+    """
+    if type(x) is np.ndarray and x.flags.c_contiguous and x.flags.writeable and x.dtype.isnative:
+        return x
+    return np.array(x, dtype=x.dtype.newbyteorder("="), order="C", subok=False)
+
+
 def check_separate(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:
-    """Two caches written by one call must not share memory (each would overwrite the other's
-    rows; on hardware the result depends on write order).
+    """Two arrays written by one call (caches, out= arrays) must not share memory (each would
+    overwrite the other's rows; on hardware the result depends on write order).
 
     Raises:
         ShapeError: ``b`` overlaps ``a``.
@@ -156,9 +199,3 @@ def warn_duplicates(slots: np.ndarray, name: str) -> None:
         warnings.warn(f"{name}: {len(dups)} cache slot(s) written by more than one token, undefined on "
                       f"hardware; the emulator keeps the last token: {shown}{more}",
                       DuplicateSlotWarning, stacklevel=_caller_stacklevel())
-
-
-def warn_divergence(message: str) -> None:
-    """Warn that the call runs here but is known to be rejected on Atlas A2 / A3
-    (:class:`~ascend_emu.errors.HardwareDivergenceWarning`), attributed to the user's line."""
-    warnings.warn(message, HardwareDivergenceWarning, stacklevel=_caller_stacklevel())

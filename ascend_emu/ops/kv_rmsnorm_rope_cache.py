@@ -46,13 +46,13 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import DTypeError, ModeError, ShapeError, arg_error
+from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ..layouts import (CacheLayout, canonical_cache_mode, slots_from_cache_index, slots_from_pages,
                        slots_from_positions)
 from ..quant import to_f32
 from ._backend import get_backend
-from ._check import (check_cache, check_dtype, check_float, check_separate, check_shape, dtype_name, optional,
-                     required, warn_duplicates)
+from ._check import (check_cache, check_dtype, check_float, check_separate, check_shape, dtype_name, kernel_input,
+                     optional, required, warn_duplicates)
 
 KvCacheMode = Literal["Norm", "PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ"]
 
@@ -167,8 +167,8 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
             non-contiguous / read-only cache.
         DTypeError: a dtype (kv family, int64 index, fp32 scales, cache dtypes per quant mode), a
             non-bool ``is_output_kv``, an ``epsilon`` that is not a finite float >= 0.
-        ModeError: unknown cache_mode, offsets given, only one scale given, quant or
-            is_output_kv in Norm mode.
+        ModeError: unknown cache_mode, offsets given, only one scale given (or int8 caches with
+            none), quant or is_output_kv in Norm mode.
         IndexRangeError: an index value outside its cache (or a misaligned PA_BLK page offset).
 
     Warns:
@@ -182,13 +182,15 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
 # ---------------------------------------------------------------------- validation
 def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset,
                c_kv_offset, epsilon, cache_mode, is_output_kv) -> KvRmsNormRopeCacheArgs:
+    if not isinstance(cache_mode, str):
+        raise arg_error(ModeError, "cache_mode", f"one of {list(CACHE_MODES)}", describe(cache_mode))
     mode = canonical_cache_mode(cache_mode, allowed=CACHE_MODES)
     for name, off in (("k_rope_offset", k_rope_offset), ("c_kv_offset", c_kv_offset)):
         if off is not None:
             raise arg_error(ModeError, name, "None (quant offsets are not supported by npu_kv_rmsnorm_rope_cache;"
-                            " only symmetric quant with k_rope_scale / c_kv_scale)", "a tensor")
+                            " only symmetric quant with k_rope_scale / c_kv_scale)", describe(off))
     if not isinstance(is_output_kv, (bool, np.bool_)):
-        raise arg_error(DTypeError, "is_output_kv", "a bool", type(is_output_kv).__name__)
+        raise arg_error(DTypeError, "is_output_kv", "a bool", describe(is_output_kv))
     if is_output_kv and cache_mode not in OUTPUT_KV_CACHE_MODES:
         raise arg_error(ModeError, "is_output_kv", f"False in cache_mode {cache_mode} (k_embed_out / y_out are "
                         f"only produced in {list(OUTPUT_KV_CACHE_MODES)})", is_output_kv)
@@ -230,6 +232,11 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
     # ---- caches
     k_cache = required(k_cache, "k_cache")
     ckv_cache = required(ckv_cache, "ckv_cache")
+    int8_caches = [n for n, c in (("k_cache", k_cache), ("ckv_cache", ckv_cache)) if dtype_name(c.dtype) == "int8"]
+    if int8_caches and not quant:
+        raise arg_error(ModeError, "k_rope_scale, c_kv_scale",
+                        f"fp32 multiplier tensors (int8 {' and '.join(int8_caches)}: int8 caches are quantized with "
+                        f"k_rope_scale [64] / [1, 64] / [1] and c_kv_scale [512] / [1, 512] / [1])", "None")
     layouts = []
     for name, cache, dim in (("k_cache", k_cache, ROPE_SIZE), ("ckv_cache", ckv_cache, RMS_SIZE)):
         if dtype_name(cache.dtype) != cache_dtype:
@@ -268,10 +275,10 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
         warn_duplicates(slots, "index")
 
     return KvRmsNormRopeCacheArgs(
-        kv=np.ascontiguousarray(kv).reshape(b * s, HIDDEN_SIZE),  # [T, 576]
-        gamma=np.ascontiguousarray(to_f32(gamma)),  # [512] fp32
-        cos=np.ascontiguousarray(cos).reshape(b * s, ROPE_SIZE),  # [T, 64]
-        sin=np.ascontiguousarray(sin).reshape(b * s, ROPE_SIZE),  # [T, 64]
+        kv=kernel_input(kv).reshape(b * s, HIDDEN_SIZE),  # [T, 576]
+        gamma=kernel_input(to_f32(gamma)),  # [512] fp32
+        cos=kernel_input(cos).reshape(b * s, ROPE_SIZE),  # [T, 64]
+        sin=kernel_input(sin).reshape(b * s, ROPE_SIZE),  # [T, 64]
         k_cache=k_cache, ckv_cache=ckv_cache, k_layout=k_layout, ckv_layout=ckv_layout,
         slots=slots, unique_slots=unique, k_rope_scale=k_rope_scale, c_kv_scale=c_kv_scale, epsilon=eps,
         cache_mode=cache_mode, is_output_kv=bool(is_output_kv), batch=int(b), seq_len=int(s))
@@ -288,7 +295,7 @@ def _scale(scale: np.ndarray, name: str, dim: int) -> np.ndarray:
     check_dtype(scale, name, ("float32",))
     if tuple(scale.shape) not in ((dim,), (1, dim), (1,)):
         raise arg_error(ShapeError, name, f"shape [{dim}], [1, {dim}] or [1]", list(scale.shape))
-    return np.ascontiguousarray(np.broadcast_to(scale.reshape(-1), (dim,)), dtype=np.float32)  # [dim]
+    return kernel_input(np.broadcast_to(scale.reshape(-1), (dim,)))  # [dim] fp32
 
 
 def _slots(index, mode: str, cache_mode: str, b: int, s: int, layout: CacheLayout) -> np.ndarray:

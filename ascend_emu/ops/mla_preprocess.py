@@ -22,7 +22,7 @@ What the op computes, per token (``T`` tokens, ``He`` hidden, ``N`` heads; step 
    ``+ bias1``, ``* descale1`` (per-token: ``* s``), rounded: per head ``[q_nope 128 | q_pe 64]``.
    ``q_nope @ wuk[n]`` (fp32 accumulate, rounded once) -> ``q_out0``; ``int8_nzcache``:
    ``int8(fp16(q_nope_out * q_nope_scale[n]))``. ``q_pe`` -> plain rotate_half RoPE (no
-   de-interleave, §1.1) -> ``q_out1`` (``kvcache``: concatenated into ``q_out0[..., 512:]``).
+   de-interleave, §1.1) -> ``q_out1``.
 4. kv path: ``ckv = rms_norm(ckv) * gamma2`` (no beta), ``krope`` -> RoPE; written to the caches at
    ``slotmapping[t]`` (a global slot ``block * BlockSize + row``; -1 skips the token).
    ``int8_nzcache``: ``int8(fp16(ckv_fp32 * (1/ctkv_scale)))``.
@@ -32,7 +32,6 @@ Modes (aclnn cacheMode number; caches are raw memory, written where the NPU writ
 ============== == ========================================= ============================== ==============
 cache_mode     #  kv_cache                                  kv_cache_rope                  q_out0
 ============== == ========================================= ============================== ==============
-'kvcache'      0  ``[BlockNum, BlockSize, 1, 576]`` ND       unused                         ``[T, N, 576]``
 'krope_ctkv'   1  ``[BlockNum, BlockSize, 1, 512]`` ND       ``[BlockNum, BlockSize, 1, 64]`` ``[T, N, 512]``
 'int8_nzcache' 2  int8 PA_NZ, D=512, C0=32                  PA_NZ, D=64, C0=16             int8 ``[T, N, 512]``
 'nzcache'      3  PA_NZ, D=512, C0=16                       PA_NZ, D=64, C0=16             ``[T, N, 512]``
@@ -62,10 +61,9 @@ Choices where the sources are silent or disagree (each in one named constant bel
   ``scale3 = 1 / (float)ctkv_scale`` and multiplies the **fp32** RmsNorm output by it (before any
   rounding to the input dtype), while ``q_nope_scale`` is a multiplier on the einsum output already
   rounded to the input dtype (``EinSumQuant``). Both then go fp32 -> fp16 -> int8 like step 1.
-- :data:`CACHE_MODES`: torch_npu's own map knows 'krope_ctkv', 'int8_nzcache' and 'nzcache'; the
-  aclnn cacheMode 0 is accepted here as 'kvcache', as the specification (issue 3) asks, with a
-  :class:`~ascend_emu.errors.HardwareDivergenceWarning` on every call
-  (:data:`KVCACHE_DIVERGENCE`): torch_npu itself would reject it.
+- :data:`CACHE_MODES`: torch_npu's own map; the aclnn cacheMode 0 ('kvcache', ``[.., 576]`` rows
+  and a ``[T, N, 576]`` q_out0) is not in it, so it is rejected with the evidence
+  (:data:`KVCACHE_REJECTED`), as torch_npu rejects it.
 - fp16 ``descale0`` / ``descale1`` are int64 holding the fp32 scale's bits in the low 32 bits (high
   32 bits 0 or their sign extension), as the ATB kernel test packs them (``process_deq_scale``);
   the fp16 kernel dequantizes in the fixpipe, emulated as an fp32 multiply then one RNE to fp16.
@@ -82,8 +80,7 @@ Choices where the sources are silent or disagree (each in one named constant bel
   the tokens' rows, so the rest of ``kv_cache_out0/1`` is uninitialised on hardware. Here they
   start as copies of ``kv_cache`` / ``kv_cache_rope`` (the aclnn contract: "kvCache and kvCacheOut
   are the same tensor"), and ``kv_cache`` itself is not modified. Pass the caches themselves as
-  ``kv_cache_out0`` / ``kv_cache_out1`` to update them in place. In 'kvcache' mode ``q_out1`` is
-  not written: the functional form returns it filled with :data:`UNWRITTEN_FILL`.
+  ``kv_cache_out0`` / ``kv_cache_out1`` to update them in place.
 - ``slotmapping``: -1 skips the token (kernel ``if (slotValue == -1) continue``); any other value
   outside the cache is an :class:`~ascend_emu.errors.IndexRangeError`; duplicate slots warn, the
   last token wins.
@@ -96,23 +93,24 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error
+from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error, describe
 from ..layouts import NZ_ROW_BYTES, CacheLayout, NZArray, nz_shape, nz_to_nd, slots_from_cache_index
 from ..quant import to_f32
 from ._backend import get_backend
 from ._check import (check_cache, check_dtype, check_nz_weight, check_separate, check_shape, dtype_name, optional,
-                     required, warn_divergence, warn_duplicates)
+                     required, transposed_hint, warn_duplicates)
 
-CacheModeName = Literal["kvcache", "krope_ctkv", "int8_nzcache", "nzcache"]
+CacheModeName = Literal["krope_ctkv", "int8_nzcache", "nzcache"]
 QuantModeName = Literal["per_tensor_quant_asymm", "per_token_quant_symm"]
 
-#: torch_npu spelling -> aclnn cacheMode.
-CACHE_MODES: dict[str, int] = {"kvcache": 0, "krope_ctkv": 1, "int8_nzcache": 2, "nzcache": 3}
-#: Why 'kvcache' would not run through torch_npu on an Atlas machine (said on every such call).
-KVCACHE_DIVERGENCE = (
-    "cache_mode='kvcache' (aclnn cacheMode 0) is emulated, but torch_npu's own cache-mode map knows only "
-    "'krope_ctkv', 'int8_nzcache' and 'nzcache', and its meta function allocates q_out0 as [T, N, 512], "
-    "not [T, N, 576]: on an Atlas machine use 'krope_ctkv'")
+#: torch_npu spelling -> aclnn cacheMode: op-plugin's ``cache_mode_map`` of atb ``npu_mla_preprocess``.
+CACHE_MODES: dict[str, int] = {"krope_ctkv": 1, "int8_nzcache": 2, "nzcache": 3}
+#: Why 'kvcache' (aclnn cacheMode 0) is rejected although aclnn has it: torch_npu cannot pass it.
+KVCACHE_REJECTED = (
+    "torch_npu does not support cache_mode='kvcache' (aclnn cacheMode 0): its cache-mode map (op-plugin, "
+    "atb npu_mla_preprocess cache_mode_map) knows only 'krope_ctkv', 'int8_nzcache' and 'nzcache', and its "
+    "meta function (op_plugin/atb/_atb_meta_registrations.py, npu_mla_preprocess_meta) allocates q_out0 as "
+    "[T, N, 512], not the [T, N, 576] cacheMode 0 writes; use 'krope_ctkv' (separate 512 / 64 caches)")
 #: torch_npu spelling -> aclnn quantMode.
 QUANT_MODES: dict[str, int] = {"per_tensor_quant_asymm": 0, "per_token_quant_symm": 1}
 #: torch_npu's defaults for ``cache_mode=None`` / ``quant_mode=None``.
@@ -122,8 +120,6 @@ DEFAULT_QUANT_MODE = "per_token_quant_symm"
 EPSILON = 1e-6
 #: cacheMode 2: the ckv is multiplied by ``1 / ctkv_scale``; ``q_nope_scale`` multiplies.
 CTKV_SCALE_IS_DIVISOR = True
-#: Value of outputs the kernel does not write in the functional form ('kvcache' q_out1).
-UNWRITTEN_FILL = 0
 
 #: Fixed widths: wdqkv output ``[ckv 512 | krope 64 | q_a 1536]``, per-head ``[nope 128 | rope 64]``.
 from ..mla import D_QK as KV_A_DIM  # noqa: E402  (576)
@@ -176,12 +172,11 @@ class MlaPreprocessArgs:
         q_nope_scale: fp32 ``[N]`` ('int8_nzcache') or None.
         cache_mode, quant_mode: torch_npu spellings.
         epsilon: fp32 RmsNorm epsilon.
-        q_out0: destination ``[T, N, 512]`` (``[T, N, 576]`` for 'kvcache'); int8 for
-            'int8_nzcache', else input dtype.
-        q_out1: destination ``[T, N, 64]`` input dtype (not written in 'kvcache').
+        q_out0: destination ``[T, N, 512]``; int8 for 'int8_nzcache', else input dtype.
+        q_out1: destination ``[T, N, 64]`` input dtype.
         kv_cache_out0: destination cache, a plain C-contiguous view of the caller's memory.
-        kv_cache_out1: destination rope cache (None in 'kvcache').
-        kv_layout, krope_layout: their :class:`CacheLayout` (``krope_layout`` None in 'kvcache').
+        kv_cache_out1: destination rope cache, likewise.
+        kv_layout, krope_layout: their :class:`CacheLayout`.
     """
 
     input: np.ndarray
@@ -212,9 +207,9 @@ class MlaPreprocessArgs:
     q_out0: np.ndarray
     q_out1: np.ndarray
     kv_cache_out0: np.ndarray
-    kv_cache_out1: np.ndarray | None
+    kv_cache_out1: np.ndarray
     kv_layout: CacheLayout
-    krope_layout: CacheLayout | None
+    krope_layout: CacheLayout
 
     @property
     def token_num(self) -> int:
@@ -240,8 +235,10 @@ class MlaPreprocessArgs:
 # ---------------------------------------------------------------------- helpers
 def _mode(value, name: str, table: dict[str, int], default: str) -> str:
     value = default if value is None else value
+    if name == "cache_mode" and isinstance(value, str) and value == "kvcache":
+        raise arg_error(ModeError, name, f"one of {list(table)} or None ({KVCACHE_REJECTED})", describe(value))
     if not isinstance(value, str) or value not in table:
-        raise arg_error(ModeError, name, f"one of {list(table)} or None (default {default!r})", repr(value))
+        raise arg_error(ModeError, name, f"one of {list(table)} or None (default {default!r})", describe(value))
     return value
 
 
@@ -260,7 +257,7 @@ def _scalar(x, name: str, dtype: str) -> np.float32:
 def _reject(values: dict, why: str) -> None:
     for name, v in values.items():
         if v is not None:
-            raise arg_error(ModeError, name, f"None ({why}; the kernel does not read it)", "a tensor")
+            raise arg_error(ModeError, name, f"None ({why}; the kernel does not read it)", describe(v))
 
 
 def _logical_weight(w, name: str, logical: tuple[int, ...], dtype: str, *, nz_required: bool) -> np.ndarray:
@@ -279,7 +276,7 @@ def _logical_weight(w, name: str, logical: tuple[int, ...], dtype: str, *, nz_re
         return w
     if w.shape != storage:
         raise arg_error(ShapeError, name, f"the logical shape {list(logical)} or the FRACTAL_NZ storage shape "
-                        f"{list(storage)}", list(w.shape))
+                        f"{list(storage)}", f"{list(w.shape)}{transposed_hint(w.shape, logical, name)}")
     check_nz_weight(w, name)  # a storage-shaped weight is meaningful only once cast
     cached = getattr(w, _LOGICAL_ATTR, None)
     if cached is None:
@@ -381,7 +378,7 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
         wuk: ``[N, 128, 512]`` input dtype, ND or FRACTAL_NZ (also storage ``[N, 32, 128, 16]``);
             N in 1..128.
         kv_cache: the kv cache of ``cache_mode`` (module doc table); C-contiguous.
-        kv_cache_rope: the rope cache (modes 1-3), unused in 'kvcache' (may be None).
+        kv_cache_rope: the rope cache (module doc table).
         slotmapping: int32 ``[T]``; global slot ``block * BlockSize + row`` or -1 (skip).
         quant_scale0, quant_offset0: ``[1]`` input dtype / int8; required with
             'per_tensor_quant_asymm', rejected with 'per_token_quant_symm'.
@@ -389,24 +386,25 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
         quant_scale1, quant_offset1, bias1: as above for the q path (``bias1`` ``[N*192]``).
         ctkv_scale: ``[1]`` input dtype, 'int8_nzcache' only (the ckv is multiplied by its inverse).
         q_nope_scale: ``[N]`` input dtype, 'int8_nzcache' only (multiplier).
-        cache_mode: 'kvcache', 'krope_ctkv' (default), 'int8_nzcache' or 'nzcache'.
+        cache_mode: 'krope_ctkv' (default), 'int8_nzcache' or 'nzcache' (torch_npu's map; the
+            aclnn cacheMode 0, 'kvcache', is rejected: :data:`KVCACHE_REJECTED`).
         quant_mode: 'per_token_quant_symm' (default, bf16 only) or 'per_tensor_quant_asymm'.
-        q_out0, kv_cache_out0, q_out1, kv_cache_out1: the out= form: all given (``kv_cache_out1``
-            may be None in 'kvcache'), they are written in place and returned; ``kv_cache`` /
-            ``kv_cache_rope`` are then only checked, never read or written. Pass the caches
-            themselves to update them in place. The cache outputs must match the caches' shape and
-            dtype; ``q_out0`` / ``q_out1`` the shapes / dtypes of the Returns.
+        q_out0, kv_cache_out0, q_out1, kv_cache_out1: the out= form: all four given, they are
+            written in place and returned; ``kv_cache`` / ``kv_cache_rope`` are then only
+            checked, never read or written. Pass the caches themselves to update them in place.
+            The cache outputs must match the caches' shape and dtype; ``q_out0`` / ``q_out1`` the
+            shapes / dtypes of the Returns. No two of the four may share memory.
 
     Returns:
         ``(q_out0, kv_cache_out0, q_out1, kv_cache_out1)``: ``q_out0`` ``[T, N, 512]`` (int8 for
-        'int8_nzcache', ``[T, N, 576]`` = ``[nope | rope]`` for 'kvcache'), the kv cache after the
-        write, ``q_out1`` ``[T, N, 64]`` (q_rope), the rope cache after the write. Out= form: the
-        given arrays. Functional form: new arrays (the caches' copies, see module doc).
+        'int8_nzcache'), the kv cache after the write, ``q_out1`` ``[T, N, 64]`` (q_rope), the
+        rope cache after the write. Out= form: the given arrays. Functional form: new arrays (the
+        caches' copies, see module doc).
 
     Raises:
-        ShapeError, DTypeError: a shape / dtype off the table above; out= caches that overlap.
-        ModeError: unknown mode, fp16 with per-token quant, an argument the mode does not read, or an
-            incomplete out= set.
+        ShapeError, DTypeError: a shape / dtype off the table above; out= arrays that overlap.
+        ModeError: unknown mode ('kvcache' included), fp16 with per-token quant, an argument the
+            mode does not read, or an incomplete out= set.
         FormatError: an int8 weight not cast to FRACTAL_NZ; a badly packed int64 descale.
         IndexRangeError: a slot outside the cache (other than -1).
     """
@@ -467,61 +465,56 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
         _reject({"ctkv_scale": ctkv_scale, "q_nope_scale": q_nope_scale}, f"cache_mode={cache_mode!r}")
         ctkv, qns = None, None
 
-    # caches: (dim, dtype, nz) of kv_cache and kv_cache_rope per mode
+    # caches: (dtype, nz) of kv_cache and kv_cache_rope per mode
     nz = cache_mode in ("int8_nzcache", "nzcache")
-    kv_dim = KV_A_DIM if cache_mode == "kvcache" else KV_LORA_RANK
     kv_dt = "int8" if cache_mode == "int8_nzcache" else dt
     kv_in = required(kv_cache, "kv_cache")
-    kv_layout = _cache_layout(kv_in, "kv_cache", dim=kv_dim, dtype=kv_dt, nz=nz, head_num=n)
-    rope_in = optional(kv_cache_rope, "kv_cache_rope")
-    krope_layout = None
-    if cache_mode != "kvcache":
-        rope_in = required(rope_in, "kv_cache_rope")
-        krope_layout = _cache_layout(rope_in, "kv_cache_rope", dim=ROPE_DIM, dtype=dt, nz=nz, head_num=n)
-        if krope_layout.num_rows != kv_layout.num_rows:
-            raise arg_error(ShapeError, "kv_cache_rope", f"as many slots as kv_cache ({kv_layout.num_rows})",
-                            f"{krope_layout.num_rows} slots (shape {list(rope_in.shape)})")
+    kv_layout = _cache_layout(kv_in, "kv_cache", dim=KV_LORA_RANK, dtype=kv_dt, nz=nz, head_num=n)
+    rope_in = required(kv_cache_rope, "kv_cache_rope")
+    krope_layout = _cache_layout(rope_in, "kv_cache_rope", dim=ROPE_DIM, dtype=dt, nz=nz, head_num=n)
+    if krope_layout.num_rows != kv_layout.num_rows:
+        raise arg_error(ShapeError, "kv_cache_rope", f"as many slots as kv_cache ({kv_layout.num_rows})",
+                        f"{krope_layout.num_rows} slots (shape {list(rope_in.shape)})")
 
     sm = required(slotmapping, "slotmapping")
     check_dtype(sm, "slotmapping", ("int32",))
     check_shape(sm, "slotmapping", (t,))
     slots = slots_from_cache_index(sm, kv_layout.num_rows, name="slotmapping")  # [T] int64, -1 kept
 
-    q0_shape = (t, n, kv_dim if cache_mode == "kvcache" else KV_LORA_RANK)
+    q0_shape = (t, n, KV_LORA_RANK)
     q0_dtype = np.dtype(np.int8) if cache_mode == "int8_nzcache" else x.dtype
     q1_shape = (t, n, ROPE_DIM)
     outs = {"q_out0": q_out0, "kv_cache_out0": kv_cache_out0, "q_out1": q_out1, "kv_cache_out1": kv_cache_out1}
     if any(v is not None for v in outs.values()):
-        needed = [k for k in outs if not (k == "kv_cache_out1" and cache_mode == "kvcache")]
-        for k in needed:
-            if outs[k] is None:
+        for k, v in outs.items():
+            if v is None:
                 raise arg_error(ModeError, k, "a tensor (the out= form takes q_out0, kv_cache_out0, q_out1 and "
                                 "kv_cache_out1 together)", None)
         q0 = _q_out(q_out0, "q_out0", q0_shape, q0_dtype)
         q1 = _q_out(q_out1, "q_out1", q1_shape, x.dtype)
         kv_out = _same_as(kv_cache_out0, "kv_cache_out0", kv_in, "kv_cache")
-        rope_out = None if cache_mode == "kvcache" else _same_as(kv_cache_out1, "kv_cache_out1", rope_in,
-                                                                 "kv_cache_rope")
-        if rope_out is not None:
-            check_separate(kv_out, "kv_cache_out0", rope_out, "kv_cache_out1")
-        result = (q0, kv_out, q1, kv_cache_out1 if rope_out is None else rope_out)
+        rope_out = _same_as(kv_cache_out1, "kv_cache_out1", rope_in, "kv_cache_rope")
+        # every output is written by the call: none may share memory with another (a cache write
+        # would corrupt the returned query, or the other cache)
+        written = (("kv_cache_out0", kv_out), ("kv_cache_out1", rope_out), ("q_out0", q0), ("q_out1", q1))
+        for i, (b_name, b_arr) in enumerate(written):
+            for a_name, a_arr in written[:i]:
+                check_separate(a_arr, a_name, b_arr, b_name)
+        result = (q0, kv_out, q1, rope_out)
     else:
         q0 = np.empty(q0_shape, dtype=q0_dtype)
-        q1 = np.full(q1_shape, UNWRITTEN_FILL, dtype=x.dtype)
+        q1 = np.empty(q1_shape, dtype=x.dtype)
         kv_out = np.array(_plain(kv_in), copy=True)
-        rope_out = None if rope_in is None else np.array(_plain(rope_in), copy=True)
+        rope_out = np.array(_plain(rope_in), copy=True)
         result = (q0, kv_out, q1, rope_out)
     warn_duplicates(slots, "slotmapping")
-    if cache_mode == "kvcache":
-        warn_divergence(KVCACHE_DIVERGENCE)
 
     args = MlaPreprocessArgs(
         input=x, gamma0=g0, beta0=b0, wdqkv=wdqkv_l, descale0=d0, bias0=bias0_, quant_scale0=qs0,
         quant_offset0=qo0, gamma1=g1, beta1=b1, wuq=wuq_l, descale1=d1, bias1=bias1_, quant_scale1=qs1,
         quant_offset1=qo1, gamma2=g2, cos=cos_, sin=sin_, wuk=wuk_l, slots=slots, ctkv_scale=ctkv,
         q_nope_scale=qns, cache_mode=cache_mode, quant_mode=quant_mode, epsilon=np.float32(EPSILON),
-        q_out0=q0, q_out1=q1, kv_cache_out0=_plain(kv_out),
-        kv_cache_out1=None if cache_mode == "kvcache" else _plain(rope_out),
+        q_out0=q0, q_out1=q1, kv_cache_out0=_plain(kv_out), kv_cache_out1=_plain(rope_out),
         kv_layout=kv_layout, krope_layout=krope_layout)
     get_backend().mla_preprocess(args)
     return result

@@ -48,12 +48,12 @@ from typing import Literal, Mapping
 
 import numpy as np
 
-from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error
+from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error, describe
 from ..layouts import (FRACTAL_NZ, CacheLayout, canonical_cache_mode, get_npu_format,
                        slots_from_cache_index, slots_from_pages)
 from ._backend import get_backend
 from ._check import (check_cache, check_dtype, check_float, check_ndim, check_nz_weight, check_separate, check_shape,
-                     dtype_name, optional, required, warn_divergence, warn_duplicates)
+                     dtype_name, kernel_input, optional, required, transposed_hint, warn_duplicates)
 
 # ---------------------------------------------------------------------- fixed dims (§2.1)
 from ..mla import D_NOPE, D_ROPE, HCKV, NKV  # noqa: E402,F401  (re-exported for the backends)
@@ -107,8 +107,7 @@ VERSION_LIMITS: Mapping[int, VersionLimits] = MappingProxyType({
     2: VersionLimits(**_V12_LIMITS, quant_modes=((0, 0, 0), (1, 0, 0), (1, 2, 0), (2, 0, 0), (2, 1, 1))),
     3: VersionLimits(he=(7168, 7680), hcq=(1536,), block_sizes=tuple(range(16, 1025, 16)),
                      cache_modes=("PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND"),
-                     quant_modes=((0, 0, 0), (1, 0, 0), (1, 2, 0), (1, 3, 0), (2, 0, 0), (2, 1, 1), (2, 3, 0),
-                                  (2, 3, 1))),
+                     quant_modes=((0, 0, 0), (1, 0, 0), (1, 2, 0), (1, 3, 0), (2, 0, 0), (2, 1, 1), (2, 3, 0))),
 })
 
 
@@ -145,9 +144,6 @@ class QuantScenario:
             (1 = combined 656-byte rows, only with per-tile kv quant).
         kv_dtile: last dim Dtile of kv_cache (512, or 656 for combined per-tile rows).
         cache_modes: the cache modes the scenario allows (None: all of the version's).
-        hardware_divergence: why torch_npu / CANN on A2 / A3 would reject this scenario although
-            the specification asks for it (empty: it runs on hardware); each call in the scenario
-            raises a :class:`~ascend_emu.errors.HardwareDivergenceWarning` with this text.
     """
 
     name: str
@@ -157,7 +153,6 @@ class QuantScenario:
     repo_mode: int = 0
     kv_dtile: int = 512
     cache_modes: tuple[str, ...] | None = None
-    hardware_divergence: str = ""
 
     @property
     def combined(self) -> bool:
@@ -169,14 +164,11 @@ class QuantScenario:
 #: of the v3 seed's scenario table) and what each requires. The table contradicts itself twice and
 #: its dtype columns are followed: the partial-quant per-channel row prints weight_quant_mode=2 and
 #: the partial-quant per-tile row 3 (3 is Ascend 950's mxfp8 mode), while their dtypes (bf16
-#: token_x, only weight_uq_qr int8) are partial quant, mode 1. The full-quant per-tile row prints
-#: query_quant_mode=1 (int8 query) and an int8 query_out, while torch_npu's meta function, the
-#: A2 / A3 host check and ops_reference §2.2 keep the per-tile query in bf16: both are accepted,
-#: as the specification (issue 3) asks; with query_quant_mode=1 the row's required quant_scale_ckv
-#: ([1]) is folded into query_rope as in the per-tensor row, and every such call raises a
-#: HardwareDivergenceWarning naming the evidence. The per-tile rows need k_nope_clip_alpha
-#: (dtype columns; the kernel reads it unconditionally) and no quant_scale_ckv with a bf16 query
-#: (dtype columns, although the scenario text lists it).
+#: token_x, only weight_uq_qr int8) are partial quant, mode 1. The full-quant per-tile row also
+#: prints query_quant_mode=1 and an int8 query; the hardware rejects that, so it is rejected here
+#: (:data:`HARDWARE_REJECTED_MODES`) and the row is emulated as (2, 3, 0), bf16 query. The per-tile
+#: rows need k_nope_clip_alpha (dtype columns; the kernel reads it unconditionally) and no
+#: quant_scale_ckv (dtype columns, although the scenario text lists it).
 QUANT_SCENARIOS: Mapping[tuple[int, int, int], QuantScenario] = MappingProxyType({
     (0, 0, 0): QuantScenario(name="non-quant", dtypes=_dtypes()),
     (1, 0, 0): QuantScenario(
@@ -201,17 +193,17 @@ QUANT_SCENARIOS: Mapping[tuple[int, int, int], QuantScenario] = MappingProxyType
         name="full quant, kv_cache per-tile quant", dtypes=_dtypes(**_FULL_QUANT_DTYPES, kv_cache="int8"),
         required=_FULL_QUANT_SCALES + ("k_nope_clip_alpha",), optional=("smooth_scales_cq",), repo_mode=1,
         kv_dtile=656, cache_modes=COMBINED_CACHE_MODES),
-    (2, 3, 1): QuantScenario(
-        name="full quant, kv_cache per-tile quant, int8 query",
-        dtypes=_dtypes(**_FULL_QUANT_DTYPES, kv_cache="int8", query="int8"),
-        required=_FULL_QUANT_SCALES + ("k_nope_clip_alpha", "quant_scale_ckv"), optional=("smooth_scales_cq",),
-        repo_mode=1, kv_dtile=656, cache_modes=COMBINED_CACHE_MODES,
-        hardware_divergence=(
-            "the v3 seed's full-quant per-tile row prints query_quant_mode=1 and an int8 query, but "
-            "torch_npu's meta function declares a bf16 query and an empty dequant_scale_q_nope whenever "
-            "kv_cache_quant_mode=3, and the A2 / A3 host check (ops-transformer mla_prolog_tiling_check.cpp, "
-            "CheckScenarParam) requires query_quant_mode=0 outside per-tensor kv quant: on an Atlas machine "
-            "use query_quant_mode=0 without quant_scale_ckv")),
+})
+#: Mode combinations a seed table prints but torch_npu / CANN on Atlas A2 / A3 rejects, with the
+#: evidence: a call with one is a ModeError quoting it (DESIGN.md: never looser than the hardware).
+HARDWARE_REJECTED_MODES: Mapping[tuple[int, int, int], str] = MappingProxyType({
+    (2, 3, 1): (
+        "the v3 seed's full-quant per-tile row prints query_quant_mode=1 and an int8 query, but Atlas A2 / A3 "
+        "rejects it: torch_npu's meta function (op_plugin/meta/_meta_registrations.py, "
+        "npu_mla_prolog_v3_forward) declares an int8 query only when kv_cache_quant_mode=1 and a bf16 query "
+        "with an empty dequant_scale_q_nope otherwise, and the A2 / A3 host check (ops-transformer "
+        "attention/mla_prolog/op_host/mla_prolog_tiling_check.cpp, CheckScenarParam) requires "
+        "query_quant_mode=0 outside per-tensor kv quant; use (2, 3, 0) (bf16 query) without quant_scale_ckv"),
 })
 _MODE_NAMES = ("weight_quant_mode", "kv_cache_quant_mode", "query_quant_mode")
 #: Ranges of the other integer mode attributes.
@@ -246,7 +238,7 @@ def expected_scale_shapes(version: int, modes: tuple[int, int, int], num_tokens:
         ``{scale name: accepted shapes}``.
     """
     v3 = version == 3
-    ckv = {1: ((1,), (1, HCKV)) if version == 2 else ((1,),), 2: ((1, HCKV),), 3: ((1,),)}.get(modes[1], ())
+    ckv = {1: ((1,), (1, HCKV)) if version == 2 else ((1,),), 2: ((1, HCKV),)}.get(modes[1], ())
     return {
         "dequant_scale_x": ((num_tokens, 1),) + (((num_tokens,),) if v3 else ()),
         "dequant_scale_w_dq": ((1, hcq),),
@@ -452,7 +444,7 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
     - (0, 0, 0) non-quant; (1, 0, 0) partial quant (int8 weight_uq_qr); (1, 2, 0) partial quant
       with int8 per-channel kv_cache and kr_cache; (2, 0, 0) full quant (int8 token_x and
       weights); (2, 1, 1) full quant with an int8 per-tensor kv_cache and int8 query.
-    - Per-tile (1, 3, 0), (2, 3, 0), (2, 3, 1): ``ckvkr_repo_mode = quant_scale_repo_mode = 1``,
+    - Per-tile (1, 3, 0), (2, 3, 0): ``ckvkr_repo_mode = quant_scale_repo_mode = 1``,
       kv_cache int8 with Dtile = 656 combined rows ``[512 int8 | 64 bf16 k_rope | 4 fp32 dequant
       scales]`` (read them back with :func:`ascend_emu.quant.read_combined_cache`), kr_cache an
       empty tensor, cache_mode PA_BSND, BSND or TND, ``k_nope_clip_alpha`` required.
@@ -481,7 +473,7 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
         dequant_scale_w_dq, dequant_scale_w_uq_qr, dequant_scale_w_dkv_kr: fp32 ``[1, Hcq]``,
             ``[1, N*(D+Dr)]``, ``[1, Hckv+Dr]`` per-channel weight dequant scales.
         quant_scale_ckv: fp32 static kv quant multiplier: ``[1, Hckv]`` per-channel (1, 2, 0),
-            ``[1]`` per-tensor (2, 1, 1) and (2, 3, 1) (there it only folds into query_rope).
+            ``[1]`` per-tensor (2, 1, 1).
         quant_scale_ckr: fp32 ``[1, Dr]`` static kr quant multiplier (1, 2, 0).
         smooth_scales_cq: fp32 ``[1, Hcq]`` or ``[1]``, optional whenever weight_uq_qr is int8.
         k_nope_clip_alpha: fp32 ``[1]``, finite and > 0, per-tile clip factor (1.0: no clip).
@@ -522,7 +514,7 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
         tag_value = values.pop(tag)
         if tag_value is not None:
             raise arg_error(ModeError, tag, "None (hifloat8 inputs, weight_quant_mode=5, exist on Ascend 950 "
-                            "only and are not emulated)", repr(tag_value))
+                            "only and are not emulated)", describe(tag_value))
     modes = {name: values.pop(name) for name in _MODE_NAMES + ("ckvkr_repo_mode", "quant_scale_repo_mode")}
     args = _normalise(3, values, modes, reason="")
     query, query_rope, rest = _run(args)
@@ -578,16 +570,17 @@ def _select_scenario(version: int, modes: dict, tile_size, reason: str) -> Quant
     for name in _MODE_NAMES:
         value = modes[name]
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise arg_error(ModeError, name, "an int", repr(value))
+            raise arg_error(ModeError, name, "an int", describe(value))
     checks = [(n, modes[n], allowed) for n, allowed in _MODE_RANGES.items()] + [("tile_size", tile_size, TILE_SIZES)]
     for name, value, allowed in checks:
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
-            raise arg_error(ModeError, name, f"one of {list(allowed)}", repr(value))
+            raise arg_error(ModeError, name, f"one of {list(allowed)}", describe(value))
     key = tuple(int(modes[n]) for n in _MODE_NAMES)
     shown = ", ".join(f"{n}={v}" for n, v in zip(_MODE_NAMES, key))
     legal = VERSION_LIMITS[version].quant_modes
     if key not in legal:
-        hint = f" ({_WEIGHT_MODE_HINTS[key[0]]})" if key[0] in _WEIGHT_MODE_HINTS else ""
+        hint = (f" ({HARDWARE_REJECTED_MODES[key]})" if key in HARDWARE_REJECTED_MODES
+                else f" ({_WEIGHT_MODE_HINTS[key[0]]})" if key[0] in _WEIGHT_MODE_HINTS else "")
         listed = "; ".join(f"{k} {QUANT_SCENARIOS[k].name}" for k in legal)
         raise ModeError(f"{op}: ({shown}){why} is not a legal mode combination{hint}; the legal "
                         f"(weight_quant_mode, kv_cache_quant_mode, query_quant_mode) are: {listed}")
@@ -596,8 +589,6 @@ def _select_scenario(version: int, modes: dict, tile_size, reason: str) -> Quant
         if modes[name] != scenario.repo_mode:
             raise arg_error(ModeError, name, f"{scenario.repo_mode} in the {scenario.name} scenario {key}",
                             modes[name])
-    if scenario.hardware_divergence:
-        warn_divergence(f"{op}: ({shown}) {scenario.name}: emulated, but {scenario.hardware_divergence}")
     return scenario
 
 
@@ -614,7 +605,7 @@ def _check_scales(scenario: QuantScenario, values: dict) -> dict:
         if x is None and name in scenario.required:
             raise arg_error(ShapeError, name, f"a tensor in the {scenario.name} scenario", None)
         if x is not None and name not in scenario.required + scenario.optional:
-            raise arg_error(ModeError, name, f"None in the {scenario.name} scenario", f"a {list(x.shape)} tensor")
+            raise arg_error(ModeError, name, f"None in the {scenario.name} scenario", describe(x))
         out[name] = x
     return out
 
@@ -646,6 +637,8 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPr
     """
     limits = VERSION_LIMITS[version]
     scenario = _select_scenario(version, modes, values["tile_size"], reason)
+    if not isinstance(values["cache_mode"], str):
+        raise arg_error(ModeError, "cache_mode", f"one of {list(limits.cache_modes)}", describe(values["cache_mode"]))
     cache_mode = canonical_cache_mode(values["cache_mode"], allowed=limits.cache_modes)
     if scenario.cache_modes is not None and cache_mode not in scenario.cache_modes:
         raise arg_error(ModeError, "cache_mode", f"one of {list(scenario.cache_modes)} in the {scenario.name} "
@@ -656,9 +649,14 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPr
         if values[name] is not None and not isinstance(values[name], np.ndarray):
             raise arg_error(DTypeError, name, "a NumPy array (updated in place)", type(values[name]).__name__)
     t = {name: required(values[name], name) for name in names}
+    key = tuple(int(modes[n]) for n in _MODE_NAMES)
+    shown = ", ".join(f"{n}={v}" for n, v in zip(_MODE_NAMES, key))
+    for name in names:  # before the scales: a bf16 weight in a quant mode is a dtype error
+        want = scenario.dtypes[name]
+        if dtype_name(t[name].dtype) != want:
+            raise arg_error(DTypeError, name, f"dtype {want} with {shown} ({scenario.name}"
+                            + (f", selected by {reason})" if reason else ")"), dtype_name(t[name].dtype))
     scales = _check_scales(scenario, values)
-    for name in names:
-        check_dtype(t[name], name, (scenario.dtypes[name],))
     for name in ("weight_dq", "weight_uq_qr", "weight_dkv_kr"):
         check_nz_weight(t[name], name)
     if get_npu_format(t["weight_uk"]) == FRACTAL_NZ:
@@ -666,7 +664,7 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPr
                           "tensor (npu_format_cast(weight_uk, 2))")
     query_norm_flag = values["query_norm_flag"]
     if not isinstance(query_norm_flag, (bool, np.bool_)):
-        raise arg_error(DTypeError, "query_norm_flag", "a bool", repr(query_norm_flag))
+        raise arg_error(DTypeError, "query_norm_flag", "a bool", describe(query_norm_flag))
     eps_cq = check_float(values["rmsnorm_epsilon_cq"], "rmsnorm_epsilon_cq", nonnegative=True)
     eps_ckv = check_float(values["rmsnorm_epsilon_ckv"], "rmsnorm_epsilon_ckv", nonnegative=True)
     qc_qr_scale = check_float(values["qc_qr_scale"], "qc_qr_scale")
@@ -692,7 +690,8 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPr
     check_ndim(t["weight_dq"], "weight_dq", (2,), "[He, Hcq]")
     hcq = int(t["weight_dq"].shape[1])
     if hcq not in limits.hcq:
-        raise arg_error(ShapeError, "weight_dq", f"Hcq = weight_dq.shape[1] in {list(limits.hcq)}", hcq)
+        hint = transposed_hint(t["weight_dq"].shape, (he, limits.hcq[0]), "weight_dq")
+        raise arg_error(ShapeError, "weight_dq", f"Hcq = weight_dq.shape[1] in {list(limits.hcq)}", f"{hcq}{hint}")
     check_shape(t["weight_dq"], "weight_dq", (he, hcq), "[He, Hcq]")
     check_ndim(t["weight_uk"], "weight_uk", (3,), "[N, D, Hckv]")
     num_heads = int(t["weight_uk"].shape[0])
@@ -703,15 +702,15 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPr
     check_shape(t["weight_dkv_kr"], "weight_dkv_kr", (he, HCKV + D_ROPE), "[He, Hckv+Dr]")
     check_shape(t["rmsnorm_gamma_cq"], "rmsnorm_gamma_cq", (hcq,), "[Hcq]")
     check_shape(t["rmsnorm_gamma_ckv"], "rmsnorm_gamma_ckv", (HCKV,), "[Hckv]")
-    key = tuple(int(modes[n]) for n in _MODE_NAMES)
     _check_scale_shapes(scales, expected_scale_shapes(version, key, num_tokens, num_heads, hcq))
+    scales = {name: None if x is None else kernel_input(x) for name, x in scales.items()}
 
     # ---- caches and where each token goes
     kv_layout, kr_layout = _check_caches(t["kv_cache"], t["kr_cache"], cache_mode, batch_shape, limits,
                                          kv_dtile=scenario.kv_dtile, combined=scenario.combined)
     cache_index = optional(values.get("cache_index"), "cache_index")
     actual_seq_len = optional(values.get("actual_seq_len"), "actual_seq_len")
-    slots = _slots(cache_mode, cache_index, actual_seq_len, batch_shape, kv_layout)
+    slots = _slots(cache_mode, cache_index, actual_seq_len, batch_shape, kv_layout, max_b=limits.max_b)
     if slots is not None and (num_tokens == 0 or kv_layout.num_rows == 0):
         slots = None
     if slots is not None:
@@ -786,7 +785,7 @@ def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, b
 
 
 def _slots(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int, ...],
-           layout: CacheLayout) -> np.ndarray | None:
+           layout: CacheLayout, *, max_b: int) -> np.ndarray | None:
     """Global cache row of every token (-1 = skip), validated; None for an empty cache.
 
     Raises:
@@ -798,11 +797,11 @@ def _slots(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int,
     blk = cache_mode in ("PA_BLK_BSND", "PA_BLK_NZ")
     if not (blk and merged) and actual_seq_len is not None:
         raise arg_error(ShapeError, "actual_seq_len", "None unless token_x is 2-D and cache_mode is PA_BLK_BSND "
-                        "or PA_BLK_NZ", f"a {list(actual_seq_len.shape)} tensor")
+                        "or PA_BLK_NZ", describe(actual_seq_len))
     if cache_mode in ("BSND", "TND"):
         if cache_index is not None:
             raise arg_error(ShapeError, "cache_index", f"None for cache_mode {cache_mode} (tokens are written at "
-                            "their own position)", f"a {list(cache_index.shape)} tensor")
+                            "their own position)", describe(cache_index))
         return np.arange(num_tokens, dtype=np.int64)
     if cache_index is None:
         raise arg_error(ShapeError, "cache_index", f"an int64 tensor for cache_mode {cache_mode}", None)
@@ -818,6 +817,7 @@ def _slots(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int,
                             f"cache_mode {cache_mode}", None)
         check_dtype(actual_seq_len, "actual_seq_len", ("int32",))
         check_ndim(actual_seq_len, "actual_seq_len", (1,), "[B]")
+        _check_max(int(actual_seq_len.shape[0]), max_b, "B (actual_seq_len.shape[0])")  # before any copy
         ends = actual_seq_len.astype(np.int64)
         seq_lens = np.diff(ends, prepend=0)  # [B]
         if ends.size and (seq_lens < 0).any():

@@ -59,8 +59,8 @@ def npu_format_cast(self: torch.Tensor, acl_format: int, customize_dtype=None) -
     from .. import ops
 
     if customize_dtype is not None:
-        from ..errors import ModeError, arg_error
-        raise arg_error(ModeError, "customize_dtype", "None (not emulated)", repr(customize_dtype))
+        from ..errors import ModeError, arg_error, describe
+        raise arg_error(ModeError, "customize_dtype", "None (not emulated)", describe(customize_dtype))
     cast = ops.npu_format_cast(to_numpy(self, "self"), acl_format)
     out = npu.mark_npu(to_torch(cast))
     return tag_nz(out, cast) if ops.get_npu_format(cast) == FRACTAL_NZ else out

@@ -26,7 +26,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from ..errors import DTypeError, ModeError, arg_error
+from ..errors import DTypeError, ModeError, arg_error, describe
 from ..layouts import NZArray
 from .npu import mark_npu
 
@@ -227,5 +227,5 @@ def call_emulated(op_name: str, wrapper: Callable, params: Mapping[str, Any], *,
             kwargs[key] = value
         elif not _is_default(value, defaults[key].default):
             raise arg_error(ModeError, key, f"the default {defaults[key].default!r} ({public_name} in "
-                            f"ascend_emu does not support this argument)", repr(value))
+                            f"ascend_emu does not support this argument)", describe(value))
     return call_op(fn, (), kwargs)

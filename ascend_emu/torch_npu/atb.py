@@ -20,7 +20,8 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
     Shapes, dtypes, modes, numerics and errors: :func:`ascend_emu.ops.npu_mla_preprocess`.
     ``wdqkv`` / ``wuq`` must come from ``npu_format_cast(w, 29)`` (logical ``[N, K]`` or, as in the
     torch_npu doc example, the 4-D ``[1, K/32, N, 32]`` storage-shaped tensor). ``cache_mode``:
-    'kvcache', 'krope_ctkv' (default), 'int8_nzcache', 'nzcache'; ``quant_mode``:
+    'krope_ctkv' (default), 'int8_nzcache', 'nzcache' (torch_npu's map; aclnn's 'kvcache' is
+    rejected, as torch_npu rejects it); ``quant_mode``:
     'per_token_quant_symm' (default), 'per_tensor_quant_asymm'.
 
     Out= form: pass ``q_out0``, ``kv_cache_out0``, ``q_out1`` and ``kv_cache_out1``; they are
