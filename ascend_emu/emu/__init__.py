@@ -14,5 +14,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from .kv_rmsnorm_rope_cache import kv_rmsnorm_rope_cache  # noqa: F401
+from .lightning_indexer import lightning_indexer  # noqa: F401
 from .mla_preprocess import mla_preprocess  # noqa: F401
 from .mla_prolog import mla_prolog  # noqa: F401

@@ -1,0 +1,186 @@
+"""emu backend of ``npu_lightning_indexer``: one fused Numba pass per (query token, key head).
+
+Numerics (ops_reference §5.5; the A2/A3 kernel ``lightning_indexer_service_vector.h`` /
+``lightning_indexer_vector.h``; the official golden widens everything to fp32):
+
+1. query, key and weights (bf16 / fp16, kept as ``uint16`` bits) are widened exactly to fp32.
+2. ``dot[p, h] = q[h] . k[p]``: fp32 inputs, fp32 accumulation (BLAS sgemm, like the kernel's
+   cube matmul whose fp32 result goes to the vector units unrounded). The summation order inside
+   the 128-term dot is BLAS's; the cube's is not public, so this step may differ from the hardware
+   in the last fp32 bits.
+3. ``relu(dot) * w[h]`` in fp32 (the kernel applies ReLU to the fp32 matmul result and
+   multiplies by the fp32-cast weight). ReLU keeps NaN.
+4. Sum over the G = 64 heads in the kernel's order (:data:`HEAD_GROUP`): head ``h`` goes to lane
+   ``h % 16``, lanes accumulate the groups in head order (``lane = p[i] + p[16 + i] + ...``), then
+   a halving tree ``lanes[0:8] += lanes[8:16]``, ``[0:4] += [4:8]``, ``[0:2] += [2:4]``,
+   ``score = lane0 + lane1`` (``DoScale`` / ``DoReduce``). fp32 throughout.
+5. Top-k by partial selection on the fp32 scores (no rounding before the sort, as the kernel):
+   the k-th largest score is found with ``np.partition``, the positions above it and the first
+   ones equal to it (lowest positions) are kept, then sorted by score descending, stable, so equal
+   scores keep the lower position first. NaN scores rank as ``-inf``.
+6. With ``return_value`` the selected fp32 scores are rounded once (RNE) to the query dtype.
+
+Nothing is materialised across tokens: each (token, head) gathers its own visible key rows
+(``limit`` of them, through the contract's validated ``slots``) into a private fp32 buffer. The
+work items are independent and each writes only its own output row, so results do not depend on
+the thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..ops.lightning_indexer import (EMPTY_VALUE_SHAPE, PAD_VALUE, SKIPPED_ROW_VALUE, LightningIndexerArgs)
+from ..quant import BF16
+from ..quant.rounding import f32_bits_to_bf16_bits, f32_bits_to_f16_bits
+from .kv_rmsnorm_rope_cache import _widen_row
+
+#: Heads per vector-unit group in the kernel's weighted head reduction (``groupInner_``).
+HEAD_GROUP = 16
+
+
+@njit(cache=True, inline="always")
+def _narrow(x, is_bf16):
+    """bf16 / fp16 bits of fp32 ``x``, RNE."""
+    u = np.float32(x).view(np.uint32)
+    return f32_bits_to_bf16_bits(u) if is_bf16 else f32_bits_to_f16_bits(u)
+
+
+@njit(cache=True, inline="always")
+def _weighted_head_sum(dot_row, w, lanes):
+    """``sum_h w[h] * relu(dot_row[h])`` in fp32, the kernel's order (module doc, step 4).
+
+    ``lanes`` is scratch of HEAD_GROUP fp32 values.
+    """
+    g = dot_row.shape[0]
+    r = min(HEAD_GROUP, g)
+    for h in range(g):
+        d = dot_row[h]
+        if d < np.float32(0.0):
+            d = np.float32(0.0)
+        prod = d * w[h]
+        if h < r:
+            lanes[h] = prod
+        else:
+            lanes[h % r] = lanes[h % r] + prod
+    if r == 1:
+        return lanes[0]
+    p = 1
+    while p * 2 <= r:
+        p *= 2
+    if r <= 2:
+        p = r
+    for i in range(r - p):  # rows past the largest power of two fold in first
+        lanes[i] = lanes[i] + lanes[p + i]
+    n = p
+    while n > 2:
+        n //= 2
+        for i in range(n):
+            lanes[i] = lanes[i] + lanes[n + i]
+    return lanes[0] + lanes[1]
+
+
+@njit(cache=True)
+def _top_k(score, k):
+    """Positions of the ``min(k, L)`` largest ``score`` values, by score descending, equal scores
+    lower position first; NaN ranks as -inf. int64 ``[min(k, L)]``."""
+    n = score.shape[0]
+    rank = score.copy()  # [L]
+    for p in range(n):
+        if rank[p] != rank[p]:
+            rank[p] = -np.inf
+    if n > k:
+        thr = np.partition(rank, n - k)[n - k]  # the k-th largest
+        above = 0
+        for p in range(n):
+            if rank[p] > thr:
+                above += 1
+        equal_left = k - above
+        sel = np.empty(k, np.int64)  # [k] ascending positions
+        j = 0
+        for p in range(n):
+            if rank[p] > thr:
+                sel[j] = p
+                j += 1
+            elif rank[p] == thr and equal_left > 0:
+                sel[j] = p
+                j += 1
+                equal_left -= 1
+    else:
+        sel = np.arange(n)
+    neg = np.empty(sel.shape[0], np.float32)
+    for j in range(sel.shape[0]):
+        neg[j] = -rank[sel[j]]
+    order = np.argsort(neg, kind="mergesort")  # stable: ties keep ascending positions
+    return sel[order]
+
+
+@njit(cache=True, parallel=True)
+def _indexer(q_bits, w_bits, k_bits, slots, token_batch, limit, is_bf16, want_values, pad_bits, skip_bits,
+             idx_out, val_out):
+    """q_bits ``[T, N1, D]``, w_bits ``[T, N1]``, k_bits ``[R, N2, D]`` (uint16 bits); slots int64
+    ``[B, S2]``; token_batch / limit int64 ``[T]``; idx_out int32 ``[T, N2, K]``; val_out uint16
+    ``[T, N2, K]`` (or any shape when not want_values)."""
+    t_rows, n1, dim = q_bits.shape
+    n2 = k_bits.shape[1]
+    g = n1 // n2
+    k = idx_out.shape[2]
+    for item in prange(t_rows * n2):
+        t = item // n2
+        kh = item % n2
+        lim = limit[t]
+        if lim <= 0:
+            fill = skip_bits if lim < 0 else pad_bits
+            for j in range(k):
+                idx_out[t, kh, j] = -1
+                if want_values:
+                    val_out[t, kh, j] = fill
+            continue
+        b = token_batch[t]
+        keys = np.empty((lim, dim), np.float32)  # [L, D]
+        for p in range(lim):
+            _widen_row(k_bits[slots[b, p], kh], keys[p], is_bf16)
+        q = np.empty((g, dim), np.float32)  # [G, D]
+        w = np.empty(g, np.float32)  # [G]
+        for h in range(g):
+            _widen_row(q_bits[t, kh * g + h], q[h], is_bf16)
+        _widen_row(w_bits[t, kh * g:(kh + 1) * g], w, is_bf16)
+        dots = np.dot(keys, q.T)  # [L, G] fp32 BLAS
+        score = np.empty(lim, np.float32)  # [L]
+        lanes = np.empty(HEAD_GROUP, np.float32)
+        for p in range(lim):
+            score[p] = _weighted_head_sum(dots[p], w, lanes)
+        sel = _top_k(score, k)
+        m = sel.shape[0]
+        for j in range(m):
+            idx_out[t, kh, j] = sel[j]
+            if want_values:
+                val_out[t, kh, j] = _narrow(score[sel[j]], is_bf16)
+        for j in range(m, k):
+            idx_out[t, kh, j] = -1
+            if want_values:
+                val_out[t, kh, j] = pad_bits
+
+
+def _bits(value: float, dtype: np.dtype) -> np.uint16:
+    return np.array(value, dtype=dtype).view(np.uint16)[()]
+
+
+def lightning_indexer(args: LightningIndexerArgs):
+    """Backend of :func:`ascend_emu.ops.npu_lightning_indexer`.
+
+    Returns:
+        ``(sparse_indices, sparse_values)`` as that function documents.
+    """
+    dtype = args.dtype
+    t_rows = args.query.shape[0]
+    n2 = args.key.shape[1]
+    k = args.sparse_count
+    idx = np.empty((t_rows, n2, k), np.int32)  # [T, N2, K]
+    vals = np.empty((t_rows, n2, k) if args.return_value else (0, 0, 0), dtype)  # [T, N2, K]
+    _indexer(args.query.view(np.uint16), args.weights.view(np.uint16), args.key.view(np.uint16), args.slots,
+             args.token_batch, args.limit, dtype == BF16, args.return_value, _bits(PAD_VALUE, dtype),
+             _bits(SKIPPED_ROW_VALUE, dtype), idx, vals.view(np.uint16))
+    values = vals.reshape(args.out_shape) if args.return_value else np.empty(EMPTY_VALUE_SHAPE, dtype)
+    return idx.reshape(args.out_shape), values
