@@ -1,9 +1,10 @@
-"""emu backend of ``npu_lightning_indexer``: one fused Numba pass per (query token, key head).
+"""emu backend of ``npu_lightning_indexer``: per batch and key head, a Numba gather of the visible
+key rows, one fp32 GEMM, then a Numba pass per query token for the weighted head sum and top-k.
 
 Numerics (ops_reference §5.5; the A2/A3 kernel ``lightning_indexer_service_vector.h`` /
 ``lightning_indexer_vector.h``; the official golden widens everything to fp32):
 
-1. query, key and weights (bf16 / fp16, kept as ``uint16`` bits) are widened exactly to fp32.
+1. query, key and weights (bf16 / fp16) are widened exactly to fp32.
 2. ``dot[p, h] = q[h] . k[p]``: fp32 inputs, fp32 accumulation (BLAS sgemm, like the kernel's
    cube matmul whose fp32 result goes to the vector units unrounded). The summation order inside
    the 128-term dot is BLAS's; the cube's is not public, so this step may differ from the hardware
@@ -20,10 +21,12 @@ Numerics (ops_reference §5.5; the A2/A3 kernel ``lightning_indexer_service_vect
    scores keep the lower position first. NaN scores rank as ``-inf``.
 6. With ``return_value`` the selected fp32 scores are rounded once (RNE) to the query dtype.
 
-Nothing is materialised across tokens: each (token, head) gathers its own visible key rows
-(``limit`` of them, through the contract's validated ``slots``) into a private fp32 buffer. The
-work items are independent and each writes only its own output row, so results do not depend on
-the thread count.
+Work layout: a batch's key rows are gathered once (only the ``max(limit)`` rows its tokens can
+see, through the contract's validated ``slots``) and shared by all its query tokens; the GEMM
+runs outside Numba because OpenBLAS must not be called from inside Numba's OpenMP region (it
+warns "Detect OpenMP Loop ... may hang"). Each query token then owns one output row in the
+parallel scoring kernel, so the bytes do not depend on the thread count. Long prefills are cut
+into chunks of query tokens (:data:`CHUNK_BYTES`).
 """
 
 from __future__ import annotations
@@ -117,50 +120,45 @@ def _top_k(score, k):
 
 
 @njit(cache=True, parallel=True)
-def _indexer(q_bits, w_bits, k_bits, slots, token_batch, limit, is_bf16, want_values, pad_bits, skip_bits,
-             idx_out, val_out):
-    """q_bits ``[T, N1, D]``, w_bits ``[T, N1]``, k_bits ``[R, N2, D]`` (uint16 bits); slots int64
-    ``[B, S2]``; token_batch / limit int64 ``[T]``; idx_out int32 ``[T, N2, K]``; val_out uint16
-    ``[T, N2, K]`` (or any shape when not want_values)."""
-    t_rows, n1, dim = q_bits.shape
-    n2 = k_bits.shape[1]
-    g = n1 // n2
-    k = idx_out.shape[2]
-    for item in prange(t_rows * n2):
-        t = item // n2
-        kh = item % n2
-        lim = limit[t]
+def _gather_keys(k_bits, slots_b, kh, is_bf16, out):
+    """``out[p] = fp32(k_bits[slots_b[p], kh])`` for ``p < out.shape[0]`` (slots validated)."""
+    for p in prange(out.shape[0]):
+        _widen_row(k_bits[slots_b[p], kh], out[p], is_bf16)
+
+
+@njit(cache=True, parallel=True)
+def _score_top_k(dots, w, limit, is_bf16, want_values, pad_bits, skip_bits, idx_out, val_out):
+    """Weighted head sum and top-k of a chunk of tokens of one batch and key head.
+
+    dots fp32 ``[L, C * G]`` (``dots[p, c * G + h] = q[c, h] . k[p]``); w fp32 ``[C, G]``; limit
+    int64 ``[C]`` (each <= L, or < 0 for a skipped row); idx_out int32 ``[C, K]``; val_out uint16
+    ``[C, K]`` (unused without want_values).
+    """
+    c_rows, g = w.shape
+    k = idx_out.shape[1]
+    for c in prange(c_rows):
+        lim = limit[c]
         if lim <= 0:
             fill = skip_bits if lim < 0 else pad_bits
             for j in range(k):
-                idx_out[t, kh, j] = -1
+                idx_out[c, j] = -1
                 if want_values:
-                    val_out[t, kh, j] = fill
+                    val_out[c, j] = fill
             continue
-        b = token_batch[t]
-        keys = np.empty((lim, dim), np.float32)  # [L, D]
-        for p in range(lim):
-            _widen_row(k_bits[slots[b, p], kh], keys[p], is_bf16)
-        q = np.empty((g, dim), np.float32)  # [G, D]
-        w = np.empty(g, np.float32)  # [G]
-        for h in range(g):
-            _widen_row(q_bits[t, kh * g + h], q[h], is_bf16)
-        _widen_row(w_bits[t, kh * g:(kh + 1) * g], w, is_bf16)
-        dots = np.dot(keys, q.T)  # [L, G] fp32 BLAS
         score = np.empty(lim, np.float32)  # [L]
         lanes = np.empty(HEAD_GROUP, np.float32)
         for p in range(lim):
-            score[p] = _weighted_head_sum(dots[p], w, lanes)
+            score[p] = _weighted_head_sum(dots[p, c * g:(c + 1) * g], w[c], lanes)
         sel = _top_k(score, k)
         m = sel.shape[0]
         for j in range(m):
-            idx_out[t, kh, j] = sel[j]
+            idx_out[c, j] = sel[j]
             if want_values:
-                val_out[t, kh, j] = _narrow(score[sel[j]], is_bf16)
+                val_out[c, j] = _narrow(score[sel[j]], is_bf16)
         for j in range(m, k):
-            idx_out[t, kh, j] = -1
+            idx_out[c, j] = -1
             if want_values:
-                val_out[t, kh, j] = pad_bits
+                val_out[c, j] = pad_bits
 
 
 def _bits(value: float, dtype: np.dtype) -> np.uint16:
@@ -174,13 +172,51 @@ def lightning_indexer(args: LightningIndexerArgs):
         ``(sparse_indices, sparse_values)`` as that function documents.
     """
     dtype = args.dtype
-    t_rows = args.query.shape[0]
+    is_bf16 = dtype == BF16
+    t_rows, n1, dim = args.query.shape
     n2 = args.key.shape[1]
+    g = n1 // n2
     k = args.sparse_count
     idx = np.empty((t_rows, n2, k), np.int32)  # [T, N2, K]
-    vals = np.empty((t_rows, n2, k) if args.return_value else (0, 0, 0), dtype)  # [T, N2, K]
-    _indexer(args.query.view(np.uint16), args.weights.view(np.uint16), args.key.view(np.uint16), args.slots,
-             args.token_batch, args.limit, dtype == BF16, args.return_value, _bits(PAD_VALUE, dtype),
-             _bits(SKIPPED_ROW_VALUE, dtype), idx, vals.view(np.uint16))
-    values = vals.reshape(args.out_shape) if args.return_value else np.empty(EMPTY_VALUE_SHAPE, dtype)
+    vals = np.empty((t_rows, n2, k) if args.return_value else (0, 0, 0), np.uint16)  # [T, N2, K] bits
+    pad, skip = _bits(PAD_VALUE, dtype), _bits(SKIPPED_ROW_VALUE, dtype)
+    k_bits = args.key.view(np.uint16)  # [R, N2, D]
+    q32 = args.query.astype(np.float32)  # [T, N1, D]
+    w32 = args.weights.astype(np.float32)  # [T, N1]
+    for b, rows in _batch_rows(args.token_batch):
+        lim = args.limit[rows]  # [n_tok]
+        width = max(int(lim.max()), 0)
+        for kh in range(n2):
+            keys = np.empty((width, dim), np.float32)  # [L, D]
+            _gather_keys(k_bits, args.slots[b], kh, is_bf16, keys)
+            for c0 in range(0, rows.size, _chunk(width, g)):
+                sub = rows[c0:c0 + _chunk(width, g)]
+                q = q32[sub, kh * g:(kh + 1) * g].reshape(-1, dim)  # [C * G, D]
+                dots = keys @ q.T  # [L, C * G] fp32 BLAS
+                w = np.ascontiguousarray(w32[sub, kh * g:(kh + 1) * g])  # [C, G]
+                out_i = np.empty((sub.size, k), np.int32)
+                out_v = np.empty((sub.size, k) if args.return_value else (0, 0), np.uint16)
+                _score_top_k(dots, w, lim[c0:c0 + sub.size], is_bf16, args.return_value, pad, skip, out_i, out_v)
+                idx[sub, kh] = out_i
+                if args.return_value:
+                    vals[sub, kh] = out_v
+    values = vals.view(dtype).reshape(args.out_shape) if args.return_value else np.empty(EMPTY_VALUE_SHAPE, dtype)
     return idx.reshape(args.out_shape), values
+
+
+#: Bytes of one chunk's fp32 score matrix ``[L, C * G]`` (bounds memory for long prefills).
+CHUNK_BYTES = 32 << 20
+
+
+def _chunk(width: int, g: int) -> int:
+    """Query tokens per GEMM so that ``[L, C * G]`` fp32 stays within CHUNK_BYTES."""
+    return max(1, CHUNK_BYTES // max(1, width * g * 4))
+
+
+def _batch_rows(token_batch: np.ndarray):
+    """(batch, its query token rows) for every batch with rows, in batch order."""
+    order = np.argsort(token_batch, kind="stable")
+    bounds = np.flatnonzero(np.diff(token_batch[order])) + 1
+    for rows in np.split(order, bounds):
+        if rows.size:
+            yield int(token_batch[rows[0]]), rows
