@@ -225,20 +225,30 @@ def test_realistic_decode_shape():
     check(out, ref, BF16, exact=False, scale=_score_scale(query, weights, key, kw))
 
 
-def test_thread_count_does_not_change_bytes():
+def test_thread_count_does_not_change_bytes(monkeypatch):
+    """The parallel kernels (forced on at this small size) give the serial path's bytes with 1 and
+    2 Numba threads."""
+    emu_indexer = importlib.import_module("ascend_emu.emu.lightning_indexer")  # the module, not the function
     rng = np.random.default_rng(4)
     query, key, weights, kw = make_case(rng, "TND", "PA_BSND", BF16, [3, 4, 2, 5], [60, 45, 80, 33])
-    results = []
+
+    def call():
+        out = ops.npu_lightning_indexer(query, key, weights, sparse_count=24, return_value=True, **kw)
+        return [raw(x).copy() for x in out]
+
+    results = [call()]  # serial
+    monkeypatch.setattr(emu_indexer, "PARALLEL_MIN_ROWS", 0)
+    monkeypatch.setattr(emu_indexer, "PARALLEL_MIN_SCORES", 0)
     old = numba.get_num_threads()
     try:
         for n in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
             numba.set_num_threads(n)
-            out = ops.npu_lightning_indexer(query, key, weights, sparse_count=24, return_value=True, **kw)
-            results.append([raw(x).copy() for x in out])
+            results.append(call())
     finally:
         numba.set_num_threads(old)
-    for one, two in zip(*results):
-        assert np.array_equal(one, two)
+    for other in results[1:]:
+        for one, two in zip(results[0], other):
+            assert np.array_equal(one, two)
 
 
 # ---------------------------------------------------------------------- bad input

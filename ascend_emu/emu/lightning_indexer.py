@@ -31,6 +31,7 @@ into chunks of query tokens (:data:`CHUNK_BYTES`).
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -39,6 +40,11 @@ from ..quant import BF16
 from ..quant.rounding import f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 from .kv_rmsnorm_rope_cache import _widen_row
 
+#: Below these sizes one thread is faster than waking the pool, and a BLAS call right after a
+#: parallel region competes with its spinning workers on a small machine: key rows gathered,
+#: and head-times-key products scored per chunk (one decode token at kv 4096 is 2**18).
+PARALLEL_MIN_ROWS = 1 << 14
+PARALLEL_MIN_SCORES = 1 << 19
 #: Heads per vector-unit group in the kernel's weighted head reduction (``groupInner_``).
 HEAD_GROUP = 16
 
@@ -51,37 +57,55 @@ def _narrow(x, is_bf16):
 
 
 @njit(cache=True, inline="always")
-def _weighted_head_sum(dot_row, w, lanes):
-    """``sum_h w[h] * relu(dot_row[h])`` in fp32, the kernel's order (module doc, step 4).
+def _relu_times(d, w):
+    """``relu(d) * w`` in fp32; NaN passes through."""
+    return (np.float32(0.0) if d < np.float32(0.0) else d) * w
 
-    ``lanes`` is scratch of HEAD_GROUP fp32 values.
-    """
-    g = dot_row.shape[0]
-    r = min(HEAD_GROUP, g)
-    for h in range(g):
-        d = dot_row[h]
-        if d < np.float32(0.0):
-            d = np.float32(0.0)
-        prod = d * w[h]
-        if h < r:
-            lanes[h] = prod
-        else:
-            lanes[h % r] = lanes[h % r] + prod
-    if r == 1:
-        return lanes[0]
+
+@njit(cache=True, inline="always")
+def _pow2_floor(r):
+    """The kernel's ``FindNearestPower2``: r itself for r <= 2, else the largest power of two <= r."""
+    if r <= 2:
+        return r
     p = 1
     while p * 2 <= r:
         p *= 2
-    if r <= 2:
-        p = r
-    for i in range(r - p):  # rows past the largest power of two fold in first
-        lanes[i] = lanes[i] + lanes[p + i]
-    n = p
-    while n > 2:
-        n //= 2
-        for i in range(n):
-            lanes[i] = lanes[i] + lanes[n + i]
-    return lanes[0] + lanes[1]
+    return p
+
+
+@njit(cache=True)
+def _weighted_head_sums(dots, w, score):
+    """``score[p] = sum_h w[h] * relu(dots[h, p])`` in fp32, the kernel's order (module doc,
+    step 4), for ``p < score.shape[0]``. dots fp32 ``[G, >= L]``, w fp32 ``[G]``.
+
+    Every loop runs over p, so the additions of one p happen in exactly the kernel's order while
+    different p are computed side by side (SIMD).
+    """
+    g = w.shape[0]
+    n = score.shape[0]
+    r = min(HEAD_GROUP, g)
+    lanes = np.empty((r, n), np.float32)  # [16, L]
+    for i in range(r):
+        for p in range(n):
+            lanes[i, p] = _relu_times(dots[i, p], w[i])
+    for base in range(r, g, r):
+        for i in range(min(r, g - base)):
+            for p in range(n):
+                lanes[i, p] = lanes[i, p] + _relu_times(dots[base + i, p], w[base + i])
+    if r == 1:
+        score[:] = lanes[0]
+        return
+    half = _pow2_floor(r)
+    for i in range(r - half):  # lanes past the largest power of two fold in first
+        for p in range(n):
+            lanes[i, p] = lanes[i, p] + lanes[half + i, p]
+    while half > 2:
+        half //= 2
+        for i in range(half):
+            for p in range(n):
+                lanes[i, p] = lanes[i, p] + lanes[half + i, p]
+    for p in range(n):
+        score[p] = lanes[0, p] + lanes[1, p]
 
 
 @njit(cache=True)
@@ -119,24 +143,33 @@ def _top_k(score, k):
     return sel[order]
 
 
-@njit(cache=True, parallel=True)
-def _gather_keys(k_bits, slots_b, kh, is_bf16, out):
-    """``out[p] = fp32(k_bits[slots_b[p], kh])`` for ``p < out.shape[0]`` (slots validated)."""
-    for p in prange(out.shape[0]):
+@njit(cache=True)
+def _gather_keys_range(lo, hi, k_bits, slots_b, kh, is_bf16, out):
+    """``out[p] = fp32(k_bits[slots_b[p], kh])`` for ``lo <= p < hi`` (slots validated)."""
+    for p in range(lo, hi):
         _widen_row(k_bits[slots_b[p], kh], out[p], is_bf16)
 
 
 @njit(cache=True, parallel=True)
-def _score_top_k(dots, w, limit, is_bf16, want_values, pad_bits, skip_bits, idx_out, val_out):
-    """Weighted head sum and top-k of a chunk of tokens of one batch and key head.
+def _gather_keys_parallel(parts, k_bits, slots_b, kh, is_bf16, out):
+    """:func:`_gather_keys_range` over all rows of ``out``, split into ``parts`` threads' ranges."""
+    n = out.shape[0]
+    for i in prange(parts):
+        _gather_keys_range(i * n // parts, (i + 1) * n // parts, k_bits, slots_b, kh, is_bf16, out)
 
-    dots fp32 ``[L, C * G]`` (``dots[p, c * G + h] = q[c, h] . k[p]``); w fp32 ``[C, G]``; limit
+
+@njit(cache=True)
+def _score_top_k_range(lo, hi, dots, w, limit, is_bf16, want_values, pad_bits, skip_bits, idx_out, val_out):
+    """Weighted head sum and top-k of query tokens ``lo <= c < hi`` of a chunk of one batch and
+    key head.
+
+    dots fp32 ``[C * G, L]`` (``dots[c * G + h, p] = q[c, h] . k[p]``); w fp32 ``[C, G]``; limit
     int64 ``[C]`` (each <= L, or < 0 for a skipped row); idx_out int32 ``[C, K]``; val_out uint16
     ``[C, K]`` (unused without want_values).
     """
-    c_rows, g = w.shape
+    g = w.shape[1]
     k = idx_out.shape[1]
-    for c in prange(c_rows):
+    for c in range(lo, hi):
         lim = limit[c]
         if lim <= 0:
             fill = skip_bits if lim < 0 else pad_bits
@@ -146,9 +179,7 @@ def _score_top_k(dots, w, limit, is_bf16, want_values, pad_bits, skip_bits, idx_
                     val_out[c, j] = fill
             continue
         score = np.empty(lim, np.float32)  # [L]
-        lanes = np.empty(HEAD_GROUP, np.float32)
-        for p in range(lim):
-            score[p] = _weighted_head_sum(dots[p, c * g:(c + 1) * g], w[c], lanes)
+        _weighted_head_sums(dots[c * g:(c + 1) * g], w[c], score)
         sel = _top_k(score, k)
         m = sel.shape[0]
         for j in range(m):
@@ -159,6 +190,13 @@ def _score_top_k(dots, w, limit, is_bf16, want_values, pad_bits, skip_bits, idx_
             idx_out[c, j] = -1
             if want_values:
                 val_out[c, j] = pad_bits
+
+
+@njit(cache=True, parallel=True)
+def _score_top_k_parallel(dots, w, limit, is_bf16, want_values, pad_bits, skip_bits, idx_out, val_out):
+    """:func:`_score_top_k_range` with one query token per parallel iteration."""
+    for c in prange(w.shape[0]):
+        _score_top_k_range(c, c + 1, dots, w, limit, is_bf16, want_values, pad_bits, skip_bits, idx_out, val_out)
 
 
 def _bits(value: float, dtype: np.dtype) -> np.uint16:
@@ -188,15 +226,22 @@ def lightning_indexer(args: LightningIndexerArgs):
         width = max(int(lim.max()), 0)
         for kh in range(n2):
             keys = np.empty((width, dim), np.float32)  # [L, D]
-            _gather_keys(k_bits, args.slots[b], kh, is_bf16, keys)
+            if width >= PARALLEL_MIN_ROWS:
+                _gather_keys_parallel(numba.get_num_threads(), k_bits, args.slots[b], kh, is_bf16, keys)
+            else:
+                _gather_keys_range(0, width, k_bits, args.slots[b], kh, is_bf16, keys)
             for c0 in range(0, rows.size, _chunk(width, g)):
                 sub = rows[c0:c0 + _chunk(width, g)]
                 q = q32[sub, kh * g:(kh + 1) * g].reshape(-1, dim)  # [C * G, D]
-                dots = keys @ q.T  # [L, C * G] fp32 BLAS
+                dots = q @ keys.T  # [C * G, L] fp32 BLAS
                 w = np.ascontiguousarray(w32[sub, kh * g:(kh + 1) * g])  # [C, G]
                 out_i = np.empty((sub.size, k), np.int32)
                 out_v = np.empty((sub.size, k) if args.return_value else (0, 0), np.uint16)
-                _score_top_k(dots, w, lim[c0:c0 + sub.size], is_bf16, args.return_value, pad, skip, out_i, out_v)
+                operands = (dots, w, lim[c0:c0 + sub.size], is_bf16, args.return_value, pad, skip, out_i, out_v)
+                if sub.size > 1 and int(np.maximum(lim[c0:c0 + sub.size], 0).sum()) * g >= PARALLEL_MIN_SCORES:
+                    _score_top_k_parallel(*operands)
+                else:
+                    _score_top_k_range(0, sub.size, *operands)
                 idx[sub, kh] = out_i
                 if args.return_value:
                     vals[sub, kh] = out_v
@@ -204,12 +249,12 @@ def lightning_indexer(args: LightningIndexerArgs):
     return idx.reshape(args.out_shape), values
 
 
-#: Bytes of one chunk's fp32 score matrix ``[L, C * G]`` (bounds memory for long prefills).
+#: Bytes of one chunk's fp32 score matrix ``[C * G, L]`` (bounds memory for long prefills).
 CHUNK_BYTES = 32 << 20
 
 
 def _chunk(width: int, g: int) -> int:
-    """Query tokens per GEMM so that ``[L, C * G]`` fp32 stays within CHUNK_BYTES."""
+    """Query tokens per GEMM so that ``[C * G, L]`` fp32 stays within CHUNK_BYTES."""
     return max(1, CHUNK_BYTES // max(1, width * g * 4))
 
 
