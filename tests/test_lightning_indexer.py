@@ -386,3 +386,24 @@ def test_query_chunks_do_not_change_bytes(monkeypatch):
     chunked = ops.npu_lightning_indexer(query, key, weights, sparse_count=16, return_value=True, **kw)
     for one, two in zip(whole, chunked):
         assert np.array_equal(raw(one), raw(two))
+
+
+def test_head_sum_follows_the_kernel_order():
+    """Products whose fp32 sum depends on the order: +2**24 (head 0), -2**24 (head 1), 1 (heads
+    16, 17). The kernel's lanes give (2**24 + 1) + (-2**24 + 1) = 2**24 - (2**24 - 1) = 1; head
+    order or exact arithmetic give 2. Dots are exact (one non-zero dim), so BLAS order is moot."""
+    from tests.reference.lightning_indexer import head_sum_kernel_order
+
+    c = np.zeros(N1, np.float32)  # q[h, 0]
+    w = np.zeros(N1, np.float32)
+    c[[0, 1, 16, 17]] = [2.0 ** 12, 2.0 ** 12, 1, 1]
+    w[[0, 1, 16, 17]] = [2.0 ** 12, -2.0 ** 12, 1, 1]
+    query = np.zeros((1, 1, N1, D), BF16)
+    query[0, 0, :, 0] = c.astype(BF16)
+    key = np.zeros((1, 1, 1, D), BF16)
+    key[0, 0, 0, 0] = 1
+    weights = w.astype(BF16).reshape(1, 1, N1)
+    idx, val = ops.npu_lightning_indexer(query, key, weights, sparse_count=1, return_value=True)
+    want = head_sum_kernel_order(np.maximum(c, 0) * w)
+    assert want == 1.0 and float(np.sum(np.maximum(c, 0).astype(np.float64) * w)) == 2.0
+    assert idx[0, 0, 0, 0] == 0 and float(val[0, 0, 0, 0]) == want

@@ -115,3 +115,22 @@ def lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None, act
     else:
         shape = (t_total, 1, k)
     return indices.reshape(shape), values.reshape(shape), scores
+
+
+def head_sum_kernel_order(prods):
+    """fp32 sum of the 64 per-head products ``w[h] * relu(q[h] . k)`` in the A2/A3 kernel's order
+    (``DoScale`` / ``DoReduce``, groups of 16 heads): lane i = prods[i] + prods[16 + i] +
+    prods[32 + i] + prods[48 + i] left to right, then halving adds 16 -> 8 -> 4 -> 2 -> 1."""
+    p = [np.float32(x) for x in prods]
+    assert len(p) == 64
+    lanes = []
+    for i in range(16):
+        acc = p[i]
+        for grp in range(1, 4):
+            acc = np.float32(acc + p[16 * grp + i])
+        lanes.append(acc)
+    width = 16
+    while width > 1:
+        width //= 2
+        lanes = [np.float32(lanes[i] + lanes[width + i]) for i in range(width)]
+    return lanes[0]
