@@ -407,3 +407,31 @@ def test_head_sum_follows_the_kernel_order():
     want = head_sum_kernel_order(np.maximum(c, 0) * w)
     assert want == 1.0 and float(np.sum(np.maximum(c, 0).astype(np.float64) * w)) == 2.0
     assert idx[0, 0, 0, 0] == 0 and float(val[0, 0, 0, 0]) == want
+
+
+def test_large_sparse_count_pads_with_minus_one():
+    rng = np.random.default_rng(15)
+    query, key, weights, kw = make_case(rng, "TND", "PA_BSND", np.dtype(np.float16), [1, 2], [40, 7], data="int")
+    out, ref = run_both(query, key, weights, kw, 3072, 3)
+    check(out, ref, np.dtype(np.float16), exact=True)
+    assert out[0].shape == (3, 1, 3072) and (out[0][:, :, 40:] == -1).all()
+
+
+def test_torch_npu_signature_is_the_schema():
+    """torch_npu 2.14: npu_lightning_indexer(Tensor query, Tensor key, Tensor weights, *, ...)."""
+    pytest.importorskip("torch")
+    import inspect
+
+    import ascend_emu.torch_npu as torch_npu
+
+    big = 9223372036854775807
+    want = [("query", None), ("key", None), ("weights", None), ("actual_seq_lengths_query", None),
+            ("actual_seq_lengths_key", None), ("block_table", None), ("layout_query", "BSND"),
+            ("layout_key", "BSND"), ("sparse_count", 2048), ("sparse_mode", 3), ("pre_tokens", big),
+            ("next_tokens", big), ("return_value", False)]
+    for fn in (torch_npu.npu_lightning_indexer, ops.npu_lightning_indexer):
+        params = list(inspect.signature(fn).parameters.values())
+        assert [p.name for p in params] == [n for n, _ in want]
+        assert [p.kind for p in params[:3]] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 3
+        assert all(p.kind == inspect.Parameter.KEYWORD_ONLY for p in params[3:])
+        assert [p.default for p in params[3:]] == [d for _, d in want[3:]]
