@@ -18,3 +18,12 @@ D_QK = HCKV + D_ROPE
 NKV = 1
 #: Per-tile quant tile (elements of k_nope per fp32 scale).
 TILE_SIZE = 128
+
+# DeepSeek-V3.2 lightning indexer (npu_lightning_indexer doc, "约束说明": query N = 64, key N = 1,
+# D = 128 for query and key; the same values as the model's index_n_heads / index_head_dim).
+#: N1: indexer query heads.
+INDEXER_HEADS = 64
+#: N2: indexer key heads.
+INDEXER_KEY_HEADS = 1
+#: D: indexer query / key head dim.
+INDEXER_HEAD_DIM = 128

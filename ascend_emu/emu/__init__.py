@@ -7,5 +7,6 @@ Threads: chosen when ``ascend_emu`` is imported (:mod:`ascend_emu._threads`).
 """
 
 from .kv_rmsnorm_rope_cache import kv_rmsnorm_rope_cache  # noqa: F401
+from .lightning_indexer import lightning_indexer  # noqa: F401
 from .mla_preprocess import mla_preprocess  # noqa: F401
 from .mla_prolog import mla_prolog  # noqa: F401

@@ -165,3 +165,21 @@ from . import atb  # noqa: E402  (torch_npu.atb.npu_mla_preprocess)
 
 __all__ = ["atb", "npu", "install", "get_npu_format", "npu_format_cast", "npu_kv_rmsnorm_rope_cache",
            "npu_mla_prolog", "npu_mla_prolog_v2", "npu_mla_prolog_v3", "__version__"]
+
+
+def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None, actual_seq_lengths_key=None,
+                          block_table=None, layout_query="BSND", layout_key="BSND", sparse_count=2048,
+                          sparse_mode=3, pre_tokens=9223372036854775807, next_tokens=9223372036854775807,
+                          return_value=False):
+    """``torch_npu.npu_lightning_indexer`` on CPU tensors.
+
+    Shapes, dtypes, numerics and errors: :func:`ascend_emu.ops.npu_lightning_indexer`.
+
+    Returns:
+        ``(sparse_indices, sparse_values)``: int32 top-k kv positions and, with ``return_value``,
+        their scores in the query dtype (else an empty ``[0]`` tensor).
+    """
+    return call_emulated("npu_lightning_indexer", npu_lightning_indexer, locals())
+
+
+__all__ += ["npu_lightning_indexer"]

@@ -1,0 +1,369 @@
+"""``torch_npu.npu_lightning_indexer`` on NumPy arrays: the contract.
+
+Sources: torch_npu 2.14's schema and meta function ``npu_lightning_indexer_forward`` (argument
+names, defaults, output shapes / dtypes); its op doc (``_op_plugin_docs.py``: dtypes, layouts,
+``actual_seq_lengths_*`` semantics, ``sparse_count`` values, sparse_mode 0 / 3) and the doc's
+constraints (query N = 64, key N = 1, D = 128, one dtype for query / key / weights, block_size a
+multiple of 16 up to 1024); ops_reference §5.5; the official golden
+(op-plugin ``test/test_custom_ops/test_npu_lightning_indexer.py``) and the A2/A3 kernel
+(ops-transformer ``lightning_indexer``: ``lightning_indexer_vector.h`` / ``_service_vector.h``).
+
+What the op computes, per query token ``t`` (batch ``b``, position ``s1`` in the batch) and key
+head ``n2`` (heads ``h`` of its group, ``G = N1 / N2``)::
+
+    score[p] = sum_h w[t, h] * relu(q[t, h] . k[b, p])        p < limit(t)
+    limit(t) = act_kv[b]                                      sparse_mode 0
+             = min(act_kv[b], act_kv[b] - act_q[b] + s1 + 1)  sparse_mode 3 (right-down causal)
+    sparse_indices[t, n2, :] = the sparse_count positions p with the largest score, by score
+                               descending, equal scores lower p first, then -1
+
+``p`` is the kv token position inside batch ``b``'s sequence: exactly the ``sparse_indices``
+(sparse_block_size 1) that ``npu_sparse_flash_attention`` / ``npu_kv_quant_sparse_flash_attention``
+take. The numerics chain is in :mod:`ascend_emu.emu.lightning_indexer`.
+
+Choices where the sources leave room (each in one named constant below):
+
+- :data:`PAD_VALUE`: with ``return_value``, slots past the last selected key hold ``-inf`` (the
+  kernel initialises its sort buffer to ``-inf`` / index ``-1``); this includes computed rows with
+  no visible key (causal ``limit <= 0``).
+- :data:`SKIPPED_ROW_VALUE`: rows the kernel never computes (BSND query rows at or past
+  ``actual_seq_lengths_query[b]``, batches whose query or key length is 0) get indices ``-1`` and
+  values ``0`` (the kernel's ``CleanInvalidOutput``).
+- :data:`EMPTY_VALUE_SHAPE`: without ``return_value`` the second output is empty ``[0]`` in the
+  query dtype (the meta function).
+- :data:`TIES`: equal scores (float equality, so ``0.0 == -0.0``) keep the lower position first.
+  The golden's ``torch.sort`` is unstable and the kernel's hardware sort order for ties is not
+  documented; ops_reference §5.5 asks for lower index first.
+- :data:`SPARSE_MODES`, :data:`SPARSE_COUNTS`: only the values the doc lists.
+- ``pre_tokens`` / ``next_tokens`` must keep their default ``2**63 - 1`` (:data:`UNBOUNDED_TOKENS`):
+  the doc does not describe them for this op and sparse_mode 0 / 3 do not use them.
+- ``actual_seq_lengths_key`` is required for ``PA_BSND`` (the cache has no sequence axis) and for
+  ``TND`` keys (prefix sums); TND prefix sums must end at the token count (``T`` / ``T2``), so no
+  token row is left unaddressed.
+- query, key and weights must be C-contiguous (doc: non-contiguous tensors are not supported).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from ..errors import DTypeError, ModeError, ShapeError, arg_error
+from ..layouts import SKIP_INDEX, slots_from_block_table
+from ..mla import INDEXER_HEAD_DIM, INDEXER_HEADS, INDEXER_KEY_HEADS
+from ._backend import get_backend
+from ._check import check_dtype, check_shape, dtype_name, optional, required
+
+LayoutQuery = Literal["BSND", "TND"]
+LayoutKey = Literal["BSND", "TND", "PA_BSND"]
+
+#: layout_query values the doc lists.
+LAYOUTS_QUERY: tuple[str, ...] = ("BSND", "TND")
+#: layout_key values the doc lists (PA_BSND: paged through block_table).
+LAYOUTS_KEY: tuple[str, ...] = ("BSND", "TND", "PA_BSND")
+#: query / key / weights dtypes (one dtype for all three).
+DTYPES: tuple[str, ...] = ("bfloat16", "float16")
+#: sparse_mode 0 (no mask) and 3 (right-down causal).
+SPARSE_MODES: tuple[int, ...] = (0, 3)
+#: sparse_count values the doc lists: 1-2048 and 3072 ... 8192 in steps of 1024.
+SPARSE_COUNT_MAX_DENSE = 2048
+SPARSE_COUNTS_LARGE: tuple[int, ...] = (3072, 4096, 5120, 6144, 7168, 8192)
+#: The only accepted pre_tokens / next_tokens (their default).
+UNBOUNDED_TOKENS = 9223372036854775807
+#: PA_BSND block_size: a multiple of 16, at most 1024 (doc constraint).
+BLOCK_SIZE_ALIGN = 16
+BLOCK_SIZE_MAX = 1024
+#: Value (return_value) of unfilled slots of a computed row.
+PAD_VALUE = float("-inf")
+#: Value (return_value) of every slot of a row the kernel skips.
+SKIPPED_ROW_VALUE = 0.0
+#: Shape of the second output without return_value.
+EMPTY_VALUE_SHAPE = (0,)
+#: Tie order among equal scores.
+TIES = "lower index first"
+#: ``limit`` of a row the kernel skips (see :class:`LightningIndexerArgs`).
+SKIPPED_ROW = -1
+
+
+@dataclass(frozen=True, kw_only=True)
+class LightningIndexerArgs:
+    """Normalised, validated arguments of :func:`npu_lightning_indexer`.
+
+    Attributes:
+        query: ``[T, N1, D]`` C-contiguous bf16 / fp16 (BSND flattened batch-major: T = B * S1).
+        weights: ``[T, N1]`` C-contiguous, the query dtype.
+        key: ``[R, N2, D]`` C-contiguous key rows, the query dtype (BSND: R = B * S2; TND: R = T2;
+            PA_BSND: R = blocks * block_size, row ``block * block_size + r``).
+        slots: int64 ``[B, max_kv]``: row of ``key`` holding kv position ``p`` of batch ``b``;
+            every entry ``p < limit`` of any token of ``b`` is in ``[0, R)`` (checked); -1 past
+            ``act_kv[b]``.
+        token_batch: int64 ``[T]`` batch of each query token.
+        limit: int64 ``[T]`` visible kv positions ``[0, limit)`` per token (>= 0), or
+            :data:`SKIPPED_ROW` for a row the kernel does not compute.
+        sparse_count: top-k per row.
+        return_value: whether the scores are returned.
+        out_shape: ``[B, S1, N2, sparse_count]`` (BSND query) or ``[T, N2, sparse_count]`` (TND).
+        layout_query, layout_key: the caller's layouts.
+        sparse_mode: 0 or 3.
+    """
+
+    query: np.ndarray
+    weights: np.ndarray
+    key: np.ndarray
+    slots: np.ndarray
+    token_batch: np.ndarray
+    limit: np.ndarray
+    sparse_count: int
+    return_value: bool
+    out_shape: tuple[int, ...]
+    layout_query: str
+    layout_key: str
+    sparse_mode: int
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The query dtype (bf16 or fp16): the dtype of the returned scores."""
+        return self.query.dtype
+
+
+def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None, actual_seq_lengths_key=None,
+                          block_table=None, layout_query: LayoutQuery = "BSND", layout_key: LayoutKey = "BSND",
+                          sparse_count: int = 2048, sparse_mode: int = 3, pre_tokens: int = UNBOUNDED_TOKENS,
+                          next_tokens: int = UNBOUNDED_TOKENS, return_value: bool = False):
+    """Top-``sparse_count`` kv positions per query token by the lightning-indexer score.
+
+    Args:
+        query: ``[B, S1, N1, D]`` (BSND) or ``[T, N1, D]`` (TND), bf16 / fp16, C-contiguous;
+            N1 = 64, D = 128.
+        key: ``[B, S2, N2, D]`` (BSND), ``[T2, N2, D]`` (TND) or ``[blocks, block_size, N2, D]``
+            (PA_BSND, block_size a multiple of 16 up to 1024); query's dtype, C-contiguous; N2 = 1.
+        weights: ``[B, S1, N1]`` / ``[T, N1]``, query's dtype, C-contiguous.
+        actual_seq_lengths_query: int32 ``[B]``. BSND: query tokens per batch, each in
+            ``[0, S1]`` (default: all S1). TND (required): prefix sums, non-decreasing, the last
+            equal to T; its length is B.
+        actual_seq_lengths_key: int32 ``[B]``. BSND: kv tokens per batch in ``[0, S2]`` (default:
+            all S2). TND (required): prefix sums ending at T2. PA_BSND (required): kv tokens per
+            batch.
+        block_table: int32 ``[B, >= ceil(max kv length / block_size)]`` block ids, PA_BSND only;
+            the entries covering each batch's kv tokens must lie in ``[0, blocks)``.
+        layout_query: ``"BSND"`` (default) or ``"TND"``.
+        layout_key: ``"BSND"`` (default), ``"TND"`` or ``"PA_BSND"``; without paging it must
+            equal ``layout_query``.
+        sparse_count: k, 1-2048 or one of 3072, 4096, 5120, 6144, 7168, 8192. Default 2048.
+        sparse_mode: 0 (every kv token visible) or 3 (right-down causal, default).
+        pre_tokens, next_tokens: must keep the default ``2**63 - 1``.
+        return_value: also return the selected scores. Default False.
+
+    Returns:
+        ``(sparse_indices, sparse_values)``: int32 ``[B, S1, N2, sparse_count]`` (BSND query) or
+        ``[T, N2, sparse_count]`` (TND query), kv positions within the batch's sequence, -1 after
+        the last selected one; the scores of those positions rounded (RNE) to the query dtype,
+        same shape, with :data:`PAD_VALUE` / :data:`SKIPPED_ROW_VALUE` fills, or an empty ``[0]``
+        array of the query dtype without ``return_value``.
+
+    Raises:
+        ShapeError: a rank or size (N1, N2, D, batch counts, block_size), a non-contiguous input,
+            an actual length out of range or prefix sums that decrease / do not end at T.
+        DTypeError: a dtype (query family, one dtype for the three inputs, int32 lengths and
+            block_table), a non-int mode / count, a non-bool ``return_value``.
+        ModeError: unknown layout, mismatched non-paged layouts, a missing required or an
+            unexpected ``actual_seq_lengths_*`` / ``block_table``, sparse_mode, sparse_count,
+            non-default pre_tokens / next_tokens.
+        IndexRangeError: a needed block_table entry outside the cache (message names
+            ``block_table[b, j]``, its value and the kv tokens it covers).
+    """
+    args = _normalise(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
+                      layout_query, layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens, return_value)
+    return get_backend().lightning_indexer(args)
+
+
+# ---------------------------------------------------------------------- validation
+def _int_arg(value, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise arg_error(DTypeError, name, "an int", repr(value))
+    return int(value)
+
+
+def _lengths(x, name: str, size: int | None) -> np.ndarray:
+    """An int32 1-D lengths tensor as int64 ``[B]``."""
+    check_dtype(x, name, ("int32",))
+    if x.ndim != 1 or (size is not None and x.shape[0] != size) or x.shape[0] < 1:
+        want = f"[B={size}]" if size is not None else "[B] with B >= 1"
+        raise arg_error(ShapeError, name, f"a 1-D int32 tensor {want}", f"shape {list(x.shape)}")
+    return x.astype(np.int64)
+
+
+def _check_range(v: np.ndarray, name: str, hi: int, what: str) -> None:
+    bad = np.flatnonzero((v < 0) | (v > hi))
+    if bad.size:
+        i = int(bad[0])
+        raise arg_error(ShapeError, f"{name}[{i}]", f"{what} in [0, {hi}]", int(v[i]))
+
+
+def _prefix_to_lengths(v: np.ndarray, name: str, total: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """TND prefix sums -> (starts, lengths); they must be >= 0, non-decreasing and end at total."""
+    if (v < 0).any():
+        i = int(np.argmax(v < 0))
+        raise arg_error(ShapeError, f"{name}[{i}]", "a prefix sum >= 0", int(v[i]))
+    dec = np.flatnonzero(np.diff(v) < 0)
+    if dec.size:
+        i = int(dec[0]) + 1
+        raise arg_error(ShapeError, f"{name}[{i}]", f"prefix sums (non-decreasing, TND): >= {name}[{i - 1}] = "
+                        f"{int(v[i - 1])}", int(v[i]))
+    if int(v[-1]) != total:
+        raise arg_error(ShapeError, f"{name}[{v.size - 1}]", f"the {what} count {total} (the last TND prefix "
+                        "sum covers every token row)", int(v[-1]))
+    starts = np.concatenate(([0], v[:-1])).astype(np.int64)
+    return starts, v - starts
+
+
+def _tensor(x, name: str, dtype: str | None) -> np.ndarray:
+    x = required(x, name)
+    check_dtype(x, name, DTYPES if dtype is None else (dtype,))
+    if x.size == 0:
+        raise arg_error(ShapeError, name, "a non-empty tensor", f"shape {list(x.shape)}")
+    if not x.flags.c_contiguous:
+        raise arg_error(ShapeError, name, "a C-contiguous tensor (non-contiguous input is not supported)",
+                        f"strides {x.strides}")
+    return x
+
+
+def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, layout_key, sparse_count,
+               sparse_mode, pre_tokens, next_tokens, return_value) -> LightningIndexerArgs:
+    # ---- modes
+    if layout_query not in LAYOUTS_QUERY:
+        raise arg_error(ModeError, "layout_query", f"one of {list(LAYOUTS_QUERY)}", repr(layout_query))
+    if layout_key not in LAYOUTS_KEY:
+        raise arg_error(ModeError, "layout_key", f"one of {list(LAYOUTS_KEY)}", repr(layout_key))
+    paged = layout_key == "PA_BSND"
+    if not paged and layout_key != layout_query:
+        raise arg_error(ModeError, "layout_key", f"layout_query {layout_query!r} or 'PA_BSND' (without paging "
+                        "the key layout must equal the query layout)", repr(layout_key))
+    sparse_mode = _int_arg(sparse_mode, "sparse_mode")
+    if sparse_mode not in SPARSE_MODES:
+        raise arg_error(ModeError, "sparse_mode", f"one of {list(SPARSE_MODES)} (0: no mask, 3: right-down causal)",
+                        sparse_mode)
+    sparse_count = _int_arg(sparse_count, "sparse_count")
+    if not (1 <= sparse_count <= SPARSE_COUNT_MAX_DENSE or sparse_count in SPARSE_COUNTS_LARGE):
+        raise arg_error(ModeError, "sparse_count", f"1-{SPARSE_COUNT_MAX_DENSE} or one of "
+                        f"{list(SPARSE_COUNTS_LARGE)}", sparse_count)
+    for name, v in (("pre_tokens", pre_tokens), ("next_tokens", next_tokens)):
+        if _int_arg(v, name) != UNBOUNDED_TOKENS:
+            raise arg_error(ModeError, name, f"the default {UNBOUNDED_TOKENS} (sparse_mode 0 / 3 take no token "
+                            "window)", v)
+    if not isinstance(return_value, (bool, np.bool_)):
+        raise arg_error(DTypeError, "return_value", "a bool", type(return_value).__name__)
+
+    # ---- query / weights
+    query = _tensor(query, "query", None)
+    dt = dtype_name(query.dtype)
+    if layout_query == "BSND":
+        check_shape(query, "query", [None, None, INDEXER_HEADS, INDEXER_HEAD_DIM], "[B, S1, N1=64, D=128] (BSND)")
+        b_q, s1 = query.shape[:2]
+    else:
+        check_shape(query, "query", [None, INDEXER_HEADS, INDEXER_HEAD_DIM], "[T, N1=64, D=128] (TND)")
+        b_q, s1 = None, None
+    t_rows = query.shape[0] * (s1 if s1 is not None else 1)
+    weights = _tensor(weights, "weights", dt)
+    w_shape = [*query.shape[:-1]]
+    check_shape(weights, "weights", w_shape, "[B, S1, N1] (BSND)" if layout_query == "BSND" else "[T, N1] (TND)")
+
+    # ---- query lengths
+    act_q = optional(act_q, "actual_seq_lengths_query")
+    if layout_query == "BSND":
+        if act_q is None:
+            q_len = np.full(b_q, s1, np.int64)
+        else:
+            q_len = _lengths(act_q, "actual_seq_lengths_query", b_q)
+            _check_range(q_len, "actual_seq_lengths_query", s1, "a query token count (BSND)")
+        q_start = np.arange(b_q, dtype=np.int64) * s1
+    else:
+        if act_q is None:
+            raise arg_error(ModeError, "actual_seq_lengths_query", "a tensor of prefix sums (required for "
+                            "layout_query 'TND')", None)
+        q_pref = _lengths(act_q, "actual_seq_lengths_query", None)
+        q_start, q_len = _prefix_to_lengths(q_pref, "actual_seq_lengths_query", t_rows, "query token")
+    batch = q_len.size
+
+    # ---- key
+    key = _tensor(key, "key", dt)
+    if layout_key == "BSND":
+        check_shape(key, "key", [batch, None, INDEXER_KEY_HEADS, INDEXER_HEAD_DIM],
+                    f"[B={batch}, S2, N2=1, D=128] (BSND)")
+    elif layout_key == "TND":
+        check_shape(key, "key", [None, INDEXER_KEY_HEADS, INDEXER_HEAD_DIM], "[T2, N2=1, D=128] (TND)")
+    else:
+        check_shape(key, "key", [None, None, INDEXER_KEY_HEADS, INDEXER_HEAD_DIM],
+                    "[blocks, block_size, N2=1, D=128] (PA_BSND)")
+        bs = key.shape[1]
+        if bs % BLOCK_SIZE_ALIGN or bs > BLOCK_SIZE_MAX:
+            raise arg_error(ShapeError, "key", f"block_size (dim 1) a multiple of {BLOCK_SIZE_ALIGN} up to "
+                            f"{BLOCK_SIZE_MAX} (PA_BSND)", bs)
+    key_rows = key.reshape(-1, INDEXER_KEY_HEADS, INDEXER_HEAD_DIM)  # [R, N2, D]
+
+    # ---- key lengths and slots
+    act_k = optional(act_k, "actual_seq_lengths_key")
+    block_table = optional(block_table, "block_table")
+    if block_table is not None and not paged:
+        raise arg_error(ModeError, "block_table", f"None for layout_key {layout_key!r} (only PA_BSND is paged)",
+                        f"a tensor of shape {list(block_table.shape)}")
+    if layout_key == "BSND":
+        s2 = key.shape[1]
+        if act_k is None:
+            kv_len = np.full(batch, s2, np.int64)
+        else:
+            kv_len = _lengths(act_k, "actual_seq_lengths_key", batch)
+            _check_range(kv_len, "actual_seq_lengths_key", s2, "a kv token count (BSND)")
+        kv_start = np.arange(batch, dtype=np.int64) * s2
+        slots = _contiguous_slots(kv_start, kv_len)
+    elif layout_key == "TND":
+        if act_k is None:
+            raise arg_error(ModeError, "actual_seq_lengths_key", "a tensor of prefix sums (required for "
+                            "layout_key 'TND')", None)
+        k_pref = _lengths(act_k, "actual_seq_lengths_key", batch)
+        kv_start, kv_len = _prefix_to_lengths(k_pref, "actual_seq_lengths_key", key.shape[0], "key token")
+        slots = _contiguous_slots(kv_start, kv_len)
+    else:
+        if act_k is None:
+            raise arg_error(ModeError, "actual_seq_lengths_key", "a tensor of kv lengths (required for layout_key "
+                            "'PA_BSND')", None)
+        kv_len = _lengths(act_k, "actual_seq_lengths_key", batch)
+        if (kv_len < 0).any():
+            i = int(np.argmax(kv_len < 0))
+            raise arg_error(ShapeError, f"actual_seq_lengths_key[{i}]", "a kv token count >= 0", int(kv_len[i]))
+        if block_table is None:
+            raise arg_error(ModeError, "block_table", "an int32 [B, max_blocks] tensor (required for layout_key "
+                            "'PA_BSND')", None)
+        check_dtype(block_table, "block_table", ("int32",))
+        slots = slots_from_block_table(block_table, kv_len, key.shape[1], key.shape[0], name="block_table")
+
+    # ---- per-token batch and visible length
+    token_batch = np.zeros(t_rows, np.int64)  # [T]
+    limit = np.full(t_rows, SKIPPED_ROW, np.int64)  # [T]
+    for b in range(batch):
+        n_q, n_k = int(q_len[b]), int(kv_len[b])
+        token_batch[q_start[b]:q_start[b] + (s1 if s1 is not None else n_q)] = b
+        if n_q == 0 or n_k == 0:
+            continue  # the kernel skips the batch: rows stay SKIPPED_ROW
+        s = np.arange(n_q, dtype=np.int64)
+        lim = np.full(n_q, n_k, np.int64) if sparse_mode == 0 else np.clip(n_k - n_q + s + 1, 0, n_k)
+        limit[q_start[b]:q_start[b] + n_q] = lim
+
+    if layout_query == "BSND":
+        out_shape = (b_q, s1, INDEXER_KEY_HEADS, sparse_count)
+    else:
+        out_shape = (t_rows, INDEXER_KEY_HEADS, sparse_count)
+    return LightningIndexerArgs(
+        query=query.reshape(t_rows, INDEXER_HEADS, INDEXER_HEAD_DIM), weights=weights.reshape(t_rows, INDEXER_HEADS),
+        key=key_rows, slots=np.ascontiguousarray(slots, dtype=np.int64), token_batch=token_batch, limit=limit,
+        sparse_count=sparse_count, return_value=bool(return_value), out_shape=out_shape,
+        layout_query=layout_query, layout_key=layout_key, sparse_mode=sparse_mode)
+
+
+def _contiguous_slots(start: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """int64 ``[B, max(length)]``: ``start[b] + p`` for ``p < length[b]``, else -1."""
+    width = int(length.max()) if length.size else 0
+    pos = np.arange(width, dtype=np.int64)  # [S2]
+    return np.where(pos[None, :] < length[:, None], start[:, None] + pos[None, :], SKIP_INDEX)
