@@ -167,6 +167,40 @@ def _rms_norm_2d(x, gamma, eps, scale, lanes_order, prescale, reciprocal, out):
         rms_norm_row(x[t], gamma, eps, scale, lanes_order, prescale, reciprocal, sq, lanes, out[t])
 
 
+@njit(cache=True, parallel=True)
+def _square_sums_2d(x, lanes_order, prescale, out):
+    inv_h = np.float32(np.float32(1.0) / np.float32(x.shape[1]))
+    for t in prange(x.shape[0]):
+        sq = np.empty(x.shape[1] if lanes_order == LANES_PAIRWISE else 1, dtype=np.float32)
+        lanes = np.empty(LANES, dtype=np.float32)
+        out[t] = square_sum(x[t], lanes_order, prescale, inv_h, sq, lanes)
+
+
+def _check_order(h: int, order: RmsNormOrder) -> None:
+    if order.lanes == LANES_PAIRWISE and (h % LANES or (h // LANES) & (h // LANES - 1)):
+        raise ValueError(f"pairwise RmsNorm needs H = 64 * 2^k, got H={h}")
+
+
+def square_sums(x: np.ndarray, order: RmsNormOrder) -> np.ndarray:
+    """The sums of squares :func:`rms_norm` forms (:func:`square_sum`), one per row.
+
+    Args:
+        x: fp32 ``[T, H]``.
+        order: an :class:`RmsNormOrder` (``prescale``: of ``x^2 * fp32(1/H)``).
+
+    Returns:
+        fp32 ``[T]``.
+
+    Raises:
+        ValueError: a pairwise order with H not 64 times a power of two (an internal misuse).
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    _check_order(x.shape[-1], order)
+    out = np.empty(x.shape[0], dtype=np.float32)
+    _square_sums_2d(x, order.lanes, order.prescale, out)
+    return out
+
+
 def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float, order: RmsNormOrder, scale: float = 1.0) -> np.ndarray:
     """RmsNorm over the last axis in fp32, in one kernel's order (:func:`rms_norm_row`).
 
@@ -184,9 +218,7 @@ def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float, order: RmsNormOrder, 
         ValueError: a pairwise order with H not 64 times a power of two (an internal misuse).
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
-    h = x.shape[-1]
-    if order.lanes == LANES_PAIRWISE and (h % LANES or (h // LANES) & (h // LANES - 1)):
-        raise ValueError(f"pairwise RmsNorm needs H = 64 * 2^k, got H={h}")
+    _check_order(x.shape[-1], order)
     out = np.empty_like(x)
     _rms_norm_2d(x, np.ascontiguousarray(gamma, dtype=np.float32), np.float32(eps), np.float32(scale),
                  order.lanes, order.prescale, order.reciprocal, out)

@@ -78,10 +78,17 @@ def rms_norm(x, gamma, eps, kernel: str, scale=1.0) -> np.ndarray:
     return y * np.asarray(gamma, dtype=np.float32) * np.float32(scale)
 
 
-def rms_norm_f64_sum(x, gamma, eps, scale=1.0) -> np.ndarray:
-    """The same formula with the sum of squares accumulated in float64 and rounded once to fp32
-    (the accuracy yardstick of the fidelity test)."""
+def rms_norm_f64_sum(x, gamma, eps, kernel: str, scale=1.0) -> np.ndarray:
+    """``kernel``'s formula with its sum of squares accumulated in float64 and rounded once to fp32
+    (RmsNormQuant: the sum of ``x^2 / H``): the accuracy yardstick of the fidelity test."""
     x = np.asarray(x, dtype=np.float32)
-    ss = np.sum(x.astype(np.float64) ** 2, axis=-1, keepdims=True).astype(np.float32)
-    rms = np.sqrt(ss * (np.float32(1.0) / np.float32(x.shape[-1])) + np.float32(eps))
-    return x / rms * np.asarray(gamma, dtype=np.float32) * np.float32(scale)
+    _, prescale, reciprocal = KERNELS[kernel]
+    h = x.shape[-1]
+    ss64 = np.sum(x.astype(np.float64) ** 2, axis=-1, keepdims=True)
+    if prescale:
+        ms = (ss64 / h).astype(np.float32)
+    else:
+        ms = ss64.astype(np.float32) * (np.float32(1.0) / np.float32(h))
+    rms = np.sqrt(ms + np.float32(eps))
+    y = x * (np.float32(1.0) / rms) if reciprocal else x / rms
+    return y * np.asarray(gamma, dtype=np.float32) * np.float32(scale)
