@@ -406,11 +406,11 @@ GOLDEN_QUERY_OFF_BY_ONE_SHARE = 0.02
 #: minimum (bf16 values at most 1 ulp away): query 0.9998; query_rope 0.9984 (with query quant the
 #: kernel folds quant_scale_ckv / scale into one factor, the golden multiplies then divides; 1.0
 #: without); bf16 cache rows (kv and kr, the k_rope bytes of combined rows) 0.9995; fp32 dynamic
-#: scales 1.0 in full quant, 0.8 in partial quant (one token in five or six whose bf16 ``x @ W``
-#: differs by an ulp somewhere gets a scale an ulp or two away; the scales are also held to
-#: SCALE_RTOL). One wrong column of a 512-wide output (share <= 0.998) fails the query / cache
-#: floors; a 64-wide one (<= 0.984) fails every floor but the scales'.
-QUANT_SHARE_FLOOR = {"query": 0.9985, "query_rope": 0.997, "scale": 0.6, "rope": 0.9985}
+#: scales 1.0 (0.8 in partial quant while RmsNorm summed in element order; a token whose bf16
+#: ``x @ W`` differs by an ulp somewhere can still get a scale an ulp or two away with another
+#: BLAS, hence the margin; the scales are also held to SCALE_RTOL). One wrong column of a 512-wide
+#: output (share <= 0.998) fails the query / cache floors; a 64-wide one (<= 0.984) fails every floor.
+QUANT_SHARE_FLOOR = {"query": 0.9985, "query_rope": 0.997, "scale": 0.8, "rope": 0.9985}
 #: Relative tolerance of the fp32 dynamic scales (a few fp32 ulps).
 SCALE_RTOL = 1e-6
 
