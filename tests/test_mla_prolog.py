@@ -691,6 +691,24 @@ def test_quant_pa_blk_int8_caches(qdata, rng, modes, cache_mode):
         assert_quant_cache(cache, before, gold[key], slots, nz=nz, block_size=bs, what=key, exact=modes[0] == 2)
 
 
+def test_per_channel_kr_quantizes_the_bf16_rope(qdata):
+    """kv_cache_quant_mode 2: kr int8 = rint(fp32(bf16(RoPE(kr))) * quant_scale_ckr), the kernel's
+    order (``ascend_emu/emu/mla_prolog.py`` step 8 cites the lines), not the golden's fp32
+    ``rint(RoPE(kr) * quant_scale_ckr)``, which differs on some elements of this data."""
+    modes, t = (1, 2, 0), QUANT_POOL
+    x, sin, cos = qdata.tokens(modes, (t,))
+    kv_cache, kr_cache = qdata.caches(modes, (1, 16))
+    call_quant(qdata, modes, x, sin, cos, kv_cache, kr_cache, np.arange(t, dtype=np.int64))
+    got = kr_cache.reshape(-1, DR)[:t]  # PA_BSND rows 0..t-1
+    ckvkr = ref.bf16(ref.matmul(x, qdata.w_nd["bfloat16"]["weight_dkv_kr"].astype(np.float64)))  # [T, 576]
+    rope32 = ref.rope(ckvkr[:, HCKV:], cos, sin)  # [T, 64] fp32
+    scale = qdata.scales["quant_scale_ckr"].reshape(-1)
+    via_bf16 = ref.saturate(np.rint(ref.f32(ref.bf16(rope32)) * scale))
+    via_f32 = ref.saturate(np.rint(rope32 * scale))
+    assert_int8(got, via_bf16, "kr_cache", INT8_OFF_BY_ONE_SHARE)
+    assert np.count_nonzero(via_bf16 != via_f32) > 2 * np.count_nonzero(got != via_bf16)
+
+
 @pytest.mark.parametrize("modes", [m for m in QUANT_MODES if m[1] == 3])
 def test_per_tile_rows_read_back(qdata, rng, modes):
     """read_combined_cache decodes each written row to the clipped kv within half a step of its

@@ -207,7 +207,13 @@ def mla_prolog(args) -> tuple:
        int8 (static multipliers, half-even, saturated); 3 -> per-tile combined rows
        (:func:`_per_tile_rows`).
     8. ``kr = RoPE(ckvkr[:, 512:])`` -> bf16 (kr_cache, or bytes 512-639 of the combined row);
-       kv_cache_quant_mode 2: ``rint(fp32(bf16 kr) * quant_scale_ckr[c])`` int8.
+       kv_cache_quant_mode 2: ``rint(fp32(bf16 kr) * quant_scale_ckr[c])`` int8. The kernel
+       quantizes the bf16 rounding, not the fp32 RoPE that ops_reference §2.1 and the golden
+       quantize: ``kernel_mla_prolog_split_n.h`` L1572-L1578 (RoPE into ``tmpOut`` of
+       ``ropeSinCosType``, then ``RopePostQuantPerChannel``), ``mla_prolog_comm.h`` L225
+       (``ropeSinCosType = bfloat16_t``), ``service_rotary_position_embedding.h`` L87-L95
+       (``RotaryPosEmbPerTensor``: fp32 RoPE, ``Cast(..., CAST_RINT)`` to that type) and L181-L193 (bf16 -> fp32, ``Mul`` scale,
+       ``CastFP32ToINT8``); ops-transformer @ cannmirror 05c401f.
 
     Cache rows go to ``args.slots`` in ``args.kv_layout`` / ``args.kr_layout`` (-1 skips; for a
     shared slot the last token wins); with ``args.slots is None`` (no token or an empty cache)
