@@ -140,6 +140,38 @@ def _parts(tokens: int) -> int:
     return max(1, min(numba.get_num_threads(), tokens // TOKENS_PER_PART))
 
 
+def fused_rows(kv: np.ndarray, gamma: np.ndarray, cos: np.ndarray, sin: np.ndarray, eps: np.float32,
+               is_bf16: bool, k_scale: np.ndarray | None = None, c_scale: np.ndarray | None = None):
+    """The fused per-token pass (module doc) over all tokens, threaded above :data:`TOKENS_PER_PART`.
+
+    Args:
+        kv: uint16 ``[T, 576]`` bf16 / fp16 bits, C-contiguous.
+        gamma: fp32 ``[512]``.
+        cos, sin: uint16 ``[T, 64]``.
+        eps: fp32 epsilon.
+        is_bf16: the bits are bf16 (else fp16).
+        k_scale, c_scale: fp32 ``[64]`` / ``[512]`` quant multipliers, both or neither.
+
+    Returns:
+        ``(k_rows, y_rows, k_int8, y_int8)``: uint16 ``[T, 64]`` / ``[T, 512]`` kv-dtype bits; int8
+        ``[T, 64]`` / ``[T, 512]`` (``[0, .]`` without scales).
+    """
+    t = kv.shape[0]
+    quant = k_scale is not None
+    k_rows = np.empty((t, ROPE_SIZE), dtype=np.uint16)  # [T, 64] kv-dtype bits
+    y_rows = np.empty((t, RMS_SIZE), dtype=np.uint16)  # [T, 512] kv-dtype bits
+    k_int8 = np.empty((t if quant else 0, ROPE_SIZE), dtype=np.int8)  # [T, 64]
+    y_int8 = np.empty((t if quant else 0, RMS_SIZE), dtype=np.int8)  # [T, 512]
+    operands = (kv, gamma, cos, sin, np.float32(eps), bool(is_bf16), quant,
+                k_scale if quant else _NO_SCALE, c_scale if quant else _NO_SCALE, k_rows, y_rows, k_int8, y_int8)
+    parts = _parts(t)
+    if parts > 1:
+        _kv_rmsnorm_rope_parallel(parts, *operands)
+    else:
+        _kv_rmsnorm_rope_range(0, t, *operands)
+    return k_rows, y_rows, k_int8, y_int8
+
+
 def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs):
     """emu implementation of :func:`ascend_emu.ops.npu_kv_rmsnorm_rope_cache`.
 
@@ -150,20 +182,11 @@ def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs):
         ``(k_cache, ckv_cache, k_embed_out [B, 1, S, 64], y_out [B, 1, S, 512])``; the caches are
         the caller's arrays, updated in place.
     """
-    t = args.kv.shape[0]
     quant = args.quant
-    k_rows = np.empty((t, ROPE_SIZE), dtype=np.uint16)  # [T, 64] kv-dtype bits
-    y_rows = np.empty((t, RMS_SIZE), dtype=np.uint16)  # [T, 512] kv-dtype bits
-    k_int8 = np.empty((t if quant else 0, ROPE_SIZE), dtype=np.int8)  # [T, 64]
-    y_int8 = np.empty((t if quant else 0, RMS_SIZE), dtype=np.int8)  # [T, 512]
-    operands = (args.kv.view(np.uint16), args.gamma, args.cos.view(np.uint16), args.sin.view(np.uint16),
-                args.epsilon, args.kv_dtype == BF16, quant, args.k_rope_scale if quant else _NO_SCALE,
-                args.c_kv_scale if quant else _NO_SCALE, k_rows, y_rows, k_int8, y_int8)
-    parts = _parts(t)
-    if parts > 1:
-        _kv_rmsnorm_rope_parallel(parts, *operands)
-    else:
-        _kv_rmsnorm_rope_range(0, t, *operands)
+    k_rows, y_rows, k_int8, y_int8 = fused_rows(args.kv.view(np.uint16), args.gamma, args.cos.view(np.uint16),
+                                                args.sin.view(np.uint16), args.epsilon, args.kv_dtype == BF16,
+                                                args.k_rope_scale if quant else None,
+                                                args.c_kv_scale if quant else None)
     # [T'] tokens to write (the last one per slot), shared by both caches
     keep = np.flatnonzero(args.slots >= 0) if args.unique_slots else last_writer(args.slots)
     scatter_rows(args.k_cache, k_int8 if quant else k_rows, args.slots, args.k_layout, keep=keep)
