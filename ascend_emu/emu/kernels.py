@@ -27,7 +27,7 @@ LANES = 64
 #: ``LANES_IN_ORDER``: lane ``l`` adds ``x[l]^2, x[64+l]^2, x[128+l]^2, ...`` one repeat after the
 #: other (the tail repeat masked to its first lanes): one vector ``Add`` whose repeats accumulate
 #: into the same 64-lane buffer. ``LANES_PAIRWISE``: the 64-element blocks are added pairwise,
-#: neighbours first (``((B0+B1)+(B2+B3))+((B4+B5)+(B6+B7))`` for 512), by halving ``Add``\ s.
+#: neighbours first (``((B0+B1)+(B2+B3))+((B4+B5)+(B6+B7))`` for 512), by halving ``Add`` calls.
 LANES_IN_ORDER = 0
 LANES_PAIRWISE = 1
 
@@ -51,13 +51,13 @@ MLA_PROLOG_RMS = RmsNormOrder(LANES_IN_ORDER, prescale=False, reciprocal=False)
 #: MlaPreprocess's kv RmsNorm: the chain of :data:`MLA_PROLOG_RMS` (sources there).
 MLAPO_KV_RMS = MLA_PROLOG_RMS
 #: npu_kv_rmsnorm_rope_cache, every cache mode (``posembedding/kv_rms_norm_rope_cache/op_kernel/
-#: kv_rms_norm_rope_cache_b16_pa_nz_quant.h`` L426-L458 and the same lines in ``*_b16_pa.h``,
-#: ``*_pa_bnsd_quant.h``, ``*_pa_blk_*.h``, ``*_b1sd.h``, ``*_mtp.h``: three ``Add``\ s with
+#: kv_rms_norm_rope_cache_b16_pa_nz_quant.h`` L426-L458 and the same code in ``*_b16_pa.h``,
+#: ``*_pa_bnsd_quant.h``, ``*_pa_blk_*.h``, ``*_b1sd.h``, ``*_mtp.h``: three ``Add`` calls with
 #: dstRepStride 8, srcRepStride 16 halve 512 -> 256 -> 128 -> 64, then ``WholeReduceSum``,
 #: ``Muls`` reciprocal, ``Adds`` eps, ``Sqrt``, ``Div``, ``Mul`` gamma).
 KV_CACHE_RMS = RmsNormOrder(LANES_PAIRWISE, prescale=False, reciprocal=False)
 #: MlaPreprocess RmsNormQuant (``attention/mla_preprocess/op_kernel/mla_preprocess_bf16.h`` L830-L856,
-#: ``mla_preprocess_fp16.h`` L641-L664): ``Muls(sqx, avg_factor)`` (1/H, L834) before
+#: ``mla_preprocess_fp16.h`` L641-L671): ``Muls(sqx, avg_factor)`` (1/H, L834) before
 #: ``ReduceSumCustom`` (L836), ``Adds`` eps, ``Sqrt``, scalar ``factor = 1 / rms`` (L843),
 #: ``Muls`` factor (L846), ``Mul`` gamma (L853); beta is the caller's.
 MLAPO_QUANT_RMS = RmsNormOrder(LANES_IN_ORDER, prescale=True, reciprocal=True)
