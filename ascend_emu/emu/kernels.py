@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -284,9 +285,12 @@ def _scatter_token(cache, rows, offsets, chunk, t):
 
 
 @njit(cache=True, parallel=True)
-def _scatter_chunks(cache, rows, offsets, chunk):
-    for t in prange(offsets.shape[0]):
-        _scatter_token(cache, rows, offsets, chunk, t)
+def _scatter_chunks(cache, rows, offsets, chunk, parts):
+    """:func:`_scatter_token` over ``parts`` contiguous token ranges in parallel."""
+    n = offsets.shape[0]
+    for p in prange(parts):
+        for t in range(p * n // parts, (p + 1) * n // parts):
+            _scatter_token(cache, rows, offsets, chunk, t)
 
 
 @njit(cache=True)
@@ -295,8 +299,10 @@ def _scatter_chunks_serial(cache, rows, offsets, chunk):
         _scatter_token(cache, rows, offsets, chunk, t)
 
 
-#: Below this many bytes a scatter runs on one thread: starting the pool costs more than the copy.
-SCATTER_PARALLEL_MIN_BYTES = 1 << 20
+#: Fewest bytes a thread scatters: below 2 x this a scatter runs on one thread (starting the pool
+#: costs more than the copy), above it one range per thread of at least this size, so adding
+#: threads never splits a scatter finer than pays.
+SCATTER_BYTES_PER_THREAD = 1 << 19
 
 
 def _copy_word(nbytes: int, chunk: int, row_bytes: int, offsets: np.ndarray):
@@ -348,6 +354,9 @@ def scatter_rows(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout:
     flat = cache.reshape(-1).view(np.uint8)  # shares memory with cache
     word = _copy_word(flat.size, layout.chunk_bytes, raw.shape[1], offsets)
     w = np.dtype(word).itemsize
-    scatter = _scatter_chunks if raw.itemsize * raw.shape[1] * keep.size >= SCATTER_PARALLEL_MIN_BYTES \
-        else _scatter_chunks_serial
-    scatter(flat.view(word), np.ascontiguousarray(raw).view(word), offsets // w, layout.chunk_bytes // w)
+    operands = (flat.view(word), np.ascontiguousarray(raw).view(word), offsets // w, layout.chunk_bytes // w)
+    parts = min(numba.get_num_threads(), raw.itemsize * raw.shape[1] * keep.size // SCATTER_BYTES_PER_THREAD)
+    if parts > 1:
+        _scatter_chunks(*operands, parts)
+    else:
+        _scatter_chunks_serial(*operands)
