@@ -185,7 +185,8 @@ def mla_prolog(args) -> tuple:
        ``dequant(acc, dequant_scale_x[t], dequant_scale_w_dq[c])``, not rounded.
     2. ``cq_n = RmsNorm(cq) * gamma_cq * qc_qr_scale`` (fp32; the kernel's order,
        :data:`~ascend_emu.emu.kernels.MLA_PROLOG_RMS`: squares summed in 64 lanes over the
-       repeats, then a pairwise tree over the lanes; x / rms * gamma * scale). Non-quant: -> bf16, this is ``query_norm``. weight_quant_mode 1 / 2: times
+       repeats, then a pairwise tree over the lanes; x / rms * gamma * scale). Non-quant: -> bf16,
+       this is ``query_norm``. weight_quant_mode 1 / 2: times
        ``smooth_scales_cq`` if given, then per-token dynamic quant (:func:`_dynamic_quant_127`,
        half-even): int8 ``query_norm`` and fp32 ``dequant_scale_q_norm`` ``s[t] = amax / 127``.
     3. ``qcqr = cq_n @ W_uq_qr`` viewed ``[T, N, 192]`` = per head ``[128 nope | 64 rope]``: bf16
@@ -212,8 +213,9 @@ def mla_prolog(args) -> tuple:
        quantize: ``kernel_mla_prolog_split_n.h`` L1572-L1578 (RoPE into ``tmpOut`` of
        ``ropeSinCosType``, then ``RopePostQuantPerChannel``), ``mla_prolog_comm.h`` L225
        (``ropeSinCosType = bfloat16_t``), ``service_rotary_position_embedding.h`` L87-L95
-       (``RotaryPosEmbPerTensor``: fp32 RoPE, ``Cast(..., CAST_RINT)`` to that type) and L181-L193 (bf16 -> fp32, ``Mul`` scale,
-       ``CastFP32ToINT8``); ops-transformer @ cannmirror 05c401f.
+       (``RotaryPosEmbPerTensor``: fp32 RoPE, ``Cast(..., CAST_RINT)`` to that type) and
+       L181-L193 (bf16 -> fp32, ``Mul`` scale, ``CastFP32ToINT8``); ops-transformer @
+       cannmirror 05c401f.
 
     Cache rows go to ``args.slots`` in ``args.kv_layout`` / ``args.kr_layout`` (-1 skips; for a
     shared slot the last token wins); with ``args.slots is None`` (no token or an empty cache)

@@ -7,10 +7,10 @@ variants), §2.2 (per-tile rows), §1.2 (rounding), §1.3 (RmsNorm kernel order)
 - bf16 matmuls accumulate in float64 (an exact-as-possible stand-in for the kernel's fp32
   accumulator) and are rounded to fp32 first; int8 matmuls are exact int64 sums.
 - Where a result is compared byte for byte or nearly so (int8 outputs, full-quant caches, fp32
-  dynamic scales), the fp32 steps follow the kernel's operation order as ops_reference §1.2 / §1.3 record it: RmsNorm sums
-  squares in the kernel's 64 lanes and pairwise tree (``tests/reference/rms_norm.py``) and
-  multiplies by fp32(1/H); dequant is ``fp32(acc) * row scale
-  * column scale``; dynamic quant multiplies by ``127 / amax``; per-tile quant multiplies by
+  dynamic scales), the fp32 steps follow the kernel's operation order as ops_reference §1.2 /
+  §1.3 record it: RmsNorm sums squares in the kernel's 64 lanes and pairwise tree
+  (``tests/reference/rms_norm.py``) and multiplies by fp32(1/H); dequant is ``fp32(acc) * row
+  scale * column scale``; dynamic quant multiplies by ``127 / amax``; per-tile quant multiplies by
   ``1 / scale``; the q_nope int8 rounds through fp16 half-away-from-zero twice. The official
   golden's own forms (division by the dequant scale, half-even q_nope, ``x * qscale / scale`` for
   query_rope) are given too where they differ (``query_golden``, query_rope).
