@@ -1,7 +1,8 @@
 """Reference npu_mla_prolog v1 / v2 / v3, every quant scenario: plain NumPy, step by step.
 
-Imports only numpy and ml_dtypes. Sources: ops_reference §2.1 (steps and their quantized
-variants), §2.2 (per-tile rows), §1.2 (rounding), §1.3 (RmsNorm kernel order).
+Imports numpy, ml_dtypes, ``tests.reference.rms_norm`` and ascend_emu.mla's dims. Sources:
+ops_reference §2.1 (steps and their quantized variants), §2.2 (per-tile rows), §1.2 (rounding),
+§1.3 (RmsNorm kernel order).
 
 - bf16 rounding is ml_dtypes' fp32 -> bf16 cast (RNE).
 - bf16 matmuls accumulate in float64 (an exact-as-possible stand-in for the kernel's fp32
