@@ -7,20 +7,32 @@ its Python loop). Both write the same caches (checked before timing). Time per c
 average over 15 alternating rounds of ``--calls`` calls, after a warm-up round
 (``benchmarks/_timing.py``).
 
-Usage: ``python benchmarks/bench_kv_rmsnorm_rope_cache.py [--batch 64] [--seq 1] [--block-size 128]``
+For each thread count (1, 2, 4, ... up to ``--max-threads``, default the machine's cores; Numba and
+torch get the same count) it prints the op's time per call and per token, the time per token of
+its fused Numba pass alone (``emu.kv_rmsnorm_rope_cache.fused_rows``: RmsNorm, RoPE, rounding,
+without validation and scatters), the golden / emu ratio and the op's time relative to one
+thread. Targets (issue 7): golden / emu > 1 at every thread count, fused pass <= 0.2 us per token
+at B=1024, and no thread count slower than a smaller one.
+
+Usage: ``python benchmarks/bench_kv_rmsnorm_rope_cache.py [--batch 1024] [--seq 1] [--block-size 128]``
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 
 import ml_dtypes
+import numba
 import numpy as np
 import torch
 from _timing import best_times
 
 from ascend_emu.ops import npu_kv_rmsnorm_rope_cache
 from ascend_emu.torch_npu._convert import to_torch
+
+fused_rows = importlib.import_module("ascend_emu.emu.kv_rmsnorm_rope_cache").fused_rows
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 RMS, ROPE = 512, 64
@@ -30,10 +42,12 @@ EPS = 1e-5
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=64, help="B (default 64)")
+    parser.add_argument("--batch", type=int, default=1024, help="B (default 1024)")
     parser.add_argument("--seq", type=int, default=1, help="S (default 1)")
     parser.add_argument("--block-size", type=int, default=128, help="BlockSize (default 128)")
-    parser.add_argument("--calls", type=int, default=100, help="calls per timed round")
+    parser.add_argument("--calls", type=int, default=20, help="calls per timed round")
+    parser.add_argument("--max-threads", type=int, default=min(os.cpu_count() or 1, numba.config.NUMBA_NUM_THREADS),
+                        help="largest thread count (default: the machine's cores)")
     args = parser.parse_args()
     b, s, bs = args.batch, args.seq, args.block_size
     t = b * s
@@ -73,19 +87,30 @@ def main() -> None:
         a, g = mine.astype(np.float32), theirs.float().numpy()
         assert np.allclose(a, g, rtol=0.04, atol=0.04), "emu and torch golden caches disagree"
 
-    threads = torch.get_num_threads()
-    all_threads, one_thread = (lambda: torch.set_num_threads(threads)), (lambda: torch.set_num_threads(1))
-    try:
-        t_emu, t_torch, t_torch1 = best_times([emu, golden, golden], 15, number=args.calls,
-                                              before=[all_threads, all_threads, one_thread])
-    finally:
-        torch.set_num_threads(threads)
+    kv_bits = kv.reshape(t, RMS + ROPE).view(np.uint16)  # [T, 576]
+    cos_bits, sin_bits = cos.reshape(t, ROPE).view(np.uint16), sin.reshape(t, ROPE).view(np.uint16)  # [T, 64]
+    gamma32 = gamma.astype(np.float32)
+
+    def fused():
+        fused_rows(kv_bits, gamma32, cos_bits, sin_bits, np.float32(EPS), True)
+
+    counts = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= args.max_threads]
+    torch_threads, numba_threads = torch.get_num_threads(), numba.get_num_threads()
     print(f"npu_kv_rmsnorm_rope_cache PA_NZ bf16  B={b} S={s} block_size={bs} block_num={nb}")
-    print(f"  emu (ascend_emu.ops)              : {t_emu * 1e6:9.1f} us/call")
-    print(f"  torch-CPU golden, {threads} torch threads : {t_torch * 1e6:9.1f} us/call   "
-          f"golden / emu = {t_torch / t_emu:5.2f}x")
-    print(f"  torch-CPU golden, 1 torch thread  : {t_torch1 * 1e6:9.1f} us/call   "
-          f"golden / emu = {t_torch1 / t_emu:5.2f}x")
+    print("threads   emu us/call  emu us/token  fused us/token  golden us/call  golden/emu  emu vs 1 thread")
+    first = None
+    try:
+        for n in counts:
+            numba.set_num_threads(n)
+            torch.set_num_threads(n)
+            t_emu, t_fused, t_gold = best_times([emu, fused, golden], 15, number=args.calls)
+            first = first or t_emu
+            print(f"{n:7d} {t_emu * 1e6:13.1f} {t_emu * 1e6 / t:13.3f} {t_fused * 1e6 / t:15.3f} "
+                  f"{t_gold * 1e6:15.1f} {t_gold / t_emu:11.2f}x {t_emu / first:15.2f}x")
+    finally:
+        torch.set_num_threads(torch_threads)
+        numba.set_num_threads(numba_threads)
+
 
 if __name__ == "__main__":
     main()

@@ -1,33 +1,21 @@
 """Properties of the shared emu kernels that the op tests cannot pin down on their own."""
 
 import ml_dtypes
+import numba
 import numpy as np
 
 from ascend_emu import ops
-from ascend_emu.emu.kernels import square_sums4
+from ascend_emu.emu.kernels import SCATTER_BYTES_PER_THREAD, scatter_rows
+from ascend_emu.layouts import CacheLayout
+from tests.reference.kv_rmsnorm_rope_cache import scatter as ref_scatter
 
 BF16 = ml_dtypes.bfloat16
 
 
-def _sequential_square_sum(x: np.ndarray) -> np.float32:
-    """Element-order fp32 accumulation of x*x (an independent plain loop)."""
-    s = np.float32(0.0)
-    for v in x:
-        s = np.float32(s + np.float32(v * v))
-    return s
-
-
-def test_square_sums4_is_bit_identical_to_four_sequential_sums(rng):
-    rows = (rng.standard_normal((4, 512)) * rng.uniform(0.1, 100, (4, 1))).astype(np.float32)  # [4, 512]
-    got = square_sums4(rows[0], rows[1], rows[2], rows[3])
-    for j in range(4):
-        assert np.float32(got[j]).view(np.uint32) == _sequential_square_sum(rows[j]).view(np.uint32)
-
-
-def test_kv_rmsnorm_grouped_tokens_equal_tokens_run_alone(rng):
-    """The kernel sums four tokens' squares together when it can: outputs must be the bytes of
-    the same tokens computed one at a time."""
-    b = 6  # one group of four, then two tokens on the single-row path
+def test_kv_rmsnorm_batched_tokens_equal_tokens_run_alone(rng):
+    """A token's outputs do not depend on the tokens run with it: the bytes of a batch equal the
+    same tokens computed one at a time."""
+    b = 6
     kv = (8 * rng.standard_normal((b, 1, 1, 576)) - 10).astype(BF16)  # [B, 1, S, 576]
     gamma = rng.standard_normal(512).astype(BF16)  # [512]
     cos = rng.standard_normal((b, 1, 1, 64)).astype(BF16)  # [B, 1, S, 64]
@@ -44,3 +32,24 @@ def test_kv_rmsnorm_grouped_tokens_equal_tokens_run_alone(rng):
     for t in range(b):
         alone = run(np.array([t]))
         assert np.array_equal(together[t].view(np.uint16), alone[0].view(np.uint16)), t
+
+
+def test_threaded_scatter_equals_reference_layout(rng):
+    """A scatter large enough to run in several ranges (>= 2 x SCATTER_BYTES_PER_THREAD) writes
+    the bytes the reference's NZ layout code writes, with 1 and 2 threads."""
+    bs, nb = 128, 24
+    t = 2 * SCATTER_BYTES_PER_THREAD // (512 * 2) + 5  # bf16 rows of 512: two ranges and a bit
+    rows = rng.standard_normal((t, 512)).astype(BF16)  # [T, 512]
+    slots = rng.permutation(nb * bs)[:t].astype(np.int64)  # [T] distinct
+    slots[3] = -1
+    layout = CacheLayout.from_declared("PA_NZ", (nb, bs, 1, 512), 2)
+    want = ref_scatter(np.zeros((nb, bs, 1, 512), BF16), rows, slots, "PA_NZ", bs)
+    old = numba.get_num_threads()
+    try:
+        for n in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(n)
+            cache = np.zeros((nb, bs, 1, 512), BF16)
+            scatter_rows(cache, rows, slots, layout)
+            assert np.array_equal(cache.view(np.uint16), want.view(np.uint16)), n
+    finally:
+        numba.set_num_threads(old)

@@ -33,11 +33,12 @@ NZ_MODES = ("int8_nzcache", "nzcache")
 
 #: Accuracy of q_out0, the one output that goes through the W^UK einsum, whose fp32 accumulation
 #: order (BLAS) differs from the reference's float64 sum: the dual criterion of the MLA tests, a
-#: floor on the bit-identical share (measured over 5 seeds: >= 0.99988 bf16, >= 0.99905 fp16) and a
-#: cap on int8 elements off by one ('int8_nzcache'; measured 0). Every other output (q_rope, the
-#: cache rows, the int8 ckv) follows the reference's operations exactly and must match byte for byte.
+#: floor on the bit-identical share per dtype (measured with the kernels' RmsNorm orders: >= 0.99990
+#: bf16, >= 0.99899 fp16) and a cap on int8 elements off by one ('int8_nzcache'; measured 0). Every
+#: other output (q_rope, the cache rows, the int8 ckv) follows the reference's operations exactly
+#: (RmsNorm included: same lanes, tree, 1/H and 1/rms steps) and must match byte for byte.
 PREC = 0.005
-MIN_BIT_IDENTICAL = 0.998
+MIN_BIT_IDENTICAL = {np.dtype(BF16): 0.9998, np.dtype(np.float16): 0.998}
 MAX_INT8_OFF_BY_ONE = 0.002
 
 
@@ -125,7 +126,7 @@ def check_close(actual, expected, what: str, *, exact: bool = True) -> None:
         assert np.count_nonzero(diff) <= MAX_INT8_OFF_BY_ONE * diff.size, f"{what}: {np.count_nonzero(diff)} off"
         return
     assert dual_threshold_ok(actual, expected, PREC), what
-    assert bit_identical_share(actual, expected) >= MIN_BIT_IDENTICAL, what
+    assert bit_identical_share(actual, expected) >= MIN_BIT_IDENTICAL[actual.dtype], what
 
 
 def check_caches(case: dict, out: tuple, want: dict, before: dict) -> None:

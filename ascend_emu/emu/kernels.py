@@ -1,4 +1,4 @@
-"""Numba kernels shared by the emu backend: RmsNorm, RoPE, the row scatter into caches.
+"""Numba kernels shared by the emu backend: the kernels' RmsNorm, RoPE, the row scatter into caches.
 
 Numerics (ops_reference §1.1, §1.3; DESIGN.md "Numerics policy"): everything in fp32, no fused
 multiply-add (no ``fastmath``); bf16 rounding is :mod:`ascend_emu.quant.rounding`'s RNE on
@@ -8,6 +8,9 @@ are in range.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -18,68 +21,208 @@ _HALF = ROPE_DIM // 2
 
 
 # ---------------------------------------------------------------------- RmsNorm
-@njit(cache=True, inline="always")
-def rms_norm_row(x, gamma, eps, scale, out):
-    """``out = x / sqrt(sum(x^2) * (1/H) + eps) * gamma * scale`` for one row, fp32.
+#: fp32 lanes of one vector repeat (256 bytes): the width of every kernel's square-sum.
+LANES = 64
 
-    Kernel order (ops_reference §1.3): square-sum, multiply by 1/H, add eps, sqrt, divide,
-    multiply by gamma, then by the v3 scale (qc_qr_scale / kc_scale; 1.0 elsewhere).
+#: How the 64 lane sums of the squares are formed (the lanes then go through :func:`lane_tree_sum`).
+#: ``LANES_IN_ORDER``: lane ``l`` adds ``x[l]^2, x[64+l]^2, x[128+l]^2, ...`` one repeat after the
+#: other (the tail repeat masked to its first lanes): one vector ``Add`` whose repeats accumulate
+#: into the same 64-lane buffer. ``LANES_PAIRWISE``: the 64-element blocks are added pairwise,
+#: neighbours first (``((B0+B1)+(B2+B3))+((B4+B5)+(B6+B7))`` for 512), by halving ``Add`` calls.
+LANES_IN_ORDER = 0
+LANES_PAIRWISE = 1
+
+
+class RmsNormOrder(NamedTuple):
+    """Where one kernel's RmsNorm rounds (see :func:`rms_norm_row`)."""
+
+    lanes: int  #: LANES_IN_ORDER or LANES_PAIRWISE
+    prescale: bool  #: squares times fp32(1/H) before the sum (else the sum times fp32(1/H))
+    reciprocal: bool  #: ``x * fp32(1 / rms)`` (else ``x / rms``)
+
+
+#: npu_mla_prolog v1 / v2 / v3 (ops-transformer ``attention/mla_prolog/op_kernel/arch32/rms_norm.h``
+#: L39-L99 @ cannmirror 05c401f: ``Mul`` squares, ``Add`` repeats 1.. into repeat 0 with
+#: dstRepStride 0 / src1RepStride 0 (L43-L52), ``WholeReduceSum`` (L54), ``Muls`` reciprocal
+#: 1/H (L58; host ``reciprocalCq_ = 1.0f / hcqSize``), ``Adds`` eps (L62), ``Sqrt`` (L66), ``Div``
+#: (L87), ``Mul`` gamma (L95), ``Muls`` scale (L99)). MlaPreprocess's kv RmsNorm is the same chain
+#: (``mla_preprocess_bf16.h`` L2735-L2751: ``ReduceSumCustom`` L594-L629 from a zeroed lane buffer,
+#: scalar ``sqrt(sum / 512 + eps)``, ``Div``, ``Mul`` gamma).
+MLA_PROLOG_RMS = RmsNormOrder(LANES_IN_ORDER, prescale=False, reciprocal=False)
+#: MlaPreprocess's kv RmsNorm: the chain of :data:`MLA_PROLOG_RMS` (sources there).
+MLAPO_KV_RMS = MLA_PROLOG_RMS
+#: npu_kv_rmsnorm_rope_cache, every cache mode (``posembedding/kv_rms_norm_rope_cache/op_kernel/
+#: kv_rms_norm_rope_cache_b16_pa_nz_quant.h`` L426-L458 and the same code in ``*_b16_pa.h``,
+#: ``*_pa_bnsd_quant.h``, ``*_pa_blk_*.h``, ``*_b1sd.h``, ``*_mtp.h``: three ``Add`` calls with
+#: dstRepStride 8, srcRepStride 16 halve 512 -> 256 -> 128 -> 64, then ``WholeReduceSum``,
+#: ``Muls`` reciprocal, ``Adds`` eps, ``Sqrt``, ``Div``, ``Mul`` gamma).
+KV_CACHE_RMS = RmsNormOrder(LANES_PAIRWISE, prescale=False, reciprocal=False)
+#: MlaPreprocess RmsNormQuant (``attention/mla_preprocess/op_kernel/mla_preprocess_bf16.h`` L830-L856,
+#: ``mla_preprocess_fp16.h`` L641-L671): ``Muls(sqx, avg_factor)`` (1/H, L834) before
+#: ``ReduceSumCustom`` (L836), ``Adds`` eps, ``Sqrt``, scalar ``factor = 1 / rms`` (L843),
+#: ``Muls`` factor (L846), ``Mul`` gamma (L853); beta is the caller's.
+MLAPO_QUANT_RMS = RmsNormOrder(LANES_IN_ORDER, prescale=True, reciprocal=True)
+
+
+@njit(cache=True, inline="always")
+def lane_tree_sum(lanes):
+    """``WholeReduceSum`` of 64 fp32 lanes (in place): neighbours first, ``v[i] = v[2i] + v[2i+1]``
+    over 32, 16, ..., 1 pairs; returns ``v[0]``.
+
+    The binary-tree order the AscendC reduction docs give for one repeat (``ReduceSum`` /
+    ``BlockReduceSum``: "data0 + data1, data2 + data3, ..."); the ``WholeReduceSum`` page itself
+    states no order [unverified].
     """
-    ss = np.float32(0.0)
-    for i in range(x.shape[0]):
-        ss += x[i] * x[i]
-    rms_norm_scale_row(x, ss, gamma, eps, scale, out)
+    w = LANES // 2
+    while w >= 1:
+        for i in range(w):
+            lanes[i] = lanes[2 * i] + lanes[2 * i + 1]
+        w //= 2
+    return lanes[0]
 
 
 @njit(cache=True, inline="always")
-def rms_norm_scale_row(x, ss, gamma, eps, scale, out):
-    """The rest of :func:`rms_norm_row` once its square-sum ``ss`` is known (fp32)."""
+def square_sum(x, lanes_order, prescale, inv_h, sq, lanes):
+    """The kernels' fp32 sum of ``x[i]^2`` (``* inv_h`` per square first when ``prescale``).
+
+    Args:
+        x: fp32 ``[H]``; ``LANES_PAIRWISE`` needs ``H = 64 * 2^k``.
+        lanes_order: ``LANES_IN_ORDER`` or ``LANES_PAIRWISE``.
+        prescale: multiply each square by ``inv_h`` before summing.
+        inv_h: fp32 ``1/H``.
+        sq: fp32 scratch ``[H]`` (``LANES_PAIRWISE`` only; ``[0]`` otherwise).
+        lanes: fp32 scratch ``[64]``.
+    """
     h = x.shape[0]
-    rms = np.sqrt(ss * np.float32(np.float32(1.0) / np.float32(h)) + eps)
-    for i in range(h):
-        out[i] = x[i] / rms * gamma[i] * scale
+    reps = h // LANES
+    if lanes_order == LANES_PAIRWISE:
+        for i in range(h):
+            q = x[i] * x[i]
+            sq[i] = q * inv_h if prescale else q
+        nblk = reps
+        while nblk > 1:
+            nblk //= 2
+            for j in range(nblk):
+                a = 2 * j * LANES
+                b = a + LANES
+                o = j * LANES
+                for l in range(LANES):
+                    sq[o + l] = sq[a + l] + sq[b + l]
+        for l in range(LANES):
+            lanes[l] = sq[l]
+    else:
+        for l in range(LANES):
+            lanes[l] = 0.0
+        for r in range(reps):
+            base = r * LANES
+            for l in range(LANES):
+                q = x[base + l] * x[base + l]
+                if prescale:
+                    q = q * inv_h
+                lanes[l] = q + lanes[l]
+        base = reps * LANES
+        for l in range(h - base):  # the tail repeat, masked to its first lanes
+            q = x[base + l] * x[base + l]
+            if prescale:
+                q = q * inv_h
+            lanes[l] = q + lanes[l]
+    return lane_tree_sum(lanes)
 
 
 @njit(cache=True, inline="always")
-def square_sums4(a, b, c, d):
-    """:func:`rms_norm_row`'s square-sums (fp32, element order) of four equal-length rows at once.
+def rms_norm_row(x, gamma, eps, scale, lanes_order, prescale, reciprocal, sq, lanes, out):
+    """One row of the kernels' RmsNorm in fp32 (no fused multiply-add):
 
-    Bit-identical to four separate sums; four independent add chains run ~3x faster than one
-    after the other (a single 512-element chain is bound by the add latency).
+    ``ss = square_sum(x)`` (:func:`square_sum`, 64 lanes then :func:`lane_tree_sum`);
+    ``ms = ss * fp32(1/H)`` (or ``ss`` itself when ``prescale`` already scaled the squares);
+    ``rms = sqrt(ms + eps)``; ``out = x / rms * gamma * scale`` or, with ``reciprocal``,
+    ``x * fp32(1 / rms) * gamma * scale``. ``scale`` is v3's qc_qr_scale / kc_scale, 1.0
+    elsewhere (a multiply by 1.0 is exact). The kernel variants are :data:`MLA_PROLOG_RMS`,
+    :data:`MLAPO_KV_RMS`, :data:`KV_CACHE_RMS`, :data:`MLAPO_QUANT_RMS` (sources there).
+
+    Args:
+        x, gamma: fp32 ``[H]``; eps, scale: fp32.
+        lanes_order, prescale, reciprocal: the fields of an :class:`RmsNormOrder`.
+        sq, lanes: fp32 scratch, see :func:`square_sum`.
+        out: fp32 ``[H]`` (may not alias ``x``).
     """
-    s0 = np.float32(0.0)
-    s1 = np.float32(0.0)
-    s2 = np.float32(0.0)
-    s3 = np.float32(0.0)
-    for i in range(a.shape[0]):
-        s0 += a[i] * a[i]
-        s1 += b[i] * b[i]
-        s2 += c[i] * c[i]
-        s3 += d[i] * d[i]
-    return s0, s1, s2, s3
+    h = x.shape[0]
+    inv_h = np.float32(np.float32(1.0) / np.float32(h))
+    ss = square_sum(x, lanes_order, prescale, inv_h, sq, lanes)
+    ms = ss if prescale else ss * inv_h
+    rms = np.sqrt(ms + eps)
+    if reciprocal:
+        f = np.float32(np.float32(1.0) / rms)
+        for i in range(h):
+            out[i] = x[i] * f * gamma[i] * scale
+    else:
+        for i in range(h):
+            out[i] = x[i] / rms * gamma[i] * scale
 
 
 @njit(cache=True, parallel=True)
-def _rms_norm_2d(x, gamma, eps, scale, out):
+def _rms_norm_2d(x, gamma, eps, scale, lanes_order, prescale, reciprocal, out):
     for t in prange(x.shape[0]):
-        rms_norm_row(x[t], gamma, eps, scale, out[t])
+        sq = np.empty(x.shape[1] if lanes_order == LANES_PAIRWISE else 1, dtype=np.float32)
+        lanes = np.empty(LANES, dtype=np.float32)
+        rms_norm_row(x[t], gamma, eps, scale, lanes_order, prescale, reciprocal, sq, lanes, out[t])
 
 
-def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float, scale: float = 1.0) -> np.ndarray:
-    """RmsNorm over the last axis in fp32.
+@njit(cache=True, parallel=True)
+def _square_sums_2d(x, lanes_order, prescale, out):
+    inv_h = np.float32(np.float32(1.0) / np.float32(x.shape[1]))
+    for t in prange(x.shape[0]):
+        sq = np.empty(x.shape[1] if lanes_order == LANES_PAIRWISE else 1, dtype=np.float32)
+        lanes = np.empty(LANES, dtype=np.float32)
+        out[t] = square_sum(x[t], lanes_order, prescale, inv_h, sq, lanes)
+
+
+def _check_order(h: int, order: RmsNormOrder) -> None:
+    if order.lanes == LANES_PAIRWISE and (h % LANES or (h // LANES) & (h // LANES - 1)):
+        raise ValueError(f"pairwise RmsNorm needs H = 64 * 2^k, got H={h}")
+
+
+def square_sums(x: np.ndarray, order: RmsNormOrder) -> np.ndarray:
+    """The sums of squares :func:`rms_norm` forms (:func:`square_sum`), one per row.
 
     Args:
         x: fp32 ``[T, H]``.
+        order: an :class:`RmsNormOrder` (``prescale``: of ``x^2 * fp32(1/H)``).
+
+    Returns:
+        fp32 ``[T]``.
+
+    Raises:
+        ValueError: a pairwise order with H not 64 times a power of two (an internal misuse).
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    _check_order(x.shape[-1], order)
+    out = np.empty(x.shape[0], dtype=np.float32)
+    _square_sums_2d(x, order.lanes, order.prescale, out)
+    return out
+
+
+def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float, order: RmsNormOrder, scale: float = 1.0) -> np.ndarray:
+    """RmsNorm over the last axis in fp32, in one kernel's order (:func:`rms_norm_row`).
+
+    Args:
+        x: fp32 ``[T, H]`` (H = 64 * 2^k for :data:`KV_CACHE_RMS`).
         gamma: fp32 ``[H]``.
         eps: epsilon (rounded to fp32).
+        order: :data:`MLA_PROLOG_RMS`, :data:`KV_CACHE_RMS` or :data:`MLAPO_QUANT_RMS`.
         scale: extra multiplier applied last (v3 ``qc_qr_scale`` / ``kc_scale``).
 
     Returns:
         fp32 ``[T, H]``.
+
+    Raises:
+        ValueError: a pairwise order with H not 64 times a power of two (an internal misuse).
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
+    _check_order(x.shape[-1], order)
     out = np.empty_like(x)
-    _rms_norm_2d(x, np.ascontiguousarray(gamma, dtype=np.float32), np.float32(eps), np.float32(scale), out)
+    _rms_norm_2d(x, np.ascontiguousarray(gamma, dtype=np.float32), np.float32(eps), np.float32(scale),
+                 order.lanes, order.prescale, order.reciprocal, out)
     return out
 
 
@@ -142,9 +285,12 @@ def _scatter_token(cache, rows, offsets, chunk, t):
 
 
 @njit(cache=True, parallel=True)
-def _scatter_chunks(cache, rows, offsets, chunk):
-    for t in prange(offsets.shape[0]):
-        _scatter_token(cache, rows, offsets, chunk, t)
+def _scatter_chunks(cache, rows, offsets, chunk, parts):
+    """:func:`_scatter_token` over ``parts`` contiguous token ranges in parallel."""
+    n = offsets.shape[0]
+    for p in prange(parts):
+        for t in range(p * n // parts, (p + 1) * n // parts):
+            _scatter_token(cache, rows, offsets, chunk, t)
 
 
 @njit(cache=True)
@@ -153,8 +299,10 @@ def _scatter_chunks_serial(cache, rows, offsets, chunk):
         _scatter_token(cache, rows, offsets, chunk, t)
 
 
-#: Below this many bytes a scatter runs on one thread: starting the pool costs more than the copy.
-SCATTER_PARALLEL_MIN_BYTES = 1 << 20
+#: Fewest bytes a thread scatters: below 2 x this a scatter runs on one thread (starting the pool
+#: costs more than the copy), above it one range per thread of at least this size, so adding
+#: threads never splits a scatter finer than pays.
+SCATTER_BYTES_PER_THREAD = 1 << 19
 
 
 def _copy_word(nbytes: int, chunk: int, row_bytes: int, offsets: np.ndarray):
@@ -206,6 +354,9 @@ def scatter_rows(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout:
     flat = cache.reshape(-1).view(np.uint8)  # shares memory with cache
     word = _copy_word(flat.size, layout.chunk_bytes, raw.shape[1], offsets)
     w = np.dtype(word).itemsize
-    scatter = _scatter_chunks if raw.itemsize * raw.shape[1] * keep.size >= SCATTER_PARALLEL_MIN_BYTES \
-        else _scatter_chunks_serial
-    scatter(flat.view(word), np.ascontiguousarray(raw).view(word), offsets // w, layout.chunk_bytes // w)
+    operands = (flat.view(word), np.ascontiguousarray(raw).view(word), offsets // w, layout.chunk_bytes // w)
+    parts = min(numba.get_num_threads(), raw.itemsize * raw.shape[1] * keep.size // SCATTER_BYTES_PER_THREAD)
+    if parts > 1:
+        _scatter_chunks(*operands, parts)
+    else:
+        _scatter_chunks_serial(*operands)

@@ -3,10 +3,9 @@
 Numerics (ops_reference §1.1-§1.3, §4; kernel ``kv_rms_norm_rope_cache_b16_pa_nz_quant.h``):
 
 - bf16 / fp16 inputs (kept as ``uint16`` bits) widened exactly to fp32, gamma already fp32.
-- RmsNorm in fp32 (:func:`~ascend_emu.emu.kernels.rms_norm_row`: square-sum, times 1/512, plus
-  eps, sqrt, divide, times gamma). The hardware adds the 512 squares as a tree (three halving
-  adds of 64-lane blocks, then ``WholeReduceSum``), this emulator in element order, so ``rms``
-  may differ in its last fp32 bit (about 0.1 % of the rounded y elements move by one ulp).
+- RmsNorm in fp32 in the kernel's order (:data:`~ascend_emu.emu.kernels.KV_CACHE_RMS`, sources
+  there): the 512 squares added as a tree (the eight 64-element blocks pairwise, then the 64 lanes
+  pairwise, ``WholeReduceSum``), times fp32(1/512), plus eps, sqrt, divide, times gamma.
 - Duplicate slots: the last token wins (deterministic for any thread count).
 - RoPE in fp32 (:func:`~ascend_emu.emu.kernels.rope_row` with de-interleave): the same products
   and sums as the kernel's ``y0 = (real, imag) * cos``, ``y1 = (-imag, real) * sin``, ``y0 + y1``.
@@ -27,13 +26,13 @@ from ..ops.kv_rmsnorm_rope_cache import (RMS_SIZE, ROPE_SIZE, UNWRITTEN_OUTPUT_F
                                          KvRmsNormRopeCacheArgs)
 from ..quant import BF16, INT8_MAX, INT8_MIN
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
-from .kernels import last_writer, rms_norm_row, rms_norm_scale_row, rope_row, scatter_rows, square_sums4
+from .kernels import KV_CACHE_RMS, LANES, last_writer, rms_norm_row, rope_row, scatter_rows
 
-#: Tokens whose RmsNorm square-sums run interleaved (:func:`~ascend_emu.emu.kernels.square_sums4`).
-_GROUP = 4
-#: Below this many tokens one thread is faster than starting the pool (64 decode tokens take tens
-#: of microseconds).
-PARALLEL_MIN_TOKENS = 256
+#: The kernel's RmsNorm order (:data:`~ascend_emu.emu.kernels.KV_CACHE_RMS`).
+_RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL = KV_CACHE_RMS
+#: Fewest tokens per parallel range: a range must outlast the wake-up of its thread (tens of
+#: microseconds; a token takes about 0.2 us), so small batches run on one thread.
+TOKENS_PER_PART = 256
 _NO_SCALE = np.empty(0, dtype=np.float32)
 
 
@@ -91,37 +90,28 @@ def _kv_rmsnorm_rope_range(lo, hi, kv, gamma, cos, sin, eps, is_bf16, quant, k_s
         k_int8, y_int8: out, int8 ``[T, 64]`` / ``[T, 512]`` (``[0, .]`` without ``quant``).
     """
     one = np.float32(1.0)
-    x = np.empty((_GROUP, RMS_SIZE), dtype=np.float32)  # [4, 512] scratch: widened rms_in of a token group
+    x = np.empty(RMS_SIZE, dtype=np.float32)  # [512] widened rms_in
     y = np.empty(RMS_SIZE, dtype=np.float32)  # [512]
+    sq = np.empty(RMS_SIZE, dtype=np.float32)  # [512] squares, halved in place
+    lanes = np.empty(LANES, dtype=np.float32)  # [64]
     r = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
     c = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
     s = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
     k = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
-    zero = np.float32(0.0)
-    sums = (zero, zero, zero, zero)
-    for t0 in range(lo, hi, _GROUP):
-        n = min(_GROUP, hi - t0)
-        for j in range(n):
-            _widen_row(kv[t0 + j, :RMS_SIZE], x[j], is_bf16)
-        if n == _GROUP:  # the square-sums of four tokens as four interleaved chains (same values)
-            sums = square_sums4(x[0], x[1], x[2], x[3])
-        for j in range(n):
-            t = t0 + j
-            if n == _GROUP:
-                rms_norm_scale_row(x[j], sums[j], gamma, eps, one, y)
-            else:
-                rms_norm_row(x[j], gamma, eps, one, y)
-            _widen_row(kv[t, RMS_SIZE:], r, is_bf16)
-            _widen_row(cos[t], c, is_bf16)
-            _widen_row(sin[t], s, is_bf16)
-            rope_row(r, c, s, True, k)
-            _narrow_row(y, y_rows[t], is_bf16)
-            _narrow_row(k, k_rows[t], is_bf16)
-            if quant:
-                for i in range(RMS_SIZE):
-                    y_int8[t, i] = _round_float_to_int8(y[i] * c_scale[i])
-                for i in range(ROPE_SIZE):
-                    k_int8[t, i] = _round_float_to_int8(k[i] * k_scale[i])
+    for t in range(lo, hi):
+        _widen_row(kv[t, :RMS_SIZE], x, is_bf16)
+        rms_norm_row(x, gamma, eps, one, _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL, sq, lanes, y)
+        _widen_row(kv[t, RMS_SIZE:], r, is_bf16)
+        _widen_row(cos[t], c, is_bf16)
+        _widen_row(sin[t], s, is_bf16)
+        rope_row(r, c, s, True, k)
+        _narrow_row(y, y_rows[t], is_bf16)
+        _narrow_row(k, k_rows[t], is_bf16)
+        if quant:
+            for i in range(RMS_SIZE):
+                y_int8[t, i] = _round_float_to_int8(y[i] * c_scale[i])
+            for i in range(ROPE_SIZE):
+                k_int8[t, i] = _round_float_to_int8(k[i] * k_scale[i])
 
 
 @njit(cache=True, parallel=True)
@@ -135,6 +125,53 @@ def _kv_rmsnorm_rope_parallel(parts, kv, gamma, cos, sin, eps, is_bf16, quant, k
                                k_scale, c_scale, k_rows, y_rows, k_int8, y_int8)
 
 
+def _filled(shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """An array of :data:`UNWRITTEN_OUTPUT_FILL` (``np.zeros`` when it is 0: ten times faster than
+    ``np.full`` for bf16)."""
+    out = np.zeros(shape, dtype=dtype)
+    if UNWRITTEN_OUTPUT_FILL:
+        out.fill(UNWRITTEN_OUTPUT_FILL)
+    return out
+
+
+def _parts(tokens: int) -> int:
+    """Token ranges to run in parallel: one per thread, each at least :data:`TOKENS_PER_PART`
+    tokens (1 = run serially), so adding threads never makes a call slower."""
+    return max(1, min(numba.get_num_threads(), tokens // TOKENS_PER_PART))
+
+
+def fused_rows(kv: np.ndarray, gamma: np.ndarray, cos: np.ndarray, sin: np.ndarray, eps: np.float32,
+               is_bf16: bool, k_scale: np.ndarray | None = None, c_scale: np.ndarray | None = None):
+    """The fused per-token pass (module doc) over all tokens, threaded above :data:`TOKENS_PER_PART`.
+
+    Args:
+        kv: uint16 ``[T, 576]`` bf16 / fp16 bits, C-contiguous.
+        gamma: fp32 ``[512]``.
+        cos, sin: uint16 ``[T, 64]``.
+        eps: fp32 epsilon.
+        is_bf16: the bits are bf16 (else fp16).
+        k_scale, c_scale: fp32 ``[64]`` / ``[512]`` quant multipliers, both or neither.
+
+    Returns:
+        ``(k_rows, y_rows, k_int8, y_int8)``: uint16 ``[T, 64]`` / ``[T, 512]`` kv-dtype bits; int8
+        ``[T, 64]`` / ``[T, 512]`` (``[0, .]`` without scales).
+    """
+    t = kv.shape[0]
+    quant = k_scale is not None
+    k_rows = np.empty((t, ROPE_SIZE), dtype=np.uint16)  # [T, 64] kv-dtype bits
+    y_rows = np.empty((t, RMS_SIZE), dtype=np.uint16)  # [T, 512] kv-dtype bits
+    k_int8 = np.empty((t if quant else 0, ROPE_SIZE), dtype=np.int8)  # [T, 64]
+    y_int8 = np.empty((t if quant else 0, RMS_SIZE), dtype=np.int8)  # [T, 512]
+    operands = (kv, gamma, cos, sin, np.float32(eps), bool(is_bf16), quant,
+                k_scale if quant else _NO_SCALE, c_scale if quant else _NO_SCALE, k_rows, y_rows, k_int8, y_int8)
+    parts = _parts(t)
+    if parts > 1:
+        _kv_rmsnorm_rope_parallel(parts, *operands)
+    else:
+        _kv_rmsnorm_rope_range(0, t, *operands)
+    return k_rows, y_rows, k_int8, y_int8
+
+
 def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs):
     """emu implementation of :func:`ascend_emu.ops.npu_kv_rmsnorm_rope_cache`.
 
@@ -145,19 +182,11 @@ def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs):
         ``(k_cache, ckv_cache, k_embed_out [B, 1, S, 64], y_out [B, 1, S, 512])``; the caches are
         the caller's arrays, updated in place.
     """
-    t = args.kv.shape[0]
     quant = args.quant
-    k_rows = np.empty((t, ROPE_SIZE), dtype=np.uint16)  # [T, 64] kv-dtype bits
-    y_rows = np.empty((t, RMS_SIZE), dtype=np.uint16)  # [T, 512] kv-dtype bits
-    k_int8 = np.empty((t if quant else 0, ROPE_SIZE), dtype=np.int8)  # [T, 64]
-    y_int8 = np.empty((t if quant else 0, RMS_SIZE), dtype=np.int8)  # [T, 512]
-    operands = (args.kv.view(np.uint16), args.gamma, args.cos.view(np.uint16), args.sin.view(np.uint16),
-                args.epsilon, args.kv_dtype == BF16, quant, args.k_rope_scale if quant else _NO_SCALE,
-                args.c_kv_scale if quant else _NO_SCALE, k_rows, y_rows, k_int8, y_int8)
-    if t >= PARALLEL_MIN_TOKENS:
-        _kv_rmsnorm_rope_parallel(min(t, 4 * numba.get_num_threads()), *operands)
-    else:
-        _kv_rmsnorm_rope_range(0, t, *operands)
+    k_rows, y_rows, k_int8, y_int8 = fused_rows(args.kv.view(np.uint16), args.gamma, args.cos.view(np.uint16),
+                                                args.sin.view(np.uint16), args.epsilon, args.kv_dtype == BF16,
+                                                args.k_rope_scale if quant else None,
+                                                args.c_kv_scale if quant else None)
     # [T'] tokens to write (the last one per slot), shared by both caches
     keep = np.flatnonzero(args.slots >= 0) if args.unique_slots else last_writer(args.slots)
     scatter_rows(args.k_cache, k_int8 if quant else k_rows, args.slots, args.k_layout, keep=keep)
@@ -168,6 +197,6 @@ def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs):
         k_embed_out = k_rows.view(dtype).reshape(b, 1, s, ROPE_SIZE)  # [B, 1, S, 64]
         y_out = y_rows.view(dtype).reshape(b, 1, s, RMS_SIZE)  # [B, 1, S, 512]
     else:
-        k_embed_out = np.full((b, 1, s, ROPE_SIZE), UNWRITTEN_OUTPUT_FILL, dtype=dtype)  # [B, 1, S, 64]
-        y_out = np.full((b, 1, s, RMS_SIZE), UNWRITTEN_OUTPUT_FILL, dtype=dtype)  # [B, 1, S, 512]
+        k_embed_out = _filled((b, 1, s, ROPE_SIZE), dtype)  # [B, 1, S, 64]
+        y_out = _filled((b, 1, s, RMS_SIZE), dtype)  # [B, 1, S, 512]
     return args.k_cache, args.ckv_cache, k_embed_out, y_out

@@ -6,9 +6,10 @@ the destinations it prepared. Numerics, step by step (ops_reference §1.1-§1.3,
 dtype, bf16 or fp16):
 
 1. RmsNormQuant0, fp32: ``y = rms_norm(x, gamma0, eps) + beta0`` with the shared
-   :func:`~ascend_emu.emu.kernels.rms_norm` (``x / sqrt(sum(x^2) * (1/H) + eps) * gamma``; the
-   kernel multiplies by ``1/rms`` and sums in 64 lanes, so its fp32 result can differ in the last
-   bit). Per-tensor: ``v = y * fp32(1/quant_scale0) + quant_offset0``; per-token:
+   :func:`~ascend_emu.emu.kernels.rms_norm` in the RmsNormQuant order
+   (:data:`~ascend_emu.emu.kernels.MLAPO_QUANT_RMS`: ``x * fp32(1 / sqrt(sum(x^2 * (1/H)) + eps))
+   * gamma``, the squares scaled by 1/H first and summed in 64 lanes then a pairwise tree).
+   Per-tensor: ``v = y * fp32(1/quant_scale0) + quant_offset0``; per-token:
    ``s = max|y| / 127``, ``v = y * fp32(1/s)`` (an all-zero row gives ``s = 0``, ``v = 0``).
    int8 = RINT(clamp(fp16_RNE(v), -128, 127)).
 2. ``acc = int8 @ wdqkv^T`` exact (float64 BLAS), ``fp32(acc + bias0) * descale0`` (per-token:
@@ -17,7 +18,8 @@ dtype, bf16 or fp16):
    ``[T, N, 192]``. ``q_nope @ wuk`` per head in fp32 (sgemm), round; 'int8_nzcache':
    int8(fp16(fp32(rounded) * q_nope_scale[n])). ``q_pe``: plain rotate_half RoPE in fp32
    (``kernels.rope`` with ``deinterleave=False``), round.
-4. kv: ``ckv = rms_norm(kv[:512], gamma2, eps)`` (fp32), round ('int8_nzcache':
+4. kv: ``ckv = rms_norm(kv[:512], gamma2, eps)`` (fp32; :data:`~ascend_emu.emu.kernels.MLAPO_KV_RMS`:
+   ``x / sqrt(sum(x^2) * (1/512) + eps) * gamma``, same lanes and tree), round ('int8_nzcache':
    int8(fp16(ckv * fp32(1/ctkv_scale)))); ``krope = RoPE(kv[512:])``, round; scattered with
    :func:`~ascend_emu.emu.kernels.scatter_rows` (PA_BSND / PA_NZ layouts from the contract).
 """
@@ -29,7 +31,7 @@ import numpy as np
 from ..ops.mla_preprocess import KV_A_DIM, KV_LORA_RANK, QK_HEAD_DIM, QK_NOPE_DIM, MlaPreprocessArgs
 from ..quant import (BF16, dynamic_scale, f32_to_f16, f32_to_int8_via_f16, group_amax, inverse_scale, to_bf16,
                      to_f32)
-from .kernels import rms_norm, rope, scatter_rows
+from .kernels import MLAPO_KV_RMS, MLAPO_QUANT_RMS, rms_norm, rope, scatter_rows
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64
 
 
@@ -46,7 +48,7 @@ def _to_int8(v: np.ndarray) -> np.ndarray:
 def _rms_norm_quant(x32, gamma, beta, scale, offset, eps) -> tuple[np.ndarray, np.ndarray | None]:
     """RmsNormQuant of fp32 rows ``[T, H]``: int8 ``[T, H]`` and the per-token dequant scales
     ``[T, 1]`` (None for per-tensor, when ``scale`` / ``offset`` are given)."""
-    y = rms_norm(x32, to_f32(gamma), eps) + to_f32(beta)  # [T, H] fp32
+    y = rms_norm(x32, to_f32(gamma), eps, MLAPO_QUANT_RMS) + to_f32(beta)  # [T, H] fp32
     if scale is not None:
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             return _to_int8(y * (np.float32(1.0) / scale) + offset), None
@@ -87,7 +89,7 @@ def mla_preprocess(args: MlaPreprocessArgs) -> None:
     q_nope = _round(q_nope.transpose(1, 0, 2), dt)  # [T, N, 512]
     q_rope = _round(rope(mm1[:, :, QK_NOPE_DIM:], cos, sin, deinterleave=False), dt)  # [T, N, 64]
 
-    ckv = rms_norm(kv[:, :KV_LORA_RANK], to_f32(args.gamma2), args.epsilon)  # [T, 512] fp32
+    ckv = rms_norm(kv[:, :KV_LORA_RANK], to_f32(args.gamma2), args.epsilon, MLAPO_KV_RMS)  # [T, 512] fp32
     krope = _round(rope(kv[:, KV_LORA_RANK:], cos, sin, deinterleave=False), dt)  # [T, 64]
 
     if mode == "kvcache":

@@ -17,11 +17,13 @@ from ..ops.mla_prolog import D_NOPE, D_ROPE, HCKV
 from ..quant import (BF16, INT8_MAX, CombinedRowFormat, bf16_bits_to_f32, bf16_to_f32, dynamic_scale,
                      f32_to_bf16_bits, f32_to_int8, f32_to_int8_via_f16, group_amax, quantize_static,
                      quantize_with_dequant_scale, to_bf16, to_f32)
-from .kernels import last_writer, rms_norm_row, rope_row, scatter_rows
+from .kernels import LANES, MLA_PROLOG_RMS, last_writer, rms_norm_row, rope_row, scatter_rows
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64
 
 #: The int8 bound the kernel's DynamicQuant divides by (its ``maxInt8Tensor``), fp32.
 _Q_MAX = np.float32(INT8_MAX)
+#: The kernel's RmsNorm order (:data:`~ascend_emu.emu.kernels.MLA_PROLOG_RMS`, sources there).
+_RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL = MLA_PROLOG_RMS
 
 
 # ---------------------------------------------------------------------- fused vector stages
@@ -51,9 +53,11 @@ def _cq_norm(cq, round_in, gamma, eps, scale, out):
     h = cq.shape[1]
     for t in prange(cq.shape[0]):
         row = np.empty(h, dtype=np.float32)
+        lanes = np.empty(LANES, dtype=np.float32)
+        sq = np.empty(1, dtype=np.float32)  # unused by the in-order lanes
         for i in range(h):
             row[i] = _bf16(cq[t, i]) if round_in else cq[t, i]
-        rms_norm_row(row, gamma, eps, scale, out[t])
+        rms_norm_row(row, gamma, eps, scale, _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL, sq, lanes, out[t])
 
 
 @njit(cache=True, parallel=True)
@@ -94,9 +98,11 @@ def _kv_kr(ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits):
     for t in prange(ckvkr.shape[0]):
         row = np.empty(hk + dr, dtype=np.float32)
         y = np.empty(dr, dtype=np.float32)
+        lanes = np.empty(LANES, dtype=np.float32)
+        sq = np.empty(1, dtype=np.float32)  # unused by the in-order lanes
         for i in range(hk + dr):
             row[i] = _bf16(ckvkr[t, i]) if round_in else ckvkr[t, i]
-        rms_norm_row(row[:hk], gamma, eps, scale, kv[t])
+        rms_norm_row(row[:hk], gamma, eps, scale, _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL, sq, lanes, kv[t])
         rope_row(row[hk:], cos[t], sin[t], True, y)
         for i in range(dr):
             kr_bits[t, i] = f32_to_bf16_bits(y[i])
@@ -177,8 +183,10 @@ def mla_prolog(args) -> tuple:
 
     1. ``cq = x @ W_dq`` ``[T, Hcq]``: bf16 x -> bf16; int8 x (weight_quant_mode 2) ->
        ``dequant(acc, dequant_scale_x[t], dequant_scale_w_dq[c])``, not rounded.
-    2. ``cq_n = RmsNorm(cq) * gamma_cq * qc_qr_scale`` (fp32; kernel order x / rms * gamma *
-       scale). Non-quant: -> bf16, this is ``query_norm``. weight_quant_mode 1 / 2: times
+    2. ``cq_n = RmsNorm(cq) * gamma_cq * qc_qr_scale`` (fp32; the kernel's order,
+       :data:`~ascend_emu.emu.kernels.MLA_PROLOG_RMS`: squares summed in 64 lanes over the
+       repeats, then a pairwise tree over the lanes; x / rms * gamma * scale). Non-quant: -> bf16,
+       this is ``query_norm``. weight_quant_mode 1 / 2: times
        ``smooth_scales_cq`` if given, then per-token dynamic quant (:func:`_dynamic_quant_127`,
        half-even): int8 ``query_norm`` and fp32 ``dequant_scale_q_norm`` ``s[t] = amax / 127``.
     3. ``qcqr = cq_n @ W_uq_qr`` viewed ``[T, N, 192]`` = per head ``[128 nope | 64 rope]``: bf16
@@ -200,7 +208,14 @@ def mla_prolog(args) -> tuple:
        int8 (static multipliers, half-even, saturated); 3 -> per-tile combined rows
        (:func:`_per_tile_rows`).
     8. ``kr = RoPE(ckvkr[:, 512:])`` -> bf16 (kr_cache, or bytes 512-639 of the combined row);
-       kv_cache_quant_mode 2: ``rint(fp32(bf16 kr) * quant_scale_ckr[c])`` int8.
+       kv_cache_quant_mode 2: ``rint(fp32(bf16 kr) * quant_scale_ckr[c])`` int8. The kernel
+       quantizes the bf16 rounding, not the fp32 RoPE that ops_reference §2.1 and the golden
+       quantize: ``kernel_mla_prolog_split_n.h`` L1572-L1578 (RoPE into ``tmpOut`` of
+       ``ropeSinCosType``, then ``RopePostQuantPerChannel``), ``mla_prolog_comm.h`` L225
+       (``ropeSinCosType = bfloat16_t``), ``service_rotary_position_embedding.h`` L87-L95
+       (``RotaryPosEmbPerTensor``: fp32 RoPE, ``Cast(..., CAST_RINT)`` to that type) and
+       L181-L193 (bf16 -> fp32, ``Mul`` scale, ``CastFP32ToINT8``); ops-transformer @
+       cannmirror 05c401f.
 
     Cache rows go to ``args.slots`` in ``args.kv_layout`` / ``args.kr_layout`` (-1 skips; for a
     shared slot the last token wins); with ``args.slots is None`` (no token or an empty cache)

@@ -1,7 +1,7 @@
 """Reference for ``npu_kv_rmsnorm_rope_cache``: plain NumPy and loops, written from the seed doc and
 ops_reference §1.1, §1.2, §1.4 and §4 (the official op-plugin golden's formulas).
 
-Imports only numpy and ml_dtypes. Layouts are spelled out from the formulas:
+Imports only numpy, ml_dtypes and ``tests.reference.rms_norm``. Layouts are spelled out from the formulas:
 
 - ND caches (Norm, PA, PA_BNSD, PA_BLK_BNSD): row ``slot`` holds elements ``[slot*D, slot*D + D)``;
   Norm's slot is ``b * cache_length + index[b, s]``.
@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
+
+from tests.reference.rms_norm import rms_norm
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 RMS = 512
@@ -40,12 +42,12 @@ class RefResult(NamedTuple):
 
 
 def rmsnorm_rope_f32(kv, gamma, cos, sin, epsilon):
-    """The golden's fp32 math. Returns ``(k_embed [B,1,S,64], y [B,1,S,512])``, fp32."""
+    """The golden's fp32 math, the sum of squares in the kernel's order (the golden's ``mean``
+    sums in NumPy's order; ``tests/reference/rms_norm.py``). Returns ``(k_embed [B,1,S,64], y [B,1,S,512])``, fp32."""
     x = np.asarray(kv).astype(np.float32)
     b, _, s, _ = x.shape
     rms_in, rope_in = x[..., :RMS], x[..., RMS:]
-    mean_sq = np.mean(rms_in * rms_in, axis=-1, keepdims=True)
-    y = rms_in / np.sqrt(mean_sq + np.float32(epsilon)) * np.asarray(gamma).astype(np.float32)
+    y = rms_norm(rms_in, np.asarray(gamma).astype(np.float32), epsilon, "kv_cache")  # the kernel's sum order
     k = rope_in.reshape(b, 1, s, ROPE // 2, 2).swapaxes(-1, -2).reshape(b, 1, s, ROPE)  # de-interleave
     rotated = np.concatenate([-k[..., ROPE // 2:], k[..., :ROPE // 2]], axis=-1)
     k_embed = k * np.asarray(cos).astype(np.float32) + rotated * np.asarray(sin).astype(np.float32)

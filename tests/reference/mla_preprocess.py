@@ -1,9 +1,9 @@
 """Reference for torch_npu.atb.npu_mla_preprocess (MlaPreprocessV2): plain NumPy, one token at a time.
 
 Written from ops_reference §1.1 (plain rotate_half), §1.2 (RmsNormQuant: fp32 -> fp16 -> clamp ->
-int8 RINT), §1.4 / §3 (layouts, flow) and the numerics the op documents (sequential fp32 sums in
-RmsNorm, ``x / rms * gamma``, eps 1e-6, ``ctkv_scale`` divides, ``q_nope_scale`` multiplies).
-Imports only numpy and ml_dtypes; bf16 rounding is ml_dtypes' ``astype`` (RNE), the int8 matmuls
+int8 RINT), §1.4 / §3 (layouts, flow) and the numerics the op documents (the kernels' RmsNorm
+orders, ``tests/reference/rms_norm.py``; eps 1e-6, ``ctkv_scale`` divides, ``q_nope_scale`` multiplies).
+Imports only numpy, ml_dtypes and that module; bf16 rounding is ml_dtypes' ``astype`` (RNE), the int8 matmuls
 are int64 products, the W^UK einsum is float64 rounded once to fp32.
 """
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+
+from tests.reference.rms_norm import rms_norm
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 EPS = np.float32(1e-6)
@@ -33,12 +35,11 @@ def int8_via_f16(v) -> np.ndarray:
     return np.rint(np.clip(h, -128, 127)).astype(np.int8)
 
 
-def rms_norm_row(x, gamma) -> np.ndarray:
-    """fp32 ``x / sqrt(sum(x^2) * (1/H) + eps) * gamma``; the square-sum is sequential."""
-    x = f32(x)
-    ss = np.cumsum(x * x, dtype=np.float32)[-1]
-    rms = np.sqrt(ss * (np.float32(1.0) / np.float32(x.size)) + EPS)
-    return x / rms * f32(gamma)
+def rms_norm_row(x, gamma, kernel: str) -> np.ndarray:
+    """fp32 RmsNorm of one row in the kernel's order (``tests/reference/rms_norm.py``):
+    ``"mlapo_quant"`` (RmsNormQuant: ``x * (1 / sqrt(sum(x^2 * (1/H)) + eps)) * gamma``) or
+    ``"mlapo_kv"`` (``x / sqrt(sum(x^2) * (1/H) + eps) * gamma``); 64 lanes, pairwise tree."""
+    return rms_norm(f32(x), gamma, EPS, kernel)
 
 
 def quant_row(y, scale, offset):
@@ -100,12 +101,12 @@ def mla_preprocess_ref(inp: dict, cache_mode: str, quant_mode: str) -> dict:
     wuk = inp["wuk"].astype(np.float64)  # [N, 128, 512]
     q0, q1, kv_rows, kr_rows = [], [], [], []
     for i in range(t):
-        y = rms_norm_row(x[i], inp["gamma0"]) + f32(inp["beta0"])
+        y = rms_norm_row(x[i], inp["gamma0"], "mlapo_quant") + f32(inp["beta0"])
         q8, s = quant_row(y, None if per_token else f32(inp["quant_scale0"])[0],
                           None if per_token else f32(inp["quant_offset0"])[0])
         mm0 = matmul_dequant_row(q8, inp["wdqkv"], inp.get("bias0"), descale_f32(inp["descale0"]), s, dt)
         kv, q_a = mm0[:576], mm0[576:]
-        y = rms_norm_row(q_a, inp["gamma1"]) + f32(inp["beta1"])
+        y = rms_norm_row(q_a, inp["gamma1"], "mlapo_quant") + f32(inp["beta1"])
         q8, s = quant_row(y, None if per_token else f32(inp["quant_scale1"])[0],
                           None if per_token else f32(inp["quant_offset1"])[0])
         mm1 = matmul_dequant_row(q8, inp["wuq"], inp.get("bias1"), descale_f32(inp["descale1"]), s, dt)
@@ -113,7 +114,7 @@ def mla_preprocess_ref(inp: dict, cache_mode: str, quant_mode: str) -> dict:
         nope = np.stack([(mm1[h, :128].astype(np.float64) @ wuk[h]).astype(np.float32) for h in range(n)])
         nope = rnd(nope, dt)  # [N, 512]
         q_pe = rnd(rope_rows(mm1[:, 128:], inp["cos"][i], inp["sin"][i]), dt)  # [N, 64]
-        ckv = rms_norm_row(kv[:512], inp["gamma2"])  # fp32 [512]
+        ckv = rms_norm_row(kv[:512], inp["gamma2"], "mlapo_kv")  # fp32 [512]
         krope = rnd(rope_rows(kv[512:], inp["cos"][i], inp["sin"][i]), dt)  # [64]
         if cache_mode == "kvcache":
             q0.append(np.concatenate([nope, q_pe], axis=-1))

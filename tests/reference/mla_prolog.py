@@ -1,15 +1,17 @@
 """Reference npu_mla_prolog v1 / v2 / v3, every quant scenario: plain NumPy, step by step.
 
-Imports only numpy and ml_dtypes. Sources: ops_reference §2.1 (steps and their quantized
-variants), §2.2 (per-tile rows), §1.2 (rounding), §1.3 (RmsNorm kernel order).
+Imports numpy, ml_dtypes, ``tests.reference.rms_norm`` and ascend_emu.mla's dims. Sources:
+ops_reference §2.1 (steps and their quantized variants), §2.2 (per-tile rows), §1.2 (rounding),
+§1.3 (RmsNorm kernel order).
 
 - bf16 rounding is ml_dtypes' fp32 -> bf16 cast (RNE).
 - bf16 matmuls accumulate in float64 (an exact-as-possible stand-in for the kernel's fp32
   accumulator) and are rounded to fp32 first; int8 matmuls are exact int64 sums.
 - Where a result is compared byte for byte or nearly so (int8 outputs, full-quant caches, fp32
-  dynamic scales), the fp32 steps follow the kernel's operation order as ops_reference §1.2 / §1.3 record it: RmsNorm sums
-  squares left to right in fp32 and multiplies by fp32(1/H); dequant is ``fp32(acc) * row scale
-  * column scale``; dynamic quant multiplies by ``127 / amax``; per-tile quant multiplies by
+  dynamic scales), the fp32 steps follow the kernel's operation order as ops_reference §1.2 /
+  §1.3 record it: RmsNorm sums squares in the kernel's 64 lanes and pairwise tree
+  (``tests/reference/rms_norm.py``) and multiplies by fp32(1/H); dequant is ``fp32(acc) * row
+  scale * column scale``; dynamic quant multiplies by ``127 / amax``; per-tile quant multiplies by
   ``1 / scale``; the q_nope int8 rounds through fp16 half-away-from-zero twice. The official
   golden's own forms (division by the dequant scale, half-even q_nope, ``x * qscale / scale`` for
   query_rope) are given too where they differ (``query_golden``, query_rope).
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+
+from tests.reference.rms_norm import rms_norm as rms_norm_ref
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 from ascend_emu.mla import D_NOPE, D_ROPE, HCKV  # noqa: E402
@@ -54,13 +58,10 @@ def dequant(acc, row_scale, col_scale) -> np.ndarray:
 
 
 def rms_norm(x, gamma, eps: float, scale: float = 1.0) -> np.ndarray:
-    """``x / sqrt(sum(x^2) * (1/H) + eps) * gamma * scale`` in fp32, squares summed left to right
-    (kernel order, ops_reference §1.3; the goldens' ``mean`` is the same formula)."""
-    x = f32(x)
-    h = x.shape[-1]
-    ss = np.cumsum(x * x, axis=-1, dtype=np.float32)[..., -1:]
-    rms = np.sqrt(ss * (np.float32(1.0) / np.float32(h)) + np.float32(eps))
-    return x / rms * f32(gamma) * np.float32(scale)
+    """``x / sqrt(sum(x^2) * (1/H) + eps) * gamma * scale`` in fp32, the squares summed as the
+    mla_prolog kernel does (64 lanes over the repeats, then a pairwise tree: reference.rms_norm);
+    the goldens' ``mean`` is the same formula with another summation order."""
+    return rms_norm_ref(x, gamma, eps, "mla_prolog", scale)
 
 
 def rope(x, cos, sin) -> np.ndarray:
