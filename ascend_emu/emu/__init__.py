@@ -16,3 +16,4 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from .kv_rmsnorm_rope_cache import kv_rmsnorm_rope_cache  # noqa: F401
 from .mla_preprocess import mla_preprocess  # noqa: F401
 from .mla_prolog import mla_prolog  # noqa: F401
+from .sparse_flash_attention import sparse_flash_attention  # noqa: F401
