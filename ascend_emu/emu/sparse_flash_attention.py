@@ -16,7 +16,7 @@ and in per-unit scratch only (nothing is gathered for the whole batch):
 
 Every output element is computed by one fixed sequence of fp32 operations whatever the unit
 split or the thread count, so results are identical for any number of Numba threads. The
-matmuls run as register-blocked loops (8 heads x 32 columns) that LLVM vectorizes; their sums
+matmuls run as register-blocked loops (12 rows x 32 columns) that LLVM vectorizes; their sums
 are the same as the scalar loops'.
 
 Source: ops_reference §5.2 (numerics), the op contract :mod:`ascend_emu.ops.sparse_flash_attention`
@@ -36,7 +36,7 @@ from ..quant import NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 
 #: Register block of the matmul loops: rows (heads) x columns.
-_MB = 8
+_MB = 12
 _NB = 32
 #: uint16 word of the first rope element / fp32 word of the first scale in a 656-byte row.
 _ROPE_WORD = ROPE_OFFSET // 2
@@ -67,7 +67,7 @@ def _narrow(x, is_bf16):
 @njit(cache=True)
 def _matmul(a, b, c):
     """``c[m, n] = sum_k a[m, k] * b[k, n]`` for ``n < c.shape[1]``: fp32 products, added in
-    ascending ``k`` (no FMA). Blocks of 8 x 32 outputs stay in registers; leftover rows and
+    ascending ``k`` (no FMA). Blocks of 12 x 32 outputs stay in registers; leftover rows and
     columns take the same sums one at a time.
 
     Args:
@@ -79,7 +79,7 @@ def _matmul(a, b, c):
     n_size = c.shape[1]
     n_main = n_size - n_size % _NB
     m_main = m_size - m_size % _MB
-    acc = np.zeros((_MB, _NB), dtype=np.float32)  # [8, 32]
+    acc = np.zeros((_MB, _NB), dtype=np.float32)  # [12, 32]
     row = np.empty(_NB, dtype=np.float32)  # [32]
     for m0 in range(0, m_main, _MB):
         for n0 in range(0, n_main, _NB):
@@ -94,6 +94,10 @@ def _matmul(a, b, c):
                 a5 = a[m0 + 5, k]
                 a6 = a[m0 + 6, k]
                 a7 = a[m0 + 7, k]
+                a8 = a[m0 + 8, k]
+                a9 = a[m0 + 9, k]
+                a10 = a[m0 + 10, k]
+                a11 = a[m0 + 11, k]
                 for j in range(_NB):
                     x = bk[j]
                     acc[0, j] += a0 * x
@@ -104,6 +108,10 @@ def _matmul(a, b, c):
                     acc[5, j] += a5 * x
                     acc[6, j] += a6 * x
                     acc[7, j] += a7 * x
+                    acc[8, j] += a8 * x
+                    acc[9, j] += a9 * x
+                    acc[10, j] += a10 * x
+                    acc[11, j] += a11 * x
             c[m0:m0 + _MB, n0:n0 + _NB] = acc
     for m in range(m_main, m_size):  # leftover rows, 32 columns at a time
         for n0 in range(0, n_main, _NB):
@@ -184,7 +192,9 @@ def _attend_unit(t, h, g0, hc, group, query, starts, counts, lengths, quant, row
             smax[t, h, g0 + g] = EMPTY_ROW_SOFTMAX_MAX
             ssum[t, h, g0 + g] = EMPTY_ROW_SOFTMAX_SUM
         return
-    k = np.empty((length, D_QK), dtype=np.float32)  # [L, 576]
+    rows = -(-length // _MB) * _MB  # kv rows padded to whole 12-row blocks (zero rows, discarded)
+    k = np.empty((rows, D_QK), dtype=np.float32)  # [L', 576]
+    k[length:] = 0.0
     v = np.empty((0 if v_from_key else length, HCKV), dtype=np.float32)  # [L, 512] separate values
     _gather(t, h, starts, counts, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, k, v)
     width = -(-hc // _NB) * _NB  # heads padded to whole 32-column blocks (zero columns, discarded)
@@ -193,9 +203,10 @@ def _attend_unit(t, h, g0, hc, group, query, starts, counts, lengths, quant, row
     for g in range(hc):
         _widen_row(query[t, head0 + g], is_bf16, row)
         qt[:, g] = row
-    st = np.empty((length, width), dtype=np.float32)  # [L, hc'] scores, transposed
+    st = np.empty((rows, width), dtype=np.float32)  # [L', hc'] scores, transposed
     _matmul(k, qt, st)
-    p = np.empty((hc, length), dtype=np.float32)  # [hc, L] probabilities
+    heads = -(-hc // _MB) * _MB  # heads padded to whole 12-row blocks (zero rows, discarded)
+    p = np.zeros((heads, length), dtype=np.float32)  # [hc', L] probabilities
     for g in range(hc):
         m = np.float32(-np.inf)
         for i in range(length):
@@ -212,7 +223,7 @@ def _attend_unit(t, h, g0, hc, group, query, starts, counts, lengths, quant, row
             p[g, i] = _widen(_narrow(p[g, i] / total, is_bf16), is_bf16)
         smax[t, h, g0 + g] = m
         ssum[t, h, g0 + g] = total
-    o = np.empty((hc, HCKV), dtype=np.float32)  # [hc, 512]
+    o = np.empty((heads, HCKV), dtype=np.float32)  # [hc', 512]
     _matmul(p, k if v_from_key else v, o)
     for g in range(hc):
         for d in range(HCKV):
