@@ -3,7 +3,8 @@
 Shapes of the op-plugin golden (ops_reference §5.3): s1=1, n1=128, n2=1, s2=8192 of which 4096 are
 used, top-2048 sparse indices (sparse_block_size 1), PA_BSND cache with block_size 256, bf16
 query; b=1 and b=4. Measured in one run, best of alternating rounds after a warm-up
-(``_timing.best_times``):
+(``_timing.best_times``), each candidate after a short untimed pause so that the previous one's
+spinning BLAS / OpenMP workers are parked:
 
 - floor: per batch, the gather of the selected 656-byte rows (NumPy fancy indexing) plus the two
   bare fp32 GEMMs ``q [128, 576] @ K^T [576, 2048]`` and ``P [128, 2048] @ V [2048, 512]`` on
@@ -20,11 +21,13 @@ Usage: ``python benchmarks/bench_sparse_attention.py [--batches 1 4] [--repeat 5
 from __future__ import annotations
 
 import argparse
+import time
 
 import ml_dtypes
 import numpy as np
 from _timing import best_times
 
+import ascend_emu.emu  # noqa: F401  (sets OMP_WAIT_POLICY before torch starts its OpenMP pool)
 from ascend_emu.mla import D_QK, D_ROPE, HCKV, TILE_SIZE
 from ascend_emu.ops import npu_kv_quant_sparse_flash_attention
 from ascend_emu.quant import MLA_ROW
@@ -35,6 +38,8 @@ SCALE = 0.041666666666666664
 #: Largest accepted ratio op / floor; smallest accepted speed-up over torch.
 TARGET_FLOOR_RATIO = 1.5
 TARGET_TORCH_SPEEDUP = 5.0
+#: Pause before each timed candidate (seconds).
+SETTLE_S = 0.05
 
 
 def make_inputs(rng, b):
@@ -102,6 +107,12 @@ def torch_call(x):
     return run
 
 
+def settle() -> None:
+    """Untimed pause before each candidate: BLAS / OpenMP workers of the previous candidate stop
+    spinning, so no candidate pays for another's idle threads (they share two cores here)."""
+    time.sleep(SETTLE_S)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
@@ -116,7 +127,7 @@ def main() -> None:
     for b in a.batches:
         x = make_inputs(rng, b)
         fns = [floor_call(x), op_call(x)] + ([torch_call(x)] if have_torch else [])
-        times = best_times(fns, a.repeat)
+        times = best_times(fns, a.repeat, before=[settle] * len(fns))
         t_floor, t_op = times[:2]
         print(f"npu_kv_quant_sparse_flash_attention b={b}, s1=1, n1=128, kv 4096 of 8192, top-{TOP_K}, "
               f"block_size {BLOCK_SIZE}")
