@@ -210,6 +210,37 @@ def test_default_lengths_bsnd():
     assert_matches(out, run_reference(case, quant=True, sparse_mode=3)[0], "attention_out")
 
 
+@pytest.mark.parametrize("quant", [False, True], ids=["sfa", "kvq"])
+def test_minus_one_at_every_position(quant):
+    """A row ends at its first -1 wherever it sits (0 .. K), and later entries are not read."""
+    rng = np.random.default_rng(6)
+    k = 5
+    case = make_case(rng, quant=quant, layout_query="TND", layout_kv="PA_BSND", dtype="bfloat16", sbs=4,
+                     act_q=(k + 1,), act_kv=(40,), k=k)
+    blocks = rng.permutation(10)[:k].astype(np.int32)  # [K] ids of 4-token blocks, all below act_kv
+    for t in range(k + 1):
+        case["sparse_indices"][t, 0] = np.where(np.arange(k) < t, blocks, -1)
+    out = run_op(case, quant=quant, sparse_mode=0)[0]
+    gold, _, _, valid = run_reference(case, quant=quant, sparse_mode=0)
+    assert_matches(out, gold, "attention_out")
+    assert valid[:, 0].tolist() == [False] + [True] * k
+    o = np.asarray(out, np.float32)
+    assert (o[0] == 0).all() and all((o[t] != o[t + 1]).any() for t in range(1, k))
+
+
+def test_strided_query_and_indices():
+    """Non-contiguous query / sparse_indices give the contiguous result."""
+    rng = np.random.default_rng(9)
+    case = make_case(rng, quant=True, layout_query="BSND", layout_kv="PA_BSND", dtype="bfloat16", sbs=2, n1=8)
+    want = run_op(case, quant=True, sparse_mode=3)[0]
+    wide_q = np.zeros((*case["query"].shape[:-1], 2 * 576), case["query"].dtype)
+    wide_q[..., ::2] = case["query"]
+    wide_i = np.zeros((*case["sparse_indices"].shape[:-1], 2 * case["sparse_indices"].shape[-1]), np.int32)
+    wide_i[..., ::2] = case["sparse_indices"]
+    got = run_op(dict(case, query=wide_q[..., ::2], sparse_indices=wide_i[..., ::2]), quant=True, sparse_mode=3)[0]
+    assert raw(got).tobytes() == raw(want).tobytes()
+
+
 def test_value_none_reads_key():
     rng = np.random.default_rng(4)
     case = make_case(rng, quant=False, layout_query="BSND", layout_kv="BSND", dtype="bfloat16", sbs=2)

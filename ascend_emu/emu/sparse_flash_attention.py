@@ -35,7 +35,7 @@ from ..ops.sparse_flash_attention import (EMPTY_ROW_OUTPUT, EMPTY_ROW_SOFTMAX_MA
 from ..quant import NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 
-#: Register block of the matmul loops: rows (heads) x columns.
+#: Register block of the matmul loops: rows (kv tokens or heads) x columns.
 _MB = 12
 _NB = 32
 #: uint16 word of the first rope element / fp32 word of the first scale in a 656-byte row.
