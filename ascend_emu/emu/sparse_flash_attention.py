@@ -64,7 +64,7 @@ def _narrow(x, is_bf16):
     return f32_bits_to_f16_bits(u)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _matmul(a, b, c):
     """``c[m, n] = sum_k a[m, k] * b[k, n]`` for ``n < c.shape[1]``: fp32 products, added in
     ascending ``k`` (no FMA). Blocks of 12 x 32 outputs stay in registers; leftover rows and
@@ -158,7 +158,7 @@ def _widen_row(bits, is_bf16, out):
             out[i] = f16_bits_to_f32(bits[i])
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _gather(t, h, starts, counts, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key,
             is_bf16, k, v):
     """Fill ``k [L, 576]`` with unit ``(t, h)``'s kept keys (query-dtype values as fp32) and, unless
@@ -179,7 +179,7 @@ def _gather(t, h, starts, counts, quant, rows_i8, rows_u16, rows_f32, key, key_r
             pos += 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _attend_unit(t, h, g0, hc, group, query, starts, counts, lengths, quant, rows_i8, rows_u16, rows_f32, key,
                  key_rope, value, v_from_key, scale, is_bf16, out, smax, ssum):
     """One work unit: query token ``t``, kv head ``h``, heads ``g0 .. g0+hc-1`` of its group."""
