@@ -18,6 +18,8 @@ import pytest
 
 from ascend_emu import ops
 from ascend_emu.errors import DTypeError, IndexRangeError, ModeError, ShapeError
+from ascend_emu.mla import D_QK, D_ROPE, HCKV
+from ascend_emu.quant import ROW_BYTES
 from ascend_emu.ops.sparse_flash_attention import EMPTY_ROW_SOFTMAX_MAX, EMPTY_ROW_SOFTMAX_SUM
 from tests.helpers import BF16, bit_identical_share, raw
 from tests.reference.sparse_attention import reference
@@ -31,7 +33,7 @@ RTOL, ATOL, CLOSE_SHARE = 5e-3, 1e-4, 0.99
 #: Measured bit-identical share against the reference is 1.0 on every sweep case; asserted floor.
 BIT_IDENTICAL_FLOOR = 0.999
 BLOCK_SIZE = 16
-SCALE = 576 ** -0.5
+SCALE = D_QK ** -0.5
 
 
 def bits_of(rng, shape, dtype, lo=-2.0, hi=2.0):
@@ -44,17 +46,17 @@ def make_case(rng, *, quant, layout_query, layout_kv, dtype, sbs, n1=4, act_q=(3
     qdt = DTYPES[dtype]
     b = len(act_q)
     s1 = max(act_q)
-    d_q = 576 if quant else 512
+    d_q = D_QK if quant else HCKV
     # query
     if layout_query == "BSND":
         query = bits_of(rng, (b, s1, n1, d_q), qdt)
-        query_rope = bits_of(rng, (b, s1, n1, 64), qdt)
+        query_rope = bits_of(rng, (b, s1, n1, D_ROPE), qdt)
         lead = (b, s1)
         asq = np.asarray(act_q, np.int32)
     else:
         t = sum(act_q)
         query = bits_of(rng, (t, n1, d_q), qdt)
-        query_rope = bits_of(rng, (t, n1, 64), qdt)
+        query_rope = bits_of(rng, (t, n1, D_ROPE), qdt)
         lead = (t,)
         asq = np.cumsum(act_q).astype(np.int32)
     # kv rows
@@ -74,15 +76,15 @@ def make_case(rng, *, quant, layout_query, layout_kv, dtype, sbs, n1=4, act_q=(3
     else:
         shape, table, ask = (sum(act_kv) + 0, 1), None, np.cumsum(act_kv).astype(np.int32)
     if quant:
-        nope = rng.integers(-127, 128, (*shape, 512)).astype(np.int8)
-        rope = bits_of(rng, (*shape, 64), qdt)
+        nope = rng.integers(-127, 128, (*shape, HCKV)).astype(np.int8)
+        rope = bits_of(rng, (*shape, D_ROPE), qdt)
         scales = rng.uniform(0.001, 0.03, (*shape, 4)).astype(np.float32)
         key = np.concatenate([nope, rope.view(np.int8), scales.view(np.int8)], axis=-1)
         key_rope = value = None
     else:
-        key = bits_of(rng, (*shape, 512), qdt)
-        key_rope = bits_of(rng, (*shape, 64), qdt)
-        value = bits_of(rng, (*shape, 512), qdt)
+        key = bits_of(rng, (*shape, HCKV), qdt)
+        key_rope = bits_of(rng, (*shape, D_ROPE), qdt)
+        value = bits_of(rng, (*shape, HCKV), qdt)
     # sparse indices: per (token, head) distinct block ids, valid first, -1 from a random position
     tok_batch = [bb for bb in range(b) for _ in range(s1)] if layout_query == "BSND" else \
         [bb for bb in range(b) for _ in range(act_q[bb])]
@@ -194,7 +196,7 @@ def test_lse_shapes_and_empty_outputs():
     rng = np.random.default_rng(3)
     case = make_case(rng, quant=False, layout_query="TND", layout_kv="TND", dtype="bfloat16", sbs=1, n1=8)
     out, smax, ssum = run_op(case, quant=False, sparse_mode=3, lse=True)
-    assert out.shape == (5, 8, 512) and smax.shape == ssum.shape == (1, 5, 8)
+    assert out.shape == (5, 8, HCKV) and smax.shape == ssum.shape == (1, 5, 8)
     out, smax, ssum = run_op(case, quant=False, sparse_mode=3, lse=False)
     assert smax.shape == ssum.shape == (0,) and smax.dtype == np.float32
 
@@ -233,7 +235,7 @@ def test_strided_query_and_indices():
     rng = np.random.default_rng(9)
     case = make_case(rng, quant=True, layout_query="BSND", layout_kv="PA_BSND", dtype="bfloat16", sbs=2, n1=8)
     want = run_op(case, quant=True, sparse_mode=3)[0]
-    wide_q = np.zeros((*case["query"].shape[:-1], 2 * 576), case["query"].dtype)
+    wide_q = np.zeros((*case["query"].shape[:-1], 2 * D_QK), case["query"].dtype)
     wide_q[..., ::2] = case["query"]
     wide_i = np.zeros((*case["sparse_indices"].shape[:-1], 2 * case["sparse_indices"].shape[-1]), np.int32)
     wide_i[..., ::2] = case["sparse_indices"]
@@ -257,9 +259,9 @@ def test_official_shape_decode_kv_quant():
     rng = np.random.default_rng(11)
     b, n1, bs, act, k = 2, 128, 256, 700, 256
     nb = 2 * 3
-    q = rng.uniform(-10, 10, (b, 1, n1, 576)).astype(BF16)
-    nope = rng.uniform(-5, 10, (nb, bs, 1, 512)).astype(np.int8)
-    rope = rng.uniform(-10, 10, (nb, bs, 1, 64)).astype(BF16)
+    q = rng.uniform(-10, 10, (b, 1, n1, D_QK)).astype(BF16)
+    nope = rng.uniform(-5, 10, (nb, bs, 1, HCKV)).astype(np.int8)
+    rope = rng.uniform(-10, 10, (nb, bs, 1, D_ROPE)).astype(BF16)
     sc = rng.uniform(-100, 100, (nb, bs, 1, 4)).astype(np.float32)
     key = np.concatenate([nope, rope.view(np.int8), sc.view(np.int8)], axis=-1)
     idx = np.stack([rng.choice(act, k, replace=False) for _ in range(b)]).reshape(b, 1, 1, k).astype(np.int32)
@@ -297,16 +299,16 @@ def test_kv_quant_over_cache_written_by_mla_prolog_v3():
     def normal(shape, scale):
         return (rng.standard_normal(shape) * scale).astype(np.float32).astype(BF16)
 
-    inv = 1.0 / 10000 ** (np.arange(0, 64, 2) / 64)
+    inv = 1.0 / 10000 ** (np.arange(0, D_ROPE, 2) / D_ROPE)
     ang = np.arange(s)[None, :, None] * np.concatenate([inv, inv])[None, None, :] * np.ones((b, 1, 1))
-    kv_cache = np.zeros((blocks, bs, 1, 656), np.int8)
+    kv_cache = np.zeros((blocks, bs, 1, ROW_BYTES), np.int8)
     table = np.array([[2, 0], [3, 1]], np.int32)
     cache_index = np.array([[table[i, p // bs] * bs + p % bs for p in range(s)] for i in range(b)], np.int64)
     q, q_rope, *_ = ops.npu_mla_prolog_v3(
         normal((b, s, he), 1.0), ops.npu_format_cast(normal((he, hcq), he ** -0.5), 29),
         ops.npu_format_cast(rng.integers(-127, 128, (hcq, n * 192)).astype(np.int8), 29),
-        normal((n, 128, 512), 128 ** -0.5),
-        ops.npu_format_cast(normal((he, 576), he ** -0.5), 29), np.ones(hcq, BF16), np.ones(512, BF16),
+        normal((n, 128, HCKV), 128 ** -0.5),
+        ops.npu_format_cast(normal((he, D_QK), he ** -0.5), 29), np.ones(hcq, BF16), np.ones(HCKV, BF16),
         np.sin(ang).astype(BF16), np.cos(ang).astype(BF16), kv_cache, np.empty(0, BF16), cache_index=cache_index,
         dequant_scale_w_uq_qr=np.full((1, n * 192), 1e-3, np.float32), k_nope_clip_alpha=np.ones(1, np.float32),
         cache_mode="PA_BSND", weight_quant_mode=1, kv_cache_quant_mode=3, ckvkr_repo_mode=1, quant_scale_repo_mode=1)
@@ -463,14 +465,14 @@ def test_torch_npu_drop_in():
     assert got.dtype == torch.bfloat16 and tuple(got.shape) == want.shape
     assert got.cpu().view(torch.int16).numpy().tobytes() == raw(want).tobytes()
     out, smax, ssum = torch_npu.npu_sparse_flash_attention(
-        t["query"][..., :512].contiguous().npu(), torch.zeros(4, 16, 1, 512, dtype=torch.bfloat16).npu(), None,
+        t["query"][..., :512].contiguous().npu(), torch.zeros(4, 16, 1, HCKV, dtype=torch.bfloat16).npu(), None,
         t["sparse_indices"].npu(), SCALE,
         query_rope=t["query"][..., 512:].contiguous().npu(),
-        key_rope=torch.zeros(4, 16, 1, 64, dtype=torch.bfloat16).npu(),
+        key_rope=torch.zeros(4, 16, 1, D_ROPE, dtype=torch.bfloat16).npu(),
         block_table=torch.tensor([[0, 1, 2], [3, 0, 0]], dtype=torch.int32).npu(),
         actual_seq_lengths_kv=torch.tensor([37, 20], dtype=torch.int32).npu(), sparse_block_size=4,
         layout_kv="PA_BSND", attention_mode=2)
-    assert tuple(out.shape) == (2, 3, 8, 512) and smax.shape == (0,)
+    assert tuple(out.shape) == (2, 3, 8, HCKV) and smax.shape == (0,)
     assert (out.float() == 0).all()  # all-zero keys and values
     assert "npu_sparse_flash_attention" in torch_npu.__all__
     assert "npu_kv_quant_sparse_flash_attention" in torch_npu.__all__

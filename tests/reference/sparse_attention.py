@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-NOPE, ROPE, TILE = 512, 64, 128
+from ascend_emu.mla import D_ROPE as ROPE
+from ascend_emu.mla import HCKV as NOPE
+from ascend_emu.mla import TILE_SIZE as TILE
 
 
 def seq_sum(products: np.ndarray) -> np.ndarray:
