@@ -274,7 +274,7 @@ def test_official_shape_decode_kv_quant():
 
 
 def test_thread_count_determinism():
-    """1 vs 2 Numba threads: the head split changes (one unit of 128 heads vs two of 64), the bytes do not."""
+    """1 vs 2 Numba threads: the head split changes (one unit of 128 heads vs four of 32), the bytes do not."""
     rng = np.random.default_rng(12)
     case = make_case(rng, quant=True, layout_query="BSND", layout_kv="PA_BSND", dtype="bfloat16", sbs=1, n1=128,
                      act_q=(1,), act_kv=(150,), k=64)
