@@ -183,3 +183,38 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
 
 
 __all__ += ["npu_lightning_indexer"]
+__all__ += ["npu_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention"]
+
+
+def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *, block_table=None,
+                               actual_seq_lengths_query=None, actual_seq_lengths_kv=None, query_rope=None,
+                               key_rope=None, sparse_block_size=1, layout_query="BSND", layout_kv="BSND",
+                               sparse_mode=3, pre_tokens=9223372036854775807, next_tokens=9223372036854775807,
+                               attention_mode=0, return_softmax_lse=False, sinks=None):
+    """``torch_npu.npu_sparse_flash_attention`` on CPU tensors.
+
+    Shapes, dtypes, numerics and errors: :func:`ascend_emu.ops.npu_sparse_flash_attention`
+    (``attention_mode`` must be 2, as on hardware).
+
+    Returns:
+        ``(attention_out, softmax_max, softmax_sum)``.
+    """
+    return call_emulated("npu_sparse_flash_attention", npu_sparse_flash_attention, locals())
+
+
+def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale_value, key_quant_mode,
+                                        value_quant_mode, *, key_dequant_scale=None, value_dequant_scale=None,
+                                        block_table=None, actual_seq_lengths_query=None, actual_seq_lengths_kv=None,
+                                        sparse_block_size=1, layout_query="BSND", layout_kv="BSND", sparse_mode=3,
+                                        pre_tokens=9223372036854775807, next_tokens=9223372036854775807,
+                                        attention_mode=0, quant_scale_repo_mode=1, tile_size=128, rope_head_dim=64,
+                                        key_dtype=None, value_dtype=None):
+    """``torch_npu.npu_kv_quant_sparse_flash_attention`` on CPU tensors.
+
+    Shapes, dtypes, numerics and errors: :func:`ascend_emu.ops.npu_kv_quant_sparse_flash_attention`
+    (``value`` must be the ``key`` tensor itself; ``attention_mode`` must be 2).
+
+    Returns:
+        ``attention_out``.
+    """
+    return call_emulated("npu_kv_quant_sparse_flash_attention", npu_kv_quant_sparse_flash_attention, locals())
