@@ -140,7 +140,7 @@ def test_format_cast_2_gives_untagged_copy():
 
 def test_format_cast_rejects_unknown_format():
     with pytest.raises(ModeError, match="acl_format"):
-        torch_npu.npu_format_cast(torch.randn(16, 16), 3)
+        torch_npu.npu_format_cast(torch.randn(16, 16), 5)
 
 
 def test_nz_weight_widening_cache_survives_across_calls():
