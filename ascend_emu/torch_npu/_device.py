@@ -8,7 +8,9 @@ the emulated NPU (:func:`~ascend_emu.torch_npu.npu.mark_npu`), as ``.npu()`` doe
 
 What differs from a real device: ``tensor.device`` reports ``cpu`` (``tensor.is_npu`` is the
 emulator's answer); a torch function not listed here given ``device="npu"`` fails with torch's
-PrivateUse1 error; ``torch.Generator(device="npu")`` is not redirected.
+PrivateUse1 error; ``torch.Generator(device="npu")`` is not redirected;
+``torch.accelerator.is_available()`` answers False (torch would otherwise take the named
+PrivateUse1 backend for a real accelerator and ask it for streams, e.g. in ``torch.compile``).
 """
 
 from __future__ import annotations
@@ -110,3 +112,9 @@ def patch_torch() -> None:
     for name in TENSOR_FACTORIES:
         setattr(torch.Tensor, name, _wrap_factory(getattr(torch.Tensor, name)))
     torch.Tensor.to = _tensor_to
+    torch.accelerator.is_available = _no_accelerator
+
+
+def _no_accelerator() -> bool:
+    """``torch.accelerator.is_available``: False, the emulated NPU is host memory (module doc)."""
+    return False
