@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 import ascend_emu.ops as ops  # noqa: E402
 import ascend_emu.torch_npu as torch_npu  # noqa: E402
-from ascend_emu.errors import ModeError, ShapeError  # noqa: E402
+from ascend_emu.errors import ModeError  # noqa: E402
 from ascend_emu.torch_npu import _registry  # noqa: E402
 from ascend_emu.torch_npu.schemas import SCHEMAS  # noqa: E402
 
@@ -209,17 +209,16 @@ def test_kv_ops_eager_outputs_match_fake_and_functional_leaves_caches(rng):
         torch_npu.npu_kv_rmsnorm_rope_cache_v2(*args, k_cache_dtype=2, **kw)
 
 
-def test_kv_v_argument_is_the_rms_part_given_apart(rng):
+def test_kv_v_argument_is_rejected_with_caches_untouched(rng):
+    """torch_npu 2.14's K/V-split mode (``v``) is not emulated: a ModeError saying so, nothing written."""
     args = _kv_inputs(rng)
-    kw = dict(cache_mode="PA_BNSD", is_output_kv=True)
-    joined = torch_npu.npu_kv_rmsnorm_rope_cache_v2_functional(*args, **kw)
-    kv = args[0]
-    split = torch_npu.npu_kv_rmsnorm_rope_cache_v2_functional(kv[..., 512:].contiguous(), *args[1:],
-                                                              v=kv[..., :512].contiguous(), **kw)
-    for a, b in zip(joined, split):
-        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
-    with pytest.raises(ShapeError, match="v"):
-        torch_npu.npu_kv_rmsnorm_rope_cache(*args, v=kv[..., :512].contiguous(), **kw)  # kv still 576 wide
+    kc_before = args[5].clone()
+    k_part, v_part = args[0][..., :192].contiguous(), args[0][..., :128].contiguous()
+    for op in (torch_npu.npu_kv_rmsnorm_rope_cache, torch_npu.npu_kv_rmsnorm_rope_cache_v2,
+               torch_npu.npu_kv_rmsnorm_rope_cache_v2_functional):
+        with pytest.raises(ModeError, match="v: expected None .*K/V-split mode.* not emulated"):
+            op(k_part, *args[1:], v=v_part, cache_mode="PA_BNSD")
+    assert torch.equal(args[5], kc_before)
 
 
 def test_mla_prolog_v3_functional_returns_caches_and_leaves_inputs(rng):

@@ -148,11 +148,10 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
             selects int8 caches.
         c_kv_scale: fp32 ``[512]``, ``[1, 512]`` or ``[1]`` multiplier.
         k_rope_offset, c_kv_offset: must be None (not supported by the kernel).
-        v: None (default), or the RmsNorm input given apart (torch_npu 2.14; the GE proto of
-            KvRmsNormRopeCache: kv is then ``[B, N, S, Dk]`` and v ``[B, N, S, Dv]``, gamma
-            ``[Dv]``; the meta function's k_rope is ``[..., Dk]``, c_kv ``[..., Dv]``). Emulated
-            as the op on ``concatenate([v, kv], -1)`` (:data:`V_SPLIT_READING`): v must have
-            kv's dtype and token dims, ``v.shape[-1] == 512`` and ``kv.shape[-1] == 64``.
+        v: must be None. torch_npu 2.14's K/V-split mode (kv ``[B, N, S, Dk]`` and v
+            ``[B, N, S, Dv]``: per op-plugin's test, RmsNorm over all of kv with gamma ``[Dk]``,
+            RoPE on its first 64 dims, the result into k_cache, and v into ckv_cache unchanged
+            or quantized with c_kv_scale) is not emulated (:data:`V_NOT_EMULATED`).
         epsilon: RmsNorm epsilon, a finite float >= 0 (used as fp32). Default 1e-5.
         cache_mode: ``Norm`` (default), ``PA``, ``PA_BNSD``, ``PA_NZ``, ``PA_BLK_BNSD``,
             ``PA_BLK_NZ``.
@@ -180,31 +179,17 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
         DuplicateSlotWarning: two tokens write the same slot.
     """
     if v is not None:
-        kv = _join_v(kv, v)
+        raise arg_error(ModeError, "v", V_NOT_EMULATED, describe(v))
     args = _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale,
                       k_rope_offset, c_kv_offset, epsilon, cache_mode, is_output_kv)
     return get_backend().kv_rmsnorm_rope_cache(args)
 
 
 # ---------------------------------------------------------------------- validation
-#: How the ``v`` argument is read (unverified: the public docs only give shapes): v is the
-#: RmsNorm branch and kv the RoPE branch of the usual ``[rms_in | rope_in]`` row, so the op with
-#: ``v`` equals the op on ``concatenate([v, kv], -1)``.
-V_SPLIT_READING = "rms_in = v, rope_in = kv"
-
-
-def _join_v(kv, v) -> np.ndarray:
-    """``concatenate([v, kv], -1)`` after checking v against kv (see ``v`` in the op doc)."""
-    kv, v = required(kv, "kv"), required(v, "v")
-    if v.dtype != kv.dtype:
-        raise arg_error(DTypeError, "v", f"kv's dtype {dtype_name(kv.dtype)}", describe(v))
-    if v.ndim != 4 or kv.ndim != 4 or v.shape[:3] != kv.shape[:3]:
-        raise arg_error(ShapeError, "v", f"4-D with kv's token dims {tuple(kv.shape[:3])} (kv {tuple(kv.shape)})",
-                        describe(v))
-    if v.shape[3] != RMS_SIZE or kv.shape[3] != ROPE_SIZE:
-        raise arg_error(ShapeError, "v", f"last dim {RMS_SIZE} with kv's last dim {ROPE_SIZE} (v given: kv holds "
-                        f"the RoPE part only)", f"v {describe(v)}, kv {tuple(kv.shape)}")
-    return np.concatenate([v, kv], axis=-1)  # [B, N, S, 576]
+#: Why ``v`` must be None: the K/V-split mode of torch_npu 2.14 (op doc, ``v``) writes Dk / Dv
+#: wide caches this contract (64 / 512) does not describe.
+V_NOT_EMULATED = ("None (the K/V-split mode of torch_npu 2.14, kv = K [B, N, S, Dk] normed and roped into "
+                  "k_cache, v = V [B, N, S, Dv] copied into ckv_cache, is not emulated)")
 
 
 def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset,
