@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 import ascend_emu.ops as ops  # noqa: E402
 import ascend_emu.torch_npu as torch_npu  # noqa: E402
-from ascend_emu.errors import ModeError  # noqa: E402
+from ascend_emu.errors import DTypeError, ModeError  # noqa: E402
 from ascend_emu.torch_npu import _registry  # noqa: E402
 from ascend_emu.torch_npu.schemas import SCHEMAS  # noqa: E402
 
@@ -51,8 +51,23 @@ def test_torch_npu_attributes_are_the_registered_ops():
                  "npu_kv_rmsnorm_rope_cache", "npu_kv_rmsnorm_rope_cache_v2", "npu_format_cast",
                  "npu_kv_rmsnorm_rope_cache_v2_functional", "npu_sparse_flash_attention", "npu_format_cast_",
                  "npu_kv_quant_sparse_flash_attention", "npu_lightning_indexer", "get_npu_format"):
-        assert getattr(torch_npu, name) is getattr(torch.ops.npu, name)
-    assert torch_npu.atb.npu_mla_preprocess is torch.ops.atb.npu_mla_preprocess
+        assert getattr(torch_npu, name).op is getattr(torch.ops.npu, name)
+        assert "torch_npu 2.14.0 schema" in getattr(torch_npu, name).__doc__
+    assert torch_npu.atb.npu_mla_preprocess.op is torch.ops.atb.npu_mla_preprocess
+
+
+def test_wrong_argument_kinds_are_ascend_emu_errors_naming_the_argument():
+    big = torch.randn(64, 64)
+    t = [torch.zeros(2) for _ in range(7)]
+    with pytest.raises(ModeError, match=r"cache_mode: expected a str, got a \[64, 64\] float32 tensor") as info:
+        torch_npu.npu_kv_rmsnorm_rope_cache(*t, cache_mode=big)
+    assert len(str(info.value)) < 400  # summarised, never the whole tensor
+    with pytest.raises(DTypeError, match="epsilon: expected a Python float"):
+        torch_npu.npu_kv_rmsnorm_rope_cache(*t, epsilon="1e-5")
+    with pytest.raises(DTypeError, match="kv: expected a torch.Tensor"):
+        torch_npu.npu_kv_rmsnorm_rope_cache(np.zeros(3), *t[1:])
+    with pytest.raises(ModeError, match=r"acl_format: expected the int 29 .*got 29\.0"):
+        torch_npu.npu_format_cast(torch.zeros(16, 16), 29.0)
 
 
 # ------------------------------------------------------------------------------ fake kernels
@@ -216,7 +231,7 @@ def test_kv_v_argument_is_rejected_with_caches_untouched(rng):
     k_part, v_part = args[0][..., :192].contiguous(), args[0][..., :128].contiguous()
     for op in (torch_npu.npu_kv_rmsnorm_rope_cache, torch_npu.npu_kv_rmsnorm_rope_cache_v2,
                torch_npu.npu_kv_rmsnorm_rope_cache_v2_functional):
-        with pytest.raises(ModeError, match="v: expected None .*K/V-split mode.* not emulated"):
+        with pytest.raises(ModeError, match="v: expected the default None .*K/V-split mode.* not emulated"):
             op(k_part, *args[1:], v=v_part, cache_mode="PA_BNSD")
     assert torch.equal(args[5], kc_before)
 
@@ -255,7 +270,7 @@ def test_missing_op_raises_not_implemented(monkeypatch):
 def test_compile_fullgraph_runs_on_cpu(rng):
     class Cache(torch.nn.Module):
         def forward(self, kv, gamma, cos, sin, index, k_cache, ckv_cache):
-            k_rope, c_kv, kc, ckvc = torch.ops.npu.npu_kv_rmsnorm_rope_cache_v2_functional(
+            k_rope, c_kv, kc, ckvc = torch_npu.npu_kv_rmsnorm_rope_cache_v2_functional(
                 kv, gamma, cos, sin, index, k_cache, ckv_cache, cache_mode="PA_BNSD", is_output_kv=True)
             return k_rope * 2, c_kv, kc, ckvc
 

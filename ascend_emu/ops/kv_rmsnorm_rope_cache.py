@@ -188,7 +188,7 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
 # ---------------------------------------------------------------------- validation
 #: Why ``v`` must be None: the K/V-split mode of torch_npu 2.14 (op doc, ``v``) writes Dk / Dv
 #: wide caches this contract (64 / 512) does not describe.
-V_NOT_EMULATED = ("None (the K/V-split mode of torch_npu 2.14, kv = K [B, N, S, Dk] normed and roped into "
+V_NOT_EMULATED = ("the default None (the K/V-split mode of torch_npu 2.14, kv = K [B, N, S, Dk] normed and roped into "
                   "k_cache, v = V [B, N, S, Dv] copied into ckv_cache, is not emulated)")
 
 

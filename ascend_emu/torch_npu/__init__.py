@@ -7,8 +7,10 @@ Importing this module does to torch what the real ``import torch_npu`` does:
 
 - registers torch_npu 2.14's schemas of the emulated ops (:mod:`.schemas`) as
   ``torch.ops.npu.<op>`` / ``torch.ops.atb.npu_mla_preprocess`` with CPU, fake (meta) and
-  autograd kernels (:mod:`._registry`); ``torch_npu.<op>`` *is* ``torch.ops.npu.<op>`` (the
-  Python signatures are the schemas, not written again here);
+  autograd kernels (:mod:`._registry`); ``torch_npu.<op>`` calls ``torch.ops.npu.<op>`` (its
+  ``op`` attribute) after checking argument kinds against the schema, so a wrong kind is an
+  ascend_emu error naming the argument (the Python signatures are the schemas, not written
+  again here);
 - ``torch.npu`` exists (:mod:`.npu`), ``Tensor.npu()`` copies a host tensor to the (emulated)
   NPU and ``.cpu()`` copies it back, so host and device tensors never alias; ``device="npu"``
   strings work in factories and ``.to()`` (:mod:`._device`);
@@ -47,8 +49,8 @@ __version__ = f"{torch.__version__.split('+')[0]}+ascend_emu.{_emu_version}"
 version = __version__
 
 _NPU_OPS = sorted({spec.name for spec in SCHEMAS if spec.namespace == "npu"})
-for _name in _NPU_OPS:  # torch_npu.<op> is the registered op (an OpOverloadPacket)
-    globals()[_name] = getattr(torch.ops.npu, _name)
+for _name in _NPU_OPS:  # torch_npu.<op>: the registered op, through a thin argument-kind check
+    globals()[_name] = _registry.public_op("npu", _name)
 del _name
 
 

@@ -65,8 +65,9 @@ def _check_cast_args(acl_format, customize_dtype, input_dtype) -> int:
         if value is not None:
             raise arg_error(ModeError, name, "None (not emulated)", describe(value))
     if isinstance(acl_format, bool) or not isinstance(acl_format, int) or acl_format not in ACCEPTED_FORMATS:
-        listed = ", ".join(f"{k} ({v})" for k, v in ACCEPTED_FORMATS.items())
-        raise arg_error(ModeError, "acl_format", f"one of {listed}", describe(acl_format))
+        kept = ", ".join(f"{k} ({v})" for k, v in KEPT_FORMATS.items())
+        raise arg_error(ModeError, "acl_format", f"the int {FRACTAL_NZ} (FRACTAL_NZ) or {ND} (ND), or a format kept "
+                        f"as a tag: {kept}", describe(acl_format))
     return acl_format
 
 

@@ -24,10 +24,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import ModeError, arg_error, describe
+from ..errors import DTypeError, ModeError, arg_error, describe
 from . import _fake, _format
 from ._convert import _is_default, _param_names, call_op, resolve_op
-from .schemas import SCHEMAS, OpSchema
+from .schemas import SCHEMAS, TORCH_NPU_VERSION, OpSchema
 
 _LIBS: dict[str, torch.library.Library] = {}
 _DONE = False
@@ -92,6 +92,10 @@ def _kernel(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable:
     public = f"torch_npu.{'atb.' if spec.namespace == 'atb' else ''}{spec.name}"
 
     def run(params: dict[str, Any]) -> Any:
+        if params.get("v") is not None and spec.name.startswith("npu_kv_rmsnorm_rope_cache"):
+            from ..ops.kv_rmsnorm_rope_cache import V_NOT_EMULATED
+
+            raise arg_error(ModeError, "v", V_NOT_EMULATED, describe(params["v"]))  # the tensor, summarised
         if qualified == "npu_mla_prolog_v3_functional":
             caches = _copy_caches(params, ("kv_cache", "kr_cache"))
             return (*emulate("npu_mla_prolog_v3", params, defaults, public), *caches)
@@ -163,6 +167,65 @@ def register() -> None:
         else:
             lib.impl(spec.qualified, _below_autograd(overload), "Autograd")
     _DONE = True
+
+
+#: Python types a schema argument type accepts (checked before dispatch, :func:`public_op`).
+_KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "Tensor": ((torch.Tensor,), "a torch.Tensor"),
+    "int": ((int,), "a Python int"),
+    "float": ((int, float), "a Python float"),
+    "str": ((str,), "a str"),
+    "bool": ((bool,), "a bool"),
+}
+
+
+def _check_kinds(schema: torch._C.FunctionSchema, args: tuple, kwargs: dict, public: str) -> None:
+    """DTypeError / ModeError (naming the argument, value summarised) for a value torch's schema
+    matching would reject with a RuntimeError that can print whole tensors."""
+    if len(args) > len(schema.arguments):
+        raise TypeError(f"{public}: takes at most {len(schema.arguments)} arguments, got {len(args)}")
+    given = dict(zip((a.name for a in schema.arguments), args))
+    given.update(kwargs)
+    for arg in schema.arguments:
+        if arg.name not in given:
+            continue
+        value, kind = given[arg.name], str(arg.type)
+        optional = kind.startswith("Optional[")
+        kind = kind[len("Optional["):-1] if optional else kind
+        if kind not in _KINDS or (optional and value is None):
+            continue
+        types, text = _KINDS[kind]
+        if not isinstance(value, types) or (kind in ("int", "float") and isinstance(value, bool)):
+            cls = ModeError if kind == "str" else DTypeError
+            raise arg_error(cls, arg.name, text + (" or None" if optional else ""), describe(value))
+
+
+def public_op(namespace: str, name: str) -> Callable:
+    """``torch_npu.<name>``: a thin callable of ``torch.ops.<namespace>.<name>`` (its ``op``
+    attribute) that checks argument kinds first (ascend_emu errors, never a printed tensor).
+
+    Overloaded ops (``npu_format_cast``, ``npu_format_cast_``, ``atb.npu_mla_preprocess``) leave
+    overload resolution to torch; the format casts check a non-tensor format argument first.
+    """
+    packet = getattr(getattr(torch.ops, namespace), name)
+    specs = [s for s in SCHEMAS if s.namespace == namespace and s.name == name]
+    schema = torch._C.parse_schema(f"{namespace}::{specs[0].schema}") if len(specs) == 1 else None
+    public = f"torch_npu.{'atb.' if namespace == 'atb' else ''}{name}"
+
+    def call(*args, **kwargs):
+        if schema is not None:
+            _check_kinds(schema, args, kwargs, public)
+        elif name.startswith("npu_format_cast") and len(args) > 1 and not isinstance(args[1], torch.Tensor):
+            _format._check_cast_args(args[1], kwargs.get("customize_dtype"), kwargs.get("input_dtype"))
+        return packet(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__module__ = "torch_npu" + (".atb" if namespace == "atb" else "")
+    call.__doc__ = (f"``{public}``: ``torch.ops.{namespace}.{name}`` (torch_npu {TORCH_NPU_VERSION} schema"
+                    f"{'s' if len(specs) > 1 else ''}, :mod:`ascend_emu.torch_npu.schemas`).\n\n"
+                    + "\n".join(f"    {namespace}::{s.schema}" for s in specs))
+    call.op = packet
+    return call
 
 
 def registered_schema(spec: OpSchema) -> str:

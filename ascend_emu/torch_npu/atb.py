@@ -1,6 +1,6 @@
 """``torch_npu.atb``: the ATB ops the emulator has (``npu_mla_preprocess``).
 
-``npu_mla_preprocess`` is ``torch.ops.atb.npu_mla_preprocess``, registered from torch_npu 2.14's
+``npu_mla_preprocess`` calls ``torch.ops.atb.npu_mla_preprocess`` (its ``op``), registered from torch_npu 2.14's
 two schemas (:mod:`.schemas`): without the out= tensors (``q_out0``, ``kv_cache_out0``,
 ``q_out1``, ``kv_cache_out1``, all four by keyword) it returns new tensors and leaves
 ``kv_cache`` / ``kv_cache_rope`` unchanged; with them (the ``.out`` overload) it writes into
@@ -11,12 +11,10 @@ to update the caches in place). Shapes, dtypes, modes, numerics and errors:
 
 from __future__ import annotations
 
-import torch
-
 from . import _registry
 
 _registry.register()
 
-npu_mla_preprocess = torch.ops.atb.npu_mla_preprocess
+npu_mla_preprocess = _registry.public_op("atb", "npu_mla_preprocess")
 
 __all__ = ["npu_mla_preprocess"]
