@@ -110,8 +110,15 @@ def _kernel(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable:
             return emulate("npu_mla_preprocess", params, defaults, public)
         return emulate(spec.name, params, defaults, public)
 
+    returns = len(schema.returns)
+
     def kernel(*args, **kwargs):
-        return run(_bind(schema, args, kwargs))
+        out = run(_bind(schema, args, kwargs))
+        got = len(out) if isinstance(out, (tuple, list)) else 1
+        if got != returns:
+            raise RuntimeError(f"{public}: the emulation returned {got} output(s); torch_npu {TORCH_NPU_VERSION}'s "
+                               f"schema returns {returns}")
+        return tuple(out) if returns > 1 else (out[0] if isinstance(out, (tuple, list)) else out)
 
     kernel.__name__ = f"{spec.namespace}_{qualified.replace('.', '_')}_cpu"
     return kernel
