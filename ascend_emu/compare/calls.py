@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import BackendUnavailable
 from ..layouts import FRACTAL_NZ
 from .metrics import TensorComparison, compare_tensor
 
@@ -213,9 +214,9 @@ def _to_emu(v, copies: dict, name: str):
     return v
 
 
-def replay(call: Call) -> EmuResult:
-    """Run ``call`` again on the ``emu`` backend, from the recorded inputs (caches as they were
-    before the call).
+def replay(call: Call, backend: str = "emu") -> EmuResult:
+    """Run ``call`` again on ``backend`` (default ``emu``; ``hw`` runs it on the NPU through the
+    same op contract), from the recorded inputs (caches as they were before the call).
 
     Returns:
         An :class:`EmuResult`; ``unavailable`` says why nothing ran (op not emulated, data
@@ -242,9 +243,11 @@ def replay(call: Call) -> EmuResult:
     if extra:
         return EmuResult(unavailable=f"argument(s) {extra} not taken by ascend_emu.ops.{call.op}")
     try:
-        with ops.backend("emu"), warnings.catch_warnings():
+        with ops.backend(backend), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             result = fn(*args, **kwargs)
+    except BackendUnavailable:
+        raise
     except Exception as exc:  # noqa: BLE001  (reported per call)
         return EmuResult(error=f"{type(exc).__name__}: {exc}")
     info = OPS.get(call.op)
