@@ -69,7 +69,7 @@ class Report:
         table = Table(title="ascend-emu compare: device (expected) vs emulator", show_lines=False)
         for col in ("call", "op", "tensor", "dtype", "status", "cosine", "max abs", "max rel", "1/1000",
                     "5/1000", "mismatched", "bf16 ulps"):
-            table.add_column(col, overflow="fold")
+            table.add_column(col, overflow="fold", no_wrap=col in ("op", "status"))
         style = {"identical": "green", "pass": "yellow", "fail": "red", "missing": "red"}
         for c in self.calls:
             if not c.tensors:
@@ -131,6 +131,7 @@ def _where(m: dict) -> str:
         extra += f", max int delta {m['max_int_delta']}" if m.get("max_int_delta") is not None else ""
         els = m["elements"]
         shown = ",".join(map(str, els[:16])) + ("..." if len(els) > 16 else "")
-        return (f"block {m['block']}, row {m['row']} (slot {m['slot']}), head {m['head']}, {m['field']} "
-                f"element(s) [{shown}]: {m['bytes']} byte(s){extra}")
+        what = f"dims [{shown}]" if m["field"] == "element" else f"{m['field']}[{shown}]"
+        return (f"block {m['block']}, row {m['row']} (slot {m['slot']}), head {m['head']}, {what}: "
+                f"{m['bytes']} byte(s){extra}")
     return f"index {tuple(m['index'])}: expected {m['expected']!r}, emulator {m['actual']!r}"
