@@ -129,6 +129,20 @@ def test_cache_mismatch_in_logical_coordinates():
                              "expected_slot": None}]
 
 
+def test_cache_judged_on_written_slots_only():
+    """A functional npu_mla_preprocess cache copy: bytes outside the written slots are noted, not judged."""
+    e = np.zeros((2, 16, 1, 64), BF16)
+    a = e.copy()
+    a[1, 0, 0, 2] = 5  # slot 16, not written by the op
+    r = compare.compare_tensor("c", a, e, role="cache", cache_mode="PA_BSND", expect_slots=[3],
+                               judge_expected_only=True)
+    assert (r.status, r.mismatches) == ("pass", []) and "2 byte(s) differ outside" in r.note
+    a[0, 3, 0, 1] = 1  # slot 3, written
+    r = compare.compare_tensor("c", a, e, role="cache", cache_mode="PA_BSND", expect_slots=[3],
+                               judge_expected_only=True)
+    assert r.status == "fail" and [(m["slot"], m["elements"]) for m in r.mismatches] == [(3, [1])]
+
+
 def test_record_format_round_trip(tmp_path, rng):
     call = compare.Call(index=0, op="npu_kv_rmsnorm_rope_cache", api="torch_npu.npu_kv_rmsnorm_rope_cache",
                         args=[compare.TensorValue(rng.standard_normal((2, 3)).astype(BF16)),

@@ -42,7 +42,8 @@ class TensorComparison:
         name: argument / output name (``query``, ``kv_cache``, ``out[2]``).
         role: ``output`` or ``cache`` (an input the op updates in place).
         dtype, shape: of the expected (device) tensor.
-        status: ``identical`` (bytes equal, NaN-aware), ``pass`` (differs, within the criterion),
+        status: ``identical`` (bytes equal, NaN-aware), ``pass`` (differs, within the criterion;
+            for a cache judged on its written slots only: differs only outside them),
             ``fail`` (outside it, or a dtype / shape mismatch), ``missing`` (one side absent).
         criterion: the rule ``status`` was judged by.
         mismatched: number of differing elements.
@@ -166,7 +167,7 @@ def _float_pairs(actual: np.ndarray, expected: np.ndarray):
 
 
 def compare_tensor(name: str, actual, expected, *, role: str = "output", cache_mode: str | None = None,
-                   expect_slots=None) -> TensorComparison:
+                   expect_slots=None, judge_expected_only: bool = False) -> TensorComparison:
     """Compare one emulated tensor with the device's (``expected``).
 
     Args:
@@ -178,6 +179,9 @@ def compare_tensor(name: str, actual, expected, *, role: str = "output", cache_m
             ``cache_mode`` is given, through :func:`ascend_emu.inspect.diff`).
         cache_mode: the cache's mode (``PA_NZ``, ...) for caches.
         expect_slots: slots the op writes (listed as ``expected`` in the cache diff).
+        judge_expected_only: with ``expect_slots`` and ``cache_mode``: only bytes of those slots
+            decide the status (the rest is memory the device leaves uninitialised); differences
+            elsewhere are counted in ``note``.
 
     Returns:
         A :class:`TensorComparison`.
@@ -227,7 +231,14 @@ def compare_tensor(name: str, actual, expected, *, role: str = "output", cache_m
     if diff_idx.size:
         out.status = "pass" if within else "fail"
     if role == "cache" and cache_mode is not None:
-        _cache_mismatches(out, actual, expected, cache_mode, expect_slots)
+        only = judge_expected_only and expect_slots is not None
+        d = _cache_mismatches(out, actual, expected, cache_mode, expect_slots, only_expected=only)
+        if d is not None and judge_expected_only and expect_slots is not None:
+            inside = d.summary["bytes"] - d.summary["outside_expected_bytes"]
+            if d.summary["outside_expected_bytes"]:
+                out.note = (f"{d.summary['outside_expected_bytes']} byte(s) differ outside the written slots "
+                            "(uninitialised on the device; not judged)")
+            out.status = "fail" if inside else ("pass" if d.summary["bytes"] else "identical")
     elif diff_idx.size:
         for flat in diff_idx[:MAX_LISTED]:
             idx = [int(i) for i in np.unravel_index(flat, expected.shape)]
@@ -240,9 +251,10 @@ def _scalar(v) -> float | int:
     return int(v) if np.asarray(v).dtype.kind in "iub" else float(np.float32(v))
 
 
-def _cache_mismatches(out: TensorComparison, actual, expected, cache_mode, expect_slots) -> None:
+def _cache_mismatches(out: TensorComparison, actual, expected, cache_mode, expect_slots, *, only_expected=False):
     """Fill ``out.mismatches`` / ``out.cache`` with :func:`ascend_emu.inspect.diff` in logical
-    coordinates (block, row, head, field, elements)."""
+    coordinates (block, row, head, field, elements); returns the diff (None when the cache's
+    geometry is not one inspect knows)."""
     from .. import inspect
 
     try:
@@ -250,18 +262,22 @@ def _cache_mismatches(out: TensorComparison, actual, expected, cache_mode, expec
         e = inspect.Cache.from_array(np.ascontiguousarray(expected), cache_mode, name=out.name)
     except (ValueError, TypeError) as exc:
         out.note = f"no logical coordinates: {exc}"
-        return
+        return None
     d = inspect.diff(e, a, expect_slots=expect_slots)
     out.cache = {"spec": d.cache, "summary": d.summary}
     for s in d.slots:
+        if only_expected and not s.expected:
+            continue
         for f in s.fields:
             count = e.spec.field(f.field).count
             heads = sorted({el // count for el in f.elements})
             for h in heads:
                 elems = [el % count for el in f.elements if el // count == h]
                 if len(out.mismatches) >= MAX_LISTED:
-                    return
+                    out._diff = d  # noqa: SLF001
+                    return d
                 out.mismatches.append({"block": s.block, "row": s.row, "slot": s.slot, "head": h, "field": f.field,
                                        "elements": elems, "bytes": f.bytes, "max_ulp": f.max_ulp,
                                        "max_int_delta": f.max_int_delta, "expected_slot": s.expected})
     out._diff = d  # noqa: SLF001  (kept for the heat-map picture, not serialised)
+    return d
