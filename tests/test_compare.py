@@ -153,15 +153,19 @@ def test_record_format_round_trip(tmp_path, rng):
                         outputs=["=k_cache", compare.TensorValue(np.zeros(3, np.float32))])
     w = compare.RecordWriter(tmp_path / "rec", "2.14.0")
     w(call)
+    n_files = len(list((tmp_path / "rec" / "tensors").iterdir()))
+    w(compare.Call(index=1, op=call.op, api=call.api, args=[call.args[0]]))  # the same tensor again
     w.close()
-    (back,) = compare.read_record(tmp_path / "rec")
+    assert n_files == 5 and len(list((tmp_path / "rec" / "tensors").iterdir())) == n_files  # stored once
+    back, again = compare.read_record(tmp_path / "rec")
+    assert again.args[0].array.tobytes() == call.args[0].array.tobytes()
     assert back.args[0].array.dtype == BF16 and np.array_equal(back.args[0].array.view(np.uint16),
                                                                 call.args[0].array.view(np.uint16))
     assert back.args[1].npu_format == 29 and np.array_equal(back.args[1].array, call.args[1].array)
     assert back.kwargs["cache_mode"] == "PA_NZ" and back.kwargs["v"] is None
     assert back.kwargs["dt"] == {"dtype": "torch.int8"} and back.kwargs["lst"][0] == 1
     assert back.outputs[0] == "=k_cache" and back.after["k_cache"].dtype == BF16
-    assert json.loads((tmp_path / "rec" / "index.json").read_text())["ops"] == {"npu_kv_rmsnorm_rope_cache": 1}
+    assert json.loads((tmp_path / "rec" / "index.json").read_text())["ops"] == {"npu_kv_rmsnorm_rope_cache": 2}
     with pytest.raises(FileExistsError):
         compare.RecordWriter(tmp_path / "rec")
 

@@ -13,11 +13,11 @@ Record format (one directory, ``FORMAT`` / ``VERSION`` below)::
     DIR/calls/00000.json      one call: {"index", "op", "api", "arg_names", "args": [node...],
                                "kwargs": {name: node}, "after": {name: node}, "outputs": [node...],
                                "error": null | "Type: message"}
-    DIR/calls/00000.npz       its tensors (np.savez), keys as named by the nodes
+    DIR/tensors/HASH.npy      tensor data, content-addressed (BLAKE2b of dtype, shape and bytes):
+                               a weight passed to every call is stored once
 
-A node is ``{"tensor": KEY, "dtype": "bfloat16", "shape": [...], "npu_format": 2 | 29}``
-(``KEY`` in the ``.npz``: ``args.3``, ``kwargs.cache_index``, ``after.kv_cache``,
-``outputs.0``; bf16 and float8 arrays are stored as same-width unsigned integers), ``{"value": v}``
+A node is ``{"tensor": "tensors/HASH.npy", "dtype": "bfloat16", "shape": [...], "npu_format": 2 |
+29}`` (bf16 and float8 arrays are stored as same-width unsigned integers), ``{"value": v}``
 for None / bool / int / float / str, ``{"list": [node...]}``, ``{"dtype": "torch.int8"}``,
 ``{"alias": NAME}`` (an output that is the in-place argument NAME) or ``{"unsupported": TYPE}``.
 Tensors hold logical ND values (an NZ tensor as ``.cpu()`` returns it) with ``npu_format`` 29.
@@ -25,6 +25,7 @@ Tensors hold logical ND values (an NZ tensor as ``.cpu()`` returns it) with ``np
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -223,7 +224,7 @@ def call_to_json(call: Call) -> tuple[dict, dict]:
 
 
 def call_from_json(obj: dict, arrays) -> Call:
-    """Inverse of :func:`call_to_json`."""
+    """Inverse of :func:`call_to_json` (``arrays``: node key -> array, any mapping)."""
     after = {k: _decode(v, arrays) for k, v in obj["after"].items()}
     return Call(index=obj["index"], op=obj["op"], api=obj["api"], arg_names=obj.get("arg_names", []),
                 args=[_decode(v, arrays) for v in obj["args"]],
@@ -253,18 +254,57 @@ class RecordWriter:
 
     def __call__(self, call: Call) -> None:
         obj, arrays = call_to_json(call)
-        stem = self.path / "calls" / f"{call.index:05d}"
-        np.savez(f"{stem}.npz", **arrays)
-        with open(f"{stem}.json", "w") as f:
+        files = {key: self._store(a) for key, a in arrays.items()}
+        _rename_tensors(obj, files)
+        with open(self.path / "calls" / f"{call.index:05d}.json", "w") as f:
             json.dump(obj, f)
         self.ops[call.op] = self.ops.get(call.op, 0) + 1
         self.count += 1
+
+    def _store(self, a: np.ndarray) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).view(np.uint8).reshape(-1).data)
+        name = f"tensors/{h.hexdigest()}.npy"
+        path = self.path / name
+        if not path.exists():
+            path.parent.mkdir(exist_ok=True)
+            np.save(path, a)
+        return name
 
     def close(self) -> None:
         """Write ``index.json``."""
         with open(self.path / "index.json", "w") as f:
             json.dump({"format": FORMAT, "version": VERSION, "torch_npu": self.version, "calls": self.count,
                        "ops": self.ops}, f, indent=1)
+
+
+def _rename_tensors(node, files: dict) -> None:
+    """Point every tensor node at its file."""
+    if isinstance(node, dict):
+        if node.get("tensor") in files:
+            node["tensor"] = files[node["tensor"]]
+        for v in node.values():
+            _rename_tensors(v, files)
+    elif isinstance(node, list):
+        for v in node:
+            _rename_tensors(v, files)
+
+
+class _TensorFiles:
+    """Mapping ``tensors/HASH.npy`` -> array (memory-mapped, read-only) of a record directory."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def __contains__(self, name) -> bool:
+        return (self.root / name).is_file()
+
+    def __getitem__(self, name) -> np.ndarray:
+        try:
+            return np.load(self.root / name, mmap_mode="r")
+        except ValueError:  # empty arrays cannot be memory-mapped
+            return np.load(self.root / name)
 
 
 def read_record(path: str | os.PathLike) -> list[Call]:
@@ -280,10 +320,9 @@ def read_record(path: str | os.PathLike) -> list[Call]:
     if index.get("format") != FORMAT or index.get("version") != VERSION:
         raise ValueError(f"{path}: not an {FORMAT} v{VERSION} recording (format {index.get('format')!r}, "
                          f"version {index.get('version')!r})")
+    files = _TensorFiles(path)
     calls = []
     for js in sorted((path / "calls").glob("*.json")):
         with open(js) as f:
-            obj = json.load(f)
-        with np.load(js.with_suffix(".npz")) as npz:
-            calls.append(call_from_json(obj, {k: npz[k] for k in npz.files}))
+            calls.append(call_from_json(json.load(f), files))
     return calls
