@@ -35,6 +35,11 @@ def test_backend_context_manager_nests_and_restores(monkeypatch):
     assert ops.backend_name() == "hw" and ops.get_backend() is hw
 
 
+def test_unimplemented_op_named():
+    with pytest.raises(NotImplementedError, match="hw backend: no implementation of 'sparse_flash_attention'"):
+        hw.sparse_flash_attention  # noqa: B018
+
+
 def _kv_call(rng, mode="PA_NZ", b=2, s=3, quant=False):
     """Arguments of a small npu_kv_rmsnorm_rope_cache call in ``mode``; caches poisoned with 0x5A."""
     kv = rng.standard_normal((b, 1, s, 576)).astype(BF16)

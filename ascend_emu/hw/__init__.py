@@ -263,3 +263,11 @@ def mla_preprocess(args) -> None:
     copy_back(q1, args.q_out1)
     copy_back(kv, args.kv_cache_out0)
     copy_back(rope, args.kv_cache_out1)
+
+
+def __getattr__(name: str):
+    """An op family this version of the hw backend does not implement: say so by name."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise NotImplementedError(f"hw backend: no implementation of {name!r} in this version of ascend_emu "
+                              "(implemented: mla_prolog, kv_rmsnorm_rope_cache, mla_preprocess); use the emu backend")
