@@ -239,6 +239,8 @@ def replay(call: Call, backend: str = "emu") -> EmuResult:
     args = [_to_emu(v, copies, names[i] if i < len(names) else f"args[{i}]") for i, v in enumerate(call.args)]
     kwargs = {k: _to_emu(v, copies, k) for k, v in call.kwargs.items()}
     params = _pyinspect.signature(fn).parameters
+    for k in [k for k in kwargs if k not in params and kwargs[k] is None]:
+        del kwargs[k]  # torch_npu-only arguments at their default None (e.g. v3's *_dtype)
     extra = [k for k in kwargs if k not in params]
     if extra:
         return EmuResult(unavailable=f"argument(s) {extra} not taken by ascend_emu.ops.{call.op}")
