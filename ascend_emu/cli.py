@@ -13,6 +13,8 @@ Commands:
   per-op times, a cache summary, one 656-byte row decoded and the int8 path's error.
   ``ascend-emu demo --layout``: ``npu_mla_prolog_v3`` through the drop-in, then where one token's
   k_rope landed in a PA_NZ cache, checked byte by byte against a PA_BSND run.
+- ``ascend-emu record | compare | replay``: the real NPU against the emulator (recordings, shadow
+  runs, msprobe dumps; :mod:`ascend_emu.compare.cli`).
 - ``ascend-emu inspect where|what|dump|grid|diff|blocks``: bit-level cache debugging
   (:mod:`ascend_emu.inspect`, rendered by :mod:`ascend_emu.inspect.cli`); ``ascend-emu locate``
   is an alias of ``inspect where`` (``--slot``) / ``inspect what`` (``--byte``).
@@ -309,6 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_inspect_parser(sub)
     add_locate_parser(sub)
+
+    from .compare.cli import add_compare_parsers
+
+    add_compare_parsers(sub)
     return parser
 
 
