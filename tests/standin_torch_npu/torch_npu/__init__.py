@@ -35,7 +35,7 @@ def get_npu_format(t) -> int:
 def npu_format_cast(t, acl_format, customize_dtype=None):
     if FAULT == "skip_nz" and int(acl_format) == FRACTAL_NZ:
         return t
-    return _emu.npu_format_cast(t, acl_format, customize_dtype)
+    return _emu.npu_format_cast(t, acl_format, customize_dtype=customize_dtype)
 
 
 def _as_device_nz(w):
