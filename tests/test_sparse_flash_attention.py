@@ -254,6 +254,34 @@ def test_value_none_reads_key():
     assert raw(out_sep).tobytes() != raw(out_none).tobytes()
 
 
+def test_kv_quant_value_may_be_the_k_nope_clone():
+    """op-plugin's test_sfa_eager passes ``value = key.clone()`` taken before the rope and scale bytes
+    are appended (int8 [.., 512]); V still comes from key's rows, so the output equals value=key."""
+    rng = np.random.default_rng(12)
+    case = make_case(rng, quant=True, layout_query="BSND", layout_kv="PA_BSND", dtype="bfloat16", sbs=1)
+    want = run_op(case, quant=True, sparse_mode=3)[0]
+    kw = dict(case["kw"], sparse_mode=3, attention_mode=2)
+    nope = np.ascontiguousarray(case["key"][..., :HCKV])  # [blocks, bs, 1, 512]
+    for value in (nope, np.zeros_like(nope)):  # not read
+        got = ops.npu_kv_quant_sparse_flash_attention(case["query"], case["key"], value, case["sparse_indices"],
+                                                      SCALE, 2, 2, **kw)
+        assert raw(got).tobytes() == raw(want).tobytes()
+    for bad in (nope[..., :256], nope.view(np.uint8), None):
+        with pytest.raises(ModeError, match=r"value: expected the key tensor itself or an int8 \[.*512\]"):
+            ops.npu_kv_quant_sparse_flash_attention(case["query"], case["key"], bad, case["sparse_indices"],
+                                                    SCALE, 2, 2, **kw)
+
+
+@pytest.mark.parametrize("quant", [False, True], ids=["sfa", "kvq"])
+def test_empty_sparse_indices_select_nothing(quant):
+    """K = 0 (op-plugin's test_sfa_saprse_size_zero): no kv token in any row, output 0."""
+    rng = np.random.default_rng(13)
+    case = make_case(rng, quant=quant, layout_query="BSND", layout_kv="BSND", dtype="float16", sbs=1)
+    case["sparse_indices"] = np.zeros((*case["sparse_indices"].shape[:-1], 0), np.int32)
+    out = run_op(case, quant=quant, sparse_mode=3)[0]
+    assert out.shape == (*case["query"].shape[:-1], HCKV) and not np.asarray(out, np.float32).any()
+
+
 def test_official_shape_decode_kv_quant():
     """The op-plugin golden's scenario scaled down: s1=1, n1=128, PA_BSND block 256, top-k."""
     rng = np.random.default_rng(11)

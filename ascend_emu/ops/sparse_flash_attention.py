@@ -40,10 +40,15 @@ Choices where the sources leave room (each in one named constant below):
 - :data:`SFA_VALUE_SOURCE`: npu_sparse_flash_attention reads V from ``value`` (same slots as the
   key); ``value=None`` (CANN >= 9.2) reads V from ``key``. The doc says key and value share one
   tensor in attention_mode 2; the official golden passes ``key.clone()``.
-- :data:`KVQ_VALUE_IS_KEY`: npu_kv_quant_sparse_flash_attention requires ``value`` to be the
-  very tensor ``key`` (same memory, shape and strides), as the issue and the MLA-absorb mode
-  state (the doc's example passes a 512-wide clone made before the rows are assembled; that call
-  is rejected here).
+- :data:`KVQ_VALUE_SOURCE`: npu_kv_quant_sparse_flash_attention reads V from the k_nope bytes
+  of ``key``'s 656-byte rows (attention_mode 2, MLA absorb). ``value`` must be either ``key``
+  itself or an int8 tensor of key's leading dims and a last dim of 512 (the doc's example and
+  op-plugin's ``test_sfa_eager`` pass ``key.clone()`` taken before the rope and scale bytes are
+  appended); its values are not read.
+- :data:`EMPTY_SPARSE_INDICES`: ``sparse_indices`` with K = 0 selects nothing: every row has no
+  valid kv token (output 0), as op-plugin's ``test_sfa_saprse_size_zero`` golden computes (its
+  empty gather gives a zero output). torch_npu's meta function rejects an empty tensor; the eager
+  op-plugin test runs it.
 - Sparse-index rows: entries before the first -1 must be block ids in
   ``[0, ceil(act_kv / sbs))``; after the first -1 every entry must be -1 (the doc: "valid values
   first, invalid values last"); other negative values are errors. Rows of query tokens the op
@@ -65,7 +70,7 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error
+from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error, describe
 from ..layouts import SKIP_INDEX, slots_from_block_table
 from ..mla import D_QK, D_ROPE, HCKV, NKV, TILE_SIZE
 from ..quant import MLA_ROW
@@ -108,8 +113,10 @@ QUERY_DTYPE_ROUNDING = "half_even"
 EXP_EVALUATION = "float64_then_fp32"
 #: npu_sparse_flash_attention: where V comes from.
 SFA_VALUE_SOURCE = "value (key when value is None)"
-#: npu_kv_quant_sparse_flash_attention: value must be key itself.
-KVQ_VALUE_IS_KEY = True
+#: npu_kv_quant_sparse_flash_attention: where V comes from (``value``: key itself or its [.., 512] k_nope).
+KVQ_VALUE_SOURCE = "k_nope bytes of key's rows"
+#: sparse_indices with K = 0: every row selects no kv token.
+EMPTY_SPARSE_INDICES = "no kv token"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,7 +257,8 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
         key: int8 combined rows ``[B, S2, 1, 656]`` (BSND), ``[T2, 1, 656]`` (TND) or
             ``[block_num, block_size, 1, 656]`` (PA_BSND): ``[512 int8 | 64 x qdt rope |
             4 fp32 scales]``.
-        value: the same tensor as ``key``.
+        value: ``key`` itself, or int8 ``[.., 512]`` with key's leading dims (not read: V is key's
+            k_nope; :data:`KVQ_VALUE_SOURCE`).
         sparse_indices, scale_value, block_table, actual_seq_lengths_query,
         actual_seq_lengths_kv, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens:
             as :func:`npu_sparse_flash_attention`.
@@ -409,12 +417,14 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
                         f"N2={n2} (shape {list(key.shape)})")
     num_rows = int(np.prod(key.shape[:-2]))  # slots
     if quant:
-        if value is None or not (isinstance(value, np.ndarray) and value.shape == key.shape
-                                 and value.strides == key.strides and value.dtype == key.dtype
-                                 and value.__array_interface__["data"][0] == key.__array_interface__["data"][0]):
-            got = "None" if value is None else f"a different tensor (shape {list(np.shape(value))})"
-            raise arg_error(ModeError, "value", "the key tensor itself (attention_mode 2: V is the dequantized k_nope "
-                            "of the same 656-byte rows)", got)
+        nope_shape = (*key.shape[:-1], HCKV)
+        is_key = isinstance(value, np.ndarray) and value.shape == key.shape and value.strides == key.strides \
+            and value.dtype == key.dtype and value.__array_interface__["data"][0] == key.__array_interface__["data"][0]
+        if not is_key and not (isinstance(value, np.ndarray) and value.dtype == np.int8
+                               and value.shape == nope_shape):
+            got = "None" if value is None else describe(value)
+            raise arg_error(ModeError, "value", f"the key tensor itself or an int8 {list(nope_shape)} k_nope tensor "
+                            "(attention_mode 2: V is the dequantized k_nope of key's 656-byte rows)", got)
         value = None
     else:
         key_rope = _tensor(key_rope, "key_rope", (qdt,), [*key.shape[:-1], D_ROPE],
@@ -475,9 +485,9 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
     check_dtype(sparse_indices, "sparse_indices", ("int32",))
     want = [*lead, n2, None]
     if sparse_indices.ndim != len(want) or tuple(sparse_indices.shape[:-1]) != tuple(want[:-1]) \
-            or sparse_indices.shape[-1] < 1:
+            or sparse_indices.shape[-1] < 0:
         shown = "[B, S1, N2, K]" if q_nd == 4 else "[T, N2, K]"
-        raise arg_error(ShapeError, "sparse_indices", f"{shown} = [{', '.join(map(str, want[:-1]))}, K >= 1]",
+        raise arg_error(ShapeError, "sparse_indices", f"{shown} = [{', '.join(map(str, want[:-1]))}, K]",
                         list(sparse_indices.shape))
     t_total = int(np.prod(lead))
     k = int(sparse_indices.shape[-1])
@@ -495,7 +505,9 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
     nblk = -(-kv_len // sbs)  # [T] sparse blocks in the batch's kv
     pos = np.arange(k)
     is_end = idx == SKIP_INDEX  # [T, N2, K]
-    first_end = np.where(is_end.any(-1), np.argmax(is_end, -1), k)  # [T, N2]
+    first_end = np.full(is_end.shape[:-1], k, np.int64)  # [T, N2] entry of each row's first -1 (K: none)
+    if k:
+        first_end = np.where(is_end.any(-1), np.argmax(is_end, -1), k)
     after = pos[None, None, :] >= first_end[..., None]  # [T, N2, K]
     bad_value = ~after & ((idx < 0) | (idx >= nblk[:, None, None]))
     bad_tail = after & ~is_end
