@@ -276,27 +276,40 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, deinterleave: bool)
 
 # ---------------------------------------------------------------------- scatter
 @njit(cache=True, inline="always")
-def _scatter_token(cache, rows, offsets, chunk, t):
-    for j in range(offsets.shape[1]):
-        dst = offsets[t, j]
-        src = j * chunk
-        for k in range(chunk):
-            cache[dst + k] = rows[t, src + k]
+def _scatter_token(cache, rows, slot, src, nz, block_size, row_words, chunk):
+    """Copy row ``src`` of ``rows`` to ``slot`` of the cache (all sizes in copy words).
+
+    ND: the row is contiguous at ``slot * row_words``. NZ (ops_reference §1.4): ``row_words / chunk``
+    chunks of 32 bytes; chunk ``j`` of slot ``blk * block_size + r`` starts at
+    ``blk * block_size * row_words + j * block_size * chunk + r * chunk`` (the same offsets as
+    :meth:`~ascend_emu.layouts.CacheLayout.chunk_offsets`)."""
+    if nz:
+        blk = slot // block_size
+        base = blk * block_size * row_words + (slot - blk * block_size) * chunk
+        for j in range(row_words // chunk):
+            dst = base + j * block_size * chunk
+            off = j * chunk
+            for k in range(chunk):
+                cache[dst + k] = rows[src, off + k]
+    else:
+        dst = slot * row_words
+        for k in range(row_words):
+            cache[dst + k] = rows[src, k]
 
 
 @njit(cache=True, parallel=True)
-def _scatter_chunks(cache, rows, offsets, chunk, parts):
-    """:func:`_scatter_token` over ``parts`` contiguous token ranges in parallel."""
-    n = offsets.shape[0]
+def _scatter_parallel(cache, rows, slots, keep, nz, block_size, row_words, chunk, parts):
+    """:func:`_scatter_token` for tokens ``keep`` over ``parts`` contiguous ranges in parallel."""
+    n = keep.shape[0]
     for p in prange(parts):
-        for t in range(p * n // parts, (p + 1) * n // parts):
-            _scatter_token(cache, rows, offsets, chunk, t)
+        for i in range(p * n // parts, (p + 1) * n // parts):
+            _scatter_token(cache, rows, slots[keep[i]], keep[i], nz, block_size, row_words, chunk)
 
 
 @njit(cache=True)
-def _scatter_chunks_serial(cache, rows, offsets, chunk):
-    for t in range(offsets.shape[0]):
-        _scatter_token(cache, rows, offsets, chunk, t)
+def _scatter_serial(cache, rows, slots, keep, nz, block_size, row_words, chunk):
+    for i in range(keep.shape[0]):
+        _scatter_token(cache, rows, slots[keep[i]], keep[i], nz, block_size, row_words, chunk)
 
 
 #: Fewest bytes a thread scatters: below 2 x this a scatter runs on one thread (starting the pool
@@ -305,13 +318,14 @@ def _scatter_chunks_serial(cache, rows, offsets, chunk):
 SCATTER_BYTES_PER_THREAD = 1 << 19
 
 
-def _copy_word(nbytes: int, chunk: int, row_bytes: int, offsets: np.ndarray):
-    """Widest unsigned word (8, 4, 2 or 1 bytes) dividing the cache size, the chunk, the row and every
-    offset, so chunks are copied as words (a byte loop is ~10x slower for 32-byte NZ chunks)."""
-    low = int(np.bitwise_or.reduce(offsets, axis=None)) if offsets.size else 0
+def _copy_word(nbytes: int, chunk: int, row_bytes: int):
+    """Widest unsigned word (8, 4, 2 or 1 bytes) dividing the cache size, the chunk and the row, so
+    chunks are copied as words (a byte loop is ~10x slower for 32-byte NZ chunks). Every chunk
+    offset is then a multiple of it too: ND offsets are multiples of the row, NZ offsets of the
+    32-byte chunk (an NZ row is a multiple of 32 bytes)."""
+    low = nbytes | chunk | row_bytes
     for word in (np.uint64, np.uint32, np.uint16):
-        w = np.dtype(word).itemsize
-        if (nbytes | chunk | row_bytes | low) % w == 0:
+        if low % np.dtype(word).itemsize == 0:
             return word
     return np.uint8
 
@@ -323,7 +337,7 @@ def last_writer(slots: np.ndarray) -> np.ndarray:
     """
     slots = np.asarray(slots).reshape(-1)
     live = np.flatnonzero(slots >= 0)
-    if live.size == 0:
+    if live.size < 2:
         return live
     rev = live[::-1]
     _, first_in_rev = np.unique(slots[rev], return_index=True)
@@ -341,22 +355,23 @@ def scatter_rows(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout:
         slots: int64 ``[T]`` validated slots; -1 skips the token; for a slot written by several
             tokens the last one wins.
         layout: the cache's :class:`~ascend_emu.layouts.CacheLayout`.
-        keep: ``last_writer(slots)`` when the caller already has it (several caches, same slots).
+        keep: int64 ``last_writer(slots)`` when the caller already has it (several caches, same
+            slots).
     """
     keep = last_writer(slots) if keep is None else keep
     if keep.size == 0:
         return
     raw = np.ascontiguousarray(rows).view(np.uint8).reshape(rows.shape[0], -1)  # [T, row_bytes]
-    slots = np.asarray(slots).reshape(-1)
-    if keep.size < raw.shape[0]:  # else keep is arange(T): no copy needed
-        raw, slots = raw[keep], slots[keep]
-    offsets = layout.chunk_offsets(slots)  # [T', nchunk]
     flat = cache.reshape(-1).view(np.uint8)  # shares memory with cache
-    word = _copy_word(flat.size, layout.chunk_bytes, raw.shape[1], offsets)
+    row_bytes, chunk = raw.shape[1], layout.chunk_bytes
+    word = _copy_word(flat.size, chunk, row_bytes)
     w = np.dtype(word).itemsize
-    operands = (flat.view(word), np.ascontiguousarray(raw).view(word), offsets // w, layout.chunk_bytes // w)
-    parts = min(numba.get_num_threads(), raw.itemsize * raw.shape[1] * keep.size // SCATTER_BYTES_PER_THREAD)
+    operands = (flat.view(word), raw.view(word), np.asarray(slots).reshape(-1), keep, layout.nz,
+                layout.block_size, row_bytes // w, chunk // w)
+    parts = row_bytes * keep.size // SCATTER_BYTES_PER_THREAD
     if parts > 1:
-        _scatter_chunks(*operands, parts)
+        parts = min(numba.get_num_threads(), parts)
+    if parts > 1:
+        _scatter_parallel(*operands, parts)
     else:
-        _scatter_chunks_serial(*operands)
+        _scatter_serial(*operands)
