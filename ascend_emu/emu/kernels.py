@@ -20,6 +20,23 @@ from ..mla import D_ROPE as ROPE_DIM
 _HALF = ROPE_DIM // 2
 
 
+# ---------------------------------------------------------------------- threads
+#: Fewest scalar elements one parallel range processes (about 30-100 us of vector work): waking a
+#: thread and joining it costs tens of microseconds (more on a loaded machine), so smaller work
+#: runs on the calling thread, and more threads never split work finer than this.
+ELEMENTS_PER_PART = 1 << 16
+
+
+def parallel_parts(items: int, elements_per_item: int) -> int:
+    """How many contiguous ranges to split ``items`` independent rows into: 1 (run serially)
+    below two ranges of :data:`ELEMENTS_PER_PART`, else one per thread (at most), each at least
+    that large."""
+    parts = items * elements_per_item // ELEMENTS_PER_PART
+    if parts < 2:
+        return 1
+    return max(1, min(numba.get_num_threads(), parts, items))
+
+
 # ---------------------------------------------------------------------- RmsNorm
 #: fp32 lanes of one vector repeat (256 bytes): the width of every kernel's square-sum.
 LANES = 64
@@ -160,12 +177,20 @@ def rms_norm_row(x, gamma, eps, scale, lanes_order, prescale, reciprocal, sq, la
             out[i] = x[i] / rms * gamma[i] * scale
 
 
-@njit(cache=True, parallel=True)
-def _rms_norm_2d(x, gamma, eps, scale, lanes_order, prescale, reciprocal, out):
-    for t in prange(x.shape[0]):
-        sq = np.empty(x.shape[1] if lanes_order == LANES_PAIRWISE else 1, dtype=np.float32)
-        lanes = np.empty(LANES, dtype=np.float32)
+@njit(cache=True)
+def _rms_norm_rows(lo, hi, x, gamma, eps, scale, lanes_order, prescale, reciprocal, out):
+    sq = np.empty(x.shape[1] if lanes_order == LANES_PAIRWISE else 1, dtype=np.float32)
+    lanes = np.empty(LANES, dtype=np.float32)
+    for t in range(lo, hi):
         rms_norm_row(x[t], gamma, eps, scale, lanes_order, prescale, reciprocal, sq, lanes, out[t])
+
+
+@njit(cache=True, parallel=True)
+def _rms_norm_parts(parts, x, gamma, eps, scale, lanes_order, prescale, reciprocal, out):
+    n = x.shape[0]
+    for p in prange(parts):
+        _rms_norm_rows(p * n // parts, (p + 1) * n // parts, x, gamma, eps, scale, lanes_order, prescale, reciprocal,
+                       out)
 
 
 @njit(cache=True, parallel=True)
@@ -221,8 +246,13 @@ def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float, order: RmsNormOrder, 
     x = np.ascontiguousarray(x, dtype=np.float32)
     _check_order(x.shape[-1], order)
     out = np.empty_like(x)
-    _rms_norm_2d(x, np.ascontiguousarray(gamma, dtype=np.float32), np.float32(eps), np.float32(scale),
-                 order.lanes, order.prescale, order.reciprocal, out)
+    operands = (x, np.ascontiguousarray(gamma, dtype=np.float32), np.float32(eps), np.float32(scale), order.lanes,
+                order.prescale, order.reciprocal, out)
+    parts = parallel_parts(x.shape[0], x.shape[1])
+    if parts > 1:
+        _rms_norm_parts(parts, *operands)
+    else:
+        _rms_norm_rows(0, x.shape[0], *operands)
     return out
 
 
@@ -248,11 +278,18 @@ def rope_row(x, cos, sin, deinterleave, out):
         out[i + _HALF] = b * cos[i + _HALF] + a * sin[i + _HALF]
 
 
-@njit(cache=True, parallel=True)
-def _rope_3d(x, cos, sin, deinterleave, out):
-    for t in prange(x.shape[0]):
+@njit(cache=True)
+def _rope_rows(lo, hi, x, cos, sin, deinterleave, out):
+    for t in range(lo, hi):
         for n in range(x.shape[1]):
             rope_row(x[t, n], cos[t], sin[t], deinterleave, out[t, n])
+
+
+@njit(cache=True, parallel=True)
+def _rope_parts(parts, x, cos, sin, deinterleave, out):
+    n = x.shape[0]
+    for p in prange(parts):
+        _rope_rows(p * n // parts, (p + 1) * n // parts, x, cos, sin, deinterleave, out)
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, deinterleave: bool) -> np.ndarray:
@@ -269,8 +306,13 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, deinterleave: bool)
     x = np.ascontiguousarray(x, dtype=np.float32)
     x3 = x.reshape(x.shape[0], -1, ROPE_DIM)  # [T, N, 64]
     out = np.empty_like(x3)
-    _rope_3d(x3, np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32),
-             deinterleave, out)
+    operands = (x3, np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32),
+                deinterleave, out)
+    parts = parallel_parts(x3.shape[0], x3.shape[1] * ROPE_DIM)
+    if parts > 1:
+        _rope_parts(parts, *operands)
+    else:
+        _rope_rows(0, x3.shape[0], *operands)
     return out.reshape(x.shape)
 
 
