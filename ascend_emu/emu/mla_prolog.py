@@ -333,7 +333,7 @@ def mla_prolog(args) -> tuple:
     query_rope = np.empty((t, n, D_ROPE), dtype=np.uint16)  # [T, N, Dr]
     _qcqr_split_rope(qcqr, wqm == 0, cos, sin, q_nope, query_rope)  # steps 3, 5
     query = np.empty((t, n, HCKV), dtype=np.uint16)  # [T, N, Hckv]
-    _query_bits(matmul_f32(q_nope, to_f32(args.weight_uk)), query)  # step 4
+    _query_bits(matmul_f32(q_nope, weight_f32(args.weight_uk)), query)  # step 4
     query, query_rope = query.view(BF16), query_rope.view(BF16)
     dq_nope = None
     if args.query_quant_mode == 1:
