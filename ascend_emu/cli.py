@@ -9,6 +9,8 @@ Commands:
   against it unless ``--force`` is given.
 - ``ascend-emu demo``: ``npu_mla_prolog_v3`` through the drop-in, then where one token's k_rope
   landed in a PA_NZ cache, checked byte by byte against a PA_BSND run.
+- ``ascend-emu warmup``: run every op once on tiny inputs, so its Numba kernels are compiled into
+  the on-disk cache (:mod:`ascend_emu.warmup`).
 - ``ascend-emu inspect where|what|dump|grid|diff|blocks``: bit-level cache debugging
   (:mod:`ascend_emu.inspect`, rendered by :mod:`ascend_emu.inspect.cli`); ``ascend-emu locate``
   is an alias of ``inspect where`` (``--slot``) / ``inspect what`` (``--byte``).
@@ -223,6 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
                           description="A self-contained showcase (needs torch): npu_mla_prolog_v3 through "
                                       "the torch_npu drop-in, then bit-level cache layout debugging.")
     demo.set_defaults(func=cmd_demo)
+
+    warm = sub.add_parser("warmup", help="compile / load every Numba kernel by running each op once on tiny inputs",
+                          description="Run every op once per scenario on tiny inputs so that its Numba kernels "
+                                      "are compiled into the on-disk cache (run once after installing, or as a CI "
+                                      "step before the tests).")
+    from .warmup import add_arguments as add_warmup_arguments
+    from .warmup import run as run_warmup
+
+    add_warmup_arguments(warm)
+    warm.set_defaults(func=run_warmup)
 
     from .inspect.cli import add_inspect_parser, add_locate_parser
 
