@@ -33,9 +33,10 @@ _F32_ATTR = "_ascend_emu_f32"
 _F64_ATTR = "_ascend_emu_f64"
 
 
-def _widen(w: np.ndarray) -> np.ndarray:
-    """:func:`~ascend_emu.quant.to_f32` of a weight with one allocation for bf16 (``bits << 16``
-    in place; the first widening of a large weight is mostly page faults of new memory)."""
+def widen_f32(w: np.ndarray) -> np.ndarray:
+    """:func:`~ascend_emu.quant.to_f32` (exact) with one allocation for bf16 (``bits << 16`` in
+    place; the first widening of a large weight is mostly page faults of new memory) and less
+    per-call work for small arrays."""
     if w.dtype == BF16:
         out = w.view(np.uint16).astype(np.uint32)
         np.left_shift(out, np.uint32(16), out=out)
@@ -81,7 +82,7 @@ def fingerprint(a: np.ndarray) -> int:
 def _nd_weight_f32(w: np.ndarray) -> np.ndarray:
     """fp32 copy of an ND weight, reused while its bytes are unchanged (module doc)."""
     if not w.flags.c_contiguous or w.dtype == np.float32:
-        return _widen(w)
+        return widen_f32(w)
     key = (w.__array_interface__["data"][0], w.shape, w.strides, w.dtype)
     mark = fingerprint(w)
     with _nd_lock:
@@ -89,7 +90,7 @@ def _nd_weight_f32(w: np.ndarray) -> np.ndarray:
         if hit is not None and hit[0] == mark:
             _nd_cache.move_to_end(key)
             return hit[1]
-    wide = _widen(w)
+    wide = widen_f32(w)
     with _nd_lock:
         _nd_cache[key] = (mark, wide)
         _nd_cache.move_to_end(key)
@@ -110,7 +111,7 @@ def weight_f32(w: np.ndarray) -> np.ndarray:
     per address and reused while the weight's fingerprint is unchanged (module doc). Read only:
     callers must not write into it."""
     if isinstance(w, NZArray):
-        return _cached(w, _F32_ATTR, _widen)
+        return _cached(w, _F32_ATTR, widen_f32)
     return _nd_weight_f32(np.asarray(w))
 
 

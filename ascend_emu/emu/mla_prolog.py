@@ -16,9 +16,9 @@ from numba import njit, prange
 from ..ops.mla_prolog import D_NOPE, D_ROPE, HCKV
 from ..quant import (BF16, INT8_MAX, CombinedRowFormat, bf16_bits_to_f32, bf16_to_f32, dynamic_scale,
                      f32_to_bf16_bits, f32_to_int8, f32_to_int8_via_f16, group_amax, quantize_static,
-                     quantize_with_dequant_scale, to_bf16, to_f32)
+                     quantize_with_dequant_scale, to_bf16)
 from .kernels import LANES, MLA_PROLOG_RMS, last_writer, parallel_parts, rms_norm_row, rope_row, scatter_rows
-from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64
+from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
 
 #: The int8 bound the kernel's DynamicQuant divides by (its ``maxInt8Tensor``), fp32.
 _Q_MAX = np.float32(INT8_MAX)
@@ -305,9 +305,9 @@ def mla_prolog(args) -> tuple:
         return _empty_outputs(args)
     wqm = args.weight_quant_mode
     full = wqm == 2
-    cos = to_f32(args.rope_cos)  # [T, Dr]
-    sin = to_f32(args.rope_sin)  # [T, Dr]
-    x = args.token_x if full else to_f32(args.token_x)  # [T, He] int8 / fp32
+    cos = widen_f32(args.rope_cos)  # [T, Dr]
+    sin = widen_f32(args.rope_sin)  # [T, Dr]
+    x = args.token_x if full else widen_f32(args.token_x)  # [T, He] int8 / fp32
     f32 = np.float32
 
     def down_proj(w, col_scale):  # steps 1 and 6: bf16 path (rounded later) or dequantized int8 path
@@ -317,13 +317,13 @@ def mla_prolog(args) -> tuple:
 
     # ---- query path
     cq = down_proj(args.weight_dq, args.dequant_scale_w_dq)  # [T, Hcq]                  step 1
-    gamma_cq, eps_cq, qc_scale = to_f32(args.rmsnorm_gamma_cq), f32(args.rmsnorm_epsilon_cq), f32(args.qc_qr_scale)
+    gamma_cq, eps_cq, qc_scale = widen_f32(args.rmsnorm_gamma_cq), f32(args.rmsnorm_epsilon_cq), f32(args.qc_qr_scale)
     query_norm = dq_norm = None
     cq_n = np.empty((t, hcq), dtype=np.float32)  # [T, Hcq]
     _cq_norm(cq, not full, gamma_cq, eps_cq, qc_scale, cq_n)  # steps 1-2
     if wqm == 0:
         query_norm = to_bf16(cq_n)  # [T, Hcq] bf16
-        qcqr = matmul_f32(bf16_to_f32(query_norm), weight_f32(args.weight_uq_qr))  # [T, N*(D+Dr)]  step 3
+        qcqr = matmul_f32(widen_f32(query_norm), weight_f32(args.weight_uq_qr))  # [T, N*(D+Dr)]  step 3
     else:
         if args.smooth_scales_cq is not None:
             cq_n *= _f32_vector(args.smooth_scales_cq)  # [1, Hcq] or [1]
@@ -355,7 +355,7 @@ def mla_prolog(args) -> tuple:
 def _kv_path(args, ckvkr: np.ndarray, round_in: bool, cos: np.ndarray, sin: np.ndarray) -> None:
     """Steps 7-8 and the scatters (see :func:`mla_prolog`)."""
     t, kvq, f32 = args.num_tokens, args.kv_cache_quant_mode, np.float32
-    norm_args = (to_f32(args.rmsnorm_gamma_ckv), f32(args.rmsnorm_epsilon_ckv), f32(args.kc_scale), cos, sin)
+    norm_args = (widen_f32(args.rmsnorm_gamma_ckv), f32(args.rmsnorm_epsilon_ckv), f32(args.kc_scale), cos, sin)
     kr = np.empty((t, D_ROPE), dtype=np.uint16)  # [T, Dr] bf16 bits
     keep = last_writer(args.slots)
     kv32 = np.empty((t, HCKV), dtype=np.float32)  # [T, Hckv]

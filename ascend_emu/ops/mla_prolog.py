@@ -656,7 +656,7 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPr
     (:func:`~ascend_emu.ops._check.signature`; a decode loop repeats one); ``k_nope_clip_alpha``'s
     value, the caches' overlap and the index values are checked on every call, in the same order.
     """
-    key = signature(version, reason, *values, *values.values(), *modes, *modes.values())
+    key = signature(version, reason, *values.values(), *modes.values())  # names: fixed by the entry point
     static = _VALIDATED.get(key)
     if static is None:
         args = _normalise_full(version, values, modes, reason=reason)
