@@ -7,8 +7,14 @@ Commands:
   an absolute ``__file__`` (and traceback paths), the script's directory in place of the
   launcher's ``sys.path[0]``, its exit status. If a real torch_npu is installed the script runs
   against it unless ``--force`` is given.
-- ``ascend-emu demo``: ``npu_mla_prolog_v3`` through the drop-in, then where one token's k_rope
-  landed in a PA_NZ cache, checked byte by byte against a PA_BSND run.
+- ``ascend-emu demo``: a DeepSeek-V3.2 decode step on the NumPy API (no torch needed): prefill
+  into a per-tile int8 cache and a bf16 cache, then ``npu_mla_prolog_v3`` ->
+  ``npu_lightning_indexer`` -> sparse attention on both paths (:mod:`ascend_emu.demo`), with
+  per-op times, a cache summary, one 656-byte row decoded and the int8 path's error.
+  ``ascend-emu demo --layout``: ``npu_mla_prolog_v3`` through the drop-in, then where one token's
+  k_rope landed in a PA_NZ cache, checked byte by byte against a PA_BSND run.
+- ``ascend-emu record | compare | replay``: the real NPU against the emulator (recordings, shadow
+  runs, msprobe dumps; :mod:`ascend_emu.compare.cli`).
 - ``ascend-emu warmup``: run every op once on tiny inputs, so its Numba kernels are compiled into
   the on-disk cache (:mod:`ascend_emu.warmup`).
 - ``ascend-emu inspect where|what|dump|grid|diff|blocks``: bit-level cache debugging
@@ -109,8 +115,74 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------- demo
+#: The demo fails below this cosine between its int8 and bf16 attention outputs (measured: 0.9995
+#: at the default shapes; a wrong row or index drops it far lower).
+DEMO_MIN_COSINE = 0.99
+
+
 def cmd_demo(ns: argparse.Namespace) -> int:
-    """``ascend-emu demo``: npu_mla_prolog_v3 (bf16, PA_NZ) through the drop-in, then layout debugging."""
+    """``ascend-emu demo``: the decode step (:mod:`ascend_emu.demo`), or ``--layout``."""
+    if ns.layout:
+        return _layout_demo()
+    from rich.console import Console
+    from rich.table import Table
+
+    from .demo import DecodeStepConfig, run_decode_step
+    from .mla import D_NOPE, D_ROPE, HCKV
+    from .quant import MLA_ROW
+
+    config = DecodeStepConfig(context=ns.context, heads=ns.heads, sparse_count=ns.sparse_count,
+                              block_size=ns.block_size)
+    console = Console(highlight=False)
+    console.print(f"[bold]DeepSeek-V3.2 decode step[/bold], one layer: He={config.he} Hcq={config.hcq} "
+                  f"Hckv={HCKV} D={D_NOPE} Dr={D_ROPE}, N={config.heads} query heads (one TP-8 rank), "
+                  f"context {config.context} tokens, indexer {config.indexer_heads}x{config.indexer_dim} "
+                  f"top-{config.sparse_count}, PA_BSND blocks of {config.block_size}")
+    with console.status("starting") as status:
+        report = run_decode_step(config, on_step=lambda name: status.update(name))
+
+    steps = Table(title="steps (NumPy API, emu backend)", title_justify="left")
+    steps.add_column("step")
+    steps.add_column("ms", justify="right")
+    for name, seconds in report.timings:
+        steps.add_row(name, f"{seconds * 1e3:.1f}")
+    console.print(steps)
+
+    cache = Table(title="caches", title_justify="left")
+    cache.add_column("")
+    cache.add_column("value")
+    cache.add_row("blocks used / pool", f"{report.blocks_used} / {report.num_blocks} "
+                  f"(block_table {report.block_table[:6].tolist()}{' ...' if report.blocks_used > 6 else ''})")
+    for name, nbytes in report.cache_bytes.items():
+        cache.add_row(name, f"{nbytes / 2**20:.2f} MiB")
+    cache.add_row("indexer selected", f"{report.selected} of {config.context + 1} tokens")
+    console.print(cache)
+
+    fmt = MLA_ROW
+    row = report.row
+    console.print(f"[bold]the decoded token's 656-byte row[/bold] (slot {report.row_slot} = block "
+                  f"{report.row_slot // config.block_size}, row {report.row_slot % config.block_size})")
+    console.print(f"  bytes [{fmt.nope_offset}, {fmt.rope_offset}) int8 k_nope: {row[:8].view('int8').tolist()} ...")
+    console.print(f"  dequantized k_nope (int8 x tile scale): "
+                  f"{[round(float(v), 4) for v in report.row_k_nope[:6]]} ...")
+    console.print(f"  bytes [{fmt.rope_offset}, {fmt.scale_offset}) bf16 k_rope: "
+                  f"{[round(float(v), 4) for v in report.row_k_rope[:6]]} ...")
+    console.print(f"  bytes [{fmt.scale_offset}, {fmt.row_bytes}) fp32 tile scales: "
+                  f"{[float(v) for v in report.row_scales]}  (raw {bytes(row[fmt.scale_offset:]).hex()})")
+    console.print(f"[bold]what int8 costs[/bold]: attention output of the int8 path vs the bf16 path "
+                  f"[{config.heads}, {HCKV}]: max abs error {report.max_abs:.4g}, cosine {report.cosine:.6f}")
+    console.print("more: ascend-emu inspect where --cache-mode PA_BSND --shape "
+                  f"{report.num_blocks},{config.block_size},1,{fmt.row_bytes} --dtype int8 --combined "
+                  f"--slot {report.row_slot}")
+    if not report.cosine > DEMO_MIN_COSINE:
+        _err(f"the int8 path's cosine {report.cosine:.6f} to the bf16 path is below {DEMO_MIN_COSINE}: "
+             "a wrong cache row or index was read")
+        return 1
+    return 0
+
+
+def _layout_demo() -> int:
+    """``ascend-emu demo --layout``: npu_mla_prolog_v3 (bf16, PA_NZ) through the drop-in, then layout debugging."""
     if importlib.util.find_spec("torch") is None:
         _err(f"the demo needs torch; {TORCH_HINT}")
         return 2
@@ -221,9 +293,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script (its sys.argv[1:])")
     run.set_defaults(func=cmd_run)
 
-    demo = sub.add_parser("demo", help="run npu_mla_prolog_v3 and show where k_rope lands in a PA_NZ cache",
-                          description="A self-contained showcase (needs torch): npu_mla_prolog_v3 through "
-                                      "the torch_npu drop-in, then bit-level cache layout debugging.")
+    demo = sub.add_parser("demo", help="a DeepSeek-V3.2 decode step: prolog -> indexer -> sparse attention",
+                          description="A DeepSeek-V3.2 decode step on the NumPy API (no torch needed): prefill "
+                                      "into an int8 per-tile and a bf16 PA_BSND cache, then npu_mla_prolog_v3 -> "
+                                      "npu_lightning_indexer -> sparse attention on both; per-op times, a cache "
+                                      "summary and what int8 costs. --layout: the PA_NZ layout showcase "
+                                      "through the torch_npu drop-in (needs torch).")
+    demo.add_argument("--layout", action="store_true",
+                      help="instead: where one token's k_rope lands in a PA_NZ cache (npu_mla_prolog_v3 through "
+                           "the drop-in; needs torch)")
+    demo.add_argument("--context", type=int, default=4096, help="tokens in the cache before the step (4096)")
+    demo.add_argument("--heads", type=int, default=16, choices=[1, 2, 4, 8, 16, 32, 64, 128],
+                      help="query heads N (16: one of 8 tensor-parallel ranks of DeepSeek's 128)")
+    demo.add_argument("--sparse-count", type=int, default=2048, help="indexer top-k (2048)")
+    demo.add_argument("--block-size", type=int, default=128, help="cache block size (128)")
     demo.set_defaults(func=cmd_demo)
 
     warm = sub.add_parser("warmup", help="compile / load every Numba kernel by running each op once on tiny inputs",
@@ -240,6 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_inspect_parser(sub)
     add_locate_parser(sub)
+
+    from .compare.cli import add_compare_parsers
+
+    add_compare_parsers(sub)
     return parser
 
 

@@ -34,6 +34,11 @@ class FormatError(AscendEmuError, ValueError):
     """A tensor is not in the storage format the op requires (e.g. FRACTAL_NZ)."""
 
 
+class BackendUnavailable(AscendEmuError, RuntimeError):
+    """The selected backend cannot run here (e.g. ``hw`` without the real torch_npu or an NPU
+    device); the message names what is missing and how to get it."""
+
+
 class DuplicateSlotWarning(UserWarning):
     """Two tokens write the same cache slot; on hardware the result is undefined."""
 

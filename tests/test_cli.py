@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from ascend_emu.cli import main
@@ -159,17 +160,42 @@ def test_console_script_is_installed():
 
 
 @pytest.mark.slow
-def test_demo_runs_and_checks_pass():
+def test_layout_demo_runs_and_checks_pass():
     pytest.importorskip("torch")
-    from ascend_emu import ops
-
-    if getattr(ops, "npu_mla_prolog_v3", None) is None:
-        pytest.skip("ascend_emu.ops.npu_mla_prolog_v3 has not landed yet")
-    proc = _run([sys.executable, "-m", "ascend_emu", "demo"], cwd=None, timeout=300)
+    proc = _run([sys.executable, "-m", "ascend_emu", "demo", "--layout"], cwd=None, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "query      (2, 4, 8, 512) torch.bfloat16" in proc.stdout
     assert "== PA_BSND kr_cache row" in proc.stdout and ": True" in proc.stdout
     assert "False" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_decode_step_demo_runs_without_torch_and_reports():
+    """``ascend-emu demo`` (a small context) in a process where torch cannot be imported."""
+    code = ("import sys; sys.modules['torch'] = None; from ascend_emu.cli import main; "
+            "sys.exit(main(['demo', '--context', '300', '--sparse-count', '128', '--heads', '8']))")
+    proc = _run([sys.executable, "-c", code], cwd=None, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    for step in ("npu_mla_prolog_v3, int8 per-tile cache", "npu_lightning_indexer",
+                 "npu_kv_quant_sparse_flash_attention", "npu_sparse_flash_attention (bf16)"):
+        assert step in out
+    assert "indexer selected │ 128 of 301 tokens" in out
+    assert "656-byte row (slot" in out and "cosine 0.99" in out
+
+
+def test_decode_step_report_is_consistent():
+    from ascend_emu.demo import DecodeStepConfig, run_decode_step
+    from ascend_emu.quant import MLA_ROW
+
+    rep = run_decode_step(DecodeStepConfig(context=200, sparse_count=64, heads=4, block_size=64))
+    assert [name.split(":")[0] for name, _ in rep.timings].count("decode") == 5
+    assert rep.blocks_used == 4 and rep.block_table.shape == (4,) and len(set(rep.block_table.tolist())) == 4
+    assert rep.row_slot == int(rep.block_table[200 // 64]) * 64 + 200 % 64  # token 200 through the table
+    assert np.array_equal(rep.row[MLA_ROW.scale_offset:].view("<f4"), rep.row_scales)
+    assert rep.selected == 64 and rep.out_int8.shape == rep.out_bf16.shape == (4, 512)
+    # the int8 path attends to the same tokens as the bf16 path: close, not equal
+    assert 0 < rep.max_abs < 0.1 and rep.cosine > 0.999
 
 
 # ------------------------------------------------------------------------------ locate

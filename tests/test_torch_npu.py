@@ -1,5 +1,5 @@
 """The torch_npu drop-in: torch patches, torch.npu namespace, NZ tagging, the zero-copy bridge and
-the op wrappers (in-place caches visible in the caller's tensors)."""
+the registered ops (in-place caches visible in the caller's tensors)."""
 
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def test_format_cast_2_gives_untagged_copy():
 
 def test_format_cast_rejects_unknown_format():
     with pytest.raises(ModeError, match="acl_format"):
-        torch_npu.npu_format_cast(torch.randn(16, 16), 3)
+        torch_npu.npu_format_cast(torch.randn(16, 16), 5)
 
 
 def test_nz_weight_widening_cache_survives_across_calls():
@@ -236,25 +236,29 @@ def test_call_op_returns_callers_cache_object_with_update_visible():
 
 
 # ------------------------------------------------------------------------------ op wrappers
-def test_wrapper_passes_keywords_and_rejects_unsupported_arguments(monkeypatch):
+def test_registered_op_passes_keywords_and_rejects_unsupported_arguments(monkeypatch):
+    """torch_npu.npu_mla_prolog_v3 (the registered torch op) binds its arguments by the schema,
+    resolves ascend_emu.ops at call time and refuses settings the op cannot honour."""
     seen = {}
 
     def fake_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv,
                 rope_sin, rope_cos, kv_cache, kr_cache, *, cache_index=None, cache_mode="PA_BSND", kc_scale=1.0):
         seen.update(cache_index=cache_index, cache_mode=cache_mode, kc_scale=kc_scale)
-        return kv_cache, kr_cache
+        kv_cache[0] = 7.0  # in place, into the caller's tensor
+        return tuple(np.full(1, float(i), dtype=np.float32) for i in range(5))
 
     monkeypatch.setattr(ops, "npu_mla_prolog_v3", fake_v3)
     tensors = [torch.zeros(2) for _ in range(11)]
-    kv, kr = torch_npu.npu_mla_prolog_v3(*tensors, cache_index=torch.tensor([1]), cache_mode="PA_NZ", kc_scale=2)
-    assert kv is tensors[9] and kr is tensors[10]
+    outs = torch_npu.npu_mla_prolog_v3(*tensors, cache_index=torch.tensor([1]), cache_mode="PA_NZ", kc_scale=2)
+    assert [o.item() for o in outs] == [0.0, 1.0, 2.0, 3.0, 4.0] and all(o.npu() is o for o in outs)
+    assert tensors[9][0].item() == 7.0
     assert seen["cache_mode"] == "PA_NZ" and seen["kc_scale"] == 2
     assert isinstance(seen["cache_index"], np.ndarray)
     torch_npu.npu_mla_prolog_v3(*tensors, tile_size=128)  # default of an argument the op lacks: dropped
     with pytest.raises(ModeError, match="tile_size"):
         torch_npu.npu_mla_prolog_v3(*tensors, tile_size=64)
     with pytest.raises(ModeError, match="token_x_dtype"):
-        torch_npu.npu_mla_prolog_v3(*tensors, token_x_dtype=torch.int8)
+        torch_npu.npu_mla_prolog_v3(*tensors, token_x_dtype=2)
     monkeypatch.setattr(ops, "npu_mla_prolog_v3", None)
     with pytest.raises(NotImplementedError, match="ascend_emu.ops.npu_mla_prolog_v3"):
         torch_npu.npu_mla_prolog_v3(*tensors)

@@ -10,3 +10,4 @@ from .kv_rmsnorm_rope_cache import kv_rmsnorm_rope_cache  # noqa: F401
 from .lightning_indexer import lightning_indexer  # noqa: F401
 from .mla_preprocess import mla_preprocess  # noqa: F401
 from .mla_prolog import mla_prolog  # noqa: F401
+from .sparse_flash_attention import sparse_flash_attention  # noqa: F401

@@ -7,15 +7,17 @@ index ranges), then hands a normalised argument object to the selected backend
 (from :func:`npu_format_cast`).
 """
 
-from ._backend import backend_name, get_backend, set_backend
+from ._backend import backend, backend_name, get_backend, set_backend
 from .format_cast import get_npu_format, npu_format_cast
 from .kv_rmsnorm_rope_cache import npu_kv_rmsnorm_rope_cache
 from .lightning_indexer import npu_lightning_indexer
 from .mla_preprocess import npu_mla_preprocess
 from .mla_prolog import npu_mla_prolog, npu_mla_prolog_v2, npu_mla_prolog_v3
+from .sparse_flash_attention import npu_kv_quant_sparse_flash_attention, npu_sparse_flash_attention
 
-__all__ = ["backend_name", "get_backend", "set_backend", "get_npu_format", "npu_format_cast"]
+__all__ = ["backend", "backend_name", "get_backend", "set_backend", "get_npu_format", "npu_format_cast"]
 __all__ += ["npu_kv_rmsnorm_rope_cache"]
 __all__ += ["npu_mla_prolog", "npu_mla_prolog_v2", "npu_mla_prolog_v3"]
 __all__ += ["npu_mla_preprocess"]
 __all__ += ["npu_lightning_indexer"]
+__all__ += ["npu_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention"]

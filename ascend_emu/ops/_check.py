@@ -181,13 +181,17 @@ def check_nz_weight(w: np.ndarray, name: str) -> None:
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: Modules between the user's call and the op when it goes through ``torch.ops`` (the drop-in's
+#: registered ops): skipped like this package's own frames.
+_DISPATCH_MODULES = ("torch._ops",)
 
 
 def _caller_stacklevel() -> int:
     """``stacklevel`` for :func:`warnings.warn` that points at the first frame outside this
     package (the user's call, also through the torch_npu drop-in)."""
     level, frame = 1, sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+    while frame is not None and (os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR)
+                                 or frame.f_globals.get("__name__") in _DISPATCH_MODULES):
         level, frame = level + 1, frame.f_back
     return level
 

@@ -126,7 +126,7 @@ class KvRmsNormRopeCacheArgs:
 
 
 def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None,
-                              c_kv_scale=None, k_rope_offset=None, c_kv_offset=None, epsilon=1e-5,
+                              c_kv_scale=None, k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5,
                               cache_mode: KvCacheMode = "Norm", is_output_kv: bool = False):
     """RmsNorm + RoPE of MLA's compressed kv, scattered into two caches in place.
 
@@ -148,6 +148,10 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
             selects int8 caches.
         c_kv_scale: fp32 ``[512]``, ``[1, 512]`` or ``[1]`` multiplier.
         k_rope_offset, c_kv_offset: must be None (not supported by the kernel).
+        v: must be None. torch_npu 2.14's K/V-split mode (kv ``[B, N, S, Dk]`` and v
+            ``[B, N, S, Dv]``: per op-plugin's test, RmsNorm over all of kv with gamma ``[Dk]``,
+            RoPE on its first 64 dims, the result into k_cache, and v into ckv_cache unchanged
+            or quantized with c_kv_scale) is not emulated (:data:`V_NOT_EMULATED`).
         epsilon: RmsNorm epsilon, a finite float >= 0 (used as fp32). Default 1e-5.
         cache_mode: ``Norm`` (default), ``PA``, ``PA_BNSD``, ``PA_NZ``, ``PA_BLK_BNSD``,
             ``PA_BLK_NZ``.
@@ -174,12 +178,20 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
     Warns:
         DuplicateSlotWarning: two tokens write the same slot.
     """
+    if v is not None:
+        raise arg_error(ModeError, "v", V_NOT_EMULATED, describe(v))
     args = _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale,
                       k_rope_offset, c_kv_offset, epsilon, cache_mode, is_output_kv)
     return get_backend().kv_rmsnorm_rope_cache(args)
 
 
 # ---------------------------------------------------------------------- validation
+#: Why ``v`` must be None: the K/V-split mode of torch_npu 2.14 (op doc, ``v``) writes Dk / Dv
+#: wide caches this contract (64 / 512) does not describe.
+V_NOT_EMULATED = ("the default None (the K/V-split mode of torch_npu 2.14, kv = K [B, N, S, Dk] normed and roped into "
+                  "k_cache, v = V [B, N, S, Dv] copied into ckv_cache, is not emulated)")
+
+
 @dataclass(frozen=True)
 class _Static:
     """What the shape / dtype / mode checks derive from a call signature (see :func:`_normalise`)."""

@@ -6,9 +6,12 @@ Tensors cross without copies where the dtype allows: plain dtypes through ``Tens
 Non-contiguous tensors become strided NumPy views of the same memory.
 
 A tensor cast with ``npu_format_cast(t, 29)`` carries its :class:`~ascend_emu.layouts.NZArray`
-(the NumPy form of a FRACTAL_NZ weight); :func:`to_numpy` hands back that same object on every
-call, so anything the backend keeps on it (the cached fp32 widening of a weight, see
-:mod:`ascend_emu.emu.matmul`) survives from one call to the next.
+(the NumPy form of a FRACTAL_NZ weight) with the tensor's version counter at tagging time;
+:func:`to_numpy` hands back that same object on every call while the tensor is unchanged, so
+anything the backend keeps on it (the cached fp32 widening of a weight, see
+:mod:`ascend_emu.emu.matmul`) survives from one call to the next. After an in-place write
+(``load_state_dict`` copying into an NZ parameter, ``w.copy_(...)``) the version differs and a
+fresh NZArray over the same memory replaces it, so no stale widening is ever used.
 
 :func:`call_op` runs a NumPy op on torch arguments: tensors in, tensors out (on the emulated NPU,
 :func:`~ascend_emu.torch_npu.npu.mark_npu`), and an output that *is* one of the input arrays (an
@@ -65,9 +68,14 @@ def to_numpy(t, name: str = "tensor") -> np.ndarray | None:
         return None
     if not isinstance(t, torch.Tensor):
         raise arg_error(DTypeError, name, "a torch.Tensor", type(t).__name__)
-    nz = t.__dict__.get(NZ_ATTR)
-    if nz is not None and nz.ctypes.data == t.data_ptr() and nz.shape == tuple(t.shape):
+    nz = nz_of(t)
+    if nz is not None:
         return nz
+    return _plain_numpy(t, name)
+
+
+def _plain_numpy(t, name: str = "tensor") -> np.ndarray:
+    """:func:`to_numpy` without the NZ tag: a plain ndarray view of ``t``'s memory."""
     if t.device.type != "cpu":
         raise arg_error(DTypeError, name, "a CPU tensor (the emulator runs on the CPU)", f"device {t.device}")
     t = t.detach()
@@ -108,15 +116,51 @@ def to_torch(a) -> torch.Tensor | None:
         raise arg_error(DTypeError, "array", "a dtype torch supports", f"{a.dtype} ({exc})") from None
 
 
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors have no version counter
+        return -1
+
+
 def tag_nz(t: torch.Tensor, nz: NZArray) -> torch.Tensor:
-    """Mark ``t`` as FRACTAL_NZ: :func:`to_numpy` will return ``nz`` (which must view ``t``)."""
-    t.__dict__[NZ_ATTR] = nz
+    """Mark ``t`` as FRACTAL_NZ: :func:`to_numpy` will return ``nz`` (which must view ``t``'s
+    memory) until ``t`` is written in place."""
+    t.__dict__[NZ_ATTR] = (nz, _version(t))
+    return t
+
+
+def tag_nz_view(t: torch.Tensor) -> torch.Tensor:
+    """Mark ``t`` as FRACTAL_NZ over its own memory (a new NZArray view, no copy)."""
+    return tag_nz(t, _plain_numpy(t).view(NZArray))
+
+
+def untag_nz(t: torch.Tensor) -> torch.Tensor:
+    """Drop ``t``'s FRACTAL_NZ mark (no-op for an untagged tensor)."""
+    t.__dict__.pop(NZ_ATTR, None)
     return t
 
 
 def nz_of(t) -> NZArray | None:
-    """The NZArray a tensor was tagged with by ``npu_format_cast(t, 29)``, else None."""
-    return t.__dict__.get(NZ_ATTR) if isinstance(t, torch.Tensor) else None
+    """The NZArray of a tensor tagged by ``npu_format_cast(t, 29)``, else None.
+
+    None as well when the tensor no longer shows the tagged memory (its data was replaced by
+    torch's own ``.set_()``). A tensor written in place since it was tagged gets a fresh NZArray
+    over the same memory (the old one may hold a cached widening of the old values).
+    """
+    if not isinstance(t, torch.Tensor):
+        return None
+    rec = t.__dict__.get(NZ_ATTR)
+    if rec is None:
+        return None
+    nz, version = rec
+    if nz.ctypes.data != t.data_ptr() or nz.shape != tuple(t.shape) or \
+            nz.strides != tuple(s * t.element_size() for s in t.stride()):
+        return None
+    if version != _version(t):
+        nz = _plain_numpy(t).view(NZArray)
+        t.__dict__[NZ_ATTR] = (nz, _version(t))
+    return nz
 
 
 @functools.lru_cache(maxsize=None)

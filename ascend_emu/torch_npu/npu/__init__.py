@@ -12,15 +12,22 @@ script comparing ``k_cache_npu.cpu()`` with a golden computed from ``k_cache`` c
 different tensors, as it does on an Atlas machine. Tensors the ops and ``npu_format_cast`` return
 are on the NPU too; ``.npu()`` of an NPU tensor returns it unchanged.
 
-Not emulated: ``device="npu"`` / ``.to("npu")`` strings (torch itself rejects the device type;
-use ``.npu()``); the NPU mark does not follow views and results of torch ops, so ``.cpu()`` /
-``.to("cpu")`` of those (and ``.to("cpu")`` of an NPU tensor) is torch's own, not a copy; memory
-statistics, multi-device placement.
+Device strings: ``device="npu"`` / ``"npu:0"`` in factory functions, ``.to("npu")`` and
+``Module.to("npu")`` work (:mod:`ascend_emu.torch_npu._device`): the tensor is created on the
+CPU and marked as on the NPU, so ``tensor.device`` reports ``cpu`` (``tensor.is_npu`` is True).
+
+Not emulated: the NPU mark does not follow views and results of torch ops, so ``.cpu()`` of
+those is torch's own (the tensor itself), not a copy; memory statistics, multi-device placement.
+
+The SoC name (:func:`get_device_name`) is ``Ascend910B2`` (Atlas A2) unless the environment
+variable ``ASCEND_EMU_SOC_NAME`` names another (``Ascend910_9391`` for Atlas A3): test suites
+gate on it (``SupportedDevices(['Ascend910B'])``). It changes no numerics.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from types import SimpleNamespace
@@ -31,7 +38,10 @@ import torch
 DEVICE_COUNT = 1
 #: Attribute (in a tensor's ``__dict__``) marking it as living on the emulated NPU.
 ON_NPU_ATTR = "_ascend_emu_on_npu"
-_DEVICE_NAME = "Ascend NPU (ascend_emu, emulated on the CPU)"
+#: Environment variable naming the emulated SoC (:func:`get_device_name`).
+SOC_NAME_ENV = "ASCEND_EMU_SOC_NAME"
+#: SoC reported when :data:`SOC_NAME_ENV` is unset: an Atlas A2 (800I A2 / 800T A2) chip.
+DEFAULT_SOC_NAME = "Ascend910B2"
 _current = 0
 
 #: ``torch.npu.config``: switches scripts set; the emulator accepts and ignores them (FRACTAL_NZ
@@ -104,17 +114,40 @@ def synchronize(device=None) -> None:
 
 
 def get_device_name(device=None) -> str:
-    """A name saying the device is emulated."""
+    """The emulated SoC's name: ``$ASCEND_EMU_SOC_NAME`` or :data:`DEFAULT_SOC_NAME`
+    (``Ascend910B2``); e.g. ``Ascend910_9391`` for an Atlas A3."""
     _index(device)
-    return _DEVICE_NAME
+    return os.environ.get(SOC_NAME_ENV) or DEFAULT_SOC_NAME
 
 
 def manual_seed(seed: int) -> None:
-    """Seed torch's (CPU) generator."""
-    torch.manual_seed(seed)
+    """Seed torch's (CPU) generator, the one the emulated NPU draws from.
+
+    Not through ``torch.manual_seed``: that calls back into ``torch.npu.manual_seed_all`` (the
+    PrivateUse1 backend is named ``npu``), which must not recurse.
+    """
+    torch.default_generator.manual_seed(int(seed))
 
 
 manual_seed_all = manual_seed
+
+
+def seed() -> None:
+    """Seed torch's (CPU) generator non-deterministically."""
+    torch.default_generator.seed()
+
+
+seed_all = seed
+
+
+def initial_seed() -> int:
+    """torch's (CPU) generator's initial seed."""
+    return torch.default_generator.initial_seed()
+
+
+def _is_in_bad_fork() -> bool:
+    """False: the emulated device survives fork (``torch.manual_seed`` asks)."""
+    return False
 
 
 def empty_cache() -> None:
@@ -211,8 +244,10 @@ def mark_npu(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-#: torch's own ``Tensor.cpu`` (kept once, so that patching twice does not wrap the patch).
+#: torch's own ``Tensor.cpu`` / ``Tensor.clone`` (kept once, so that patching twice does not wrap
+#: the patch; the clone patch of :mod:`.._format` copies tags, which a host copy must not).
 _TORCH_CPU = getattr(torch.Tensor.cpu, "__wrapped__", torch.Tensor.cpu)
+_TORCH_CLONE = getattr(torch.Tensor.clone, "__wrapped__", torch.Tensor.clone)
 
 
 def _tensor_npu(self, device=None, non_blocking: bool = False, memory_format=torch.preserve_format):
@@ -221,14 +256,14 @@ def _tensor_npu(self, device=None, non_blocking: bool = False, memory_format=tor
     _index(device)
     if is_on_npu(self):
         return self
-    return mark_npu(self.clone(memory_format=memory_format))
+    return mark_npu(_TORCH_CLONE(self, memory_format=memory_format))
 
 
 def _tensor_cpu(self, memory_format=torch.preserve_format):
     """``Tensor.cpu()``: a copy back to the host for an NPU tensor; torch's own behaviour (the
     tensor itself) for a host tensor."""
     if is_on_npu(self):
-        return self.clone(memory_format=memory_format)
+        return _TORCH_CLONE(self, memory_format=memory_format)
     return _TORCH_CPU(self, memory_format=memory_format)
 
 
@@ -252,4 +287,8 @@ def patch_torch() -> None:
     sys.modules["torch.npu"] = module
     torch.Tensor.npu = _tensor_npu
     torch.Tensor.cpu = _tensor_cpu
+    torch.Tensor.is_npu = property(is_on_npu)
     torch.nn.Module.npu = _module_npu
+
+
+from . import utils  # noqa: E402  (torch_npu.npu.utils)

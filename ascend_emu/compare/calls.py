@@ -1,0 +1,337 @@
+"""One recorded op call, its replay on the emulator and the comparison of the two.
+
+A :class:`Call` holds host copies of everything a torch_npu op call saw and produced: the
+positional and keyword arguments (tensors as NumPy arrays with their ACL format, plain values as
+they were), the in-place arguments (caches, out= tensors) before and after the call, and the
+outputs. :func:`replay` runs it again through :mod:`ascend_emu.ops` on the ``emu`` backend (by
+op name; ``torch_npu.atb.npu_mla_preprocess`` is ``ops.npu_mla_preprocess``) and
+:func:`compare_call` puts the two side by side (:mod:`.metrics`).
+"""
+
+from __future__ import annotations
+
+import inspect as _pyinspect
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendUnavailable
+from ..layouts import FRACTAL_NZ
+from .metrics import TensorComparison, compare_tensor
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """What the comparison needs to know about one emulated torch_npu op.
+
+    Attributes:
+        name: name in :mod:`ascend_emu.ops` (and msprobe's API name).
+        api: the torch_npu attribute path (``atb.npu_mla_preprocess``).
+        inplace: arguments the op writes in place (caches, out= tensors).
+        outputs: names of the returned tuple's elements.
+        cache_mode: how to read the cache mode of the in-place arguments: ``(argument name,
+            default, {value: inspect cache mode})``; None when there is no cache.
+        replays_fully: msprobe dumps hold everything it needs (no FRACTAL_NZ weight, every
+            in-place result returned).
+    """
+
+    name: str
+    api: str
+    inplace: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    cache_mode: tuple[str, str, dict] | None = None
+    replays_fully: bool = False
+
+
+_PROLOG_IN = ("kv_cache", "kr_cache")
+_PROLOG_MODE = ("cache_mode", "PA_BSND", {})
+_PROLOG_OUT = ("query", "query_rope")
+_MLAPP_MODE = ("cache_mode", "krope_ctkv", {"kvcache": "PA_BSND", "krope_ctkv": "PA_BSND",
+                                            "nzcache": "PA_NZ", "int8_nzcache": "PA_NZ"})
+
+#: Every op the comparison knows, by ``ascend_emu.ops`` name. Ops missing from :mod:`ascend_emu.ops`
+#: in this version are still recorded; their replay is reported as not possible.
+OPS: dict[str, OpInfo] = {op.name: op for op in (
+    OpInfo("npu_mla_prolog", "npu_mla_prolog", _PROLOG_IN, _PROLOG_OUT + _PROLOG_IN, _PROLOG_MODE),
+    OpInfo("npu_mla_prolog_v2", "npu_mla_prolog_v2", _PROLOG_IN,
+           _PROLOG_OUT + _PROLOG_IN + ("dequant_scale_q_nope",), _PROLOG_MODE),
+    OpInfo("npu_mla_prolog_v3", "npu_mla_prolog_v3", _PROLOG_IN,
+           _PROLOG_OUT + ("dequant_scale_q_nope", "query_norm", "dequant_scale_q_norm"), _PROLOG_MODE),
+    OpInfo("npu_kv_rmsnorm_rope_cache", "npu_kv_rmsnorm_rope_cache", ("k_cache", "ckv_cache"),
+           ("k_cache", "ckv_cache", "k_embed_out", "y_out"), ("cache_mode", "Norm", {}), replays_fully=True),
+    OpInfo("npu_mla_preprocess", "atb.npu_mla_preprocess",
+           ("kv_cache", "kv_cache_rope", "q_out0", "kv_cache_out0", "q_out1", "kv_cache_out1"),
+           ("q_out0", "kv_cache_out0", "q_out1", "kv_cache_out1"), _MLAPP_MODE),
+    OpInfo("npu_sparse_flash_attention", "npu_sparse_flash_attention", replays_fully=True),
+    OpInfo("npu_kv_quant_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention", replays_fully=True),
+    OpInfo("npu_lightning_indexer", "npu_lightning_indexer", replays_fully=True),
+)}
+
+
+@dataclass
+class TensorValue:
+    """A host copy of a tensor argument / result.
+
+    Attributes:
+        array: NumPy array (bf16 as ``ml_dtypes.bfloat16``) of the logical ND values, or None
+            when the data is not available (e.g. an NZ tensor msprobe did not save).
+        npu_format: ACL format the tensor had on the device (29 = FRACTAL_NZ, 2 = ND).
+        dtype, shape: as recorded (kept when ``array`` is None).
+    """
+
+    array: np.ndarray | None
+    npu_format: int = 2
+    dtype: str | None = None
+    shape: list | None = None
+
+    def __post_init__(self):
+        if self.array is not None:
+            self.dtype = self.dtype or self.array.dtype.name
+            self.shape = list(self.array.shape) if self.shape is None else self.shape
+
+
+@dataclass
+class Call:
+    """One op call as the device ran it.
+
+    Attributes:
+        index: position in the recording (0-based).
+        op: :data:`OPS` key (``ascend_emu.ops`` name).
+        api: name as called (``torch_npu.npu_mla_prolog_v3``).
+        args: positional arguments (:class:`TensorValue`, plain values, lists of them).
+        kwargs: keyword arguments, as given.
+        arg_names: names of the positional parameters (from the op's signature).
+        after: in-place arguments after the call, by name.
+        outputs: the returned values, in order (an element that *is* an in-place argument is
+            the string ``"=<name>"``).
+        error: the device's exception (``Type: message``) if the call raised.
+        unavailable: why the call cannot be replayed, if that is already known (e.g. msprobe
+            did not save an NZ weight).
+    """
+
+    index: int
+    op: str
+    api: str
+    args: list = field(default_factory=list)
+    kwargs: dict = field(default_factory=dict)
+    arg_names: list = field(default_factory=list)
+    after: dict = field(default_factory=dict)
+    outputs: list = field(default_factory=list)
+    error: str | None = None
+    unavailable: str | None = None
+
+    def named(self) -> dict[str, Any]:
+        """Every argument by name (positional ones through :attr:`arg_names`)."""
+        out = {(self.arg_names[i] if i < len(self.arg_names) else f"args[{i}]"): v for i, v in enumerate(self.args)}
+        out.update(self.kwargs)
+        return out
+
+
+@dataclass
+class CallReport:
+    """The comparison of one call: ``status`` is ``identical``, ``pass``, ``fail``,
+    ``not replayable`` (``reason`` says why), ``emu error`` or ``device error``."""
+
+    index: int
+    op: str
+    api: str
+    status: str
+    reason: str | None = None
+    tensors: list[TensorComparison] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """Plain data."""
+        return {"index": self.index, "op": self.op, "api": self.api, "status": self.status, "reason": self.reason,
+                "tensors": [t.to_dict() for t in self.tensors]}
+
+
+def arg_names(op: str) -> list[str]:
+    """Parameter names of ``ascend_emu.ops.<op>`` in order ([] when the op is not emulated)."""
+    from .. import ops
+
+    fn = getattr(ops, op, None)
+    if fn is None:
+        return []
+    return [p.name for p in _pyinspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def cache_mode_of(call: Call) -> str | None:
+    """The inspect cache mode of ``call``'s in-place caches (None when the op has none)."""
+    info = OPS.get(call.op)
+    if info is None or info.cache_mode is None:
+        return None
+    key, default, table = info.cache_mode
+    value = call.named().get(key, default)
+    value = default if value is None else value
+    return table.get(value, value)
+
+
+# ---------------------------------------------------------------------------------- replay
+@dataclass
+class EmuResult:
+    """What the emulator produced for a call: outputs (same convention as :attr:`Call.outputs`),
+    in-place arguments after the call, or the reason it could not run."""
+
+    outputs: list = field(default_factory=list)
+    after: dict = field(default_factory=dict)
+    error: str | None = None
+    unavailable: str | None = None
+
+
+def _missing(v, path: str) -> str | None:
+    if isinstance(v, TensorValue):
+        if v.array is None:
+            fmt = " (FRACTAL_NZ tensors are not saved by msprobe)" if v.npu_format == FRACTAL_NZ else ""
+            return f"{path}: tensor data missing{fmt}"
+        return None
+    if isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            why = _missing(x, f"{path}[{i}]")
+            if why:
+                return why
+    if isinstance(v, dict) and "unsupported" in v:
+        return f"{path}: value of type {v['unsupported']} was not recorded"
+    return None
+
+
+def _to_emu(v, copies: dict, name: str):
+    """A recorded value as ``ascend_emu.ops`` takes it (NZ tensors cast with npu_format_cast)."""
+    from .. import ops
+
+    if isinstance(v, TensorValue):
+        a = np.array(v.array, copy=True)  # the op may write it in place
+        if v.npu_format == FRACTAL_NZ:
+            a = ops.npu_format_cast(a, FRACTAL_NZ)
+        copies[name] = a
+        return a
+    if isinstance(v, list):
+        return [_to_emu(x, copies, f"{name}[{i}]") for i, x in enumerate(v)]
+    if isinstance(v, dict) and "dtype" in v:
+        return v["dtype"]
+    return v
+
+
+def replay(call: Call, backend: str = "emu") -> EmuResult:
+    """Run ``call`` again on ``backend`` (default ``emu``; ``hw`` runs it on the NPU through the
+    same op contract), from the recorded inputs (caches as they were before the call).
+
+    Returns:
+        An :class:`EmuResult`; ``unavailable`` says why nothing ran (op not emulated, data
+        missing, an argument the emulator does not take), ``error`` holds the emulator's
+        exception (its validation rejected the call).
+    """
+    from .. import ops
+
+    fn = getattr(ops, call.op, None)
+    if fn is None:
+        return EmuResult(unavailable=f"ascend_emu.ops.{call.op} does not exist in this version")
+    if call.unavailable:
+        return EmuResult(unavailable=call.unavailable)
+    for name, v in call.named().items():
+        why = _missing(v, name)
+        if why:
+            return EmuResult(unavailable=why)
+    copies: dict[str, np.ndarray] = {}
+    names = call.arg_names or arg_names(call.op)
+    args = [_to_emu(v, copies, names[i] if i < len(names) else f"args[{i}]") for i, v in enumerate(call.args)]
+    kwargs = {k: _to_emu(v, copies, k) for k, v in call.kwargs.items()}
+    params = _pyinspect.signature(fn).parameters
+    for k in [k for k in kwargs if k not in params and kwargs[k] is None]:
+        del kwargs[k]  # torch_npu-only arguments at their default None (e.g. v3's *_dtype)
+    extra = [k for k in kwargs if k not in params]
+    if extra:
+        return EmuResult(unavailable=f"argument(s) {extra} not taken by ascend_emu.ops.{call.op}")
+    try:
+        with ops.backend(backend), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = fn(*args, **kwargs)
+    except BackendUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001  (reported per call)
+        return EmuResult(error=f"{type(exc).__name__}: {exc}")
+    info = OPS.get(call.op)
+    inplace = info.inplace if info else ()
+    ids = {id(a): n for n, a in copies.items() if n in inplace}
+    results = result if isinstance(result, (tuple, list)) else [result]
+    outputs = []
+    for r in results:
+        if isinstance(r, np.ndarray) and id(r) in ids:
+            outputs.append(f"={ids[id(r)]}")
+        else:
+            outputs.append(None if r is None else TensorValue(np.asarray(r)) if isinstance(r, np.ndarray) else r)
+    return EmuResult(outputs=outputs, after={n: np.asarray(copies[n]) for n in inplace if n in copies})
+
+
+def _array(v):
+    return v.array if isinstance(v, TensorValue) else v
+
+
+def compare_call(call: Call, emu: EmuResult | None = None) -> CallReport:
+    """Replay ``call`` (unless ``emu`` is given) and compare every output and in-place argument.
+
+    Outputs that alias an in-place argument are compared once, as that argument. Caches are
+    compared exactly, with mismatches in logical coordinates.
+    """
+    rep = CallReport(call.index, call.op, call.api, "identical")
+    if call.error:
+        rep.status, rep.reason = "device error", call.error
+        return rep
+    emu = replay(call) if emu is None else emu
+    if emu.unavailable:
+        rep.status, rep.reason = "not replayable", emu.unavailable
+        return rep
+    if emu.error:
+        rep.status, rep.reason = "emu error", emu.error
+        return rep
+    info = OPS.get(call.op)
+    mode = cache_mode_of(call)
+    for name, dev in call.after.items():
+        if dev is None:
+            continue
+        cache = _is_cache_name(name)
+        rep.tensors.append(compare_tensor(name, emu.after.get(name), _array(dev), role="cache" if cache else "output",
+                                          cache_mode=mode if cache else None))
+    out_names = info.outputs if info else ()
+    for i, dev in enumerate(call.outputs):
+        name = out_names[i] if i < len(out_names) else f"out[{i}]"
+        mine = emu.outputs[i] if i < len(emu.outputs) else None
+        if isinstance(dev, str) and dev.startswith("="):
+            continue  # the in-place argument itself, compared above
+        if isinstance(mine, str) and mine.startswith("="):
+            mine = emu.after.get(mine[1:])
+        if dev is None and mine is None:
+            continue
+        if not isinstance(dev, TensorValue) and not isinstance(mine, TensorValue) and dev is not None:
+            same = dev == mine
+            rep.tensors.append(TensorComparison(name, "output", type(dev).__name__, [],
+                                                "identical" if same else "fail", "equal values",
+                                                note=None if same else f"device {dev!r}, emulator {mine!r}"))
+            continue
+        written = _written_slots(call, name)
+        if written is not None:  # a new cache copy: only the written rows are defined on the device
+            rep.tensors.append(compare_tensor(name, _array(mine), _array(dev), role="cache", cache_mode=mode,
+                                              expect_slots=written, judge_expected_only=True))
+            continue
+        rep.tensors.append(compare_tensor(name, _array(mine), _array(dev), role="output"))
+    order = {"identical": 0, "pass": 1, "fail": 2, "missing": 2}
+    worst = max((order[t.status] for t in rep.tensors), default=0)
+    rep.status = ("identical", "pass", "fail")[worst]
+    return rep
+
+
+def _is_cache_name(name: str) -> bool:
+    return "cache" in name
+
+
+def _written_slots(call: Call, output: str):
+    """The slots a functional ``npu_mla_preprocess`` wrote into its returned cache copies (the rest
+    of those copies is uninitialised on the device), else None."""
+    if call.op != "npu_mla_preprocess" or output not in ("kv_cache_out0", "kv_cache_out1"):
+        return None
+    sm = call.named().get("slotmapping")
+    if not isinstance(sm, TensorValue) or sm.array is None:
+        return None
+    return [int(s) for s in np.asarray(sm.array).reshape(-1) if s >= 0]

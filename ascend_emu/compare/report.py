@@ -1,0 +1,148 @@
+"""A comparison report over many calls: plain data, text (rich), JSON, CSV, PNG heat maps."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .calls import CallReport
+
+#: CSV columns (msprobe's names where it has one).
+CSV_COLUMNS = ("call", "op", "api", "call_status", "tensor", "role", "dtype", "shape", "status", "criterion",
+               "mismatched", "size", "Cosine", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
+               "Five Thousandths Err Ratio", "max_int_delta", "nan_mismatch", "ulp_hist", "first_mismatch",
+               "reason")
+
+
+@dataclass
+class Report:
+    """Per-call comparisons, in call order."""
+
+    calls: list[CallReport] = field(default_factory=list)
+
+    @property
+    def summary(self) -> dict:
+        """Counts per call status and whether everything is identical / passes."""
+        counts: dict[str, int] = {}
+        for c in self.calls:
+            counts[c.status] = counts.get(c.status, 0) + 1
+        return {"calls": len(self.calls), "by_status": counts,
+                "identical": all(c.status == "identical" for c in self.calls),
+                "ok": all(c.status in ("identical", "pass") for c in self.calls)}
+
+    def to_dict(self) -> dict:
+        """Plain data: ``{"summary": ..., "calls": [...]}``."""
+        return {"summary": self.summary, "calls": [c.to_dict() for c in self.calls]}
+
+    def to_json(self) -> str:
+        """One strict JSON document (NaN / inf as the strings "nan", "inf", "-inf")."""
+        return json.dumps(_jsonable(self.to_dict()), indent=1, default=str)
+
+    def to_csv(self) -> str:
+        """One row per compared tensor (and per call that was not compared)."""
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(CSV_COLUMNS)
+        for c in self.calls:
+            head = [c.index, c.op, c.api, c.status]
+            if not c.tensors:
+                w.writerow(head + [""] * (len(CSV_COLUMNS) - 5) + [c.reason or ""])
+            for t in c.tensors:
+                w.writerow(head + [t.name, t.role, t.dtype, "x".join(map(str, t.shape)), t.status, t.criterion,
+                                   t.mismatched, t.size, t.cosine, t.max_abs_err, t.max_rel_err,
+                                   t.one_thousandth_ratio, t.five_thousandths_ratio, t.max_int_delta,
+                                   t.nan_mismatch, json.dumps(t.ulp_hist) if t.ulp_hist else "",
+                                   json.dumps(t.mismatches[0]) if t.mismatches else "", t.note or c.reason or ""])
+        return buf.getvalue()
+
+    def render(self, console=None, *, details: int = 8) -> None:
+        """Print the report as rich tables: one summary table, then the mismatches of each
+        differing tensor (at most ``details`` lines each) and the calls that were not compared."""
+        from rich.console import Console
+        from rich.table import Table
+
+        console = console or Console()
+        table = Table(title="ascend-emu compare: device (expected) vs emulator", show_lines=False)
+        for col in ("call", "op", "tensor", "dtype", "status", "cosine", "max abs", "max rel", "1/1000",
+                    "5/1000", "mismatched", "bf16 ulps"):
+            table.add_column(col, overflow="fold", no_wrap=col in ("op", "status"))
+        style = {"identical": "green", "pass": "yellow", "fail": "red", "missing": "red"}
+        for c in self.calls:
+            if not c.tensors:
+                table.add_row(str(c.index), c.op, "-", "-", f"[magenta]{c.status}[/]", *[""] * 7)
+            for t in c.tensors:
+                hist = (" ".join(f"{k}:{v}" for k, v in t.ulp_hist.items() if v) if t.ulp_hist else "")
+                table.add_row(str(c.index), c.op, f"{t.name} ({t.role})", t.dtype,
+                              f"[{style.get(t.status, 'white')}]{t.status}[/]", _fmt(t.cosine), _fmt(t.max_abs_err),
+                              _fmt(t.max_rel_err), _fmt(t.one_thousandth_ratio), _fmt(t.five_thousandths_ratio),
+                              f"{t.mismatched}/{t.size}", hist)
+        console.print(table)
+        for c in self.calls:
+            if c.reason:
+                console.print(f"call {c.index} {c.api}: [magenta]{c.status}[/]: {c.reason}")
+            for t in c.tensors:
+                if t.status == "identical":
+                    continue
+                console.print(f"call {c.index} {c.api} {t.name}: {t.status} ({t.criterion}), {t.mismatched} "
+                              f"element(s) differ" + (f"; {t.note}" if t.note else ""))
+                for m in t.mismatches[:details]:
+                    console.print("    " + _where(m))
+                if len(t.mismatches) > details:
+                    console.print(f"    ... {len(t.mismatches) - details} more listed in the JSON report")
+        s = self.summary
+        console.print(f"{s['calls']} call(s): " + ", ".join(f"{v} {k}" for k, v in s["by_status"].items()))
+
+    def text(self, width: int = 160) -> str:
+        """:meth:`render` into a string."""
+        from rich.console import Console
+
+        console = Console(file=io.StringIO(), width=width, color_system=None)
+        self.render(console)
+        return console.file.getvalue()
+
+    def heatmaps(self, directory: str | os.PathLike) -> list[str]:
+        """Write one PNG heat map (blocks x rows, differing bytes per slot) per mismatching cache
+        into ``directory``; returns the paths. Needs matplotlib (the ``[plot]`` extra)."""
+        from ..inspect.plot import plot_diff
+
+        out = []
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        for c in self.calls:
+            for t in c.tensors:
+                d = getattr(t, "_diff", None)
+                if d is not None and not d.same:
+                    out.append(plot_diff(d, Path(directory) / f"call{c.index:05d}_{c.op}_{t.name}.png"))
+        return out
+
+
+def _jsonable(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    return f"{v:.6g}"
+
+
+def _where(m: dict) -> str:
+    if "block" in m:
+        extra = f", max ulp {m['max_ulp']}" if m.get("max_ulp") is not None else ""
+        extra += f", max int delta {m['max_int_delta']}" if m.get("max_int_delta") is not None else ""
+        els = m["elements"]
+        shown = ",".join(map(str, els[:16])) + ("..." if len(els) > 16 else "")
+        what = f"dims [{shown}]" if m["field"] == "element" else f"{m['field']}[{shown}]"
+        return (f"block {m['block']}, row {m['row']} (slot {m['slot']}), head {m['head']}, {what}: "
+                f"{m['bytes']} byte(s){extra}")
+    return f"index {tuple(m['index'])}: expected {m['expected']!r}, emulator {m['actual']!r}"

@@ -1,0 +1,273 @@
+"""The ``hw`` backend: the op contract's normalised arguments run by the real torch_npu on an NPU.
+
+Select it with ``ops.set_backend("hw")``, ``with ops.backend("hw"): ...`` or
+``ASCEND_EMU_BACKEND=hw``. Each function takes the same argument object as its ``emu``
+counterpart (built and validated by :mod:`ascend_emu.ops`) and returns its results the same way:
+
+- host arrays become NPU tensors (``torch.from_numpy(a).npu()``; bf16 through an int16 view);
+- FRACTAL_NZ weights go through the real ``torch_npu.npu_format_cast(w, 29)``;
+- caches (and out= tensors) are copied to the device, the op runs, and they are copied back into
+  the caller's arrays in place; outputs come back as host arrays.
+
+Targets the torch_npu 2.14 API (argument names of its meta registrations; every argument is
+passed by keyword). The module is :func:`runtime`'s real ``torch_npu``, never the
+:mod:`ascend_emu.torch_npu` drop-in. Without torch_npu or an NPU each op raises
+:class:`~ascend_emu.errors.BackendUnavailable`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import sys
+
+import numpy as np
+
+from ..errors import BackendUnavailable
+from ..layouts import FRACTAL_NZ, get_npu_format
+from ..mla import D_ROPE, HCKV
+from ..quant.rounding import BF16
+
+#: How to get the real torch_npu (named in every BackendUnavailable).
+INSTALL_HINT = ("on an Atlas A2 / A3 machine with CANN installed (source .../ascend-toolkit/set_env.sh): "
+                "pip install torch==2.x torch-npu==2.x (matching versions, e.g. torch-npu 2.14.0)")
+
+
+def _is_drop_in(mod) -> bool:
+    return getattr(mod, "__name__", "").startswith("ascend_emu")
+
+
+def runtime():
+    """``(torch, torch_npu)`` of the real torch_npu with an NPU available.
+
+    The drop-in (``ascend-emu run`` installs it as ``sys.modules["torch_npu"]``) is never used:
+    then the real module cannot be imported beside it, and this fails.
+
+    Raises:
+        BackendUnavailable: torch_npu is not installed, cannot be imported, is the drop-in in this
+            process, or no NPU device is available; the message says what to do.
+    """
+    mod = sys.modules.get("torch_npu")
+    if mod is None or _is_drop_in(mod):
+        spec = importlib.machinery.PathFinder.find_spec("torch_npu")
+        if mod is not None:
+            where = f"the real one at {spec.origin}" if spec is not None else "no real torch_npu is installed"
+            raise BackendUnavailable(
+                "hw backend: `torch_npu` in this process is the ascend_emu drop-in (ascend-emu run installs it); "
+                f"{where}, and it cannot be loaded beside the drop-in: run the script with `python`, not "
+                f"`ascend-emu run`" + ("" if spec is not None else f"; to install it: {INSTALL_HINT}"))
+        if spec is None:
+            raise BackendUnavailable(f"hw backend: torch_npu is not installed; {INSTALL_HINT}")
+        try:
+            mod = importlib.import_module("torch_npu")
+        except Exception as exc:  # noqa: BLE001  (CANN missing, version mismatch, ...)
+            raise BackendUnavailable(f"hw backend: `import torch_npu` failed ({type(exc).__name__}: {exc}); "
+                                     f"{INSTALL_HINT}") from exc
+    import torch
+
+    npu = getattr(torch, "npu", None)
+    if npu is None or not npu.is_available():
+        raise BackendUnavailable("hw backend: torch_npu is installed but no NPU device is available "
+                                 "(torch.npu.is_available() is False): check the driver (npu-smi info) and "
+                                 "ASCEND_RT_VISIBLE_DEVICES")
+    return torch, mod
+
+
+# ------------------------------------------------------------------------------ conversions
+def to_device(a, torch):
+    """Host array -> new NPU tensor (a copy; bf16 through an int16 view; NZArray -> its ND values).
+    None stays None."""
+    if a is None:
+        return None
+    a = np.ascontiguousarray(np.asarray(a))
+    if not a.flags.writeable:  # torch.from_numpy wants writable memory
+        a = a.copy()
+    if a.dtype == BF16:
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(a)
+    return t.npu()
+
+
+def to_nz(a, torch, torch_npu):
+    """Host ND array -> NPU tensor cast to FRACTAL_NZ by the real ``npu_format_cast(t, 29)``."""
+    return torch_npu.npu_format_cast(to_device(a, torch), FRACTAL_NZ)
+
+
+def to_host(t) -> np.ndarray:
+    """NPU tensor -> new host array (bf16 as ``ml_dtypes.bfloat16``)."""
+    import torch
+
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BF16).copy()
+    return t.numpy().copy()
+
+
+def copy_back(t, out: np.ndarray) -> None:
+    """Write NPU tensor ``t`` into the caller's array ``out`` in place (same element count)."""
+    if t is None or out is None:
+        return
+    np.copyto(out, to_host(t).reshape(out.shape))
+
+
+def _scalar_tensor(x, dtype) -> np.ndarray:
+    return np.asarray([x], dtype=np.float32).astype(dtype)
+
+
+# ------------------------------------------------------------------------------ ops
+def mla_prolog(args) -> tuple:
+    """``npu_mla_prolog`` / ``_v2`` / ``_v3`` (by ``args.version``) on the NPU.
+
+    Args:
+        args: :class:`ascend_emu.ops.mla_prolog.MlaPrologArgs`.
+
+    Returns:
+        As the emu backend: ``(query [T, N, Hckv], query_rope [T, N, Dr], dequant_scale_q_nope
+        [T, N, 1] or None, query_norm [T, Hcq] or None, dequant_scale_q_norm [T, 1] or None)``;
+        ``args.kv_cache`` / ``args.kr_cache`` updated in place.
+
+    Raises:
+        BackendUnavailable: see :func:`runtime`.
+    """
+    torch, tnpu = runtime()
+    dev = lambda a: to_device(a, torch)  # noqa: E731
+    t, n, lead = args.num_tokens, args.num_heads, args.batch_shape
+    he, hcq = int(args.token_x.shape[1]), int(args.weight_dq.shape[1])
+    kv, kr = dev(args.kv_cache), dev(args.kr_cache)
+    kw = dict(token_x=dev(args.token_x.reshape(lead + (he,))), weight_dq=to_nz(args.weight_dq, torch, tnpu),
+              weight_uq_qr=to_nz(args.weight_uq_qr, torch, tnpu), weight_uk=dev(args.weight_uk),
+              weight_dkv_kr=to_nz(args.weight_dkv_kr, torch, tnpu), rmsnorm_gamma_cq=dev(args.rmsnorm_gamma_cq),
+              rmsnorm_gamma_ckv=dev(args.rmsnorm_gamma_ckv), rope_sin=dev(args.rope_sin.reshape(lead + (D_ROPE,))),
+              rope_cos=dev(args.rope_cos.reshape(lead + (D_ROPE,))), kv_cache=kv, kr_cache=kr,
+              cache_index=dev(args.cache_index), rmsnorm_epsilon_cq=float(args.rmsnorm_epsilon_cq),
+              rmsnorm_epsilon_ckv=float(args.rmsnorm_epsilon_ckv), cache_mode=args.cache_mode)
+    for name in ("dequant_scale_x", "dequant_scale_w_dq", "dequant_scale_w_uq_qr", "dequant_scale_w_dkv_kr",
+                 "quant_scale_ckv", "quant_scale_ckr", "smooth_scales_cq"):
+        kw[name] = dev(getattr(args, name))
+    if args.version == 3:
+        kw.update(actual_seq_len=dev(args.actual_seq_len), k_nope_clip_alpha=dev(args.k_nope_clip_alpha),
+                  query_norm_flag=bool(args.query_norm_flag), weight_quant_mode=args.weight_quant_mode,
+                  kv_cache_quant_mode=args.kv_cache_quant_mode, query_quant_mode=args.query_quant_mode,
+                  ckvkr_repo_mode=args.ckvkr_repo_mode, quant_scale_repo_mode=args.quant_scale_repo_mode,
+                  tile_size=args.tile_size, qc_qr_scale=float(args.qc_qr_scale), kc_scale=float(args.kc_scale))
+    fn = {1: tnpu.npu_mla_prolog, 2: tnpu.npu_mla_prolog_v2, 3: tnpu.npu_mla_prolog_v3}[args.version]
+    out = fn(**kw)
+    if args.version == 3:
+        query, query_rope, dq_nope, query_norm, dq_norm = out
+    else:
+        query, query_rope = out[0], out[1]
+        dq_nope = out[4] if args.version == 2 else None
+        query_norm = dq_norm = None
+    copy_back(kv, args.kv_cache)
+    copy_back(kr, args.kr_cache)
+    qq = args.query_quant_mode == 1
+    has_norm = args.version == 3 and args.query_norm_flag
+    return (to_host(query).reshape(t, n, HCKV), to_host(query_rope).reshape(t, n, D_ROPE),
+            to_host(dq_nope).reshape(t, n, 1) if qq and dq_nope is not None else None,
+            to_host(query_norm).reshape(t, hcq) if has_norm else None,
+            to_host(dq_norm).reshape(t, 1) if has_norm and args.weight_quant_mode else None)
+
+
+def kv_index(args) -> np.ndarray:
+    """The ``index`` argument of ``npu_kv_rmsnorm_rope_cache`` rebuilt from the validated slots
+    (``args.slots``) in the meaning of ``args.k_layout.mode`` (ops_reference §4): Norm ``[B, S]``
+    positions, PA / PA_NZ ``[B*S]`` slots, PA_BLK ``[B*ceil(S/BlockSize)]`` page-start offsets;
+    int64, -1 = skip."""
+    lay, slots, b, s = args.k_layout, np.asarray(args.slots, dtype=np.int64), args.batch, args.seq_len
+    if lay.mode == "Norm":
+        base = (np.arange(b, dtype=np.int64) * lay.block_size).repeat(s)  # [B*S]
+        return np.where(slots >= 0, slots - base, -1).reshape(b, s)
+    if lay.mode in ("PA_BSND", "PA_NZ"):
+        return slots.copy()
+    bs = lay.block_size
+    pages = -(-s // bs)
+    first = slots.reshape(b, s)[:, ::bs]  # [B, pages] slot of each page's first token (row 0)
+    return np.ascontiguousarray(first[:, :pages]).reshape(-1)
+
+
+def kv_rmsnorm_rope_cache(args) -> tuple:
+    """``npu_kv_rmsnorm_rope_cache`` on the NPU.
+
+    Args:
+        args: :class:`ascend_emu.ops.kv_rmsnorm_rope_cache.KvRmsNormRopeCacheArgs`.
+
+    Returns:
+        As the emu backend: ``(k_cache, ckv_cache, k_embed_out [B, 1, S, 64], y_out [B, 1, S,
+        512])`` with the caller's caches updated in place (the same objects).
+
+    Raises:
+        BackendUnavailable: see :func:`runtime`.
+    """
+    torch, tnpu = runtime()
+    dev = lambda a: to_device(a, torch)  # noqa: E731
+    b, s, dt = args.batch, args.seq_len, args.kv.dtype
+    k_cache, ckv_cache = dev(args.k_cache), dev(args.ckv_cache)
+    out = tnpu.npu_kv_rmsnorm_rope_cache(
+        kv=dev(args.kv.reshape(b, 1, s, -1)), gamma=dev(np.asarray(args.gamma).astype(dt)),
+        cos=dev(args.cos.reshape(b, 1, s, D_ROPE)), sin=dev(args.sin.reshape(b, 1, s, D_ROPE)),
+        index=dev(kv_index(args)), k_cache=k_cache, ckv_cache=ckv_cache, k_rope_scale=dev(args.k_rope_scale),
+        c_kv_scale=dev(args.c_kv_scale), epsilon=float(args.epsilon), cache_mode=args.cache_mode,
+        is_output_kv=bool(args.is_output_kv))
+    copy_back(k_cache, args.k_cache)
+    copy_back(ckv_cache, args.ckv_cache)
+    return args.k_cache, args.ckv_cache, to_host(out[2]), to_host(out[3])
+
+
+def mla_preprocess(args) -> None:
+    """``torch_npu.atb.npu_mla_preprocess`` (out= form) on the NPU.
+
+    Rebuilds torch_npu's arguments from the normalised ones: fp16 descales as int64 holding the
+    fp32 bits, quant scales / offsets as ``[1]`` tensors of the input dtype / int8, ``slotmapping``
+    int32, weights ``wdqkv`` / ``wuq`` (logical ``[N, K]``) cast to FRACTAL_NZ.
+
+    Args:
+        args: :class:`ascend_emu.ops.mla_preprocess.MlaPreprocessArgs`.
+
+    Returns:
+        None; ``q_out0``, ``q_out1``, ``kv_cache_out0``, ``kv_cache_out1`` of ``args`` written in
+        place (as the emu backend).
+
+    Raises:
+        BackendUnavailable: see :func:`runtime`.
+    """
+    torch, tnpu = runtime()
+    dev = lambda a: to_device(a, torch)  # noqa: E731
+    dt = args.dtype
+
+    def descale(d):
+        d = np.asarray(d, dtype=np.float32)
+        return d.view(np.uint32).astype(np.int64) if dt == np.float16 else d
+
+    def scalar(x, to=dt):
+        return None if x is None else dev(_scalar_tensor(x, to))
+
+    kv = dev(args.kv_cache_out0)
+    rope = dev(args.kv_cache_out1)
+    q0, q1 = dev(args.q_out0), dev(args.q_out1)
+    wuk = to_nz(args.wuk, torch, tnpu) if get_npu_format(args.wuk) == FRACTAL_NZ else dev(args.wuk)
+    tnpu.atb.npu_mla_preprocess(
+        input=dev(args.input), gamma0=dev(args.gamma0), beta0=dev(args.beta0),
+        wdqkv=to_nz(args.wdqkv, torch, tnpu), descale0=dev(descale(args.descale0)), gamma1=dev(args.gamma1),
+        beta1=dev(args.beta1), wuq=to_nz(args.wuq, torch, tnpu), descale1=dev(descale(args.descale1)),
+        gamma2=dev(args.gamma2), cos=dev(args.cos), sin=dev(args.sin), wuk=wuk, kv_cache=kv, kv_cache_rope=rope,
+        slotmapping=dev(np.asarray(args.slots).astype(np.int32)), quant_scale0=scalar(args.quant_scale0),
+        quant_offset0=scalar(args.quant_offset0, np.int8), bias0=dev(args.bias0),
+        quant_scale1=scalar(args.quant_scale1), quant_offset1=scalar(args.quant_offset1, np.int8),
+        bias1=dev(args.bias1), ctkv_scale=scalar(args.ctkv_scale),
+        q_nope_scale=None if args.q_nope_scale is None else dev(np.asarray(args.q_nope_scale).astype(dt)),
+        cache_mode=args.cache_mode, quant_mode=args.quant_mode, q_out0=q0, kv_cache_out0=kv, q_out1=q1,
+        kv_cache_out1=rope)
+    copy_back(q0, args.q_out0)
+    copy_back(q1, args.q_out1)
+    copy_back(kv, args.kv_cache_out0)
+    copy_back(rope, args.kv_cache_out1)
+
+
+def __getattr__(name: str):
+    """An op family this version of the hw backend does not implement: say so by name."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise NotImplementedError(f"hw backend: no implementation of {name!r} in this version of ascend_emu "
+                              "(implemented: mla_prolog, kv_rmsnorm_rope_cache, mla_preprocess); use the emu backend")

@@ -1,0 +1,548 @@
+"""``torch_npu.npu_sparse_flash_attention`` and ``npu_kv_quant_sparse_flash_attention`` on NumPy
+arrays: one contract for both.
+
+Sources: the seed doc ``shared/seeds/npu_kv_quant_sparse_flash_attention.md``; op-plugin's
+``docs/zh/custom_APIs/torch_npu/torch_npu-npu_sparse_flash_attention.md``; ops_reference §5.1-§5.4
+(inputs, math, test vectors, the non-quant sibling); torch_npu 2.14's meta functions
+``npu_sparse_flash_attention_forward`` / ``npu_kv_quant_sparse_flash_attention_forward``
+(signatures, output shapes and dtypes); the official goldens (op-plugin
+``test_npu_sparse_flash_attention.py`` / ``test_npu_kv_quant_sparse_flash_attention.py``).
+
+What the ops compute, per query token ``t`` (batch ``b``, position ``s`` in its batch) and kv
+head ``h`` (the ``G = N1 / N2`` query heads ``h*G .. h*G+G-1`` share it):
+
+1. Selection: entry ``i`` of ``sparse_indices[t, h]`` selects kv tokens
+   ``[i*sbs, min((i+1)*sbs, act_kv))`` of batch ``b``; the first -1 ends the row. With
+   ``sparse_mode=3`` tokens at or past ``limit = act_kv - act_q + s + 1`` are dropped
+   (right-down causal); ``sparse_mode=0`` keeps all. Selected tokens keep the entries' order.
+2. Keys ``K = [k_nope 512 | k_rope 64]`` and values ``V`` in the query dtype (``qdt``):
+   non-quant: ``key`` / ``key_rope`` / ``value`` as stored. KV-quant (656-byte rows,
+   :data:`ascend_emu.quant.MLA_ROW`): ``k_nope = qdt(fp32(int8) * scale[tile])`` (one fp32
+   multiply, RNE to qdt), ``k_rope`` = bytes 512..639 read as qdt, ``V = k_nope``.
+3. ``S = (q . K) * scale_value`` in fp32 (products rounded to fp32, summed in element order, then
+   one fp32 multiply); ``m = max S``; ``e = fp32(exp(S - m))``; ``l = sum e`` (selection order);
+   ``P = qdt(e / l)``; ``O = sum P * V`` in fp32 (selection order); output ``qdt(O)``.
+   softmax_max = ``m``, softmax_sum = ``l``.
+
+Choices where the sources leave room (each in one named constant below):
+
+- :data:`EMPTY_ROW_OUTPUT` / :data:`EMPTY_ROW_SOFTMAX_MAX` / :data:`EMPTY_ROW_SOFTMAX_SUM`: a
+  (token, head) with no valid kv token (causal limit <= 0, a row starting with -1, a batch with
+  act_kv = 0, or a BSND query position at or past ``act_q``) gets output 0 (the kernel sets the
+  length to 0, ops_reference §5.2; the goldens leave rows past ``act_q`` at 0), softmax_max =
+  the lowest fp32 (the initial max Ascend's attention kernels use, NEGATIVE_MIN_VALUE_FP32) and
+  softmax_sum = 0. Unverified on hardware.
+- :data:`QUERY_DTYPE_ROUNDING`: every rounding to the query dtype (dequantized k_nope, P,
+  output) is RNE, as the goldens' ``.to(query_type)``. ops_reference §5.2 reads the A2/A3 fp16
+  dequant cast as CAST_ROUND (ties away); the two differ only on exact ties.
+- :data:`EXP_EVALUATION`: ``exp`` is evaluated in float64 and rounded once to fp32 (the
+  correctly rounded fp32 exp in practice); the NPU's vector exp is not documented.
+- :data:`SFA_VALUE_SOURCE`: npu_sparse_flash_attention reads V from ``value`` (same slots as the
+  key); ``value=None`` (CANN >= 9.2) reads V from ``key``. The doc says key and value share one
+  tensor in attention_mode 2; the official golden passes ``key.clone()``.
+- :data:`KVQ_VALUE_IS_KEY`: npu_kv_quant_sparse_flash_attention requires ``value`` to be the
+  very tensor ``key`` (same memory, shape and strides), as the issue and the MLA-absorb mode
+  state (the doc's example passes a 512-wide clone made before the rows are assembled; that call
+  is rejected here).
+- Sparse-index rows: entries before the first -1 must be block ids in
+  ``[0, ceil(act_kv / sbs))``; after the first -1 every entry must be -1 (the doc: "valid values
+  first, invalid values last"); other negative values are errors. Rows of query tokens the op
+  does not compute (BSND positions at or past ``act_q``) are not read and not checked. A block
+  id listed twice counts twice (as in the goldens).
+- :data:`SFA_MAX_SPARSE_BLOCK_SIZE` = 128 (the npu_sparse_flash_attention doc: a power of 2 in
+  [1, 128]); :data:`KVQ_MAX_SPARSE_BLOCK_SIZE` = 16 (the seed: [1, 16]). For PA_BSND it must
+  divide block_size.
+- ``return_softmax_lse=True`` with ``layout_kv="PA_BSND"`` is rejected (doc: the lse outputs
+  are supported only when layout_kv is not PA_BSND).
+- Dtypes as the docs: ``sparse_indices``, ``block_table`` and ``actual_seq_lengths_*`` int32.
+  TND prefix sums must end at the tensor's T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error
+from ..layouts import SKIP_INDEX, slots_from_block_table
+from ..mla import D_QK, D_ROPE, HCKV, NKV, TILE_SIZE
+from ..quant import MLA_ROW
+from ._backend import get_backend
+from ._check import check_dtype, check_float, dtype_name, required
+
+LayoutQuery = Literal["BSND", "TND"]
+LayoutKv = Literal["BSND", "TND", "PA_BSND"]
+
+#: Query / key layouts the docs list.
+QUERY_LAYOUTS = ("BSND", "TND")
+KV_LAYOUTS = ("BSND", "TND", "PA_BSND")
+#: Query dtypes (the key / rope / value dtype of the non-quant op too).
+QUERY_DTYPES = ("bfloat16", "float16")
+#: N1 values the docs allow (N2 = 1).
+QUERY_HEADS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: sparse_mode values: 0 (all selected tokens), 3 (right-down causal).
+SPARSE_MODES = (0, 3)
+#: Largest sparse_block_size (a power of 2) per op.
+SFA_MAX_SPARSE_BLOCK_SIZE = 128
+KVQ_MAX_SPARSE_BLOCK_SIZE = 16
+#: PA_BSND block_size: a multiple of 16, at most 1024 (docs).
+BLOCK_SIZE_ALIGN = 16
+MAX_BLOCK_SIZE = 1024
+#: The only pre_tokens / next_tokens value the docs accept.
+DEFAULT_TOKENS = (1 << 63) - 1
+#: attention_mode 2: MLA absorb (the only mode either doc supports).
+ATTENTION_MODE = 2
+#: KV-quant fixed modes (seed): per-tile key / value quant, combined scale storage.
+KEY_QUANT_MODE = 2
+VALUE_QUANT_MODE = 2
+QUANT_SCALE_REPO_MODE = 1
+#: Output of a (token, head) with no valid kv token, and its softmax_max / softmax_sum.
+EMPTY_ROW_OUTPUT = 0.0
+EMPTY_ROW_SOFTMAX_MAX = float(np.finfo(np.float32).min)
+EMPTY_ROW_SOFTMAX_SUM = 0.0
+#: Rounding of every fp32 -> query-dtype step.
+QUERY_DTYPE_ROUNDING = "half_even"
+#: How exp is evaluated: float64 exp rounded once to fp32.
+EXP_EVALUATION = "float64_then_fp32"
+#: npu_sparse_flash_attention: where V comes from.
+SFA_VALUE_SOURCE = "value (key when value is None)"
+#: npu_kv_quant_sparse_flash_attention: value must be key itself.
+KVQ_VALUE_IS_KEY = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class SparseFlashAttentionArgs:
+    """Normalised, validated arguments of both sparse attention ops.
+
+    Rows of the key cache are addressed as ``row = slot * N2 + h`` of the cache viewed as 2-D
+    (``slot``: PA_BSND ``block * block_size + r``; BSND ``b * S2 + p``; TND ``t``). Every
+    ``starts`` entry with a positive count addresses ``counts`` consecutive, in-range rows (a
+    sparse block never crosses a PA block: sbs divides block_size).
+
+    Attributes:
+        query: uint16 ``[T, N1, 576]`` query-dtype bits, C-contiguous (non-quant: query and
+            query_rope concatenated).
+        quant: KV-quant op (656-byte rows) or not.
+        rows_i8: quant: int8 ``[R, 656]`` view of the key cache (else ``[0, 656]``).
+        rows_u16: quant: uint16 ``[R, 328]`` view of the same bytes (rope at words 256..319).
+        rows_f32: quant: fp32 ``[R, 164]`` view of the same bytes (scales at words 160..163).
+        key: non-quant: uint16 ``[R, 512]`` key bits (else ``[0, 512]``).
+        key_rope: non-quant: uint16 ``[R, 64]`` key_rope bits (else ``[0, 64]``).
+        value: non-quant with a separate value: uint16 ``[R, 512]`` (else ``[0, 512]``).
+        v_from_key: V is the key's k_nope (quant, or value None).
+        starts: int64 ``[T, N2, K]`` first key row of each entry's kept tokens (0 where the
+            count is 0).
+        counts: int32 ``[T, N2, K]`` kept tokens per entry, in ``[0, sbs]``.
+        lengths: int64 ``[T, N2]`` kept tokens per (token, head) = ``counts.sum(-1)``.
+        scale_value: fp32 score scale.
+        is_bf16: query dtype bf16 (else fp16).
+        query_dtype: bf16 or fp16 NumPy dtype.
+        layout_query: ``BSND`` or ``TND``.
+        out_shape: output shape (``[B, S1, N1, 512]`` / ``[T, N1, 512]``).
+        batch, seq_q: B and S1 (TND: S1 = T).
+        num_heads, num_kv_heads: N1 and N2.
+        return_softmax_lse: the op returns softmax_max / softmax_sum (non-quant op only).
+    """
+
+    query: np.ndarray
+    quant: bool
+    rows_i8: np.ndarray
+    rows_u16: np.ndarray
+    rows_f32: np.ndarray
+    key: np.ndarray
+    key_rope: np.ndarray
+    value: np.ndarray
+    v_from_key: bool
+    starts: np.ndarray
+    counts: np.ndarray
+    lengths: np.ndarray
+    scale_value: np.float32
+    is_bf16: bool
+    query_dtype: np.dtype
+    layout_query: str
+    out_shape: tuple[int, ...]
+    batch: int
+    seq_q: int
+    num_heads: int
+    num_kv_heads: int
+    return_softmax_lse: bool
+
+    @property
+    def group(self) -> int:
+        """G = N1 / N2 query heads per kv head."""
+        return self.num_heads // self.num_kv_heads
+
+
+def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *, block_table=None,
+                               actual_seq_lengths_query=None, actual_seq_lengths_kv=None, query_rope=None,
+                               key_rope=None, sparse_block_size: int = 1, layout_query: LayoutQuery = "BSND",
+                               layout_kv: LayoutKv = "BSND", sparse_mode: int = 3, pre_tokens: int = DEFAULT_TOKENS,
+                               next_tokens: int = DEFAULT_TOKENS, attention_mode: int = 0,
+                               return_softmax_lse: bool = False, sinks=None):
+    """Sparse flash attention over a bf16 / fp16 (paged) cache, MLA absorb (ops_reference §5.4).
+
+    Args:
+        query: ``[B, S1, N1, 512]`` (BSND) or ``[T, N1, 512]`` (TND), bf16 / fp16; N1 in
+            1, 2, 4, ..., 128.
+        key: query's dtype; ``[B, S2, 1, 512]`` (BSND), ``[T2, 1, 512]`` (TND) or
+            ``[block_num, block_size, 1, 512]`` (PA_BSND; block_size a multiple of 16, <= 1024).
+        value: key's shape and dtype (V is read from it), or None (V from key).
+        sparse_indices: int32 ``[B, S1, 1, K]`` / ``[T, 1, K]``, K > 0: sparse block ids of each
+            query token, valid ids first, then -1.
+        scale_value: score scale (e.g. ``576 ** -0.5``), a finite float.
+        block_table: int32 ``[B, >= ceil(max act_kv / block_size)]``; PA_BSND only (required).
+        actual_seq_lengths_query: int32 ``[B]``: BSND: per-batch query lengths in [0, S1]
+            (None: S1); TND: prefix sums (required; B is its length; last = T).
+        actual_seq_lengths_kv: int32 ``[B]``: BSND / PA_BSND: per-batch kv lengths (None: S2
+            for BSND; required for PA_BSND); TND: prefix sums (required; last = T2).
+        query_rope: ``[.., N1, 64]`` like query, query's dtype (required).
+        key_rope: ``[.., 1, 64]`` like key, query's dtype (required).
+        sparse_block_size: tokens per sparse block: a power of 2 in [1, 128]; divides
+            block_size for PA_BSND. Default 1.
+        layout_query: ``BSND`` (default) or ``TND``.
+        layout_kv: ``BSND`` (default), ``TND`` or ``PA_BSND``; unless PA_BSND it must equal
+            layout_query.
+        sparse_mode: 3 (default, right-down causal) or 0 (no mask).
+        pre_tokens, next_tokens: only the default 2**63 - 1.
+        attention_mode: must be 2 (MLA absorb; the default 0 is not supported, as on hardware).
+        return_softmax_lse: also return softmax_max / softmax_sum (not with PA_BSND).
+        sinks: must be None (an Ascend 950 feature).
+
+    Returns:
+        ``(attention_out, softmax_max, softmax_sum)``: attention_out in the query dtype,
+        ``[B, S1, N1, 512]`` / ``[T, N1, 512]``; softmax_max / softmax_sum fp32
+        ``[B, N2, S1, N1/N2]`` / ``[N2, T, N1/N2]`` with ``return_softmax_lse``, else fp32 ``[0]``.
+
+    Numerics: the module docstring (steps 1-3); rows with no valid kv token:
+    :data:`EMPTY_ROW_OUTPUT`, :data:`EMPTY_ROW_SOFTMAX_MAX`, :data:`EMPTY_ROW_SOFTMAX_SUM`.
+
+    Raises:
+        ShapeError: a shape, a length outside its tensor, a layout mismatch, a block_size.
+        DTypeError: a dtype, a non-finite scale_value, a non-integer mode.
+        ModeError: unknown layout, sparse_mode, attention_mode, pre/next_tokens, sinks,
+            return_softmax_lse with PA_BSND, a bad sparse_block_size.
+        IndexRangeError: a sparse index past its batch's kv length or after a -1, a negative
+            index other than -1, a block_table entry outside the cache.
+    """
+    args = _normalise(False, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
+                      actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv,
+                      sparse_mode, pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks=sinks)
+    return get_backend().sparse_flash_attention(args)
+
+
+def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale_value, key_quant_mode: int,
+                                        value_quant_mode: int, *, key_dequant_scale=None, value_dequant_scale=None,
+                                        block_table=None, actual_seq_lengths_query=None, actual_seq_lengths_kv=None,
+                                        sparse_block_size: int = 1, layout_query: LayoutQuery = "BSND",
+                                        layout_kv: LayoutKv = "BSND", sparse_mode: int = 3,
+                                        pre_tokens: int = DEFAULT_TOKENS, next_tokens: int = DEFAULT_TOKENS,
+                                        attention_mode: int = 0, quant_scale_repo_mode: int = 1,
+                                        tile_size: int = TILE_SIZE, rope_head_dim: int = D_ROPE, key_dtype=None,
+                                        value_dtype=None):
+    """Sparse flash attention over a per-tile int8 cache of 656-byte rows (seed doc; ops_reference
+    §5.1-§5.2): the rows ``npu_mla_prolog_v3`` writes with ``kv_cache_quant_mode=3``.
+
+    Args:
+        query: ``[B, S1, N1, 576]`` (BSND) or ``[T, N1, 576]`` (TND) = ``[q_nope 512 | q_rope 64]``,
+            bf16 / fp16; N1 in 1, 2, 4, ..., 128.
+        key: int8 combined rows ``[B, S2, 1, 656]`` (BSND), ``[T2, 1, 656]`` (TND) or
+            ``[block_num, block_size, 1, 656]`` (PA_BSND): ``[512 int8 | 64 x qdt rope |
+            4 fp32 scales]``.
+        value: the same tensor as ``key``.
+        sparse_indices, scale_value, block_table, actual_seq_lengths_query,
+        actual_seq_lengths_kv, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens:
+            as :func:`npu_sparse_flash_attention`.
+        key_quant_mode, value_quant_mode: must be 2 (per-tile).
+        key_dequant_scale, value_dequant_scale: reserved, must be None.
+        sparse_block_size: a power of 2 in [1, 16]; divides block_size for PA_BSND.
+        attention_mode: must be 2 (MLA absorb).
+        quant_scale_repo_mode: must be 1 (scales inside the rows).
+        tile_size: must be 128. rope_head_dim: must be 64.
+        key_dtype, value_dtype: must be None (hifloat8 is Ascend 950 only).
+
+    Returns:
+        attention_out in the query dtype, ``[B, S1, N1, 512]`` / ``[T, N1, 512]``.
+
+    Numerics: the module docstring (steps 1-3).
+
+    Raises:
+        As :func:`npu_sparse_flash_attention`; ModeError also for a fixed mode with another value,
+        a reserved argument given, or a value that is not the key tensor itself.
+    """
+    fixed = (("key_quant_mode", key_quant_mode, KEY_QUANT_MODE, "per-tile quant"),
+             ("value_quant_mode", value_quant_mode, VALUE_QUANT_MODE, "per-tile quant"),
+             ("quant_scale_repo_mode", quant_scale_repo_mode, QUANT_SCALE_REPO_MODE, "scales stored in the rows"),
+             ("tile_size", tile_size, TILE_SIZE, "the only tile size"),
+             ("rope_head_dim", rope_head_dim, D_ROPE, "the only rope width"))
+    for name, got, want, why in fixed:
+        if _int(got, name) != want:
+            raise arg_error(ModeError, name, f"{want} ({why}; the only value the doc allows)", got)
+    for name, got in (("key_dequant_scale", key_dequant_scale), ("value_dequant_scale", value_dequant_scale),
+                      ("key_dtype", key_dtype), ("value_dtype", value_dtype)):
+        if got is not None:
+            raise arg_error(ModeError, name, "None (reserved; hifloat8 / separate scales are not supported on "
+                            "Atlas A2 / A3)", "a value" if isinstance(got, np.ndarray) else repr(got))
+    args = _normalise(True, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
+                      actual_seq_lengths_kv, None, None, sparse_block_size, layout_query, layout_kv, sparse_mode,
+                      pre_tokens, next_tokens, attention_mode, False, sinks=None)
+    return get_backend().sparse_flash_attention(args)[0]
+
+
+# ---------------------------------------------------------------------- validation
+def _int(value, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise arg_error(DTypeError, name, "an int", repr(value))
+    return int(value)
+
+
+def _lengths(x, name: str, b: int | None) -> np.ndarray:
+    """A 1-D int32 length / prefix-sum tensor as int64 ``[B]``."""
+    x = required(x, name)
+    check_dtype(x, name, ("int32",))
+    if x.ndim != 1 or (b is not None and x.shape[0] != b) or x.shape[0] < 1:
+        want = f"[B={b}]" if b is not None else "[B] with B >= 1"
+        raise arg_error(ShapeError, name, f"a 1-D tensor {want}", list(x.shape))
+    return x.astype(np.int64)
+
+
+def _per_batch(x, name: str, b: int, cap: int | None) -> np.ndarray:
+    """Per-batch lengths ``[B]`` in [0, cap]."""
+    v = _lengths(x, name, b)
+    bad = (v < 0) | ((v > cap) if cap is not None else False)
+    if bad.any():
+        i = int(np.argmax(bad))
+        rng = f"[0, {cap}]" if cap is not None else ">= 0"
+        raise arg_error(ShapeError, f"{name}[{i}]", f"a token count {rng}", int(v[i]))
+    return v
+
+
+def _prefix(x, name: str, total: int) -> np.ndarray:
+    """TND prefix sums ``[B]`` -> per-batch lengths; non-decreasing, >= 0, last = total."""
+    v = _lengths(x, name, None)
+    lens = np.diff(v, prepend=0)
+    if (lens < 0).any():
+        i = int(np.argmax(lens < 0))
+        raise arg_error(ShapeError, f"{name}[{i}]", "a non-decreasing prefix sum >= 0 (TND)",
+                        f"{int(v[i])} after {int(v[i - 1]) if i else 0}")
+    if int(v[-1]) != total:
+        raise arg_error(ShapeError, f"{name}[{v.size - 1}]", f"the total token count T={total} (TND prefix sums)",
+                        int(v[-1]))
+    return lens
+
+
+def _tensor(x, name: str, dtypes, shape, what: str) -> np.ndarray:
+    x = required(x, name)
+    check_dtype(x, name, dtypes)
+    ok = x.ndim == len(shape) and all(e is None or e == s for e, s in zip(shape, x.shape))
+    if not ok:
+        shown = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
+        raise arg_error(ShapeError, name, f"shape {shown} {what}", list(x.shape))
+    return x
+
+
+def _normalise(quant, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
+               actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode,
+               pre_tokens, next_tokens, attention_mode, return_softmax_lse, *, sinks) -> SparseFlashAttentionArgs:
+    op = "npu_kv_quant_sparse_flash_attention" if quant else "npu_sparse_flash_attention"
+    # ---- modes
+    if layout_query not in QUERY_LAYOUTS:
+        raise arg_error(ModeError, "layout_query", f"one of {list(QUERY_LAYOUTS)}", repr(layout_query))
+    if layout_kv not in KV_LAYOUTS:
+        raise arg_error(ModeError, "layout_kv", f"one of {list(KV_LAYOUTS)}", repr(layout_kv))
+    if layout_kv != "PA_BSND" and layout_kv != layout_query:
+        raise arg_error(ModeError, "layout_kv", f"layout_query={layout_query!r} (without PageAttention the two "
+                        "layouts must match)", repr(layout_kv))
+    if _int(sparse_mode, "sparse_mode") not in SPARSE_MODES:
+        raise arg_error(ModeError, "sparse_mode", "0 (no mask) or 3 (right-down causal)", sparse_mode)
+    for name, got in (("pre_tokens", pre_tokens), ("next_tokens", next_tokens)):
+        if _int(got, name) != DEFAULT_TOKENS:
+            raise arg_error(ModeError, name, f"the default 2**63-1 = {DEFAULT_TOKENS} (the only supported value)", got)
+    if _int(attention_mode, "attention_mode") != ATTENTION_MODE:
+        raise arg_error(ModeError, "attention_mode", f"{ATTENTION_MODE} (MLA absorb, the only mode {op} supports)",
+                        attention_mode)
+    if sinks is not None:
+        raise arg_error(ModeError, "sinks", "None (attention sinks are an Ascend 950 feature, not Atlas A2 / A3)",
+                        "a tensor")
+    if not isinstance(return_softmax_lse, (bool, np.bool_)):
+        raise arg_error(DTypeError, "return_softmax_lse", "a bool", type(return_softmax_lse).__name__)
+    if return_softmax_lse and layout_kv == "PA_BSND":
+        raise arg_error(ModeError, "return_softmax_lse", "False with layout_kv='PA_BSND' (the doc supports "
+                        "softmax_max / softmax_sum only without PageAttention)", True)
+    sbs = _int(sparse_block_size, "sparse_block_size")
+    max_sbs = KVQ_MAX_SPARSE_BLOCK_SIZE if quant else SFA_MAX_SPARSE_BLOCK_SIZE
+    if not (1 <= sbs <= max_sbs and sbs & (sbs - 1) == 0):
+        raise arg_error(ModeError, "sparse_block_size", f"a power of 2 in [1, {max_sbs}]", sbs)
+    scale = np.float32(check_float(scale_value, "scale_value"))
+
+    # ---- query
+    d_q = D_QK if quant else HCKV
+    q_nd = 4 if layout_query == "BSND" else 3
+    query = required(query, "query")
+    check_dtype(query, "query", QUERY_DTYPES)
+    lead_q = "[B, S1, N1, " if q_nd == 4 else "[T, N1, "
+    if query.ndim != q_nd or query.shape[-1] != d_q:
+        raise arg_error(ShapeError, "query", f"{lead_q}{d_q}] for layout_query={layout_query}", list(query.shape))
+    n1 = query.shape[-2]
+    if n1 not in QUERY_HEADS:
+        raise arg_error(ShapeError, "query", f"N1 in {list(QUERY_HEADS)}", f"N1={n1} (shape {list(query.shape)})")
+    if query.size == 0:
+        raise arg_error(ShapeError, "query", "a non-empty tensor", list(query.shape))
+    qdt = dtype_name(query.dtype)
+    lead = query.shape[:-2]  # [B, S1] or [T]
+    if not quant:
+        query_rope = _tensor(query_rope, "query_rope", (qdt,), [*lead, n1, D_ROPE],
+                             f"(query's leading dims, {D_ROPE} rope values, dtype of query)")
+
+    # ---- key / value
+    d_k = MLA_ROW.row_bytes if quant else HCKV
+    key = required(key, "key")
+    check_dtype(key, "key", ("int8",) if quant else (qdt,))
+    k_nd = 3 if layout_kv == "TND" else 4
+    shown = {"BSND": "[B, S2, N2, ", "TND": "[T2, N2, ", "PA_BSND": "[block_num, block_size, N2, "}[layout_kv]
+    if key.ndim != k_nd or key.shape[-1] != d_k or key.size == 0:
+        raise arg_error(ShapeError, "key", f"a non-empty {shown}{d_k}] for layout_kv={layout_kv}", list(key.shape))
+    n2 = key.shape[-2]
+    if n2 != NKV:
+        raise arg_error(ShapeError, "key", f"N2 = {NKV} (the only kv head count the doc supports)",
+                        f"N2={n2} (shape {list(key.shape)})")
+    num_rows = int(np.prod(key.shape[:-2]))  # slots
+    if quant:
+        if value is None or not (isinstance(value, np.ndarray) and value.shape == key.shape
+                                 and value.strides == key.strides and value.dtype == key.dtype
+                                 and value.__array_interface__["data"][0] == key.__array_interface__["data"][0]):
+            got = "None" if value is None else f"a different tensor (shape {list(np.shape(value))})"
+            raise arg_error(ModeError, "value", "the key tensor itself (attention_mode 2: V is the dequantized k_nope "
+                            "of the same 656-byte rows)", got)
+        value = None
+    else:
+        key_rope = _tensor(key_rope, "key_rope", (qdt,), [*key.shape[:-1], D_ROPE],
+                           f"(key's leading dims, {D_ROPE} rope values, dtype of query)")
+        if value is not None:
+            value = _tensor(value, "value", (qdt,), list(key.shape), "(the shape of key, dtype of query)")
+            if value.__array_interface__["data"][0] == key.__array_interface__["data"][0] and \
+                    value.strides == key.strides:
+                value = None  # the key itself
+
+    # ---- batch, lengths
+    if layout_query == "BSND":
+        b, s1 = int(query.shape[0]), int(query.shape[1])
+        act_q = (np.full(b, s1, np.int64) if actual_seq_lengths_query is None
+                 else _per_batch(actual_seq_lengths_query, "actual_seq_lengths_query", b, s1))
+    else:
+        if actual_seq_lengths_query is None:
+            raise arg_error(ShapeError, "actual_seq_lengths_query", "int32 prefix sums [B] (required for TND)", None)
+        act_q = _prefix(actual_seq_lengths_query, "actual_seq_lengths_query", int(query.shape[0]))
+        b, s1 = int(act_q.size), int(query.shape[0])
+    if layout_kv == "BSND":
+        if key.shape[0] != b:
+            raise arg_error(ShapeError, "key", f"B={b} batches like query", list(key.shape))
+        s2 = int(key.shape[1])
+        act_kv = (np.full(b, s2, np.int64) if actual_seq_lengths_kv is None
+                  else _per_batch(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, s2))
+        slot_map = np.arange(b, dtype=np.int64)[:, None] * s2 + np.arange(max(int(act_kv.max()), 0))[None, :]
+    elif layout_kv == "TND":
+        if actual_seq_lengths_kv is None:
+            raise arg_error(ShapeError, "actual_seq_lengths_kv", "int32 prefix sums [B] (required for TND)", None)
+        act_kv = _prefix(actual_seq_lengths_kv, "actual_seq_lengths_kv", int(key.shape[0]))
+        if act_kv.size != b:
+            raise arg_error(ShapeError, "actual_seq_lengths_kv", f"[B={b}] like actual_seq_lengths_query",
+                            list(act_kv.shape))
+        starts_kv = np.concatenate([[0], np.cumsum(act_kv)[:-1]])  # [B]
+        slot_map = starts_kv[:, None] + np.arange(max(int(act_kv.max()), 0))[None, :]
+    else:
+        block_num, block_size = int(key.shape[0]), int(key.shape[1])
+        if block_size % BLOCK_SIZE_ALIGN or block_size > MAX_BLOCK_SIZE:
+            raise arg_error(ShapeError, "key", f"block_size a multiple of {BLOCK_SIZE_ALIGN} in "
+                            f"[{BLOCK_SIZE_ALIGN}, {MAX_BLOCK_SIZE}] (dim 1 of a PA_BSND cache)", block_size)
+        if block_size % sbs:
+            raise arg_error(ModeError, "sparse_block_size", f"a divisor of block_size={block_size}", sbs)
+        if block_table is None:
+            raise arg_error(ShapeError, "block_table", "an int32 [B, max_blocks] table (required for PA_BSND)", None)
+        if actual_seq_lengths_kv is None:
+            raise arg_error(ShapeError, "actual_seq_lengths_kv", "int32 per-batch lengths [B] (required for PA_BSND)",
+                            None)
+        block_table = required(block_table, "block_table")
+        check_dtype(block_table, "block_table", ("int32",))
+        act_kv = _per_batch(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, None)
+        slot_map = slots_from_block_table(block_table, act_kv, block_size, block_num, name="block_table")
+    if layout_kv != "PA_BSND" and block_table is not None:
+        raise arg_error(ModeError, "block_table", f"None for layout_kv={layout_kv} (PA_BSND only)", "a tensor")
+
+    # ---- sparse_indices -> (starts, counts)
+    sparse_indices = required(sparse_indices, "sparse_indices")
+    check_dtype(sparse_indices, "sparse_indices", ("int32",))
+    want = [*lead, n2, None]
+    if sparse_indices.ndim != len(want) or tuple(sparse_indices.shape[:-1]) != tuple(want[:-1]) \
+            or sparse_indices.shape[-1] < 1:
+        shown = "[B, S1, N2, K]" if q_nd == 4 else "[T, N2, K]"
+        raise arg_error(ShapeError, "sparse_indices", f"{shown} = [{', '.join(map(str, want[:-1]))}, K >= 1]",
+                        list(sparse_indices.shape))
+    t_total = int(np.prod(lead))
+    k = int(sparse_indices.shape[-1])
+    idx = sparse_indices.reshape(t_total, n2, k).astype(np.int64)  # [T, N2, K]
+    # per token: batch, position in batch, whether computed
+    if layout_query == "BSND":
+        tok_b = np.repeat(np.arange(b), s1)  # [T]
+        tok_s = np.tile(np.arange(s1), b)  # [T]
+    else:
+        tok_b = np.repeat(np.arange(b), act_q)  # [T]
+        tok_s = np.arange(t_total) - np.concatenate([[0], np.cumsum(act_q)[:-1]])[tok_b]  # [T]
+    live = tok_s < act_q[tok_b]  # [T] BSND rows past act_q are not computed
+    kv_len = act_kv[tok_b]  # [T]
+    limit = kv_len if sparse_mode == 0 else np.minimum(kv_len - act_q[tok_b] + tok_s + 1, kv_len)  # [T]
+    nblk = -(-kv_len // sbs)  # [T] sparse blocks in the batch's kv
+    pos = np.arange(k)
+    is_end = idx == SKIP_INDEX  # [T, N2, K]
+    first_end = np.where(is_end.any(-1), np.argmax(is_end, -1), k)  # [T, N2]
+    after = pos[None, None, :] >= first_end[..., None]  # [T, N2, K]
+    bad_value = ~after & ((idx < 0) | (idx >= nblk[:, None, None]))
+    bad_tail = after & ~is_end
+    bad = (bad_value | bad_tail) & live[:, None, None]
+    if bad.any():
+        flat = np.unravel_index(int(np.argmax(bad)), bad.shape)
+        t, h, j = (int(v) for v in flat)
+        coord = (int(tok_b[t]), int(tok_s[t]), h, j) if q_nd == 4 else (t, h, j)
+        at = f"sparse_indices[{', '.join(map(str, coord))}] = {int(idx[t, h, j])}"
+        if bad_tail[t, h, j]:
+            msg = f"{at}: expected -1 after the row's first -1 at entry {int(first_end[t, h])} (valid ids first)"
+        else:
+            msg = (f"{at}: expected a sparse block id in [0, {int(nblk[t])}) (batch {int(tok_b[t])}: act_kv="
+                   f"{int(kv_len[t])}, sparse_block_size={sbs}) or -1 ending the row")
+        raise IndexRangeError(f"{msg}; {int(bad.sum())} bad entries")
+    use = ~after & live[:, None, None]  # [T, N2, K]
+    begin = np.where(use, idx, 0) * sbs  # [T, N2, K] first kv position of each entry
+    end = np.minimum(begin + sbs, limit[:, None, None])  # [T, N2, K]
+    counts = np.where(use, np.clip(end - begin, 0, sbs), 0).astype(np.int32)  # [T, N2, K]
+    kept = counts > 0
+    slots = np.zeros(idx.shape, np.int64)  # [T, N2, K]
+    if kept.any():
+        tb = np.broadcast_to(tok_b[:, None, None], idx.shape)
+        slots[kept] = slot_map[tb[kept], begin[kept]]
+    starts = np.where(kept, slots * n2 + np.arange(n2)[None, :, None], 0)  # [T, N2, K] key rows
+
+    # ---- kernel operands
+    q_bits = np.ascontiguousarray(query).reshape(t_total, n1, d_q).view(np.uint16)  # [T, N1, 512|576]
+    if not quant:
+        qr_bits = np.ascontiguousarray(query_rope).reshape(t_total, n1, D_ROPE).view(np.uint16)  # [T, N1, 64]
+        q_bits = np.concatenate([q_bits, qr_bits], axis=-1)  # [T, N1, 576]
+    r = num_rows * n2
+    empty16 = np.zeros((0, HCKV), np.uint16)
+    if quant:
+        rows = np.ascontiguousarray(key).reshape(r, MLA_ROW.row_bytes)  # [R, 656] int8
+        rows_i8, rows_u16, rows_f32 = rows, rows.view(np.uint16), rows.view(np.float32)  # [R,656] [R,328] [R,164]
+        k_bits, kr_bits, v_bits = empty16, np.zeros((0, D_ROPE), np.uint16), empty16
+    else:
+        rows_i8 = np.zeros((0, MLA_ROW.row_bytes), np.int8)
+        rows_u16 = np.zeros((0, MLA_ROW.row_bytes // 2), np.uint16)
+        rows_f32 = np.zeros((0, MLA_ROW.row_bytes // 4), np.float32)
+        k_bits = np.ascontiguousarray(key).reshape(r, HCKV).view(np.uint16)  # [R, 512]
+        kr_bits = np.ascontiguousarray(key_rope).reshape(r, D_ROPE).view(np.uint16)  # [R, 64]
+        v_bits = empty16 if value is None else np.ascontiguousarray(value).reshape(r, HCKV).view(np.uint16)
+    return SparseFlashAttentionArgs(
+        query=q_bits, quant=bool(quant), rows_i8=rows_i8, rows_u16=rows_u16, rows_f32=rows_f32, key=k_bits,
+        key_rope=kr_bits, value=v_bits, v_from_key=bool(quant or value is None), starts=starts, counts=counts,
+        lengths=counts.sum(-1, dtype=np.int64), scale_value=scale, is_bf16=qdt == "bfloat16",
+        query_dtype=query.dtype, layout_query=layout_query, out_shape=(*lead, n1, HCKV), batch=b, seq_q=s1,
+        num_heads=int(n1), num_kv_heads=int(n2), return_softmax_lse=bool(return_softmax_lse))

@@ -1,0 +1,216 @@
+"""Fake (meta) implementations: output shapes and dtypes of each registered op, no values.
+
+Each rule restates, per mode, what torch_npu 2.14's meta function returns
+(``torch_npu/op_plugin/meta/_meta_registrations.py``; ``npu_mla_preprocess``:
+``op_plugin/atb/_atb_meta_registrations.py``), with the emulated CANN's conventions
+(:data:`~ascend_emu.torch_npu.npu.utils.CANN_VERSION` >= 8.5.0.alpha003: an output a scenario
+does not produce is an empty ``[0]`` tensor in v3). Inputs are fake / meta tensors; outputs are
+created on the inputs' device. Used by ``torch.compile`` and by ``torch.ops.npu.*`` on meta
+tensors.
+
+Ascend 950 only paths (hifloat8 ``*_dtype`` tags) raise the ModeError the CPU op raises.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import ModeError, arg_error, describe
+
+#: Block of the fp8 per-block dequant scales (v3 weight_quant_mode=3), as the meta function.
+FP8_E4M3_BLOCK_SIZE = 32
+_HIF8_TAGS = ("token_x_dtype", "weight_dq_dtype", "weight_uq_qr_dtype", "weight_dkv_kr_dtype", "kv_cache_dtype")
+
+
+def _new(like: torch.Tensor, shape, dtype) -> torch.Tensor:
+    return torch.empty(list(shape), dtype=dtype, device=like.device)
+
+
+def _lead(token_x: torch.Tensor) -> list[int]:
+    """Token dims of the queries: ``[T]`` or ``[B, S]``."""
+    return list(token_x.shape[:-1])
+
+
+def _dr(token_x: torch.Tensor, rope_sin: torch.Tensor) -> int:
+    """Dr as the meta function reads it: rope_sin's dim 2 for 3-D token_x, else dim 1."""
+    return rope_sin.shape[2] if token_x.dim() == 3 else rope_sin.shape[1]
+
+
+def _tokens(token_x: torch.Tensor) -> int:
+    return token_x.shape[0] * token_x.shape[1] if token_x.dim() == 3 else token_x.shape[0]
+
+
+def mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv,
+               rope_sin, rope_cos, cache_index, kv_cache, kr_cache, **_):
+    """v1: ``(query [*, N, Hckv], query_rope [*, N, Dr])`` of rope_sin's dtype, the caches' likes."""
+    n, hckv, dr = weight_uk.shape[0], weight_uk.shape[2], _dr(token_x, rope_sin)
+    lead = _lead(token_x)
+    return (_new(token_x, lead + [n, hckv], rope_sin.dtype), _new(token_x, lead + [n, dr], rope_sin.dtype),
+            torch.empty_like(kv_cache), torch.empty_like(kr_cache))
+
+
+def mla_prolog_v2(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv,
+                  rope_sin, rope_cos, cache_index, kv_cache, kr_cache, *, quant_scale_ckv=None, **_):
+    """v2: int8 query and fp32 ``[T, N, 1]`` dequant scale with int8 token_x and quant_scale_ckv;
+    else rope_sin's dtype and fp32 ``[1]``. query_rope bf16."""
+    n, hckv, dr = weight_uk.shape[0], weight_uk.shape[2], _dr(token_x, rope_sin)
+    lead = _lead(token_x)
+    if token_x.dtype == torch.int8 and quant_scale_ckv is not None:
+        query = _new(token_x, lead + [n, hckv], torch.int8)
+        scale = _new(token_x, [_tokens(token_x), n, 1], torch.float32)
+    else:
+        query = _new(token_x, lead + [n, hckv], rope_sin.dtype)
+        scale = _new(token_x, [1], torch.float32)
+    return (query, _new(token_x, lead + [n, dr], torch.bfloat16), torch.empty_like(kv_cache),
+            torch.empty_like(kr_cache), scale)
+
+
+def mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv,
+                  rope_sin, rope_cos, kv_cache, kr_cache, *, query_norm_flag=False, weight_quant_mode=0,
+                  kv_cache_quant_mode=0, **kwargs):
+    """v3: ``(query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``."""
+    for tag in _HIF8_TAGS:
+        if kwargs.get(tag) is not None:
+            raise arg_error(ModeError, tag, "None (hifloat8 inputs exist on Ascend 950 only and are not emulated)",
+                            describe(kwargs[tag]))
+    n, hckv, dr, hcq = weight_uk.shape[0], weight_uk.shape[2], _dr(token_x, rope_sin), weight_dq.shape[1]
+    lead, tokens = _lead(token_x), _tokens(token_x)
+    f32 = torch.float32
+    if weight_quant_mode == 3 and kv_cache_quant_mode == 1:
+        query = _new(token_x, lead + [n, hckv], torch.float8_e4m3fn)
+        scale_nope = _new(token_x, [tokens, n, 1], f32)
+    elif weight_quant_mode in (2, 4, 5) and kv_cache_quant_mode == 1:
+        query = _new(token_x, lead + [n, hckv], token_x.dtype)
+        scale_nope = _new(token_x, [tokens, n, 1], f32)
+    else:
+        query = _new(token_x, lead + [n, hckv], torch.bfloat16)
+        scale_nope = _new(token_x, [0], f32)
+    query_rope = _new(token_x, lead + [n, dr], torch.bfloat16)
+    if query_norm_flag:
+        query_norm = _new(token_x, lead + [hcq], weight_uq_qr.dtype)
+        if weight_quant_mode == 3:
+            scale_norm = _new(token_x, [tokens, hcq // FP8_E4M3_BLOCK_SIZE], torch.float8_e8m0fnu)
+        elif weight_quant_mode in (1, 2, 4, 5):
+            scale_norm = _new(token_x, [tokens, 1], f32)
+        else:
+            scale_norm = _new(token_x, [0], f32)
+    else:
+        query_norm = _new(token_x, [0], weight_uq_qr.dtype)
+        scale_norm = _new(token_x, [0], torch.float8_e8m0fnu if weight_quant_mode == 3 else f32)
+    return query, query_rope, scale_nope, query_norm, scale_norm
+
+
+def mla_prolog_v3_functional(*args, **kwargs):
+    """v3's five outputs, then ``kv_cache`` / ``kr_cache`` likes (the updated caches)."""
+    kv_cache, kr_cache = args[9], args[10]
+    return (*mla_prolog_v3(*args, **kwargs), torch.empty_like(kv_cache), torch.empty_like(kr_cache))
+
+
+def _kv_rope_ckv(kv, gamma, cos, v):
+    """k_rope ``[B, N, S, Dk]`` and c_kv ``[B, N, S, Dv]`` in kv's dtype."""
+    lead = list(kv.shape[:-1])
+    if v is None:
+        return _new(kv, lead + [cos.shape[3]], kv.dtype), _new(kv, lead + [gamma.shape[0]], kv.dtype)
+    return _new(kv, lead + [kv.shape[3]], kv.dtype), _new(kv, lead + [v.shape[3]], kv.dtype)
+
+
+def kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, v=None, **_):
+    """``(k_cache, ckv_cache)`` likes, then k_rope and c_kv."""
+    return (torch.empty_like(k_cache), torch.empty_like(ckv_cache), *_kv_rope_ckv(kv, gamma, cos, v))
+
+
+def kv_rmsnorm_rope_cache_v2(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, v=None, **_):
+    """``(k_rope, c_kv)`` (the caches are written in place)."""
+    return _kv_rope_ckv(kv, gamma, cos, v)
+
+
+def kv_rmsnorm_rope_cache_v2_functional(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, v=None, **_):
+    """``(k_rope, c_kv)``, then the updated caches' likes."""
+    return (*_kv_rope_ckv(kv, gamma, cos, v), torch.empty_like(k_cache), torch.empty_like(ckv_cache))
+
+
+def sparse_flash_attention(query, key, value, sparse_indices, scale_value, *, layout_query="BSND",
+                           return_softmax_lse=False, **_):
+    """``(attention_out, softmax_max, softmax_sum)``: out of query's shape and dtype; the fp32
+    LSE pieces ``[B, N2, S1, N1/N2]`` (BSND) / ``[N2, T1, N1/N2]`` (TND) when asked, else ``[0]``
+    (N2 read from ``key``'s dim 2 / 1 as the meta function reads it)."""
+    if layout_query not in ("BSND", "TND"):
+        raise arg_error(ModeError, "layout_query", "'BSND' or 'TND'", describe(layout_query))
+    out = _new(query, query.shape, query.dtype)
+    if not return_softmax_lse:
+        return out, _new(query, [0], torch.float32), _new(query, [0], torch.float32)
+    if layout_query == "TND":
+        shape = [key.shape[1], query.shape[0], query.shape[1] // key.shape[1]]
+    else:
+        shape = [query.shape[0], key.shape[2], query.shape[1], query.shape[2] // key.shape[2]]
+    return out, _new(query, shape, torch.float32), _new(query, shape, torch.float32)
+
+
+def kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale_value, key_quant_mode,
+                                    value_quant_mode, *, layout_query="BSND", rope_head_dim=64, **_):
+    """attention_out: query's shape with the last dim less ``rope_head_dim``, query's dtype."""
+    if layout_query not in ("BSND", "TND"):
+        raise arg_error(ModeError, "layout_query", "'BSND' or 'TND'", describe(layout_query))
+    return _new(query, [*query.shape[:-1], query.shape[-1] - rope_head_dim], query.dtype)
+
+
+def lightning_indexer(query, key, weights, *, layout_query="BSND", layout_key="BSND", sparse_count=2048,
+                      return_value=False, **_):
+    """``(sparse_indices int32, sparse_values)``: ``[B, S1, N2, sparse_count]`` (BSND query) or
+    ``[T1, N2, sparse_count]``; values in query's dtype when ``return_value``, else ``[0]``."""
+    if layout_query == "BSND":
+        shape = [query.shape[0], query.shape[1], key.shape[2], sparse_count]
+    else:
+        shape = [query.shape[0], key.shape[1 if layout_key == "TND" else 2], sparse_count]
+    values = _new(query, shape if return_value else [0], query.dtype)
+    return _new(query, shape, torch.int32), values
+
+
+def mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq, descale1, gamma2, cos, sin, wuk,
+                   kv_cache, kv_cache_rope, slotmapping, **_):
+    """``(q_out0 [T, N, 512] of kv_cache's dtype, kv_cache like, q_out1 [T, N, 64] of input's
+    dtype, kv_cache_rope like)``."""
+    t, n = input.shape[0], wuk.shape[0]
+    return (_new(input, [t, n, 512], kv_cache.dtype), torch.empty_like(kv_cache),
+            _new(input, [t, n, 64], input.dtype), torch.empty_like(kv_cache_rope))
+
+
+def mla_preprocess_out(*args, q_out0, kv_cache_out0, q_out1, kv_cache_out1, **_):
+    """The out= tensors themselves."""
+    return q_out0, kv_cache_out0, q_out1, kv_cache_out1
+
+
+def format_cast(self, acl_format, **_):
+    """A tensor like ``self``."""
+    return torch.empty_like(self)
+
+
+def format_cast_tensor(self, dst, **_):
+    """A tensor like ``self``."""
+    return torch.empty_like(self)
+
+
+def format_cast_inplace(self, *args, **_):
+    """``self``."""
+    return self
+
+
+#: Fake implementation of each registered overload (``namespace::name[.overload]``).
+FAKES = {
+    "npu::npu_mla_prolog": mla_prolog,
+    "npu::npu_mla_prolog_v2": mla_prolog_v2,
+    "npu::npu_mla_prolog_v3": mla_prolog_v3,
+    "npu::npu_mla_prolog_v3_functional": mla_prolog_v3_functional,
+    "npu::npu_kv_rmsnorm_rope_cache": kv_rmsnorm_rope_cache,
+    "npu::npu_kv_rmsnorm_rope_cache_v2": kv_rmsnorm_rope_cache_v2,
+    "npu::npu_kv_rmsnorm_rope_cache_v2_functional": kv_rmsnorm_rope_cache_v2_functional,
+    "npu::npu_sparse_flash_attention": sparse_flash_attention,
+    "npu::npu_kv_quant_sparse_flash_attention": kv_quant_sparse_flash_attention,
+    "npu::npu_lightning_indexer": lightning_indexer,
+    "atb::npu_mla_preprocess": mla_preprocess,
+    "atb::npu_mla_preprocess.out": mla_preprocess_out,
+    "npu::npu_format_cast": format_cast,
+    "npu::npu_format_cast.Tensor": format_cast_tensor,
+    "npu::npu_format_cast_": format_cast_inplace,
+    "npu::npu_format_cast_.acl_format": format_cast_inplace,
+}

@@ -1,0 +1,172 @@
+"""torch_npu 2.14's operator schemas for the ops ascend_emu emulates, as data.
+
+Each entry is the schema string exactly as torch_npu 2.14.0 declares it (read from the wheel,
+``pip download --no-deps torch-npu==2.14.0``), with the file it comes from. :mod:`._registry`
+registers them with ``torch.library`` under their namespace (``torch.ops.npu.<name>``,
+``torch.ops.atb.npu_mla_preprocess``), alias annotations included; the Python signatures of
+``torch_npu.<op>`` are these, not written a second time. Output shapes and dtypes of the fake
+(meta) implementations follow ``torch_npu/op_plugin/meta/_meta_registrations.py`` (and
+``op_plugin/atb/_atb_meta_registrations.py``), see :mod:`._fake`.
+
+Note the schemas of ``npu_mla_prolog`` / ``_v2`` and ``npu_kv_rmsnorm_rope_cache`` carry no
+alias annotation although the ops write their caches in place: torch_npu declares them so, and
+the emulator keeps the declaration (their ``_v3`` / ``_v2`` successors are annotated, and have
+``_functional`` variants that return the updated caches instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Version of torch_npu the schemas are taken from.
+TORCH_NPU_VERSION = "2.14.0"
+#: Source files in the torch_npu wheel.
+YAML_SOURCE = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
+ATB_SOURCE = "torch_npu/lib/libop_plugin_atb.so (registration string)"
+
+
+@dataclass(frozen=True)
+class OpSchema:
+    """One torch_npu operator overload.
+
+    Attributes:
+        namespace: ``torch.ops`` namespace (``npu`` or ``atb``).
+        schema: the schema string, ``name[.overload](args) -> returns``, as torch_npu declares it.
+        source: the wheel file it was read from.
+    """
+
+    namespace: str
+    schema: str
+    source: str = YAML_SOURCE
+
+    @property
+    def name(self) -> str:
+        """Operator name without overload (``npu_format_cast``)."""
+        return self.qualified.split(".")[0]
+
+    @property
+    def qualified(self) -> str:
+        """Name with overload (``npu_format_cast.Tensor``)."""
+        return self.schema.split("(", 1)[0]
+
+
+SCHEMAS: tuple[OpSchema, ...] = (
+    OpSchema("npu",
+        'get_npu_format(Tensor self) -> int'),
+    OpSchema("npu",
+        'npu_format_cast.Tensor(Tensor self, Tensor dst, *, int? customize_dtype=None, '
+        'int? input_dtype=None) -> Tensor'),
+    OpSchema("npu",
+        'npu_format_cast_.acl_format(Tensor(a!) self, int acl_format, *, int? customize_dtype=None, '
+        'int? input_dtype=None) -> Tensor(a!)'),
+    OpSchema("npu",
+        'npu_format_cast_(Tensor(a!) self, Tensor src, *, int? customize_dtype=None, '
+        'int? input_dtype=None) -> Tensor(a!)'),
+    OpSchema("npu",
+        'npu_format_cast(Tensor self, int acl_format, *, int? customize_dtype=None, '
+        'int? input_dtype=None) -> Tensor'),
+    OpSchema("npu",
+        'npu_kv_rmsnorm_rope_cache(Tensor kv, Tensor gamma, Tensor cos, Tensor sin, Tensor index, '
+        'Tensor k_cache, Tensor ckv_cache, *, Tensor? k_rope_scale=None, Tensor? c_kv_scale=None, '
+        'Tensor? k_rope_offset=None, Tensor? c_kv_offset=None, Tensor? v=None, float epsilon=1e-5, '
+        "str cache_mode='Norm', bool is_output_kv=False) -> (Tensor, Tensor, Tensor, Tensor)"),
+    OpSchema("npu",
+        'npu_kv_rmsnorm_rope_cache_v2(Tensor kv, Tensor gamma, Tensor cos, Tensor sin, Tensor index, '
+        'Tensor(a!) k_cache, Tensor(b!) ckv_cache, *, Tensor? k_rope_scale=None, '
+        'Tensor? c_kv_scale=None, Tensor? k_rope_offset=None, Tensor? c_kv_offset=None, Tensor? v=None, '
+        "float epsilon=1e-5, str cache_mode='Norm', bool is_output_kv=False, int? k_cache_dtype=None, "
+        'int? ckv_cache_dtype=None) -> (Tensor, Tensor)'),
+    OpSchema("npu",
+        'npu_kv_rmsnorm_rope_cache_v2_functional(Tensor kv, Tensor gamma, Tensor cos, Tensor sin, '
+        'Tensor index, Tensor k_cache, Tensor ckv_cache, *, Tensor? k_rope_scale=None, '
+        'Tensor? c_kv_scale=None, Tensor? k_rope_offset=None, Tensor? c_kv_offset=None, Tensor? v=None, '
+        "float epsilon=1e-5, str cache_mode='Norm', bool is_output_kv=False, int? k_cache_dtype=None, "
+        'int? ckv_cache_dtype=None) -> (Tensor, Tensor, Tensor, Tensor)'),
+    OpSchema("npu",
+        'npu_kv_quant_sparse_flash_attention(Tensor query, Tensor key, Tensor value, '
+        'Tensor sparse_indices, float scale_value, int key_quant_mode, int value_quant_mode, *, '
+        'Tensor? key_dequant_scale=None, Tensor? value_dequant_scale=None, Tensor? block_table=None, '
+        'Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_kv=None, '
+        'int sparse_block_size=1, str layout_query="BSND", str layout_kv="BSND", int sparse_mode=3, '
+        'int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int attention_mode=0, '
+        'int quant_scale_repo_mode=1, int tile_size=128, int rope_head_dim=64, int? key_dtype=None, '
+        'int? value_dtype=None) -> Tensor'),
+    OpSchema("npu",
+        'npu_lightning_indexer(Tensor query, Tensor key, Tensor weights, *, '
+        'Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, '
+        'Tensor? block_table=None, str layout_query="BSND", str layout_key="BSND", '
+        'int sparse_count=2048, int sparse_mode=3, int pre_tokens=9223372036854775807, '
+        'int next_tokens=9223372036854775807, bool return_value=False) -> (Tensor, Tensor)'),
+    OpSchema("npu",
+        'npu_mla_prolog(Tensor token_x, Tensor weight_dq, Tensor weight_uq_qr, Tensor weight_uk, '
+        'Tensor weight_dkv_kr, Tensor rmsnorm_gamma_cq, Tensor rmsnorm_gamma_ckv, Tensor rope_sin, '
+        'Tensor rope_cos, Tensor cache_index, Tensor kv_cache, Tensor kr_cache, *, '
+        'Tensor? dequant_scale_x=None, Tensor? dequant_scale_w_dq=None, '
+        'Tensor? dequant_scale_w_uq_qr=None, Tensor? dequant_scale_w_dkv_kr=None, '
+        'Tensor? quant_scale_ckv=None, Tensor? quant_scale_ckr=None, Tensor? smooth_scales_cq=None, '
+        'float rmsnorm_epsilon_cq=1e-05, float rmsnorm_epsilon_ckv=1e-05, '
+        'str cache_mode="PA_BSND") -> (Tensor, Tensor, Tensor, Tensor)'),
+    OpSchema("npu",
+        'npu_mla_prolog_v2(Tensor token_x, Tensor weight_dq, Tensor weight_uq_qr, Tensor weight_uk, '
+        'Tensor weight_dkv_kr, Tensor rmsnorm_gamma_cq, Tensor rmsnorm_gamma_ckv, Tensor rope_sin, '
+        'Tensor rope_cos, Tensor cache_index, Tensor kv_cache, Tensor kr_cache, *, '
+        'Tensor? dequant_scale_x=None, Tensor? dequant_scale_w_dq=None, '
+        'Tensor? dequant_scale_w_uq_qr=None, Tensor? dequant_scale_w_dkv_kr=None, '
+        'Tensor? quant_scale_ckv=None, Tensor? quant_scale_ckr=None, Tensor? smooth_scales_cq=None, '
+        'float rmsnorm_epsilon_cq=1e-05, float rmsnorm_epsilon_ckv=1e-05, '
+        'str cache_mode="PA_BSND") -> (Tensor, Tensor, Tensor, Tensor, Tensor)'),
+    OpSchema("npu",
+        'npu_mla_prolog_v3(Tensor token_x, Tensor weight_dq, Tensor weight_uq_qr, Tensor weight_uk, '
+        'Tensor weight_dkv_kr, Tensor rmsnorm_gamma_cq, Tensor rmsnorm_gamma_ckv, Tensor rope_sin, '
+        'Tensor rope_cos, Tensor(a!) kv_cache, Tensor(b!) kr_cache, *, Tensor? cache_index=None, '
+        'Tensor? dequant_scale_x=None, Tensor? dequant_scale_w_dq=None, '
+        'Tensor? dequant_scale_w_uq_qr=None, Tensor? dequant_scale_w_dkv_kr=None, '
+        'Tensor? quant_scale_ckv=None, Tensor? quant_scale_ckr=None, Tensor? smooth_scales_cq=None, '
+        'Tensor? actual_seq_len=None, Tensor? k_nope_clip_alpha=None, float rmsnorm_epsilon_cq=1e-05, '
+        'float rmsnorm_epsilon_ckv=1e-05, str cache_mode="PA_BSND", bool query_norm_flag=False, '
+        'int weight_quant_mode=0, int kv_cache_quant_mode=0, int query_quant_mode=0, '
+        'int ckvkr_repo_mode=0, int quant_scale_repo_mode=0, int tile_size=128, float qc_qr_scale=1.0, '
+        'float kc_scale=1.0, int? token_x_dtype=None, int? weight_dq_dtype=None, '
+        'int? weight_uq_qr_dtype=None, int? weight_dkv_kr_dtype=None, '
+        'int? kv_cache_dtype=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)'),
+    OpSchema("npu",
+        'npu_mla_prolog_v3_functional(Tensor token_x, Tensor weight_dq, Tensor weight_uq_qr, '
+        'Tensor weight_uk, Tensor weight_dkv_kr, Tensor rmsnorm_gamma_cq, Tensor rmsnorm_gamma_ckv, '
+        'Tensor rope_sin, Tensor rope_cos, Tensor kv_cache, Tensor kr_cache, *, '
+        'Tensor? cache_index=None, Tensor? dequant_scale_x=None, Tensor? dequant_scale_w_dq=None, '
+        'Tensor? dequant_scale_w_uq_qr=None, Tensor? dequant_scale_w_dkv_kr=None, '
+        'Tensor? quant_scale_ckv=None, Tensor? quant_scale_ckr=None, Tensor? smooth_scales_cq=None, '
+        'Tensor? actual_seq_len=None, Tensor? k_nope_clip_alpha=None, float rmsnorm_epsilon_cq=1e-05, '
+        'float rmsnorm_epsilon_ckv=1e-05, str cache_mode="PA_BSND", bool query_norm_flag=False, '
+        'int weight_quant_mode=0, int kv_cache_quant_mode=0, int query_quant_mode=0, '
+        'int ckvkr_repo_mode=0, int quant_scale_repo_mode=0, int tile_size=128, float qc_qr_scale=1.0, '
+        'float kc_scale=1.0, int? token_x_dtype=None, int? weight_dq_dtype=None, '
+        'int? weight_uq_qr_dtype=None, int? weight_dkv_kr_dtype=None, '
+        'int? kv_cache_dtype=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)'),
+    OpSchema("npu",
+        'npu_sparse_flash_attention(Tensor query, Tensor key, Tensor? value, Tensor sparse_indices, '
+        'float scale_value, *, Tensor? block_table=None, Tensor? actual_seq_lengths_query=None, '
+        'Tensor? actual_seq_lengths_kv=None, Tensor? query_rope=None, Tensor? key_rope=None, '
+        'int sparse_block_size=1, str layout_query="BSND", str layout_kv="BSND", int sparse_mode=3, '
+        'int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int attention_mode=0, '
+        'bool return_softmax_lse=False, Tensor? sinks=None) -> (Tensor, Tensor, Tensor)'),
+    OpSchema("atb",
+        'npu_mla_preprocess(Tensor input, Tensor gamma0, Tensor beta0, Tensor wdqkv, Tensor descale0, '
+        'Tensor gamma1, Tensor beta1, Tensor wuq, Tensor descale1, Tensor gamma2, Tensor cos, '
+        'Tensor sin, Tensor wuk, Tensor kv_cache, Tensor kv_cache_rope, Tensor slotmapping, *, '
+        ' Tensor? quant_scale0=None, Tensor? quant_offset0=None, Tensor? bias0=None, '
+        'Tensor? quant_scale1=None, Tensor? quant_offset1=None, Tensor? bias1=None, '
+        'Tensor? ctkv_scale=None, Tensor? q_nope_scale=None, str? cache_mode=None, '
+        'str? quant_mode=None) -> (Tensor, Tensor, Tensor, Tensor)',
+        ATB_SOURCE),
+    OpSchema("atb",
+        'npu_mla_preprocess.out(Tensor input, Tensor gamma0, Tensor beta0, Tensor wdqkv, '
+        'Tensor descale0, Tensor gamma1, Tensor beta1, Tensor wuq, Tensor descale1, Tensor gamma2, '
+        'Tensor cos, Tensor sin, Tensor wuk, Tensor kv_cache, Tensor kv_cache_rope, Tensor slotmapping, '
+        '*,  Tensor? quant_scale0=None, Tensor? quant_offset0=None, Tensor? bias0=None, '
+        'Tensor? quant_scale1=None, Tensor? quant_offset1=None, Tensor? bias1=None, '
+        'Tensor? ctkv_scale=None, Tensor? q_nope_scale=None, str? cache_mode=None, str? quant_mode=None, '
+        'Tensor(a!) q_out0, Tensor(b!) kv_cache_out0, Tensor(c!) q_out1, '
+        'Tensor(d!) kv_cache_out1) -> (Tensor(a!), Tensor(b!), Tensor(c!), Tensor(d!))',
+        ATB_SOURCE),
+)

@@ -1,0 +1,359 @@
+"""ascend_emu.compare: metrics against plain-loop references, the record format, the CLI on the
+test stand-in torch_npu (loopback: zero differences for every example), fault injection caught at
+exact logical coordinates, msprobe dumps replayed."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ascend_emu import compare, inspect
+from ascend_emu.compare import metrics
+from ascend_emu.layouts import CacheLayout
+
+BF16 = ml_dtypes.bfloat16
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if "import torch_npu" in p.read_text())
+
+
+# ----------------------------------------------------------------------------- references
+def ref_msprobe(n, b):
+    """msprobe's formulas, element by element (msprobe.md §3)."""
+    n = [float(x) for x in np.asarray(n, np.float64).ravel()]
+    b = [float(x) for x in np.asarray(b, np.float64).ravel()]
+    eps = float(np.finfo(np.float32).eps)
+    dot = sum(x * y for x, y in zip(n, b))
+    nn, nb = math.sqrt(sum(x * x for x in n)), math.sqrt(sum(y * y for y in b))
+    rel = []
+    for x, y in zip(n, b):
+        if y == 0:
+            x, y = x + eps, y + eps
+        rel.append(abs((x - y) / y))
+    return {"cosine": dot / (nn * nb), "max_abs_err": max(abs(x - y) for x, y in zip(n, b)),
+            "max_rel_err": max(rel), "one_thousandth_ratio": sum(r < 0.001 for r in rel) / len(rel),
+            "five_thousandths_ratio": sum(r < 0.005 for r in rel) / len(rel)}
+
+
+def ref_rtol_fails(x, y, prec=0.005):
+    """assertRtolEqual's dual threshold (ops_reference §2.5), with loops."""
+    x, y = list(np.asarray(x, np.float64).ravel()), list(np.asarray(y, np.float64).ravel())
+    n_rel = n_abs = 0
+    for a, b in zip(x, y):
+        err = abs(a - b)
+        n_abs += err > prec
+        n_rel += err / (max(abs(a), abs(b)) + 1e-9) > prec
+    return n_rel > len(x) * prec and n_abs > len(x) * prec
+
+
+def test_msprobe_metrics_match_the_formulas(rng):
+    b = rng.standard_normal(200).astype(np.float32)
+    b[3] = 0.0
+    n = b * (1 + rng.uniform(-0.01, 0.01, 200).astype(np.float32))
+    got = metrics.msprobe_metrics(n, b)
+    want = ref_msprobe(n, b)
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-6, abs=1e-7), k
+
+
+def test_cosine_edge_cases():
+    assert metrics.msprobe_metrics(np.zeros(4), np.zeros(4))["cosine"] == 1.0
+    assert math.isnan(metrics.msprobe_metrics(np.ones(4), np.zeros(4))["cosine"])
+
+
+@pytest.mark.parametrize("share", [0.004, 0.02])
+def test_dual_threshold_verdict(share, rng):
+    """fp32 tensors: 0.4 % of elements 10 % off passes, 2 % fails (both counts exceed size * prec)."""
+    y = rng.uniform(1, 2, 5000).astype(np.float32)
+    x = y.copy()
+    k = int(share * y.size)
+    x[:k] *= 1.1
+    assert metrics.rtol_equal(x, y, both_bf16=False) == (not ref_rtol_fails(x, y))
+    assert metrics.rtol_equal(x, y, both_bf16=False) == (share < 0.005)
+
+
+def test_bf16_allclose_verdict():
+    """allclose(rtol=atol=0.005): one ulp at 1.0 (0.0078 <= 0.01) passes, one ulp at 2.0
+    (0.0156 > 0.015) fails, whatever the other 99 elements."""
+    for v, ok in ((1.0, True), (2.0, False)):
+        y = np.full(100, v, BF16)
+        x = y.copy()
+        x.view(np.uint16)[0] += 1
+        assert metrics.rtol_equal(x.astype(np.float32), y.astype(np.float32), both_bf16=True) == ok
+
+
+def test_ulp_distance_bf16():
+    a = np.array([1.0, 0.0, -1.0, 2.0], BF16)
+    b = np.array([1.0078125, -0.0, -1.0078125, 1.9921875], BF16)
+    assert metrics.ulp_distance(a, b).tolist() == [1, 0, 1, 1]
+
+
+def test_compare_tensor_nan_aware_and_ulp_histogram():
+    e = np.array([1.0, np.nan, 3.0, 4.0, 5.0], BF16)
+    a = e.copy()
+    a.view(np.uint16)[1] = 0x7FC1  # another NaN payload: equal
+    assert compare.compare_tensor("x", a, e).status == "identical"
+    a.view(np.uint16)[2] += 1  # one ulp
+    a.view(np.uint16)[3] += 3
+    a[4] = np.nan
+    r = compare.compare_tensor("x", a, e)
+    assert r.status == "fail" and r.nan_mismatch == 1 and r.mismatched == 3
+    assert r.ulp_hist["1"] == 1 and r.ulp_hist["3-4"] == 1 and r.ulp_hist["nan"] == 1
+    assert [m["index"] for m in r.mismatches] == [[2], [3], [4]]
+
+
+def test_compare_tensor_integers_exact():
+    e = np.arange(-5, 5, dtype=np.int8).reshape(2, 5)
+    a = e.copy()
+    a[1, 2] += 2
+    r = compare.compare_tensor("q", a, e)
+    assert (r.status, r.max_int_delta, r.mismatches[0]["index"]) == ("fail", 2, [1, 2])
+
+
+def test_cache_mismatch_in_logical_coordinates():
+    """One element of a PA_NZ bf16 cache changed: reported at its block, row, dim."""
+    e = np.zeros((4, 16, 1, 64), BF16)
+    layout = CacheLayout.from_declared("PA_NZ", e.shape, 2)
+    a = e.copy()
+    slot, dim = 37, 20
+    off = int(layout.chunk_offsets(np.array([slot]))[0][dim // layout.c0]) + 2 * (dim % layout.c0)
+    a.reshape(-1).view(np.uint8)[off + 1] = 0x3F  # high byte of element (slot 37, dim 20)
+    r = compare.compare_tensor("kr_cache", a, e, role="cache", cache_mode="PA_NZ")
+    assert r.status == "fail"
+    assert r.mismatches == [{"block": 2, "row": 5, "slot": 37, "head": 0, "field": "element", "elements": [20],
+                             "bytes": 1, "max_ulp": r.mismatches[0]["max_ulp"], "max_int_delta": None,
+                             "expected_slot": None}]
+
+
+def test_cache_judged_on_written_slots_only():
+    """A functional npu_mla_preprocess cache copy: bytes outside the written slots are noted, not judged."""
+    e = np.zeros((2, 16, 1, 64), BF16)
+    a = e.copy()
+    a[1, 0, 0, 2] = 5  # slot 16, not written by the op
+    r = compare.compare_tensor("c", a, e, role="cache", cache_mode="PA_BSND", expect_slots=[3],
+                               judge_expected_only=True)
+    assert (r.status, r.mismatches) == ("pass", []) and "2 byte(s) differ outside" in r.note
+    a[0, 3, 0, 1] = 1  # slot 3, written
+    r = compare.compare_tensor("c", a, e, role="cache", cache_mode="PA_BSND", expect_slots=[3],
+                               judge_expected_only=True)
+    assert r.status == "fail" and [(m["slot"], m["elements"]) for m in r.mismatches] == [(3, [1])]
+
+
+def test_record_format_round_trip(tmp_path, rng):
+    call = compare.Call(index=0, op="npu_kv_rmsnorm_rope_cache", api="torch_npu.npu_kv_rmsnorm_rope_cache",
+                        args=[compare.TensorValue(rng.standard_normal((2, 3)).astype(BF16)),
+                              compare.TensorValue(np.arange(6, dtype=np.int8).reshape(2, 3), 29)],
+                        kwargs={"cache_mode": "PA_NZ", "epsilon": 1e-5, "v": None, "dt": {"dtype": "torch.int8"},
+                                "lst": [1, compare.TensorValue(np.ones(2, np.float32))]},
+                        arg_names=["kv", "gamma"], after={"k_cache": np.ones((2, 2), BF16)},
+                        outputs=["=k_cache", compare.TensorValue(np.zeros(3, np.float32))])
+    w = compare.RecordWriter(tmp_path / "rec", "2.14.0")
+    w(call)
+    n_files = len(list((tmp_path / "rec" / "tensors").iterdir()))
+    w(compare.Call(index=1, op=call.op, api=call.api, args=[call.args[0]]))  # the same tensor again
+    w.close()
+    assert n_files == 5 and len(list((tmp_path / "rec" / "tensors").iterdir())) == n_files  # stored once
+    back, again = compare.read_record(tmp_path / "rec")
+    assert again.args[0].array.tobytes() == call.args[0].array.tobytes()
+    assert back.args[0].array.dtype == BF16 and np.array_equal(back.args[0].array.view(np.uint16),
+                                                                call.args[0].array.view(np.uint16))
+    assert back.args[1].npu_format == 29 and np.array_equal(back.args[1].array, call.args[1].array)
+    assert back.kwargs["cache_mode"] == "PA_NZ" and back.kwargs["v"] is None
+    assert back.kwargs["dt"] == {"dtype": "torch.int8"} and back.kwargs["lst"][0] == 1
+    assert back.outputs[0] == "=k_cache" and back.after["k_cache"].dtype == BF16
+    assert json.loads((tmp_path / "rec" / "index.json").read_text())["ops"] == {"npu_kv_rmsnorm_rope_cache": 2}
+    with pytest.raises(FileExistsError):
+        compare.RecordWriter(tmp_path / "rec")
+
+
+def test_unknown_op_not_replayable():
+    rep = compare.compare_call(compare.Call(index=0, op="npu_lightning_indexer_x", api="x"))
+    assert rep.status == "not replayable" and "does not exist" in rep.reason
+
+
+# ----------------------------------------------------------------------------- CLI on the stand-in
+def _cli(args, capsys):
+    from ascend_emu.cli import main
+
+    rc = main(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture
+def standin_module():
+    pytest.importorskip("torch")
+    from tests.standin_torch_npu import standin
+
+    return standin
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_shadow_compare_loopback_identical(example, standin_module, tmp_path, capsys):
+    """Every example script, shadowed on the stand-in device (loopback): zero differences."""
+    with standin_module():
+        rc, out, err = _cli(["compare", "--json", str(tmp_path / "r.json"), str(example)], capsys)
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rc == 0, out + err
+    assert rep["summary"]["calls"] >= 1 and rep["summary"]["identical"], rep["summary"]
+    assert all(t["mismatched"] == 0 for c in rep["calls"] for t in c["tensors"])
+
+
+def test_record_then_replay(standin_module, tmp_path, capsys):
+    ex = ROOT / "examples" / "mla_prolog_v3_per_tile.py"
+    with standin_module():
+        rc, _, err = _cli(["record", "-o", str(tmp_path / "rec"), str(ex)], capsys)
+    assert rc == 0, err
+    rc, out, _ = _cli(["compare", "--replay", str(tmp_path / "rec"), "--csv", str(tmp_path / "r.csv")], capsys)
+    assert rc == 0 and "identical" in out
+    rows = (tmp_path / "r.csv").read_text().splitlines()
+    assert rows[0].startswith("call,op,api") and len(rows) > 2
+
+
+def _fault_report(standin_module, fault, example, tmp_path, capsys):
+    with standin_module(fault):
+        _cli(["record", "-o", str(tmp_path / "rec"), str(ROOT / "examples" / example)], capsys)  # the
+        # script's own checks may fail on a faulty device: its exit status is not the point here
+    calls = compare.read_record(tmp_path / "rec")
+    rc, out, _ = _cli(["compare", "--replay", str(tmp_path / "rec"), "--json", str(tmp_path / "r.json")], capsys)
+    return rc, calls, json.loads((tmp_path / "r.json").read_text())
+
+
+def test_fault_row_one_slot_off(standin_module, tmp_path, capsys):
+    """The device wrote token 0 one slot further: both slots reported, at their block / row."""
+    rc, calls, rep = _fault_report(standin_module, "slot_off", "kv_rmsnorm_rope_cache.py", tmp_path, capsys)
+    assert rc == 1
+    slot = int(calls[0].args[4].array.reshape(-1)[0])  # the index the script passed
+    bs = calls[0].args[5].array.shape[1]
+    for name in ("k_cache", "ckv_cache"):
+        t = next(t for t in rep["calls"][0]["tensors"] if t["name"] == name)
+        assert t["status"] == "fail"
+        assert {(m["block"], m["row"], m["slot"]) for m in t["mismatches"]} == {
+            (slot // bs, slot % bs, slot), ((slot + 1) // bs, (slot + 1) % bs, slot + 1)}
+
+
+def test_fault_scale_byte(standin_module, tmp_path, capsys):
+    """One byte flipped in a 656-byte row's scale field: reported as field 'scale', its tile."""
+    rc, calls, rep = _fault_report(standin_module, "scale_byte", "mla_prolog_v3_per_tile.py", tmp_path, capsys)
+    assert rc == 1
+    call = calls[0]
+    slot = int(call.kwargs["cache_index"].array.reshape(-1)[0])
+    bs = call.args[9].array.shape[1]
+    t = next(t for t in rep["calls"][0]["tensors"] if t["name"] == "kv_cache")
+    assert [(m["block"], m["row"], m["field"], m["elements"], m["bytes"]) for m in t["mismatches"]] == [
+        (slot // bs, slot % bs, "scale", [0], 1)]  # byte 642 of the row: scale[0], byte 2
+
+
+def test_fault_bf16_rounded_the_other_way(standin_module, tmp_path, capsys):
+    """query[0...] one ulp off: listed at its index, ulp histogram {1: 1}, judged by allclose."""
+    rc, _, rep = _fault_report(standin_module, "round_bf16", "mla_prolog_v3.py", tmp_path, capsys)
+    t = next(t for t in rep["calls"][0]["tensors"] if t["name"] == "query")
+    assert t["mismatched"] == 1 and t["ulp_hist"]["1"] == 1
+    m = t["mismatches"][0]
+    assert m["index"] == [0] * len(t["shape"])
+    within = abs(m["actual"] - m["expected"]) <= 0.005 + 0.005 * abs(m["expected"])
+    assert t["status"] == ("pass" if within else "fail") and rc == (0 if within else 1)
+
+
+def test_fault_skipped_nz_cast(standin_module, tmp_path, capsys):
+    """The weights reached the device without npu_format_cast: the replay names the weight."""
+    rc, _, rep = _fault_report(standin_module, "skip_nz", "mla_prolog_v3.py", tmp_path, capsys)
+    assert rc == 1
+    assert rep["calls"][0]["status"] == "emu error" and "weight_dq" in rep["calls"][0]["reason"]
+
+
+def test_record_needs_torch_npu(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("torch_npu") is not None or "torch_npu" in sys.modules:
+        pytest.skip("a torch_npu is importable here")
+    rc, _, err = _cli(["record", "-o", str(tmp_path / "r"), str(EXAMPLES[0])], capsys)
+    assert rc == 2 and "no torch_npu is installed" in err
+
+
+def test_heatmap_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    e = np.zeros((2, 16, 1, 64), BF16)
+    a = e.copy()
+    a[1, 3, 0, 5] = 1
+    rep = compare.CallReport(0, "npu_mla_prolog_v3", "x", "fail",
+                             tensors=[compare.compare_tensor("kr_cache", a, e, role="cache", cache_mode="PA_BSND")])
+    (png,) = compare.Report([rep]).heatmaps(tmp_path)
+    assert pathlib.Path(png).read_bytes()[:4] == b"\x89PNG"
+
+
+# ----------------------------------------------------------------------------- msprobe dumps
+def _msprobe_dump(root: pathlib.Path, torch, entries):
+    """Write an msprobe task-'tensor' dump (msprobe.md §2) of ``entries``: key -> (args, kwargs, outputs)."""
+    rank = root / "step0" / "rank0"
+    data_dir = rank / "dump_tensor_data"
+    data_dir.mkdir(parents=True)
+
+    def node(v, name, save=True):
+        if isinstance(v, torch.Tensor):
+            f = v.float()
+            if save:
+                torch.save(v.clone(), data_dir / name)
+            return {"type": "torch.Tensor", "dtype": str(v.dtype), "shape": list(v.shape),
+                    "Max": float(f.max()) if save else None, "Min": float(f.min()) if save else None,
+                    "Mean": float(f.mean()) if save else None, "Norm": float(f.norm()) if save else None,
+                    "requires_grad": False, "data_name": name}
+        if v is None:
+            return None
+        return {"type": type(v).__name__, "value": v}
+
+    data = {}
+    for key, (args, kwargs, outs, nz) in entries.items():
+        data[key] = {"input_args": [node(v, f"{key}.input.{i}.pt", i not in nz) for i, v in enumerate(args)],
+                     "input_kwargs": {k: node(v, f"{key}.kwargs.{k}.pt") for k, v in kwargs.items()},
+                     "output": [node(v, f"{key}.output.{i}.pt") for i, v in enumerate(outs)]}
+    (rank / "dump.json").write_text(json.dumps({"task": "tensor", "level": "L1", "framework": "pytorch",
+                                                "dump_data_dir": str(data_dir), "data": data}))
+    return rank
+
+
+def test_msprobe_replay(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    import ascend_emu.torch_npu as tnpu
+
+    g = torch.Generator().manual_seed(0)
+    b, s = 2, 1
+    kv = torch.randn(b, 1, s, 576, generator=g).to(torch.bfloat16)
+    gamma = torch.ones(512, dtype=torch.bfloat16)
+    cos = torch.randn(b, 1, s, 64, generator=g).to(torch.bfloat16)
+    sin = torch.randn(b, 1, s, 64, generator=g).to(torch.bfloat16)
+    index = torch.tensor([3, 17], dtype=torch.int64)
+    k_cache = torch.zeros(4, 16, 1, 64, dtype=torch.bfloat16)
+    ckv_cache = torch.zeros(4, 16, 1, 512, dtype=torch.bfloat16)
+    before = [kv, gamma, cos, sin, index, k_cache.clone(), ckv_cache.clone()]
+    outs = tnpu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, cache_mode="PA_NZ",
+                                          is_output_kv=True)
+    prolog_args = [torch.zeros(2, 7168, dtype=torch.bfloat16)] * 11  # weights 1, 2, 4 are NZ: not saved
+    root = _msprobe_dump(tmp_path / "dump", torch, {
+        "NPU.npu_kv_rmsnorm_rope_cache.0.forward": (before, {"cache_mode": "PA_NZ", "is_output_kv": True},
+                                                    [o.clone() for o in outs], ()),
+        "NPU.npu_mla_prolog_v3.0.forward": (prolog_args, {}, [torch.zeros(1)], (1, 2, 4)),
+        "Torch.matmul.0.forward": ([kv], {}, [kv], ()),
+    })
+    rc, out, err = _cli(["replay", str(tmp_path / "dump"), "-o", str(tmp_path / "emu"), "--allow-skipped",
+                         "--json", str(tmp_path / "r.json")], capsys)
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rc == 0, out + err
+    by_op = {c["op"]: c for c in rep["calls"]}
+    assert by_op["npu_kv_rmsnorm_rope_cache"]["status"] == "identical"
+    assert {t["name"] for t in by_op["npu_kv_rmsnorm_rope_cache"]["tensors"]} == {
+        "k_cache", "ckv_cache", "k_embed_out", "y_out"}
+    assert by_op["npu_mla_prolog_v3"]["status"] == "not replayable"
+    assert "weight_dq" in by_op["npu_mla_prolog_v3"]["reason"] and "FRACTAL_NZ" in by_op["npu_mla_prolog_v3"]["reason"]
+    emu_rank = tmp_path / "emu" / "step0" / "rank0"
+    emu = json.loads((emu_rank / "dump.json").read_text())
+    assert list(emu["data"]) == ["NPU.npu_kv_rmsnorm_rope_cache.0.forward"]
+    o0 = emu["data"]["NPU.npu_kv_rmsnorm_rope_cache.0.forward"]["output"][0]
+    assert o0["dtype"] == "torch.bfloat16" and o0["shape"] == [4, 16, 1, 64]
+    back = torch.load(emu_rank / "dump_tensor_data" / o0["data_name"], map_location="cpu", weights_only=True)
+    assert torch.equal(back.view(torch.int16), outs[0].view(torch.int16))

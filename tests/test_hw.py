@@ -1,0 +1,265 @@
+"""The ``hw`` backend: selection, BackendUnavailable, and its conversions (host -> device,
+FRACTAL_NZ casts, index / descale rebuilding, in-place write-back) through the test stand-in
+torch_npu, whose ops run the emulator: every op and mode must give the emu backend's bytes."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ascend_emu import compare, hw, ops
+from ascend_emu.errors import BackendUnavailable, ModeError
+
+BF16 = ml_dtypes.bfloat16
+REAL_TORCH_NPU = importlib.util.find_spec("torch_npu") is not None
+
+
+# ----------------------------------------------------------------------------- selection
+def test_backend_context_manager_nests_and_restores(monkeypatch):
+    monkeypatch.delenv("ASCEND_EMU_BACKEND", raising=False)
+    assert ops.backend_name() == "emu"
+    with ops.backend("hw"):
+        assert ops.backend_name() == "hw"
+        with ops.backend("emu"):
+            assert ops.backend_name() == "emu"
+        assert ops.backend_name() == "hw"
+    assert ops.backend_name() == "emu"
+    with pytest.raises(ModeError, match="backend: expected one of \\['emu', 'hw'\\]"):
+        with ops.backend("gpu"):
+            pass
+    monkeypatch.setenv("ASCEND_EMU_BACKEND", "hw")
+    assert ops.backend_name() == "hw" and ops.get_backend() is hw
+
+
+def test_unimplemented_op_named():
+    with pytest.raises(NotImplementedError, match="hw backend: no implementation of 'sparse_flash_attention'"):
+        hw.sparse_flash_attention  # noqa: B018
+
+
+def _kv_call(rng, mode="PA_NZ", b=2, s=3, quant=False):
+    """Arguments of a small npu_kv_rmsnorm_rope_cache call in ``mode``; caches poisoned with 0x5A."""
+    kv = rng.standard_normal((b, 1, s, 576)).astype(BF16)
+    gamma = rng.uniform(0.5, 1.5, 512).astype(BF16)
+    cos = rng.uniform(-1, 1, (b, 1, s, 64)).astype(BF16)
+    sin = rng.uniform(-1, 1, (b, 1, s, 64)).astype(BF16)
+    dt = np.int8 if quant else BF16
+    bs, nb = 32, 6
+    if mode == "Norm":
+        shape_k, shape_c = (b, 1, 8, 64), (b, 1, 8, 512)
+        index = np.array([[0, 5, -1], [7, 1, 2]], np.int64)
+    else:
+        shape_k, shape_c = (nb, bs, 1, 64), (nb, bs, 1, 512)
+        if mode.startswith("PA_BLK"):
+            index = np.array([2 * bs, -1], np.int64)  # page-start offsets, one page per batch; batch 1 skipped
+        else:
+            index = np.array([3, 70, -1, 191, 32, 100], np.int64)
+    k = np.full(shape_k, 0x5A, np.uint8).view(dt) if quant else np.full(shape_k, 0x5A5A, np.uint16).view(BF16)
+    c = np.full(shape_c, 0x5A, np.uint8).view(dt) if quant else np.full(shape_c, 0x5A5A, np.uint16).view(BF16)
+    kw = dict(cache_mode=mode, is_output_kv=mode != "Norm")
+    if quant:
+        kw.update(k_rope_scale=rng.uniform(10, 20, 64).astype(np.float32),
+                  c_kv_scale=rng.uniform(10, 20, 512).astype(np.float32))
+    return ops.npu_kv_rmsnorm_rope_cache, [kv, gamma, cos, sin, index, k, c], kw
+
+
+def test_unavailable_without_torch_npu(rng, monkeypatch):
+    if REAL_TORCH_NPU:
+        pytest.skip("a torch_npu is installed here")
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    fn, args, kw = _kv_call(rng)
+    before = args[5].copy()
+    with ops.backend("hw"), pytest.raises(BackendUnavailable, match="torch_npu is not installed.*pip install"):
+        fn(*args, **kw)
+    assert np.array_equal(args[5].view(np.uint8), before.view(np.uint8))  # nothing written
+
+
+def test_refuses_the_drop_in(monkeypatch):
+    pytest.importorskip("torch")
+    import ascend_emu.torch_npu as drop_in
+
+    monkeypatch.setitem(sys.modules, "torch_npu", drop_in)
+    with pytest.raises(BackendUnavailable, match="drop-in"):
+        hw.runtime()
+
+
+@pytest.mark.skipif(not REAL_TORCH_NPU, reason="needs the real torch_npu and an Atlas NPU (not on this machine)")
+def test_real_npu_kv_rmsnorm_rope_cache_within_criterion(rng):
+    """On an Atlas machine: the real kernel against the emulator, by the official criterion."""
+    fn, args, kw = _kv_call(rng)
+    res = {}
+    for be in ("emu", "hw"):
+        a = [x.copy() for x in args]
+        with ops.backend(be):
+            res[be] = (fn(*a, **kw), a)
+    for name, x, y in (("k_cache", res["hw"][1][5], res["emu"][1][5]), ("k_embed_out", res["hw"][0][2], res["emu"][0][2])):
+        assert compare.compare_tensor(name, y, x).status in ("identical", "pass")
+
+
+# ----------------------------------------------------------------------------- loopback through the stand-in
+@pytest.fixture(scope="module")
+def standin():
+    pytest.importorskip("torch")
+    from tests.standin_torch_npu import standin as ctx
+
+    with ctx() as mod:
+        yield mod
+
+
+def _copy(v):
+    return v.copy() if isinstance(v, np.ndarray) else v
+
+
+def assert_backends_agree(fn, args, kwargs):
+    """Run ``fn`` on copies of the arguments with each backend; every output and every array
+    argument (caches, out= tensors) must hold the same bytes (NaN-aware)."""
+    got = {}
+    for be in ("emu", "hw"):
+        a = [_copy(v) for v in args]
+        kw = {k: _copy(v) for k, v in kwargs.items()}
+        with ops.backend(be):
+            out = fn(*a, **kw)
+        got[be] = (list(out) if isinstance(out, (tuple, list)) else [out], a, kw)
+    (oe, ae, ke), (oh, ah, kh) = got["emu"], got["hw"]
+    pairs = [(f"out[{i}]", x, y) for i, (x, y) in enumerate(zip(oe, oh))]
+    pairs += [(f"args[{i}]", x, y) for i, (x, y) in enumerate(zip(ae, ah))]
+    pairs += [(k, ke[k], kh[k]) for k in ke]
+    checked = 0
+    for name, x, y in pairs:
+        if isinstance(x, np.ndarray):
+            r = compare.compare_tensor(name, np.asarray(y), np.asarray(x))
+            assert r.status == "identical", (name, r.to_dict())
+            checked += 1
+    assert checked
+
+
+KV_MODES = ["Norm", "PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ"]
+
+
+@pytest.mark.parametrize("mode", KV_MODES)
+def test_hw_kv_rmsnorm_rope_cache(standin, rng, mode):
+    assert_backends_agree(*_kv_call(rng, mode))
+
+
+@pytest.mark.parametrize("mode", ["PA_NZ", "PA_BLK_BNSD"])
+def test_hw_kv_rmsnorm_rope_cache_int8(standin, rng, mode):
+    assert_backends_agree(*_kv_call(rng, mode, quant=True))
+
+
+def test_kv_index_rebuilt_per_mode(rng):
+    """hw.kv_index gives back the index the caller passed, in every mode's meaning."""
+    from ascend_emu.ops.kv_rmsnorm_rope_cache import _normalise
+
+    for mode in KV_MODES:
+        _, a, kw = _kv_call(rng, mode)
+        args = _normalise(*a, None, None, None, None, 1e-5, mode, kw["is_output_kv"])
+        assert np.array_equal(hw.kv_index(args).reshape(a[4].shape), a[4]), mode
+
+
+@pytest.fixture(scope="module")
+def prolog_data():
+    from tests.test_mla_prolog import Data, QuantData
+
+    return Data(np.random.default_rng(7)), QuantData(np.random.default_rng(11))
+
+
+PROLOG_BF16 = [(1, "PA_BSND"), (2, "PA_NZ"), (3, "PA_BLK_NZ"), (3, "TND")]
+
+
+@pytest.mark.parametrize("version, cache_mode", PROLOG_BF16)
+def test_hw_mla_prolog_bf16(standin, prolog_data, version, cache_mode):
+    from tests.test_mla_prolog import BF16 as B, DR, HCKV
+
+    data, _ = prolog_data
+    n, t = 2, 4
+    w_uq_qr, w_uk, _, _ = data.heads(n)
+    x, sin, cos = data.x[:t].copy(), data.sin[:t].copy(), data.cos[:t].copy()
+    if cache_mode == "TND":
+        kv, kr, index = np.zeros((t, 1, HCKV), B), np.zeros((t, 1, DR), B), None
+    else:
+        kv, kr = np.zeros((3, 16, 1, HCKV), B), np.zeros((3, 16, 1, DR), B)
+        index = np.array([0, 2], np.int64) if cache_mode == "PA_BLK_NZ" else np.array([5, 17, -1, 40], np.int64)
+    head = [x, data.w_dq_nz, w_uq_qr, w_uk, data.w_dkv_kr_nz, data.gamma_cq, data.gamma_ckv, sin, cos]
+    if version == 3:
+        kw = dict(cache_index=index, cache_mode=cache_mode, query_norm_flag=True)
+        if cache_mode == "PA_BLK_NZ":
+            kw["actual_seq_len"] = np.array([2, 4], np.int32)  # two sequences of 2 tokens, one block each
+        assert_backends_agree(ops.npu_mla_prolog_v3, head + [kv, kr], kw)
+    else:
+        fn = ops.npu_mla_prolog if version == 1 else ops.npu_mla_prolog_v2
+        assert_backends_agree(fn, head + [index, kv, kr], dict(cache_mode=cache_mode))
+
+
+def _scenarios():
+    from tests.test_mla_prolog import SEED_SCENARIOS
+
+    return list(SEED_SCENARIOS)
+
+
+@pytest.mark.parametrize("modes", _scenarios(), ids=str)
+def test_hw_mla_prolog_v3_quant_scenarios(standin, prolog_data, modes):
+    _, q = prolog_data
+    t = 4
+    w_dq, w_uq_qr, w_dkv_kr = q.weights(modes)
+    x = q.x["int8" if modes[0] == 2 else "bfloat16"][:t].copy()
+    kv, kr = q.caches(modes, (3, 16))
+    kw = dict(cache_index=np.array([5, 17, -1, 40], np.int64), cache_mode="PA_BSND", query_norm_flag=True,
+              **q.mode_kwargs(modes), **q.scale_kwargs(modes, t))
+    assert_backends_agree(ops.npu_mla_prolog_v3, [x, w_dq, w_uq_qr, q.w_uk, w_dkv_kr, q.gamma_cq, q.gamma_ckv,
+                                                  q.sin[:t].copy(), q.cos[:t].copy(), kv, kr], kw)
+
+
+MLAPP = [("bfloat16", c, qm) for c in ("kvcache", "krope_ctkv", "int8_nzcache", "nzcache")
+         for qm in ("per_tensor_quant_asymm", "per_token_quant_symm")] + [
+    ("float16", "krope_ctkv", "per_tensor_quant_asymm"), ("float16", "int8_nzcache", "per_tensor_quant_asymm")]
+
+
+@pytest.mark.filterwarnings("ignore::ascend_emu.errors.DuplicateSlotWarning")
+@pytest.mark.parametrize("dtype_name, cache_mode, quant_mode", MLAPP)
+def test_hw_mla_preprocess(standin, rng, dtype_name, cache_mode, quant_mode):
+    from tests.test_mla_preprocess import make_case
+
+    case = make_case(rng, dtype_name, cache_mode, quant_mode)
+    if quant_mode == "per_token_quant_symm" and dtype_name == "float16":
+        pytest.skip("rejected by the op")
+    assert_backends_agree(ops.npu_mla_preprocess, list(case["args"].values()), case["kwargs"])
+
+
+def test_hw_mla_preprocess_out_form_in_place(standin, rng):
+    """out= form with the caches themselves: written in place on both backends alike."""
+    from tests.test_mla_preprocess import make_case
+
+    case = make_case(rng, "bfloat16", "nzcache", "per_tensor_quant_asymm")
+    a = case["args"]
+    t, n = a["input"].shape[0], a["wuk"].shape[0]
+    kw = dict(case["kwargs"], q_out0=np.zeros((t, n, 512), BF16), q_out1=np.zeros((t, n, 64), BF16))
+    args = list(a.values())
+
+    def fn(*args, **kw):
+        return ops.npu_mla_preprocess(*args, kv_cache_out0=args[13], kv_cache_out1=args[14], **kw)
+
+    assert_backends_agree(fn, args, kw)
+
+
+def test_hw_skipped_nz_cast_caught(standin, prolog_data):
+    """A device path that skips npu_format_cast: most query elements off, reported as a failure."""
+    from tests.test_mla_prolog import BF16 as B, DR, HCKV
+
+    data, _ = prolog_data
+    w_uq_qr, w_uk, _, _ = data.heads(2)
+    args = [data.x[:4].copy(), data.w_dq_nz, w_uq_qr, w_uk, data.w_dkv_kr_nz, data.gamma_cq, data.gamma_ckv,
+            data.sin[:4].copy(), data.cos[:4].copy(), np.zeros((3, 16, 1, HCKV), B), np.zeros((3, 16, 1, DR), B)]
+    kw = dict(cache_index=np.array([5, 17, -1, 40], np.int64), cache_mode="PA_NZ")
+    with ops.backend("emu"):
+        good = ops.npu_mla_prolog_v3(*[_copy(v) for v in args], **kw)
+    standin.FAULT = "skip_nz"
+    try:
+        with ops.backend("hw"):
+            bad = ops.npu_mla_prolog_v3(*[_copy(v) for v in args], **kw)
+    finally:
+        standin.FAULT = ""
+    r = compare.compare_tensor("query", bad[0], good[0])
+    assert r.status == "fail" and r.mismatched > r.size // 10
