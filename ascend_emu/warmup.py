@@ -160,6 +160,30 @@ def _indexer_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
                                                                                                **kw))
 
 
+def _sparse_attention_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
+    b, s1, n1, bs, k = 1, TOKENS, 16, 16, 4
+    act_q, act_kv = np.array([s1], np.int32), np.array([2 * bs], np.int32)
+    table = np.arange(2, dtype=np.int32).reshape(1, 2)  # [B, blocks]
+    indices = np.tile(np.arange(k, dtype=np.int32), (b, s1, 1, 1))  # [B, S1, N2, K] kv positions
+    common = dict(block_table=table, actual_seq_lengths_query=act_q, actual_seq_lengths_kv=act_kv, sparse_block_size=1,
+                  layout_query="BSND", layout_kv="PA_BSND", sparse_mode=3, attention_mode=2)
+    for dtype in (BF16, np.dtype(np.float16)):
+        query, query_rope = _rand(rng, (b, s1, n1, 512), dtype), _rand(rng, (b, s1, n1, 64), dtype)
+        key, key_rope = _rand(rng, (2, bs, 1, 512), dtype), _rand(rng, (2, bs, 1, 64), dtype)
+        yield (f"npu_sparse_flash_attention {dtype.name} PA_BSND",
+               lambda a=(query, key, key, indices, 0.04), kw=dict(common, query_rope=query_rope, key_rope=key_rope):
+               ops.npu_sparse_flash_attention(*a, **kw))
+    rows = np.zeros((2, bs, 1, 656), np.int8)  # [blocks, block_size, 1, 656] combined rows
+    rows[..., :512] = _int8(rng, (2, bs, 1, 512))
+    rows[..., 512:640] = _rand(rng, (2, bs, 1, 64)).view(np.int8)
+    rows[..., 640:] = np.full((2, bs, 1, 4), 1e-2, np.float32).view(np.int8)
+    query = _rand(rng, (b, s1, n1, 576))
+    yield ("npu_kv_quant_sparse_flash_attention per-tile PA_BSND",
+           lambda: ops.npu_kv_quant_sparse_flash_attention(query, rows, rows, indices, 0.04, 2, 2,
+                                                           quant_scale_repo_mode=1, tile_size=128, rope_head_dim=64,
+                                                           **common))
+
+
 def _format_cast_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
     for dtype in (BF16, np.dtype(np.int8)):
         w = _rand(rng, (32, 64)).astype(dtype)
@@ -167,7 +191,7 @@ def _format_cast_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
 
 
 #: Every op family's warm-up calls, in order.
-CALLS = (_format_cast_calls, _kv_calls, _prolog_calls, _preprocess_calls, _indexer_calls)
+CALLS = (_format_cast_calls, _kv_calls, _prolog_calls, _preprocess_calls, _indexer_calls, _sparse_attention_calls)
 
 
 # ---------------------------------------------------------------------- running
