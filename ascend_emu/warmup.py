@@ -211,6 +211,9 @@ def _split_every_kernel() -> Iterator[None]:
 def warmup(*, parallel: bool = True, report: Callable[[WarmupResult], None] | None = None) -> list[WarmupResult]:
     """Run every op once per scenario on tiny inputs (module doc), compiling or loading its kernels.
 
+    The split runs lower the emu backend's work thresholds for their duration (module globals),
+    so do not call ops from other Python threads while it runs.
+
     Args:
         parallel: also run each call with its work split across threads, when Numba has two or more
             (compiles the parallel kernels; they are separate functions).
