@@ -15,6 +15,8 @@ Commands:
   k_rope landed in a PA_NZ cache, checked byte by byte against a PA_BSND run.
 - ``ascend-emu record | compare | replay``: the real NPU against the emulator (recordings, shadow
   runs, msprobe dumps; :mod:`ascend_emu.compare.cli`).
+- ``ascend-emu warmup``: run every op once on tiny inputs, so its Numba kernels are compiled into
+  the on-disk cache (:mod:`ascend_emu.warmup`).
 - ``ascend-emu inspect where|what|dump|grid|diff|blocks``: bit-level cache debugging
   (:mod:`ascend_emu.inspect`, rendered by :mod:`ascend_emu.inspect.cli`); ``ascend-emu locate``
   is an alias of ``inspect where`` (``--slot``) / ``inspect what`` (``--byte``).
@@ -306,6 +308,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--sparse-count", type=int, default=2048, help="indexer top-k (2048)")
     demo.add_argument("--block-size", type=int, default=128, help="cache block size (128)")
     demo.set_defaults(func=cmd_demo)
+
+    warm = sub.add_parser("warmup", help="compile / load every Numba kernel by running each op once on tiny inputs",
+                          description="Run every op once per scenario on tiny inputs so that its Numba kernels "
+                                      "are compiled into the on-disk cache (run once after installing, or as a CI "
+                                      "step before the tests).")
+    from .warmup import add_arguments as add_warmup_arguments
+    from .warmup import run as run_warmup
+
+    add_warmup_arguments(warm)
+    warm.set_defaults(func=run_warmup)
 
     from .inspect.cli import add_inspect_parser, add_locate_parser
 

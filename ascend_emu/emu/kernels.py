@@ -20,6 +20,23 @@ from ..mla import D_ROPE as ROPE_DIM
 _HALF = ROPE_DIM // 2
 
 
+# ---------------------------------------------------------------------- threads
+#: Fewest scalar elements one parallel range processes (about 30-100 us of vector work): waking a
+#: thread and joining it costs tens of microseconds (more on a loaded machine), so smaller work
+#: runs on the calling thread, and more threads never split work finer than this.
+ELEMENTS_PER_PART = 1 << 16
+
+
+def parallel_parts(items: int, elements_per_item: int) -> int:
+    """How many contiguous ranges to split ``items`` independent rows into: 1 (run serially)
+    below two ranges of :data:`ELEMENTS_PER_PART`, else one per thread (at most), each at least
+    that large."""
+    parts = items * elements_per_item // ELEMENTS_PER_PART
+    if parts < 2:
+        return 1
+    return max(1, min(numba.get_num_threads(), parts, items))
+
+
 # ---------------------------------------------------------------------- RmsNorm
 #: fp32 lanes of one vector repeat (256 bytes): the width of every kernel's square-sum.
 LANES = 64
@@ -160,12 +177,20 @@ def rms_norm_row(x, gamma, eps, scale, lanes_order, prescale, reciprocal, sq, la
             out[i] = x[i] / rms * gamma[i] * scale
 
 
-@njit(cache=True, parallel=True)
-def _rms_norm_2d(x, gamma, eps, scale, lanes_order, prescale, reciprocal, out):
-    for t in prange(x.shape[0]):
-        sq = np.empty(x.shape[1] if lanes_order == LANES_PAIRWISE else 1, dtype=np.float32)
-        lanes = np.empty(LANES, dtype=np.float32)
+@njit(cache=True)
+def _rms_norm_rows(lo, hi, x, gamma, eps, scale, lanes_order, prescale, reciprocal, out):
+    sq = np.empty(x.shape[1] if lanes_order == LANES_PAIRWISE else 1, dtype=np.float32)
+    lanes = np.empty(LANES, dtype=np.float32)
+    for t in range(lo, hi):
         rms_norm_row(x[t], gamma, eps, scale, lanes_order, prescale, reciprocal, sq, lanes, out[t])
+
+
+@njit(cache=True, parallel=True)
+def _rms_norm_parts(parts, x, gamma, eps, scale, lanes_order, prescale, reciprocal, out):
+    n = x.shape[0]
+    for p in prange(parts):
+        _rms_norm_rows(p * n // parts, (p + 1) * n // parts, x, gamma, eps, scale, lanes_order, prescale, reciprocal,
+                       out)
 
 
 @njit(cache=True, parallel=True)
@@ -221,8 +246,13 @@ def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float, order: RmsNormOrder, 
     x = np.ascontiguousarray(x, dtype=np.float32)
     _check_order(x.shape[-1], order)
     out = np.empty_like(x)
-    _rms_norm_2d(x, np.ascontiguousarray(gamma, dtype=np.float32), np.float32(eps), np.float32(scale),
-                 order.lanes, order.prescale, order.reciprocal, out)
+    operands = (x, np.ascontiguousarray(gamma, dtype=np.float32), np.float32(eps), np.float32(scale), order.lanes,
+                order.prescale, order.reciprocal, out)
+    parts = parallel_parts(x.shape[0], x.shape[1])
+    if parts > 1:
+        _rms_norm_parts(parts, *operands)
+    else:
+        _rms_norm_rows(0, x.shape[0], *operands)
     return out
 
 
@@ -248,11 +278,18 @@ def rope_row(x, cos, sin, deinterleave, out):
         out[i + _HALF] = b * cos[i + _HALF] + a * sin[i + _HALF]
 
 
-@njit(cache=True, parallel=True)
-def _rope_3d(x, cos, sin, deinterleave, out):
-    for t in prange(x.shape[0]):
+@njit(cache=True)
+def _rope_rows(lo, hi, x, cos, sin, deinterleave, out):
+    for t in range(lo, hi):
         for n in range(x.shape[1]):
             rope_row(x[t, n], cos[t], sin[t], deinterleave, out[t, n])
+
+
+@njit(cache=True, parallel=True)
+def _rope_parts(parts, x, cos, sin, deinterleave, out):
+    n = x.shape[0]
+    for p in prange(parts):
+        _rope_rows(p * n // parts, (p + 1) * n // parts, x, cos, sin, deinterleave, out)
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, deinterleave: bool) -> np.ndarray:
@@ -269,34 +306,52 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, deinterleave: bool)
     x = np.ascontiguousarray(x, dtype=np.float32)
     x3 = x.reshape(x.shape[0], -1, ROPE_DIM)  # [T, N, 64]
     out = np.empty_like(x3)
-    _rope_3d(x3, np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32),
-             deinterleave, out)
+    operands = (x3, np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32),
+                deinterleave, out)
+    parts = parallel_parts(x3.shape[0], x3.shape[1] * ROPE_DIM)
+    if parts > 1:
+        _rope_parts(parts, *operands)
+    else:
+        _rope_rows(0, x3.shape[0], *operands)
     return out.reshape(x.shape)
 
 
 # ---------------------------------------------------------------------- scatter
 @njit(cache=True, inline="always")
-def _scatter_token(cache, rows, offsets, chunk, t):
-    for j in range(offsets.shape[1]):
-        dst = offsets[t, j]
-        src = j * chunk
-        for k in range(chunk):
-            cache[dst + k] = rows[t, src + k]
+def _scatter_token(cache, rows, slot, src, nz, block_size, row_words, chunk):
+    """Copy row ``src`` of ``rows`` to ``slot`` of the cache (all sizes in copy words).
+
+    ND: the row is contiguous at ``slot * row_words``. NZ (ops_reference §1.4): ``row_words / chunk``
+    chunks of 32 bytes; chunk ``j`` of slot ``blk * block_size + r`` starts at
+    ``blk * block_size * row_words + j * block_size * chunk + r * chunk`` (the same offsets as
+    :meth:`~ascend_emu.layouts.CacheLayout.chunk_offsets`)."""
+    if nz:
+        blk = slot // block_size
+        base = blk * block_size * row_words + (slot - blk * block_size) * chunk
+        for j in range(row_words // chunk):
+            dst = base + j * block_size * chunk
+            off = j * chunk
+            for k in range(chunk):
+                cache[dst + k] = rows[src, off + k]
+    else:
+        dst = slot * row_words
+        for k in range(row_words):
+            cache[dst + k] = rows[src, k]
 
 
 @njit(cache=True, parallel=True)
-def _scatter_chunks(cache, rows, offsets, chunk, parts):
-    """:func:`_scatter_token` over ``parts`` contiguous token ranges in parallel."""
-    n = offsets.shape[0]
+def _scatter_parallel(cache, rows, slots, keep, nz, block_size, row_words, chunk, parts):
+    """:func:`_scatter_token` for tokens ``keep`` over ``parts`` contiguous ranges in parallel."""
+    n = keep.shape[0]
     for p in prange(parts):
-        for t in range(p * n // parts, (p + 1) * n // parts):
-            _scatter_token(cache, rows, offsets, chunk, t)
+        for i in range(p * n // parts, (p + 1) * n // parts):
+            _scatter_token(cache, rows, slots[keep[i]], keep[i], nz, block_size, row_words, chunk)
 
 
 @njit(cache=True)
-def _scatter_chunks_serial(cache, rows, offsets, chunk):
-    for t in range(offsets.shape[0]):
-        _scatter_token(cache, rows, offsets, chunk, t)
+def _scatter_serial(cache, rows, slots, keep, nz, block_size, row_words, chunk):
+    for i in range(keep.shape[0]):
+        _scatter_token(cache, rows, slots[keep[i]], keep[i], nz, block_size, row_words, chunk)
 
 
 #: Fewest bytes a thread scatters: below 2 x this a scatter runs on one thread (starting the pool
@@ -305,13 +360,14 @@ def _scatter_chunks_serial(cache, rows, offsets, chunk):
 SCATTER_BYTES_PER_THREAD = 1 << 19
 
 
-def _copy_word(nbytes: int, chunk: int, row_bytes: int, offsets: np.ndarray):
-    """Widest unsigned word (8, 4, 2 or 1 bytes) dividing the cache size, the chunk, the row and every
-    offset, so chunks are copied as words (a byte loop is ~10x slower for 32-byte NZ chunks)."""
-    low = int(np.bitwise_or.reduce(offsets, axis=None)) if offsets.size else 0
+def _copy_word(nbytes: int, chunk: int, row_bytes: int):
+    """Widest unsigned word (8, 4, 2 or 1 bytes) dividing the cache size, the chunk and the row, so
+    chunks are copied as words (a byte loop is ~10x slower for 32-byte NZ chunks). Every chunk
+    offset is then a multiple of it too: ND offsets are multiples of the row, NZ offsets of the
+    32-byte chunk (an NZ row is a multiple of 32 bytes)."""
+    low = nbytes | chunk | row_bytes
     for word in (np.uint64, np.uint32, np.uint16):
-        w = np.dtype(word).itemsize
-        if (nbytes | chunk | row_bytes | low) % w == 0:
+        if low % np.dtype(word).itemsize == 0:
             return word
     return np.uint8
 
@@ -323,7 +379,7 @@ def last_writer(slots: np.ndarray) -> np.ndarray:
     """
     slots = np.asarray(slots).reshape(-1)
     live = np.flatnonzero(slots >= 0)
-    if live.size == 0:
+    if live.size < 2:
         return live
     rev = live[::-1]
     _, first_in_rev = np.unique(slots[rev], return_index=True)
@@ -341,22 +397,23 @@ def scatter_rows(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout:
         slots: int64 ``[T]`` validated slots; -1 skips the token; for a slot written by several
             tokens the last one wins.
         layout: the cache's :class:`~ascend_emu.layouts.CacheLayout`.
-        keep: ``last_writer(slots)`` when the caller already has it (several caches, same slots).
+        keep: int64 ``last_writer(slots)`` when the caller already has it (several caches, same
+            slots).
     """
     keep = last_writer(slots) if keep is None else keep
     if keep.size == 0:
         return
     raw = np.ascontiguousarray(rows).view(np.uint8).reshape(rows.shape[0], -1)  # [T, row_bytes]
-    slots = np.asarray(slots).reshape(-1)
-    if keep.size < raw.shape[0]:  # else keep is arange(T): no copy needed
-        raw, slots = raw[keep], slots[keep]
-    offsets = layout.chunk_offsets(slots)  # [T', nchunk]
     flat = cache.reshape(-1).view(np.uint8)  # shares memory with cache
-    word = _copy_word(flat.size, layout.chunk_bytes, raw.shape[1], offsets)
+    row_bytes, chunk = raw.shape[1], layout.chunk_bytes
+    word = _copy_word(flat.size, chunk, row_bytes)
     w = np.dtype(word).itemsize
-    operands = (flat.view(word), np.ascontiguousarray(raw).view(word), offsets // w, layout.chunk_bytes // w)
-    parts = min(numba.get_num_threads(), raw.itemsize * raw.shape[1] * keep.size // SCATTER_BYTES_PER_THREAD)
+    operands = (flat.view(word), raw.view(word), np.asarray(slots).reshape(-1), keep, layout.nz,
+                layout.block_size, row_bytes // w, chunk // w)
+    parts = row_bytes * keep.size // SCATTER_BYTES_PER_THREAD
     if parts > 1:
-        _scatter_chunks(*operands, parts)
+        parts = min(numba.get_num_threads(), parts)
+    if parts > 1:
+        _scatter_parallel(*operands, parts)
     else:
-        _scatter_chunks_serial(*operands)
+        _scatter_serial(*operands)

@@ -31,6 +31,8 @@ into chunks of query tokens (:data:`CHUNK_BYTES`).
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 from numba import njit, prange
@@ -39,6 +41,7 @@ from ..ops.lightning_indexer import (EMPTY_VALUE_SHAPE, PAD_VALUE, SKIPPED_ROW_V
 from ..quant import BF16
 from ..quant.rounding import f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 from .kv_rmsnorm_rope_cache import _widen_row
+from .matmul import matmul_f32
 
 #: Below these sizes one thread is faster than waking the pool, and a BLAS call right after a
 #: parallel region competes with its spinning workers on a small machine: key rows gathered,
@@ -199,7 +202,9 @@ def _score_top_k_parallel(dots, w, limit, is_bf16, want_values, pad_bits, skip_b
         _score_top_k_range(c, c + 1, dots, w, limit, is_bf16, want_values, pad_bits, skip_bits, idx_out, val_out)
 
 
+@functools.lru_cache(maxsize=16)
 def _bits(value: float, dtype: np.dtype) -> np.uint16:
+    """bf16 / fp16 bits of ``value`` (memoised: two constants per dtype)."""
     return np.array(value, dtype=dtype).view(np.uint16)[()]
 
 
@@ -233,7 +238,7 @@ def lightning_indexer(args: LightningIndexerArgs):
             for c0 in range(0, rows.size, _chunk(width, g)):
                 sub = rows[c0:c0 + _chunk(width, g)]
                 q = q32[sub, kh * g:(kh + 1) * g].reshape(-1, dim)  # [C * G, D]
-                dots = q @ keys.T  # [C * G, L] fp32 BLAS
+                dots = matmul_f32(q, keys.T)  # [C * G, L] fp32 BLAS
                 w = np.ascontiguousarray(w32[sub, kh * g:(kh + 1) * g])  # [C, G]
                 out_i = np.empty((sub.size, k), np.int32)
                 out_v = np.empty((sub.size, k) if args.return_value else (0, 0), np.uint16)
@@ -260,6 +265,10 @@ def _chunk(width: int, g: int) -> int:
 
 def _batch_rows(token_batch: np.ndarray):
     """(batch, its query token rows) for every batch with rows, in batch order."""
+    if token_batch.size and token_batch[0] == token_batch[-1] and (token_batch.size < 3 or
+                                                                   (token_batch == token_batch[0]).all()):
+        yield int(token_batch[0]), np.arange(token_batch.size)  # one batch (decode with B = 1)
+        return
     order = np.argsort(token_batch, kind="stable")
     bounds = np.flatnonzero(np.diff(token_batch[order])) + 1
     for rows in np.split(order, bounds):

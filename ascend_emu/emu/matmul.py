@@ -9,17 +9,39 @@ Weights cast to FRACTAL_NZ (:class:`~ascend_emu.layouts.NZArray`) are constant f
 the cast tensor, like the NZ copy torch_npu makes: their fp32 / fp64 widening is computed on the
 first call and kept on the array. Changing such a weight in place after it has been used is not
 seen by later calls; cast it again instead.
+
+ND weights (``weight_uk``) are widened once too, but checked on every call: the fp32 copy is kept
+per memory address, shape, strides and dtype (the torch drop-in hands a new NumPy view of the
+same tensor to every call), together with a 64-bit fingerprint of the weight's bytes
+(:func:`fingerprint`, a position-weighted sum over 8-byte words, about a tenth of the cost of
+widening); a weight written in place since is seen by its new fingerprint and widened again.
+At most :data:`ND_CACHE_BYTES` of fp32 copies are kept, least recently used first out.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import numpy as np
+from numba import njit
 
 from ..layouts import NZArray
-from ..quant import to_f32
+from ..quant import BF16, to_f32
 
 _F32_ATTR = "_ascend_emu_f32"
 _F64_ATTR = "_ascend_emu_f64"
+
+
+def widen_f32(w: np.ndarray) -> np.ndarray:
+    """:func:`~ascend_emu.quant.to_f32` (exact) with one allocation for bf16 (``bits << 16`` in
+    place; the first widening of a large weight is mostly page faults of new memory) and less
+    per-call work for small arrays."""
+    if w.dtype == BF16:
+        out = w.view(np.uint16).astype(np.uint32)
+        np.left_shift(out, np.uint32(16), out=out)
+        return out.view(np.float32)
+    return to_f32(w)
 
 
 def _cached(w: np.ndarray, attr: str, make):
@@ -32,9 +54,65 @@ def _cached(w: np.ndarray, attr: str, make):
     return make(np.asarray(w))
 
 
+#: Largest total size of the fp32 copies of ND weights kept (module doc).
+ND_CACHE_BYTES = 1 << 30
+_nd_cache: OrderedDict[tuple, tuple[int, np.ndarray]] = OrderedDict()
+_nd_lock = threading.Lock()
+
+
+@njit(cache=True)
+def _weighted_sum(words):
+    h = np.uint64(0)
+    for i in range(words.shape[0]):
+        h += words[i] * np.uint64(2 * i + 1)  # wraps modulo 2**64
+    return h
+
+
+def fingerprint(a: np.ndarray) -> int:
+    """64-bit fingerprint of a C-contiguous array's bytes: ``sum(word[i] * (2i + 1)) mod 2**64``
+    over its 8-byte words (narrower words when the size is not a multiple of 8). Any change of
+    one word changes it; it is not a cryptographic hash."""
+    raw = a.reshape(-1).view(np.uint8)
+    for word in (np.uint64, np.uint32, np.uint16, np.uint8):
+        if raw.size % np.dtype(word).itemsize == 0:
+            return int(_weighted_sum(raw.view(word)))
+    raise AssertionError("unreachable")
+
+
+def _nd_weight_f32(w: np.ndarray) -> np.ndarray:
+    """fp32 copy of an ND weight, reused while its bytes are unchanged (module doc)."""
+    if not w.flags.c_contiguous or w.dtype == np.float32:
+        return widen_f32(w)
+    key = (w.__array_interface__["data"][0], w.shape, w.strides, w.dtype)
+    mark = fingerprint(w)
+    with _nd_lock:
+        hit = _nd_cache.get(key)
+        if hit is not None and hit[0] == mark:
+            _nd_cache.move_to_end(key)
+            return hit[1]
+    wide = widen_f32(w)
+    with _nd_lock:
+        _nd_cache[key] = (mark, wide)
+        _nd_cache.move_to_end(key)
+        total = sum(v[1].nbytes for v in _nd_cache.values())
+        while total > ND_CACHE_BYTES and len(_nd_cache) > 1:
+            total -= _nd_cache.popitem(last=False)[1][1].nbytes
+    return wide
+
+
+def clear_weight_cache() -> None:
+    """Forget every kept fp32 copy of an ND weight (NZ weights keep theirs on the array)."""
+    with _nd_lock:
+        _nd_cache.clear()
+
+
 def weight_f32(w: np.ndarray) -> np.ndarray:
-    """fp32 copy of a bf16 / fp16 / fp32 weight (kept on FRACTAL_NZ weights, see module doc)."""
-    return _cached(w, _F32_ATTR, to_f32)
+    """fp32 copy of a bf16 / fp16 / fp32 weight: kept on FRACTAL_NZ weights; for ND weights kept
+    per address and reused while the weight's fingerprint is unchanged (module doc). Read only:
+    callers must not write into it."""
+    if isinstance(w, NZArray):
+        return _cached(w, _F32_ATTR, widen_f32)
+    return _nd_weight_f32(np.asarray(w))
 
 
 def weight_f64(w: np.ndarray) -> np.ndarray:

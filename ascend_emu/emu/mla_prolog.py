@@ -16,9 +16,9 @@ from numba import njit, prange
 from ..ops.mla_prolog import D_NOPE, D_ROPE, HCKV
 from ..quant import (BF16, INT8_MAX, CombinedRowFormat, bf16_bits_to_f32, bf16_to_f32, dynamic_scale,
                      f32_to_bf16_bits, f32_to_int8, f32_to_int8_via_f16, group_amax, quantize_static,
-                     quantize_with_dequant_scale, to_bf16, to_f32)
-from .kernels import LANES, MLA_PROLOG_RMS, last_writer, rms_norm_row, rope_row, scatter_rows
-from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64
+                     quantize_with_dequant_scale, to_bf16)
+from .kernels import LANES, MLA_PROLOG_RMS, last_writer, parallel_parts, rms_norm_row, rope_row, scatter_rows
+from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
 
 #: The int8 bound the kernel's DynamicQuant divides by (its ``maxInt8Tensor``), fp32.
 _Q_MAX = np.float32(INT8_MAX)
@@ -27,48 +27,64 @@ _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL = MLA_PROLOG_RMS
 
 
 # ---------------------------------------------------------------------- fused vector stages
-# Each kernel does the vector work between two matmuls for all tokens in one parallel launch
-# (prange over tokens); the arithmetic is the shared row kernels' (kernels.rms_norm_row /
-# rope_row) and RNE rounding (quant.f32_to_bf16_bits).
+# Each kernel does the vector work between two matmuls for a range of tokens (``*_rows``); a
+# ``*_parts`` twin runs contiguous ranges in parallel (prange), and :func:`_launch` takes it only
+# when each thread gets enough work (``kernels.parallel_parts``): decode-sized batches run on one
+# thread, so added threads never make them slower. The arithmetic is the shared row kernels'
+# (kernels.rms_norm_row / rope_row) and RNE rounding (quant.f32_to_bf16_bits).
 @njit(cache=True, inline="always")
 def _bf16(x):
     """fp32 -> bf16 (RNE) -> fp32: the value a kernel holds after rounding to bf16."""
     return bf16_bits_to_f32(f32_to_bf16_bits(x))
 
 
-@njit(cache=True, parallel=True)
-def _dequant(acc, tok_scale, col_scale, out):
+@njit(cache=True)
+def _dequant_rows(lo, hi, acc, tok_scale, col_scale, out):
     """int32 matmul result -> fp32, kernel ``Dequant``: ``fp32(acc) * tok_scale[t]`` (RowMuls),
     then ``* col_scale[c]`` (VecMulMat), two fp32 roundings. ``acc`` holds exact integers."""
-    for t in prange(acc.shape[0]):
+    for t in range(lo, hi):
         s = tok_scale[t]
         for c in range(acc.shape[1]):
             out[t, c] = np.float32(np.float32(acc[t, c]) * s) * col_scale[c]
 
 
 @njit(cache=True, parallel=True)
-def _cq_norm(cq, round_in, gamma, eps, scale, out):
+def _dequant_parts(parts, acc, tok_scale, col_scale, out):
+    n = acc.shape[0]
+    for p in prange(parts):
+        _dequant_rows(p * n // parts, (p + 1) * n // parts, acc, tok_scale, col_scale, out)
+
+
+@njit(cache=True)
+def _cq_norm_rows(lo, hi, cq, round_in, gamma, eps, scale, out):
     """Steps 1-2 after ``x @ W_dq``: cq (-> bf16 when ``round_in``); RmsNorm * gamma * scale kept
     in fp32 (``out``; the caller rounds it to bf16 or quantizes it)."""
     h = cq.shape[1]
-    for t in prange(cq.shape[0]):
-        row = np.empty(h, dtype=np.float32)
-        lanes = np.empty(LANES, dtype=np.float32)
-        sq = np.empty(1, dtype=np.float32)  # unused by the in-order lanes
+    row = np.empty(h, dtype=np.float32)
+    lanes = np.empty(LANES, dtype=np.float32)
+    sq = np.empty(1, dtype=np.float32)  # unused by the in-order lanes
+    for t in range(lo, hi):
         for i in range(h):
             row[i] = _bf16(cq[t, i]) if round_in else cq[t, i]
         rms_norm_row(row, gamma, eps, scale, _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL, sq, lanes, out[t])
 
 
 @njit(cache=True, parallel=True)
-def _qcqr_split_rope(qcqr, round_rope, cos, sin, q_nope, q_rope_bits):
+def _cq_norm_parts(parts, cq, round_in, gamma, eps, scale, out):
+    n = cq.shape[0]
+    for p in prange(parts):
+        _cq_norm_rows(p * n // parts, (p + 1) * n // parts, cq, round_in, gamma, eps, scale, out)
+
+
+@njit(cache=True)
+def _qcqr_split_rope_rows(lo, hi, qcqr, round_rope, cos, sin, q_nope, q_rope_bits):
     """Steps 3 and 5 after ``cq_n @ W_uq_qr``: per head, bf16 nope -> ``q_nope[n, t]`` (its fp32
     value, head-major for the per-head matmul); rope (-> bf16 when ``round_rope``) -> RoPE -> bf16
     bits ``[T, N, Dr]``."""
     n, dn, dr = q_nope.shape[0], q_nope.shape[2], q_rope_bits.shape[2]
-    for t in prange(qcqr.shape[0]):
-        r = np.empty(dr, dtype=np.float32)
-        y = np.empty(dr, dtype=np.float32)
+    r = np.empty(dr, dtype=np.float32)
+    y = np.empty(dr, dtype=np.float32)
+    for t in range(lo, hi):
         for h in range(n):
             base = h * (dn + dr)
             for i in range(dn):
@@ -82,30 +98,84 @@ def _qcqr_split_rope(qcqr, round_rope, cos, sin, q_nope, q_rope_bits):
 
 
 @njit(cache=True, parallel=True)
-def _query_bits(query, out):
+def _qcqr_split_rope_parts(parts, qcqr, round_rope, cos, sin, q_nope, q_rope_bits):
+    n = qcqr.shape[0]
+    for p in prange(parts):
+        _qcqr_split_rope_rows(p * n // parts, (p + 1) * n // parts, qcqr, round_rope, cos, sin, q_nope, q_rope_bits)
+
+
+@njit(cache=True)
+def _query_bits_rows(lo, hi, query, out):
     """Step 4's rounding: fp32 ``[N, T, Hckv]`` -> bf16 bits ``[T, N, Hckv]``."""
-    for t in prange(out.shape[0]):
+    for t in range(lo, hi):
         for h in range(out.shape[1]):
             for i in range(out.shape[2]):
                 out[t, h, i] = f32_to_bf16_bits(query[h, t, i])
 
 
 @njit(cache=True, parallel=True)
-def _kv_kr(ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits):
+def _query_bits_parts(parts, query, out):
+    n = out.shape[0]
+    for p in prange(parts):
+        _query_bits_rows(p * n // parts, (p + 1) * n // parts, query, out)
+
+
+@njit(cache=True)
+def _kv_kr_rows(lo, hi, ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits):
     """Steps 6-8 after ``x @ W_dkv_kr``: ckvkr (-> bf16 when ``round_in``); RmsNorm(kv) * gamma *
     scale kept in fp32 (``kv``, rounded or quantized by the caller); RoPE(kr) -> bf16 bits."""
     hk, dr = kv.shape[1], kr_bits.shape[1]
-    for t in prange(ckvkr.shape[0]):
-        row = np.empty(hk + dr, dtype=np.float32)
-        y = np.empty(dr, dtype=np.float32)
-        lanes = np.empty(LANES, dtype=np.float32)
-        sq = np.empty(1, dtype=np.float32)  # unused by the in-order lanes
+    row = np.empty(hk + dr, dtype=np.float32)
+    y = np.empty(dr, dtype=np.float32)
+    lanes = np.empty(LANES, dtype=np.float32)
+    sq = np.empty(1, dtype=np.float32)  # unused by the in-order lanes
+    for t in range(lo, hi):
         for i in range(hk + dr):
             row[i] = _bf16(ckvkr[t, i]) if round_in else ckvkr[t, i]
         rms_norm_row(row[:hk], gamma, eps, scale, _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL, sq, lanes, kv[t])
         rope_row(row[hk:], cos[t], sin[t], True, y)
         for i in range(dr):
             kr_bits[t, i] = f32_to_bf16_bits(y[i])
+
+
+@njit(cache=True, parallel=True)
+def _kv_kr_parts(parts, ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits):
+    n = ckvkr.shape[0]
+    for p in prange(parts):
+        _kv_kr_rows(p * n // parts, (p + 1) * n // parts, ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits)
+
+
+def _launch(rows_fn, parts_fn, tokens: int, elements_per_token: int, *operands) -> None:
+    """Run a ``*_rows`` kernel over all tokens: serially, or as ``*_parts`` over contiguous token
+    ranges when :func:`~ascend_emu.emu.kernels.parallel_parts` finds enough work per thread. Every
+    token is computed alone, so the result does not depend on the split."""
+    parts = parallel_parts(tokens, elements_per_token)
+    if parts > 1:
+        parts_fn(parts, *operands)
+    else:
+        rows_fn(0, tokens, *operands)
+
+
+def _dequant(acc, tok_scale, col_scale, out):
+    _launch(_dequant_rows, _dequant_parts, acc.shape[0], acc.shape[1], acc, tok_scale, col_scale, out)
+
+
+def _cq_norm(cq, round_in, gamma, eps, scale, out):
+    _launch(_cq_norm_rows, _cq_norm_parts, cq.shape[0], cq.shape[1], cq, round_in, gamma, eps, scale, out)
+
+
+def _qcqr_split_rope(qcqr, round_rope, cos, sin, q_nope, q_rope_bits):
+    _launch(_qcqr_split_rope_rows, _qcqr_split_rope_parts, qcqr.shape[0], qcqr.shape[1], qcqr, round_rope, cos, sin,
+            q_nope, q_rope_bits)
+
+
+def _query_bits(query, out):
+    _launch(_query_bits_rows, _query_bits_parts, out.shape[0], out.shape[1] * out.shape[2], query, out)
+
+
+def _kv_kr(ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits):
+    _launch(_kv_kr_rows, _kv_kr_parts, ckvkr.shape[0], ckvkr.shape[1], ckvkr, round_in, gamma, eps, scale, cos, sin,
+            kv, kr_bits)
 
 
 # ---------------------------------------------------------------------- quant steps (NumPy)
@@ -235,9 +305,9 @@ def mla_prolog(args) -> tuple:
         return _empty_outputs(args)
     wqm = args.weight_quant_mode
     full = wqm == 2
-    cos = to_f32(args.rope_cos)  # [T, Dr]
-    sin = to_f32(args.rope_sin)  # [T, Dr]
-    x = args.token_x if full else to_f32(args.token_x)  # [T, He] int8 / fp32
+    cos = widen_f32(args.rope_cos)  # [T, Dr]
+    sin = widen_f32(args.rope_sin)  # [T, Dr]
+    x = args.token_x if full else widen_f32(args.token_x)  # [T, He] int8 / fp32
     f32 = np.float32
 
     def down_proj(w, col_scale):  # steps 1 and 6: bf16 path (rounded later) or dequantized int8 path
@@ -247,13 +317,13 @@ def mla_prolog(args) -> tuple:
 
     # ---- query path
     cq = down_proj(args.weight_dq, args.dequant_scale_w_dq)  # [T, Hcq]                  step 1
-    gamma_cq, eps_cq, qc_scale = to_f32(args.rmsnorm_gamma_cq), f32(args.rmsnorm_epsilon_cq), f32(args.qc_qr_scale)
+    gamma_cq, eps_cq, qc_scale = widen_f32(args.rmsnorm_gamma_cq), f32(args.rmsnorm_epsilon_cq), f32(args.qc_qr_scale)
     query_norm = dq_norm = None
     cq_n = np.empty((t, hcq), dtype=np.float32)  # [T, Hcq]
     _cq_norm(cq, not full, gamma_cq, eps_cq, qc_scale, cq_n)  # steps 1-2
     if wqm == 0:
         query_norm = to_bf16(cq_n)  # [T, Hcq] bf16
-        qcqr = matmul_f32(bf16_to_f32(query_norm), weight_f32(args.weight_uq_qr))  # [T, N*(D+Dr)]  step 3
+        qcqr = matmul_f32(widen_f32(query_norm), weight_f32(args.weight_uq_qr))  # [T, N*(D+Dr)]  step 3
     else:
         if args.smooth_scales_cq is not None:
             cq_n *= _f32_vector(args.smooth_scales_cq)  # [1, Hcq] or [1]
@@ -263,7 +333,7 @@ def mla_prolog(args) -> tuple:
     query_rope = np.empty((t, n, D_ROPE), dtype=np.uint16)  # [T, N, Dr]
     _qcqr_split_rope(qcqr, wqm == 0, cos, sin, q_nope, query_rope)  # steps 3, 5
     query = np.empty((t, n, HCKV), dtype=np.uint16)  # [T, N, Hckv]
-    _query_bits(matmul_f32(q_nope, to_f32(args.weight_uk)), query)  # step 4
+    _query_bits(matmul_f32(q_nope, weight_f32(args.weight_uk)), query)  # step 4
     query, query_rope = query.view(BF16), query_rope.view(BF16)
     dq_nope = None
     if args.query_quant_mode == 1:
@@ -285,7 +355,7 @@ def mla_prolog(args) -> tuple:
 def _kv_path(args, ckvkr: np.ndarray, round_in: bool, cos: np.ndarray, sin: np.ndarray) -> None:
     """Steps 7-8 and the scatters (see :func:`mla_prolog`)."""
     t, kvq, f32 = args.num_tokens, args.kv_cache_quant_mode, np.float32
-    norm_args = (to_f32(args.rmsnorm_gamma_ckv), f32(args.rmsnorm_epsilon_ckv), f32(args.kc_scale), cos, sin)
+    norm_args = (widen_f32(args.rmsnorm_gamma_ckv), f32(args.rmsnorm_epsilon_ckv), f32(args.kc_scale), cos, sin)
     kr = np.empty((t, D_ROPE), dtype=np.uint16)  # [T, Dr] bf16 bits
     keep = last_writer(args.slots)
     kv32 = np.empty((t, HCKV), dtype=np.float32)  # [T, Hckv]

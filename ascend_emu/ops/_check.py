@@ -6,10 +6,12 @@ expectation and the value. Nothing here writes to any array.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import warnings
-from typing import Iterable, Sequence
+from collections import OrderedDict
+from typing import Hashable, Iterable, Sequence
 
 import numpy as np
 
@@ -28,8 +30,10 @@ DTYPES = {
 }
 
 
+@functools.lru_cache(maxsize=256)
 def dtype_name(dtype) -> str:
-    """Seed spelling of a NumPy dtype (``bfloat16`` for ml_dtypes' type)."""
+    """Seed spelling of a NumPy dtype (``bfloat16`` for ml_dtypes' type); memoised (dtypes and
+    type objects are hashable, and ``np.dtype(...).name`` costs about a microsecond)."""
     return np.dtype(dtype).name
 
 
@@ -203,3 +207,76 @@ def warn_duplicates(slots: np.ndarray, name: str) -> None:
         warnings.warn(f"{name}: {len(dups)} cache slot(s) written by more than one token, undefined on "
                       f"hardware; the emulator keeps the last token: {shown}{more}",
                       DuplicateSlotWarning, stacklevel=_caller_stacklevel())
+
+
+# ---------------------------------------------------------------------- memoised static checks
+#: Python scalar types whose value (with the type) is part of a call signature.
+_SCALAR_TYPES = (bool, int, float, str, np.bool_, np.integer, np.floating)
+
+
+def signature(*values) -> tuple | None:
+    """What the shape / dtype / mode checks of an op contract read of its arguments, as a hashable
+    key: per array its exact type (``NZArray`` or a plain ``ndarray``), shape, dtype (byte order
+    included), C-contiguity and writability; per scalar or string its type and value; None as
+    None. None when an argument is anything else (a list, a torch tensor, an array subclass
+    other than ``np.ndarray`` / ``NZArray``): such calls are always checked in full.
+
+    Two calls with equal signatures pass or fail the same static checks, so a contract may skip
+    them for a signature that passed before (:class:`ValidatedSignatures`); the checks that read
+    values or addresses (index ranges, memory overlap, finite scale values) run on every call.
+    """
+    from ..layouts import NZArray
+
+    key = []
+    for x in values:
+        t = type(x)
+        if t is np.ndarray or t is NZArray:
+            flags = x.flags
+            key.append((t, x.shape, x.dtype, flags.c_contiguous, flags.writeable))
+        elif x is None:
+            key.append(None)
+        elif isinstance(x, _SCALAR_TYPES):
+            key.append((t, x))
+        else:
+            return None
+    return tuple(key)
+
+
+class ValidatedSignatures:
+    """Signatures (:func:`signature`) whose static checks passed, each with what those checks
+    derived (layouts, modes, sizes); least recently used first out beyond ``maxsize``.
+
+    Only a call whose checks all passed is stored, so a rejected call is always checked (and
+    rejected) in full, with the same message.
+    """
+
+    def __init__(self, maxsize: int = 128):
+        self.maxsize = maxsize
+        self._entries: OrderedDict[Hashable, object] = OrderedDict()
+
+    def get(self, key: Hashable | None):
+        """The stored value of ``key``, or None (also for a None key)."""
+        if key is None:
+            return None
+        value = self._entries.get(key)
+        if value is not None:
+            try:
+                self._entries.move_to_end(key)
+            except KeyError:  # dropped by another thread meanwhile
+                pass
+        return value
+
+    def put(self, key: Hashable | None, value) -> None:
+        """Store ``value`` for ``key`` (nothing for a None key)."""
+        if key is None:
+            return
+        self._entries[key] = value
+        while len(self._entries) > self.maxsize:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        """Forget every signature."""
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)

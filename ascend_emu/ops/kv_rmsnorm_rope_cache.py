@@ -51,8 +51,8 @@ from ..layouts import (CacheLayout, canonical_cache_mode, slots_from_cache_index
                        slots_from_positions)
 from ..quant import to_f32
 from ._backend import get_backend
-from ._check import (check_cache, check_dtype, check_float, check_separate, check_shape, dtype_name, kernel_input,
-                     optional, required, warn_duplicates)
+from ._check import (ValidatedSignatures, check_cache, check_dtype, check_float, check_separate, check_shape,
+                     dtype_name, kernel_input, optional, required, signature, warn_duplicates)
 
 KvCacheMode = Literal["Norm", "PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ"]
 
@@ -192,8 +192,70 @@ V_NOT_EMULATED = ("the default None (the K/V-split mode of torch_npu 2.14, kv = 
                   "k_cache, v = V [B, N, S, Dv] copied into ckv_cache, is not emulated)")
 
 
+@dataclass(frozen=True)
+class _Static:
+    """What the shape / dtype / mode checks derive from a call signature (see :func:`_normalise`)."""
+
+    mode: str
+    batch: int
+    seq_len: int
+    k_layout: CacheLayout
+    ckv_layout: CacheLayout
+    epsilon: np.float32
+
+
+#: Signatures whose static checks passed (:func:`ascend_emu.ops._check.signature`).
+_VALIDATED = ValidatedSignatures()
+
+
 def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset,
                c_kv_offset, epsilon, cache_mode, is_output_kv) -> KvRmsNormRopeCacheArgs:
+    """Validate every argument (nothing is written) and build the arguments object.
+
+    The checks that read only types, shapes, dtypes, flags, modes and scalars run once per call
+    signature (:func:`~ascend_emu.ops._check.signature`; a decode loop repeats one); the caches'
+    overlap and the index values are checked on every call.
+    """
+    key = signature(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset,
+                    c_kv_offset, epsilon, cache_mode, is_output_kv)
+    static = _VALIDATED.get(key)
+    if static is None:
+        static = _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset,
+                               c_kv_offset, epsilon, cache_mode, is_output_kv)
+        _VALIDATED.put(key, static)
+    else:
+        check_separate(k_cache, "k_cache", ckv_cache, "ckv_cache")
+    if key is None:  # lists and the like, accepted by the checks above: as arrays from here on
+        kv, gamma, cos, sin, k_cache, ckv_cache = (x if isinstance(x, np.ndarray) else np.asarray(x)
+                                                   for x in (kv, gamma, cos, sin, k_cache, ckv_cache))
+    mode, b, s = static.mode, static.batch, static.seq_len
+    slots = _slots(index, mode, cache_mode, b, s, static.k_layout)
+    unique = slots.size < 2
+    if not unique:
+        live = np.sort(slots[slots >= 0])  # [T'] written slots, sorted
+        unique = bool(np.all(live[1:] != live[:-1]))
+        if not unique:
+            warn_duplicates(slots, "index")
+    quant = k_rope_scale is not None
+    return KvRmsNormRopeCacheArgs(
+        kv=kernel_input(kv).reshape(b * s, HIDDEN_SIZE),  # [T, 576]
+        gamma=kernel_input(to_f32(gamma)),  # [512] fp32
+        cos=kernel_input(cos).reshape(b * s, ROPE_SIZE),  # [T, 64]
+        sin=kernel_input(sin).reshape(b * s, ROPE_SIZE),  # [T, 64]
+        k_cache=k_cache, ckv_cache=ckv_cache, k_layout=static.k_layout, ckv_layout=static.ckv_layout,
+        slots=slots, unique_slots=unique,
+        k_rope_scale=_scale_values(k_rope_scale, ROPE_SIZE) if quant else None,
+        c_kv_scale=_scale_values(c_kv_scale, RMS_SIZE) if quant else None, epsilon=static.epsilon,
+        cache_mode=cache_mode, is_output_kv=bool(is_output_kv), batch=int(b), seq_len=int(s))
+
+
+def _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset, c_kv_offset,
+                  epsilon, cache_mode, is_output_kv) -> _Static:
+    """Every check except the index values, in the contract's order (caches' overlap included).
+
+    Raises:
+        As :func:`npu_kv_rmsnorm_rope_cache`.
+    """
     if not isinstance(cache_mode, str):
         raise arg_error(ModeError, "cache_mode", f"one of {list(CACHE_MODES)}", describe(cache_mode))
     mode = canonical_cache_mode(cache_mode, allowed=CACHE_MODES)
@@ -236,8 +298,8 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
         raise arg_error(ModeError, "k_rope_scale / c_kv_scale",
                         f"None in cache_mode {cache_mode} (int8 quant only in {list(QUANT_CACHE_MODES)})", "tensors")
     if quant:
-        k_rope_scale = _scale(k_rope_scale, "k_rope_scale", ROPE_SIZE)
-        c_kv_scale = _scale(c_kv_scale, "c_kv_scale", RMS_SIZE)
+        _check_scale(k_rope_scale, "k_rope_scale", ROPE_SIZE)
+        _check_scale(c_kv_scale, "c_kv_scale", RMS_SIZE)
     cache_dtype = "int8" if quant else kv_dtype
     why = "(int8 quant: k_rope_scale / c_kv_scale given)" if quant else "(non-quant: the kv dtype)"
 
@@ -279,21 +341,7 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
             raise arg_error(ShapeError, "k_cache", f"block_num >= ceil(S/block_size)*B = ceil({s}/{bs})*{b} = {need}",
                             nb)
 
-    # ---- index -> slots
-    slots = _slots(index, mode, cache_mode, b, s, k_layout)
-    live = np.sort(slots[slots >= 0])  # [T'] written slots, sorted
-    unique = bool(np.all(live[1:] != live[:-1]))
-    if not unique:
-        warn_duplicates(slots, "index")
-
-    return KvRmsNormRopeCacheArgs(
-        kv=kernel_input(kv).reshape(b * s, HIDDEN_SIZE),  # [T, 576]
-        gamma=kernel_input(to_f32(gamma)),  # [512] fp32
-        cos=kernel_input(cos).reshape(b * s, ROPE_SIZE),  # [T, 64]
-        sin=kernel_input(sin).reshape(b * s, ROPE_SIZE),  # [T, 64]
-        k_cache=k_cache, ckv_cache=ckv_cache, k_layout=k_layout, ckv_layout=ckv_layout,
-        slots=slots, unique_slots=unique, k_rope_scale=k_rope_scale, c_kv_scale=c_kv_scale, epsilon=eps,
-        cache_mode=cache_mode, is_output_kv=bool(is_output_kv), batch=int(b), seq_len=int(s))
+    return _Static(mode=mode, batch=int(b), seq_len=int(s), k_layout=k_layout, ckv_layout=ckv_layout, epsilon=eps)
 
 
 @functools.lru_cache(maxsize=64)
@@ -302,12 +350,16 @@ def _layout(mode: str, shape: tuple[int, ...], itemsize: int, name: str) -> Cach
     return CacheLayout.from_declared(mode, shape, itemsize, name=name)
 
 
-def _scale(scale: np.ndarray, name: str, dim: int) -> np.ndarray:
-    """Validate a static multiplier scale and broadcast it to fp32 ``[dim]``."""
+def _check_scale(scale: np.ndarray, name: str, dim: int) -> None:
+    """Validate a static multiplier scale: fp32 ``[dim]``, ``[1, dim]`` or ``[1]``."""
     check_dtype(scale, name, ("float32",))
     if tuple(scale.shape) not in ((dim,), (1, dim), (1,)):
         raise arg_error(ShapeError, name, f"shape [{dim}], [1, {dim}] or [1]", list(scale.shape))
-    return kernel_input(np.broadcast_to(scale.reshape(-1), (dim,)))  # [dim] fp32
+
+
+def _scale_values(scale, dim: int) -> np.ndarray:
+    """A scale :func:`_check_scale` accepted, broadcast to fp32 ``[dim]``."""
+    return kernel_input(np.broadcast_to(np.asarray(scale).reshape(-1), (dim,)))  # [dim] fp32
 
 
 def _slots(index, mode: str, cache_mode: str, b: int, s: int, layout: CacheLayout) -> np.ndarray:

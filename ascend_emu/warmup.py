@@ -1,0 +1,272 @@
+"""Compile (or load) every Numba kernel of the emu backend by running each op once on tiny inputs.
+
+Why: the kernels are ``@njit(cache=True)``. With a cold on-disk cache (a fresh checkout, a new
+Numba version, a CI runner without a cached ``__pycache__``) the first call of each op compiles
+its kernels, tens of seconds in all; with a warm cache every process still loads them on first
+use: Numba's registry set-up once per process (0.25 s; about 0.6 s when SciPy is installed,
+because Numba then imports ``scipy.linalg`` to look for BLAS) and roughly 10-20 ms per kernel.
+
+- ``ascend-emu warmup`` (a separate process) fills the on-disk cache: run it once after
+  installing, or as a CI step before the tests, so no test or notebook pays the compilation.
+- :func:`warmup` in the process itself (a notebook's first cell, a ``conftest.py``) also loads
+  every kernel there, so the first real call of each op pays only its own work.
+
+Each op runs once per scenario whose kernels differ in compiled types (dtype, quant mode, cache
+layout), serially and, with two or more Numba threads, again with its work split across threads
+(the parallel kernels are separate compiled functions). Inputs are tiny except where the op
+fixes a dimension (the MLA prolog's He = 7168 and Hcq = 1536), seeded, and thrown away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numba
+import numpy as np
+
+from . import ops
+from .quant import BF16
+
+#: Rows of the tiny inputs (tokens, kv positions).
+TOKENS = 2
+
+
+@dataclass(frozen=True)
+class WarmupResult:
+    """One warmed-up call.
+
+    Attributes:
+        op: the op's name and scenario.
+        seconds: wall time of its calls (compilation or cache loading included).
+    """
+
+    op: str
+    seconds: float
+
+
+def _rand(rng: np.random.Generator, shape, dtype=BF16, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(dtype)
+
+
+def _int8(rng: np.random.Generator, shape) -> np.ndarray:
+    return rng.integers(-127, 128, shape).astype(np.int8)
+
+
+# ---------------------------------------------------------------------- one call per scenario
+def _kv_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
+    for dtype, mode, quant in ((BF16, "PA_NZ", False), (np.dtype(np.float16), "Norm", False), (BF16, "PA", True)):
+        b = TOKENS
+        kv = _rand(rng, (b, 1, 1, 576), dtype)  # [B, 1, S, 576]
+        gamma, cos, sin = _rand(rng, (512,), dtype), _rand(rng, (b, 1, 1, 64), dtype), _rand(rng, (b, 1, 1, 64), dtype)
+        cache_dtype = np.int8 if quant else dtype
+        if mode == "Norm":
+            k_cache, ckv_cache = np.zeros((b, 1, 4, 64), cache_dtype), np.zeros((b, 1, 4, 512), cache_dtype)
+            index = np.zeros((b, 1), np.int64)  # [B, S] positions
+        else:
+            k_cache, ckv_cache = np.zeros((2, 32, 1, 64), cache_dtype), np.zeros((2, 32, 1, 512), cache_dtype)
+            index = np.arange(b, dtype=np.int64)  # [B*S] slots
+        scales = dict(k_rope_scale=np.ones(64, np.float32), c_kv_scale=np.ones(512, np.float32)) if quant else {}
+        name = f"npu_kv_rmsnorm_rope_cache {np.dtype(dtype).name} {mode}{' int8' if quant else ''}"
+        yield name, lambda: ops.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache,
+                                                          cache_mode=mode, is_output_kv=mode != "Norm", **scales)
+
+
+def _prolog_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
+    t, n, he, hcq = TOKENS, 1, 7168, 1536
+    bf = dict(w_dq=ops.npu_format_cast(_rand(rng, (he, hcq), scale=he ** -0.5), 29),
+              w_dkv_kr=ops.npu_format_cast(_rand(rng, (he, 576), scale=he ** -0.5), 29))
+    i8 = dict(w_dq=ops.npu_format_cast(_int8(rng, (he, hcq)), 29),
+              w_dkv_kr=ops.npu_format_cast(_int8(rng, (he, 576)), 29))
+    w_uq_qr = {False: ops.npu_format_cast(_rand(rng, (hcq, n * 192), scale=hcq ** -0.5), 29),
+               True: ops.npu_format_cast(_int8(rng, (hcq, n * 192)), 29)}
+    w_uk = _rand(rng, (n, 128, 512), scale=128 ** -0.5)  # [N, D, Hckv]
+    gamma_cq, gamma_ckv = _rand(rng, (hcq,)), _rand(rng, (512,))
+    sin, cos = _rand(rng, (t, 64)), _rand(rng, (t, 64))
+    x_bf, x_i8 = _rand(rng, (t, he)), _int8(rng, (t, he))
+    one = lambda shape: np.full(shape, 1e-3, np.float32)  # noqa: E731
+    full = dict(dequant_scale_x=one((t, 1)), dequant_scale_w_dq=one((1, hcq)), dequant_scale_w_dkv_kr=one((1, 576)))
+    # (weight_quant_mode, kv_cache_quant_mode, query_quant_mode) -> kv / kr cache dtypes and scales
+    scenarios = {
+        (0, 0, 0): (BF16, BF16, {}),
+        (1, 2, 0): (np.int8, np.int8, dict(quant_scale_ckv=one((1, 512)), quant_scale_ckr=one((1, 64)))),
+        (1, 3, 0): (np.int8, None, dict(k_nope_clip_alpha=np.ones(1, np.float32))),
+        (2, 1, 1): (np.int8, BF16, dict(full, quant_scale_ckv=one((1,)))),
+        (2, 3, 0): (np.int8, None, dict(full, k_nope_clip_alpha=np.ones(1, np.float32))),
+    }
+    for (wqm, kvq, qqm), (kv_dt, kr_dt, scales) in scenarios.items():
+        w = i8 if wqm == 2 else bf
+        tile = kvq == 3
+        kv_cache = np.zeros((1, 16, 1, 656 if tile else 512), kv_dt)
+        kr_cache = np.zeros((0,), BF16) if tile else np.zeros((1, 16, 1, 64), kr_dt)
+        kw = dict(scales, weight_quant_mode=wqm, kv_cache_quant_mode=kvq, query_quant_mode=qqm,
+                  ckvkr_repo_mode=int(tile), quant_scale_repo_mode=int(tile), query_norm_flag=True,
+                  cache_index=np.arange(t, dtype=np.int64), cache_mode="PA_BSND" if tile else "PA_NZ")
+        if wqm:
+            kw["dequant_scale_w_uq_qr"] = one((1, n * 192))
+        args = (x_i8 if wqm == 2 else x_bf, w["w_dq"], w_uq_qr[wqm > 0], w_uk, w["w_dkv_kr"], gamma_cq, gamma_ckv,
+                sin, cos, kv_cache, kr_cache)
+        yield (f"npu_mla_prolog_v3 {(wqm, kvq, qqm)}", lambda args=args, kw=kw: ops.npu_mla_prolog_v3(*args, **kw))
+
+
+def _preprocess_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
+    t, n, he = TOKENS, 1, 2048
+    for dtype, cache_mode, quant_mode in ((BF16, "krope_ctkv", "per_token_quant_symm"),
+                                          (np.dtype(np.float16), "int8_nzcache", "per_tensor_quant_asymm"),
+                                          (BF16, "nzcache", "per_tensor_quant_asymm")):
+        fp16 = dtype == np.float16
+
+        def descale(size):
+            d = np.full(size, 1e-3, np.float32)
+            return d.view(np.int32).astype(np.int64) if fp16 else d  # fp16: fp32 bits in an int64
+
+        nz = cache_mode != "krope_ctkv"
+        kv_dt = np.int8 if cache_mode == "int8_nzcache" else dtype
+        kv_cache = np.zeros((1, 512 // (32 // np.dtype(kv_dt).itemsize), 128, 32 // np.dtype(kv_dt).itemsize),
+                            kv_dt) if nz else np.zeros((1, 128, 1, 512), dtype)
+        rope_cache = np.zeros((1, 4, 128, 16), dtype) if nz else np.zeros((1, 128, 1, 64), dtype)
+        kw = dict(cache_mode=cache_mode, quant_mode=quant_mode)
+        if quant_mode == "per_tensor_quant_asymm":
+            kw.update(quant_scale0=np.ones(1, dtype), quant_offset0=np.zeros(1, np.int8),
+                      quant_scale1=np.ones(1, dtype), quant_offset1=np.zeros(1, np.int8))
+        if cache_mode == "int8_nzcache":
+            kw.update(ctkv_scale=np.ones(1, dtype), q_nope_scale=np.ones(n, dtype))
+        args = (_rand(rng, (t, he), dtype), _rand(rng, (he,), dtype), _rand(rng, (he,), dtype),
+                ops.npu_format_cast(_int8(rng, (2112, he)), 29), descale(2112), _rand(rng, (1536,), dtype),
+                _rand(rng, (1536,), dtype), ops.npu_format_cast(_int8(rng, (n * 192, 1536)), 29), descale(n * 192),
+                _rand(rng, (512,), dtype), _rand(rng, (t, 64), dtype), _rand(rng, (t, 64), dtype),
+                _rand(rng, (n, 128, 512), dtype), kv_cache, rope_cache, np.arange(t, dtype=np.int32))
+        yield (f"npu_mla_preprocess {dtype.name} {cache_mode}",
+               lambda args=args, kw=kw: ops.npu_mla_preprocess(*args, **kw))
+
+
+def _indexer_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
+    b, n1, d, bs = 1, 64, 128, 16
+    for dtype, layout_key in ((BF16, "PA_BSND"), (np.dtype(np.float16), "BSND")):
+        query = _rand(rng, (b, TOKENS, n1, d), dtype)  # [B, S1, N1, D]
+        weights = _rand(rng, (b, TOKENS, n1), dtype)  # [B, S1, N1]
+        kw = dict(layout_query="BSND", layout_key=layout_key, sparse_count=8, sparse_mode=3, return_value=True)
+        if layout_key == "PA_BSND":
+            key = _rand(rng, (2, bs, 1, d), dtype)  # [blocks, block_size, 1, D]
+            kw.update(block_table=np.arange(2, dtype=np.int32).reshape(1, 2),
+                      actual_seq_lengths_key=np.array([2 * bs], np.int32))
+        else:
+            key = _rand(rng, (b, 2 * bs, 1, d), dtype)  # [B, S2, 1, D]
+        yield (f"npu_lightning_indexer {dtype.name} {layout_key}",
+               lambda query=query, key=key, weights=weights, kw=kw: ops.npu_lightning_indexer(query, key, weights,
+                                                                                               **kw))
+
+
+def _sparse_attention_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
+    b, s1, n1, bs, k = 1, TOKENS, 16, 16, 4
+    act_q, act_kv = np.array([s1], np.int32), np.array([2 * bs], np.int32)
+    table = np.arange(2, dtype=np.int32).reshape(1, 2)  # [B, blocks]
+    indices = np.tile(np.arange(k, dtype=np.int32), (b, s1, 1, 1))  # [B, S1, N2, K] kv positions
+    common = dict(block_table=table, actual_seq_lengths_query=act_q, actual_seq_lengths_kv=act_kv, sparse_block_size=1,
+                  layout_query="BSND", layout_kv="PA_BSND", sparse_mode=3, attention_mode=2)
+    for dtype in (BF16, np.dtype(np.float16)):
+        query, query_rope = _rand(rng, (b, s1, n1, 512), dtype), _rand(rng, (b, s1, n1, 64), dtype)
+        key, key_rope = _rand(rng, (2, bs, 1, 512), dtype), _rand(rng, (2, bs, 1, 64), dtype)
+        yield (f"npu_sparse_flash_attention {dtype.name} PA_BSND",
+               lambda a=(query, key, key, indices, 0.04), kw=dict(common, query_rope=query_rope, key_rope=key_rope):
+               ops.npu_sparse_flash_attention(*a, **kw))
+    rows = np.zeros((2, bs, 1, 656), np.int8)  # [blocks, block_size, 1, 656] combined rows
+    rows[..., :512] = _int8(rng, (2, bs, 1, 512))
+    rows[..., 512:640] = _rand(rng, (2, bs, 1, 64)).view(np.int8)
+    rows[..., 640:] = np.full((2, bs, 1, 4), 1e-2, np.float32).view(np.int8)
+    query = _rand(rng, (b, s1, n1, 576))
+    yield ("npu_kv_quant_sparse_flash_attention per-tile PA_BSND",
+           lambda: ops.npu_kv_quant_sparse_flash_attention(query, rows, rows, indices, 0.04, 2, 2,
+                                                           quant_scale_repo_mode=1, tile_size=128, rope_head_dim=64,
+                                                           **common))
+
+
+def _format_cast_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
+    for dtype in (BF16, np.dtype(np.int8)):
+        w = _rand(rng, (32, 64)).astype(dtype)
+        yield f"npu_format_cast {dtype.name} (and NZ storage)", lambda w=w: ops.npu_format_cast(w, 29).storage()
+
+
+#: Every op family's warm-up calls, in order.
+CALLS = (_format_cast_calls, _kv_calls, _prolog_calls, _preprocess_calls, _indexer_calls, _sparse_attention_calls)
+
+
+# ---------------------------------------------------------------------- running
+@contextlib.contextmanager
+def _split_every_kernel() -> Iterator[None]:
+    """Let every threaded kernel split even tiny work (so its parallel variant is compiled too)."""
+    kernels = importlib.import_module("ascend_emu.emu.kernels")
+    kv = importlib.import_module("ascend_emu.emu.kv_rmsnorm_rope_cache")
+    saved = (kernels.ELEMENTS_PER_PART, kernels.SCATTER_BYTES_PER_THREAD, kv.TOKENS_PER_PART)
+    kernels.ELEMENTS_PER_PART, kernels.SCATTER_BYTES_PER_THREAD, kv.TOKENS_PER_PART = 1, 1, 1
+    try:
+        yield
+    finally:
+        kernels.ELEMENTS_PER_PART, kernels.SCATTER_BYTES_PER_THREAD, kv.TOKENS_PER_PART = saved
+
+
+def warmup(*, parallel: bool = True, report: Callable[[WarmupResult], None] | None = None) -> list[WarmupResult]:
+    """Run every op once per scenario on tiny inputs (module doc), compiling or loading its kernels.
+
+    The split runs lower the emu backend's work thresholds for their duration (module globals),
+    so do not call ops from other Python threads while it runs.
+
+    Args:
+        parallel: also run each call with its work split across threads, when Numba has two or more
+            (compiles the parallel kernels; they are separate functions).
+        report: called with each result as soon as it is measured (e.g. to print progress).
+
+    Returns:
+        One :class:`WarmupResult` per call, in order.
+
+    Raises:
+        Whatever an op raises: the calls are valid, so an error is a bug (or a broken install).
+    """
+    rng = np.random.default_rng(0)
+    results = []
+    split = parallel and numba.get_num_threads() > 1
+    for family in CALLS:
+        for name, call in family(rng):
+            start = time.perf_counter()
+            call()
+            if split:
+                with _split_every_kernel():
+                    call()
+            result = WarmupResult(name, time.perf_counter() - start)
+            results.append(result)
+            if report is not None:
+                report(result)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``ascend-emu warmup``: :func:`warmup`, printing one line per call and the total."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="ascend-emu warmup", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def add_arguments(parser) -> None:
+    """The ``warmup`` subcommand's options."""
+    parser.add_argument("--serial-only", action="store_true",
+                        help="skip the threaded kernel variants (compiled on first use instead)")
+    parser.add_argument("--quiet", action="store_true", help="print only the total")
+
+
+def run(ns) -> int:
+    """Run the ``warmup`` subcommand from parsed arguments; exit status 0."""
+    start = time.perf_counter()
+
+    def show(result: WarmupResult) -> None:
+        if not ns.quiet:
+            print(f"  {result.seconds:7.2f} s  {result.op}", flush=True)
+
+    results = warmup(parallel=not ns.serial_only, report=show)
+    print(f"warmed up {len(results)} op calls in {time.perf_counter() - start:.1f} s "
+          f"(Numba threads: {numba.get_num_threads()}, cache: {numba.config.CACHE_DIR or 'next to the sources'})")
+    return 0

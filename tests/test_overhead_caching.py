@@ -1,0 +1,236 @@
+"""What the per-call fast paths cache, and that caching never changes what a call accepts or writes.
+
+- Op contracts memoise their static checks per call signature (``ops._check.signature``): a
+  repeated signature skips them, but index values, cache overlap and ``k_nope_clip_alpha`` are
+  still checked on every call, and a rejected call leaves the caches byte-identical.
+- ND weights' fp32 widening (``emu.matmul.weight_f32``) is reused while the weight's bytes are
+  unchanged and redone after an in-place write.
+- The parallel kernels split work by ``kernels.parallel_parts``; forcing the parallel path gives
+  the same bytes as the serial one.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import ml_dtypes
+import numba
+import numpy as np
+import pytest
+
+from ascend_emu import ops
+from ascend_emu.errors import IndexRangeError, ModeError, ShapeError
+from ascend_emu.ops._check import ValidatedSignatures, signature
+
+from .helpers import assert_same_bytes, poisoned
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+kv_contract = importlib.import_module("ascend_emu.ops.kv_rmsnorm_rope_cache")
+prolog_contract = importlib.import_module("ascend_emu.ops.mla_prolog")
+kernels = importlib.import_module("ascend_emu.emu.kernels")
+matmul = importlib.import_module("ascend_emu.emu.matmul")
+
+
+def _bf16(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(BF16)
+
+
+# ---------------------------------------------------------------------- signatures
+def test_signature_tells_apart_what_the_checks_read():
+    a = np.zeros((2, 3), np.float16)
+    same = signature(a, 1e-5, "PA_NZ", None)
+    assert same == signature(np.ones((2, 3), np.float16), 1e-5, "PA_NZ", None)  # values are not read
+    others = [signature(a.astype(">f2"), 1e-5, "PA_NZ", None),  # byte order
+              signature(a.T.copy(), 1e-5, "PA_NZ", None),  # shape
+              signature(a[:, ::2], 1e-5, "PA_NZ", None),  # shape and contiguity
+              signature(ops.npu_format_cast(a, 29), 1e-5, "PA_NZ", None),  # NZ tag
+              signature(a, np.float32(1e-5), "PA_NZ", None),  # scalar type
+              signature(a, 1e-5, "PA", None), signature(a, 1e-5, "PA_NZ", a)]
+    read_only = a.copy()
+    read_only.flags.writeable = False
+    others.append(signature(read_only, 1e-5, "PA_NZ", None))
+    assert all(o != same for o in others)
+    assert signature([1, 2], 1e-5) is None  # not an array: always checked in full
+
+
+def test_validated_signatures_drop_least_recent():
+    memo = ValidatedSignatures(maxsize=2)
+    memo.put(("a",), 1)
+    memo.put(("b",), 2)
+    assert memo.get(("a",)) == 1  # a is now the most recent
+    memo.put(("c",), 3)
+    assert memo.get(("b",)) is None and memo.get(("a",)) == 1 and memo.get(("c",)) == 3
+    memo.put(None, 4)
+    assert memo.get(None) is None and len(memo) == 2
+
+
+# ---------------------------------------------------------------------- npu_kv_rmsnorm_rope_cache
+def _kv_case(rng, b=2):
+    return dict(kv=_bf16(rng, b, 1, 1, 576), gamma=_bf16(rng, 512), cos=_bf16(rng, b, 1, 1, 64),
+                sin=_bf16(rng, b, 1, 1, 64), index=np.array([5, 40], np.int64)[:b],
+                k_cache=poisoned((4, 16, 1, 64), BF16), ckv_cache=poisoned((4, 16, 1, 512), BF16))
+
+
+def _kv_call(c, **kw):
+    return ops.npu_kv_rmsnorm_rope_cache(c["kv"], c["gamma"], c["cos"], c["sin"], c["index"], c["k_cache"],
+                                         c["ckv_cache"], cache_mode="PA_NZ", **kw)
+
+
+def test_kv_repeated_signature_is_checked_once_and_writes_the_same(rng):
+    kv_contract._VALIDATED.clear()
+    first, second = _kv_case(rng), None
+    second = {k: v.copy() for k, v in first.items()}
+    _kv_call(first)
+    assert len(kv_contract._VALIDATED) == 1
+    _kv_call(second)  # the memoised path
+    assert len(kv_contract._VALIDATED) == 1
+    assert_same_bytes(second["k_cache"], first["k_cache"], "k_cache")
+    assert_same_bytes(second["ckv_cache"], first["ckv_cache"], "ckv_cache")
+
+
+def test_kv_memoised_signature_still_checks_index_values(rng):
+    c = _kv_case(rng)
+    _kv_call(c)
+    before = [c["k_cache"].copy(), c["ckv_cache"].copy()]
+    c["index"] = np.array([5, 64], np.int64)  # 64 = 4 blocks * 16 rows: out of range
+    with pytest.raises(IndexRangeError, match=r"index\[1\] = 64"):
+        _kv_call(c)
+    assert_same_bytes(c["k_cache"], before[0], "k_cache")
+    assert_same_bytes(c["ckv_cache"], before[1], "ckv_cache")
+
+
+def test_kv_memoised_signature_still_checks_overlap(rng):
+    c = _kv_case(rng)
+    _kv_call(c)  # separate caches: the signature is memoised
+    memory = poisoned(4 * 16 * 512, BF16)
+    c["ckv_cache"] = memory.reshape(4, 16, 1, 512)
+    c["k_cache"] = memory[:4 * 16 * 64].reshape(4, 16, 1, 64)  # same signature, overlapping memory
+    with pytest.raises(ShapeError, match="ckv_cache: expected memory separate from k_cache"):
+        _kv_call(c)
+    assert np.all(memory.view(np.uint16) == 0xA5A5)
+
+
+def test_kv_read_only_cache_rejected_after_a_writable_one(rng):
+    c = _kv_case(rng)
+    _kv_call(c)
+    c["k_cache"].flags.writeable = False
+    with pytest.raises(ShapeError, match="writable"):
+        _kv_call(c)
+
+
+# ---------------------------------------------------------------------- npu_mla_prolog_v3
+def _prolog_case(rng, t=3, n=1):
+    he, hcq = 7168, 1536
+    return dict(
+        token_x=_bf16(rng, t, he), weight_dq=ops.npu_format_cast(_bf16(rng, he, hcq, scale=he ** -0.5), 29),
+        weight_uq_qr=ops.npu_format_cast(_bf16(rng, hcq, n * 192, scale=hcq ** -0.5), 29),
+        weight_uk=_bf16(rng, n, 128, 512, scale=128 ** -0.5),
+        weight_dkv_kr=ops.npu_format_cast(_bf16(rng, he, 576, scale=he ** -0.5), 29),
+        rmsnorm_gamma_cq=_bf16(rng, hcq), rmsnorm_gamma_ckv=_bf16(rng, 512), rope_sin=_bf16(rng, t, 64),
+        rope_cos=_bf16(rng, t, 64), kv_cache=poisoned((2, 16, 1, 512), BF16), kr_cache=poisoned((2, 16, 1, 64), BF16),
+        cache_index=np.array([3, 17, 30][:t], np.int64))
+
+
+def _prolog_call(c, **kw):
+    c = dict(c)
+    args = [c.pop(k) for k in ("token_x", "weight_dq", "weight_uq_qr", "weight_uk", "weight_dkv_kr",
+                                "rmsnorm_gamma_cq", "rmsnorm_gamma_ckv", "rope_sin", "rope_cos", "kv_cache",
+                                "kr_cache")]
+    return ops.npu_mla_prolog_v3(*args, **{"cache_mode": "PA_NZ", **c, **kw})
+
+
+def test_prolog_memoised_signature_same_outputs_and_still_checks_values(rng):
+    prolog_contract._VALIDATED.clear()
+    c = _prolog_case(rng)
+    fresh = {k: v.copy() if k.endswith("cache") else v for k, v in c.items()}
+    q1, r1, *_ = _prolog_call(c)
+    assert len(prolog_contract._VALIDATED) == 1
+    q2, r2, *_ = _prolog_call(fresh)  # the memoised path
+    assert len(prolog_contract._VALIDATED) == 1
+    for a, b, what in ((q1, q2, "query"), (r1, r2, "query_rope"), (c["kv_cache"], fresh["kv_cache"], "kv_cache"),
+                       (c["kr_cache"], fresh["kr_cache"], "kr_cache")):
+        assert_same_bytes(b, a, what)
+    before = [c["kv_cache"].copy(), c["kr_cache"].copy()]
+    c["cache_index"] = np.array([3, -2, 30], np.int64)
+    with pytest.raises(IndexRangeError, match=r"cache_index\[1\] = -2"):
+        _prolog_call(c)
+    assert_same_bytes(c["kv_cache"], before[0], "kv_cache")
+    assert_same_bytes(c["kr_cache"], before[1], "kr_cache")
+    c["cache_index"] = np.array([3, 17, 30], np.int64)
+    memory = poisoned(2 * 16 * 512, BF16)
+    c["kv_cache"] = memory.reshape(2, 16, 1, 512)
+    c["kr_cache"] = memory[:2 * 16 * 64].reshape(2, 16, 1, 64)  # same signature, overlapping memory
+    with pytest.raises(ShapeError, match="kr_cache: expected memory separate from kv_cache"):
+        _prolog_call(c)
+    assert np.all(memory.view(np.uint16) == 0xA5A5)
+
+
+def test_prolog_memoised_per_tile_signature_still_checks_clip_alpha(rng):
+    t, n = 2, 1
+    he, hcq = 7168, 1536
+    c = _prolog_case(rng, t=t, n=n)
+    c.update(weight_uq_qr=ops.npu_format_cast(rng.integers(-127, 128, (hcq, n * 192)).astype(np.int8), 29),
+             kv_cache=poisoned((2, 16, 1, 656), np.int8), kr_cache=np.zeros((0,), BF16),
+             cache_index=np.array([3, 17], np.int64))
+    kw = dict(weight_quant_mode=1, kv_cache_quant_mode=3, ckvkr_repo_mode=1, quant_scale_repo_mode=1,
+              dequant_scale_w_uq_qr=np.full((1, n * 192), 1e-3, np.float32))
+    _prolog_call(c, k_nope_clip_alpha=np.ones(1, np.float32), cache_mode="PA_BSND", **kw)
+    before = c["kv_cache"].copy()
+    with pytest.raises(ModeError, match="k_nope_clip_alpha"):
+        _prolog_call(c, k_nope_clip_alpha=np.zeros(1, np.float32), cache_mode="PA_BSND", **kw)
+    assert_same_bytes(c["kv_cache"], before, "kv_cache")
+    assert he == c["token_x"].shape[1]
+
+
+# ---------------------------------------------------------------------- ND weight widening
+def test_nd_weight_widening_reused_until_written(rng):
+    matmul.clear_weight_cache()
+    w = _bf16(rng, 2, 128, 512)
+    first = matmul.weight_f32(w)
+    np.testing.assert_array_equal(first, w.astype(np.float32))
+    assert matmul.weight_f32(w) is first  # unchanged bytes: the kept copy
+    assert matmul.weight_f32(w.view(np.ndarray)) is first  # a new view of the same memory (the torch drop-in)
+    w[1, 5, 7] = BF16.type(3.0)  # written in place
+    second = matmul.weight_f32(w)
+    assert second is not first
+    np.testing.assert_array_equal(second, w.astype(np.float32))
+
+
+def test_fingerprint_sees_one_word_and_swaps(rng):
+    a = rng.integers(0, 2**16, 4096).astype(np.uint16)
+    base = matmul.fingerprint(a)
+    b = a.copy()
+    b[100] ^= 1
+    c = a.copy()
+    c[[8, 12]] = c[[12, 8]]  # two 8-byte words swapped
+    assert a[8] != a[12]
+    assert matmul.fingerprint(b) != base and matmul.fingerprint(c) != base
+    assert matmul.fingerprint(a.copy()) == base
+
+
+# ---------------------------------------------------------------------- parallel split
+def test_parallel_parts_thresholds(monkeypatch):
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 16)
+    per = kernels.ELEMENTS_PER_PART
+    assert kernels.parallel_parts(1, 576) == 1  # decode: serial
+    assert kernels.parallel_parts(2, per - 1) == 1  # under two parts of work
+    assert kernels.parallel_parts(3, per) == 3
+    assert kernels.parallel_parts(100, per) == 16  # one per thread at most
+    assert kernels.parallel_parts(4, 100 * per) == 4  # never more parts than rows
+
+
+def test_prolog_parallel_split_gives_the_serial_bytes(rng, monkeypatch):
+    case = _prolog_case(rng, t=3, n=2)
+    serial = {k: v.copy() if k.endswith("cache") else v for k, v in case.items()}
+    outs = [_prolog_call(serial, query_norm_flag=True)]
+    saved = numba.get_num_threads()
+    monkeypatch.setattr(kernels, "ELEMENTS_PER_PART", 1)  # every kernel split, one token per part
+    try:
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        outs.append(_prolog_call(case, query_norm_flag=True))
+    finally:
+        numba.set_num_threads(saved)
+    for a, b in zip(*outs):
+        assert_same_bytes(b, a, "parallel vs serial")
+    assert_same_bytes(case["kv_cache"], serial["kv_cache"], "kv_cache")
+    assert_same_bytes(case["kr_cache"], serial["kr_cache"], "kr_cache")
