@@ -78,6 +78,12 @@ class DecodeStepReport:
         selected: tokens the indexer selected (``min(sparse_count, context + 1)``).
         out_int8, out_bf16: attention outputs bf16 ``[N, 512]`` of the two paths.
         max_abs, cosine: their difference.
+        decode_int8: runs the int8 path's decode step again (prolog -> indexer -> KV-quant sparse
+            attention, the new token's row rewritten in place); returns its attention output.
+        floor_int8: the bare work of that step, for benchmarks: fp32 BLAS products of the prolog's
+            four matmuls on pre-widened weights, the indexer's q . k product over the context and
+            its top-k selection (``argpartition``), the gather of the selected 656-byte rows and the
+            attention's two fp32 products.
     """
 
     config: DecodeStepConfig
@@ -96,6 +102,8 @@ class DecodeStepReport:
     out_bf16: np.ndarray | None = None
     max_abs: float = 0.0
     cosine: float = 0.0
+    decode_int8: Callable[[], np.ndarray] | None = None
+    floor_int8: Callable[[], object] | None = None
 
 
 def _rope_tables(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -226,6 +234,38 @@ def run_decode_step(config: DecodeStepConfig = DecodeStepConfig(), *,
         query16, kv_bf16, kv_bf16, sparse_indices, scale_value, block_table=block_table,
         actual_seq_lengths_query=seq_q, actual_seq_lengths_kv=seq_kv, query_rope=query_rope16, key_rope=kr_bf16,
         layout_query="BSND", layout_kv="PA_BSND", sparse_mode=3, attention_mode=2))  # [1, 1, N, 512]
+
+    def decode_int8():
+        q, qr, *_ = prolog_int8(decode)
+        idx, _ = ops.npu_lightning_indexer(
+            q_idx, k_indexer, w_idx, actual_seq_lengths_query=seq_q, actual_seq_lengths_key=seq_kv,
+            block_table=block_table, layout_query="BSND", layout_key="PA_BSND", sparse_count=c.sparse_count)
+        return ops.npu_kv_quant_sparse_flash_attention(
+            np.concatenate([q, qr], axis=-1), kv_int8, kv_int8, idx, scale_value, 2, 2, block_table=block_table,
+            actual_seq_lengths_query=seq_q, actual_seq_lengths_kv=seq_kv, layout_query="BSND", layout_kv="PA_BSND",
+            sparse_mode=3, attention_mode=2, quant_scale_repo_mode=1, tile_size=MLA_ROW.tile_size,
+            rope_head_dim=D_ROPE)
+
+    f32 = {name: np.asarray(w[name], np.float32) for name in ("weight_dq", "weight_uq_qr_int8", "weight_dkv_kr")}
+    w_uk32 = w["weight_uk"].astype(np.float32)  # [N, D, Hckv]
+    q_idx32 = q_idx.reshape(c.indexer_heads, c.indexer_dim).astype(np.float32)  # [64, 128]
+    k_idx32 = k_indexer.reshape(-1, c.indexer_dim)[slots].astype(np.float32)  # [context + 1, 128]
+    q576_32 = q576.reshape(n, -1).astype(np.float32)  # [N, 576]
+    rows_flat = kv_int8.reshape(-1, MLA_ROW.row_bytes)  # [BlockNum * BlockSize, 656]
+    picked = slots[sparse_indices.reshape(-1)[sparse_indices.reshape(-1) >= 0]]  # [K] slots
+
+    def floor_int8():
+        cq = xt @ f32["weight_dq"]  # [1, Hcq]
+        qcqr = (cq @ f32["weight_uq_qr_int8"]).reshape(n, D_NOPE + D_ROPE)  # [N, 192]
+        np.matmul(qcqr[:, None, :D_NOPE], w_uk32)  # [N, 1, Hckv]
+        xt @ f32["weight_dkv_kr"]  # [1, Hckv + Dr]
+        score = np.maximum(q_idx32 @ k_idx32.T, 0).sum(0)  # [context + 1]
+        np.argpartition(-score, min(c.sparse_count, score.size) - 1)
+        k = rows_flat[picked].astype(np.float32)  # [K, 656]: the gather
+        p = q576_32 @ k[:, :HCKV + D_ROPE].T  # [N, K]
+        return p @ k[:, :HCKV]  # [N, Hckv]
+
+    rep.decode_int8, rep.floor_int8 = decode_int8, floor_int8
 
     # ---- what it shows
     rep.cache_bytes = {"int8 kv_cache (656-byte rows)": kv_int8.nbytes,
