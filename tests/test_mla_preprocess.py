@@ -47,9 +47,9 @@ def _dtype(name: str) -> np.dtype:
 
 
 def _kv_spec(cache_mode: str, dt: np.dtype):
-    """(kv dim, kv dtype, rope present, nz) of a cache mode."""
+    """(kv dim, kv dtype, nz) of a cache mode (every mode torch_npu maps has a separate rope cache)."""
     kv_dt = np.dtype(np.int8) if cache_mode == "int8_nzcache" else dt
-    return (576 if cache_mode == "kvcache" else 512), kv_dt, cache_mode != "kvcache", cache_mode in NZ_MODES
+    return 512, kv_dt, cache_mode in NZ_MODES
 
 
 def _cache_shape(dim: int, dtype: np.dtype, nz: bool, *, declared: str = "storage", blocks: int = BLOCK_NUM):
@@ -69,7 +69,7 @@ def make_case(rng, dtype_name: str, cache_mode: str, quant_mode: str, *, t: int 
         return d if dt == BF16 else d.view(np.int32).astype(np.int64)  # fp16: fp32 bits in an int64
 
     big = rng.standard_normal((t, 2 * HIDDEN)).astype(np.float32).astype(dt)
-    kv_dim, kv_dt, has_rope, nz = _kv_spec(cache_mode, dt)
+    kv_dim, kv_dt, nz = _kv_spec(cache_mode, dt)
     args = {
         "input": big[:, ::2],  # non-contiguous
         "gamma0": u(-1, 1, HIDDEN), "beta0": rng.integers(-2, 2, HIDDEN).astype(np.float32).astype(dt),
@@ -83,7 +83,7 @@ def make_case(rng, dtype_name: str, cache_mode: str, quant_mode: str, *, t: int 
         "sin": u(-1, 1, (t, 64)),
         "wuk": u(-0.5, 0.5, (N, 128, 512)),
         "kv_cache": poisoned(_cache_shape(kv_dim, kv_dt, nz), kv_dt),
-        "kv_cache_rope": poisoned(_cache_shape(64, dt, nz), dt) if has_rope else None,
+        "kv_cache_rope": poisoned(_cache_shape(64, dt, nz), dt),
         "slotmapping": np.asarray(slots, dtype=np.int32),
     }
     kwargs = {"cache_mode": cache_mode, "quant_mode": quant_mode}
@@ -133,12 +133,11 @@ def check_caches(case: dict, out: tuple, want: dict, before: dict) -> None:
     """Read each token's row back with the reference's layout arithmetic, compare it, then rebuild
     the whole cache from the pre-call bytes plus those rows and demand byte equality."""
     mode = case["kwargs"]["cache_mode"]
-    _, _, has_rope, nz = _kv_spec(mode, case["args"]["input"].dtype)
+    _, _, nz = _kv_spec(mode, case["args"]["input"].dtype)
     slots = case["args"]["slotmapping"].astype(np.int64)
     live = slots >= 0
-    pairs = [(out[1], before["kv"], want["kv_rows"], "kv_cache")]
-    if has_rope:
-        pairs.append((out[3], before["rope"], want["krope_rows"], "kv_cache_rope"))
+    pairs = [(out[1], before["kv"], want["kv_rows"], "kv_cache"),
+             (out[3], before["rope"], want["krope_rows"], "kv_cache_rope")]
     for cache, start, rows, name in pairs:
         dim = rows.shape[1]
         got = ref.read_rows(cache, slots[live], dim, nz=nz, block_size=BLOCK_SIZE)  # [T', dim]
@@ -161,7 +160,7 @@ def _in_place_outs(case: dict) -> dict:
     mode = kw["cache_mode"]
     dt = a["input"].dtype
     q0_dt = np.int8 if mode == "int8_nzcache" else dt
-    return {"q_out0": poisoned((T, N, 576 if mode == "kvcache" else 512), q0_dt),
+    return {"q_out0": poisoned((T, N, 512), q0_dt),
             "kv_cache_out0": a["kv_cache"], "q_out1": poisoned((T, N, 64), dt),
             "kv_cache_out1": a["kv_cache_rope"]}
 
@@ -181,16 +180,12 @@ def test_matches_reference_in_place(rng, dtype_name, cache_mode, quant_mode):
             if cache is not None:
                 assert_same_bytes(cache, before[name], f"{name} cache after a rejected call")
         return
-    q1_before = outs["q_out1"].copy()
     got = run(case, **outs)
     assert all(g is o for g, o in zip(got, outs.values())), "the out= arrays are returned"
     want = reference(case)
     live = case["args"]["slotmapping"] >= 0
     check_close(got[0], want["q_out0"], "q_out0", exact=False)
-    if cache_mode == "kvcache":
-        assert_same_bytes(got[2], q1_before, "q_out1 is not written in kvcache mode")
-    else:
-        check_close(got[2], want["q_out1"], "q_out1")
+    check_close(got[2], want["q_out1"], "q_out1")
     assert live.sum() == T - 1
     check_caches(case, got, want, before)
 
@@ -205,12 +200,9 @@ def test_functional_form_returns_copies(rng, cache_mode):
         assert_same_bytes(case["args"]["kv_cache_rope"], before["rope"], "kv_cache_rope is not modified")
     assert got[1] is not case["args"]["kv_cache"]
     check_caches(case, got, reference(case), before)  # copies of the caches plus the rows
-    if cache_mode == "kvcache":
-        assert got[3] is None and not np.asarray(got[2]).any()  # q_out1 unwritten: zeros
     in_place = run(case, **_in_place_outs(case))
     for a, b, name in zip(got, in_place, ("q_out0", "kv_cache_out0", "q_out1", "kv_cache_out1")):
-        if cache_mode != "kvcache" or name == "q_out0" or name == "kv_cache_out0":
-            assert_same_bytes(a, b, f"{name}: functional == out= form")
+        assert_same_bytes(a, b, f"{name}: functional == out= form")
 
 
 def test_out_form_into_separate_tensors_leaves_caches(rng):
@@ -271,7 +263,7 @@ def test_nz_cache_declarations_hold_the_same_bytes(rng, cache_mode, declared):
     blocks = N  # so that the head-multiplied declaration has one declared block
     case = make_case(rng, "bfloat16", cache_mode, "per_token_quant_symm",
                      slots=[BLOCK_SIZE * 9 + 3, 17, 2047, BLOCK_SIZE * 5])
-    kv_dim, kv_dt, _, _ = _kv_spec(cache_mode, BF16)
+    kv_dim, kv_dt, _ = _kv_spec(cache_mode, BF16)
     caches = {}
     for form in ("storage", declared):
         if form == "heads":

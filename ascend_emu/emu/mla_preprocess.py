@@ -92,12 +92,6 @@ def mla_preprocess(args: MlaPreprocessArgs) -> None:
     ckv = rms_norm(kv[:, :KV_LORA_RANK], to_f32(args.gamma2), args.epsilon, MLAPO_KV_RMS)  # [T, 512] fp32
     krope = _round(rope(kv[:, KV_LORA_RANK:], cos, sin, deinterleave=False), dt)  # [T, 64]
 
-    if mode == "kvcache":
-        args.q_out0[:, :, :KV_LORA_RANK] = q_nope
-        args.q_out0[:, :, KV_LORA_RANK:] = q_rope
-        row = np.concatenate([_round(ckv, dt), krope], axis=1)  # [T, 576]
-        scatter_rows(args.kv_cache_out0, row, args.slots, args.kv_layout)
-        return
     if mode == "int8_nzcache":
         np.copyto(args.q_out0, _to_int8(to_f32(q_nope) * args.q_nope_scale[None, :, None]))
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):

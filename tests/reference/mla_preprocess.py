@@ -89,9 +89,9 @@ def mla_preprocess_ref(inp: dict, cache_mode: str, quant_mode: str) -> dict:
             optional ``quant_scale0/1, quant_offset0/1, bias0/1, ctkv_scale, q_nope_scale``.
 
     Returns:
-        ``q_out0`` ``[T, N, 512|576]``, ``q_out1`` ``[T, N, 64]`` (None for 'kvcache'),
-        ``kv_rows`` ``[T, 512|576]`` (what each token writes to kv_cache, its dtype) and
-        ``krope_rows`` ``[T, 64]`` (None for 'kvcache').
+        ``q_out0`` ``[T, N, 512]``, ``q_out1`` ``[T, N, 64]``,
+        ``kv_rows`` ``[T, 512]`` (what each token writes to kv_cache, its dtype) and
+        ``krope_rows`` ``[T, 64]``.
     """
     x = inp["input"]
     dt = x.dtype
@@ -116,10 +116,6 @@ def mla_preprocess_ref(inp: dict, cache_mode: str, quant_mode: str) -> dict:
         q_pe = rnd(rope_rows(mm1[:, 128:], inp["cos"][i], inp["sin"][i]), dt)  # [N, 64]
         ckv = rms_norm_row(kv[:512], inp["gamma2"], "mlapo_kv")  # fp32 [512]
         krope = rnd(rope_rows(kv[512:], inp["cos"][i], inp["sin"][i]), dt)  # [64]
-        if cache_mode == "kvcache":
-            q0.append(np.concatenate([nope, q_pe], axis=-1))
-            kv_rows.append(np.concatenate([rnd(ckv, dt), krope]))
-            continue
         if cache_mode == "int8_nzcache":
             q0.append(int8_via_f16(f32(nope) * f32(inp["q_nope_scale"])[:, None]))
             kv_rows.append(int8_via_f16(ckv * (np.float32(1.0) / f32(inp["ctkv_scale"])[0])))
@@ -131,10 +127,10 @@ def mla_preprocess_ref(inp: dict, cache_mode: str, quant_mode: str) -> dict:
     stack = (lambda rows, shape, dtype: np.stack(rows) if rows else np.zeros(shape, dtype))
     kv_dt = np.int8 if cache_mode == "int8_nzcache" else dt
     return {
-        "q_out0": stack(q0, (0, n, 576 if cache_mode == "kvcache" else 512), kv_dt),
-        "q_out1": None if cache_mode == "kvcache" else stack(q1, (0, n, 64), dt),
-        "kv_rows": stack(kv_rows, (0, 576 if cache_mode == "kvcache" else 512), kv_dt),
-        "krope_rows": None if cache_mode == "kvcache" else stack(kr_rows, (0, 64), dt),
+        "q_out0": stack(q0, (0, n, 512), kv_dt),
+        "q_out1": stack(q1, (0, n, 64), dt),
+        "kv_rows": stack(kv_rows, (0, 512), kv_dt),
+        "krope_rows": stack(kr_rows, (0, 64), dt),
     }
 
 
