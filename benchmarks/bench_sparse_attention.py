@@ -15,12 +15,20 @@ spinning BLAS / OpenMP workers are parked:
 
 Targets: op <= 1.5x the floor; op >= 5x faster than the torch reference.
 
-Usage: ``python benchmarks/bench_sparse_attention.py [--batches 1 4] [--repeat 5]``
+``--threads N`` runs all three on N threads (OpenBLAS, Numba and torch): the script restarts
+itself with ``OPENBLAS_NUM_THREADS`` / ``NUMBA_NUM_THREADS`` / ``OMP_NUM_THREADS`` set, since
+OpenBLAS reads its count only at start-up. On a machine shared with other jobs, ``--threads 1``
+gives stable ratios; with more threads a GEMM waits for its slowest thread, so a busy core can
+stretch any candidate many times over.
+
+Usage: ``python benchmarks/bench_sparse_attention.py [--batches 1 4] [--repeat 10] [--threads N]``
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import ml_dtypes
@@ -40,6 +48,8 @@ TARGET_FLOOR_RATIO = 1.5
 TARGET_TORCH_SPEEDUP = 5.0
 #: Pause before each timed candidate (seconds).
 SETTLE_S = 0.05
+#: Environment variables ``--threads`` sets (OpenBLAS, Numba, torch / OpenMP).
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS", "OMP_NUM_THREADS")
 
 
 def make_inputs(rng, b):
@@ -116,13 +126,21 @@ def settle() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=None, help="threads of OpenBLAS, Numba and torch (default: theirs)")
     a = ap.parse_args()
+    if a.threads is not None and os.environ.get("OPENBLAS_NUM_THREADS") != str(a.threads):
+        env = dict(os.environ, **{v: str(a.threads) for v in THREAD_VARIABLES})
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     try:
         import torch  # noqa: F401
         have_torch = True
     except ModuleNotFoundError:
         have_torch = False
+    import numba
+
+    threads = ", ".join(f"{v}={os.environ.get(v, 'unset')}" for v in THREAD_VARIABLES)
+    print(f"threads: {threads} (Numba uses {numba.get_num_threads()})")
     rng = np.random.default_rng(0)
     for b in a.batches:
         x = make_inputs(rng, b)
