@@ -41,6 +41,7 @@ from ..ops.sparse_flash_attention import (EMPTY_ROW_OUTPUT, EMPTY_ROW_SOFTMAX_MA
                                           SparseFlashAttentionArgs)
 from ..quant import NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
+from .kv_rmsnorm_rope_cache import _narrow_row, _widen_row
 
 #: uint16 word of the first rope element / fp32 word of the first scale in a 656-byte row.
 _ROPE_WORD = ROPE_OFFSET // 2
@@ -61,15 +62,6 @@ _EXP_TAYLOR = np.array([1.0 / math.factorial(i) for i in range(14)])
 
 
 @njit(cache=True, inline="always")
-def _narrow(x, is_bf16):
-    """bf16 / fp16 bits of fp32 ``x``, RNE."""
-    u = np.float32(x).view(np.uint32)
-    if is_bf16:
-        return f32_bits_to_bf16_bits(u)
-    return f32_bits_to_f16_bits(u)
-
-
-@njit(cache=True, inline="always")
 def _dequant_row(nope, scales, is_bf16, out):
     """``out[d] = qdt(fp32(nope[d]) * scales[d // 128])`` widened back to fp32. The dtype test sits
     outside the element loops so that each loop is branch-free and vectorizes."""
@@ -86,17 +78,6 @@ def _dequant_row(nope, scales, is_bf16, out):
                 out[base + j] = f16_bits_to_f32(f32_bits_to_f16_bits(x.view(np.uint32)))
 
 
-@njit(cache=True, inline="always")
-def _widen_row(bits, is_bf16, out):
-    """``out[i]`` = fp32 value of the bf16 / fp16 bits ``bits[i]`` (exact)."""
-    if is_bf16:
-        for i in range(out.shape[0]):
-            out[i] = bf16_bits_to_f32(bits[i])
-    else:
-        for i in range(out.shape[0]):
-            out[i] = f16_bits_to_f32(bits[i])
-
-
 @njit(cache=True, parallel=True)
 def _gather(src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv):
     """``kv[i, :576]`` = key row ``src[i]`` as query-dtype values in fp32 (KV-quant: dequantized
@@ -111,12 +92,12 @@ def _gather(src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_fro
         r = src[i]
         if quant:
             _dequant_row(rows_i8[r, :HCKV], rows_f32[r, _SCALE_WORD:_SCALE_WORD + NUM_TILES], is_bf16, kv[i, :HCKV])
-            _widen_row(rows_u16[r, _ROPE_WORD:_ROPE_WORD + D_ROPE], is_bf16, kv[i, HCKV:D_QK])
+            _widen_row(rows_u16[r, _ROPE_WORD:_ROPE_WORD + D_ROPE], kv[i, HCKV:D_QK], is_bf16)
         else:
-            _widen_row(key[r], is_bf16, kv[i, :HCKV])
-            _widen_row(key_rope[r], is_bf16, kv[i, HCKV:D_QK])
+            _widen_row(key[r], kv[i, :HCKV], is_bf16)
+            _widen_row(key_rope[r], kv[i, HCKV:D_QK], is_bf16)
             if not v_from_key:
-                _widen_row(value[r], is_bf16, kv[i, D_QK:D_QK + HCKV])
+                _widen_row(value[r], kv[i, D_QK:D_QK + HCKV], is_bf16)
 
 
 @njit(cache=True, inline="always")
@@ -189,8 +170,7 @@ def _softmax(scores, offsets, lengths, unit_of_row, scale, is_bf16, smax, ssum):
 def _round_out(o, is_bf16, out):
     """``out[i, :] = qdt(o[i, :])`` bits, RNE; o fp32 ``[R, 512]``, out uint16 ``[R, 512]``."""
     for i in prange(o.shape[0]):
-        for d in range(o.shape[1]):
-            out[i, d] = _narrow(o[i, d], is_bf16)
+        _narrow_row(o[i], out[i], is_bf16)
 
 
 def _passes(lengths: np.ndarray) -> list[tuple[int, int]]:
