@@ -11,11 +11,14 @@ its own), so memory stays bounded whatever the batch. Per pass:
    rope bytes read in the query dtype; bf16 / fp16 key / key_rope (and a separate value, in
    columns 576..1087) widened exactly. V is a view: the key's k_nope (columns 0..511) or the
    value columns;
-2. per unit ``S = q [G, 576] @ K^T [576, L]`` by fp32 BLAS (NumPy matmul, float32 operands);
-3. softmax (Numba, parallel over (unit, head)): ``S * scale_value`` in fp32, ``m = max``,
-   ``e = fp32(exp_f64(S - m))``, ``l = sum e`` in selection order, ``P = qdt(e / l)``;
-4. per unit ``O = P [G, L] @ V [L, 512]`` by fp32 BLAS, and one RNE rounding of ``O`` to the
-   query dtype at the end.
+2. per unit ``S^T = K [L, 576] @ q^T [576, G]`` by fp32 BLAS (NumPy matmul, float32 operands),
+   into a ``[rows, G]`` score buffer;
+3. softmax (Numba, across the G heads of each row, so it vectorizes; parallel over units for the
+   per-head max and sum, over rows for the element-wise steps): ``S * scale_value`` in fp32,
+   ``m = max``, ``e = fp32(exp(S - m))`` with ``exp`` evaluated in float64 (:func:`_exp_f64`),
+   ``l = sum e`` in selection order, ``P = qdt(e / l)``;
+4. per unit ``O = P [G, L] @ V [L, 512]`` by fp32 BLAS (``P`` the transposed view of the score
+   buffer), and one RNE rounding of ``O`` to the query dtype at the end.
 
 The matmuls' summation order is BLAS's (DESIGN.md numerics policy: inputs widened exactly to
 fp32, fp32 accumulation, one rounding where the kernel rounds). BLAS is never called inside a
