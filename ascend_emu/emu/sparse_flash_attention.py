@@ -43,7 +43,7 @@ from ..mla import D_QK, D_ROPE, HCKV, TILE_SIZE
 from ..ops.sparse_flash_attention import (EMPTY_ROW_OUTPUT, EMPTY_ROW_SOFTMAX_MAX, EMPTY_ROW_SOFTMAX_SUM,
                                           SparseFlashAttentionArgs)
 from ..quant import NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
-from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
+from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits, to_f32
 from .kv_rmsnorm_rope_cache import _narrow_row, _widen_row
 
 #: uint16 word of the first rope element / fp32 word of the first scale in a 656-byte row.
@@ -187,13 +187,6 @@ def _passes(lengths: np.ndarray) -> list[tuple[int, int]]:
     return passes
 
 
-def _widen_query(args: SparseFlashAttentionArgs) -> np.ndarray:
-    """fp32 ``[T, N1, 576]`` exact copy of the query bits."""
-    if args.is_bf16:
-        return (args.query.astype(np.uint32) << 16).view(np.float32)
-    return args.query.view(np.float16).astype(np.float32)
-
-
 def sparse_flash_attention(args: SparseFlashAttentionArgs):
     """emu implementation of both sparse attention ops (:mod:`ascend_emu.ops.sparse_flash_attention`).
 
@@ -214,7 +207,7 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs):
     units = np.flatnonzero(all_lengths)  # [U] units t * N2 + h with kept rows
     lengths = all_lengths[units]  # [U]
     if units.size:
-        q = _widen_query(args)  # [T, N1, 576]
+        q = to_f32(args.query.view(args.query_dtype))  # [T, N1, 576] exact
         starts = args.starts.reshape(t_size * n2, -1)  # [T*N2, K]
         counts = args.counts.reshape(t_size * n2, -1).astype(np.int64)  # [T*N2, K]
         passes = _passes(lengths)
