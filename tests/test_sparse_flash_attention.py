@@ -307,14 +307,15 @@ def test_thread_count_determinism(quant):
 
 @pytest.mark.parametrize("quant", [False, True], ids=["sfa", "kvq"])
 def test_pass_split_does_not_change_results(quant, monkeypatch):
-    """Units gathered in several passes (a pass limit below one unit's rows, and one of a few
-    units) give the bytes of a single pass."""
+    """Units gathered in several passes (a row limit below one unit's rows; a row limit of a few
+    units; a unit limit of two) give the bytes of a single pass."""
     rng = np.random.default_rng(13)
     case = make_case(rng, quant=quant, layout_query="TND", layout_kv="PA_BSND", dtype="float16", sbs=2, n1=16,
                      act_q=(3, 2), act_kv=(40, 33), k=12)
     want = [raw(x).tobytes() for x in run_op(case, quant=quant, sparse_mode=0) if x is not None]
-    for rows in (1, 30):
+    for rows, units in ((1, 64), (30, 64), (10 ** 6, 2)):
         monkeypatch.setattr(SFA_KERNEL, "PASS_ROWS", rows)
+        monkeypatch.setattr(SFA_KERNEL, "PASS_UNITS", units)
         assert [raw(x).tobytes() for x in run_op(case, quant=quant, sparse_mode=0) if x is not None] == want
 
 

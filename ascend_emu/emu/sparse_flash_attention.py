@@ -2,8 +2,8 @@
 kernel family for both.
 
 Work units are (query token ``t``, kv head ``h``) pairs with kept kv rows; they are taken in
-order, in passes of at most :data:`PASS_ROWS` gathered rows (a unit with more rows is a pass of
-its own), so memory stays bounded whatever the batch. Per pass:
+order, in passes of at most :data:`PASS_ROWS` gathered rows and :data:`PASS_UNITS` units (a unit
+with more rows is a pass of its own), so memory stays bounded whatever the batch. Per pass:
 
 1. gather (Numba, parallel over rows): each kept kv row, in selection order, becomes one row of
    a reused fp32 buffer ``kv [rows, 576 (+512)]``: KV-quant rows dequantized
@@ -11,14 +11,14 @@ its own), so memory stays bounded whatever the batch. Per pass:
    rope bytes read in the query dtype; bf16 / fp16 key / key_rope (and a separate value, in
    columns 576..1087) widened exactly. V is a view: the key's k_nope (columns 0..511) or the
    value columns;
-2. per unit ``S^T = K [L, 576] @ q^T [576, G]`` by fp32 BLAS (NumPy matmul, float32 operands),
-   into a ``[rows, G]`` score buffer;
+2. the pass's query heads widened exactly to fp32; per unit ``S^T = K [L, 576] @ q^T [576, G]``
+   by fp32 BLAS (NumPy matmul, float32 operands), into a ``[rows, G]`` score buffer;
 3. softmax (Numba, across the G heads of each row, so it vectorizes; parallel over units for the
    per-head max and sum, over rows for the element-wise steps): ``S * scale_value`` in fp32,
    ``m = max``, ``e = fp32(exp(S - m))`` with ``exp`` evaluated in float64 (:func:`_exp_f64`),
    ``l = sum e`` in selection order, ``P = qdt(e / l)``;
 4. per unit ``O = P [G, L] @ V [L, 512]`` by fp32 BLAS (``P`` the transposed view of the score
-   buffer), and one RNE rounding of ``O`` to the query dtype at the end.
+   buffer), then one RNE rounding of ``O`` to the query dtype per pass.
 
 The matmuls' summation order is BLAS's (DESIGN.md numerics policy: inputs widened exactly to
 fp32, fp32 accumulation, one rounding where the kernel rounds). BLAS is never called inside a
@@ -43,7 +43,7 @@ from ..mla import D_QK, D_ROPE, HCKV, TILE_SIZE
 from ..ops.sparse_flash_attention import (EMPTY_ROW_OUTPUT, EMPTY_ROW_SOFTMAX_MAX, EMPTY_ROW_SOFTMAX_SUM,
                                           SparseFlashAttentionArgs)
 from ..quant import NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
-from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits, to_f32
+from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 from .kv_rmsnorm_rope_cache import _narrow_row, _widen_row
 
 #: uint16 word of the first rope element / fp32 word of the first scale in a 656-byte row.
@@ -54,6 +54,11 @@ _SCALE_WORD = SCALE_OFFSET // 4
 #: 1.10x the floor's CPU time against 1.17x with 16384-row passes); a unit with more rows makes a
 #: pass of its own.
 PASS_ROWS = 2048
+#: Units per pass at most (bounds the pass's widened query and fp32 output: 64 units of 128
+#: heads are 19 MiB + 17 MiB).
+PASS_UNITS = 64
+#: Elements per parallel task of the output rounding.
+_ROUND_CHUNK = 1 << 14
 #: exp constants: clamp range, log2(e), ln2 split so that ``k * _LN2_HI`` is exact (fdlibm's
 #: ``ln2_hi`` / ``ln2_lo``), 1.5 * 2**52 (adding and subtracting it rounds to an integer), 1 / i!.
 _EXP_LO, _EXP_HI = -160.0, 100.0
@@ -170,18 +175,34 @@ def _softmax(scores, offsets, lengths, unit_of_row, scale, is_bf16, smax, ssum):
 
 
 @njit(cache=True, parallel=True)
+def _widen_query(query, units, is_bf16, q):
+    """``q[i] = query[units[i]]`` widened exactly to fp32; query uint16 ``[T*N2, G, 576]`` bits,
+    q fp32 ``[U', G, 576]``."""
+    group = query.shape[1]
+    for j in prange(units.shape[0] * group):
+        i = j // group
+        g = j % group
+        _widen_row(query[units[i], g], q[i, g], is_bf16)
+
+
+@njit(cache=True, parallel=True)
 def _round_out(o, is_bf16, out):
-    """``out[i, :] = qdt(o[i, :])`` bits, RNE; o fp32 ``[R, 512]``, out uint16 ``[R, 512]``."""
-    for i in prange(o.shape[0]):
-        _narrow_row(o[i], out[i], is_bf16)
+    """``out = qdt(o)`` bits, RNE; o fp32 ``[n]``, out uint16 ``[n]``, in parallel chunks."""
+    chunks = -(-o.shape[0] // _ROUND_CHUNK)
+    for c in prange(chunks):
+        lo = c * _ROUND_CHUNK
+        hi = min(lo + _ROUND_CHUNK, o.shape[0])
+        _narrow_row(o[lo:hi], out[lo:hi], is_bf16)
 
 
 def _passes(lengths: np.ndarray) -> list[tuple[int, int]]:
-    """Consecutive unit ranges ``[u0, u1)`` of at most :data:`PASS_ROWS` rows (or one unit)."""
+    """Consecutive unit ranges ``[u0, u1)`` of at most :data:`PASS_ROWS` rows and
+    :data:`PASS_UNITS` units (a unit with more rows makes a pass of its own)."""
     ends = np.cumsum(lengths)
     passes, u0, done = [], 0, 0
     while u0 < lengths.size:
         u1 = max(int(np.searchsorted(ends, done + PASS_ROWS, side="right")), u0 + 1)
+        u1 = min(u1, u0 + PASS_UNITS)
         passes.append((u0, u1))
         done, u0 = int(ends[u1 - 1]), u1
     return passes
@@ -200,14 +221,15 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs):
     """
     t_size, n1 = args.query.shape[:2]
     n2, group = args.num_kv_heads, args.group
-    o = np.full((t_size, n1, HCKV), EMPTY_ROW_OUTPUT, dtype=np.float32)  # [T, N1, 512]
+    empty_bits = np.asarray(EMPTY_ROW_OUTPUT, np.float32).astype(args.query_dtype).view(np.uint16)
+    out = np.full((t_size * n2, group, HCKV), empty_bits, dtype=np.uint16)  # [T*N2, G, 512] query-dtype bits
     smax = np.full((t_size * n2, group), EMPTY_ROW_SOFTMAX_MAX, dtype=np.float32)  # [T*N2, G]
     ssum = np.full((t_size * n2, group), EMPTY_ROW_SOFTMAX_SUM, dtype=np.float32)  # [T*N2, G]
     all_lengths = args.lengths.reshape(-1)  # [T*N2]
     units = np.flatnonzero(all_lengths)  # [U] units t * N2 + h with kept rows
     lengths = all_lengths[units]  # [U]
     if units.size:
-        q = to_f32(args.query.view(args.query_dtype))  # [T, N1, 576] exact
+        query = args.query.reshape(t_size * n2, group, D_QK)  # [T*N2, G, 576] bits, by unit
         starts = args.starts.reshape(t_size * n2, -1)  # [T*N2, K]
         counts = args.counts.reshape(t_size * n2, -1).astype(np.int64)  # [T*N2, K]
         passes = _passes(lengths)
@@ -216,26 +238,30 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs):
         v_cols = slice(0, HCKV) if args.v_from_key else slice(D_QK, D_QK + HCKV)
         scores = np.empty((most, group), dtype=np.float32)  # [rows, G] S^T, then P^T
         for u0, u1 in passes:
-            c = counts[units[u0:u1]].reshape(-1)  # [E] kept rows per entry
-            s = starts[units[u0:u1]].reshape(-1)  # [E] first key row per entry
+            pass_units = units[u0:u1]  # [U']
+            c = counts[pass_units].reshape(-1)  # [E] kept rows per entry
+            s = starts[pass_units].reshape(-1)  # [E] first key row per entry
             rows = int(c.sum())
             src = np.repeat(s - (np.cumsum(c) - c), c) + np.arange(rows)  # [rows] key row of each gathered row
             _gather(src, args.quant, args.rows_i8, args.rows_u16, args.rows_f32, args.key, args.key_rope, args.value,
                     args.v_from_key, args.is_bf16, kv)
             lens = lengths[u0:u1]  # [U']
             offsets = np.cumsum(lens) - lens  # [U']
-            heads = [(int(u) // n2, slice(int(u) % n2 * group, (int(u) % n2 + 1) * group)) for u in units[u0:u1]]
-            for (t, hs), off, length in zip(heads, offsets, lens):
-                np.matmul(kv[off:off + length, :D_QK], q[t, hs].T, out=scores[off:off + length])  # [L, G]
+            q = np.empty((u1 - u0, group, D_QK), dtype=np.float32)  # [U', G, 576]
+            _widen_query(query, pass_units, args.is_bf16, q)
+            for i, (off, length) in enumerate(zip(offsets, lens)):
+                np.matmul(kv[off:off + length, :D_QK], q[i].T, out=scores[off:off + length])  # [L, G]
             sm = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
             ss = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
             _softmax(scores[:rows], offsets, lens, np.repeat(np.arange(u1 - u0), lens), args.scale_value, args.is_bf16,
                      sm, ss)
-            smax[units[u0:u1]], ssum[units[u0:u1]] = sm, ss
-            for (t, hs), off, length in zip(heads, offsets, lens):
-                np.matmul(scores[off:off + length].T, kv[off:off + length, v_cols], out=o[t, hs])  # [G, 512]
-    out = np.empty((t_size * n1, HCKV), dtype=np.uint16)  # [T*N1, 512] query-dtype bits
-    _round_out(o.reshape(t_size * n1, HCKV), args.is_bf16, out)
+            smax[pass_units], ssum[pass_units] = sm, ss
+            o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]
+            for i, (off, length) in enumerate(zip(offsets, lens)):
+                np.matmul(scores[off:off + length].T, kv[off:off + length, v_cols], out=o[i])  # [G, 512]
+            bits = np.empty((u1 - u0) * group * HCKV, dtype=np.uint16)  # [U' * G * 512]
+            _round_out(o.reshape(-1), args.is_bf16, bits)
+            out[pass_units] = bits.reshape(u1 - u0, group, HCKV)
     attention_out = out.view(args.query_dtype).reshape(args.out_shape)
     if not args.return_softmax_lse:
         empty = np.empty(0, dtype=np.float32)  # [0]
