@@ -2,9 +2,9 @@
 
 Shapes of the op-plugin golden (ops_reference §5.3): s1=1, n1=128, n2=1, s2=8192 of which 4096 are
 used, top-2048 sparse indices (sparse_block_size 1), PA_BSND cache with block_size 256, bf16
-query; b=1 and b=4. Measured in one run, best of alternating rounds after a warm-up
-(``_timing.best_times``), each candidate after a short untimed pause so that the previous one's
-spinning BLAS / OpenMP workers are parked:
+query; b=1 and b=4. Measured in one run, best of alternating rounds of ``--calls`` calls after a
+warm-up (``_timing.best_times``), each round after a short untimed pause so that the previous
+candidate's spinning BLAS / OpenMP workers are parked:
 
 - floor: per batch, the gather of the selected 656-byte rows (NumPy fancy indexing) plus the two
   bare fp32 GEMMs ``q [128, 576] @ K^T [576, 2048]`` and ``P [128, 2048] @ V [2048, 512]`` on
@@ -21,7 +21,7 @@ OpenBLAS reads its count only at start-up. On a machine shared with other jobs, 
 gives stable ratios; with more threads a GEMM waits for its slowest thread, so a busy core can
 stretch any candidate many times over.
 
-Usage: ``python benchmarks/bench_sparse_attention.py [--batches 1 4] [--repeat 10] [--threads N]``
+Usage: ``python benchmarks/bench_sparse_attention.py [--batches 1 4] [--repeat 10] [--calls 5] [--threads N]``
 """
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--calls", type=int, default=5, help="calls per timed round (default 5)")
     ap.add_argument("--threads", type=int, default=None, help="threads of OpenBLAS, Numba and torch (default: theirs)")
     a = ap.parse_args()
     if a.threads is not None and os.environ.get("OPENBLAS_NUM_THREADS") != str(a.threads):
@@ -145,7 +146,7 @@ def main() -> None:
     for b in a.batches:
         x = make_inputs(rng, b)
         fns = [floor_call(x), op_call(x)] + ([torch_call(x)] if have_torch else [])
-        times = best_times(fns, a.repeat, before=[settle] * len(fns))
+        times = best_times(fns, a.repeat, number=a.calls, before=[settle] * len(fns))
         t_floor, t_op = times[:2]
         print(f"npu_kv_quant_sparse_flash_attention b={b}, s1=1, n1=128, kv 4096 of 8192, top-{TOP_K}, "
               f"block_size {BLOCK_SIZE}")
