@@ -32,6 +32,7 @@ import sys
 import time
 
 import ml_dtypes
+import numba
 import numpy as np
 from _timing import best_times
 
@@ -138,8 +139,6 @@ def main() -> None:
         have_torch = True
     except ModuleNotFoundError:
         have_torch = False
-    import numba
-
     threads = ", ".join(f"{v}={os.environ.get(v, 'unset')}" for v in THREAD_VARIABLES)
     print(f"threads: {threads} (Numba uses {numba.get_num_threads()})")
     rng = np.random.default_rng(0)
