@@ -2,9 +2,9 @@
 
 Shapes of the op-plugin golden (ops_reference §5.3): s1=1, n1=128, n2=1, s2=8192 of which 4096 are
 used, top-2048 sparse indices (sparse_block_size 1), PA_BSND cache with block_size 256, bf16
-query; b=1 and b=4. Measured in one run, best of alternating rounds after a warm-up
-(``_timing.best_times``), each candidate after a short untimed pause so that the previous one's
-spinning BLAS / OpenMP workers are parked:
+query; b=1 and b=4. Measured in one run, best of alternating rounds of ``--calls`` calls after a
+warm-up (``_timing.best_times``), each round after a short untimed pause so that the previous
+candidate's spinning BLAS / OpenMP workers are parked:
 
 - floor: per batch, the gather of the selected 656-byte rows (NumPy fancy indexing) plus the two
   bare fp32 GEMMs ``q [128, 576] @ K^T [576, 2048]`` and ``P [128, 2048] @ V [2048, 512]`` on
@@ -15,15 +15,24 @@ spinning BLAS / OpenMP workers are parked:
 
 Targets: op <= 1.5x the floor; op >= 5x faster than the torch reference.
 
-Usage: ``python benchmarks/bench_sparse_attention.py [--batches 1 4] [--repeat 5]``
+``--threads N`` runs all three on N threads (OpenBLAS, Numba and torch): the script restarts
+itself with ``OPENBLAS_NUM_THREADS`` / ``NUMBA_NUM_THREADS`` / ``OMP_NUM_THREADS`` set, since
+OpenBLAS reads its count only at start-up. On a machine shared with other jobs, ``--threads 1``
+gives stable ratios; with more threads a GEMM waits for its slowest thread, so a busy core can
+stretch any candidate many times over.
+
+Usage: ``python benchmarks/bench_sparse_attention.py [--batches 1 4] [--repeat 10] [--calls 5] [--threads N]``
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import ml_dtypes
+import numba
 import numpy as np
 from _timing import best_times
 
@@ -40,6 +49,8 @@ TARGET_FLOOR_RATIO = 1.5
 TARGET_TORCH_SPEEDUP = 5.0
 #: Pause before each timed candidate (seconds).
 SETTLE_S = 0.05
+#: Environment variables ``--threads`` sets (OpenBLAS, Numba, torch / OpenMP).
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS", "OMP_NUM_THREADS")
 
 
 def make_inputs(rng, b):
@@ -116,18 +127,25 @@ def settle() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--calls", type=int, default=5, help="calls per timed round (default 5)")
+    ap.add_argument("--threads", type=int, default=None, help="threads of OpenBLAS, Numba and torch (default: theirs)")
     a = ap.parse_args()
+    if a.threads is not None and os.environ.get("OPENBLAS_NUM_THREADS") != str(a.threads):
+        env = dict(os.environ, **{v: str(a.threads) for v in THREAD_VARIABLES})
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     try:
         import torch  # noqa: F401
         have_torch = True
     except ModuleNotFoundError:
         have_torch = False
+    threads = ", ".join(f"{v}={os.environ.get(v, 'unset')}" for v in THREAD_VARIABLES)
+    print(f"threads: {threads} (Numba uses {numba.get_num_threads()})")
     rng = np.random.default_rng(0)
     for b in a.batches:
         x = make_inputs(rng, b)
         fns = [floor_call(x), op_call(x)] + ([torch_call(x)] if have_torch else [])
-        times = best_times(fns, a.repeat, before=[settle] * len(fns))
+        times = best_times(fns, a.repeat, number=a.calls, before=[settle] * len(fns))
         t_floor, t_op = times[:2]
         print(f"npu_kv_quant_sparse_flash_attention b={b}, s1=1, n1=128, kv 4096 of 8192, top-{TOP_K}, "
               f"block_size {BLOCK_SIZE}")

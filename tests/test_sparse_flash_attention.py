@@ -5,11 +5,14 @@ determinism, every bad argument, and the torch_npu drop-in.
 
 Accuracy: the official criterion (op-plugin goldens, ops_reference §5.3): more than 99 % of the
 elements within ``isclose(rtol=5e-3, atol=1e-4)``; besides, the share of bit-identical elements is
-asserted above :data:`BIT_IDENTICAL_FLOOR` (the reference fixes the same fp32 evaluation order).
+asserted above a measured floor (:data:`BIT_IDENTICAL_FLOOR`): the kernel's matmuls sum in BLAS
+order, the reference in element order, so last-bit differences of the fp32 sums flip some
+query-dtype roundings.
 """
 
 from __future__ import annotations
 
+import importlib
 import zlib
 
 import numba
@@ -24,14 +27,23 @@ from ascend_emu.ops.sparse_flash_attention import EMPTY_ROW_SOFTMAX_MAX, EMPTY_R
 from tests.helpers import BF16, bit_identical_share, raw
 from tests.reference.sparse_attention import reference
 
+#: The emu kernel module (``ascend_emu.emu.sparse_flash_attention`` names the function there).
+SFA_KERNEL = importlib.import_module("ascend_emu.emu.sparse_flash_attention")
+
 LAYOUTS = [("BSND", "BSND"), ("TND", "TND"), ("BSND", "PA_BSND"), ("TND", "PA_BSND")]
 SPARSE_BLOCK_SIZES = (1, 2, 4, 8, 16)
 SPARSE_MODES = (0, 3)
 DTYPES = {"bfloat16": BF16, "float16": np.dtype(np.float16)}
 #: Official pass criterion: share of elements within isclose(rtol, atol).
 RTOL, ATOL, CLOSE_SHARE = 5e-3, 1e-4, 0.99
-#: Measured bit-identical share against the reference is 1.0 on every sweep case; asserted floor.
-BIT_IDENTICAL_FLOOR = 0.999
+#: Bit-identical share against the reference, measured over the sweep (OpenBLAS 0.3.31, 2
+#: threads): lowest case 0.976 (fp16, a few thousand elements), mean 0.9987; the official-shape
+#: case (128 heads, 256 rows) 0.9949; asserted floor.
+BIT_IDENTICAL_FLOOR = 0.95
+#: The same over bigger bf16 cases (64 heads, 40 sparse blocks): measured 0.9986 at least.
+BF16_BIT_IDENTICAL_FLOOR = 0.995
+#: softmax_max / softmax_sum against the reference (measured: abs 3.8e-6, rel 3.1e-6 at most).
+LSE_RTOL, LSE_ATOL = 2e-5, 2e-5
 BLOCK_SIZE = 16
 SCALE = D_QK ** -0.5
 
@@ -142,13 +154,14 @@ def test_sweep_against_reference(quant, dtype, layouts, sbs, sparse_mode):
         # back to [T, N2, G]
         got_max = smax.transpose(0, 2, 1, 3).reshape(gmax.shape) if layouts[0] == "BSND" else smax.transpose(1, 0, 2)
         got_sum = ssum.transpose(0, 2, 1, 3).reshape(gsum.shape) if layouts[0] == "BSND" else ssum.transpose(1, 0, 2)
-        np.testing.assert_array_equal(got_max[valid], gmax[valid])
-        np.testing.assert_array_equal(got_sum[valid], gsum[valid])
+        np.testing.assert_allclose(got_max[valid], gmax[valid], rtol=LSE_RTOL, atol=LSE_ATOL)
+        np.testing.assert_allclose(got_sum[valid], gsum[valid], rtol=LSE_RTOL, atol=LSE_ATOL)
         assert (got_max[~valid] == EMPTY_ROW_SOFTMAX_MAX).all() and (got_sum[~valid] == EMPTY_ROW_SOFTMAX_SUM).all()
 
 
 def test_bit_identical_share_over_sweep():
-    """The measured share over a fixed batch of bigger cases (reported in README): exact."""
+    """The share over a fixed batch of bigger bf16 cases (reported in README; measured 0.9986 to
+    0.99999 with OpenBLAS 0.3.31, 2 threads): BLAS-order sums rarely flip a bf16 rounding."""
     shares = []
     for i, (lq, lk) in enumerate(LAYOUTS):
         rng = np.random.default_rng(100 + i)
@@ -157,7 +170,7 @@ def test_bit_identical_share_over_sweep():
         out = run_op(case, quant=i % 2 == 1, sparse_mode=3)[0]
         gold = run_reference(case, quant=i % 2 == 1, sparse_mode=3)[0]
         shares.append(bit_identical_share(out, gold))
-    assert min(shares) == 1.0, shares
+    assert min(shares) >= BF16_BIT_IDENTICAL_FLOOR, shares
 
 
 @pytest.mark.parametrize("quant", [False, True], ids=["sfa", "kvq"])
@@ -301,20 +314,58 @@ def test_official_shape_decode_kv_quant():
     assert_matches(out, gold, "attention_out")
 
 
-def test_thread_count_determinism():
-    """1 vs 2 Numba threads: the head split changes (one unit of 128 heads vs four of 32), the bytes do not."""
+@pytest.mark.parametrize("quant", [False, True], ids=["sfa", "kvq"])
+def test_thread_count_determinism(quant):
+    """1 vs 2 Numba threads (the BLAS thread count left as it is): the gather, softmax and rounding
+    split their rows differently, the bytes of all three outputs do not change."""
     rng = np.random.default_rng(12)
-    case = make_case(rng, quant=True, layout_query="BSND", layout_kv="PA_BSND", dtype="bfloat16", sbs=1, n1=128,
-                     act_q=(1,), act_kv=(150,), k=64)
+    case = make_case(rng, quant=quant, layout_query="BSND", layout_kv="BSND", dtype="bfloat16", sbs=1, n1=128,
+                     act_q=(2, 1), act_kv=(150, 90), k=64)
     before = numba.get_num_threads()
     try:
         outs = []
         for n in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
             numba.set_num_threads(n)
-            outs.append(raw(run_op(case, quant=True, sparse_mode=3)[0]).tobytes())
+            outs.append(b"".join(raw(x).tobytes() for x in run_op(case, quant=quant, sparse_mode=3, lse=not quant)
+                                 if x is not None))
     finally:
         numba.set_num_threads(before)
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("quant", [False, True], ids=["sfa", "kvq"])
+def test_pass_split_does_not_change_results(quant, monkeypatch):
+    """Units gathered in several passes (a row limit below one unit's rows; a row limit of a few
+    units; a unit limit of two) give the bytes of a single pass."""
+    rng = np.random.default_rng(13)
+    case = make_case(rng, quant=quant, layout_query="TND", layout_kv="PA_BSND", dtype="float16", sbs=2, n1=16,
+                     act_q=(3, 2), act_kv=(40, 33), k=12)
+    want = [raw(x).tobytes() for x in run_op(case, quant=quant, sparse_mode=0) if x is not None]
+    for rows, units in ((1, 64), (30, 64), (10 ** 6, 2)):
+        monkeypatch.setattr(SFA_KERNEL, "PASS_ROWS", rows)
+        monkeypatch.setattr(SFA_KERNEL, "PASS_UNITS", units)
+        assert [raw(x).tobytes() for x in run_op(case, quant=quant, sparse_mode=0) if x is not None] == want
+
+
+def test_kernel_exp_matches_float64_exp():
+    """The kernel's branch-free float64 exp, rounded to fp32, equals NumPy's float64 exp rounded
+    to fp32 on 1M arguments over the softmax range (and at the edges)."""
+    rng = np.random.default_rng(14)
+    x = np.concatenate([-rng.uniform(0, 110, 500_000), -rng.exponential(1.0, 500_000),
+                        [0.0, -0.0, -1e-30, -87.3, -103.9, -104.0, -150.0, -1e4, 88.7, 89.0, np.inf, -np.inf,
+                         np.nan]]).astype(np.float32)
+    got = _exp_to_f32(x)
+    with np.errstate(over="ignore"):
+        want = np.exp(x.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@numba.njit
+def _exp_to_f32(x):
+    out = np.empty_like(x)
+    for i in range(x.size):
+        out[i] = np.float32(SFA_KERNEL._exp_f64(x[i]))
+    return out
 
 
 # ---------------------------------------------------------------------- KV-quant over a prolog-v3 cache

@@ -1,23 +1,32 @@
 """emu backend of ``npu_sparse_flash_attention`` and ``npu_kv_quant_sparse_flash_attention``: one
-fused Numba kernel family for both.
+kernel family for both.
 
-Per work unit (query token ``t``, kv head ``h``, a chunk of its ``G`` query heads), in one pass
-and in per-unit scratch only (nothing is gathered for the whole batch):
+Work units are (query token ``t``, kv head ``h``) pairs with kept kv rows; they are taken in
+order, in passes of at most :data:`PASS_ROWS` gathered rows and :data:`PASS_UNITS` units (a unit
+with more rows is a pass of its own), so memory stays bounded whatever the batch. Per pass:
 
-1. gather the unit's kept kv rows (the contract's ``starts`` / ``counts``) into ``k [L, 576]``
-   (and ``v [L, 512]`` when the values are a separate tensor): KV-quant rows are dequantized
-   (``fp32(int8) * scale`` of the tile, one fp32 multiply, RNE to the query dtype) and their rope
-   bytes read in the query dtype; bf16 / fp16 caches are widened exactly;
-2. ``S = q . K`` as fp32 products summed in element order (mul then add, no FMA), times
-   ``scale_value``; per head ``m = max S``, ``e = fp32(exp_f64(S - m))``, ``l = sum e`` in
-   selection order, ``P = qdt(e / l)``;
-3. ``O = P . V`` with the same fp32 order over the selected tokens, rounded RNE to the query
-   dtype.
+1. gather (Numba, parallel over rows): each kept kv row, in selection order, becomes one row of
+   a reused fp32 buffer ``kv [rows, 576 (+512)]``: KV-quant rows dequantized
+   (``fp32(int8) * scale`` of the tile, one fp32 multiply, RNE to the query dtype) with their
+   rope bytes read in the query dtype; bf16 / fp16 key / key_rope (and a separate value, in
+   columns 576..1087) widened exactly. V is a view: the key's k_nope (columns 0..511) or the
+   value columns;
+2. the pass's query heads widened exactly to fp32; per unit ``S^T = K [L, 576] @ q^T [576, G]``
+   by fp32 BLAS (NumPy matmul, float32 operands), into a ``[rows, G]`` score buffer;
+3. softmax (Numba, across the G heads of each row, so it vectorizes; parallel over units for the
+   per-head max and sum, over rows for the element-wise steps): ``S * scale_value`` in fp32,
+   ``m = max``, ``e = fp32(exp(S - m))`` with ``exp`` evaluated in float64 (:func:`_exp_f64`),
+   ``l = sum e`` in selection order, ``P = qdt(e / l)``;
+4. per unit ``O = P [G, L] @ V [L, 512]`` by fp32 BLAS (``P`` the transposed view of the score
+   buffer), then one RNE rounding of ``O`` to the query dtype per pass.
 
-Every output element is computed by one fixed sequence of fp32 operations whatever the unit
-split or the thread count, so results are identical for any number of Numba threads. The
-matmuls run as register-blocked loops (12 rows x 32 columns) that LLVM vectorizes; their sums
-are the same as the scalar loops'.
+The matmuls' summation order is BLAS's (DESIGN.md numerics policy: inputs widened exactly to
+fp32, fp32 accumulation, one rounding where the kernel rounds). BLAS is never called inside a
+Numba parallel region; parallelism comes from BLAS's threads and from ``prange`` in the gather,
+the softmax and the rounding. Each unit's matmul shapes depend only on its data, and the Numba
+parts compute every element in a fixed order, so results do not depend on the Numba thread count.
+They may depend on the BLAS thread count: OpenBLAS orders sgemm sums differently on 1 thread and
+on several (last-bit differences).
 
 Source: ops_reference §5.2 (numerics), the op contract :mod:`ascend_emu.ops.sparse_flash_attention`
 (selection, empty rows).
@@ -25,7 +34,8 @@ Source: ops_reference §5.2 (numerics), the op contract :mod:`ascend_emu.ops.spa
 
 from __future__ import annotations
 
-import numba
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -34,100 +44,29 @@ from ..ops.sparse_flash_attention import (EMPTY_ROW_OUTPUT, EMPTY_ROW_SOFTMAX_MA
                                           SparseFlashAttentionArgs)
 from ..quant import NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
+from .kv_rmsnorm_rope_cache import _narrow_row, _widen_row
 
-#: Register block of the matmul loops: rows (kv tokens or heads) x columns.
-_MB = 12
-_NB = 32
 #: uint16 word of the first rope element / fp32 word of the first scale in a 656-byte row.
 _ROPE_WORD = ROPE_OFFSET // 2
 _SCALE_WORD = SCALE_OFFSET // 4
-#: Head chunks are split while there are fewer units than this many per thread.
-_UNITS_PER_THREAD = 2
-#: Smallest head chunk a unit is split to.
-_MIN_CHUNK = 32
-
-
-@njit(cache=True, inline="always")
-def _widen(bits, is_bf16):
-    """fp32 value of bf16 / fp16 bits (exact)."""
-    if is_bf16:
-        return bf16_bits_to_f32(bits)
-    return f16_bits_to_f32(bits)
-
-
-@njit(cache=True, inline="always")
-def _narrow(x, is_bf16):
-    """bf16 / fp16 bits of fp32 ``x``, RNE."""
-    u = np.float32(x).view(np.uint32)
-    if is_bf16:
-        return f32_bits_to_bf16_bits(u)
-    return f32_bits_to_f16_bits(u)
-
-
-@njit(cache=True, inline="always")
-def _matmul(a, b, c):
-    """``c[m, n] = sum_k a[m, k] * b[k, n]`` for ``n < c.shape[1]``: fp32 products, added in
-    ascending ``k`` (no FMA). Blocks of 12 x 32 outputs stay in registers; leftover rows and
-    columns take the same sums one at a time.
-
-    Args:
-        a: fp32 ``[M, K]``.
-        b: fp32 ``[K, >= N]``.
-        c: out, fp32 ``[M, N]``.
-    """
-    m_size, k_size = a.shape
-    n_size = c.shape[1]
-    n_main = n_size - n_size % _NB
-    m_main = m_size - m_size % _MB
-    acc = np.zeros((_MB, _NB), dtype=np.float32)  # [12, 32]
-    row = np.empty(_NB, dtype=np.float32)  # [32]
-    for m0 in range(0, m_main, _MB):
-        for n0 in range(0, n_main, _NB):
-            acc[:] = 0
-            for k in range(k_size):
-                bk = b[k, n0:n0 + _NB]
-                a0 = a[m0, k]
-                a1 = a[m0 + 1, k]
-                a2 = a[m0 + 2, k]
-                a3 = a[m0 + 3, k]
-                a4 = a[m0 + 4, k]
-                a5 = a[m0 + 5, k]
-                a6 = a[m0 + 6, k]
-                a7 = a[m0 + 7, k]
-                a8 = a[m0 + 8, k]
-                a9 = a[m0 + 9, k]
-                a10 = a[m0 + 10, k]
-                a11 = a[m0 + 11, k]
-                for j in range(_NB):
-                    x = bk[j]
-                    acc[0, j] += a0 * x
-                    acc[1, j] += a1 * x
-                    acc[2, j] += a2 * x
-                    acc[3, j] += a3 * x
-                    acc[4, j] += a4 * x
-                    acc[5, j] += a5 * x
-                    acc[6, j] += a6 * x
-                    acc[7, j] += a7 * x
-                    acc[8, j] += a8 * x
-                    acc[9, j] += a9 * x
-                    acc[10, j] += a10 * x
-                    acc[11, j] += a11 * x
-            c[m0:m0 + _MB, n0:n0 + _NB] = acc
-    for m in range(m_main, m_size):  # leftover rows, 32 columns at a time
-        for n0 in range(0, n_main, _NB):
-            row[:] = 0.0
-            for k in range(k_size):
-                am = a[m, k]
-                bk = b[k, n0:n0 + _NB]
-                for j in range(_NB):
-                    row[j] += am * bk[j]
-            c[m, n0:n0 + _NB] = row
-    for m in range(m_size):  # leftover columns
-        for n in range(n_main, n_size):
-            s = np.float32(0.0)
-            for k in range(k_size):
-                s += a[m, k] * b[k, n]
-            c[m, n] = s
+#: Gathered kv rows per pass (the fp32 buffer: 2048 x 576 x 4 B = 4.5 MiB, 8.5 MiB with a separate
+#: value, so it stays in cache between the gather and the matmuls: at b=4 top-2048 the op takes
+#: 1.10x the floor's CPU time against 1.17x with 16384-row passes); a unit with more rows makes a
+#: pass of its own.
+PASS_ROWS = 2048
+#: Units per pass at most (bounds the pass's widened query and fp32 output: 64 units of 128
+#: heads are 19 MiB + 17 MiB).
+PASS_UNITS = 64
+#: Elements per parallel task of the output rounding.
+_ROUND_CHUNK = 1 << 14
+#: exp constants: clamp range, log2(e), ln2 split so that ``k * _LN2_HI`` is exact (fdlibm's
+#: ``ln2_hi`` / ``ln2_lo``), 1.5 * 2**52 (adding and subtracting it rounds to an integer), 1 / i!.
+_EXP_LO, _EXP_HI = -160.0, 100.0
+_LOG2E = 1.4426950408889634
+_LN2_HI = 6.93147180369123816490e-01
+_LN2_LO = 1.90821492927058770002e-10
+_ROUND_MAGIC = 6755399441055744.0
+_EXP_TAYLOR = np.array([1.0 / math.factorial(i) for i in range(14)])
 
 
 @njit(cache=True, inline="always")
@@ -147,111 +86,126 @@ def _dequant_row(nope, scales, is_bf16, out):
                 out[base + j] = f16_bits_to_f32(f32_bits_to_f16_bits(x.view(np.uint32)))
 
 
-@njit(cache=True, inline="always")
-def _widen_row(bits, is_bf16, out):
-    """``out[i]`` = fp32 value of the bf16 / fp16 bits ``bits[i]`` (exact)."""
-    if is_bf16:
-        for i in range(out.shape[0]):
-            out[i] = bf16_bits_to_f32(bits[i])
-    else:
-        for i in range(out.shape[0]):
-            out[i] = f16_bits_to_f32(bits[i])
+@njit(cache=True, parallel=True)
+def _gather(src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv):
+    """``kv[i, :576]`` = key row ``src[i]`` as query-dtype values in fp32 (KV-quant: dequantized
+    k_nope and rope; else key and key_rope widened); unless V is the key's k_nope,
+    ``kv[i, 576:1088]`` = value row ``src[i]`` widened.
+
+    Args:
+        src: int64 ``[n]`` key rows (in range: the contract checked them).
+        kv: out, fp32 ``[>= n, 576]`` or ``[>= n, 1088]``.
+    """
+    for i in prange(src.shape[0]):
+        r = src[i]
+        if quant:
+            _dequant_row(rows_i8[r, :HCKV], rows_f32[r, _SCALE_WORD:_SCALE_WORD + NUM_TILES], is_bf16, kv[i, :HCKV])
+            _widen_row(rows_u16[r, _ROPE_WORD:_ROPE_WORD + D_ROPE], kv[i, HCKV:D_QK], is_bf16)
+        else:
+            _widen_row(key[r], kv[i, :HCKV], is_bf16)
+            _widen_row(key_rope[r], kv[i, HCKV:D_QK], is_bf16)
+            if not v_from_key:
+                _widen_row(value[r], kv[i, D_QK:D_QK + HCKV], is_bf16)
 
 
 @njit(cache=True, inline="always")
-def _gather(t, h, starts, counts, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key,
-            is_bf16, k, v):
-    """Fill ``k [L, 576]`` with unit ``(t, h)``'s kept keys (query-dtype values as fp32) and, unless
-    V is the keys' k_nope, ``v [L, 512]`` with its values."""
-    pos = 0
-    for e in range(starts.shape[2]):
-        for i in range(counts[t, h, e]):
-            r = starts[t, h, e] + i
-            if quant:
-                _dequant_row(rows_i8[r, :HCKV], rows_f32[r, _SCALE_WORD:_SCALE_WORD + NUM_TILES], is_bf16,
-                             k[pos, :HCKV])
-                _widen_row(rows_u16[r, _ROPE_WORD:_ROPE_WORD + D_ROPE], is_bf16, k[pos, HCKV:])
-            else:
-                _widen_row(key[r], is_bf16, k[pos, :HCKV])
-                _widen_row(key_rope[r], is_bf16, k[pos, HCKV:])
-                if not v_from_key:
-                    _widen_row(value[r], is_bf16, v[pos])
-            pos += 1
-
-
-@njit(cache=True, inline="always")
-def _attend_unit(t, h, g0, hc, group, query, starts, counts, lengths, quant, rows_i8, rows_u16, rows_f32, key,
-                 key_rope, value, v_from_key, scale, is_bf16, out, smax, ssum):
-    """One work unit: query token ``t``, kv head ``h``, heads ``g0 .. g0+hc-1`` of its group."""
-    length = lengths[t, h]
-    head0 = h * group + g0
-    if length == 0:
-        for g in range(hc):
-            for d in range(HCKV):
-                out[t, head0 + g, d] = _narrow(np.float32(EMPTY_ROW_OUTPUT), is_bf16)
-            smax[t, h, g0 + g] = EMPTY_ROW_SOFTMAX_MAX
-            ssum[t, h, g0 + g] = EMPTY_ROW_SOFTMAX_SUM
-        return
-    rows = -(-length // _MB) * _MB  # kv rows padded to whole 12-row blocks (zero rows, discarded)
-    k = np.empty((rows, D_QK), dtype=np.float32)  # [L', 576]
-    k[length:] = 0.0
-    v = np.empty((0 if v_from_key else length, HCKV), dtype=np.float32)  # [L, 512] separate values
-    _gather(t, h, starts, counts, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, k, v)
-    width = -(-hc // _NB) * _NB  # heads padded to whole 32-column blocks (zero columns, discarded)
-    qt = np.zeros((D_QK, width), dtype=np.float32)  # [576, hc'] query, transposed
-    row = np.empty(D_QK, dtype=np.float32)  # [576]
-    for g in range(hc):
-        _widen_row(query[t, head0 + g], is_bf16, row)
-        qt[:, g] = row
-    st = np.empty((rows, width), dtype=np.float32)  # [L', hc'] scores, transposed
-    _matmul(k, qt, st)
-    heads = -(-hc // _MB) * _MB  # heads padded to whole 12-row blocks (zero rows, discarded)
-    p = np.zeros((heads, length), dtype=np.float32)  # [hc', L] probabilities
-    for g in range(hc):
-        m = np.float32(-np.inf)
-        for i in range(length):
-            x = st[i, g] * scale
-            p[g, i] = x
-            if x > m:
-                m = x
-        total = np.float32(0.0)
-        for i in range(length):
-            e = np.float32(np.exp(np.float64(p[g, i] - m)))
-            p[g, i] = e
-            total += e
-        for i in range(length):
-            p[g, i] = _widen(_narrow(p[g, i] / total, is_bf16), is_bf16)
-        smax[t, h, g0 + g] = m
-        ssum[t, h, g0 + g] = total
-    o = np.empty((heads, HCKV), dtype=np.float32)  # [hc', 512]
-    _matmul(p, k if v_from_key else v, o)
-    for g in range(hc):
-        for d in range(HCKV):
-            out[t, head0 + g, d] = _narrow(o[g, d], is_bf16)
+def _exp_f64(x):
+    """``exp(x)`` evaluated in float64 (for fp32 ``x``), within a few float64 ulps: ``x = k ln2 + r``
+    (Cody-Waite, ``|r| <= ln2 / 2``), ``exp(r)`` by its Taylor polynomial to degree 13 (truncation
+    below 1e-17), times ``2**k`` built from its bits. Branch-free, so loops over it vectorize (a
+    libm call per element does not). Arguments are clamped to [-160, 100] (their exp is 0 / inf
+    in fp32 beyond); NaN passes through.
+    """
+    xd = np.float64(x)
+    xc = min(max(xd, _EXP_LO), _EXP_HI)
+    kf = (xc * _LOG2E + _ROUND_MAGIC) - _ROUND_MAGIC  # nearest integer (ties to even)
+    r = (xc - kf * _LN2_HI) - kf * _LN2_LO  # kf * _LN2_HI is exact
+    p = _EXP_TAYLOR[13]
+    for i in range(12, -1, -1):
+        p = p * r + _EXP_TAYLOR[i]
+    two_k = np.int64((np.int64(kf) + 1023) << 52).view(np.float64)
+    y = p * two_k
+    return y if xd == xd else xd
 
 
 @njit(cache=True, parallel=True)
-def _attend(chunk, query, starts, counts, lengths, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value,
-            v_from_key, scale, is_bf16, out, smax, ssum):
-    """Every unit (token, kv head, head chunk of ``chunk`` heads) in parallel; units are independent."""
-    t_size, n2 = lengths.shape
-    group = smax.shape[2]
-    chunks = group // chunk
-    for u in prange(t_size * n2 * chunks):
-        t = u // (n2 * chunks)
-        h = (u // chunks) % n2
-        c = u % chunks
-        _attend_unit(t, h, c * chunk, chunk, group, query, starts, counts, lengths, quant, rows_i8, rows_u16,
-                     rows_f32, key, key_rope, value, v_from_key, scale, is_bf16, out, smax, ssum)
+def _softmax(scores, offsets, lengths, unit_of_row, scale, is_bf16, smax, ssum):
+    """In place: transposed scores ``S^T`` -> ``P^T`` (query-dtype values as fp32), per head.
+
+    Every inner loop runs across the G heads of one kv row (contiguous, so it vectorizes); the
+    element-wise steps (exp, division and rounding) run in parallel over the rows of all units,
+    the per-head max and sum over each unit's rows in order.
+
+    Args:
+        scores: fp32 ``[rows, G]``: unit ``u``'s ``[L_u, G]`` scores are rows ``offsets[u]`` on.
+        offsets: int64 ``[U]`` first row of each unit; lengths: int64 ``[U]`` its rows.
+        unit_of_row: int64 ``[rows]`` the unit of each row.
+        scale: fp32 scale_value.
+        smax, ssum: out, fp32 ``[U, G]``: ``m`` and ``l`` per head.
+    """
+    group = scores.shape[1]
+    for u in prange(lengths.shape[0]):
+        m = smax[u]
+        m[:] = -np.inf
+        for i in range(offsets[u], offsets[u] + lengths[u]):
+            for g in range(group):
+                x = scores[i, g] * scale
+                scores[i, g] = x
+                m[g] = x if x > m[g] else m[g]
+    for i in prange(scores.shape[0]):
+        m = smax[unit_of_row[i]]
+        for g in range(group):
+            scores[i, g] = np.float32(_exp_f64(scores[i, g] - m[g]))
+    for u in prange(lengths.shape[0]):
+        total = ssum[u]
+        total[:] = 0.0
+        for i in range(offsets[u], offsets[u] + lengths[u]):
+            for g in range(group):
+                total[g] += scores[i, g]
+    for i in prange(scores.shape[0]):
+        total = ssum[unit_of_row[i]]
+        if is_bf16:
+            for g in range(group):
+                x = np.float32(scores[i, g] / total[g])
+                scores[i, g] = bf16_bits_to_f32(f32_bits_to_bf16_bits(x.view(np.uint32)))
+        else:
+            for g in range(group):
+                x = np.float32(scores[i, g] / total[g])
+                scores[i, g] = f16_bits_to_f32(f32_bits_to_f16_bits(x.view(np.uint32)))
 
 
-def head_chunk(items: int, group: int, threads: int) -> int:
-    """Heads per work unit: the whole group, halved (down to 32, staying a divisor of the group)
-    while there are fewer than two units per thread. Numerics do not depend on it."""
-    chunk = group
-    while items * (group // chunk) < _UNITS_PER_THREAD * threads and chunk % 2 == 0 and chunk // 2 >= _MIN_CHUNK:
-        chunk //= 2
-    return chunk
+@njit(cache=True, parallel=True)
+def _widen_query(query, units, is_bf16, q):
+    """``q[i] = query[units[i]]`` widened exactly to fp32; query uint16 ``[T*N2, G, 576]`` bits,
+    q fp32 ``[U', G, 576]``."""
+    group = query.shape[1]
+    for j in prange(units.shape[0] * group):
+        i = j // group
+        g = j % group
+        _widen_row(query[units[i], g], q[i, g], is_bf16)
+
+
+@njit(cache=True, parallel=True)
+def _round_out(o, is_bf16, out):
+    """``out = qdt(o)`` bits, RNE; o fp32 ``[n]``, out uint16 ``[n]``, in parallel chunks."""
+    chunks = -(-o.shape[0] // _ROUND_CHUNK)
+    for c in prange(chunks):
+        lo = c * _ROUND_CHUNK
+        hi = min(lo + _ROUND_CHUNK, o.shape[0])
+        _narrow_row(o[lo:hi], out[lo:hi], is_bf16)
+
+
+def _passes(lengths: np.ndarray) -> list[tuple[int, int]]:
+    """Consecutive unit ranges ``[u0, u1)`` of at most :data:`PASS_ROWS` rows and
+    :data:`PASS_UNITS` units (a unit with more rows makes a pass of its own)."""
+    ends = np.cumsum(lengths)
+    passes, u0, done = [], 0, 0
+    while u0 < lengths.size:
+        u1 = max(int(np.searchsorted(ends, done + PASS_ROWS, side="right")), u0 + 1)
+        u1 = min(u1, u0 + PASS_UNITS)
+        passes.append((u0, u1))
+        done, u0 = int(ends[u1 - 1]), u1
+    return passes
 
 
 def sparse_flash_attention(args: SparseFlashAttentionArgs):
@@ -267,17 +221,52 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs):
     """
     t_size, n1 = args.query.shape[:2]
     n2, group = args.num_kv_heads, args.group
-    out = np.empty((t_size, n1, HCKV), dtype=np.uint16)  # [T, N1, 512] query-dtype bits
-    smax = np.empty((t_size, n2, group), dtype=np.float32)  # [T, N2, G]
-    ssum = np.empty((t_size, n2, group), dtype=np.float32)  # [T, N2, G]
-    chunk = head_chunk(t_size * n2, group, numba.get_num_threads())
-    _attend(chunk, args.query, args.starts, args.counts, args.lengths, args.quant, args.rows_i8, args.rows_u16,
-            args.rows_f32, args.key, args.key_rope, args.value, args.v_from_key, args.scale_value, args.is_bf16,
-            out, smax, ssum)
+    empty_bits = np.asarray(EMPTY_ROW_OUTPUT, np.float32).astype(args.query_dtype).view(np.uint16)
+    out = np.full((t_size * n2, group, HCKV), empty_bits, dtype=np.uint16)  # [T*N2, G, 512] query-dtype bits
+    smax = np.full((t_size * n2, group), EMPTY_ROW_SOFTMAX_MAX, dtype=np.float32)  # [T*N2, G]
+    ssum = np.full((t_size * n2, group), EMPTY_ROW_SOFTMAX_SUM, dtype=np.float32)  # [T*N2, G]
+    all_lengths = args.lengths.reshape(-1)  # [T*N2]
+    units = np.flatnonzero(all_lengths)  # [U] units t * N2 + h with kept rows
+    lengths = all_lengths[units]  # [U]
+    if units.size:
+        query = args.query.reshape(t_size * n2, group, D_QK)  # [T*N2, G, 576] bits, by unit
+        starts = args.starts.reshape(t_size * n2, -1)  # [T*N2, K]
+        counts = args.counts.reshape(t_size * n2, -1).astype(np.int64)  # [T*N2, K]
+        passes = _passes(lengths)
+        most = max(int(lengths[u0:u1].sum()) for u0, u1 in passes)
+        kv = np.empty((most, D_QK if args.v_from_key else D_QK + HCKV), dtype=np.float32)  # [rows, 576|1088]
+        v_cols = slice(0, HCKV) if args.v_from_key else slice(D_QK, D_QK + HCKV)
+        scores = np.empty((most, group), dtype=np.float32)  # [rows, G] S^T, then P^T
+        for u0, u1 in passes:
+            pass_units = units[u0:u1]  # [U']
+            c = counts[pass_units].reshape(-1)  # [E] kept rows per entry
+            s = starts[pass_units].reshape(-1)  # [E] first key row per entry
+            rows = int(c.sum())
+            src = np.repeat(s - (np.cumsum(c) - c), c) + np.arange(rows)  # [rows] key row of each gathered row
+            _gather(src, args.quant, args.rows_i8, args.rows_u16, args.rows_f32, args.key, args.key_rope, args.value,
+                    args.v_from_key, args.is_bf16, kv)
+            lens = lengths[u0:u1]  # [U']
+            offsets = np.cumsum(lens) - lens  # [U']
+            q = np.empty((u1 - u0, group, D_QK), dtype=np.float32)  # [U', G, 576]
+            _widen_query(query, pass_units, args.is_bf16, q)
+            for i, (off, length) in enumerate(zip(offsets, lens)):
+                np.matmul(kv[off:off + length, :D_QK], q[i].T, out=scores[off:off + length])  # [L, G]
+            sm = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
+            ss = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
+            _softmax(scores[:rows], offsets, lens, np.repeat(np.arange(u1 - u0), lens), args.scale_value, args.is_bf16,
+                     sm, ss)
+            smax[pass_units], ssum[pass_units] = sm, ss
+            o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]
+            for i, (off, length) in enumerate(zip(offsets, lens)):
+                np.matmul(scores[off:off + length].T, kv[off:off + length, v_cols], out=o[i])  # [G, 512]
+            bits = np.empty((u1 - u0) * group * HCKV, dtype=np.uint16)  # [U' * G * 512]
+            _round_out(o.reshape(-1), args.is_bf16, bits)
+            out[pass_units] = bits.reshape(u1 - u0, group, HCKV)
     attention_out = out.view(args.query_dtype).reshape(args.out_shape)
     if not args.return_softmax_lse:
         empty = np.empty(0, dtype=np.float32)  # [0]
         return attention_out, empty, empty.copy()
+    smax, ssum = smax.reshape(t_size, n2, group), ssum.reshape(t_size, n2, group)  # [T, N2, G]
     if args.layout_query == "BSND":
         shape = (args.batch, args.seq_q, n2, group)
         lse = [np.ascontiguousarray(x.reshape(shape).transpose(0, 2, 1, 3)) for x in (smax, ssum)]  # [B, N2, S1, G]

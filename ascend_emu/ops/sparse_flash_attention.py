@@ -19,9 +19,9 @@ head ``h`` (the ``G = N1 / N2`` query heads ``h*G .. h*G+G-1`` share it):
    non-quant: ``key`` / ``key_rope`` / ``value`` as stored. KV-quant (656-byte rows,
    :data:`ascend_emu.quant.MLA_ROW`): ``k_nope = qdt(fp32(int8) * scale[tile])`` (one fp32
    multiply, RNE to qdt), ``k_rope`` = bytes 512..639 read as qdt, ``V = k_nope``.
-3. ``S = (q . K) * scale_value`` in fp32 (products rounded to fp32, summed in element order, then
-   one fp32 multiply); ``m = max S``; ``e = fp32(exp(S - m))``; ``l = sum e`` (selection order);
-   ``P = qdt(e / l)``; ``O = sum P * V`` in fp32 (selection order); output ``qdt(O)``.
+3. ``S = (q . K) * scale_value`` in fp32 (an fp32 matmul: exact fp32 inputs, fp32 accumulation in
+   BLAS order, then one fp32 multiply); ``m = max S``; ``e = fp32(exp(S - m))``; ``l = sum e``
+   (selection order); ``P = qdt(e / l)``; ``O = P @ V`` (fp32 matmul as ``S``); output ``qdt(O)``.
    softmax_max = ``m``, softmax_sum = ``l``.
 
 Choices where the sources leave room (each in one named constant below):

@@ -2,10 +2,10 @@
 plain loops over query tokens, ``sparse_indices`` entries and ``block_table``, vLLM style.
 
 Written from the spec (ops_reference §5.1-§5.4, the op-plugin goldens' gather / mask / softmax),
-independently of the kernels: its own block-table walk and its own 656-byte row decoding. It
-fixes the fp32 evaluation order the emulator documents, so bit-identical results are possible:
-products rounded to fp32 and summed in element order (``np.cumsum`` is sequential), exp in
-float64 rounded to fp32, query-dtype roundings by ml_dtypes / NumPy casts (RNE).
+independently of the kernels: its own block-table walk and its own 656-byte row decoding. Its
+fp32 evaluation order: products rounded to fp32 and summed in element order (``np.cumsum`` is
+sequential), exp in float64 rounded to fp32, query-dtype roundings by ml_dtypes / NumPy casts
+(RNE). The emulator's matmuls sum in BLAS order instead, so some last bits differ.
 """
 
 from __future__ import annotations
