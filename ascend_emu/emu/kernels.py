@@ -17,6 +17,7 @@ from numba import njit, prange
 from ..layouts import CacheLayout
 
 from ..mla import D_ROPE as ROPE_DIM
+from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 _HALF = ROPE_DIM // 2
 
 
@@ -35,6 +36,30 @@ def parallel_parts(items: int, elements_per_item: int) -> int:
     if parts < 2:
         return 1
     return max(1, min(numba.get_num_threads(), parts, items))
+
+
+# ---------------------------------------------------------------------- bf16 / fp16 rows
+@njit(cache=True, inline="always")
+def widen_row(bits, out, is_bf16):
+    """``out[i]`` = fp32 value of the bf16 / fp16 bits ``bits[i]`` (exact). The dtype test sits outside
+    the element loops so that each loop is branch-free (twice as fast)."""
+    if is_bf16:
+        for i in range(out.shape[0]):
+            out[i] = bf16_bits_to_f32(bits[i])
+    else:
+        for i in range(out.shape[0]):
+            out[i] = f16_bits_to_f32(bits[i])
+
+
+@njit(cache=True, inline="always")
+def narrow_row(x, out, is_bf16):
+    """``out[i]`` = bf16 / fp16 bits of fp32 ``x[i]``, RNE."""
+    if is_bf16:
+        for i in range(out.shape[0]):
+            out[i] = f32_bits_to_bf16_bits(np.float32(x[i]).view(np.uint32))
+    else:
+        for i in range(out.shape[0]):
+            out[i] = f32_bits_to_f16_bits(np.float32(x[i]).view(np.uint32))
 
 
 # ---------------------------------------------------------------------- RmsNorm

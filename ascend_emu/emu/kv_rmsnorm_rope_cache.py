@@ -25,8 +25,7 @@ from numba import njit, prange
 from ..ops.kv_rmsnorm_rope_cache import (RMS_SIZE, ROPE_SIZE, UNWRITTEN_OUTPUT_FILL,
                                          KvRmsNormRopeCacheArgs)
 from ..quant import BF16, INT8_MAX, INT8_MIN
-from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
-from .kernels import KV_CACHE_RMS, LANES, last_writer, rms_norm_row, rope_row, scatter_rows
+from .kernels import KV_CACHE_RMS, LANES, last_writer, narrow_row, rms_norm_row, rope_row, scatter_rows, widen_row
 
 #: The kernel's RmsNorm order (:data:`~ascend_emu.emu.kernels.KV_CACHE_RMS`).
 _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL = KV_CACHE_RMS
@@ -34,29 +33,6 @@ _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL = KV_CACHE_RMS
 #: microseconds; a token takes about 0.2 us), so small batches run on one thread.
 TOKENS_PER_PART = 256
 _NO_SCALE = np.empty(0, dtype=np.float32)
-
-
-@njit(cache=True, inline="always")
-def _widen_row(bits, out, is_bf16):
-    """``out[i]`` = fp32 value of the bf16 / fp16 bits ``bits[i]`` (exact). The dtype test sits outside
-    the element loops so that each loop is branch-free (twice as fast)."""
-    if is_bf16:
-        for i in range(out.shape[0]):
-            out[i] = bf16_bits_to_f32(bits[i])
-    else:
-        for i in range(out.shape[0]):
-            out[i] = f16_bits_to_f32(bits[i])
-
-
-@njit(cache=True, inline="always")
-def _narrow_row(x, out, is_bf16):
-    """``out[i]`` = bf16 / fp16 bits of fp32 ``x[i]``, RNE."""
-    if is_bf16:
-        for i in range(out.shape[0]):
-            out[i] = f32_bits_to_bf16_bits(np.float32(x[i]).view(np.uint32))
-    else:
-        for i in range(out.shape[0]):
-            out[i] = f32_bits_to_f16_bits(np.float32(x[i]).view(np.uint32))
 
 
 @njit(cache=True, inline="always")
@@ -99,14 +75,14 @@ def _kv_rmsnorm_rope_range(lo, hi, kv, gamma, cos, sin, eps, is_bf16, quant, k_s
     s = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
     k = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
     for t in range(lo, hi):
-        _widen_row(kv[t, :RMS_SIZE], x, is_bf16)
+        widen_row(kv[t, :RMS_SIZE], x, is_bf16)
         rms_norm_row(x, gamma, eps, one, _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL, sq, lanes, y)
-        _widen_row(kv[t, RMS_SIZE:], r, is_bf16)
-        _widen_row(cos[t], c, is_bf16)
-        _widen_row(sin[t], s, is_bf16)
+        widen_row(kv[t, RMS_SIZE:], r, is_bf16)
+        widen_row(cos[t], c, is_bf16)
+        widen_row(sin[t], s, is_bf16)
         rope_row(r, c, s, True, k)
-        _narrow_row(y, y_rows[t], is_bf16)
-        _narrow_row(k, k_rows[t], is_bf16)
+        narrow_row(y, y_rows[t], is_bf16)
+        narrow_row(k, k_rows[t], is_bf16)
         if quant:
             for i in range(RMS_SIZE):
                 y_int8[t, i] = _round_float_to_int8(y[i] * c_scale[i])

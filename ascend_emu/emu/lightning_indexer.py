@@ -40,7 +40,7 @@ from numba import njit, prange
 from ..ops.lightning_indexer import (EMPTY_VALUE_SHAPE, PAD_VALUE, SKIPPED_ROW_VALUE, LightningIndexerArgs)
 from ..quant import BF16
 from ..quant.rounding import f32_bits_to_bf16_bits, f32_bits_to_f16_bits
-from .kv_rmsnorm_rope_cache import _widen_row
+from .kernels import widen_row
 from .matmul import matmul_f32
 
 #: Below these sizes one thread is faster than waking the pool, and a BLAS call right after a
@@ -150,7 +150,7 @@ def _top_k(score, k):
 def _gather_keys_range(lo, hi, k_bits, slots_b, kh, is_bf16, out):
     """``out[p] = fp32(k_bits[slots_b[p], kh])`` for ``lo <= p < hi`` (slots validated)."""
     for p in range(lo, hi):
-        _widen_row(k_bits[slots_b[p], kh], out[p], is_bf16)
+        widen_row(k_bits[slots_b[p], kh], out[p], is_bf16)
 
 
 @njit(cache=True, parallel=True)

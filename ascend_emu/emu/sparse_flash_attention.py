@@ -44,7 +44,7 @@ from ..ops.sparse_flash_attention import (EMPTY_ROW_OUTPUT, EMPTY_ROW_SOFTMAX_MA
                                           SparseFlashAttentionArgs)
 from ..quant import NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
-from .kv_rmsnorm_rope_cache import _narrow_row, _widen_row
+from .kernels import narrow_row, widen_row
 
 #: uint16 word of the first rope element / fp32 word of the first scale in a 656-byte row.
 _ROPE_WORD = ROPE_OFFSET // 2
@@ -100,12 +100,12 @@ def _gather(src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_fro
         r = src[i]
         if quant:
             _dequant_row(rows_i8[r, :HCKV], rows_f32[r, _SCALE_WORD:_SCALE_WORD + NUM_TILES], is_bf16, kv[i, :HCKV])
-            _widen_row(rows_u16[r, _ROPE_WORD:_ROPE_WORD + D_ROPE], kv[i, HCKV:D_QK], is_bf16)
+            widen_row(rows_u16[r, _ROPE_WORD:_ROPE_WORD + D_ROPE], kv[i, HCKV:D_QK], is_bf16)
         else:
-            _widen_row(key[r], kv[i, :HCKV], is_bf16)
-            _widen_row(key_rope[r], kv[i, HCKV:D_QK], is_bf16)
+            widen_row(key[r], kv[i, :HCKV], is_bf16)
+            widen_row(key_rope[r], kv[i, HCKV:D_QK], is_bf16)
             if not v_from_key:
-                _widen_row(value[r], kv[i, D_QK:D_QK + HCKV], is_bf16)
+                widen_row(value[r], kv[i, D_QK:D_QK + HCKV], is_bf16)
 
 
 @njit(cache=True, inline="always")
@@ -182,7 +182,7 @@ def _widen_query(query, units, is_bf16, q):
     for j in prange(units.shape[0] * group):
         i = j // group
         g = j % group
-        _widen_row(query[units[i], g], q[i, g], is_bf16)
+        widen_row(query[units[i], g], q[i, g], is_bf16)
 
 
 @njit(cache=True, parallel=True)
@@ -192,7 +192,7 @@ def _round_out(o, is_bf16, out):
     for c in prange(chunks):
         lo = c * _ROUND_CHUNK
         hi = min(lo + _ROUND_CHUNK, o.shape[0])
-        _narrow_row(o[lo:hi], out[lo:hi], is_bf16)
+        narrow_row(o[lo:hi], out[lo:hi], is_bf16)
 
 
 def _passes(lengths: np.ndarray) -> list[tuple[int, int]]:
