@@ -212,7 +212,7 @@ def test_hw_mla_prolog_v3_quant_scenarios(standin, prolog_data, modes):
                                                   q.sin[:t].copy(), q.cos[:t].copy(), kv, kr], kw)
 
 
-MLAPP = [("bfloat16", c, qm) for c in ("kvcache", "krope_ctkv", "int8_nzcache", "nzcache")
+MLAPP = [("bfloat16", c, qm) for c in ("krope_ctkv", "int8_nzcache", "nzcache")
          for qm in ("per_tensor_quant_asymm", "per_token_quant_symm")] + [
     ("float16", "krope_ctkv", "per_tensor_quant_asymm"), ("float16", "int8_nzcache", "per_tensor_quant_asymm")]
 

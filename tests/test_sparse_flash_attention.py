@@ -275,12 +275,12 @@ def test_kv_quant_value_may_be_the_k_nope_clone():
     want = run_op(case, quant=True, sparse_mode=3)[0]
     kw = dict(case["kw"], sparse_mode=3, attention_mode=2)
     nope = np.ascontiguousarray(case["key"][..., :HCKV])  # [blocks, bs, 1, 512]
-    for value in (nope, np.zeros_like(nope)):  # not read
+    for value in (nope, np.zeros_like(nope), case["key"].copy()):  # not read
         got = ops.npu_kv_quant_sparse_flash_attention(case["query"], case["key"], value, case["sparse_indices"],
                                                       SCALE, 2, 2, **kw)
         assert raw(got).tobytes() == raw(want).tobytes()
     for bad in (nope[..., :256], nope.view(np.uint8), None):
-        with pytest.raises(ModeError, match=r"value: expected the key tensor itself or an int8 \[.*512\]"):
+        with pytest.raises(ModeError, match=r"value: expected key itself \(or a copy\), or an int8 \[.*512\]"):
             ops.npu_kv_quant_sparse_flash_attention(case["query"], case["key"], bad, case["sparse_indices"],
                                                     SCALE, 2, 2, **kw)
 
@@ -445,7 +445,7 @@ BAD = [
     ("key N2", "both", lambda c: dict(key=np.concatenate([c["key"]] * 2, axis=2)), ShapeError, "N2"),
     ("block_size", "both", lambda c: dict(key=c["key"][:, :8], **({} if c["key_rope"] is None else dict(
         key_rope=c["key_rope"][:, :8], value=c["value"][:, :8]))), ShapeError, "block_size"),
-    ("value other tensor", "kvq", lambda c: dict(value=c["key"].copy()), ModeError, "value"),
+    ("value other tensor", "kvq", lambda c: dict(value=c["key"][..., :600].copy()), ModeError, "value"),
     ("value shape", "sfa", lambda c: dict(value=c["value"][..., :256]), ShapeError, "value"),
     ("value dtype", "sfa", lambda c: dict(value=c["value"].astype(np.float16)), DTypeError, "value"),
     ("query_rope missing", "sfa", lambda c: dict(query_rope=None), ShapeError, "query_rope"),

@@ -41,8 +41,8 @@ Choices where the sources leave room (each in one named constant below):
   key); ``value=None`` (CANN >= 9.2) reads V from ``key``. The doc says key and value share one
   tensor in attention_mode 2; the official golden passes ``key.clone()``.
 - :data:`KVQ_VALUE_SOURCE`: npu_kv_quant_sparse_flash_attention reads V from the k_nope bytes
-  of ``key``'s 656-byte rows (attention_mode 2, MLA absorb). ``value`` must be either ``key``
-  itself or an int8 tensor of key's leading dims and a last dim of 512 (the doc's example and
+  of ``key``'s 656-byte rows (attention_mode 2, MLA absorb). ``value`` must be an int8 tensor of
+  key's shape (key itself, or a copy) or of key's leading dims and a last dim of 512 (the doc's example and
   op-plugin's ``test_sfa_eager`` pass ``key.clone()`` taken before the rope and scale bytes are
   appended); its values are not read.
 - :data:`EMPTY_SPARSE_INDICES`: ``sparse_indices`` with K = 0 selects nothing: every row has no
@@ -257,8 +257,8 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
         key: int8 combined rows ``[B, S2, 1, 656]`` (BSND), ``[T2, 1, 656]`` (TND) or
             ``[block_num, block_size, 1, 656]`` (PA_BSND): ``[512 int8 | 64 x qdt rope |
             4 fp32 scales]``.
-        value: ``key`` itself, or int8 ``[.., 512]`` with key's leading dims (not read: V is key's
-            k_nope; :data:`KVQ_VALUE_SOURCE`).
+        value: int8 of key's shape (key itself or a copy), or int8 ``[.., 512]`` with key's leading
+            dims (not read: V is key's k_nope; :data:`KVQ_VALUE_SOURCE`).
         sparse_indices, scale_value, block_table, actual_seq_lengths_query,
         actual_seq_lengths_kv, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens:
             as :func:`npu_sparse_flash_attention`.
@@ -418,13 +418,11 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
     num_rows = int(np.prod(key.shape[:-2]))  # slots
     if quant:
         nope_shape = (*key.shape[:-1], HCKV)
-        is_key = isinstance(value, np.ndarray) and value.shape == key.shape and value.strides == key.strides \
-            and value.dtype == key.dtype and value.__array_interface__["data"][0] == key.__array_interface__["data"][0]
-        if not is_key and not (isinstance(value, np.ndarray) and value.dtype == np.int8
-                               and value.shape == nope_shape):
+        if not (isinstance(value, np.ndarray) and value.dtype == np.int8
+                and value.shape in (tuple(key.shape), nope_shape)):
             got = "None" if value is None else describe(value)
-            raise arg_error(ModeError, "value", f"the key tensor itself or an int8 {list(nope_shape)} k_nope tensor "
-                            "(attention_mode 2: V is the dequantized k_nope of key's 656-byte rows)", got)
+            raise arg_error(ModeError, "value", f"key itself (or a copy), or an int8 {list(nope_shape)} k_nope "
+                            "tensor (attention_mode 2: V is the dequantized k_nope of key's 656-byte rows)", got)
         value = None
     else:
         key_rope = _tensor(key_rope, "key_rope", (qdt,), [*key.shape[:-1], D_ROPE],
