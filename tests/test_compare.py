@@ -424,3 +424,31 @@ def test_call_emulated_with_an_opaque_wrapper():
     assert out[2].shape == (2, 1, 3, 64) and bool((c.view(torch.int16) != 0).any())
     with pytest.raises(ModeError, match="v: expected the default None"):
         call_emulated("npu_kv_rmsnorm_rope_cache", opaque, dict(params, v=kv))
+
+
+def test_replay_kv_quant_value_recorded_as_a_copy_of_key():
+    """A recording keeps values, not identity: a KV-quant call whose recorded ``value`` holds the
+    key's bytes replays as ``value=key`` (the op's contract); a different value stays an error."""
+    from ascend_emu import ops
+    from ascend_emu.compare.calls import Call, TensorValue
+    from tests.test_sparse_flash_attention import SCALE, make_case
+
+    case = make_case(np.random.default_rng(4), quant=True, layout_query="BSND", layout_kv="PA_BSND",
+                     dtype="bfloat16", sbs=4)
+    kw = dict(case["kw"], sparse_mode=3, attention_mode=2)
+    want = ops.npu_kv_quant_sparse_flash_attention(case["query"], case["key"], case["key"], case["sparse_indices"],
+                                                   SCALE, 2, 2, **kw)
+
+    def call(value):
+        return Call(index=0, op="npu_kv_quant_sparse_flash_attention",
+                    api="torch_npu.npu_kv_quant_sparse_flash_attention",
+                    args=[TensorValue(case["query"].copy()), TensorValue(case["key"].copy()), TensorValue(value),
+                          TensorValue(case["sparse_indices"].copy()), SCALE, 2, 2],
+                    kwargs={k: TensorValue(v.copy()) if isinstance(v, np.ndarray) else v for k, v in kw.items()})
+
+    got = compare.replay(call(case["key"].copy()))
+    assert got.error is None and got.unavailable is None
+    assert np.array_equal(got.outputs[0].array.view(np.uint16), want.view(np.uint16))
+    other = case["key"].copy()
+    other.reshape(-1)[0] ^= 1
+    assert "ModeError: value" in compare.replay(call(other)).error
