@@ -335,4 +335,5 @@ def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
     raise NotImplementedError(f"hw backend: no implementation of {name!r} in this version of ascend_emu "
-                              "(implemented: mla_prolog, kv_rmsnorm_rope_cache, mla_preprocess, sparse_flash_attention, lightning_indexer); use the emu backend")
+                              "(implemented: mla_prolog, kv_rmsnorm_rope_cache, mla_preprocess, sparse_flash_attention, "
+                              "lightning_indexer); use the emu backend")
