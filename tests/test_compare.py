@@ -357,3 +357,103 @@ def test_msprobe_replay(tmp_path, capsys):
     assert o0["dtype"] == "torch.bfloat16" and o0["shape"] == [4, 16, 1, 64]
     back = torch.load(emu_rank / "dump_tensor_data" / o0["data_name"], map_location="cpu", weights_only=True)
     assert torch.equal(back.view(torch.int16), outs[0].view(torch.int16))
+
+
+# ----------------------------------------------------------------------------- wrapped drop-in ops (msprobe)
+def _kv_inputs():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    b, s = 2, 3
+
+    def bf16(shape, lo=-1.0, hi=1.0):
+        return torch.from_numpy(rng.uniform(lo, hi, shape).astype(np.float32)).to(torch.bfloat16)
+
+    return torch, (bf16((b, 1, s, 576)), bf16((512,), 0.5, 1.5), bf16((b, 1, s, 64)), bf16((b, 1, s, 64)),
+                   torch.tensor([3, 40, -1, 7, 33, 64], dtype=torch.int64))
+
+
+def test_wrapped_module_attribute_does_not_change_the_op(monkeypatch):
+    """A (*args, **kwargs) wrapper on the module attribute (as msprobe's PrecisionDebugger
+    installs) gives the same bytes as the bare op, positional and keyword calls alike."""
+    torch, (kv, gamma, cos, sin, index) = _kv_inputs()
+    import ascend_emu.torch_npu as tnpu
+
+    def caches():
+        return (torch.zeros((3, 32, 1, 64), dtype=torch.bfloat16), torch.zeros((3, 32, 1, 512), dtype=torch.bfloat16))
+
+    bare = tnpu.npu_kv_rmsnorm_rope_cache
+    kc, cc = caches()
+    want = bare(kv, gamma, cos, sin, index, kc, cc, cache_mode="PA", is_output_kv=True)
+    seen = []
+
+    def wrapper(*args, **kwargs):
+        seen.append(len(args))
+        return bare(*args, **kwargs)
+
+    monkeypatch.setattr(tnpu, "npu_kv_rmsnorm_rope_cache", wrapper)
+    for call in (lambda k, c: tnpu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k, c, cache_mode="PA",
+                                                             is_output_kv=True),
+                 lambda k, c: tnpu.npu_kv_rmsnorm_rope_cache(kv=kv, gamma=gamma, cos=cos, sin=sin, index=index,
+                                                             k_cache=k, ckv_cache=c, cache_mode="PA",
+                                                             is_output_kv=True)):
+        k2, c2 = caches()
+        got = call(k2, c2)
+        for x, y in zip(want, got):
+            assert torch.equal(x.view(torch.int16), y.view(torch.int16))
+        assert torch.equal(k2.view(torch.int16), kc.view(torch.int16))
+        assert torch.equal(c2.view(torch.int16), cc.view(torch.int16))
+    assert seen == [7, 0]
+
+
+def test_call_emulated_with_an_opaque_wrapper():
+    """call_emulated takes its defaults from the torch_npu schema, not from the wrapper it is
+    handed: an opaque (*args, **kwargs) wrapper works, and a non-default unsupported value is
+    still rejected by name."""
+    torch, (kv, gamma, cos, sin, index) = _kv_inputs()
+    from ascend_emu.errors import ModeError
+    from ascend_emu.torch_npu._convert import call_emulated
+
+    def opaque(*args, **kwargs):
+        raise AssertionError("not called")
+
+    k, c = torch.zeros((3, 32, 1, 64), dtype=torch.bfloat16), torch.zeros((3, 32, 1, 512), dtype=torch.bfloat16)
+    params = dict(kv=kv, gamma=gamma, cos=cos, sin=sin, index=index, k_cache=k, ckv_cache=c, k_rope_scale=None,
+                  c_kv_scale=None, k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5, cache_mode="PA",
+                  is_output_kv=True)
+    out = call_emulated("npu_kv_rmsnorm_rope_cache", opaque, params)
+    assert out[2].shape == (2, 1, 3, 64) and bool((c.view(torch.int16) != 0).any())
+    with pytest.raises(ModeError, match="v: expected the default None"):
+        call_emulated("npu_kv_rmsnorm_rope_cache", opaque, dict(params, v=kv))
+
+
+def test_replay_kv_quant_value_recorded_as_a_copy_of_key():
+    """A recording keeps values, not identity: a KV-quant call whose recorded ``value`` holds the
+    key's bytes replays as ``value=key``; a value with other bytes or another shape is left as recorded."""
+    from ascend_emu import ops
+    from ascend_emu.compare.calls import Call, TensorValue, _rebind_same_tensors
+    from tests.test_sparse_flash_attention import SCALE, make_case
+
+    case = make_case(np.random.default_rng(4), quant=True, layout_query="BSND", layout_kv="PA_BSND",
+                     dtype="bfloat16", sbs=4)
+    kw = dict(case["kw"], sparse_mode=3, attention_mode=2)
+    want = ops.npu_kv_quant_sparse_flash_attention(case["query"], case["key"], case["key"], case["sparse_indices"],
+                                                   SCALE, 2, 2, **kw)
+
+    def call(value):
+        return Call(index=0, op="npu_kv_quant_sparse_flash_attention",
+                    api="torch_npu.npu_kv_quant_sparse_flash_attention",
+                    args=[TensorValue(case["query"].copy()), TensorValue(case["key"].copy()), TensorValue(value),
+                          TensorValue(case["sparse_indices"].copy()), SCALE, 2, 2],
+                    kwargs={k: TensorValue(v.copy()) if isinstance(v, np.ndarray) else v for k, v in kw.items()})
+
+    got = compare.replay(call(case["key"].copy()))
+    assert got.error is None and got.unavailable is None
+    assert np.array_equal(got.outputs[0].array.view(np.uint16), want.view(np.uint16))
+    key = case["key"].copy()
+    other = key.copy()
+    other.reshape(-1)[0] ^= 1
+    names = ["query", "key", "value"]
+    for value, rebound in ((key.copy(), True), (other, False), (key[..., :512].copy(), False)):
+        args = [case["query"], key, value]
+        _rebind_same_tensors("npu_kv_quant_sparse_flash_attention", names, args, {})
+        assert (args[2] is key) == rebound

@@ -64,3 +64,28 @@ def test_msprobe_precision_debugger_loopback(tmp_path):
     rows = {r["NPU Name"]: r for r in csv.DictReader(result.open())}
     outs = [r for name, r in rows.items() if ".forward.output." in name]
     assert len(outs) == 4 and all(r["Cosine"] == "1.0" and r["MaxAbsErr"] == "0.0" for r in outs), rows
+
+
+def test_msprobe_wraps_the_drop_in_under_ascend_emu_run(tmp_path):
+    """``ascend-emu run`` (the drop-in as torch_npu) with msprobe's PrecisionDebugger wrapping the
+    module attributes by ``(*args, **kwargs)`` functions: the ops behave as unwrapped (positional
+    npu_kv_rmsnorm_rope_cache, npu_lightning_indexer), and the dump replays identical."""
+    pytest.importorskip("msprobe")
+    pytest.importorskip("torch")
+    env = {"PYTHONPATH": str(ROOT), "PATH": str(pathlib.Path(sys.executable).parent)}
+    script = SCRIPT.replace("sys.path.insert(0, {standin!r})\n", "").replace("debugger.stop()", textwrap.dedent("""\
+        q = torch.randn(1, 2, 64, 128, generator=g).to(torch.bfloat16).npu()
+        k = torch.randn(1, 9, 1, 128, generator=g).to(torch.bfloat16).npu()
+        w = torch.randn(1, 2, 64, generator=g).to(torch.bfloat16).npu()
+        assert torch_npu.npu_lightning_indexer.__module__ != "torch_npu"  # msprobe's wrapper
+        torch_npu.npu_lightning_indexer(q, k, w, sparse_count=4, return_value=True)
+        debugger.stop()"""))
+    (tmp_path / "run.py").write_text(script)
+    proc = subprocess.run([sys.executable, "-m", "ascend_emu", "run", "run.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    proc = subprocess.run([sys.executable, "-m", "ascend_emu", "replay", "dump", "-o", "emu", "--json", "r.json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["summary"] == {"calls": 2, "by_status": {"identical": 2}, "identical": True, "ok": True}

@@ -36,8 +36,8 @@ def test_backend_context_manager_nests_and_restores(monkeypatch):
 
 
 def test_unimplemented_op_named():
-    with pytest.raises(NotImplementedError, match="hw backend: no implementation of 'sparse_flash_attention'"):
-        hw.sparse_flash_attention  # noqa: B018
+    with pytest.raises(NotImplementedError, match="hw backend: no implementation of 'flash_attention_v9'"):
+        hw.flash_attention_v9  # noqa: B018
 
 
 def _kv_call(rng, mode="PA_NZ", b=2, s=3, quant=False):
@@ -263,3 +263,83 @@ def test_hw_skipped_nz_cast_caught(standin, prolog_data):
         standin.FAULT = ""
     r = compare.compare_tensor("query", bad[0], good[0])
     assert r.status == "fail" and r.mismatched > r.size // 10
+
+
+# ----------------------------------------------------------------------------- sparse attention family
+SFA_MODES = [(quant, *m) for quant in (False, True) for m in [
+    ("BSND", "BSND", "bfloat16", 1), ("TND", "TND", "float16", 4), ("BSND", "PA_BSND", "bfloat16", 16),
+    ("TND", "PA_BSND", "float16", 2)]]
+
+
+@pytest.mark.parametrize("quant, layout_query, layout_kv, dtype, sbs", SFA_MODES)
+@pytest.mark.parametrize("sparse_mode", [3, 0])
+def test_hw_sparse_flash_attention(standin, quant, layout_query, layout_kv, dtype, sbs, sparse_mode):
+    """Both sparse attention ops (KV-quant: per-tile scaled 656-byte rows), every layout, both dtypes."""
+    from tests.test_sparse_flash_attention import SCALE, make_case
+
+    case = make_case(np.random.default_rng(sbs + 31 * quant), quant=quant, layout_query=layout_query,
+                     layout_kv=layout_kv, dtype=dtype, sbs=sbs)
+    kw = dict(case["kw"], sparse_mode=sparse_mode, attention_mode=2)
+    if quant:
+        def fn(query, key, sparse_indices, **kw):  # value: the key tensor itself
+            return ops.npu_kv_quant_sparse_flash_attention(query, key, key, sparse_indices, SCALE, 2, 2, **kw)
+
+        assert_backends_agree(fn, [case["query"], case["key"], case["sparse_indices"]], kw)
+    else:
+        kw.update(query_rope=case["query_rope"], key_rope=case["key_rope"],
+                  return_softmax_lse=layout_kv != "PA_BSND")
+        assert_backends_agree(ops.npu_sparse_flash_attention,
+                              [case["query"], case["key"], case["value"], case["sparse_indices"], SCALE], kw)
+
+
+def test_hw_kv_quant_sfa_over_prolog_v3_cache(standin):
+    """KV-quant attention over a per-tile cache that npu_mla_prolog_v3 wrote."""
+    from tests.test_sparse_flash_attention import test_kv_quant_over_cache_written_by_mla_prolog_v3 as build
+
+    calls = []
+    real = ops.npu_kv_quant_sparse_flash_attention
+
+    def spy(*a, **kw):
+        calls.append(([_copy(v) for v in a], {k: _copy(v) for k, v in kw.items()}))
+        return real(*a, **kw)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ops, "npu_kv_quant_sparse_flash_attention", spy)
+    try:
+        build()
+    finally:
+        mp.undo()
+    assert calls
+    (query, key, _, idx, scale, kq, vq), kw = calls[0]
+
+    def fn(query, key, idx, **kw):  # value: the key tensor itself
+        return real(query, key, key, idx, scale, kq, vq, **kw)
+
+    assert_backends_agree(fn, [query, key, idx], kw)
+
+
+LI_MODES = [("BSND", "BSND", "bfloat16"), ("TND", "TND", "float16"), ("BSND", "PA_BSND", "float16"),
+            ("TND", "PA_BSND", "bfloat16")]
+
+
+@pytest.mark.parametrize("layout_q, layout_k, dtype_name", LI_MODES)
+@pytest.mark.parametrize("return_value", [True, False])
+def test_hw_lightning_indexer(standin, layout_q, layout_k, dtype_name, return_value):
+    from tests.test_lightning_indexer import make_case
+
+    dt = BF16 if dtype_name == "bfloat16" else np.float16
+    query, key, weights, kw = make_case(np.random.default_rng(5), layout_q, layout_k, dt, (3, 2), (40, 17))
+    assert_backends_agree(ops.npu_lightning_indexer, [query, key, weights],
+                          dict(kw, sparse_count=8, sparse_mode=3, return_value=return_value))
+
+
+def test_hw_sparse_needs_the_call(standin):
+    """An argument object built without the caller's arguments is refused by name, not guessed."""
+    from ascend_emu.ops.lightning_indexer import _normalise
+
+    query, key, weights, kw = __import__("tests.test_lightning_indexer", fromlist=["make_case"]).make_case(
+        np.random.default_rng(1), "BSND", "BSND", BF16, (2,), (9,))
+    args = _normalise(query, key, weights, kw["actual_seq_lengths_query"], kw["actual_seq_lengths_key"], None,
+                      "BSND", "BSND", 4, 3, (1 << 63) - 1, (1 << 63) - 1, False)
+    with pytest.raises(BackendUnavailable, match="args.call"):
+        hw.lightning_indexer(args)

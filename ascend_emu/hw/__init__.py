@@ -265,9 +265,75 @@ def mla_preprocess(args) -> None:
     copy_back(rope, args.kv_cache_out1)
 
 
+def _call_kwargs(args, op: str, torch) -> dict:
+    """The caller's validated torch_npu arguments of ``args.call`` with every array as a new NPU
+    tensor; BackendUnavailable when the argument object was built without them."""
+    if not args.call:
+        raise BackendUnavailable(f"hw backend: {op} needs the caller's arguments (args.call), which this "
+                                 "argument object lacks: build it through ascend_emu.ops")
+    seen: dict[int, object] = {}  # one device tensor per host array (KV-quant: value is key itself)
+    out = {}
+    for k, v in args.call.items():
+        if isinstance(v, np.ndarray):
+            if id(v) not in seen:
+                seen[id(v)] = to_device(v, torch)
+            v = seen[id(v)]
+        out[k] = v
+    return out
+
+
+def sparse_flash_attention(args) -> tuple:
+    """``npu_sparse_flash_attention`` or ``npu_kv_quant_sparse_flash_attention`` (by
+    ``args.quant``) on the NPU, from the caller's validated arguments (``args.call``).
+
+    Args:
+        args: :class:`ascend_emu.ops.sparse_flash_attention.SparseFlashAttentionArgs`.
+
+    Returns:
+        As the emu backend: ``(attention_out [.., N1, 512] query dtype, softmax_max, softmax_sum)``;
+        softmax_max / softmax_sum fp32 (``[B, N2, S1, G]`` / ``[N2, T, G]`` with
+        ``return_softmax_lse``, else ``[0]``; always ``[0]`` for the KV-quant op, which returns
+        only attention_out).
+
+    Raises:
+        BackendUnavailable: see :func:`runtime`; also an argument object without ``call``.
+    """
+    torch, tnpu = runtime()
+    op = "npu_kv_quant_sparse_flash_attention" if args.quant else "npu_sparse_flash_attention"
+    out = getattr(tnpu, op)(**_call_kwargs(args, op, torch))
+    empty = np.empty(0, dtype=np.float32)  # [0]
+    if args.quant:
+        return to_host(out).reshape(args.out_shape), empty, empty.copy()
+    if not args.return_softmax_lse:
+        return to_host(out[0]).reshape(args.out_shape), empty, empty.copy()
+    return to_host(out[0]).reshape(args.out_shape), to_host(out[1]), to_host(out[2])
+
+
+def lightning_indexer(args) -> tuple:
+    """``npu_lightning_indexer`` on the NPU, from the caller's validated arguments (``args.call``).
+
+    Args:
+        args: :class:`ascend_emu.ops.lightning_indexer.LightningIndexerArgs`.
+
+    Returns:
+        As the emu backend: ``(sparse_indices int32 out_shape, sparse_values)``; sparse_values in
+        the query dtype, ``out_shape`` with ``return_value``, else ``[0]``.
+
+    Raises:
+        BackendUnavailable: see :func:`runtime`; also an argument object without ``call``.
+    """
+    from ..ops.lightning_indexer import EMPTY_VALUE_SHAPE
+
+    torch, tnpu = runtime()
+    idx, val = tnpu.npu_lightning_indexer(**_call_kwargs(args, "npu_lightning_indexer", torch))
+    values = to_host(val).reshape(args.out_shape if args.return_value else EMPTY_VALUE_SHAPE)
+    return to_host(idx).reshape(args.out_shape), values
+
+
 def __getattr__(name: str):
     """An op family this version of the hw backend does not implement: say so by name."""
     if name.startswith("__"):
         raise AttributeError(name)
     raise NotImplementedError(f"hw backend: no implementation of {name!r} in this version of ascend_emu "
-                              "(implemented: mla_prolog, kv_rmsnorm_rope_cache, mla_preprocess); use the emu backend")
+                              "(implemented: mla_prolog, kv_rmsnorm_rope_cache, mla_preprocess, sparse_flash_attention, "
+                              "lightning_indexer); use the emu backend")

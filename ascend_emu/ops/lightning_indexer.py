@@ -45,8 +45,9 @@ Choices where the sources leave room (each in one named constant below):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 
@@ -107,6 +108,8 @@ class LightningIndexerArgs:
         out_shape: ``[B, S1, N2, sparse_count]`` (BSND query) or ``[T, N2, sparse_count]`` (TND).
         layout_query, layout_key: the caller's layouts.
         sparse_mode: 0 or 3.
+        call: the caller's validated arguments by torch_npu 2.14 name (arrays as passed), for a
+            backend that calls the real op (``hw``); empty when built directly.
     """
 
     query: np.ndarray
@@ -121,6 +124,7 @@ class LightningIndexerArgs:
     layout_query: str
     layout_key: str
     sparse_mode: int
+    call: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dtype(self) -> np.dtype:
@@ -176,6 +180,11 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
     """
     args = _normalise(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
                       layout_query, layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens, return_value)
+    args = dataclasses.replace(args, call=dict(
+        query=query, key=key, weights=weights, actual_seq_lengths_query=actual_seq_lengths_query,
+        actual_seq_lengths_key=actual_seq_lengths_key, block_table=block_table, layout_query=layout_query,
+        layout_key=layout_key, sparse_count=int(sparse_count), sparse_mode=int(sparse_mode),
+        return_value=bool(return_value)))
     return get_backend().lightning_indexer(args)
 
 

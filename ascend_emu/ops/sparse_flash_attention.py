@@ -65,8 +65,9 @@ Choices where the sources leave room (each in one named constant below):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 
@@ -151,6 +152,8 @@ class SparseFlashAttentionArgs:
         batch, seq_q: B and S1 (TND: S1 = T).
         num_heads, num_kv_heads: N1 and N2.
         return_softmax_lse: the op returns softmax_max / softmax_sum (non-quant op only).
+        call: the caller's validated arguments by torch_npu 2.14 name (arrays as passed), for a
+            backend that calls the real op (``hw``); empty when built directly.
     """
 
     query: np.ndarray
@@ -175,6 +178,7 @@ class SparseFlashAttentionArgs:
     num_heads: int
     num_kv_heads: int
     return_softmax_lse: bool
+    call: dict[str, Any] = field(default_factory=dict)
 
     @property
     def group(self) -> int:
@@ -236,6 +240,13 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
     args = _normalise(False, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
                       actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv,
                       sparse_mode, pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks=sinks)
+    args = dataclasses.replace(args, call=dict(
+        query=query, key=key, value=value, sparse_indices=sparse_indices, scale_value=float(scale_value),
+        block_table=block_table, actual_seq_lengths_query=actual_seq_lengths_query,
+        actual_seq_lengths_kv=actual_seq_lengths_kv, query_rope=query_rope, key_rope=key_rope,
+        sparse_block_size=int(sparse_block_size), layout_query=layout_query, layout_kv=layout_kv,
+        sparse_mode=int(sparse_mode), attention_mode=int(attention_mode),
+        return_softmax_lse=bool(return_softmax_lse)))
     return get_backend().sparse_flash_attention(args)
 
 
@@ -295,6 +306,14 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
     args = _normalise(True, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
                       actual_seq_lengths_kv, None, None, sparse_block_size, layout_query, layout_kv, sparse_mode,
                       pre_tokens, next_tokens, attention_mode, False, sinks=None)
+    args = dataclasses.replace(args, call=dict(
+        query=query, key=key, value=value, sparse_indices=sparse_indices, scale_value=float(scale_value),
+        key_quant_mode=int(key_quant_mode), value_quant_mode=int(value_quant_mode), block_table=block_table,
+        actual_seq_lengths_query=actual_seq_lengths_query, actual_seq_lengths_kv=actual_seq_lengths_kv,
+        sparse_block_size=int(sparse_block_size), layout_query=layout_query, layout_kv=layout_kv,
+        sparse_mode=int(sparse_mode), attention_mode=int(attention_mode),
+        quant_scale_repo_mode=int(quant_scale_repo_mode), tile_size=int(tile_size),
+        rope_head_dim=int(rope_head_dim)))
     return get_backend().sparse_flash_attention(args)[0]
 
 
