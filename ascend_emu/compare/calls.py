@@ -35,9 +35,6 @@ class OpInfo:
             default, {value: inspect cache mode})``; None when there is no cache.
         replays_fully: msprobe dumps hold everything it needs (no FRACTAL_NZ weight, every
             in-place result returned).
-        same_tensor: ``(argument, of)`` pairs where the op takes ``argument`` as the very tensor
-            ``of`` (KV-quant sparse attention: ``value`` is ``key``). A recording keeps values,
-            not identity: replay passes ``of`` itself where the recorded bytes are equal.
     """
 
     name: str
@@ -46,13 +43,12 @@ class OpInfo:
     outputs: tuple[str, ...] = ()
     cache_mode: tuple[str, str, dict] | None = None
     replays_fully: bool = False
-    same_tensor: tuple[tuple[str, str], ...] = ()
 
 
 _PROLOG_IN = ("kv_cache", "kr_cache")
 _PROLOG_MODE = ("cache_mode", "PA_BSND", {})
 _PROLOG_OUT = ("query", "query_rope")
-_MLAPP_MODE = ("cache_mode", "krope_ctkv", {"kvcache": "PA_BSND", "krope_ctkv": "PA_BSND",
+_MLAPP_MODE = ("cache_mode", "krope_ctkv", {"krope_ctkv": "PA_BSND",
                                             "nzcache": "PA_NZ", "int8_nzcache": "PA_NZ"})
 
 #: Every op the comparison knows, by ``ascend_emu.ops`` name. Ops missing from :mod:`ascend_emu.ops`
@@ -69,8 +65,7 @@ OPS: dict[str, OpInfo] = {op.name: op for op in (
            ("kv_cache", "kv_cache_rope", "q_out0", "kv_cache_out0", "q_out1", "kv_cache_out1"),
            ("q_out0", "kv_cache_out0", "q_out1", "kv_cache_out1"), _MLAPP_MODE),
     OpInfo("npu_sparse_flash_attention", "npu_sparse_flash_attention", replays_fully=True),
-    OpInfo("npu_kv_quant_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention", replays_fully=True,
-           same_tensor=(("value", "key"),)),
+    OpInfo("npu_kv_quant_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention", replays_fully=True),
     OpInfo("npu_lightning_indexer", "npu_lightning_indexer", replays_fully=True),
 )}
 
@@ -219,26 +214,6 @@ def _to_emu(v, copies: dict, name: str):
     return v
 
 
-def _rebind_same_tensors(op: str, names: list, args: list, kwargs: dict) -> None:
-    """Apply :attr:`OpInfo.same_tensor`: where the recorded ``argument`` holds the bytes of
-    ``of`` (same dtype and shape), pass ``of`` itself (in place in ``args`` / ``kwargs``)."""
-    info = OPS.get(op)
-    for name, of in info.same_tensor if info else ():
-        def get(n):
-            if n in kwargs:
-                return kwargs[n]
-            i = names.index(n) if n in names else len(args)
-            return args[i] if i < len(args) else None
-
-        a, b = get(name), get(of)
-        if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape \
-                and np.array_equal(a.view(np.uint8), b.view(np.uint8)):
-            if name in kwargs:
-                kwargs[name] = b
-            else:
-                args[names.index(name)] = b
-
-
 def replay(call: Call, backend: str = "emu") -> EmuResult:
     """Run ``call`` again on ``backend`` (default ``emu``; ``hw`` runs it on the NPU through the
     same op contract), from the recorded inputs (caches as they were before the call).
@@ -263,7 +238,6 @@ def replay(call: Call, backend: str = "emu") -> EmuResult:
     names = call.arg_names or arg_names(call.op)
     args = [_to_emu(v, copies, names[i] if i < len(names) else f"args[{i}]") for i, v in enumerate(call.args)]
     kwargs = {k: _to_emu(v, copies, k) for k, v in call.kwargs.items()}
-    _rebind_same_tensors(call.op, names, args, kwargs)
     params = _pyinspect.signature(fn).parameters
     for k in [k for k in kwargs if k not in params and kwargs[k] is None]:
         del kwargs[k]  # torch_npu-only arguments at their default None (e.g. v3's *_dtype)

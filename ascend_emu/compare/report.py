@@ -5,11 +5,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..inspect.files import jsonable
 from .calls import CallReport
 
 #: CSV columns (msprobe's names where it has one).
@@ -41,7 +41,7 @@ class Report:
 
     def to_json(self) -> str:
         """One strict JSON document (NaN / inf as the strings "nan", "inf", "-inf")."""
-        return json.dumps(_jsonable(self.to_dict()), indent=1, default=str)
+        return json.dumps(jsonable(self.to_dict()), indent=1, default=str)
 
     def to_csv(self) -> str:
         """One row per compared tensor (and per call that was not compared)."""
@@ -118,16 +118,6 @@ class Report:
                 if d is not None and not d.same:
                     out.append(plot_diff(d, Path(directory) / f"call{c.index:05d}_{c.op}_{t.name}.png"))
         return out
-
-
-def _jsonable(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    return obj
 
 
 def _fmt(v) -> str:

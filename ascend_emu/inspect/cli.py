@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
+
+from .files import jsonable
 
 #: Values shown per dump line in text output (all of them are in --json).
 TEXT_VALUES = 8
@@ -25,19 +26,8 @@ def _err(msg: str) -> None:
     print(f"ascend-emu: {msg}", file=sys.stderr)
 
 
-def _jsonable(obj):
-    """Replace non-finite floats by strings ("nan", "inf", "-inf") so the output is strict JSON."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    return obj
-
-
 def _print_json(obj) -> None:
-    print(json.dumps(_jsonable(obj)))
+    print(json.dumps(jsonable(obj)))
 
 
 def _console():

@@ -19,6 +19,7 @@ given; the shape may be the declared or the NZ storage shape.
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Sequence
 
@@ -152,3 +153,15 @@ def _same_mode(a: str, b: str) -> bool:
     from ..layouts import canonical_cache_mode
 
     return canonical_cache_mode(a) == canonical_cache_mode(b)
+
+
+def jsonable(obj):
+    """``obj`` with non-finite floats replaced by strings ("nan", "inf", "-inf"), so that
+    ``json.dumps`` writes strict JSON (the ``--json`` outputs of ``inspect`` and ``compare``)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    return obj
