@@ -405,27 +405,6 @@ def test_wrapped_module_attribute_does_not_change_the_op(monkeypatch):
     assert seen == [7, 0]
 
 
-def test_call_emulated_with_an_opaque_wrapper():
-    """call_emulated takes its defaults from the torch_npu schema, not from the wrapper it is
-    handed: an opaque (*args, **kwargs) wrapper works, and a non-default unsupported value is
-    still rejected by name."""
-    torch, (kv, gamma, cos, sin, index) = _kv_inputs()
-    from ascend_emu.errors import ModeError
-    from ascend_emu.torch_npu._convert import call_emulated
-
-    def opaque(*args, **kwargs):
-        raise AssertionError("not called")
-
-    k, c = torch.zeros((3, 32, 1, 64), dtype=torch.bfloat16), torch.zeros((3, 32, 1, 512), dtype=torch.bfloat16)
-    params = dict(kv=kv, gamma=gamma, cos=cos, sin=sin, index=index, k_cache=k, ckv_cache=c, k_rope_scale=None,
-                  c_kv_scale=None, k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5, cache_mode="PA",
-                  is_output_kv=True)
-    out = call_emulated("npu_kv_rmsnorm_rope_cache", opaque, params)
-    assert out[2].shape == (2, 1, 3, 64) and bool((c.view(torch.int16) != 0).any())
-    with pytest.raises(ModeError, match="v: expected the default None"):
-        call_emulated("npu_kv_rmsnorm_rope_cache", opaque, dict(params, v=kv))
-
-
 def test_replay_kv_quant_value_recorded_as_a_copy_of_key():
     """A recording keeps values, not identity: a KV-quant call whose recorded ``value`` is a copy of
     the key replays with the output of ``value=key``."""

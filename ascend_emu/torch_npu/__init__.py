@@ -36,7 +36,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
 
 from .. import __version__ as _emu_version
 from . import _device, _format, _registry, npu
-from ._convert import call_emulated, nz_of, tag_nz, to_numpy, to_torch
+from ._convert import nz_of, tag_nz, to_numpy, to_torch
 from .schemas import SCHEMAS
 
 npu.patch_torch()

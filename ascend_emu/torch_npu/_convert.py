@@ -29,7 +29,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from ..errors import DTypeError, ModeError, arg_error, describe
+from ..errors import DTypeError, arg_error
 from ..layouts import NZArray
 from .npu import mark_npu
 
@@ -241,53 +241,3 @@ def resolve_op(op_name: str, public_name: str | None = None) -> Callable:
         raise NotImplementedError(f"{public_name or op_name}: not emulated by this version of ascend_emu "
                                   f"(ascend_emu.ops.{op_name} does not exist)")
     return fn
-
-
-def call_emulated(op_name: str, wrapper: Callable, params: Mapping[str, Any], *,
-                  public_name: str | None = None) -> Any:
-    """Run ``ascend_emu.ops.<op_name>`` for a torch_npu-signature ``wrapper`` called with ``params``.
-
-    Every parameter goes by keyword. A parameter of ``wrapper`` the NumPy op does not take is
-    dropped while it holds its default, and rejected otherwise, so a setting the emulator cannot
-    honour is never ignored silently. The defaults are those of the op's registered torch_npu
-    schema (:mod:`.schemas`), else of ``inspect.unwrap(wrapper)``: a tool that wraps the module
-    attribute with a ``(*args, **kwargs)`` function (msprobe's ``PrecisionDebugger``) changes
-    nothing.
-
-    Args:
-        op_name: name in :mod:`ascend_emu.ops`.
-        wrapper: the torch-level function (its signature gives the defaults).
-        params: the wrapper's arguments by name (``locals()`` at its top).
-        public_name: name for messages (default ``torch_npu.<op_name>``).
-
-    Raises:
-        NotImplementedError: the op does not exist yet.
-        ModeError: a non-default value for a parameter the op does not take.
-    """
-    public_name = public_name or f"torch_npu.{op_name}"
-    fn = resolve_op(op_name, public_name)
-    accepted = _param_names(fn)
-    defaults = _schema_defaults(op_name)
-    if defaults is None:
-        sig = _signature(inspect.unwrap(wrapper))
-        defaults = {} if sig is None else {k: (None if p.default is inspect.Parameter.empty else p.default)
-                                           for k, p in sig.parameters.items()}
-    kwargs = {}
-    for key, value in params.items():
-        if key in accepted:
-            kwargs[key] = value
-        elif not _is_default(value, defaults.get(key)):
-            raise arg_error(ModeError, key, f"the default {defaults.get(key)!r} ({public_name} in "
-                            f"ascend_emu does not support this argument)", describe(value))
-    return call_op(fn, (), kwargs)
-
-
-def _schema_defaults(op_name: str) -> dict[str, Any] | None:
-    """Argument defaults of the single torch_npu schema named ``op_name`` (None: none or several)."""
-    from .schemas import SCHEMAS
-
-    specs = [s for s in SCHEMAS if s.name == op_name and "." not in s.qualified]
-    if len(specs) != 1:
-        return None
-    schema = torch._C.parse_schema(f"{specs[0].namespace}::{specs[0].schema}")
-    return {a.name: (a.default_value if a.has_default_value() else None) for a in schema.arguments}
