@@ -27,7 +27,9 @@ When on:
   naming the op, the output and the first coordinates.
 
 Off, every hook is one global test and a return (measured in ``benchmarks/bench_checked.py``).
-Source: issue 11 §4; the ops' contracts in :mod:`ascend_emu.ops`.
+Source: issue 11 §4; the ops' contracts in :mod:`ascend_emu.ops`. This module sits beside the
+ops rather than in :mod:`ascend_emu.inspect` (which DESIGN.md places above the ops): the ops call
+its hooks, and importing it must not load the inspector.
 """
 
 from __future__ import annotations
@@ -101,13 +103,15 @@ def _key(a: np.ndarray) -> tuple[int, int]:
 
 
 def _owner(a: np.ndarray):
+    """A weak reference to the ndarray that owns ``a``'s memory, or None when the owner is not
+    an ndarray owning its data (a view of a torch tensor made per call, a buffer): such a map is
+    kept for the process lifetime."""
     root = a
     while isinstance(root, np.ndarray) and root.base is not None:
         root = root.base
-    try:
-        return weakref.ref(root)
-    except TypeError:
+    if not (isinstance(root, np.ndarray) and root.flags.owndata):
         return None
+    return weakref.ref(root)
 
 
 def _map(a: np.ndarray, num_slots: int, *, create: bool = True) -> _Map | None:
@@ -262,7 +266,8 @@ def read_sparse_attention(op: str, args, key, key_rope, value, sparse_indices, s
             bs = int(np.asarray(cache).shape[1])
             where = f"block {slot // bs}, row {slot % bs} (slot {slot})"
         raise UninitializedReadError(
-            f"{op}: {arg} read before written: {q_at}, kv head {h}, sparse_indices[{', '.join(map(str, idx_at + (h, j)))}]"
+            f"{op}: {arg} read before written: {q_at}, kv head {h}, "
+            f"sparse_indices[{', '.join(map(str, idx_at + (h, j)))}]"
             f" = {int(si)} -> kv token {kv_token} at {where}; {int(bad.sum())} unwritten reads in this call "
             f"(checked mode: slot never written by an op since the cache was created / poisoned; "
             f"declare outside writes with ascend_emu.mark_written)")

@@ -120,7 +120,8 @@ def test_kv_quant_sparse_flash_attention_uninitialised_read_after_mla_prolog_v3(
         kw = dict(block_table=np.array([[2, 0]], np.int32), actual_seq_lengths_kv=np.array([5], np.int32),
                   layout_kv="PA_BSND")
         ok = np.array([[[[0, 1, 2, 4]]]], np.int32)
-        out = ops.npu_kv_quant_sparse_flash_attention(query, kv_cache, kv_cache, ok, SCALE, 2, 2, attention_mode=2, **kw)
+        out = ops.npu_kv_quant_sparse_flash_attention(query, kv_cache, kv_cache, ok, SCALE, 2, 2, attention_mode=2,
+                                                      **kw)
         assert np.isfinite(np.asarray(out, np.float32)).all()
         bad = np.array([[[[4, 3, -1, -1]]]], np.int32)
         with pytest.raises(UninitializedReadError) as err:
@@ -200,7 +201,8 @@ def test_run_checked_cli(tmp_path):
         q = np.ones((1, 1, 4, 512), bf); qr = np.ones((1, 1, 4, 64), bf)
         out = ops.npu_sparse_flash_attention(q, ckv, ckv, np.array([[[[0, 1]]]], np.int32), 0.1,
                                              block_table=np.array([[1]], np.int32), query_rope=qr, key_rope=kr,
-                                             actual_seq_lengths_kv=np.array([2], np.int32), layout_kv="PA_BSND", attention_mode=2)
+                                             actual_seq_lengths_kv=np.array([2], np.int32), layout_kv="PA_BSND",
+                                             attention_mode=2)
         print("ran")
     """))
     env = dict(os.environ, PYTHONPATH=os.getcwd())
@@ -213,3 +215,33 @@ def test_run_checked_cli(tmp_path):
     assert res.returncode != 0
     assert ("UninitializedReadError: npu_sparse_flash_attention: key read before written: batch 0, query token 0, "
             "kv head 0, sparse_indices[0, 0, 0, 0] = 0 -> kv token 0 at block 1, row 0 (slot 16)") in res.stderr
+
+
+def test_torch_drop_in_maps_persist_across_calls():
+    """torch tensors reach the ops as per-call NumPy views: the written-slot map still follows the
+    tensor's memory from the writer call to the reader call."""
+    torch = pytest.importorskip("torch")
+    import ascend_emu.torch_npu as torch_npu
+
+    rng = np.random.default_rng(8)
+    k_cache = torch.zeros((BLOCKS, BS, 1, D_ROPE), dtype=torch.bfloat16)
+    ckv_cache = torch.zeros((BLOCKS, BS, 1, HCKV), dtype=torch.bfloat16)
+
+    def t(a):
+        return torch.from_numpy(np.asarray(a, np.float32)).to(torch.bfloat16)
+
+    written = [_slot(p) for p in (0, 1, 2, 3, 5)]
+    with ascend_emu.checked():
+        kv, cos, sin = (t(rng.standard_normal((1, 1, 5, d))) for d in (576, 64, 64))
+        torch_npu.npu_kv_rmsnorm_rope_cache(kv, torch.ones(HCKV, dtype=torch.bfloat16), cos, sin,
+                                            torch.tensor(written, dtype=torch.int64), k_cache, ckv_cache,
+                                            cache_mode="PA_BNSD")
+        kw = dict(block_table=torch.tensor([[2, 0]], dtype=torch.int32), layout_kv="PA_BSND", attention_mode=2,
+                  actual_seq_lengths_kv=torch.tensor([20], dtype=torch.int32), key_rope=k_cache,
+                  query_rope=t(rng.standard_normal((1, 1, 4, D_ROPE))))
+        q = t(rng.standard_normal((1, 1, 4, HCKV)))
+        good = torch.tensor([[[[0, 1, 2, 3, 5]]]], dtype=torch.int32)
+        torch_npu.npu_sparse_flash_attention(q, ckv_cache, ckv_cache, good, SCALE, **kw)
+        with pytest.raises(UninitializedReadError, match=r"kv token 4 at block 2, row 4 \(slot 36\)"):
+            torch_npu.npu_sparse_flash_attention(q, ckv_cache, ckv_cache,
+                                                 torch.tensor([[[[0, 4]]]], dtype=torch.int32), SCALE, **kw)
