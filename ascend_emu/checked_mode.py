@@ -121,8 +121,7 @@ def _map(a: np.ndarray, num_slots: int, *, create: bool = True) -> _Map | None:
         del _STATE.maps[key]
         m = None
     if m is not None and m.written.size != num_slots:  # same memory seen as another slot count
-        m = _Map(np.resize(m.written, num_slots) if m.written.all() else np.zeros(num_slots, bool), m.owner)
-        _STATE.maps[key] = m
+        m = _STATE.maps[key] = _Map(np.full(num_slots, bool(m.written.all())), m.owner)
     if m is None and create:
         m = _STATE.maps[key] = _Map(np.zeros(num_slots, bool), _owner(a))
     return m
@@ -172,11 +171,18 @@ def will_write(*caches) -> None:
     """Writer hook before the backend: poison-fill caches seen for the first time (poison on).
 
     ``caches``: ``(cache, layout)`` pairs (a :class:`~ascend_emu.layouts.CacheLayout`, whose
-    ``num_rows`` is the slot count; a None layout or cache is skipped)."""
-    if not _STATE.enabled or not _STATE.poison:
+    ``num_rows`` is the slot count; a None layout or cache is skipped), or ``(cache, layout,
+    source)`` when the op writes into a copy of ``source`` (a functional form): the copy
+    inherits ``source``'s map."""
+    if not _STATE.enabled:
         return
-    for cache, layout in caches:
-        if cache is not None and layout is not None and _key(cache) not in _STATE.maps:
+    for cache, layout, *source in caches:
+        if cache is None or layout is None:
+            continue
+        src = _STATE.maps.get(_key(source[0])) if source and source[0] is not None else None
+        if src is not None and _key(cache) != _key(source[0]):
+            _STATE.maps[_key(cache)] = _Map(src.written.copy(), _owner(cache))
+        elif _STATE.poison and _key(cache) not in _STATE.maps:
             poison(cache, layout.num_rows)
 
 
@@ -189,7 +195,7 @@ def wrote(op: str, slots, caches, outputs=()) -> None:
     if slots is not None:
         s = np.asarray(slots, np.int64).reshape(-1)
         s = s[s >= 0]
-        for cache, layout in caches:
+        for cache, layout, *_ in caches:
             if cache is not None and layout is not None:
                 _map(cache, layout.num_rows).written[s] = True
     check_finite(op, outputs)
@@ -291,11 +297,12 @@ def read_lightning_indexer(op: str, args, key, layout_key) -> None:
         return
     i = int(np.argmax(bad))
     t, p, slot, b = int(t_idx[i]), int(pos[i]), int(slots[i]), int(args.token_batch[t_idx[i]])
+    q_at = f"query token {t % args.out_shape[1]}" if args.layout_query == "BSND" else f"query token {t} (TND)"
     where = f"slot {slot}"
     if layout_key == "PA_BSND":
         bs = int(np.asarray(key).shape[1])
         where = f"block {slot // bs}, row {slot % bs} (slot {slot})"
     raise UninitializedReadError(
-        f"{op}: key read before written: batch {b}, query token {t}, kv token {p} at {where}; "
+        f"{op}: key read before written: batch {b}, {q_at}, kv token {p} at {where}; "
         f"{int(bad.sum())} unwritten reads in this call (checked mode: slot never written by an op since the "
         f"cache was created / poisoned; declare outside writes with ascend_emu.mark_written)")

@@ -215,6 +215,20 @@ def test_run_checked_cli(tmp_path):
     assert res.returncode != 0
     assert ("UninitializedReadError: npu_sparse_flash_attention: key read before written: batch 0, query token 0, "
             "kv head 0, sparse_indices[0, 0, 0, 0] = 0 -> kv token 0 at block 1, row 0 (slot 16)") in res.stderr
+    by_env = subprocess.run([sys.executable, "-m", "ascend_emu", "run", str(script)], capture_output=True, text=True,
+                            env=dict(env, **{checked_mode.ENV_CHECKED: "1"}))
+    assert by_env.returncode != 0 and "UninitializedReadError" in by_env.stderr
+
+
+def test_poison_and_mark_written():
+    cache = np.zeros((2, 16, 1, 64), BF16)
+    checked_mode.mark_written(cache)
+    assert checked_mode.written_slots(cache).all()
+    checked_mode.poison(cache)
+    assert (cache.view(np.uint16) == 0xFFFF).all() and np.isnan(cache.astype(np.float32)).all()
+    assert not checked_mode.written_slots(cache).any() and checked_mode.written_slots(cache).size == 32
+    checked_mode.mark_written(cache, [3, -1, 17])
+    assert np.flatnonzero(checked_mode.written_slots(cache)).tolist() == [3, 17]
 
 
 def test_torch_drop_in_maps_persist_across_calls():

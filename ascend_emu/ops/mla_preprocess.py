@@ -517,7 +517,7 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
         q_nope_scale=qns, cache_mode=cache_mode, quant_mode=quant_mode, epsilon=np.float32(EPSILON),
         q_out0=q0, q_out1=q1, kv_cache_out0=_plain(kv_out), kv_cache_out1=_plain(rope_out),
         kv_layout=kv_layout, krope_layout=krope_layout)
-    caches = ((args.kv_cache_out0, args.kv_layout), (args.kv_cache_out1, args.krope_layout))
+    caches = ((args.kv_cache_out0, args.kv_layout, kv_in), (args.kv_cache_out1, args.krope_layout, rope_in))
     checked_mode.will_write(*caches)
     get_backend().mla_preprocess(args)
     checked_mode.wrote("npu_mla_preprocess", slots, caches, (("q_out0", q0), ("q_out1", q1)))
