@@ -10,3 +10,5 @@ __version__ = "0.1.0"
 from . import _threads
 
 _threads.configure()  # before any Numba kernel or torch loads an OpenMP runtime
+
+from .checked_mode import checked, mark_written, poison  # noqa: E402  (checked mode: issue 11 §4)

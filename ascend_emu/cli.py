@@ -102,6 +102,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
             return 2
     path = os.path.join(os.getcwd(), script)  # absolute, not normalised (as Python does)
     sys.argv = [script, *ns.args]
+    if ns.checked or ns.poison:  # issue 11 §4: checked mode for the whole script
+        from .checked_mode import enable
+        enable(True, poison=ns.poison)
     if not getattr(sys.flags, "safe_path", False):  # python -P (3.11+) adds no script directory
         sys.path[0] = os.path.dirname(os.path.realpath(script))  # the launcher's entry (cwd / bin)
     try:
@@ -289,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
                                      "--force is not given).")
     run.add_argument("--force", action="store_true",
                      help="use the emulator even if a real torch_npu is installed")
+    run.add_argument("--checked", action="store_true",
+                     help="checked mode: uninitialised cache reads, duplicate slots and NaN / Inf outputs "
+                          "raise (ascend_emu.checked_mode; env ASCEND_EMU_CHECKED=1)")
+    run.add_argument("--poison", action="store_true",
+                     help="with --checked (implied): fill each cache a writer op first sees with 0xFF bytes "
+                          "(NaN / -1) before it writes (env ASCEND_EMU_POISON=1)")
     run.add_argument("script", help="the Python script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script (its sys.argv[1:])")
     run.set_defaults(func=cmd_run)

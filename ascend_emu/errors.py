@@ -43,6 +43,20 @@ class DuplicateSlotWarning(UserWarning):
     """Two tokens write the same cache slot; on hardware the result is undefined."""
 
 
+class UninitializedReadError(AscendEmuError, ValueError):
+    """Checked mode: an op reads a cache slot never written since the cache was created or
+    poisoned (:mod:`ascend_emu.checked_mode`)."""
+
+
+class DuplicateSlotError(AscendEmuError, ValueError):
+    """Checked mode: two tokens write the same cache slot (a :class:`DuplicateSlotWarning`
+    outside checked mode)."""
+
+
+class NonFiniteOutputError(AscendEmuError, ValueError):
+    """Checked mode: an op's output holds a NaN or an Inf."""
+
+
 #: Longest value text a message carries; longer text (a tensor's repr) is cut with "...".
 MAX_VALUE_CHARS = 120
 #: Longest text a caller formats itself (shapes, hints) that a message carries.

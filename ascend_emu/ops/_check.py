@@ -15,6 +15,7 @@ from typing import Hashable, Iterable, Sequence
 
 import numpy as np
 
+from .. import checked_mode
 from ..errors import DTypeError, DuplicateSlotWarning, FormatError, ShapeError, arg_error, describe
 from ..layouts import FRACTAL_NZ, duplicate_slots, get_npu_format
 from ..quant import BF16
@@ -201,6 +202,7 @@ def warn_duplicates(slots: np.ndarray, name: str) -> None:
 
     The warning is attributed to the user's line that called the op."""
     dups = duplicate_slots(slots)
+    checked_mode.duplicates(name, dups)  # checked mode: an error instead
     if dups:
         shown = "; ".join(f"slot {s} <- tokens {t}" for s, t in list(dups.items())[:4])
         more = f" (+{len(dups) - 4} more slots)" if len(dups) > 4 else ""

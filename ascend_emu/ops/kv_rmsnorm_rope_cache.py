@@ -50,6 +50,7 @@ from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ..layouts import (CacheLayout, canonical_cache_mode, slots_from_cache_index, slots_from_pages,
                        slots_from_positions)
 from ..quant import to_f32
+from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_cache, check_dtype, check_float, check_separate, check_shape,
                      dtype_name, kernel_input, optional, required, signature, warn_duplicates)
@@ -182,7 +183,12 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
         raise arg_error(ModeError, "v", V_NOT_EMULATED, describe(v))
     args = _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale,
                       k_rope_offset, c_kv_offset, epsilon, cache_mode, is_output_kv)
-    return get_backend().kv_rmsnorm_rope_cache(args)
+    caches = ((args.k_cache, args.k_layout), (args.ckv_cache, args.ckv_layout))
+    checked_mode.will_write(*caches)
+    result = get_backend().kv_rmsnorm_rope_cache(args)
+    checked_mode.wrote("npu_kv_rmsnorm_rope_cache", args.slots, caches,
+                       zip(("k_embed_out", "y_out"), result[2:]))
+    return result
 
 
 # ---------------------------------------------------------------------- validation

@@ -54,6 +54,7 @@ import numpy as np
 from ..errors import DTypeError, ModeError, ShapeError, arg_error
 from ..layouts import SKIP_INDEX, slots_from_block_table
 from ..mla import INDEXER_HEAD_DIM, INDEXER_HEADS, INDEXER_KEY_HEADS
+from .. import checked_mode
 from ._backend import get_backend
 from ._check import check_dtype, check_shape, dtype_name, optional, required
 
@@ -185,6 +186,7 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
         actual_seq_lengths_key=actual_seq_lengths_key, block_table=block_table, layout_query=layout_query,
         layout_key=layout_key, sparse_count=int(sparse_count), sparse_mode=int(sparse_mode),
         return_value=bool(return_value)))
+    checked_mode.read_lightning_indexer("npu_lightning_indexer", args, key, layout_key)
     return get_backend().lightning_indexer(args)
 
 

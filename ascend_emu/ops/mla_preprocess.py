@@ -96,6 +96,7 @@ import numpy as np
 from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error, describe
 from ..layouts import NZ_ROW_BYTES, CacheLayout, NZArray, nz_shape, nz_to_nd, slots_from_cache_index
 from ..quant import to_f32
+from .. import checked_mode
 from ._backend import get_backend
 from ._check import (check_cache, check_dtype, check_nz_weight, check_separate, check_shape, dtype_name, optional,
                      required, transposed_hint, warn_duplicates)
@@ -516,5 +517,8 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
         q_nope_scale=qns, cache_mode=cache_mode, quant_mode=quant_mode, epsilon=np.float32(EPSILON),
         q_out0=q0, q_out1=q1, kv_cache_out0=_plain(kv_out), kv_cache_out1=_plain(rope_out),
         kv_layout=kv_layout, krope_layout=krope_layout)
+    caches = ((args.kv_cache_out0, args.kv_layout, kv_in), (args.kv_cache_out1, args.krope_layout, rope_in))
+    checked_mode.will_write(*caches)
     get_backend().mla_preprocess(args)
+    checked_mode.wrote("npu_mla_preprocess", slots, caches, (("q_out0", q0), ("q_out1", q1)))
     return result

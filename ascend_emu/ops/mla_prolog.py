@@ -51,6 +51,7 @@ import numpy as np
 from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error, describe
 from ..layouts import (FRACTAL_NZ, CacheLayout, canonical_cache_mode, get_npu_format,
                        slots_from_cache_index, slots_from_pages)
+from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_cache, check_dtype, check_float, check_ndim, check_nz_weight,
                      check_separate, check_shape, dtype_name, kernel_input, optional, required, signature,
@@ -906,7 +907,11 @@ def _run(args: MlaPrologArgs) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray,
         ``(query, query_rope, rest)``: v2 ``rest = (dequant_scale_q_nope,)``, v3 ``rest =
         (dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``, v1 ``()``.
     """
+    caches = ((args.kv_cache, args.kv_layout), (args.kr_cache, args.kr_layout))
+    checked_mode.will_write(*caches)
     query, query_rope, dq_nope, query_norm, dq_norm = get_backend().mla_prolog(args)
+    checked_mode.wrote(f"npu_mla_prolog{'' if args.version == 1 else f'_v{args.version}'}", args.slots, caches,
+                       (("query", query), ("query_rope", query_rope), ("query_norm", query_norm)))
     n, lead = args.num_heads, args.batch_shape
     query = query.reshape(lead + (n, HCKV))  # [T | B, S, N, Hckv]
     query_rope = query_rope.reshape(lead + (n, D_ROPE))  # [T | B, S, N, Dr]

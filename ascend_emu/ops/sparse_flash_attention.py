@@ -75,6 +75,7 @@ from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_err
 from ..layouts import SKIP_INDEX, slots_from_block_table
 from ..mla import D_QK, D_ROPE, HCKV, NKV, TILE_SIZE
 from ..quant import MLA_ROW
+from .. import checked_mode
 from ._backend import get_backend
 from ._check import check_dtype, check_float, dtype_name, required
 
@@ -247,7 +248,11 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
         sparse_block_size=int(sparse_block_size), layout_query=layout_query, layout_kv=layout_kv,
         sparse_mode=int(sparse_mode), attention_mode=int(attention_mode),
         return_softmax_lse=bool(return_softmax_lse)))
-    return get_backend().sparse_flash_attention(args)
+    op = "npu_sparse_flash_attention"
+    checked_mode.read_sparse_attention(op, args, key, key_rope, value, sparse_indices, sparse_block_size, layout_kv)
+    result = get_backend().sparse_flash_attention(args)
+    checked_mode.check_finite(op, zip(("attention_out", "softmax_max", "softmax_sum"), result))
+    return result
 
 
 def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale_value, key_quant_mode: int,
@@ -314,7 +319,11 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
         sparse_mode=int(sparse_mode), attention_mode=int(attention_mode),
         quant_scale_repo_mode=int(quant_scale_repo_mode), tile_size=int(tile_size),
         rope_head_dim=int(rope_head_dim)))
-    return get_backend().sparse_flash_attention(args)[0]
+    op = "npu_kv_quant_sparse_flash_attention"
+    checked_mode.read_sparse_attention(op, args, key, None, None, sparse_indices, sparse_block_size, layout_kv)
+    out = get_backend().sparse_flash_attention(args)[0]
+    checked_mode.check_finite(op, (("attention_out", out),))
+    return out
 
 
 # ---------------------------------------------------------------------- validation

@@ -1,0 +1,308 @@
+"""Checked mode: uninitialised-read, duplicate-slot and NaN / Inf checks around the ops.
+
+In the vocabulary of msSanitizer (``initcheck``, ``racecheck``) and Pallas's interpret-mode
+checks. Off by default; switched on by ``ascend-emu run --checked [--poison] script.py``, by the
+environment (:data:`ENV_CHECKED` = ``1``, :data:`ENV_POISON` = ``1``, read at import) or, for
+library use, by the :func:`checked` context manager (``with ascend_emu.checked(poison=True): ...``).
+
+When on:
+
+- Every cache an op writes keeps a **written-slot map** (one bool per slot, ``slot = block *
+  block_size + row``; BSND ``b * S2 + s``; TND ``t``) for the life of the process, keyed by the
+  cache's memory (data pointer, nbytes) and dropped when the array that owns the memory is
+  garbage-collected (weakly referenced where the owner allows it). Cache memory filled outside
+  the ops (a user's own scatter, ``np.copyto``) is declared with :func:`mark_written`.
+- A cache seen for the first time (by any op) has every slot unwritten. With ``poison`` a cache
+  is **poison-filled** (every byte ``0xFF``: NaN in bf16 / fp16 / fp32, -1 in int8) when a
+  writer op first sees it, before the op writes, so a read that escapes the check still shows;
+  :func:`poison` does the same explicitly and resets the cache's map.
+- The readers (``npu_sparse_flash_attention``, ``npu_kv_quant_sparse_flash_attention``,
+  ``npu_lightning_indexer``) raise :class:`~ascend_emu.errors.UninitializedReadError` before
+  the kernel runs when a kv slot they would read was never written, naming the op, the argument
+  and the coordinates (batch, query token, head, sparse index entry, kv token, slot, block,
+  row). The read slots come from the normalised argument objects (what the kernels read).
+- Duplicate destination slots raise :class:`~ascend_emu.errors.DuplicateSlotError` instead of
+  warning :class:`~ascend_emu.errors.DuplicateSlotWarning`.
+- A NaN / Inf in an op's floating outputs raises :class:`~ascend_emu.errors.NonFiniteOutputError`
+  naming the op, the output and the first coordinates.
+
+Off, every hook is one global test and a return (measured in ``benchmarks/bench_checked.py``).
+Source: issue 11 §4; the ops' contracts in :mod:`ascend_emu.ops`. This module sits beside the
+ops rather than in :mod:`ascend_emu.inspect` (which DESIGN.md places above the ops): the ops call
+its hooks, and importing it must not load the inspector.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import DuplicateSlotError, NonFiniteOutputError, UninitializedReadError
+
+#: Environment variables that switch checked mode / poisoning on at import (value ``1``).
+ENV_CHECKED = "ASCEND_EMU_CHECKED"
+ENV_POISON = "ASCEND_EMU_POISON"
+#: Byte written by poisoning: 0xFF is NaN in every float cache dtype and -1 in int8.
+POISON_BYTE = 0xFF
+#: Coordinates listed in a message before "+N more".
+SHOWN_COORDS = 1
+
+
+@dataclass
+class _State:
+    enabled: bool = False
+    poison: bool = False
+    maps: dict = field(default_factory=dict)  # (ptr, nbytes) -> _Map
+
+
+@dataclass
+class _Map:
+    written: np.ndarray  # bool [num_slots]
+    owner: object  # weakref to the memory's owner, or None (kept for the process lifetime)
+
+
+_STATE = _State(enabled=os.environ.get(ENV_CHECKED, "") == "1", poison=os.environ.get(ENV_POISON, "") == "1")
+
+
+def enabled() -> bool:
+    """Whether checked mode is on."""
+    return _STATE.enabled
+
+
+def enable(on: bool = True, *, poison: bool | None = None) -> None:
+    """Switch checked mode on / off process-wide (``poison``: also poison-fill new caches)."""
+    _STATE.enabled = bool(on)
+    if poison is not None:
+        _STATE.poison = bool(poison)
+
+
+@contextlib.contextmanager
+def checked(poison: bool = False):
+    """Context manager: checked mode on inside the block (``poison``: poison-fill caches a
+    writer op sees for the first time). Written-slot maps persist after the block."""
+    saved = (_STATE.enabled, _STATE.poison)
+    _STATE.enabled, _STATE.poison = True, bool(poison) or saved[1]
+    try:
+        yield
+    finally:
+        _STATE.enabled, _STATE.poison = saved
+
+
+def reset() -> None:
+    """Forget every written-slot map."""
+    _STATE.maps.clear()
+
+
+# ---------------------------------------------------------------------- memory identity
+def _key(a: np.ndarray) -> tuple[int, int]:
+    return int(a.__array_interface__["data"][0]), int(a.nbytes)
+
+
+def _owner(a: np.ndarray):
+    """A weak reference to the ndarray that owns ``a``'s memory, or None when the owner is not
+    an ndarray owning its data (a view of a torch tensor made per call, a buffer): such a map is
+    kept for the process lifetime."""
+    root = a
+    while isinstance(root, np.ndarray) and root.base is not None:
+        root = root.base
+    if not (isinstance(root, np.ndarray) and root.flags.owndata):
+        return None
+    return weakref.ref(root)
+
+
+def _map(a: np.ndarray, num_slots: int, *, create: bool = True) -> _Map | None:
+    key = _key(a)
+    m = _STATE.maps.get(key)
+    if m is not None and m.owner is not None and m.owner() is None:  # memory freed and reused
+        del _STATE.maps[key]
+        m = None
+    if m is not None and m.written.size != num_slots:  # same memory seen as another slot count
+        m = _STATE.maps[key] = _Map(np.full(num_slots, bool(m.written.all())), m.owner)
+    if m is None and create:
+        m = _STATE.maps[key] = _Map(np.zeros(num_slots, bool), _owner(a))
+    return m
+
+
+def _slot_count(cache: np.ndarray, num_slots: int | None) -> int:
+    if num_slots is not None:
+        return int(num_slots)
+    return int(np.prod(cache.shape[:-2])) if cache.ndim >= 3 else int(cache.shape[0])
+
+
+def poison(cache: np.ndarray, num_slots: int | None = None) -> np.ndarray:
+    """Fill ``cache`` with :data:`POISON_BYTE` and mark every slot unwritten.
+
+    Args:
+        cache: a C-contiguous, writable cache (any dtype / shape).
+        num_slots: slots in the cache; default the product of all but the last two dims
+            (``[blocks, block_size, N, D]`` -> blocks * block_size).
+
+    Returns:
+        ``cache`` (filled in place).
+    """
+    cache.reshape(-1).view(np.uint8)[:] = POISON_BYTE
+    _map(cache, _slot_count(cache, num_slots)).written[:] = False
+    return cache
+
+
+def mark_written(cache: np.ndarray, slots=None, num_slots: int | None = None) -> None:
+    """Declare slots of ``cache`` written outside the ops (``slots`` None: all; -1 entries are
+    skipped). ``num_slots`` as :func:`poison`. Works whether checked mode is on or not."""
+    m = _map(cache, _slot_count(cache, num_slots))
+    if slots is None:
+        m.written[:] = True
+    else:
+        s = np.asarray(slots, np.int64).reshape(-1)
+        m.written[s[s >= 0]] = True
+
+
+def written_slots(cache: np.ndarray) -> np.ndarray | None:
+    """The cache's written-slot map (bool ``[num_slots]``, a copy), or None if never seen."""
+    m = _STATE.maps.get(_key(cache))
+    return None if m is None else m.written.copy()
+
+
+# ---------------------------------------------------------------------- hooks (ops call these)
+def will_write(*caches) -> None:
+    """Writer hook before the backend: poison-fill caches seen for the first time (poison on).
+
+    ``caches``: ``(cache, layout)`` pairs (a :class:`~ascend_emu.layouts.CacheLayout`, whose
+    ``num_rows`` is the slot count; a None layout or cache is skipped), or ``(cache, layout,
+    source)`` when the op writes into a copy of ``source`` (a functional form): the copy
+    inherits ``source``'s map."""
+    if not _STATE.enabled:
+        return
+    for cache, layout, *source in caches:
+        if cache is None or layout is None:
+            continue
+        src = _STATE.maps.get(_key(source[0])) if source and source[0] is not None else None
+        if src is not None and _key(cache) != _key(source[0]):
+            _STATE.maps[_key(cache)] = _Map(src.written.copy(), _owner(cache))
+        elif _STATE.poison and _key(cache) not in _STATE.maps:
+            poison(cache, layout.num_rows)
+
+
+def wrote(op: str, slots, caches, outputs=()) -> None:
+    """Writer hook after the backend: mark ``slots`` (int64, -1 = skipped) written in each
+    ``(cache, layout)`` of ``caches`` (as :func:`will_write`); check ``outputs`` (``(name,
+    array)``) for NaN / Inf."""
+    if not _STATE.enabled:
+        return
+    if slots is not None:
+        s = np.asarray(slots, np.int64).reshape(-1)
+        s = s[s >= 0]
+        for cache, layout, *_ in caches:
+            if cache is not None and layout is not None:
+                _map(cache, layout.num_rows).written[s] = True
+    check_finite(op, outputs)
+
+
+def duplicates(name: str, dups: dict) -> None:
+    """Raise :class:`DuplicateSlotError` for ``dups`` (slot -> tokens) when checked mode is on."""
+    if _STATE.enabled and dups:
+        shown = "; ".join(f"slot {s} <- tokens {t}" for s, t in list(dups.items())[:4])
+        raise DuplicateSlotError(f"{name}: {len(dups)} cache slot(s) written by more than one token "
+                                 f"(checked mode; undefined on hardware): {shown}")
+
+
+def check_finite(op: str, outputs) -> None:
+    """Raise :class:`NonFiniteOutputError` at the first NaN / Inf of a floating output
+    (``outputs``: ``(name, array)`` pairs; non-float arrays and None are skipped)."""
+    if not _STATE.enabled:
+        return
+    for name, out in outputs:
+        if not isinstance(out, np.ndarray) or not (out.dtype.kind == "f" or out.dtype.name == "bfloat16"):
+            continue
+        bad = ~np.isfinite(out.astype(np.float32) if out.dtype.name == "bfloat16" else out)
+        if bad.any():
+            at = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), out.shape))
+            raise NonFiniteOutputError(f"{op}: {name}{list(at)} = {out[at]} is not finite "
+                                       f"({int(bad.sum())} non-finite values in {name}, shape {list(out.shape)})")
+
+
+def _unwritten(op: str, arg: str, cache: np.ndarray, num_slots: int, slots: np.ndarray) -> np.ndarray:
+    m = _map(cache, num_slots, create=False)
+    if m is None:
+        return np.ones(slots.shape, bool)
+    return ~m.written[slots]
+
+
+def read_sparse_attention(op: str, args, key, key_rope, value, sparse_indices, sparse_block_size, layout_kv) -> None:
+    """Reader hook of both sparse attention ops (after validation, before the kernel): raise
+    :class:`UninitializedReadError` at the first (token, head, entry, kv token) whose slot in
+    ``key`` (and ``key_rope`` / a separate ``value``) was never written.
+
+    ``args``: :class:`~ascend_emu.ops.sparse_flash_attention.SparseFlashAttentionArgs` (its
+    ``starts`` / ``counts`` are the kernel's reads); the other arguments are the caller's, used
+    for the coordinates only."""
+    if not _STATE.enabled:
+        return
+    n2, sbs = args.num_kv_heads, int(sparse_block_size)
+    t_idx, h_idx, j_idx = np.nonzero(args.counts > 0)
+    if t_idx.size == 0:
+        return
+    counts = args.counts[t_idx, h_idx, j_idx].astype(np.int64)
+    rep = np.repeat(np.arange(t_idx.size), counts)  # one entry per (entry, kept kv token)
+    within = np.arange(rep.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    rows = args.starts[t_idx, h_idx, j_idx][rep] + within
+    slots = rows // n2
+    num_slots = (args.key.shape[0] if not args.quant else args.rows_i8.shape[0]) // n2
+    caches = (("key", key),) if args.quant else (("key", key), ("key_rope", key_rope), ("value", value))
+    for arg, cache in caches:
+        if cache is None or (arg == "value" and args.v_from_key):
+            continue
+        bad = _unwritten(op, arg, np.asarray(cache), num_slots, slots)
+        if not bad.any():
+            continue
+        i = int(np.argmax(bad))
+        e, slot = int(rep[i]), int(slots[i])
+        t, h, j = int(t_idx[e]), int(h_idx[e]), int(j_idx[e])
+        if args.layout_query == "BSND":
+            q_at, idx_at = f"batch {t // args.seq_q}, query token {t % args.seq_q}", (t // args.seq_q, t % args.seq_q)
+        else:
+            q_at, idx_at = f"query token {t} (TND)", (t,)
+        si = np.asarray(sparse_indices)[idx_at + (h, j)]
+        kv_token = int(si) * sbs + int(within[i])
+        where = f"slot {slot}"
+        if layout_kv == "PA_BSND":
+            bs = int(np.asarray(cache).shape[1])
+            where = f"block {slot // bs}, row {slot % bs} (slot {slot})"
+        raise UninitializedReadError(
+            f"{op}: {arg} read before written: {q_at}, kv head {h}, "
+            f"sparse_indices[{', '.join(map(str, idx_at + (h, j)))}]"
+            f" = {int(si)} -> kv token {kv_token} at {where}; {int(bad.sum())} unwritten reads in this call "
+            f"(checked mode: slot never written by an op since the cache was created / poisoned; "
+            f"declare outside writes with ascend_emu.mark_written)")
+
+
+def read_lightning_indexer(op: str, args, key, layout_key) -> None:
+    """Reader hook of ``npu_lightning_indexer``: raise :class:`UninitializedReadError` at the
+    first (query token, kv token) whose ``key`` slot was never written. ``args``:
+    :class:`~ascend_emu.ops.lightning_indexer.LightningIndexerArgs` (``slots`` / ``limit`` /
+    ``token_batch``: the rows each token scores)."""
+    if not _STATE.enabled:
+        return
+    limit = np.where(args.limit > 0, args.limit, 0)  # SKIPPED_ROW < 0
+    t_idx = np.repeat(np.arange(limit.size), limit)
+    pos = np.arange(t_idx.size) - np.repeat(np.cumsum(limit) - limit, limit)
+    if t_idx.size == 0:
+        return
+    slots = args.slots[args.token_batch[t_idx], pos]
+    bad = _unwritten(op, "key", np.asarray(key), int(args.key.shape[0]), slots)
+    if not bad.any():
+        return
+    i = int(np.argmax(bad))
+    t, p, slot, b = int(t_idx[i]), int(pos[i]), int(slots[i]), int(args.token_batch[t_idx[i]])
+    q_at = f"query token {t % args.out_shape[1]}" if args.layout_query == "BSND" else f"query token {t} (TND)"
+    where = f"slot {slot}"
+    if layout_key == "PA_BSND":
+        bs = int(np.asarray(key).shape[1])
+        where = f"block {slot // bs}, row {slot % bs} (slot {slot})"
+    raise UninitializedReadError(
+        f"{op}: key read before written: batch {b}, {q_at}, kv token {p} at {where}; "
+        f"{int(bad.sum())} unwritten reads in this call (checked mode: slot never written by an op since the "
+        f"cache was created / poisoned; declare outside writes with ascend_emu.mark_written)")
