@@ -102,7 +102,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
             return 2
     path = os.path.join(os.getcwd(), script)  # absolute, not normalised (as Python does)
     sys.argv = [script, *ns.args]
-    if ns.checked or ns.poison:  # issue 11 §4: checked mode for the whole script
+    if ns.checked or ns.poison:  # checked mode for the whole script
         from .checked_mode import enable
         enable(True, poison=ns.poison)
     if not getattr(sys.flags, "safe_path", False):  # python -P (3.11+) adds no script directory

@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from . import ops
+from .checked_mode import mark_written
 from .layouts import slots_from_block_table
 from .mla import D_NOPE, D_ROPE, HCKV
 from .quant import BF16, MLA_ROW, read_combined_cache
@@ -202,6 +203,7 @@ def run_decode_step(config: DecodeStepConfig = DecodeStepConfig(), *,
     def indexer_keys(tok: slice):
         k = (x[0, tok].astype(np.float32) @ w["w_ik"].astype(np.float32)).astype(BF16)  # [T, 128]
         k_indexer.reshape(-1, c.indexer_dim)[slots[tok]] = k  # PA_BSND rows
+        mark_written(k_indexer, slots[tok])  # a plain scatter, not an op: declared for checked mode
 
     prefill, decode = slice(0, ctx), slice(ctx, total)
     step(f"prefill {ctx} tokens: npu_mla_prolog_v3, int8 per-tile cache", lambda: prolog_int8(prefill))
