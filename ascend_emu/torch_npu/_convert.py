@@ -76,7 +76,7 @@ def to_numpy(t, name: str = "tensor") -> np.ndarray | None:
 
 def _plain_numpy(t, name: str = "tensor") -> np.ndarray:
     """:func:`to_numpy` without the NZ tag: a plain ndarray view of ``t``'s memory."""
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise arg_error(DTypeError, name, "a CPU tensor (the emulator runs on the CPU)", f"device {t.device}")
     t = t.detach()
     viewed = _VIEWED.get(t.dtype)
@@ -194,8 +194,8 @@ def call_op(fn: Callable, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | 
     Returns:
         ``fn``'s result with every array replaced by a tensor (tuples / lists kept).
     """
-    kwargs = dict(kwargs or {})
-    names = _param_names(fn)
+    kwargs = kwargs or {}
+    names = _param_names(fn) if args else ()  # names only label positional arguments in errors
     originals: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
 
     def down(v, name: str):
