@@ -76,9 +76,10 @@ def to_numpy(t, name: str = "tensor") -> np.ndarray | None:
 
 def _plain_numpy(t, name: str = "tensor") -> np.ndarray:
     """:func:`to_numpy` without the NZ tag: a plain ndarray view of ``t``'s memory."""
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise arg_error(DTypeError, name, "a CPU tensor (the emulator runs on the CPU)", f"device {t.device}")
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     viewed = _VIEWED.get(t.dtype)
     try:
         if viewed is not None:
@@ -105,7 +106,7 @@ def to_torch(a) -> torch.Tensor | None:
     if a is None or isinstance(a, torch.Tensor):
         return a
     a = np.asarray(a)  # drops NZArray (and other subclasses) to a plain view; 0-d for scalars
-    if not a.flags.writeable or any(s < 0 for s in a.strides) or not a.dtype.isnative:
+    if not a.flags.writeable or not a.dtype.isnative or (a.ndim and min(a.strides) < 0):
         a = np.array(a, dtype=a.dtype.newbyteorder("=") if not a.dtype.isnative else a.dtype)
     back = _VIEWED_BACK.get(a.dtype)
     try:
@@ -194,8 +195,8 @@ def call_op(fn: Callable, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | 
     Returns:
         ``fn``'s result with every array replaced by a tensor (tuples / lists kept).
     """
-    kwargs = dict(kwargs or {})
-    names = _param_names(fn)
+    kwargs = kwargs or {}
+    names = _param_names(fn) if args else ()  # names only label positional arguments in errors
     originals: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
 
     def down(v, name: str):

@@ -20,6 +20,7 @@ ignored silently.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -40,13 +41,22 @@ def _defaults(schema: torch._C.FunctionSchema) -> dict[str, Any]:
     return {a.name: (a.default_value if a.has_default_value() else None) for a in schema.arguments}
 
 
-def _bind(schema: torch._C.FunctionSchema, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """Arguments by schema name (defaults filled in)."""
-    params = _defaults(schema)
-    for arg, value in zip(schema.arguments, args):
-        params[arg.name] = value
+def _bind(schema: torch._C.FunctionSchema, args: tuple, kwargs: dict,
+          defaults: dict[str, Any] | None = None, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Arguments by schema name (defaults filled in). ``defaults`` / ``names``: the schema's
+    :func:`_defaults` and argument names, precomputed per op (read from ``schema`` otherwise)."""
+    params = dict(defaults) if defaults is not None else _defaults(schema)
+    if names is None:
+        names = tuple(a.name for a in schema.arguments)
+    params.update(zip(names, args))
     params.update(kwargs)
     return params
+
+
+@functools.lru_cache(maxsize=None)
+def _accepted(fn: Callable) -> frozenset[str]:
+    """Parameter names of the NumPy op ``fn`` (its signature, read once per op)."""
+    return frozenset(_param_names(fn))
 
 
 def emulate(op_name: str, params: dict[str, Any], defaults: dict[str, Any], public_name: str) -> Any:
@@ -57,7 +67,7 @@ def emulate(op_name: str, params: dict[str, Any], defaults: dict[str, Any], publ
         ModeError: a non-default value for an argument the op does not take.
     """
     fn = resolve_op(op_name, public_name)
-    accepted = _param_names(fn)
+    accepted = _accepted(fn)
     kwargs = {}
     for key, value in params.items():
         if key in accepted:
@@ -111,9 +121,10 @@ def _kernel(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable:
         return emulate(spec.name, params, defaults, public)
 
     returns = len(schema.returns)
+    names = tuple(a.name for a in schema.arguments)
 
     def kernel(*args, **kwargs):
-        out = run(_bind(schema, args, kwargs))
+        out = run(_bind(schema, args, kwargs, defaults, names))
         got = len(out) if isinstance(out, (tuple, list)) else 1
         if got != returns:
             raise RuntimeError(f"{public}: the emulation returned {got} output(s); torch_npu {TORCH_NPU_VERSION}'s "
@@ -186,25 +197,38 @@ _KINDS: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
-def _check_kinds(schema: torch._C.FunctionSchema, args: tuple, kwargs: dict, public: str) -> None:
-    """DTypeError / ModeError (naming the argument, value summarised) for a value torch's schema
-    matching would reject with a RuntimeError that can print whole tensors."""
-    if len(args) > len(schema.arguments):
-        raise TypeError(f"{public}: takes at most {len(schema.arguments)} arguments, got {len(args)}")
-    given = dict(zip((a.name for a in schema.arguments), args))
-    given.update(kwargs)
+def _kind_table(schema: torch._C.FunctionSchema) -> tuple[tuple[str, str, bool], ...]:
+    """(name, kind, optional) of every schema argument, in schema order (read once per op)."""
+    table = []
     for arg in schema.arguments:
-        if arg.name not in given:
-            continue
-        value, kind = given[arg.name], str(arg.type)
+        kind = str(arg.type)
         optional = kind.startswith("Optional[")
-        kind = kind[len("Optional["):-1] if optional else kind
-        if kind not in _KINDS or (optional and value is None):
+        table.append((arg.name, kind[len("Optional["):-1] if optional else kind, optional))
+    return tuple(table)
+
+
+def _check_kinds(schema: torch._C.FunctionSchema, args: tuple, kwargs: dict, public: str,
+                 table: tuple[tuple[str, str, bool], ...] | None = None) -> None:
+    """DTypeError / ModeError (naming the argument, value summarised) for a value torch's schema
+    matching would reject with a RuntimeError that can print whole tensors. ``table``: the
+    schema's :func:`_kind_table` (computed here when not given)."""
+    if table is None:
+        table = _kind_table(schema)
+    if len(args) > len(table):
+        raise TypeError(f"{public}: takes at most {len(table)} arguments, got {len(args)}")
+    for i, (name, kind, optional) in enumerate(table):
+        if i < len(args):
+            value = args[i]
+        elif name in kwargs:
+            value = kwargs[name]
+        else:
+            continue
+        if (optional and value is None) or kind not in _KINDS:
             continue
         types, text = _KINDS[kind]
         if not isinstance(value, types) or (kind in ("int", "float") and isinstance(value, bool)):
             cls = ModeError if kind == "str" else DTypeError
-            raise arg_error(cls, arg.name, text + (" or None" if optional else ""), describe(value))
+            raise arg_error(cls, name, text + (" or None" if optional else ""), describe(value))
 
 
 def public_op(namespace: str, name: str) -> Callable:
@@ -218,10 +242,11 @@ def public_op(namespace: str, name: str) -> Callable:
     specs = [s for s in SCHEMAS if s.namespace == namespace and s.name == name]
     schema = torch._C.parse_schema(f"{namespace}::{specs[0].schema}") if len(specs) == 1 else None
     public = f"torch_npu.{'atb.' if namespace == 'atb' else ''}{name}"
+    table = _kind_table(schema) if schema is not None else None
 
     def call(*args, **kwargs):
         if schema is not None:
-            _check_kinds(schema, args, kwargs, public)
+            _check_kinds(schema, args, kwargs, public, table)
         elif name.startswith("npu_format_cast") and len(args) > 1 and not isinstance(args[1], torch.Tensor):
             _format._check_cast_args(args[1], kwargs.get("customize_dtype"), kwargs.get("input_dtype"))
         return packet(*args, **kwargs)
