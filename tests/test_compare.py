@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ascend_emu import compare, inspect
+from ascend_emu import compare
 from ascend_emu.compare import metrics
 from ascend_emu.layouts import CacheLayout
 
@@ -334,7 +334,7 @@ def test_msprobe_replay(tmp_path, capsys):
     outs = tnpu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, cache_mode="PA_NZ",
                                           is_output_kv=True)
     prolog_args = [torch.zeros(2, 7168, dtype=torch.bfloat16)] * 11  # weights 1, 2, 4 are NZ: not saved
-    root = _msprobe_dump(tmp_path / "dump", torch, {
+    _msprobe_dump(tmp_path / "dump", torch, {
         "NPU.npu_kv_rmsnorm_rope_cache.0.forward": (before, {"cache_mode": "PA_NZ", "is_output_kv": True},
                                                     [o.clone() for o in outs], ()),
         "NPU.npu_mla_prolog_v3.0.forward": (prolog_args, {}, [torch.zeros(1)], (1, 2, 4)),
