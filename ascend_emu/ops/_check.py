@@ -110,6 +110,58 @@ def check_ndim(x: np.ndarray, name: str, ndims: Iterable[int], what: str = "") -
                         f"{x.ndim}-D shape {list(x.shape)}")
 
 
+def seq_lengths(x, name: str, b: int | None = None) -> np.ndarray:
+    """An int32 1-D ``actual_seq_lengths_*`` tensor (per-batch lengths or TND prefix sums) as
+    int64 ``[B]``; ``b``: the batch count it must have (None: any B >= 1).
+
+    Raises:
+        DTypeError: not int32.
+        ShapeError: not 1-D, empty, or not ``[b]``.
+    """
+    x = required(x, name)
+    check_dtype(x, name, ("int32",))
+    if x.ndim != 1 or (b is not None and x.shape[0] != b) or x.shape[0] < 1:
+        want = f"[B={b}]" if b is not None else "[B] with B >= 1"
+        raise arg_error(ShapeError, name, f"a 1-D int32 tensor {want}", f"shape {list(x.shape)}")
+    return x.astype(np.int64)
+
+
+def per_batch_lengths(x, name: str, b: int, cap: int | None = None, what: str = "a token count") -> np.ndarray:
+    """Per-batch token counts ``[B]`` (BSND / PA_BSND ``actual_seq_lengths_*``), each in ``[0, cap]``.
+
+    Raises:
+        DTypeError, ShapeError: as :func:`seq_lengths`; ShapeError also for a count out of range,
+            naming its index.
+    """
+    v = seq_lengths(x, name, b)
+    bad = (v < 0) | ((v > cap) if cap is not None else False)
+    if bad.any():
+        i = int(np.argmax(bad))
+        rng = f"in [0, {cap}]" if cap is not None else ">= 0"
+        raise arg_error(ShapeError, f"{name}[{i}]", f"{what} {rng}", int(v[i]))
+    return v
+
+
+def prefix_lengths(x, name: str, total: int, b: int | None = None) -> np.ndarray:
+    """TND ``actual_seq_lengths_*`` prefix sums ``[B]`` -> per-batch lengths ``[B]``: non-decreasing,
+    >= 0, the last equal to the token rows ``total``.
+
+    Raises:
+        DTypeError, ShapeError: as :func:`seq_lengths`; ShapeError also for a decreasing or negative
+            sum or a last sum other than ``total``, naming its index.
+    """
+    v = seq_lengths(x, name, b)
+    lens = np.diff(v, prepend=0)
+    if (lens < 0).any():
+        i = int(np.argmax(lens < 0))
+        raise arg_error(ShapeError, f"{name}[{i}]", "a non-decreasing prefix sum >= 0 (TND)",
+                        f"{int(v[i])} after {int(v[i - 1]) if i else 0}")
+    if int(v[-1]) != total:
+        raise arg_error(ShapeError, f"{name}[{v.size - 1}]", f"the total token count T={total} (TND prefix sums)",
+                        int(v[-1]))
+    return lens
+
+
 def check_cache(x: np.ndarray, name: str) -> None:
     """A cache is written in place as raw memory: it must be C-contiguous and writable.
 

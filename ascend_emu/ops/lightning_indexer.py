@@ -56,7 +56,7 @@ from ..layouts import SKIP_INDEX, slots_from_block_table
 from ..mla import INDEXER_HEAD_DIM, INDEXER_HEADS, INDEXER_KEY_HEADS
 from .. import checked_mode
 from ._backend import get_backend
-from ._check import check_dtype, check_shape, dtype_name, optional, required
+from ._check import check_dtype, check_shape, dtype_name, optional, per_batch_lengths, prefix_lengths, required
 
 LayoutQuery = Literal["BSND", "TND"]
 LayoutKey = Literal["BSND", "TND", "PA_BSND"]
@@ -197,39 +197,6 @@ def _int_arg(value, name: str) -> int:
     return int(value)
 
 
-def _lengths(x, name: str, size: int | None) -> np.ndarray:
-    """An int32 1-D lengths tensor as int64 ``[B]``."""
-    check_dtype(x, name, ("int32",))
-    if x.ndim != 1 or (size is not None and x.shape[0] != size) or x.shape[0] < 1:
-        want = f"[B={size}]" if size is not None else "[B] with B >= 1"
-        raise arg_error(ShapeError, name, f"a 1-D int32 tensor {want}", f"shape {list(x.shape)}")
-    return x.astype(np.int64)
-
-
-def _check_range(v: np.ndarray, name: str, hi: int, what: str) -> None:
-    bad = np.flatnonzero((v < 0) | (v > hi))
-    if bad.size:
-        i = int(bad[0])
-        raise arg_error(ShapeError, f"{name}[{i}]", f"{what} in [0, {hi}]", int(v[i]))
-
-
-def _prefix_to_lengths(v: np.ndarray, name: str, total: int, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """TND prefix sums -> (starts, lengths); they must be >= 0, non-decreasing and end at total."""
-    if (v < 0).any():
-        i = int(np.argmax(v < 0))
-        raise arg_error(ShapeError, f"{name}[{i}]", "a prefix sum >= 0", int(v[i]))
-    dec = np.flatnonzero(np.diff(v) < 0)
-    if dec.size:
-        i = int(dec[0]) + 1
-        raise arg_error(ShapeError, f"{name}[{i}]", f"prefix sums (non-decreasing, TND): >= {name}[{i - 1}] = "
-                        f"{int(v[i - 1])}", int(v[i]))
-    if int(v[-1]) != total:
-        raise arg_error(ShapeError, f"{name}[{v.size - 1}]", f"the {what} count {total} (the last TND prefix "
-                        "sum covers every token row)", int(v[-1]))
-    starts = np.concatenate(([0], v[:-1])).astype(np.int64)
-    return starts, v - starts
-
-
 def _tensor(x, name: str, dtype: str | None) -> np.ndarray:
     x = required(x, name)
     check_dtype(x, name, DTYPES if dtype is None else (dtype,))
@@ -287,15 +254,14 @@ def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, lay
         if act_q is None:
             q_len = np.full(b_q, s1, np.int64)
         else:
-            q_len = _lengths(act_q, "actual_seq_lengths_query", b_q)
-            _check_range(q_len, "actual_seq_lengths_query", s1, "a query token count (BSND)")
+            q_len = per_batch_lengths(act_q, "actual_seq_lengths_query", b_q, s1, "a query token count (BSND)")
         q_start = np.arange(b_q, dtype=np.int64) * s1
     else:
         if act_q is None:
             raise arg_error(ModeError, "actual_seq_lengths_query", "a tensor of prefix sums (required for "
                             "layout_query 'TND')", None)
-        q_pref = _lengths(act_q, "actual_seq_lengths_query", None)
-        q_start, q_len = _prefix_to_lengths(q_pref, "actual_seq_lengths_query", t_rows, "query token")
+        q_len = prefix_lengths(act_q, "actual_seq_lengths_query", t_rows)
+        q_start = np.cumsum(q_len) - q_len
     batch = q_len.size
 
     # ---- key
@@ -325,25 +291,21 @@ def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, lay
         if act_k is None:
             kv_len = np.full(batch, s2, np.int64)
         else:
-            kv_len = _lengths(act_k, "actual_seq_lengths_key", batch)
-            _check_range(kv_len, "actual_seq_lengths_key", s2, "a kv token count (BSND)")
+            kv_len = per_batch_lengths(act_k, "actual_seq_lengths_key", batch, s2, "a kv token count (BSND)")
         kv_start = np.arange(batch, dtype=np.int64) * s2
         slots = _contiguous_slots(kv_start, kv_len)
     elif layout_key == "TND":
         if act_k is None:
             raise arg_error(ModeError, "actual_seq_lengths_key", "a tensor of prefix sums (required for "
                             "layout_key 'TND')", None)
-        k_pref = _lengths(act_k, "actual_seq_lengths_key", batch)
-        kv_start, kv_len = _prefix_to_lengths(k_pref, "actual_seq_lengths_key", key.shape[0], "key token")
+        kv_len = prefix_lengths(act_k, "actual_seq_lengths_key", key.shape[0], batch)
+        kv_start = np.cumsum(kv_len) - kv_len
         slots = _contiguous_slots(kv_start, kv_len)
     else:
         if act_k is None:
             raise arg_error(ModeError, "actual_seq_lengths_key", "a tensor of kv lengths (required for layout_key "
                             "'PA_BSND')", None)
-        kv_len = _lengths(act_k, "actual_seq_lengths_key", batch)
-        if (kv_len < 0).any():
-            i = int(np.argmax(kv_len < 0))
-            raise arg_error(ShapeError, f"actual_seq_lengths_key[{i}]", "a kv token count >= 0", int(kv_len[i]))
+        kv_len = per_batch_lengths(act_k, "actual_seq_lengths_key", batch, None, "a kv token count")
         if block_table is None:
             raise arg_error(ModeError, "block_table", "an int32 [B, max_blocks] tensor (required for layout_key "
                             "'PA_BSND')", None)

@@ -77,7 +77,7 @@ from ..mla import D_QK, D_ROPE, HCKV, NKV, TILE_SIZE
 from ..quant import MLA_ROW
 from .. import checked_mode
 from ._backend import get_backend
-from ._check import check_dtype, check_float, dtype_name, required
+from ._check import check_dtype, check_float, dtype_name, per_batch_lengths, prefix_lengths, required
 
 LayoutQuery = Literal["BSND", "TND"]
 LayoutKv = Literal["BSND", "TND", "PA_BSND"]
@@ -333,41 +333,6 @@ def _int(value, name: str) -> int:
     return int(value)
 
 
-def _lengths(x, name: str, b: int | None) -> np.ndarray:
-    """A 1-D int32 length / prefix-sum tensor as int64 ``[B]``."""
-    x = required(x, name)
-    check_dtype(x, name, ("int32",))
-    if x.ndim != 1 or (b is not None and x.shape[0] != b) or x.shape[0] < 1:
-        want = f"[B={b}]" if b is not None else "[B] with B >= 1"
-        raise arg_error(ShapeError, name, f"a 1-D tensor {want}", list(x.shape))
-    return x.astype(np.int64)
-
-
-def _per_batch(x, name: str, b: int, cap: int | None) -> np.ndarray:
-    """Per-batch lengths ``[B]`` in [0, cap]."""
-    v = _lengths(x, name, b)
-    bad = (v < 0) | ((v > cap) if cap is not None else False)
-    if bad.any():
-        i = int(np.argmax(bad))
-        rng = f"[0, {cap}]" if cap is not None else ">= 0"
-        raise arg_error(ShapeError, f"{name}[{i}]", f"a token count {rng}", int(v[i]))
-    return v
-
-
-def _prefix(x, name: str, total: int) -> np.ndarray:
-    """TND prefix sums ``[B]`` -> per-batch lengths; non-decreasing, >= 0, last = total."""
-    v = _lengths(x, name, None)
-    lens = np.diff(v, prepend=0)
-    if (lens < 0).any():
-        i = int(np.argmax(lens < 0))
-        raise arg_error(ShapeError, f"{name}[{i}]", "a non-decreasing prefix sum >= 0 (TND)",
-                        f"{int(v[i])} after {int(v[i - 1]) if i else 0}")
-    if int(v[-1]) != total:
-        raise arg_error(ShapeError, f"{name}[{v.size - 1}]", f"the total token count T={total} (TND prefix sums)",
-                        int(v[-1]))
-    return lens
-
-
 def _tensor(x, name: str, dtypes, shape, what: str) -> np.ndarray:
     x = required(x, name)
     check_dtype(x, name, dtypes)
@@ -465,23 +430,23 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
     if layout_query == "BSND":
         b, s1 = int(query.shape[0]), int(query.shape[1])
         act_q = (np.full(b, s1, np.int64) if actual_seq_lengths_query is None
-                 else _per_batch(actual_seq_lengths_query, "actual_seq_lengths_query", b, s1))
+                 else per_batch_lengths(actual_seq_lengths_query, "actual_seq_lengths_query", b, s1))
     else:
         if actual_seq_lengths_query is None:
             raise arg_error(ShapeError, "actual_seq_lengths_query", "int32 prefix sums [B] (required for TND)", None)
-        act_q = _prefix(actual_seq_lengths_query, "actual_seq_lengths_query", int(query.shape[0]))
+        act_q = prefix_lengths(actual_seq_lengths_query, "actual_seq_lengths_query", int(query.shape[0]))
         b, s1 = int(act_q.size), int(query.shape[0])
     if layout_kv == "BSND":
         if key.shape[0] != b:
             raise arg_error(ShapeError, "key", f"B={b} batches like query", list(key.shape))
         s2 = int(key.shape[1])
         act_kv = (np.full(b, s2, np.int64) if actual_seq_lengths_kv is None
-                  else _per_batch(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, s2))
+                  else per_batch_lengths(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, s2))
         slot_map = np.arange(b, dtype=np.int64)[:, None] * s2 + np.arange(max(int(act_kv.max()), 0))[None, :]
     elif layout_kv == "TND":
         if actual_seq_lengths_kv is None:
             raise arg_error(ShapeError, "actual_seq_lengths_kv", "int32 prefix sums [B] (required for TND)", None)
-        act_kv = _prefix(actual_seq_lengths_kv, "actual_seq_lengths_kv", int(key.shape[0]))
+        act_kv = prefix_lengths(actual_seq_lengths_kv, "actual_seq_lengths_kv", int(key.shape[0]))
         if act_kv.size != b:
             raise arg_error(ShapeError, "actual_seq_lengths_kv", f"[B={b}] like actual_seq_lengths_query",
                             list(act_kv.shape))
@@ -501,7 +466,7 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
                             None)
         block_table = required(block_table, "block_table")
         check_dtype(block_table, "block_table", ("int32",))
-        act_kv = _per_batch(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, None)
+        act_kv = per_batch_lengths(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, None)
         slot_map = slots_from_block_table(block_table, act_kv, block_size, block_num, name="block_table")
     if layout_kv != "PA_BSND" and block_table is not None:
         raise arg_error(ModeError, "block_table", f"None for layout_kv={layout_kv} (PA_BSND only)", "a tensor")
