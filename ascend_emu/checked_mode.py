@@ -267,16 +267,11 @@ def read_sparse_attention(op: str, args, key, key_rope, value, sparse_indices, s
             q_at, idx_at = f"query token {t} (TND)", (t,)
         si = np.asarray(sparse_indices)[idx_at + (h, j)]
         kv_token = int(si) * sbs + int(within[i])
-        where = f"slot {slot}"
-        if layout_kv == "PA_BSND":
-            bs = int(np.asarray(cache).shape[1])
-            where = f"block {slot // bs}, row {slot % bs} (slot {slot})"
         raise UninitializedReadError(
             f"{op}: {arg} read before written: {q_at}, kv head {h}, "
             f"sparse_indices[{', '.join(map(str, idx_at + (h, j)))}]"
-            f" = {int(si)} -> kv token {kv_token} at {where}; {int(bad.sum())} unwritten reads in this call "
-            f"(checked mode: slot never written by an op since the cache was created / poisoned; "
-            f"declare outside writes with ascend_emu.mark_written)")
+            f" = {int(si)} -> kv token {kv_token} at {_cache_place(cache, slot, layout_kv)}; "
+            f"{int(bad.sum())} {_UNWRITTEN_TAIL}")
 
 
 def read_lightning_indexer(op: str, args, key, layout_key) -> None:
@@ -298,11 +293,19 @@ def read_lightning_indexer(op: str, args, key, layout_key) -> None:
     i = int(np.argmax(bad))
     t, p, slot, b = int(t_idx[i]), int(pos[i]), int(slots[i]), int(args.token_batch[t_idx[i]])
     q_at = f"query token {t % args.out_shape[1]}" if args.layout_query == "BSND" else f"query token {t} (TND)"
-    where = f"slot {slot}"
-    if layout_key == "PA_BSND":
-        bs = int(np.asarray(key).shape[1])
-        where = f"block {slot // bs}, row {slot % bs} (slot {slot})"
     raise UninitializedReadError(
-        f"{op}: key read before written: batch {b}, {q_at}, kv token {p} at {where}; "
-        f"{int(bad.sum())} unwritten reads in this call (checked mode: slot never written by an op since the "
-        f"cache was created / poisoned; declare outside writes with ascend_emu.mark_written)")
+        f"{op}: key read before written: batch {b}, {q_at}, kv token {p} at "
+        f"{_cache_place(key, slot, layout_key)}; {int(bad.sum())} {_UNWRITTEN_TAIL}")
+
+
+#: The end of every uninitialised-read message.
+_UNWRITTEN_TAIL = ("unwritten reads in this call (checked mode: slot never written by an op since the cache was "
+                   "created / poisoned; declare outside writes with ascend_emu.mark_written)")
+
+
+def _cache_place(cache, slot: int, layout: str) -> str:
+    """Where ``slot`` is: ``block b, row r (slot s)`` in a PA_BSND cache, else ``slot s``."""
+    if layout != "PA_BSND":
+        return f"slot {slot}"
+    bs = int(np.asarray(cache).shape[1])
+    return f"block {slot // bs}, row {slot % bs} (slot {slot})"
