@@ -178,3 +178,13 @@ def slots_norm(index: np.ndarray, cache_length: int) -> list[int]:
 def slots_block_table(block_table: np.ndarray, kv_lens: list[int], bs: int) -> list[list[int]]:
     """PA_BSND read map, one loop per token: token p of batch b is row p % bs of block_table[b, p // bs]."""
     return [[int(block_table[b, p // bs]) * bs + p % bs for p in range(n)] for b, n in enumerate(kv_lens)]
+
+
+def kv_position_to_row(layout_kv, b, p, *, s2=None, kv_starts=None, block_table=None, block_size=None):
+    """Flat key row of kv token ``p`` of batch ``b`` (N2 = 1): PA_BSND through ``block_table``, BSND
+    ``b * s2 + p``, TND ``kv_starts[b] + p`` (the sparse attention ops and the indexer read keys so)."""
+    if layout_kv == "PA_BSND":
+        return int(block_table[b, p // block_size]) * block_size + p % block_size
+    if layout_kv == "BSND":
+        return b * s2 + p
+    return int(kv_starts[b]) + p

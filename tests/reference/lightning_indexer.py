@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .layouts import kv_position_to_row
+
 PAD_INDEX = -1
 #: Value of unfilled slots of a computed row (kernel: sort buffer initialised to -inf).
 PAD_VALUE = -np.inf
@@ -33,16 +35,12 @@ def _batch_rows(stride, lengths, prefix):
 def gather_keys(key, b, kv_len, *, layout_key, block_table=None, kv_start=0):
     """float64 ``[kv_len, D]`` keys of batch ``b`` (head 0), token by token."""
     d = key.shape[-1]
+    rows = key.reshape(-1, key.shape[-2], d)  # [R, N2, D]
+    where = dict(s2=key.shape[1] if layout_key == "BSND" else None, kv_starts={b: kv_start},
+                 block_table=block_table, block_size=key.shape[1] if layout_key == "PA_BSND" else None)
     out = np.zeros((kv_len, d))
     for p in range(kv_len):
-        if layout_key == "PA_BSND":
-            block_size = key.shape[1]
-            blk = int(block_table[b, p // block_size])
-            out[p] = key[blk, p % block_size, 0].astype(np.float64)
-        elif layout_key == "BSND":
-            out[p] = key[b, p, 0].astype(np.float64)
-        else:  # TND
-            out[p] = key[kv_start + p, 0].astype(np.float64)
+        out[p] = rows[kv_position_to_row(layout_key, b, p, **where), 0].astype(np.float64)
     return out
 
 

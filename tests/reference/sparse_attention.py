@@ -16,6 +16,8 @@ from ascend_emu.mla import D_ROPE as ROPE
 from ascend_emu.mla import HCKV as NOPE
 from ascend_emu.mla import TILE_SIZE as TILE
 
+from .layouts import kv_position_to_row
+
 
 def seq_sum(products: np.ndarray) -> np.ndarray:
     """Sum over the last axis, element by element in order, in fp32."""
@@ -30,15 +32,6 @@ def decode_rows(rows: np.ndarray, qdt) -> tuple[np.ndarray, np.ndarray]:
     scales = rows[:, NOPE + 2 * ROPE:].copy().view(np.float32)  # [L, 4]
     k_nope = (nope * np.repeat(scales, TILE, axis=1)).astype(np.float32).astype(qdt)  # [L, 512]
     return k_nope, rope
-
-
-def kv_position_to_row(layout_kv, b, p, *, s2=None, kv_starts=None, block_table=None, block_size=None):
-    """Flat key row of kv token ``p`` of batch ``b`` (N2 = 1)."""
-    if layout_kv == "PA_BSND":
-        return int(block_table[b, p // block_size]) * block_size + p % block_size
-    if layout_kv == "BSND":
-        return b * s2 + p
-    return int(kv_starts[b]) + p
 
 
 def reference(query, key, value, sparse_indices, scale_value, *, quant, query_rope=None, key_rope=None,
