@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 import ml_dtypes
@@ -68,25 +69,54 @@ def to_numpy(t, name: str = "tensor") -> np.ndarray | None:
         return None
     if not isinstance(t, torch.Tensor):
         raise arg_error(DTypeError, name, "a torch.Tensor", type(t).__name__)
-    nz = nz_of(t)
-    if nz is not None:
-        return nz
+    if NZ_ATTR in t.__dict__:
+        nz = nz_of(t)
+        if nz is not None:
+            return nz
+    rec = _VIEWS.get(id(t))  # the common case inline: a tensor seen before, unchanged
+    if rec is not None and rec[0]() is t and t.is_cpu:
+        ptr, dtype, shape, strides = rec[1]
+        if ptr == t.data_ptr() and dtype is t.dtype and shape == t.shape and strides == t.stride():
+            return rec[2]
     return _plain_numpy(t, name)
 
 
+#: NumPy views handed out by :func:`_plain_numpy`: ``id(tensor) -> (weak reference to it, its
+#: (data_ptr, dtype, shape, strides), the view)``. An entry is used only while the tensor is
+#: alive and shows the same memory the same way, and leaves with the tensor; the view holds a
+#: detached alias of the tensor (never the tensor itself), so no reference cycle keeps it alive.
+_VIEWS: dict[int, tuple] = {}
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    rec = _VIEWS.get(key)
+    if rec is not None and rec[0] is ref:
+        del _VIEWS[key]
+
+
 def _plain_numpy(t, name: str = "tensor") -> np.ndarray:
-    """:func:`to_numpy` without the NZ tag: a plain ndarray view of ``t``'s memory."""
+    """:func:`to_numpy` without the NZ tag: a plain ndarray view of ``t``'s memory (the same
+    array object again while ``t`` shows the same memory with the same dtype, shape and
+    strides: a repeated argument, a weight or a cache, costs a lookup)."""
     if not t.is_cpu:
         raise arg_error(DTypeError, name, "a CPU tensor (the emulator runs on the CPU)", f"device {t.device}")
-    if t.requires_grad:
-        t = t.detach()
+    rec = _VIEWS.get(id(t))
+    if rec is not None and rec[0]() is t:
+        ptr, dtype, shape, strides = rec[1]
+        if ptr == t.data_ptr() and dtype is t.dtype and shape == t.shape and strides == t.stride():
+            return rec[2]
     viewed = _VIEWED.get(t.dtype)
     try:
         if viewed is not None:
-            return t.view(viewed[0]).numpy().view(viewed[2])
-        return t.numpy()
+            a = t.detach().view(viewed[0]).numpy().view(viewed[2])
+        else:
+            a = t.detach().numpy()
     except (TypeError, RuntimeError) as exc:
         raise arg_error(DTypeError, name, "a tensor dtype NumPy can view", f"{t.dtype} ({exc})") from None
+    key = id(t)
+    ref = weakref.ref(t, lambda r, k=key: _forget(k, r))
+    _VIEWS[key] = (ref, (t.data_ptr(), t.dtype, t.shape, t.stride()), a)
+    return a
 
 
 def to_torch(a) -> torch.Tensor | None:
@@ -105,8 +135,10 @@ def to_torch(a) -> torch.Tensor | None:
     """
     if a is None or isinstance(a, torch.Tensor):
         return a
-    a = np.asarray(a)  # drops NZArray (and other subclasses) to a plain view; 0-d for scalars
-    if not a.flags.writeable or not a.dtype.isnative or (a.ndim and min(a.strides) < 0):
+    if type(a) is not np.ndarray:
+        a = np.asarray(a)  # drops NZArray (and other subclasses) to a plain view; 0-d for scalars
+    flags = a.flags
+    if not (flags.writeable and a.dtype.isnative and (flags.c_contiguous or not a.ndim or min(a.strides) >= 0)):
         a = np.array(a, dtype=a.dtype.newbyteorder("=") if not a.dtype.isnative else a.dtype)
     back = _VIEWED_BACK.get(a.dtype)
     try:
@@ -177,15 +209,40 @@ def _param_names(fn: Callable) -> tuple[str, ...]:
     return tuple(sig.parameters) if sig is not None else ()
 
 
+def _down(v, name: str, originals: dict):
+    """``v`` for the NumPy op: tensors (also inside lists / tuples) through :func:`to_numpy`;
+    each array is recorded in ``originals`` (``id -> (array, tensor)``, which keeps the array
+    alive so the id stays unique for the call)."""
+    if isinstance(v, torch.Tensor):
+        a = to_numpy(v, name)
+        originals[id(a)] = (a, v)
+        return a
+    if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+        return type(v)(_down(x, f"{name}[{i}]", originals) for i, x in enumerate(v))
+    return v
+
+
+def _up(r, originals: dict):
+    """``r`` back as torch: an argument's own array is the caller's tensor, any other array a
+    new NPU-marked tensor over its memory (tuples / lists kept)."""
+    if isinstance(r, np.ndarray):
+        hit = originals.get(id(r))
+        return hit[1] if hit is not None and hit[0] is r else mark_npu(to_torch(r))
+    if isinstance(r, (tuple, list)):
+        return type(r)([_up(x, originals) for x in r])
+    return r
+
+
 def call_op(fn: Callable, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Any:
     """Call the NumPy op ``fn`` with torch arguments and return torch results.
 
-    Every tensor argument, positional or keyword, goes through :func:`to_numpy` (None and plain
-    Python values pass through unchanged; lists / tuples are converted element by element).
-    Results go through :func:`to_torch` and are marked as NPU tensors (``.npu()`` returns them
-    as they are, ``.cpu()`` copies them), except that a result array that *is* one of the
-    argument arrays (a cache the op updated in place and returned) comes back as the caller's
-    original tensor object, so the caller's tensor shows the update without any copy back.
+    Every tensor argument, positional or keyword, goes through :func:`to_numpy` once (None and
+    plain Python values pass through unchanged; lists / tuples are converted element by
+    element). Results go through :func:`to_torch` and are marked as NPU tensors (``.npu()``
+    returns them as they are, ``.cpu()`` copies them), except that a result array that *is* one
+    of the argument arrays (a cache the op updated in place and returned) comes back as the
+    caller's original tensor object, so the caller's tensor shows the update without any copy
+    back.
 
     Args:
         fn: a function of :mod:`ascend_emu.ops`.
@@ -195,32 +252,13 @@ def call_op(fn: Callable, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | 
     Returns:
         ``fn``'s result with every array replaced by a tensor (tuples / lists kept).
     """
-    kwargs = kwargs or {}
-    names = _param_names(fn) if args else ()  # names only label positional arguments in errors
     originals: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
-
-    def down(v, name: str):
-        if isinstance(v, torch.Tensor):
-            a = to_numpy(v, name)
-            originals[id(a)] = (a, v)  # keeps ``a`` alive, so the id stays unique for the call
-            return a
-        if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
-            return type(v)(down(x, f"{name}[{i}]") for i, x in enumerate(v))
-        return v
-
-    np_args = [down(v, names[i] if i < len(names) else f"args[{i}]") for i, v in enumerate(args)]
-    np_kwargs = {k: down(v, k) for k, v in kwargs.items()}
-    result = fn(*np_args, **np_kwargs)
-
-    def up(r):
-        if isinstance(r, np.ndarray):
-            hit = originals.get(id(r))
-            return hit[1] if hit is not None and hit[0] is r else mark_npu(to_torch(r))
-        if isinstance(r, (tuple, list)):
-            return type(r)(up(x) for x in r)
-        return r
-
-    return up(result)
+    np_args = ()
+    if args:
+        names = _param_names(fn)  # names only label positional arguments in errors
+        np_args = [_down(v, names[i] if i < len(names) else f"args[{i}]", originals) for i, v in enumerate(args)]
+    np_kwargs = {k: _down(v, k, originals) for k, v in kwargs.items()} if kwargs else {}
+    return _up(fn(*np_args, **np_kwargs), originals)
 
 
 def _is_default(value, default) -> bool:
@@ -231,13 +269,20 @@ def _is_default(value, default) -> bool:
     return False
 
 
+_OPS = None
+
+
 def resolve_op(op_name: str, public_name: str | None = None) -> Callable:
-    """The NumPy op ``ascend_emu.ops.<op_name>``, looked up at call time.
+    """The NumPy op ``ascend_emu.ops.<op_name>``, looked up at call time (a replaced or
+    removed attribute is seen at once; the module itself is imported once).
 
     Raises:
         NotImplementedError: this version of ascend_emu has no such op.
     """
-    fn = getattr(importlib.import_module("ascend_emu.ops"), op_name, None)
+    global _OPS
+    if _OPS is None:
+        _OPS = importlib.import_module("ascend_emu.ops")
+    fn = getattr(_OPS, op_name, None)
     if fn is None:
         raise NotImplementedError(f"{public_name or op_name}: not emulated by this version of ascend_emu "
                                   f"(ascend_emu.ops.{op_name} does not exist)")

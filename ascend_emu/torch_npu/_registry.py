@@ -27,8 +27,8 @@ import torch
 
 from ..errors import DTypeError, ModeError, arg_error, describe
 from . import _fake, _format
-from ._convert import _is_default, _param_names, call_op, resolve_op
-from .schemas import SCHEMAS, TORCH_NPU_VERSION, OpSchema
+from ._convert import _is_default, _param_names, _up, resolve_op, to_numpy
+from .schemas import SCHEMAS, TORCH_NPU_VERSION, WRITES_UNANNOTATED, OpSchema
 
 _LIBS: dict[str, torch.library.Library] = {}
 _DONE = False
@@ -59,23 +59,41 @@ def _accepted(fn: Callable) -> frozenset[str]:
     return frozenset(_param_names(fn))
 
 
-def emulate(op_name: str, params: dict[str, Any], defaults: dict[str, Any], public_name: str) -> Any:
-    """Run ``ascend_emu.ops.<op_name>`` with the schema arguments ``params`` (all by keyword).
+@functools.lru_cache(maxsize=None)
+def _split(fn: Callable, table: tuple[tuple[str, str, bool], ...]) -> tuple[tuple[str, ...], ...]:
+    """The schema arguments (``table``: :func:`_kind_table`) split for ``fn``: (tensors it takes,
+    other values it takes, arguments it does not take), each in schema order (once per op)."""
+    accepted = _accepted(fn)
+    return (tuple(n for n, kind, _ in table if n in accepted and kind == "Tensor"),
+            tuple(n for n, kind, _ in table if n in accepted and kind != "Tensor"),
+            tuple(n for n, _, _ in table if n not in accepted))
+
+
+def emulate(op_name: str, params: dict[str, Any], defaults: dict[str, Any], public_name: str,
+            table: tuple[tuple[str, str, bool], ...]) -> Any:
+    """Run ``ascend_emu.ops.<op_name>`` with the schema arguments ``params`` (all by keyword;
+    ``table``: the schema's :func:`_kind_table`), each tensor converted once.
 
     Raises:
         NotImplementedError: the op does not exist in this version.
         ModeError: a non-default value for an argument the op does not take.
     """
     fn = resolve_op(op_name, public_name)
-    accepted = _accepted(fn)
-    kwargs = {}
-    for key, value in params.items():
-        if key in accepted:
-            kwargs[key] = value
-        elif not _is_default(value, defaults.get(key)):
-            raise arg_error(ModeError, key, f"the default {defaults.get(key)!r} ({public_name} in ascend_emu does "
+    tensors, values, others = _split(fn, table)
+    for key in others:
+        default = defaults.get(key)
+        value = params.get(key, default)
+        if value is not default and not _is_default(value, default):
+            raise arg_error(ModeError, key, f"the default {default!r} ({public_name} in ascend_emu does "
                             f"not support this argument)", describe(value))
-    return call_op(fn, (), kwargs)
+    kwargs = {key: params[key] for key in values}
+    originals: dict = {}  # id(array) -> (array, tensor), as :func:`._convert.call_op` keeps it
+    for key in tensors:  # a schema Tensor slot holds a tensor or None, never a list
+        value = params[key]
+        kwargs[key] = array = to_numpy(value, key)
+        if array is not None:
+            originals[id(array)] = (array, value)
+    return _up(fn(**kwargs), originals)
 
 
 def _reject_ascend950(params: dict[str, Any], public_name: str) -> None:
@@ -95,44 +113,56 @@ def _copy_caches(params: dict[str, Any], names: tuple[str, ...]) -> tuple[torch.
     return tuple(copies)
 
 
-def _kernel(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable:
-    """The CPU kernel of one overload."""
+def _writes(spec: OpSchema, schema: torch._C.FunctionSchema) -> tuple[str, ...]:
+    """Arguments whose memory the op writes: the schema's ``(a!)`` ones and, for the ops torch_npu
+    declares without annotations, :data:`.schemas.WRITES_UNANNOTATED`."""
+    annotated = tuple(a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write)
+    return annotated + WRITES_UNANNOTATED.get(spec.qualified, ())
+
+
+def _kernel_body(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable[[dict], Any]:
+    """The CPU kernel of one overload on its arguments bound by schema name (all of them, in
+    schema order): emulates the op, checks the output count against the schema and bumps the
+    version counter of every tensor the op wrote in place (:func:`_writes`), so autograd and
+    the FRACTAL_NZ tags (:func:`._convert.nz_of`) see the write."""
     defaults = _defaults(schema)
-    qualified = spec.qualified
-    public = f"torch_npu.{'atb.' if spec.namespace == 'atb' else ''}{spec.name}"
+    qualified, name = spec.qualified, spec.name
+    public = f"torch_npu.{'atb.' if spec.namespace == 'atb' else ''}{name}"
+    writes = _writes(spec, schema)
+    table = _kind_table(schema)
+    has_v = name.startswith("npu_kv_rmsnorm_rope_cache")
 
     def run(params: dict[str, Any]) -> Any:
-        if params.get("v") is not None and spec.name.startswith("npu_kv_rmsnorm_rope_cache"):
+        if has_v and params["v"] is not None:
             from ..ops.kv_rmsnorm_rope_cache import V_NOT_EMULATED
 
             raise arg_error(ModeError, "v", V_NOT_EMULATED, describe(params["v"]))  # the tensor, summarised
         if qualified == "npu_mla_prolog_v3_functional":
             caches = _copy_caches(params, ("kv_cache", "kr_cache"))
-            return (*emulate("npu_mla_prolog_v3", params, defaults, public), *caches)
+            return (*emulate("npu_mla_prolog_v3", params, defaults, public, table), *caches)
         if qualified == "npu_kv_rmsnorm_rope_cache_v2":
             _reject_ascend950(params, public)
-            return tuple(emulate("npu_kv_rmsnorm_rope_cache", params, defaults, public)[2:])
+            return tuple(emulate("npu_kv_rmsnorm_rope_cache", params, defaults, public, table)[2:])
         if qualified == "npu_kv_rmsnorm_rope_cache_v2_functional":
             _reject_ascend950(params, public)
             caches = _copy_caches(params, ("k_cache", "ckv_cache"))
-            return (*emulate("npu_kv_rmsnorm_rope_cache", params, defaults, public)[2:], *caches)
-        if spec.name == "npu_mla_preprocess":
-            return emulate("npu_mla_preprocess", params, defaults, public)
-        return emulate(spec.name, params, defaults, public)
+            return (*emulate("npu_kv_rmsnorm_rope_cache", params, defaults, public, table)[2:], *caches)
+        return emulate(name, params, defaults, public, table)
 
     returns = len(schema.returns)
-    names = tuple(a.name for a in schema.arguments)
 
-    def kernel(*args, **kwargs):
-        out = run(_bind(schema, args, kwargs, defaults, names))
+    def body(params: dict[str, Any]) -> Any:
+        written = [params[name] for name in writes if params.get(name) is not None]
+        out = run(params)
+        if written:
+            torch.autograd.graph.increment_version(written)
         got = len(out) if isinstance(out, (tuple, list)) else 1
         if got != returns:
             raise RuntimeError(f"{public}: the emulation returned {got} output(s); torch_npu {TORCH_NPU_VERSION}'s "
                                f"schema returns {returns}")
         return tuple(out) if returns > 1 else (out[0] if isinstance(out, (tuple, list)) else out)
 
-    kernel.__name__ = f"{spec.namespace}_{qualified.replace('.', '_')}_cpu"
-    return kernel
+    return body
 
 
 _FORMAT_KERNELS = {
@@ -142,6 +172,99 @@ _FORMAT_KERNELS = {
     "npu_format_cast_": _format.npu_format_cast_src_,
     "npu_format_cast_.acl_format": _format.npu_format_cast_,
 }
+
+
+class _Binding:
+    """One overload's CPU kernel and the tables binding its arguments by schema name, computed
+    once per overload.
+
+    ``body(params)`` is the kernel on arguments bound by name (:func:`_kernel_body`, or the
+    format kernel of :data:`_FORMAT_KERNELS` called by keyword); ``kernel(*args, **kwargs)``
+    is what the dispatcher calls; :meth:`bind_eager` binds a call for :func:`public_op`'s eager
+    path, or says it must go through the dispatcher.
+    """
+
+    def __init__(self, spec: OpSchema, schema: torch._C.FunctionSchema):
+        self.defaults = _defaults(schema)
+        self.names = tuple(a.name for a in schema.arguments)
+        fmt = _FORMAT_KERNELS.get(spec.qualified)
+        self.body = (lambda params: fmt(**params)) if fmt is not None else _kernel_body(spec, schema)
+        #: name -> (schema position, kind, optional); kind as in :func:`_kind_table`.
+        self.slots = {name: (i, kind, optional) for i, (name, kind, optional) in enumerate(_kind_table(schema))}
+        self.positional = sum(not a.kwarg_only for a in schema.arguments)
+        required = [(i, a.name) for i, a in enumerate(schema.arguments) if not a.has_default_value()]
+        #: For n positional arguments given: the required names that must come by keyword.
+        self.by_keyword = tuple(tuple(name for i, name in required if i >= n) for n in range(self.positional + 1))
+        defaults, names, body = self.defaults, self.names, self.body
+
+        def kernel(*args, **kwargs):
+            return body(_bind(schema, args, kwargs, defaults, names))
+
+        kernel.__name__ = f"{spec.namespace}_{spec.qualified.replace('.', '_')}_cpu"
+        self.kernel = kernel
+
+    def bind_eager(self, args: tuple, kwargs: dict, grad: bool) -> dict[str, Any] | None:
+        """The call's arguments by name (defaults filled in, Python scalars as the dispatcher
+        passes them), or None when the dispatcher must take it: arguments the schema does not
+        match (the dispatcher path raises its error), or a tensor that is not a plain strided
+        CPU ``torch.Tensor`` / ``nn.Parameter``, or one that requires grad while ``grad``."""
+        n = len(args)
+        if n > self.positional:
+            return None
+        params = self.defaults.copy()
+        slots = self.slots
+        for name, value in zip(self.names, args):
+            slot = slots[name]
+            if not (type(value) is _Tensor and slot[1] == "Tensor" and value.is_cpu  # the common case inline
+                    and value.layout is _strided and not (grad and value.requires_grad)):
+                value = _admit(value, slot, grad)
+                if value is _REFUSED:
+                    return None
+            params[name] = value
+        for name, value in kwargs.items():
+            slot = slots.get(name)
+            if slot is None or slot[0] < n:
+                return None
+            value = _admit(value, slot, grad)
+            if value is _REFUSED:
+                return None
+            params[name] = value
+        for name in self.by_keyword[n]:
+            if name not in kwargs:
+                return None
+        return params
+
+
+_REFUSED = object()
+_Tensor, _strided = torch.Tensor, torch.strided
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _admit(value, slot: tuple[int, str, bool], grad: bool):
+    """``value`` as the dispatcher would hand it to the kernel for a schema slot, or
+    :data:`_REFUSED` (see :meth:`_Binding.bind_eager`)."""
+    kind = slot[1]
+    if value is None:
+        return value if slot[2] else _REFUSED
+    if kind == "Tensor":
+        cls = type(value)
+        if (cls is torch.Tensor or cls is torch.nn.Parameter) and value.is_cpu and value.layout is torch.strided \
+                and not (grad and value.requires_grad):
+            return value
+        return _REFUSED
+    scalar = _SCALARS.get(kind)
+    if scalar is None or isinstance(value, bool) is not (scalar is bool):
+        return _REFUSED
+    if type(value) is scalar:
+        return value
+    if isinstance(value, scalar) or (scalar is float and isinstance(value, int)):
+        return scalar(value)
+    return _REFUSED
+
+
+#: The CPU kernel binding of every registered overload, by ``namespace::name[.overload]``.
+_BINDINGS: dict[str, _Binding] = {}
 
 
 def _below_autograd(overload) -> Callable:
@@ -171,9 +294,9 @@ def register() -> None:
             lib = _LIBS[spec.namespace] = torch.library.Library(spec.namespace, "FRAGMENT")
         lib.define(spec.schema)
         schema = torch._C.parse_schema(f"{spec.namespace}::{spec.schema}")
-        kernel = _FORMAT_KERNELS.get(spec.qualified) or _kernel(spec, schema)
-        lib.impl(spec.qualified, kernel, "CPU")
         key = f"{spec.namespace}::{spec.qualified}"
+        binding = _BINDINGS[key] = _Binding(spec, schema)
+        lib.impl(spec.qualified, binding.kernel, "CPU")
         if key in _fake.FAKES:
             torch.library.register_fake(key, _fake.FAKES[key], lib=lib)
         packet = getattr(getattr(torch.ops, spec.namespace), spec.name)
@@ -231,20 +354,51 @@ def _check_kinds(schema: torch._C.FunctionSchema, args: tuple, kwargs: dict, pub
             raise arg_error(cls, name, text + (" or None" if optional else ""), describe(value))
 
 
+_compiling = torch.compiler.is_compiling
+_function_modes = torch._C._len_torch_function_stack
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_jit_tracing = torch._C._get_tracing_state
+_functorch_layers = torch._C._functorch.peek_interpreter_stack
+_grad_enabled = torch.is_grad_enabled
+
+
+def eager_allowed() -> bool:
+    """True when nothing is watching the dispatcher: not compiling / exporting
+    (``torch.compiler.is_compiling()``), no TorchFunctionMode or TorchDispatchMode (FakeTensor,
+    functionalization, proxy tracing, ``with torch.device(...)``) active, no ``torch.jit``
+    trace, no functorch transform (vmap, grad, functionalize)."""
+    return not (_compiling() or _function_modes() or _dispatch_modes() or _jit_tracing() is not None
+                or _functorch_layers() is not None)
+
+
 def public_op(namespace: str, name: str) -> Callable:
     """``torch_npu.<name>``: a thin callable of ``torch.ops.<namespace>.<name>`` (its ``op``
     attribute) that checks argument kinds first (ascend_emu errors, never a printed tensor).
 
+    Eager fast path: a plain eager call (:func:`eager_allowed`, every tensor a plain strided
+    CPU tensor, none requiring grad while grad mode is on; :meth:`_Binding.bind_eager`) runs
+    the overload's CPU kernel directly, the same function the dispatcher would call, so
+    outputs, NPU marks, format tags, version-counter bumps and errors are the same; it skips
+    the dispatcher's ~15 us. Every other call goes through ``torch.ops``.
+
     Overloaded ops (``npu_format_cast``, ``npu_format_cast_``, ``atb.npu_mla_preprocess``) leave
-    overload resolution to torch; the format casts check a non-tensor format argument first.
+    overload resolution to torch on the dispatcher path (the eager path takes the one overload
+    whose schema the call matches); the format casts check a non-tensor format argument first.
     """
     packet = getattr(getattr(torch.ops, namespace), name)
     specs = [s for s in SCHEMAS if s.namespace == namespace and s.name == name]
     schema = torch._C.parse_schema(f"{namespace}::{specs[0].schema}") if len(specs) == 1 else None
     public = f"torch_npu.{'atb.' if namespace == 'atb' else ''}{name}"
     table = _kind_table(schema) if schema is not None else None
+    bindings = tuple(_BINDINGS[f"{namespace}::{s.qualified}"] for s in specs)
 
     def call(*args, **kwargs):
+        if eager_allowed():
+            grad = _grad_enabled()
+            for binding in bindings:
+                params = binding.bind_eager(args, kwargs, grad)
+                if params is not None:
+                    return binding.body(params)
         if schema is not None:
             _check_kinds(schema, args, kwargs, public, table)
         elif name.startswith("npu_format_cast") and len(args) > 1 and not isinstance(args[1], torch.Tensor):

@@ -24,6 +24,15 @@ TORCH_NPU_VERSION = "2.14.0"
 YAML_SOURCE = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
 ATB_SOURCE = "torch_npu/lib/libop_plugin_atb.so (registration string)"
 
+#: Ops that write caches in place although torch_npu declares them without alias annotations:
+#: qualified name -> the arguments written (the ``(a!)`` ones of the annotated ops are read from
+#: the schemas).
+WRITES_UNANNOTATED: dict[str, tuple[str, ...]] = {
+    "npu_kv_rmsnorm_rope_cache": ("k_cache", "ckv_cache"),
+    "npu_mla_prolog": ("kv_cache", "kr_cache"),
+    "npu_mla_prolog_v2": ("kv_cache", "kr_cache"),
+}
+
 
 @dataclass(frozen=True)
 class OpSchema:
