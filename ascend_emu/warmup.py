@@ -20,6 +20,7 @@ fixes a dimension (the MLA prolog's He = 7168 and Hcq = 1536), seeded, and throw
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import time
 from dataclasses import dataclass
@@ -48,6 +49,47 @@ class WarmupResult:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Call:
+    """One warm-up call: ``ascend_emu.ops.<op>(*args, **kwargs)`` on NumPy inputs.
+
+    Attributes:
+        name: the op's name and scenario.
+        op: the op's name in :mod:`ascend_emu.ops` (and in the torch_npu drop-in).
+        args, kwargs: its arguments (FRACTAL_NZ weights as :class:`~ascend_emu.layouts.NZArray`).
+        then: run on the result (e.g. to compile a kernel the result uses later).
+    """
+
+    name: str
+    op: str
+    args: tuple
+    kwargs: dict
+    then: Callable[[object], object] | None = None
+
+    def __call__(self) -> object:
+        out = getattr(ops, self.op)(*self.args, **self.kwargs)
+        return self.then(out) if self.then is not None else out
+
+    def through_drop_in(self) -> functools.partial:
+        """The same call through ``ascend_emu.torch_npu.<op>`` on new torch copies of the inputs
+        (NZ weights cast with ``npu_format_cast(t, 29)``; caches copied, so the NumPy call's are
+        untouched), as a ``functools.partial`` (``.func``, ``.args``, ``.keywords``). Needs torch."""
+        import ascend_emu.torch_npu as torch_npu
+
+        from .layouts import NZArray
+        from .torch_npu._convert import to_torch
+
+        def convert(v):
+            if isinstance(v, NZArray):
+                return torch_npu.npu_format_cast(to_torch(np.array(np.asarray(v))), 29)
+            return to_torch(np.array(v)) if isinstance(v, np.ndarray) else v
+
+        args = tuple(convert(v) for v in self.args)
+        kwargs = {k: convert(v) for k, v in self.kwargs.items()}
+        fn = getattr(torch_npu.atb if self.op == "npu_mla_preprocess" else torch_npu, self.op)
+        return functools.partial(fn, *args, **kwargs)
+
+
 def _rand(rng: np.random.Generator, shape, dtype=BF16, scale: float = 1.0) -> np.ndarray:
     return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(dtype)
 
@@ -57,7 +99,7 @@ def _int8(rng: np.random.Generator, shape) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- one call per scenario
-def _kv_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
+def _kv_calls(rng) -> Iterator[Call]:
     for dtype, mode, quant in ((BF16, "PA_NZ", False), (np.dtype(np.float16), "Norm", False), (BF16, "PA", True)):
         b = TOKENS
         kv = _rand(rng, (b, 1, 1, 576), dtype)  # [B, 1, S, 576]
@@ -71,11 +113,11 @@ def _kv_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
             index = np.arange(b, dtype=np.int64)  # [B*S] slots
         scales = dict(k_rope_scale=np.ones(64, np.float32), c_kv_scale=np.ones(512, np.float32)) if quant else {}
         name = f"npu_kv_rmsnorm_rope_cache {np.dtype(dtype).name} {mode}{' int8' if quant else ''}"
-        yield name, lambda: ops.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache,
-                                                          cache_mode=mode, is_output_kv=mode != "Norm", **scales)
+        yield Call(name, "npu_kv_rmsnorm_rope_cache", (kv, gamma, cos, sin, index, k_cache, ckv_cache),
+                   dict(scales, cache_mode=mode, is_output_kv=mode != "Norm"))
 
 
-def _prolog_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
+def _prolog_calls(rng) -> Iterator[Call]:
     t, n, he, hcq = TOKENS, 1, 7168, 1536
     bf = dict(w_dq=ops.npu_format_cast(_rand(rng, (he, hcq), scale=he ** -0.5), 29),
               w_dkv_kr=ops.npu_format_cast(_rand(rng, (he, 576), scale=he ** -0.5), 29))
@@ -109,10 +151,10 @@ def _prolog_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
             kw["dequant_scale_w_uq_qr"] = one((1, n * 192))
         args = (x_i8 if wqm == 2 else x_bf, w["w_dq"], w_uq_qr[wqm > 0], w_uk, w["w_dkv_kr"], gamma_cq, gamma_ckv,
                 sin, cos, kv_cache, kr_cache)
-        yield (f"npu_mla_prolog_v3 {(wqm, kvq, qqm)}", lambda args=args, kw=kw: ops.npu_mla_prolog_v3(*args, **kw))
+        yield Call(f"npu_mla_prolog_v3 {(wqm, kvq, qqm)}", "npu_mla_prolog_v3", args, kw)
 
 
-def _preprocess_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
+def _preprocess_calls(rng) -> Iterator[Call]:
     t, n, he = TOKENS, 1, 2048
     for dtype, cache_mode, quant_mode in ((BF16, "krope_ctkv", "per_token_quant_symm"),
                                           (np.dtype(np.float16), "int8_nzcache", "per_tensor_quant_asymm"),
@@ -139,11 +181,10 @@ def _preprocess_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
                 _rand(rng, (1536,), dtype), ops.npu_format_cast(_int8(rng, (n * 192, 1536)), 29), descale(n * 192),
                 _rand(rng, (512,), dtype), _rand(rng, (t, 64), dtype), _rand(rng, (t, 64), dtype),
                 _rand(rng, (n, 128, 512), dtype), kv_cache, rope_cache, np.arange(t, dtype=np.int32))
-        yield (f"npu_mla_preprocess {dtype.name} {cache_mode}",
-               lambda args=args, kw=kw: ops.npu_mla_preprocess(*args, **kw))
+        yield Call(f"npu_mla_preprocess {dtype.name} {cache_mode}", "npu_mla_preprocess", args, kw)
 
 
-def _indexer_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
+def _indexer_calls(rng) -> Iterator[Call]:
     b, n1, d, bs = 1, 64, 128, 16
     for dtype, layout_key in ((BF16, "PA_BSND"), (np.dtype(np.float16), "BSND")):
         query = _rand(rng, (b, TOKENS, n1, d), dtype)  # [B, S1, N1, D]
@@ -155,12 +196,11 @@ def _indexer_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
                       actual_seq_lengths_key=np.array([2 * bs], np.int32))
         else:
             key = _rand(rng, (b, 2 * bs, 1, d), dtype)  # [B, S2, 1, D]
-        yield (f"npu_lightning_indexer {dtype.name} {layout_key}",
-               lambda query=query, key=key, weights=weights, kw=kw: ops.npu_lightning_indexer(query, key, weights,
-                                                                                               **kw))
+        yield Call(f"npu_lightning_indexer {dtype.name} {layout_key}", "npu_lightning_indexer",
+                   (query, key, weights), kw)
 
 
-def _sparse_attention_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
+def _sparse_attention_calls(rng) -> Iterator[Call]:
     b, s1, n1, bs, k = 1, TOKENS, 16, 16, 4
     act_q, act_kv = np.array([s1], np.int32), np.array([2 * bs], np.int32)
     table = np.arange(2, dtype=np.int32).reshape(1, 2)  # [B, blocks]
@@ -170,27 +210,26 @@ def _sparse_attention_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
     for dtype in (BF16, np.dtype(np.float16)):
         query, query_rope = _rand(rng, (b, s1, n1, 512), dtype), _rand(rng, (b, s1, n1, 64), dtype)
         key, key_rope = _rand(rng, (2, bs, 1, 512), dtype), _rand(rng, (2, bs, 1, 64), dtype)
-        yield (f"npu_sparse_flash_attention {dtype.name} PA_BSND",
-               lambda a=(query, key, key, indices, 0.04), kw=dict(common, query_rope=query_rope, key_rope=key_rope):
-               ops.npu_sparse_flash_attention(*a, **kw))
+        yield Call(f"npu_sparse_flash_attention {dtype.name} PA_BSND", "npu_sparse_flash_attention",
+                   (query, key, key, indices, 0.04), dict(common, query_rope=query_rope, key_rope=key_rope))
     rows = np.zeros((2, bs, 1, 656), np.int8)  # [blocks, block_size, 1, 656] combined rows
     rows[..., :512] = _int8(rng, (2, bs, 1, 512))
     rows[..., 512:640] = _rand(rng, (2, bs, 1, 64)).view(np.int8)
     rows[..., 640:] = np.full((2, bs, 1, 4), 1e-2, np.float32).view(np.int8)
     query = _rand(rng, (b, s1, n1, 576))
-    yield ("npu_kv_quant_sparse_flash_attention per-tile PA_BSND",
-           lambda: ops.npu_kv_quant_sparse_flash_attention(query, rows, rows, indices, 0.04, 2, 2,
-                                                           quant_scale_repo_mode=1, tile_size=128, rope_head_dim=64,
-                                                           **common))
+    yield Call("npu_kv_quant_sparse_flash_attention per-tile PA_BSND", "npu_kv_quant_sparse_flash_attention",
+               (query, rows, rows, indices, 0.04, 2, 2),
+               dict(common, quant_scale_repo_mode=1, tile_size=128, rope_head_dim=64))
 
 
-def _format_cast_calls(rng) -> Iterator[tuple[str, Callable[[], object]]]:
+def _format_cast_calls(rng) -> Iterator[Call]:
     for dtype in (BF16, np.dtype(np.int8)):
         w = _rand(rng, (32, 64)).astype(dtype)
-        yield f"npu_format_cast {dtype.name} (and NZ storage)", lambda w=w: ops.npu_format_cast(w, 29).storage()
+        yield Call(f"npu_format_cast {dtype.name} (and NZ storage)", "npu_format_cast", (w, 29), {},
+                   then=lambda nz: nz.storage())
 
 
-#: Every op family's warm-up calls, in order.
+#: Every op family's warm-up calls, in order (each yields :class:`Call` objects).
 CALLS = (_format_cast_calls, _kv_calls, _prolog_calls, _preprocess_calls, _indexer_calls, _sparse_attention_calls)
 
 
@@ -229,13 +268,13 @@ def warmup(*, parallel: bool = True, report: Callable[[WarmupResult], None] | No
     results = []
     split = parallel and numba.get_num_threads() > 1
     for family in CALLS:
-        for name, call in family(rng):
+        for call in family(rng):
             start = time.perf_counter()
             call()
             if split:
                 with _split_every_kernel():
                     call()
-            result = WarmupResult(name, time.perf_counter() - start)
+            result = WarmupResult(call.name, time.perf_counter() - start)
             results.append(result)
             if report is not None:
                 report(result)
