@@ -200,7 +200,7 @@ def test_in_place_writes_bump_version_counters(monkeypatch):
     assert args[0]._version == before[2]  # read-only inputs keep theirs
     # autograd sees the write: a graph that saved the cache refuses to backpropagate through it
     w = torch.ones(4, 16, 1, 64, requires_grad=True)
-    loss = (w * k_cache.float()[:, :, :, :]).sum() if False else (w * k_cache).sum()
+    loss = (w * k_cache).sum()  # saves k_cache for the gradient of w
     torch_npu.npu_kv_rmsnorm_rope_cache_v2(*args, cache_mode="PA_NZ")
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
