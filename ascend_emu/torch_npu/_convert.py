@@ -159,8 +159,15 @@ def _version(t: torch.Tensor) -> int:
 def tag_nz(t: torch.Tensor, nz: NZArray) -> torch.Tensor:
     """Mark ``t`` as FRACTAL_NZ: :func:`to_numpy` will return ``nz`` (which must view ``t``'s
     memory) until ``t`` is written in place."""
-    t.__dict__[NZ_ATTR] = (nz, _version(t))
+    t.__dict__[NZ_ATTR] = (nz, _version(t), _layout(nz))
     return t
+
+
+def _layout(a: np.ndarray) -> tuple:
+    """(address, shape, strides in elements) of an array's memory, as a tensor's
+    ``data_ptr()``, ``shape`` and ``stride()`` give them."""
+    size = a.itemsize
+    return a.__array_interface__["data"][0], a.shape, tuple(s // size for s in a.strides)
 
 
 def tag_nz_view(t: torch.Tensor) -> torch.Tensor:
@@ -186,13 +193,12 @@ def nz_of(t) -> NZArray | None:
     rec = t.__dict__.get(NZ_ATTR)
     if rec is None:
         return None
-    nz, version = rec
-    if nz.ctypes.data != t.data_ptr() or nz.shape != tuple(t.shape) or \
-            nz.strides != tuple(s * t.element_size() for s in t.stride()):
+    nz, version, (ptr, shape, strides) = rec
+    if ptr != t.data_ptr() or shape != t.shape or strides != t.stride():
         return None
     if version != _version(t):
         nz = _plain_numpy(t).view(NZArray)
-        t.__dict__[NZ_ATTR] = (nz, _version(t))
+        tag_nz(t, nz)
     return nz
 
 

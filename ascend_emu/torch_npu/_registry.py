@@ -59,10 +59,9 @@ def _accepted(fn: Callable) -> frozenset[str]:
     return frozenset(_param_names(fn))
 
 
-@functools.lru_cache(maxsize=None)
 def _split(fn: Callable, table: tuple[tuple[str, str, bool], ...]) -> tuple[tuple[str, ...], ...]:
     """The schema arguments (``table``: :func:`_kind_table`) split for ``fn``: (tensors it takes,
-    other values it takes, arguments it does not take), each in schema order (once per op)."""
+    other values it takes, arguments it does not take), each in schema order."""
     accepted = _accepted(fn)
     return (tuple(n for n, kind, _ in table if n in accepted and kind == "Tensor"),
             tuple(n for n, kind, _ in table if n in accepted and kind != "Tensor"),
@@ -70,16 +69,20 @@ def _split(fn: Callable, table: tuple[tuple[str, str, bool], ...]) -> tuple[tupl
 
 
 def emulate(op_name: str, params: dict[str, Any], defaults: dict[str, Any], public_name: str,
-            table: tuple[tuple[str, str, bool], ...]) -> Any:
+            table: tuple[tuple[str, str, bool], ...], splits: dict) -> Any:
     """Run ``ascend_emu.ops.<op_name>`` with the schema arguments ``params`` (all by keyword;
-    ``table``: the schema's :func:`_kind_table`), each tensor converted once.
+    ``table``: the schema's :func:`_kind_table`), each tensor converted once. ``splits``: the
+    caller's memo of :func:`_split` per op function.
 
     Raises:
         NotImplementedError: the op does not exist in this version.
         ModeError: a non-default value for an argument the op does not take.
     """
     fn = resolve_op(op_name, public_name)
-    tensors, values, others = _split(fn, table)
+    split = splits.get(fn)
+    if split is None:
+        split = splits[fn] = _split(fn, table)
+    tensors, values, others = split
     for key in others:
         default = defaults.get(key)
         value = params.get(key, default)
@@ -131,6 +134,7 @@ def _kernel_body(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable[[d
     writes = _writes(spec, schema)
     table = _kind_table(schema)
     has_v = name.startswith("npu_kv_rmsnorm_rope_cache")
+    splits: dict = {}
 
     def run(params: dict[str, Any]) -> Any:
         if has_v and params["v"] is not None:
@@ -139,15 +143,15 @@ def _kernel_body(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable[[d
             raise arg_error(ModeError, "v", V_NOT_EMULATED, describe(params["v"]))  # the tensor, summarised
         if qualified == "npu_mla_prolog_v3_functional":
             caches = _copy_caches(params, ("kv_cache", "kr_cache"))
-            return (*emulate("npu_mla_prolog_v3", params, defaults, public, table), *caches)
+            return (*emulate("npu_mla_prolog_v3", params, defaults, public, table, splits), *caches)
         if qualified == "npu_kv_rmsnorm_rope_cache_v2":
             _reject_ascend950(params, public)
-            return tuple(emulate("npu_kv_rmsnorm_rope_cache", params, defaults, public, table)[2:])
+            return tuple(emulate("npu_kv_rmsnorm_rope_cache", params, defaults, public, table, splits)[2:])
         if qualified == "npu_kv_rmsnorm_rope_cache_v2_functional":
             _reject_ascend950(params, public)
             caches = _copy_caches(params, ("k_cache", "ckv_cache"))
-            return (*emulate("npu_kv_rmsnorm_rope_cache", params, defaults, public, table)[2:], *caches)
-        return emulate(name, params, defaults, public, table)
+            return (*emulate("npu_kv_rmsnorm_rope_cache", params, defaults, public, table, splits)[2:], *caches)
+        return emulate(name, params, defaults, public, table, splits)
 
     returns = len(schema.returns)
 
