@@ -27,7 +27,7 @@ import torch
 
 from ..errors import DTypeError, ModeError, arg_error, describe
 from . import _fake, _format
-from ._convert import _is_default, _param_names, _up, resolve_op, to_numpy
+from ._convert import _is_default, _param_names, _signature, _up, resolve_op, to_numpy
 from .schemas import SCHEMAS, TORCH_NPU_VERSION, WRITES_UNANNOTATED, OpSchema
 
 _LIBS: dict[str, torch.library.Library] = {}
@@ -59,13 +59,17 @@ def _accepted(fn: Callable) -> frozenset[str]:
     return frozenset(_param_names(fn))
 
 
-def _split(fn: Callable, table: tuple[tuple[str, str, bool], ...]) -> tuple[tuple[str, ...], ...]:
-    """The schema arguments (``table``: :func:`_kind_table`) split for ``fn``: (tensors it takes,
-    other values it takes, arguments it does not take), each in schema order."""
+def _split(fn: Callable, table: tuple[tuple[str, str, bool], ...]) -> tuple:
+    """The schema arguments (``table``: :func:`_kind_table`) split for ``fn``, each in schema
+    order: (tensors it takes, other values it takes, arguments it does not take), and ``fn``'s
+    own defaults (an argument that *is* its default object is left out of the call: the same
+    call, with fewer keywords to bind; 5-8 us of the MLA prolog's 38)."""
     accepted = _accepted(fn)
+    sig = _signature(fn)
+    own = {n: p.default for n, p in sig.parameters.items() if p.default is not p.empty} if sig else {}
     return (tuple(n for n, kind, _ in table if n in accepted and kind == "Tensor"),
             tuple(n for n, kind, _ in table if n in accepted and kind != "Tensor"),
-            tuple(n for n, _, _ in table if n not in accepted))
+            tuple(n for n, _, _ in table if n not in accepted), own)
 
 
 def emulate(op_name: str, params: dict[str, Any], defaults: dict[str, Any], public_name: str,
@@ -82,20 +86,23 @@ def emulate(op_name: str, params: dict[str, Any], defaults: dict[str, Any], publ
     split = splits.get(fn)
     if split is None:
         split = splits[fn] = _split(fn, table)
-    tensors, values, others = split
+    tensors, values, others, own = split
     for key in others:
         default = defaults.get(key)
         value = params.get(key, default)
         if value is not default and not _is_default(value, default):
             raise arg_error(ModeError, key, f"the default {default!r} ({public_name} in ascend_emu does "
                             f"not support this argument)", describe(value))
-    kwargs = {key: params[key] for key in values}
+    kwargs = {key: params[key] for key in values if params[key] is not own.get(key, _REFUSED)}
     originals: dict = {}  # id(array) -> (array, tensor), as :func:`._convert.call_op` keeps it
     for key in tensors:  # a schema Tensor slot holds a tensor or None, never a list
         value = params[key]
+        if value is None:
+            if own.get(key, _REFUSED) is not None:
+                kwargs[key] = None
+            continue
         kwargs[key] = array = to_numpy(value, key)
-        if array is not None:
-            originals[id(array)] = (array, value)
+        originals[id(array)] = (array, value)
     return _up(fn(**kwargs), originals)
 
 
