@@ -338,3 +338,60 @@ def test_eager_allowed_reads_the_modes():
     with torch.device("meta"):
         assert not _registry.eager_allowed()
     assert _registry.eager_allowed()
+
+
+# ---------------------------------------------------------------------- NumPy views reused
+def test_numpy_view_is_reused_while_the_tensor_is_unchanged():
+    from ascend_emu.torch_npu._convert import to_numpy
+
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    a = to_numpy(t)
+    assert to_numpy(t) is a
+    t[1, 2] = -1.0  # values are shared memory: no new view needed
+    assert to_numpy(t) is a and a[1, 2] == -1.0
+    b16 = t.to(torch.bfloat16)
+    assert to_numpy(b16) is to_numpy(b16)
+
+
+@pytest.mark.parametrize("change", ["unsqueeze_", "transpose_", "as_strided_", "set_", "data"])
+def test_numpy_view_follows_in_place_metadata_changes(change):
+    from ascend_emu.torch_npu._convert import to_numpy
+
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    old = to_numpy(t)
+    if change == "unsqueeze_":
+        t.unsqueeze_(0)
+    elif change == "transpose_":
+        t.transpose_(0, 1)
+    elif change == "as_strided_":
+        t.as_strided_((3, 4), (1, 3), 2)
+    elif change == "set_":
+        t.set_(torch.full((3, 5), 7.0))
+    else:
+        t.data = torch.full((2, 2), 3.0, dtype=torch.float64)
+    new = to_numpy(t)
+    assert new is not old
+    assert new.shape == tuple(t.shape) and new.dtype == t.numpy().dtype
+    assert new.__array_interface__["data"][0] == t.data_ptr()
+    assert new.strides == tuple(s * t.element_size() for s in t.stride())
+    assert torch.equal(torch.from_numpy(new.copy()), t)
+
+
+def test_numpy_view_entry_leaves_with_the_tensor_without_a_cycle():
+    import gc
+    import weakref
+
+    from ascend_emu.torch_npu import _convert
+
+    t = torch.zeros(16, 16, dtype=torch.bfloat16)
+    u = torch.zeros(16)
+    _convert.to_numpy(t), _convert.to_numpy(u)
+    keys, refs = (id(t), id(u)), (weakref.ref(t), weakref.ref(u))
+    assert all(k in _convert._VIEWS for k in keys)
+    gc.disable()
+    try:
+        del t, u  # no reference cycle: freed at once, with their entries
+        assert all(r() is None for r in refs)
+        assert not any(k in _convert._VIEWS for k in keys)
+    finally:
+        gc.enable()
