@@ -11,16 +11,82 @@ weights widened to fp32 would take about 5 GB), so the figures are those of a mo
 all hit warm CPU caches equally. Printed: ms per step (L layers) for the emulator and the floor,
 and their ratio, measured in one run (best of alternating rounds).
 
-Usage: ``python benchmarks/bench_decode_step.py [--layers 61] [--context 4096] [--repeat 3]``
+With torch installed the same step also runs through the torch_npu drop-in (``--no-drop-in`` to
+skip): the demo's calls of ``ascend_emu.ops`` go to ``ascend_emu.torch_npu`` instead, on torch
+tensors over the same memory (weights and caches converted once and kept, NZ weights tagged with
+their own NZArray so their fp32 widening is shared; per-call arrays such as the token's slices
+converted on every call, and outputs viewed back as NumPy, which the drop-in figure includes).
+
+Usage: ``python benchmarks/bench_decode_step.py [--layers 61] [--context 4096] [--repeat 3] [--no-drop-in]``
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from _timing import best_times
 
+from ascend_emu import demo
 from ascend_emu.demo import DecodeStepConfig, run_decode_step
+
+
+class DropInOps:
+    """Stands in for ``ascend_emu.ops`` in :mod:`ascend_emu.demo`: each op called through
+    ``ascend_emu.torch_npu`` on torch tensors over the arguments' memory (module doc)."""
+
+    #: Converted arrays kept by id (with the array, so the id stays its own); cleared past this.
+    KEEP = 256
+
+    def __init__(self):
+        import numpy as np
+
+        import ascend_emu.torch_npu as torch_npu
+        from ascend_emu.layouts import NZArray
+        from ascend_emu.torch_npu._convert import tag_nz, to_numpy, to_torch
+
+        self._np, self._nz, self._tag, self._to_numpy, self._to_torch = np, NZArray, tag_nz, to_numpy, to_torch
+        self._torch_npu = torch_npu
+        self._kept: dict[int, tuple] = {}
+
+    def _tensor(self, a):
+        if not isinstance(a, self._np.ndarray):
+            return a
+        hit = self._kept.get(id(a))
+        if hit is not None and hit[0] is a:
+            return hit[1]
+        t = self._to_torch(a)
+        if isinstance(a, self._nz):
+            self._tag(t, a)  # the same NZArray: the drop-in hands the ops this very object
+        if len(self._kept) >= self.KEEP:
+            self._kept.clear()
+        self._kept[id(a)] = (a, t)
+        return t
+
+    def _array(self, r):
+        if isinstance(r, (tuple, list)):
+            return type(r)(self._array(x) for x in r)
+        return self._to_numpy(r) if r is not None and not isinstance(r, (int, float)) else r
+
+    def __getattr__(self, name):
+        fn = getattr(self._torch_npu, name)
+
+        def call(*args, **kwargs):
+            out = fn(*(self._tensor(a) for a in args), **{k: self._tensor(v) for k, v in kwargs.items()})
+            return self._array(out)
+
+        return call
+
+
+@contextlib.contextmanager
+def through(ops_like):
+    """Run the demo's ops through ``ops_like`` for the duration."""
+    saved = demo.ops
+    demo.ops = ops_like
+    try:
+        yield
+    finally:
+        demo.ops = saved
 
 
 def main() -> None:
@@ -30,17 +96,34 @@ def main() -> None:
     parser.add_argument("--sparse-count", type=int, default=2048, help="indexer top-k")
     parser.add_argument("--heads", type=int, default=16, help="query heads N")
     parser.add_argument("--repeat", type=int, default=3, help="alternating rounds")
+    parser.add_argument("--no-drop-in", action="store_true", help="skip the run through the torch_npu drop-in")
     ns = parser.parse_args()
     rep = run_decode_step(DecodeStepConfig(context=ns.context, sparse_count=ns.sparse_count, heads=ns.heads))
 
     def layers(fn):
         return lambda: [fn() for _ in range(ns.layers)]
 
-    t_emu, t_floor = best_times([layers(rep.decode_int8), layers(rep.floor_int8)], ns.repeat)
+    candidates = [layers(rep.decode_int8), layers(rep.floor_int8)]
+    if not ns.no_drop_in:
+        try:
+            drop_in = DropInOps()
+        except ImportError:
+            drop_in = None
+        if drop_in is not None:
+            def via_drop_in():
+                with through(drop_in):
+                    rep.decode_int8()
+            candidates.append(layers(via_drop_in))
+    times = best_times(candidates, ns.repeat)
+    t_emu, t_floor = times[:2]
     print(f"decode step, {ns.layers} layers, context {ns.context}, top-{ns.sparse_count}, N={ns.heads}:")
-    print(f"  emulator {t_emu * 1e3:8.1f} ms per step ({t_emu / ns.layers * 1e3:.2f} ms per layer)")
+    print(f"  emulator {t_emu * 1e3:8.1f} ms per step ({t_emu / ns.layers * 1e3:.2f} ms per layer), ascend_emu.ops")
+    if len(times) > 2:
+        t_drop = times[2]
+        print(f"  drop-in  {t_drop * 1e3:8.1f} ms per step ({t_drop / ns.layers * 1e3:.2f} ms per layer), "
+              f"ascend_emu.torch_npu: {t_drop / t_emu:.3f}x the ops path")
     print(f"  floor    {t_floor * 1e3:8.1f} ms per step ({t_floor / ns.layers * 1e3:.2f} ms per layer)")
-    print(f"  ratio    {t_emu / t_floor:8.2f}x")
+    print(f"  ratio    {t_emu / t_floor:8.2f}x" + (f" (drop-in {times[2] / t_floor:.2f}x)" if len(times) > 2 else ""))
 
 
 if __name__ == "__main__":
