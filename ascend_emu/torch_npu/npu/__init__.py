@@ -29,6 +29,7 @@ gate on it (``SupportedDevices(['Ascend910B'])``). It changes no numerics.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 import time
@@ -293,4 +294,5 @@ def patch_torch() -> None:
     torch.nn.Module.npu = _module_npu
 
 
-from . import utils  # noqa: E402  (torch_npu.npu.utils)
+#: ``torch_npu.npu.utils`` (imported last: it uses this module's device functions).
+utils = importlib.import_module(f"{__name__}.utils")
