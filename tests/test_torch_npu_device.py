@@ -115,6 +115,9 @@ def test_generator_on_npu_is_a_seeded_cpu_generator():
     a = torch.rand(3, generator=g)
     g.set_state(state)
     assert torch.equal(torch.rand(3, generator=g), a)
+    g.set_state(state)
+    for twin in (pickle.loads(pickle.dumps(g)), copy.deepcopy(g)):
+        assert twin.device == NPU0 and torch.equal(torch.rand(3, generator=twin), a)
     with pytest.raises(ValueError, match="index in"):
         torch.Generator(device="npu:1")
 

@@ -9,9 +9,12 @@ the emulated NPU (:func:`~ascend_emu.torch_npu.npu.mark_npu`), as ``.npu()`` doe
 ``tensor.device`` is ``npu:0`` for a marked tensor: ``.npu()``, ``.to("npu")``,
 ``device="npu"`` factories, ``Module.to("npu")`` / ``.npu()`` parameters and buffers, outputs of
 the ``torch_npu`` ops and ``npu_format_cast``, ``copy.deepcopy`` / ``torch.load`` of those. It
-is ``cpu`` for everything else, in particular (the mark does not follow them): results of torch
+is ``cpu`` for everything else, in particular (the mark does not follow them; following would take
+a ``__torch_function__`` hook on every torch call, or an NPU tensor subclass that changes
+``type(x)`` and what ``torch.compile`` sees): results of torch
 ops (``x.npu() + 1``, ``torch.empty_like(x)``), views (``x[0]``, ``x.view(...)``, ``x.T``),
-``x.detach()`` and so ``state_dict()`` tensors, gradients. Inside a ``torch.compile`` /
+``x.detach()`` and so ``state_dict()`` tensors, gradients (``torch.testing.assert_close`` of an
+NPU tensor against one of those reports a device mismatch). Inside a ``torch.compile`` /
 ``torch.export`` session every tensor reports its real device (``cpu``), so the fake tensors
 and generated code are CPU ones and ``x.device`` read in compiled code is ``cpu``. The C++ side
 (``is_cpu``, ``get_device()``, device checks of torch ops) always sees the CPU, so mixing
@@ -127,10 +130,17 @@ NPU_DEVICE: torch.device | None = None
 _ON_NPU = _npu.ON_NPU_ATTR
 
 
+if hasattr(torch.compiler, "_is_compiling_flag"):  # torch >= 2.6: set for a whole compile / export session
+    def _compiling() -> bool:
+        return torch.compiler._is_compiling_flag
+else:  # pragma: no cover - older torch: only inside Dynamo-traced frames
+    _compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+
+
 def _tensor_device(self) -> torch.device:
     """``Tensor.device``: ``npu:0`` for a tensor marked as on the emulated NPU, outside a
     ``torch.compile`` / ``torch.export`` session; torch's own answer otherwise (module doc)."""
-    if _ON_NPU in self.__dict__ and not torch.compiler._is_compiling_flag:
+    if _ON_NPU in self.__dict__ and not _compiling():
         return NPU_DEVICE
     return _TORCH_DEVICE_GET(self)
 

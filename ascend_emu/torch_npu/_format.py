@@ -275,7 +275,10 @@ def _maps_npu_to_npu(map_location) -> bool:
     if map_location is None:
         return True
     if callable(map_location) and not isinstance(map_location, (str, torch.device, dict)):
-        return map_location(torch.UntypedStorage(0), "npu:0") is None
+        try:  # asked about an empty host storage; one it cannot handle goes to the host
+            return map_location(torch.UntypedStorage(0), "npu:0") is None
+        except Exception:
+            return False
     if isinstance(map_location, dict):
         map_location = map_location.get("npu:0", map_location.get("npu", "npu:0"))
     return torch.device(map_location).type == "npu"
