@@ -4,7 +4,6 @@ golden). tests/test_torch_npu_suite.py runs it unmodified through ``ascend-emu r
 
 import os
 import tempfile
-import unittest
 
 import numpy as np
 import torch
