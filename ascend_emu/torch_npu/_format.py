@@ -13,24 +13,38 @@ Where a tag follows (:func:`patch_torch`):
   tag, or loses its own when ``t`` has none), hence ``copy.deepcopy`` of a module and
   ``Module.to("npu")``;
 - in-place writes (``load_state_dict`` into an NZ parameter, ``copy_``): the tag stays, with a
-  fresh NZArray so no cached widening of the old values is used (:mod:`._convert`).
+  fresh NZArray so no cached widening of the old values is used (:mod:`._convert`);
+- ``copy.deepcopy`` and ``torch.save`` / ``torch.load``, as torch_npu 2.14 does it: the file
+  holds the ND values (torch_npu's device-to-host copy of an NZ tensor converts to ND) and the
+  format as metadata (torch_npu's ``npu_info_serialization`` writes ``npu_format_``; here the
+  pickled tensor state, :data:`SAVED_ATTR`); a load that puts the tensor back on the NPU
+  re-applies the format over the loaded ND values (torch_npu: ``npu_format_cast_``), a load
+  mapped to the CPU (``map_location="cpu"``) gives a plain host tensor. The NZ byte order is
+  never written, so it can never be read back as ND data. A file loads in plain torch too (the
+  extra state becomes an unused attribute).
 
 Where it does not (documented in README): views (``t[0]``, ``t.view(...)``, ``t.T``), results
 of torch ops (``t + 0``, ``t.to(dtype)``, ``t.contiguous()`` of a non-contiguous tensor),
-``state_dict()`` tensors (detached), ``torch.save`` / ``torch.load``.
+``state_dict()`` tensors (detached; ``load_state_dict`` into an NZ parameter keeps its tag).
 
 Source: the npu_format_cast doc, ops_reference §1.4, torch_npu 2.14's format-cast schemas and
-op-plugin's ``test/test_base_ops/test_format_cast.py`` (the format a cast to ND gives).
+op-plugin's ``test/test_base_ops/test_format_cast.py`` (the format a cast to ND gives);
+save / load: torch_npu 2.14's ``utils/serialization.py`` and ``utils/storage.py`` (host copy of
+the storage), Ascend/pytorch's ``NPUSerialization.cpp`` / ``StorageDescHelper.cpp`` (format
+metadata and its re-application) and ``test/npu/test_serialization.py``.
 """
 
 from __future__ import annotations
+
+import functools
+import threading
 
 import numpy as np
 import torch
 
 from ..errors import ModeError, arg_error, describe
 from ..layouts import FRACTAL_NZ, ND
-from ._convert import _plain_numpy, nz_of, tag_nz, tag_nz_view, to_numpy, to_torch, untag_nz
+from ._convert import NZ_ATTR, _plain_numpy, nz_of, tag_nz, tag_nz_view, to_numpy, to_torch, untag_nz
 from .npu import ON_NPU_ATTR, mark_npu
 
 #: Attribute (in a tensor's ``__dict__``) holding a format code kept as a tag only.
@@ -171,12 +185,13 @@ def share_tags(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
 
 def _has_tags(t) -> bool:
     d = t.__dict__
-    return bool(d) and any(k in d for k in (*_TAGS, "_ascend_emu_nz"))
+    return bool(d) and any(k in d for k in (*_TAGS, NZ_ATTR))
 
 
 _TORCH_CLONE = getattr(torch.Tensor.clone, "__wrapped__", torch.Tensor.clone)
 _TORCH_DATA = torch._C.TensorBase.data
 _TORCH_PARAM_NEW = getattr(torch.nn.Parameter.__new__, "__wrapped__", torch.nn.Parameter.__new__)
+_TORCH_DEEPCOPY = getattr(torch.Tensor.__deepcopy__, "__wrapped__", torch.Tensor.__deepcopy__)
 
 
 def _clone(self, *args, **kwargs):
@@ -202,12 +217,123 @@ def _param_new(cls, data=None, requires_grad=True):
     return param
 
 
+def _deepcopy(self, memo):
+    out = _TORCH_DEEPCOPY(self, memo)
+    return share_tags(self, out) if _has_tags(self) and isinstance(out, torch.Tensor) else out
+
+
 _clone.__wrapped__ = _TORCH_CLONE
 _param_new.__wrapped__ = _TORCH_PARAM_NEW
+_deepcopy.__wrapped__ = _TORCH_DEEPCOPY
+
+
+# ----------------------------------------------------------------------------- torch.save / torch.load
+#: Attribute name under which a saved tensor's pickled state carries ``(on_npu, format)``; a
+#: property of ``torch.Tensor`` (:func:`_restore_saved`) applies it when the tensor is loaded.
+SAVED_ATTR = "_ascend_emu_saved"
+_SAVED_DROPS = (*_TAGS, NZ_ATTR)
+_OBJECT_GETSTATE = object.__getstate__
+_TORCH_LOAD = getattr(torch.load, "__wrapped__", torch.load)
+_load_state = threading.local()  # .to_npu: whether the running torch.load maps NPU tensors to the NPU
+
+
+def _getstate(self):
+    """``Tensor.__getstate__`` (pickled by ``torch.save``, ``copy.copy``): a tagged tensor's state
+    carries ``(on_npu, format)`` instead of its tags, the values being the ND values in its
+    memory, as torch_npu saves an NPU tensor (its storage copied to the host in ND order, the
+    format kept as metadata)."""
+    state = _OBJECT_GETSTATE(self)
+    if not _has_tags(self):
+        return state
+    slots = None
+    if isinstance(state, tuple):
+        state, slots = state
+    saved = {k: v for k, v in state.items() if k not in _SAVED_DROPS}
+    saved[SAVED_ATTR] = (bool(self.__dict__.get(ON_NPU_ATTR, False)), get_npu_format(self))
+    return saved if slots is None else (saved, slots)
+
+
+def _restore_saved(self, value) -> None:
+    """Setter of :data:`SAVED_ATTR` (``torch.load`` sets the pickled state attribute by
+    attribute): back on the NPU with its format (29: an NZ tag over the loaded ND values),
+    unless the load maps NPU tensors to the host, where it comes back as a plain CPU tensor."""
+    on_npu, fmt = value
+    if not getattr(_load_state, "to_npu", True):
+        return
+    if on_npu or fmt != ND:
+        mark_npu(self)
+    if fmt == FRACTAL_NZ:
+        tag_nz_view(self)
+    elif fmt in KEPT_FORMATS:
+        self.__dict__[FORMAT_ATTR] = fmt
+
+
+def _maps_npu_to_npu(map_location) -> bool:
+    """Whether ``torch.load(map_location=...)`` would put a tensor saved from NPU memory (saved
+    location ``npu:0``) back on the NPU: None, an ``npu`` device, a dict without an entry for it
+    or mapping it to an ``npu`` device, a callable returning None (torch's default restore)."""
+    if map_location is None:
+        return True
+    if callable(map_location) and not isinstance(map_location, (str, torch.device, dict)):
+        try:  # asked about an empty host storage; one it cannot handle goes to the host
+            return map_location(torch.UntypedStorage(0), "npu:0") is None
+        except Exception:
+            return False
+    if isinstance(map_location, dict):
+        map_location = map_location.get("npu:0", map_location.get("npu", "npu:0"))
+    return torch.device(map_location).type == "npu"
+
+
+def _host_location(map_location):
+    """``map_location`` with every ``npu`` target replaced by ``"cpu"`` (the emulated NPU's
+    memory), so torch restores the storages on the host."""
+    if isinstance(map_location, dict):
+        return {k: ("cpu" if _device_is_npu(v) else v) for k, v in map_location.items()}
+    return "cpu" if _device_is_npu(map_location) else map_location
+
+
+def _device_is_npu(value) -> bool:
+    return isinstance(value, (str, torch.device)) and torch.device(value).type == "npu"
+
+
+def _mark_loaded(obj):
+    """Put every tensor of a loaded container (dict / list / tuple / set values, modules'
+    parameters and buffers) on the emulated NPU, in place, as ``torch.load(map_location="npu")``
+    restores every storage there."""
+    if isinstance(obj, torch.Tensor):
+        mark_npu(obj)
+    elif isinstance(obj, torch.nn.Module):
+        obj.npu()
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            _mark_loaded(value)
+    elif isinstance(obj, (list, tuple, set)):
+        for value in obj:
+            _mark_loaded(value)
+    return obj
+
+
+@functools.wraps(_TORCH_LOAD)
+def _load(f, map_location=None, *args, **kwargs):
+    """``torch.load``: NPU tensors come back on the NPU with their format unless
+    ``map_location`` sends them to the host; ``map_location="npu"`` (a str or device) puts every
+    loaded tensor on the NPU, as torch_npu does (the storages are restored in host memory)."""
+    previous = getattr(_load_state, "to_npu", True)
+    _load_state.to_npu = _maps_npu_to_npu(map_location)
+    try:
+        out = _TORCH_LOAD(f, _host_location(map_location), *args, **kwargs)
+    finally:
+        _load_state.to_npu = previous
+    return _mark_loaded(out) if _device_is_npu(map_location) else out
 
 
 def patch_torch() -> None:
-    """Make format tags follow ``clone()``, ``nn.Parameter(t)``, ``t.data`` and ``p.data = t``."""
+    """Make format tags follow ``clone()``, ``copy.deepcopy``, ``nn.Parameter(t)``, ``t.data``,
+    ``p.data = t`` and ``torch.save`` / ``torch.load``."""
     torch.Tensor.clone = _clone
+    torch.Tensor.__deepcopy__ = _deepcopy
     torch.Tensor.data = property(_get_data, _set_data, doc=_TORCH_DATA.__doc__)
     torch.nn.Parameter.__new__ = staticmethod(_param_new)
+    torch.Tensor.__getstate__ = _getstate
+    setattr(torch.Tensor, SAVED_ATTR, property(lambda self: None, _restore_saved))
+    torch.load = _load

@@ -2,7 +2,8 @@
 gating, ``.npu()`` / ``device="npu"``, FRACTAL_NZ parameters, ``assertRtolEqual`` against a CPU
 golden). tests/test_torch_npu_suite.py runs it unmodified through ``ascend-emu run``."""
 
-import unittest
+import os
+import tempfile
 
 import numpy as np
 import torch
@@ -46,6 +47,8 @@ class TestKvRmsNormRopeCacheStyle(TestCase):
         self.assertRtolEqual(y_rows.float(), golden_y.reshape(-1, 512), prec=0.005, prec16=0.005)
         self.assertRtolEqual(out[2].cpu(), golden_k.to(torch.bfloat16), prec=0.01, prec16=0.01)
         self.assertEqual(out[3].shape, torch.Size([B, 1, S, 512]))
+        self.assertEqual(str(out[2].device), "npu:0")
+        self.assertEqual(k_cache.device, torch.device("npu", 0))
 
     @SupportedDevices(['Ascend910_93'])
     def test_skipped_on_a2(self):
@@ -66,6 +69,22 @@ class TestNzWeightLoadingStyle(TestCase):
         self.assertEqual(torch_npu.get_npu_format(npu_input), 29)
         self.assertEqual(npu_input.cpu(), cpu_input, prec=0)
         self.assertTrue(utils.get_cann_version().startswith("8."))
+        self.assertEqual(layer.weight.device.type, "npu")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "weight.pt")
+            torch.save(layer.weight, path)
+            loaded = torch.load(path)
+            self.assertEqual(torch_npu.get_npu_format(loaded), 29)
+            self.assertEqual(loaded.device.type, "npu")
+            self.assertEqual(loaded.cpu(), state["weight"], prec=0)
+            host = torch.load(path, map_location="cpu")
+            self.assertEqual(host.device.type, "cpu")
+            self.assertEqual(torch_npu.get_npu_format(host), 2)
+        g = torch.Generator(device="npu")
+        g.manual_seed(1)
+        first = torch.randn(8, generator=g, device="npu")
+        g.manual_seed(1)
+        self.assertEqual(first, torch.randn(8, generator=g, device=first.device), prec=0)
 
 
 if __name__ == "__main__":

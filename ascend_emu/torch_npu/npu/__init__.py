@@ -14,10 +14,12 @@ are on the NPU too; ``.npu()`` of an NPU tensor returns it unchanged.
 
 Device strings: ``device="npu"`` / ``"npu:0"`` in factory functions, ``.to("npu")`` and
 ``Module.to("npu")`` work (:mod:`ascend_emu.torch_npu._device`): the tensor is created on the
-CPU and marked as on the NPU, so ``tensor.device`` reports ``cpu`` (``tensor.is_npu`` is True).
+CPU and marked as on the NPU, and ``tensor.device`` reports ``npu:0`` for it (``tensor.is_npu``
+is True).
 
-Not emulated: the NPU mark does not follow views and results of torch ops, so ``.cpu()`` of
-those is torch's own (the tensor itself), not a copy; memory statistics, multi-device placement.
+Not emulated: the NPU mark does not follow views and results of torch ops (they report
+``cpu``), so ``.cpu()`` of those is torch's own (the tensor itself), not a copy; memory
+statistics, multi-device placement.
 
 The SoC name (:func:`get_device_name`) is ``Ascend910B2`` (Atlas A2) unless the environment
 variable ``ASCEND_EMU_SOC_NAME`` names another (``Ascend910_9391`` for Atlas A3): test suites
@@ -27,6 +29,7 @@ gate on it (``SupportedDevices(['Ascend910B'])``). It changes no numerics.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 import time
@@ -291,4 +294,5 @@ def patch_torch() -> None:
     torch.nn.Module.npu = _module_npu
 
 
-from . import utils  # noqa: E402  (torch_npu.npu.utils)
+#: ``torch_npu.npu.utils`` (imported last: it uses this module's device functions).
+utils = importlib.import_module(f"{__name__}.utils")
