@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops.mla_preprocess import KV_A_DIM, KV_LORA_RANK, QK_HEAD_DIM, QK_NOPE_DIM, MlaPreprocessArgs
+from ..layouts import NZArray, nz_shape, nz_to_nd
+from ..ops.mla_preprocess import (KV_A_DIM, KV_LORA_RANK, Q_LORA_RANK, QK_HEAD_DIM, QK_NOPE_DIM, WDQKV_DIM,
+                                  MlaPreprocessArgs, MlaPreprocessOutputs)
 from ..quant import (BF16, dynamic_scale, f32_to_f16, f32_to_int8_via_f16, group_amax, inverse_scale, to_bf16,
                      to_f32)
 from .kernels import MLAPO_KV_RMS, MLAPO_QUANT_RMS, rms_norm, rope, scatter_rows
@@ -68,24 +70,63 @@ def _matmul_dequant(q8, w, bias, descale, token_scale, dtype) -> np.ndarray:
     return to_f32(_round(y, dtype))
 
 
-def mla_preprocess(args: MlaPreprocessArgs) -> None:
+#: Attribute of a storage-shaped NZ weight holding its logical NZArray once read back.
+_LOGICAL_ATTR = "_ascend_emu_logical"
+
+
+def logical_weight(w: np.ndarray, logical: tuple[int, ...]) -> np.ndarray:
+    """A weight the contract accepted, in its logical shape: ``w`` itself, or its FRACTAL_NZ
+    storage-shaped form (``[B, K/C0, M_pad16, C0]``) read back with :func:`nz_to_nd`, once per
+    tensor (kept on the array, like the NZ copy torch_npu makes)."""
+    if w.shape == logical:
+        return w
+    cached = getattr(w, _LOGICAL_ATTR, None)
+    if cached is None:
+        cached = nz_to_nd(np.asarray(w).reshape(nz_shape(logical, w.dtype)), logical).view(NZArray)  # [*logical]
+        setattr(w, _LOGICAL_ATTR, cached)
+    return cached
+
+
+def descale_f32(d: np.ndarray) -> np.ndarray:
+    """A descale as fp32: as given (bf16 input), or the low 32 bits of the int64 read as fp32
+    (fp16 input; the contract checked the high bits)."""
+    if d.dtype == np.float32:
+        return d
+    return (np.ascontiguousarray(d).view(np.uint64) & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32)
+
+
+def _scalar(x: np.ndarray | None) -> np.float32 | None:
+    """A ``[1]`` tensor as an exact fp32 scalar (None stays None)."""
+    return None if x is None else np.float32(to_f32(x)[0])
+
+
+def mla_preprocess(args: MlaPreprocessArgs) -> MlaPreprocessOutputs:
     """Run MlaPreprocess on validated arguments, writing ``args.q_out0`` / ``args.q_out1`` and the
-    caches ``args.kv_cache_out0`` / ``args.kv_cache_out1`` in place (module doc for the numerics)."""
+    caches ``args.kv_cache_out0`` / ``args.kv_cache_out1`` in place (module doc for the numerics).
+
+    Returns:
+        Those four destinations, as :class:`~ascend_emu.ops.mla_preprocess.MlaPreprocessOutputs`.
+    """
     dt, t, n = args.dtype, args.token_num, args.head_num
     mode = args.cache_mode
+    outputs = MlaPreprocessOutputs(args.q_out0, args.kv_cache_out0, args.q_out1, args.kv_cache_out1)
     if t == 0:
-        return  # no token: nothing to write
+        return outputs  # no token: nothing to write
+    hidden = args.input.shape[1]
+    wdqkv = logical_weight(args.wdqkv, (WDQKV_DIM, hidden))  # [2112, He] int8
+    wuq = logical_weight(args.wuq, (n * QK_HEAD_DIM, Q_LORA_RANK))  # [N*192, 1536] int8
+    wuk = logical_weight(args.wuk, (n, QK_NOPE_DIM, KV_LORA_RANK))  # [N, 128, 512]
     cos, sin = to_f32(args.cos), to_f32(args.sin)  # [T, 64]
 
-    q8, s0 = _rms_norm_quant(to_f32(args.input), args.gamma0, args.beta0, args.quant_scale0,
-                             args.quant_offset0, args.epsilon)  # [T, He] int8
-    mm0 = _matmul_dequant(q8, args.wdqkv, args.bias0, args.descale0, s0, dt)  # [T, 2112]
+    q8, s0 = _rms_norm_quant(to_f32(args.input), args.gamma0, args.beta0, _scalar(args.quant_scale0),
+                             _scalar(args.quant_offset0), args.epsilon)  # [T, He] int8
+    mm0 = _matmul_dequant(q8, wdqkv, args.bias0, descale_f32(args.descale0), s0, dt)  # [T, 2112]
     kv, q_a = mm0[:, :KV_A_DIM], mm0[:, KV_A_DIM:]  # [T, 576], [T, 1536]
 
-    q8, s1 = _rms_norm_quant(q_a, args.gamma1, args.beta1, args.quant_scale1, args.quant_offset1,
+    q8, s1 = _rms_norm_quant(q_a, args.gamma1, args.beta1, _scalar(args.quant_scale1), _scalar(args.quant_offset1),
                              args.epsilon)  # [T, 1536] int8
-    mm1 = _matmul_dequant(q8, args.wuq, args.bias1, args.descale1, s1, dt).reshape(t, n, QK_HEAD_DIM)  # [T, N, 192]
-    q_nope = matmul_f32(mm1[:, :, :QK_NOPE_DIM].transpose(1, 0, 2), weight_f32(args.wuk))  # [N, T, 512]
+    mm1 = _matmul_dequant(q8, wuq, args.bias1, descale_f32(args.descale1), s1, dt).reshape(t, n, QK_HEAD_DIM)
+    q_nope = matmul_f32(mm1[:, :, :QK_NOPE_DIM].transpose(1, 0, 2), weight_f32(wuk))  # [N, T, 512]
     q_nope = _round(q_nope.transpose(1, 0, 2), dt)  # [T, N, 512]
     q_rope = _round(rope(mm1[:, :, QK_NOPE_DIM:], cos, sin, deinterleave=False), dt)  # [T, N, 64]
 
@@ -93,12 +134,13 @@ def mla_preprocess(args: MlaPreprocessArgs) -> None:
     krope = _round(rope(kv[:, KV_LORA_RANK:], cos, sin, deinterleave=False), dt)  # [T, 64]
 
     if mode == "int8_nzcache":
-        np.copyto(args.q_out0, _to_int8(to_f32(q_nope) * args.q_nope_scale[None, :, None]))
+        np.copyto(args.q_out0, _to_int8(to_f32(q_nope) * to_f32(args.q_nope_scale)[None, :, None]))
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            ckv_out = _to_int8(ckv * (np.float32(1.0) / args.ctkv_scale))  # [T, 512] int8
+            ckv_out = _to_int8(ckv * (np.float32(1.0) / _scalar(args.ctkv_scale)))  # [T, 512] int8
     else:
         np.copyto(args.q_out0, q_nope)
         ckv_out = _round(ckv, dt)
     np.copyto(args.q_out1, q_rope)
     scatter_rows(args.kv_cache_out0, ckv_out, args.slots, args.kv_layout)
     scatter_rows(args.kv_cache_out1, krope, args.slots, args.krope_layout)
+    return outputs

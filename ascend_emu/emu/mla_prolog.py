@@ -13,11 +13,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..ops.mla_prolog import D_NOPE, D_ROPE, HCKV
+from ..ops.mla_prolog import D_NOPE, D_ROPE, HCKV, MlaPrologArgs, MlaPrologOutputs
 from ..quant import (BF16, INT8_MAX, CombinedRowFormat, bf16_bits_to_f32, bf16_to_f32, dynamic_scale,
                      f32_to_bf16_bits, f32_to_int8, f32_to_int8_via_f16, group_amax, quantize_static,
                      quantize_with_dequant_scale, to_bf16)
-from .kernels import LANES, MLA_PROLOG_RMS, last_writer, parallel_parts, rms_norm_row, rope_row, scatter_rows
+from .kernels import (LANES, MLA_PROLOG_RMS, kernel_input, last_writer, parallel_parts, rms_norm_row, rope_row,
+                      scatter_rows)
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
 
 #: The int8 bound the kernel's DynamicQuant divides by (its ``maxInt8Tensor``), fp32.
@@ -188,7 +189,8 @@ def _int8_matmul_dequant(a_i8: np.ndarray, w, tok_scale: np.ndarray, col_scale: 
 
 
 def _f32_vector(a) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(a, dtype=np.float32).reshape(-1))
+    """A scale tensor as the kernels read it: fp32, 1-D, a plain writable C-contiguous array."""
+    return kernel_input(np.asarray(a, dtype=np.float32).reshape(-1))
 
 
 def _dynamic_quant_127(x: np.ndarray, *, query: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -234,17 +236,17 @@ def _per_tile_rows(kv: np.ndarray, kr_bits: np.ndarray, alpha: np.float32, tile_
     return fmt.pack(q, kr_bits.view(BF16), scale)
 
 
-def _empty_outputs(args) -> tuple:
+def _empty_outputs(args: MlaPrologArgs) -> MlaPrologOutputs:
     t, n, hcq = args.num_tokens, args.num_heads, args.weight_dq.shape[1]
     qq = args.query_quant_mode == 1
     query = np.empty((t, n, HCKV), dtype=np.int8 if qq else BF16)
     dq_nope = np.empty((t, n, 1), dtype=np.float32) if qq else None
     query_norm = np.empty((t, hcq), dtype=args.weight_uq_qr.dtype) if args.query_norm_flag else None
     dq_norm = np.empty((t, 1), dtype=np.float32) if args.query_norm_flag and args.weight_quant_mode else None
-    return query, np.empty((t, n, D_ROPE), dtype=BF16), dq_nope, query_norm, dq_norm
+    return MlaPrologOutputs(query, np.empty((t, n, D_ROPE), dtype=BF16), dq_nope, query_norm, dq_norm)
 
 
-def mla_prolog(args) -> tuple:
+def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
     """Compute the MLA prolog in the scenario ``args`` selects; write kv / kr into their caches.
 
     The chain (ops_reference §2.1; bf16 matmuls widen exactly to fp32 and accumulate in fp32,
@@ -295,7 +297,8 @@ def mla_prolog(args) -> tuple:
         args: validated :class:`~ascend_emu.ops.mla_prolog.MlaPrologArgs`.
 
     Returns:
-        ``(query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``: query
+        :class:`~ascend_emu.ops.mla_prolog.MlaPrologOutputs` ``(query, query_rope,
+        dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``: query
         ``[T, N, 512]`` (bf16, int8 with query quant), bf16 ``[T, N, 64]``, fp32 ``[T, N, 1]`` or
         None, ``[T, Hcq]`` (bf16 / int8) when ``args.query_norm_flag`` else None, fp32 ``[T, 1]``
         when ``args.query_norm_flag`` and weight_quant_mode is 1 or 2, else None.
@@ -349,7 +352,7 @@ def mla_prolog(args) -> tuple:
 
     if not args.query_norm_flag:
         query_norm = dq_norm = None
-    return query, query_rope, dq_nope, query_norm, dq_norm
+    return MlaPrologOutputs(query, query_rope, dq_nope, query_norm, dq_norm)
 
 
 def _kv_path(args, ckvkr: np.ndarray, round_in: bool, cos: np.ndarray, sin: np.ndarray) -> None:

@@ -35,14 +35,15 @@ Source: ops_reference §5.2 (numerics), the op contract :mod:`ascend_emu.ops.spa
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
 
 from ..mla import D_QK, D_ROPE, HCKV, TILE_SIZE
 from ..ops.sparse_flash_attention import (EMPTY_ROW_OUTPUT, EMPTY_ROW_SOFTMAX_MAX, EMPTY_ROW_SOFTMAX_SUM,
-                                          SparseFlashAttentionArgs)
-from ..quant import NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
+                                          SparseFlashAttentionArgs, SparseFlashAttentionOutputs)
+from ..quant import BF16, MLA_ROW, NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 from .kernels import narrow_row, widen_row
 
@@ -208,7 +209,39 @@ def _passes(lengths: np.ndarray) -> list[tuple[int, int]]:
     return passes
 
 
-def sparse_flash_attention(args: SparseFlashAttentionArgs):
+class _Operands(NamedTuple):
+    """The kernels' view of the arguments: uint16 bits for bf16 / fp16, the cache as 2-D rows."""
+
+    query: np.ndarray  # uint16 [T, N1, 576]: query (and query_rope) bits, C-contiguous
+    rows_i8: np.ndarray  # quant: int8 [R, 656] key rows (else [0, 656])
+    rows_u16: np.ndarray  # quant: uint16 [R, 328] view of the same bytes (rope at words 256..319)
+    rows_f32: np.ndarray  # quant: fp32 [R, 164] view of the same bytes (scales at words 160..163)
+    key: np.ndarray  # non-quant: uint16 [R, 512] key bits (else [0, 512])
+    key_rope: np.ndarray  # non-quant: uint16 [R, 64] (else [0, 64])
+    value: np.ndarray  # non-quant with a separate value: uint16 [R, 512] (else [0, 512])
+
+
+def _operands(args: SparseFlashAttentionArgs) -> _Operands:
+    """The caller's arrays (``args``) as the kernels read them (R = key slots * N2 rows)."""
+    t, n1 = int(np.prod(args.query.shape[:-2])), args.num_heads
+    r = args.num_key_slots * args.num_kv_heads
+    q_bits = np.ascontiguousarray(args.query).reshape(t, n1, -1).view(np.uint16)  # [T, N1, 512|576]
+    empty16 = np.zeros((0, HCKV), np.uint16)
+    if args.quant:
+        rows = np.ascontiguousarray(args.key).reshape(r, MLA_ROW.row_bytes)  # [R, 656] int8
+        return _Operands(q_bits, rows, rows.view(np.uint16), rows.view(np.float32), empty16,
+                         np.zeros((0, D_ROPE), np.uint16), empty16)
+    qr_bits = np.ascontiguousarray(args.query_rope).reshape(t, n1, D_ROPE).view(np.uint16)  # [T, N1, 64]
+    v_bits = empty16 if args.v_from_key else np.ascontiguousarray(args.value).reshape(r, HCKV).view(np.uint16)
+    return _Operands(np.concatenate([q_bits, qr_bits], axis=-1),  # [T, N1, 576]
+                     np.zeros((0, MLA_ROW.row_bytes), np.int8), np.zeros((0, MLA_ROW.row_bytes // 2), np.uint16),
+                     np.zeros((0, MLA_ROW.row_bytes // 4), np.float32),
+                     np.ascontiguousarray(args.key).reshape(r, HCKV).view(np.uint16),  # [R, 512]
+                     np.ascontiguousarray(args.key_rope).reshape(r, D_ROPE).view(np.uint16),  # [R, 64]
+                     v_bits)  # [R, 512] or [0, 512]
+
+
+def sparse_flash_attention(args: SparseFlashAttentionArgs) -> SparseFlashAttentionOutputs:
     """emu implementation of both sparse attention ops (:mod:`ascend_emu.ops.sparse_flash_attention`).
 
     Args:
@@ -219,8 +252,10 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs):
         ``args.out_shape``; softmax_max / softmax_sum fp32 ``[B, N2, S1, G]`` (BSND) or
         ``[N2, T, G]`` (TND) when ``args.return_softmax_lse``, else fp32 ``[0]``.
     """
-    t_size, n1 = args.query.shape[:2]
+    opd = _operands(args)
+    t_size, n1 = opd.query.shape[:2]
     n2, group = args.num_kv_heads, args.group
+    is_bf16, scale = args.query_dtype == BF16, np.float32(args.scale_value)
     empty_bits = np.asarray(EMPTY_ROW_OUTPUT, np.float32).astype(args.query_dtype).view(np.uint16)
     out = np.full((t_size * n2, group, HCKV), empty_bits, dtype=np.uint16)  # [T*N2, G, 512] query-dtype bits
     smax = np.full((t_size * n2, group), EMPTY_ROW_SOFTMAX_MAX, dtype=np.float32)  # [T*N2, G]
@@ -229,7 +264,7 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs):
     units = np.flatnonzero(all_lengths)  # [U] units t * N2 + h with kept rows
     lengths = all_lengths[units]  # [U]
     if units.size:
-        query = args.query.reshape(t_size * n2, group, D_QK)  # [T*N2, G, 576] bits, by unit
+        query = opd.query.reshape(t_size * n2, group, D_QK)  # [T*N2, G, 576] bits, by unit
         starts = args.starts.reshape(t_size * n2, -1)  # [T*N2, K]
         counts = args.counts.reshape(t_size * n2, -1).astype(np.int64)  # [T*N2, K]
         passes = _passes(lengths)
@@ -243,33 +278,32 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs):
             s = starts[pass_units].reshape(-1)  # [E] first key row per entry
             rows = int(c.sum())
             src = np.repeat(s - (np.cumsum(c) - c), c) + np.arange(rows)  # [rows] key row of each gathered row
-            _gather(src, args.quant, args.rows_i8, args.rows_u16, args.rows_f32, args.key, args.key_rope, args.value,
-                    args.v_from_key, args.is_bf16, kv)
+            _gather(src, args.quant, opd.rows_i8, opd.rows_u16, opd.rows_f32, opd.key, opd.key_rope, opd.value,
+                    args.v_from_key, is_bf16, kv)
             lens = lengths[u0:u1]  # [U']
             offsets = np.cumsum(lens) - lens  # [U']
             q = np.empty((u1 - u0, group, D_QK), dtype=np.float32)  # [U', G, 576]
-            _widen_query(query, pass_units, args.is_bf16, q)
+            _widen_query(query, pass_units, is_bf16, q)
             for i, (off, length) in enumerate(zip(offsets, lens)):
                 np.matmul(kv[off:off + length, :D_QK], q[i].T, out=scores[off:off + length])  # [L, G]
             sm = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
             ss = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
-            _softmax(scores[:rows], offsets, lens, np.repeat(np.arange(u1 - u0), lens), args.scale_value, args.is_bf16,
-                     sm, ss)
+            _softmax(scores[:rows], offsets, lens, np.repeat(np.arange(u1 - u0), lens), scale, is_bf16, sm, ss)
             smax[pass_units], ssum[pass_units] = sm, ss
             o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]
             for i, (off, length) in enumerate(zip(offsets, lens)):
                 np.matmul(scores[off:off + length].T, kv[off:off + length, v_cols], out=o[i])  # [G, 512]
             bits = np.empty((u1 - u0) * group * HCKV, dtype=np.uint16)  # [U' * G * 512]
-            _round_out(o.reshape(-1), args.is_bf16, bits)
+            _round_out(o.reshape(-1), is_bf16, bits)
             out[pass_units] = bits.reshape(u1 - u0, group, HCKV)
     attention_out = out.view(args.query_dtype).reshape(args.out_shape)
     if not args.return_softmax_lse:
         empty = np.empty(0, dtype=np.float32)  # [0]
-        return attention_out, empty, empty.copy()
+        return SparseFlashAttentionOutputs(attention_out, empty, empty.copy())
     smax, ssum = smax.reshape(t_size, n2, group), ssum.reshape(t_size, n2, group)  # [T, N2, G]
     if args.layout_query == "BSND":
         shape = (args.batch, args.seq_q, n2, group)
         lse = [np.ascontiguousarray(x.reshape(shape).transpose(0, 2, 1, 3)) for x in (smax, ssum)]  # [B, N2, S1, G]
     else:
         lse = [np.ascontiguousarray(x.transpose(1, 0, 2)) for x in (smax, ssum)]  # [N2, T, G]
-    return attention_out, lse[0], lse[1]
+    return SparseFlashAttentionOutputs(attention_out, lse[0], lse[1])

@@ -198,19 +198,6 @@ def check_float(value, name: str, *, nonnegative: bool = False) -> float:
     return float(value)
 
 
-def kernel_input(x: np.ndarray) -> np.ndarray:
-    """``x`` as the Numba kernels are compiled for it: a plain, C-contiguous, writable ndarray in
-    native byte order; ``x`` itself when it is one already, else a copy.
-
-    Numba types a read-only, strided or subclass array differently, so without this the first
-    call with one compiles a new specialisation of every kernel it reaches (seconds each); with
-    it one compiled signature serves every caller. The kernels only read these inputs.
-    """
-    if type(x) is np.ndarray and x.flags.c_contiguous and x.flags.writeable and x.dtype.isnative:
-        return x
-    return np.array(x, dtype=x.dtype.newbyteorder("="), order="C", subok=False)
-
-
 def check_separate(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:
     """Two arrays written by one call (caches, out= arrays) must not share memory (each would
     overwrite the other's rows; on hardware the result depends on write order).

@@ -45,9 +45,8 @@ Choices where the sources leave room (each in one named constant below):
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -91,17 +90,21 @@ SKIPPED_ROW = -1
 
 @dataclass(frozen=True, kw_only=True)
 class LightningIndexerArgs:
-    """Normalised, validated arguments of :func:`npu_lightning_indexer`.
+    """Normalised, validated arguments of :func:`npu_lightning_indexer`: the caller's arrays as
+    passed and the key rows each query token scores.
 
     Attributes:
-        query: ``[T, N1, D]`` C-contiguous bf16 / fp16 (BSND flattened batch-major: T = B * S1).
-        weights: ``[T, N1]`` C-contiguous, the query dtype.
-        key: ``[R, N2, D]`` C-contiguous key rows, the query dtype (BSND: R = B * S2; TND: R = T2;
-            PA_BSND: R = blocks * block_size, row ``block * block_size + r``).
-        slots: int64 ``[B, max_kv]``: row of ``key`` holding kv position ``p`` of batch ``b``;
-            every entry ``p < limit`` of any token of ``b`` is in ``[0, R)`` (checked); -1 past
+        query: ``[B, S1, N1, D]`` (BSND) / ``[T, N1, D]`` (TND), C-contiguous bf16 / fp16.
+        key: ``[B, S2, N2, D]`` / ``[T2, N2, D]`` / ``[blocks, block_size, N2, D]`` (PA_BSND),
+            C-contiguous, the query dtype; as rows ``[R, N2, D]`` (R = key slots; BSND row
+            ``b * S2 + p``, PA_BSND row ``block * block_size + r``).
+        weights: ``[B, S1, N1]`` / ``[T, N1]``, C-contiguous, the query dtype.
+        actual_seq_lengths_query, actual_seq_lengths_key, block_table: the caller's int32
+            tensors, or None.
+        slots: int64 ``[B, max_kv]``: key row holding kv position ``p`` of batch ``b``; every
+            entry ``p < limit`` of any token of ``b`` is in ``[0, R)`` (checked); -1 past
             ``act_kv[b]``.
-        token_batch: int64 ``[T]`` batch of each query token.
+        token_batch: int64 ``[T]`` batch of each query token (T = B * S1 for BSND, batch-major).
         limit: int64 ``[T]`` visible kv positions ``[0, limit)`` per token (>= 0), or
             :data:`SKIPPED_ROW` for a row the kernel does not compute.
         sparse_count: top-k per row.
@@ -109,13 +112,14 @@ class LightningIndexerArgs:
         out_shape: ``[B, S1, N2, sparse_count]`` (BSND query) or ``[T, N2, sparse_count]`` (TND).
         layout_query, layout_key: the caller's layouts.
         sparse_mode: 0 or 3.
-        call: the caller's validated arguments by torch_npu 2.14 name (arrays as passed), for a
-            backend that calls the real op (``hw``); empty when built directly.
     """
 
     query: np.ndarray
-    weights: np.ndarray
     key: np.ndarray
+    weights: np.ndarray
+    actual_seq_lengths_query: np.ndarray | None
+    actual_seq_lengths_key: np.ndarray | None
+    block_table: np.ndarray | None
     slots: np.ndarray
     token_batch: np.ndarray
     limit: np.ndarray
@@ -125,12 +129,29 @@ class LightningIndexerArgs:
     layout_query: str
     layout_key: str
     sparse_mode: int
-    call: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dtype(self) -> np.dtype:
         """The query dtype (bf16 or fp16): the dtype of the returned scores."""
         return self.query.dtype
+
+    @property
+    def num_key_slots(self) -> int:
+        """R: key rows (every key dim but N2 and D)."""
+        return int(np.prod(self.key.shape[:-2]))
+
+
+class LightningIndexerOutputs(NamedTuple):
+    """What a backend returns (:mod:`ascend_emu.ops._backend`), torch_npu's order.
+
+    Attributes:
+        sparse_indices: int32 ``args.out_shape``.
+        sparse_values: the query dtype, ``args.out_shape`` with ``args.return_value``, else
+            :data:`EMPTY_VALUE_SHAPE`.
+    """
+
+    sparse_indices: np.ndarray
+    sparse_values: np.ndarray
 
 
 def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None, actual_seq_lengths_key=None,
@@ -181,13 +202,8 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
     """
     args = _normalise(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
                       layout_query, layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens, return_value)
-    args = dataclasses.replace(args, call=dict(
-        query=query, key=key, weights=weights, actual_seq_lengths_query=actual_seq_lengths_query,
-        actual_seq_lengths_key=actual_seq_lengths_key, block_table=block_table, layout_query=layout_query,
-        layout_key=layout_key, sparse_count=int(sparse_count), sparse_mode=int(sparse_mode),
-        return_value=bool(return_value)))
     checked_mode.read_lightning_indexer("npu_lightning_indexer", args, key, layout_key)
-    return get_backend().lightning_indexer(args)
+    return tuple(get_backend().lightning_indexer(args))
 
 
 # ---------------------------------------------------------------------- validation
@@ -278,7 +294,6 @@ def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, lay
         if bs % BLOCK_SIZE_ALIGN or bs > BLOCK_SIZE_MAX:
             raise arg_error(ShapeError, "key", f"block_size (dim 1) a multiple of {BLOCK_SIZE_ALIGN} up to "
                             f"{BLOCK_SIZE_MAX} (PA_BSND)", bs)
-    key_rows = key.reshape(-1, INDEXER_KEY_HEADS, INDEXER_HEAD_DIM)  # [R, N2, D]
 
     # ---- key lengths and slots
     act_k = optional(act_k, "actual_seq_lengths_key")
@@ -329,8 +344,8 @@ def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, lay
     else:
         out_shape = (t_rows, INDEXER_KEY_HEADS, sparse_count)
     return LightningIndexerArgs(
-        query=query.reshape(t_rows, INDEXER_HEADS, INDEXER_HEAD_DIM), weights=weights.reshape(t_rows, INDEXER_HEADS),
-        key=key_rows, slots=np.ascontiguousarray(slots, dtype=np.int64), token_batch=token_batch, limit=limit,
+        query=query, key=key, weights=weights, actual_seq_lengths_query=act_q, actual_seq_lengths_key=act_k,
+        block_table=block_table, slots=np.ascontiguousarray(slots, dtype=np.int64), token_batch=token_batch, limit=limit,
         sparse_count=sparse_count, return_value=bool(return_value), out_shape=out_shape,
         layout_query=layout_query, layout_key=layout_key, sparse_mode=sparse_mode)
 

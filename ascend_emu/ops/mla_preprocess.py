@@ -47,8 +47,8 @@ Weights ``wdqkv`` (int8, logical ``[2112, He]``, Linear layout) and ``wuq`` (int
 ``[N*192, 1536]``) must be FRACTAL_NZ (:func:`~ascend_emu.ops.npu_format_cast` ``(w, 29)``), given
 either with their logical shape or, as in the torch_npu doc example, as the 4-D storage-shaped
 tensor ``[1, K/32, N, 32]`` (``[1, He/32, 2112, 32]`` / ``[1, 48, N*192, 32]``) that was itself
-cast; the op reads the latter back as logical with :func:`~ascend_emu.layouts.nz_to_nd` (once per
-tensor: the result is kept on the array, like the NZ copy torch_npu makes). ``wuk`` (input dtype)
+cast; the emu backend reads the latter back as logical with :func:`~ascend_emu.layouts.nz_to_nd`
+(once per tensor: the result is kept on the array, like the NZ copy torch_npu makes). ``wuk`` (input dtype)
 is ND ``[N, 128, 512]``, or FRACTAL_NZ with that logical shape or its storage shape
 ``[N, 32, 128, 16]``.
 
@@ -89,16 +89,15 @@ Choices where the sources are silent or disagree (each in one named constant bel
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
 from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error, describe
-from ..layouts import NZ_ROW_BYTES, CacheLayout, NZArray, nz_shape, nz_to_nd, slots_from_cache_index
-from ..quant import to_f32
+from ..layouts import NZ_ROW_BYTES, CacheLayout, nz_shape, slots_from_cache_index
 from .. import checked_mode
 from ._backend import get_backend
-from ._check import (check_cache, check_dtype, check_nz_weight, check_separate, check_shape, dtype_name, optional,
+from ._check import (check_cache, check_dtype, check_nz_weight, check_separate, check_shape, dtype_name,
                      required, transposed_hint, warn_duplicates)
 
 CacheModeName = Literal["krope_ctkv", "int8_nzcache", "nzcache"]
@@ -145,32 +144,36 @@ INPUT_DTYPES = ("bfloat16", "float16")
 DESCALE_DTYPES = {"bfloat16": "float32", "float16": "int64"}
 #: Input dtypes with a per-token quant kernel.
 PER_TOKEN_DTYPES = ("bfloat16",)
-#: Attribute of a storage-shaped NZ weight holding its logical NZArray once read back.
-_LOGICAL_ATTR = "_ascend_emu_logical"
 
 
 @dataclass(frozen=True, kw_only=True)
 class MlaPreprocessArgs:
-    """Normalised, validated arguments of :func:`npu_mla_preprocess`.
+    """Normalised, validated arguments of :func:`npu_mla_preprocess`: the caller's arrays as passed
+    (weights as cast, descales and ``[1]`` scales as given), the validated slots, the prepared
+    destinations and the caches' layouts. The emu backend reads the weights back to their
+    logical shapes and decodes the descales itself.
 
     Attributes:
         input: ``[T, He]`` bf16 / fp16 (any strides).
         gamma0, beta0: ``[He]`` input dtype.
-        wdqkv: int8 logical ``[2112, He]`` (an :class:`NZArray`).
-        descale0: fp32 ``[2112]``.
+        wdqkv: int8 FRACTAL_NZ, logical ``[2112, He]`` or storage ``[1, He/32, 2112, 32]``.
+        descale0: ``[2112]``: fp32 (bf16 input) or int64 holding the fp32 bits (fp16 input).
         bias0: int32 ``[2112]``, or None (zero / per-token).
-        quant_scale0, quant_offset0: fp32 scalars (per-tensor), or None (per-token).
+        quant_scale0: ``[1]`` input dtype (per-tensor), or None (per-token).
+        quant_offset0: int8 ``[1]`` (per-tensor), or None.
         gamma1, beta1: ``[1536]`` input dtype.
-        wuq: int8 logical ``[N*192, 1536]`` (an :class:`NZArray`).
-        descale1: fp32 ``[N*192]``.
+        wuq: int8 FRACTAL_NZ, logical ``[N*192, 1536]`` or storage ``[1, 48, N*192, 32]``.
+        descale1: ``[N*192]``, as descale0.
         bias1: int32 ``[N*192]`` or None.
-        quant_scale1, quant_offset1: fp32 scalars or None.
+        quant_scale1, quant_offset1: as quant_scale0 / quant_offset0.
         gamma2: ``[512]`` input dtype.
         cos, sin: ``[T, 64]`` input dtype.
-        wuk: logical ``[N, 128, 512]`` input dtype (ND array or NZArray).
+        wuk: input dtype, ND ``[N, 128, 512]``, or FRACTAL_NZ with that shape or storage
+            ``[N, 32, 128, 16]``.
+        slotmapping: the caller's int32 ``[T]``.
         slots: int64 ``[T]`` validated global slots; -1 = skip.
-        ctkv_scale: fp32 scalar ('int8_nzcache') or None.
-        q_nope_scale: fp32 ``[N]`` ('int8_nzcache') or None.
+        ctkv_scale: ``[1]`` input dtype ('int8_nzcache') or None.
+        q_nope_scale: ``[N]`` input dtype ('int8_nzcache') or None.
         cache_mode, quant_mode: torch_npu spellings.
         epsilon: fp32 RmsNorm epsilon.
         q_out0: destination ``[T, N, 512]``; int8 for 'int8_nzcache', else input dtype.
@@ -178,6 +181,7 @@ class MlaPreprocessArgs:
         kv_cache_out0: destination cache, a plain C-contiguous view of the caller's memory.
         kv_cache_out1: destination rope cache, likewise.
         kv_layout, krope_layout: their :class:`CacheLayout`.
+        head_num: N.
     """
 
     input: np.ndarray
@@ -186,21 +190,22 @@ class MlaPreprocessArgs:
     wdqkv: np.ndarray
     descale0: np.ndarray
     bias0: np.ndarray | None
-    quant_scale0: np.float32 | None
-    quant_offset0: np.float32 | None
+    quant_scale0: np.ndarray | None
+    quant_offset0: np.ndarray | None
     gamma1: np.ndarray
     beta1: np.ndarray
     wuq: np.ndarray
     descale1: np.ndarray
     bias1: np.ndarray | None
-    quant_scale1: np.float32 | None
-    quant_offset1: np.float32 | None
+    quant_scale1: np.ndarray | None
+    quant_offset1: np.ndarray | None
     gamma2: np.ndarray
     cos: np.ndarray
     sin: np.ndarray
     wuk: np.ndarray
+    slotmapping: np.ndarray
     slots: np.ndarray
-    ctkv_scale: np.float32 | None
+    ctkv_scale: np.ndarray | None
     q_nope_scale: np.ndarray | None
     cache_mode: CacheModeName
     quant_mode: QuantModeName
@@ -211,16 +216,12 @@ class MlaPreprocessArgs:
     kv_cache_out1: np.ndarray
     kv_layout: CacheLayout
     krope_layout: CacheLayout
+    head_num: int
 
     @property
     def token_num(self) -> int:
         """T."""
         return int(self.input.shape[0])
-
-    @property
-    def head_num(self) -> int:
-        """N."""
-        return int(self.wuk.shape[0])
 
     @property
     def dtype(self) -> np.dtype:
@@ -231,6 +232,23 @@ class MlaPreprocessArgs:
     def per_token(self) -> bool:
         """True for 'per_token_quant_symm'."""
         return self.quant_mode == "per_token_quant_symm"
+
+
+class MlaPreprocessOutputs(NamedTuple):
+    """What a backend returns (:mod:`ascend_emu.ops._backend`), torch_npu's order: the destinations
+    of the argument object (``args.q_out0``, ...), written in place.
+
+    Attributes:
+        q_out0: ``[T, N, 512]`` (int8 for 'int8_nzcache').
+        kv_cache_out0: the kv cache after the write.
+        q_out1: ``[T, N, 64]``.
+        kv_cache_out1: the rope cache after the write.
+    """
+
+    q_out0: np.ndarray
+    kv_cache_out0: np.ndarray
+    q_out1: np.ndarray
+    kv_cache_out1: np.ndarray
 
 
 # ---------------------------------------------------------------------- helpers
@@ -250,9 +268,9 @@ def _vector(x, name: str, size: int, dtype: str) -> np.ndarray:
     return x
 
 
-def _scalar(x, name: str, dtype: str) -> np.float32:
-    """A ``[1]`` tensor as an exact fp32 scalar."""
-    return np.float32(to_f32(_vector(x, name, 1, dtype))[0])
+def _scalar(x, name: str, dtype: str) -> np.ndarray:
+    """A ``[1]`` tensor of ``dtype``, validated."""
+    return _vector(x, name, 1, dtype)
 
 
 def _reject(values: dict, why: str) -> None:
@@ -261,48 +279,55 @@ def _reject(values: dict, why: str) -> None:
             raise arg_error(ModeError, name, f"None ({why}; the kernel does not read it)", describe(v))
 
 
-def _logical_weight(w, name: str, logical: tuple[int, ...], dtype: str, *, nz_required: bool) -> np.ndarray:
-    """A weight in its logical shape: ``w`` itself, or its storage-shaped form read back.
+def _check_weight(w, name: str, logical: tuple[int, ...], dtype: str, *, nz_required: bool) -> np.ndarray:
+    """A weight in its logical shape or, cast to FRACTAL_NZ, in its storage shape
+    (:func:`storage_shape`); returned as given.
 
-    The storage-shaped form of logical ``[..., M, K]`` is ``[B, K/C0, M_pad16, C0]`` (``B`` = the
-    batch, 1 for a matrix), i.e. :func:`nz_shape` with the two row dims merged.
+    Raises:
+        DTypeError, ShapeError, FormatError: dtype, shape, or an ND weight where NZ is needed.
     """
     w = required(w, name)
     check_dtype(w, name, (dtype,))
-    nz = nz_shape(logical, w.dtype)  # [..., K/C0, M_pad/16, 16, C0]
-    storage = (*(logical[:-2] or (1,)), nz[-4], nz[-3] * nz[-2], nz[-1])
     if w.shape == logical:
         if nz_required:
             check_nz_weight(w, name)
         return w
+    storage = storage_shape(logical, w.dtype)
     if w.shape != storage:
         raise arg_error(ShapeError, name, f"the logical shape {list(logical)} or the FRACTAL_NZ storage shape "
                         f"{list(storage)}", f"{list(w.shape)}{transposed_hint(w.shape, logical, name)}")
     check_nz_weight(w, name)  # a storage-shaped weight is meaningful only once cast
-    cached = getattr(w, _LOGICAL_ATTR, None)
-    if cached is None:
-        cached = nz_to_nd(np.asarray(w).reshape(nz), logical).view(NZArray)  # [*logical]
-        setattr(w, _LOGICAL_ATTR, cached)
-    return cached
+    return w
+
+
+def storage_shape(logical: tuple[int, ...], dtype) -> tuple[int, ...]:
+    """The storage-shaped form of a weight of logical shape ``[..., M, K]``: ``[B, K/C0, M_pad16,
+    C0]`` (``B`` = the batch, 1 for a matrix), i.e. :func:`nz_shape` with the two row dims merged."""
+    nz = nz_shape(logical, dtype)  # [..., K/C0, M_pad/16, 16, C0]
+    return (*(logical[:-2] or (1,)), nz[-4], nz[-3] * nz[-2], nz[-1])
 
 
 def _descale(d, name: str, size: int, in_dtype: str) -> np.ndarray:
-    """fp32 ``[size]`` descale: fp32 as given (bf16), or the fp32 bits in an int64 (fp16)."""
+    """A ``[size]`` descale as given: fp32 (bf16 input), or int64 holding an fp32 scale's bits
+    in its low 32 bits (fp16 input), high 32 bits checked.
+
+    Raises:
+        DTypeError, ShapeError: dtype / shape.
+        FormatError: an int64 whose high 32 bits are neither 0 nor the sign extension.
+    """
     want = DESCALE_DTYPES[in_dtype]
     d = required(d, name)
     if dtype_name(d.dtype) != want:
         raise arg_error(DTypeError, name, f"dtype {want} with {in_dtype} input", dtype_name(d.dtype))
     check_shape(d, name, (size,))
-    if want == "float32":
-        return np.ascontiguousarray(d)
-    bits = np.ascontiguousarray(d).view(np.uint64)
-    high = bits >> np.uint64(32)
-    bad = (high != 0) & (high != np.uint64(0xFFFFFFFF))
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise FormatError(f"{name}[{i}] = {int(d[i])}: expected an fp32 scale's bits in the low 32 bits of the "
-                          f"int64 (high 32 bits 0 or their sign extension), as the ATB kernel test packs it")
-    return (bits & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32)
+    if want == "int64":
+        high = d.view(np.uint64) >> np.uint64(32)
+        bad = (high != 0) & (high != np.uint64(0xFFFFFFFF))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise FormatError(f"{name}[{i}] = {int(d[i])}: expected an fp32 scale's bits in the low 32 bits of the "
+                              f"int64 (high 32 bits 0 or their sign extension), as the ATB kernel test packs it")
+    return d
 
 
 def _cache_layout(cache: np.ndarray, name: str, *, dim: int, dtype: str, nz: bool, head_num: int) -> CacheLayout:
@@ -432,9 +457,9 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
         raise arg_error(ShapeError, "wuk", f"[N, 128, 512] (ND / NZ) or [N, 32, 128, 16] (NZ storage) with N in "
                         f"1..{HEAD_NUMS[-1]}", list(wuk_in.shape))
     n = int(wuk_in.shape[0])
-    wuk_l = _logical_weight(wuk_in, "wuk", (n, QK_NOPE_DIM, KV_LORA_RANK), dt, nz_required=False)
-    wdqkv_l = _logical_weight(wdqkv, "wdqkv", (WDQKV_DIM, hidden), "int8", nz_required=True)
-    wuq_l = _logical_weight(wuq, "wuq", (n * QK_HEAD_DIM, Q_LORA_RANK), "int8", nz_required=True)
+    wuk_in = _check_weight(wuk_in, "wuk", (n, QK_NOPE_DIM, KV_LORA_RANK), dt, nz_required=False)
+    wdqkv = _check_weight(wdqkv, "wdqkv", (WDQKV_DIM, hidden), "int8", nz_required=True)
+    wuq = _check_weight(wuq, "wuq", (n * QK_HEAD_DIM, Q_LORA_RANK), "int8", nz_required=True)
 
     g0 = _vector(gamma0, "gamma0", hidden, dt)
     b0 = _vector(beta0, "beta0", hidden, dt)
@@ -461,7 +486,7 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
         bias1_ = None if bias1 is None else _vector(bias1, "bias1", n * QK_HEAD_DIM, "int32")
     if cache_mode == "int8_nzcache":
         ctkv = _scalar(ctkv_scale, "ctkv_scale", dt)
-        qns = to_f32(_vector(q_nope_scale, "q_nope_scale", n, dt))
+        qns = _vector(q_nope_scale, "q_nope_scale", n, dt)
     else:
         _reject({"ctkv_scale": ctkv_scale, "q_nope_scale": q_nope_scale}, f"cache_mode={cache_mode!r}")
         ctkv, qns = None, None
@@ -511,12 +536,12 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
     warn_duplicates(slots, "slotmapping")
 
     args = MlaPreprocessArgs(
-        input=x, gamma0=g0, beta0=b0, wdqkv=wdqkv_l, descale0=d0, bias0=bias0_, quant_scale0=qs0,
-        quant_offset0=qo0, gamma1=g1, beta1=b1, wuq=wuq_l, descale1=d1, bias1=bias1_, quant_scale1=qs1,
-        quant_offset1=qo1, gamma2=g2, cos=cos_, sin=sin_, wuk=wuk_l, slots=slots, ctkv_scale=ctkv,
+        input=x, gamma0=g0, beta0=b0, wdqkv=wdqkv, descale0=d0, bias0=bias0_, quant_scale0=qs0,
+        quant_offset0=qo0, gamma1=g1, beta1=b1, wuq=wuq, descale1=d1, bias1=bias1_, quant_scale1=qs1,
+        quant_offset1=qo1, gamma2=g2, cos=cos_, sin=sin_, wuk=wuk_in, slotmapping=sm, slots=slots, ctkv_scale=ctkv,
         q_nope_scale=qns, cache_mode=cache_mode, quant_mode=quant_mode, epsilon=np.float32(EPSILON),
         q_out0=q0, q_out1=q1, kv_cache_out0=_plain(kv_out), kv_cache_out1=_plain(rope_out),
-        kv_layout=kv_layout, krope_layout=krope_layout)
+        kv_layout=kv_layout, krope_layout=krope_layout, head_num=n)
     caches = ((args.kv_cache_out0, args.kv_layout, kv_in), (args.kv_cache_out1, args.krope_layout, rope_in))
     checked_mode.will_write(*caches)
     get_backend().mla_preprocess(args)

@@ -65,9 +65,8 @@ Choices where the sources leave room (each in one named constant below):
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -123,7 +122,9 @@ EMPTY_SPARSE_INDICES = "no kv token"
 
 @dataclass(frozen=True, kw_only=True)
 class SparseFlashAttentionArgs:
-    """Normalised, validated arguments of both sparse attention ops.
+    """Normalised, validated arguments of both sparse attention ops: the caller's arrays as passed
+    and the kv rows each (token, head) reads. The emu backend makes its kernel operands (bits
+    views, the concatenated query) of them.
 
     Rows of the key cache are addressed as ``row = slot * N2 + h`` of the cache viewed as 2-D
     (``slot``: PA_BSND ``block * block_size + r``; BSND ``b * S2 + p``; TND ``t``). Every
@@ -131,60 +132,87 @@ class SparseFlashAttentionArgs:
     sparse block never crosses a PA block: sbs divides block_size).
 
     Attributes:
-        query: uint16 ``[T, N1, 576]`` query-dtype bits, C-contiguous (non-quant: query and
-            query_rope concatenated).
         quant: KV-quant op (656-byte rows) or not.
-        rows_i8: quant: int8 ``[R, 656]`` view of the key cache (else ``[0, 656]``).
-        rows_u16: quant: uint16 ``[R, 328]`` view of the same bytes (rope at words 256..319).
-        rows_f32: quant: fp32 ``[R, 164]`` view of the same bytes (scales at words 160..163).
-        key: non-quant: uint16 ``[R, 512]`` key bits (else ``[0, 512]``).
-        key_rope: non-quant: uint16 ``[R, 64]`` key_rope bits (else ``[0, 64]``).
-        value: non-quant with a separate value: uint16 ``[R, 512]`` (else ``[0, 512]``).
-        v_from_key: V is the key's k_nope (quant, or value None).
+        query: ``[B, S1, N1, D]`` / ``[T, N1, D]`` bf16 / fp16 (D = 576 quant, else 512).
+        query_rope: non-quant: ``[.., N1, 64]`` like query; quant: None.
+        key: the cache: int8 656-byte rows (quant) or query-dtype ``[.., N2, 512]``.
+        key_rope: non-quant: ``[.., N2, 64]`` like key; quant: None.
+        value: the caller's value (quant: key itself, a copy, or its ``[.., 512]`` k_nope, not
+            read; non-quant: key's shape, or None).
+        v_from_key: V is the key's k_nope (quant, value None, or value is key itself).
+        sparse_indices: the caller's int32 ``[B, S1, N2, K]`` / ``[T, N2, K]``.
+        block_table: the caller's int32 table (PA_BSND) or None.
+        actual_seq_lengths_query, actual_seq_lengths_kv: the caller's int32 tensors or None.
         starts: int64 ``[T, N2, K]`` first key row of each entry's kept tokens (0 where the
             count is 0).
         counts: int32 ``[T, N2, K]`` kept tokens per entry, in ``[0, sbs]``.
         lengths: int64 ``[T, N2]`` kept tokens per (token, head) = ``counts.sum(-1)``.
-        scale_value: fp32 score scale.
-        is_bf16: query dtype bf16 (else fp16).
-        query_dtype: bf16 or fp16 NumPy dtype.
+        scale_value: the score scale (a finite float; the kernels use it as fp32).
+        sparse_block_size: sbs.
         layout_query: ``BSND`` or ``TND``.
+        layout_kv: ``BSND``, ``TND`` or ``PA_BSND``.
+        sparse_mode: 0 or 3.
         out_shape: output shape (``[B, S1, N1, 512]`` / ``[T, N1, 512]``).
         batch, seq_q: B and S1 (TND: S1 = T).
         num_heads, num_kv_heads: N1 and N2.
         return_softmax_lse: the op returns softmax_max / softmax_sum (non-quant op only).
-        call: the caller's validated arguments by torch_npu 2.14 name (arrays as passed), for a
-            backend that calls the real op (``hw``); empty when built directly.
     """
 
-    query: np.ndarray
     quant: bool
-    rows_i8: np.ndarray
-    rows_u16: np.ndarray
-    rows_f32: np.ndarray
+    query: np.ndarray
+    query_rope: np.ndarray | None
     key: np.ndarray
-    key_rope: np.ndarray
-    value: np.ndarray
+    key_rope: np.ndarray | None
+    value: np.ndarray | None
     v_from_key: bool
+    sparse_indices: np.ndarray
+    block_table: np.ndarray | None
+    actual_seq_lengths_query: np.ndarray | None
+    actual_seq_lengths_kv: np.ndarray | None
     starts: np.ndarray
     counts: np.ndarray
     lengths: np.ndarray
-    scale_value: np.float32
-    is_bf16: bool
-    query_dtype: np.dtype
+    scale_value: float
+    sparse_block_size: int
     layout_query: str
+    layout_kv: str
+    sparse_mode: int
     out_shape: tuple[int, ...]
     batch: int
     seq_q: int
     num_heads: int
     num_kv_heads: int
     return_softmax_lse: bool
-    call: dict[str, Any] = field(default_factory=dict)
 
     @property
     def group(self) -> int:
         """G = N1 / N2 query heads per kv head."""
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def num_key_slots(self) -> int:
+        """Slots of the key cache (every dim but N2 and the row)."""
+        return int(np.prod(self.key.shape[:-2]))
+
+    @property
+    def query_dtype(self) -> np.dtype:
+        """bf16 or fp16."""
+        return self.query.dtype
+
+
+class SparseFlashAttentionOutputs(NamedTuple):
+    """What a backend returns (:mod:`ascend_emu.ops._backend`), torch_npu's order (the KV-quant op
+    returns only ``attention_out``).
+
+    Attributes:
+        attention_out: ``args.out_shape``, the query dtype.
+        softmax_max, softmax_sum: fp32 ``[B, N2, S1, G]`` (BSND) / ``[N2, T, G]`` (TND) with
+            ``args.return_softmax_lse``, else fp32 ``[0]``.
+    """
+
+    attention_out: np.ndarray
+    softmax_max: np.ndarray
+    softmax_sum: np.ndarray
 
 
 def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *, block_table=None,
@@ -241,18 +269,11 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
     args = _normalise(False, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
                       actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv,
                       sparse_mode, pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks=sinks)
-    args = dataclasses.replace(args, call=dict(
-        query=query, key=key, value=value, sparse_indices=sparse_indices, scale_value=float(scale_value),
-        block_table=block_table, actual_seq_lengths_query=actual_seq_lengths_query,
-        actual_seq_lengths_kv=actual_seq_lengths_kv, query_rope=query_rope, key_rope=key_rope,
-        sparse_block_size=int(sparse_block_size), layout_query=layout_query, layout_kv=layout_kv,
-        sparse_mode=int(sparse_mode), attention_mode=int(attention_mode),
-        return_softmax_lse=bool(return_softmax_lse)))
     op = "npu_sparse_flash_attention"
     checked_mode.read_sparse_attention(op, args, key, key_rope, value, sparse_indices, sparse_block_size, layout_kv)
     result = get_backend().sparse_flash_attention(args)
-    checked_mode.check_finite(op, zip(("attention_out", "softmax_max", "softmax_sum"), result))
-    return result
+    checked_mode.check_finite(op, zip(result._fields, result))
+    return tuple(result)
 
 
 def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale_value, key_quant_mode: int,
@@ -311,17 +332,9 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
     args = _normalise(True, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
                       actual_seq_lengths_kv, None, None, sparse_block_size, layout_query, layout_kv, sparse_mode,
                       pre_tokens, next_tokens, attention_mode, False, sinks=None)
-    args = dataclasses.replace(args, call=dict(
-        query=query, key=key, value=value, sparse_indices=sparse_indices, scale_value=float(scale_value),
-        key_quant_mode=int(key_quant_mode), value_quant_mode=int(value_quant_mode), block_table=block_table,
-        actual_seq_lengths_query=actual_seq_lengths_query, actual_seq_lengths_kv=actual_seq_lengths_kv,
-        sparse_block_size=int(sparse_block_size), layout_query=layout_query, layout_kv=layout_kv,
-        sparse_mode=int(sparse_mode), attention_mode=int(attention_mode),
-        quant_scale_repo_mode=int(quant_scale_repo_mode), tile_size=int(tile_size),
-        rope_head_dim=int(rope_head_dim)))
     op = "npu_kv_quant_sparse_flash_attention"
     checked_mode.read_sparse_attention(op, args, key, None, None, sparse_indices, sparse_block_size, layout_kv)
-    out = get_backend().sparse_flash_attention(args)[0]
+    out = get_backend().sparse_flash_attention(args).attention_out
     checked_mode.check_finite(op, (("attention_out", out),))
     return out
 
@@ -375,7 +388,7 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
     max_sbs = KVQ_MAX_SPARSE_BLOCK_SIZE if quant else SFA_MAX_SPARSE_BLOCK_SIZE
     if not (1 <= sbs <= max_sbs and sbs & (sbs - 1) == 0):
         raise arg_error(ModeError, "sparse_block_size", f"a power of 2 in [1, {max_sbs}]", sbs)
-    scale = np.float32(check_float(scale_value, "scale_value"))
+    scale = check_float(scale_value, "scale_value")
 
     # ---- query
     d_q = D_QK if quant else HCKV
@@ -408,7 +421,7 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
     if n2 != NKV:
         raise arg_error(ShapeError, "key", f"N2 = {NKV} (the only kv head count the doc supports)",
                         f"N2={n2} (shape {list(key.shape)})")
-    num_rows = int(np.prod(key.shape[:-2]))  # slots
+    v_from_key = True
     if quant:
         nope_shape = (*key.shape[:-1], HCKV)
         if not (isinstance(value, np.ndarray) and value.dtype == np.int8
@@ -416,15 +429,13 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
             got = "None" if value is None else describe(value)
             raise arg_error(ModeError, "value", f"key itself (or a copy), or an int8 {list(nope_shape)} k_nope "
                             "tensor (attention_mode 2: V is the dequantized k_nope of key's 656-byte rows)", got)
-        value = None
     else:
         key_rope = _tensor(key_rope, "key_rope", (qdt,), [*key.shape[:-1], D_ROPE],
                            f"(key's leading dims, {D_ROPE} rope values, dtype of query)")
         if value is not None:
             value = _tensor(value, "value", (qdt,), list(key.shape), "(the shape of key, dtype of query)")
-            if value.__array_interface__["data"][0] == key.__array_interface__["data"][0] and \
-                    value.strides == key.strides:
-                value = None  # the key itself
+            v_from_key = (value.__array_interface__["data"][0] == key.__array_interface__["data"][0]
+                          and value.strides == key.strides)  # the key itself
 
     # ---- batch, lengths
     if layout_query == "BSND":
@@ -525,27 +536,11 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
         slots[kept] = slot_map[tb[kept], begin[kept]]
     starts = np.where(kept, slots * n2 + np.arange(n2)[None, :, None], 0)  # [T, N2, K] key rows
 
-    # ---- kernel operands
-    q_bits = np.ascontiguousarray(query).reshape(t_total, n1, d_q).view(np.uint16)  # [T, N1, 512|576]
-    if not quant:
-        qr_bits = np.ascontiguousarray(query_rope).reshape(t_total, n1, D_ROPE).view(np.uint16)  # [T, N1, 64]
-        q_bits = np.concatenate([q_bits, qr_bits], axis=-1)  # [T, N1, 576]
-    r = num_rows * n2
-    empty16 = np.zeros((0, HCKV), np.uint16)
-    if quant:
-        rows = np.ascontiguousarray(key).reshape(r, MLA_ROW.row_bytes)  # [R, 656] int8
-        rows_i8, rows_u16, rows_f32 = rows, rows.view(np.uint16), rows.view(np.float32)  # [R,656] [R,328] [R,164]
-        k_bits, kr_bits, v_bits = empty16, np.zeros((0, D_ROPE), np.uint16), empty16
-    else:
-        rows_i8 = np.zeros((0, MLA_ROW.row_bytes), np.int8)
-        rows_u16 = np.zeros((0, MLA_ROW.row_bytes // 2), np.uint16)
-        rows_f32 = np.zeros((0, MLA_ROW.row_bytes // 4), np.float32)
-        k_bits = np.ascontiguousarray(key).reshape(r, HCKV).view(np.uint16)  # [R, 512]
-        kr_bits = np.ascontiguousarray(key_rope).reshape(r, D_ROPE).view(np.uint16)  # [R, 64]
-        v_bits = empty16 if value is None else np.ascontiguousarray(value).reshape(r, HCKV).view(np.uint16)
     return SparseFlashAttentionArgs(
-        query=q_bits, quant=bool(quant), rows_i8=rows_i8, rows_u16=rows_u16, rows_f32=rows_f32, key=k_bits,
-        key_rope=kr_bits, value=v_bits, v_from_key=bool(quant or value is None), starts=starts, counts=counts,
-        lengths=counts.sum(-1, dtype=np.int64), scale_value=scale, is_bf16=qdt == "bfloat16",
-        query_dtype=query.dtype, layout_query=layout_query, out_shape=(*lead, n1, HCKV), batch=b, seq_q=s1,
+        quant=bool(quant), query=query, query_rope=None if quant else query_rope, key=key,
+        key_rope=None if quant else key_rope, value=value, v_from_key=v_from_key, sparse_indices=sparse_indices,
+        block_table=block_table, actual_seq_lengths_query=actual_seq_lengths_query,
+        actual_seq_lengths_kv=actual_seq_lengths_kv, starts=starts, counts=counts,
+        lengths=counts.sum(-1, dtype=np.int64), scale_value=scale, sparse_block_size=sbs, layout_query=layout_query,
+        layout_kv=layout_kv, sparse_mode=int(sparse_mode), out_shape=(*lead, n1, HCKV), batch=b, seq_q=s1,
         num_heads=int(n1), num_kv_heads=int(n2), return_softmax_lse=bool(return_softmax_lse))
