@@ -21,7 +21,8 @@ overhead <= 30 us through ops and <= 60 us through the drop-in.
 Cases (B = 1, one token): ``npu_format_cast`` of a bf16 [64, 64] weight; ``npu_kv_rmsnorm_rope_cache``
 bf16 PA_NZ; ``npu_mla_prolog`` / ``_v2`` / ``_v3`` non-quant PA_NZ, N = 1 (He = 7168, Hcq = 1536);
 ``npu_mla_preprocess`` bf16 krope_ctkv, He = 2048, N = 1; ``npu_lightning_indexer`` bf16 PA_BSND,
-one query token, 256 kv tokens, sparse_count 64.
+one query token, 256 kv tokens, sparse_count 64; ``npu_sparse_flash_attention`` /
+``npu_kv_quant_sparse_flash_attention`` PA_BSND, one query token, N1 = 1, top-64 of 256 kv tokens.
 
 Usage: ``python benchmarks/bench_overhead.py [--calls 200] [--rounds 7] [--threads 1]``
 (``--order torch-first|emu-first`` runs one order in this process).
@@ -42,7 +43,8 @@ ORDERS = ("torch-first", "emu-first")
 TARGET_OPS_US, TARGET_DROP_IN_US = 30.0, 60.0
 #: emu modules whose Numba dispatchers and matmul helpers count as compiled work.
 EMU_MODULES = ("ascend_emu.emu.kernels", "ascend_emu.emu.kv_rmsnorm_rope_cache", "ascend_emu.emu.mla_prolog",
-               "ascend_emu.emu.mla_preprocess", "ascend_emu.emu.lightning_indexer", "ascend_emu.emu.matmul",
+               "ascend_emu.emu.mla_preprocess", "ascend_emu.emu.lightning_indexer",
+               "ascend_emu.emu.sparse_flash_attention", "ascend_emu.emu.matmul",
                "ascend_emu.layouts.nz", "ascend_emu.quant.rounding", "ascend_emu.quant.schemes")
 MATMULS = ("matmul_f32", "matmul_int8_exact")
 
@@ -218,7 +220,51 @@ def _cases(torch_npu):
         li_drop = None
     cases["npu_lightning_indexer PA_BSND kv=256"] = (
         lambda: ops.npu_lightning_indexer(*li.values(), **li_kw), li_drop, None)
+    cases.update(_sparse_attention_cases(torch_npu, randn, t if torch_npu else None))
     return cases
+
+
+def _sparse_attention_cases(torch_npu, randn, t):
+    """Both sparse attention ops at B=1, one query token, N1 = 1, PA_BSND, 256 kv tokens, top-64
+    (sparse_block_size 1): ``{op: (ops_call, drop_in_call or None, None)}``."""
+    import numpy as np
+
+    from ascend_emu import ops
+    from ascend_emu.quant import MLA_ROW
+
+    n1, bs, kv_len, k = 1, 64, 256, 64
+    table = np.arange(kv_len // bs, dtype=np.int32).reshape(1, -1)
+    common = dict(block_table=table, actual_seq_lengths_query=np.ones(1, np.int32),
+                  actual_seq_lengths_kv=np.array([kv_len], np.int32), sparse_block_size=1, layout_query="BSND",
+                  layout_kv="PA_BSND", sparse_mode=3, attention_mode=2)
+    idx = np.arange(kv_len - k, kv_len, dtype=np.int32).reshape(1, 1, 1, k)  # [B, S1, N2, K]
+    sfa = dict(query=randn(1, 1, n1, 512), key=randn(kv_len // bs, bs, 1, 512), sparse_indices=idx)
+    sfa_kw = dict(common, query_rope=randn(1, 1, n1, 64), key_rope=randn(kv_len // bs, bs, 1, 64))
+    rows = np.zeros((kv_len // bs, bs, 1, MLA_ROW.row_bytes), np.int8)  # [blocks, bs, 1, 656]
+    rows[..., MLA_ROW.row_bytes - 16:] = np.full(4, 1e-2, np.float32).view(np.int8)  # the four tile scales
+    kvq = dict(query=randn(1, 1, n1, 576), key=rows, sparse_indices=idx)
+    scale = 576 ** -0.5
+
+    def drop(fn, arrays, kw, *pos):
+        if torch_npu is None or not hasattr(torch_npu, fn):
+            return None
+        at = {k: t(v) for k, v in arrays.items()}
+        kwt = {k: t(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+        op = getattr(torch_npu, fn)
+        if fn == "npu_sparse_flash_attention":
+            return lambda: op(at["query"], at["key"], at["key"], at["sparse_indices"], scale, **kwt)
+        return lambda: op(at["query"], at["key"], at["key"], at["sparse_indices"], scale, *pos, **kwt)
+
+    return {
+        "npu_sparse_flash_attention PA_BSND kv=256": (
+            lambda: ops.npu_sparse_flash_attention(sfa["query"], sfa["key"], sfa["key"], sfa["sparse_indices"], scale,
+                                                   **sfa_kw),
+            drop("npu_sparse_flash_attention", sfa, sfa_kw), None),
+        "npu_kv_quant_sparse_flash_attention PA_BSND": (
+            lambda: ops.npu_kv_quant_sparse_flash_attention(kvq["query"], kvq["key"], kvq["key"],
+                                                            kvq["sparse_indices"], scale, 2, 2, **common),
+            drop("npu_kv_quant_sparse_flash_attention", kvq, common, 2, 2), None),
+    }
 
 
 def measure(calls: int, rounds: int) -> dict:
