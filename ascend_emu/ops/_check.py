@@ -269,15 +269,16 @@ def signature(*values) -> tuple | None:
     from ..layouts import NZArray
 
     key = []
+    add = key.append
     for x in values:
         t = type(x)
         if t is np.ndarray or t is NZArray:
             flags = x.flags
-            key.append((t, x.shape, x.dtype, flags.c_contiguous, flags.writeable))
+            add((t, x.shape, x.dtype, flags.c_contiguous, flags.writeable))
         elif x is None:
-            key.append(None)
-        elif isinstance(x, _SCALAR_TYPES):
-            key.append((t, x))
+            add(None)
+        elif t is str or t is float or t is int or t is bool or isinstance(x, _SCALAR_TYPES):
+            add((t, x))
         else:
             return None
     return tuple(key)
