@@ -31,10 +31,9 @@ import numpy as np
 from ..layouts import NZArray, nz_shape, nz_to_nd
 from ..ops.mla_preprocess import (KV_A_DIM, KV_LORA_RANK, Q_LORA_RANK, QK_HEAD_DIM, QK_NOPE_DIM, WDQKV_DIM,
                                   MlaPreprocessArgs, MlaPreprocessOutputs)
-from ..quant import (BF16, dynamic_scale, f32_to_f16, f32_to_int8_via_f16, group_amax, inverse_scale, to_bf16,
-                     to_f32)
+from ..quant import BF16, dynamic_scale, f32_to_f16, f32_to_int8_via_f16, group_amax, inverse_scale, to_bf16
 from .kernels import MLAPO_KV_RMS, MLAPO_QUANT_RMS, rms_norm, rope, scatter_rows
-from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64
+from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
 
 
 def _round(x32: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -50,7 +49,7 @@ def _to_int8(v: np.ndarray) -> np.ndarray:
 def _rms_norm_quant(x32, gamma, beta, scale, offset, eps) -> tuple[np.ndarray, np.ndarray | None]:
     """RmsNormQuant of fp32 rows ``[T, H]``: int8 ``[T, H]`` and the per-token dequant scales
     ``[T, 1]`` (None for per-tensor, when ``scale`` / ``offset`` are given)."""
-    y = rms_norm(x32, to_f32(gamma), eps, MLAPO_QUANT_RMS) + to_f32(beta)  # [T, H] fp32
+    y = rms_norm(x32, widen_f32(gamma), eps, MLAPO_QUANT_RMS) + widen_f32(beta)  # [T, H] fp32
     if scale is not None:
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             return _to_int8(y * (np.float32(1.0) / scale) + offset), None
@@ -67,7 +66,7 @@ def _matmul_dequant(q8, w, bias, descale, token_scale, dtype) -> np.ndarray:
     y = acc.astype(np.float32) * descale  # int32 -> fp32 (RNE), then the per-channel Mul
     if token_scale is not None:
         y = y * token_scale  # the per-token Muls
-    return to_f32(_round(y, dtype))
+    return widen_f32(_round(y, dtype))
 
 
 #: Attribute of a storage-shaped NZ weight holding its logical NZArray once read back.
@@ -97,7 +96,7 @@ def descale_f32(d: np.ndarray) -> np.ndarray:
 
 def _scalar(x: np.ndarray | None) -> np.float32 | None:
     """A ``[1]`` tensor as an exact fp32 scalar (None stays None)."""
-    return None if x is None else np.float32(to_f32(x)[0])
+    return None if x is None else np.float32(widen_f32(x)[0])
 
 
 def mla_preprocess(args: MlaPreprocessArgs) -> MlaPreprocessOutputs:
@@ -116,9 +115,9 @@ def mla_preprocess(args: MlaPreprocessArgs) -> MlaPreprocessOutputs:
     wdqkv = logical_weight(args.wdqkv, (WDQKV_DIM, hidden))  # [2112, He] int8
     wuq = logical_weight(args.wuq, (n * QK_HEAD_DIM, Q_LORA_RANK))  # [N*192, 1536] int8
     wuk = logical_weight(args.wuk, (n, QK_NOPE_DIM, KV_LORA_RANK))  # [N, 128, 512]
-    cos, sin = to_f32(args.cos), to_f32(args.sin)  # [T, 64]
+    cos, sin = widen_f32(args.cos), widen_f32(args.sin)  # [T, 64]
 
-    q8, s0 = _rms_norm_quant(to_f32(args.input), args.gamma0, args.beta0, _scalar(args.quant_scale0),
+    q8, s0 = _rms_norm_quant(widen_f32(args.input), args.gamma0, args.beta0, _scalar(args.quant_scale0),
                              _scalar(args.quant_offset0), args.epsilon)  # [T, He] int8
     mm0 = _matmul_dequant(q8, wdqkv, args.bias0, descale_f32(args.descale0), s0, dt)  # [T, 2112]
     kv, q_a = mm0[:, :KV_A_DIM], mm0[:, KV_A_DIM:]  # [T, 576], [T, 1536]
@@ -130,11 +129,11 @@ def mla_preprocess(args: MlaPreprocessArgs) -> MlaPreprocessOutputs:
     q_nope = _round(q_nope.transpose(1, 0, 2), dt)  # [T, N, 512]
     q_rope = _round(rope(mm1[:, :, QK_NOPE_DIM:], cos, sin, deinterleave=False), dt)  # [T, N, 64]
 
-    ckv = rms_norm(kv[:, :KV_LORA_RANK], to_f32(args.gamma2), args.epsilon, MLAPO_KV_RMS)  # [T, 512] fp32
+    ckv = rms_norm(kv[:, :KV_LORA_RANK], widen_f32(args.gamma2), args.epsilon, MLAPO_KV_RMS)  # [T, 512] fp32
     krope = _round(rope(kv[:, KV_LORA_RANK:], cos, sin, deinterleave=False), dt)  # [T, 64]
 
     if mode == "int8_nzcache":
-        np.copyto(args.q_out0, _to_int8(to_f32(q_nope) * to_f32(args.q_nope_scale)[None, :, None]))
+        np.copyto(args.q_out0, _to_int8(widen_f32(q_nope) * widen_f32(args.q_nope_scale)[None, :, None]))
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             ckv_out = _to_int8(ckv * (np.float32(1.0) / _scalar(args.ctkv_scale)))  # [T, 512] int8
     else:
