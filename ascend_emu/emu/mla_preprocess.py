@@ -27,13 +27,19 @@ dtype, bf16 or fp16):
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from ..layouts import NZArray, nz_shape, nz_to_nd
 from ..ops.mla_preprocess import (KV_A_DIM, KV_LORA_RANK, Q_LORA_RANK, QK_HEAD_DIM, QK_NOPE_DIM, WDQKV_DIM,
                                   MlaPreprocessArgs, MlaPreprocessOutputs)
-from ..quant import BF16, dynamic_scale, f32_to_f16, f32_to_int8_via_f16, group_amax, inverse_scale, to_bf16
-from .kernels import MLAPO_KV_RMS, MLAPO_QUANT_RMS, rms_norm, rope, scatter_rows
+from ..quant import BF16, INT8_MAX, f32_to_f16, f32_to_int8_via_f16, to_bf16
+from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
+from .kernels import LANES, MLAPO_KV_RMS, MLAPO_QUANT_RMS, kernel_input, rms_norm, rms_norm_row, rope, scatter_rows
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
+
+
+#: The RmsNormQuant order (:data:`~ascend_emu.emu.kernels.MLAPO_QUANT_RMS`).
+_QUANT_LANES, _QUANT_PRESCALE, _QUANT_RECIPROCAL = MLAPO_QUANT_RMS
 
 
 def _round(x32: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -46,27 +52,102 @@ def _to_int8(v: np.ndarray) -> np.ndarray:
     return f32_to_int8_via_f16(v, f16_rounding="half_even", int8_rounding="half_even")
 
 
+@njit(cache=True, inline="always")
+def _int8_via_f16(v):
+    """One value of :func:`_to_int8`: fp32 -> fp16 (RNE; overflow -> inf) -> clamp [-128, 127]
+    -> int8 (RINT, half to even); NaN -> 0 (:func:`~ascend_emu.quant.saturate_int8`)."""
+    h = f16_bits_to_f32(f32_bits_to_f16_bits(np.float32(v).view(np.uint32)))
+    if h != h:
+        return np.int8(0)
+    return np.int8(np.rint(min(max(h, np.float32(-128.0)), np.float32(127.0))))
+
+
+@njit(cache=True)
+def _rms_norm_quant_rows(x, gamma, beta, eps, per_token, inv_scale, offset, q, scales):
+    """RmsNormQuant of fp32 rows (:func:`_rms_norm_quant`), one fused pass per row.
+
+    Args:
+        x: fp32 ``[T, H]``; gamma, beta: fp32 ``[H]``; eps: fp32.
+        per_token: dynamic per-token quant (else ``y * inv_scale + offset``, fp32 scalars).
+        q: out, int8 ``[T, H]``.
+        scales: out, fp32 ``[T, 1]`` per-token dequant scales ``max|y| / 127`` (per_token only).
+    """
+    h = x.shape[1]
+    y = np.empty(h, dtype=np.float32)
+    sq = np.empty(1, dtype=np.float32)  # unused by the in-order lanes
+    lanes = np.empty(LANES, dtype=np.float32)
+    for t in range(x.shape[0]):
+        rms_norm_row(x[t], gamma, eps, np.float32(1.0), _QUANT_LANES, _QUANT_PRESCALE, _QUANT_RECIPROCAL, sq, lanes,
+                     y)
+        for i in range(h):
+            y[i] = y[i] + beta[i]
+        if per_token:
+            amax = np.float32(0.0)
+            for i in range(h):
+                a = abs(y[i])
+                if a != a or a > amax:  # NaN propagates, as np.max
+                    amax = a
+                    if a != a:
+                        break
+            s = np.float32(amax / np.float32(INT8_MAX))
+            scales[t, 0] = s
+            inv = np.float32(np.float32(1.0) / s) if s > np.float32(0.0) else np.float32(0.0)
+            for i in range(h):
+                q[t, i] = _int8_via_f16(np.float32(y[i] * inv))
+        else:
+            for i in range(h):
+                q[t, i] = _int8_via_f16(np.float32(np.float32(y[i] * inv_scale) + offset))
+
+
 def _rms_norm_quant(x32, gamma, beta, scale, offset, eps) -> tuple[np.ndarray, np.ndarray | None]:
     """RmsNormQuant of fp32 rows ``[T, H]``: int8 ``[T, H]`` and the per-token dequant scales
-    ``[T, 1]`` (None for per-tensor, when ``scale`` / ``offset`` are given)."""
-    y = rms_norm(x32, widen_f32(gamma), eps, MLAPO_QUANT_RMS) + widen_f32(beta)  # [T, H] fp32
-    if scale is not None:
-        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            return _to_int8(y * (np.float32(1.0) / scale) + offset), None
-    s = dynamic_scale(group_amax(y, "per_token"), "per_token")  # [T, 1] max|y| / 127
-    with np.errstate(invalid="ignore"):
-        return _to_int8(y * inverse_scale(s)), s
+    ``[T, 1]`` (None for per-tensor, when ``scale`` / ``offset`` are given).
+
+    ``y = rms_norm(x) * gamma + beta`` in fp32 (:data:`MLAPO_QUANT_RMS` order); per-tensor
+    ``v = y * fp32(1 / scale) + offset``; per-token ``s = max|y| / 127``, ``v = y * fp32(1 / s)``
+    (0 for an all-zero row); then :func:`_to_int8`."""
+    x32 = np.ascontiguousarray(x32, dtype=np.float32)
+    t, h = x32.shape
+    per_token = scale is None
+    q = np.empty((t, h), dtype=np.int8)  # [T, H]
+    scales = np.empty((t, 1), dtype=np.float32)  # [T, 1]
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.float32(0.0) if per_token else np.float32(np.float32(1.0) / scale)
+    _rms_norm_quant_rows(x32, widen_f32(gamma), widen_f32(beta), np.float32(eps), per_token, inv,
+                         np.float32(0.0) if per_token else np.float32(offset), q, scales)
+    return q, scales if per_token else None
+
+
+@njit(cache=True)
+def _dequant_round_rows(acc, bias, descale, token_scale, is_bf16, out):
+    """:func:`_matmul_dequant` after the matmul: ``fp32(acc + bias) * descale [* token_scale]``,
+    rounded once (RNE) to bf16 / fp16, as fp32. ``bias`` / ``token_scale`` of size 0: absent."""
+    has_bias, has_tok = bias.shape[0] > 0, token_scale.shape[0] > 0
+    for t in range(acc.shape[0]):
+        for c in range(acc.shape[1]):
+            a = acc[t, c]
+            if has_bias:
+                a += np.float64(bias[c])
+            y = np.float32(np.float32(a) * descale[c])
+            if has_tok:
+                y = np.float32(y * token_scale[t, 0])
+            bits = np.float32(y).view(np.uint32)
+            out[t, c] = bf16_bits_to_f32(f32_bits_to_bf16_bits(bits)) if is_bf16 else \
+                f16_bits_to_f32(f32_bits_to_f16_bits(bits))
+
+
+_NONE_I32 = np.zeros(0, dtype=np.int32)
+_NONE_F32 = np.zeros((0, 1), dtype=np.float32)
 
 
 def _matmul_dequant(q8, w, bias, descale, token_scale, dtype) -> np.ndarray:
     """``round(fp32(q8 @ w^T + bias) * descale [* token_scale])`` as fp32 ``[T, N]``."""
     acc = matmul_int8_exact(q8, weight_f64(w).T)  # [T, N] exact integers (float64)
-    if bias is not None:
-        acc = acc + bias
-    y = acc.astype(np.float32) * descale  # int32 -> fp32 (RNE), then the per-channel Mul
-    if token_scale is not None:
-        y = y * token_scale  # the per-token Muls
-    return widen_f32(_round(y, dtype))
+    out = np.empty(acc.shape, dtype=np.float32)  # [T, N]
+    _dequant_round_rows(np.ascontiguousarray(acc), _NONE_I32 if bias is None else kernel_input(bias),
+                        kernel_input(np.asarray(descale, dtype=np.float32)),
+                        _NONE_F32 if token_scale is None else token_scale, dtype == BF16, out)
+    return out
 
 
 #: Attribute of a storage-shaped NZ weight holding its logical NZArray once read back.
