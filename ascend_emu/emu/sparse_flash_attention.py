@@ -45,7 +45,7 @@ from ..ops.sparse_flash_attention import (EMPTY_ROW_OUTPUT, EMPTY_ROW_SOFTMAX_MA
                                           SparseFlashAttentionArgs, SparseFlashAttentionOutputs)
 from ..quant import BF16, MLA_ROW, NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
-from .kernels import narrow_row, widen_row
+from .kernels import narrow_row, serial_when_small, widen_row
 
 #: uint16 word of the first rope element / fp32 word of the first scale in a 656-byte row.
 _ROPE_WORD = ROPE_OFFSET // 2
@@ -241,6 +241,48 @@ def _operands(args: SparseFlashAttentionArgs) -> _Operands:
                      v_bits)  # [R, 512] or [0, 512]
 
 
+def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, lengths: np.ndarray,
+            out: np.ndarray, smax: np.ndarray, ssum: np.ndarray) -> None:
+    """Steps 1-4 of the module doc for the units with kept rows (``units``, ``lengths`` rows
+    each), pass after pass, into ``out`` (bits ``[T*N2, G, 512]``), ``smax`` / ``ssum``
+    (``[T*N2, G]``)."""
+    n2, group = args.num_kv_heads, args.group
+    t_size = opd.query.shape[0]
+    is_bf16, scale = args.query_dtype == BF16, np.float32(args.scale_value)
+    query = opd.query.reshape(t_size * n2, group, D_QK)  # [T*N2, G, 576] bits, by unit
+    starts = args.starts.reshape(t_size * n2, -1)  # [T*N2, K]
+    counts = args.counts.reshape(t_size * n2, -1).astype(np.int64)  # [T*N2, K]
+    passes = _passes(lengths)
+    most = max(int(lengths[u0:u1].sum()) for u0, u1 in passes)
+    kv = np.empty((most, D_QK if args.v_from_key else D_QK + HCKV), dtype=np.float32)  # [rows, 576|1088]
+    v_cols = slice(0, HCKV) if args.v_from_key else slice(D_QK, D_QK + HCKV)
+    scores = np.empty((most, group), dtype=np.float32)  # [rows, G] S^T, then P^T
+    for u0, u1 in passes:
+        pass_units = units[u0:u1]  # [U']
+        c = counts[pass_units].reshape(-1)  # [E] kept rows per entry
+        s = starts[pass_units].reshape(-1)  # [E] first key row per entry
+        rows = int(c.sum())
+        src = np.repeat(s - (np.cumsum(c) - c), c) + np.arange(rows)  # [rows] key row of each gathered row
+        _gather(src, args.quant, opd.rows_i8, opd.rows_u16, opd.rows_f32, opd.key, opd.key_rope, opd.value,
+                args.v_from_key, is_bf16, kv)
+        lens = lengths[u0:u1]  # [U']
+        offsets = np.cumsum(lens) - lens  # [U']
+        q = np.empty((u1 - u0, group, D_QK), dtype=np.float32)  # [U', G, 576]
+        _widen_query(query, pass_units, is_bf16, q)
+        for i, (off, length) in enumerate(zip(offsets, lens)):
+            np.matmul(kv[off:off + length, :D_QK], q[i].T, out=scores[off:off + length])  # [L, G]
+        sm = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
+        ss = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
+        _softmax(scores[:rows], offsets, lens, np.repeat(np.arange(u1 - u0), lens), scale, is_bf16, sm, ss)
+        smax[pass_units], ssum[pass_units] = sm, ss
+        o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]
+        for i, (off, length) in enumerate(zip(offsets, lens)):
+            np.matmul(scores[off:off + length].T, kv[off:off + length, v_cols], out=o[i])  # [G, 512]
+        bits = np.empty((u1 - u0) * group * HCKV, dtype=np.uint16)  # [U' * G * 512]
+        _round_out(o.reshape(-1), is_bf16, bits)
+        out[pass_units] = bits.reshape(u1 - u0, group, HCKV)
+
+
 def sparse_flash_attention(args: SparseFlashAttentionArgs) -> SparseFlashAttentionOutputs:
     """emu implementation of both sparse attention ops (:mod:`ascend_emu.ops.sparse_flash_attention`).
 
@@ -255,7 +297,6 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs) -> SparseFlashAttenti
     opd = _operands(args)
     t_size, n1 = opd.query.shape[:2]
     n2, group = args.num_kv_heads, args.group
-    is_bf16, scale = args.query_dtype == BF16, np.float32(args.scale_value)
     empty_bits = np.asarray(EMPTY_ROW_OUTPUT, np.float32).astype(args.query_dtype).view(np.uint16)
     out = np.full((t_size * n2, group, HCKV), empty_bits, dtype=np.uint16)  # [T*N2, G, 512] query-dtype bits
     smax = np.full((t_size * n2, group), EMPTY_ROW_SOFTMAX_MAX, dtype=np.float32)  # [T*N2, G]
@@ -264,38 +305,8 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs) -> SparseFlashAttenti
     units = np.flatnonzero(all_lengths)  # [U] units t * N2 + h with kept rows
     lengths = all_lengths[units]  # [U]
     if units.size:
-        query = opd.query.reshape(t_size * n2, group, D_QK)  # [T*N2, G, 576] bits, by unit
-        starts = args.starts.reshape(t_size * n2, -1)  # [T*N2, K]
-        counts = args.counts.reshape(t_size * n2, -1).astype(np.int64)  # [T*N2, K]
-        passes = _passes(lengths)
-        most = max(int(lengths[u0:u1].sum()) for u0, u1 in passes)
-        kv = np.empty((most, D_QK if args.v_from_key else D_QK + HCKV), dtype=np.float32)  # [rows, 576|1088]
-        v_cols = slice(0, HCKV) if args.v_from_key else slice(D_QK, D_QK + HCKV)
-        scores = np.empty((most, group), dtype=np.float32)  # [rows, G] S^T, then P^T
-        for u0, u1 in passes:
-            pass_units = units[u0:u1]  # [U']
-            c = counts[pass_units].reshape(-1)  # [E] kept rows per entry
-            s = starts[pass_units].reshape(-1)  # [E] first key row per entry
-            rows = int(c.sum())
-            src = np.repeat(s - (np.cumsum(c) - c), c) + np.arange(rows)  # [rows] key row of each gathered row
-            _gather(src, args.quant, opd.rows_i8, opd.rows_u16, opd.rows_f32, opd.key, opd.key_rope, opd.value,
-                    args.v_from_key, is_bf16, kv)
-            lens = lengths[u0:u1]  # [U']
-            offsets = np.cumsum(lens) - lens  # [U']
-            q = np.empty((u1 - u0, group, D_QK), dtype=np.float32)  # [U', G, 576]
-            _widen_query(query, pass_units, is_bf16, q)
-            for i, (off, length) in enumerate(zip(offsets, lens)):
-                np.matmul(kv[off:off + length, :D_QK], q[i].T, out=scores[off:off + length])  # [L, G]
-            sm = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
-            ss = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
-            _softmax(scores[:rows], offsets, lens, np.repeat(np.arange(u1 - u0), lens), scale, is_bf16, sm, ss)
-            smax[pass_units], ssum[pass_units] = sm, ss
-            o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]
-            for i, (off, length) in enumerate(zip(offsets, lens)):
-                np.matmul(scores[off:off + length].T, kv[off:off + length, v_cols], out=o[i])  # [G, 512]
-            bits = np.empty((u1 - u0) * group * HCKV, dtype=np.uint16)  # [U' * G * 512]
-            _round_out(o.reshape(-1), is_bf16, bits)
-            out[pass_units] = bits.reshape(u1 - u0, group, HCKV)
+        with serial_when_small(int(lengths.sum()), group * D_QK):
+            _attend(args, opd, units, lengths, out, smax, ssum)
     attention_out = out.view(args.query_dtype).reshape(args.out_shape)
     if not args.return_softmax_lse:
         empty = np.empty(0, dtype=np.float32)  # [0]
