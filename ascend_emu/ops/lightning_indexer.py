@@ -45,6 +45,7 @@ Choices where the sources leave room (each in one named constant below):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -139,7 +140,7 @@ class LightningIndexerArgs:
     @property
     def num_key_slots(self) -> int:
         """R: key rows (every key dim but N2 and D)."""
-        return int(np.prod(self.key.shape[:-2]))
+        return math.prod(self.key.shape[:-2])
 
 
 class LightningIndexerOutputs(NamedTuple):

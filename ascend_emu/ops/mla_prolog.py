@@ -42,6 +42,7 @@ clip limit gives a zero or negative dequant scale).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal, Mapping, NamedTuple
@@ -766,7 +767,7 @@ def _normalise_full(version: int, values: dict, modes: dict, *, reason: str) -> 
     batch_shape = tuple(int(s) for s in x.shape[:-1])
     for name in ("rope_sin", "rope_cos"):
         check_shape(t[name], name, batch_shape + (D_ROPE,), "(token_x's leading dims, Dr)")
-    num_tokens = int(np.prod(batch_shape))
+    num_tokens = math.prod(batch_shape)
     if len(batch_shape) == 2:
         _check_max(batch_shape[0], limits.max_b, "B (token_x.shape[0])")
         _check_max(batch_shape[1], limits.max_s, "S (token_x.shape[1])")
@@ -823,7 +824,7 @@ def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, b
         ShapeError: rank / dims / BlockSize / contiguity, token_x's rank does not fit BSND / TND,
             a non-empty kr_cache with combined rows, or kv_cache and kr_cache sharing memory.
     """
-    num_tokens = int(np.prod(batch_shape))
+    num_tokens = math.prod(batch_shape)
     if cache_mode == "BSND":
         if len(batch_shape) != 2:
             raise arg_error(ShapeError, "token_x", "3-D [B, S, He] for cache_mode BSND", f"{len(batch_shape) + 1}-D")
@@ -869,7 +870,7 @@ def _slots(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int,
         ShapeError, DTypeError: cache_index / actual_seq_len missing, extra or malformed.
         IndexRangeError: an index outside the cache.
     """
-    num_tokens = int(np.prod(batch_shape))
+    num_tokens = math.prod(batch_shape)
     merged = len(batch_shape) == 1
     blk = cache_mode in ("PA_BLK_BSND", "PA_BLK_NZ")
     if not (blk and merged) and actual_seq_len is not None:

@@ -66,6 +66,7 @@ Choices where the sources leave room (each in one named constant below):
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -195,7 +196,7 @@ class SparseFlashAttentionArgs:
     @property
     def num_key_slots(self) -> int:
         """Slots of the key cache (every dim but N2 and the row)."""
-        return int(np.prod(self.key.shape[:-2]))
+        return math.prod(self.key.shape[:-2])
 
     @property
     def query_dtype(self) -> np.dtype:
