@@ -52,6 +52,17 @@ def parallel_parts(items: int, elements_per_item: int) -> int:
     return max(1, min(numba.get_num_threads(), parts, items))
 
 
+def launch_rows(rows_fn, parts_fn, tokens: int, elements_per_token: int, *operands) -> None:
+    """Run a ``*_rows`` kernel over all tokens: serially, or as ``*_parts`` over contiguous token
+    ranges when :func:`parallel_parts` finds enough work per thread. Every
+    token is computed alone, so the result does not depend on the split."""
+    parts = parallel_parts(tokens, elements_per_token)
+    if parts > 1:
+        parts_fn(parts, *operands)
+    else:
+        rows_fn(0, tokens, *operands)
+
+
 @contextlib.contextmanager
 def serial_when_small(items: int, elements_per_item: int) -> Iterator[None]:
     """Run the ``parallel=True`` kernels called inside on the calling thread alone when

@@ -6,7 +6,7 @@ the destinations it prepared. Numerics, step by step (ops_reference §1.1-§1.3,
 dtype, bf16 or fp16):
 
 1. RmsNormQuant0, fp32: ``y = rms_norm(x, gamma0, eps) + beta0`` with the shared
-   :func:`~ascend_emu.emu.kernels.rms_norm` in the RmsNormQuant order
+   :func:`~ascend_emu.emu.kernels.rms_norm_row` in the RmsNormQuant order
    (:data:`~ascend_emu.emu.kernels.MLAPO_QUANT_RMS`: ``x * fp32(1 / sqrt(sum(x^2 * (1/H)) + eps))
    * gamma``, the squares scaled by 1/H first and summed in 64 lanes then a pairwise tree).
    Per-tensor: ``v = y * fp32(1/quant_scale0) + quant_offset0``; per-token:
@@ -17,7 +17,7 @@ dtype, bf16 or fp16):
 3. RmsNormQuant1 on columns 576: (1536) as step 1; ``@ wuq^T`` as step 2 -> round ->
    ``[T, N, 192]``. ``q_nope @ wuk`` per head in fp32 (sgemm), round; 'int8_nzcache':
    int8(fp16(fp32(rounded) * q_nope_scale[n])). ``q_pe``: plain rotate_half RoPE in fp32
-   (``kernels.rope`` with ``deinterleave=False``), round.
+   (``kernels.rope_row`` with ``deinterleave=False``), round.
 4. kv: ``ckv = rms_norm(kv[:512], gamma2, eps)`` (fp32; :data:`~ascend_emu.emu.kernels.MLAPO_KV_RMS`:
    ``x / sqrt(sum(x^2) * (1/512) + eps) * gamma``, same lanes and tree), round ('int8_nzcache':
    int8(fp16(ckv * fp32(1/ctkv_scale)))); ``krope = RoPE(kv[512:])``, round; scattered with
@@ -27,19 +27,22 @@ dtype, bf16 or fp16):
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..layouts import NZArray, nz_shape, nz_to_nd
-from ..ops.mla_preprocess import (KV_A_DIM, KV_LORA_RANK, Q_LORA_RANK, QK_HEAD_DIM, QK_NOPE_DIM, WDQKV_DIM,
+from ..ops.mla_preprocess import (KV_A_DIM, KV_LORA_RANK, Q_LORA_RANK, QK_HEAD_DIM, QK_NOPE_DIM, ROPE_DIM, WDQKV_DIM,
                                   MlaPreprocessArgs, MlaPreprocessOutputs)
 from ..quant import BF16, INT8_MAX, f32_to_f16, f32_to_int8_via_f16, to_bf16
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
-from .kernels import LANES, MLAPO_KV_RMS, MLAPO_QUANT_RMS, kernel_input, rms_norm, rms_norm_row, rope, scatter_rows
+from .kernels import (LANES, LANES_PAIRWISE, MLAPO_KV_RMS, MLAPO_QUANT_RMS, kernel_input, launch_rows, narrow_row,
+                      rms_norm_row, rope_row, scatter_rows)
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
 
 
-#: The RmsNormQuant order (:data:`~ascend_emu.emu.kernels.MLAPO_QUANT_RMS`).
+#: The RmsNormQuant order (:data:`~ascend_emu.emu.kernels.MLAPO_QUANT_RMS`) and the kv RmsNorm's
+#: (:data:`~ascend_emu.emu.kernels.MLAPO_KV_RMS`).
 _QUANT_LANES, _QUANT_PRESCALE, _QUANT_RECIPROCAL = MLAPO_QUANT_RMS
+_KV_LANES, _KV_PRESCALE, _KV_RECIPROCAL = MLAPO_KV_RMS
 
 
 def _round(x32: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -63,8 +66,8 @@ def _int8_via_f16(v):
 
 
 @njit(cache=True)
-def _rms_norm_quant_rows(x, gamma, beta, eps, per_token, inv_scale, offset, q, scales):
-    """RmsNormQuant of fp32 rows (:func:`_rms_norm_quant`), one fused pass per row.
+def _rms_norm_quant_rows(lo, hi, x, gamma, beta, eps, per_token, inv_scale, offset, q, scales):
+    """RmsNormQuant of fp32 rows ``[lo, hi)`` (:func:`_rms_norm_quant`), one fused pass per row.
 
     Args:
         x: fp32 ``[T, H]``; gamma, beta: fp32 ``[H]``; eps: fp32.
@@ -76,7 +79,7 @@ def _rms_norm_quant_rows(x, gamma, beta, eps, per_token, inv_scale, offset, q, s
     y = np.empty(h, dtype=np.float32)
     sq = np.empty(1, dtype=np.float32)  # unused by the in-order lanes
     lanes = np.empty(LANES, dtype=np.float32)
-    for t in range(x.shape[0]):
+    for t in range(lo, hi):
         rms_norm_row(x[t], gamma, eps, np.float32(1.0), _QUANT_LANES, _QUANT_PRESCALE, _QUANT_RECIPROCAL, sq, lanes,
                      y)
         for i in range(h):
@@ -99,6 +102,14 @@ def _rms_norm_quant_rows(x, gamma, beta, eps, per_token, inv_scale, offset, q, s
                 q[t, i] = _int8_via_f16(np.float32(np.float32(y[i] * inv_scale) + offset))
 
 
+@njit(cache=True, parallel=True)
+def _rms_norm_quant_parts(parts, x, gamma, beta, eps, per_token, inv_scale, offset, q, scales):
+    n = x.shape[0]
+    for p in prange(parts):
+        _rms_norm_quant_rows(p * n // parts, (p + 1) * n // parts, x, gamma, beta, eps, per_token, inv_scale, offset,
+                             q, scales)
+
+
 def _rms_norm_quant(x32, gamma, beta, scale, offset, eps) -> tuple[np.ndarray, np.ndarray | None]:
     """RmsNormQuant of fp32 rows ``[T, H]``: int8 ``[T, H]`` and the per-token dequant scales
     ``[T, 1]`` (None for per-tensor, when ``scale`` / ``offset`` are given).
@@ -113,17 +124,18 @@ def _rms_norm_quant(x32, gamma, beta, scale, offset, eps) -> tuple[np.ndarray, n
     scales = np.empty((t, 1), dtype=np.float32)  # [T, 1]
     with np.errstate(divide="ignore", over="ignore"):
         inv = np.float32(0.0) if per_token else np.float32(np.float32(1.0) / scale)
-    _rms_norm_quant_rows(x32, widen_f32(gamma), widen_f32(beta), np.float32(eps), per_token, inv,
-                         np.float32(0.0) if per_token else np.float32(offset), q, scales)
+    launch_rows(_rms_norm_quant_rows, _rms_norm_quant_parts, t, h, x32, widen_f32(gamma), widen_f32(beta),
+                np.float32(eps), per_token, inv, np.float32(0.0) if per_token else np.float32(offset), q, scales)
     return q, scales if per_token else None
 
 
 @njit(cache=True)
-def _dequant_round_rows(acc, bias, descale, token_scale, is_bf16, out):
-    """:func:`_matmul_dequant` after the matmul: ``fp32(acc + bias) * descale [* token_scale]``,
-    rounded once (RNE) to bf16 / fp16, as fp32. ``bias`` / ``token_scale`` of size 0: absent."""
+def _dequant_round_rows(lo, hi, acc, bias, descale, token_scale, is_bf16, out):
+    """:func:`_matmul_dequant` after the matmul, rows ``[lo, hi)``: ``fp32(acc + bias) * descale
+    [* token_scale]``, rounded once (RNE) to bf16 / fp16, as fp32. ``bias`` / ``token_scale`` of
+    size 0: absent."""
     has_bias, has_tok = bias.shape[0] > 0, token_scale.shape[0] > 0
-    for t in range(acc.shape[0]):
+    for t in range(lo, hi):
         for c in range(acc.shape[1]):
             a = acc[t, c]
             if has_bias:
@@ -136,6 +148,13 @@ def _dequant_round_rows(acc, bias, descale, token_scale, is_bf16, out):
                 f16_bits_to_f32(f32_bits_to_f16_bits(bits))
 
 
+@njit(cache=True, parallel=True)
+def _dequant_round_parts(parts, acc, bias, descale, token_scale, is_bf16, out):
+    n = acc.shape[0]
+    for p in prange(parts):
+        _dequant_round_rows(p * n // parts, (p + 1) * n // parts, acc, bias, descale, token_scale, is_bf16, out)
+
+
 _NONE_I32 = np.zeros(0, dtype=np.int32)
 _NONE_F32 = np.zeros((0, 1), dtype=np.float32)
 
@@ -144,10 +163,42 @@ def _matmul_dequant(q8, w, bias, descale, token_scale, dtype) -> np.ndarray:
     """``round(fp32(q8 @ w^T + bias) * descale [* token_scale])`` as fp32 ``[T, N]``."""
     acc = matmul_int8_exact(q8, weight_f64(w).T)  # [T, N] exact integers (float64)
     out = np.empty(acc.shape, dtype=np.float32)  # [T, N]
-    _dequant_round_rows(np.ascontiguousarray(acc), _NONE_I32 if bias is None else kernel_input(bias),
-                        kernel_input(np.asarray(descale, dtype=np.float32)),
-                        _NONE_F32 if token_scale is None else token_scale, dtype == BF16, out)
+    launch_rows(_dequant_round_rows, _dequant_round_parts, acc.shape[0], acc.shape[1], np.ascontiguousarray(acc),
+                _NONE_I32 if bias is None else kernel_input(bias), kernel_input(np.asarray(descale, dtype=np.float32)),
+                _NONE_F32 if token_scale is None else token_scale, dtype == BF16, out)
     return out
+
+
+@njit(cache=True)
+def _rope_norm_rows(lo, hi, mm1, kv, cos, sin, gamma, eps, is_bf16, q_rope, ckv, krope):
+    """Steps 3-4 after the matmuls, tokens ``[lo, hi)`` (module doc): ``q_rope = round(RoPE(q_pe))`` per
+    head, ``ckv = rms_norm(kv[:512]) * gamma`` (fp32, :data:`MLAPO_KV_RMS` order), ``krope =
+    round(RoPE(kv[512:]))``; plain rotate_half, rounding RNE to the input dtype (bits out).
+
+    Args:
+        mm1: fp32 ``[T, N, 192]``; kv: fp32 ``[T, 576]``; cos, sin: fp32 ``[T, 64]``;
+        gamma: fp32 ``[512]``; eps: fp32.
+        q_rope: out, uint16 ``[T, N, 64]``; ckv: out, fp32 ``[T, 512]``; krope: out, uint16 ``[T, 64]``.
+    """
+    y = np.empty(ROPE_DIM, dtype=np.float32)
+    sq = np.empty(KV_LORA_RANK if _KV_LANES == LANES_PAIRWISE else 1, dtype=np.float32)
+    lanes = np.empty(LANES, dtype=np.float32)
+    for t in range(lo, hi):
+        for h in range(mm1.shape[1]):
+            rope_row(mm1[t, h, QK_NOPE_DIM:], cos[t], sin[t], False, y)
+            narrow_row(y, q_rope[t, h], is_bf16)
+        rms_norm_row(kv[t, :KV_LORA_RANK], gamma, eps, np.float32(1.0), _KV_LANES, _KV_PRESCALE, _KV_RECIPROCAL,
+                     sq, lanes, ckv[t])
+        rope_row(kv[t, KV_LORA_RANK:], cos[t], sin[t], False, y)
+        narrow_row(y, krope[t], is_bf16)
+
+
+@njit(cache=True, parallel=True)
+def _rope_norm_parts(parts, mm1, kv, cos, sin, gamma, eps, is_bf16, q_rope, ckv, krope):
+    n = kv.shape[0]
+    for p in prange(parts):
+        _rope_norm_rows(p * n // parts, (p + 1) * n // parts, mm1, kv, cos, sin, gamma, eps, is_bf16, q_rope, ckv,
+                        krope)
 
 
 #: Attribute of a storage-shaped NZ weight holding its logical NZArray once read back.
@@ -208,10 +259,12 @@ def mla_preprocess(args: MlaPreprocessArgs) -> MlaPreprocessOutputs:
     mm1 = _matmul_dequant(q8, wuq, args.bias1, descale_f32(args.descale1), s1, dt).reshape(t, n, QK_HEAD_DIM)
     q_nope = matmul_f32(mm1[:, :, :QK_NOPE_DIM].transpose(1, 0, 2), weight_f32(wuk))  # [N, T, 512]
     q_nope = _round(q_nope.transpose(1, 0, 2), dt)  # [T, N, 512]
-    q_rope = _round(rope(mm1[:, :, QK_NOPE_DIM:], cos, sin, deinterleave=False), dt)  # [T, N, 64]
-
-    ckv = rms_norm(kv[:, :KV_LORA_RANK], widen_f32(args.gamma2), args.epsilon, MLAPO_KV_RMS)  # [T, 512] fp32
-    krope = _round(rope(kv[:, KV_LORA_RANK:], cos, sin, deinterleave=False), dt)  # [T, 64]
+    q_rope = np.empty((t, n, ROPE_DIM), dtype=np.uint16)  # [T, N, 64] bits
+    ckv = np.empty((t, KV_LORA_RANK), dtype=np.float32)  # [T, 512] fp32
+    krope = np.empty((t, ROPE_DIM), dtype=np.uint16)  # [T, 64] bits
+    launch_rows(_rope_norm_rows, _rope_norm_parts, t, n * ROPE_DIM + KV_A_DIM, mm1, kv, cos, sin,
+                widen_f32(args.gamma2), np.float32(args.epsilon), dt == BF16, q_rope, ckv, krope)
+    q_rope, krope = q_rope.view(dt), krope.view(dt)
 
     if mode == "int8_nzcache":
         np.copyto(args.q_out0, _to_int8(widen_f32(q_nope) * widen_f32(args.q_nope_scale)[None, :, None]))

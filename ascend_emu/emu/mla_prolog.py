@@ -17,7 +17,7 @@ from ..ops.mla_prolog import D_NOPE, D_ROPE, HCKV, MlaPrologArgs, MlaPrologOutpu
 from ..quant import (BF16, INT8_MAX, CombinedRowFormat, bf16_bits_to_f32, bf16_to_f32, dynamic_scale,
                      f32_to_bf16_bits, f32_to_int8, f32_to_int8_via_f16, group_amax, quantize_static,
                      quantize_with_dequant_scale, to_bf16)
-from .kernels import (LANES, MLA_PROLOG_RMS, kernel_input, last_writer, parallel_parts, rms_norm_row, rope_row,
+from .kernels import (LANES, MLA_PROLOG_RMS, kernel_input, last_writer, launch_rows, rms_norm_row, rope_row,
                       scatter_rows)
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
 
@@ -29,8 +29,8 @@ _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL = MLA_PROLOG_RMS
 
 # ---------------------------------------------------------------------- fused vector stages
 # Each kernel does the vector work between two matmuls for a range of tokens (``*_rows``); a
-# ``*_parts`` twin runs contiguous ranges in parallel (prange), and :func:`_launch` takes it only
-# when each thread gets enough work (``kernels.parallel_parts``): decode-sized batches run on one
+# ``*_parts`` twin runs contiguous ranges in parallel (prange), and ``kernels.launch_rows`` takes it
+# only when each thread gets enough work (``kernels.parallel_parts``): decode-sized batches run on one
 # thread, so added threads never make them slower. The arithmetic is the shared row kernels'
 # (kernels.rms_norm_row / rope_row) and RNE rounding (quant.f32_to_bf16_bits).
 @njit(cache=True, inline="always")
@@ -146,36 +146,25 @@ def _kv_kr_parts(parts, ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bit
         _kv_kr_rows(p * n // parts, (p + 1) * n // parts, ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits)
 
 
-def _launch(rows_fn, parts_fn, tokens: int, elements_per_token: int, *operands) -> None:
-    """Run a ``*_rows`` kernel over all tokens: serially, or as ``*_parts`` over contiguous token
-    ranges when :func:`~ascend_emu.emu.kernels.parallel_parts` finds enough work per thread. Every
-    token is computed alone, so the result does not depend on the split."""
-    parts = parallel_parts(tokens, elements_per_token)
-    if parts > 1:
-        parts_fn(parts, *operands)
-    else:
-        rows_fn(0, tokens, *operands)
-
-
 def _dequant(acc, tok_scale, col_scale, out):
-    _launch(_dequant_rows, _dequant_parts, acc.shape[0], acc.shape[1], acc, tok_scale, col_scale, out)
+    launch_rows(_dequant_rows, _dequant_parts, acc.shape[0], acc.shape[1], acc, tok_scale, col_scale, out)
 
 
 def _cq_norm(cq, round_in, gamma, eps, scale, out):
-    _launch(_cq_norm_rows, _cq_norm_parts, cq.shape[0], cq.shape[1], cq, round_in, gamma, eps, scale, out)
+    launch_rows(_cq_norm_rows, _cq_norm_parts, cq.shape[0], cq.shape[1], cq, round_in, gamma, eps, scale, out)
 
 
 def _qcqr_split_rope(qcqr, round_rope, cos, sin, q_nope, q_rope_bits):
-    _launch(_qcqr_split_rope_rows, _qcqr_split_rope_parts, qcqr.shape[0], qcqr.shape[1], qcqr, round_rope, cos, sin,
+    launch_rows(_qcqr_split_rope_rows, _qcqr_split_rope_parts, qcqr.shape[0], qcqr.shape[1], qcqr, round_rope, cos, sin,
             q_nope, q_rope_bits)
 
 
 def _query_bits(query, out):
-    _launch(_query_bits_rows, _query_bits_parts, out.shape[0], out.shape[1] * out.shape[2], query, out)
+    launch_rows(_query_bits_rows, _query_bits_parts, out.shape[0], out.shape[1] * out.shape[2], query, out)
 
 
 def _kv_kr(ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits):
-    _launch(_kv_kr_rows, _kv_kr_parts, ckvkr.shape[0], ckvkr.shape[1], ckvkr, round_in, gamma, eps, scale, cos, sin,
+    launch_rows(_kv_kr_rows, _kv_kr_parts, ckvkr.shape[0], ckvkr.shape[1], ckvkr, round_in, gamma, eps, scale, cos, sin,
             kv, kr_bits)
 
 
