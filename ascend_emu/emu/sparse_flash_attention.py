@@ -221,21 +221,25 @@ class _Operands(NamedTuple):
     value: np.ndarray  # non-quant with a separate value: uint16 [R, 512] (else [0, 512])
 
 
+#: Placeholders for the operands a call does not use (size 0; never written).
+_ROW_BYTES = MLA_ROW.row_bytes
+_NO_I8, _NO_U16, _NO_F32 = (np.zeros((0, _ROW_BYTES // k), d) for k, d in ((1, np.int8), (2, np.uint16),
+                                                                            (4, np.float32)))
+_NO_KEY, _NO_ROPE = np.zeros((0, HCKV), np.uint16), np.zeros((0, D_ROPE), np.uint16)
+
+
 def _operands(args: SparseFlashAttentionArgs) -> _Operands:
     """The caller's arrays (``args``) as the kernels read them (R = key slots * N2 rows)."""
-    t, n1 = int(np.prod(args.query.shape[:-2])), args.num_heads
+    t, n1 = args.query.size // (args.num_heads * args.query.shape[-1]), args.num_heads
     r = args.num_key_slots * args.num_kv_heads
     q_bits = np.ascontiguousarray(args.query).reshape(t, n1, -1).view(np.uint16)  # [T, N1, 512|576]
-    empty16 = np.zeros((0, HCKV), np.uint16)
     if args.quant:
-        rows = np.ascontiguousarray(args.key).reshape(r, MLA_ROW.row_bytes)  # [R, 656] int8
-        return _Operands(q_bits, rows, rows.view(np.uint16), rows.view(np.float32), empty16,
-                         np.zeros((0, D_ROPE), np.uint16), empty16)
+        rows = np.ascontiguousarray(args.key).reshape(r, _ROW_BYTES)  # [R, 656] int8
+        return _Operands(q_bits, rows, rows.view(np.uint16), rows.view(np.float32), _NO_KEY, _NO_ROPE, _NO_KEY)
     qr_bits = np.ascontiguousarray(args.query_rope).reshape(t, n1, D_ROPE).view(np.uint16)  # [T, N1, 64]
-    v_bits = empty16 if args.v_from_key else np.ascontiguousarray(args.value).reshape(r, HCKV).view(np.uint16)
+    v_bits = _NO_KEY if args.v_from_key else np.ascontiguousarray(args.value).reshape(r, HCKV).view(np.uint16)
     return _Operands(np.concatenate([q_bits, qr_bits], axis=-1),  # [T, N1, 576]
-                     np.zeros((0, MLA_ROW.row_bytes), np.int8), np.zeros((0, MLA_ROW.row_bytes // 2), np.uint16),
-                     np.zeros((0, MLA_ROW.row_bytes // 4), np.float32),
+                     _NO_I8, _NO_U16, _NO_F32,
                      np.ascontiguousarray(args.key).reshape(r, HCKV).view(np.uint16),  # [R, 512]
                      np.ascontiguousarray(args.key_rope).reshape(r, D_ROPE).view(np.uint16),  # [R, 64]
                      v_bits)  # [R, 512] or [0, 512]
