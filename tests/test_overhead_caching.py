@@ -284,25 +284,6 @@ def test_parallel_parts_thresholds(monkeypatch):
     assert kernels.parallel_parts(4, 100 * per) == 4  # never more parts than rows
 
 
-def test_serial_when_small_runs_small_work_on_one_thread_and_restores():
-    threads = numba.get_num_threads()
-    if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("one Numba thread here")
-    numba.set_num_threads(2)
-    try:
-        with kernels.serial_when_small(1, 576):  # B=1 attention: too small to split
-            assert numba.get_num_threads() == 1
-        assert numba.get_num_threads() == 2
-        with kernels.serial_when_small(1000, kernels.ELEMENTS_PER_PART):  # enough for every thread
-            assert numba.get_num_threads() == 2
-        with pytest.raises(KeyError):
-            with kernels.serial_when_small(1, 576):
-                raise KeyError("restored on errors too")
-        assert numba.get_num_threads() == 2
-    finally:
-        numba.set_num_threads(threads)
-
-
 def test_prolog_parallel_split_gives_the_serial_bytes(rng, monkeypatch):
     case = _prolog_case(rng, t=3, n=2)
     serial = {k: v.copy() if k.endswith("cache") else v for k, v in case.items()}

@@ -8,8 +8,7 @@ are in range.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -61,24 +60,6 @@ def launch_rows(rows_fn, parts_fn, tokens: int, elements_per_token: int, *operan
         parts_fn(parts, *operands)
     else:
         rows_fn(0, tokens, *operands)
-
-
-@contextlib.contextmanager
-def serial_when_small(items: int, elements_per_item: int) -> Iterator[None]:
-    """Run the ``parallel=True`` kernels called inside on the calling thread alone when
-    :func:`parallel_parts` finds the work too small to split (``numba.set_num_threads(1)`` for
-    this thread, restored after): waking and joining the other threads would cost more than the
-    work (at B=1 the sparse attention kernels took 100 us on 2 threads, 55 us on one). Results do
-    not depend on the thread count."""
-    threads = numba.get_num_threads()
-    if threads == 1 or parallel_parts(items, elements_per_item) > 1:
-        yield
-        return
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------------- bf16 / fp16 rows

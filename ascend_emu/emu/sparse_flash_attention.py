@@ -45,7 +45,7 @@ from ..ops.sparse_flash_attention import (EMPTY_ROW_OUTPUT, EMPTY_ROW_SOFTMAX_MA
                                           SparseFlashAttentionArgs, SparseFlashAttentionOutputs)
 from ..quant import BF16, MLA_ROW, NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
-from .kernels import narrow_row, serial_when_small, widen_row
+from .kernels import narrow_row, parallel_parts, widen_row
 
 #: uint16 word of the first rope element / fp32 word of the first scale in a 656-byte row.
 _ROPE_WORD = ROPE_OFFSET // 2
@@ -87,6 +87,19 @@ def _dequant_row(nope, scales, is_bf16, out):
                 out[base + j] = f16_bits_to_f32(f32_bits_to_f16_bits(x.view(np.uint32)))
 
 
+@njit(cache=True, inline="always")
+def _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv):
+    r = src[i]
+    if quant:
+        _dequant_row(rows_i8[r, :HCKV], rows_f32[r, _SCALE_WORD:_SCALE_WORD + NUM_TILES], is_bf16, kv[i, :HCKV])
+        widen_row(rows_u16[r, _ROPE_WORD:_ROPE_WORD + D_ROPE], kv[i, HCKV:D_QK], is_bf16)
+    else:
+        widen_row(key[r], kv[i, :HCKV], is_bf16)
+        widen_row(key_rope[r], kv[i, HCKV:D_QK], is_bf16)
+        if not v_from_key:
+            widen_row(value[r], kv[i, D_QK:D_QK + HCKV], is_bf16)
+
+
 @njit(cache=True, parallel=True)
 def _gather(src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv):
     """``kv[i, :576]`` = key row ``src[i]`` as query-dtype values in fp32 (KV-quant: dequantized
@@ -98,15 +111,14 @@ def _gather(src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_fro
         kv: out, fp32 ``[>= n, 576]`` or ``[>= n, 1088]``.
     """
     for i in prange(src.shape[0]):
-        r = src[i]
-        if quant:
-            _dequant_row(rows_i8[r, :HCKV], rows_f32[r, _SCALE_WORD:_SCALE_WORD + NUM_TILES], is_bf16, kv[i, :HCKV])
-            widen_row(rows_u16[r, _ROPE_WORD:_ROPE_WORD + D_ROPE], kv[i, HCKV:D_QK], is_bf16)
-        else:
-            widen_row(key[r], kv[i, :HCKV], is_bf16)
-            widen_row(key_rope[r], kv[i, HCKV:D_QK], is_bf16)
-            if not v_from_key:
-                widen_row(value[r], kv[i, D_QK:D_QK + HCKV], is_bf16)
+        _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv)
+
+
+@njit(cache=True)
+def _gather_serial(src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv):
+    """:func:`_gather` on the calling thread."""
+    for i in range(src.shape[0]):
+        _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv)
 
 
 @njit(cache=True, inline="always")
@@ -129,6 +141,46 @@ def _exp_f64(x):
     return y if xd == xd else xd
 
 
+@njit(cache=True, inline="always")
+def _scale_max(scores, off, length, scale, m):
+    """Softmax step 1 for one unit's rows: ``S * scale`` in place, ``m`` = per-head max."""
+    m[:] = -np.inf
+    for i in range(off, off + length):
+        for g in range(scores.shape[1]):
+            x = scores[i, g] * scale
+            scores[i, g] = x
+            m[g] = x if x > m[g] else m[g]
+
+
+@njit(cache=True, inline="always")
+def _exp_row(scores, i, m):
+    """Softmax step 2 for one row: ``fp32(exp(S - m))`` in place."""
+    for g in range(scores.shape[1]):
+        scores[i, g] = np.float32(_exp_f64(scores[i, g] - m[g]))
+
+
+@njit(cache=True, inline="always")
+def _sum_unit(scores, off, length, total):
+    """Softmax step 3 for one unit's rows: ``total`` = per-head sum, in row order."""
+    total[:] = 0.0
+    for i in range(off, off + length):
+        for g in range(scores.shape[1]):
+            total[g] += scores[i, g]
+
+
+@njit(cache=True, inline="always")
+def _normalise_row(scores, i, total, is_bf16):
+    """Softmax step 4 for one row: ``qdt(e / l)`` (RNE) as fp32, in place."""
+    if is_bf16:
+        for g in range(scores.shape[1]):
+            x = np.float32(scores[i, g] / total[g])
+            scores[i, g] = bf16_bits_to_f32(f32_bits_to_bf16_bits(x.view(np.uint32)))
+    else:
+        for g in range(scores.shape[1]):
+            x = np.float32(scores[i, g] / total[g])
+            scores[i, g] = f16_bits_to_f32(f32_bits_to_f16_bits(x.view(np.uint32)))
+
+
 @njit(cache=True, parallel=True)
 def _softmax(scores, offsets, lengths, unit_of_row, scale, is_bf16, smax, ssum):
     """In place: transposed scores ``S^T`` -> ``P^T`` (query-dtype values as fp32), per head.
@@ -144,35 +196,27 @@ def _softmax(scores, offsets, lengths, unit_of_row, scale, is_bf16, smax, ssum):
         scale: fp32 scale_value.
         smax, ssum: out, fp32 ``[U, G]``: ``m`` and ``l`` per head.
     """
-    group = scores.shape[1]
     for u in prange(lengths.shape[0]):
-        m = smax[u]
-        m[:] = -np.inf
-        for i in range(offsets[u], offsets[u] + lengths[u]):
-            for g in range(group):
-                x = scores[i, g] * scale
-                scores[i, g] = x
-                m[g] = x if x > m[g] else m[g]
+        _scale_max(scores, offsets[u], lengths[u], scale, smax[u])
     for i in prange(scores.shape[0]):
-        m = smax[unit_of_row[i]]
-        for g in range(group):
-            scores[i, g] = np.float32(_exp_f64(scores[i, g] - m[g]))
+        _exp_row(scores, i, smax[unit_of_row[i]])
     for u in prange(lengths.shape[0]):
-        total = ssum[u]
-        total[:] = 0.0
-        for i in range(offsets[u], offsets[u] + lengths[u]):
-            for g in range(group):
-                total[g] += scores[i, g]
+        _sum_unit(scores, offsets[u], lengths[u], ssum[u])
     for i in prange(scores.shape[0]):
-        total = ssum[unit_of_row[i]]
-        if is_bf16:
-            for g in range(group):
-                x = np.float32(scores[i, g] / total[g])
-                scores[i, g] = bf16_bits_to_f32(f32_bits_to_bf16_bits(x.view(np.uint32)))
-        else:
-            for g in range(group):
-                x = np.float32(scores[i, g] / total[g])
-                scores[i, g] = f16_bits_to_f32(f32_bits_to_f16_bits(x.view(np.uint32)))
+        _normalise_row(scores, i, ssum[unit_of_row[i]], is_bf16)
+
+
+@njit(cache=True)
+def _softmax_serial(scores, offsets, lengths, unit_of_row, scale, is_bf16, smax, ssum):
+    """:func:`_softmax` on the calling thread (the same steps, element by element)."""
+    for u in range(lengths.shape[0]):
+        _scale_max(scores, offsets[u], lengths[u], scale, smax[u])
+    for i in range(scores.shape[0]):
+        _exp_row(scores, i, smax[unit_of_row[i]])
+    for u in range(lengths.shape[0]):
+        _sum_unit(scores, offsets[u], lengths[u], ssum[u])
+    for i in range(scores.shape[0]):
+        _normalise_row(scores, i, ssum[unit_of_row[i]], is_bf16)
 
 
 @njit(cache=True, parallel=True)
@@ -181,9 +225,15 @@ def _widen_query(query, units, is_bf16, q):
     q fp32 ``[U', G, 576]``."""
     group = query.shape[1]
     for j in prange(units.shape[0] * group):
-        i = j // group
-        g = j % group
-        widen_row(query[units[i], g], q[i, g], is_bf16)
+        widen_row(query[units[j // group], j % group], q[j // group, j % group], is_bf16)
+
+
+@njit(cache=True)
+def _widen_query_serial(query, units, is_bf16, q):
+    """:func:`_widen_query` on the calling thread."""
+    group = query.shape[1]
+    for j in range(units.shape[0] * group):
+        widen_row(query[units[j // group], j % group], q[j // group, j % group], is_bf16)
 
 
 @njit(cache=True, parallel=True)
@@ -194,6 +244,12 @@ def _round_out(o, is_bf16, out):
         lo = c * _ROUND_CHUNK
         hi = min(lo + _ROUND_CHUNK, o.shape[0])
         narrow_row(o[lo:hi], out[lo:hi], is_bf16)
+
+
+@njit(cache=True)
+def _round_out_serial(o, is_bf16, out):
+    """:func:`_round_out` on the calling thread."""
+    narrow_row(o, out, is_bf16)
 
 
 def _passes(lengths: np.ndarray) -> list[tuple[int, int]]:
@@ -246,10 +302,14 @@ def _operands(args: SparseFlashAttentionArgs) -> _Operands:
 
 
 def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, lengths: np.ndarray,
-            out: np.ndarray, smax: np.ndarray, ssum: np.ndarray) -> None:
+            out: np.ndarray, smax: np.ndarray, ssum: np.ndarray, parallel: bool) -> None:
     """Steps 1-4 of the module doc for the units with kept rows (``units``, ``lengths`` rows
     each), pass after pass, into ``out`` (bits ``[T*N2, G, 512]``), ``smax`` / ``ssum``
-    (``[T*N2, G]``)."""
+    (``[T*N2, G]``); the threaded kernels with ``parallel``, else their calling-thread twins."""
+    if parallel:
+        gather, widen_query, softmax, round_out = _gather, _widen_query, _softmax, _round_out
+    else:
+        gather, widen_query, softmax, round_out = _gather_serial, _widen_query_serial, _softmax_serial, _round_out_serial
     n2, group = args.num_kv_heads, args.group
     t_size = opd.query.shape[0]
     is_bf16, scale = args.query_dtype == BF16, np.float32(args.scale_value)
@@ -267,23 +327,23 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
         s = starts[pass_units].reshape(-1)  # [E] first key row per entry
         rows = int(c.sum())
         src = np.repeat(s - (np.cumsum(c) - c), c) + np.arange(rows)  # [rows] key row of each gathered row
-        _gather(src, args.quant, opd.rows_i8, opd.rows_u16, opd.rows_f32, opd.key, opd.key_rope, opd.value,
+        gather(src, args.quant, opd.rows_i8, opd.rows_u16, opd.rows_f32, opd.key, opd.key_rope, opd.value,
                 args.v_from_key, is_bf16, kv)
         lens = lengths[u0:u1]  # [U']
         offsets = np.cumsum(lens) - lens  # [U']
         q = np.empty((u1 - u0, group, D_QK), dtype=np.float32)  # [U', G, 576]
-        _widen_query(query, pass_units, is_bf16, q)
+        widen_query(query, pass_units, is_bf16, q)
         for i, (off, length) in enumerate(zip(offsets, lens)):
             np.matmul(kv[off:off + length, :D_QK], q[i].T, out=scores[off:off + length])  # [L, G]
         sm = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
         ss = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
-        _softmax(scores[:rows], offsets, lens, np.repeat(np.arange(u1 - u0), lens), scale, is_bf16, sm, ss)
+        softmax(scores[:rows], offsets, lens, np.repeat(np.arange(u1 - u0), lens), scale, is_bf16, sm, ss)
         smax[pass_units], ssum[pass_units] = sm, ss
         o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]
         for i, (off, length) in enumerate(zip(offsets, lens)):
             np.matmul(scores[off:off + length].T, kv[off:off + length, v_cols], out=o[i])  # [G, 512]
         bits = np.empty((u1 - u0) * group * HCKV, dtype=np.uint16)  # [U' * G * 512]
-        _round_out(o.reshape(-1), is_bf16, bits)
+        round_out(o.reshape(-1), is_bf16, bits)
         out[pass_units] = bits.reshape(u1 - u0, group, HCKV)
 
 
@@ -309,8 +369,11 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs) -> SparseFlashAttenti
     units = np.flatnonzero(all_lengths)  # [U] units t * N2 + h with kept rows
     lengths = all_lengths[units]  # [U]
     if units.size:
-        with serial_when_small(int(lengths.sum()), group * D_QK):
-            _attend(args, opd, units, lengths, out, smax, ssum)
+        # threaded kernels, or the calling thread's when the call is too small to split: a parallel
+        # launch costs 20-150 us, more than B=1 decode work (with the workqueue threading layer even
+        # on one thread); both give the same bytes
+        parallel = parallel_parts(int(lengths.sum()), group * D_QK) > 1
+        _attend(args, opd, units, lengths, out, smax, ssum, parallel)
     attention_out = out.view(args.query_dtype).reshape(args.out_shape)
     if not args.return_softmax_lse:
         empty = np.empty(0, dtype=np.float32)  # [0]
