@@ -208,15 +208,16 @@ def _softmax(scores, offsets, lengths, unit_of_row, scale, is_bf16, smax, ssum):
 
 @njit(cache=True)
 def _softmax_serial(scores, offsets, lengths, unit_of_row, scale, is_bf16, smax, ssum):
-    """:func:`_softmax` on the calling thread (the same steps, element by element)."""
+    """:func:`_softmax` on the calling thread, unit after unit (each element sees the same steps;
+    ``unit_of_row`` is not needed)."""
     for u in range(lengths.shape[0]):
-        _scale_max(scores, offsets[u], lengths[u], scale, smax[u])
-    for i in range(scores.shape[0]):
-        _exp_row(scores, i, smax[unit_of_row[i]])
-    for u in range(lengths.shape[0]):
-        _sum_unit(scores, offsets[u], lengths[u], ssum[u])
-    for i in range(scores.shape[0]):
-        _normalise_row(scores, i, ssum[unit_of_row[i]], is_bf16)
+        off, n = offsets[u], lengths[u]
+        _scale_max(scores, off, n, scale, smax[u])
+        for i in range(off, off + n):
+            _exp_row(scores, i, smax[u])
+        _sum_unit(scores, off, n, ssum[u])
+        for i in range(off, off + n):
+            _normalise_row(scores, i, ssum[u], is_bf16)
 
 
 @njit(cache=True, parallel=True)
