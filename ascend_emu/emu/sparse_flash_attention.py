@@ -253,6 +253,21 @@ def _round_out_serial(o, is_bf16, out):
     narrow_row(o, out, is_bf16)
 
 
+@njit(cache=True)
+def _pass_rows(starts, counts, units, src, offsets, unit_of_row):
+    """The gathered rows of one pass: for unit ``units[u]`` (in order) and its entries (in
+    order), ``counts`` consecutive key rows from ``starts`` -> ``src``; ``offsets[u]`` its first
+    gathered row, ``unit_of_row`` the unit (pass-local) of each row."""
+    r = 0
+    for u in range(units.shape[0]):
+        offsets[u] = r
+        for j in range(starts.shape[1]):
+            for i in range(counts[units[u], j]):
+                src[r] = starts[units[u], j] + i
+                unit_of_row[r] = u
+                r += 1
+
+
 def _passes(lengths: np.ndarray) -> list[tuple[int, int]]:
     """Consecutive unit ranges ``[u0, u1)`` of at most :data:`PASS_ROWS` rows and
     :data:`PASS_UNITS` units (a unit with more rows makes a pass of its own)."""
@@ -316,7 +331,7 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
     is_bf16, scale = args.query_dtype == BF16, np.float32(args.scale_value)
     query = opd.query.reshape(t_size * n2, group, D_QK)  # [T*N2, G, 576] bits, by unit
     starts = args.starts.reshape(t_size * n2, -1)  # [T*N2, K]
-    counts = args.counts.reshape(t_size * n2, -1).astype(np.int64)  # [T*N2, K]
+    counts = args.counts.reshape(t_size * n2, -1)  # [T*N2, K]
     passes = _passes(lengths)
     most = max(int(lengths[u0:u1].sum()) for u0, u1 in passes)
     kv = np.empty((most, D_QK if args.v_from_key else D_QK + HCKV), dtype=np.float32)  # [rows, 576|1088]
@@ -324,21 +339,21 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
     scores = np.empty((most, group), dtype=np.float32)  # [rows, G] S^T, then P^T
     for u0, u1 in passes:
         pass_units = units[u0:u1]  # [U']
-        c = counts[pass_units].reshape(-1)  # [E] kept rows per entry
-        s = starts[pass_units].reshape(-1)  # [E] first key row per entry
-        rows = int(c.sum())
-        src = np.repeat(s - (np.cumsum(c) - c), c) + np.arange(rows)  # [rows] key row of each gathered row
+        lens = lengths[u0:u1]  # [U']
+        rows = int(lens.sum())
+        src = np.empty(rows, np.int64)  # [rows] key row of each gathered row
+        offsets = np.empty(u1 - u0, np.int64)  # [U'] first gathered row of each unit
+        unit_of_row = np.empty(rows, np.int64)  # [rows]
+        _pass_rows(starts, counts, pass_units, src, offsets, unit_of_row)
         gather(src, args.quant, opd.rows_i8, opd.rows_u16, opd.rows_f32, opd.key, opd.key_rope, opd.value,
                 args.v_from_key, is_bf16, kv)
-        lens = lengths[u0:u1]  # [U']
-        offsets = np.cumsum(lens) - lens  # [U']
         q = np.empty((u1 - u0, group, D_QK), dtype=np.float32)  # [U', G, 576]
         widen_query(query, pass_units, is_bf16, q)
         for i, (off, length) in enumerate(zip(offsets, lens)):
             np.matmul(kv[off:off + length, :D_QK], q[i].T, out=scores[off:off + length])  # [L, G]
         sm = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
         ss = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
-        softmax(scores[:rows], offsets, lens, np.repeat(np.arange(u1 - u0), lens), scale, is_bf16, sm, ss)
+        softmax(scores[:rows], offsets, lens, unit_of_row, scale, is_bf16, sm, ss)
         smax[pass_units], ssum[pass_units] = sm, ss
         o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]
         for i, (off, length) in enumerate(zip(offsets, lens)):
