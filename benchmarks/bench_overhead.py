@@ -334,7 +334,7 @@ def _print(order: str, info: dict) -> None:
 def child(order: str, calls: int, rounds: int) -> dict:
     if order == "torch-first":
         try:
-            import torch  # noqa: F401
+            importlib.import_module("torch")
         except ImportError:  # no torch: both orders are the same
             pass
     import numba
