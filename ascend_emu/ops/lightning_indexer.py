@@ -300,7 +300,7 @@ def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, lay
             limit[q_start[b]:q_start[b] + n_q] = n_k
         else:
             s = np.arange(n_q, dtype=np.int64)
-            limit[q_start[b]:q_start[b] + n_q] = np.clip(n_k - n_q + s + 1, 0, n_k)
+            limit[q_start[b]:q_start[b] + n_q] = np.minimum(np.maximum(n_k - n_q + s + 1, 0), n_k)  # np.clip: 2 us more
     if sig is not None:
         _VALIDATED.put(sig, st)
     return LightningIndexerArgs(
