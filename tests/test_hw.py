@@ -291,6 +291,19 @@ def test_hw_mla_preprocess(standin, rng, dtype_name, cache_mode, quant_mode):
     assert_backends_agree(ops.npu_mla_preprocess, list(case["args"].values()), case["kwargs"])
 
 
+@pytest.mark.parametrize("wuk_form", ["nd", "nz_storage"])
+def test_hw_mla_preprocess_storage_shaped_weights(standin, rng, wuk_form):
+    """Weights in the torch_npu doc example's form (their FRACTAL_NZ storage as a tensor, itself
+    cast) reach the device as the caller gave them; the emu backend reads them back."""
+    from tests.test_mla_preprocess import _storage_form, make_case
+
+    case = make_case(rng, "bfloat16", "krope_ctkv", "per_tensor_quant_asymm")
+    a = dict(case["args"])
+    for name in ("wdqkv", "wuq") + (("wuk",) if wuk_form == "nz_storage" else ()):
+        a[name] = _storage_form(np.asarray(a[name]))
+    assert_backends_agree(ops.npu_mla_preprocess, list(a.values()), case["kwargs"])
+
+
 def test_hw_mla_preprocess_out_form_in_place(standin, rng):
     """out= form with the caches themselves: written in place on both backends alike."""
     from tests.test_mla_preprocess import make_case
