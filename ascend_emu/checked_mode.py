@@ -250,7 +250,7 @@ def read_sparse_attention(op: str, args, key, key_rope, value, sparse_indices, s
     within = np.arange(rep.size) - np.repeat(np.cumsum(counts) - counts, counts)
     rows = args.starts[t_idx, h_idx, j_idx][rep] + within
     slots = rows // n2
-    num_slots = (args.key.shape[0] if not args.quant else args.rows_i8.shape[0]) // n2
+    num_slots = args.num_key_slots
     caches = (("key", key),) if args.quant else (("key", key), ("key_rope", key_rope), ("value", value))
     for arg, cache in caches:
         if cache is None or (arg == "value" and args.v_from_key):
@@ -287,7 +287,7 @@ def read_lightning_indexer(op: str, args, key, layout_key) -> None:
     if t_idx.size == 0:
         return
     slots = args.slots[args.token_batch[t_idx], pos]
-    bad = _unwritten(op, "key", np.asarray(key), int(args.key.shape[0]), slots)
+    bad = _unwritten(op, "key", np.asarray(key), args.num_key_slots, slots)
     if not bad.any():
         return
     i = int(np.argmax(bad))

@@ -4,6 +4,8 @@ torch_npu, whose ops run the emulator: every op and mode must give the emu backe
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.util
 import sys
 
@@ -32,7 +34,75 @@ def test_backend_context_manager_nests_and_restores(monkeypatch):
         with ops.backend("gpu"):
             pass
     monkeypatch.setenv("ASCEND_EMU_BACKEND", "hw")
-    assert ops.backend_name() == "hw" and ops.get_backend() is hw
+    assert ops.backend_name() == "hw" and ops.get_backend() is hw.BACKEND
+
+
+# ----------------------------------------------------------------------------- the backend interface
+FAMILIES = ("mla_prolog", "mla_preprocess", "kv_rmsnorm_rope_cache", "sparse_flash_attention", "lightning_indexer")
+
+
+def _outputs_type(family: str):
+    """The family's ``...Outputs`` NamedTuple, from its ``ops`` module (its one definition)."""
+    mod = importlib.import_module(f"ascend_emu.ops.{family}")
+    (cls,) = [v for k, v in vars(mod).items() if k.endswith("Outputs") and isinstance(v, type)]
+    return cls
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_emu_submodule_names_are_modules(family):
+    """``import ascend_emu.emu.<family>`` gives the module, not a function rebound over it."""
+    import types
+
+    mod = importlib.import_module(f"ascend_emu.emu.{family}")
+    assert isinstance(mod, types.ModuleType) and mod.__name__ == f"ascend_emu.emu.{family}"
+    emu = importlib.import_module("ascend_emu.emu")
+    assert getattr(emu, family) is mod
+    assert callable(getattr(mod, family))  # the family's function lives in its module
+
+
+def test_both_backends_implement_the_interface():
+    from ascend_emu import emu
+    from ascend_emu.ops._backend import Backend
+
+    for impl, name in ((emu.BACKEND, "emu"), (hw.BACKEND, "hw")):
+        assert isinstance(impl, Backend) and impl.name == name
+        for family in FAMILIES:
+            assert callable(getattr(impl, family)), (name, family)
+    with ops.backend("emu"):
+        assert ops.get_backend() is emu.BACKEND
+
+
+#: Outputs each family writes in place: field -> the argument object's attribute holding the array.
+IN_PLACE = {"kv_rmsnorm_rope_cache": {"k_cache": "k_cache", "ckv_cache": "ckv_cache"},
+            "mla_preprocess": {f: f for f in ("q_out0", "kv_cache_out0", "q_out1", "kv_cache_out1")}}
+
+
+@contextlib.contextmanager
+def convention_checked(seen: list):
+    """Wrap every family method of both backends: each must return its family's ``...Outputs``
+    (all fields arrays, or None where the prolog's scenario has no such output) and, for in-place
+    outputs, the very arrays the argument object holds. Appends ``(backend, family)`` per call."""
+    from ascend_emu import emu
+
+    mp = pytest.MonkeyPatch()
+    for impl in (emu.BACKEND, hw.BACKEND):
+        for family in FAMILIES:
+            def wrapped(args, _real=getattr(impl, family), _family=family, _name=impl.name):
+                result = _real(args)
+                assert type(result) is _outputs_type(_family), (_name, _family, type(result))
+                for field, value in zip(result._fields, result):
+                    assert isinstance(value, np.ndarray) or (value is None and _family == "mla_prolog"), (
+                        _name, _family, field)
+                for field, attr in IN_PLACE.get(_family, {}).items():
+                    assert getattr(result, field) is getattr(args, attr), (_name, _family, field)
+                seen.append((_name, _family))
+                return result
+
+            mp.setattr(impl, family, wrapped)
+    try:
+        yield
+    finally:
+        mp.undo()
 
 
 def test_unimplemented_op_named():
@@ -114,15 +184,18 @@ def _copy(v):
 
 
 def assert_backends_agree(fn, args, kwargs):
-    """Run ``fn`` on copies of the arguments with each backend; every output and every array
-    argument (caches, out= tensors) must hold the same bytes (NaN-aware)."""
-    got = {}
+    """Run ``fn`` on copies of the arguments with each backend; both must return the family's
+    outputs by the interface's convention (:func:`convention_checked`), and every output and every
+    array argument (caches, out= tensors) must hold the same bytes (NaN-aware)."""
+    got, seen = {}, []
     for be in ("emu", "hw"):
         a = [_copy(v) for v in args]
         kw = {k: _copy(v) for k, v in kwargs.items()}
-        with ops.backend(be):
+        with ops.backend(be), convention_checked(seen):
             out = fn(*a, **kw)
         got[be] = (list(out) if isinstance(out, (tuple, list)) else [out], a, kw)
+    # one family; emu, then hw (whose stand-in device runs emu inside)
+    assert seen[0][0] == "emu" and seen[-1][0] == "hw" and len({f for _, f in seen}) == 1, seen
     (oe, ae, ke), (oh, ah, kh) = got["emu"], got["hw"]
     pairs = [(f"out[{i}]", x, y) for i, (x, y) in enumerate(zip(oe, oh))]
     pairs += [(f"args[{i}]", x, y) for i, (x, y) in enumerate(zip(ae, ah))]
@@ -147,16 +220,6 @@ def test_hw_kv_rmsnorm_rope_cache(standin, rng, mode):
 @pytest.mark.parametrize("mode", ["PA_NZ", "PA_BLK_BNSD"])
 def test_hw_kv_rmsnorm_rope_cache_int8(standin, rng, mode):
     assert_backends_agree(*_kv_call(rng, mode, quant=True))
-
-
-def test_kv_index_rebuilt_per_mode(rng):
-    """hw.kv_index gives back the index the caller passed, in every mode's meaning."""
-    from ascend_emu.ops.kv_rmsnorm_rope_cache import _normalise
-
-    for mode in KV_MODES:
-        _, a, kw = _kv_call(rng, mode)
-        args = _normalise(*a, None, None, None, None, 1e-5, mode, kw["is_output_kv"])
-        assert np.array_equal(hw.kv_index(args).reshape(a[4].shape), a[4]), mode
 
 
 @pytest.fixture(scope="module")
@@ -226,6 +289,19 @@ def test_hw_mla_preprocess(standin, rng, dtype_name, cache_mode, quant_mode):
     if quant_mode == "per_token_quant_symm" and dtype_name == "float16":
         pytest.skip("rejected by the op")
     assert_backends_agree(ops.npu_mla_preprocess, list(case["args"].values()), case["kwargs"])
+
+
+@pytest.mark.parametrize("wuk_form", ["nd", "nz_storage"])
+def test_hw_mla_preprocess_storage_shaped_weights(standin, rng, wuk_form):
+    """Weights in the torch_npu doc example's form (their FRACTAL_NZ storage as a tensor, itself
+    cast) reach the device as the caller gave them; the emu backend reads them back."""
+    from tests.test_mla_preprocess import _storage_form, make_case
+
+    case = make_case(rng, "bfloat16", "krope_ctkv", "per_tensor_quant_asymm")
+    a = dict(case["args"])
+    for name in ("wdqkv", "wuq") + (("wuk",) if wuk_form == "nz_storage" else ()):
+        a[name] = _storage_form(np.asarray(a[name]))
+    assert_backends_agree(ops.npu_mla_preprocess, list(a.values()), case["kwargs"])
 
 
 def test_hw_mla_preprocess_out_form_in_place(standin, rng):
@@ -331,15 +407,3 @@ def test_hw_lightning_indexer(standin, layout_q, layout_k, dtype_name, return_va
     query, key, weights, kw = make_case(np.random.default_rng(5), layout_q, layout_k, dt, (3, 2), (40, 17))
     assert_backends_agree(ops.npu_lightning_indexer, [query, key, weights],
                           dict(kw, sparse_count=8, sparse_mode=3, return_value=return_value))
-
-
-def test_hw_sparse_needs_the_call(standin):
-    """An argument object built without the caller's arguments is refused by name, not guessed."""
-    from ascend_emu.ops.lightning_indexer import _normalise
-
-    query, key, weights, kw = __import__("tests.test_lightning_indexer", fromlist=["make_case"]).make_case(
-        np.random.default_rng(1), "BSND", "BSND", BF16, (2,), (9,))
-    args = _normalise(query, key, weights, kw["actual_seq_lengths_query"], kw["actual_seq_lengths_key"], None,
-                      "BSND", "BSND", 4, 3, (1 << 63) - 1, (1 << 63) - 1, False)
-    with pytest.raises(BackendUnavailable, match="args.call"):
-        hw.lightning_indexer(args)

@@ -391,8 +391,13 @@ def test_bad_input_raises_and_leaves_caches(rng, case_id, cache_mode, quant_mode
 
 
 # ---------------------------------------------------------------------- threads
-def test_one_and_two_numba_threads_identical(rng):
-    case = make_case(rng, "bfloat16", "int8_nzcache", "per_token_quant_symm")
+@pytest.mark.parametrize("quant_mode", ["per_token_quant_symm", "per_tensor_quant_asymm"])
+def test_one_and_two_numba_threads_identical(rng, monkeypatch, quant_mode):
+    """1 thread (serial row passes) vs 2 threads with every row pass split (parallel twins)."""
+    import ascend_emu.emu.kernels as kernels
+
+    monkeypatch.setattr(kernels, "ELEMENTS_PER_PART", 1)  # split even one token's work
+    case = make_case(rng, "bfloat16", "int8_nzcache", quant_mode)
     saved = numba.get_num_threads()
     try:
         results = []

@@ -1,8 +1,9 @@
 """What the per-call fast paths cache, and that caching never changes what a call accepts or writes.
 
 - Op contracts memoise their static checks per call signature (``ops._check.signature``): a
-  repeated signature skips them, but index values, cache overlap and ``k_nope_clip_alpha`` are
-  still checked on every call, and a rejected call leaves the caches byte-identical.
+  repeated signature skips them, but index values (cache slots, sparse indices), cache / out=
+  overlap, int64 descale bits and ``k_nope_clip_alpha`` are still checked on every call, and a
+  rejected call leaves the caches byte-identical.
 - ND weights' fp32 widening (``emu.matmul.weight_f32``) is reused while the weight's bytes are
   unchanged and redone after an in-place write.
 - The parallel kernels split work by ``kernels.parallel_parts``; forcing the parallel path gives
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 
 from ascend_emu import ops
-from ascend_emu.errors import IndexRangeError, ModeError, ShapeError
+from ascend_emu.errors import FormatError, IndexRangeError, ModeError, ShapeError
 from ascend_emu.ops._check import ValidatedSignatures, signature
 
 from .helpers import assert_same_bytes, poisoned
@@ -27,6 +28,8 @@ from .helpers import assert_same_bytes, poisoned
 BF16 = np.dtype(ml_dtypes.bfloat16)
 kv_contract = importlib.import_module("ascend_emu.ops.kv_rmsnorm_rope_cache")
 prolog_contract = importlib.import_module("ascend_emu.ops.mla_prolog")
+pre_contract = importlib.import_module("ascend_emu.ops.mla_preprocess")
+sfa_contract = importlib.import_module("ascend_emu.ops.sparse_flash_attention")
 kernels = importlib.import_module("ascend_emu.emu.kernels")
 matmul = importlib.import_module("ascend_emu.emu.matmul")
 
@@ -180,6 +183,68 @@ def test_prolog_memoised_per_tile_signature_still_checks_clip_alpha(rng):
         _prolog_call(c, k_nope_clip_alpha=np.zeros(1, np.float32), cache_mode="PA_BSND", **kw)
     assert_same_bytes(c["kv_cache"], before, "kv_cache")
     assert he == c["token_x"].shape[1]
+
+
+# ---------------------------------------------------------------------- npu_mla_preprocess
+def _pre_call(case, **kw):
+    return ops.npu_mla_preprocess(*case["args"].values(), **{**case["kwargs"], **kw})
+
+
+def test_preprocess_memoised_signature_same_outputs_and_still_checks_values(rng):
+    from tests.test_mla_preprocess import make_case
+
+    pre_contract._VALIDATED.clear()
+    c = make_case(rng, "float16", "krope_ctkv", "per_tensor_quant_asymm")
+    fresh = {"args": {k: v.copy() if k.startswith("kv_cache") else v for k, v in c["args"].items()},
+             "kwargs": c["kwargs"]}
+    first = _pre_call(c)
+    assert len(pre_contract._VALIDATED) == 1
+    second = _pre_call(fresh)  # the memoised path
+    assert len(pre_contract._VALIDATED) == 1
+    for i, (a, b) in enumerate(zip(first, second)):
+        assert_same_bytes(b, a, f"output {i}")
+    out = dict(q_out0=np.zeros_like(first[0]), q_out1=np.zeros_like(first[2]),
+               kv_cache_out0=c["args"]["kv_cache"], kv_cache_out1=c["args"]["kv_cache_rope"])
+    _pre_call(c, **out)  # out= form: memoised as its own signature
+    before = [c["args"][k].copy() for k in ("kv_cache", "kv_cache_rope")]
+    bad = dict(c, args=dict(c["args"], slotmapping=np.array([1, 10 ** 6, 2, 3][:c["args"]["input"].shape[0]],
+                                                              np.int32)))
+    with pytest.raises(IndexRangeError, match=r"slotmapping\[1\] = 1000000"):
+        _pre_call(bad, **out)
+    descale = c["args"]["descale0"].copy()
+    descale[7] |= np.int64(1) << 40  # not an fp32's bits: high word neither 0 nor a sign extension
+    with pytest.raises(FormatError, match=r"descale0\[7\]"):
+        _pre_call(dict(c, args=dict(c["args"], descale0=descale)), **out)
+    with pytest.raises(ShapeError, match="q_out1: expected memory separate from q_out0"):
+        _pre_call(c, **dict(out, q_out1=out["q_out0"].reshape(-1)[:out["q_out1"].size].reshape(out["q_out1"].shape)))
+    for k, b in zip(("kv_cache", "kv_cache_rope"), before):
+        assert_same_bytes(c["args"][k], b, k)
+
+
+# ---------------------------------------------------------------------- sparse attention
+def test_sparse_attention_memoised_signature_still_checks_indices(rng):
+    from tests.test_sparse_flash_attention import SCALE, make_case
+
+    sfa_contract._VALIDATED.clear()
+    case = make_case(rng, quant=False, layout_query="BSND", layout_kv="PA_BSND", dtype="bfloat16", sbs=1)
+    kw = dict(case["kw"], query_rope=case["query_rope"], key_rope=case["key_rope"], attention_mode=2)
+
+    def call(idx):
+        return ops.npu_sparse_flash_attention(case["query"], case["key"], case["value"], idx, SCALE, **kw)
+
+    first = call(case["sparse_indices"])
+    assert len(sfa_contract._VALIDATED) == 1
+    again = call(case["sparse_indices"].copy())  # the memoised path
+    assert len(sfa_contract._VALIDATED) == 1
+    assert_same_bytes(again[0], first[0], "attention_out")
+    bad = case["sparse_indices"].copy()
+    bad.reshape(-1)[0] = 1 << 20
+    with pytest.raises(IndexRangeError, match="expected a sparse block id"):
+        call(bad)
+    bad = case["sparse_indices"].copy()
+    bad.reshape(-1)[0] = -5
+    with pytest.raises(IndexRangeError, match="= -5"):
+        call(bad)
 
 
 # ---------------------------------------------------------------------- ND weight widening

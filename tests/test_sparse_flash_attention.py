@@ -12,13 +12,13 @@ query-dtype roundings.
 
 from __future__ import annotations
 
-import importlib
 import zlib
 
 import numba
 import numpy as np
 import pytest
 
+import ascend_emu.emu.sparse_flash_attention as SFA_KERNEL  # the emu kernel module
 from ascend_emu import ops
 from ascend_emu.errors import DTypeError, IndexRangeError, ModeError, ShapeError
 from ascend_emu.mla import D_QK, D_ROPE, HCKV
@@ -26,9 +26,6 @@ from ascend_emu.quant import ROW_BYTES
 from ascend_emu.ops.sparse_flash_attention import EMPTY_ROW_SOFTMAX_MAX, EMPTY_ROW_SOFTMAX_SUM
 from tests.helpers import BF16, bit_identical_share, raw
 from tests.reference.sparse_attention import reference
-
-#: The emu kernel module (``ascend_emu.emu.sparse_flash_attention`` names the function there).
-SFA_KERNEL = importlib.import_module("ascend_emu.emu.sparse_flash_attention")
 
 LAYOUTS = [("BSND", "BSND"), ("TND", "TND"), ("BSND", "PA_BSND"), ("TND", "PA_BSND")]
 SPARSE_BLOCK_SIZES = (1, 2, 4, 8, 16)

@@ -1,13 +1,34 @@
 """The CPU backend: Numba kernels and NumPy / BLAS matmuls behind the op contract.
 
-One function per op family, each taking the normalised-argument object its ``ops`` module
-builds. Backends trust the contract and never validate user input again.
+:data:`BACKEND` implements :class:`ascend_emu.ops._backend.Backend`: one method per op family,
+each taking the normalised-argument object its ``ops`` module builds and returning that family's
+``...Outputs`` tuple, caches written in place. The work lives in one submodule per family
+(``ascend_emu.emu.mla_prolog`` is the module; its function of the same name is the kernel
+chain). Conversions only the CPU needs (fp32 widening of weights, NZ read-back of
+storage-shaped weights, descale decoding, bf16 bits for Numba) happen here, not in ``ops``.
+Backends trust the contract and never validate user input again.
 
 Threads: chosen when ``ascend_emu`` is imported (:mod:`ascend_emu._threads`).
 """
 
-from .kv_rmsnorm_rope_cache import kv_rmsnorm_rope_cache  # noqa: F401
-from .lightning_indexer import lightning_indexer  # noqa: F401
-from .mla_preprocess import mla_preprocess  # noqa: F401
-from .mla_prolog import mla_prolog  # noqa: F401
-from .sparse_flash_attention import sparse_flash_attention  # noqa: F401
+from . import kv_rmsnorm_rope_cache as _kv_rmsnorm_rope_cache
+from . import lightning_indexer as _lightning_indexer
+from . import mla_preprocess as _mla_preprocess
+from . import mla_prolog as _mla_prolog
+from . import sparse_flash_attention as _sparse_flash_attention
+
+
+class EmuBackend:
+    """The ``emu`` backend (:class:`ascend_emu.ops._backend.Backend`): each method is its
+    family's function in the submodule of that name."""
+
+    name = "emu"
+    mla_prolog = staticmethod(_mla_prolog.mla_prolog)
+    mla_preprocess = staticmethod(_mla_preprocess.mla_preprocess)
+    kv_rmsnorm_rope_cache = staticmethod(_kv_rmsnorm_rope_cache.kv_rmsnorm_rope_cache)
+    sparse_flash_attention = staticmethod(_sparse_flash_attention.sparse_flash_attention)
+    lightning_indexer = staticmethod(_lightning_indexer.lightning_indexer)
+
+
+#: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.
+BACKEND = EmuBackend()

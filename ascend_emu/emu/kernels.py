@@ -21,6 +21,19 @@ from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16
 _HALF = ROPE_DIM // 2
 
 
+def kernel_input(x: np.ndarray) -> np.ndarray:
+    """``x`` as the Numba kernels are compiled for it: a plain, C-contiguous, writable ndarray in
+    native byte order; ``x`` itself when it is one already, else a copy.
+
+    Numba types a read-only, strided or subclass array differently, so without this the first
+    call with one compiles a new specialisation of every kernel it reaches (seconds each); with
+    it one compiled signature serves every caller. The kernels only read these inputs.
+    """
+    if type(x) is np.ndarray and x.flags.c_contiguous and x.flags.writeable and x.dtype.isnative:
+        return x
+    return np.array(x, dtype=x.dtype.newbyteorder("="), order="C", subok=False)
+
+
 # ---------------------------------------------------------------------- threads
 #: Fewest scalar elements one parallel range processes (about 30-100 us of vector work): waking a
 #: thread and joining it costs tens of microseconds (more on a loaded machine), so smaller work
@@ -36,6 +49,17 @@ def parallel_parts(items: int, elements_per_item: int) -> int:
     if parts < 2:
         return 1
     return max(1, min(numba.get_num_threads(), parts, items))
+
+
+def launch_rows(rows_fn, parts_fn, tokens: int, elements_per_token: int, *operands) -> None:
+    """Run a ``*_rows`` kernel over all tokens: serially, or as ``*_parts`` over contiguous token
+    ranges when :func:`parallel_parts` finds enough work per thread. Every
+    token is computed alone, so the result does not depend on the split."""
+    parts = parallel_parts(tokens, elements_per_token)
+    if parts > 1:
+        parts_fn(parts, *operands)
+    else:
+        rows_fn(0, tokens, *operands)
 
 
 # ---------------------------------------------------------------------- bf16 / fp16 rows

@@ -22,10 +22,11 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ..ops.kv_rmsnorm_rope_cache import (RMS_SIZE, ROPE_SIZE, UNWRITTEN_OUTPUT_FILL,
-                                         KvRmsNormRopeCacheArgs)
-from ..quant import BF16, INT8_MAX, INT8_MIN
-from .kernels import KV_CACHE_RMS, LANES, last_writer, narrow_row, rms_norm_row, rope_row, scatter_rows, widen_row
+from ..ops.kv_rmsnorm_rope_cache import (HIDDEN_SIZE, RMS_SIZE, ROPE_SIZE, UNWRITTEN_OUTPUT_FILL,
+                                         KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs)
+from ..quant import BF16, INT8_MAX, INT8_MIN, to_f32
+from .kernels import (KV_CACHE_RMS, LANES, kernel_input, last_writer, narrow_row, rms_norm_row, rope_row,
+                      scatter_rows, widen_row)
 
 #: The kernel's RmsNorm order (:data:`~ascend_emu.emu.kernels.KV_CACHE_RMS`).
 _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL = KV_CACHE_RMS
@@ -148,7 +149,12 @@ def fused_rows(kv: np.ndarray, gamma: np.ndarray, cos: np.ndarray, sin: np.ndarr
     return k_rows, y_rows, k_int8, y_int8
 
 
-def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs):
+def _scale(scale: np.ndarray, dim: int) -> np.ndarray:
+    """A ``[D]`` / ``[1, D]`` / ``[1]`` fp32 multiplier as the kernel reads it: fp32 ``[dim]``."""
+    return kernel_input(np.broadcast_to(scale.reshape(-1), (dim,)))  # [dim] fp32
+
+
+def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs) -> KvRmsNormRopeCacheOutputs:
     """emu implementation of :func:`ascend_emu.ops.npu_kv_rmsnorm_rope_cache`.
 
     Args:
@@ -159,10 +165,15 @@ def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs):
         the caller's arrays, updated in place.
     """
     quant = args.quant
-    k_rows, y_rows, k_int8, y_int8 = fused_rows(args.kv.view(np.uint16), args.gamma, args.cos.view(np.uint16),
-                                                args.sin.view(np.uint16), args.epsilon, args.kv_dtype == BF16,
-                                                args.k_rope_scale if quant else None,
-                                                args.c_kv_scale if quant else None)
+    t = args.batch * args.seq_len
+    kv = kernel_input(args.kv).reshape(t, HIDDEN_SIZE)  # [T, 576]
+    cos = kernel_input(args.cos).reshape(t, ROPE_SIZE)  # [T, 64]
+    sin = kernel_input(args.sin).reshape(t, ROPE_SIZE)  # [T, 64]
+    k_rows, y_rows, k_int8, y_int8 = fused_rows(kv.view(np.uint16), kernel_input(to_f32(args.gamma)),
+                                                cos.view(np.uint16), sin.view(np.uint16), args.epsilon,
+                                                args.kv_dtype == BF16,
+                                                _scale(args.k_rope_scale, ROPE_SIZE) if quant else None,
+                                                _scale(args.c_kv_scale, RMS_SIZE) if quant else None)
     # [T'] tokens to write (the last one per slot), shared by both caches
     keep = np.flatnonzero(args.slots >= 0) if args.unique_slots else last_writer(args.slots)
     scatter_rows(args.k_cache, k_int8 if quant else k_rows, args.slots, args.k_layout, keep=keep)
@@ -175,4 +186,4 @@ def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs):
     else:
         k_embed_out = _filled((b, 1, s, ROPE_SIZE), dtype)  # [B, 1, S, 64]
         y_out = _filled((b, 1, s, RMS_SIZE), dtype)  # [B, 1, S, 512]
-    return args.k_cache, args.ckv_cache, k_embed_out, y_out
+    return KvRmsNormRopeCacheOutputs(args.k_cache, args.ckv_cache, k_embed_out, y_out)

@@ -37,7 +37,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ..ops.lightning_indexer import (EMPTY_VALUE_SHAPE, PAD_VALUE, SKIPPED_ROW_VALUE, LightningIndexerArgs)
+from ..ops.lightning_indexer import (EMPTY_VALUE_SHAPE, PAD_VALUE, SKIPPED_ROW_VALUE, LightningIndexerArgs,
+                                     LightningIndexerOutputs)
 from ..quant import BF16
 from ..quant.rounding import f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 from .kernels import widen_row
@@ -208,7 +209,7 @@ def _bits(value: float, dtype: np.dtype) -> np.uint16:
     return np.array(value, dtype=dtype).view(np.uint16)[()]
 
 
-def lightning_indexer(args: LightningIndexerArgs):
+def lightning_indexer(args: LightningIndexerArgs) -> LightningIndexerOutputs:
     """Backend of :func:`ascend_emu.ops.npu_lightning_indexer`.
 
     Returns:
@@ -216,16 +217,18 @@ def lightning_indexer(args: LightningIndexerArgs):
     """
     dtype = args.dtype
     is_bf16 = dtype == BF16
-    t_rows, n1, dim = args.query.shape
-    n2 = args.key.shape[1]
+    n1, dim = args.query.shape[-2:]
+    n2 = args.key.shape[-2]
+    query = args.query.reshape(-1, n1, dim)  # [T, N1, D]
+    t_rows = query.shape[0]
     g = n1 // n2
     k = args.sparse_count
     idx = np.empty((t_rows, n2, k), np.int32)  # [T, N2, K]
     vals = np.empty((t_rows, n2, k) if args.return_value else (0, 0, 0), np.uint16)  # [T, N2, K] bits
     pad, skip = _bits(PAD_VALUE, dtype), _bits(SKIPPED_ROW_VALUE, dtype)
-    k_bits = args.key.view(np.uint16)  # [R, N2, D]
-    q32 = args.query.astype(np.float32)  # [T, N1, D]
-    w32 = args.weights.astype(np.float32)  # [T, N1]
+    k_bits = args.key.reshape(-1, n2, dim).view(np.uint16)  # [R, N2, D]
+    q32 = query.astype(np.float32)  # [T, N1, D]
+    w32 = args.weights.reshape(t_rows, n1).astype(np.float32)  # [T, N1]
     for b, rows in _batch_rows(args.token_batch):
         lim = args.limit[rows]  # [n_tok]
         width = max(int(lim.max()), 0)
@@ -251,7 +254,7 @@ def lightning_indexer(args: LightningIndexerArgs):
                 if args.return_value:
                     vals[sub, kh] = out_v
     values = vals.view(dtype).reshape(args.out_shape) if args.return_value else np.empty(EMPTY_VALUE_SHAPE, dtype)
-    return idx.reshape(args.out_shape), values
+    return LightningIndexerOutputs(idx.reshape(args.out_shape), values)
 
 
 #: Bytes of one chunk's fp32 score matrix ``[C * G, L]`` (bounds memory for long prefills).

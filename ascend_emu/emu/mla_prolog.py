@@ -13,11 +13,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..ops.mla_prolog import D_NOPE, D_ROPE, HCKV
+from ..ops.mla_prolog import D_NOPE, D_ROPE, HCKV, MlaPrologArgs, MlaPrologOutputs
 from ..quant import (BF16, INT8_MAX, CombinedRowFormat, bf16_bits_to_f32, bf16_to_f32, dynamic_scale,
                      f32_to_bf16_bits, f32_to_int8, f32_to_int8_via_f16, group_amax, quantize_static,
                      quantize_with_dequant_scale, to_bf16)
-from .kernels import LANES, MLA_PROLOG_RMS, last_writer, parallel_parts, rms_norm_row, rope_row, scatter_rows
+from .kernels import (LANES, MLA_PROLOG_RMS, kernel_input, last_writer, launch_rows, rms_norm_row, rope_row,
+                      scatter_rows)
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
 
 #: The int8 bound the kernel's DynamicQuant divides by (its ``maxInt8Tensor``), fp32.
@@ -28,8 +29,8 @@ _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL = MLA_PROLOG_RMS
 
 # ---------------------------------------------------------------------- fused vector stages
 # Each kernel does the vector work between two matmuls for a range of tokens (``*_rows``); a
-# ``*_parts`` twin runs contiguous ranges in parallel (prange), and :func:`_launch` takes it only
-# when each thread gets enough work (``kernels.parallel_parts``): decode-sized batches run on one
+# ``*_parts`` twin runs contiguous ranges in parallel (prange), and ``kernels.launch_rows`` takes it
+# only when each thread gets enough work (``kernels.parallel_parts``): decode-sized batches run on one
 # thread, so added threads never make them slower. The arithmetic is the shared row kernels'
 # (kernels.rms_norm_row / rope_row) and RNE rounding (quant.f32_to_bf16_bits).
 @njit(cache=True, inline="always")
@@ -145,36 +146,25 @@ def _kv_kr_parts(parts, ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bit
         _kv_kr_rows(p * n // parts, (p + 1) * n // parts, ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits)
 
 
-def _launch(rows_fn, parts_fn, tokens: int, elements_per_token: int, *operands) -> None:
-    """Run a ``*_rows`` kernel over all tokens: serially, or as ``*_parts`` over contiguous token
-    ranges when :func:`~ascend_emu.emu.kernels.parallel_parts` finds enough work per thread. Every
-    token is computed alone, so the result does not depend on the split."""
-    parts = parallel_parts(tokens, elements_per_token)
-    if parts > 1:
-        parts_fn(parts, *operands)
-    else:
-        rows_fn(0, tokens, *operands)
-
-
 def _dequant(acc, tok_scale, col_scale, out):
-    _launch(_dequant_rows, _dequant_parts, acc.shape[0], acc.shape[1], acc, tok_scale, col_scale, out)
+    launch_rows(_dequant_rows, _dequant_parts, acc.shape[0], acc.shape[1], acc, tok_scale, col_scale, out)
 
 
 def _cq_norm(cq, round_in, gamma, eps, scale, out):
-    _launch(_cq_norm_rows, _cq_norm_parts, cq.shape[0], cq.shape[1], cq, round_in, gamma, eps, scale, out)
+    launch_rows(_cq_norm_rows, _cq_norm_parts, cq.shape[0], cq.shape[1], cq, round_in, gamma, eps, scale, out)
 
 
 def _qcqr_split_rope(qcqr, round_rope, cos, sin, q_nope, q_rope_bits):
-    _launch(_qcqr_split_rope_rows, _qcqr_split_rope_parts, qcqr.shape[0], qcqr.shape[1], qcqr, round_rope, cos, sin,
+    launch_rows(_qcqr_split_rope_rows, _qcqr_split_rope_parts, qcqr.shape[0], qcqr.shape[1], qcqr, round_rope, cos, sin,
             q_nope, q_rope_bits)
 
 
 def _query_bits(query, out):
-    _launch(_query_bits_rows, _query_bits_parts, out.shape[0], out.shape[1] * out.shape[2], query, out)
+    launch_rows(_query_bits_rows, _query_bits_parts, out.shape[0], out.shape[1] * out.shape[2], query, out)
 
 
 def _kv_kr(ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits):
-    _launch(_kv_kr_rows, _kv_kr_parts, ckvkr.shape[0], ckvkr.shape[1], ckvkr, round_in, gamma, eps, scale, cos, sin,
+    launch_rows(_kv_kr_rows, _kv_kr_parts, ckvkr.shape[0], ckvkr.shape[1], ckvkr, round_in, gamma, eps, scale, cos, sin,
             kv, kr_bits)
 
 
@@ -188,7 +178,8 @@ def _int8_matmul_dequant(a_i8: np.ndarray, w, tok_scale: np.ndarray, col_scale: 
 
 
 def _f32_vector(a) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(a, dtype=np.float32).reshape(-1))
+    """A scale tensor as the kernels read it: fp32, 1-D, a plain writable C-contiguous array."""
+    return kernel_input(np.asarray(a, dtype=np.float32).reshape(-1))
 
 
 def _dynamic_quant_127(x: np.ndarray, *, query: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -234,17 +225,17 @@ def _per_tile_rows(kv: np.ndarray, kr_bits: np.ndarray, alpha: np.float32, tile_
     return fmt.pack(q, kr_bits.view(BF16), scale)
 
 
-def _empty_outputs(args) -> tuple:
+def _empty_outputs(args: MlaPrologArgs) -> MlaPrologOutputs:
     t, n, hcq = args.num_tokens, args.num_heads, args.weight_dq.shape[1]
     qq = args.query_quant_mode == 1
     query = np.empty((t, n, HCKV), dtype=np.int8 if qq else BF16)
     dq_nope = np.empty((t, n, 1), dtype=np.float32) if qq else None
     query_norm = np.empty((t, hcq), dtype=args.weight_uq_qr.dtype) if args.query_norm_flag else None
     dq_norm = np.empty((t, 1), dtype=np.float32) if args.query_norm_flag and args.weight_quant_mode else None
-    return query, np.empty((t, n, D_ROPE), dtype=BF16), dq_nope, query_norm, dq_norm
+    return MlaPrologOutputs(query, np.empty((t, n, D_ROPE), dtype=BF16), dq_nope, query_norm, dq_norm)
 
 
-def mla_prolog(args) -> tuple:
+def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
     """Compute the MLA prolog in the scenario ``args`` selects; write kv / kr into their caches.
 
     The chain (ops_reference §2.1; bf16 matmuls widen exactly to fp32 and accumulate in fp32,
@@ -295,7 +286,8 @@ def mla_prolog(args) -> tuple:
         args: validated :class:`~ascend_emu.ops.mla_prolog.MlaPrologArgs`.
 
     Returns:
-        ``(query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``: query
+        :class:`~ascend_emu.ops.mla_prolog.MlaPrologOutputs` ``(query, query_rope,
+        dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``: query
         ``[T, N, 512]`` (bf16, int8 with query quant), bf16 ``[T, N, 64]``, fp32 ``[T, N, 1]`` or
         None, ``[T, Hcq]`` (bf16 / int8) when ``args.query_norm_flag`` else None, fp32 ``[T, 1]``
         when ``args.query_norm_flag`` and weight_quant_mode is 1 or 2, else None.
@@ -349,7 +341,7 @@ def mla_prolog(args) -> tuple:
 
     if not args.query_norm_flag:
         query_norm = dq_norm = None
-    return query, query_rope, dq_nope, query_norm, dq_norm
+    return MlaPrologOutputs(query, query_rope, dq_nope, query_norm, dq_norm)
 
 
 def _kv_path(args, ckvkr: np.ndarray, round_in: bool, cos: np.ndarray, sin: np.ndarray) -> None:

@@ -35,16 +35,17 @@ Source: ops_reference §5.2 (numerics), the op contract :mod:`ascend_emu.ops.spa
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
 
 from ..mla import D_QK, D_ROPE, HCKV, TILE_SIZE
 from ..ops.sparse_flash_attention import (EMPTY_ROW_OUTPUT, EMPTY_ROW_SOFTMAX_MAX, EMPTY_ROW_SOFTMAX_SUM,
-                                          SparseFlashAttentionArgs)
-from ..quant import NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
+                                          SparseFlashAttentionArgs, SparseFlashAttentionOutputs)
+from ..quant import BF16, MLA_ROW, NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
-from .kernels import narrow_row, widen_row
+from .kernels import narrow_row, parallel_parts, widen_row
 
 #: uint16 word of the first rope element / fp32 word of the first scale in a 656-byte row.
 _ROPE_WORD = ROPE_OFFSET // 2
@@ -86,6 +87,19 @@ def _dequant_row(nope, scales, is_bf16, out):
                 out[base + j] = f16_bits_to_f32(f32_bits_to_f16_bits(x.view(np.uint32)))
 
 
+@njit(cache=True, inline="always")
+def _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv):
+    r = src[i]
+    if quant:
+        _dequant_row(rows_i8[r, :HCKV], rows_f32[r, _SCALE_WORD:_SCALE_WORD + NUM_TILES], is_bf16, kv[i, :HCKV])
+        widen_row(rows_u16[r, _ROPE_WORD:_ROPE_WORD + D_ROPE], kv[i, HCKV:D_QK], is_bf16)
+    else:
+        widen_row(key[r], kv[i, :HCKV], is_bf16)
+        widen_row(key_rope[r], kv[i, HCKV:D_QK], is_bf16)
+        if not v_from_key:
+            widen_row(value[r], kv[i, D_QK:D_QK + HCKV], is_bf16)
+
+
 @njit(cache=True, parallel=True)
 def _gather(src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv):
     """``kv[i, :576]`` = key row ``src[i]`` as query-dtype values in fp32 (KV-quant: dequantized
@@ -97,15 +111,14 @@ def _gather(src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_fro
         kv: out, fp32 ``[>= n, 576]`` or ``[>= n, 1088]``.
     """
     for i in prange(src.shape[0]):
-        r = src[i]
-        if quant:
-            _dequant_row(rows_i8[r, :HCKV], rows_f32[r, _SCALE_WORD:_SCALE_WORD + NUM_TILES], is_bf16, kv[i, :HCKV])
-            widen_row(rows_u16[r, _ROPE_WORD:_ROPE_WORD + D_ROPE], kv[i, HCKV:D_QK], is_bf16)
-        else:
-            widen_row(key[r], kv[i, :HCKV], is_bf16)
-            widen_row(key_rope[r], kv[i, HCKV:D_QK], is_bf16)
-            if not v_from_key:
-                widen_row(value[r], kv[i, D_QK:D_QK + HCKV], is_bf16)
+        _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv)
+
+
+@njit(cache=True)
+def _gather_serial(src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv):
+    """:func:`_gather` on the calling thread."""
+    for i in range(src.shape[0]):
+        _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv)
 
 
 @njit(cache=True, inline="always")
@@ -128,6 +141,46 @@ def _exp_f64(x):
     return y if xd == xd else xd
 
 
+@njit(cache=True, inline="always")
+def _scale_max(scores, off, length, scale, m):
+    """Softmax step 1 for one unit's rows: ``S * scale`` in place, ``m`` = per-head max."""
+    m[:] = -np.inf
+    for i in range(off, off + length):
+        for g in range(scores.shape[1]):
+            x = scores[i, g] * scale
+            scores[i, g] = x
+            m[g] = x if x > m[g] else m[g]
+
+
+@njit(cache=True, inline="always")
+def _exp_row(scores, i, m):
+    """Softmax step 2 for one row: ``fp32(exp(S - m))`` in place."""
+    for g in range(scores.shape[1]):
+        scores[i, g] = np.float32(_exp_f64(scores[i, g] - m[g]))
+
+
+@njit(cache=True, inline="always")
+def _sum_unit(scores, off, length, total):
+    """Softmax step 3 for one unit's rows: ``total`` = per-head sum, in row order."""
+    total[:] = 0.0
+    for i in range(off, off + length):
+        for g in range(scores.shape[1]):
+            total[g] += scores[i, g]
+
+
+@njit(cache=True, inline="always")
+def _normalise_row(scores, i, total, is_bf16):
+    """Softmax step 4 for one row: ``qdt(e / l)`` (RNE) as fp32, in place."""
+    if is_bf16:
+        for g in range(scores.shape[1]):
+            x = np.float32(scores[i, g] / total[g])
+            scores[i, g] = bf16_bits_to_f32(f32_bits_to_bf16_bits(x.view(np.uint32)))
+    else:
+        for g in range(scores.shape[1]):
+            x = np.float32(scores[i, g] / total[g])
+            scores[i, g] = f16_bits_to_f32(f32_bits_to_f16_bits(x.view(np.uint32)))
+
+
 @njit(cache=True, parallel=True)
 def _softmax(scores, offsets, lengths, unit_of_row, scale, is_bf16, smax, ssum):
     """In place: transposed scores ``S^T`` -> ``P^T`` (query-dtype values as fp32), per head.
@@ -143,35 +196,28 @@ def _softmax(scores, offsets, lengths, unit_of_row, scale, is_bf16, smax, ssum):
         scale: fp32 scale_value.
         smax, ssum: out, fp32 ``[U, G]``: ``m`` and ``l`` per head.
     """
-    group = scores.shape[1]
     for u in prange(lengths.shape[0]):
-        m = smax[u]
-        m[:] = -np.inf
-        for i in range(offsets[u], offsets[u] + lengths[u]):
-            for g in range(group):
-                x = scores[i, g] * scale
-                scores[i, g] = x
-                m[g] = x if x > m[g] else m[g]
+        _scale_max(scores, offsets[u], lengths[u], scale, smax[u])
     for i in prange(scores.shape[0]):
-        m = smax[unit_of_row[i]]
-        for g in range(group):
-            scores[i, g] = np.float32(_exp_f64(scores[i, g] - m[g]))
+        _exp_row(scores, i, smax[unit_of_row[i]])
     for u in prange(lengths.shape[0]):
-        total = ssum[u]
-        total[:] = 0.0
-        for i in range(offsets[u], offsets[u] + lengths[u]):
-            for g in range(group):
-                total[g] += scores[i, g]
+        _sum_unit(scores, offsets[u], lengths[u], ssum[u])
     for i in prange(scores.shape[0]):
-        total = ssum[unit_of_row[i]]
-        if is_bf16:
-            for g in range(group):
-                x = np.float32(scores[i, g] / total[g])
-                scores[i, g] = bf16_bits_to_f32(f32_bits_to_bf16_bits(x.view(np.uint32)))
-        else:
-            for g in range(group):
-                x = np.float32(scores[i, g] / total[g])
-                scores[i, g] = f16_bits_to_f32(f32_bits_to_f16_bits(x.view(np.uint32)))
+        _normalise_row(scores, i, ssum[unit_of_row[i]], is_bf16)
+
+
+@njit(cache=True)
+def _softmax_serial(scores, offsets, lengths, unit_of_row, scale, is_bf16, smax, ssum):
+    """:func:`_softmax` on the calling thread, unit after unit (each element sees the same steps;
+    ``unit_of_row`` is not needed)."""
+    for u in range(lengths.shape[0]):
+        off, n = offsets[u], lengths[u]
+        _scale_max(scores, off, n, scale, smax[u])
+        for i in range(off, off + n):
+            _exp_row(scores, i, smax[u])
+        _sum_unit(scores, off, n, ssum[u])
+        for i in range(off, off + n):
+            _normalise_row(scores, i, ssum[u], is_bf16)
 
 
 @njit(cache=True, parallel=True)
@@ -180,9 +226,15 @@ def _widen_query(query, units, is_bf16, q):
     q fp32 ``[U', G, 576]``."""
     group = query.shape[1]
     for j in prange(units.shape[0] * group):
-        i = j // group
-        g = j % group
-        widen_row(query[units[i], g], q[i, g], is_bf16)
+        widen_row(query[units[j // group], j % group], q[j // group, j % group], is_bf16)
+
+
+@njit(cache=True)
+def _widen_query_serial(query, units, is_bf16, q):
+    """:func:`_widen_query` on the calling thread."""
+    group = query.shape[1]
+    for j in range(units.shape[0] * group):
+        widen_row(query[units[j // group], j % group], q[j // group, j % group], is_bf16)
 
 
 @njit(cache=True, parallel=True)
@@ -193,6 +245,27 @@ def _round_out(o, is_bf16, out):
         lo = c * _ROUND_CHUNK
         hi = min(lo + _ROUND_CHUNK, o.shape[0])
         narrow_row(o[lo:hi], out[lo:hi], is_bf16)
+
+
+@njit(cache=True)
+def _round_out_serial(o, is_bf16, out):
+    """:func:`_round_out` on the calling thread."""
+    narrow_row(o, out, is_bf16)
+
+
+@njit(cache=True)
+def _pass_rows(starts, counts, units, src, offsets, unit_of_row):
+    """The gathered rows of one pass: for unit ``units[u]`` (in order) and its entries (in
+    order), ``counts`` consecutive key rows from ``starts`` -> ``src``; ``offsets[u]`` its first
+    gathered row, ``unit_of_row`` the unit (pass-local) of each row."""
+    r = 0
+    for u in range(units.shape[0]):
+        offsets[u] = r
+        for j in range(starts.shape[1]):
+            for i in range(counts[units[u], j]):
+                src[r] = starts[units[u], j] + i
+                unit_of_row[r] = u
+                r += 1
 
 
 def _passes(lengths: np.ndarray) -> list[tuple[int, int]]:
@@ -208,7 +281,89 @@ def _passes(lengths: np.ndarray) -> list[tuple[int, int]]:
     return passes
 
 
-def sparse_flash_attention(args: SparseFlashAttentionArgs):
+class _Operands(NamedTuple):
+    """The kernels' view of the arguments: uint16 bits for bf16 / fp16, the cache as 2-D rows."""
+
+    query: np.ndarray  # uint16 [T, N1, 576]: query (and query_rope) bits, C-contiguous
+    rows_i8: np.ndarray  # quant: int8 [R, 656] key rows (else [0, 656])
+    rows_u16: np.ndarray  # quant: uint16 [R, 328] view of the same bytes (rope at words 256..319)
+    rows_f32: np.ndarray  # quant: fp32 [R, 164] view of the same bytes (scales at words 160..163)
+    key: np.ndarray  # non-quant: uint16 [R, 512] key bits (else [0, 512])
+    key_rope: np.ndarray  # non-quant: uint16 [R, 64] (else [0, 64])
+    value: np.ndarray  # non-quant with a separate value: uint16 [R, 512] (else [0, 512])
+
+
+#: Placeholders for the operands a call does not use (size 0; never written).
+_ROW_BYTES = MLA_ROW.row_bytes
+_NO_I8, _NO_U16, _NO_F32 = (np.zeros((0, _ROW_BYTES // k), d) for k, d in ((1, np.int8), (2, np.uint16),
+                                                                            (4, np.float32)))
+_NO_KEY, _NO_ROPE = np.zeros((0, HCKV), np.uint16), np.zeros((0, D_ROPE), np.uint16)
+
+
+def _operands(args: SparseFlashAttentionArgs) -> _Operands:
+    """The caller's arrays (``args``) as the kernels read them (R = key slots * N2 rows)."""
+    t, n1 = args.query.size // (args.num_heads * args.query.shape[-1]), args.num_heads
+    r = args.num_key_slots * args.num_kv_heads
+    q_bits = np.ascontiguousarray(args.query).reshape(t, n1, -1).view(np.uint16)  # [T, N1, 512|576]
+    if args.quant:
+        rows = np.ascontiguousarray(args.key).reshape(r, _ROW_BYTES)  # [R, 656] int8
+        return _Operands(q_bits, rows, rows.view(np.uint16), rows.view(np.float32), _NO_KEY, _NO_ROPE, _NO_KEY)
+    qr_bits = np.ascontiguousarray(args.query_rope).reshape(t, n1, D_ROPE).view(np.uint16)  # [T, N1, 64]
+    v_bits = _NO_KEY if args.v_from_key else np.ascontiguousarray(args.value).reshape(r, HCKV).view(np.uint16)
+    return _Operands(np.concatenate([q_bits, qr_bits], axis=-1),  # [T, N1, 576]
+                     _NO_I8, _NO_U16, _NO_F32,
+                     np.ascontiguousarray(args.key).reshape(r, HCKV).view(np.uint16),  # [R, 512]
+                     np.ascontiguousarray(args.key_rope).reshape(r, D_ROPE).view(np.uint16),  # [R, 64]
+                     v_bits)  # [R, 512] or [0, 512]
+
+
+def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, lengths: np.ndarray,
+            out: np.ndarray, smax: np.ndarray, ssum: np.ndarray, parallel: bool) -> None:
+    """Steps 1-4 of the module doc for the units with kept rows (``units``, ``lengths`` rows
+    each), pass after pass, into ``out`` (bits ``[T*N2, G, 512]``), ``smax`` / ``ssum``
+    (``[T*N2, G]``); the threaded kernels with ``parallel``, else their calling-thread twins."""
+    if parallel:
+        gather, widen_query, softmax, round_out = _gather, _widen_query, _softmax, _round_out
+    else:
+        gather, widen_query, softmax, round_out = _gather_serial, _widen_query_serial, _softmax_serial, _round_out_serial
+    n2, group = args.num_kv_heads, args.group
+    t_size = opd.query.shape[0]
+    is_bf16, scale = args.query_dtype == BF16, np.float32(args.scale_value)
+    query = opd.query.reshape(t_size * n2, group, D_QK)  # [T*N2, G, 576] bits, by unit
+    starts = args.starts.reshape(t_size * n2, -1)  # [T*N2, K]
+    counts = args.counts.reshape(t_size * n2, -1)  # [T*N2, K]
+    passes = _passes(lengths)
+    most = max(int(lengths[u0:u1].sum()) for u0, u1 in passes)
+    kv = np.empty((most, D_QK if args.v_from_key else D_QK + HCKV), dtype=np.float32)  # [rows, 576|1088]
+    v_cols = slice(0, HCKV) if args.v_from_key else slice(D_QK, D_QK + HCKV)
+    scores = np.empty((most, group), dtype=np.float32)  # [rows, G] S^T, then P^T
+    for u0, u1 in passes:
+        pass_units = units[u0:u1]  # [U']
+        lens = lengths[u0:u1]  # [U']
+        rows = int(lens.sum())
+        src = np.empty(rows, np.int64)  # [rows] key row of each gathered row
+        offsets = np.empty(u1 - u0, np.int64)  # [U'] first gathered row of each unit
+        unit_of_row = np.empty(rows, np.int64)  # [rows]
+        _pass_rows(starts, counts, pass_units, src, offsets, unit_of_row)
+        gather(src, args.quant, opd.rows_i8, opd.rows_u16, opd.rows_f32, opd.key, opd.key_rope, opd.value,
+                args.v_from_key, is_bf16, kv)
+        q = np.empty((u1 - u0, group, D_QK), dtype=np.float32)  # [U', G, 576]
+        widen_query(query, pass_units, is_bf16, q)
+        for i, (off, length) in enumerate(zip(offsets, lens)):
+            np.matmul(kv[off:off + length, :D_QK], q[i].T, out=scores[off:off + length])  # [L, G]
+        sm = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
+        ss = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
+        softmax(scores[:rows], offsets, lens, unit_of_row, scale, is_bf16, sm, ss)
+        smax[pass_units], ssum[pass_units] = sm, ss
+        o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]
+        for i, (off, length) in enumerate(zip(offsets, lens)):
+            np.matmul(scores[off:off + length].T, kv[off:off + length, v_cols], out=o[i])  # [G, 512]
+        bits = np.empty((u1 - u0) * group * HCKV, dtype=np.uint16)  # [U' * G * 512]
+        round_out(o.reshape(-1), is_bf16, bits)
+        out[pass_units] = bits.reshape(u1 - u0, group, HCKV)
+
+
+def sparse_flash_attention(args: SparseFlashAttentionArgs) -> SparseFlashAttentionOutputs:
     """emu implementation of both sparse attention ops (:mod:`ascend_emu.ops.sparse_flash_attention`).
 
     Args:
@@ -219,7 +374,8 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs):
         ``args.out_shape``; softmax_max / softmax_sum fp32 ``[B, N2, S1, G]`` (BSND) or
         ``[N2, T, G]`` (TND) when ``args.return_softmax_lse``, else fp32 ``[0]``.
     """
-    t_size, n1 = args.query.shape[:2]
+    opd = _operands(args)
+    t_size, n1 = opd.query.shape[:2]
     n2, group = args.num_kv_heads, args.group
     empty_bits = np.asarray(EMPTY_ROW_OUTPUT, np.float32).astype(args.query_dtype).view(np.uint16)
     out = np.full((t_size * n2, group, HCKV), empty_bits, dtype=np.uint16)  # [T*N2, G, 512] query-dtype bits
@@ -229,47 +385,19 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs):
     units = np.flatnonzero(all_lengths)  # [U] units t * N2 + h with kept rows
     lengths = all_lengths[units]  # [U]
     if units.size:
-        query = args.query.reshape(t_size * n2, group, D_QK)  # [T*N2, G, 576] bits, by unit
-        starts = args.starts.reshape(t_size * n2, -1)  # [T*N2, K]
-        counts = args.counts.reshape(t_size * n2, -1).astype(np.int64)  # [T*N2, K]
-        passes = _passes(lengths)
-        most = max(int(lengths[u0:u1].sum()) for u0, u1 in passes)
-        kv = np.empty((most, D_QK if args.v_from_key else D_QK + HCKV), dtype=np.float32)  # [rows, 576|1088]
-        v_cols = slice(0, HCKV) if args.v_from_key else slice(D_QK, D_QK + HCKV)
-        scores = np.empty((most, group), dtype=np.float32)  # [rows, G] S^T, then P^T
-        for u0, u1 in passes:
-            pass_units = units[u0:u1]  # [U']
-            c = counts[pass_units].reshape(-1)  # [E] kept rows per entry
-            s = starts[pass_units].reshape(-1)  # [E] first key row per entry
-            rows = int(c.sum())
-            src = np.repeat(s - (np.cumsum(c) - c), c) + np.arange(rows)  # [rows] key row of each gathered row
-            _gather(src, args.quant, args.rows_i8, args.rows_u16, args.rows_f32, args.key, args.key_rope, args.value,
-                    args.v_from_key, args.is_bf16, kv)
-            lens = lengths[u0:u1]  # [U']
-            offsets = np.cumsum(lens) - lens  # [U']
-            q = np.empty((u1 - u0, group, D_QK), dtype=np.float32)  # [U', G, 576]
-            _widen_query(query, pass_units, args.is_bf16, q)
-            for i, (off, length) in enumerate(zip(offsets, lens)):
-                np.matmul(kv[off:off + length, :D_QK], q[i].T, out=scores[off:off + length])  # [L, G]
-            sm = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
-            ss = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
-            _softmax(scores[:rows], offsets, lens, np.repeat(np.arange(u1 - u0), lens), args.scale_value, args.is_bf16,
-                     sm, ss)
-            smax[pass_units], ssum[pass_units] = sm, ss
-            o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]
-            for i, (off, length) in enumerate(zip(offsets, lens)):
-                np.matmul(scores[off:off + length].T, kv[off:off + length, v_cols], out=o[i])  # [G, 512]
-            bits = np.empty((u1 - u0) * group * HCKV, dtype=np.uint16)  # [U' * G * 512]
-            _round_out(o.reshape(-1), args.is_bf16, bits)
-            out[pass_units] = bits.reshape(u1 - u0, group, HCKV)
+        # threaded kernels, or the calling thread's when the call is too small to split: a parallel
+        # launch costs 20-150 us, more than B=1 decode work (with the workqueue threading layer even
+        # on one thread); both give the same bytes
+        parallel = parallel_parts(int(lengths.sum()), group * D_QK) > 1
+        _attend(args, opd, units, lengths, out, smax, ssum, parallel)
     attention_out = out.view(args.query_dtype).reshape(args.out_shape)
     if not args.return_softmax_lse:
         empty = np.empty(0, dtype=np.float32)  # [0]
-        return attention_out, empty, empty.copy()
+        return SparseFlashAttentionOutputs(attention_out, empty, empty.copy())
     smax, ssum = smax.reshape(t_size, n2, group), ssum.reshape(t_size, n2, group)  # [T, N2, G]
     if args.layout_query == "BSND":
         shape = (args.batch, args.seq_q, n2, group)
         lse = [np.ascontiguousarray(x.reshape(shape).transpose(0, 2, 1, 3)) for x in (smax, ssum)]  # [B, N2, S1, G]
     else:
         lse = [np.ascontiguousarray(x.transpose(1, 0, 2)) for x in (smax, ssum)]  # [N2, T, G]
-    return attention_out, lse[0], lse[1]
+    return SparseFlashAttentionOutputs(attention_out, lse[0], lse[1])

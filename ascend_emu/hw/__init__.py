@@ -1,8 +1,10 @@
 """The ``hw`` backend: the op contract's normalised arguments run by the real torch_npu on an NPU.
 
 Select it with ``ops.set_backend("hw")``, ``with ops.backend("hw"): ...`` or
-``ASCEND_EMU_BACKEND=hw``. Each function takes the same argument object as its ``emu``
-counterpart (built and validated by :mod:`ascend_emu.ops`) and returns its results the same way:
+``ASCEND_EMU_BACKEND=hw``. :data:`BACKEND` implements :class:`ascend_emu.ops._backend.Backend`:
+each function takes the same argument object as its ``emu`` counterpart (built and validated by
+:mod:`ascend_emu.ops`; it holds the caller's arrays as passed) and returns the same ``...Outputs``
+tuple:
 
 - host arrays become NPU tensors (``torch.from_numpy(a).npu()``; bf16 through an int16 view);
 - FRACTAL_NZ weights go through the real ``torch_npu.npu_format_cast(w, 29)``;
@@ -26,7 +28,12 @@ import numpy as np
 
 from ..errors import BackendUnavailable
 from ..layouts import FRACTAL_NZ, get_npu_format
-from ..mla import D_ROPE, HCKV
+from ..mla import D_ROPE, HCKV, TILE_SIZE
+from ..ops.kv_rmsnorm_rope_cache import KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs
+from ..ops.lightning_indexer import LightningIndexerArgs, LightningIndexerOutputs
+from ..ops.mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
+from ..ops.mla_prolog import MlaPrologArgs, MlaPrologOutputs
+from ..ops.sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
 from ..quant.rounding import BF16
 
 #: How to get the real torch_npu (named in every BackendUnavailable).
@@ -112,20 +119,15 @@ def copy_back(t, out: np.ndarray) -> None:
     np.copyto(out, to_host(t).reshape(out.shape))
 
 
-def _scalar_tensor(x, dtype) -> np.ndarray:
-    return np.asarray([x], dtype=np.float32).astype(dtype)
-
-
 # ------------------------------------------------------------------------------ ops
-def mla_prolog(args) -> tuple:
+def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
     """``npu_mla_prolog`` / ``_v2`` / ``_v3`` (by ``args.version``) on the NPU.
 
     Args:
         args: :class:`ascend_emu.ops.mla_prolog.MlaPrologArgs`.
 
     Returns:
-        As the emu backend: ``(query [T, N, Hckv], query_rope [T, N, Dr], dequant_scale_q_nope
-        [T, N, 1] or None, query_norm [T, Hcq] or None, dequant_scale_q_norm [T, 1] or None)``;
+        :class:`~ascend_emu.ops.mla_prolog.MlaPrologOutputs`, as the emu backend;
         ``args.kv_cache`` / ``args.kr_cache`` updated in place.
 
     Raises:
@@ -164,116 +166,81 @@ def mla_prolog(args) -> tuple:
     copy_back(kr, args.kr_cache)
     qq = args.query_quant_mode == 1
     has_norm = args.version == 3 and args.query_norm_flag
-    return (to_host(query).reshape(t, n, HCKV), to_host(query_rope).reshape(t, n, D_ROPE),
-            to_host(dq_nope).reshape(t, n, 1) if qq and dq_nope is not None else None,
-            to_host(query_norm).reshape(t, hcq) if has_norm else None,
-            to_host(dq_norm).reshape(t, 1) if has_norm and args.weight_quant_mode else None)
+    return MlaPrologOutputs(
+        to_host(query).reshape(t, n, HCKV), to_host(query_rope).reshape(t, n, D_ROPE),
+        to_host(dq_nope).reshape(t, n, 1) if qq and dq_nope is not None else None,
+        to_host(query_norm).reshape(t, hcq) if has_norm else None,
+        to_host(dq_norm).reshape(t, 1) if has_norm and args.weight_quant_mode else None)
 
 
-def kv_index(args) -> np.ndarray:
-    """The ``index`` argument of ``npu_kv_rmsnorm_rope_cache`` rebuilt from the validated slots
-    (``args.slots``) in the meaning of ``args.k_layout.mode`` (ops_reference §4): Norm ``[B, S]``
-    positions, PA / PA_NZ ``[B*S]`` slots, PA_BLK ``[B*ceil(S/BlockSize)]`` page-start offsets;
-    int64, -1 = skip."""
-    lay, slots, b, s = args.k_layout, np.asarray(args.slots, dtype=np.int64), args.batch, args.seq_len
-    if lay.mode == "Norm":
-        base = (np.arange(b, dtype=np.int64) * lay.block_size).repeat(s)  # [B*S]
-        return np.where(slots >= 0, slots - base, -1).reshape(b, s)
-    if lay.mode in ("PA_BSND", "PA_NZ"):
-        return slots.copy()
-    bs = lay.block_size
-    pages = -(-s // bs)
-    first = slots.reshape(b, s)[:, ::bs]  # [B, pages] slot of each page's first token (row 0)
-    return np.ascontiguousarray(first[:, :pages]).reshape(-1)
-
-
-def kv_rmsnorm_rope_cache(args) -> tuple:
-    """``npu_kv_rmsnorm_rope_cache`` on the NPU.
+def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs) -> KvRmsNormRopeCacheOutputs:
+    """``npu_kv_rmsnorm_rope_cache`` on the NPU, with the caller's arrays (``index`` included).
 
     Args:
         args: :class:`ascend_emu.ops.kv_rmsnorm_rope_cache.KvRmsNormRopeCacheArgs`.
 
     Returns:
-        As the emu backend: ``(k_cache, ckv_cache, k_embed_out [B, 1, S, 64], y_out [B, 1, S,
-        512])`` with the caller's caches updated in place (the same objects).
+        :class:`~ascend_emu.ops.kv_rmsnorm_rope_cache.KvRmsNormRopeCacheOutputs`, as the emu
+        backend: the caller's caches updated in place (the same objects), ``k_embed_out``, ``y_out``.
 
     Raises:
         BackendUnavailable: see :func:`runtime`.
     """
     torch, tnpu = runtime()
     dev = lambda a: to_device(a, torch)  # noqa: E731
-    b, s, dt = args.batch, args.seq_len, args.kv.dtype
     k_cache, ckv_cache = dev(args.k_cache), dev(args.ckv_cache)
     out = tnpu.npu_kv_rmsnorm_rope_cache(
-        kv=dev(args.kv.reshape(b, 1, s, -1)), gamma=dev(np.asarray(args.gamma).astype(dt)),
-        cos=dev(args.cos.reshape(b, 1, s, D_ROPE)), sin=dev(args.sin.reshape(b, 1, s, D_ROPE)),
-        index=dev(kv_index(args)), k_cache=k_cache, ckv_cache=ckv_cache, k_rope_scale=dev(args.k_rope_scale),
-        c_kv_scale=dev(args.c_kv_scale), epsilon=float(args.epsilon), cache_mode=args.cache_mode,
-        is_output_kv=bool(args.is_output_kv))
+        kv=dev(args.kv), gamma=dev(args.gamma), cos=dev(args.cos), sin=dev(args.sin), index=dev(args.index),
+        k_cache=k_cache, ckv_cache=ckv_cache, k_rope_scale=dev(args.k_rope_scale), c_kv_scale=dev(args.c_kv_scale),
+        epsilon=float(args.epsilon), cache_mode=args.cache_mode, is_output_kv=bool(args.is_output_kv))
     copy_back(k_cache, args.k_cache)
     copy_back(ckv_cache, args.ckv_cache)
-    return args.k_cache, args.ckv_cache, to_host(out[2]), to_host(out[3])
+    return KvRmsNormRopeCacheOutputs(args.k_cache, args.ckv_cache, to_host(out[2]), to_host(out[3]))
 
 
-def mla_preprocess(args) -> None:
-    """``torch_npu.atb.npu_mla_preprocess`` (out= form) on the NPU.
-
-    Rebuilds torch_npu's arguments from the normalised ones: fp16 descales as int64 holding the
-    fp32 bits, quant scales / offsets as ``[1]`` tensors of the input dtype / int8, ``slotmapping``
-    int32, weights ``wdqkv`` / ``wuq`` (logical ``[N, K]``) cast to FRACTAL_NZ.
+def mla_preprocess(args: MlaPreprocessArgs) -> MlaPreprocessOutputs:
+    """``torch_npu.atb.npu_mla_preprocess`` (out= form) on the NPU, with the caller's arrays:
+    weights ``wdqkv`` / ``wuq`` (and an NZ ``wuk``) cast to FRACTAL_NZ as given (logical or
+    storage shape), descales, ``[1]`` scales and ``slotmapping`` as passed.
 
     Args:
         args: :class:`ascend_emu.ops.mla_preprocess.MlaPreprocessArgs`.
 
     Returns:
-        None; ``q_out0``, ``q_out1``, ``kv_cache_out0``, ``kv_cache_out1`` of ``args`` written in
-        place (as the emu backend).
+        :class:`~ascend_emu.ops.mla_preprocess.MlaPreprocessOutputs`: ``q_out0``, ``kv_cache_out0``,
+        ``q_out1``, ``kv_cache_out1`` of ``args``, written in place (as the emu backend).
 
     Raises:
         BackendUnavailable: see :func:`runtime`.
     """
     torch, tnpu = runtime()
     dev = lambda a: to_device(a, torch)  # noqa: E731
-    dt = args.dtype
-
-    def descale(d):
-        d = np.asarray(d, dtype=np.float32)
-        return d.view(np.uint32).astype(np.int64) if dt == np.float16 else d
-
-    def scalar(x, to=dt):
-        return None if x is None else dev(_scalar_tensor(x, to))
-
-    kv = dev(args.kv_cache_out0)
-    rope = dev(args.kv_cache_out1)
+    kv, rope = dev(args.kv_cache_out0), dev(args.kv_cache_out1)
     q0, q1 = dev(args.q_out0), dev(args.q_out1)
     wuk = to_nz(args.wuk, torch, tnpu) if get_npu_format(args.wuk) == FRACTAL_NZ else dev(args.wuk)
     tnpu.atb.npu_mla_preprocess(
         input=dev(args.input), gamma0=dev(args.gamma0), beta0=dev(args.beta0),
-        wdqkv=to_nz(args.wdqkv, torch, tnpu), descale0=dev(descale(args.descale0)), gamma1=dev(args.gamma1),
-        beta1=dev(args.beta1), wuq=to_nz(args.wuq, torch, tnpu), descale1=dev(descale(args.descale1)),
+        wdqkv=to_nz(args.wdqkv, torch, tnpu), descale0=dev(args.descale0), gamma1=dev(args.gamma1),
+        beta1=dev(args.beta1), wuq=to_nz(args.wuq, torch, tnpu), descale1=dev(args.descale1),
         gamma2=dev(args.gamma2), cos=dev(args.cos), sin=dev(args.sin), wuk=wuk, kv_cache=kv, kv_cache_rope=rope,
-        slotmapping=dev(np.asarray(args.slots).astype(np.int32)), quant_scale0=scalar(args.quant_scale0),
-        quant_offset0=scalar(args.quant_offset0, np.int8), bias0=dev(args.bias0),
-        quant_scale1=scalar(args.quant_scale1), quant_offset1=scalar(args.quant_offset1, np.int8),
-        bias1=dev(args.bias1), ctkv_scale=scalar(args.ctkv_scale),
-        q_nope_scale=None if args.q_nope_scale is None else dev(np.asarray(args.q_nope_scale).astype(dt)),
-        cache_mode=args.cache_mode, quant_mode=args.quant_mode, q_out0=q0, kv_cache_out0=kv, q_out1=q1,
-        kv_cache_out1=rope)
+        slotmapping=dev(args.slotmapping), quant_scale0=dev(args.quant_scale0),
+        quant_offset0=dev(args.quant_offset0), bias0=dev(args.bias0), quant_scale1=dev(args.quant_scale1),
+        quant_offset1=dev(args.quant_offset1), bias1=dev(args.bias1), ctkv_scale=dev(args.ctkv_scale),
+        q_nope_scale=dev(args.q_nope_scale), cache_mode=args.cache_mode, quant_mode=args.quant_mode, q_out0=q0,
+        kv_cache_out0=kv, q_out1=q1, kv_cache_out1=rope)
     copy_back(q0, args.q_out0)
     copy_back(q1, args.q_out1)
     copy_back(kv, args.kv_cache_out0)
     copy_back(rope, args.kv_cache_out1)
+    return MlaPreprocessOutputs(args.q_out0, args.kv_cache_out0, args.q_out1, args.kv_cache_out1)
 
 
-def _call_kwargs(args, op: str, torch) -> dict:
-    """The caller's validated torch_npu arguments of ``args.call`` with every array as a new NPU
-    tensor; BackendUnavailable when the argument object was built without them."""
-    if not args.call:
-        raise BackendUnavailable(f"hw backend: {op} needs the caller's arguments (args.call), which this "
-                                 "argument object lacks: build it through ascend_emu.ops")
-    seen: dict[int, object] = {}  # one device tensor per host array (KV-quant: value is key itself)
+def _on_device(kwargs: dict, torch) -> dict:
+    """``kwargs`` with every host array as a new NPU tensor, one per array (the KV-quant op's
+    ``value`` may be ``key`` itself: one device tensor for both)."""
+    seen: dict[int, object] = {}
     out = {}
-    for k, v in args.call.items():
+    for k, v in kwargs.items():
         if isinstance(v, np.ndarray):
             if id(v) not in seen:
                 seen[id(v)] = to_device(v, torch)
@@ -282,52 +249,82 @@ def _call_kwargs(args, op: str, torch) -> dict:
     return out
 
 
-def sparse_flash_attention(args) -> tuple:
+def sparse_flash_attention(args: SparseFlashAttentionArgs) -> SparseFlashAttentionOutputs:
     """``npu_sparse_flash_attention`` or ``npu_kv_quant_sparse_flash_attention`` (by
-    ``args.quant``) on the NPU, from the caller's validated arguments (``args.call``).
+    ``args.quant``) on the NPU, with the caller's arrays.
 
     Args:
         args: :class:`ascend_emu.ops.sparse_flash_attention.SparseFlashAttentionArgs`.
 
     Returns:
-        As the emu backend: ``(attention_out [.., N1, 512] query dtype, softmax_max, softmax_sum)``;
-        softmax_max / softmax_sum fp32 (``[B, N2, S1, G]`` / ``[N2, T, G]`` with
-        ``return_softmax_lse``, else ``[0]``; always ``[0]`` for the KV-quant op, which returns
-        only attention_out).
+        :class:`~ascend_emu.ops.sparse_flash_attention.SparseFlashAttentionOutputs`, as the emu
+        backend (softmax_max / softmax_sum fp32 ``[0]`` without ``return_softmax_lse``, always for
+        the KV-quant op, which returns only attention_out).
 
     Raises:
-        BackendUnavailable: see :func:`runtime`; also an argument object without ``call``.
+        BackendUnavailable: see :func:`runtime`.
     """
+    from ..ops import sparse_flash_attention as sfa
+
     torch, tnpu = runtime()
-    op = "npu_kv_quant_sparse_flash_attention" if args.quant else "npu_sparse_flash_attention"
-    out = getattr(tnpu, op)(**_call_kwargs(args, op, torch))
+    kw = dict(query=args.query, key=args.key, value=args.value, sparse_indices=args.sparse_indices,
+              scale_value=float(args.scale_value), block_table=args.block_table,
+              actual_seq_lengths_query=args.actual_seq_lengths_query,
+              actual_seq_lengths_kv=args.actual_seq_lengths_kv, sparse_block_size=args.sparse_block_size,
+              layout_query=args.layout_query, layout_kv=args.layout_kv, sparse_mode=args.sparse_mode,
+              attention_mode=sfa.ATTENTION_MODE)
     empty = np.empty(0, dtype=np.float32)  # [0]
     if args.quant:
-        return to_host(out).reshape(args.out_shape), empty, empty.copy()
+        out = tnpu.npu_kv_quant_sparse_flash_attention(**_on_device(kw, torch), key_quant_mode=sfa.KEY_QUANT_MODE,
+                                                       value_quant_mode=sfa.VALUE_QUANT_MODE,
+                                                       quant_scale_repo_mode=sfa.QUANT_SCALE_REPO_MODE,
+                                                       tile_size=TILE_SIZE, rope_head_dim=D_ROPE)
+        return SparseFlashAttentionOutputs(to_host(out).reshape(args.out_shape), empty, empty.copy())
+    kw.update(query_rope=args.query_rope, key_rope=args.key_rope, return_softmax_lse=args.return_softmax_lse)
+    out = tnpu.npu_sparse_flash_attention(**_on_device(kw, torch))
     if not args.return_softmax_lse:
-        return to_host(out[0]).reshape(args.out_shape), empty, empty.copy()
-    return to_host(out[0]).reshape(args.out_shape), to_host(out[1]), to_host(out[2])
+        return SparseFlashAttentionOutputs(to_host(out[0]).reshape(args.out_shape), empty, empty.copy())
+    return SparseFlashAttentionOutputs(to_host(out[0]).reshape(args.out_shape), to_host(out[1]), to_host(out[2]))
 
 
-def lightning_indexer(args) -> tuple:
-    """``npu_lightning_indexer`` on the NPU, from the caller's validated arguments (``args.call``).
+def lightning_indexer(args: LightningIndexerArgs) -> LightningIndexerOutputs:
+    """``npu_lightning_indexer`` on the NPU, with the caller's arrays.
 
     Args:
         args: :class:`ascend_emu.ops.lightning_indexer.LightningIndexerArgs`.
 
     Returns:
-        As the emu backend: ``(sparse_indices int32 out_shape, sparse_values)``; sparse_values in
-        the query dtype, ``out_shape`` with ``return_value``, else ``[0]``.
+        :class:`~ascend_emu.ops.lightning_indexer.LightningIndexerOutputs`, as the emu backend
+        (sparse_values ``[0]`` without ``return_value``).
 
     Raises:
-        BackendUnavailable: see :func:`runtime`; also an argument object without ``call``.
+        BackendUnavailable: see :func:`runtime`.
     """
     from ..ops.lightning_indexer import EMPTY_VALUE_SHAPE
 
     torch, tnpu = runtime()
-    idx, val = tnpu.npu_lightning_indexer(**_call_kwargs(args, "npu_lightning_indexer", torch))
+    idx, val = tnpu.npu_lightning_indexer(**_on_device(dict(
+        query=args.query, key=args.key, weights=args.weights, actual_seq_lengths_query=args.actual_seq_lengths_query,
+        actual_seq_lengths_key=args.actual_seq_lengths_key, block_table=args.block_table,
+        layout_query=args.layout_query, layout_key=args.layout_key, sparse_count=args.sparse_count,
+        sparse_mode=args.sparse_mode, return_value=args.return_value), torch))
     values = to_host(val).reshape(args.out_shape if args.return_value else EMPTY_VALUE_SHAPE)
-    return to_host(idx).reshape(args.out_shape), values
+    return LightningIndexerOutputs(to_host(idx).reshape(args.out_shape), values)
+
+
+class HwBackend:
+    """The ``hw`` backend (:class:`ascend_emu.ops._backend.Backend`): the functions above."""
+
+    name = "hw"
+    mla_prolog = staticmethod(mla_prolog)
+    mla_preprocess = staticmethod(mla_preprocess)
+    kv_rmsnorm_rope_cache = staticmethod(kv_rmsnorm_rope_cache)
+    sparse_flash_attention = staticmethod(sparse_flash_attention)
+    lightning_indexer = staticmethod(lightning_indexer)
+
+
+#: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.
+BACKEND = HwBackend()
 
 
 def __getattr__(name: str):

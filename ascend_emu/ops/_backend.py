@@ -1,13 +1,30 @@
-"""Backend selection: which implementation receives the normalised arguments of an op.
+"""Backend selection and the backend interface: what every backend implements, and how.
 
-The op contract lives in :mod:`ascend_emu.ops`; a backend is a module exposing one function per
-op family, taking that op's normalised-argument dataclass. Select with :func:`set_backend`, for a
-block of code with ``with backend("hw"): ...`` (per thread / async context; it wins over
-:func:`set_backend`), or the ``ASCEND_EMU_BACKEND`` environment variable (default ``emu``).
+The op contract lives in :mod:`ascend_emu.ops`; a backend receives what the contract validated.
+Select one with :func:`set_backend`, for a block of code with ``with backend("hw"): ...`` (per
+thread / async context; it wins over :func:`set_backend`), or the ``ASCEND_EMU_BACKEND``
+environment variable (default ``emu``).
+
+The interface (:class:`Backend`), the same for every backend:
+
+- one method per op family (``mla_prolog``, ``mla_preprocess``, ``kv_rmsnorm_rope_cache``,
+  ``sparse_flash_attention``, ``lightning_indexer``), taking that family's frozen argument
+  object (``MlaPrologArgs``, ... in the family's ``ops`` module): the caller's validated arrays
+  as passed (NZ weights as cast, scales and index tensors as given), the derived slots / rows,
+  the cache layouts, modes and scenario. Backends never validate user input again;
+- returning that family's ``...Outputs`` NamedTuple (defined once, in the family's ``ops``
+  module): one field per output of the family, in torch_npu's order. Outputs written in place
+  (caches, out= tensors) are written into the arrays the argument object holds and returned as
+  those same objects; the MLA prolog's caches are written in place but are not fields (its v3
+  entry point does not return them);
+- conversions only one backend needs stay in that backend: the CPU's fp32 widening, NZ
+  read-back and descale decoding in :mod:`ascend_emu.emu`, device copies and real NZ casts in
+  :mod:`ascend_emu.hw`.
 
 Backends: ``emu`` (the CPU, :mod:`ascend_emu.emu`) and ``hw`` (the real torch_npu on an Atlas
 machine, :mod:`ascend_emu.hw`; without torch_npu or an NPU its ops raise
-:class:`~ascend_emu.errors.BackendUnavailable`).
+:class:`~ascend_emu.errors.BackendUnavailable`). Each package exposes its implementation as
+``BACKEND``.
 """
 
 from __future__ import annotations
@@ -16,16 +33,46 @@ import contextlib
 import contextvars
 import importlib
 import os
-from types import ModuleType
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator, Protocol, runtime_checkable
 
 from ..errors import ModeError, arg_error, describe
 
-#: Registered backends: name -> module path.
+if TYPE_CHECKING:  # the families' modules import this one
+    from .kv_rmsnorm_rope_cache import KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs
+    from .lightning_indexer import LightningIndexerArgs, LightningIndexerOutputs
+    from .mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
+    from .mla_prolog import MlaPrologArgs, MlaPrologOutputs
+    from .sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What a backend implements (module doc): one method per op family."""
+
+    name: str
+
+    def mla_prolog(self, args: MlaPrologArgs) -> MlaPrologOutputs:
+        """``npu_mla_prolog`` / ``_v2`` / ``_v3``; caches written in place."""
+
+    def mla_preprocess(self, args: MlaPreprocessArgs) -> MlaPreprocessOutputs:
+        """``atb.npu_mla_preprocess``; every output written into ``args``' destinations."""
+
+    def kv_rmsnorm_rope_cache(self, args: KvRmsNormRopeCacheArgs) -> KvRmsNormRopeCacheOutputs:
+        """``npu_kv_rmsnorm_rope_cache``; caches written in place."""
+
+    def sparse_flash_attention(self, args: SparseFlashAttentionArgs) -> SparseFlashAttentionOutputs:
+        """``npu_sparse_flash_attention`` and ``npu_kv_quant_sparse_flash_attention``."""
+
+    def lightning_indexer(self, args: LightningIndexerArgs) -> LightningIndexerOutputs:
+        """``npu_lightning_indexer``."""
+
+
+#: Registered backends: name -> package exposing ``BACKEND``.
 BACKENDS: dict[str, str] = {"emu": "ascend_emu.emu", "hw": "ascend_emu.hw"}
 _ENV = "ASCEND_EMU_BACKEND"
 _selected: str | None = None
 _scoped: contextvars.ContextVar[str | None] = contextvars.ContextVar("ascend_emu_backend", default=None)
+_loaded: dict[str, Backend] = {}
 
 
 def set_backend(name: str) -> None:
@@ -48,9 +95,13 @@ def backend_name() -> str:
     return name
 
 
-def get_backend() -> ModuleType:
-    """The selected backend module."""
-    return importlib.import_module(BACKENDS[backend_name()])
+def get_backend() -> Backend:
+    """The selected backend (its package's ``BACKEND``; the package is imported on first use)."""
+    name = backend_name()
+    impl = _loaded.get(name)
+    if impl is None:
+        impl = _loaded[name] = importlib.import_module(BACKENDS[name]).BACKEND
+    return impl
 
 
 @contextlib.contextmanager

@@ -198,19 +198,6 @@ def check_float(value, name: str, *, nonnegative: bool = False) -> float:
     return float(value)
 
 
-def kernel_input(x: np.ndarray) -> np.ndarray:
-    """``x`` as the Numba kernels are compiled for it: a plain, C-contiguous, writable ndarray in
-    native byte order; ``x`` itself when it is one already, else a copy.
-
-    Numba types a read-only, strided or subclass array differently, so without this the first
-    call with one compiles a new specialisation of every kernel it reaches (seconds each); with
-    it one compiled signature serves every caller. The kernels only read these inputs.
-    """
-    if type(x) is np.ndarray and x.flags.c_contiguous and x.flags.writeable and x.dtype.isnative:
-        return x
-    return np.array(x, dtype=x.dtype.newbyteorder("="), order="C", subok=False)
-
-
 def check_separate(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:
     """Two arrays written by one call (caches, out= arrays) must not share memory (each would
     overwrite the other's rows; on hardware the result depends on write order).
@@ -282,15 +269,16 @@ def signature(*values) -> tuple | None:
     from ..layouts import NZArray
 
     key = []
+    add = key.append
     for x in values:
         t = type(x)
         if t is np.ndarray or t is NZArray:
             flags = x.flags
-            key.append((t, x.shape, x.dtype, flags.c_contiguous, flags.writeable))
+            add((t, x.shape, x.dtype, flags.c_contiguous, flags.writeable))
         elif x is None:
-            key.append(None)
-        elif isinstance(x, _SCALAR_TYPES):
-            key.append((t, x))
+            add(None)
+        elif t is str or t is float or t is int or t is bool or isinstance(x, _SCALAR_TYPES):
+            add((t, x))
         else:
             return None
     return tuple(key)

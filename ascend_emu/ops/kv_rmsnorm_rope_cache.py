@@ -42,18 +42,17 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
 from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ..layouts import (CacheLayout, canonical_cache_mode, slots_from_cache_index, slots_from_pages,
                        slots_from_positions)
-from ..quant import to_f32
 from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_cache, check_dtype, check_float, check_separate, check_shape,
-                     dtype_name, kernel_input, optional, required, signature, warn_duplicates)
+                     dtype_name, optional, required, signature, warn_duplicates)
 
 KvCacheMode = Literal["Norm", "PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ"]
 
@@ -79,18 +78,22 @@ BLOCK_ALIGN_BYTES = 32
 
 @dataclass(frozen=True, kw_only=True)
 class KvRmsNormRopeCacheArgs:
-    """Normalised, validated arguments of :func:`npu_kv_rmsnorm_rope_cache`.
+    """Normalised, validated arguments of :func:`npu_kv_rmsnorm_rope_cache` (the caller's arrays
+    as passed; the emu backend makes its own kernel operands of them).
 
     Attributes:
-        kv: ``[T, 576]`` C-contiguous, kv dtype (T = B * S, batch-major).
-        gamma: fp32 ``[512]``.
-        cos, sin: ``[T, 64]`` C-contiguous, kv dtype.
+        kv: ``[B, 1, S, 576]`` kv dtype (any strides).
+        gamma: ``[512]`` kv dtype.
+        cos, sin: ``[B, 1, S, 64]`` kv dtype (any strides).
+        index: the caller's int64 index tensor (its meaning per cache mode:
+            :func:`npu_kv_rmsnorm_rope_cache`).
         k_cache, ckv_cache: the caller's caches, updated in place and returned.
         k_layout, ckv_layout: their :class:`CacheLayout` (canonical mode, geometry, itemsize).
-        slots: int64 ``[T]`` destination slot per token, validated; -1 = skip.
+        slots: int64 ``[T]`` destination slot per token (T = B * S, batch-major), validated;
+            -1 = skip.
         unique_slots: no slot is written twice (else a DuplicateSlotWarning was issued).
-        k_rope_scale, c_kv_scale: fp32 ``[64]`` / ``[512]`` multipliers (broadcast), or None
-            (non-quant).
+        k_rope_scale, c_kv_scale: fp32 ``[D]``, ``[1, D]`` or ``[1]`` multipliers as given, or
+            None (non-quant).
         epsilon: fp32 epsilon.
         cache_mode: the seed spelling the caller used.
         is_output_kv: whether ``k_embed_out`` / ``y_out`` carry the rows.
@@ -101,6 +104,7 @@ class KvRmsNormRopeCacheArgs:
     gamma: np.ndarray
     cos: np.ndarray
     sin: np.ndarray
+    index: np.ndarray
     k_cache: np.ndarray
     ckv_cache: np.ndarray
     k_layout: CacheLayout
@@ -124,6 +128,21 @@ class KvRmsNormRopeCacheArgs:
     def kv_dtype(self) -> np.dtype:
         """bf16 or fp16."""
         return self.kv.dtype
+
+
+class KvRmsNormRopeCacheOutputs(NamedTuple):
+    """What a backend returns (:mod:`ascend_emu.ops._backend`), torch_npu's order.
+
+    Attributes:
+        k_cache, ckv_cache: ``args.k_cache`` / ``args.ckv_cache``, written in place.
+        k_embed_out: ``[B, 1, S, 64]`` kv dtype.
+        y_out: ``[B, 1, S, 512]`` kv dtype.
+    """
+
+    k_cache: np.ndarray
+    ckv_cache: np.ndarray
+    k_embed_out: np.ndarray
+    y_out: np.ndarray
 
 
 def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None,
@@ -187,8 +206,8 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
     checked_mode.will_write(*caches)
     result = get_backend().kv_rmsnorm_rope_cache(args)
     checked_mode.wrote("npu_kv_rmsnorm_rope_cache", args.slots, caches,
-                       zip(("k_embed_out", "y_out"), result[2:]))
-    return result
+                       (("k_embed_out", result.k_embed_out), ("y_out", result.y_out)))
+    return tuple(result)
 
 
 # ---------------------------------------------------------------------- validation
@@ -232,8 +251,9 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
     else:
         check_separate(k_cache, "k_cache", ckv_cache, "ckv_cache")
     if key is None:  # lists and the like, accepted by the checks above: as arrays from here on
-        kv, gamma, cos, sin, k_cache, ckv_cache = (x if isinstance(x, np.ndarray) else np.asarray(x)
-                                                   for x in (kv, gamma, cos, sin, k_cache, ckv_cache))
+        kv, gamma, cos, sin, k_cache, ckv_cache, index = (
+            x if isinstance(x, np.ndarray) else np.asarray(x) for x in (kv, gamma, cos, sin, k_cache, ckv_cache, index))
+        k_rope_scale, c_kv_scale = (None if x is None else np.asarray(x) for x in (k_rope_scale, c_kv_scale))
     mode, b, s = static.mode, static.batch, static.seq_len
     slots = _slots(index, mode, cache_mode, b, s, static.k_layout)
     unique = slots.size < 2
@@ -242,17 +262,11 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
         unique = bool(np.all(live[1:] != live[:-1]))
         if not unique:
             warn_duplicates(slots, "index")
-    quant = k_rope_scale is not None
     return KvRmsNormRopeCacheArgs(
-        kv=kernel_input(kv).reshape(b * s, HIDDEN_SIZE),  # [T, 576]
-        gamma=kernel_input(to_f32(gamma)),  # [512] fp32
-        cos=kernel_input(cos).reshape(b * s, ROPE_SIZE),  # [T, 64]
-        sin=kernel_input(sin).reshape(b * s, ROPE_SIZE),  # [T, 64]
-        k_cache=k_cache, ckv_cache=ckv_cache, k_layout=static.k_layout, ckv_layout=static.ckv_layout,
-        slots=slots, unique_slots=unique,
-        k_rope_scale=_scale_values(k_rope_scale, ROPE_SIZE) if quant else None,
-        c_kv_scale=_scale_values(c_kv_scale, RMS_SIZE) if quant else None, epsilon=static.epsilon,
-        cache_mode=cache_mode, is_output_kv=bool(is_output_kv), batch=int(b), seq_len=int(s))
+        kv=kv, gamma=gamma, cos=cos, sin=sin, index=index, k_cache=k_cache, ckv_cache=ckv_cache,
+        k_layout=static.k_layout, ckv_layout=static.ckv_layout, slots=slots, unique_slots=unique,
+        k_rope_scale=k_rope_scale, c_kv_scale=c_kv_scale, epsilon=static.epsilon, cache_mode=cache_mode,
+        is_output_kv=bool(is_output_kv), batch=int(b), seq_len=int(s))
 
 
 def _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset, c_kv_offset,
@@ -361,11 +375,6 @@ def _check_scale(scale: np.ndarray, name: str, dim: int) -> None:
     check_dtype(scale, name, ("float32",))
     if tuple(scale.shape) not in ((dim,), (1, dim), (1,)):
         raise arg_error(ShapeError, name, f"shape [{dim}], [1, {dim}] or [1]", list(scale.shape))
-
-
-def _scale_values(scale, dim: int) -> np.ndarray:
-    """A scale :func:`_check_scale` accepted, broadcast to fp32 ``[dim]``."""
-    return kernel_input(np.broadcast_to(np.asarray(scale).reshape(-1), (dim,)))  # [dim] fp32
 
 
 def _slots(index, mode: str, cache_mode: str, b: int, s: int, layout: CacheLayout) -> np.ndarray:

@@ -45,9 +45,9 @@ Choices where the sources leave room (each in one named constant below):
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Literal
+import math
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -56,7 +56,8 @@ from ..layouts import SKIP_INDEX, slots_from_block_table
 from ..mla import INDEXER_HEAD_DIM, INDEXER_HEADS, INDEXER_KEY_HEADS
 from .. import checked_mode
 from ._backend import get_backend
-from ._check import check_dtype, check_shape, dtype_name, optional, per_batch_lengths, prefix_lengths, required
+from ._check import (ValidatedSignatures, check_dtype, check_shape, dtype_name, optional, per_batch_lengths,
+                     prefix_lengths, required, seq_lengths, signature)
 
 LayoutQuery = Literal["BSND", "TND"]
 LayoutKey = Literal["BSND", "TND", "PA_BSND"]
@@ -91,17 +92,21 @@ SKIPPED_ROW = -1
 
 @dataclass(frozen=True, kw_only=True)
 class LightningIndexerArgs:
-    """Normalised, validated arguments of :func:`npu_lightning_indexer`.
+    """Normalised, validated arguments of :func:`npu_lightning_indexer`: the caller's arrays as
+    passed and the key rows each query token scores.
 
     Attributes:
-        query: ``[T, N1, D]`` C-contiguous bf16 / fp16 (BSND flattened batch-major: T = B * S1).
-        weights: ``[T, N1]`` C-contiguous, the query dtype.
-        key: ``[R, N2, D]`` C-contiguous key rows, the query dtype (BSND: R = B * S2; TND: R = T2;
-            PA_BSND: R = blocks * block_size, row ``block * block_size + r``).
-        slots: int64 ``[B, max_kv]``: row of ``key`` holding kv position ``p`` of batch ``b``;
-            every entry ``p < limit`` of any token of ``b`` is in ``[0, R)`` (checked); -1 past
+        query: ``[B, S1, N1, D]`` (BSND) / ``[T, N1, D]`` (TND), C-contiguous bf16 / fp16.
+        key: ``[B, S2, N2, D]`` / ``[T2, N2, D]`` / ``[blocks, block_size, N2, D]`` (PA_BSND),
+            C-contiguous, the query dtype; as rows ``[R, N2, D]`` (R = key slots; BSND row
+            ``b * S2 + p``, PA_BSND row ``block * block_size + r``).
+        weights: ``[B, S1, N1]`` / ``[T, N1]``, C-contiguous, the query dtype.
+        actual_seq_lengths_query, actual_seq_lengths_key, block_table: the caller's int32
+            tensors, or None.
+        slots: int64 ``[B, max_kv]``: key row holding kv position ``p`` of batch ``b``; every
+            entry ``p < limit`` of any token of ``b`` is in ``[0, R)`` (checked); -1 past
             ``act_kv[b]``.
-        token_batch: int64 ``[T]`` batch of each query token.
+        token_batch: int64 ``[T]`` batch of each query token (T = B * S1 for BSND, batch-major).
         limit: int64 ``[T]`` visible kv positions ``[0, limit)`` per token (>= 0), or
             :data:`SKIPPED_ROW` for a row the kernel does not compute.
         sparse_count: top-k per row.
@@ -109,13 +114,14 @@ class LightningIndexerArgs:
         out_shape: ``[B, S1, N2, sparse_count]`` (BSND query) or ``[T, N2, sparse_count]`` (TND).
         layout_query, layout_key: the caller's layouts.
         sparse_mode: 0 or 3.
-        call: the caller's validated arguments by torch_npu 2.14 name (arrays as passed), for a
-            backend that calls the real op (``hw``); empty when built directly.
     """
 
     query: np.ndarray
-    weights: np.ndarray
     key: np.ndarray
+    weights: np.ndarray
+    actual_seq_lengths_query: np.ndarray | None
+    actual_seq_lengths_key: np.ndarray | None
+    block_table: np.ndarray | None
     slots: np.ndarray
     token_batch: np.ndarray
     limit: np.ndarray
@@ -125,12 +131,29 @@ class LightningIndexerArgs:
     layout_query: str
     layout_key: str
     sparse_mode: int
-    call: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dtype(self) -> np.dtype:
         """The query dtype (bf16 or fp16): the dtype of the returned scores."""
         return self.query.dtype
+
+    @property
+    def num_key_slots(self) -> int:
+        """R: key rows (every key dim but N2 and D)."""
+        return math.prod(self.key.shape[:-2])
+
+
+class LightningIndexerOutputs(NamedTuple):
+    """What a backend returns (:mod:`ascend_emu.ops._backend`), torch_npu's order.
+
+    Attributes:
+        sparse_indices: int32 ``args.out_shape``.
+        sparse_values: the query dtype, ``args.out_shape`` with ``args.return_value``, else
+            :data:`EMPTY_VALUE_SHAPE`.
+    """
+
+    sparse_indices: np.ndarray
+    sparse_values: np.ndarray
 
 
 def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None, actual_seq_lengths_key=None,
@@ -181,13 +204,8 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
     """
     args = _normalise(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
                       layout_query, layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens, return_value)
-    args = dataclasses.replace(args, call=dict(
-        query=query, key=key, weights=weights, actual_seq_lengths_query=actual_seq_lengths_query,
-        actual_seq_lengths_key=actual_seq_lengths_key, block_table=block_table, layout_query=layout_query,
-        layout_key=layout_key, sparse_count=int(sparse_count), sparse_mode=int(sparse_mode),
-        return_value=bool(return_value)))
     checked_mode.read_lightning_indexer("npu_lightning_indexer", args, key, layout_key)
-    return get_backend().lightning_indexer(args)
+    return tuple(get_backend().lightning_indexer(args))
 
 
 # ---------------------------------------------------------------------- validation
@@ -208,8 +226,98 @@ def _tensor(x, name: str, dtype: str | None) -> np.ndarray:
     return x
 
 
+@dataclass(frozen=True)
+class _Static:
+    """What :func:`_check_static` derives from a call signature."""
+
+    sparse_count: int
+    sparse_mode: int
+    b_q: int | None
+    s1: int | None
+    t_rows: int
+    batch: int
+    out_shape: tuple[int, ...]
+
+
+#: Signatures whose static checks passed (:func:`ascend_emu.ops._check.signature`).
+_VALIDATED = ValidatedSignatures()
+
+
 def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, layout_key, sparse_count,
                sparse_mode, pre_tokens, next_tokens, return_value) -> LightningIndexerArgs:
+    """Validate every argument and build :class:`LightningIndexerArgs`.
+
+    The checks :func:`_check_static` makes run once per call signature
+    (:func:`~ascend_emu.ops._check.signature`; a decode loop repeats one); the lengths and the
+    block_table entries a batch reads are checked on every call, after them.
+    """
+    given = (query, key, weights, act_q, act_k, block_table, layout_query, layout_key, sparse_count, sparse_mode,
+             pre_tokens, next_tokens, return_value)
+    sig = signature(*given)
+    st = _VALIDATED.get(sig)
+    if st is None:
+        st = _check_static(*given)
+    query, key, weights = required(query, "query"), required(key, "key"), required(weights, "weights")
+    act_q, act_k = optional(act_q, "actual_seq_lengths_query"), optional(act_k, "actual_seq_lengths_key")
+    block_table = optional(block_table, "block_table")
+    b_q, s1, t_rows, batch = st.b_q, st.s1, st.t_rows, st.batch
+
+    # ---- query lengths
+    if layout_query == "BSND":
+        if act_q is None:
+            q_len = np.full(b_q, s1, np.int64)
+        else:
+            q_len = per_batch_lengths(act_q, "actual_seq_lengths_query", b_q, s1, "a query token count (BSND)")
+        q_start = np.arange(b_q, dtype=np.int64) * s1
+    else:
+        q_len = prefix_lengths(act_q, "actual_seq_lengths_query", t_rows)
+        q_start = np.cumsum(q_len) - q_len
+
+    # ---- key lengths and slots
+    if layout_key == "BSND":
+        s2 = key.shape[1]
+        if act_k is None:
+            kv_len = np.full(batch, s2, np.int64)
+        else:
+            kv_len = per_batch_lengths(act_k, "actual_seq_lengths_key", batch, s2, "a kv token count (BSND)")
+        slots = _contiguous_slots(np.arange(batch, dtype=np.int64) * s2, kv_len)
+    elif layout_key == "TND":
+        kv_len = prefix_lengths(act_k, "actual_seq_lengths_key", key.shape[0], batch)
+        slots = _contiguous_slots(np.cumsum(kv_len) - kv_len, kv_len)
+    else:
+        kv_len = per_batch_lengths(act_k, "actual_seq_lengths_key", batch, None, "a kv token count")
+        slots = slots_from_block_table(block_table, kv_len, key.shape[1], key.shape[0], name="block_table")
+
+    # ---- per-token batch and visible length
+    token_batch = np.zeros(t_rows, np.int64)  # [T]
+    limit = np.full(t_rows, SKIPPED_ROW, np.int64)  # [T]
+    for b in range(batch):
+        n_q, n_k = int(q_len[b]), int(kv_len[b])
+        token_batch[q_start[b]:q_start[b] + (s1 if s1 is not None else n_q)] = b
+        if n_q == 0 or n_k == 0:
+            continue  # the kernel skips the batch: rows stay SKIPPED_ROW
+        if st.sparse_mode == 0:
+            limit[q_start[b]:q_start[b] + n_q] = n_k
+        else:
+            s = np.arange(n_q, dtype=np.int64)
+            limit[q_start[b]:q_start[b] + n_q] = np.minimum(np.maximum(n_k - n_q + s + 1, 0), n_k)  # np.clip: 2 us more
+    if sig is not None:
+        _VALIDATED.put(sig, st)
+    return LightningIndexerArgs(
+        query=query, key=key, weights=weights, actual_seq_lengths_query=act_q, actual_seq_lengths_key=act_k,
+        block_table=block_table, slots=np.ascontiguousarray(slots, dtype=np.int64), token_batch=token_batch, limit=limit,
+        sparse_count=st.sparse_count, return_value=bool(return_value), out_shape=st.out_shape,
+        layout_query=layout_query, layout_key=layout_key, sparse_mode=st.sparse_mode)
+
+
+def _check_static(query, key, weights, act_q, act_k, block_table, layout_query, layout_key, sparse_count,
+                  sparse_mode, pre_tokens, next_tokens, return_value) -> _Static:
+    """Every check that reads only types, shapes, dtypes, modes and scalars, in the contract's
+    order (length values and block_table entries: :func:`_normalise`).
+
+    Raises:
+        As :func:`npu_lightning_indexer` (ShapeError, DTypeError, ModeError).
+    """
     # ---- modes
     if layout_query not in LAYOUTS_QUERY:
         raise arg_error(ModeError, "layout_query", f"one of {list(LAYOUTS_QUERY)}", repr(layout_query))
@@ -248,21 +356,14 @@ def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, lay
     w_shape = [*query.shape[:-1]]
     check_shape(weights, "weights", w_shape, "[B, S1, N1] (BSND)" if layout_query == "BSND" else "[T, N1] (TND)")
 
-    # ---- query lengths
     act_q = optional(act_q, "actual_seq_lengths_query")
     if layout_query == "BSND":
-        if act_q is None:
-            q_len = np.full(b_q, s1, np.int64)
-        else:
-            q_len = per_batch_lengths(act_q, "actual_seq_lengths_query", b_q, s1, "a query token count (BSND)")
-        q_start = np.arange(b_q, dtype=np.int64) * s1
+        batch = b_q
     else:
         if act_q is None:
             raise arg_error(ModeError, "actual_seq_lengths_query", "a tensor of prefix sums (required for "
                             "layout_query 'TND')", None)
-        q_len = prefix_lengths(act_q, "actual_seq_lengths_query", t_rows)
-        q_start = np.cumsum(q_len) - q_len
-    batch = q_len.size
+        batch = seq_lengths(act_q, "actual_seq_lengths_query").size
 
     # ---- key
     key = _tensor(key, "key", dt)
@@ -278,61 +379,30 @@ def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, lay
         if bs % BLOCK_SIZE_ALIGN or bs > BLOCK_SIZE_MAX:
             raise arg_error(ShapeError, "key", f"block_size (dim 1) a multiple of {BLOCK_SIZE_ALIGN} up to "
                             f"{BLOCK_SIZE_MAX} (PA_BSND)", bs)
-    key_rows = key.reshape(-1, INDEXER_KEY_HEADS, INDEXER_HEAD_DIM)  # [R, N2, D]
 
-    # ---- key lengths and slots
-    act_k = optional(act_k, "actual_seq_lengths_key")
+    # ---- which of the key lengths and block_table are required
     block_table = optional(block_table, "block_table")
     if block_table is not None and not paged:
         raise arg_error(ModeError, "block_table", f"None for layout_key {layout_key!r} (only PA_BSND is paged)",
                         f"a tensor of shape {list(block_table.shape)}")
-    if layout_key == "BSND":
-        s2 = key.shape[1]
-        if act_k is None:
-            kv_len = np.full(batch, s2, np.int64)
-        else:
-            kv_len = per_batch_lengths(act_k, "actual_seq_lengths_key", batch, s2, "a kv token count (BSND)")
-        kv_start = np.arange(batch, dtype=np.int64) * s2
-        slots = _contiguous_slots(kv_start, kv_len)
-    elif layout_key == "TND":
-        if act_k is None:
-            raise arg_error(ModeError, "actual_seq_lengths_key", "a tensor of prefix sums (required for "
-                            "layout_key 'TND')", None)
-        kv_len = prefix_lengths(act_k, "actual_seq_lengths_key", key.shape[0], batch)
-        kv_start = np.cumsum(kv_len) - kv_len
-        slots = _contiguous_slots(kv_start, kv_len)
-    else:
+    if act_k is None and layout_key == "TND":
+        raise arg_error(ModeError, "actual_seq_lengths_key", "a tensor of prefix sums (required for "
+                        "layout_key 'TND')", None)
+    if paged:
         if act_k is None:
             raise arg_error(ModeError, "actual_seq_lengths_key", "a tensor of kv lengths (required for layout_key "
                             "'PA_BSND')", None)
-        kv_len = per_batch_lengths(act_k, "actual_seq_lengths_key", batch, None, "a kv token count")
         if block_table is None:
             raise arg_error(ModeError, "block_table", "an int32 [B, max_blocks] tensor (required for layout_key "
                             "'PA_BSND')", None)
         check_dtype(block_table, "block_table", ("int32",))
-        slots = slots_from_block_table(block_table, kv_len, key.shape[1], key.shape[0], name="block_table")
-
-    # ---- per-token batch and visible length
-    token_batch = np.zeros(t_rows, np.int64)  # [T]
-    limit = np.full(t_rows, SKIPPED_ROW, np.int64)  # [T]
-    for b in range(batch):
-        n_q, n_k = int(q_len[b]), int(kv_len[b])
-        token_batch[q_start[b]:q_start[b] + (s1 if s1 is not None else n_q)] = b
-        if n_q == 0 or n_k == 0:
-            continue  # the kernel skips the batch: rows stay SKIPPED_ROW
-        s = np.arange(n_q, dtype=np.int64)
-        lim = np.full(n_q, n_k, np.int64) if sparse_mode == 0 else np.clip(n_k - n_q + s + 1, 0, n_k)
-        limit[q_start[b]:q_start[b] + n_q] = lim
 
     if layout_query == "BSND":
         out_shape = (b_q, s1, INDEXER_KEY_HEADS, sparse_count)
     else:
         out_shape = (t_rows, INDEXER_KEY_HEADS, sparse_count)
-    return LightningIndexerArgs(
-        query=query.reshape(t_rows, INDEXER_HEADS, INDEXER_HEAD_DIM), weights=weights.reshape(t_rows, INDEXER_HEADS),
-        key=key_rows, slots=np.ascontiguousarray(slots, dtype=np.int64), token_batch=token_batch, limit=limit,
-        sparse_count=sparse_count, return_value=bool(return_value), out_shape=out_shape,
-        layout_query=layout_query, layout_key=layout_key, sparse_mode=sparse_mode)
+    return _Static(sparse_count=sparse_count, sparse_mode=sparse_mode, b_q=b_q, s1=s1, t_rows=t_rows, batch=batch,
+                   out_shape=out_shape)
 
 
 def _contiguous_slots(start: np.ndarray, length: np.ndarray) -> np.ndarray:

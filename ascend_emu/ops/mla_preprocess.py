@@ -47,8 +47,8 @@ Weights ``wdqkv`` (int8, logical ``[2112, He]``, Linear layout) and ``wuq`` (int
 ``[N*192, 1536]``) must be FRACTAL_NZ (:func:`~ascend_emu.ops.npu_format_cast` ``(w, 29)``), given
 either with their logical shape or, as in the torch_npu doc example, as the 4-D storage-shaped
 tensor ``[1, K/32, N, 32]`` (``[1, He/32, 2112, 32]`` / ``[1, 48, N*192, 32]``) that was itself
-cast; the op reads the latter back as logical with :func:`~ascend_emu.layouts.nz_to_nd` (once per
-tensor: the result is kept on the array, like the NZ copy torch_npu makes). ``wuk`` (input dtype)
+cast; the emu backend reads the latter back as logical with :func:`~ascend_emu.layouts.nz_to_nd`
+(once per tensor: the result is kept on the array, like the NZ copy torch_npu makes). ``wuk`` (input dtype)
 is ND ``[N, 128, 512]``, or FRACTAL_NZ with that logical shape or its storage shape
 ``[N, 32, 128, 16]``.
 
@@ -89,17 +89,16 @@ Choices where the sources are silent or disagree (each in one named constant bel
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
 from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error, describe
-from ..layouts import NZ_ROW_BYTES, CacheLayout, NZArray, nz_shape, nz_to_nd, slots_from_cache_index
-from ..quant import to_f32
+from ..layouts import NZ_ROW_BYTES, CacheLayout, nz_shape, slots_from_cache_index
 from .. import checked_mode
 from ._backend import get_backend
-from ._check import (check_cache, check_dtype, check_nz_weight, check_separate, check_shape, dtype_name, optional,
-                     required, transposed_hint, warn_duplicates)
+from ._check import (ValidatedSignatures, check_cache, check_dtype, check_nz_weight, check_separate, check_shape,
+                     dtype_name, required, signature, transposed_hint, warn_duplicates)
 
 CacheModeName = Literal["krope_ctkv", "int8_nzcache", "nzcache"]
 QuantModeName = Literal["per_tensor_quant_asymm", "per_token_quant_symm"]
@@ -145,32 +144,36 @@ INPUT_DTYPES = ("bfloat16", "float16")
 DESCALE_DTYPES = {"bfloat16": "float32", "float16": "int64"}
 #: Input dtypes with a per-token quant kernel.
 PER_TOKEN_DTYPES = ("bfloat16",)
-#: Attribute of a storage-shaped NZ weight holding its logical NZArray once read back.
-_LOGICAL_ATTR = "_ascend_emu_logical"
 
 
 @dataclass(frozen=True, kw_only=True)
 class MlaPreprocessArgs:
-    """Normalised, validated arguments of :func:`npu_mla_preprocess`.
+    """Normalised, validated arguments of :func:`npu_mla_preprocess`: the caller's arrays as passed
+    (weights as cast, descales and ``[1]`` scales as given), the validated slots, the prepared
+    destinations and the caches' layouts. The emu backend reads the weights back to their
+    logical shapes and decodes the descales itself.
 
     Attributes:
         input: ``[T, He]`` bf16 / fp16 (any strides).
         gamma0, beta0: ``[He]`` input dtype.
-        wdqkv: int8 logical ``[2112, He]`` (an :class:`NZArray`).
-        descale0: fp32 ``[2112]``.
+        wdqkv: int8 FRACTAL_NZ, logical ``[2112, He]`` or storage ``[1, He/32, 2112, 32]``.
+        descale0: ``[2112]``: fp32 (bf16 input) or int64 holding the fp32 bits (fp16 input).
         bias0: int32 ``[2112]``, or None (zero / per-token).
-        quant_scale0, quant_offset0: fp32 scalars (per-tensor), or None (per-token).
+        quant_scale0: ``[1]`` input dtype (per-tensor), or None (per-token).
+        quant_offset0: int8 ``[1]`` (per-tensor), or None.
         gamma1, beta1: ``[1536]`` input dtype.
-        wuq: int8 logical ``[N*192, 1536]`` (an :class:`NZArray`).
-        descale1: fp32 ``[N*192]``.
+        wuq: int8 FRACTAL_NZ, logical ``[N*192, 1536]`` or storage ``[1, 48, N*192, 32]``.
+        descale1: ``[N*192]``, as descale0.
         bias1: int32 ``[N*192]`` or None.
-        quant_scale1, quant_offset1: fp32 scalars or None.
+        quant_scale1, quant_offset1: as quant_scale0 / quant_offset0.
         gamma2: ``[512]`` input dtype.
         cos, sin: ``[T, 64]`` input dtype.
-        wuk: logical ``[N, 128, 512]`` input dtype (ND array or NZArray).
+        wuk: input dtype, ND ``[N, 128, 512]``, or FRACTAL_NZ with that shape or storage
+            ``[N, 32, 128, 16]``.
+        slotmapping: the caller's int32 ``[T]``.
         slots: int64 ``[T]`` validated global slots; -1 = skip.
-        ctkv_scale: fp32 scalar ('int8_nzcache') or None.
-        q_nope_scale: fp32 ``[N]`` ('int8_nzcache') or None.
+        ctkv_scale: ``[1]`` input dtype ('int8_nzcache') or None.
+        q_nope_scale: ``[N]`` input dtype ('int8_nzcache') or None.
         cache_mode, quant_mode: torch_npu spellings.
         epsilon: fp32 RmsNorm epsilon.
         q_out0: destination ``[T, N, 512]``; int8 for 'int8_nzcache', else input dtype.
@@ -178,6 +181,7 @@ class MlaPreprocessArgs:
         kv_cache_out0: destination cache, a plain C-contiguous view of the caller's memory.
         kv_cache_out1: destination rope cache, likewise.
         kv_layout, krope_layout: their :class:`CacheLayout`.
+        head_num: N.
     """
 
     input: np.ndarray
@@ -186,21 +190,22 @@ class MlaPreprocessArgs:
     wdqkv: np.ndarray
     descale0: np.ndarray
     bias0: np.ndarray | None
-    quant_scale0: np.float32 | None
-    quant_offset0: np.float32 | None
+    quant_scale0: np.ndarray | None
+    quant_offset0: np.ndarray | None
     gamma1: np.ndarray
     beta1: np.ndarray
     wuq: np.ndarray
     descale1: np.ndarray
     bias1: np.ndarray | None
-    quant_scale1: np.float32 | None
-    quant_offset1: np.float32 | None
+    quant_scale1: np.ndarray | None
+    quant_offset1: np.ndarray | None
     gamma2: np.ndarray
     cos: np.ndarray
     sin: np.ndarray
     wuk: np.ndarray
+    slotmapping: np.ndarray
     slots: np.ndarray
-    ctkv_scale: np.float32 | None
+    ctkv_scale: np.ndarray | None
     q_nope_scale: np.ndarray | None
     cache_mode: CacheModeName
     quant_mode: QuantModeName
@@ -211,16 +216,12 @@ class MlaPreprocessArgs:
     kv_cache_out1: np.ndarray
     kv_layout: CacheLayout
     krope_layout: CacheLayout
+    head_num: int
 
     @property
     def token_num(self) -> int:
         """T."""
         return int(self.input.shape[0])
-
-    @property
-    def head_num(self) -> int:
-        """N."""
-        return int(self.wuk.shape[0])
 
     @property
     def dtype(self) -> np.dtype:
@@ -231,6 +232,23 @@ class MlaPreprocessArgs:
     def per_token(self) -> bool:
         """True for 'per_token_quant_symm'."""
         return self.quant_mode == "per_token_quant_symm"
+
+
+class MlaPreprocessOutputs(NamedTuple):
+    """What a backend returns (:mod:`ascend_emu.ops._backend`), torch_npu's order: the destinations
+    of the argument object (``args.q_out0``, ...), written in place.
+
+    Attributes:
+        q_out0: ``[T, N, 512]`` (int8 for 'int8_nzcache').
+        kv_cache_out0: the kv cache after the write.
+        q_out1: ``[T, N, 64]``.
+        kv_cache_out1: the rope cache after the write.
+    """
+
+    q_out0: np.ndarray
+    kv_cache_out0: np.ndarray
+    q_out1: np.ndarray
+    kv_cache_out1: np.ndarray
 
 
 # ---------------------------------------------------------------------- helpers
@@ -250,9 +268,9 @@ def _vector(x, name: str, size: int, dtype: str) -> np.ndarray:
     return x
 
 
-def _scalar(x, name: str, dtype: str) -> np.float32:
-    """A ``[1]`` tensor as an exact fp32 scalar."""
-    return np.float32(to_f32(_vector(x, name, 1, dtype))[0])
+def _scalar(x, name: str, dtype: str) -> np.ndarray:
+    """A ``[1]`` tensor of ``dtype``, validated."""
+    return _vector(x, name, 1, dtype)
 
 
 def _reject(values: dict, why: str) -> None:
@@ -261,48 +279,62 @@ def _reject(values: dict, why: str) -> None:
             raise arg_error(ModeError, name, f"None ({why}; the kernel does not read it)", describe(v))
 
 
-def _logical_weight(w, name: str, logical: tuple[int, ...], dtype: str, *, nz_required: bool) -> np.ndarray:
-    """A weight in its logical shape: ``w`` itself, or its storage-shaped form read back.
+def _check_weight(w, name: str, logical: tuple[int, ...], dtype: str, *, nz_required: bool) -> np.ndarray:
+    """A weight in its logical shape or, cast to FRACTAL_NZ, in its storage shape
+    (:func:`storage_shape`); returned as given.
 
-    The storage-shaped form of logical ``[..., M, K]`` is ``[B, K/C0, M_pad16, C0]`` (``B`` = the
-    batch, 1 for a matrix), i.e. :func:`nz_shape` with the two row dims merged.
+    Raises:
+        DTypeError, ShapeError, FormatError: dtype, shape, or an ND weight where NZ is needed.
     """
     w = required(w, name)
     check_dtype(w, name, (dtype,))
-    nz = nz_shape(logical, w.dtype)  # [..., K/C0, M_pad/16, 16, C0]
-    storage = (*(logical[:-2] or (1,)), nz[-4], nz[-3] * nz[-2], nz[-1])
     if w.shape == logical:
         if nz_required:
             check_nz_weight(w, name)
         return w
+    storage = storage_shape(logical, w.dtype)
     if w.shape != storage:
         raise arg_error(ShapeError, name, f"the logical shape {list(logical)} or the FRACTAL_NZ storage shape "
                         f"{list(storage)}", f"{list(w.shape)}{transposed_hint(w.shape, logical, name)}")
     check_nz_weight(w, name)  # a storage-shaped weight is meaningful only once cast
-    cached = getattr(w, _LOGICAL_ATTR, None)
-    if cached is None:
-        cached = nz_to_nd(np.asarray(w).reshape(nz), logical).view(NZArray)  # [*logical]
-        setattr(w, _LOGICAL_ATTR, cached)
-    return cached
+    return w
+
+
+def storage_shape(logical: tuple[int, ...], dtype) -> tuple[int, ...]:
+    """The storage-shaped form of a weight of logical shape ``[..., M, K]``: ``[B, K/C0, M_pad16,
+    C0]`` (``B`` = the batch, 1 for a matrix), i.e. :func:`nz_shape` with the two row dims merged."""
+    nz = nz_shape(logical, dtype)  # [..., K/C0, M_pad/16, 16, C0]
+    return (*(logical[:-2] or (1,)), nz[-4], nz[-3] * nz[-2], nz[-1])
 
 
 def _descale(d, name: str, size: int, in_dtype: str) -> np.ndarray:
-    """fp32 ``[size]`` descale: fp32 as given (bf16), or the fp32 bits in an int64 (fp16)."""
+    """A ``[size]`` descale as given: fp32 (bf16 input), or int64 holding an fp32 scale's bits
+    in its low 32 bits (fp16 input; those checked by :func:`_check_descale_bits`).
+
+    Raises:
+        DTypeError, ShapeError: dtype / shape.
+    """
     want = DESCALE_DTYPES[in_dtype]
     d = required(d, name)
     if dtype_name(d.dtype) != want:
         raise arg_error(DTypeError, name, f"dtype {want} with {in_dtype} input", dtype_name(d.dtype))
     check_shape(d, name, (size,))
-    if want == "float32":
-        return np.ascontiguousarray(d)
-    bits = np.ascontiguousarray(d).view(np.uint64)
-    high = bits >> np.uint64(32)
+    return d
+
+
+def _check_descale_bits(d: np.ndarray, name: str) -> None:
+    """An int64 descale holds an fp32 scale's bits in its low 32 bits: the high 32 bits must be 0
+    or their sign extension.
+
+    Raises:
+        FormatError: naming the first bad element.
+    """
+    high = d.view(np.uint64) >> np.uint64(32)
     bad = (high != 0) & (high != np.uint64(0xFFFFFFFF))
     if bad.any():
         i = int(np.argmax(bad))
         raise FormatError(f"{name}[{i}] = {int(d[i])}: expected an fp32 scale's bits in the low 32 bits of the "
                           f"int64 (high 32 bits 0 or their sign extension), as the ATB kernel test packs it")
-    return (bits & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32)
 
 
 def _cache_layout(cache: np.ndarray, name: str, *, dim: int, dtype: str, nz: bool, head_num: int) -> CacheLayout:
@@ -409,11 +441,105 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
         FormatError: an int8 weight not cast to FRACTAL_NZ; a badly packed int64 descale.
         IndexRangeError: a slot outside the cache (other than -1).
     """
-    cache_mode = _mode(cache_mode, "cache_mode", CACHE_MODES, DEFAULT_CACHE_MODE)
-    quant_mode = _mode(quant_mode, "quant_mode", QUANT_MODES, DEFAULT_QUANT_MODE)
+    values = dict(locals())
+    args, result = _normalise(values)
+    caches = ((args.kv_cache_out0, args.kv_layout, values["kv_cache"]),
+              (args.kv_cache_out1, args.krope_layout, values["kv_cache_rope"]))
+    checked_mode.will_write(*caches)
+    get_backend().mla_preprocess(args)
+    checked_mode.wrote("npu_mla_preprocess", args.slots, caches, (("q_out0", args.q_out0), ("q_out1", args.q_out1)))
+    return result
+
+
+# ---------------------------------------------------------------------- the contract
+@dataclass(frozen=True)
+class _Static:
+    """What the shape / dtype / mode checks derive from a call signature (see :func:`_normalise`)."""
+
+    cache_mode: str
+    quant_mode: str
+    head_num: int
+    kv_layout: CacheLayout
+    krope_layout: CacheLayout
+    q0_shape: tuple[int, ...]
+    q0_dtype: np.dtype
+    q1_shape: tuple[int, ...]
+    out_form: bool
+    int64_descales: bool
+
+
+#: Signatures whose static checks passed (:func:`ascend_emu.ops._check.signature`).
+_VALIDATED = ValidatedSignatures()
+#: The out= arrays, in the order their overlap is checked.
+_OUT_NAMES = ("kv_cache_out0", "kv_cache_out1", "q_out0", "q_out1")
+
+
+def _normalise(v: dict) -> tuple[MlaPreprocessArgs, tuple]:
+    """Validate every argument of :func:`npu_mla_preprocess` (by name in ``v``; nothing is written)
+    and build the arguments object and the op's result tuple (out= arrays or new ones).
+
+    The checks that read only types, shapes, dtypes, formats and modes run once per call
+    signature (:func:`~ascend_emu.ops._check.signature`; a decode loop repeats one); the int64
+    descales' high bits, the slots and the out= arrays' overlap are checked on every call, after
+    them, in that order.
+    """
+    key = signature(*v.values())
+    static = _VALIDATED.get(key)
+    if static is None:
+        static = _check_static(v)
+        if key is None:  # lists and the like, accepted by the checks above: as arrays from here on
+            v = {k: x if x is None or isinstance(x, (np.ndarray, str)) else np.asarray(x) for k, x in v.items()}
+    if static.int64_descales:
+        for name in ("descale0", "descale1"):
+            _check_descale_bits(v[name], name)
+    slots = slots_from_cache_index(v["slotmapping"], static.kv_layout.num_rows, name="slotmapping")  # [T] int64
+    kv_in, rope_in = v["kv_cache"], v["kv_cache_rope"]
+    if static.out_form:
+        # every output is written by the call: none may share memory with another (a cache write
+        # would corrupt the returned query, or the other cache)
+        for i, b_name in enumerate(_OUT_NAMES):
+            for a_name in _OUT_NAMES[:i]:
+                check_separate(v[a_name], a_name, v[b_name], b_name)
+        q0, kv_out, q1, rope_out = (v[k] for k in ("q_out0", "kv_cache_out0", "q_out1", "kv_cache_out1"))
+    else:
+        q0 = np.empty(static.q0_shape, dtype=static.q0_dtype)
+        q1 = np.empty(static.q1_shape, dtype=v["input"].dtype)
+        kv_out = np.array(_plain(kv_in), copy=True)
+        rope_out = np.array(_plain(rope_in), copy=True)
+    warn_duplicates(slots, "slotmapping")
+    if key is not None:
+        _VALIDATED.put(key, static)
+    per_tensor = static.quant_mode == "per_tensor_quant_asymm"
+    nz8 = static.cache_mode == "int8_nzcache"
+    args = MlaPreprocessArgs(
+        input=v["input"], gamma0=v["gamma0"], beta0=v["beta0"], wdqkv=v["wdqkv"], descale0=v["descale0"],
+        bias0=v["bias0"] if per_tensor else None, quant_scale0=v["quant_scale0"] if per_tensor else None,
+        quant_offset0=v["quant_offset0"] if per_tensor else None, gamma1=v["gamma1"], beta1=v["beta1"],
+        wuq=v["wuq"], descale1=v["descale1"], bias1=v["bias1"] if per_tensor else None,
+        quant_scale1=v["quant_scale1"] if per_tensor else None,
+        quant_offset1=v["quant_offset1"] if per_tensor else None, gamma2=v["gamma2"], cos=v["cos"], sin=v["sin"],
+        wuk=v["wuk"], slotmapping=v["slotmapping"], slots=slots, ctkv_scale=v["ctkv_scale"] if nz8 else None,
+        q_nope_scale=v["q_nope_scale"] if nz8 else None, cache_mode=static.cache_mode, quant_mode=static.quant_mode,
+        epsilon=_EPSILON_F32, q_out0=q0, q_out1=q1, kv_cache_out0=_plain(kv_out), kv_cache_out1=_plain(rope_out),
+        kv_layout=static.kv_layout, krope_layout=static.krope_layout, head_num=static.head_num)
+    return args, (q0, kv_out, q1, rope_out)
+
+
+_EPSILON_F32 = np.float32(EPSILON)
+
+
+def _check_static(v: dict) -> _Static:
+    """Every check of :func:`npu_mla_preprocess` except the values and addresses :func:`_normalise`
+    checks on every call, in the contract's order.
+
+    Raises:
+        As :func:`npu_mla_preprocess`.
+    """
+    cache_mode = _mode(v["cache_mode"], "cache_mode", CACHE_MODES, DEFAULT_CACHE_MODE)
+    quant_mode = _mode(v["quant_mode"], "quant_mode", QUANT_MODES, DEFAULT_QUANT_MODE)
     per_token = quant_mode == "per_token_quant_symm"
 
-    x = required(input, "input")
+    x = required(v["input"], "input")
     check_dtype(x, "input", INPUT_DTYPES)
     dt = dtype_name(x.dtype)
     check_shape(x, "input", (None, None), "[tokenNum, hiddenSize]")
@@ -427,98 +553,74 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
         raise arg_error(ModeError, "quant_mode", f"'per_tensor_quant_asymm' with {dt} input (the {dt} kernel has "
                         f"no per-token quant)", repr(quant_mode))
 
-    wuk_in = required(wuk, "wuk")
+    wuk_in = required(v["wuk"], "wuk")
     if wuk_in.ndim not in (3, 4) or wuk_in.shape[0] not in HEAD_NUMS:
         raise arg_error(ShapeError, "wuk", f"[N, 128, 512] (ND / NZ) or [N, 32, 128, 16] (NZ storage) with N in "
                         f"1..{HEAD_NUMS[-1]}", list(wuk_in.shape))
     n = int(wuk_in.shape[0])
-    wuk_l = _logical_weight(wuk_in, "wuk", (n, QK_NOPE_DIM, KV_LORA_RANK), dt, nz_required=False)
-    wdqkv_l = _logical_weight(wdqkv, "wdqkv", (WDQKV_DIM, hidden), "int8", nz_required=True)
-    wuq_l = _logical_weight(wuq, "wuq", (n * QK_HEAD_DIM, Q_LORA_RANK), "int8", nz_required=True)
+    _check_weight(wuk_in, "wuk", (n, QK_NOPE_DIM, KV_LORA_RANK), dt, nz_required=False)
+    _check_weight(v["wdqkv"], "wdqkv", (WDQKV_DIM, hidden), "int8", nz_required=True)
+    _check_weight(v["wuq"], "wuq", (n * QK_HEAD_DIM, Q_LORA_RANK), "int8", nz_required=True)
 
-    g0 = _vector(gamma0, "gamma0", hidden, dt)
-    b0 = _vector(beta0, "beta0", hidden, dt)
-    g1 = _vector(gamma1, "gamma1", Q_LORA_RANK, dt)
-    b1 = _vector(beta1, "beta1", Q_LORA_RANK, dt)
-    g2 = _vector(gamma2, "gamma2", KV_LORA_RANK, dt)
-    d0 = _descale(descale0, "descale0", WDQKV_DIM, dt)
-    d1 = _descale(descale1, "descale1", n * QK_HEAD_DIM, dt)
-    cos_ = required(cos, "cos")
-    sin_ = required(sin, "sin")
-    for name, a in (("cos", cos_), ("sin", sin_)):
+    _vector(v["gamma0"], "gamma0", hidden, dt)
+    _vector(v["beta0"], "beta0", hidden, dt)
+    _vector(v["gamma1"], "gamma1", Q_LORA_RANK, dt)
+    _vector(v["beta1"], "beta1", Q_LORA_RANK, dt)
+    _vector(v["gamma2"], "gamma2", KV_LORA_RANK, dt)
+    _descale(v["descale0"], "descale0", WDQKV_DIM, dt)
+    _descale(v["descale1"], "descale1", n * QK_HEAD_DIM, dt)
+    for name in ("cos", "sin"):
+        a = required(v[name], name)
         check_dtype(a, name, (dt,))
         check_shape(a, name, (t, ROPE_DIM))
 
-    quant = {"quant_scale0": quant_scale0, "quant_offset0": quant_offset0, "bias0": bias0,
-             "quant_scale1": quant_scale1, "quant_offset1": quant_offset1, "bias1": bias1}
+    quant = {k: v[k] for k in ("quant_scale0", "quant_offset0", "bias0", "quant_scale1", "quant_offset1", "bias1")}
     if per_token:
         _reject(quant, f"quant_mode={quant_mode!r}")
-        qs0 = qo0 = qs1 = qo1 = bias0_ = bias1_ = None
     else:
-        qs0, qs1 = _scalar(quant_scale0, "quant_scale0", dt), _scalar(quant_scale1, "quant_scale1", dt)
-        qo0, qo1 = _scalar(quant_offset0, "quant_offset0", "int8"), _scalar(quant_offset1, "quant_offset1", "int8")
-        bias0_ = None if bias0 is None else _vector(bias0, "bias0", WDQKV_DIM, "int32")
-        bias1_ = None if bias1 is None else _vector(bias1, "bias1", n * QK_HEAD_DIM, "int32")
+        _scalar(v["quant_scale0"], "quant_scale0", dt)
+        _scalar(v["quant_scale1"], "quant_scale1", dt)
+        _scalar(v["quant_offset0"], "quant_offset0", "int8")
+        _scalar(v["quant_offset1"], "quant_offset1", "int8")
+        if v["bias0"] is not None:
+            _vector(v["bias0"], "bias0", WDQKV_DIM, "int32")
+        if v["bias1"] is not None:
+            _vector(v["bias1"], "bias1", n * QK_HEAD_DIM, "int32")
     if cache_mode == "int8_nzcache":
-        ctkv = _scalar(ctkv_scale, "ctkv_scale", dt)
-        qns = to_f32(_vector(q_nope_scale, "q_nope_scale", n, dt))
+        _scalar(v["ctkv_scale"], "ctkv_scale", dt)
+        _vector(v["q_nope_scale"], "q_nope_scale", n, dt)
     else:
-        _reject({"ctkv_scale": ctkv_scale, "q_nope_scale": q_nope_scale}, f"cache_mode={cache_mode!r}")
-        ctkv, qns = None, None
+        _reject({"ctkv_scale": v["ctkv_scale"], "q_nope_scale": v["q_nope_scale"]}, f"cache_mode={cache_mode!r}")
 
     # caches: (dtype, nz) of kv_cache and kv_cache_rope per mode
     nz = cache_mode in ("int8_nzcache", "nzcache")
     kv_dt = "int8" if cache_mode == "int8_nzcache" else dt
-    kv_in = required(kv_cache, "kv_cache")
+    kv_in = required(v["kv_cache"], "kv_cache")
     kv_layout = _cache_layout(kv_in, "kv_cache", dim=KV_LORA_RANK, dtype=kv_dt, nz=nz, head_num=n)
-    rope_in = required(kv_cache_rope, "kv_cache_rope")
+    rope_in = required(v["kv_cache_rope"], "kv_cache_rope")
     krope_layout = _cache_layout(rope_in, "kv_cache_rope", dim=ROPE_DIM, dtype=dt, nz=nz, head_num=n)
     if krope_layout.num_rows != kv_layout.num_rows:
         raise arg_error(ShapeError, "kv_cache_rope", f"as many slots as kv_cache ({kv_layout.num_rows})",
                         f"{krope_layout.num_rows} slots (shape {list(rope_in.shape)})")
 
-    sm = required(slotmapping, "slotmapping")
+    sm = required(v["slotmapping"], "slotmapping")
     check_dtype(sm, "slotmapping", ("int32",))
     check_shape(sm, "slotmapping", (t,))
-    slots = slots_from_cache_index(sm, kv_layout.num_rows, name="slotmapping")  # [T] int64, -1 kept
 
     q0_shape = (t, n, KV_LORA_RANK)
     q0_dtype = np.dtype(np.int8) if cache_mode == "int8_nzcache" else x.dtype
     q1_shape = (t, n, ROPE_DIM)
-    outs = {"q_out0": q_out0, "kv_cache_out0": kv_cache_out0, "q_out1": q_out1, "kv_cache_out1": kv_cache_out1}
-    if any(v is not None for v in outs.values()):
-        for k, v in outs.items():
-            if v is None:
+    outs = {k: v[k] for k in ("q_out0", "kv_cache_out0", "q_out1", "kv_cache_out1")}
+    out_form = any(o is not None for o in outs.values())
+    if out_form:
+        for k, o in outs.items():
+            if o is None:
                 raise arg_error(ModeError, k, "a tensor (the out= form takes q_out0, kv_cache_out0, q_out1 and "
                                 "kv_cache_out1 together)", None)
-        q0 = _q_out(q_out0, "q_out0", q0_shape, q0_dtype)
-        q1 = _q_out(q_out1, "q_out1", q1_shape, x.dtype)
-        kv_out = _same_as(kv_cache_out0, "kv_cache_out0", kv_in, "kv_cache")
-        rope_out = _same_as(kv_cache_out1, "kv_cache_out1", rope_in, "kv_cache_rope")
-        # every output is written by the call: none may share memory with another (a cache write
-        # would corrupt the returned query, or the other cache)
-        written = (("kv_cache_out0", kv_out), ("kv_cache_out1", rope_out), ("q_out0", q0), ("q_out1", q1))
-        for i, (b_name, b_arr) in enumerate(written):
-            for a_name, a_arr in written[:i]:
-                check_separate(a_arr, a_name, b_arr, b_name)
-        result = (q0, kv_out, q1, rope_out)
-    else:
-        q0 = np.empty(q0_shape, dtype=q0_dtype)
-        q1 = np.empty(q1_shape, dtype=x.dtype)
-        kv_out = np.array(_plain(kv_in), copy=True)
-        rope_out = np.array(_plain(rope_in), copy=True)
-        result = (q0, kv_out, q1, rope_out)
-    warn_duplicates(slots, "slotmapping")
-
-    args = MlaPreprocessArgs(
-        input=x, gamma0=g0, beta0=b0, wdqkv=wdqkv_l, descale0=d0, bias0=bias0_, quant_scale0=qs0,
-        quant_offset0=qo0, gamma1=g1, beta1=b1, wuq=wuq_l, descale1=d1, bias1=bias1_, quant_scale1=qs1,
-        quant_offset1=qo1, gamma2=g2, cos=cos_, sin=sin_, wuk=wuk_l, slots=slots, ctkv_scale=ctkv,
-        q_nope_scale=qns, cache_mode=cache_mode, quant_mode=quant_mode, epsilon=np.float32(EPSILON),
-        q_out0=q0, q_out1=q1, kv_cache_out0=_plain(kv_out), kv_cache_out1=_plain(rope_out),
-        kv_layout=kv_layout, krope_layout=krope_layout)
-    caches = ((args.kv_cache_out0, args.kv_layout, kv_in), (args.kv_cache_out1, args.krope_layout, rope_in))
-    checked_mode.will_write(*caches)
-    get_backend().mla_preprocess(args)
-    checked_mode.wrote("npu_mla_preprocess", slots, caches, (("q_out0", q0), ("q_out1", q1)))
-    return result
+        _q_out(outs["q_out0"], "q_out0", q0_shape, q0_dtype)
+        _q_out(outs["q_out1"], "q_out1", q1_shape, x.dtype)
+        _same_as(outs["kv_cache_out0"], "kv_cache_out0", kv_in, "kv_cache")
+        _same_as(outs["kv_cache_out1"], "kv_cache_out1", rope_in, "kv_cache_rope")
+    return _Static(cache_mode=cache_mode, quant_mode=quant_mode, head_num=n, kv_layout=kv_layout,
+                   krope_layout=krope_layout, q0_shape=q0_shape, q0_dtype=q0_dtype, q1_shape=q1_shape,
+                   out_form=out_form, int64_descales=DESCALE_DTYPES[dt] == "int64")

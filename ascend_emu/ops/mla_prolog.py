@@ -42,9 +42,10 @@ clip limit gives a zero or negative dequant scale).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal, Mapping
+from typing import Literal, Mapping, NamedTuple
 
 import numpy as np
 
@@ -54,7 +55,7 @@ from ..layouts import (FRACTAL_NZ, CacheLayout, canonical_cache_mode, get_npu_fo
 from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_cache, check_dtype, check_float, check_ndim, check_nz_weight,
-                     check_separate, check_shape, dtype_name, kernel_input, optional, required, signature,
+                     check_separate, check_shape, dtype_name, optional, required, signature,
                      transposed_hint, warn_duplicates)
 
 # ---------------------------------------------------------------------- fixed dims (§2.1)
@@ -332,6 +333,27 @@ class MlaPrologArgs:
     def num_tokens(self) -> int:
         """T = B * S."""
         return int(self.token_x.shape[0])
+
+
+class MlaPrologOutputs(NamedTuple):
+    """What a backend returns (:mod:`ascend_emu.ops._backend`): v3's outputs in torch_npu's order,
+    per token (T = B * S); None for an output the scenario does not produce. The caches are
+    written in place (``args.kv_cache`` / ``args.kr_cache``); each entry point reshapes and packs.
+
+    Attributes:
+        query: ``[T, N, 512]``, bf16 (int8 with query_quant_mode 1).
+        query_rope: bf16 ``[T, N, 64]``.
+        dequant_scale_q_nope: fp32 ``[T, N, 1]`` with query_quant_mode 1, else None.
+        query_norm: ``[T, Hcq]`` of weight_uq_qr's dtype with ``query_norm_flag``, else None.
+        dequant_scale_q_norm: fp32 ``[T, 1]`` with ``query_norm_flag`` and weight_quant_mode 1 / 2,
+            else None.
+    """
+
+    query: np.ndarray
+    query_rope: np.ndarray
+    dequant_scale_q_nope: np.ndarray | None
+    query_norm: np.ndarray | None
+    dequant_scale_q_norm: np.ndarray | None
 
 
 # ---------------------------------------------------------------------- entry points
@@ -699,7 +721,7 @@ def _finish(static: dict, t: dict, scales: dict, max_b: int) -> MlaPrologArgs:
         rmsnorm_gamma_ckv=t["rmsnorm_gamma_ckv"], rope_sin=t["rope_sin"].reshape(num_tokens, D_ROPE),
         rope_cos=t["rope_cos"].reshape(num_tokens, D_ROPE), kv_cache=t["kv_cache"], kr_cache=t["kr_cache"],
         slots=slots, cache_index=cache_index, actual_seq_len=actual_seq_len,
-        **{name: None if x is None else kernel_input(x) for name, x in scales.items()})
+        **scales)
 
 
 def _normalise_full(version: int, values: dict, modes: dict, *, reason: str) -> MlaPrologArgs:
@@ -745,7 +767,7 @@ def _normalise_full(version: int, values: dict, modes: dict, *, reason: str) -> 
     batch_shape = tuple(int(s) for s in x.shape[:-1])
     for name in ("rope_sin", "rope_cos"):
         check_shape(t[name], name, batch_shape + (D_ROPE,), "(token_x's leading dims, Dr)")
-    num_tokens = int(np.prod(batch_shape))
+    num_tokens = math.prod(batch_shape)
     if len(batch_shape) == 2:
         _check_max(batch_shape[0], limits.max_b, "B (token_x.shape[0])")
         _check_max(batch_shape[1], limits.max_s, "S (token_x.shape[1])")
@@ -802,7 +824,7 @@ def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, b
         ShapeError: rank / dims / BlockSize / contiguity, token_x's rank does not fit BSND / TND,
             a non-empty kr_cache with combined rows, or kv_cache and kr_cache sharing memory.
     """
-    num_tokens = int(np.prod(batch_shape))
+    num_tokens = math.prod(batch_shape)
     if cache_mode == "BSND":
         if len(batch_shape) != 2:
             raise arg_error(ShapeError, "token_x", "3-D [B, S, He] for cache_mode BSND", f"{len(batch_shape) + 1}-D")
@@ -848,7 +870,7 @@ def _slots(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int,
         ShapeError, DTypeError: cache_index / actual_seq_len missing, extra or malformed.
         IndexRangeError: an index outside the cache.
     """
-    num_tokens = int(np.prod(batch_shape))
+    num_tokens = math.prod(batch_shape)
     merged = len(batch_shape) == 1
     blk = cache_mode in ("PA_BLK_BSND", "PA_BLK_NZ")
     if not (blk and merged) and actual_seq_len is not None:

@@ -65,19 +65,22 @@ Choices where the sources leave room (each in one named constant below):
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Literal
+import functools
+import math
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 import numpy as np
+from numba import njit
 
 from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error, describe
-from ..layouts import SKIP_INDEX, slots_from_block_table
+from ..layouts import slots_from_block_table
 from ..mla import D_QK, D_ROPE, HCKV, NKV, TILE_SIZE
 from ..quant import MLA_ROW
 from .. import checked_mode
 from ._backend import get_backend
-from ._check import check_dtype, check_float, dtype_name, per_batch_lengths, prefix_lengths, required
+from ._check import (ValidatedSignatures, check_dtype, check_float, dtype_name, per_batch_lengths, prefix_lengths,
+                     required, signature)
 
 LayoutQuery = Literal["BSND", "TND"]
 LayoutKv = Literal["BSND", "TND", "PA_BSND"]
@@ -123,7 +126,9 @@ EMPTY_SPARSE_INDICES = "no kv token"
 
 @dataclass(frozen=True, kw_only=True)
 class SparseFlashAttentionArgs:
-    """Normalised, validated arguments of both sparse attention ops.
+    """Normalised, validated arguments of both sparse attention ops: the caller's arrays as passed
+    and the kv rows each (token, head) reads. The emu backend makes its kernel operands (bits
+    views, the concatenated query) of them.
 
     Rows of the key cache are addressed as ``row = slot * N2 + h`` of the cache viewed as 2-D
     (``slot``: PA_BSND ``block * block_size + r``; BSND ``b * S2 + p``; TND ``t``). Every
@@ -131,60 +136,87 @@ class SparseFlashAttentionArgs:
     sparse block never crosses a PA block: sbs divides block_size).
 
     Attributes:
-        query: uint16 ``[T, N1, 576]`` query-dtype bits, C-contiguous (non-quant: query and
-            query_rope concatenated).
         quant: KV-quant op (656-byte rows) or not.
-        rows_i8: quant: int8 ``[R, 656]`` view of the key cache (else ``[0, 656]``).
-        rows_u16: quant: uint16 ``[R, 328]`` view of the same bytes (rope at words 256..319).
-        rows_f32: quant: fp32 ``[R, 164]`` view of the same bytes (scales at words 160..163).
-        key: non-quant: uint16 ``[R, 512]`` key bits (else ``[0, 512]``).
-        key_rope: non-quant: uint16 ``[R, 64]`` key_rope bits (else ``[0, 64]``).
-        value: non-quant with a separate value: uint16 ``[R, 512]`` (else ``[0, 512]``).
-        v_from_key: V is the key's k_nope (quant, or value None).
+        query: ``[B, S1, N1, D]`` / ``[T, N1, D]`` bf16 / fp16 (D = 576 quant, else 512).
+        query_rope: non-quant: ``[.., N1, 64]`` like query; quant: None.
+        key: the cache: int8 656-byte rows (quant) or query-dtype ``[.., N2, 512]``.
+        key_rope: non-quant: ``[.., N2, 64]`` like key; quant: None.
+        value: the caller's value (quant: key itself, a copy, or its ``[.., 512]`` k_nope, not
+            read; non-quant: key's shape, or None).
+        v_from_key: V is the key's k_nope (quant, value None, or value is key itself).
+        sparse_indices: the caller's int32 ``[B, S1, N2, K]`` / ``[T, N2, K]``.
+        block_table: the caller's int32 table (PA_BSND) or None.
+        actual_seq_lengths_query, actual_seq_lengths_kv: the caller's int32 tensors or None.
         starts: int64 ``[T, N2, K]`` first key row of each entry's kept tokens (0 where the
             count is 0).
         counts: int32 ``[T, N2, K]`` kept tokens per entry, in ``[0, sbs]``.
         lengths: int64 ``[T, N2]`` kept tokens per (token, head) = ``counts.sum(-1)``.
-        scale_value: fp32 score scale.
-        is_bf16: query dtype bf16 (else fp16).
-        query_dtype: bf16 or fp16 NumPy dtype.
+        scale_value: the score scale (a finite float; the kernels use it as fp32).
+        sparse_block_size: sbs.
         layout_query: ``BSND`` or ``TND``.
+        layout_kv: ``BSND``, ``TND`` or ``PA_BSND``.
+        sparse_mode: 0 or 3.
         out_shape: output shape (``[B, S1, N1, 512]`` / ``[T, N1, 512]``).
         batch, seq_q: B and S1 (TND: S1 = T).
         num_heads, num_kv_heads: N1 and N2.
         return_softmax_lse: the op returns softmax_max / softmax_sum (non-quant op only).
-        call: the caller's validated arguments by torch_npu 2.14 name (arrays as passed), for a
-            backend that calls the real op (``hw``); empty when built directly.
     """
 
-    query: np.ndarray
     quant: bool
-    rows_i8: np.ndarray
-    rows_u16: np.ndarray
-    rows_f32: np.ndarray
+    query: np.ndarray
+    query_rope: np.ndarray | None
     key: np.ndarray
-    key_rope: np.ndarray
-    value: np.ndarray
+    key_rope: np.ndarray | None
+    value: np.ndarray | None
     v_from_key: bool
+    sparse_indices: np.ndarray
+    block_table: np.ndarray | None
+    actual_seq_lengths_query: np.ndarray | None
+    actual_seq_lengths_kv: np.ndarray | None
     starts: np.ndarray
     counts: np.ndarray
     lengths: np.ndarray
-    scale_value: np.float32
-    is_bf16: bool
-    query_dtype: np.dtype
+    scale_value: float
+    sparse_block_size: int
     layout_query: str
+    layout_kv: str
+    sparse_mode: int
     out_shape: tuple[int, ...]
     batch: int
     seq_q: int
     num_heads: int
     num_kv_heads: int
     return_softmax_lse: bool
-    call: dict[str, Any] = field(default_factory=dict)
 
     @property
     def group(self) -> int:
         """G = N1 / N2 query heads per kv head."""
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def num_key_slots(self) -> int:
+        """Slots of the key cache (every dim but N2 and the row)."""
+        return math.prod(self.key.shape[:-2])
+
+    @property
+    def query_dtype(self) -> np.dtype:
+        """bf16 or fp16."""
+        return self.query.dtype
+
+
+class SparseFlashAttentionOutputs(NamedTuple):
+    """What a backend returns (:mod:`ascend_emu.ops._backend`), torch_npu's order (the KV-quant op
+    returns only ``attention_out``).
+
+    Attributes:
+        attention_out: ``args.out_shape``, the query dtype.
+        softmax_max, softmax_sum: fp32 ``[B, N2, S1, G]`` (BSND) / ``[N2, T, G]`` (TND) with
+            ``args.return_softmax_lse``, else fp32 ``[0]``.
+    """
+
+    attention_out: np.ndarray
+    softmax_max: np.ndarray
+    softmax_sum: np.ndarray
 
 
 def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *, block_table=None,
@@ -241,18 +273,11 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
     args = _normalise(False, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
                       actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv,
                       sparse_mode, pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks=sinks)
-    args = dataclasses.replace(args, call=dict(
-        query=query, key=key, value=value, sparse_indices=sparse_indices, scale_value=float(scale_value),
-        block_table=block_table, actual_seq_lengths_query=actual_seq_lengths_query,
-        actual_seq_lengths_kv=actual_seq_lengths_kv, query_rope=query_rope, key_rope=key_rope,
-        sparse_block_size=int(sparse_block_size), layout_query=layout_query, layout_kv=layout_kv,
-        sparse_mode=int(sparse_mode), attention_mode=int(attention_mode),
-        return_softmax_lse=bool(return_softmax_lse)))
     op = "npu_sparse_flash_attention"
     checked_mode.read_sparse_attention(op, args, key, key_rope, value, sparse_indices, sparse_block_size, layout_kv)
     result = get_backend().sparse_flash_attention(args)
-    checked_mode.check_finite(op, zip(("attention_out", "softmax_max", "softmax_sum"), result))
-    return result
+    checked_mode.check_finite(op, zip(result._fields, result))
+    return tuple(result)
 
 
 def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale_value, key_quant_mode: int,
@@ -311,17 +336,9 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
     args = _normalise(True, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
                       actual_seq_lengths_kv, None, None, sparse_block_size, layout_query, layout_kv, sparse_mode,
                       pre_tokens, next_tokens, attention_mode, False, sinks=None)
-    args = dataclasses.replace(args, call=dict(
-        query=query, key=key, value=value, sparse_indices=sparse_indices, scale_value=float(scale_value),
-        key_quant_mode=int(key_quant_mode), value_quant_mode=int(value_quant_mode), block_table=block_table,
-        actual_seq_lengths_query=actual_seq_lengths_query, actual_seq_lengths_kv=actual_seq_lengths_kv,
-        sparse_block_size=int(sparse_block_size), layout_query=layout_query, layout_kv=layout_kv,
-        sparse_mode=int(sparse_mode), attention_mode=int(attention_mode),
-        quant_scale_repo_mode=int(quant_scale_repo_mode), tile_size=int(tile_size),
-        rope_head_dim=int(rope_head_dim)))
     op = "npu_kv_quant_sparse_flash_attention"
     checked_mode.read_sparse_attention(op, args, key, None, None, sparse_indices, sparse_block_size, layout_kv)
-    out = get_backend().sparse_flash_attention(args)[0]
+    out = get_backend().sparse_flash_attention(args).attention_out
     checked_mode.check_finite(op, (("attention_out", out),))
     return out
 
@@ -343,9 +360,15 @@ def _tensor(x, name: str, dtypes, shape, what: str) -> np.ndarray:
     return x
 
 
-def _normalise(quant, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
-               actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode,
-               pre_tokens, next_tokens, attention_mode, return_softmax_lse, *, sinks) -> SparseFlashAttentionArgs:
+def _check_static(quant, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
+                  actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode,
+                  pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks) -> _Static:
+    """Every check that reads only types, shapes, dtypes, modes and scalars, in the contract's
+    order (lengths, block_table and sparse index values: :func:`_normalise`).
+
+    Raises:
+        As :func:`npu_sparse_flash_attention` (ShapeError, DTypeError, ModeError).
+    """
     op = "npu_kv_quant_sparse_flash_attention" if quant else "npu_sparse_flash_attention"
     # ---- modes
     if layout_query not in QUERY_LAYOUTS:
@@ -375,7 +398,7 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
     max_sbs = KVQ_MAX_SPARSE_BLOCK_SIZE if quant else SFA_MAX_SPARSE_BLOCK_SIZE
     if not (1 <= sbs <= max_sbs and sbs & (sbs - 1) == 0):
         raise arg_error(ModeError, "sparse_block_size", f"a power of 2 in [1, {max_sbs}]", sbs)
-    scale = np.float32(check_float(scale_value, "scale_value"))
+    scale = check_float(scale_value, "scale_value")
 
     # ---- query
     d_q = D_QK if quant else HCKV
@@ -408,7 +431,6 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
     if n2 != NKV:
         raise arg_error(ShapeError, "key", f"N2 = {NKV} (the only kv head count the doc supports)",
                         f"N2={n2} (shape {list(key.shape)})")
-    num_rows = int(np.prod(key.shape[:-2]))  # slots
     if quant:
         nope_shape = (*key.shape[:-1], HCKV)
         if not (isinstance(value, np.ndarray) and value.dtype == np.int8
@@ -416,43 +438,19 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
             got = "None" if value is None else describe(value)
             raise arg_error(ModeError, "value", f"key itself (or a copy), or an int8 {list(nope_shape)} k_nope "
                             "tensor (attention_mode 2: V is the dequantized k_nope of key's 656-byte rows)", got)
-        value = None
     else:
         key_rope = _tensor(key_rope, "key_rope", (qdt,), [*key.shape[:-1], D_ROPE],
                            f"(key's leading dims, {D_ROPE} rope values, dtype of query)")
         if value is not None:
             value = _tensor(value, "value", (qdt,), list(key.shape), "(the shape of key, dtype of query)")
-            if value.__array_interface__["data"][0] == key.__array_interface__["data"][0] and \
-                    value.strides == key.strides:
-                value = None  # the key itself
 
-    # ---- batch, lengths
-    if layout_query == "BSND":
-        b, s1 = int(query.shape[0]), int(query.shape[1])
-        act_q = (np.full(b, s1, np.int64) if actual_seq_lengths_query is None
-                 else per_batch_lengths(actual_seq_lengths_query, "actual_seq_lengths_query", b, s1))
-    else:
-        if actual_seq_lengths_query is None:
-            raise arg_error(ShapeError, "actual_seq_lengths_query", "int32 prefix sums [B] (required for TND)", None)
-        act_q = prefix_lengths(actual_seq_lengths_query, "actual_seq_lengths_query", int(query.shape[0]))
-        b, s1 = int(act_q.size), int(query.shape[0])
-    if layout_kv == "BSND":
-        if key.shape[0] != b:
-            raise arg_error(ShapeError, "key", f"B={b} batches like query", list(key.shape))
-        s2 = int(key.shape[1])
-        act_kv = (np.full(b, s2, np.int64) if actual_seq_lengths_kv is None
-                  else per_batch_lengths(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, s2))
-        slot_map = np.arange(b, dtype=np.int64)[:, None] * s2 + np.arange(max(int(act_kv.max()), 0))[None, :]
-    elif layout_kv == "TND":
-        if actual_seq_lengths_kv is None:
-            raise arg_error(ShapeError, "actual_seq_lengths_kv", "int32 prefix sums [B] (required for TND)", None)
-        act_kv = prefix_lengths(actual_seq_lengths_kv, "actual_seq_lengths_kv", int(key.shape[0]))
-        if act_kv.size != b:
-            raise arg_error(ShapeError, "actual_seq_lengths_kv", f"[B={b}] like actual_seq_lengths_query",
-                            list(act_kv.shape))
-        starts_kv = np.concatenate([[0], np.cumsum(act_kv)[:-1]])  # [B]
-        slot_map = starts_kv[:, None] + np.arange(max(int(act_kv.max()), 0))[None, :]
-    else:
+    # ---- lengths (static part), block_table presence, sparse_indices shape
+    if layout_query == "TND" and actual_seq_lengths_query is None:
+        raise arg_error(ShapeError, "actual_seq_lengths_query", "int32 prefix sums [B] (required for TND)", None)
+    if layout_kv == "TND" and actual_seq_lengths_kv is None:
+        raise arg_error(ShapeError, "actual_seq_lengths_kv", "int32 prefix sums [B] (required for TND)", None)
+    block_num = block_size = 0
+    if layout_kv == "PA_BSND":
         block_num, block_size = int(key.shape[0]), int(key.shape[1])
         if block_size % BLOCK_SIZE_ALIGN or block_size > MAX_BLOCK_SIZE:
             raise arg_error(ShapeError, "key", f"block_size a multiple of {BLOCK_SIZE_ALIGN} in "
@@ -464,14 +462,9 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
         if actual_seq_lengths_kv is None:
             raise arg_error(ShapeError, "actual_seq_lengths_kv", "int32 per-batch lengths [B] (required for PA_BSND)",
                             None)
-        block_table = required(block_table, "block_table")
-        check_dtype(block_table, "block_table", ("int32",))
-        act_kv = per_batch_lengths(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, None)
-        slot_map = slots_from_block_table(block_table, act_kv, block_size, block_num, name="block_table")
-    if layout_kv != "PA_BSND" and block_table is not None:
+        check_dtype(required(block_table, "block_table"), "block_table", ("int32",))
+    elif block_table is not None:
         raise arg_error(ModeError, "block_table", f"None for layout_kv={layout_kv} (PA_BSND only)", "a tensor")
-
-    # ---- sparse_indices -> (starts, counts)
     sparse_indices = required(sparse_indices, "sparse_indices")
     check_dtype(sparse_indices, "sparse_indices", ("int32",))
     want = [*lead, n2, None]
@@ -480,72 +473,186 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
         shown = "[B, S1, N2, K]" if q_nd == 4 else "[T, N2, K]"
         raise arg_error(ShapeError, "sparse_indices", f"{shown} = [{', '.join(map(str, want[:-1]))}, K]",
                         list(sparse_indices.shape))
-    t_total = int(np.prod(lead))
-    k = int(sparse_indices.shape[-1])
-    idx = sparse_indices.reshape(t_total, n2, k).astype(np.int64)  # [T, N2, K]
-    # per token: batch, position in batch, whether computed
-    if layout_query == "BSND":
-        tok_b = np.repeat(np.arange(b), s1)  # [T]
-        tok_s = np.tile(np.arange(s1), b)  # [T]
-    else:
-        tok_b = np.repeat(np.arange(b), act_q)  # [T]
-        tok_s = np.arange(t_total) - np.concatenate([[0], np.cumsum(act_q)[:-1]])[tok_b]  # [T]
-    live = tok_s < act_q[tok_b]  # [T] BSND rows past act_q are not computed
-    kv_len = act_kv[tok_b]  # [T]
-    limit = kv_len if sparse_mode == 0 else np.minimum(kv_len - act_q[tok_b] + tok_s + 1, kv_len)  # [T]
-    nblk = -(-kv_len // sbs)  # [T] sparse blocks in the batch's kv
-    pos = np.arange(k)
-    is_end = idx == SKIP_INDEX  # [T, N2, K]
-    first_end = np.full(is_end.shape[:-1], k, np.int64)  # [T, N2] entry of each row's first -1 (K: none)
-    if k:
-        first_end = np.where(is_end.any(-1), np.argmax(is_end, -1), k)
-    after = pos[None, None, :] >= first_end[..., None]  # [T, N2, K]
-    bad_value = ~after & ((idx < 0) | (idx >= nblk[:, None, None]))
-    bad_tail = after & ~is_end
-    bad = (bad_value | bad_tail) & live[:, None, None]
-    if bad.any():
-        flat = np.unravel_index(int(np.argmax(bad)), bad.shape)
-        t, h, j = (int(v) for v in flat)
-        coord = (int(tok_b[t]), int(tok_s[t]), h, j) if q_nd == 4 else (t, h, j)
-        at = f"sparse_indices[{', '.join(map(str, coord))}] = {int(idx[t, h, j])}"
-        if bad_tail[t, h, j]:
-            msg = f"{at}: expected -1 after the row's first -1 at entry {int(first_end[t, h])} (valid ids first)"
-        else:
-            msg = (f"{at}: expected a sparse block id in [0, {int(nblk[t])}) (batch {int(tok_b[t])}: act_kv="
-                   f"{int(kv_len[t])}, sparse_block_size={sbs}) or -1 ending the row")
-        raise IndexRangeError(f"{msg}; {int(bad.sum())} bad entries")
-    use = ~after & live[:, None, None]  # [T, N2, K]
-    begin = np.where(use, idx, 0) * sbs  # [T, N2, K] first kv position of each entry
-    end = np.minimum(begin + sbs, limit[:, None, None])  # [T, N2, K]
-    counts = np.where(use, np.clip(end - begin, 0, sbs), 0).astype(np.int32)  # [T, N2, K]
-    kept = counts > 0
-    slots = np.zeros(idx.shape, np.int64)  # [T, N2, K]
-    if kept.any():
-        tb = np.broadcast_to(tok_b[:, None, None], idx.shape)
-        slots[kept] = slot_map[tb[kept], begin[kept]]
-    starts = np.where(kept, slots * n2 + np.arange(n2)[None, :, None], 0)  # [T, N2, K] key rows
+    return _Static(sbs=sbs, scale=scale, n1=int(n1), n2=int(n2), lead=tuple(int(x) for x in lead), q_nd=q_nd,
+                   block_num=block_num, block_size=block_size)
 
-    # ---- kernel operands
-    q_bits = np.ascontiguousarray(query).reshape(t_total, n1, d_q).view(np.uint16)  # [T, N1, 512|576]
+
+@dataclass(frozen=True)
+class _Static:
+    """What :func:`_check_static` derives from a call signature."""
+
+    sbs: int
+    scale: float
+    n1: int
+    n2: int
+    lead: tuple[int, ...]
+    q_nd: int
+    block_num: int
+    block_size: int
+
+
+#: Signatures whose static checks passed (:func:`ascend_emu.ops._check.signature`).
+_VALIDATED = ValidatedSignatures()
+
+
+def _normalise(quant, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
+               actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode,
+               pre_tokens, next_tokens, attention_mode, return_softmax_lse, *, sinks) -> SparseFlashAttentionArgs:
+    """Validate every argument of either op and build :class:`SparseFlashAttentionArgs`.
+
+    The checks :func:`_check_static` makes run once per call signature
+    (:func:`~ascend_emu.ops._check.signature`; a decode loop repeats one); the lengths, the
+    block_table entries a batch reads and the sparse index values are checked on every call, in
+    that order, after them.
+    """
+    given = (quant, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
+             actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode,
+             pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks)
+    sig = signature(*given)
+    st = _VALIDATED.get(sig)
+    if st is None:
+        st = _check_static(*given)
+    query, key, sparse_indices = (required(x, n) for x, n in ((query, "query"), (key, "key"),
+                                                             (sparse_indices, "sparse_indices")))
     if not quant:
-        qr_bits = np.ascontiguousarray(query_rope).reshape(t_total, n1, D_ROPE).view(np.uint16)  # [T, N1, 64]
-        q_bits = np.concatenate([q_bits, qr_bits], axis=-1)  # [T, N1, 576]
-    r = num_rows * n2
-    empty16 = np.zeros((0, HCKV), np.uint16)
-    if quant:
-        rows = np.ascontiguousarray(key).reshape(r, MLA_ROW.row_bytes)  # [R, 656] int8
-        rows_i8, rows_u16, rows_f32 = rows, rows.view(np.uint16), rows.view(np.float32)  # [R,656] [R,328] [R,164]
-        k_bits, kr_bits, v_bits = empty16, np.zeros((0, D_ROPE), np.uint16), empty16
+        query_rope, key_rope = required(query_rope, "query_rope"), required(key_rope, "key_rope")
+    v_from_key = True
+    if not quant and value is not None:
+        value = required(value, "value")
+        v_from_key = (value.__array_interface__["data"][0] == key.__array_interface__["data"][0]
+                      and value.strides == key.strides)  # the key itself
+    n2, sbs, lead = st.n2, st.sbs, st.lead
+
+    # ---- batch, lengths
+    if layout_query == "BSND":
+        b, s1 = lead
+        act_q = (np.full(b, s1, np.int64) if actual_seq_lengths_query is None
+                 else per_batch_lengths(actual_seq_lengths_query, "actual_seq_lengths_query", b, s1))
+        tok_b, tok_s = _bsnd_tokens(b, s1)  # [T], [T]
     else:
-        rows_i8 = np.zeros((0, MLA_ROW.row_bytes), np.int8)
-        rows_u16 = np.zeros((0, MLA_ROW.row_bytes // 2), np.uint16)
-        rows_f32 = np.zeros((0, MLA_ROW.row_bytes // 4), np.float32)
-        k_bits = np.ascontiguousarray(key).reshape(r, HCKV).view(np.uint16)  # [R, 512]
-        kr_bits = np.ascontiguousarray(key_rope).reshape(r, D_ROPE).view(np.uint16)  # [R, 64]
-        v_bits = empty16 if value is None else np.ascontiguousarray(value).reshape(r, HCKV).view(np.uint16)
+        act_q = prefix_lengths(actual_seq_lengths_query, "actual_seq_lengths_query", lead[0])
+        b, s1 = int(act_q.size), lead[0]
+        tok_b = np.repeat(np.arange(b), act_q)  # [T]
+        tok_s = np.arange(lead[0]) - np.repeat(np.cumsum(act_q) - act_q, act_q)  # [T]
+    if layout_kv == "BSND":
+        if key.shape[0] != b:
+            raise arg_error(ShapeError, "key", f"B={b} batches like query", list(key.shape))
+        s2 = int(key.shape[1])
+        act_kv = (np.full(b, s2, np.int64) if actual_seq_lengths_kv is None
+                  else per_batch_lengths(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, s2))
+        slot_map = np.arange(b, dtype=np.int64)[:, None] * s2 + np.arange(max(int(act_kv.max()), 0))[None, :]
+    elif layout_kv == "TND":
+        act_kv = prefix_lengths(actual_seq_lengths_kv, "actual_seq_lengths_kv", int(key.shape[0]))
+        if act_kv.size != b:
+            raise arg_error(ShapeError, "actual_seq_lengths_kv", f"[B={b}] like actual_seq_lengths_query",
+                            list(act_kv.shape))
+        starts_kv = np.cumsum(act_kv) - act_kv  # [B]
+        slot_map = starts_kv[:, None] + np.arange(max(int(act_kv.max()), 0))[None, :]
+    else:
+        act_kv = per_batch_lengths(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, None)
+        slot_map = slots_from_block_table(block_table, act_kv, st.block_size, st.block_num, name="block_table")
+
+    # ---- sparse_indices -> (starts, counts), every read entry checked
+    t_total = tok_b.size
+    k = int(sparse_indices.shape[-1])
+    idx = np.ascontiguousarray(sparse_indices).reshape(t_total, n2, k)  # [T, N2, K] int32
+    starts = np.empty((t_total, n2, k), np.int64)  # [T, N2, K]
+    counts = np.empty((t_total, n2, k), np.int32)  # [T, N2, K]
+    lengths = np.empty((t_total, n2), np.int64)  # [T, N2]
+    status = np.zeros(5, np.int64)  # bad entries, first bad (t, h, j), first -1 of its row
+    sparse_rows(idx, tok_b, tok_s, act_q, act_kv, np.ascontiguousarray(slot_map, dtype=np.int64), sbs,
+                int(sparse_mode), starts, counts, lengths, status)
+    if status[0]:
+        _raise_bad_index(idx, status, tok_b, tok_s, act_kv, sbs, st.q_nd)
+    if sig is not None:
+        _VALIDATED.put(sig, st)
     return SparseFlashAttentionArgs(
-        query=q_bits, quant=bool(quant), rows_i8=rows_i8, rows_u16=rows_u16, rows_f32=rows_f32, key=k_bits,
-        key_rope=kr_bits, value=v_bits, v_from_key=bool(quant or value is None), starts=starts, counts=counts,
-        lengths=counts.sum(-1, dtype=np.int64), scale_value=scale, is_bf16=qdt == "bfloat16",
-        query_dtype=query.dtype, layout_query=layout_query, out_shape=(*lead, n1, HCKV), batch=b, seq_q=s1,
-        num_heads=int(n1), num_kv_heads=int(n2), return_softmax_lse=bool(return_softmax_lse))
+        quant=bool(quant), query=query, query_rope=None if quant else query_rope, key=key,
+        key_rope=None if quant else key_rope, value=value, v_from_key=v_from_key, sparse_indices=sparse_indices,
+        block_table=block_table, actual_seq_lengths_query=actual_seq_lengths_query,
+        actual_seq_lengths_kv=actual_seq_lengths_kv, starts=starts, counts=counts, lengths=lengths,
+        scale_value=st.scale, sparse_block_size=sbs, layout_query=layout_query, layout_kv=layout_kv,
+        sparse_mode=int(sparse_mode), out_shape=(*lead, st.n1, HCKV), batch=b, seq_q=s1, num_heads=st.n1,
+        num_kv_heads=n2, return_softmax_lse=bool(return_softmax_lse))
+
+
+@functools.lru_cache(maxsize=64)
+def _bsnd_tokens(b: int, s1: int) -> tuple[np.ndarray, np.ndarray]:
+    """Batch and position of every BSND query token: int64 ``[B*S1]`` each (shared: never write)."""
+    return np.repeat(np.arange(b, dtype=np.int64), s1), np.tile(np.arange(s1, dtype=np.int64), b)
+
+
+def _raise_bad_index(idx, status, tok_b, tok_s, act_kv, sbs: int, q_nd: int) -> None:
+    """The IndexRangeError for the first bad sparse index :func:`sparse_rows` found."""
+    t, h, j, first_end = (int(v) for v in status[1:])
+    kv_len = int(act_kv[tok_b[t]])
+    nblk = -(-kv_len // sbs)
+    coord = (int(tok_b[t]), int(tok_s[t]), h, j) if q_nd == 4 else (t, h, j)
+    at = f"sparse_indices[{', '.join(map(str, coord))}] = {int(idx[t, h, j])}"
+    if j > first_end:
+        msg = f"{at}: expected -1 after the row's first -1 at entry {first_end} (valid ids first)"
+    else:
+        msg = (f"{at}: expected a sparse block id in [0, {nblk}) (batch {int(tok_b[t])}: act_kv="
+               f"{kv_len}, sparse_block_size={sbs}) or -1 ending the row")
+    raise IndexRangeError(f"{msg}; {int(status[0])} bad entries")
+
+
+@njit(cache=True)
+def sparse_rows(idx, tok_b, tok_s, act_q, act_kv, slot_map, sbs, sparse_mode, starts, counts, lengths, status):
+    """The kv rows every (token, head, entry) reads, with every read entry checked (module doc,
+    "Sparse-index rows"): entry ``i`` before the row's first -1 selects kv positions
+    ``[i*sbs, min((i+1)*sbs, limit))`` of the token's batch (``limit``: act_kv, or the causal
+    limit of sparse_mode 3); rows of tokens past ``act_q`` are not read.
+
+    Args:
+        idx: int32 ``[T, N2, K]`` sparse indices as given (unchecked: checked here before use).
+        tok_b, tok_s: int64 ``[T]`` batch and position of each query token.
+        act_q, act_kv: int64 ``[B]`` query / kv lengths.
+        slot_map: int64 ``[B, W]`` slot of kv position ``p`` of batch ``b`` (W >= every act_kv).
+        sbs: sparse block size; sparse_mode: 0 or 3.
+        starts, counts, lengths: out, ``[T, N2, K]`` first key row and kept tokens per entry,
+            ``[T, N2]`` kept tokens per (token, head); key row = slot * N2 + h.
+        status: out, int64 ``[5]``: bad entries (0: none), then the first bad ``(t, h, j)`` in
+            row-major order and the first -1 of its row (K: none).
+    """
+    n_tok, n2, k = idx.shape
+    for t in range(n_tok):
+        bt = tok_b[t]
+        live = tok_s[t] < act_q[bt]
+        kv_len = act_kv[bt]
+        limit = kv_len
+        if sparse_mode != 0:
+            limit = min(kv_len - act_q[bt] + tok_s[t] + 1, kv_len)
+        nblk = (kv_len + sbs - 1) // sbs
+        for h in range(n2):
+            total = 0
+            first_end = k
+            for j in range(k):
+                v = idx[t, h, j]
+                if first_end == k and v == -1:
+                    first_end = j
+                starts[t, h, j] = 0
+                counts[t, h, j] = 0
+                after = j >= first_end
+                if not live:
+                    continue
+                bad = (v != -1) if after else (v < 0 or v >= nblk)
+                if bad:
+                    if status[0] == 0:
+                        status[1], status[2], status[3] = t, h, j
+                        status[4] = k
+                        for jj in range(k):  # the row's first -1, for the message
+                            if idx[t, h, jj] == -1:
+                                status[4] = jj
+                                break
+                    status[0] += 1
+                    continue
+                if after:
+                    continue
+                begin = v * sbs
+                end = min(begin + sbs, limit)
+                if end > begin and begin < slot_map.shape[1]:
+                    starts[t, h, j] = slot_map[bt, begin] * n2 + h
+                    counts[t, h, j] = end - begin
+                    total += end - begin
+            lengths[t, h] = total
