@@ -102,10 +102,6 @@ def _kernel(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable:
     public = f"torch_npu.{'atb.' if spec.namespace == 'atb' else ''}{spec.name}"
 
     def run(params: dict[str, Any]) -> Any:
-        if params.get("v") is not None and spec.name.startswith("npu_kv_rmsnorm_rope_cache"):
-            from ..ops.kv_rmsnorm_rope_cache import V_NOT_EMULATED
-
-            raise arg_error(ModeError, "v", V_NOT_EMULATED, describe(params["v"]))  # the tensor, summarised
         if qualified == "npu_mla_prolog_v3_functional":
             caches = _copy_caches(params, ("kv_cache", "kr_cache"))
             return (*emulate("npu_mla_prolog_v3", params, defaults, public), *caches)
