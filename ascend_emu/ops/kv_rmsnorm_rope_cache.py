@@ -343,7 +343,7 @@ def _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_sc
     kv_dtype = dtype_name(kv.dtype)
     gamma = required(gamma, "gamma")
     check_dtype(gamma, "gamma", (kv_dtype,))
-    check_shape(gamma, "gamma", [gamma_size], f"[{gamma_size}]{mode_note}")
+    check_shape(gamma, "gamma", [gamma_size], mode_note.strip() if split else "[rms_size]")
     if split:
         check_dtype(v, "v", (kv_dtype,))
         check_shape(v, "v", [b, 1, s, V_SPLIT_V_SIZE], f"[B, 1, S, {V_SPLIT_V_SIZE}] (kv's B, N, S)")
