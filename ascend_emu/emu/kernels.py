@@ -172,6 +172,21 @@ def pairwise_width(h, lanes_order):
 
 
 @njit(cache=True, inline="always")
+def _halve_blocks(sq, h, w):
+    """``sq[:h]`` as ``h / w`` blocks of ``w`` lanes, added neighbour to neighbour in place until one
+    block is left (in ``sq[:w]``)."""
+    nblk = h // w
+    while nblk > 1:
+        nblk //= 2
+        for j in range(nblk):
+            a = 2 * j * w
+            b = a + w
+            o = j * w
+            for l in range(w):
+                sq[o + l] = sq[a + l] + sq[b + l]
+
+
+@njit(cache=True, inline="always")
 def square_sum(x, lanes_order, prescale, inv_h, sq, lanes):
     """The kernels' fp32 sum of ``x[i]^2`` (``* inv_h`` per square first when ``prescale``).
 
@@ -190,15 +205,15 @@ def square_sum(x, lanes_order, prescale, inv_h, sq, lanes):
         for i in range(h):
             q = x[i] * x[i]
             sq[i] = q * inv_h if prescale else q
-        nblk = h // w
-        while nblk > 1:
-            nblk //= 2
-            for j in range(nblk):
-                a = 2 * j * w
-                b = a + w
-                o = j * w
-                for l in range(w):
-                    sq[o + l] = sq[a + l] + sq[b + l]
+        # the kernels' widths as constants: the compiler vectorises the in-place halving only then
+        if w == LANES:
+            _halve_blocks(sq, h, LANES)
+        elif w == 48:
+            _halve_blocks(sq, h, 48)
+        elif w == 24:
+            _halve_blocks(sq, h, 24)
+        else:
+            _halve_blocks(sq, h, w)
         for l in range(w):
             lanes[l] = sq[l]
         for l in range(w, LANES):  # masked lanes of WholeReduceSum
