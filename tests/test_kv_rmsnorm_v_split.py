@@ -121,6 +121,25 @@ def test_blk_nz_order_is_the_kernels(rng):
     assert np.array_equal(square_sums(x, KV_CACHE_BLK_NZ_RMS).view(np.uint32), s24.view(np.uint32))
 
 
+@pytest.mark.parametrize("quant", [False, True])
+def test_pa_blk_nz_rows_follow_its_kernels_order(rng, quant):
+    """Over 4096 tokens a few bf16 k rows depend on the order (24- vs 48-lane blocks): PA_BLK_NZ's
+    k rows are the 24-lane order's without quant, the 48-lane order's with it."""
+    from tests.reference.kv_rmsnorm_v_split import k_rows_f32
+
+    b, s, bs = 1, 4096, 32
+    kv, gamma, cos, sin, v = make_inputs(rng, b, s, BF16)
+    rows = {w: k_rows_f32(kv, gamma, cos, sin, 1e-5, w).astype(BF16).view(np.uint16) for w in (24, 48)}
+    assert np.any(rows[24] != rows[48])  # else this test could not tell the orders apart
+    dt = np.int8 if quant else BF16
+    k_cache, ckv_cache = np.zeros((s // bs, bs, 1, DK), dt), np.zeros((s // bs, bs, 1, DV), dt)
+    scales = make_scales(rng) if quant else (None, None)
+    out = call((kv, gamma, cos, sin, v), np.arange(s // bs, dtype=np.int64) * bs, k_cache, ckv_cache, scales,
+               cache_mode="PA_BLK_NZ", is_output_kv=True)
+    got = out[2].reshape(-1, DK).view(np.uint16)
+    assert np.array_equal(got, rows[48 if quant else 24])
+
+
 def test_duplicate_slots_last_token_wins(rng):
     inputs, _, k_cache, ckv_cache = make_case(rng, "PA_NZ", 2, 3, BF16, False)
     index = np.array([5, 9, 5, 7, 9, -1], np.int64)
