@@ -75,16 +75,17 @@ def test_message_summarises_a_tensor_argument(rng):
 
 
 def test_torch_message_summarises_an_unsupported_tensor_argument(rng):
-    """torch_npu's ``v=`` (not emulated) given a tensor: used to print the whole tensor."""
+    """A torch tensor where the drop-in wants None (an offset): summarised, not printed whole."""
     torch = pytest.importorskip("torch")
     import ascend_emu.torch_npu as torch_npu
     from ascend_emu.torch_npu._convert import to_torch
 
     args, kw = kv_case(rng)
     t = {k: to_torch(v) for k, v in args.items()}
-    v = torch.randn(4, 1, 2, 576)
-    assert_rejected(lambda: torch_npu.npu_kv_rmsnorm_rope_cache(*t.values(), v=v, **kw), [args["k_cache"]],
-                    ModeError, r"v: expected the default None .*got a \[4, 1, 2, 576\] float32 tensor \(")
+    off = torch.randn(4, 1, 2, 576)
+    assert_rejected(lambda: torch_npu.npu_kv_rmsnorm_rope_cache(*t.values(), k_rope_offset=off, **kw),
+                    [args["k_cache"]], ModeError, r"k_rope_offset: expected None .*got a \[4, 1, 2, 576\] float32 "
+                                                  r"(tensor|array) \(")
 
 
 #: A [4, 1, 2, 576] array (4,608 values: numpy prints dozens of lines) where a scalar goes.

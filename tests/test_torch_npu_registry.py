@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 import ascend_emu.ops as ops  # noqa: E402
 import ascend_emu.torch_npu as torch_npu  # noqa: E402
-from ascend_emu.errors import DTypeError, ModeError  # noqa: E402
+from ascend_emu.errors import DTypeError, ModeError, ShapeError  # noqa: E402
 from ascend_emu.torch_npu import _registry  # noqa: E402
 from ascend_emu.torch_npu.schemas import SCHEMAS  # noqa: E402
 
@@ -224,14 +224,15 @@ def test_kv_ops_eager_outputs_match_fake_and_functional_leaves_caches(rng):
         torch_npu.npu_kv_rmsnorm_rope_cache_v2(*args, k_cache_dtype=2, **kw)
 
 
-def test_kv_v_argument_is_rejected_with_caches_untouched(rng):
-    """torch_npu 2.14's K/V-split mode (``v``) is not emulated: a ModeError saying so, nothing written."""
+def test_kv_v_argument_with_576_mode_widths_is_rejected_with_caches_untouched(rng):
+    """torch_npu 2.14's K/V-split mode (``v``) with the 576-wide mode's gamma / caches: a ShapeError
+    naming the split mode's widths, nothing written (the mode itself: tests/test_kv_rmsnorm_v_split.py)."""
     args = _kv_inputs(rng)
     kc_before = args[5].clone()
     k_part, v_part = args[0][..., :192].contiguous(), args[0][..., :128].contiguous()
     for op in (torch_npu.npu_kv_rmsnorm_rope_cache, torch_npu.npu_kv_rmsnorm_rope_cache_v2,
                torch_npu.npu_kv_rmsnorm_rope_cache_v2_functional):
-        with pytest.raises(ModeError, match="v: expected the default None .*K/V-split mode.* not emulated"):
+        with pytest.raises(ShapeError, match="gamma: expected .*192.*K/V-split mode"):
             op(k_part, *args[1:], v=v_part, cache_mode="PA_BNSD")
     assert torch.equal(args[5], kc_before)
 

@@ -90,13 +90,20 @@ def narrow_row(x, out, is_bf16):
 #: fp32 lanes of one vector repeat (256 bytes): the width of every kernel's square-sum.
 LANES = 64
 
-#: How the 64 lane sums of the squares are formed (the lanes then go through :func:`lane_tree_sum`).
+#: How the lane sums of the squares are formed (the lanes then go through :func:`lane_tree_sum`).
 #: ``LANES_IN_ORDER``: lane ``l`` adds ``x[l]^2, x[64+l]^2, x[128+l]^2, ...`` one repeat after the
 #: other (the tail repeat masked to its first lanes): one vector ``Add`` whose repeats accumulate
-#: into the same 64-lane buffer. ``LANES_PAIRWISE``: the 64-element blocks are added pairwise,
-#: neighbours first (``((B0+B1)+(B2+B3))+((B4+B5)+(B6+B7))`` for 512), by halving ``Add`` calls.
+#: into the same 64-lane buffer. ``LANES_PAIRWISE``: the row is cut into ``2^k`` blocks of
+#: ``w = H / 2^k`` lanes, the fewest halvings that leave ``w <= 64``, and the blocks are added
+#: pairwise, neighbours first, by halving ``Add`` calls (512: eight blocks of 64,
+#: ``((B0+B1)+(B2+B3))+((B4+B5)+(B6+B7))``; 192: four blocks of 48, ``(B0+B1)+(B2+B3)``).
+#: ``LANES_PAIRWISE_EIGHTHS``: the same with always three halvings, eight blocks of ``H / 8``
+#: (512: as ``LANES_PAIRWISE``; 192: eight blocks of 24). The ``w`` lanes left then go through
+#: ``WholeReduceSum`` with a ``w``-lane mask, taken as the 64-lane tree with the masked lanes
+#: zero (adding an exact 0.0 to a sum of squares changes nothing) [unverified].
 LANES_IN_ORDER = 0
 LANES_PAIRWISE = 1
+LANES_PAIRWISE_EIGHTHS = 2
 
 
 class RmsNormOrder(NamedTuple):
@@ -121,8 +128,17 @@ MLAPO_KV_RMS = MLA_PROLOG_RMS
 #: kv_rms_norm_rope_cache_b16_pa_nz_quant.h`` L426-L458 and the same code in ``*_b16_pa.h``,
 #: ``*_pa_bnsd_quant.h``, ``*_pa_blk_*.h``, ``*_b1sd.h``, ``*_mtp.h``: three ``Add`` calls with
 #: dstRepStride 8, srcRepStride 16 halve 512 -> 256 -> 128 -> 64, then ``WholeReduceSum``,
-#: ``Muls`` reciprocal, ``Adds`` eps, ``Sqrt``, ``Div``, ``Mul`` gamma).
+#: ``Muls`` reciprocal, ``Adds`` eps, ``Sqrt``, ``Div``, ``Mul`` gamma). Its K/V-split mode (``v``
+#: given, 192-wide rows: ``RmsNormV2`` in ``*_b16_mtp.h``, ``*_b16_mtp_quant.h``, ``*_b16_pa.h``,
+#: ``*_b16_b1sd.h`` and every ``*_quant.h`` @ hicann/ops-nn b927bff ``norm/kv_rms_norm_rope_cache``)
+#: halves 192 -> 96 -> 48 with a 48-lane mask (dstRepStride 6, srcRepStride 12), then
+#: ``WholeReduceSum`` over 48 lanes: the same rule.
 KV_CACHE_RMS = RmsNormOrder(LANES_PAIRWISE, prescale=False, reciprocal=False)
+#: npu_kv_rmsnorm_rope_cache, non-quant PA_BLK_NZ (tiling key 4000, ``*_b16_pa_blk_nz.h``
+#: ``RmsNormV2`` @ hicann/ops-nn b927bff): three halvings with a 24-lane mask (dstRepStride 3,
+#: srcRepStride 6), 192 -> 96 -> 48 -> 24, then ``WholeReduceSum`` over 24 lanes. For 512-wide
+#: rows this is :data:`KV_CACHE_RMS` (eight blocks of 64 either way).
+KV_CACHE_BLK_NZ_RMS = RmsNormOrder(LANES_PAIRWISE_EIGHTHS, prescale=False, reciprocal=False)
 #: MlaPreprocess RmsNormQuant (``attention/mla_preprocess/op_kernel/mla_preprocess_bf16.h`` L830-L856,
 #: ``mla_preprocess_fp16.h`` L641-L671): ``Muls(sqx, avg_factor)`` (1/H, L834) before
 #: ``ReduceSumCustom`` (L836), ``Adds`` eps, ``Sqrt``, scalar ``factor = 1 / rms`` (L843),
@@ -148,34 +164,71 @@ def lane_tree_sum(lanes):
 
 
 @njit(cache=True, inline="always")
+def pairwise_width(h, lanes_order):
+    """Lanes ``w`` a pairwise order leaves of an ``H``-wide row (:data:`LANES_PAIRWISE`: the fewest
+    halvings to ``w <= 64``; :data:`LANES_PAIRWISE_EIGHTHS`: ``H / 8``); 0 when ``H`` does not halve
+    exactly down to a whole number of 32-byte blocks (``w`` a multiple of 8) of at most 64 lanes."""
+    w = h
+    if lanes_order == LANES_PAIRWISE_EIGHTHS:
+        for _ in range(3):
+            if w % 2:
+                return 0
+            w //= 2
+    else:
+        while w > LANES and w % 2 == 0:
+            w //= 2
+    if w > LANES or w < 8 or w % 8:
+        return 0
+    return w
+
+
+@njit(cache=True, inline="always")
+def _halve_blocks(sq, h, w):
+    """``sq[:h]`` as ``h / w`` blocks of ``w`` lanes, added neighbour to neighbour in place until one
+    block is left (in ``sq[:w]``)."""
+    nblk = h // w
+    while nblk > 1:
+        nblk //= 2
+        for j in range(nblk):
+            a = 2 * j * w
+            b = a + w
+            o = j * w
+            for l in range(w):
+                sq[o + l] = sq[a + l] + sq[b + l]
+
+
+@njit(cache=True, inline="always")
 def square_sum(x, lanes_order, prescale, inv_h, sq, lanes):
     """The kernels' fp32 sum of ``x[i]^2`` (``* inv_h`` per square first when ``prescale``).
 
     Args:
-        x: fp32 ``[H]``; ``LANES_PAIRWISE`` needs ``H = 64 * 2^k``.
-        lanes_order: ``LANES_IN_ORDER`` or ``LANES_PAIRWISE``.
+        x: fp32 ``[H]``; a pairwise order needs ``pairwise_width(H) > 0`` (512, 192, ...).
+        lanes_order: ``LANES_IN_ORDER``, ``LANES_PAIRWISE`` or ``LANES_PAIRWISE_EIGHTHS``.
         prescale: multiply each square by ``inv_h`` before summing.
         inv_h: fp32 ``1/H``.
-        sq: fp32 scratch ``[H]`` (``LANES_PAIRWISE`` only; ``[0]`` otherwise).
+        sq: fp32 scratch ``[H]`` (pairwise orders only; ``[0]`` otherwise).
         lanes: fp32 scratch ``[64]``.
     """
     h = x.shape[0]
     reps = h // LANES
-    if lanes_order == LANES_PAIRWISE:
+    if lanes_order != LANES_IN_ORDER:
+        w = pairwise_width(h, lanes_order)
         for i in range(h):
             q = x[i] * x[i]
             sq[i] = q * inv_h if prescale else q
-        nblk = reps
-        while nblk > 1:
-            nblk //= 2
-            for j in range(nblk):
-                a = 2 * j * LANES
-                b = a + LANES
-                o = j * LANES
-                for l in range(LANES):
-                    sq[o + l] = sq[a + l] + sq[b + l]
-        for l in range(LANES):
+        # the kernels' widths as constants: the compiler vectorises the in-place halving only then
+        if w == LANES:
+            _halve_blocks(sq, h, LANES)
+        elif w == 48:
+            _halve_blocks(sq, h, 48)
+        elif w == 24:
+            _halve_blocks(sq, h, 24)
+        else:
+            _halve_blocks(sq, h, w)
+        for l in range(w):
             lanes[l] = sq[l]
+        for l in range(w, LANES):  # masked lanes of WholeReduceSum
+            lanes[l] = 0.0
     else:
         for l in range(LANES):
             lanes[l] = 0.0
@@ -204,7 +257,8 @@ def rms_norm_row(x, gamma, eps, scale, lanes_order, prescale, reciprocal, sq, la
     ``rms = sqrt(ms + eps)``; ``out = x / rms * gamma * scale`` or, with ``reciprocal``,
     ``x * fp32(1 / rms) * gamma * scale``. ``scale`` is v3's qc_qr_scale / kc_scale, 1.0
     elsewhere (a multiply by 1.0 is exact). The kernel variants are :data:`MLA_PROLOG_RMS`,
-    :data:`MLAPO_KV_RMS`, :data:`KV_CACHE_RMS`, :data:`MLAPO_QUANT_RMS` (sources there).
+    :data:`MLAPO_KV_RMS`, :data:`KV_CACHE_RMS`, :data:`KV_CACHE_BLK_NZ_RMS`, :data:`MLAPO_QUANT_RMS`
+    (sources there).
 
     Args:
         x, gamma: fp32 ``[H]``; eps, scale: fp32.
@@ -228,7 +282,7 @@ def rms_norm_row(x, gamma, eps, scale, lanes_order, prescale, reciprocal, sq, la
 
 @njit(cache=True)
 def _rms_norm_rows(lo, hi, x, gamma, eps, scale, lanes_order, prescale, reciprocal, out):
-    sq = np.empty(x.shape[1] if lanes_order == LANES_PAIRWISE else 1, dtype=np.float32)
+    sq = np.empty(x.shape[1] if lanes_order != LANES_IN_ORDER else 1, dtype=np.float32)
     lanes = np.empty(LANES, dtype=np.float32)
     for t in range(lo, hi):
         rms_norm_row(x[t], gamma, eps, scale, lanes_order, prescale, reciprocal, sq, lanes, out[t])
@@ -246,14 +300,15 @@ def _rms_norm_parts(parts, x, gamma, eps, scale, lanes_order, prescale, reciproc
 def _square_sums_2d(x, lanes_order, prescale, out):
     inv_h = np.float32(np.float32(1.0) / np.float32(x.shape[1]))
     for t in prange(x.shape[0]):
-        sq = np.empty(x.shape[1] if lanes_order == LANES_PAIRWISE else 1, dtype=np.float32)
+        sq = np.empty(x.shape[1] if lanes_order != LANES_IN_ORDER else 1, dtype=np.float32)
         lanes = np.empty(LANES, dtype=np.float32)
         out[t] = square_sum(x[t], lanes_order, prescale, inv_h, sq, lanes)
 
 
 def _check_order(h: int, order: RmsNormOrder) -> None:
-    if order.lanes == LANES_PAIRWISE and (h % LANES or (h // LANES) & (h // LANES - 1)):
-        raise ValueError(f"pairwise RmsNorm needs H = 64 * 2^k, got H={h}")
+    if order.lanes != LANES_IN_ORDER and not pairwise_width(h, order.lanes):
+        raise ValueError(f"pairwise RmsNorm needs H = w * 2^k halving down to w <= 64 lanes, w a multiple of 8 "
+                         f"(512, 192, ...), got H={h}")
 
 
 def square_sums(x: np.ndarray, order: RmsNormOrder) -> np.ndarray:
@@ -267,7 +322,7 @@ def square_sums(x: np.ndarray, order: RmsNormOrder) -> np.ndarray:
         fp32 ``[T]``.
 
     Raises:
-        ValueError: a pairwise order with H not 64 times a power of two (an internal misuse).
+        ValueError: a pairwise order with an H it cannot halve (an internal misuse).
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
     _check_order(x.shape[-1], order)
@@ -280,17 +335,17 @@ def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float, order: RmsNormOrder, 
     """RmsNorm over the last axis in fp32, in one kernel's order (:func:`rms_norm_row`).
 
     Args:
-        x: fp32 ``[T, H]`` (H = 64 * 2^k for :data:`KV_CACHE_RMS`).
+        x: fp32 ``[T, H]`` (a pairwise order: H halving down to <= 64 lanes, e.g. 512 or 192).
         gamma: fp32 ``[H]``.
         eps: epsilon (rounded to fp32).
-        order: :data:`MLA_PROLOG_RMS`, :data:`KV_CACHE_RMS` or :data:`MLAPO_QUANT_RMS`.
+        order: an :class:`RmsNormOrder` (:data:`MLA_PROLOG_RMS`, :data:`KV_CACHE_RMS`, ...).
         scale: extra multiplier applied last (v3 ``qc_qr_scale`` / ``kc_scale``).
 
     Returns:
         fp32 ``[T, H]``.
 
     Raises:
-        ValueError: a pairwise order with H not 64 times a power of two (an internal misuse).
+        ValueError: a pairwise order with an H it cannot halve (an internal misuse).
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
     _check_order(x.shape[-1], order)

@@ -14,6 +14,13 @@ Numerics (ops_reference §1.1-§1.3, §4; kernel ``kv_rms_norm_rope_cache_b16_pa
 - int8 caches: fp32 row times the fp32 scale, then ``RoundFloat2Int8`` (fp32 -> int32 RINT ->
   half -> int8): round-half-even, saturated to [-128, 127]; NaN becomes 0 (as
   :func:`~ascend_emu.quant.saturate_int8`).
+- K/V-split mode (``v`` given; ``RmsNormV2`` / ``RopeKV2`` of the ops-nn kernels, sources in
+  :mod:`ascend_emu.ops.kv_rmsnorm_rope_cache`): the same pass over 192-wide rows, the RoPE input
+  being the fp32 normed ``y[:64]`` and the k row ``[rope | y[64:]]``; v goes to ckv_cache as is
+  (non-quant) or as ``RoundFloat2Int8(v * c_kv_scale)``. The summation order is the kernel's:
+  :data:`~ascend_emu.emu.kernels.KV_CACHE_BLK_NZ_RMS` for non-quant PA_BLK_NZ,
+  :data:`~ascend_emu.emu.kernels.KV_CACHE_RMS` elsewhere (:func:`rms_order`; the two agree on
+  512-wide rows).
 """
 
 from __future__ import annotations
@@ -22,18 +29,17 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ..ops.kv_rmsnorm_rope_cache import (HIDDEN_SIZE, RMS_SIZE, ROPE_SIZE, UNWRITTEN_OUTPUT_FILL,
+from ..ops.kv_rmsnorm_rope_cache import (RMS_SIZE, ROPE_SIZE, UNWRITTEN_OUTPUT_FILL, V_SPLIT_K_SIZE,
                                          KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs)
 from ..quant import BF16, INT8_MAX, INT8_MIN, to_f32
-from .kernels import (KV_CACHE_RMS, LANES, kernel_input, last_writer, narrow_row, rms_norm_row, rope_row,
-                      scatter_rows, widen_row)
-
-#: The kernel's RmsNorm order (:data:`~ascend_emu.emu.kernels.KV_CACHE_RMS`).
-_RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL = KV_CACHE_RMS
+from .kernels import (KV_CACHE_BLK_NZ_RMS, KV_CACHE_RMS, LANES, LANES_IN_ORDER, LANES_PAIRWISE, LANES_PAIRWISE_EIGHTHS,
+                      RmsNormOrder, kernel_input, last_writer, narrow_row, rms_norm_row, rope_row, scatter_rows,
+                      widen_row)
 #: Fewest tokens per parallel range: a range must outlast the wake-up of its thread (tens of
 #: microseconds; a token takes about 0.2 us), so small batches run on one thread.
 TOKENS_PER_PART = 256
 _NO_SCALE = np.empty(0, dtype=np.float32)
+_NO_ROWS = np.empty((0, 0), dtype=np.uint16)
 
 
 @njit(cache=True, inline="always")
@@ -50,56 +56,97 @@ def _round_float_to_int8(x):
 
 
 @njit(cache=True)
-def _kv_rmsnorm_rope_range(lo, hi, kv, gamma, cos, sin, eps, is_bf16, quant, k_scale, c_scale, k_rows, y_rows,
-                           k_int8, y_int8):
-    """Tokens ``[lo, hi)``: RmsNorm of ``kv[:512]``, RoPE of ``kv[512:]``, rounding and quant.
+def _kv_rmsnorm_rope_range(lo, hi, kv, split, gamma, cos, sin, v, eps, is_bf16, lanes_order, quant, k_scale,
+                           c_scale, k_rows, c_rows, k_int8, c_int8):
+    """:func:`_token_rows` with ``h`` (from ``split``), ``split`` and ``lanes_order`` passed on as compile-time
+    constants (the cases the contract allows): with run-time widths and order the compiler cannot
+    vectorise the RmsNorm sums (4x slower)."""
+    if split:
+        if lanes_order == LANES_PAIRWISE_EIGHTHS:
+            _token_rows(lo, hi, kv, V_SPLIT_K_SIZE, True, gamma, cos, sin, v, eps, is_bf16, LANES_PAIRWISE_EIGHTHS,
+                        quant, k_scale, c_scale, k_rows, c_rows, k_int8, c_int8)
+        else:
+            _token_rows(lo, hi, kv, V_SPLIT_K_SIZE, True, gamma, cos, sin, v, eps, is_bf16, LANES_PAIRWISE, quant,
+                        k_scale, c_scale, k_rows, c_rows, k_int8, c_int8)
+    else:  # 512 = 8 x 64 lanes: both pairwise orders are the same sum
+        _token_rows(lo, hi, kv, RMS_SIZE, False, gamma, cos, sin, v, eps, is_bf16, LANES_PAIRWISE, quant, k_scale,
+                    c_scale, k_rows, c_rows, k_int8, c_int8)
+
+
+@njit(cache=True, inline="always")
+def _token_rows(lo, hi, kv, h, split, gamma, cos, sin, v, eps, is_bf16, lanes_order, quant, k_scale, c_scale, k_rows,
+                c_rows, k_int8, c_int8):
+    """Tokens ``[lo, hi)``: RmsNorm of ``kv[:h]``, RoPE, rounding and quant.
 
     Args:
         lo, hi: token range.
-        kv: uint16 ``[T, 576]`` bf16 / fp16 bits.
-        gamma: fp32 ``[512]``.
+        kv: uint16 ``[T, 576]`` (split: ``[T, 192]``) bf16 / fp16 bits.
+        h: RmsNorm width, 512 (split: 192).
+        split: K/V-split mode: RoPE of the normed ``y[:64]``, k row ``[rope | y[64:]]``, c row = v.
+            Else RoPE of ``kv[512:]``, k row = rope, c row = ``y``.
+        gamma: fp32 ``[h]``.
         cos, sin: uint16 ``[T, 64]``.
+        v: uint16 ``[T, 128]`` bits (split and quant only; ``[0, 0]`` otherwise).
         eps: fp32.
         is_bf16: bits are bf16 (else fp16).
-        quant: also write ``k_int8`` / ``y_int8``.
-        k_scale, c_scale: fp32 ``[64]`` / ``[512]`` multipliers (unused without ``quant``).
-        k_rows, y_rows: out, uint16 ``[T, 64]`` / ``[T, 512]`` kv-dtype bits.
-        k_int8, y_int8: out, int8 ``[T, 64]`` / ``[T, 512]`` (``[0, .]`` without ``quant``).
+        lanes_order: the ``lanes`` of the kernel's :class:`~ascend_emu.emu.kernels.RmsNormOrder`
+            (``prescale`` and ``reciprocal`` are False in every kv_rmsnorm_rope_cache kernel).
+        quant: also write ``k_int8`` / ``c_int8``.
+        k_scale, c_scale: fp32 multipliers of the k / c rows' widths (unused without ``quant``).
+        k_rows, c_rows: out, uint16 kv-dtype bits ``[T, 64]`` / ``[T, 512]`` (split: ``[T, 192]`` /
+            ``[0, 0]``, v being the c row).
+        k_int8, c_int8: out, int8 of the k / c rows' widths (``[0, .]`` without ``quant``).
     """
     one = np.float32(1.0)
-    x = np.empty(RMS_SIZE, dtype=np.float32)  # [512] widened rms_in
-    y = np.empty(RMS_SIZE, dtype=np.float32)  # [512]
-    sq = np.empty(RMS_SIZE, dtype=np.float32)  # [512] squares, halved in place
+    x = np.empty(h, dtype=np.float32)  # [h] widened rms input
+    y = np.empty(h, dtype=np.float32)  # [h] normed row (split: becomes the k row)
+    sq = np.empty(h, dtype=np.float32)  # [h] squares, halved in place
     lanes = np.empty(LANES, dtype=np.float32)  # [64]
     r = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
     c = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
     s = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
     k = np.empty(ROPE_SIZE, dtype=np.float32)  # [64]
+    vrow = np.empty(v.shape[1], dtype=np.float32)  # [128] (split + quant)
     for t in range(lo, hi):
-        widen_row(kv[t, :RMS_SIZE], x, is_bf16)
-        rms_norm_row(x, gamma, eps, one, _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL, sq, lanes, y)
-        widen_row(kv[t, RMS_SIZE:], r, is_bf16)
+        widen_row(kv[t, :h], x, is_bf16)
+        rms_norm_row(x, gamma, eps, one, lanes_order, False, False, sq, lanes, y)
+        if split:
+            for i in range(ROPE_SIZE):
+                r[i] = y[i]
+        else:
+            widen_row(kv[t, h:], r, is_bf16)
         widen_row(cos[t], c, is_bf16)
         widen_row(sin[t], s, is_bf16)
         rope_row(r, c, s, True, k)
-        narrow_row(y, y_rows[t], is_bf16)
-        narrow_row(k, k_rows[t], is_bf16)
-        if quant:
-            for i in range(RMS_SIZE):
-                y_int8[t, i] = _round_float_to_int8(y[i] * c_scale[i])
+        if split:
             for i in range(ROPE_SIZE):
-                k_int8[t, i] = _round_float_to_int8(k[i] * k_scale[i])
+                y[i] = k[i]
+            narrow_row(y, k_rows[t], is_bf16)
+            if quant:
+                for i in range(h):
+                    k_int8[t, i] = _round_float_to_int8(y[i] * k_scale[i])
+                widen_row(v[t], vrow, is_bf16)
+                for i in range(vrow.shape[0]):
+                    c_int8[t, i] = _round_float_to_int8(vrow[i] * c_scale[i])
+        else:
+            narrow_row(y, c_rows[t], is_bf16)
+            narrow_row(k, k_rows[t], is_bf16)
+            if quant:
+                for i in range(h):
+                    c_int8[t, i] = _round_float_to_int8(y[i] * c_scale[i])
+                for i in range(ROPE_SIZE):
+                    k_int8[t, i] = _round_float_to_int8(k[i] * k_scale[i])
 
 
 @njit(cache=True, parallel=True)
-def _kv_rmsnorm_rope_parallel(parts, kv, gamma, cos, sin, eps, is_bf16, quant, k_scale, c_scale, k_rows, y_rows,
-                              k_int8, y_int8):
+def _kv_rmsnorm_rope_parallel(parts, kv, split, gamma, cos, sin, v, eps, is_bf16, lanes_order, quant, k_scale,
+                              c_scale, k_rows, c_rows, k_int8, c_int8):
     """:func:`_kv_rmsnorm_rope_range` over ``parts`` contiguous token ranges in parallel. Every token
     is computed alone, so the result does not depend on ``parts`` or the thread count."""
     n = kv.shape[0]
     for p in prange(parts):
-        _kv_rmsnorm_rope_range(p * n // parts, (p + 1) * n // parts, kv, gamma, cos, sin, eps, is_bf16, quant,
-                               k_scale, c_scale, k_rows, y_rows, k_int8, y_int8)
+        _kv_rmsnorm_rope_range(p * n // parts, (p + 1) * n // parts, kv, split, gamma, cos, sin, v, eps, is_bf16,
+                               lanes_order, quant, k_scale, c_scale, k_rows, c_rows, k_int8, c_int8)
 
 
 def _filled(shape: tuple, dtype: np.dtype) -> np.ndarray:
@@ -117,36 +164,53 @@ def _parts(tokens: int) -> int:
     return max(1, min(numba.get_num_threads(), tokens // TOKENS_PER_PART))
 
 
+def rms_order(cache_mode: str, quant: bool) -> RmsNormOrder:
+    """The kernel's RmsNorm order for a canonical cache mode: :data:`~ascend_emu.emu.kernels.KV_CACHE_BLK_NZ_RMS`
+    for the non-quant PA_BLK_NZ kernel (tiling key 4000), :data:`~ascend_emu.emu.kernels.KV_CACHE_RMS` for the
+    others (identical on 512-wide rows; they differ on the K/V-split mode's 192)."""
+    return KV_CACHE_BLK_NZ_RMS if cache_mode == "PA_BLK_NZ" and not quant else KV_CACHE_RMS
+
+
 def fused_rows(kv: np.ndarray, gamma: np.ndarray, cos: np.ndarray, sin: np.ndarray, eps: np.float32,
-               is_bf16: bool, k_scale: np.ndarray | None = None, c_scale: np.ndarray | None = None):
+               is_bf16: bool, k_scale: np.ndarray | None = None, c_scale: np.ndarray | None = None, *,
+               v: np.ndarray | None = None, order: RmsNormOrder = KV_CACHE_RMS):
     """The fused per-token pass (module doc) over all tokens, threaded above :data:`TOKENS_PER_PART`.
 
     Args:
-        kv: uint16 ``[T, 576]`` bf16 / fp16 bits, C-contiguous.
-        gamma: fp32 ``[512]``.
+        kv: uint16 ``[T, 576]`` bf16 / fp16 bits, C-contiguous; with ``v``: ``[T, 192]``.
+        gamma: fp32 ``[512]`` (with ``v``: ``[192]``).
         cos, sin: uint16 ``[T, 64]``.
         eps: fp32 epsilon.
         is_bf16: the bits are bf16 (else fp16).
-        k_scale, c_scale: fp32 ``[64]`` / ``[512]`` quant multipliers, both or neither.
+        k_scale, c_scale: fp32 quant multipliers of the k / c rows' widths, both or neither.
+        v: None, or uint16 ``[T, 128]`` bits (K/V-split mode).
+        order: the kernel's RmsNorm order (:func:`rms_order`; pairwise, no prescale, no reciprocal).
 
     Returns:
-        ``(k_rows, y_rows, k_int8, y_int8)``: uint16 ``[T, 64]`` / ``[T, 512]`` kv-dtype bits; int8
-        ``[T, 64]`` / ``[T, 512]`` (``[0, .]`` without scales).
+        ``(k_rows, c_rows, k_int8, c_int8)``: uint16 kv-dtype bits ``[T, 64]`` / ``[T, 512]``
+        (with ``v``: ``[T, 192]`` / ``[0, 0]``); int8 ``[T, 64]`` / ``[T, 512]`` (with ``v``:
+        ``[T, 192]`` / ``[T, 128]``; ``[0, .]`` without scales).
     """
+    assert order.lanes != LANES_IN_ORDER and not order.prescale and not order.reciprocal
     t = kv.shape[0]
     quant = k_scale is not None
-    k_rows = np.empty((t, ROPE_SIZE), dtype=np.uint16)  # [T, 64] kv-dtype bits
-    y_rows = np.empty((t, RMS_SIZE), dtype=np.uint16)  # [T, 512] kv-dtype bits
-    k_int8 = np.empty((t if quant else 0, ROPE_SIZE), dtype=np.int8)  # [T, 64]
-    y_int8 = np.empty((t if quant else 0, RMS_SIZE), dtype=np.int8)  # [T, 512]
-    operands = (kv, gamma, cos, sin, np.float32(eps), bool(is_bf16), quant,
-                k_scale if quant else _NO_SCALE, c_scale if quant else _NO_SCALE, k_rows, y_rows, k_int8, y_int8)
+    split = v is not None
+    h = V_SPLIT_K_SIZE if split else RMS_SIZE
+    k_size = h if split else ROPE_SIZE
+    c_size = v.shape[1] if split else RMS_SIZE
+    k_rows = np.empty((t, k_size), dtype=np.uint16)  # [T, 64 | 192] kv-dtype bits
+    c_rows = np.empty((0, 0) if split else (t, c_size), dtype=np.uint16)  # [T, 512] kv-dtype bits
+    k_int8 = np.empty((t if quant else 0, k_size), dtype=np.int8)  # [T, 64 | 192]
+    c_int8 = np.empty((t if quant else 0, c_size), dtype=np.int8)  # [T, 512 | 128]
+    v_bits = v if split and quant else _NO_ROWS  # [T, 128] read only to quantize
+    operands = (kv, split, gamma, cos, sin, v_bits, np.float32(eps), bool(is_bf16), order.lanes, quant,
+                k_scale if quant else _NO_SCALE, c_scale if quant else _NO_SCALE, k_rows, c_rows, k_int8, c_int8)
     parts = _parts(t)
     if parts > 1:
         _kv_rmsnorm_rope_parallel(parts, *operands)
     else:
         _kv_rmsnorm_rope_range(0, t, *operands)
-    return k_rows, y_rows, k_int8, y_int8
+    return k_rows, c_rows, k_int8, c_int8
 
 
 def _scale(scale: np.ndarray, dim: int) -> np.ndarray:
@@ -161,29 +225,36 @@ def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs) -> KvRmsNormRopeCacheOut
         args: validated arguments (slots in range, caches contiguous and writable).
 
     Returns:
-        ``(k_cache, ckv_cache, k_embed_out [B, 1, S, 64], y_out [B, 1, S, 512])``; the caches are
-        the caller's arrays, updated in place.
+        ``(k_cache, ckv_cache, k_embed_out, y_out)``; the caches are the caller's arrays, updated
+        in place; ``k_embed_out [B, 1, S, 64]`` / ``y_out [B, 1, S, 512]`` (K/V-split:
+        ``[B, 1, S, 192]`` / ``[B, 1, S, 128]``).
     """
-    quant = args.quant
+    quant, split = args.quant, args.v_split
     t = args.batch * args.seq_len
-    kv = kernel_input(args.kv).reshape(t, HIDDEN_SIZE)  # [T, 576]
+    k_size, c_size = args.k_layout.dim, args.ckv_layout.dim
+    kv = kernel_input(args.kv).reshape(t, -1)  # [T, 576] (split: [T, 192])
     cos = kernel_input(args.cos).reshape(t, ROPE_SIZE)  # [T, 64]
     sin = kernel_input(args.sin).reshape(t, ROPE_SIZE)  # [T, 64]
-    k_rows, y_rows, k_int8, y_int8 = fused_rows(kv.view(np.uint16), kernel_input(to_f32(args.gamma)),
-                                                cos.view(np.uint16), sin.view(np.uint16), args.epsilon,
-                                                args.kv_dtype == BF16,
-                                                _scale(args.k_rope_scale, ROPE_SIZE) if quant else None,
-                                                _scale(args.c_kv_scale, RMS_SIZE) if quant else None)
+    v = kernel_input(args.v).reshape(t, c_size) if split else None  # [T, 128] kv dtype
+    k_rows, c_rows, k_int8, c_int8 = fused_rows(
+        kv.view(np.uint16), kernel_input(to_f32(args.gamma)), cos.view(np.uint16), sin.view(np.uint16), args.epsilon,
+        args.kv_dtype == BF16, _scale(args.k_rope_scale, k_size) if quant else None,
+        _scale(args.c_kv_scale, c_size) if quant else None, v=None if v is None else v.view(np.uint16),
+        order=rms_order(args.k_layout.mode, quant))
+    if split:
+        c_rows = v.view(np.uint16)  # [T, 128]: v as it came
     # [T'] tokens to write (the last one per slot), shared by both caches
     keep = np.flatnonzero(args.slots >= 0) if args.unique_slots else last_writer(args.slots)
     scatter_rows(args.k_cache, k_int8 if quant else k_rows, args.slots, args.k_layout, keep=keep)
-    scatter_rows(args.ckv_cache, y_int8 if quant else y_rows, args.slots, args.ckv_layout, keep=keep)
+    scatter_rows(args.ckv_cache, c_int8 if quant else c_rows, args.slots, args.ckv_layout, keep=keep)
 
     b, s, dtype = args.batch, args.seq_len, args.kv_dtype
     if args.is_output_kv:
-        k_embed_out = k_rows.view(dtype).reshape(b, 1, s, ROPE_SIZE)  # [B, 1, S, 64]
-        y_out = y_rows.view(dtype).reshape(b, 1, s, RMS_SIZE)  # [B, 1, S, 512]
+        k_embed_out = k_rows.view(dtype).reshape(b, 1, s, k_size)  # [B, 1, S, 64 | 192]
+        y_out = c_rows.view(dtype).reshape(b, 1, s, c_size)  # [B, 1, S, 512 | 128]
+        if split:
+            y_out = y_out.copy()  # not the caller's v
     else:
-        k_embed_out = _filled((b, 1, s, ROPE_SIZE), dtype)  # [B, 1, S, 64]
-        y_out = _filled((b, 1, s, RMS_SIZE), dtype)  # [B, 1, S, 512]
+        k_embed_out = _filled((b, 1, s, k_size), dtype)  # [B, 1, S, 64 | 192]
+        y_out = _filled((b, 1, s, c_size), dtype)  # [B, 1, S, 512 | 128]
     return KvRmsNormRopeCacheOutputs(args.k_cache, args.ckv_cache, k_embed_out, y_out)

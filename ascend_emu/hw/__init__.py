@@ -192,7 +192,7 @@ def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs) -> KvRmsNormRopeCacheOut
     out = tnpu.npu_kv_rmsnorm_rope_cache(
         kv=dev(args.kv), gamma=dev(args.gamma), cos=dev(args.cos), sin=dev(args.sin), index=dev(args.index),
         k_cache=k_cache, ckv_cache=ckv_cache, k_rope_scale=dev(args.k_rope_scale), c_kv_scale=dev(args.c_kv_scale),
-        epsilon=float(args.epsilon), cache_mode=args.cache_mode, is_output_kv=bool(args.is_output_kv))
+        v=dev(args.v), epsilon=float(args.epsilon), cache_mode=args.cache_mode, is_output_kv=bool(args.is_output_kv))
     copy_back(k_cache, args.k_cache)
     copy_back(ckv_cache, args.ckv_cache)
     return KvRmsNormRopeCacheOutputs(args.k_cache, args.ckv_cache, to_host(out[2]), to_host(out[3]))

@@ -16,6 +16,21 @@ What the op does, per token ``t`` of ``kv [B, 1, S, 576] = [512 rms_in | 64 rope
    calls ``RoundFloat2Int8``: fp32 -> int32 RINT -> half -> int8, i.e. half-to-even, saturated).
 4. ``k_embed_out`` / ``y_out`` are the un-quantized rows in the kv dtype.
 
+K/V-split mode (``v`` given; torch_npu 2.14, op-plugin ``test_npu_kv_rms_norm_rope_cache.py``
+method_mode 1; kernels of hicann/ops-nn b927bff ``norm/kv_rms_norm_rope_cache``, host tiling
+``kv_rms_norm_rope_cache_ds_tiling.cpp`` / ``_base_tiling.cpp``), per token of ``kv [B, 1, S, 192]``
+(:data:`V_SPLIT_K_SIZE`) and ``v [B, 1, S, 128]`` (:data:`V_SPLIT_V_SIZE`):
+
+1. ``y = kv / sqrt(sum(kv^2) * (1/192) + eps) * gamma`` over all 192 dims, fp32 (``RmsNormV2``;
+   its summation order: :data:`~ascend_emu.emu.kernels.KV_CACHE_RMS` /
+   :data:`~ascend_emu.emu.kernels.KV_CACHE_BLK_NZ_RMS`).
+2. ``k = [rope(y[:64]) | y[64:]]``: the same interleaved RoPE, of the **fp32** normed values
+   (``RopeKV2`` gathers from the fp32 row), then one rounding of the whole row to the kv dtype.
+3. ``k_cache`` (last dim 192) gets ``k``; ``ckv_cache`` (last dim 128) gets ``v`` unchanged. Quant:
+   ``saturate(rint(k_fp32 * k_rope_scale))`` (scale ``[192]``) and ``saturate(rint(v * c_kv_scale))``
+   (scale ``[128]``), ``RoundFloat2Int8`` as above.
+4. ``k_embed_out = k`` ``[B, 1, S, 192]`` and ``y_out = v`` ``[B, 1, S, 128]``, kv dtype.
+
 Choices where the sources leave room (each lives in one named constant below):
 
 - :data:`QUANT_CACHE_MODES`: the int8 path is legal in the five PA modes only. The A2/A3 kernel has
@@ -36,6 +51,12 @@ Choices where the sources leave room (each lives in one named constant below):
 - Index values must be int64 (seed). Out-of-range values raise :class:`IndexRangeError` (the
   hardware writes wherever they point); ``-1`` skips the token (PA_BLK: the page).
 - Duplicate destination slots (undefined on hardware) warn; the last token wins.
+- K/V-split mode: N = 1 only (the kernel also takes N = 2, 4, 8 with per-head cos / sin / scales:
+  rejected here, :data:`V_SPLIT_HEADS`); kv's last dim must be 192 (the tiling checks gamma,
+  cos and v, and the kernels read 192-wide rows); scales ``[D]`` or ``[1, D]`` only (the tiling
+  rejects ``[1]`` in this mode); quant is accepted in ``Norm`` too (tiling keys 1010 / 3010), but
+  ``is_output_kv=True`` still only in the PA modes. The v bytes reach ``ckv_cache`` / ``y_out``
+  unchanged (the kernel copies them, no rounding).
 """
 
 from __future__ import annotations
@@ -72,6 +93,17 @@ from ..mla import D_ROPE as ROPE_SIZE
 from ..mla import HCKV as RMS_SIZE
 #: Accepted scale shapes as functions of the row width D.
 SCALE_SHAPES = ("[D]", "[1, D]", "[1]")
+#: K/V-split mode (``v`` given): kv / k_cache row width Dk and v / ckv_cache row width Dv
+#: (ops-nn ``kv_rms_norm_rope_cache_ds_tiling.cpp``: ``RMS_NORM_LENGTHS = {512, 192}``,
+#: ``V_LENGTH = 128``; ``kv_rms_norm_rope_cache_comm.h`` ``K_CACHE_SIZES`` / ``V_CACHE_SIZES``).
+V_SPLIT_K_SIZE = 192
+V_SPLIT_V_SIZE = 128
+#: K/V-split heads N accepted here (the kernel: 1, 2, 4, 8).
+V_SPLIT_HEADS = (1,)
+#: K/V-split scale shapes (the tiling's CheckScaleValid for method mode 1: ``[D]`` or ``[N, D]``).
+V_SPLIT_SCALE_SHAPES = ("[D]", "[1, D]")
+#: Modes with an int8 quant kernel in K/V-split mode (Norm: tiling keys 1010 / 3010).
+V_SPLIT_QUANT_CACHE_MODES: tuple[str, ...] = CACHE_MODES
 #: BlockSize of a PA cache must fill whole 32-byte rows: 16 for bf16 / fp16, 32 for int8.
 BLOCK_ALIGN_BYTES = 32
 
@@ -82,8 +114,8 @@ class KvRmsNormRopeCacheArgs:
     as passed; the emu backend makes its own kernel operands of them).
 
     Attributes:
-        kv: ``[B, 1, S, 576]`` kv dtype (any strides).
-        gamma: ``[512]`` kv dtype.
+        kv: ``[B, 1, S, 576]`` kv dtype (any strides); K/V-split: ``[B, 1, S, 192]``.
+        gamma: ``[512]`` kv dtype; K/V-split: ``[192]``.
         cos, sin: ``[B, 1, S, 64]`` kv dtype (any strides).
         index: the caller's int64 index tensor (its meaning per cache mode:
             :func:`npu_kv_rmsnorm_rope_cache`).
@@ -93,7 +125,8 @@ class KvRmsNormRopeCacheArgs:
             -1 = skip.
         unique_slots: no slot is written twice (else a DuplicateSlotWarning was issued).
         k_rope_scale, c_kv_scale: fp32 ``[D]``, ``[1, D]`` or ``[1]`` multipliers as given, or
-            None (non-quant).
+            None (non-quant); D = the k_cache / ckv_cache row width.
+        v: None, or (K/V-split mode) ``[B, 1, S, 128]`` kv dtype (any strides).
         epsilon: fp32 epsilon.
         cache_mode: the seed spelling the caller used.
         is_output_kv: whether ``k_embed_out`` / ``y_out`` carry the rows.
@@ -113,6 +146,7 @@ class KvRmsNormRopeCacheArgs:
     unique_slots: bool
     k_rope_scale: np.ndarray | None
     c_kv_scale: np.ndarray | None
+    v: np.ndarray | None
     epsilon: np.float32
     cache_mode: str
     is_output_kv: bool
@@ -125,6 +159,11 @@ class KvRmsNormRopeCacheArgs:
         return self.k_rope_scale is not None
 
     @property
+    def v_split(self) -> bool:
+        """True in the K/V-split mode (``v`` given)."""
+        return self.v is not None
+
+    @property
     def kv_dtype(self) -> np.dtype:
         """bf16 or fp16."""
         return self.kv.dtype
@@ -135,8 +174,8 @@ class KvRmsNormRopeCacheOutputs(NamedTuple):
 
     Attributes:
         k_cache, ckv_cache: ``args.k_cache`` / ``args.ckv_cache``, written in place.
-        k_embed_out: ``[B, 1, S, 64]`` kv dtype.
-        y_out: ``[B, 1, S, 512]`` kv dtype.
+        k_embed_out: ``[B, 1, S, 64]`` kv dtype (K/V-split: ``[B, 1, S, 192]``, the k rows).
+        y_out: ``[B, 1, S, 512]`` kv dtype (K/V-split: ``[B, 1, S, 128]``, v).
     """
 
     k_cache: np.ndarray
@@ -168,10 +207,10 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
             selects int8 caches.
         c_kv_scale: fp32 ``[512]``, ``[1, 512]`` or ``[1]`` multiplier.
         k_rope_offset, c_kv_offset: must be None (not supported by the kernel).
-        v: must be None. torch_npu 2.14's K/V-split mode (kv ``[B, N, S, Dk]`` and v
-            ``[B, N, S, Dv]``: per op-plugin's test, RmsNorm over all of kv with gamma ``[Dk]``,
-            RoPE on its first 64 dims, the result into k_cache, and v into ckv_cache unchanged
-            or quantized with c_kv_scale) is not emulated (:data:`V_NOT_EMULATED`).
+        v: None (default), or ``[B, 1, S, 128]`` in kv's dtype (any strides): the K/V-split mode
+            (module doc). kv is then ``[B, 1, S, 192]``, gamma ``[192]``, k_cache's last dim 192,
+            ckv_cache's 128, k_rope_scale ``[192]`` / ``[1, 192]``, c_kv_scale ``[128]`` /
+            ``[1, 128]``; quant is accepted in every cache mode.
         epsilon: RmsNorm epsilon, a finite float >= 0 (used as fp32). Default 1e-5.
         cache_mode: ``Norm`` (default), ``PA``, ``PA_BNSD``, ``PA_NZ``, ``PA_BLK_BNSD``,
             ``PA_BLK_NZ``.
@@ -180,7 +219,8 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
 
     Returns:
         ``(k_cache, ckv_cache, k_embed_out, y_out)``: the same cache objects, updated in place;
-        ``k_embed_out [B, 1, S, 64]`` and ``y_out [B, 1, S, 512]`` in kv's dtype (un-quantized).
+        ``k_embed_out [B, 1, S, 64]`` and ``y_out [B, 1, S, 512]`` in kv's dtype (un-quantized);
+        K/V-split: ``k_embed_out [B, 1, S, 192]`` (the k rows) and ``y_out [B, 1, S, 128]`` (v).
 
     Numerics: kv, gamma, cos, sin widened exactly to fp32; RmsNorm and RoPE in fp32 (no FMA);
     one RNE rounding to the kv dtype for the outputs and the non-quant caches; int8 caches from
@@ -192,16 +232,14 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
         DTypeError: a dtype (kv family, int64 index, fp32 scales, cache dtypes per quant mode), a
             non-bool ``is_output_kv``, an ``epsilon`` that is not a finite float >= 0.
         ModeError: unknown cache_mode, offsets given, only one scale given (or int8 caches with
-            none), quant or is_output_kv in Norm mode.
+            none), quant (without ``v``) or is_output_kv in Norm mode, ``v`` with N != 1.
         IndexRangeError: an index value outside its cache (or a misaligned PA_BLK page offset).
 
     Warns:
         DuplicateSlotWarning: two tokens write the same slot.
     """
-    if v is not None:
-        raise arg_error(ModeError, "v", V_NOT_EMULATED, describe(v))
     args = _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale,
-                      k_rope_offset, c_kv_offset, epsilon, cache_mode, is_output_kv)
+                      k_rope_offset, c_kv_offset, v, epsilon, cache_mode, is_output_kv)
     caches = ((args.k_cache, args.k_layout), (args.ckv_cache, args.ckv_layout))
     checked_mode.will_write(*caches)
     result = get_backend().kv_rmsnorm_rope_cache(args)
@@ -211,10 +249,6 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
 
 
 # ---------------------------------------------------------------------- validation
-#: Why ``v`` must be None: the K/V-split mode of torch_npu 2.14 (op doc, ``v``) writes Dk / Dv
-#: wide caches this contract (64 / 512) does not describe.
-V_NOT_EMULATED = ("the default None (the K/V-split mode of torch_npu 2.14, kv = K [B, N, S, Dk] normed and roped into "
-                  "k_cache, v = V [B, N, S, Dv] copied into ckv_cache, is not emulated)")
 
 
 @dataclass(frozen=True)
@@ -234,7 +268,7 @@ _VALIDATED = ValidatedSignatures()
 
 
 def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset,
-               c_kv_offset, epsilon, cache_mode, is_output_kv) -> KvRmsNormRopeCacheArgs:
+               c_kv_offset, v, epsilon, cache_mode, is_output_kv) -> KvRmsNormRopeCacheArgs:
     """Validate every argument (nothing is written) and build the arguments object.
 
     The checks that read only types, shapes, dtypes, flags, modes and scalars run once per call
@@ -242,18 +276,18 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
     overlap and the index values are checked on every call.
     """
     key = signature(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset,
-                    c_kv_offset, epsilon, cache_mode, is_output_kv)
+                    c_kv_offset, v, epsilon, cache_mode, is_output_kv)
     static = _VALIDATED.get(key)
     if static is None:
         static = _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset,
-                               c_kv_offset, epsilon, cache_mode, is_output_kv)
+                               c_kv_offset, v, epsilon, cache_mode, is_output_kv)
         _VALIDATED.put(key, static)
     else:
         check_separate(k_cache, "k_cache", ckv_cache, "ckv_cache")
     if key is None:  # lists and the like, accepted by the checks above: as arrays from here on
         kv, gamma, cos, sin, k_cache, ckv_cache, index = (
             x if isinstance(x, np.ndarray) else np.asarray(x) for x in (kv, gamma, cos, sin, k_cache, ckv_cache, index))
-        k_rope_scale, c_kv_scale = (None if x is None else np.asarray(x) for x in (k_rope_scale, c_kv_scale))
+        k_rope_scale, c_kv_scale, v = (None if x is None else np.asarray(x) for x in (k_rope_scale, c_kv_scale, v))
     mode, b, s = static.mode, static.batch, static.seq_len
     slots = _slots(index, mode, cache_mode, b, s, static.k_layout)
     unique = slots.size < 2
@@ -265,12 +299,12 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
     return KvRmsNormRopeCacheArgs(
         kv=kv, gamma=gamma, cos=cos, sin=sin, index=index, k_cache=k_cache, ckv_cache=ckv_cache,
         k_layout=static.k_layout, ckv_layout=static.ckv_layout, slots=slots, unique_slots=unique,
-        k_rope_scale=k_rope_scale, c_kv_scale=c_kv_scale, epsilon=static.epsilon, cache_mode=cache_mode,
+        k_rope_scale=k_rope_scale, c_kv_scale=c_kv_scale, v=v, epsilon=static.epsilon, cache_mode=cache_mode,
         is_output_kv=bool(is_output_kv), batch=int(b), seq_len=int(s))
 
 
 def _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset, c_kv_offset,
-                  epsilon, cache_mode, is_output_kv) -> _Static:
+                  v, epsilon, cache_mode, is_output_kv) -> _Static:
     """Every check except the index values, in the contract's order (caches' overlap included).
 
     Raises:
@@ -291,16 +325,28 @@ def _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_sc
     eps = np.float32(check_float(epsilon, "epsilon", nonnegative=True))
 
     # ---- token inputs
+    v = optional(v, "v")
+    split = v is not None
+    # row widths: kv, gamma, k_cache, ckv_cache (module doc)
+    kv_size, gamma_size, k_size, c_size = ((V_SPLIT_K_SIZE, V_SPLIT_K_SIZE, V_SPLIT_K_SIZE, V_SPLIT_V_SIZE) if split
+                                           else (HIDDEN_SIZE, RMS_SIZE, ROPE_SIZE, RMS_SIZE))
+    mode_note = " (K/V-split mode: v given)" if split else ""
     kv = required(kv, "kv")
     check_dtype(kv, "kv", KV_DTYPES)
-    check_shape(kv, "kv", [None, 1, None, HIDDEN_SIZE], "[B, 1, S, 576]")
+    if split and kv.ndim == 4 and kv.shape[1] not in V_SPLIT_HEADS:
+        raise arg_error(ModeError, "kv", f"N = kv.shape[1] in {list(V_SPLIT_HEADS)} in the K/V-split mode (the kernel's "
+                        "N = 2, 4, 8 with per-head cos / sin / scales is not emulated)", list(kv.shape))
+    check_shape(kv, "kv", [None, 1, None, kv_size], f"[B, 1, S, {kv_size}]{mode_note}")
     b, _, s, _ = kv.shape
     if b < 1 or s < 1:
         raise arg_error(ShapeError, "kv", "B >= 1 and S >= 1", list(kv.shape))
     kv_dtype = dtype_name(kv.dtype)
     gamma = required(gamma, "gamma")
     check_dtype(gamma, "gamma", (kv_dtype,))
-    check_shape(gamma, "gamma", [RMS_SIZE], "[rms_size]")
+    check_shape(gamma, "gamma", [gamma_size], mode_note.strip() if split else "[rms_size]")
+    if split:
+        check_dtype(v, "v", (kv_dtype,))
+        check_shape(v, "v", [b, 1, s, V_SPLIT_V_SIZE], f"[B, 1, S, {V_SPLIT_V_SIZE}] (kv's B, N, S)")
     cos = required(cos, "cos")
     sin = required(sin, "sin")
     for name, x in (("cos", cos), ("sin", sin)):
@@ -314,12 +360,13 @@ def _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_sc
         given, missing = ("k_rope_scale", "c_kv_scale") if c_kv_scale is None else ("c_kv_scale", "k_rope_scale")
         raise arg_error(ModeError, missing, f"a tensor when {given} is given (int8 quant needs both scales)", None)
     quant = k_rope_scale is not None
-    if quant and cache_mode not in QUANT_CACHE_MODES:
+    quant_modes = V_SPLIT_QUANT_CACHE_MODES if split else QUANT_CACHE_MODES
+    if quant and cache_mode not in quant_modes:
         raise arg_error(ModeError, "k_rope_scale / c_kv_scale",
-                        f"None in cache_mode {cache_mode} (int8 quant only in {list(QUANT_CACHE_MODES)})", "tensors")
+                        f"None in cache_mode {cache_mode} (int8 quant only in {list(quant_modes)})", "tensors")
     if quant:
-        _check_scale(k_rope_scale, "k_rope_scale", ROPE_SIZE)
-        _check_scale(c_kv_scale, "c_kv_scale", RMS_SIZE)
+        _check_scale(k_rope_scale, "k_rope_scale", k_size, per_tensor=not split)
+        _check_scale(c_kv_scale, "c_kv_scale", c_size, per_tensor=not split)
     cache_dtype = "int8" if quant else kv_dtype
     why = "(int8 quant: k_rope_scale / c_kv_scale given)" if quant else "(non-quant: the kv dtype)"
 
@@ -330,15 +377,16 @@ def _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_sc
     if int8_caches and not quant:
         raise arg_error(ModeError, "k_rope_scale, c_kv_scale",
                         f"fp32 multiplier tensors (int8 {' and '.join(int8_caches)}: int8 caches are quantized with "
-                        f"k_rope_scale [64] / [1, 64] / [1] and c_kv_scale [512] / [1, 512] / [1])", "None")
+                        f"k_rope_scale [{k_size}] and c_kv_scale [{c_size}]{mode_note})", "None")
     layouts = []
-    for name, cache, dim in (("k_cache", k_cache, ROPE_SIZE), ("ckv_cache", ckv_cache, RMS_SIZE)):
+    for name, cache, dim in (("k_cache", k_cache, k_size), ("ckv_cache", ckv_cache, c_size)):
         if dtype_name(cache.dtype) != cache_dtype:
             raise arg_error(DTypeError, name, f"dtype {cache_dtype} {why}", dtype_name(cache.dtype))
         if mode == "Norm":
-            check_shape(cache, name, [b, 1, None, dim], "[B, 1, cache_length, D] for cache_mode Norm")
+            check_shape(cache, name, [b, 1, None, dim], f"[B, 1, cache_length, {dim}] for cache_mode Norm{mode_note}")
         else:
-            check_shape(cache, name, [None, None, 1, dim], f"[block_num, block_size, 1, D] for cache_mode {cache_mode}")
+            check_shape(cache, name, [None, None, 1, dim],
+                        f"[block_num, block_size, 1, {dim}] for cache_mode {cache_mode}{mode_note}")
         check_cache(cache, name)
         layouts.append(_layout(mode, cache.shape, cache.dtype.itemsize, name))
     k_layout, ckv_layout = layouts
@@ -370,11 +418,14 @@ def _layout(mode: str, shape: tuple[int, ...], itemsize: int, name: str) -> Cach
     return CacheLayout.from_declared(mode, shape, itemsize, name=name)
 
 
-def _check_scale(scale: np.ndarray, name: str, dim: int) -> None:
-    """Validate a static multiplier scale: fp32 ``[dim]``, ``[1, dim]`` or ``[1]``."""
+def _check_scale(scale: np.ndarray, name: str, dim: int, *, per_tensor: bool) -> None:
+    """Validate a static multiplier scale: fp32 ``[dim]``, ``[1, dim]``, or with ``per_tensor`` ``[1]``
+    (:data:`SCALE_SHAPES`, :data:`V_SPLIT_SCALE_SHAPES`)."""
     check_dtype(scale, name, ("float32",))
-    if tuple(scale.shape) not in ((dim,), (1, dim), (1,)):
-        raise arg_error(ShapeError, name, f"shape [{dim}], [1, {dim}] or [1]", list(scale.shape))
+    shapes = ((dim,), (1, dim), (1,)) if per_tensor else ((dim,), (1, dim))
+    if tuple(scale.shape) not in shapes:
+        want = f"[{dim}], [1, {dim}] or [1]" if per_tensor else f"[{dim}] or [1, {dim}] (K/V-split mode)"
+        raise arg_error(ShapeError, name, f"shape {want}", list(scale.shape))
 
 
 def _slots(index, mode: str, cache_mode: str, b: int, s: int, layout: CacheLayout) -> np.ndarray:

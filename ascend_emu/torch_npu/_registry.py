@@ -140,14 +140,9 @@ def _kernel_body(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable[[d
     public = f"torch_npu.{'atb.' if spec.namespace == 'atb' else ''}{name}"
     writes = _writes(spec, schema)
     table = _kind_table(schema)
-    has_v = name.startswith("npu_kv_rmsnorm_rope_cache")
     splits: dict = {}
 
     def run(params: dict[str, Any]) -> Any:
-        if has_v and params["v"] is not None:
-            from ..ops.kv_rmsnorm_rope_cache import V_NOT_EMULATED
-
-            raise arg_error(ModeError, "v", V_NOT_EMULATED, describe(params["v"]))  # the tensor, summarised
         if qualified == "npu_mla_prolog_v3_functional":
             caches = _copy_caches(params, ("kv_cache", "kr_cache"))
             return (*emulate("npu_mla_prolog_v3", params, defaults, public, table, splits), *caches)
