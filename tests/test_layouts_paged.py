@@ -325,12 +325,14 @@ def test_duplicate_slots_property(slots):
     assert got == want and list(got) == list(want)
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.int16, np.uint8])
 @pytest.mark.parametrize("kv_lens, bs", [([5, 2], 4), ([16, 1, 0, 33], 16), ([1], 1)])
-def test_slots_from_block_table(kv_lens, bs, rng):
+def test_slots_from_block_table(kv_lens, bs, dtype, rng):
+    """int32 / int64 tables take the one-pass kernel, other integer dtypes the NumPy path."""
     num_blocks = 40
     cols = max(-(-n // bs) for n in kv_lens) + 1  # one spare column of padding
-    table = rng.permutation(num_blocks)[:len(kv_lens) * cols].reshape(len(kv_lens), cols).astype(np.int32)
-    table[:, -1] = -1  # padding past what any batch needs is not read
+    table = rng.permutation(num_blocks)[:len(kv_lens) * cols].reshape(len(kv_lens), cols).astype(dtype)
+    table[:, -1] = np.iinfo(dtype).max  # padding past what any batch needs is not read
     slots = slots_from_block_table(table, kv_lens, bs, num_blocks)
     assert slots.dtype == np.int64 and slots.shape == (len(kv_lens), max(kv_lens))
     for b, expected in enumerate(ref.slots_block_table(table, kv_lens, bs)):
@@ -350,3 +352,20 @@ def test_slots_from_block_table_errors():
         slots_from_block_table(table, [1, -2], 4, 4)
     with pytest.raises(DTypeError, match="block_table"):
         slots_from_block_table(table.astype(np.float32), [1, 1], 4, 4)
+    with pytest.raises(ShapeError, match="block_size"):
+        slots_from_block_table(table, [1, 1], 0, 4)
+    with pytest.raises(ShapeError, match=r"block_table: expected a 2-D \[B=3"):
+        slots_from_block_table(table, [1, 1, 1], 4, 4)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.int16])
+def test_slots_from_block_table_first_bad_entry(dtype):
+    """Several bad needed entries: the message names the first in row-major order and counts
+    them all, whichever path the table takes; a bad entry in padding is not one of them."""
+    table = np.array([[0, 1, 2, 99], [3, 7, -5, 0], [1, 4, 6, 2]], dtype=dtype)  # [B=3, 4], 4 blocks
+    strided = np.zeros((3, 8), dtype=dtype)[:, ::2]  # the same values, not C-contiguous
+    strided[:] = table
+    for t in (table, strided):
+        with pytest.raises(IndexRangeError, match=r"^block_table\[1, 1\] = 7: expected a block id in \[0, 4\) "
+                           r"\(the entry covers kv tokens \[4, 8\) of batch 1\); 4 needed entries out of range$"):
+            slots_from_block_table(t, [12, 9, 15], 4, 4)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, Sequence
 
 import numpy as np
+from numba import njit
 
 from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error
 from .nz import M0
@@ -582,6 +583,57 @@ def slots_from_block_table(block_table: np.ndarray, kv_lens: Sequence[int], bloc
             coordinates ``block_table[b, j]`` and value.
     """
     table = np.asarray(block_table)
+    if table.ndim == 2 and table.dtype in _FAST_TABLE_DTYPES and isinstance(block_size, (int, np.integer)):
+        lens = np.asarray(kv_lens, dtype=np.int64).reshape(-1)  # [B]
+        ok, slots = _block_table_slots(table, lens, int(block_size), int(num_blocks))
+        if ok:
+            return slots
+    return _block_table_slots_checked(table, kv_lens, block_size, num_blocks, name)
+
+
+#: block_table dtypes the one-pass kernel takes (every value compares exactly with int64); others
+#: go through :func:`_block_table_slots_checked`.
+_FAST_TABLE_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+@njit(cache=True)
+def _block_table_slots(table, kv_lens, block_size, num_blocks):
+    """One pass of :func:`slots_from_block_table` for a 2-D int32 / int64 table: every check it
+    makes, each needed entry checked before it is used.
+
+    Returns:
+        ``(True, slots)`` when every check passes; ``(False, empty)`` at the first failure (the
+        caller then runs :func:`_block_table_slots_checked` for the error and its message).
+    """
+    fail = np.empty((0, 0), np.int64)
+    b = kv_lens.shape[0]
+    if block_size < 1:
+        return False, fail
+    max_len = 0
+    for i in range(b):
+        if kv_lens[i] < 0:
+            return False, fail
+        max_len = max(max_len, kv_lens[i])
+    if table.shape[0] != b or table.shape[1] < (max_len + block_size - 1) // block_size:
+        return False, fail
+    slots = np.empty((b, max_len), np.int64)  # [B, S2]
+    for i in range(b):
+        n = kv_lens[i]
+        for j in range((n + block_size - 1) // block_size):
+            blk = np.int64(table[i, j])
+            if blk < 0 or blk >= num_blocks:
+                return False, fail
+            p0 = j * block_size
+            for r in range(min(block_size, n - p0)):
+                slots[i, p0 + r] = blk * block_size + r
+        for p in range(n, max_len):
+            slots[i, p] = SKIP_INDEX
+    return True, slots
+
+
+def _block_table_slots_checked(table: np.ndarray, kv_lens, block_size, num_blocks: int, name: str) -> np.ndarray:
+    """:func:`slots_from_block_table` with NumPy: the errors and their messages (the first
+    offending entry, the count of bad ones), and tables :func:`_block_table_slots` does not take."""
     _check_integer(table, name)
     if int(block_size) < 1:
         raise arg_error(ShapeError, "block_size", "an integer >= 1", block_size)
