@@ -12,7 +12,7 @@ with more rows is a pass of its own), so memory stays bounded whatever the batch
    columns 576..1087) widened exactly. V is a view: the key's k_nope (columns 0..511) or the
    value columns;
 2. the pass's query heads widened exactly to fp32; per unit ``S^T = K [L, 576] @ q^T [576, G]``
-   by fp32 BLAS (NumPy matmul, float32 operands), into a ``[rows, G]`` score buffer;
+   by fp32 BLAS (:func:`~ascend_emu.emu.matmul.matmul_f32`), into a ``[rows, G]`` score buffer;
 3. softmax (Numba, across the G heads of each row, so it vectorizes; parallel over units for the
    per-head max and sum, over rows for the element-wise steps): ``S * scale_value`` in fp32,
    ``m = max``, ``e = fp32(exp(S - m))`` with ``exp`` evaluated in float64 (:func:`_exp_f64`),
@@ -34,6 +34,7 @@ Source: ops_reference §5.2 (numerics), the op contract :mod:`ascend_emu.ops.spa
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -46,6 +47,7 @@ from ..ops.sparse_flash_attention import (EMPTY_ROW_OUTPUT, EMPTY_ROW_SOFTMAX_MA
 from ..quant import BF16, MLA_ROW, NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 from .kernels import narrow_row, parallel_parts, widen_row
+from .matmul import matmul_f32
 
 #: uint16 word of the first rope element / fp32 word of the first scale in a 656-byte row.
 _ROPE_WORD = ROPE_OFFSET // 2
@@ -268,9 +270,12 @@ def _pass_rows(starts, counts, units, src, offsets, unit_of_row):
                 r += 1
 
 
-def _passes(lengths: np.ndarray) -> list[tuple[int, int]]:
+def _passes(lengths: np.ndarray, total: int) -> list[tuple[int, int]]:
     """Consecutive unit ranges ``[u0, u1)`` of at most :data:`PASS_ROWS` rows and
-    :data:`PASS_UNITS` units (a unit with more rows makes a pass of its own)."""
+    :data:`PASS_UNITS` units (a unit with more rows makes a pass of its own); ``total`` =
+    ``lengths.sum()``."""
+    if total <= PASS_ROWS and lengths.size <= PASS_UNITS:
+        return [(0, lengths.size)]  # one pass (decode)
     ends = np.cumsum(lengths)
     passes, u0, done = [], 0, 0
     while u0 < lengths.size:
@@ -317,11 +322,12 @@ def _operands(args: SparseFlashAttentionArgs) -> _Operands:
                      v_bits)  # [R, 512] or [0, 512]
 
 
-def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, lengths: np.ndarray,
+def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, lengths: np.ndarray, total: int,
             out: np.ndarray, smax: np.ndarray, ssum: np.ndarray, parallel: bool) -> None:
     """Steps 1-4 of the module doc for the units with kept rows (``units``, ``lengths`` rows
-    each), pass after pass, into ``out`` (bits ``[T*N2, G, 512]``), ``smax`` / ``ssum``
-    (``[T*N2, G]``); the threaded kernels with ``parallel``, else their calling-thread twins."""
+    each, ``total`` in all), pass after pass, into ``out`` (bits ``[T*N2, G, 512]``), ``smax`` /
+    ``ssum`` (``[T*N2, G]``); the threaded kernels with ``parallel``, else their calling-thread
+    twins."""
     if parallel:
         gather, widen_query, softmax, round_out = _gather, _widen_query, _softmax, _round_out
     else:
@@ -332,15 +338,15 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
     query = opd.query.reshape(t_size * n2, group, D_QK)  # [T*N2, G, 576] bits, by unit
     starts = args.starts.reshape(t_size * n2, -1)  # [T*N2, K]
     counts = args.counts.reshape(t_size * n2, -1)  # [T*N2, K]
-    passes = _passes(lengths)
-    most = max(int(lengths[u0:u1].sum()) for u0, u1 in passes)
+    passes = _passes(lengths, total)
+    most = total if len(passes) == 1 else max(int(lengths[u0:u1].sum()) for u0, u1 in passes)
     kv = np.empty((most, D_QK if args.v_from_key else D_QK + HCKV), dtype=np.float32)  # [rows, 576|1088]
     v_cols = slice(0, HCKV) if args.v_from_key else slice(D_QK, D_QK + HCKV)
     scores = np.empty((most, group), dtype=np.float32)  # [rows, G] S^T, then P^T
     for u0, u1 in passes:
         pass_units = units[u0:u1]  # [U']
         lens = lengths[u0:u1]  # [U']
-        rows = int(lens.sum())
+        rows = total if len(passes) == 1 else int(lens.sum())
         src = np.empty(rows, np.int64)  # [rows] key row of each gathered row
         offsets = np.empty(u1 - u0, np.int64)  # [U'] first gathered row of each unit
         unit_of_row = np.empty(rows, np.int64)  # [rows]
@@ -350,17 +356,23 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
         q = np.empty((u1 - u0, group, D_QK), dtype=np.float32)  # [U', G, 576]
         widen_query(query, pass_units, is_bf16, q)
         for i, (off, length) in enumerate(zip(offsets, lens)):
-            np.matmul(kv[off:off + length, :D_QK], q[i].T, out=scores[off:off + length])  # [L, G]
+            scores[off:off + length] = matmul_f32(kv[off:off + length, :D_QK], q[i].T)  # [L, G]
         sm = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
         ss = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
         softmax(scores[:rows], offsets, lens, unit_of_row, scale, is_bf16, sm, ss)
         smax[pass_units], ssum[pass_units] = sm, ss
         o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]
         for i, (off, length) in enumerate(zip(offsets, lens)):
-            np.matmul(scores[off:off + length].T, kv[off:off + length, v_cols], out=o[i])  # [G, 512]
+            o[i] = matmul_f32(scores[off:off + length].T, kv[off:off + length, v_cols])  # [G, 512]
         bits = np.empty((u1 - u0) * group * HCKV, dtype=np.uint16)  # [U' * G * 512]
         round_out(o.reshape(-1), is_bf16, bits)
         out[pass_units] = bits.reshape(u1 - u0, group, HCKV)
+
+
+@functools.lru_cache(maxsize=4)
+def _empty_row_bits(dtype: np.dtype) -> np.uint16:
+    """:data:`EMPTY_ROW_OUTPUT` as bits of the query dtype (memoised per dtype)."""
+    return np.asarray(EMPTY_ROW_OUTPUT, np.float32).astype(dtype).view(np.uint16)[()]
 
 
 def sparse_flash_attention(args: SparseFlashAttentionArgs) -> SparseFlashAttentionOutputs:
@@ -377,7 +389,7 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs) -> SparseFlashAttenti
     opd = _operands(args)
     t_size, n1 = opd.query.shape[:2]
     n2, group = args.num_kv_heads, args.group
-    empty_bits = np.asarray(EMPTY_ROW_OUTPUT, np.float32).astype(args.query_dtype).view(np.uint16)
+    empty_bits = _empty_row_bits(args.query_dtype)
     out = np.full((t_size * n2, group, HCKV), empty_bits, dtype=np.uint16)  # [T*N2, G, 512] query-dtype bits
     smax = np.full((t_size * n2, group), EMPTY_ROW_SOFTMAX_MAX, dtype=np.float32)  # [T*N2, G]
     ssum = np.full((t_size * n2, group), EMPTY_ROW_SOFTMAX_SUM, dtype=np.float32)  # [T*N2, G]
@@ -388,8 +400,9 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs) -> SparseFlashAttenti
         # threaded kernels, or the calling thread's when the call is too small to split: a parallel
         # launch costs 20-150 us, more than B=1 decode work (with the workqueue threading layer even
         # on one thread); both give the same bytes
-        parallel = parallel_parts(int(lengths.sum()), group * D_QK) > 1
-        _attend(args, opd, units, lengths, out, smax, ssum, parallel)
+        total = int(lengths.sum())
+        parallel = parallel_parts(total, group * D_QK) > 1
+        _attend(args, opd, units, lengths, total, out, smax, ssum, parallel)
     attention_out = out.view(args.query_dtype).reshape(args.out_shape)
     if not args.return_softmax_lse:
         empty = np.empty(0, dtype=np.float32)  # [0]
