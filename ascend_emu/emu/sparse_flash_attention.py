@@ -323,11 +323,11 @@ def _operands(args: SparseFlashAttentionArgs) -> _Operands:
 
 
 def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, lengths: np.ndarray, total: int,
-            out: np.ndarray, smax: np.ndarray, ssum: np.ndarray, parallel: bool) -> None:
+            out: np.ndarray, smax: np.ndarray, ssum: np.ndarray, parallel: bool, dense: bool) -> None:
     """Steps 1-4 of the module doc for the units with kept rows (``units``, ``lengths`` rows
     each, ``total`` in all), pass after pass, into ``out`` (bits ``[T*N2, G, 512]``), ``smax`` /
     ``ssum`` (``[T*N2, G]``); the threaded kernels with ``parallel``, else their calling-thread
-    twins."""
+    twins. ``dense``: ``units`` is every unit, ``0 .. T*N2-1``."""
     if parallel:
         gather, widen_query, softmax, round_out = _gather, _widen_query, _softmax, _round_out
     else:
@@ -355,18 +355,20 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
                 args.v_from_key, is_bf16, kv)
         q = np.empty((u1 - u0, group, D_QK), dtype=np.float32)  # [U', G, 576]
         widen_query(query, pass_units, is_bf16, q)
-        for i, (off, length) in enumerate(zip(offsets, lens)):
+        spans = list(zip(offsets.tolist(), lens.tolist()))  # (first row, rows) per unit
+        for i, (off, length) in enumerate(spans):
             scores[off:off + length] = matmul_f32(kv[off:off + length, :D_QK], q[i].T)  # [L, G]
         sm = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
         ss = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
         softmax(scores[:rows], offsets, lens, unit_of_row, scale, is_bf16, sm, ss)
-        smax[pass_units], ssum[pass_units] = sm, ss
+        at = slice(u0, u1) if dense else pass_units  # units u0..u1-1 are rows u0..u1-1 when dense
+        smax[at], ssum[at] = sm, ss
         o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]
-        for i, (off, length) in enumerate(zip(offsets, lens)):
+        for i, (off, length) in enumerate(spans):
             o[i] = matmul_f32(scores[off:off + length].T, kv[off:off + length, v_cols])  # [G, 512]
         bits = np.empty((u1 - u0) * group * HCKV, dtype=np.uint16)  # [U' * G * 512]
         round_out(o.reshape(-1), is_bf16, bits)
-        out[pass_units] = bits.reshape(u1 - u0, group, HCKV)
+        out[at] = bits.reshape(u1 - u0, group, HCKV)
 
 
 @functools.lru_cache(maxsize=4)
@@ -389,20 +391,25 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs) -> SparseFlashAttenti
     opd = _operands(args)
     t_size, n1 = opd.query.shape[:2]
     n2, group = args.num_kv_heads, args.group
-    empty_bits = _empty_row_bits(args.query_dtype)
-    out = np.full((t_size * n2, group, HCKV), empty_bits, dtype=np.uint16)  # [T*N2, G, 512] query-dtype bits
-    smax = np.full((t_size * n2, group), EMPTY_ROW_SOFTMAX_MAX, dtype=np.float32)  # [T*N2, G]
-    ssum = np.full((t_size * n2, group), EMPTY_ROW_SOFTMAX_SUM, dtype=np.float32)  # [T*N2, G]
     all_lengths = args.lengths.reshape(-1)  # [T*N2]
     units = np.flatnonzero(all_lengths)  # [U] units t * N2 + h with kept rows
     lengths = all_lengths[units]  # [U]
+    dense = units.size == all_lengths.size  # every unit has rows: _attend writes every element
+    if dense:
+        out = np.empty((t_size * n2, group, HCKV), dtype=np.uint16)  # [T*N2, G, 512] query-dtype bits
+        smax = np.empty((t_size * n2, group), dtype=np.float32)  # [T*N2, G]
+        ssum = np.empty((t_size * n2, group), dtype=np.float32)  # [T*N2, G]
+    else:
+        out = np.full((t_size * n2, group, HCKV), _empty_row_bits(args.query_dtype), dtype=np.uint16)
+        smax = np.full((t_size * n2, group), EMPTY_ROW_SOFTMAX_MAX, dtype=np.float32)
+        ssum = np.full((t_size * n2, group), EMPTY_ROW_SOFTMAX_SUM, dtype=np.float32)
     if units.size:
         # threaded kernels, or the calling thread's when the call is too small to split: a parallel
         # launch costs 20-150 us, more than B=1 decode work (with the workqueue threading layer even
         # on one thread); both give the same bytes
         total = int(lengths.sum())
         parallel = parallel_parts(total, group * D_QK) > 1
-        _attend(args, opd, units, lengths, total, out, smax, ssum, parallel)
+        _attend(args, opd, units, lengths, total, out, smax, ssum, parallel, dense)
     attention_out = out.view(args.query_dtype).reshape(args.out_shape)
     if not args.return_softmax_lse:
         empty = np.empty(0, dtype=np.float32)  # [0]
