@@ -142,6 +142,26 @@ def per_batch_lengths(x, name: str, b: int, cap: int | None = None, what: str = 
     return v
 
 
+#: Most entries :func:`known_per_batch_lengths` checks as Python ints (more: NumPy's path).
+_SMALL_LENGTHS = 64
+
+
+def known_per_batch_lengths(x, name: str, b: int, cap: int | None = None, what: str = "a token count") -> np.ndarray:
+    """:func:`per_batch_lengths` for a call whose signature (:func:`signature`) passed it before:
+    ``x``'s type, dtype (int32) and shape ``[b]`` are then known good, so only its values are
+    checked, as Python ints when there are few of them. A value out of range (and a large ``x``)
+    goes through :func:`per_batch_lengths`: the same errors with the same messages.
+
+    Returns:
+        int64 ``[B]``.
+    """
+    if x.size <= _SMALL_LENGTHS:
+        vals = x.tolist()
+        if min(vals) >= 0 and (cap is None or max(vals) <= cap):
+            return np.array(vals, np.int64)
+    return per_batch_lengths(x, name, b, cap, what)
+
+
 def prefix_lengths(x, name: str, total: int, b: int | None = None) -> np.ndarray:
     """TND ``actual_seq_lengths_*`` prefix sums ``[B]`` -> per-batch lengths ``[B]``: non-decreasing,
     >= 0, the last equal to the token rows ``total``.

@@ -50,14 +50,15 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import numpy as np
+from numba import njit
 
 from ..errors import DTypeError, ModeError, ShapeError, arg_error
 from ..layouts import SKIP_INDEX, slots_from_block_table
 from ..mla import INDEXER_HEAD_DIM, INDEXER_HEADS, INDEXER_KEY_HEADS
 from .. import checked_mode
 from ._backend import get_backend
-from ._check import (ValidatedSignatures, check_dtype, check_shape, dtype_name, optional, per_batch_lengths,
-                     prefix_lengths, required, seq_lengths, signature)
+from ._check import (ValidatedSignatures, check_dtype, check_shape, dtype_name, known_per_batch_lengths, optional,
+                     per_batch_lengths, prefix_lengths, required, seq_lengths, signature)
 
 LayoutQuery = Literal["BSND", "TND"]
 LayoutKey = Literal["BSND", "TND", "PA_BSND"]
@@ -255,8 +256,10 @@ def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, lay
              pre_tokens, next_tokens, return_value)
     sig = signature(*given)
     st = _VALIDATED.get(sig)
-    if st is None:
+    known = st is not None  # a call with this signature passed every check: the lengths' dtypes and shapes too
+    if not known:
         st = _check_static(*given)
+    lengths_of = known_per_batch_lengths if known else per_batch_lengths
     query, key, weights = required(query, "query"), required(key, "key"), required(weights, "weights")
     act_q, act_k = optional(act_q, "actual_seq_lengths_query"), optional(act_k, "actual_seq_lengths_key")
     block_table = optional(block_table, "block_table")
@@ -267,7 +270,7 @@ def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, lay
         if act_q is None:
             q_len = np.full(b_q, s1, np.int64)
         else:
-            q_len = per_batch_lengths(act_q, "actual_seq_lengths_query", b_q, s1, "a query token count (BSND)")
+            q_len = lengths_of(act_q, "actual_seq_lengths_query", b_q, s1, "a query token count (BSND)")
         q_start = np.arange(b_q, dtype=np.int64) * s1
     else:
         q_len = prefix_lengths(act_q, "actual_seq_lengths_query", t_rows)
@@ -279,29 +282,20 @@ def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, lay
         if act_k is None:
             kv_len = np.full(batch, s2, np.int64)
         else:
-            kv_len = per_batch_lengths(act_k, "actual_seq_lengths_key", batch, s2, "a kv token count (BSND)")
+            kv_len = lengths_of(act_k, "actual_seq_lengths_key", batch, s2, "a kv token count (BSND)")
         slots = _contiguous_slots(np.arange(batch, dtype=np.int64) * s2, kv_len)
     elif layout_key == "TND":
         kv_len = prefix_lengths(act_k, "actual_seq_lengths_key", key.shape[0], batch)
         slots = _contiguous_slots(np.cumsum(kv_len) - kv_len, kv_len)
     else:
-        kv_len = per_batch_lengths(act_k, "actual_seq_lengths_key", batch, None, "a kv token count")
+        kv_len = lengths_of(act_k, "actual_seq_lengths_key", batch, None, "a kv token count")
         slots = slots_from_block_table(block_table, kv_len, key.shape[1], key.shape[0], name="block_table")
 
     # ---- per-token batch and visible length
     token_batch = np.zeros(t_rows, np.int64)  # [T]
-    limit = np.full(t_rows, SKIPPED_ROW, np.int64)  # [T]
-    for b in range(batch):
-        n_q, n_k = int(q_len[b]), int(kv_len[b])
-        token_batch[q_start[b]:q_start[b] + (s1 if s1 is not None else n_q)] = b
-        if n_q == 0 or n_k == 0:
-            continue  # the kernel skips the batch: rows stay SKIPPED_ROW
-        if st.sparse_mode == 0:
-            limit[q_start[b]:q_start[b] + n_q] = n_k
-        else:
-            s = np.arange(n_q, dtype=np.int64)
-            limit[q_start[b]:q_start[b] + n_q] = np.minimum(np.maximum(n_k - n_q + s + 1, 0), n_k)  # np.clip: 2 us more
-    if sig is not None:
+    limit = np.empty(t_rows, np.int64)  # [T]
+    _token_limits(q_start, q_len, kv_len, -1 if s1 is None else s1, st.sparse_mode, token_batch, limit)
+    if not known:
         _VALIDATED.put(sig, st)
     return LightningIndexerArgs(
         query=query, key=key, weights=weights, actual_seq_lengths_query=act_q, actual_seq_lengths_key=act_k,
@@ -403,6 +397,30 @@ def _check_static(query, key, weights, act_q, act_k, block_table, layout_query, 
         out_shape = (t_rows, INDEXER_KEY_HEADS, sparse_count)
     return _Static(sparse_count=sparse_count, sparse_mode=sparse_mode, b_q=b_q, s1=s1, t_rows=t_rows, batch=batch,
                    out_shape=out_shape)
+
+
+@njit(cache=True)
+def _token_limits(q_start, q_len, kv_len, s1, sparse_mode, token_batch, limit):
+    """Batch and visible kv length of every query token (:class:`LightningIndexerArgs`).
+
+    Args:
+        q_start, q_len, kv_len: int64 ``[B]`` first query row, query tokens and kv tokens of each
+            batch (validated).
+        s1: BSND query rows per batch (every row of a batch belongs to it), or -1 for TND.
+        sparse_mode: 0 (``limit = kv``) or 3 (``min(max(kv - q + s + 1, 0), kv)`` for position s).
+        token_batch: out, int64 ``[T]`` (zero-filled by the caller: TND rows outside every batch
+            stay 0).
+        limit: out, int64 ``[T]``; :data:`SKIPPED_ROW` for rows the kernel does not compute.
+    """
+    limit[:] = SKIPPED_ROW
+    for b in range(q_len.shape[0]):
+        n_q, n_k, start = q_len[b], kv_len[b], q_start[b]
+        for t in range(start, start + (s1 if s1 >= 0 else n_q)):
+            token_batch[t] = b
+        if n_q == 0 or n_k == 0:
+            continue  # the kernel skips the batch: rows stay SKIPPED_ROW
+        for s in range(n_q):
+            limit[start + s] = n_k if sparse_mode == 0 else min(max(n_k - n_q + s + 1, 0), n_k)
 
 
 def _contiguous_slots(start: np.ndarray, length: np.ndarray) -> np.ndarray:

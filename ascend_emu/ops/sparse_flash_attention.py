@@ -79,8 +79,8 @@ from ..mla import D_QK, D_ROPE, HCKV, NKV, TILE_SIZE
 from ..quant import MLA_ROW
 from .. import checked_mode
 from ._backend import get_backend
-from ._check import (ValidatedSignatures, check_dtype, check_float, dtype_name, per_batch_lengths, prefix_lengths,
-                     required, signature)
+from ._check import (ValidatedSignatures, check_dtype, check_float, dtype_name, known_per_batch_lengths,
+                     per_batch_lengths, prefix_lengths, required, signature)
 
 LayoutQuery = Literal["BSND", "TND"]
 LayoutKv = Literal["BSND", "TND", "PA_BSND"]
@@ -326,7 +326,7 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
              ("tile_size", tile_size, TILE_SIZE, "the only tile size"),
              ("rope_head_dim", rope_head_dim, D_ROPE, "the only rope width"))
     for name, got, want, why in fixed:
-        if _int(got, name) != want:
+        if (type(got) is not int or got != want) and _int(got, name) != want:  # plain ints: no _int call
             raise arg_error(ModeError, name, f"{want} ({why}; the only value the doc allows)", got)
     for name, got in (("key_dequant_scale", key_dequant_scale), ("value_dequant_scale", value_dequant_scale),
                       ("key_dtype", key_dtype), ("value_dtype", value_dtype)):
@@ -510,8 +510,10 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
              pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks)
     sig = signature(*given)
     st = _VALIDATED.get(sig)
-    if st is None:
+    known = st is not None  # a call with this signature passed every check: the lengths' dtypes and shapes too
+    if not known:
         st = _check_static(*given)
+    lengths_of = known_per_batch_lengths if known else per_batch_lengths
     query, key, sparse_indices = (required(x, n) for x, n in ((query, "query"), (key, "key"),
                                                              (sparse_indices, "sparse_indices")))
     if not quant:
@@ -527,7 +529,7 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
     if layout_query == "BSND":
         b, s1 = lead
         act_q = (np.full(b, s1, np.int64) if actual_seq_lengths_query is None
-                 else per_batch_lengths(actual_seq_lengths_query, "actual_seq_lengths_query", b, s1))
+                 else lengths_of(actual_seq_lengths_query, "actual_seq_lengths_query", b, s1))
         tok_b, tok_s = _bsnd_tokens(b, s1)  # [T], [T]
     else:
         act_q = prefix_lengths(actual_seq_lengths_query, "actual_seq_lengths_query", lead[0])
@@ -539,7 +541,7 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
             raise arg_error(ShapeError, "key", f"B={b} batches like query", list(key.shape))
         s2 = int(key.shape[1])
         act_kv = (np.full(b, s2, np.int64) if actual_seq_lengths_kv is None
-                  else per_batch_lengths(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, s2))
+                  else lengths_of(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, s2))
         slot_map = np.arange(b, dtype=np.int64)[:, None] * s2 + np.arange(max(int(act_kv.max()), 0))[None, :]
     elif layout_kv == "TND":
         act_kv = prefix_lengths(actual_seq_lengths_kv, "actual_seq_lengths_kv", int(key.shape[0]))
@@ -549,7 +551,7 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
         starts_kv = np.cumsum(act_kv) - act_kv  # [B]
         slot_map = starts_kv[:, None] + np.arange(max(int(act_kv.max()), 0))[None, :]
     else:
-        act_kv = per_batch_lengths(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, None)
+        act_kv = lengths_of(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, None)
         slot_map = slots_from_block_table(block_table, act_kv, st.block_size, st.block_num, name="block_table")
 
     # ---- sparse_indices -> (starts, counts), every read entry checked
@@ -564,7 +566,7 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
                 int(sparse_mode), starts, counts, lengths, status)
     if status[0]:
         _raise_bad_index(idx, status, tok_b, tok_s, act_kv, sbs, st.q_nd)
-    if sig is not None:
+    if not known:
         _VALIDATED.put(sig, st)
     return SparseFlashAttentionArgs(
         quant=bool(quant), query=query, query_rope=None if quant else query_rope, key=key,
