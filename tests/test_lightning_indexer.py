@@ -432,3 +432,22 @@ def test_numpy_signature_is_the_schema():
         assert [p.kind for p in params[:3]] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 3
         assert all(p.kind == inspect.Parameter.KEYWORD_ONLY for p in params[3:])
         assert [p.default for p in params[3:]] == [d for _, d in want[3:]]
+
+
+#: Bad values that keep the good call's signature: the memoised path checks them on every call.
+SAME_SIGNATURE = [b for b in BAD if b[0] in ("act_q_range", "act_k_negative", "act_k_past_table",
+                                             "block_table_entry", "block_table_negative")]
+
+
+@pytest.mark.parametrize("name,error,fragment,changes", SAME_SIGNATURE, ids=[b[0] for b in SAME_SIGNATURE])
+def test_memoised_signature_rejects_bad_values_with_the_same_message(name, error, fragment, changes):
+    from ascend_emu.ops import lightning_indexer as contract
+
+    contract._VALIDATED.clear()
+    with pytest.raises(error, match=fragment) as cold:  # first call: every check in full
+        ops.npu_lightning_indexer(**_with(**changes))
+    ops.npu_lightning_indexer(**_good())  # memoises the signature
+    assert len(contract._VALIDATED) == 1
+    with pytest.raises(error) as warm:
+        ops.npu_lightning_indexer(**_with(**changes))
+    assert str(warm.value) == str(cold.value)

@@ -552,3 +552,41 @@ def test_torch_npu_drop_in():
     assert (out.float() == 0).all()  # all-zero keys and values
     assert "npu_sparse_flash_attention" in torch_npu.__all__
     assert "npu_kv_quant_sparse_flash_attention" in torch_npu.__all__
+
+
+@pytest.mark.parametrize("change, error, fragment", [
+    (dict(actual_seq_lengths_kv=np.array([37, -1], np.int32)), ShapeError, r"actual_seq_lengths_kv\[1\]"),
+    (dict(actual_seq_lengths_query=np.array([3, 4], np.int32)), ShapeError, r"actual_seq_lengths_query\[1\]"),
+    (dict(actual_seq_lengths_kv=np.array([37, 200], np.int32)), ShapeError, "block_table"),
+    ("table", IndexRangeError, r"block_table\[1, 1\] = 99"),
+    ("index", IndexRangeError, "expected a sparse block id"),
+])
+def test_memoised_signature_rejects_bad_values_with_the_same_message(rng, change, error, fragment):
+    """Lengths, block_table entries and sparse indices are checked on every call: a call whose
+    signature passed before is rejected as a first call is, with the same message."""
+    from ascend_emu.ops import sparse_flash_attention as contract
+
+    case = make_case(rng, quant=False, layout_query="BSND", layout_kv="PA_BSND", dtype="bfloat16", sbs=1)
+    kw = dict(case["kw"], query_rope=case["query_rope"], key_rope=case["key_rope"], attention_mode=2)
+    idx = case["sparse_indices"]
+    bad_kw, bad_idx = dict(kw), idx
+    if change == "table":
+        bad_kw["block_table"] = kw["block_table"].copy()
+        bad_kw["block_table"][1, 1] = 99
+    elif change == "index":
+        bad_idx = idx.copy()
+        bad_idx.reshape(-1)[0] = 1 << 20
+    else:
+        bad_kw.update(change)
+
+    def call(k, i):
+        return ops.npu_sparse_flash_attention(case["query"], case["key"], case["value"], i, SCALE, **k)
+
+    contract._VALIDATED.clear()
+    with pytest.raises(error, match=fragment) as cold:
+        call(bad_kw, bad_idx)
+    call(kw, idx)  # memoises the signature
+    assert len(contract._VALIDATED) == 1
+    with pytest.raises(error) as warm:
+        call(bad_kw, bad_idx)
+    assert str(warm.value) == str(cold.value)
