@@ -392,9 +392,9 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs) -> SparseFlashAttenti
     t_size, n1 = opd.query.shape[:2]
     n2, group = args.num_kv_heads, args.group
     all_lengths = args.lengths.reshape(-1)  # [T*N2]
-    units = np.flatnonzero(all_lengths)  # [U] units t * N2 + h with kept rows
-    lengths = all_lengths[units]  # [U]
-    dense = units.size == all_lengths.size  # every unit has rows: _attend writes every element
+    dense = np.count_nonzero(all_lengths) == all_lengths.size  # every unit has rows: _attend writes every element
+    units = np.arange(all_lengths.size) if dense else np.flatnonzero(all_lengths)  # [U] units t * N2 + h with rows
+    lengths = all_lengths if dense else all_lengths[units]  # [U]
     if dense:
         out = np.empty((t_size * n2, group, HCKV), dtype=np.uint16)  # [T*N2, G, 512] query-dtype bits
         smax = np.empty((t_size * n2, group), dtype=np.float32)  # [T*N2, G]

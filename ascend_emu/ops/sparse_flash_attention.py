@@ -514,15 +514,15 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
     if not known:
         st = _check_static(*given)
     lengths_of = known_per_batch_lengths if known else per_batch_lengths
-    query, key, sparse_indices = (required(x, n) for x, n in ((query, "query"), (key, "key"),
-                                                             (sparse_indices, "sparse_indices")))
+    query, key, sparse_indices = required(query, "query"), required(key, "key"), required(sparse_indices,
+                                                                                         "sparse_indices")
     if not quant:
         query_rope, key_rope = required(query_rope, "query_rope"), required(key_rope, "key_rope")
     v_from_key = True
     if not quant and value is not None:
         value = required(value, "value")
-        v_from_key = (value.__array_interface__["data"][0] == key.__array_interface__["data"][0]
-                      and value.strides == key.strides)  # the key itself
+        v_from_key = value is key or (value.__array_interface__["data"][0] == key.__array_interface__["data"][0]
+                                      and value.strides == key.strides)  # the key itself
     n2, sbs, lead = st.n2, st.sbs, st.lead
 
     # ---- batch, lengths
