@@ -358,17 +358,21 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
         spans = list(zip(offsets.tolist(), lens.tolist()))  # (first row, rows) per unit
         for i, (off, length) in enumerate(spans):
             scores[off:off + length] = matmul_f32(kv[off:off + length, :D_QK], q[i].T)  # [L, G]
-        sm = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
-        ss = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
+        if dense:  # units u0..u1-1 are rows u0..u1-1: the kernels write them in place
+            sm, ss = smax[u0:u1], ssum[u0:u1]  # [U', G] views
+        else:
+            sm = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
+            ss = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
         softmax(scores[:rows], offsets, lens, unit_of_row, scale, is_bf16, sm, ss)
-        at = slice(u0, u1) if dense else pass_units  # units u0..u1-1 are rows u0..u1-1 when dense
-        smax[at], ssum[at] = sm, ss
+        if not dense:
+            smax[pass_units], ssum[pass_units] = sm, ss
         o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]
         for i, (off, length) in enumerate(spans):
             o[i] = matmul_f32(scores[off:off + length].T, kv[off:off + length, v_cols])  # [G, 512]
-        bits = np.empty((u1 - u0) * group * HCKV, dtype=np.uint16)  # [U' * G * 512]
+        bits = out[u0:u1].reshape(-1) if dense else np.empty((u1 - u0) * group * HCKV, dtype=np.uint16)  # [U'*G*512]
         round_out(o.reshape(-1), is_bf16, bits)
-        out[at] = bits.reshape(u1 - u0, group, HCKV)
+        if not dense:
+            out[pass_units] = bits.reshape(u1 - u0, group, HCKV)
 
 
 @functools.lru_cache(maxsize=4)
