@@ -154,6 +154,9 @@ def known_per_batch_lengths(x, name: str, b: int, cap: int | None = None, what: 
 
     Returns:
         int64 ``[B]``.
+
+    Raises:
+        ShapeError: as :func:`per_batch_lengths` (a count out of range, naming its index).
     """
     if x.size <= _SMALL_LENGTHS:
         vals = x.tolist()
