@@ -8,6 +8,7 @@ are in range.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numba
@@ -521,3 +522,44 @@ def scatter_rows(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout:
         _scatter_parallel(*operands, parts)
     else:
         _scatter_serial(*operands)
+
+
+@njit(cache=True)
+def _scatter_in_order(cache, rows, slots, nz, block_size, row_words, chunk):
+    """:func:`_scatter_token` for every token with a slot >= 0, in token order (a later token
+    overwrites an earlier one's slot: the last writer wins without :func:`last_writer`)."""
+    for t in range(slots.shape[0]):
+        if slots[t] >= 0:
+            _scatter_token(cache, rows, slots[t], t, nz, block_size, row_words, chunk)
+
+
+@functools.lru_cache(maxsize=256)
+def _scatter_geometry(layout: CacheLayout, cache_bytes: int, row_bytes: int) -> tuple:
+    """``(word dtype, row words, chunk words)`` of a scatter (:func:`_copy_word`), per cache
+    layout, cache size and row size."""
+    word = _copy_word(cache_bytes, layout.chunk_bytes, row_bytes)
+    w = np.dtype(word).itemsize
+    return word, row_bytes // w, layout.chunk_bytes // w
+
+
+def scatter_rows_in_order(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout: CacheLayout) -> None:
+    """:func:`scatter_rows` (same arguments, same bytes written) with less work per call: below
+    two threads' worth of bytes (:data:`SCATTER_BYTES_PER_THREAD`) the tokens are copied serially in
+    order, so no :func:`last_writer` pass is needed, and the copy geometry is kept per layout and
+    size. Larger scatters go to :func:`scatter_rows`.
+
+    Args:
+        cache: the C-contiguous cache array.
+        rows: ``[T, row]`` values of the cache's element type (or their raw bytes).
+        slots: int64 ``[T]`` validated slots, -1 = skip.
+        layout: the cache's :class:`~ascend_emu.layouts.CacheLayout`.
+    """
+    rows = np.ascontiguousarray(rows)  # [T, row]
+    t = rows.shape[0]
+    row_bytes = rows.nbytes // t if t else 0
+    if t == 0 or row_bytes * t >= 2 * SCATTER_BYTES_PER_THREAD:
+        scatter_rows(cache, rows, slots, layout)
+        return
+    word, row_words, chunk = _scatter_geometry(layout, cache.nbytes, row_bytes)
+    _scatter_in_order(cache.reshape(-1).view(word), rows.reshape(t, -1).view(word), slots, layout.nz,
+                      layout.block_size, row_words, chunk)
