@@ -8,7 +8,6 @@ are in range.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import numba
@@ -470,11 +469,7 @@ def _copy_word(nbytes: int, chunk: int, row_bytes: int):
     chunks are copied as words (a byte loop is ~10x slower for 32-byte NZ chunks). Every chunk
     offset is then a multiple of it too: ND offsets are multiples of the row, NZ offsets of the
     32-byte chunk (an NZ row is a multiple of 32 bytes)."""
-    low = nbytes | chunk | row_bytes
-    for word in (np.uint64, np.uint32, np.uint16):
-        if low % np.dtype(word).itemsize == 0:
-            return word
-    return np.uint8
+    return _WORDS[_word_size(nbytes, chunk, row_bytes)]
 
 
 def last_writer(slots: np.ndarray) -> np.ndarray:
@@ -533,20 +528,20 @@ def _scatter_in_order(cache, rows, slots, nz, block_size, row_words, chunk):
             _scatter_token(cache, rows, slots[t], t, nz, block_size, row_words, chunk)
 
 
-@functools.lru_cache(maxsize=256)
-def _scatter_geometry(layout: CacheLayout, cache_bytes: int, row_bytes: int) -> tuple:
-    """``(word dtype, row words, chunk words)`` of a scatter (:func:`_copy_word`), per cache
-    layout, cache size and row size."""
-    word = _copy_word(cache_bytes, layout.chunk_bytes, row_bytes)
-    w = np.dtype(word).itemsize
-    return word, row_bytes // w, layout.chunk_bytes // w
+#: Unsigned copy words by size in bytes (:func:`_copy_word`).
+_WORDS = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
+
+
+def _word_size(nbytes: int, chunk: int, row_bytes: int) -> int:
+    """Size in bytes of :func:`_copy_word`'s word, by integer arithmetic (no dtype objects)."""
+    low = nbytes | chunk | row_bytes
+    return 8 if low % 8 == 0 else 4 if low % 4 == 0 else 2 if low % 2 == 0 else 1
 
 
 def scatter_rows_in_order(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout: CacheLayout) -> None:
     """:func:`scatter_rows` (same arguments, same bytes written) with less work per call: below
     two threads' worth of bytes (:data:`SCATTER_BYTES_PER_THREAD`) the tokens are copied serially in
-    order, so no :func:`last_writer` pass is needed, and the copy geometry is kept per layout and
-    size. Larger scatters go to :func:`scatter_rows`.
+    order, so no :func:`last_writer` pass is needed. Larger scatters go to :func:`scatter_rows`.
 
     Args:
         cache: the C-contiguous cache array.
@@ -560,6 +555,8 @@ def scatter_rows_in_order(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray
     if t == 0 or row_bytes * t >= 2 * SCATTER_BYTES_PER_THREAD:
         scatter_rows(cache, rows, slots, layout)
         return
-    word, row_words, chunk = _scatter_geometry(layout, cache.nbytes, row_bytes)
+    chunk = layout.chunk_bytes
+    w = _word_size(cache.nbytes, chunk, row_bytes)
+    word = _WORDS[w]
     _scatter_in_order(cache.reshape(-1).view(word), rows.reshape(t, -1).view(word), slots, layout.nz,
-                      layout.block_size, row_words, chunk)
+                      layout.block_size, row_bytes // w, chunk // w)

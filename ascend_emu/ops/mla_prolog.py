@@ -996,7 +996,7 @@ def _run(args: MlaPrologArgs) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray,
     caches = ((args.kv_cache, args.kv_layout), (args.kr_cache, args.kr_layout))
     checked_mode.will_write(*caches)
     query, query_rope, dq_nope, query_norm, dq_norm = get_backend().mla_prolog(args)
-    checked_mode.wrote(f"npu_mla_prolog{'' if args.version == 1 else f'_v{args.version}'}", args.slots, caches,
+    checked_mode.wrote(_OP_NAMES[args.version], args.slots, caches,
                        (("query", query), ("query_rope", query_rope), ("query_norm", query_norm)))
     n, lead = args.num_heads, args.batch_shape
     query = query.reshape(lead + (n, HCKV))  # [T | B, S, N, Hckv]
