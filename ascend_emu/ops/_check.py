@@ -18,7 +18,7 @@ from numba import njit
 
 from .. import checked_mode
 from ..errors import DTypeError, DuplicateSlotWarning, FormatError, ShapeError, arg_error, describe
-from ..layouts import FRACTAL_NZ, duplicate_slots, get_npu_format, slots_from_cache_index
+from ..layouts import FRACTAL_NZ, NZArray, duplicate_slots, get_npu_format, slots_from_cache_index
 from ..quant import BF16
 
 #: dtype names as the seeds spell them.
@@ -303,8 +303,6 @@ def signature(*values) -> tuple | None:
     them for a signature that passed before (:class:`ValidatedSignatures`); the checks that read
     values or addresses (index ranges, memory overlap, finite scale values) run on every call.
     """
-    from ..layouts import NZArray
-
     key = []
     add = key.append
     for x in values:
