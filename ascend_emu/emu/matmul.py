@@ -84,11 +84,10 @@ def fingerprint(a: np.ndarray) -> int:
     """64-bit fingerprint of a C-contiguous array's bytes: ``sum(word[i] * (2i + 1)) mod 2**64``
     over its 8-byte words (narrower words when the size is not a multiple of 8). Any change of
     one word changes it; it is not a cryptographic hash."""
-    raw = a.reshape(-1).view(np.uint8)
-    for word in (np.uint64, np.uint32, np.uint16, np.uint8):
-        if raw.size % np.dtype(word).itemsize == 0:
-            return int(_weighted_sum(raw.view(word)))
-    raise AssertionError("unreachable")
+    nbytes = a.nbytes
+    word = np.uint64 if nbytes % 8 == 0 else np.uint32 if nbytes % 4 == 0 else np.uint16 if nbytes % 2 == 0 \
+        else np.uint8
+    return int(_weighted_sum(a.reshape(-1).view(np.uint8).view(word)))
 
 
 def _nd_weight_f32(w: np.ndarray) -> np.ndarray:

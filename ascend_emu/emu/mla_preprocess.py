@@ -226,7 +226,7 @@ def _rope_norm_parts(parts, mm1, kv, cos_bits, sin_bits, gamma_bits, eps, is_bf1
 def _bits16(x: np.ndarray) -> np.ndarray:
     """A bf16 / fp16 array as the uint16 bits the kernels read (:func:`~ascend_emu.emu.kernels.kernel_input`:
     a view when ``x`` is a plain C-contiguous writable array, else a copy)."""
-    return kernel_input(np.asarray(x).view(np.uint16))
+    return kernel_input(x.view(np.uint16))
 
 
 #: Stand-ins for the output :func:`_rope_norm_rows` does not write in its mode.
