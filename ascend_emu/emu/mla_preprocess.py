@@ -32,7 +32,7 @@ from numba import njit, prange
 from ..layouts import NZArray, nz_shape, nz_to_nd
 from ..ops.mla_preprocess import (KV_A_DIM, KV_LORA_RANK, Q_LORA_RANK, QK_HEAD_DIM, QK_NOPE_DIM, ROPE_DIM, WDQKV_DIM,
                                   MlaPreprocessArgs, MlaPreprocessOutputs)
-from ..quant import BF16, INT8_MAX, f32_to_f16, f32_to_int8_via_f16, to_bf16
+from ..quant import BF16, INT8_MAX, f32_to_int8_via_f16
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 from .kernels import (LANES, LANES_PAIRWISE, MLAPO_KV_RMS, MLAPO_QUANT_RMS, kernel_input, launch_rows, narrow_row,
                       rms_norm_row, rope_row, scatter_rows_in_order, widen_row)
@@ -43,11 +43,6 @@ from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen
 #: (:data:`~ascend_emu.emu.kernels.MLAPO_KV_RMS`).
 _QUANT_LANES, _QUANT_PRESCALE, _QUANT_RECIPROCAL = MLAPO_QUANT_RMS
 _KV_LANES, _KV_PRESCALE, _KV_RECIPROCAL = MLAPO_KV_RMS
-
-
-def _round(x32: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """One RNE rounding of fp32 values to bf16 / fp16."""
-    return to_bf16(x32) if dtype == BF16 else f32_to_f16(x32)
 
 
 def _to_int8(v: np.ndarray) -> np.ndarray:
@@ -178,17 +173,18 @@ def _matmul_dequant(q8, w, bias, descale, token_scale, dtype) -> np.ndarray:
 
 
 @njit(cache=True)
-def _rope_norm_rows(lo, hi, mm1, kv, cos_bits, sin_bits, gamma_bits, eps, is_bf16, narrow, q_rope, ckv, ckv_bits,
-                    krope):
-    """Steps 3-4 after the matmuls, tokens ``[lo, hi)`` (module doc): ``q_rope = round(RoPE(q_pe))`` per
+def _rope_norm_rows(lo, hi, mm1, q_nope, kv, cos_bits, sin_bits, gamma_bits, eps, is_bf16, narrow, q_nope_bits,
+                    q_rope, ckv, ckv_bits, krope):
+    """Steps 3-4 after the matmuls, tokens ``[lo, hi)`` (module doc): ``q_nope_bits = round(q_nope)``
+    (the einsum, head-major in, token-major out), ``q_rope = round(RoPE(q_pe))`` per
     head, ``ckv = rms_norm(kv[:512]) * gamma`` (fp32, :data:`MLAPO_KV_RMS` order), ``krope =
     round(RoPE(kv[512:]))``; plain rotate_half, rounding RNE to the input dtype (bits out).
 
     Args:
-        mm1: fp32 ``[T, N, 192]``; kv: fp32 ``[T, 576]``; cos_bits, sin_bits: bf16 / fp16
+        mm1: fp32 ``[T, N, 192]``; q_nope: fp32 ``[N, T, 512]``; kv: fp32 ``[T, 576]``; cos_bits, sin_bits: bf16 / fp16
         (``is_bf16``) bits ``[T, 64]``; gamma_bits: bits ``[512]``; eps: fp32.
         narrow: round ckv to the input dtype here (``ckv_bits``) instead of keeping it in fp32 (``ckv``).
-        q_rope: out, uint16 ``[T, N, 64]``; ckv: out, fp32 ``[T, 512]`` (unless ``narrow``); ckv_bits:
+        q_nope_bits: out, uint16 ``[T, N, 512]``; q_rope: out, uint16 ``[T, N, 64]``; ckv: out, fp32 ``[T, 512]`` (unless ``narrow``); ckv_bits:
         out, uint16 ``[T, 512]`` (with ``narrow``); krope: out, uint16 ``[T, 64]``.
     """
     y = np.empty(ROPE_DIM, dtype=np.float32)
@@ -203,6 +199,7 @@ def _rope_norm_rows(lo, hi, mm1, kv, cos_bits, sin_bits, gamma_bits, eps, is_bf1
         widen_row(cos_bits[t], cos, is_bf16)
         widen_row(sin_bits[t], sin, is_bf16)
         for h in range(mm1.shape[1]):
+            narrow_row(q_nope[h, t], q_nope_bits[t, h], is_bf16)
             rope_row(mm1[t, h, QK_NOPE_DIM:], cos, sin, False, y)
             narrow_row(y, q_rope[t, h], is_bf16)
         out = normed if narrow else ckv[t]
@@ -215,12 +212,12 @@ def _rope_norm_rows(lo, hi, mm1, kv, cos_bits, sin_bits, gamma_bits, eps, is_bf1
 
 
 @njit(cache=True, parallel=True)
-def _rope_norm_parts(parts, mm1, kv, cos_bits, sin_bits, gamma_bits, eps, is_bf16, narrow, q_rope, ckv, ckv_bits,
-                    krope):
+def _rope_norm_parts(parts, mm1, q_nope, kv, cos_bits, sin_bits, gamma_bits, eps, is_bf16, narrow, q_nope_bits,
+                    q_rope, ckv, ckv_bits, krope):
     n = kv.shape[0]
     for p in prange(parts):
-        _rope_norm_rows(p * n // parts, (p + 1) * n // parts, mm1, kv, cos_bits, sin_bits, gamma_bits, eps, is_bf16,
-                        narrow, q_rope, ckv, ckv_bits, krope)
+        _rope_norm_rows(p * n // parts, (p + 1) * n // parts, mm1, q_nope, kv, cos_bits, sin_bits, gamma_bits, eps,
+                        is_bf16, narrow, q_nope_bits, q_rope, ckv, ckv_bits, krope)
 
 
 def _bits16(x: np.ndarray) -> np.ndarray:
@@ -291,16 +288,16 @@ def mla_preprocess(args: MlaPreprocessArgs) -> MlaPreprocessOutputs:
                              args.epsilon)  # [T, 1536] int8
     mm1 = _matmul_dequant(q8, wuq, args.bias1, descale_f32(args.descale1), s1, dt).reshape(t, n, QK_HEAD_DIM)
     q_nope = matmul_f32(mm1[:, :, :QK_NOPE_DIM].transpose(1, 0, 2), weight_f32(wuk))  # [N, T, 512]
-    q_nope = _round(q_nope.transpose(1, 0, 2), dt)  # [T, N, 512]
+    q_nope_bits = np.empty((t, n, KV_LORA_RANK), dtype=np.uint16)  # [T, N, 512] bits
     q_rope = np.empty((t, n, ROPE_DIM), dtype=np.uint16)  # [T, N, 64] bits
     krope = np.empty((t, ROPE_DIM), dtype=np.uint16)  # [T, 64] bits
     nz8 = mode == "int8_nzcache"  # the ckv stays fp32 for its int8 quant; else rounded in the kernel
     ckv = np.empty((t, KV_LORA_RANK), dtype=np.float32) if nz8 else _NO_F32  # [T, 512] fp32
     ckv_bits = _NO_BITS if nz8 else np.empty((t, KV_LORA_RANK), dtype=np.uint16)  # [T, 512] bits
-    launch_rows(_rope_norm_rows, _rope_norm_parts, t, n * ROPE_DIM + KV_A_DIM, mm1, kv, _bits16(args.cos),
-                _bits16(args.sin), _bits16(args.gamma2), np.float32(args.epsilon), is_bf16, not nz8, q_rope, ckv,
-                ckv_bits, krope)
-    q_rope, krope = q_rope.view(dt), krope.view(dt)
+    launch_rows(_rope_norm_rows, _rope_norm_parts, t, n * (KV_LORA_RANK + ROPE_DIM) + KV_A_DIM, mm1, q_nope, kv,
+                _bits16(args.cos), _bits16(args.sin), _bits16(args.gamma2), np.float32(args.epsilon), is_bf16, not nz8,
+                q_nope_bits, q_rope, ckv, ckv_bits, krope)
+    q_nope, q_rope, krope = q_nope_bits.view(dt), q_rope.view(dt), krope.view(dt)
 
     if nz8:
         np.copyto(args.q_out0, _to_int8(widen_f32(q_nope) * widen_f32(args.q_nope_scale)[None, :, None]))
