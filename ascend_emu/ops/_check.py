@@ -221,7 +221,6 @@ def check_nz_weight(w: np.ndarray, name: str) -> None:
                           f"{get_npu_format(w)} (ND); cast it first: {name} = npu_format_cast({name}, 29)")
 
 
-
 @njit(cache=True)
 def _slots_in_range(idx, num_rows):
     """int64 copy of ``idx`` (1-D) when every value is in ``[0, num_rows)`` or -1, else an empty array."""
