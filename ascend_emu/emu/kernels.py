@@ -469,11 +469,7 @@ def _copy_word(nbytes: int, chunk: int, row_bytes: int):
     chunks are copied as words (a byte loop is ~10x slower for 32-byte NZ chunks). Every chunk
     offset is then a multiple of it too: ND offsets are multiples of the row, NZ offsets of the
     32-byte chunk (an NZ row is a multiple of 32 bytes)."""
-    low = nbytes | chunk | row_bytes
-    for word in (np.uint64, np.uint32, np.uint16):
-        if low % np.dtype(word).itemsize == 0:
-            return word
-    return np.uint8
+    return _WORDS[_word_size(nbytes, chunk, row_bytes)]
 
 
 def last_writer(slots: np.ndarray) -> np.ndarray:
@@ -521,3 +517,46 @@ def scatter_rows(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout:
         _scatter_parallel(*operands, parts)
     else:
         _scatter_serial(*operands)
+
+
+@njit(cache=True)
+def _scatter_in_order(cache, rows, slots, nz, block_size, row_words, chunk):
+    """:func:`_scatter_token` for every token with a slot >= 0, in token order (a later token
+    overwrites an earlier one's slot: the last writer wins without :func:`last_writer`)."""
+    for t in range(slots.shape[0]):
+        if slots[t] >= 0:
+            _scatter_token(cache, rows, slots[t], t, nz, block_size, row_words, chunk)
+
+
+#: Unsigned copy words by size in bytes (:func:`_copy_word`).
+_WORDS = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
+
+
+def _word_size(nbytes: int, chunk: int, row_bytes: int) -> int:
+    """Size in bytes of :func:`_copy_word`'s word, by integer arithmetic (no dtype objects)."""
+    low = nbytes | chunk | row_bytes
+    return 8 if low % 8 == 0 else 4 if low % 4 == 0 else 2 if low % 2 == 0 else 1
+
+
+def scatter_rows_in_order(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout: CacheLayout) -> None:
+    """:func:`scatter_rows` (same arguments, same bytes written) with less work per call: below
+    two threads' worth of bytes (:data:`SCATTER_BYTES_PER_THREAD`) the tokens are copied serially in
+    order, so no :func:`last_writer` pass is needed. Larger scatters go to :func:`scatter_rows`.
+
+    Args:
+        cache: the C-contiguous cache array.
+        rows: ``[T, row]`` values of the cache's element type (or their raw bytes).
+        slots: int64 ``[T]`` validated slots, -1 = skip.
+        layout: the cache's :class:`~ascend_emu.layouts.CacheLayout`.
+    """
+    rows = np.ascontiguousarray(rows)  # [T, row]
+    t = rows.shape[0]
+    row_bytes = rows.nbytes // t if t else 0
+    if t == 0 or row_bytes * t >= 2 * SCATTER_BYTES_PER_THREAD:
+        scatter_rows(cache, rows, slots, layout)
+        return
+    chunk = layout.chunk_bytes
+    w = _word_size(cache.nbytes, chunk, row_bytes)
+    word = _WORDS[w]
+    _scatter_in_order(cache.reshape(-1).view(word), rows.reshape(t, -1).view(word), slots, layout.nz,
+                      layout.block_size, row_bytes // w, chunk // w)

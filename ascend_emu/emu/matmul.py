@@ -33,11 +33,23 @@ _F32_ATTR = "_ascend_emu_f32"
 _F64_ATTR = "_ascend_emu_f64"
 
 
+@njit(cache=True)
+def _widen_bf16_bits(bits, out):
+    """``out[i] = bits[i] << 16`` (uint16 -> uint32, 1-D): the fp32 bits of bf16 values, one pass."""
+    for i in range(bits.shape[0]):
+        out[i] = np.uint32(bits[i]) << np.uint32(16)
+
+
 def widen_f32(w: np.ndarray) -> np.ndarray:
-    """:func:`~ascend_emu.quant.to_f32` (exact) with one allocation for bf16 (``bits << 16`` in
-    place; the first widening of a large weight is mostly page faults of new memory) and less
-    per-call work for small arrays."""
+    """:func:`~ascend_emu.quant.to_f32` (exact) with one allocation for bf16 (``bits << 16``; the
+    first widening of a large weight is mostly page faults of new memory) and less per-call work
+    for small arrays: a plain C-contiguous writable bf16 array is widened in one compiled pass,
+    any other in place by NumPy (same bits)."""
     if w.dtype == BF16:
+        if type(w) is np.ndarray and w.flags.c_contiguous and w.flags.writeable:
+            out = np.empty(w.shape, dtype=np.uint32)
+            _widen_bf16_bits(w.reshape(-1).view(np.uint16), out.reshape(-1))
+            return out.view(np.float32)
         out = w.view(np.uint16).astype(np.uint32)
         np.left_shift(out, np.uint32(16), out=out)
         return out.view(np.float32)
@@ -72,11 +84,10 @@ def fingerprint(a: np.ndarray) -> int:
     """64-bit fingerprint of a C-contiguous array's bytes: ``sum(word[i] * (2i + 1)) mod 2**64``
     over its 8-byte words (narrower words when the size is not a multiple of 8). Any change of
     one word changes it; it is not a cryptographic hash."""
-    raw = a.reshape(-1).view(np.uint8)
-    for word in (np.uint64, np.uint32, np.uint16, np.uint8):
-        if raw.size % np.dtype(word).itemsize == 0:
-            return int(_weighted_sum(raw.view(word)))
-    raise AssertionError("unreachable")
+    nbytes = a.nbytes
+    word = np.uint64 if nbytes % 8 == 0 else np.uint32 if nbytes % 4 == 0 else np.uint16 if nbytes % 2 == 0 \
+        else np.uint8
+    return int(_weighted_sum(a.reshape(-1).view(np.uint8).view(word)))
 
 
 def _nd_weight_f32(w: np.ndarray) -> np.ndarray:

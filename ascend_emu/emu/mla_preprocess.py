@@ -32,10 +32,10 @@ from numba import njit, prange
 from ..layouts import NZArray, nz_shape, nz_to_nd
 from ..ops.mla_preprocess import (KV_A_DIM, KV_LORA_RANK, Q_LORA_RANK, QK_HEAD_DIM, QK_NOPE_DIM, ROPE_DIM, WDQKV_DIM,
                                   MlaPreprocessArgs, MlaPreprocessOutputs)
-from ..quant import BF16, INT8_MAX, f32_to_f16, f32_to_int8_via_f16, to_bf16
+from ..quant import BF16, INT8_MAX, f32_to_int8_via_f16
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 from .kernels import (LANES, LANES_PAIRWISE, MLAPO_KV_RMS, MLAPO_QUANT_RMS, kernel_input, launch_rows, narrow_row,
-                      rms_norm_row, rope_row, scatter_rows)
+                      rms_norm_row, rope_row, scatter_rows_in_order, widen_row)
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
 
 
@@ -43,11 +43,6 @@ from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen
 #: (:data:`~ascend_emu.emu.kernels.MLAPO_KV_RMS`).
 _QUANT_LANES, _QUANT_PRESCALE, _QUANT_RECIPROCAL = MLAPO_QUANT_RMS
 _KV_LANES, _KV_PRESCALE, _KV_RECIPROCAL = MLAPO_KV_RMS
-
-
-def _round(x32: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """One RNE rounding of fp32 values to bf16 / fp16."""
-    return to_bf16(x32) if dtype == BF16 else f32_to_f16(x32)
 
 
 def _to_int8(v: np.ndarray) -> np.ndarray:
@@ -66,16 +61,20 @@ def _int8_via_f16(v):
 
 
 @njit(cache=True)
-def _rms_norm_quant_rows(lo, hi, x, gamma, beta, eps, per_token, inv_scale, offset, q, scales):
+def _rms_norm_quant_rows(lo, hi, x, gamma_bits, beta_bits, is_bf16, eps, per_token, inv_scale, offset, q, scales):
     """RmsNormQuant of fp32 rows ``[lo, hi)`` (:func:`_rms_norm_quant`), one fused pass per row.
 
     Args:
-        x: fp32 ``[T, H]``; gamma, beta: fp32 ``[H]``; eps: fp32.
+        x: fp32 ``[T, H]``; gamma_bits, beta_bits: bf16 / fp16 (``is_bf16``) bits ``[H]``; eps: fp32.
         per_token: dynamic per-token quant (else ``y * inv_scale + offset``, fp32 scalars).
         q: out, int8 ``[T, H]``.
         scales: out, fp32 ``[T, 1]`` per-token dequant scales ``max|y| / 127`` (per_token only).
     """
     h = x.shape[1]
+    gamma = np.empty(h, dtype=np.float32)
+    beta = np.empty(h, dtype=np.float32)
+    widen_row(gamma_bits, gamma, is_bf16)
+    widen_row(beta_bits, beta, is_bf16)
     y = np.empty(h, dtype=np.float32)
     sq = np.empty(1, dtype=np.float32)  # unused by the in-order lanes
     lanes = np.empty(LANES, dtype=np.float32)
@@ -103,11 +102,11 @@ def _rms_norm_quant_rows(lo, hi, x, gamma, beta, eps, per_token, inv_scale, offs
 
 
 @njit(cache=True, parallel=True)
-def _rms_norm_quant_parts(parts, x, gamma, beta, eps, per_token, inv_scale, offset, q, scales):
+def _rms_norm_quant_parts(parts, x, gamma_bits, beta_bits, is_bf16, eps, per_token, inv_scale, offset, q, scales):
     n = x.shape[0]
     for p in prange(parts):
-        _rms_norm_quant_rows(p * n // parts, (p + 1) * n // parts, x, gamma, beta, eps, per_token, inv_scale, offset,
-                             q, scales)
+        _rms_norm_quant_rows(p * n // parts, (p + 1) * n // parts, x, gamma_bits, beta_bits, is_bf16, eps, per_token,
+                             inv_scale, offset, q, scales)
 
 
 def _rms_norm_quant(x32, gamma, beta, scale, offset, eps) -> tuple[np.ndarray, np.ndarray | None]:
@@ -122,10 +121,14 @@ def _rms_norm_quant(x32, gamma, beta, scale, offset, eps) -> tuple[np.ndarray, n
     per_token = scale is None
     q = np.empty((t, h), dtype=np.int8)  # [T, H]
     scales = np.empty((t, 1), dtype=np.float32)  # [T, 1]
-    with np.errstate(divide="ignore", over="ignore"):
-        inv = np.float32(0.0) if per_token else np.float32(np.float32(1.0) / scale)
-    launch_rows(_rms_norm_quant_rows, _rms_norm_quant_parts, t, h, x32, widen_f32(gamma), widen_f32(beta),
-                np.float32(eps), per_token, inv, np.float32(0.0) if per_token else np.float32(offset), q, scales)
+    if per_token:
+        inv = offset = np.float32(0.0)
+    else:
+        with np.errstate(divide="ignore", over="ignore"):
+            inv = np.float32(np.float32(1.0) / scale)
+        offset = np.float32(offset)
+    launch_rows(_rms_norm_quant_rows, _rms_norm_quant_parts, t, h, x32, _bits16(gamma), _bits16(beta),
+                gamma.dtype == BF16, np.float32(eps), per_token, inv, offset, q, scales)
     return q, scales if per_token else None
 
 
@@ -170,35 +173,62 @@ def _matmul_dequant(q8, w, bias, descale, token_scale, dtype) -> np.ndarray:
 
 
 @njit(cache=True)
-def _rope_norm_rows(lo, hi, mm1, kv, cos, sin, gamma, eps, is_bf16, q_rope, ckv, krope):
-    """Steps 3-4 after the matmuls, tokens ``[lo, hi)`` (module doc): ``q_rope = round(RoPE(q_pe))`` per
+def _rope_norm_rows(lo, hi, mm1, q_nope, kv, cos_bits, sin_bits, gamma_bits, eps, is_bf16, narrow, q_nope_bits,
+                    q_rope, ckv, ckv_bits, krope):
+    """Steps 3-4 after the matmuls, tokens ``[lo, hi)`` (module doc): ``q_nope_bits = round(q_nope)``
+    (the einsum, head-major in, token-major out), ``q_rope = round(RoPE(q_pe))`` per
     head, ``ckv = rms_norm(kv[:512]) * gamma`` (fp32, :data:`MLAPO_KV_RMS` order), ``krope =
     round(RoPE(kv[512:]))``; plain rotate_half, rounding RNE to the input dtype (bits out).
 
     Args:
-        mm1: fp32 ``[T, N, 192]``; kv: fp32 ``[T, 576]``; cos, sin: fp32 ``[T, 64]``;
-        gamma: fp32 ``[512]``; eps: fp32.
-        q_rope: out, uint16 ``[T, N, 64]``; ckv: out, fp32 ``[T, 512]``; krope: out, uint16 ``[T, 64]``.
+        mm1: fp32 ``[T, N, 192]``; q_nope: fp32 ``[N, T, 512]``; kv: fp32 ``[T, 576]``; cos_bits, sin_bits: bf16 / fp16
+        (``is_bf16``) bits ``[T, 64]``; gamma_bits: bits ``[512]``; eps: fp32.
+        narrow: round ckv to the input dtype here (``ckv_bits``) instead of keeping it in fp32 (``ckv``).
+        q_nope_bits: out, uint16 ``[T, N, 512]``; q_rope: out, uint16 ``[T, N, 64]``; ckv: out, fp32 ``[T, 512]`` (unless ``narrow``); ckv_bits:
+        out, uint16 ``[T, 512]`` (with ``narrow``); krope: out, uint16 ``[T, 64]``.
     """
     y = np.empty(ROPE_DIM, dtype=np.float32)
+    cos = np.empty(ROPE_DIM, dtype=np.float32)
+    sin = np.empty(ROPE_DIM, dtype=np.float32)
+    gamma = np.empty(KV_LORA_RANK, dtype=np.float32)
+    normed = np.empty(KV_LORA_RANK, dtype=np.float32)
+    widen_row(gamma_bits, gamma, is_bf16)
     sq = np.empty(KV_LORA_RANK if _KV_LANES == LANES_PAIRWISE else 1, dtype=np.float32)
     lanes = np.empty(LANES, dtype=np.float32)
     for t in range(lo, hi):
+        widen_row(cos_bits[t], cos, is_bf16)
+        widen_row(sin_bits[t], sin, is_bf16)
         for h in range(mm1.shape[1]):
-            rope_row(mm1[t, h, QK_NOPE_DIM:], cos[t], sin[t], False, y)
+            narrow_row(q_nope[h, t], q_nope_bits[t, h], is_bf16)
+            rope_row(mm1[t, h, QK_NOPE_DIM:], cos, sin, False, y)
             narrow_row(y, q_rope[t, h], is_bf16)
+        out = normed if narrow else ckv[t]
         rms_norm_row(kv[t, :KV_LORA_RANK], gamma, eps, np.float32(1.0), _KV_LANES, _KV_PRESCALE, _KV_RECIPROCAL,
-                     sq, lanes, ckv[t])
-        rope_row(kv[t, KV_LORA_RANK:], cos[t], sin[t], False, y)
+                     sq, lanes, out)
+        if narrow:
+            narrow_row(normed, ckv_bits[t], is_bf16)
+        rope_row(kv[t, KV_LORA_RANK:], cos, sin, False, y)
         narrow_row(y, krope[t], is_bf16)
 
 
 @njit(cache=True, parallel=True)
-def _rope_norm_parts(parts, mm1, kv, cos, sin, gamma, eps, is_bf16, q_rope, ckv, krope):
+def _rope_norm_parts(parts, mm1, q_nope, kv, cos_bits, sin_bits, gamma_bits, eps, is_bf16, narrow, q_nope_bits,
+                    q_rope, ckv, ckv_bits, krope):
     n = kv.shape[0]
     for p in prange(parts):
-        _rope_norm_rows(p * n // parts, (p + 1) * n // parts, mm1, kv, cos, sin, gamma, eps, is_bf16, q_rope, ckv,
-                        krope)
+        _rope_norm_rows(p * n // parts, (p + 1) * n // parts, mm1, q_nope, kv, cos_bits, sin_bits, gamma_bits, eps,
+                        is_bf16, narrow, q_nope_bits, q_rope, ckv, ckv_bits, krope)
+
+
+def _bits16(x: np.ndarray) -> np.ndarray:
+    """A bf16 / fp16 array as the uint16 bits the kernels read (:func:`~ascend_emu.emu.kernels.kernel_input`:
+    a view when ``x`` is a plain C-contiguous writable array, else a copy)."""
+    return kernel_input(x.view(np.uint16))
+
+
+#: Stand-ins for the output :func:`_rope_norm_rows` does not write in its mode.
+_NO_BITS = np.zeros((0, 0), dtype=np.uint16)
+_NO_F32 = np.zeros((0, 0), dtype=np.float32)
 
 
 #: Attribute of a storage-shaped NZ weight holding its logical NZArray once read back.
@@ -247,7 +277,7 @@ def mla_preprocess(args: MlaPreprocessArgs) -> MlaPreprocessOutputs:
     wdqkv = logical_weight(args.wdqkv, (WDQKV_DIM, hidden))  # [2112, He] int8
     wuq = logical_weight(args.wuq, (n * QK_HEAD_DIM, Q_LORA_RANK))  # [N*192, 1536] int8
     wuk = logical_weight(args.wuk, (n, QK_NOPE_DIM, KV_LORA_RANK))  # [N, 128, 512]
-    cos, sin = widen_f32(args.cos), widen_f32(args.sin)  # [T, 64]
+    is_bf16 = dt == BF16
 
     q8, s0 = _rms_norm_quant(widen_f32(args.input), args.gamma0, args.beta0, _scalar(args.quant_scale0),
                              _scalar(args.quant_offset0), args.epsilon)  # [T, He] int8
@@ -258,22 +288,25 @@ def mla_preprocess(args: MlaPreprocessArgs) -> MlaPreprocessOutputs:
                              args.epsilon)  # [T, 1536] int8
     mm1 = _matmul_dequant(q8, wuq, args.bias1, descale_f32(args.descale1), s1, dt).reshape(t, n, QK_HEAD_DIM)
     q_nope = matmul_f32(mm1[:, :, :QK_NOPE_DIM].transpose(1, 0, 2), weight_f32(wuk))  # [N, T, 512]
-    q_nope = _round(q_nope.transpose(1, 0, 2), dt)  # [T, N, 512]
+    q_nope_bits = np.empty((t, n, KV_LORA_RANK), dtype=np.uint16)  # [T, N, 512] bits
     q_rope = np.empty((t, n, ROPE_DIM), dtype=np.uint16)  # [T, N, 64] bits
-    ckv = np.empty((t, KV_LORA_RANK), dtype=np.float32)  # [T, 512] fp32
     krope = np.empty((t, ROPE_DIM), dtype=np.uint16)  # [T, 64] bits
-    launch_rows(_rope_norm_rows, _rope_norm_parts, t, n * ROPE_DIM + KV_A_DIM, mm1, kv, cos, sin,
-                widen_f32(args.gamma2), np.float32(args.epsilon), dt == BF16, q_rope, ckv, krope)
-    q_rope, krope = q_rope.view(dt), krope.view(dt)
+    nz8 = mode == "int8_nzcache"  # the ckv stays fp32 for its int8 quant; else rounded in the kernel
+    ckv = np.empty((t, KV_LORA_RANK), dtype=np.float32) if nz8 else _NO_F32  # [T, 512] fp32
+    ckv_bits = _NO_BITS if nz8 else np.empty((t, KV_LORA_RANK), dtype=np.uint16)  # [T, 512] bits
+    launch_rows(_rope_norm_rows, _rope_norm_parts, t, n * (KV_LORA_RANK + ROPE_DIM) + KV_A_DIM, mm1, q_nope, kv,
+                _bits16(args.cos), _bits16(args.sin), _bits16(args.gamma2), np.float32(args.epsilon), is_bf16, not nz8,
+                q_nope_bits, q_rope, ckv, ckv_bits, krope)
+    q_nope, q_rope, krope = q_nope_bits.view(dt), q_rope.view(dt), krope.view(dt)
 
-    if mode == "int8_nzcache":
+    if nz8:
         np.copyto(args.q_out0, _to_int8(widen_f32(q_nope) * widen_f32(args.q_nope_scale)[None, :, None]))
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             ckv_out = _to_int8(ckv * (np.float32(1.0) / _scalar(args.ctkv_scale)))  # [T, 512] int8
     else:
         np.copyto(args.q_out0, q_nope)
-        ckv_out = _round(ckv, dt)
+        ckv_out = ckv_bits.view(dt)  # [T, 512]
     np.copyto(args.q_out1, q_rope)
-    scatter_rows(args.kv_cache_out0, ckv_out, args.slots, args.kv_layout)
-    scatter_rows(args.kv_cache_out1, krope, args.slots, args.krope_layout)
+    scatter_rows_in_order(args.kv_cache_out0, ckv_out, args.slots, args.kv_layout)
+    scatter_rows_in_order(args.kv_cache_out1, krope, args.slots, args.krope_layout)
     return outputs

@@ -17,8 +17,8 @@ from ..ops.mla_prolog import D_NOPE, D_ROPE, HCKV, MlaPrologArgs, MlaPrologOutpu
 from ..quant import (BF16, INT8_MAX, CombinedRowFormat, bf16_bits_to_f32, bf16_to_f32, dynamic_scale,
                      f32_to_bf16_bits, f32_to_int8, f32_to_int8_via_f16, group_amax, quantize_static,
                      quantize_with_dequant_scale, to_bf16)
-from .kernels import (LANES, MLA_PROLOG_RMS, kernel_input, last_writer, launch_rows, rms_norm_row, rope_row,
-                      scatter_rows)
+from .kernels import (LANES, MLA_PROLOG_RMS, kernel_input, launch_rows, rms_norm_row, rope_row,
+                      scatter_rows_in_order)
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
 
 #: The int8 bound the kernel's DynamicQuant divides by (its ``maxInt8Tensor``), fp32.
@@ -56,11 +56,23 @@ def _dequant_parts(parts, acc, tok_scale, col_scale, out):
         _dequant_rows(p * n // parts, (p + 1) * n // parts, acc, tok_scale, col_scale, out)
 
 
+@njit(cache=True, inline="always")
+def _widen_bits(bits):
+    """fp32 copy of a 1-D array of bf16 bits (exact)."""
+    out = np.empty(bits.shape[0], dtype=np.float32)
+    for i in range(bits.shape[0]):
+        out[i] = bf16_bits_to_f32(bits[i])
+    return out
+
+
 @njit(cache=True)
-def _cq_norm_rows(lo, hi, cq, round_in, gamma, eps, scale, out):
-    """Steps 1-2 after ``x @ W_dq``: cq (-> bf16 when ``round_in``); RmsNorm * gamma * scale kept
-    in fp32 (``out``; the caller rounds it to bf16 or quantizes it)."""
+def _cq_norm_rows(lo, hi, cq, round_in, gamma_bits, eps, scale, narrow, out, out_bits):
+    """Steps 1-2 after ``x @ W_dq``: cq (-> bf16 when ``round_in``); RmsNorm * gamma * scale in
+    fp32 (``out``). With ``narrow`` (non-quant) the result is rounded to bf16 here: its bits go
+    to ``out_bits`` (query_norm) and its exact fp32 value to ``out`` (the next matmul's input);
+    otherwise the caller quantizes ``out``. ``gamma_bits``: bf16 bits ``[Hcq]``."""
     h = cq.shape[1]
+    gamma = _widen_bits(gamma_bits)
     row = np.empty(h, dtype=np.float32)
     lanes = np.empty(LANES, dtype=np.float32)
     sq = np.empty(1, dtype=np.float32)  # unused by the in-order lanes
@@ -68,24 +80,31 @@ def _cq_norm_rows(lo, hi, cq, round_in, gamma, eps, scale, out):
         for i in range(h):
             row[i] = _bf16(cq[t, i]) if round_in else cq[t, i]
         rms_norm_row(row, gamma, eps, scale, _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL, sq, lanes, out[t])
+        if narrow:
+            for i in range(h):
+                b = f32_to_bf16_bits(out[t, i])
+                out_bits[t, i] = b
+                out[t, i] = bf16_bits_to_f32(b)
 
 
 @njit(cache=True, parallel=True)
-def _cq_norm_parts(parts, cq, round_in, gamma, eps, scale, out):
+def _cq_norm_parts(parts, cq, round_in, gamma_bits, eps, scale, narrow, out, out_bits):
     n = cq.shape[0]
     for p in prange(parts):
-        _cq_norm_rows(p * n // parts, (p + 1) * n // parts, cq, round_in, gamma, eps, scale, out)
+        _cq_norm_rows(p * n // parts, (p + 1) * n // parts, cq, round_in, gamma_bits, eps, scale, narrow, out,
+                      out_bits)
 
 
 @njit(cache=True)
-def _qcqr_split_rope_rows(lo, hi, qcqr, round_rope, cos, sin, q_nope, q_rope_bits):
+def _qcqr_split_rope_rows(lo, hi, qcqr, round_rope, cos_bits, sin_bits, q_nope, q_rope_bits):
     """Steps 3 and 5 after ``cq_n @ W_uq_qr``: per head, bf16 nope -> ``q_nope[n, t]`` (its fp32
     value, head-major for the per-head matmul); rope (-> bf16 when ``round_rope``) -> RoPE -> bf16
-    bits ``[T, N, Dr]``."""
+    bits ``[T, N, Dr]``. ``cos_bits`` / ``sin_bits``: bf16 bits ``[T, Dr]``."""
     n, dn, dr = q_nope.shape[0], q_nope.shape[2], q_rope_bits.shape[2]
     r = np.empty(dr, dtype=np.float32)
     y = np.empty(dr, dtype=np.float32)
     for t in range(lo, hi):
+        cos, sin = _widen_bits(cos_bits[t]), _widen_bits(sin_bits[t])
         for h in range(n):
             base = h * (dn + dr)
             for i in range(dn):
@@ -93,7 +112,7 @@ def _qcqr_split_rope_rows(lo, hi, qcqr, round_rope, cos, sin, q_nope, q_rope_bit
             for i in range(dr):
                 v = qcqr[t, base + dn + i]
                 r[i] = _bf16(v) if round_rope else v
-            rope_row(r, cos[t], sin[t], True, y)
+            rope_row(r, cos, sin, True, y)
             for i in range(dr):
                 q_rope_bits[t, h, i] = f32_to_bf16_bits(y[i])
 
@@ -122,36 +141,46 @@ def _query_bits_parts(parts, query, out):
 
 
 @njit(cache=True)
-def _kv_kr_rows(lo, hi, ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits):
+def _kv_kr_rows(lo, hi, ckvkr, round_in, gamma_bits, eps, scale, cos_bits, sin_bits, narrow, kv, kv_bits, kr_bits):
     """Steps 6-8 after ``x @ W_dkv_kr``: ckvkr (-> bf16 when ``round_in``); RmsNorm(kv) * gamma *
-    scale kept in fp32 (``kv``, rounded or quantized by the caller); RoPE(kr) -> bf16 bits."""
-    hk, dr = kv.shape[1], kr_bits.shape[1]
+    scale in fp32: with ``narrow`` (bf16 kv_cache) rounded to bf16 bits ``kv_bits[t]``, else kept
+    in ``kv`` (quantized by the caller); RoPE(kr) -> bf16 bits. ``gamma_bits``, ``cos_bits``,
+    ``sin_bits``: bf16 bits ``[Hckv]``, ``[T, Dr]``."""
+    hk, dr = gamma_bits.shape[0], kr_bits.shape[1]
+    gamma = _widen_bits(gamma_bits)
     row = np.empty(hk + dr, dtype=np.float32)
     y = np.empty(dr, dtype=np.float32)
+    normed = np.empty(hk, dtype=np.float32)
     lanes = np.empty(LANES, dtype=np.float32)
     sq = np.empty(1, dtype=np.float32)  # unused by the in-order lanes
     for t in range(lo, hi):
         for i in range(hk + dr):
             row[i] = _bf16(ckvkr[t, i]) if round_in else ckvkr[t, i]
-        rms_norm_row(row[:hk], gamma, eps, scale, _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL, sq, lanes, kv[t])
-        rope_row(row[hk:], cos[t], sin[t], True, y)
+        out = normed if narrow else kv[t]
+        rms_norm_row(row[:hk], gamma, eps, scale, _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL, sq, lanes, out)
+        if narrow:
+            for i in range(hk):
+                kv_bits[t, i] = f32_to_bf16_bits(normed[i])
+        rope_row(row[hk:], _widen_bits(cos_bits[t]), _widen_bits(sin_bits[t]), True, y)
         for i in range(dr):
             kr_bits[t, i] = f32_to_bf16_bits(y[i])
 
 
 @njit(cache=True, parallel=True)
-def _kv_kr_parts(parts, ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits):
+def _kv_kr_parts(parts, ckvkr, round_in, gamma_bits, eps, scale, cos_bits, sin_bits, narrow, kv, kv_bits, kr_bits):
     n = ckvkr.shape[0]
     for p in prange(parts):
-        _kv_kr_rows(p * n // parts, (p + 1) * n // parts, ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits)
+        _kv_kr_rows(p * n // parts, (p + 1) * n // parts, ckvkr, round_in, gamma_bits, eps, scale, cos_bits, sin_bits,
+                    narrow, kv, kv_bits, kr_bits)
 
 
 def _dequant(acc, tok_scale, col_scale, out):
     launch_rows(_dequant_rows, _dequant_parts, acc.shape[0], acc.shape[1], acc, tok_scale, col_scale, out)
 
 
-def _cq_norm(cq, round_in, gamma, eps, scale, out):
-    launch_rows(_cq_norm_rows, _cq_norm_parts, cq.shape[0], cq.shape[1], cq, round_in, gamma, eps, scale, out)
+def _cq_norm(cq, round_in, gamma_bits, eps, scale, narrow, out, out_bits):
+    launch_rows(_cq_norm_rows, _cq_norm_parts, cq.shape[0], cq.shape[1], cq, round_in, gamma_bits, eps, scale, narrow,
+                out, out_bits)
 
 
 def _qcqr_split_rope(qcqr, round_rope, cos, sin, q_nope, q_rope_bits):
@@ -163,9 +192,15 @@ def _query_bits(query, out):
     launch_rows(_query_bits_rows, _query_bits_parts, out.shape[0], out.shape[1] * out.shape[2], query, out)
 
 
-def _kv_kr(ckvkr, round_in, gamma, eps, scale, cos, sin, kv, kr_bits):
-    launch_rows(_kv_kr_rows, _kv_kr_parts, ckvkr.shape[0], ckvkr.shape[1], ckvkr, round_in, gamma, eps, scale, cos, sin,
-            kv, kr_bits)
+def _kv_kr(ckvkr, round_in, gamma_bits, eps, scale, cos_bits, sin_bits, narrow, kv, kv_bits, kr_bits):
+    launch_rows(_kv_kr_rows, _kv_kr_parts, ckvkr.shape[0], ckvkr.shape[1], ckvkr, round_in, gamma_bits, eps, scale,
+                cos_bits, sin_bits, narrow, kv, kv_bits, kr_bits)
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    """bf16 ``x`` as the uint16 bits the kernels read (:func:`~ascend_emu.emu.kernels.kernel_input`:
+    a view when ``x`` is a plain C-contiguous writable array, else a copy)."""
+    return kernel_input(x.view(np.uint16))
 
 
 # ---------------------------------------------------------------------- quant steps (NumPy)
@@ -297,8 +332,8 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
         return _empty_outputs(args)
     wqm = args.weight_quant_mode
     full = wqm == 2
-    cos = widen_f32(args.rope_cos)  # [T, Dr]
-    sin = widen_f32(args.rope_sin)  # [T, Dr]
+    cos = _bits(args.rope_cos)  # [T, Dr] bf16 bits
+    sin = _bits(args.rope_sin)  # [T, Dr] bf16 bits
     x = args.token_x if full else widen_f32(args.token_x)  # [T, He] int8 / fp32
     f32 = np.float32
 
@@ -309,14 +344,16 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
 
     # ---- query path
     cq = down_proj(args.weight_dq, args.dequant_scale_w_dq)  # [T, Hcq]                  step 1
-    gamma_cq, eps_cq, qc_scale = widen_f32(args.rmsnorm_gamma_cq), f32(args.rmsnorm_epsilon_cq), f32(args.qc_qr_scale)
+    eps_cq, qc_scale = f32(args.rmsnorm_epsilon_cq), f32(args.qc_qr_scale)
     query_norm = dq_norm = None
     cq_n = np.empty((t, hcq), dtype=np.float32)  # [T, Hcq]
-    _cq_norm(cq, not full, gamma_cq, eps_cq, qc_scale, cq_n)  # steps 1-2
-    if wqm == 0:
-        query_norm = to_bf16(cq_n)  # [T, Hcq] bf16
-        qcqr = matmul_f32(widen_f32(query_norm), weight_f32(args.weight_uq_qr))  # [T, N*(D+Dr)]  step 3
+    if wqm == 0:  # steps 1-2, cq_n rounded to bf16 (query_norm) in the kernel
+        query_norm = np.empty((t, hcq), dtype=np.uint16)  # [T, Hcq] bf16 bits
+        _cq_norm(cq, not full, _bits(args.rmsnorm_gamma_cq), eps_cq, qc_scale, True, cq_n, query_norm)
+        query_norm = query_norm.view(BF16)
+        qcqr = matmul_f32(cq_n, weight_f32(args.weight_uq_qr))  # [T, N*(D+Dr)]  step 3
     else:
+        _cq_norm(cq, not full, _bits(args.rmsnorm_gamma_cq), eps_cq, qc_scale, False, cq_n, _NO_BITS)  # steps 1-2
         if args.smooth_scales_cq is not None:
             cq_n *= _f32_vector(args.smooth_scales_cq)  # [1, Hcq] or [1]
         query_norm, dq_norm = _dynamic_quant_127(cq_n, query=False)  # int8 [T, Hcq], fp32 [T, 1]
@@ -345,26 +382,33 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
 
 
 def _kv_path(args, ckvkr: np.ndarray, round_in: bool, cos: np.ndarray, sin: np.ndarray) -> None:
-    """Steps 7-8 and the scatters (see :func:`mla_prolog`)."""
+    """Steps 7-8 and the scatters (see :func:`mla_prolog`); ``cos`` / ``sin``: bf16 bits ``[T, Dr]``."""
     t, kvq, f32 = args.num_tokens, args.kv_cache_quant_mode, np.float32
-    norm_args = (widen_f32(args.rmsnorm_gamma_ckv), f32(args.rmsnorm_epsilon_ckv), f32(args.kc_scale), cos, sin)
     kr = np.empty((t, D_ROPE), dtype=np.uint16)  # [T, Dr] bf16 bits
-    keep = last_writer(args.slots)
+    norm_args = (_bits(args.rmsnorm_gamma_ckv), f32(args.rmsnorm_epsilon_ckv), f32(args.kc_scale), cos, sin)
+    if kvq == 0:  # bf16 kv_cache: rounded in the kernel
+        kv = np.empty((t, HCKV), dtype=np.uint16)  # [T, Hckv] bf16 bits
+        _kv_kr(ckvkr, round_in, *norm_args, True, _NO_F32, kv, kr)
+        scatter_rows_in_order(args.kv_cache, kv, args.slots, args.kv_layout)
+        scatter_rows_in_order(args.kr_cache, kr, args.slots, args.kr_layout)
+        return
     kv32 = np.empty((t, HCKV), dtype=np.float32)  # [T, Hckv]
-    _kv_kr(ckvkr, round_in, *norm_args, kv32, kr)
-    if kvq == 0:
-        kv = to_bf16(kv32)  # [T, Hckv] bf16
+    _kv_kr(ckvkr, round_in, *norm_args, False, kv32, _NO_BITS, kr)
+    qs_ckv = _f32_vector(args.quant_scale_ckv) if kvq in (1, 2) else None
+    if kvq == 1:
+        kv = quantize_static(kv32, qs_ckv[:1])  # per-tensor: element 0
+    elif kvq == 2:
+        kv = quantize_static(kv32, qs_ckv)
+        kr = quantize_static(bf16_to_f32(kr), _f32_vector(args.quant_scale_ckr))
     else:
-        qs_ckv = _f32_vector(args.quant_scale_ckv) if kvq in (1, 2) else None
-        if kvq == 1:
-            kv = quantize_static(kv32, qs_ckv[:1])  # per-tensor: element 0
-        elif kvq == 2:
-            kv = quantize_static(kv32, qs_ckv)
-            kr = quantize_static(bf16_to_f32(kr), _f32_vector(args.quant_scale_ckr))
-        else:
-            alpha = f32(_f32_vector(args.k_nope_clip_alpha)[0])
-            rows = _per_tile_rows(kv32, kr, alpha, args.tile_size)  # [T, 656]
-            scatter_rows(args.kv_cache, rows, args.slots, args.kv_layout, keep=keep)
-            return
-    scatter_rows(args.kv_cache, kv, args.slots, args.kv_layout, keep=keep)
-    scatter_rows(args.kr_cache, kr, args.slots, args.kr_layout, keep=keep)
+        alpha = f32(_f32_vector(args.k_nope_clip_alpha)[0])
+        rows = _per_tile_rows(kv32, kr, alpha, args.tile_size)  # [T, 656]
+        scatter_rows_in_order(args.kv_cache, rows, args.slots, args.kv_layout)
+        return
+    scatter_rows_in_order(args.kv_cache, kv, args.slots, args.kv_layout)
+    scatter_rows_in_order(args.kr_cache, kr, args.slots, args.kr_layout)
+
+
+#: Stand-ins for the output a kernel does not write in its mode (Numba needs arrays of the type).
+_NO_BITS = np.zeros((0, 0), dtype=np.uint16)
+_NO_F32 = np.zeros((0, 0), dtype=np.float32)

@@ -94,11 +94,11 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error, describe
-from ..layouts import NZ_ROW_BYTES, CacheLayout, nz_shape, slots_from_cache_index
+from ..layouts import NZ_ROW_BYTES, CacheLayout, nz_shape
 from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_cache, check_dtype, check_nz_weight, check_separate, check_shape,
-                     dtype_name, required, signature, transposed_hint, warn_duplicates)
+                     dtype_name, global_slots, required, signature, transposed_hint, warn_duplicates)
 
 CacheModeName = Literal["krope_ctkv", "int8_nzcache", "nzcache"]
 QuantModeName = Literal["per_tensor_quant_asymm", "per_token_quant_symm"]
@@ -232,6 +232,14 @@ class MlaPreprocessArgs:
     def per_token(self) -> bool:
         """True for 'per_token_quant_symm'."""
         return self.quant_mode == "per_token_quant_symm"
+
+    @classmethod
+    def trusted(cls, **fields) -> "MlaPreprocessArgs":
+        """An instance from already-validated fields (every field given), without the per-field
+        ``object.__setattr__`` of a frozen dataclass's ``__init__`` (33 of them). For the contract only."""
+        args = object.__new__(cls)
+        args.__dict__.update(fields)
+        return args
 
 
 class MlaPreprocessOutputs(NamedTuple):
@@ -485,14 +493,15 @@ def _normalise(v: dict) -> tuple[MlaPreprocessArgs, tuple]:
     """
     key = signature(*v.values())
     static = _VALIDATED.get(key)
-    if static is None:
+    known = static is not None
+    if not known:
         static = _check_static(v)
         if key is None:  # lists and the like, accepted by the checks above: as arrays from here on
             v = {k: x if x is None or isinstance(x, (np.ndarray, str)) else np.asarray(x) for k, x in v.items()}
     if static.int64_descales:
         for name in ("descale0", "descale1"):
             _check_descale_bits(v[name], name)
-    slots = slots_from_cache_index(v["slotmapping"], static.kv_layout.num_rows, name="slotmapping")  # [T] int64
+    slots = global_slots(v["slotmapping"], static.kv_layout.num_rows, name="slotmapping")  # [T] int64
     kv_in, rope_in = v["kv_cache"], v["kv_cache_rope"]
     if static.out_form:
         # every output is written by the call: none may share memory with another (a cache write
@@ -506,12 +515,13 @@ def _normalise(v: dict) -> tuple[MlaPreprocessArgs, tuple]:
         q1 = np.empty(static.q1_shape, dtype=v["input"].dtype)
         kv_out = np.array(_plain(kv_in), copy=True)
         rope_out = np.array(_plain(rope_in), copy=True)
-    warn_duplicates(slots, "slotmapping")
-    if key is not None:
+    if slots.shape[0] > 1:  # one token cannot write a slot twice
+        warn_duplicates(slots, "slotmapping")
+    if not known:
         _VALIDATED.put(key, static)
     per_tensor = static.quant_mode == "per_tensor_quant_asymm"
     nz8 = static.cache_mode == "int8_nzcache"
-    args = MlaPreprocessArgs(
+    args = MlaPreprocessArgs.trusted(
         input=v["input"], gamma0=v["gamma0"], beta0=v["beta0"], wdqkv=v["wdqkv"], descale0=v["descale0"],
         bias0=v["bias0"] if per_tensor else None, quant_scale0=v["quant_scale0"] if per_tensor else None,
         quant_offset0=v["quant_offset0"] if per_tensor else None, gamma1=v["gamma1"], beta1=v["beta1"],

@@ -55,8 +55,8 @@ from ..layouts import (FRACTAL_NZ, CacheLayout, canonical_cache_mode, get_npu_fo
 from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_cache, check_dtype, check_float, check_ndim, check_nz_weight,
-                     check_separate, check_shape, dtype_name, optional, required, signature,
-                     transposed_hint, warn_duplicates)
+                     check_separate, check_shape, dtype_name, global_slots, optional, required,
+                     signature, transposed_hint, warn_duplicates)
 
 # ---------------------------------------------------------------------- fixed dims (§2.1)
 from ..mla import D_NOPE, D_ROPE, HCKV, NKV  # noqa: E402,F401  (re-exported for the backends)
@@ -334,6 +334,18 @@ class MlaPrologArgs:
         """T = B * S."""
         return int(self.token_x.shape[0])
 
+    @classmethod
+    def trusted(cls, *parts: Mapping, **fields) -> "MlaPrologArgs":
+        """An instance from already-validated fields (``parts`` then ``fields``; every field given),
+        without the per-field ``object.__setattr__`` of a frozen dataclass's ``__init__`` (about
+        40 of them, a few microseconds a call). For the contract's memoised path only."""
+        args = object.__new__(cls)
+        state = args.__dict__
+        for part in parts:
+            state.update(part)
+        state.update(fields)
+        return args
+
 
 class MlaPrologOutputs(NamedTuple):
     """What a backend returns (:mod:`ascend_emu.ops._backend`): v3's outputs in torch_npu's order,
@@ -540,19 +552,27 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
             raise arg_error(ModeError, tag, "None (hifloat8 inputs, weight_quant_mode=5, exist on Ascend 950 "
                             "only and are not emulated)", describe(tag_value))
     modes = {name: values.pop(name) for name in _MODE_NAMES + ("ckvkr_repo_mode", "quant_scale_repo_mode")}
-    args = _normalise(3, values, modes, reason="")
+    args = _normalise(3, values, modes, reason="",
+                      key=signature(3, *values.values(), *modes.values()))  # names: fixed by the entry point
     query, query_rope, rest = _run(args)
     return (query, query_rope) + rest
 
 
 # ---------------------------------------------------------------------- v1 / v2 mapping
 def _legacy_args(version: int, values: dict) -> MlaPrologArgs:
-    """Map v1 / v2 arguments onto v3's: infer the modes, fill v3-only arguments with defaults."""
+    """Map v1 / v2 arguments onto v3's: infer the modes, fill v3-only arguments with defaults.
+
+    The inference reads only dtypes and which scales are given, so a call whose signature passed
+    before skips it (and the static checks) entirely."""
+    key = signature(version, *values.values())  # names: fixed by the entry point
+    plan = _VALIDATED.get(key)
+    if plan is not None:
+        return _finish_planned(plan, values)
     values = dict(values)
     modes, reason = _infer_legacy_modes(values)
     values.update(actual_seq_len=None, k_nope_clip_alpha=None, query_norm_flag=False, tile_size=TILE_SIZES[0],
                   qc_qr_scale=1.0, kc_scale=1.0)
-    return _normalise(version, values, modes, reason=reason)
+    return _normalise(version, values, modes, reason=reason, key=key)
 
 
 def _is_int8(x) -> bool:
@@ -662,7 +682,17 @@ def _check_alpha(alpha: np.ndarray | None) -> None:
         raise arg_error(ModeError, "k_nope_clip_alpha", "a finite clip factor > 0", float(alpha[0]))
 
 
-#: Signatures whose static checks passed, with the fields of :class:`MlaPrologArgs` they fix.
+class _Plan(NamedTuple):
+    """What the static checks of a call signature fixed (see :func:`_normalise`)."""
+
+    fields: dict  #: the :data:`_STATIC_FIELDS` of :class:`MlaPrologArgs`
+    num_tokens: int  #: T
+    max_b: int  #: the version's largest B
+    paged_blocks: bool  #: PA_BLK_* (slots depend on actual_seq_len's values: the full mapping)
+    writes: bool  #: T > 0 and a non-empty cache: slots are mapped and range-checked
+
+
+#: Signatures whose static checks passed, each with its :class:`_Plan`.
 _VALIDATED = ValidatedSignatures()
 #: The :class:`MlaPrologArgs` fields that depend only on a call signature.
 _STATIC_FIELDS = ("version", "scenario", "kv_layout", "kr_layout", "batch_shape", "num_heads", "cache_mode",
@@ -671,25 +701,59 @@ _STATIC_FIELDS = ("version", "scenario", "kv_layout", "kr_layout", "batch_shape"
                   "quant_scale_repo_mode", "tile_size")
 
 
-def _normalise(version: int, values: dict, modes: dict, *, reason: str) -> MlaPrologArgs:
+def _normalise(version: int, values: dict, modes: dict, *, reason: str, key) -> MlaPrologArgs:
     """Validate every argument (nothing is written) and build :class:`MlaPrologArgs`.
 
-    ``reason`` says what selected the modes (v1 / v2). The checks that read only types, shapes,
-    dtypes, flags, modes and scalars run once per call signature
-    (:func:`~ascend_emu.ops._check.signature`; a decode loop repeats one); ``k_nope_clip_alpha``'s
-    value, the caches' overlap and the index values are checked on every call, in the same order.
+    ``reason`` says what selected the modes (v1 / v2). ``key``: the call's
+    :func:`~ascend_emu.ops._check.signature`. The checks that read only types, shapes, dtypes,
+    flags, modes and scalars run once per call signature (a decode loop repeats one);
+    ``k_nope_clip_alpha``'s value, the caches' overlap and the index values are checked on every
+    call, in the same order (:func:`_finish_planned`).
     """
-    key = signature(version, reason, *values.values(), *modes.values())  # names: fixed by the entry point
-    static = _VALIDATED.get(key)
-    if static is None:
-        args = _normalise_full(version, values, modes, reason=reason)
-        _VALIDATED.put(key, {name: getattr(args, name) for name in _STATIC_FIELDS})
-        return args
+    plan = _VALIDATED.get(key)
+    if plan is not None:
+        return _finish_planned(plan, values)
+    args = _normalise_full(version, values, modes, reason=reason)
+    num_tokens = args.num_tokens
+    _VALIDATED.put(key, _Plan(fields={name: getattr(args, name) for name in _STATIC_FIELDS}, num_tokens=num_tokens,
+                              max_b=VERSION_LIMITS[version].max_b,
+                              paged_blocks=args.cache_mode in ("PA_BLK_BSND", "PA_BLK_NZ"),
+                              writes=num_tokens > 0 and args.kv_layout.num_rows > 0))
+    return args
+
+
+def _finish_planned(plan: _Plan, values: dict) -> MlaPrologArgs:
+    """The per-call checks of a call whose signature passed the static checks before: the clip
+    factor's value, the caches' overlap, the index values (mapped to slots, duplicates warned);
+    then the arguments object, built from the plan. ``values``: the entry point's arguments by
+    name (v1 / v2 lack the v3-only ones: absent means None)."""
+    fields = plan.fields
     scales = {name: values.get(name) for name in SCALE_ARGS}
     _check_alpha(scales["k_nope_clip_alpha"])
-    if not static["scenario"].combined:
+    if not fields["scenario"].combined:
         check_separate(values["kv_cache"], "kv_cache", values["kr_cache"], "kr_cache")
-    return _finish(static, values, scales, VERSION_LIMITS[version].max_b)
+    if plan.paged_blocks:
+        return _finish(fields, values, scales, plan.max_b)
+    cache_index = values.get("cache_index")
+    # PA_BSND / PA_NZ / BSND / TND: cache_index's dtype and shape (and None where it must be) are
+    # part of the signature; only its values are left to check
+    t = plan.num_tokens
+    if not plan.writes:
+        slots = None
+    elif cache_index is None:
+        slots = np.arange(t, dtype=np.int64)  # BSND / TND: token t at its own position
+    else:
+        slots = global_slots(cache_index, fields["kv_layout"].num_rows, name="cache_index")  # [T] int64
+        if t > 1:
+            warn_duplicates(slots, "cache_index")
+    x = values["token_x"]
+    return MlaPrologArgs.trusted(
+        fields, scales, token_x=x.reshape(t, x.shape[-1]), weight_dq=values["weight_dq"],
+        weight_uq_qr=values["weight_uq_qr"], weight_uk=values["weight_uk"], weight_dkv_kr=values["weight_dkv_kr"],
+        rmsnorm_gamma_cq=values["rmsnorm_gamma_cq"], rmsnorm_gamma_ckv=values["rmsnorm_gamma_ckv"],
+        rope_sin=values["rope_sin"].reshape(t, D_ROPE), rope_cos=values["rope_cos"].reshape(t, D_ROPE),
+        kv_cache=values["kv_cache"], kr_cache=values["kr_cache"], slots=slots, cache_index=cache_index,
+        actual_seq_len=values.get("actual_seq_len"))
 
 
 def _finish(static: dict, t: dict, scales: dict, max_b: int) -> MlaPrologArgs:
@@ -932,7 +996,7 @@ def _run(args: MlaPrologArgs) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray,
     caches = ((args.kv_cache, args.kv_layout), (args.kr_cache, args.kr_layout))
     checked_mode.will_write(*caches)
     query, query_rope, dq_nope, query_norm, dq_norm = get_backend().mla_prolog(args)
-    checked_mode.wrote(f"npu_mla_prolog{'' if args.version == 1 else f'_v{args.version}'}", args.slots, caches,
+    checked_mode.wrote(_OP_NAMES[args.version], args.slots, caches,
                        (("query", query), ("query_rope", query_rope), ("query_norm", query_norm)))
     n, lead = args.num_heads, args.batch_shape
     query = query.reshape(lead + (n, HCKV))  # [T | B, S, N, Hckv]
