@@ -410,9 +410,10 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs) -> SparseFlashAttenti
     if units.size:
         # threaded kernels, or the calling thread's when the call is too small to split: a parallel
         # launch costs 20-150 us, more than B=1 decode work (with the workqueue threading layer even
-        # on one thread); both give the same bytes
+        # on one thread); both give the same bytes. The Numba kernels' work per kept row is its
+        # gathered 576 values and its G scores (the G x 576 products run in BLAS, outside them).
         total = int(lengths.sum())
-        parallel = parallel_parts(total, group * D_QK) > 1
+        parallel = parallel_parts(total, D_QK + group) > 1
         _attend(args, opd, units, lengths, total, out, smax, ssum, parallel, dense)
     attention_out = out.view(args.query_dtype).reshape(args.out_shape)
     if not args.return_softmax_lse:
