@@ -11,7 +11,7 @@ import os
 import sys
 import warnings
 from collections import OrderedDict
-from typing import Hashable, Iterable, Sequence
+from typing import Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 from numba import njit
@@ -364,6 +364,18 @@ class ValidatedSignatures:
             except KeyError:  # dropped by another thread meanwhile
                 pass
         return value
+
+    def lookup(self, given: tuple, check: Callable[..., object]) -> tuple[Hashable | None, object, bool]:
+        """``(key, static, known)`` for a call with arguments ``given``: its :func:`signature`,
+        what the static checks derived (``check(*given)`` when the signature is not stored; it
+        raises for a rejected call), and whether it was stored (every check of an earlier call
+        with this signature passed, the per-call ones too). Store it with :meth:`put` once the
+        call's per-call checks pass."""
+        key = signature(*given)
+        static = self.get(key)
+        if static is not None:
+            return key, static, True
+        return key, check(*given), False
 
     def put(self, key: Hashable | None, value) -> None:
         """Store ``value`` for ``key`` (nothing for a None key)."""

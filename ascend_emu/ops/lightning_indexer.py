@@ -58,7 +58,7 @@ from ..mla import INDEXER_HEAD_DIM, INDEXER_HEADS, INDEXER_KEY_HEADS
 from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_dtype, check_shape, dtype_name, known_per_batch_lengths, optional,
-                     per_batch_lengths, prefix_lengths, required, seq_lengths, signature)
+                     per_batch_lengths, prefix_lengths, required, seq_lengths)
 
 LayoutQuery = Literal["BSND", "TND"]
 LayoutKey = Literal["BSND", "TND", "PA_BSND"]
@@ -254,11 +254,7 @@ def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, lay
     """
     given = (query, key, weights, act_q, act_k, block_table, layout_query, layout_key, sparse_count, sparse_mode,
              pre_tokens, next_tokens, return_value)
-    sig = signature(*given)
-    st = _VALIDATED.get(sig)
-    known = st is not None  # a call with this signature passed every check: the lengths' dtypes and shapes too
-    if not known:
-        st = _check_static(*given)
+    sig, st, known = _VALIDATED.lookup(given, _check_static)  # known: the lengths' dtypes and shapes passed too
     lengths_of = known_per_batch_lengths if known else per_batch_lengths
     query, key, weights = required(query, "query"), required(key, "key"), required(weights, "weights")
     act_q, act_k = optional(act_q, "actual_seq_lengths_query"), optional(act_k, "actual_seq_lengths_key")

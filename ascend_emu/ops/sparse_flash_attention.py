@@ -80,7 +80,7 @@ from ..quant import MLA_ROW
 from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_dtype, check_float, dtype_name, known_per_batch_lengths,
-                     per_batch_lengths, prefix_lengths, required, signature)
+                     per_batch_lengths, prefix_lengths, required)
 
 LayoutQuery = Literal["BSND", "TND"]
 LayoutKv = Literal["BSND", "TND", "PA_BSND"]
@@ -508,11 +508,7 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
     given = (quant, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
              actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode,
              pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks)
-    sig = signature(*given)
-    st = _VALIDATED.get(sig)
-    known = st is not None  # a call with this signature passed every check: the lengths' dtypes and shapes too
-    if not known:
-        st = _check_static(*given)
+    sig, st, known = _VALIDATED.lookup(given, _check_static)  # known: the lengths' dtypes and shapes passed too
     lengths_of = known_per_batch_lengths if known else per_batch_lengths
     query, key, sparse_indices = required(query, "query"), required(key, "key"), required(sparse_indices,
                                                                                          "sparse_indices")
