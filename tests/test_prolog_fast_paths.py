@@ -1,6 +1,6 @@
 """The per-call fast paths of the MLA prolog / MlaPreprocess contracts and backends against the
 general code they replace: the in-order scatter against the reference layout code, the compiled
-slot check against ``slots_from_cache_index`` (values and error messages), and the memoised
+slot pass of ``slots_from_cache_index`` (values and error messages), and the memoised
 contract path (second call of a signature) against the first call, byte for byte."""
 
 import ml_dtypes
@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 
 from ascend_emu import ops
-from ascend_emu.emu.kernels import scatter_rows_in_order
+from ascend_emu.emu.kernels import scatter_rows
 from ascend_emu.errors import DTypeError, IndexRangeError
 from ascend_emu.layouts import CacheLayout, slots_from_cache_index
 from ascend_emu.ops import mla_prolog as prolog_contract
-from ascend_emu.ops._check import global_slots
 from tests.reference.kv_rmsnorm_rope_cache import scatter as ref_scatter
 
 BF16 = ml_dtypes.bfloat16
@@ -32,25 +31,30 @@ def test_in_order_scatter_equals_reference(rng, mode, dim, itemsize):
     start = rng.integers(-100, 100, (nb, bs, 1, dim)).astype(dtype)  # [BlockNum, BlockSize, 1, D]
     want = ref_scatter(start, rows, slots, mode, bs)
     cache = start.copy()
-    scatter_rows_in_order(cache, rows, slots, layout)
+    scatter_rows(cache, rows, slots, layout)
     assert cache.tobytes() == want.tobytes()
 
 
 @pytest.mark.parametrize("index", [np.array([3, -1, 5, 3]), np.array([[0, 9]], np.int32), np.zeros(0, np.int64),
-                                   np.array([7, 10]), np.array([-2]), np.array([[1, 2], [3, 99]]),
-                                   np.array([1.0, 2.0]), np.array([1, 2], np.int16)])
-def test_global_slots_equals_slots_from_cache_index(index):
-    """Same int64 slots, or the same error and message, for good, bad, 2-D, empty, float and
-    narrow-integer indices."""
-    try:
-        want = slots_from_cache_index(index, 10, name="idx")
-    except (IndexRangeError, DTypeError) as err:
-        with pytest.raises(type(err)) as got:
-            global_slots(index, 10, name="idx")
-        assert str(got.value) == str(err)
-        return
-    got = global_slots(index, 10, name="idx")
-    assert got.dtype == np.int64 and np.array_equal(got, want)
+                                   np.array([1, 2], np.int16), np.array([[1, 2], [3, 4]])[:, ::-1]])
+def test_slots_from_cache_index_good(index):
+    """Good indices, on the compiled pass (int32 / int64) and the NumPy one (int16), 2-D and
+    strided ones too: the int64 values, token-major."""
+    got = slots_from_cache_index(index, 10, name="idx")
+    assert got.dtype == np.int64 and got.tolist() == [int(v) for v in index.reshape(-1)]
+
+
+@pytest.mark.parametrize("index, where", [(np.array([7, 10]), r"idx\[1\] = 10"), (np.array([-2]), r"idx\[0\] = -2"),
+                                          (np.array([[1, 2], [3, 99]], np.int32), r"idx\[1, 1\] = 99")])
+def test_slots_from_cache_index_bad(index, where):
+    """A bad value on the compiled pass is reported as the NumPy check reports it: the first bad
+    entry by its coordinates; a -1 is refused where skips are not allowed."""
+    with pytest.raises(IndexRangeError, match=where):
+        slots_from_cache_index(index, 10, name="idx")
+    with pytest.raises(IndexRangeError, match=r"idx\[1\] = -1"):
+        slots_from_cache_index(np.array([2, -1]), 10, name="idx", allow_skip=False)
+    with pytest.raises(DTypeError):
+        slots_from_cache_index(np.array([1.0, 2.0]), 10, name="idx")
 
 
 def _prolog_case(rng, version):

@@ -17,6 +17,7 @@ from numba import njit, prange
 from ..layouts import CacheLayout
 
 from ..mla import D_ROPE as ROPE_DIM
+from ..quant import INT8_MAX, INT8_MIN
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 _HALF = ROPE_DIM // 2
 
@@ -60,6 +61,21 @@ def launch_rows(rows_fn, parts_fn, tokens: int, elements_per_token: int, *operan
         parts_fn(parts, *operands)
     else:
         rows_fn(0, tokens, *operands)
+
+
+# ---------------------------------------------------------------------- int8
+@njit(cache=True, inline="always")
+def round_to_int8(x):
+    """One fp32 value to int8: round half to even, saturate to [-128, 127]; NaN -> 0
+    (kv_rms_norm_rope_cache ``RoundFloat2Int8``; :func:`~ascend_emu.quant.f32_to_int8` element-wise)."""
+    if x != x:
+        return np.int8(0)
+    r = np.rint(x)
+    if r > INT8_MAX:
+        return np.int8(INT8_MAX)
+    if r < INT8_MIN:
+        return np.int8(INT8_MIN)
+    return np.int8(r)
 
 
 # ---------------------------------------------------------------------- bf16 / fp16 rows
@@ -464,12 +480,17 @@ def _scatter_serial(cache, rows, slots, keep, nz, block_size, row_words, chunk):
 SCATTER_BYTES_PER_THREAD = 1 << 19
 
 
-def _copy_word(nbytes: int, chunk: int, row_bytes: int):
-    """Widest unsigned word (8, 4, 2 or 1 bytes) dividing the cache size, the chunk and the row, so
-    chunks are copied as words (a byte loop is ~10x slower for 32-byte NZ chunks). Every chunk
-    offset is then a multiple of it too: ND offsets are multiples of the row, NZ offsets of the
-    32-byte chunk (an NZ row is a multiple of 32 bytes)."""
-    return _WORDS[_word_size(nbytes, chunk, row_bytes)]
+#: Unsigned copy words by size in bytes (:func:`_word_size`).
+_WORDS = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
+
+
+def _word_size(nbytes: int, chunk: int, row_bytes: int) -> int:
+    """Size in bytes of the widest unsigned word (8, 4, 2 or 1) dividing the cache size, the chunk
+    and the row, so chunks are copied as words (a byte loop is ~10x slower for 32-byte NZ chunks).
+    Every chunk offset is then a multiple of it too: ND offsets are multiples of the row, NZ
+    offsets of the 32-byte chunk (an NZ row is a multiple of 32 bytes)."""
+    low = nbytes | chunk | row_bytes
+    return 8 if low % 8 == 0 else 4 if low % 4 == 0 else 2 if low % 2 == 0 else 1
 
 
 def last_writer(slots: np.ndarray) -> np.ndarray:
@@ -490,6 +511,11 @@ def scatter_rows(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout:
                  keep: np.ndarray | None = None) -> None:
     """Write token rows into a cache in place, where ``layout`` puts them.
 
+    Below two threads' worth of bytes (:data:`SCATTER_BYTES_PER_THREAD`) the tokens are copied
+    on the calling thread in token order, so a slot written by several tokens ends with the last
+    one without a :func:`last_writer` pass; larger scatters write each slot once, from
+    ``last_writer(slots)``, over contiguous token ranges in parallel. Both write the same bytes.
+
     Args:
         cache: the C-contiguous cache array (any dtype; treated as raw bytes).
         rows: ``[T, heads * dim]`` values of the cache's element type (or their raw bytes,
@@ -500,23 +526,27 @@ def scatter_rows(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout:
         keep: int64 ``last_writer(slots)`` when the caller already has it (several caches, same
             slots).
     """
-    keep = last_writer(slots) if keep is None else keep
-    if keep.size == 0:
+    t = rows.shape[0]
+    if t == 0:
         return
-    raw = np.ascontiguousarray(rows).view(np.uint8).reshape(rows.shape[0], -1)  # [T, row_bytes]
-    flat = cache.reshape(-1).view(np.uint8)  # shares memory with cache
-    row_bytes, chunk = raw.shape[1], layout.chunk_bytes
-    word = _copy_word(flat.size, chunk, row_bytes)
-    w = np.dtype(word).itemsize
-    operands = (flat.view(word), raw.view(word), np.asarray(slots).reshape(-1), keep, layout.nz,
-                layout.block_size, row_bytes // w, chunk // w)
+    raw = np.ascontiguousarray(rows).reshape(t, -1)  # [T, row] in the rows' own element type
+    row_bytes, chunk = raw.nbytes // t, layout.chunk_bytes
+    w = _word_size(cache.nbytes, chunk, row_bytes)
+    word = _WORDS[w]
+    flat, src = cache.reshape(-1).view(word), raw.view(np.uint8).view(word)  # flat shares memory with cache
+    slots = np.asarray(slots).reshape(-1)  # [T]
+    geometry = (layout.nz, layout.block_size, row_bytes // w, chunk // w)
+    if keep is None and row_bytes * t < 2 * SCATTER_BYTES_PER_THREAD:
+        _scatter_in_order(flat, src, slots, *geometry)
+        return
+    keep = last_writer(slots) if keep is None else keep
     parts = row_bytes * keep.size // SCATTER_BYTES_PER_THREAD
     if parts > 1:
         parts = min(numba.get_num_threads(), parts)
     if parts > 1:
-        _scatter_parallel(*operands, parts)
-    else:
-        _scatter_serial(*operands)
+        _scatter_parallel(flat, src, slots, keep, *geometry, parts)
+    elif keep.size:
+        _scatter_serial(flat, src, slots, keep, *geometry)
 
 
 @njit(cache=True)
@@ -526,37 +556,3 @@ def _scatter_in_order(cache, rows, slots, nz, block_size, row_words, chunk):
     for t in range(slots.shape[0]):
         if slots[t] >= 0:
             _scatter_token(cache, rows, slots[t], t, nz, block_size, row_words, chunk)
-
-
-#: Unsigned copy words by size in bytes (:func:`_copy_word`).
-_WORDS = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
-
-
-def _word_size(nbytes: int, chunk: int, row_bytes: int) -> int:
-    """Size in bytes of :func:`_copy_word`'s word, by integer arithmetic (no dtype objects)."""
-    low = nbytes | chunk | row_bytes
-    return 8 if low % 8 == 0 else 4 if low % 4 == 0 else 2 if low % 2 == 0 else 1
-
-
-def scatter_rows_in_order(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout: CacheLayout) -> None:
-    """:func:`scatter_rows` (same arguments, same bytes written) with less work per call: below
-    two threads' worth of bytes (:data:`SCATTER_BYTES_PER_THREAD`) the tokens are copied serially in
-    order, so no :func:`last_writer` pass is needed. Larger scatters go to :func:`scatter_rows`.
-
-    Args:
-        cache: the C-contiguous cache array.
-        rows: ``[T, row]`` values of the cache's element type (or their raw bytes).
-        slots: int64 ``[T]`` validated slots, -1 = skip.
-        layout: the cache's :class:`~ascend_emu.layouts.CacheLayout`.
-    """
-    rows = np.ascontiguousarray(rows)  # [T, row]
-    t = rows.shape[0]
-    row_bytes = rows.nbytes // t if t else 0
-    if t == 0 or row_bytes * t >= 2 * SCATTER_BYTES_PER_THREAD:
-        scatter_rows(cache, rows, slots, layout)
-        return
-    chunk = layout.chunk_bytes
-    w = _word_size(cache.nbytes, chunk, row_bytes)
-    word = _WORDS[w]
-    _scatter_in_order(cache.reshape(-1).view(word), rows.reshape(t, -1).view(word), slots, layout.nz,
-                      layout.block_size, row_bytes // w, chunk // w)

@@ -31,28 +31,15 @@ from numba import njit, prange
 
 from ..ops.kv_rmsnorm_rope_cache import (RMS_SIZE, ROPE_SIZE, UNWRITTEN_OUTPUT_FILL, V_SPLIT_K_SIZE,
                                          KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs)
-from ..quant import BF16, INT8_MAX, INT8_MIN, to_f32
+from ..quant import BF16, to_f32
 from .kernels import (KV_CACHE_BLK_NZ_RMS, KV_CACHE_RMS, LANES, LANES_IN_ORDER, LANES_PAIRWISE, LANES_PAIRWISE_EIGHTHS,
-                      RmsNormOrder, kernel_input, last_writer, narrow_row, rms_norm_row, rope_row, scatter_rows,
-                      widen_row)
+                      RmsNormOrder, kernel_input, last_writer, narrow_row, rms_norm_row, rope_row, round_to_int8,
+                      scatter_rows, widen_row)
 #: Fewest tokens per parallel range: a range must outlast the wake-up of its thread (tens of
 #: microseconds; a token takes about 0.2 us), so small batches run on one thread.
 TOKENS_PER_PART = 256
 _NO_SCALE = np.empty(0, dtype=np.float32)
 _NO_ROWS = np.empty((0, 0), dtype=np.uint16)
-
-
-@njit(cache=True, inline="always")
-def _round_float_to_int8(x):
-    """``RoundFloat2Int8``: round half to even, saturate to int8; NaN -> 0."""
-    if x != x:
-        return np.int8(0)
-    r = np.rint(x)
-    if r > INT8_MAX:
-        return np.int8(INT8_MAX)
-    if r < INT8_MIN:
-        return np.int8(INT8_MIN)
-    return np.int8(r)
 
 
 @njit(cache=True)
@@ -124,18 +111,18 @@ def _token_rows(lo, hi, kv, h, split, gamma, cos, sin, v, eps, is_bf16, lanes_or
             narrow_row(y, k_rows[t], is_bf16)
             if quant:
                 for i in range(h):
-                    k_int8[t, i] = _round_float_to_int8(y[i] * k_scale[i])
+                    k_int8[t, i] = round_to_int8(y[i] * k_scale[i])
                 widen_row(v[t], vrow, is_bf16)
                 for i in range(vrow.shape[0]):
-                    c_int8[t, i] = _round_float_to_int8(vrow[i] * c_scale[i])
+                    c_int8[t, i] = round_to_int8(vrow[i] * c_scale[i])
         else:
             narrow_row(y, c_rows[t], is_bf16)
             narrow_row(k, k_rows[t], is_bf16)
             if quant:
                 for i in range(h):
-                    c_int8[t, i] = _round_float_to_int8(y[i] * c_scale[i])
+                    c_int8[t, i] = round_to_int8(y[i] * c_scale[i])
                 for i in range(ROPE_SIZE):
-                    k_int8[t, i] = _round_float_to_int8(k[i] * k_scale[i])
+                    k_int8[t, i] = round_to_int8(k[i] * k_scale[i])
 
 
 @njit(cache=True, parallel=True)

@@ -35,7 +35,7 @@ from ..ops.mla_preprocess import (KV_A_DIM, KV_LORA_RANK, Q_LORA_RANK, QK_HEAD_D
 from ..quant import BF16, INT8_MAX, f32_to_int8_via_f16
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 from .kernels import (LANES, LANES_PAIRWISE, MLAPO_KV_RMS, MLAPO_QUANT_RMS, kernel_input, launch_rows, narrow_row,
-                      rms_norm_row, rope_row, scatter_rows_in_order, widen_row)
+                      rms_norm_row, rope_row, round_to_int8, scatter_rows, widen_row)
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
 
 
@@ -52,12 +52,10 @@ def _to_int8(v: np.ndarray) -> np.ndarray:
 
 @njit(cache=True, inline="always")
 def _int8_via_f16(v):
-    """One value of :func:`_to_int8`: fp32 -> fp16 (RNE; overflow -> inf) -> clamp [-128, 127]
-    -> int8 (RINT, half to even); NaN -> 0 (:func:`~ascend_emu.quant.saturate_int8`)."""
-    h = f16_bits_to_f32(f32_bits_to_f16_bits(np.float32(v).view(np.uint32)))
-    if h != h:
-        return np.int8(0)
-    return np.int8(np.rint(min(max(h, np.float32(-128.0)), np.float32(127.0))))
+    """One value of :func:`_to_int8`: fp32 -> fp16 (RNE; overflow -> inf), then
+    :func:`~ascend_emu.emu.kernels.round_to_int8` (half to even, saturating; NaN -> 0): the same as
+    clamping the fp16 value to [-128, 127] first, since rounding cannot leave that range."""
+    return round_to_int8(f16_bits_to_f32(f32_bits_to_f16_bits(np.float32(v).view(np.uint32))))
 
 
 @njit(cache=True)
@@ -307,6 +305,6 @@ def mla_preprocess(args: MlaPreprocessArgs) -> MlaPreprocessOutputs:
         np.copyto(args.q_out0, q_nope)
         ckv_out = ckv_bits.view(dt)  # [T, 512]
     np.copyto(args.q_out1, q_rope)
-    scatter_rows_in_order(args.kv_cache_out0, ckv_out, args.slots, args.kv_layout)
-    scatter_rows_in_order(args.kv_cache_out1, krope, args.slots, args.krope_layout)
+    scatter_rows(args.kv_cache_out0, ckv_out, args.slots, args.kv_layout)
+    scatter_rows(args.kv_cache_out1, krope, args.slots, args.krope_layout)
     return outputs

@@ -18,7 +18,7 @@ from ..quant import (BF16, INT8_MAX, CombinedRowFormat, bf16_bits_to_f32, bf16_t
                      f32_to_bf16_bits, f32_to_int8, f32_to_int8_via_f16, group_amax, quantize_static,
                      quantize_with_dequant_scale, to_bf16)
 from .kernels import (LANES, MLA_PROLOG_RMS, kernel_input, launch_rows, rms_norm_row, rope_row,
-                      scatter_rows_in_order)
+                      scatter_rows)
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
 
 #: The int8 bound the kernel's DynamicQuant divides by (its ``maxInt8Tensor``), fp32.
@@ -389,8 +389,8 @@ def _kv_path(args, ckvkr: np.ndarray, round_in: bool, cos: np.ndarray, sin: np.n
     if kvq == 0:  # bf16 kv_cache: rounded in the kernel
         kv = np.empty((t, HCKV), dtype=np.uint16)  # [T, Hckv] bf16 bits
         _kv_kr(ckvkr, round_in, *norm_args, True, _NO_F32, kv, kr)
-        scatter_rows_in_order(args.kv_cache, kv, args.slots, args.kv_layout)
-        scatter_rows_in_order(args.kr_cache, kr, args.slots, args.kr_layout)
+        scatter_rows(args.kv_cache, kv, args.slots, args.kv_layout)
+        scatter_rows(args.kr_cache, kr, args.slots, args.kr_layout)
         return
     kv32 = np.empty((t, HCKV), dtype=np.float32)  # [T, Hckv]
     _kv_kr(ckvkr, round_in, *norm_args, False, kv32, _NO_BITS, kr)
@@ -403,10 +403,10 @@ def _kv_path(args, ckvkr: np.ndarray, round_in: bool, cos: np.ndarray, sin: np.n
     else:
         alpha = f32(_f32_vector(args.k_nope_clip_alpha)[0])
         rows = _per_tile_rows(kv32, kr, alpha, args.tile_size)  # [T, 656]
-        scatter_rows_in_order(args.kv_cache, rows, args.slots, args.kv_layout)
+        scatter_rows(args.kv_cache, rows, args.slots, args.kv_layout)
         return
-    scatter_rows_in_order(args.kv_cache, kv, args.slots, args.kv_layout)
-    scatter_rows_in_order(args.kr_cache, kr, args.slots, args.kr_layout)
+    scatter_rows(args.kv_cache, kv, args.slots, args.kv_layout)
+    scatter_rows(args.kr_cache, kr, args.slots, args.kr_layout)
 
 
 #: Stand-ins for the output a kernel does not write in its mode (Numba needs arrays of the type).

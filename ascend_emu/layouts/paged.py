@@ -481,8 +481,26 @@ def slots_from_cache_index(cache_index: np.ndarray, num_rows: int, *, name: str 
         IndexRangeError: a value out of range (the message names its coordinates).
     """
     idx = np.asarray(cache_index)
+    if idx.dtype in _FAST_TABLE_DTYPES:  # one compiled pass; a bad value goes the NumPy way for its message
+        ok, slots = _index_slots(idx.reshape(-1), int(num_rows), allow_skip)
+        if ok:
+            return slots
     check_index_range(idx, 0, num_rows, name=name, what="slot", allow_skip=allow_skip)
     return idx.reshape(-1).astype(np.int64)
+
+
+@njit(cache=True)
+def _index_slots(idx, num_rows, allow_skip):
+    """One pass of :func:`slots_from_cache_index` for an int32 / int64 ``[T]`` index: ``(True, int64
+    copy)`` when every value is in ``[0, num_rows)`` (or -1 with ``allow_skip``), else ``(False,
+    empty)`` at the first bad value (the caller then raises with :func:`check_index_range`)."""
+    out = np.empty(idx.shape[0], np.int64)  # [T]
+    for i in range(idx.shape[0]):
+        v = np.int64(idx[i])
+        if (v < 0 or v >= num_rows) and not (allow_skip and v == SKIP_INDEX):
+            return False, np.empty(0, np.int64)
+        out[i] = v
+    return True, out
 
 
 def slots_from_pages(pages: np.ndarray, seq_lens: Sequence[int], block_size: int, num_blocks: int, *,

@@ -14,11 +14,10 @@ from collections import OrderedDict
 from typing import Callable, Hashable, Iterable, Sequence
 
 import numpy as np
-from numba import njit
 
 from .. import checked_mode
 from ..errors import DTypeError, DuplicateSlotWarning, FormatError, ShapeError, arg_error, describe
-from ..layouts import FRACTAL_NZ, NZArray, duplicate_slots, get_npu_format, slots_from_cache_index
+from ..layouts import FRACTAL_NZ, NZArray, duplicate_slots, get_npu_format
 from ..quant import BF16
 
 #: dtype names as the seeds spell them.
@@ -242,41 +241,6 @@ def check_nz_weight(w: np.ndarray, name: str) -> None:
     if get_npu_format(w) != FRACTAL_NZ:
         raise FormatError(f"{name}: expected a FRACTAL_NZ weight (format 29), got format "
                           f"{get_npu_format(w)} (ND); cast it first: {name} = npu_format_cast({name}, 29)")
-
-
-@njit(cache=True)
-def _slots_in_range(idx, num_rows):
-    """int64 copy of ``idx`` (1-D) when every value is in ``[0, num_rows)`` or -1, else an empty array."""
-    out = np.empty(idx.shape[0], dtype=np.int64)
-    for i in range(idx.shape[0]):
-        v = np.int64(idx[i])
-        if (v < 0 or v >= num_rows) and v != -1:
-            return np.empty(0, dtype=np.int64)
-        out[i] = v
-    return out
-
-
-def global_slots(index: np.ndarray, num_rows: int, *, name: str) -> np.ndarray:
-    """:func:`~ascend_emu.layouts.slots_from_cache_index` (values in ``[0, num_rows)`` or -1;
-    int64 ``[T]``, token-major) in one compiled pass instead of five NumPy passes: for a plain
-    writable C-contiguous int32 / int64 ``index`` whose values all pass; any other index, and
-    any index with a bad value, goes through ``slots_from_cache_index`` itself (same result, same
-    error message). For indices whose dtype and shape the caller has already checked.
-
-    Raises:
-        DTypeError, IndexRangeError: as ``slots_from_cache_index``.
-    """
-    if (type(index) is np.ndarray and index.dtype in _FAST_INDEX_DTYPES and index.flags.c_contiguous
-            and index.flags.writeable):
-        flat = index.reshape(-1)  # [T]
-        out = _slots_in_range(flat, num_rows)  # [T] int64, or [0] when a value is out of range
-        if out.shape[0] == flat.shape[0]:
-            return out
-    return slots_from_cache_index(index, num_rows, name=name)
-
-
-#: Index dtypes :func:`global_slots` checks compiled (one specialisation each).
-_FAST_INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

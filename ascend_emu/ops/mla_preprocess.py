@@ -94,11 +94,11 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error, describe
-from ..layouts import NZ_ROW_BYTES, CacheLayout, nz_shape
+from ..layouts import NZ_ROW_BYTES, CacheLayout, nz_shape, slots_from_cache_index
 from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_cache, check_dtype, check_nz_weight, check_separate, check_shape,
-                     dtype_name, global_slots, required, signature, transposed_hint, warn_duplicates)
+                     dtype_name, required, signature, transposed_hint, warn_duplicates)
 
 CacheModeName = Literal["krope_ctkv", "int8_nzcache", "nzcache"]
 QuantModeName = Literal["per_tensor_quant_asymm", "per_token_quant_symm"]
@@ -501,7 +501,7 @@ def _normalise(v: dict) -> tuple[MlaPreprocessArgs, tuple]:
     if static.int64_descales:
         for name in ("descale0", "descale1"):
             _check_descale_bits(v[name], name)
-    slots = global_slots(v["slotmapping"], static.kv_layout.num_rows, name="slotmapping")  # [T] int64
+    slots = slots_from_cache_index(v["slotmapping"], static.kv_layout.num_rows, name="slotmapping")  # [T] int64
     kv_in, rope_in = v["kv_cache"], v["kv_cache_rope"]
     if static.out_form:
         # every output is written by the call: none may share memory with another (a cache write

@@ -55,7 +55,7 @@ from ..layouts import (FRACTAL_NZ, CacheLayout, canonical_cache_mode, get_npu_fo
 from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_cache, check_dtype, check_float, check_ndim, check_nz_weight,
-                     check_separate, check_shape, dtype_name, global_slots, optional, required,
+                     check_separate, check_shape, dtype_name, optional, required,
                      signature, transposed_hint, warn_duplicates)
 
 # ---------------------------------------------------------------------- fixed dims (§2.1)
@@ -743,7 +743,7 @@ def _finish_planned(plan: _Plan, values: dict) -> MlaPrologArgs:
     elif cache_index is None:
         slots = np.arange(t, dtype=np.int64)  # BSND / TND: token t at its own position
     else:
-        slots = global_slots(cache_index, fields["kv_layout"].num_rows, name="cache_index")  # [T] int64
+        slots = slots_from_cache_index(cache_index, fields["kv_layout"].num_rows, name="cache_index")  # [T] int64
         if t > 1:
             warn_duplicates(slots, "cache_index")
     x = values["token_x"]
