@@ -17,8 +17,8 @@ from ..ops.mla_prolog import D_NOPE, D_ROPE, HCKV, MlaPrologArgs, MlaPrologOutpu
 from ..quant import (BF16, INT8_MAX, CombinedRowFormat, bf16_bits_to_f32, bf16_to_f32, dynamic_scale,
                      f32_to_bf16_bits, f32_to_int8, f32_to_int8_via_f16, group_amax, quantize_static,
                      quantize_with_dequant_scale, to_bf16)
-from .kernels import (LANES, MLA_PROLOG_RMS, kernel_input, launch_rows, rms_norm_row, rope_row,
-                      scatter_rows)
+from .kernels import (LANES, MLA_PROLOG_RMS, kernel_input, launch_rows, narrow_row, rms_norm_row,
+                      rope_row, scatter_rows, widen_row)
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
 
 #: The int8 bound the kernel's DynamicQuant divides by (its ``maxInt8Tensor``), fp32.
@@ -58,10 +58,9 @@ def _dequant_parts(parts, acc, tok_scale, col_scale, out):
 
 @njit(cache=True, inline="always")
 def _widen_bits(bits):
-    """fp32 copy of a 1-D array of bf16 bits (exact)."""
+    """fp32 copy of a 1-D array of bf16 bits (exact; :func:`~ascend_emu.emu.kernels.widen_row`)."""
     out = np.empty(bits.shape[0], dtype=np.float32)
-    for i in range(bits.shape[0]):
-        out[i] = bf16_bits_to_f32(bits[i])
+    widen_row(bits, out, True)
     return out
 
 
@@ -103,8 +102,11 @@ def _qcqr_split_rope_rows(lo, hi, qcqr, round_rope, cos_bits, sin_bits, q_nope, 
     n, dn, dr = q_nope.shape[0], q_nope.shape[2], q_rope_bits.shape[2]
     r = np.empty(dr, dtype=np.float32)
     y = np.empty(dr, dtype=np.float32)
+    cos = np.empty(dr, dtype=np.float32)
+    sin = np.empty(dr, dtype=np.float32)
     for t in range(lo, hi):
-        cos, sin = _widen_bits(cos_bits[t]), _widen_bits(sin_bits[t])
+        widen_row(cos_bits[t], cos, True)
+        widen_row(sin_bits[t], sin, True)
         for h in range(n):
             base = h * (dn + dr)
             for i in range(dn):
@@ -151,6 +153,8 @@ def _kv_kr_rows(lo, hi, ckvkr, round_in, gamma_bits, eps, scale, cos_bits, sin_b
     row = np.empty(hk + dr, dtype=np.float32)
     y = np.empty(dr, dtype=np.float32)
     normed = np.empty(hk, dtype=np.float32)
+    cos = np.empty(dr, dtype=np.float32)
+    sin = np.empty(dr, dtype=np.float32)
     lanes = np.empty(LANES, dtype=np.float32)
     sq = np.empty(1, dtype=np.float32)  # unused by the in-order lanes
     for t in range(lo, hi):
@@ -159,9 +163,10 @@ def _kv_kr_rows(lo, hi, ckvkr, round_in, gamma_bits, eps, scale, cos_bits, sin_b
         out = normed if narrow else kv[t]
         rms_norm_row(row[:hk], gamma, eps, scale, _RMS_LANES, _RMS_PRESCALE, _RMS_RECIPROCAL, sq, lanes, out)
         if narrow:
-            for i in range(hk):
-                kv_bits[t, i] = f32_to_bf16_bits(normed[i])
-        rope_row(row[hk:], _widen_bits(cos_bits[t]), _widen_bits(sin_bits[t]), True, y)
+            narrow_row(normed, kv_bits[t], True)
+        widen_row(cos_bits[t], cos, True)
+        widen_row(sin_bits[t], sin, True)
+        rope_row(row[hk:], cos, sin, True, y)
         for i in range(dr):
             kr_bits[t, i] = f32_to_bf16_bits(y[i])
 
