@@ -746,14 +746,7 @@ def _finish_planned(plan: _Plan, values: dict) -> MlaPrologArgs:
         slots = slots_from_cache_index(cache_index, fields["kv_layout"].num_rows, name="cache_index")  # [T] int64
         if t > 1:
             warn_duplicates(slots, "cache_index")
-    x = values["token_x"]
-    return MlaPrologArgs.trusted(
-        fields, scales, token_x=x.reshape(t, x.shape[-1]), weight_dq=values["weight_dq"],
-        weight_uq_qr=values["weight_uq_qr"], weight_uk=values["weight_uk"], weight_dkv_kr=values["weight_dkv_kr"],
-        rmsnorm_gamma_cq=values["rmsnorm_gamma_cq"], rmsnorm_gamma_ckv=values["rmsnorm_gamma_ckv"],
-        rope_sin=values["rope_sin"].reshape(t, D_ROPE), rope_cos=values["rope_cos"].reshape(t, D_ROPE),
-        kv_cache=values["kv_cache"], kr_cache=values["kr_cache"], slots=slots, cache_index=cache_index,
-        actual_seq_len=values.get("actual_seq_len"))
+    return _args(fields, values, scales, t, slots, cache_index, values.get("actual_seq_len"))
 
 
 def _finish(static: dict, t: dict, scales: dict, max_b: int) -> MlaPrologArgs:
@@ -770,22 +763,26 @@ def _finish(static: dict, t: dict, scales: dict, max_b: int) -> MlaPrologArgs:
     cache_index = optional(t.get("cache_index"), "cache_index")
     actual_seq_len = optional(t.get("actual_seq_len"), "actual_seq_len")
     slots = _slots(static["cache_mode"], cache_index, actual_seq_len, batch_shape, kv_layout, max_b=max_b)
-    num_tokens = 1
-    for size in batch_shape:
-        num_tokens *= size
+    num_tokens = math.prod(batch_shape)
     if slots is not None and (num_tokens == 0 or kv_layout.num_rows == 0):
         slots = None
     if slots is not None and slots.size > 1:
         warn_duplicates(slots, "cache_index")
+    return _args(static, t, scales, num_tokens, slots, cache_index, actual_seq_len)
+
+
+def _args(static: dict, t: dict, scales: dict, num_tokens: int, slots: np.ndarray | None, cache_index,
+          actual_seq_len) -> MlaPrologArgs:
+    """:class:`MlaPrologArgs` from checked parts: the static fields, the tensors by name (shaped
+    for the backend here: ``[T, He]`` tokens, ``[T, Dr]`` sin / cos), the scales, the slots."""
     x = t["token_x"]
-    return MlaPrologArgs(
-        **static, token_x=x.reshape(num_tokens, x.shape[-1]),
-        weight_dq=t["weight_dq"], weight_uq_qr=t["weight_uq_qr"], weight_uk=t["weight_uk"],
-        weight_dkv_kr=t["weight_dkv_kr"], rmsnorm_gamma_cq=t["rmsnorm_gamma_cq"],
-        rmsnorm_gamma_ckv=t["rmsnorm_gamma_ckv"], rope_sin=t["rope_sin"].reshape(num_tokens, D_ROPE),
-        rope_cos=t["rope_cos"].reshape(num_tokens, D_ROPE), kv_cache=t["kv_cache"], kr_cache=t["kr_cache"],
-        slots=slots, cache_index=cache_index, actual_seq_len=actual_seq_len,
-        **scales)
+    return MlaPrologArgs.trusted(
+        static, scales, token_x=x.reshape(num_tokens, x.shape[-1]), weight_dq=t["weight_dq"],
+        weight_uq_qr=t["weight_uq_qr"], weight_uk=t["weight_uk"], weight_dkv_kr=t["weight_dkv_kr"],
+        rmsnorm_gamma_cq=t["rmsnorm_gamma_cq"], rmsnorm_gamma_ckv=t["rmsnorm_gamma_ckv"],
+        rope_sin=t["rope_sin"].reshape(num_tokens, D_ROPE), rope_cos=t["rope_cos"].reshape(num_tokens, D_ROPE),
+        kv_cache=t["kv_cache"], kr_cache=t["kr_cache"], slots=slots, cache_index=cache_index,
+        actual_seq_len=actual_seq_len)
 
 
 def _normalise_full(version: int, values: dict, modes: dict, *, reason: str) -> MlaPrologArgs:
