@@ -99,3 +99,17 @@ def test_prolog_memoised_call_equals_first_call(rng, version):
     with pytest.raises(IndexRangeError, match=r"cache_index\[1\] = 64"):
         call(bad, *second)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(second, kept))
+
+
+def test_trusted_argument_object_needs_every_field():
+    """The memoised paths build their argument objects without the dataclass ``__init__``: a field
+    left out (or misspelt) is an error there, not an AttributeError in a backend later."""
+    from ascend_emu.ops._check import trusted
+    from ascend_emu.ops.mla_prolog import MlaPrologArgs
+
+    with pytest.raises(TypeError, match="slots"):
+        trusted(MlaPrologArgs, {f: None for f in MlaPrologArgs.__dataclass_fields__ if f != "slots"})
+    with pytest.raises(TypeError, match="slotz"):
+        trusted(MlaPrologArgs, {f: None for f in MlaPrologArgs.__dataclass_fields__ if f != "slots"}, slotz=None)
+    args = trusted(MlaPrologArgs, {f: None for f in MlaPrologArgs.__dataclass_fields__})
+    assert args.slots is None

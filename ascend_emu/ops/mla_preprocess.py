@@ -98,7 +98,7 @@ from ..layouts import NZ_ROW_BYTES, CacheLayout, nz_shape, slots_from_cache_inde
 from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_cache, check_dtype, check_nz_weight, check_separate, check_shape,
-                     dtype_name, required, signature, transposed_hint, warn_duplicates)
+                     dtype_name, required, signature, transposed_hint, trusted, warn_duplicates)
 
 CacheModeName = Literal["krope_ctkv", "int8_nzcache", "nzcache"]
 QuantModeName = Literal["per_tensor_quant_asymm", "per_token_quant_symm"]
@@ -232,14 +232,6 @@ class MlaPreprocessArgs:
     def per_token(self) -> bool:
         """True for 'per_token_quant_symm'."""
         return self.quant_mode == "per_token_quant_symm"
-
-    @classmethod
-    def trusted(cls, **fields) -> "MlaPreprocessArgs":
-        """An instance from already-validated fields (every field given), without the per-field
-        ``object.__setattr__`` of a frozen dataclass's ``__init__`` (33 of them). For the contract only."""
-        args = object.__new__(cls)
-        args.__dict__.update(fields)
-        return args
 
 
 class MlaPreprocessOutputs(NamedTuple):
@@ -521,8 +513,8 @@ def _normalise(v: dict) -> tuple[MlaPreprocessArgs, tuple]:
         _VALIDATED.put(key, static)
     per_tensor = static.quant_mode == "per_tensor_quant_asymm"
     nz8 = static.cache_mode == "int8_nzcache"
-    args = MlaPreprocessArgs.trusted(
-        input=v["input"], gamma0=v["gamma0"], beta0=v["beta0"], wdqkv=v["wdqkv"], descale0=v["descale0"],
+    args = trusted(
+        MlaPreprocessArgs, input=v["input"], gamma0=v["gamma0"], beta0=v["beta0"], wdqkv=v["wdqkv"], descale0=v["descale0"],
         bias0=v["bias0"] if per_tensor else None, quant_scale0=v["quant_scale0"] if per_tensor else None,
         quant_offset0=v["quant_offset0"] if per_tensor else None, gamma1=v["gamma1"], beta1=v["beta1"],
         wuq=v["wuq"], descale1=v["descale1"], bias1=v["bias1"] if per_tensor else None,

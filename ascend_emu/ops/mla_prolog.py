@@ -55,8 +55,8 @@ from ..layouts import (FRACTAL_NZ, CacheLayout, canonical_cache_mode, get_npu_fo
 from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_cache, check_dtype, check_float, check_ndim, check_nz_weight,
-                     check_separate, check_shape, dtype_name, optional, required,
-                     signature, transposed_hint, warn_duplicates)
+                     check_separate, check_shape, dtype_name, optional, required, signature, transposed_hint,
+                     trusted, warn_duplicates)
 
 # ---------------------------------------------------------------------- fixed dims (§2.1)
 from ..mla import D_NOPE, D_ROPE, HCKV, NKV  # noqa: E402,F401  (re-exported for the backends)
@@ -333,18 +333,6 @@ class MlaPrologArgs:
     def num_tokens(self) -> int:
         """T = B * S."""
         return int(self.token_x.shape[0])
-
-    @classmethod
-    def trusted(cls, *parts: Mapping, **fields) -> "MlaPrologArgs":
-        """An instance from already-validated fields (``parts`` then ``fields``; every field given),
-        without the per-field ``object.__setattr__`` of a frozen dataclass's ``__init__`` (about
-        40 of them, a few microseconds a call). For the contract's memoised path only."""
-        args = object.__new__(cls)
-        state = args.__dict__
-        for part in parts:
-            state.update(part)
-        state.update(fields)
-        return args
 
 
 class MlaPrologOutputs(NamedTuple):
@@ -776,8 +764,8 @@ def _args(static: dict, t: dict, scales: dict, num_tokens: int, slots: np.ndarra
     """:class:`MlaPrologArgs` from checked parts: the static fields, the tensors by name (shaped
     for the backend here: ``[T, He]`` tokens, ``[T, Dr]`` sin / cos), the scales, the slots."""
     x = t["token_x"]
-    return MlaPrologArgs.trusted(
-        static, scales, token_x=x.reshape(num_tokens, x.shape[-1]), weight_dq=t["weight_dq"],
+    return trusted(
+        MlaPrologArgs, static, scales, token_x=x.reshape(num_tokens, x.shape[-1]), weight_dq=t["weight_dq"],
         weight_uq_qr=t["weight_uq_qr"], weight_uk=t["weight_uk"], weight_dkv_kr=t["weight_dkv_kr"],
         rmsnorm_gamma_cq=t["rmsnorm_gamma_cq"], rmsnorm_gamma_ckv=t["rmsnorm_gamma_ckv"],
         rope_sin=t["rope_sin"].reshape(num_tokens, D_ROPE), rope_cos=t["rope_cos"].reshape(num_tokens, D_ROPE),
