@@ -307,8 +307,8 @@ def signature(*values) -> tuple | None:
 
 
 @functools.cache
-def _field_count(cls) -> int:
-    return len(dataclasses.fields(cls))
+def _field_names(cls) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
 
 
 def trusted(cls, *parts: dict, **fields):
@@ -324,9 +324,9 @@ def trusted(cls, *parts: dict, **fields):
     for part in parts:
         state.update(part)
     state.update(fields)
-    if len(state) != _field_count(cls):
-        missing = {f.name for f in dataclasses.fields(cls)} ^ set(state)
-        raise TypeError(f"{cls.__name__}: fields missing or unknown: {sorted(missing)}")
+    names = _field_names(cls)
+    if state.keys() != names:
+        raise TypeError(f"{cls.__name__}: fields missing or unknown: {sorted(names ^ state.keys())}")
     return obj
 
 
