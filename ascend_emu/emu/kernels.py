@@ -35,6 +35,12 @@ def kernel_input(x: np.ndarray) -> np.ndarray:
     return np.array(x, dtype=x.dtype.newbyteorder("="), order="C", subok=False)
 
 
+def bits16(x: np.ndarray) -> np.ndarray:
+    """A bf16 / fp16 array as the uint16 bits the kernels read (:func:`kernel_input`: a view when
+    ``x`` is a plain C-contiguous writable array, else a copy)."""
+    return kernel_input(x.view(np.uint16))
+
+
 # ---------------------------------------------------------------------- threads
 #: Fewest scalar elements one parallel range processes (about 30-100 us of vector work): waking a
 #: thread and joining it costs tens of microseconds (more on a loaded machine), so smaller work

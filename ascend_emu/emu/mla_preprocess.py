@@ -34,8 +34,8 @@ from ..ops.mla_preprocess import (KV_A_DIM, KV_LORA_RANK, Q_LORA_RANK, QK_HEAD_D
                                   MlaPreprocessArgs, MlaPreprocessOutputs)
 from ..quant import BF16, INT8_MAX, f32_to_int8_via_f16
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
-from .kernels import (LANES, LANES_PAIRWISE, MLAPO_KV_RMS, MLAPO_QUANT_RMS, kernel_input, launch_rows, narrow_row,
-                      rms_norm_row, rope_row, round_to_int8, scatter_rows, widen_row)
+from .kernels import (LANES, LANES_PAIRWISE, MLAPO_KV_RMS, MLAPO_QUANT_RMS, bits16, kernel_input, launch_rows,
+                      narrow_row, rms_norm_row, rope_row, round_to_int8, scatter_rows, widen_row)
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
 
 
@@ -125,7 +125,7 @@ def _rms_norm_quant(x32, gamma, beta, scale, offset, eps) -> tuple[np.ndarray, n
         with np.errstate(divide="ignore", over="ignore"):
             inv = np.float32(np.float32(1.0) / scale)
         offset = np.float32(offset)
-    launch_rows(_rms_norm_quant_rows, _rms_norm_quant_parts, t, h, x32, _bits16(gamma), _bits16(beta),
+    launch_rows(_rms_norm_quant_rows, _rms_norm_quant_parts, t, h, x32, bits16(gamma), bits16(beta),
                 gamma.dtype == BF16, np.float32(eps), per_token, inv, offset, q, scales)
     return q, scales if per_token else None
 
@@ -218,12 +218,6 @@ def _rope_norm_parts(parts, mm1, q_nope, kv, cos_bits, sin_bits, gamma_bits, eps
                         is_bf16, narrow, q_nope_bits, q_rope, ckv, ckv_bits, krope)
 
 
-def _bits16(x: np.ndarray) -> np.ndarray:
-    """A bf16 / fp16 array as the uint16 bits the kernels read (:func:`~ascend_emu.emu.kernels.kernel_input`:
-    a view when ``x`` is a plain C-contiguous writable array, else a copy)."""
-    return kernel_input(x.view(np.uint16))
-
-
 #: Stand-ins for the output :func:`_rope_norm_rows` does not write in its mode.
 _NO_BITS = np.zeros((0, 0), dtype=np.uint16)
 _NO_F32 = np.zeros((0, 0), dtype=np.float32)
@@ -293,7 +287,7 @@ def mla_preprocess(args: MlaPreprocessArgs) -> MlaPreprocessOutputs:
     ckv = np.empty((t, KV_LORA_RANK), dtype=np.float32) if nz8 else _NO_F32  # [T, 512] fp32
     ckv_bits = _NO_BITS if nz8 else np.empty((t, KV_LORA_RANK), dtype=np.uint16)  # [T, 512] bits
     launch_rows(_rope_norm_rows, _rope_norm_parts, t, n * (KV_LORA_RANK + ROPE_DIM) + KV_A_DIM, mm1, q_nope, kv,
-                _bits16(args.cos), _bits16(args.sin), _bits16(args.gamma2), np.float32(args.epsilon), is_bf16, not nz8,
+                bits16(args.cos), bits16(args.sin), bits16(args.gamma2), np.float32(args.epsilon), is_bf16, not nz8,
                 q_nope_bits, q_rope, ckv, ckv_bits, krope)
     q_nope, q_rope, krope = q_nope_bits.view(dt), q_rope.view(dt), krope.view(dt)
 

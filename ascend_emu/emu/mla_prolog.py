@@ -17,7 +17,7 @@ from ..ops.mla_prolog import D_NOPE, D_ROPE, HCKV, MlaPrologArgs, MlaPrologOutpu
 from ..quant import (BF16, INT8_MAX, CombinedRowFormat, bf16_bits_to_f32, bf16_to_f32, dynamic_scale,
                      f32_to_bf16_bits, f32_to_int8, f32_to_int8_via_f16, group_amax, quantize_static,
                      quantize_with_dequant_scale, to_bf16)
-from .kernels import (LANES, MLA_PROLOG_RMS, kernel_input, launch_rows, narrow_row, rms_norm_row,
+from .kernels import (LANES, MLA_PROLOG_RMS, bits16, kernel_input, launch_rows, narrow_row, rms_norm_row,
                       rope_row, scatter_rows, widen_row)
 from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
 
@@ -202,12 +202,6 @@ def _kv_kr(ckvkr, round_in, gamma_bits, eps, scale, cos_bits, sin_bits, narrow, 
                 cos_bits, sin_bits, narrow, kv, kv_bits, kr_bits)
 
 
-def _bits(x: np.ndarray) -> np.ndarray:
-    """bf16 ``x`` as the uint16 bits the kernels read (:func:`~ascend_emu.emu.kernels.kernel_input`:
-    a view when ``x`` is a plain C-contiguous writable array, else a copy)."""
-    return kernel_input(x.view(np.uint16))
-
-
 # ---------------------------------------------------------------------- quant steps (NumPy)
 def _int8_matmul_dequant(a_i8: np.ndarray, w, tok_scale: np.ndarray, col_scale: np.ndarray) -> np.ndarray:
     """``int8 a @ int8 w`` exact (int32 values), then :func:`_dequant`; fp32 ``[T, N]``."""
@@ -337,8 +331,8 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
         return _empty_outputs(args)
     wqm = args.weight_quant_mode
     full = wqm == 2
-    cos = _bits(args.rope_cos)  # [T, Dr] bf16 bits
-    sin = _bits(args.rope_sin)  # [T, Dr] bf16 bits
+    cos = bits16(args.rope_cos)  # [T, Dr] bf16 bits
+    sin = bits16(args.rope_sin)  # [T, Dr] bf16 bits
     x = args.token_x if full else widen_f32(args.token_x)  # [T, He] int8 / fp32
     f32 = np.float32
 
@@ -354,11 +348,11 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
     cq_n = np.empty((t, hcq), dtype=np.float32)  # [T, Hcq]
     if wqm == 0:  # steps 1-2, cq_n rounded to bf16 (query_norm) in the kernel
         query_norm = np.empty((t, hcq), dtype=np.uint16)  # [T, Hcq] bf16 bits
-        _cq_norm(cq, not full, _bits(args.rmsnorm_gamma_cq), eps_cq, qc_scale, True, cq_n, query_norm)
+        _cq_norm(cq, not full, bits16(args.rmsnorm_gamma_cq), eps_cq, qc_scale, True, cq_n, query_norm)
         query_norm = query_norm.view(BF16)
         qcqr = matmul_f32(cq_n, weight_f32(args.weight_uq_qr))  # [T, N*(D+Dr)]  step 3
     else:
-        _cq_norm(cq, not full, _bits(args.rmsnorm_gamma_cq), eps_cq, qc_scale, False, cq_n, _NO_BITS)  # steps 1-2
+        _cq_norm(cq, not full, bits16(args.rmsnorm_gamma_cq), eps_cq, qc_scale, False, cq_n, _NO_BITS)  # steps 1-2
         if args.smooth_scales_cq is not None:
             cq_n *= _f32_vector(args.smooth_scales_cq)  # [1, Hcq] or [1]
         query_norm, dq_norm = _dynamic_quant_127(cq_n, query=False)  # int8 [T, Hcq], fp32 [T, 1]
@@ -390,7 +384,7 @@ def _kv_path(args, ckvkr: np.ndarray, round_in: bool, cos: np.ndarray, sin: np.n
     """Steps 7-8 and the scatters (see :func:`mla_prolog`); ``cos`` / ``sin``: bf16 bits ``[T, Dr]``."""
     t, kvq, f32 = args.num_tokens, args.kv_cache_quant_mode, np.float32
     kr = np.empty((t, D_ROPE), dtype=np.uint16)  # [T, Dr] bf16 bits
-    norm_args = (_bits(args.rmsnorm_gamma_ckv), f32(args.rmsnorm_epsilon_ckv), f32(args.kc_scale), cos, sin)
+    norm_args = (bits16(args.rmsnorm_gamma_ckv), f32(args.rmsnorm_epsilon_ckv), f32(args.kc_scale), cos, sin)
     if kvq == 0:  # bf16 kv_cache: rounded in the kernel
         kv = np.empty((t, HCKV), dtype=np.uint16)  # [T, Hckv] bf16 bits
         _kv_kr(ckvkr, round_in, *norm_args, True, _NO_F32, kv, kr)
