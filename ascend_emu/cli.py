@@ -321,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     warm = sub.add_parser("warmup", help="compile / load every Numba kernel by running each op once on tiny inputs",
                           description="Run every op once per scenario on tiny inputs so that its Numba kernels "
                                       "are compiled into the on-disk cache (run once after installing, or as a CI "
-                                      "step before the tests).")
+                                      "step before the tests). The last line names the cache directory and the "
+                                      "folder to delete to clear it.")
     from .warmup import add_arguments as add_warmup_arguments
     from .warmup import run as run_warmup
 

@@ -1,7 +1,9 @@
 """Compile (or load) every Numba kernel of the emu backend by running each op once on tiny inputs.
 
-Why: the kernels are ``@njit(cache=True)``. With a cold on-disk cache (a fresh checkout, a new
-Numba version, a CI runner without a cached ``__pycache__``) the first call of each op compiles
+Why: the kernels are ``@njit(cache=True)``, cached in
+:func:`~ascend_emu._kernel_cache.kernel_cache_dir` (keyed on the package version and sources). With
+a cold on-disk cache (a fresh install, an edited kernel source, a new Numba version, a CI runner
+without that directory cached) the first call of each op compiles
 its kernels, tens of seconds in all; with a warm cache every process still loads them on first
 use: Numba's registry set-up once per process (0.25 s; about 0.6 s when SciPy is installed,
 because Numba then imports ``scipy.linalg`` to look for BLAS) and roughly 10-20 ms per kernel.
@@ -30,6 +32,7 @@ import numba
 import numpy as np
 
 from . import ops
+from ._kernel_cache import kernel_cache_dir
 from .quant import BF16
 
 #: Rows of the tiny inputs (tokens, kv positions).
@@ -298,7 +301,8 @@ def add_arguments(parser) -> None:
 
 
 def run(ns) -> int:
-    """Run the ``warmup`` subcommand from parsed arguments; exit status 0."""
+    """Run the ``warmup`` subcommand from parsed arguments; exit status 0. The total line ends with
+    the kernel cache directory and the folder to delete to clear it."""
     start = time.perf_counter()
 
     def show(result: WarmupResult) -> None:
@@ -306,6 +310,8 @@ def run(ns) -> int:
             print(f"  {result.seconds:7.2f} s  {result.op}", flush=True)
 
     results = warmup(parallel=not ns.serial_only, report=show)
+    cache = kernel_cache_dir()
     print(f"warmed up {len(results)} op calls in {time.perf_counter() - start:.1f} s "
-          f"(Numba threads: {numba.get_num_threads()}, cache: {numba.config.CACHE_DIR or 'next to the sources'})")
+          f"(Numba threads: {numba.get_num_threads()}); kernel cache: {cache} "
+          f"(delete {cache.parent} to clear it and older versions' caches)")
     return 0

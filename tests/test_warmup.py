@@ -9,6 +9,7 @@ import numba
 import pytest
 
 from ascend_emu import warmup as warmup_mod
+from ascend_emu._kernel_cache import kernel_cache_dir
 from ascend_emu.cli import build_parser, main
 
 kernels = importlib.import_module("ascend_emu.emu.kernels")
@@ -46,6 +47,9 @@ def test_cli_registers_warmup(capsys):
     assert main(["warmup", "--quiet", "--serial-only"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith("warmed up ")
+    cache = kernel_cache_dir()  # where the kernels went, and what to delete to clear them
+    assert out[0].endswith(f"kernel cache: {cache} (delete {cache.parent} to clear it and older versions' caches)")
+    assert list((cache / "emu").glob("kv_rmsnorm_rope_cache.*.nbi"))
 
 
 @pytest.mark.parametrize("argv", [["warmup", "--bogus"]])

@@ -11,6 +11,7 @@ Backends trust the contract and never validate user input again.
 Threads: chosen when ``ascend_emu`` is imported (:mod:`ascend_emu._threads`).
 """
 
+from .. import _kernel_cache  # noqa: F401  (before any kernel: caches them keyed on the sources)
 from . import kv_rmsnorm_rope_cache as _kv_rmsnorm_rope_cache
 from . import lightning_indexer as _lightning_indexer
 from . import mla_preprocess as _mla_preprocess

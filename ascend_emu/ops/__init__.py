@@ -7,6 +7,7 @@ index ranges), then hands a normalised argument object to the selected backend
 (from :func:`npu_format_cast`).
 """
 
+from .. import _kernel_cache  # noqa: F401  (before any kernel: caches them keyed on the sources)
 from ._backend import backend, backend_name, get_backend, set_backend
 from .format_cast import get_npu_format, npu_format_cast
 from .kv_rmsnorm_rope_cache import npu_kv_rmsnorm_rope_cache

@@ -1,5 +1,6 @@
 """Rounding, int8 quant schemes and combined cache rows (ops_reference §1.2, §2.2)."""
 
+from .. import _kernel_cache  # noqa: F401  (before any kernel: caches them keyed on the sources)
 from .combined import (MLA_ROW, NOPE_DIM, NOPE_OFFSET, NUM_TILES, ROPE_DIM, ROPE_OFFSET, ROW_BYTES,
                        SCALE_OFFSET, TILE_SIZE, CombinedRowFormat, read_combined_cache)
 from .rounding import (BF16, INT8_MAX, INT8_MIN, bf16_bits_to_f32, bf16_to_f32, f32_bits_to_bf16_bits,
