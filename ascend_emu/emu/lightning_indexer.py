@@ -41,7 +41,7 @@ from ..ops.lightning_indexer import (EMPTY_VALUE_SHAPE, PAD_VALUE, SKIPPED_ROW_V
                                      LightningIndexerOutputs)
 from ..quant import BF16
 from ..quant.rounding import f32_bits_to_bf16_bits, f32_bits_to_f16_bits
-from .kernels import widen_row
+from .kernels import bits16, widen_row
 from .matmul import matmul_f32
 
 #: Below these sizes one thread is faster than waking the pool, and a BLAS call right after a
@@ -226,7 +226,7 @@ def lightning_indexer(args: LightningIndexerArgs) -> LightningIndexerOutputs:
     idx = np.empty((t_rows, n2, k), np.int32)  # [T, N2, K]
     vals = np.empty((t_rows, n2, k) if args.return_value else (0, 0, 0), np.uint16)  # [T, N2, K] bits
     pad, skip = _bits(PAD_VALUE, dtype), _bits(SKIPPED_ROW_VALUE, dtype)
-    k_bits = args.key.reshape(-1, n2, dim).view(np.uint16)  # [R, N2, D]
+    k_bits = bits16(args.key).reshape(-1, n2, dim)  # [R, N2, D] (read-only keys copied: one kernel signature)
     q32 = query.astype(np.float32)  # [T, N1, D]
     w32 = args.weights.reshape(t_rows, n1).astype(np.float32)  # [T, N1]
     for b, rows in _batch_rows(args.token_batch):

@@ -46,7 +46,7 @@ from ..ops.sparse_flash_attention import (EMPTY_ROW_OUTPUT, EMPTY_ROW_SOFTMAX_MA
                                           SparseFlashAttentionArgs, SparseFlashAttentionOutputs)
 from ..quant import BF16, MLA_ROW, NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
-from .kernels import narrow_row, parallel_parts, widen_row
+from .kernels import bits16, kernel_input, narrow_row, parallel_parts, widen_row
 from .matmul import matmul_f32
 
 #: uint16 word of the first rope element / fp32 word of the first scale in a 656-byte row.
@@ -306,19 +306,21 @@ _NO_KEY, _NO_ROPE = np.zeros((0, HCKV), np.uint16), np.zeros((0, D_ROPE), np.uin
 
 
 def _operands(args: SparseFlashAttentionArgs) -> _Operands:
-    """The caller's arrays (``args``) as the kernels read them (R = key slots * N2 rows)."""
+    """The caller's arrays (``args``) as the kernels read them (R = key slots * N2 rows), each
+    made a plain C-contiguous writable array by :func:`~ascend_emu.emu.kernels.kernel_input` (a
+    read-only or strided key would otherwise compile new kernel specialisations)."""
     t, n1 = args.query.size // (args.num_heads * args.query.shape[-1]), args.num_heads
     r = args.num_key_slots * args.num_kv_heads
-    q_bits = np.ascontiguousarray(args.query).reshape(t, n1, -1).view(np.uint16)  # [T, N1, 512|576]
+    q_bits = bits16(args.query).reshape(t, n1, -1)  # [T, N1, 512|576]
     if args.quant:
-        rows = np.ascontiguousarray(args.key).reshape(r, _ROW_BYTES)  # [R, 656] int8
+        rows = kernel_input(args.key).reshape(r, _ROW_BYTES)  # [R, 656] int8
         return _Operands(q_bits, rows, rows.view(np.uint16), rows.view(np.float32), _NO_KEY, _NO_ROPE, _NO_KEY)
-    qr_bits = np.ascontiguousarray(args.query_rope).reshape(t, n1, D_ROPE).view(np.uint16)  # [T, N1, 64]
-    v_bits = _NO_KEY if args.v_from_key else np.ascontiguousarray(args.value).reshape(r, HCKV).view(np.uint16)
+    qr_bits = bits16(args.query_rope).reshape(t, n1, D_ROPE)  # [T, N1, 64]
+    v_bits = _NO_KEY if args.v_from_key else bits16(args.value).reshape(r, HCKV)
     return _Operands(np.concatenate([q_bits, qr_bits], axis=-1),  # [T, N1, 576]
                      _NO_I8, _NO_U16, _NO_F32,
-                     np.ascontiguousarray(args.key).reshape(r, HCKV).view(np.uint16),  # [R, 512]
-                     np.ascontiguousarray(args.key_rope).reshape(r, D_ROPE).view(np.uint16),  # [R, 64]
+                     bits16(args.key).reshape(r, HCKV),  # [R, 512]
+                     bits16(args.key_rope).reshape(r, D_ROPE),  # [R, 64]
                      v_bits)  # [R, 512] or [0, 512]
 
 

@@ -111,18 +111,25 @@ def check_ndim(x: np.ndarray, name: str, ndims: Iterable[int], what: str = "") -
                         f"{x.ndim}-D shape {list(x.shape)}")
 
 
+#: Largest batch count B (the seeds' "B: 0~65536", npu_mla_prolog / _v3): a bound on every
+#: ``actual_seq_lengths_*`` tensor that sets B by its own length (TND), checked before it is widened
+#: or anything is allocated per batch.
+MAX_BATCH = 65536
+
+
 def seq_lengths(x, name: str, b: int | None = None) -> np.ndarray:
     """An int32 1-D ``actual_seq_lengths_*`` tensor (per-batch lengths or TND prefix sums) as
-    int64 ``[B]``; ``b``: the batch count it must have (None: any B >= 1).
+    int64 ``[B]``; ``b``: the batch count it must have (None: any B in ``[1, MAX_BATCH]``).
 
     Raises:
         DTypeError: not int32.
-        ShapeError: not 1-D, empty, or not ``[b]``.
+        ShapeError: not 1-D, empty, longer than :data:`MAX_BATCH`, or not ``[b]``; checked
+            before the int64 copy is made.
     """
     x = required(x, name)
     check_dtype(x, name, ("int32",))
-    if x.ndim != 1 or (b is not None and x.shape[0] != b) or x.shape[0] < 1:
-        want = f"[B={b}]" if b is not None else "[B] with B >= 1"
+    if x.ndim != 1 or (b is not None and x.shape[0] != b) or not 1 <= x.shape[0] <= MAX_BATCH:
+        want = f"[B={b}]" if b is not None else f"[B] with 1 <= B <= {MAX_BATCH}"
         raise arg_error(ShapeError, name, f"a 1-D int32 tensor {want}", f"shape {list(x.shape)}")
     return x.astype(np.int64)
 
@@ -222,15 +229,40 @@ def check_float(value, name: str, *, nonnegative: bool = False) -> float:
     return float(value)
 
 
-def check_separate(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:
-    """Two arrays written by one call (caches, out= arrays) must not share memory (each would
-    overwrite the other's rows; on hardware the result depends on write order).
+def check_disjoint(written: Sequence[tuple[str, np.ndarray]], read: Sequence[tuple[str, object]]) -> None:
+    """The memory rule of every op that writes caller arrays: no two written arrays (caches
+    updated in place, out= arrays) share memory, and no argument the call reads shares memory
+    with one it writes. The kernels read their inputs while they write (an input inside a cache
+    would be read after the scatter overwrote it; on hardware the result depends on the order of
+    the writes), so such a call is rejected before anything is written.
+
+    An array that is written is not also a read argument: a cache updated in place is listed in
+    ``written`` only (also when the call reads its other rows).
+
+    The test is on address ranges (``np.may_share_memory``, bounds only: about a microsecond a
+    pair, on every call): two views whose ranges interleave without touching a common byte are
+    rejected too (stricter, never looser).
+
+    Args:
+        written: ``(name, array)`` of every array the call writes, in the order they are checked
+            (each against the ones before it).
+        read: ``(name, array or None)`` of every tensor argument the call reads (None: absent).
 
     Raises:
-        ShapeError: ``b`` overlaps ``a``.
+        ShapeError: naming the later written array and the earlier one, or the read argument and
+            the written array it overlaps.
     """
-    if np.may_share_memory(a, b):
-        raise arg_error(ShapeError, b_name, f"memory separate from {a_name}", "an overlapping array")
+    share = np.may_share_memory
+    for i, (w_name, w) in enumerate(written):
+        for a_name, a in written[:i]:
+            if share(a, w):
+                raise arg_error(ShapeError, w_name, f"memory separate from {a_name}", "an overlapping array")
+    read = [(name, r) for name, r in read if r is not None]
+    for w_name, w in written:
+        for r_name, r in read:
+            if share(r, w):
+                raise arg_error(ShapeError, r_name, f"memory separate from {w_name} (the call writes {w_name} "
+                                f"while it reads {r_name})", "an overlapping array")
 
 
 def check_nz_weight(w: np.ndarray, name: str) -> None:

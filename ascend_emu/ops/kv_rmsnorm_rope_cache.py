@@ -72,7 +72,7 @@ from ..layouts import (CacheLayout, canonical_cache_mode, slots_from_cache_index
                        slots_from_positions)
 from .. import checked_mode
 from ._backend import get_backend
-from ._check import (ValidatedSignatures, check_cache, check_dtype, check_float, check_separate, check_shape,
+from ._check import (ValidatedSignatures, check_cache, check_dtype, check_disjoint, check_float, check_shape,
                      dtype_name, optional, required, signature, warn_duplicates)
 
 KvCacheMode = Literal["Norm", "PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ"]
@@ -227,8 +227,9 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
     the fp32 values times the scale (fp32 multiply), round-half-even, saturated to [-128, 127].
 
     Raises:
-        ShapeError: a shape, a cache geometry, BlockSize alignment, block count, or a
-            non-contiguous / read-only cache.
+        ShapeError: a shape, a cache geometry, BlockSize alignment, block count, a
+            non-contiguous / read-only cache, or caches sharing memory with each other or with an
+            input (``v`` inside ``ckv_cache``, say: it would be read after the scatter).
         DTypeError: a dtype (kv family, int64 index, fp32 scales, cache dtypes per quant mode), a
             non-bool ``is_output_kv``, an ``epsilon`` that is not a finite float >= 0.
         ModeError: unknown cache_mode, offsets given, only one scale given (or int8 caches with
@@ -282,12 +283,13 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
         static = _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset,
                                c_kv_offset, v, epsilon, cache_mode, is_output_kv)
         _VALIDATED.put(key, static)
-    else:
-        check_separate(k_cache, "k_cache", ckv_cache, "ckv_cache")
     if key is None:  # lists and the like, accepted by the checks above: as arrays from here on
         kv, gamma, cos, sin, k_cache, ckv_cache, index = (
             x if isinstance(x, np.ndarray) else np.asarray(x) for x in (kv, gamma, cos, sin, k_cache, ckv_cache, index))
         k_rope_scale, c_kv_scale, v = (None if x is None else np.asarray(x) for x in (k_rope_scale, c_kv_scale, v))
+    check_disjoint((("k_cache", k_cache), ("ckv_cache", ckv_cache)),
+                   (("kv", kv), ("gamma", gamma), ("cos", cos), ("sin", sin), ("index", index),
+                    ("k_rope_scale", k_rope_scale), ("c_kv_scale", c_kv_scale), ("v", v)))
     mode, b, s = static.mode, static.batch, static.seq_len
     slots = _slots(index, mode, cache_mode, b, s, static.k_layout)
     unique = slots.size < 2
@@ -305,7 +307,7 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
 
 def _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset, c_kv_offset,
                   v, epsilon, cache_mode, is_output_kv) -> _Static:
-    """Every check except the index values, in the contract's order (caches' overlap included).
+    """Every check except the index values and the memory rule, in the contract's order.
 
     Raises:
         As :func:`npu_kv_rmsnorm_rope_cache`.
@@ -390,7 +392,6 @@ def _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_sc
         check_cache(cache, name)
         layouts.append(_layout(mode, cache.shape, cache.dtype.itemsize, name))
     k_layout, ckv_layout = layouts
-    check_separate(k_cache, "k_cache", ckv_cache, "ckv_cache")
     if (k_layout.num_blocks, k_layout.block_size) != (ckv_layout.num_blocks, ckv_layout.block_size):
         what = "cache_length" if mode == "Norm" else "block_num and block_size"
         raise arg_error(ShapeError, "ckv_cache", f"the same {what} as k_cache {list(k_cache.shape)}",

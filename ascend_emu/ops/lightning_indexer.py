@@ -171,7 +171,7 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
         weights: ``[B, S1, N1]`` / ``[T, N1]``, query's dtype, C-contiguous.
         actual_seq_lengths_query: int32 ``[B]``. BSND: query tokens per batch, each in
             ``[0, S1]`` (default: all S1). TND (required): prefix sums, non-decreasing, the last
-            equal to T; its length is B.
+            equal to T; its length is B, at most ``_check.MAX_BATCH`` = 65536.
         actual_seq_lengths_key: int32 ``[B]``. BSND: kv tokens per batch in ``[0, S2]`` (default:
             all S2). TND (required): prefix sums ending at T2. PA_BSND (required): kv tokens per
             batch.

@@ -97,7 +97,7 @@ from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error, 
 from ..layouts import NZ_ROW_BYTES, CacheLayout, nz_shape, slots_from_cache_index
 from .. import checked_mode
 from ._backend import get_backend
-from ._check import (ValidatedSignatures, check_cache, check_dtype, check_nz_weight, check_separate, check_shape,
+from ._check import (ValidatedSignatures, check_cache, check_dtype, check_disjoint, check_nz_weight, check_shape,
                      dtype_name, required, signature, transposed_hint, trusted, warn_duplicates)
 
 CacheModeName = Literal["krope_ctkv", "int8_nzcache", "nzcache"]
@@ -426,7 +426,8 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
             written in place and returned; ``kv_cache`` / ``kv_cache_rope`` are then only
             checked, never read or written. Pass the caches themselves to update them in place.
             The cache outputs must match the caches' shape and dtype; ``q_out0`` / ``q_out1`` the
-            shapes / dtypes of the Returns. No two of the four may share memory.
+            shapes / dtypes of the Returns. No two of the four may share memory, nor any of
+            them with an input (``kv_cache`` / ``kv_cache_rope`` excepted: not read).
 
     Returns:
         ``(q_out0, kv_cache_out0, q_out1, kv_cache_out1)``: ``q_out0`` ``[T, N, 512]`` (int8 for
@@ -435,7 +436,8 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
         caches' copies, see module doc).
 
     Raises:
-        ShapeError, DTypeError: a shape / dtype off the table above; out= arrays that overlap.
+        ShapeError, DTypeError: a shape / dtype off the table above; out= arrays that overlap
+            each other or an input.
         ModeError: unknown mode ('kvcache' included), fp16 with per-token quant, an argument the
             mode does not read, or an incomplete out= set.
         FormatError: an int8 weight not cast to FRACTAL_NZ; a badly packed int64 descale.
@@ -472,6 +474,10 @@ class _Static:
 _VALIDATED = ValidatedSignatures()
 #: The out= arrays, in the order their overlap is checked.
 _OUT_NAMES = ("kv_cache_out0", "kv_cache_out1", "q_out0", "q_out1")
+#: The tensor arguments the op reads (the out= form reads neither kv_cache nor kv_cache_rope).
+_READ_NAMES = ("input", "gamma0", "beta0", "wdqkv", "descale0", "gamma1", "beta1", "wuq", "descale1", "gamma2", "cos",
+               "sin", "wuk", "slotmapping", "quant_scale0", "quant_offset0", "bias0", "quant_scale1", "quant_offset1",
+               "bias1", "ctkv_scale", "q_nope_scale")
 
 
 def _normalise(v: dict) -> tuple[MlaPreprocessArgs, tuple]:
@@ -497,10 +503,9 @@ def _normalise(v: dict) -> tuple[MlaPreprocessArgs, tuple]:
     kv_in, rope_in = v["kv_cache"], v["kv_cache_rope"]
     if static.out_form:
         # every output is written by the call: none may share memory with another (a cache write
-        # would corrupt the returned query, or the other cache)
-        for i, b_name in enumerate(_OUT_NAMES):
-            for a_name in _OUT_NAMES[:i]:
-                check_separate(v[a_name], a_name, v[b_name], b_name)
+        # would corrupt the returned query, or the other cache) nor with an input (ctkv_scale inside
+        # q_out0 would be read after q_out0 is written)
+        check_disjoint([(name, v[name]) for name in _OUT_NAMES], [(name, v[name]) for name in _READ_NAMES])
         q0, kv_out, q1, rope_out = (v[k] for k in ("q_out0", "kv_cache_out0", "q_out1", "kv_cache_out1"))
     else:
         q0 = np.empty(static.q0_shape, dtype=static.q0_dtype)

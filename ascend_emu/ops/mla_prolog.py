@@ -21,7 +21,8 @@ Contract highlights (be stricter than the hardware):
   ``weight_uk`` must be ND.
 - ``token_x`` is ``[T, He]`` or ``[B, S, He]``; ``rope_sin`` / ``rope_cos`` have the same rank and
   leading dims with last dim Dr = 64. Non-contiguous inputs are accepted (copied).
-- Caches are C-contiguous, writable, separate (kv_cache and kr_cache may not share memory),
+- Caches are C-contiguous, writable, separate (kv_cache and kr_cache may not share memory, nor
+  may any argument the call reads share memory with either: ``_check.check_disjoint``),
   updated in place and returned as the same objects.
 - ``cache_index`` values outside the cache raise :class:`IndexRangeError` (the hardware does not
   check them and corrupts memory); ``-1`` skips the token (PA_BSND / PA_NZ) or the block
@@ -37,7 +38,8 @@ weights) is a ModeError. ``-1`` in a PA_BLK ``cache_index`` skips that block's t
 mode combinations are the rows of the v3 seed's scenario table read through its dtype columns
 (see :data:`QUANT_SCENARIOS`); the scale shapes each scenario accepts are
 :func:`expected_scale_shapes`. ``k_nope_clip_alpha`` must be finite and > 0 (a zero or negative
-clip limit gives a zero or negative dequant scale).
+clip limit gives a zero or negative dequant scale) and keep the largest clip limit finite in fp32
+(:func:`_check_alpha`: 3e38 would give +inf tile scales and zero k_nope).
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ from ..layouts import (FRACTAL_NZ, CacheLayout, canonical_cache_mode, get_npu_fo
                        slots_from_cache_index, slots_from_pages)
 from .. import checked_mode
 from ._backend import get_backend
-from ._check import (ValidatedSignatures, check_cache, check_dtype, check_float, check_ndim, check_nz_weight,
-                     check_separate, check_shape, dtype_name, optional, required, signature, transposed_hint,
+from ._check import (MAX_BATCH, ValidatedSignatures, check_cache, check_disjoint, check_dtype, check_float,
+                     check_ndim, check_nz_weight, check_shape, dtype_name, optional, required, signature, transposed_hint,
                      trusted, warn_duplicates)
 
 # ---------------------------------------------------------------------- fixed dims (§2.1)
@@ -96,7 +98,7 @@ class VersionLimits:
     block_sizes: tuple[int, ...]
     cache_modes: tuple[str, ...]
     quant_modes: tuple[tuple[int, int, int], ...]
-    max_b: int = 65536
+    max_b: int = MAX_BATCH
     max_s: int | None = None
     max_t: int | None = None
 
@@ -500,7 +502,8 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
             ``[1]`` per-tensor (2, 1, 1).
         quant_scale_ckr: fp32 ``[1, Dr]`` static kr quant multiplier (1, 2, 0).
         smooth_scales_cq: fp32 ``[1, Hcq]`` or ``[1]``, optional whenever weight_uq_qr is int8.
-        k_nope_clip_alpha: fp32 ``[1]``, finite and > 0, per-tile clip factor (1.0: no clip).
+        k_nope_clip_alpha: fp32 ``[1]``, finite and > 0, per-tile clip factor (1.0: no clip);
+            ``alpha * sqrt(512) * max|rmsnorm_gamma_ckv| * |kc_scale|`` finite in fp32.
         rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv: RmsNorm epsilons (default 1e-5).
         cache_mode: PA_BSND (default), PA_NZ, PA_BLK_BSND, PA_BLK_NZ, BSND (3-D token_x) or TND
             (2-D token_x).
@@ -643,12 +646,12 @@ def _check_scales(scenario: QuantScenario, values: dict) -> dict:
 
 
 def _check_scale_shapes(scales: dict, accepted: dict) -> None:
-    """Dtype (fp32) and shape of every given scale; ``k_nope_clip_alpha`` finite and > 0.
+    """Dtype (fp32) and shape of every given scale (``k_nope_clip_alpha``'s value:
+    :func:`_check_alpha`).
 
     Raises:
         DTypeError: not fp32.
         ShapeError: a shape :func:`expected_scale_shapes` does not list.
-        ValueError: k_nope_clip_alpha not finite or not > 0 (ModeError).
     """
     for name, x in scales.items():
         if x is None:
@@ -657,17 +660,37 @@ def _check_scale_shapes(scales: dict, accepted: dict) -> None:
         if tuple(x.shape) not in accepted[name]:
             shown = " or ".join(str(list(a)) for a in accepted[name])
             raise arg_error(ShapeError, name, f"shape {shown}", list(x.shape))
-    _check_alpha(scales.get("k_nope_clip_alpha"))
 
 
-def _check_alpha(alpha: np.ndarray | None) -> None:
-    """``k_nope_clip_alpha`` (when given) finite and > 0.
+#: fp32's largest finite value, less a margin for the fp32 rounding of the RmsNorm output (its
+#: bound :func:`_check_alpha` uses is exact in real arithmetic; a few fp32 roundings add < 1e-6).
+_FP32_CLIP_MAX = float(np.finfo(np.float32).max) * (1 - 2 ** -10)
+
+
+def _check_alpha(alpha: np.ndarray | None, gamma_ckv: np.ndarray, kc_scale: float) -> None:
+    """``k_nope_clip_alpha`` (when given): finite, > 0, and small enough that the per-tile clip
+    limit ``lim = alpha * amax`` (and with it the dequant scale ``lim / 127``) stays finite in
+    fp32 for every kv row the call can produce. A tile's ``amax`` is at most
+    ``sqrt(Hckv) * max|rmsnorm_gamma_ckv| * |kc_scale|`` (an RmsNorm output element is at most
+    ``sqrt(H)`` times its gamma), so ``alpha`` times that must be finite (when that bound is
+    itself finite: a non-finite gamma is not the clip factor's fault). ``alpha = 3e38`` with
+    ``gamma = 1`` would give +inf tile scales and zero k_nope.
 
     Raises:
         ModeError: it is not.
     """
-    if alpha is not None and not (np.isfinite(alpha[0]) and alpha[0] > 0):
-        raise arg_error(ModeError, "k_nope_clip_alpha", "a finite clip factor > 0", float(alpha[0]))
+    if alpha is None:
+        return
+    a = float(alpha[0])
+    if not (math.isfinite(a) and a > 0):
+        raise arg_error(ModeError, "k_nope_clip_alpha", "a finite clip factor > 0", a)
+    with np.errstate(over="ignore", invalid="ignore"):
+        bound = math.sqrt(HCKV) * float(np.abs(np.asarray(gamma_ckv, dtype=np.float32)).max()) * abs(kc_scale)
+    if math.isfinite(bound) and a * bound > _FP32_CLIP_MAX:
+        raise arg_error(ModeError, "k_nope_clip_alpha",
+                        f"a clip factor whose per-tile clip limit stays finite in fp32 (alpha * sqrt({HCKV}) * "
+                        f"max|rmsnorm_gamma_ckv| * |kc_scale| = alpha * {bound:.6g} <= "
+                        f"{float(np.finfo(np.float32).max):.7g})", a)
 
 
 class _Plan(NamedTuple):
@@ -695,7 +718,7 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str, key) -> 
     ``reason`` says what selected the modes (v1 / v2). ``key``: the call's
     :func:`~ascend_emu.ops._check.signature`. The checks that read only types, shapes, dtypes,
     flags, modes and scalars run once per call signature (a decode loop repeats one);
-    ``k_nope_clip_alpha``'s value, the caches' overlap and the index values are checked on every
+    ``k_nope_clip_alpha``'s value, the memory rule and the index values are checked on every
     call, in the same order (:func:`_finish_planned`).
     """
     plan = _VALIDATED.get(key)
@@ -712,14 +735,13 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str, key) -> 
 
 def _finish_planned(plan: _Plan, values: dict) -> MlaPrologArgs:
     """The per-call checks of a call whose signature passed the static checks before: the clip
-    factor's value, the caches' overlap, the index values (mapped to slots, duplicates warned);
+    factor's value, the memory rule (:func:`_check_memory`), the index values (mapped to slots, duplicates warned);
     then the arguments object, built from the plan. ``values``: the entry point's arguments by
     name (v1 / v2 lack the v3-only ones: absent means None)."""
     fields = plan.fields
     scales = {name: values.get(name) for name in SCALE_ARGS}
-    _check_alpha(scales["k_nope_clip_alpha"])
-    if not fields["scenario"].combined:
-        check_separate(values["kv_cache"], "kv_cache", values["kr_cache"], "kr_cache")
+    _check_alpha(scales["k_nope_clip_alpha"], values["rmsnorm_gamma_ckv"], fields["kc_scale"])
+    _check_memory(values)
     if plan.paged_blocks:
         return _finish(fields, values, scales, plan.max_b)
     cache_index = values.get("cache_index")
@@ -735,6 +757,23 @@ def _finish_planned(plan: _Plan, values: dict) -> MlaPrologArgs:
         if t > 1:
             warn_duplicates(slots, "cache_index")
     return _args(fields, values, scales, t, slots, cache_index, values.get("actual_seq_len"))
+
+
+#: Every tensor argument the prolog reads (the caches are written: :func:`_check_memory`).
+_READ_TENSORS = ("token_x", "weight_dq", "weight_uq_qr", "weight_uk", "weight_dkv_kr", "rmsnorm_gamma_cq",
+                 "rmsnorm_gamma_ckv", "rope_sin", "rope_cos", "cache_index", "actual_seq_len") + SCALE_ARGS
+
+
+def _check_memory(values: dict) -> None:
+    """The memory rule (:func:`~ascend_emu.ops._check.check_disjoint`): kv_cache and kr_cache
+    apart, and no argument the call reads inside either. ``values``: the arguments by name (v1 /
+    v2 lack the v3-only ones: absent means None).
+
+    Raises:
+        ShapeError: naming both arrays.
+    """
+    check_disjoint((("kv_cache", values["kv_cache"]), ("kr_cache", values["kr_cache"])),
+                   [(name, values.get(name)) for name in _READ_TENSORS])
 
 
 def _finish(static: dict, t: dict, scales: dict, max_b: int) -> MlaPrologArgs:
@@ -843,10 +882,12 @@ def _normalise_full(version: int, values: dict, modes: dict, *, reason: str) -> 
     check_shape(t["rmsnorm_gamma_cq"], "rmsnorm_gamma_cq", (hcq,), "[Hcq]")
     check_shape(t["rmsnorm_gamma_ckv"], "rmsnorm_gamma_ckv", (HCKV,), "[Hckv]")
     _check_scale_shapes(scales, expected_scale_shapes(version, key, num_tokens, num_heads, hcq))
+    _check_alpha(scales["k_nope_clip_alpha"], t["rmsnorm_gamma_ckv"], kc_scale)
 
     # ---- caches and where each token goes
     kv_layout, kr_layout = _check_caches(t["kv_cache"], t["kr_cache"], cache_mode, batch_shape, limits,
                                          kv_dtile=scenario.kv_dtile, combined=scenario.combined)
+    _check_memory(values)
     static = dict(version=version, scenario=scenario, kv_layout=kv_layout, kr_layout=kr_layout,
                   batch_shape=batch_shape, num_heads=num_heads, cache_mode=cache_mode, rmsnorm_epsilon_cq=eps_cq,
                   rmsnorm_epsilon_ckv=eps_ckv, qc_qr_scale=qc_qr_scale, kc_scale=kc_scale,
@@ -871,7 +912,7 @@ def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, b
 
     Raises:
         ShapeError: rank / dims / BlockSize / contiguity, token_x's rank does not fit BSND / TND,
-            a non-empty kr_cache with combined rows, or kv_cache and kr_cache sharing memory.
+            or a non-empty kr_cache with combined rows (the caches' memory: :func:`_check_memory`).
     """
     num_tokens = math.prod(batch_shape)
     if cache_mode == "BSND":
@@ -906,8 +947,6 @@ def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, b
         # NZ modes: D (512 or 64 here; 656-byte rows are never NZ) must be a multiple of C0, which
         # CacheLayout checks.
         layouts[name] = CacheLayout.from_declared(cache_mode, cache.shape, cache.dtype.itemsize, name=name)
-    if not combined:
-        check_separate(kv_cache, "kv_cache", kr_cache, "kr_cache")
     return layouts["kv_cache"], layouts.get("kr_cache")
 
 

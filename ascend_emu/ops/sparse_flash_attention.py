@@ -79,6 +79,7 @@ from ..mla import D_QK, D_ROPE, HCKV, NKV, TILE_SIZE
 from ..quant import MLA_ROW
 from .. import checked_mode
 from ._backend import get_backend
+from .lightning_indexer import SPARSE_COUNTS_LARGE
 from ._check import (ValidatedSignatures, check_dtype, check_float, dtype_name, known_per_batch_lengths,
                      per_batch_lengths, prefix_lengths, required)
 
@@ -122,6 +123,10 @@ SFA_VALUE_SOURCE = "value (key when value is None)"
 KVQ_VALUE_SOURCE = "k_nope bytes of key's rows"
 #: sparse_indices with K = 0: every row selects no kv token.
 EMPTY_SPARSE_INDICES = "no kv token"
+#: Largest K of sparse_indices: the largest ``sparse_count`` npu_lightning_indexer produces (its doc:
+#: 1-2048 or 3072 ... 8192), the indices these ops consume. Checked before the per-entry arrays
+#: (``[T, N2, K]``, 12 bytes an entry) are allocated.
+MAX_SPARSE_K = max(SPARSE_COUNTS_LARGE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,12 +238,13 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
         key: query's dtype; ``[B, S2, 1, 512]`` (BSND), ``[T2, 1, 512]`` (TND) or
             ``[block_num, block_size, 1, 512]`` (PA_BSND; block_size a multiple of 16, <= 1024).
         value: key's shape and dtype (V is read from it), or None (V from key).
-        sparse_indices: int32 ``[B, S1, 1, K]`` / ``[T, 1, K]``, K > 0: sparse block ids of each
-            query token, valid ids first, then -1.
+        sparse_indices: int32 ``[B, S1, 1, K]`` / ``[T, 1, K]``, K in ``[0, MAX_SPARSE_K]``
+            (8192): sparse block ids of each query token, valid ids first, then -1.
         scale_value: score scale (e.g. ``576 ** -0.5``), a finite float.
         block_table: int32 ``[B, >= ceil(max act_kv / block_size)]``; PA_BSND only (required).
         actual_seq_lengths_query: int32 ``[B]``: BSND: per-batch query lengths in [0, S1]
-            (None: S1); TND: prefix sums (required; B is its length; last = T).
+            (None: S1); TND: prefix sums (required; B is its length, at most
+            ``_check.MAX_BATCH`` = 65536; last = T).
         actual_seq_lengths_kv: int32 ``[B]``: BSND / PA_BSND: per-batch kv lengths (None: S2
             for BSND; required for PA_BSND); TND: prefix sums (required; last = T2).
         query_rope: ``[.., N1, 64]`` like query, query's dtype (required).
@@ -469,9 +475,10 @@ def _check_static(quant, query, key, value, sparse_indices, scale_value, block_t
     check_dtype(sparse_indices, "sparse_indices", ("int32",))
     want = [*lead, n2, None]
     if sparse_indices.ndim != len(want) or tuple(sparse_indices.shape[:-1]) != tuple(want[:-1]) \
-            or sparse_indices.shape[-1] < 0:
+            or not 0 <= sparse_indices.shape[-1] <= MAX_SPARSE_K:
         shown = "[B, S1, N2, K]" if q_nd == 4 else "[T, N2, K]"
-        raise arg_error(ShapeError, "sparse_indices", f"{shown} = [{', '.join(map(str, want[:-1]))}, K]",
+        raise arg_error(ShapeError, "sparse_indices", f"{shown} = [{', '.join(map(str, want[:-1]))}, K] with "
+                        f"K <= {MAX_SPARSE_K} (the largest sparse_count of npu_lightning_indexer)",
                         list(sparse_indices.shape))
     return _Static(sbs=sbs, scale=scale, n1=int(n1), n2=int(n2), lead=tuple(int(x) for x in lead), q_nd=q_nd,
                    block_num=block_num, block_size=block_size)
