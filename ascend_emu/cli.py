@@ -34,10 +34,7 @@ import time
 import types
 
 from . import __version__
-
-#: How to get torch when it is missing (the ``[torch]`` extra of this package).
-TORCH_HINT = ('install it with:  pip install -e ".[torch]"   (or: pip install torch; CPU-only wheels: '
-              "pip install torch --index-url https://download.pytorch.org/whl/cpu)")
+from .install_hints import TORCH_HINT
 
 
 def _err(msg: str) -> None:

@@ -126,6 +126,35 @@ def test_run_stops_with_the_install_hint_without_torch(tmp_path, blocker):
     assert proc.returncode == 2, proc.stderr
     assert "SCRIPT RAN" not in proc.stdout
     assert "torch is not installed" in proc.stderr and 'pip install -e ".[torch]"' in proc.stderr
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in proc.stderr  # not the CUDA wheel
+
+
+def test_drop_in_import_error_names_the_cpu_wheel(tmp_path):
+    import ascend_emu
+
+    root = os.path.dirname(os.path.dirname(ascend_emu.__file__))
+    proc = _run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; import ascend_emu.torch_npu"],
+                cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=root))
+    assert proc.returncode == 1 and "ModuleNotFoundError: ascend_emu.torch_npu needs torch" in proc.stderr
+    assert "--index-url https://download.pytorch.org/whl/cpu" in proc.stderr
+
+
+def test_every_install_hint_is_defined_once_and_names_the_cpu_wheel():
+    """PyPI's default torch on Linux is the CUDA build: every hint that installs torch (or torch-npu,
+    which pulls torch in) gives the CPU index; the texts live in ascend_emu.install_hints only."""
+    import ascend_emu
+    from ascend_emu import install_hints
+
+    package = os.path.dirname(ascend_emu.__file__)
+    for root, _, files in os.walk(package):
+        for name in files:
+            path = os.path.join(root, name)
+            if name.endswith(".py") and path != install_hints.__file__:
+                with open(path, encoding="utf-8") as f:
+                    assert "pip install" not in f.read(), f"{path}: import the hint from ascend_emu.install_hints"
+    for hint in (install_hints.TORCH_HINT, install_hints.TORCH_NPU_HINT):
+        assert "--index-url https://download.pytorch.org/whl/cpu" in hint
+    assert "torch-npu 2.14.0" in install_hints.TORCH_NPU_HINT
 
 
 def test_run_prefers_a_real_torch_npu_unless_forced(tmp_path):
