@@ -257,6 +257,30 @@ def test_decode_step_report_is_consistent():
     assert rep.floor_int8().shape == (4, 512)
 
 
+def test_decode_step_times_are_steady_state_with_the_first_call_apart(monkeypatch):
+    """On a clock that only the indexer advances (its first call 100 s, the next ones 1..5 s), the
+    indexer step reports the median of the 5 runs after the first call, and the first call apart."""
+    from types import SimpleNamespace
+
+    from ascend_emu import demo, ops
+
+    now = [0.0]
+    costs = iter([100.0, 1.0, 5.0, 3.0, 2.0, 4.0])
+    real = ops.npu_lightning_indexer
+
+    def indexer(*args, **kwargs):
+        now[0] += next(costs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(demo, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(ops, "npu_lightning_indexer", indexer)
+    rep = demo.run_decode_step(demo.DecodeStepConfig(context=40, sparse_count=16, heads=1, block_size=16))
+    assert dict(rep.timings)["decode: npu_lightning_indexer"] == 3.0
+    first = {f.step: f.seconds for f in rep.first_calls}
+    assert first["decode: npu_lightning_indexer"] == 100.0
+    assert next(costs, None) is None  # called 1 + DECODE_REPEATS times, no more
+
+
 BAD_DEMO_ARGS = [
     (["--block-size", "100"], "--block-size", "a multiple of 16 in [16, 1024]"),
     (["--block-size", "1040"], "--block-size", "a multiple of 16 in [16, 1024]"),
