@@ -10,7 +10,9 @@ Commands:
 - ``ascend-emu demo``: a DeepSeek-V3.2 decode step on the NumPy API (no torch needed): prefill
   into a per-tile int8 cache and a bf16 cache, then ``npu_mla_prolog_v3`` ->
   ``npu_lightning_indexer`` -> sparse attention on both paths (:mod:`ascend_emu.demo`), with
-  per-op times, a cache summary, one 656-byte row decoded and the int8 path's error.
+  per-op steady-state times (each op's first call, which compiles or loads its Numba kernels, apart;
+  progress names each kernel as it compiles), a cache summary, one 656-byte row decoded and the
+  int8 path's error; ``--save-cache PATH`` writes the int8 cache for ``ascend-emu inspect``.
   ``ascend-emu demo --layout``: ``npu_mla_prolog_v3`` through the drop-in, then where one token's
   k_rope landed in a PA_NZ cache, checked byte by byte against a PA_BSND run.
 - ``ascend-emu record | compare | replay``: the real NPU against the emulator (recordings, shadow
@@ -34,10 +36,7 @@ import time
 import types
 
 from . import __version__
-
-#: How to get torch when it is missing (the ``[torch]`` extra of this package).
-TORCH_HINT = ('install it with:  pip install -e ".[torch]"   (or: pip install torch; CPU-only wheels: '
-              "pip install torch --index-url https://download.pytorch.org/whl/cpu)")
+from .install_hints import TORCH_HINT
 
 
 def _err(msg: str) -> None:
@@ -118,9 +117,49 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------- demo
-#: The demo fails below this cosine between its int8 and bf16 attention outputs (measured: 0.9995
+#: The demo fails below this cosine between its int8 and bf16 attention outputs (measured: 0.9998
 #: at the default shapes; a wrong row or index drops it far lower).
 DEMO_MIN_COSINE = 0.99
+#: The :class:`ascend_emu.demo.DecodeStepConfig` fields ``ascend-emu demo`` has an option for.
+DEMO_OPTIONS = ("context", "heads", "sparse_count", "block_size")
+#: The file ``--save-cache`` is shown with in the closing hint when it was not given.
+DEMO_CACHE_FILE = "kv_int8.npz"
+
+
+def _demo_value(name: str):
+    """argparse type of the demo option for config field ``name``: an int the config accepts
+    (:func:`ascend_emu.demo.config_problem`), else a usage error naming the option (exit 2)."""
+    def parse(text: str) -> int:
+        from .demo import config_problem
+
+        try:
+            value = int(text)
+        except ValueError:
+            value = text
+        problem = config_problem(name, value)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(f"expected {problem}, got {text!r}")
+        return value
+    return parse
+
+
+def _writable_file(text: str) -> str:
+    """argparse type of ``--save-cache``: a file path whose directory exists and is writable."""
+    path = text if text.endswith(".npz") else text + ".npz"  # as save_cache writes it
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"expected a file path in an existing, writable directory, got {text!r}")
+    return path
+
+
+def _demo_argv(ns: argparse.Namespace, **extra: str) -> str:
+    """``ascend-emu demo`` with the options of ``ns`` that differ from their defaults, then ``extra``."""
+    from .demo import DecodeStepConfig
+
+    default = DecodeStepConfig()
+    given = [f"--{k.replace('_', '-')} {getattr(ns, k)}" for k in DEMO_OPTIONS if getattr(ns, k) != getattr(default, k)]
+    given += [f"--{k.replace('_', '-')} {v}" for k, v in extra.items()]
+    return " ".join(["ascend-emu demo", *given])
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
@@ -130,26 +169,39 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .demo import DecodeStepConfig, run_decode_step
+    from .demo import DECODE_REPEATS, DecodeStepConfig, heads_share, run_decode_step
+    from .inspect import Cache, save_cache
     from .mla import D_NOPE, D_ROPE, HCKV
+    from .progress import Progress
     from .quant import MLA_ROW
 
-    config = DecodeStepConfig(context=ns.context, heads=ns.heads, sparse_count=ns.sparse_count,
-                              block_size=ns.block_size)
+    config = DecodeStepConfig(**{k: getattr(ns, k) for k in DEMO_OPTIONS})
     console = Console(highlight=False)
     console.print(f"[bold]DeepSeek-V3.2 decode step[/bold], one layer: He={config.he} Hcq={config.hcq} "
-                  f"Hckv={HCKV} D={D_NOPE} Dr={D_ROPE}, N={config.heads} query heads (one TP-8 rank), "
-                  f"context {config.context} tokens, indexer {config.indexer_heads}x{config.indexer_dim} "
-                  f"top-{config.sparse_count}, PA_BSND blocks of {config.block_size}")
-    with console.status("starting") as status:
-        report = run_decode_step(config, on_step=lambda name: status.update(name))
+                  f"Hckv={HCKV} D={D_NOPE} Dr={D_ROPE}, N={config.heads} query heads "
+                  f"({heads_share(config.heads)}), context {config.context} tokens, indexer "
+                  f"{config.indexer_heads}x{config.indexer_dim} top-{config.sparse_count}, PA_BSND blocks of "
+                  f"{config.block_size}")
+    with Progress() as progress:
+        report = run_decode_step(config, on_step=progress.step)
 
+    first = {f.step: f for f in report.first_calls}
     steps = Table(title="steps (NumPy API, emu backend)", title_justify="left")
     steps.add_column("step")
     steps.add_column("ms", justify="right")
+    steps.add_column("first call ms", justify="right")
     for name, seconds in report.timings:
-        steps.add_row(name, f"{seconds * 1e3:.1f}")
+        steps.add_row(name, f"{seconds * 1e3:.1f}", f"{first[name].seconds * 1e3:.1f}" if name in first else "")
+    steps.caption = (f"ms: steady state, the median of {DECODE_REPEATS} runs (decode) or one run (prefill) after "
+                     "the op's first call (prefill's: on two tokens); first calls compile or load the op's Numba "
+                     "kernels")
+    steps.caption_justify = "left"
     console.print(steps)
+    if report.kernels_compiled:
+        console.print(f"first calls: {report.compile_seconds:.1f} s compiling {report.kernels_compiled} Numba "
+                      "kernels (first run only: cached on disk, later runs load them)")
+    else:
+        console.print("first calls: every kernel loaded from the Numba cache (compiled by an earlier run)")
 
     cache = Table(title="caches", title_justify="left")
     cache.add_column("")
@@ -171,12 +223,17 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     console.print(f"  bytes [{fmt.rope_offset}, {fmt.scale_offset}) bf16 k_rope: "
                   f"{[round(float(v), 4) for v in report.row_k_rope[:6]]} ...")
     console.print(f"  bytes [{fmt.scale_offset}, {fmt.row_bytes}) fp32 tile scales: "
-                  f"{[float(v) for v in report.row_scales]}  (raw {bytes(row[fmt.scale_offset:]).hex()})")
+                  f"{[float(f'{v:.4g}') for v in report.row_scales]}  (raw {bytes(row[fmt.scale_offset:]).hex()})")
     console.print(f"[bold]what int8 costs[/bold]: attention output of the int8 path vs the bf16 path "
-                  f"[{config.heads}, {HCKV}]: max abs error {report.max_abs:.4g}, cosine {report.cosine:.6f}")
-    console.print("more: ascend-emu inspect where --cache-mode PA_BSND --shape "
-                  f"{report.num_blocks},{config.block_size},1,{fmt.row_bytes} --dtype int8 --combined "
-                  f"--slot {report.row_slot}")
+                  f"[{config.heads}, {HCKV}]: max abs error {report.max_abs:.2g}, cosine {report.cosine:.4f}")
+    inspect_row = f"ascend-emu inspect dump {{}} --slot {report.row_slot}"
+    if ns.save_cache:
+        saved = save_cache(ns.save_cache, Cache.from_array(report.kv_int8, "PA_BSND"))
+        console.print(f"saved the int8 kv_cache to {saved}; every field of the row, dequantized: "
+                      f"{inspect_row.format(saved)}")
+    else:
+        console.print(f"more: {_demo_argv(ns, save_cache=DEMO_CACHE_FILE)} saves the int8 kv_cache; then "
+                      f"{inspect_row.format(DEMO_CACHE_FILE)} shows every field of the row, dequantized")
     if not report.cosine > DEMO_MIN_COSINE:
         _err(f"the int8 path's cosine {report.cosine:.6f} to the bf16 path is below {DEMO_MIN_COSINE}: "
              "a wrong cache row or index was read")
@@ -311,11 +368,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--layout", action="store_true",
                       help="instead: where one token's k_rope lands in a PA_NZ cache (npu_mla_prolog_v3 through "
                            "the drop-in; needs torch)")
-    demo.add_argument("--context", type=int, default=4096, help="tokens in the cache before the step (4096)")
-    demo.add_argument("--heads", type=int, default=16, choices=[1, 2, 4, 8, 16, 32, 64, 128],
-                      help="query heads N (16: one of 8 tensor-parallel ranks of DeepSeek's 128)")
-    demo.add_argument("--sparse-count", type=int, default=2048, help="indexer top-k (2048)")
-    demo.add_argument("--block-size", type=int, default=128, help="cache block size (128)")
+    from .demo import DecodeStepConfig, heads_share
+
+    default = DecodeStepConfig()
+    for name, help_text in (("context", "tokens in the cache before the step"),
+                            ("heads", f"query heads N ({default.heads}: {heads_share(default.heads)})"),
+                            ("sparse_count", "indexer top-k"), ("block_size", "cache block size")):
+        demo.add_argument(f"--{name.replace('_', '-')}", type=_demo_value(name), default=getattr(default, name),
+                          help=f"{help_text} (default {getattr(default, name)})")
+    demo.add_argument("--save-cache", metavar="PATH", type=_writable_file,
+                      help="write the int8 kv_cache to PATH (.npz, for ascend-emu inspect)")
     demo.set_defaults(func=cmd_demo)
 
     warm = sub.add_parser("warmup", help="compile / load every Numba kernel by running each op once on tiny inputs",

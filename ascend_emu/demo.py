@@ -22,28 +22,101 @@ plain NumPy matmuls here: they are not among the emulated ops. The softmax scale
 
 from __future__ import annotations
 
+import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
 import numpy as np
 
 from . import ops
 from .checked_mode import mark_written
+from .errors import ModeError, ShapeError, arg_error
 from .layouts import slots_from_block_table
-from .mla import D_NOPE, D_ROPE, HCKV
+from .mla import D_NOPE, D_ROPE, HCKV, INDEXER_HEAD_DIM, INDEXER_HEADS
+from .ops import lightning_indexer as _indexer_op
+from .ops import sparse_flash_attention as _sfa_op
+from .ops.mla_prolog import VERSION_LIMITS
+from .progress import CompileWatch
 from .quant import BF16, MLA_ROW, read_combined_cache
+
+#: DeepSeek-V3.2's query heads per layer; a config's ``heads`` are one tensor-parallel rank's share.
+MODEL_HEADS = 128
+#: The longest sequence DeepSeek-V3.2 serves (128 K tokens): ``context + 1`` is at most this.
+MODEL_MAX_TOKENS = 131072
+#: Runs of each decode step after its first call; the step's time is their median (steady state).
+DECODE_REPEATS = 5
+
+
+def _ints_text(values) -> str:
+    """``a multiple of 16 in [16, 1024]`` for an arithmetic run from its step, else ``one of [...]``."""
+    values = sorted(values)
+    if len(values) > 2 and values == list(range(values[0], values[-1] + 1, values[0])):
+        return f"a multiple of {values[0]} in [{values[0]}, {values[-1]}]"
+    return f"one of {values}"
+
+
+#: PA_BSND block sizes all four ops of the step accept (npu_mla_prolog_v3's table, the indexer's and
+#: the sparse attentions' "a multiple of 16 up to 1024").
+BLOCK_SIZES = tuple(b for b in VERSION_LIMITS[3].block_sizes
+                    if not b % _indexer_op.BLOCK_SIZE_ALIGN and b <= _indexer_op.BLOCK_SIZE_MAX
+                    and not b % _sfa_op.BLOCK_SIZE_ALIGN and b <= _sfa_op.MAX_BLOCK_SIZE)
+#: What each :class:`DecodeStepConfig` field must be: (error class, test, expectation text).
+_FIELD_RULES: dict[str, tuple[type, Callable[[int], bool], str]] = {
+    "he": (ShapeError, lambda v: v in VERSION_LIMITS[3].he,
+           f"{_ints_text(VERSION_LIMITS[3].he)} (npu_mla_prolog_v3's He)"),
+    "hcq": (ShapeError, lambda v: v in VERSION_LIMITS[3].hcq,
+            f"{_ints_text(VERSION_LIMITS[3].hcq)} (npu_mla_prolog_v3's Hcq)"),
+    "heads": (ShapeError, lambda v: v in _sfa_op.QUERY_HEADS,
+              f"{_ints_text(_sfa_op.QUERY_HEADS)} (the sparse attentions' N1)"),
+    "context": (ShapeError, lambda v: 1 <= v <= MODEL_MAX_TOKENS - 1,
+                f"1 to {MODEL_MAX_TOKENS - 1} tokens (the model serves {MODEL_MAX_TOKENS} with the decoded one)"),
+    "block_size": (ShapeError, lambda v: v in BLOCK_SIZES,
+                   f"{_ints_text(BLOCK_SIZES)} (PA_BSND BlockSize of npu_mla_prolog_v3, the indexer and the "
+                   "sparse attentions)"),
+    "sparse_count": (ModeError, lambda v: 1 <= v <= _indexer_op.SPARSE_COUNT_MAX_DENSE
+                     or v in _indexer_op.SPARSE_COUNTS_LARGE,
+                     f"1-{_indexer_op.SPARSE_COUNT_MAX_DENSE} or one of {list(_indexer_op.SPARSE_COUNTS_LARGE)} "
+                     "(npu_lightning_indexer's sparse_count)"),
+    "indexer_heads": (ShapeError, lambda v: v == INDEXER_HEADS, f"{INDEXER_HEADS} (npu_lightning_indexer's N1)"),
+    "indexer_dim": (ShapeError, lambda v: v == INDEXER_HEAD_DIM, f"{INDEXER_HEAD_DIM} (npu_lightning_indexer's D)"),
+    "seed": (ModeError, lambda v: v >= 0, "a non-negative int (numpy.random.default_rng)"),
+}
+
+
+def config_problem(name: str, value: object) -> str | None:
+    """What :class:`DecodeStepConfig` field ``name`` must be, if ``value`` is not that; else None.
+
+    The demo's one definition of its shape rules (taken from the ops' own limits), used by the
+    config itself and by the CLI's argument parsing (``ascend-emu demo --block-size 100``).
+    """
+    _, ok, expected = _FIELD_RULES[name]
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        return f"an int: {expected}"
+    return None if ok(int(value)) else expected
+
+
+def heads_share(heads: int) -> str:
+    """What ``heads`` query heads are of DeepSeek-V3.2's :data:`MODEL_HEADS`: ``one TP-8 rank of 128``."""
+    if heads == MODEL_HEADS:
+        return f"all {MODEL_HEADS} of the model, no tensor parallelism"
+    return f"one TP-{MODEL_HEADS // heads} rank of the model's {MODEL_HEADS}"
 
 
 @dataclass(frozen=True, kw_only=True)
 class DecodeStepConfig:
     """Shapes of the demo's decode step (defaults: DeepSeek-V3.2 per layer, one TP-8 rank).
 
+    Every field is checked when the config is made (:func:`config_problem`): a value the ops would
+    reject is a :class:`~ascend_emu.errors.ShapeError` / :class:`~ascend_emu.errors.ModeError`
+    naming the field, before anything runs.
+
     Attributes:
         he: hidden size He (the prolog accepts 7168 or 7680).
         hcq: query low-rank dim Hcq.
-        heads: query heads N of this rank.
-        context: tokens already in the cache before the decode step.
+        heads: query heads N of this rank (:func:`heads_share`).
+        context: tokens already in the cache before the decode step (at most
+            ``MODEL_MAX_TOKENS - 1``).
         block_size: rows per cache block (PA_BSND).
         sparse_count: top-k of the indexer, the tokens each query attends to.
         indexer_heads: indexer query heads.
@@ -61,6 +134,29 @@ class DecodeStepConfig:
     indexer_dim: int = 128
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            problem = config_problem(f.name, getattr(self, f.name))
+            if problem is not None:
+                raise arg_error(_FIELD_RULES[f.name][0], f.name, problem, getattr(self, f.name))
+
+
+@dataclass(frozen=True)
+class FirstCall:
+    """The first call of a step's op: Numba compiles (or loads from its cache) the kernels it uses.
+
+    Attributes:
+        step: the step's name.
+        seconds: wall time of the call, compiling included.
+        kernels: Numba kernels it compiled (0 when the on-disk cache had them all).
+        compile_seconds: the part of ``seconds`` spent compiling them.
+    """
+
+    step: str
+    seconds: float
+    kernels: int
+    compile_seconds: float
+
 
 @dataclass
 class DecodeStepReport:
@@ -68,7 +164,13 @@ class DecodeStepReport:
 
     Attributes:
         config: the shapes used.
-        timings: ``[(step, seconds)]`` in the order run.
+        timings: ``[(step, seconds)]`` in the order run, steady state (compiling excluded): a
+            decode step's time is the median of :data:`DECODE_REPEATS` runs after its first call,
+            a prefill step runs once after a first call of its op on two tokens.
+        first_calls: the first call of each op step (:class:`FirstCall`), in the order run.
+        kernels_compiled, compile_seconds: Numba kernels compiled during the whole run and the time
+            spent on it (first run only: they are cached on disk).
+        kv_int8: the int8 path's cache after the step, ``[BlockNum, BlockSize, 1, 656]`` int8 PA_BSND.
         blocks_used, num_blocks: cache blocks holding the ``context + 1`` tokens, and the cache size.
         block_table: the sequence's blocks ``[ceil((context + 1) / block_size)]`` (a shuffled pool).
         cache_bytes: ``{"int8 kv_cache": n, "bf16 kv_cache + kr_cache": n}``.
@@ -89,6 +191,10 @@ class DecodeStepReport:
 
     config: DecodeStepConfig
     timings: list[tuple[str, float]] = field(default_factory=list)
+    first_calls: list[FirstCall] = field(default_factory=list)
+    kernels_compiled: int = 0
+    compile_seconds: float = 0.0
+    kv_int8: np.ndarray | None = None
     blocks_used: int = 0
     num_blocks: int = 0
     block_table: np.ndarray | None = None
@@ -125,27 +231,67 @@ def run_decode_step(config: DecodeStepConfig = DecodeStepConfig(), *,
                     on_step: Callable[[str], None] | None = None) -> DecodeStepReport:
     """Run the demo's prefill and decode step on both paths (module doc) and measure them.
 
+    Each op step's first call (which compiles or loads its Numba kernels) is timed apart from the
+    step (:class:`FirstCall`); the kernels compiled are counted with a
+    :class:`~ascend_emu.progress.CompileWatch` (wrap the call in a
+    :class:`~ascend_emu.progress.Progress` to show them as they compile).
+
     Args:
         config: the shapes.
-        on_step: called with each step's name before it runs (progress display).
+        on_step: called with each step's name before it runs, and with ``"<step>: first call"``
+            before a first call (progress display).
 
     Returns:
         The :class:`DecodeStepReport`.
 
     Raises:
-        The ops' errors, if ``config`` asks for shapes they reject (e.g. He other than 7168 / 7680).
+        Nothing for a valid config: :class:`DecodeStepConfig` rejects the shapes the ops would.
     """
-    c = config
+    with CompileWatch() as watch:
+        rep = _run_decode_step(config, on_step, watch)
+    rep.kernels_compiled, rep.compile_seconds = watch.kernels, watch.seconds
+    return rep
+
+
+def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch) -> DecodeStepReport:
+    from .warmup import TOKENS, _split_every_kernel
+
     rep = DecodeStepReport(config=c)
     rng = np.random.default_rng(c.seed)
 
-    def step(name: str, fn: Callable[[], object]):
+    def first_call(name: str, fn: Callable[[], object]) -> None:
+        if on_step is not None:
+            on_step(f"{name}: first call")
+        kernels, compiling, start = watch.kernels, watch.seconds, time.perf_counter()
+        fn()
+        rep.first_calls.append(FirstCall(name, time.perf_counter() - start, watch.kernels - kernels,
+                                         watch.seconds - compiling))
+
+    def step(name: str, fn: Callable[[], object], repeats: int = 1):
         if on_step is not None:
             on_step(name)
-        start = time.perf_counter()
-        out = fn()
-        rep.timings.append((name, time.perf_counter() - start))
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            out = fn()
+            seconds.append(time.perf_counter() - start)
+        rep.timings.append((name, statistics.median(seconds)))
         return out
+
+    def first_tokens(prolog: Callable[[slice], object]) -> Callable[[], None]:
+        """The prolog on the first context tokens (two: enough to split), plainly and with its work
+        split across threads: the serial and the threaded kernels a long prefill uses (the rows it
+        writes are written again, with the same bytes, by the prefill)."""
+        def run() -> None:
+            prolog(slice(0, min(TOKENS, ctx)))
+            with _split_every_kernel():
+                prolog(slice(0, min(TOKENS, ctx)))
+        return run
+
+    def op_step(name: str, fn: Callable[[], object], first: Callable[[], object] | None = None,
+                repeats: int = DECODE_REPEATS):
+        first_call(name, first or fn)
+        return step(name, fn, repeats)
 
     def randn(*shape: int, scale: float = 1.0) -> np.ndarray:
         return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(BF16)
@@ -206,13 +352,16 @@ def run_decode_step(config: DecodeStepConfig = DecodeStepConfig(), *,
         mark_written(k_indexer, slots[tok])  # a plain scatter, not an op: declared for checked mode
 
     prefill, decode = slice(0, ctx), slice(ctx, total)
-    step(f"prefill {ctx} tokens: npu_mla_prolog_v3, int8 per-tile cache", lambda: prolog_int8(prefill))
-    step(f"prefill {ctx} tokens: npu_mla_prolog_v3, bf16 cache", lambda: prolog_bf16(prefill))
+    op_step(f"prefill {ctx} tokens: npu_mla_prolog_v3, int8 per-tile cache", lambda: prolog_int8(prefill),
+            first_tokens(prolog_int8), repeats=1)
+    op_step(f"prefill {ctx} tokens: npu_mla_prolog_v3, bf16 cache", lambda: prolog_bf16(prefill),
+            first_tokens(prolog_bf16), repeats=1)
     step(f"prefill {ctx} tokens: indexer keys", lambda: indexer_keys(prefill))
 
-    # ---- decode step: the new token at position `context`
-    query8, query_rope8, *_ = step("decode: npu_mla_prolog_v3 (int8 per-tile)", lambda: prolog_int8(decode))
-    query16, query_rope16, _, query_norm, _ = step("decode: npu_mla_prolog_v3 (bf16)", lambda: prolog_bf16(decode))
+    # ---- decode step: the new token at position `context` (each run writes its row again, same bytes)
+    query8, query_rope8, *_ = op_step("decode: npu_mla_prolog_v3 (int8 per-tile)", lambda: prolog_int8(decode))
+    query16, query_rope16, _, query_norm, _ = op_step("decode: npu_mla_prolog_v3 (bf16)",
+                                                      lambda: prolog_bf16(decode))
     indexer_keys(decode)
     xt = x[0, decode].astype(np.float32)  # [1, He]
     q_idx = (query_norm.reshape(1, c.hcq).astype(np.float32) @ w["w_iq"].astype(np.float32)).astype(BF16).reshape(
@@ -220,19 +369,19 @@ def run_decode_step(config: DecodeStepConfig = DecodeStepConfig(), *,
     w_idx = (xt @ w["w_iw"].astype(np.float32) * c.indexer_heads ** -0.5).astype(BF16).reshape(
         1, 1, c.indexer_heads)  # [B, S1, N1]
     seq_q, seq_kv = np.array([1], np.int32), np.array([total], np.int32)
-    sparse_indices, _ = step("decode: npu_lightning_indexer", lambda: ops.npu_lightning_indexer(
+    sparse_indices, _ = op_step("decode: npu_lightning_indexer", lambda: ops.npu_lightning_indexer(
         q_idx, k_indexer, w_idx, actual_seq_lengths_query=seq_q, actual_seq_lengths_key=seq_kv,
         block_table=block_table, layout_query="BSND", layout_key="PA_BSND", sparse_count=c.sparse_count,
         sparse_mode=3))  # [1, 1, 1, sparse_count] int32
     rep.selected = int((sparse_indices >= 0).sum())
     scale_value = float((D_NOPE + D_ROPE) ** -0.5)
     q576 = np.concatenate([query8, query_rope8], axis=-1)  # [1, 1, N, 576]
-    out8 = step("decode: npu_kv_quant_sparse_flash_attention", lambda: ops.npu_kv_quant_sparse_flash_attention(
+    out8 = op_step("decode: npu_kv_quant_sparse_flash_attention", lambda: ops.npu_kv_quant_sparse_flash_attention(
         q576, kv_int8, kv_int8, sparse_indices, scale_value, 2, 2, block_table=block_table,
         actual_seq_lengths_query=seq_q, actual_seq_lengths_kv=seq_kv, layout_query="BSND", layout_kv="PA_BSND",
         sparse_mode=3, attention_mode=2, quant_scale_repo_mode=1, tile_size=MLA_ROW.tile_size,
         rope_head_dim=D_ROPE))  # [1, 1, N, 512]
-    out16, *_ = step("decode: npu_sparse_flash_attention (bf16)", lambda: ops.npu_sparse_flash_attention(
+    out16, *_ = op_step("decode: npu_sparse_flash_attention (bf16)", lambda: ops.npu_sparse_flash_attention(
         query16, kv_bf16, kv_bf16, sparse_indices, scale_value, block_table=block_table,
         actual_seq_lengths_query=seq_q, actual_seq_lengths_kv=seq_kv, query_rope=query_rope16, key_rope=kr_bf16,
         layout_query="BSND", layout_kv="PA_BSND", sparse_mode=3, attention_mode=2))  # [1, 1, N, 512]
@@ -272,6 +421,7 @@ def run_decode_step(config: DecodeStepConfig = DecodeStepConfig(), *,
     # ---- what it shows
     rep.cache_bytes = {"int8 kv_cache (656-byte rows)": kv_int8.nbytes,
                        "bf16 kv_cache + kr_cache": kv_bf16.nbytes + kr_bf16.nbytes}
+    rep.kv_int8 = kv_int8
     rep.row_slot = int(slots[ctx])
     rep.row = kv_int8.reshape(-1, MLA_ROW.row_bytes)[rep.row_slot].view(np.uint8).copy()  # [656]
     k_nope, k_rope, scales = read_combined_cache(kv_int8, slot=rep.row_slot)

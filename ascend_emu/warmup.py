@@ -33,6 +33,7 @@ import numpy as np
 
 from . import ops
 from ._kernel_cache import kernel_cache_dir
+from .ops.mla_prolog import QUANT_SCENARIOS
 from .quant import BF16
 
 #: Rows of the tiny inputs (tokens, kv positions).
@@ -154,7 +155,8 @@ def _prolog_calls(rng) -> Iterator[Call]:
             kw["dequant_scale_w_uq_qr"] = one((1, n * 192))
         args = (x_i8 if wqm == 2 else x_bf, w["w_dq"], w_uq_qr[wqm > 0], w_uk, w["w_dkv_kr"], gamma_cq, gamma_ckv,
                 sin, cos, kv_cache, kr_cache)
-        yield Call(f"npu_mla_prolog_v3 {(wqm, kvq, qqm)}", "npu_mla_prolog_v3", args, kw)
+        yield Call(f"npu_mla_prolog_v3 {QUANT_SCENARIOS[wqm, kvq, qqm].name}, {kw['cache_mode']} "
+                   f"(quant modes {wqm}, {kvq}, {qqm})", "npu_mla_prolog_v3", args, kw)
 
 
 def _preprocess_calls(rng) -> Iterator[Call]:
@@ -250,7 +252,8 @@ def _split_every_kernel() -> Iterator[None]:
         kernels.ELEMENTS_PER_PART, kernels.SCATTER_BYTES_PER_THREAD, kv.TOKENS_PER_PART = saved
 
 
-def warmup(*, parallel: bool = True, report: Callable[[WarmupResult], None] | None = None) -> list[WarmupResult]:
+def warmup(*, parallel: bool = True, report: Callable[[WarmupResult], None] | None = None,
+           on_start: Callable[[int, int, str], None] | None = None) -> list[WarmupResult]:
     """Run every op once per scenario on tiny inputs (module doc), compiling or loading its kernels.
 
     The split runs lower the emu backend's work thresholds for their duration (module globals),
@@ -260,6 +263,8 @@ def warmup(*, parallel: bool = True, report: Callable[[WarmupResult], None] | No
         parallel: also run each call with its work split across threads, when Numba has two or more
             (compiles the parallel kernels; they are separate functions).
         report: called with each result as soon as it is measured (e.g. to print progress).
+        on_start: called before each call with its number (from 1), the number of calls and its
+            name (e.g. to show what is compiling).
 
     Returns:
         One :class:`WarmupResult` per call, in order.
@@ -270,17 +275,19 @@ def warmup(*, parallel: bool = True, report: Callable[[WarmupResult], None] | No
     rng = np.random.default_rng(0)
     results = []
     split = parallel and numba.get_num_threads() > 1
-    for family in CALLS:
-        for call in family(rng):
-            start = time.perf_counter()
-            call()
-            if split:
-                with _split_every_kernel():
-                    call()
-            result = WarmupResult(call.name, time.perf_counter() - start)
-            results.append(result)
-            if report is not None:
-                report(result)
+    calls = [call for family in CALLS for call in family(rng)]
+    for number, call in enumerate(calls, 1):
+        if on_start is not None:
+            on_start(number, len(calls), call.name)
+        start = time.perf_counter()
+        call()
+        if split:
+            with _split_every_kernel():
+                call()
+        result = WarmupResult(call.name, time.perf_counter() - start)
+        results.append(result)
+        if report is not None:
+            report(result)
     return results
 
 
@@ -303,13 +310,17 @@ def add_arguments(parser) -> None:
 def run(ns) -> int:
     """Run the ``warmup`` subcommand from parsed arguments; exit status 0. The total line ends with
     the kernel cache directory and the folder to delete to clear it."""
+    from .progress import Progress
+
     start = time.perf_counter()
 
     def show(result: WarmupResult) -> None:
         if not ns.quiet:
             print(f"  {result.seconds:7.2f} s  {result.op}", flush=True)
 
-    results = warmup(parallel=not ns.serial_only, report=show)
+    with Progress(show_steps=False, quiet=ns.quiet) as progress:
+        results = warmup(parallel=not ns.serial_only, report=show,
+                         on_start=lambda number, total, name: progress.step(f"[{number}/{total}] {name}"))
     cache = kernel_cache_dir()
     print(f"warmed up {len(results)} op calls in {time.perf_counter() - start:.1f} s "
           f"(Numba threads: {numba.get_num_threads()}); kernel cache: {cache} "

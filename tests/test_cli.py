@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -126,6 +127,35 @@ def test_run_stops_with_the_install_hint_without_torch(tmp_path, blocker):
     assert proc.returncode == 2, proc.stderr
     assert "SCRIPT RAN" not in proc.stdout
     assert "torch is not installed" in proc.stderr and 'pip install -e ".[torch]"' in proc.stderr
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in proc.stderr  # not the CUDA wheel
+
+
+def test_drop_in_import_error_names_the_cpu_wheel(tmp_path):
+    import ascend_emu
+
+    root = os.path.dirname(os.path.dirname(ascend_emu.__file__))
+    proc = _run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; import ascend_emu.torch_npu"],
+                cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=root))
+    assert proc.returncode == 1 and "ModuleNotFoundError: ascend_emu.torch_npu needs torch" in proc.stderr
+    assert "--index-url https://download.pytorch.org/whl/cpu" in proc.stderr
+
+
+def test_every_install_hint_is_defined_once_and_names_the_cpu_wheel():
+    """PyPI's default torch on Linux is the CUDA build: every hint that installs torch (or torch-npu,
+    which pulls torch in) gives the CPU index; the texts live in ascend_emu.install_hints only."""
+    import ascend_emu
+    from ascend_emu import install_hints
+
+    package = os.path.dirname(ascend_emu.__file__)
+    for root, _, files in os.walk(package):
+        for name in files:
+            path = os.path.join(root, name)
+            if name.endswith(".py") and path != install_hints.__file__:
+                with open(path, encoding="utf-8") as f:
+                    assert "pip install" not in f.read(), f"{path}: import the hint from ascend_emu.install_hints"
+    for hint in (install_hints.TORCH_HINT, install_hints.TORCH_NPU_HINT):
+        assert "--index-url https://download.pytorch.org/whl/cpu" in hint
+    assert "torch-npu 2.14.0" in install_hints.TORCH_NPU_HINT
 
 
 def test_run_prefers_a_real_torch_npu_unless_forced(tmp_path):
@@ -170,18 +200,38 @@ def test_layout_demo_runs_and_checks_pass():
 
 
 @pytest.mark.slow
-def test_decode_step_demo_runs_without_torch_and_reports():
-    """``ascend-emu demo`` (a small context) in a process where torch cannot be imported."""
+def test_decode_step_demo_runs_without_torch_and_reports(tmp_path, capsys):
+    """``ascend-emu demo`` (a small context) in a process where torch cannot be imported, piped: each
+    step is a plain line as it starts (first calls apart), the table gives steady-state times,
+    figures have a sensible precision, and the saved cache answers the closing hint's command."""
+    saved = tmp_path / "kv"
     code = ("import sys; sys.modules['torch'] = None; from ascend_emu.cli import main; "
-            "sys.exit(main(['demo', '--context', '300', '--sparse-count', '128', '--heads', '8']))")
+            "sys.exit(main(['demo', '--context', '300', '--sparse-count', '128', '--heads', '8', "
+            f"'--save-cache', {str(saved)!r}]))")
     proc = _run([sys.executable, "-c", code], cwd=None, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    for step in ("prefill 300 tokens: npu_mla_prolog_v3, int8 per-tile cache: first call",
+                 "decode: npu_lightning_indexer: first call", "decode: npu_lightning_indexer",
+                 "decode: npu_kv_quant_sparse_flash_attention: first call"):
+        assert step in lines, step  # progress: a line of its own, printed as the step starts
     out = " ".join(proc.stdout.split())
     for step in ("npu_mla_prolog_v3, int8 per-tile cache", "npu_lightning_indexer",
                  "npu_kv_quant_sparse_flash_attention", "npu_sparse_flash_attention (bf16)"):
         assert step in out
+    assert "first call ms" in out and "median of 5 runs" in out and "first calls: " in out
+    assert "N=8 query heads (one TP-16 rank of the model's 128)" in out
     assert "indexer selected │ 128 of 301 tokens" in out
     assert "656-byte row (slot" in out and "cosine 0.99" in out
+    scales = re.search(r"fp32 tile scales: \[([^]]*)\]", out).group(1).split(", ")
+    assert len(scales) == 4 and all(len(v.lstrip("0.").replace(".", "")) <= 4 for v in scales), scales
+    assert re.search(r"max abs error 0\.0\d+, cosine 0\.99\d\d\b", out)
+    slot = int(re.search(r"656-byte row \(slot (\d+)", out).group(1))
+    hint = re.search(r"(ascend-emu inspect dump (\S+) --slot (\d+))", out)
+    assert hint.group(2) == str(saved) + ".npz" and int(hint.group(3)) == slot
+    assert main(["inspect", "dump", hint.group(2), "--slot", hint.group(3)]) == 0
+    dumped = " ".join(capsys.readouterr().out.split())
+    assert "k_nope" in dumped and "scale" in dumped and f"{slot} (" in dumped
 
 
 def test_decode_step_report_is_consistent():
@@ -190,6 +240,11 @@ def test_decode_step_report_is_consistent():
 
     rep = run_decode_step(DecodeStepConfig(context=200, sparse_count=64, heads=4, block_size=64))
     assert [name.split(":")[0] for name, _ in rep.timings].count("decode") == 5
+    # every op step has a first call timed apart; what compiled is counted (and is 0 when cached)
+    ops_steps = [name for name, _ in rep.timings if "npu_" in name]
+    assert [f.step for f in rep.first_calls] == ops_steps and len(ops_steps) == 7
+    assert sum(f.kernels for f in rep.first_calls) <= rep.kernels_compiled
+    assert rep.kv_int8.shape == (rep.num_blocks, 64, 1, MLA_ROW.row_bytes)
     assert rep.blocks_used == 4 and rep.block_table.shape == (4,) and len(set(rep.block_table.tolist())) == 4
     assert rep.row_slot == int(rep.block_table[200 // 64]) * 64 + 200 % 64  # token 200 through the table
     assert np.array_equal(rep.row[MLA_ROW.scale_offset:].view("<f4"), rep.row_scales)
@@ -200,6 +255,82 @@ def test_decode_step_report_is_consistent():
     again = np.asarray(rep.decode_int8()).reshape(4, 512)
     assert again.view(np.uint16).tobytes() == rep.out_int8.view(np.uint16).tobytes()
     assert rep.floor_int8().shape == (4, 512)
+
+
+def test_decode_step_times_are_steady_state_with_the_first_call_apart(monkeypatch):
+    """On a clock that only the indexer advances (its first call 100 s, the next ones 1..5 s), the
+    indexer step reports the median of the 5 runs after the first call, and the first call apart."""
+    from types import SimpleNamespace
+
+    from ascend_emu import demo, ops
+
+    now = [0.0]
+    costs = iter([100.0, 1.0, 5.0, 3.0, 2.0, 4.0])
+    real = ops.npu_lightning_indexer
+
+    def indexer(*args, **kwargs):
+        now[0] += next(costs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(demo, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(ops, "npu_lightning_indexer", indexer)
+    rep = demo.run_decode_step(demo.DecodeStepConfig(context=40, sparse_count=16, heads=1, block_size=16))
+    assert dict(rep.timings)["decode: npu_lightning_indexer"] == 3.0
+    first = {f.step: f.seconds for f in rep.first_calls}
+    assert first["decode: npu_lightning_indexer"] == 100.0
+    assert next(costs, None) is None  # called 1 + DECODE_REPEATS times, no more
+
+
+BAD_DEMO_ARGS = [
+    (["--block-size", "100"], "--block-size", "a multiple of 16 in [16, 1024]"),
+    (["--block-size", "1040"], "--block-size", "a multiple of 16 in [16, 1024]"),
+    (["--block-size", "8"], "--block-size", "a multiple of 16 in [16, 1024]"),
+    (["--block-size", "x"], "--block-size", "an int"),
+    (["--context", "0"], "--context", "1 to 131071"),
+    (["--context", "131072"], "--context", "1 to 131071"),
+    (["--heads", "3"], "--heads", "[1, 2, 4, 8, 16, 32, 64, 128]"),
+    (["--sparse-count", "0"], "--sparse-count", "1-2048"),
+    (["--sparse-count", "3000"], "--sparse-count", "1-2048"),
+    (["--save-cache", "/no/such/dir/kv"], "--save-cache", "existing, writable directory"),
+]
+
+
+@pytest.mark.parametrize("args, option, expected", BAD_DEMO_ARGS)
+def test_demo_argument_errors_exit_2_naming_the_argument(capsys, args, option, expected):
+    """A value the ops would reject stops ``ascend-emu demo`` before any work: exit 2 and one
+    error line naming the option, what it must be and the value (no traceback)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", *args])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"ascend-emu demo: error: argument {option}: expected ")
+    assert expected in err[-1] and repr(args[-1]) in err[-1]
+    assert not any("Traceback" in line for line in err)
+
+
+@pytest.mark.parametrize("args", [["--block-size", "16"], ["--block-size", "1024"], ["--context", "1"],
+                                  ["--heads", "128"], ["--sparse-count", "8192"], ["--sparse-count", "2048"]])
+def test_demo_accepts_the_limits(args):
+    from ascend_emu.cli import build_parser
+
+    ns = build_parser().parse_args(["demo", *args])
+    assert getattr(ns, args[0][2:].replace("-", "_")) == int(args[1])
+
+
+def test_decode_step_config_rejects_what_the_ops_would():
+    from ascend_emu.demo import DecodeStepConfig
+    from ascend_emu.errors import ShapeError
+
+    with pytest.raises(ShapeError, match=r"^block_size: expected a multiple of 16 in \[16, 1024\].*got 100$"):
+        DecodeStepConfig(block_size=100)
+
+
+@pytest.mark.parametrize("heads, share", [(16, "one TP-8 rank"), (128, "all 128"), (8, "one TP-16 rank"),
+                                          (1, "one TP-128 rank")])
+def test_demo_names_the_heads_share(heads, share):
+    from ascend_emu.demo import heads_share
+
+    assert heads_share(heads).startswith(share)
 
 
 # ------------------------------------------------------------------------------ locate

@@ -1,16 +1,21 @@
 """``ascend-emu warmup`` / :func:`ascend_emu.warmup.warmup`: every op runs once per scenario, the
-threaded kernel variants are compiled too, and the thresholds it lowers are restored."""
+threaded kernel variants are compiled too, and the thresholds it lowers are restored; progress
+(:mod:`ascend_emu.progress`) names each kernel as it compiles."""
 
 from __future__ import annotations
 
 import importlib
+import io
+import re
 
 import numba
+import numpy as np
 import pytest
 
 from ascend_emu import warmup as warmup_mod
 from ascend_emu._kernel_cache import kernel_cache_dir
 from ascend_emu.cli import build_parser, main
+from ascend_emu.progress import Progress
 
 kernels = importlib.import_module("ascend_emu.emu.kernels")
 kv_emu = importlib.import_module("ascend_emu.emu.kv_rmsnorm_rope_cache")
@@ -57,3 +62,74 @@ def test_cli_warmup_rejects_unknown_options(argv):
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(argv)
     assert exc.value.code == 2
+
+
+def test_prolog_scenarios_are_named():
+    """Each npu_mla_prolog_v3 warm-up names its quant scenario (ops_reference §2.1: partial / full
+    quant, per-tensor / per-channel / per-tile kv_cache), not a bare mode tuple."""
+    names = [c.name for c in warmup_mod._prolog_calls(np.random.default_rng(0))]
+    assert all(re.search(r"\(\d, \d, \d\)", name) is None for name in names), names
+    joined = " | ".join(names)
+    for scenario in ("non-quant", "partial quant, kv_cache per-channel", "partial quant, kv_cache per-tile",
+                     "full quant, kv_cache per-tensor", "full quant, kv_cache per-tile"):
+        assert scenario in joined
+
+
+# ------------------------------------------------------------------------------ progress
+def _fresh_kernels():
+    """Two new jitted functions, the outer calling the inner, never compiled (no disk cache)."""
+    @numba.njit(cache=False)
+    def inner(x):
+        return x * 3
+
+    @numba.njit(cache=False)
+    def outer(x):
+        return inner(x) + 1
+
+    return outer
+
+
+def test_progress_names_each_kernel_as_it_compiles_in_plain_lines():
+    """Piped (not a terminal): the step, the first-run note and one flushed line per kernel compiled;
+    the helper compiled inside a kernel is part of it; a second call compiles nothing."""
+    stream = io.StringIO()
+    outer = _fresh_kernels()
+    with Progress(stream) as progress:
+        progress.step("step one")
+        assert outer(2) == 7
+        progress.step("step two")
+        assert outer(5) == 16  # compiled already: no line
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "step one"
+    assert "first run only" in lines[1]
+    assert lines[2].strip() == "compiling Numba kernel 1: tests.test_warmup._fresh_kernels.<locals>.outer"
+    assert lines[3:] == ["step two"]
+    assert progress.watch.kernels == 1 and progress.watch.seconds > 0
+
+
+def test_progress_quiet_prints_nothing_and_still_counts():
+    stream = io.StringIO()
+    with Progress(stream, quiet=True) as progress:
+        progress.step("step")
+        _fresh_kernels()(1)
+    assert stream.getvalue() == "" and progress.watch.kernels == 1
+
+
+def test_cli_warmup_piped_shows_each_call_and_what_it_compiles(monkeypatch, capsys):
+    """``ascend-emu warmup | tee log``: a call that compiles is named ([i/n]) above its kernels,
+    before its result line; one that compiles nothing adds no line."""
+    outer = _fresh_kernels()
+
+    def family(rng):
+        yield warmup_mod.Call("first fresh call", "npu_format_cast", (), {})
+        yield warmup_mod.Call("second call", "npu_format_cast", (), {})
+
+    monkeypatch.setattr(warmup_mod, "CALLS", (family,))
+    monkeypatch.setattr(warmup_mod.Call, "__call__", lambda self: outer(1))
+    assert main(["warmup", "--serial-only"]) == 0
+    lines = [ln.strip() for ln in capsys.readouterr().out.splitlines()]
+    assert "first run only" in lines[0]
+    assert lines[1] == "[1/2] first fresh call:"
+    assert lines[2].startswith("compiling Numba kernel 1: ") and lines[2].endswith(".outer")
+    assert lines[3].endswith("s  first fresh call") and lines[4].endswith("s  second call")
+    assert lines[5].startswith("warmed up 2 op calls")

@@ -21,6 +21,7 @@ import importlib
 import os
 import sys
 
+from ..install_hints import PLOT_HINT, TORCH_NPU_HINT
 from .report import Report
 
 
@@ -36,9 +37,8 @@ def _real_torch_npu():
              "torch_npu (on an Atlas machine), not under `ascend-emu run`")
         return None
     if importlib.util.find_spec("torch_npu") is None:
-        _err("no torch_npu is installed: `record` and `compare SCRIPT` run the script on the real NPU (an Atlas "
-             "machine with CANN and `pip install torch-npu`); on a laptop use `ascend-emu compare --replay DIR` "
-             "on a recording made there")
+        _err("no torch_npu is installed: `record` and `compare SCRIPT` run the script on the real NPU, "
+             f"{TORCH_NPU_HINT}; on a laptop use `ascend-emu compare --replay DIR` on a recording made there")
         return None
     return importlib.import_module("torch_npu")
 
@@ -80,7 +80,7 @@ def _emit(report: Report, ns) -> int:
         try:
             paths = report.heatmaps(ns.png_dir)
         except ModuleNotFoundError:
-            _err('--png-dir needs matplotlib: pip install -e ".[plot]"')
+            _err(f"--png-dir needs matplotlib; {PLOT_HINT}")
             return 2
         for p in paths:
             print(f"wrote {p}")

@@ -27,6 +27,7 @@ import sys
 import numpy as np
 
 from ..errors import BackendUnavailable
+from ..install_hints import TORCH_NPU_HINT as INSTALL_HINT
 from ..layouts import FRACTAL_NZ, get_npu_format
 from ..mla import D_ROPE, HCKV, TILE_SIZE
 from ..ops.kv_rmsnorm_rope_cache import KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs
@@ -35,10 +36,6 @@ from ..ops.mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
 from ..ops.mla_prolog import MlaPrologArgs, MlaPrologOutputs
 from ..ops.sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
 from ..quant.rounding import BF16
-
-#: How to get the real torch_npu (named in every BackendUnavailable).
-INSTALL_HINT = ("on an Atlas A2 / A3 machine with CANN installed (source .../ascend-toolkit/set_env.sh): "
-                "pip install torch==2.x torch-npu==2.x (matching versions, e.g. torch-npu 2.14.0)")
 
 
 def _is_drop_in(mod) -> bool:

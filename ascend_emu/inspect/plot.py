@@ -13,12 +13,10 @@ import os
 
 import numpy as np
 
+from ..install_hints import PLOT_HINT
 from .blocks import SHARED, BlockMap
 from .diff import Diff
 from .grid import Grid
-
-#: How to get matplotlib when it is missing.
-PLOT_HINT = 'install it with:  pip install -e ".[plot]"   (or: pip install matplotlib)'
 
 
 def _pyplot():

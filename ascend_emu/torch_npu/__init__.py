@@ -27,12 +27,12 @@ import importlib
 import pkgutil
 import sys
 
+from ..install_hints import TORCH_HINT, TORCH_NPU_VERSION
+
 try:
     import torch
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
-    raise ModuleNotFoundError('ascend_emu.torch_npu needs torch; install it with: pip install -e ".[torch]" '
-                              "(or pip install torch; CPU-only wheels: pip install torch --index-url "
-                              "https://download.pytorch.org/whl/cpu)", name=exc.name) from exc
+    raise ModuleNotFoundError(f"ascend_emu.torch_npu needs torch; {TORCH_HINT}", name=exc.name) from exc
 
 from .. import __version__ as _emu_version
 from . import _device, _format, _registry, npu
@@ -44,8 +44,8 @@ _device.patch_torch()
 _format.patch_torch()
 _registry.register()
 
-#: torch_npu versions follow torch's; the local label says this is the emulator.
-__version__ = f"{torch.__version__.split('+')[0]}+ascend_emu.{_emu_version}"
+#: The emulated torch_npu release; the local label says this is the emulator.
+__version__ = f"{TORCH_NPU_VERSION}+ascend_emu.{_emu_version}"
 version = __version__
 
 _NPU_OPS = sorted({spec.name for spec in SCHEMAS if spec.namespace == "npu"})

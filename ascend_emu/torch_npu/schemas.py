@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Version of torch_npu the schemas are taken from.
-TORCH_NPU_VERSION = "2.14.0"
+from ..install_hints import TORCH_NPU_VERSION  # noqa: F401  (the version the schemas are taken from)
+
 #: Source files in the torch_npu wheel.
 YAML_SOURCE = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
 ATB_SOURCE = "torch_npu/lib/libop_plugin_atb.so (registration string)"
