@@ -4,10 +4,14 @@ TND prefix sums, rows with no kv token, a per-tile cache written by npu_mla_prol
 determinism, every bad argument, and the torch_npu drop-in.
 
 Accuracy: the official criterion (op-plugin goldens, ops_reference §5.3): more than 99 % of the
-elements within ``isclose(rtol=5e-3, atol=1e-4)``; besides, the share of bit-identical elements is
-asserted above a measured floor (:data:`BIT_IDENTICAL_FLOOR`): the kernel's matmuls sum in BLAS
-order, the reference in element order, so last-bit differences of the fp32 sums flip some
-query-dtype roundings.
+elements within ``isclose(rtol=5e-3, atol=1e-4)``. Besides, the reference follows the documented
+numerics chain (fp32 scores, exp in float64 rounded to fp32, ``l`` summed in selection order,
+``qdt(e / l)``, fp32 PV, one RNE rounding) and differs only in the matmuls' summation order (BLAS
+vs element order), so each case's share of bit-identical elements is asserted at its measured
+value less :data:`SHARE_MARGIN`, and no (token, head) row may be off by more than
+:data:`ROW_REL_BOUND` of its largest magnitude. Where the scores are exact whatever the order
+(:func:`test_exact_scores_bit_identical`) the outputs are asserted bit-identical, on inputs where
+``e * (1 / l)`` or an fp32 ``exp`` would give other bits.
 """
 
 from __future__ import annotations
@@ -33,12 +37,55 @@ SPARSE_MODES = (0, 3)
 DTYPES = {"bfloat16": BF16, "float16": np.dtype(np.float16)}
 #: Official pass criterion: share of elements within isclose(rtol, atol).
 RTOL, ATOL, CLOSE_SHARE = 5e-3, 1e-4, 0.99
-#: Bit-identical share against the reference, measured over the sweep (OpenBLAS 0.3.31, 2
-#: threads): lowest case 0.976 (fp16, a few thousand elements), mean 0.9987; the official-shape
-#: case (128 heads, 256 rows) 0.9949; asserted floor.
-BIT_IDENTICAL_FLOOR = 0.95
-#: The same over bigger bf16 cases (64 heads, 40 sparse blocks): measured 0.9986 at least.
-BF16_BIT_IDENTICAL_FLOOR = 0.995
+#: Bit-identical share against the reference: each case asserts its measured share (OpenBLAS
+#: 0.3.31, Haswell kernels; 1 and 2 threads give the same shares at these sizes), rounded down to
+#: 4 digits, less this margin (half a percent of the elements: room for another sgemm kernel's
+#: summation order, far less than a wrong numerics step costs on the cases built for it).
+SHARE_MARGIN = 0.005
+#: Measured share of each sweep case below 1 (the other 95 of the 160 cases: 1.0); lowest 0.9755
+#: (fp16, 10240 elements), mean over the sweep 0.9987.
+SWEEP_SHARES = {
+    "sfa-bfloat16-BSND/BSND-sbs2-mode3": 0.9999, "sfa-float16-BSND/BSND-sbs2-mode3": 0.9997,
+    "sfa-float16-BSND/BSND-sbs4-mode0": 0.9978, "sfa-float16-BSND/BSND-sbs4-mode3": 0.9998,
+    "sfa-float16-BSND/BSND-sbs8-mode0": 0.9998, "sfa-float16-BSND/BSND-sbs8-mode3": 0.9978,
+    "sfa-float16-BSND/BSND-sbs16-mode3": 0.9988, "sfa-float16-TND/TND-sbs2-mode0": 0.9902,
+    "sfa-float16-TND/TND-sbs2-mode3": 0.9997, "sfa-float16-TND/TND-sbs4-mode0": 0.9999,
+    "sfa-float16-TND/TND-sbs4-mode3": 0.9979, "sfa-float16-TND/TND-sbs8-mode0": 0.999,
+    "sfa-float16-TND/TND-sbs8-mode3": 0.9997, "sfa-float16-TND/TND-sbs16-mode0": 0.9995,
+    "sfa-float16-TND/TND-sbs16-mode3": 0.9999, "sfa-float16-BSND/PA_BSND-sbs2-mode0": 0.9776,
+    "sfa-float16-BSND/PA_BSND-sbs2-mode3": 0.9999, "sfa-float16-BSND/PA_BSND-sbs4-mode0": 0.9999,
+    "sfa-float16-BSND/PA_BSND-sbs4-mode3": 0.9979, "sfa-float16-BSND/PA_BSND-sbs8-mode0": 0.9995,
+    "sfa-float16-BSND/PA_BSND-sbs8-mode3": 0.9996, "sfa-float16-BSND/PA_BSND-sbs16-mode0": 0.9996,
+    "sfa-float16-BSND/PA_BSND-sbs16-mode3": 0.9999, "sfa-float16-TND/PA_BSND-sbs4-mode0": 0.9985,
+    "sfa-float16-TND/PA_BSND-sbs4-mode3": 0.9998, "sfa-float16-TND/PA_BSND-sbs8-mode0": 0.9755,
+    "sfa-float16-TND/PA_BSND-sbs16-mode0": 0.9917, "sfa-float16-TND/PA_BSND-sbs16-mode3": 0.9979,
+    "kvq-bfloat16-TND/TND-sbs16-mode3": 0.9999, "kvq-bfloat16-BSND/PA_BSND-sbs16-mode0": 0.9999,
+    "kvq-bfloat16-TND/PA_BSND-sbs16-mode3": 0.9999, "kvq-float16-BSND/BSND-sbs1-mode3": 0.9975,
+    "kvq-float16-BSND/BSND-sbs2-mode0": 0.9999, "kvq-float16-BSND/BSND-sbs2-mode3": 0.9999,
+    "kvq-float16-BSND/BSND-sbs4-mode0": 0.9986, "kvq-float16-BSND/BSND-sbs4-mode3": 0.9996,
+    "kvq-float16-BSND/BSND-sbs8-mode0": 0.9999, "kvq-float16-BSND/BSND-sbs8-mode3": 0.9882,
+    "kvq-float16-BSND/BSND-sbs16-mode0": 0.9964, "kvq-float16-BSND/BSND-sbs16-mode3": 0.9997,
+    "kvq-float16-TND/TND-sbs2-mode0": 0.9886, "kvq-float16-TND/TND-sbs4-mode0": 0.9989,
+    "kvq-float16-TND/TND-sbs4-mode3": 0.9968, "kvq-float16-TND/TND-sbs8-mode0": 0.9998,
+    "kvq-float16-TND/TND-sbs8-mode3": 0.9998, "kvq-float16-TND/TND-sbs16-mode0": 0.9939,
+    "kvq-float16-TND/TND-sbs16-mode3": 0.985, "kvq-float16-BSND/PA_BSND-sbs1-mode3": 0.9913,
+    "kvq-float16-BSND/PA_BSND-sbs2-mode0": 0.9859, "kvq-float16-BSND/PA_BSND-sbs2-mode3": 0.9997,
+    "kvq-float16-BSND/PA_BSND-sbs4-mode0": 0.9959, "kvq-float16-BSND/PA_BSND-sbs4-mode3": 0.9922,
+    "kvq-float16-BSND/PA_BSND-sbs8-mode0": 0.9998, "kvq-float16-BSND/PA_BSND-sbs8-mode3": 0.9997,
+    "kvq-float16-BSND/PA_BSND-sbs16-mode0": 0.9974, "kvq-float16-BSND/PA_BSND-sbs16-mode3": 0.9862,
+    "kvq-float16-TND/PA_BSND-sbs1-mode3": 0.9955, "kvq-float16-TND/PA_BSND-sbs2-mode0": 0.9997,
+    "kvq-float16-TND/PA_BSND-sbs2-mode3": 0.9998, "kvq-float16-TND/PA_BSND-sbs4-mode0": 0.9999,
+    "kvq-float16-TND/PA_BSND-sbs4-mode3": 0.9898, "kvq-float16-TND/PA_BSND-sbs8-mode0": 0.9986,
+    "kvq-float16-TND/PA_BSND-sbs8-mode3": 0.9961, "kvq-float16-TND/PA_BSND-sbs16-mode0": 0.9976,
+    "kvq-float16-TND/PA_BSND-sbs16-mode3": 0.9996,
+}
+#: No (token, head) row of attention_out is further from the reference than this times the row's
+#: largest magnitude: a P element whose rounding the summation order flipped moves the output by
+#: one query-dtype ulp of that P times V, the output rounding by at most one more ulp, so two bf16
+#: ulps (2**-7 each at most, relative) of the row's scale. Measured at most 9.5e-4 over the sweep,
+#: 5.2e-3 on the bigger bf16 cases, 7.0e-3 at the official decode shape (bf16, one dominant P);
+#: a head scaled by 1.02 or more fails.
+ROW_REL_BOUND = 2.0 ** -6
 #: softmax_max / softmax_sum against the reference (measured: abs 3.8e-6, rel 3.1e-6 at most).
 LSE_RTOL, LSE_ATOL = 2e-5, 2e-5
 BLOCK_SIZE = 16
@@ -124,12 +171,24 @@ def run_reference(case, *, quant, sparse_mode):
                      query_rope=case["query_rope"], key_rope=case["key_rope"], sparse_mode=sparse_mode, **case["kw"])
 
 
-def assert_matches(out, gold, what):
+def assert_matches(out, gold, what, measured_share):
+    """The official criterion, the bit-identical share at ``measured_share`` less
+    :data:`SHARE_MARGIN`, and every (token, head) row within :data:`ROW_REL_BOUND` (rows the
+    reference leaves 0 must be exactly 0)."""
     a, g = np.asarray(out, np.float32), np.asarray(gold, np.float32)
     close = np.isclose(a, g, rtol=RTOL, atol=ATOL).mean()
     share = bit_identical_share(out, gold)
     assert close > CLOSE_SHARE, f"{what}: {close:.4f} of elements within isclose"
-    assert share >= BIT_IDENTICAL_FLOOR, f"{what}: bit-identical share {share:.5f}"
+    assert share >= measured_share - SHARE_MARGIN, f"{what}: bit-identical share {share:.5f}, measured {measured_share}"
+    err = np.abs(a - g).reshape(-1, HCKV).max(axis=1)  # [T*N1]
+    bound = ROW_REL_BOUND * np.abs(g).reshape(-1, HCKV).max(axis=1)  # [T*N1]
+    bad = np.flatnonzero(~(err <= bound))
+    assert bad.size == 0, (f"{what}: {bad.size} (token, head) rows off by more than {ROW_REL_BOUND} of their scale, "
+                           f"first row {bad[0]}: {err[bad[0]]:.3g} > {bound[bad[0]]:.3g}")
+
+
+def case_id(quant, dtype, layouts, sbs, sparse_mode):
+    return f"{'kvq' if quant else 'sfa'}-{dtype}-{'/'.join(layouts)}-sbs{sbs}-mode{sparse_mode}"
 
 
 @pytest.mark.parametrize("sparse_mode", SPARSE_MODES)
@@ -145,7 +204,7 @@ def test_sweep_against_reference(quant, dtype, layouts, sbs, sparse_mode):
     out, smax, ssum = run_op(case, quant=quant, sparse_mode=sparse_mode, lse=not quant and layouts[1] != "PA_BSND")
     gold, gmax, gsum, valid = run_reference(case, quant=quant, sparse_mode=sparse_mode)
     assert out.shape == gold.shape and out.dtype == gold.dtype
-    assert_matches(out, gold, "attention_out")
+    assert_matches(out, gold, "attention_out", SWEEP_SHARES.get(case_id(quant, dtype, layouts, sbs, sparse_mode), 1.0))
     assert np.isfinite(np.asarray(out, np.float32)).all()
     if smax is not None and smax.size:
         # back to [T, N2, G]
@@ -156,18 +215,20 @@ def test_sweep_against_reference(quant, dtype, layouts, sbs, sparse_mode):
         assert (got_max[~valid] == EMPTY_ROW_SOFTMAX_MAX).all() and (got_sum[~valid] == EMPTY_ROW_SOFTMAX_SUM).all()
 
 
+#: Measured shares of the bigger bf16 cases of test_bit_identical_share_over_sweep, by layout.
+BIG_BF16_SHARES = (0.9986, 0.9998, 0.9999, 0.9999)
+
+
 def test_bit_identical_share_over_sweep():
     """The share over a fixed batch of bigger bf16 cases (reported in README; measured 0.9986 to
     0.99999 with OpenBLAS 0.3.31, 2 threads): BLAS-order sums rarely flip a bf16 rounding."""
-    shares = []
     for i, (lq, lk) in enumerate(LAYOUTS):
         rng = np.random.default_rng(100 + i)
         case = make_case(rng, quant=i % 2 == 1, layout_query=lq, layout_kv=lk, dtype="bfloat16", sbs=2, n1=64,
                          act_q=(2, 1), act_kv=(90, 64), k=40)
         out = run_op(case, quant=i % 2 == 1, sparse_mode=3)[0]
         gold = run_reference(case, quant=i % 2 == 1, sparse_mode=3)[0]
-        shares.append(bit_identical_share(out, gold))
-    assert min(shares) >= BF16_BIT_IDENTICAL_FLOOR, shares
+        assert_matches(out, gold, f"attention_out {lq}/{lk}", BIG_BF16_SHARES[i])
 
 
 @pytest.mark.parametrize("quant", [False, True], ids=["sfa", "kvq"])
@@ -189,7 +250,7 @@ def test_rows_without_kv_tokens(quant):
     for t in [(0, 0), (0, 1), (1, 0), (1, 1), (2, 1), (2, 2)]:
         assert (o[t] == 0).all(), t
     assert (o[0, 2] != 0).any() and (o[2, 0] != 0).any()
-    assert_matches(out, gold, "attention_out")
+    assert_matches(out, gold, "attention_out", 1.0)
     if not quant:
         lse_case = make_case(np.random.default_rng(8), quant=False, layout_query="BSND", layout_kv="BSND",
                              dtype="float16", sbs=1, act_q=(3,), act_kv=(1,))
@@ -219,7 +280,7 @@ def test_default_lengths_bsnd():
     case["key"] = np.ascontiguousarray(case["key"][:, :37])
     case["kw"].update(actual_seq_lengths_query=None, actual_seq_lengths_kv=None)
     out = run_op(case, quant=True, sparse_mode=3)[0]
-    assert_matches(out, run_reference(case, quant=True, sparse_mode=3)[0], "attention_out")
+    assert_matches(out, run_reference(case, quant=True, sparse_mode=3)[0], "attention_out", 0.9999)
 
 
 @pytest.mark.parametrize("quant", [False, True], ids=["sfa", "kvq"])
@@ -234,7 +295,7 @@ def test_minus_one_at_every_position(quant):
         case["sparse_indices"][t, 0] = np.where(np.arange(k) < t, blocks, -1)
     out = run_op(case, quant=quant, sparse_mode=0)[0]
     gold, _, _, valid = run_reference(case, quant=quant, sparse_mode=0)
-    assert_matches(out, gold, "attention_out")
+    assert_matches(out, gold, "attention_out", 0.9991 if quant else 1.0)
     assert valid[:, 0].tolist() == [False] + [True] * k
     o = np.asarray(out, np.float32)
     assert (o[0] == 0).all() and all((o[t] != o[t + 1]).any() for t in range(1, k))
@@ -308,7 +369,7 @@ def test_official_shape_decode_kv_quant():
     out = ops.npu_kv_quant_sparse_flash_attention(q, key, key, idx, 0.041666666666666664, 2, 2, **kw)
     gold = reference(q, key, key, idx, 0.041666666666666664, quant=True, **{k_: v for k_, v in kw.items()
                                                                           if k_ != "attention_mode"})[0]
-    assert_matches(out, gold, "attention_out")
+    assert_matches(out, gold, "attention_out", 0.9949)
 
 
 @pytest.mark.parametrize("quant", [False, True], ids=["sfa", "kvq"])
@@ -394,7 +455,7 @@ def test_kv_quant_over_cache_written_by_mla_prolog_v3():
     kw = dict(block_table=table, actual_seq_lengths_kv=np.full(b, s, np.int32), layout_kv="PA_BSND")
     out = ops.npu_kv_quant_sparse_flash_attention(query, kv_cache, kv_cache, idx, SCALE, 2, 2, attention_mode=2, **kw)
     gold = reference(query, kv_cache, None, idx, SCALE, quant=True, **kw)[0]
-    assert_matches(out, gold, "attention_out")
+    assert_matches(out, gold, "attention_out", 1.0)
     assert np.abs(np.asarray(out, np.float32)).max() > 0
 
 
