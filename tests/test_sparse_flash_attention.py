@@ -28,7 +28,7 @@ from ascend_emu.errors import DTypeError, IndexRangeError, ModeError, ShapeError
 from ascend_emu.mla import D_QK, D_ROPE, HCKV
 from ascend_emu.quant import ROW_BYTES
 from ascend_emu.ops.sparse_flash_attention import EMPTY_ROW_SOFTMAX_MAX, EMPTY_ROW_SOFTMAX_SUM
-from tests.helpers import BF16, bit_identical_share, raw
+from tests.helpers import BF16, assert_same_bytes, bit_identical_share, raw
 from tests.reference.sparse_attention import reference
 
 LAYOUTS = [("BSND", "BSND"), ("TND", "TND"), ("BSND", "PA_BSND"), ("TND", "PA_BSND")]
@@ -424,6 +424,119 @@ def _exp_to_f32(x):
     for i in range(x.size):
         out[i] = np.float32(SFA_KERNEL._exp_f64(x[i]))
     return out
+
+
+# ---------------------------------------------------------------------- numerics pinned on exact scores
+#: Scores x where the two-row softmax over scores [0, x] gives other query-dtype bits with
+#: ``e * fp32(1 / l)`` than with the documented ``e / l`` (e = fp32(exp(x)), l = fp32(1 + e)):
+#: found by scanning 4M uniform fp32 x in (-3, 0) (18 such x for bf16, 140 for fp16).
+RECIPROCAL_FLIPS = {
+    "bfloat16": (-2.4647145, -2.3066201, -1.9063228, -1.8552821, -1.418963, -1.4065592, -1.4065591, -1.3046771),
+    "float16": (-2.9657803, -2.9534054, -2.9058604, -2.904, -2.9027617, -2.884957, -2.8831313, -2.8776717),
+}
+EXACT_HEADS, EXACT_ROWS = 128, 510  # N1; kept rows of the general token
+
+
+def _split_exact(x, qdt):
+    """fp32 ``x [...]`` -> query-dtype ``q [..., 3]`` and weights ``w [3]`` (powers of 2 in the query
+    dtype) with ``sum_j q_j * w_j == x``: the pieces cover disjoint bits of x and have its sign, so
+    every product and every partial sum is exact in fp32, in any summation order."""
+    bits = 8 if qdt == BF16 else 11  # significant bits of the query dtype
+    keep = np.uint32(0xFFFF0000 if qdt == BF16 else 0xFFFFE000)
+    r, pieces = np.asarray(x, np.float32), []
+    for _ in range(3):
+        p = (r.view(np.uint32) & keep).view(np.float32)  # r truncated to the query dtype's bits
+        pieces.append(p)
+        r = r - p
+    assert not r.any()
+    w = np.array([2.0 ** (-j * bits) for j in range(3)])
+    q = np.stack([p / np.float32(w[j]) for j, p in enumerate(pieces)], axis=-1)  # [..., 3] fp32
+    assert (q.astype(qdt).astype(np.float32) == q).all() and (w.astype(qdt).astype(np.float64) == w).all()
+    return q.astype(qdt), w.astype(qdt)
+
+
+@numba.njit
+def _exp_f32(x):
+    """An fp32 exp (Numba's, as a kernel would call it) of fp32 ``x``."""
+    out = np.empty_like(x)
+    for i in range(x.size):
+        out[i] = np.exp(x[i])
+    return out
+
+
+def _exact_case(qdt, quant):
+    """One BSND call (B=1, S1=3, N1=128, S2=512, scale_value 1) whose scores are exact whatever the
+    summation order and whose V rows are one-hot (row r: 1 in column r), so that output column r
+    is ``P[., r]`` itself and every step of the documented chain decides the output bits:
+
+    - token 0 keeps rows [0, 1], scores [0, x] with x from :data:`RECIPROCAL_FLIPS` (``e / l``
+      vs ``e * (1 / l)``);
+    - token 1 keeps rows [1, 0], x chosen where an fp32 exp gives another ``l = fp32(1 + e)`` than
+      exp in float64 rounded to fp32;
+    - token 2 keeps rows 2..511 in a random order, scores ``c_g * a_r`` (products of two
+      query-dtype values: exact in fp32).
+
+    Returns ``(query, key, value, sparse_indices, kwargs, x0, x1)``."""
+    rng = np.random.default_rng(61)
+    x0 = np.resize(np.asarray(RECIPROCAL_FLIPS[qdt.name], np.float32), EXACT_HEADS)  # [128]
+    pool = rng.uniform(-0.69, -0.01, 1 << 16).astype(np.float32)  # e in (0.5, 1): l = 1 + e sees its last bit
+    e64 = np.exp(pool.astype(np.float64)).astype(np.float32)
+    sensitive = pool[np.float32(1) + _exp_f32(pool) != np.float32(1) + e64]
+    assert sensitive.size >= 8, sensitive.size
+    x1 = np.resize(sensitive, EXACT_HEADS)  # [128]
+    c = rng.uniform(0.25, 2, EXACT_HEADS).astype(np.float32).astype(qdt)  # [128]
+    a = rng.uniform(-4, 4, EXACT_ROWS).astype(np.float32).astype(qdt)  # [510]
+    q_rope = np.zeros((1, 3, EXACT_HEADS, D_ROPE), qdt)
+    k_rope = np.zeros((1, 512, 1, D_ROPE), qdt)
+    q_rope[0, 0, :, :3], w = _split_exact(x0, qdt)
+    q_rope[0, 1, :, :3], _ = _split_exact(x1, qdt)
+    q_rope[0, 2, :, 3] = c
+    k_rope[0, 1, 0, :3] = w
+    k_rope[0, 2:, 0, 3] = a
+    one_hot = np.eye(512, HCKV)[None, :, None, :]  # [1, 512, 1, 512]: kv row r -> column r
+    idx = np.full((1, 3, 1, EXACT_ROWS), -1, np.int32)
+    idx[0, 0, 0, :2], idx[0, 1, 0, :2] = [0, 1], [1, 0]
+    idx[0, 2, 0] = rng.permutation(EXACT_ROWS) + 2
+    kw = dict(actual_seq_lengths_query=np.array([3], np.int32), actual_seq_lengths_kv=np.array([512], np.int32),
+              layout_query="BSND", layout_kv="BSND", sparse_block_size=1, sparse_mode=0)
+    if quant:
+        query = np.concatenate([np.zeros((1, 3, EXACT_HEADS, HCKV), qdt), q_rope], axis=-1)  # [1, 3, 128, 576]
+        key = np.concatenate([one_hot.astype(np.int8), k_rope.view(np.int8),
+                              np.ones((1, 512, 1, 4), np.float32).view(np.int8)], axis=-1)  # [1, 512, 1, 656]
+        return query, key, key, idx, kw, x0, x1
+    query = np.zeros((1, 3, EXACT_HEADS, HCKV), qdt)  # q_nope 0: key's k_nope only serves as V
+    return query, one_hot.astype(qdt), None, idx, dict(kw, query_rope=q_rope, key_rope=k_rope), x0, x1
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("quant", [False, True], ids=["sfa", "kvq"])
+def test_exact_scores_bit_identical(quant, dtype):
+    """With scores exact in any summation order and one-hot V, the outputs (and softmax_max /
+    softmax_sum) are bit-identical to the reference's: fp32 scores, exp in float64 rounded to
+    fp32, l summed in selection order, ``P = qdt(e / l)``, one rounding. The inputs are chosen
+    where ``e * (1 / l)`` (token 0: P) and an fp32 exp (token 1: l) give other bits, and where
+    every head counts (token 2: 510 rows)."""
+    qdt = DTYPES[dtype]
+    query, key, value, idx, kw, x0, x1 = _exact_case(qdt, quant)
+    if quant:
+        out = ops.npu_kv_quant_sparse_flash_attention(query, key, value, idx, 1.0, 2, 2, attention_mode=2, **kw)
+    else:
+        out, smax, ssum = ops.npu_sparse_flash_attention(query, key, value, idx, 1.0, return_softmax_lse=True,
+                                                         attention_mode=2, **kw)
+    gold, gmax, gsum, valid = reference(query, key, value, idx, 1.0, quant=quant, **kw)
+    assert valid.all()
+    assert_same_bytes(out, gold, "attention_out")
+    if not quant:
+        assert_same_bytes(smax.transpose(0, 2, 1, 3).reshape(gmax.shape), gmax, "softmax_max")  # [T, N2, G]
+        assert_same_bytes(ssum.transpose(0, 2, 1, 3).reshape(gsum.shape), gsum, "softmax_sum")
+    # the inputs tell the documented chain from the alternatives (the reference computes the first)
+    e0 = np.exp(x0.astype(np.float64)).astype(np.float32)  # [128]
+    l0 = np.float32(1) + e0
+    assert (gold[0, 0, :, 1] == (e0 / l0).astype(qdt)).all()
+    assert ((e0 * (np.float32(1) / l0)).astype(qdt) != (e0 / l0).astype(qdt)).all()
+    assert (gsum[1, 0] == np.float32(1) + np.exp(x1.astype(np.float64)).astype(np.float32)).all()
+    assert (gsum[1, 0] != np.float32(1) + _exp_f32(x1)).all()
+    assert (np.asarray(gold[0, 2], np.float32) != 0).sum(axis=-1).min() > EXACT_ROWS // 2  # [128]: every head sees P
 
 
 # ---------------------------------------------------------------------- KV-quant over a prolog-v3 cache
