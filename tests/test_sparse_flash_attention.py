@@ -96,9 +96,11 @@ def bits_of(rng, shape, dtype, lo=-2.0, hi=2.0):
     return rng.uniform(lo, hi, shape).astype(np.float32).astype(dtype)
 
 
-def make_case(rng, *, quant, layout_query, layout_kv, dtype, sbs, n1=4, act_q=(3, 2), act_kv=(37, 20), k=6):
-    """Inputs of one call (numpy), small shapes; PA caches with a shuffled block table and spare
-    blocks, sparse-index rows with -1 padding from a random position (including position 0)."""
+def make_case(rng, *, quant, layout_query, layout_kv, dtype, sbs, n1=4, act_q=(3, 2), act_kv=(37, 20), k=6,
+              block_size=BLOCK_SIZE):
+    """Inputs of one call (numpy), small shapes; PA caches (``block_size`` rows a block) with a
+    shuffled block table and spare blocks, sparse-index rows with -1 padding from a random position
+    (including position 0)."""
     qdt = DTYPES[dtype]
     b = len(act_q)
     s1 = max(act_q)
@@ -117,9 +119,9 @@ def make_case(rng, *, quant, layout_query, layout_kv, dtype, sbs, n1=4, act_q=(3
         asq = np.cumsum(act_q).astype(np.int32)
     # kv rows
     if layout_kv == "PA_BSND":
-        need = [-(-a // BLOCK_SIZE) for a in act_kv]
+        need = [-(-a // block_size) for a in act_kv]
         nblocks = sum(need) + 3
-        shape = (nblocks, BLOCK_SIZE, 1)
+        shape = (nblocks, block_size, 1)
         perm = rng.permutation(nblocks).astype(np.int32)
         table = np.full((b, max(need) + 1), -7, np.int32)  # unused entries hold garbage
         used = 0
@@ -217,6 +219,46 @@ def test_sweep_against_reference(quant, dtype, layouts, sbs, sparse_mode):
 
 #: Measured shares of the bigger bf16 cases of test_bit_identical_share_over_sweep, by layout.
 BIG_BF16_SHARES = (0.9986, 0.9998, 0.9999, 0.9999)
+
+
+#: sparse_block_size values only npu_sparse_flash_attention takes (its doc: a power of 2 up to 128;
+#: KV-quant: up to 16, the sweep's largest).
+SFA_LARGE_SPARSE_BLOCK_SIZES = (32, 64, 128)
+#: Measured shares of test_large_sparse_block_sizes below 1 (the other cases: 1.0).
+LARGE_SBS_SHARES = {
+    "sfa-bfloat16-BSND/BSND-sbs64-mode0": 0.9997, "sfa-bfloat16-BSND/BSND-sbs128-mode0": 0.9999,
+    "sfa-bfloat16-BSND/BSND-sbs128-mode3": 0.9999, "sfa-bfloat16-TND/TND-sbs32-mode3": 0.9999,
+    "sfa-bfloat16-TND/TND-sbs64-mode3": 0.9998, "sfa-bfloat16-TND/TND-sbs128-mode0": 0.9999,
+    "sfa-bfloat16-TND/TND-sbs128-mode3": 0.9996, "sfa-float16-BSND/PA_BSND-sbs32-mode3": 0.9983,
+    "sfa-float16-BSND/PA_BSND-sbs64-mode0": 0.9685, "sfa-float16-BSND/PA_BSND-sbs64-mode3": 0.994,
+    "sfa-float16-BSND/PA_BSND-sbs128-mode0": 0.9857, "sfa-float16-TND/PA_BSND-sbs32-mode0": 0.9994,
+    "sfa-float16-TND/PA_BSND-sbs32-mode3": 0.9952, "sfa-float16-TND/PA_BSND-sbs64-mode0": 0.9913,
+    "sfa-float16-TND/PA_BSND-sbs64-mode3": 0.9873, "sfa-float16-TND/PA_BSND-sbs128-mode0": 0.9974,
+    "sfa-float16-TND/PA_BSND-sbs128-mode3": 0.9962,
+}
+
+
+@pytest.mark.parametrize("sparse_mode", SPARSE_MODES)
+@pytest.mark.parametrize("sbs", SFA_LARGE_SPARSE_BLOCK_SIZES)
+@pytest.mark.parametrize("layouts", LAYOUTS, ids=["/".join(x) for x in LAYOUTS])
+def test_large_sparse_block_sizes(layouts, sbs, sparse_mode):
+    """npu_sparse_flash_attention with sparse_block_size 32 to 128 (PA_BSND blocks of 128 rows):
+    blocks cut at act_kv (300 and 150 tokens: partial last blocks) and at the causal limit; fp16
+    for PA_BSND, bf16 otherwise."""
+    dtype = "float16" if layouts[1] == "PA_BSND" else "bfloat16"
+    rng = np.random.default_rng(zlib.crc32(repr((layouts, sbs, sparse_mode)).encode()))
+    case = make_case(rng, quant=False, layout_query=layouts[0], layout_kv=layouts[1], dtype=dtype, sbs=sbs, n1=8,
+                     act_kv=(300, 150), k=4, block_size=128)
+    out, smax, ssum = run_op(case, quant=False, sparse_mode=sparse_mode, lse=layouts[1] != "PA_BSND")
+    gold, gmax, gsum, valid = run_reference(case, quant=False, sparse_mode=sparse_mode)
+    assert out.shape == gold.shape and valid.any()
+    share = LARGE_SBS_SHARES.get(case_id(False, dtype, layouts, sbs, sparse_mode), 1.0)
+    assert_matches(out, gold, "attention_out", share)
+    if smax.size:
+        got_max = smax.transpose(0, 2, 1, 3).reshape(gmax.shape) if layouts[0] == "BSND" else smax.transpose(1, 0, 2)
+        got_sum = ssum.transpose(0, 2, 1, 3).reshape(gsum.shape) if layouts[0] == "BSND" else ssum.transpose(1, 0, 2)
+        np.testing.assert_allclose(got_max[valid], gmax[valid], rtol=LSE_RTOL, atol=LSE_ATOL)
+        np.testing.assert_allclose(got_sum[valid], gsum[valid], rtol=LSE_RTOL, atol=LSE_ATOL)
 
 
 def test_bit_identical_share_over_sweep():
