@@ -274,6 +274,7 @@ BAD = [
     ("sparse_mode_type", DTypeError, "sparse_mode", dict(sparse_mode=3.0)),
     ("sparse_count_zero", ModeError, "sparse_count", dict(sparse_count=0)),
     ("sparse_count_2049", ModeError, "sparse_count", dict(sparse_count=2049)),
+    ("sparse_count_3500", ModeError, "sparse_count", dict(sparse_count=3500)),  # 3072-8192 in steps of 1024 only
     ("sparse_count_bool", DTypeError, "sparse_count", dict(sparse_count=True)),
     ("pre_tokens", ModeError, "pre_tokens", dict(pre_tokens=128)),
     ("next_tokens", ModeError, "next_tokens", dict(next_tokens=0)),
