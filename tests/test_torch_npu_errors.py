@@ -242,3 +242,77 @@ def test_packets_are_the_registered_objects_and_keep_working():
         packet(torch.zeros(4), 7)  # the kernel's own rejection
     assert exc.value.__context__ is None
 
+
+# ------------------------------------------------------------------ _functional: validate first
+def _count_clones(monkeypatch) -> list:
+    """Record every ``Tensor.clone`` call from here on (the caches' copies are clones)."""
+    calls = []
+    clone = torch.Tensor.clone
+
+    def counting(self, *args, **kwargs):
+        calls.append(tuple(self.shape))
+        return clone(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "clone", counting)
+    return calls
+
+
+def _kv_call():
+    kv = torch.randn(2, 1, 3, 576, generator=torch.Generator().manual_seed(5)).to(BF16)
+    gamma, angle = torch.ones(512, dtype=BF16), torch.linspace(0, 3, 2 * 3 * 64).reshape(2, 1, 3, 64)
+    index = torch.tensor([5, 17, 2, 30, 9, 21])
+    caches = (torch.full((2, 16, 1, 64), 7.0, dtype=BF16), torch.full((2, 16, 1, 512), 7.0, dtype=BF16))
+    return [kv, gamma, angle.cos().to(BF16), angle.sin().to(BF16), index, *caches]
+
+
+@pytest.mark.parametrize("route", ["torch_npu", "torch.ops"])
+def test_rejected_kv_functional_call_copies_nothing_and_raises_the_in_place_error(monkeypatch, route):
+    from ascend_emu.errors import IndexRangeError
+
+    ns = torch_npu if route == "torch_npu" else torch.ops.npu
+    args = _kv_call()
+    args[4] = torch.tensor([5, 17, 2, 30, 9, 4096])  # a slot past the 32-slot caches
+    with pytest.raises(IndexRangeError) as in_place:
+        ns.npu_kv_rmsnorm_rope_cache_v2(*args, cache_mode="PA_BNSD")
+    clones = _count_clones(monkeypatch)
+    with pytest.raises(IndexRangeError) as functional:
+        ns.npu_kv_rmsnorm_rope_cache_v2_functional(*args, cache_mode="PA_BNSD")
+    assert clones == []  # validated before any copy
+    assert str(functional.value) == str(in_place.value)
+    assert (args[5] == 7).all() and (args[6] == 7).all()
+    # a valid call copies each cache once, after the checks, and writes only the copies
+    args = _kv_call()
+    k_rope, c_kv, k_out, ckv_out = ns.npu_kv_rmsnorm_rope_cache_v2_functional(*args, cache_mode="PA_BNSD")
+    assert sorted(clones) == [(2, 16, 1, 64), (2, 16, 1, 512)]
+    assert (args[5] == 7).all() and (args[6] == 7).all() and (k_out != 7).any()
+    # the copy hook is gone after the call: the in-place op writes the caller's caches again
+    ns.npu_kv_rmsnorm_rope_cache_v2(*args, cache_mode="PA_BNSD")
+    assert torch.equal(args[5].view(torch.int16), k_out.view(torch.int16))
+    assert torch.equal(args[6].view(torch.int16), ckv_out.view(torch.int16))
+
+
+def test_rejected_prolog_v3_functional_call_copies_nothing_and_raises_the_in_place_error(monkeypatch):
+    from ascend_emu.errors import IndexRangeError
+
+    gen = torch.Generator().manual_seed(11)
+
+    def bf(*shape, scale=1.0):
+        return (torch.randn(shape, generator=gen) * scale).to(BF16)
+
+    w = [torch_npu.npu_format_cast(bf(*s, scale=s[0] ** -0.5), 29) for s in ((7168, 1536), (1536, 192))]
+    args = (bf(2, 7168), w[0], w[1], bf(1, 128, 512, scale=0.1),
+            torch_npu.npu_format_cast(bf(7168, 576, scale=7168 ** -0.5), 29), bf(1536) + 1, bf(512) + 1, bf(2, 64),
+            bf(2, 64))
+    kv, kr = torch.full((2, 16, 1, 512), 7.0, dtype=BF16), torch.full((2, 16, 1, 64), 7.0, dtype=BF16)
+    bad = torch.tensor([3, 32])  # row 32 is past the 32-row caches
+    with pytest.raises(IndexRangeError) as in_place:
+        torch_npu.npu_mla_prolog_v3(*args, kv, kr, cache_index=bad)
+    clones = _count_clones(monkeypatch)
+    for fn in (torch_npu.npu_mla_prolog_v3_functional, torch.ops.npu.npu_mla_prolog_v3_functional):
+        with pytest.raises(IndexRangeError) as functional:
+            fn(*args, kv, kr, cache_index=bad)
+        assert clones == [] and str(functional.value) == str(in_place.value)
+    assert (kv == 7).all() and (kr == 7).all()
+    outs = torch_npu.npu_mla_prolog_v3_functional(*args, kv, kr, cache_index=torch.tensor([3, 20]))
+    assert sorted(clones) == [(2, 16, 1, 64), (2, 16, 1, 512)]
+    assert (kv == 7).all() and (outs[5][1, 4] != 7).any() and (outs[5][0, 0] == 7).all()

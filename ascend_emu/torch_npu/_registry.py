@@ -119,13 +119,26 @@ def _reject_ascend950(params: dict[str, Any], public_name: str) -> None:
                             f"not emulated)", describe(value))
 
 
-def _copy_caches(params: dict[str, Any], names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
-    """Replace the caches in ``params`` by copies (the ``_functional`` variants leave theirs)."""
-    copies = []
-    for name in names:
-        params[name] = params[name].detach().clone(memory_format=torch.contiguous_format)
-        copies.append(params[name])
-    return tuple(copies)
+def _functional(op_name: str, params: dict[str, Any], names: tuple[str, ...], run: Callable[[], Any]):
+    """``run()`` (an :func:`emulate` of the in-place op ``op_name`` on ``params``) writing copies
+    of the caches ``names`` instead of the caller's (the ``_functional`` variants): the op's
+    contract runs on the caller's caches, then :func:`ascend_emu.ops._check.copying_caches`
+    copies them (``clone``, contiguous, format tags kept), so a rejected call copies nothing and
+    raises what the in-place variant raises. Returns ``(run()'s result, the copies)``."""
+    from ..ops._check import copying_caches  # ascend_emu.ops loads at the first op call
+
+    copies: dict[str, torch.Tensor] = {}
+
+    def copy(name: str, array) -> Any:
+        copies[name] = clone = params[name].detach().clone(memory_format=torch.contiguous_format)
+        return to_numpy(clone, name)
+
+    with copying_caches(copy):
+        out = run()
+    missing = [name for name in names if name not in copies]
+    if missing:
+        raise RuntimeError(f"ascend_emu.ops.{op_name} did not take the copies of {missing}")
+    return out, tuple(copies[name] for name in names)
 
 
 def _writes(spec: OpSchema, schema: torch._C.FunctionSchema) -> tuple[str, ...]:
@@ -149,15 +162,17 @@ def _kernel_body(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable[[d
 
     def run(params: dict[str, Any]) -> Any:
         if qualified == "npu_mla_prolog_v3_functional":
-            caches = _copy_caches(params, ("kv_cache", "kr_cache"))
-            return (*emulate("npu_mla_prolog_v3", params, defaults, public, table, splits), *caches)
+            out, caches = _functional("npu_mla_prolog_v3", params, ("kv_cache", "kr_cache"), lambda: emulate(
+                "npu_mla_prolog_v3", params, defaults, public, table, splits))
+            return (*out, *caches)
         if qualified == "npu_kv_rmsnorm_rope_cache_v2":
             _reject_ascend950(params, public)
             return tuple(emulate("npu_kv_rmsnorm_rope_cache", params, defaults, public, table, splits)[2:])
         if qualified == "npu_kv_rmsnorm_rope_cache_v2_functional":
             _reject_ascend950(params, public)
-            caches = _copy_caches(params, ("k_cache", "ckv_cache"))
-            return (*emulate("npu_kv_rmsnorm_rope_cache", params, defaults, public, table, splits)[2:], *caches)
+            out, caches = _functional("npu_kv_rmsnorm_rope_cache", params, ("k_cache", "ckv_cache"), lambda: emulate(
+                "npu_kv_rmsnorm_rope_cache", params, defaults, public, table, splits))
+            return (*out[2:], *caches)
         return emulate(name, params, defaults, public, table, splits)
 
     returns = len(schema.returns)
