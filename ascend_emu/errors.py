@@ -34,6 +34,11 @@ class FormatError(AscendEmuError, ValueError):
     """A tensor is not in the storage format the op requires (e.g. FRACTAL_NZ)."""
 
 
+class ArgumentError(AscendEmuError, TypeError):
+    """A call does not fit the op's signature: too many positional arguments, an unknown keyword,
+    an argument given twice or a required one missing (the drop-in's schemas)."""
+
+
 class BackendUnavailable(AscendEmuError, RuntimeError):
     """The selected backend cannot run here (e.g. ``hw`` without the real torch_npu or an NPU
     device); the message names what is missing and how to get it."""
@@ -69,8 +74,9 @@ def describe(value) -> str:
     """A short, one-line description of ``value`` for an error message.
 
     Arrays and tensors (anything with ``shape`` and ``dtype``, NumPy or torch) give their shape,
-    dtype and at most :data:`SHOWN_VALUES` values, never the whole tensor; other values their
-    ``repr``, cut to :data:`MAX_VALUE_CHARS` characters.
+    dtype and at most :data:`SHOWN_VALUES` values, never the whole tensor; a list / tuple holding
+    them its length and its first two elements so described; other values their ``repr``, cut
+    to :data:`MAX_VALUE_CHARS` characters.
     """
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if shape is not None and dtype is not None and not isinstance(value, np.generic):
@@ -86,7 +92,15 @@ def describe(value) -> str:
         values = ", ".join(shown) + (", ..." if size > SHOWN_VALUES else "")
         kind = "tensor" if type(value).__module__.startswith("torch") else "array"
         return f"a {shape} {dtype_text} {kind}" + (f" ({values})" if size else "")
+    if isinstance(value, (list, tuple)) and any(_is_array(v) or isinstance(v, (list, tuple)) for v in value):
+        # a sequence holding arrays: each element described, never an element's repr
+        shown = "; ".join(describe(v) for v in value[:2]) + ("; ..." if len(value) > 2 else "")
+        return _shorten(f"a {type(value).__name__} of {len(value)}: [{shown}]", MAX_FORMATTED_CHARS)
     return _shorten(repr(value))
+
+
+def _is_array(value) -> bool:
+    return getattr(value, "shape", None) is not None and getattr(value, "dtype", None) is not None
 
 
 def _shorten(text: str, limit: int = MAX_VALUE_CHARS) -> str:

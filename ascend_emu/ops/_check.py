@@ -6,6 +6,8 @@ expectation and the value. Nothing here writes to any array.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import os
@@ -412,3 +414,38 @@ class ValidatedSignatures:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+#: The copier :func:`copying_caches` installed for this thread / task, until an op takes it.
+_CACHE_COPIER: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("ascend_emu_cache_copier",
+                                                                               default=None)
+
+
+@contextlib.contextmanager
+def copying_caches(copy: Callable[[str, np.ndarray], np.ndarray]):
+    """Run the next op called in the block on copies of its caches (a functional form).
+
+    The op validates every argument on the caller's caches first, then :func:`write_targets`
+    replaces each cache by ``copy(name, cache)`` (a new C-contiguous array of the same shape,
+    dtype and values) and the backend writes the copies; the caller's caches are only read. A
+    rejected call makes no copy (a 4 GiB cache is not copied just to be refused) and raises
+    what the in-place op raises. Taken by the first op call in the block only. The torch_npu
+    ``_functional`` variants (:mod:`ascend_emu.torch_npu._registry`) run through this.
+    """
+    token = _CACHE_COPIER.set(copy)
+    try:
+        yield
+    finally:
+        _CACHE_COPIER.reset(token)
+
+
+def write_targets(args, names: tuple[str, ...]):
+    """``args``, an op's validated frozen argument object, as its backend receives it: itself,
+    or inside :func:`copying_caches` a copy whose cache fields ``names`` are the copier's copies
+    of those caches (every other field, the derived layouts and slots included, unchanged: a
+    copy has the caches' shape and dtype). Call it after the contract, before the backend."""
+    copy = _CACHE_COPIER.get()
+    if copy is None:
+        return args
+    _CACHE_COPIER.set(None)
+    return dataclasses.replace(args, **{name: copy(name, getattr(args, name)) for name in names})

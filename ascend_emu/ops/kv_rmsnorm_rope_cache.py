@@ -73,7 +73,7 @@ from ..layouts import (CacheLayout, canonical_cache_mode, slots_from_cache_index
 from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_cache, check_dtype, check_disjoint, check_float, check_shape,
-                     dtype_name, optional, required, signature, warn_duplicates)
+                     dtype_name, optional, required, signature, warn_duplicates, write_targets)
 
 KvCacheMode = Literal["Norm", "PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ"]
 
@@ -241,7 +241,9 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
     """
     args = _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale,
                       k_rope_offset, c_kv_offset, v, epsilon, cache_mode, is_output_kv)
-    caches = ((args.k_cache, args.k_layout), (args.ckv_cache, args.ckv_layout))
+    k_in, ckv_in = args.k_cache, args.ckv_cache
+    args = write_targets(args, ("k_cache", "ckv_cache"))  # copies in a functional form
+    caches = ((args.k_cache, args.k_layout, k_in), (args.ckv_cache, args.ckv_layout, ckv_in))
     checked_mode.will_write(*caches)
     result = get_backend().kv_rmsnorm_rope_cache(args)
     checked_mode.wrote("npu_kv_rmsnorm_rope_cache", args.slots, caches,

@@ -58,7 +58,7 @@ from .. import checked_mode
 from ._backend import get_backend
 from ._check import (MAX_BATCH, ValidatedSignatures, check_cache, check_disjoint, check_dtype, check_float,
                      check_ndim, check_nz_weight, check_shape, dtype_name, optional, required, signature, transposed_hint,
-                     trusted, warn_duplicates)
+                     trusted, warn_duplicates, write_targets)
 
 # ---------------------------------------------------------------------- fixed dims (§2.1)
 from ..mla import D_NOPE, D_ROPE, HCKV, NKV  # noqa: E402,F401  (re-exported for the backends)
@@ -1011,13 +1011,16 @@ def _empty(shape: tuple[int, ...], dtype) -> np.ndarray:
 
 
 def _run(args: MlaPrologArgs) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
-    """Call the backend; shape its results as the entry point returns them.
+    """Call the backend (on copies of the caches inside :func:`._check.copying_caches`); shape
+    its results as the entry point returns them.
 
     Returns:
         ``(query, query_rope, rest)``: v2 ``rest = (dequant_scale_q_nope,)``, v3 ``rest =
         (dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``, v1 ``()``.
     """
-    caches = ((args.kv_cache, args.kv_layout), (args.kr_cache, args.kr_layout))
+    kv_in, kr_in = args.kv_cache, args.kr_cache
+    args = write_targets(args, ("kv_cache", "kr_cache"))  # copies in a functional form
+    caches = ((args.kv_cache, args.kv_layout, kv_in), (args.kr_cache, args.kr_layout, kr_in))
     checked_mode.will_write(*caches)
     query, query_rope, dq_nope, query_norm, dq_norm = get_backend().mla_prolog(args)
     checked_mode.wrote(_OP_NAMES[args.version], args.slots, caches,

@@ -30,7 +30,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from ..errors import DTypeError, arg_error
+from ..errors import DTypeError, FormatError, arg_error
 from ..layouts import NZArray
 from .npu import mark_npu
 
@@ -63,7 +63,9 @@ def to_numpy(t, name: str = "tensor") -> np.ndarray | None:
         ``ml_dtypes.bfloat16``), or None for None.
 
     Raises:
-        DTypeError: ``t`` is not a tensor, lives off the CPU, or has a dtype with no NumPy form.
+        DTypeError: ``t`` is not a tensor, lives off the CPU, or has a dtype with no NumPy form
+            (a quantized tensor included).
+        FormatError: ``t`` is not strided (sparse, mkldnn, nested; :func:`check_strided`).
     """
     if t is None:
         return None
@@ -98,6 +100,7 @@ def _plain_numpy(t, name: str = "tensor") -> np.ndarray:
     """:func:`to_numpy` without the NZ tag: a plain ndarray view of ``t``'s memory (the same
     array object again while ``t`` shows the same memory with the same dtype, shape and
     strides: a repeated argument, a weight or a cache, costs a lookup)."""
+    check_strided(t, name)
     if not t.is_cpu:
         raise arg_error(DTypeError, name, "a CPU tensor (the emulator runs on the CPU)", f"device {t.device}")
     rec = _VIEWS.get(id(t))
@@ -117,6 +120,34 @@ def _plain_numpy(t, name: str = "tensor") -> np.ndarray:
     ref = weakref.ref(t, lambda r, k=key: _forget(k, r))
     _VIEWS[key] = (ref, (t.data_ptr(), t.dtype, t.shape, t.stride()), a)
     return a
+
+
+def check_strided(t: torch.Tensor, name: str = "tensor") -> None:
+    """Reject a tensor whose memory is not one strided block NumPy can view: the one check of
+    layout and kind every tensor argument of the drop-in passes (:func:`to_numpy`; the kernels
+    :mod:`._registry` registers for the sparse, mkldnn, nested and quantized dispatch keys).
+
+    Raises:
+        FormatError: a sparse (COO / CSR / CSC / BSR / BSC), mkldnn or nested tensor, naming
+            ``name``, the expected layout (strided) and the one given with shape and dtype
+            (convert with ``.to_dense()`` / ``.to_padded_tensor(0)``).
+        DTypeError: a quantized tensor (``.dequantize()`` it).
+    """
+    layout = t.layout
+    if t.is_nested:
+        raise arg_error(FormatError, name, "a strided tensor (torch.strided layout)",
+                        f"a nested tensor ({layout}) of {t.size(0)} {_dtype_text(t)} tensors; use "
+                        f".to_padded_tensor(0)")
+    if layout is not torch.strided:
+        raise arg_error(FormatError, name, "a strided tensor (torch.strided layout)",
+                        f"a {list(t.shape)} {_dtype_text(t)} tensor of layout {layout}; use .to_dense()")
+    if t.is_quantized:
+        raise arg_error(DTypeError, name, "a tensor dtype NumPy can view",
+                        f"a {list(t.shape)} quantized {_dtype_text(t)} tensor; use .dequantize()")
+
+
+def _dtype_text(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
 
 
 def to_torch(a) -> torch.Tensor | None:

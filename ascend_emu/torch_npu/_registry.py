@@ -16,6 +16,11 @@ For every overload, with ``torch.library``:
 A schema argument :mod:`ascend_emu.ops` does not take is accepted at the schema's default and
 rejected (ModeError naming it) otherwise, so a setting the emulator cannot honour is never
 ignored silently.
+
+Errors are ascend_emu's on every route in: ``torch_npu.<op>`` checks the call against the
+schemas first (:func:`check_call`); ``torch.ops.<ns>.<op>`` (a :class:`CheckedPacket`) explains
+a call torch rejects with the same check; a sparse, mkldnn, nested or quantized tensor reaches
+the kernel of :data:`NON_STRIDED_KEYS`, which names it (:func:`._convert.check_strided`).
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import DTypeError, ModeError, arg_error, describe
+from ..errors import ArgumentError, AscendEmuError, DTypeError, ModeError, arg_error, describe
 from . import _fake, _format
-from ._convert import _is_default, _param_names, _signature, _up, resolve_op, to_numpy
+from ._convert import _is_default, _param_names, _signature, _up, check_strided, resolve_op, to_numpy
 from .schemas import SCHEMAS, TORCH_NPU_VERSION, WRITES_UNANNOTATED, OpSchema
 
 _LIBS: dict[str, torch.library.Library] = {}
@@ -114,13 +119,26 @@ def _reject_ascend950(params: dict[str, Any], public_name: str) -> None:
                             f"not emulated)", describe(value))
 
 
-def _copy_caches(params: dict[str, Any], names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
-    """Replace the caches in ``params`` by copies (the ``_functional`` variants leave theirs)."""
-    copies = []
-    for name in names:
-        params[name] = params[name].detach().clone(memory_format=torch.contiguous_format)
-        copies.append(params[name])
-    return tuple(copies)
+def _functional(op_name: str, params: dict[str, Any], names: tuple[str, ...], run: Callable[[], Any]):
+    """``run()`` (an :func:`emulate` of the in-place op ``op_name`` on ``params``) writing copies
+    of the caches ``names`` instead of the caller's (the ``_functional`` variants): the op's
+    contract runs on the caller's caches, then :func:`ascend_emu.ops._check.copying_caches`
+    copies them (``clone``, contiguous, format tags kept), so a rejected call copies nothing and
+    raises what the in-place variant raises. Returns ``(run()'s result, the copies)``."""
+    from ..ops._check import copying_caches  # ascend_emu.ops loads at the first op call
+
+    copies: dict[str, torch.Tensor] = {}
+
+    def copy(name: str, array) -> Any:
+        copies[name] = clone = params[name].detach().clone(memory_format=torch.contiguous_format)
+        return to_numpy(clone, name)
+
+    with copying_caches(copy):
+        out = run()
+    missing = [name for name in names if name not in copies]
+    if missing:
+        raise RuntimeError(f"ascend_emu.ops.{op_name} did not take the copies of {missing}")
+    return out, tuple(copies[name] for name in names)
 
 
 def _writes(spec: OpSchema, schema: torch._C.FunctionSchema) -> tuple[str, ...]:
@@ -144,15 +162,17 @@ def _kernel_body(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable[[d
 
     def run(params: dict[str, Any]) -> Any:
         if qualified == "npu_mla_prolog_v3_functional":
-            caches = _copy_caches(params, ("kv_cache", "kr_cache"))
-            return (*emulate("npu_mla_prolog_v3", params, defaults, public, table, splits), *caches)
+            out, caches = _functional("npu_mla_prolog_v3", params, ("kv_cache", "kr_cache"), lambda: emulate(
+                "npu_mla_prolog_v3", params, defaults, public, table, splits))
+            return (*out, *caches)
         if qualified == "npu_kv_rmsnorm_rope_cache_v2":
             _reject_ascend950(params, public)
             return tuple(emulate("npu_kv_rmsnorm_rope_cache", params, defaults, public, table, splits)[2:])
         if qualified == "npu_kv_rmsnorm_rope_cache_v2_functional":
             _reject_ascend950(params, public)
-            caches = _copy_caches(params, ("k_cache", "ckv_cache"))
-            return (*emulate("npu_kv_rmsnorm_rope_cache", params, defaults, public, table, splits)[2:], *caches)
+            out, caches = _functional("npu_kv_rmsnorm_rope_cache", params, ("k_cache", "ckv_cache"), lambda: emulate(
+                "npu_kv_rmsnorm_rope_cache", params, defaults, public, table, splits))
+            return (*out[2:], *caches)
         return emulate(name, params, defaults, public, table, splits)
 
     returns = len(schema.returns)
@@ -201,13 +221,54 @@ class _Binding:
         required = [(i, a.name) for i, a in enumerate(schema.arguments) if not a.has_default_value()]
         #: For n positional arguments given: the required names that must come by keyword.
         self.by_keyword = tuple(tuple(name for i, name in required if i >= n) for n in range(self.positional + 1))
+        self.table = _kind_table(schema)
         defaults, names, body = self.defaults, self.names, self.body
 
         def kernel(*args, **kwargs):
             return body(_bind(schema, args, kwargs, defaults, names))
 
+        def strided_only(*args, **kwargs):
+            # a sparse / mkldnn / nested / quantized tensor among the arguments: the dispatcher
+            # picked that tensor's key; the conversion step's check names it
+            for name, value in zip(names, args):
+                if isinstance(value, torch.Tensor):
+                    check_strided(value, name)
+            for name, value in kwargs.items():
+                if isinstance(value, torch.Tensor):
+                    check_strided(value, name)
+            return kernel(*args, **kwargs)
+
         kernel.__name__ = f"{spec.namespace}_{spec.qualified.replace('.', '_')}_cpu"
+        strided_only.__name__ = f"{spec.namespace}_{spec.qualified.replace('.', '_')}_non_strided"
         self.kernel = kernel
+        #: The kernel of :data:`NON_STRIDED_KEYS`: rejects the non-strided tensor (FormatError /
+        #: DTypeError naming it), else runs :attr:`kernel`.
+        self.strided_only = strided_only
+
+    def mismatch(self, args: tuple, kwargs: dict, public: str) -> tuple[int, AscendEmuError] | None:
+        """The first thing this overload's schema rejects in the call ``(args, kwargs)``, as
+        ``(rank, error)``, or None when the call fits it; :func:`check_call` reports the best
+        ranked overload. ``rank``: -1 when the call is not shaped for this overload (too many
+        positional arguments, a keyword it does not have, an argument given twice); else the
+        schema position of the first argument of the wrong kind (:func:`_wrong_kind`), or the
+        argument count for a required argument missing (every kind fits). Errors name the
+        argument and summarise the value, never print a tensor."""
+        n = len(args)
+        if n > self.positional:
+            return -1, ArgumentError(f"{public}: takes at most {self.positional} positional arguments, got {n}")
+        for name in kwargs:
+            slot = self.slots.get(name)
+            if slot is None:
+                return -1, arg_error(ArgumentError, name, f"an argument of {public}'s schema", "an unknown keyword")
+            if slot[0] < n:
+                return -1, arg_error(ArgumentError, name, "one value", "it by position and by keyword")
+        wrong = _wrong_kind(self.table, args, kwargs)
+        if wrong is not None:
+            return wrong
+        for name in self.by_keyword[n]:
+            if name not in kwargs:
+                return len(self.table), arg_error(ArgumentError, name, f"a value (required by {public})", "nothing")
+        return None
 
     def bind_eager(self, args: tuple, kwargs: dict, grad: bool) -> dict[str, Any] | None:
         """The call's arguments by name (defaults filled in, Python scalars as the dispatcher
@@ -303,6 +364,8 @@ def register() -> None:
         key = f"{spec.namespace}::{spec.qualified}"
         binding = _BINDINGS[key] = _Binding(spec, schema)
         lib.impl(spec.qualified, binding.kernel, "CPU")
+        for dispatch_key in NON_STRIDED_KEYS:
+            lib.impl(spec.qualified, binding.strided_only, dispatch_key)
         if key in _fake.FAKES:
             torch.library.register_fake(key, _fake.FAKES[key], lib=lib)
         packet = getattr(getattr(torch.ops, spec.namespace), spec.name)
@@ -313,7 +376,92 @@ def register() -> None:
             torch.library.register_autograd(key, _format_cast_tensor_backward, lib=lib)
         else:
             lib.impl(spec.qualified, _below_autograd(overload), "Autograd")
+    for namespace, name in dict.fromkeys((s.namespace, s.name) for s in SCHEMAS):
+        packet = getattr(getattr(torch.ops, namespace), name)
+        _CHECKS[packet._qualified_op_name] = check_call(namespace, name)
+        packet.__class__ = CheckedPacket
     _DONE = True
+
+
+#: Dispatch keys of CPU tensors that are not one strided block (sparse COO / compressed, mkldnn,
+#: nested, quantized): their kernel is :attr:`_Binding.strided_only`, so such a tensor gets the
+#: conversion step's error (:func:`._convert.check_strided`) instead of torch's "Could not run
+#: ... with arguments from the 'SparseCPU' backend" page.
+NON_STRIDED_KEYS = ("SparseCPU", "SparseCsrCPU", "MkldnnCPU", "NestedTensorCPU", "QuantizedCPU")
+
+#: :func:`check_call`'s check of every registered op, by ``namespace::name``.
+_CHECKS: dict[str, Callable[[tuple, dict], "_Binding"]] = {}
+
+
+class CheckedPacket(torch._ops.OpOverloadPacket):
+    """``torch.ops.npu.<op>`` / ``torch.ops.atb.<op>`` of the emulated ops (the class of the
+    packet torch created, swapped in by :func:`register`: same object, same overloads): a call
+    torch rejects before any kernel runs (no schema matches, a tensor of a layout or subclass
+    with no kernel) is explained by :func:`check_call`, an ascend_emu error naming the argument
+    with a short summary of its value, instead of torch's message that prints the value (a
+    whole tensor) and every schema. A call torch accepts costs nothing more; an error whose
+    cause the check does not find is torch's, unchanged."""
+
+    def __call__(self, /, *args, **kwargs):
+        try:
+            return self._op(*args, **kwargs)
+        except AscendEmuError:
+            raise
+        except Exception:  # noqa: BLE001  (re-raised unless the check finds the cause)
+            error = _explain(self._qualified_op_name, args, kwargs)
+            if error is None:
+                raise
+        raise error from None
+
+
+def _explain(qualified: str, args: tuple, kwargs: dict) -> AscendEmuError | None:
+    """The ascend_emu error that explains why torch rejected a call of ``qualified``, or None:
+    :func:`check_call`'s, else :func:`._convert.check_strided`'s for a tensor argument (a nested
+    tensor subclass has no kernel to reach)."""
+    check = _CHECKS.get(qualified)
+    if check is None:
+        return None
+    try:
+        binding = check(args, kwargs)
+        for name, value in (*zip(binding.names, args), *kwargs.items()):
+            if isinstance(value, torch.Tensor):
+                check_strided(value, name)
+    except AscendEmuError as error:
+        return error
+    return None
+
+
+def check_call(namespace: str, name: str) -> Callable[[tuple, dict], "_Binding"]:
+    """The argument check of ``torch_npu.<name>`` / ``torch.ops.<namespace>.<name>``, every
+    overload at once: ``check(args, kwargs)`` returns the binding of the first overload whose
+    schema the call fits, else raises the error of the overload that fits it best
+    (:meth:`_Binding.mismatch`: of the overloads the call is shaped for, the one whose first
+    wrong argument comes latest; with none, the first overload's; torch's own message would
+    print the value, a tensor in full, and every schema). The format casts check a non-tensor
+    format first (:func:`._format._check_cast_args`: ModeError listing the accepted formats).
+
+    Raises:
+        DTypeError / ModeError: an argument of the wrong kind (ModeError for a str argument).
+        ArgumentError: too many positional arguments, an unknown keyword, an argument given
+            twice, a required argument missing.
+    """
+    bindings = tuple(_BINDINGS[f"{namespace}::{s.qualified}"] for s in SCHEMAS
+                     if s.namespace == namespace and s.name == name)
+    public = f"torch_npu.{'atb.' if namespace == 'atb' else ''}{name}"
+    cast = name.startswith("npu_format_cast")
+
+    def check(args: tuple, kwargs: dict) -> _Binding:
+        if cast and len(args) > 1 and not isinstance(args[1], torch.Tensor):
+            _format._check_cast_args(args[1], kwargs.get("customize_dtype"), kwargs.get("input_dtype"))
+        problems = []
+        for binding in bindings:
+            problem = binding.mismatch(args, kwargs, public)
+            if problem is None:
+                return binding
+            problems.append(problem)
+        raise max(problems, key=lambda p: p[0])[1]  # the first of the best ranked
+
+    return check
 
 
 #: Python types a schema argument type accepts (checked before dispatch, :func:`public_op`).
@@ -336,15 +484,12 @@ def _kind_table(schema: torch._C.FunctionSchema) -> tuple[tuple[str, str, bool],
     return tuple(table)
 
 
-def _check_kinds(schema: torch._C.FunctionSchema, args: tuple, kwargs: dict, public: str,
-                 table: tuple[tuple[str, str, bool], ...] | None = None) -> None:
-    """DTypeError / ModeError (naming the argument, value summarised) for a value torch's schema
-    matching would reject with a RuntimeError that can print whole tensors. ``table``: the
-    schema's :func:`_kind_table` (computed here when not given)."""
-    if table is None:
-        table = _kind_table(schema)
-    if len(args) > len(table):
-        raise TypeError(f"{public}: takes at most {len(table)} arguments, got {len(args)}")
+def _wrong_kind(table: tuple[tuple[str, str, bool], ...], args: tuple,
+                kwargs: dict) -> tuple[int, AscendEmuError] | None:
+    """The first argument whose value torch's schema matching would reject with a RuntimeError
+    that can print whole tensors, as ``(schema position, DTypeError / ModeError naming it, the
+    value summarised)``, or None. ``table``: the schema's :func:`_kind_table`; ``args`` no
+    longer than it."""
     for i, (name, kind, optional) in enumerate(table):
         if i < len(args):
             value = args[i]
@@ -357,7 +502,8 @@ def _check_kinds(schema: torch._C.FunctionSchema, args: tuple, kwargs: dict, pub
         types, text = _KINDS[kind]
         if not isinstance(value, types) or (kind in ("int", "float") and isinstance(value, bool)):
             cls = ModeError if kind == "str" else DTypeError
-            raise arg_error(cls, name, text + (" or None" if optional else ""), describe(value))
+            return i, arg_error(cls, name, text + (" or None" if optional else ""), describe(value))
+    return None
 
 
 _compiling = torch.compiler.is_compiling
@@ -379,7 +525,8 @@ def eager_allowed() -> bool:
 
 def public_op(namespace: str, name: str) -> Callable:
     """``torch_npu.<name>``: a thin callable of ``torch.ops.<namespace>.<name>`` (its ``op``
-    attribute) that checks argument kinds first (ascend_emu errors, never a printed tensor).
+    attribute) that checks the arguments against the schemas first (:func:`check_call`:
+    ascend_emu errors naming the argument, never a printed tensor).
 
     Eager fast path: a plain eager call (:func:`eager_allowed`, every tensor a plain strided
     CPU tensor, none requiring grad while grad mode is on; :meth:`_Binding.bind_eager`) runs
@@ -387,16 +534,16 @@ def public_op(namespace: str, name: str) -> Callable:
     outputs, NPU marks, format tags, version-counter bumps and errors are the same; it skips
     the dispatcher's ~15 us. Every other call goes through ``torch.ops``.
 
-    Overloaded ops (``npu_format_cast``, ``npu_format_cast_``, ``atb.npu_mla_preprocess``) leave
-    overload resolution to torch on the dispatcher path (the eager path takes the one overload
-    whose schema the call matches); the format casts check a non-tensor format argument first.
+    Overloaded ops (``npu_format_cast``, ``npu_format_cast_``, ``atb.npu_mla_preprocess``): the
+    eager path takes the one overload whose schema the call matches; on the dispatcher path
+    :func:`check_call` checks the call against every overload, and a call one of them fits is
+    resolved by torch.
     """
     packet = getattr(getattr(torch.ops, namespace), name)
     specs = [s for s in SCHEMAS if s.namespace == namespace and s.name == name]
-    schema = torch._C.parse_schema(f"{namespace}::{specs[0].schema}") if len(specs) == 1 else None
     public = f"torch_npu.{'atb.' if namespace == 'atb' else ''}{name}"
-    table = _kind_table(schema) if schema is not None else None
     bindings = tuple(_BINDINGS[f"{namespace}::{s.qualified}"] for s in specs)
+    check = _CHECKS[packet._qualified_op_name]
 
     def call(*args, **kwargs):
         if eager_allowed():
@@ -405,10 +552,7 @@ def public_op(namespace: str, name: str) -> Callable:
                 params = binding.bind_eager(args, kwargs, grad)
                 if params is not None:
                     return binding.body(params)
-        if schema is not None:
-            _check_kinds(schema, args, kwargs, public, table)
-        elif name.startswith("npu_format_cast") and len(args) > 1 and not isinstance(args[1], torch.Tensor):
-            _format._check_cast_args(args[1], kwargs.get("customize_dtype"), kwargs.get("input_dtype"))
+        check(args, kwargs)
         return packet(*args, **kwargs)
 
     call.__name__ = call.__qualname__ = name
