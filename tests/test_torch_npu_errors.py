@@ -86,9 +86,10 @@ ROUTES = {
 
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("kind", NON_STRIDED)
-def test_non_strided_tensor_is_named_with_its_layout(kind, route):
-    if kind == "jagged" and route == "overload":
-        pytest.skip("a jagged tensor's own __torch_dispatch__ answers an OpOverload call before any check")
+def test_non_strided_tensor_is_named_with_its_layout(kind, route, request):
+    if kind == "jagged" and route == "overload":  # known gap, kept visible: it fails until it is closed
+        request.node.add_marker(pytest.mark.xfail(
+            strict=True, reason="a jagged tensor's own __torch_dispatch__ answers an OpOverload call before any check"))
     q, key, w = _indexer_args()
     bad = _non_strided(kind, key)
     error, given = NON_STRIDED[kind]
