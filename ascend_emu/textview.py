@@ -93,20 +93,20 @@ def _widths(cols: Sequence[Col], rows: Sequence[Sequence]) -> tuple[list[int], l
 
 def _allot(natural: list[int], minimum: list[int], width: int) -> list[int]:
     """Column widths within ``width``: each column its minimum, the room left shared out to the
-    wrapping columns (natural > minimum) in proportion to what they lack; when even the minima do
+    wrapping columns (natural > minimum), evenly, those that lack least made whole first; when even the minima do
     not fit (one page of a single too-wide column), the widest columns give way (they fold)."""
     widths = list(minimum)
     room = width - need(widths)
     lack = [n - m for n, m in zip(natural, minimum)]
     if room >= sum(lack):
         return list(natural)
-    if room > 0:
-        total = sum(lack)
-        share = [room * k // total for k in lack]
-        left = room - sum(share)
-        for i in sorted(range(len(lack)), key=lambda i: -(room * lack[i] % total))[:left]:
-            share[i] += 1
-        return [w + s for w, s in zip(widths, share)]
+    if room > 0:  # water-filling: the columns that lack least are made whole first
+        order = sorted(range(len(lack)), key=lambda i: lack[i])
+        for k, i in enumerate(order):
+            give = min(lack[i], room // (len(order) - k))
+            widths[i] += give
+            room -= give
+        return widths
     while need(widths) > width and max(widths) > 1:
         widths[widths.index(max(widths))] -= 1
     return widths
