@@ -112,7 +112,8 @@ class Report:
 
     def heatmaps(self, directory: str | os.PathLike) -> list[str]:
         """Write one PNG heat map (blocks x rows, differing bytes per slot) per mismatching cache
-        into ``directory``; returns the paths. Needs matplotlib (the ``[plot]`` extra)."""
+        into ``directory``, titled with the call, its API and the tensor; returns the paths. Needs
+        matplotlib (the ``[plot]`` extra)."""
         from ..inspect.plot import plot_diff
 
         out = []
@@ -121,7 +122,9 @@ class Report:
             for t in c.tensors:
                 d = getattr(t, "_diff", None)
                 if d is not None and not d.same:
-                    out.append(plot_diff(d, Path(directory) / f"call{c.index:05d}_{c.op}_{t.name}.png"))
+                    title = (f"call {c.index} {c.api}\n{t.name} ({t.role}, {t.dtype} {list(t.shape)}): {t.status}; "
+                             f"device (expected) vs emulator")
+                    out.append(plot_diff(d, Path(directory) / f"call{c.index:05d}_{c.op}_{t.name}.png", title=title))
         return out
 
 
