@@ -127,16 +127,16 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     """``ascend-emu demo``: the decode step (:mod:`ascend_emu.demo`), or ``--layout``."""
     if ns.layout:
         return _layout_demo()
-    from rich.console import Console
     from rich.table import Table
 
     from .demo import DecodeStepConfig, run_decode_step
+    from .textview import console as text_console
     from .mla import D_NOPE, D_ROPE, HCKV
     from .quant import MLA_ROW
 
     config = DecodeStepConfig(context=ns.context, heads=ns.heads, sparse_count=ns.sparse_count,
                               block_size=ns.block_size)
-    console = Console(highlight=False)
+    console = text_console()
     console.print(f"[bold]DeepSeek-V3.2 decode step[/bold], one layer: He={config.he} Hcq={config.hcq} "
                   f"Hckv={HCKV} D={D_NOPE} Dr={D_ROPE}, N={config.heads} query heads (one TP-8 rank), "
                   f"context {config.context} tokens, indexer {config.indexer_heads}x{config.indexer_dim} "
