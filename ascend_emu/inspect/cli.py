@@ -1,7 +1,7 @@
 """``ascend-emu inspect where|what|dump|grid|diff|blocks`` and its alias ``ascend-emu locate``.
 
 Parses arguments, calls the pure functions of :mod:`ascend_emu.inspect` and renders their results:
-text (rich tables), ``--json`` (one JSON object; NaN / inf as strings) or ``--png PATH``
+text (rich tables that fit the terminal, :mod:`ascend_emu.textview`), ``--json`` (one JSON object; NaN / inf as strings) or ``--png PATH``
 (:mod:`ascend_emu.inspect.plot`). Exit status: 0 on success, 2 on a usage or input error (the
 message names the argument); ``diff`` exits 1 when bytes differ outside the expected slots (all
 differing bytes without ``--expect-slots``), like ``diff(1)``.
