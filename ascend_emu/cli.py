@@ -166,17 +166,17 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     """``ascend-emu demo``: the decode step (:mod:`ascend_emu.demo`), or ``--layout``."""
     if ns.layout:
         return _layout_demo()
-    from rich.console import Console
     from rich.table import Table
 
     from .demo import DECODE_REPEATS, DecodeStepConfig, heads_share, run_decode_step
     from .inspect import Cache, save_cache
+    from .textview import console as text_console
     from .mla import D_NOPE, D_ROPE, HCKV
     from .progress import Progress
     from .quant import MLA_ROW
 
     config = DecodeStepConfig(**{k: getattr(ns, k) for k in DEMO_OPTIONS})
-    console = Console(highlight=False)
+    console = text_console()
     console.print(f"[bold]DeepSeek-V3.2 decode step[/bold], one layer: He={config.he} Hcq={config.hcq} "
                   f"Hckv={HCKV} D={D_NOPE} Dr={D_ROPE}, N={config.heads} query heads "
                   f"({heads_share(config.heads)}), context {config.context} tokens, indexer "

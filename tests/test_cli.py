@@ -478,8 +478,10 @@ def test_inspect_what_of_an_nz_weight_byte(capsys):
     assert out["padding"] and out["storage_index"] == [0, 1, 4, 0]
 
 
-def test_inspect_dump_a_slot(capsys, nz_files):
+def test_inspect_dump_a_slot(capsys, nz_files, monkeypatch):
     import numpy as np
+
+    monkeypatch.setenv("COLUMNS", "200")  # the marks whole on one line (80 columns: tests/test_text_width.py)
 
     out = _inspect(capsys, "dump", nz_files["a"], "--slot", "37")
     rows = nz_files["cache"].rows()  # [64, 1, 64]

@@ -276,15 +276,23 @@ def test_record_needs_torch_npu(tmp_path, capsys, monkeypatch):
     assert rc == 2 and "no torch_npu is installed" in err
 
 
-def test_heatmap_png(tmp_path):
+def test_heatmap_png(tmp_path, monkeypatch):
+    """One heat map per mismatching cache, titled with the call, its API and the tensor."""
     pytest.importorskip("matplotlib")
+    from ascend_emu.inspect import plot
+
     e = np.zeros((2, 16, 1, 64), BF16)
     a = e.copy()
     a[1, 3, 0, 5] = 1
-    rep = compare.CallReport(0, "npu_mla_prolog_v3", "x", "fail",
+    rep = compare.CallReport(4, "npu_mla_prolog_v3", "torch_npu.npu_mla_prolog_v3", "fail",
                              tensors=[compare.compare_tensor("kr_cache", a, e, role="cache", cache_mode="PA_BSND")])
+    titles = []
+    figure = plot.diff_figure
+    monkeypatch.setattr(plot, "diff_figure", lambda d, **kw: titles.append(kw["title"]) or figure(d, **kw))
     (png,) = compare.Report([rep]).heatmaps(tmp_path)
     assert pathlib.Path(png).read_bytes()[:4] == b"\x89PNG"
+    (title,) = titles
+    assert title.startswith("call 4 torch_npu.npu_mla_prolog_v3\nkr_cache (cache, bfloat16 [2, 16, 1, 64]): fail")
 
 
 # ----------------------------------------------------------------------------- msprobe dumps

@@ -4,6 +4,7 @@ and tests/reference/quant.py (656-byte rows by struct, §2.2)."""
 
 from __future__ import annotations
 
+import re
 import struct
 
 import numpy as np
@@ -532,3 +533,114 @@ def test_combined_rows_written_by_mla_prolog_v3_per_tile():
         assert [t.scale for t in dumped.tiles] == scales.tolist()
         assert np.array_equal(np.array([v for ln in dumped.lines if ln.field == "k_nope" for v in ln.dequant],
                                        np.float32), deq)
+
+
+def _figure_texts(fig):
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def test_grid_picture_labels_small_grids_and_only_colours_large_ones():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from ascend_emu.inspect.plot import MAX_TICKS, grid_figure
+
+    mode, shape = "PA_NZ", (2, 16, 1, 64)
+    fig = grid_figure(inspect.grid(_spec(mode, shape, "bfloat16"), 1))
+    base = ref.element_offset(mode, shape, 2, 1, 0, 0, 0) * 2
+    want = {f"slot {16 + r}\n+{ref.element_offset(mode, shape, 2, 1, r, 0, 16 * j) * 2 - base}"
+            for j in range(4) for r in range(16)}
+    assert set(_figure_texts(fig)) == want
+    assert "one cell = one row's C0 chunk" in fig.axes[0].get_title()
+    plt.close(fig)
+    fig = grid_figure(inspect.grid(_spec(mode, (2, 16, 1, 512), "bfloat16"), 1))  # 32 x 16 cells
+    ax = fig.axes[0]
+    assert _figure_texts(fig) == [] and len(ax.get_xticks()) <= MAX_TICKS
+    assert "one cell = one row's C0 chunk, 16 elements = 32 bytes" in ax.get_title()
+    plt.close(fig)
+
+
+def test_diff_picture_fixed_scale_and_unexpected_slots_marked(rng):
+    """A fully rewritten slot is the darkest colour and one changed byte is plainly off the
+    background, whatever else changed; slots changed outside --expect-slots are outlined red, the
+    expected ones green."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from ascend_emu.inspect.plot import diff_figure
+
+    mode, shape = "PA_NZ", (2, 16, 1, 64)
+    a = _cache((mode, shape, "bfloat16"), rng)
+
+    def changed(slots_full, byte_slots):
+        raw = a.raw.copy()
+        for slot in slots_full:  # every byte of the slot, by the reference offsets
+            b, r = divmod(slot, 16)
+            for d in range(64):
+                o = ref.element_offset(mode, shape, 2, b, r, 0, d) * 2
+                raw[o:o + 2] ^= 0x5A
+        for slot in byte_slots:
+            b, r = divmod(slot, 16)
+            raw[ref.element_offset(mode, shape, 2, b, r, 0, 7) * 2] ^= 1
+        return inspect.Cache(spec=a.spec, raw=raw, shape=a.shape)
+
+    def colours(fig):
+        im = fig.axes[0].images[0]
+        return im.to_rgba(im.get_array())[..., :3]  # [blocks, rows, rgb]
+
+    fig = diff_figure(inspect.diff(a, changed([3, 17], [])))  # only whole slots changed
+    whole = colours(fig)[0, 3]
+    assert whole @ [0.299, 0.587, 0.114] < 0.25  # dark, on a light background
+    plt.close(fig)
+    d = inspect.diff(a, changed([3, 20], [9]), expect_slots=[3, 4])
+    fig = diff_figure(d, title="call 5 torch_npu.npu_x: kv_cache")
+    rgb, ax = colours(fig), fig.axes[0]
+    assert np.allclose(rgb[0, 3], whole)  # the same colour, whatever else changed
+    assert np.linalg.norm(rgb[0, 9] - rgb[0, 0]) > 0.3 and np.linalg.norm(rgb[0, 9] - rgb[0, 3]) > 0.3
+    boxes = {(round(p.get_x() + p.get_width() / 2), round(p.get_y() + p.get_height() / 2), p.get_edgecolor()[:3])
+             for p in ax.patches}
+    red, green = (1.0, 0.0, 0.0), tuple(np.round(plt.matplotlib.colors.to_rgb("#1a9850"), 6))
+    assert {(x, y) for x, y, c in boxes if c == red} == {(9, 0), (4, 1)}  # slots 9 and 20 (block 1, row 4)
+    assert {(x, y) for x, y, c in boxes if tuple(np.round(c, 6)) == green} == {(3, 0), (4, 0)}
+    assert ax.get_title().startswith("call 5 torch_npu.npu_x: kv_cache\n")
+    assert "bytes per slot" in fig.axes[1].get_ylabel()
+    plt.close(fig)
+
+
+def _cielab(rgb) -> np.ndarray:
+    """sRGB in [0, 1] ``[n, 3]`` -> CIELAB (D65) ``[n, 3]``, by the CIE formulas."""
+    rgb = np.asarray(rgb, float)
+    lin = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = lin @ np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]).T
+    t = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(t > (6 / 29) ** 3, np.cbrt(t), t / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.stack([116 * f[:, 1] - 16, 500 * (f[:, 0] - f[:, 1]), 200 * (f[:, 1] - f[:, 2])], axis=-1)
+
+
+def test_blocks_picture_distinct_colours_and_block_order():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from ascend_emu.inspect.plot import blocks_figure
+
+    lens = [40, 17, 64, 5, 33, 70, 16, 25]
+    table = [[9, 28, 13, 0, 0], [20, 26, 0, 0, 0], [24, 6, 17, 16, 0], [6, 0, 0, 0, 0], [7, 35, 30, 0, 0],
+             [37, 2, 8, 11, 22], [21, 0, 0, 0, 0], [31, 38, 0, 0, 0]]
+    fig = blocks_figure(inspect.blocks(table, lens, 16, 40))
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    lab = _cielab([h.get_facecolor()[:3] for h in legend.legend_handles[:9]])  # 8 sequences + rows read twice
+    hue = np.degrees(np.arctan2(lab[:, 2], lab[:, 1]))  # [9]
+    chromatic = [i for i in range(8) if np.hypot(lab[i, 1], lab[i, 2]) > 15]
+    hue_gaps = [abs((hue[i] - hue[k] + 180) % 360 - 180) for i in chromatic for k in chromatic if k < i]
+    assert min(hue_gaps) > 15  # no two sequences in shades of one hue
+    assert min(np.linalg.norm(lab[8] - lab[i]) for i in range(8)) > 25
+    runs = {}  # (seq, table column) -> block, from the labels where they are drawn
+    for t in ax.texts:
+        for part in t.get_text().split("  |  "):
+            s, k = re.match(r"s(\d+) #(\d+):", part).groups()
+            runs[int(s), int(k)] = round(t.get_position()[1])
+    assert runs == {(b, k): table[b][k] for b, n in enumerate(lens) for k in range(-(-n // 16))}
+    names = [t.get_text() for t in legend.get_texts()]
+    assert names[0] == "seq 0 (40 tokens): blocks 9 > 28 > 13" and names[5].endswith("37 > 2 > 8 > 11 > 22")
+    plt.close(fig)

@@ -85,10 +85,9 @@ def _emit(report: Report, ns) -> int:
         for p in paths:
             print(f"wrote {p}")
     if not (getattr(ns, "json", None) == "-" or getattr(ns, "csv", None) == "-"):
-        from rich.console import Console
+        from ..textview import console
 
-        width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 200))
-        report.render(Console(file=sys.stdout, width=width, highlight=False))
+        report.render(console())
     bad = [c for c in report.calls if c.status not in ("identical", "pass")]
     if ns.allow_skipped:
         bad = [c for c in bad if c.status != "not replayable"]

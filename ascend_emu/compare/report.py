@@ -61,27 +61,32 @@ class Report:
         return buf.getvalue()
 
     def render(self, console=None, *, details: int = 8) -> None:
-        """Print the report as rich tables: one summary table, then the mismatches of each
-        differing tensor (at most ``details`` lines each) and the calls that were not compared."""
-        from rich.console import Console
-        from rich.table import Table
+        """Print the report as text: one summary table, then the mismatches of each differing
+        tensor (at most ``details`` lines each) and the calls that were not compared. The table
+        fits ``console.width`` (:func:`ascend_emu.textview.print_table`: the error ratios, the ulp
+        histogram and the dtype are left out first, with a note); default console:
+        :func:`ascend_emu.textview.console`."""
+        from rich.text import Text
 
-        console = console or Console()
-        table = Table(title="ascend-emu compare: device (expected) vs emulator", show_lines=False)
-        for col in ("call", "op", "tensor", "dtype", "status", "cosine", "max abs", "max rel", "1/1000",
-                    "5/1000", "mismatched", "bf16 ulps"):
-            table.add_column(col, overflow="fold", no_wrap=col in ("op", "status"))
+        from ..textview import Col, console as text_console, print_table
+
+        console = console or text_console()
+        cols = [Col("call"), Col("op", wrap=True, min=14), Col("tensor", wrap=True, min=8), Col("dtype", drop=1),
+                Col("status", wrap=True), Col("cosine"), Col("max abs"), Col("max rel", drop=3), Col("1/1000", drop=4),
+                Col("5/1000", drop=5), Col("mismatched", wrap=True), Col("bf16 ulps", wrap=True, drop=2)]
         style = {"identical": "green", "pass": "yellow", "fail": "red", "missing": "red"}
+        rows = []
         for c in self.calls:
             if not c.tensors:
-                table.add_row(str(c.index), c.op, "-", "-", f"[magenta]{c.status}[/]", *[""] * 7)
+                rows.append([str(c.index), c.op, "-", "-", Text(c.status, style="magenta"), *[""] * 7])
             for t in c.tensors:
                 hist = (" ".join(f"{k}:{v}" for k, v in t.ulp_hist.items() if v) if t.ulp_hist else "")
-                table.add_row(str(c.index), c.op, f"{t.name} ({t.role})", t.dtype,
-                              f"[{style.get(t.status, 'white')}]{t.status}[/]", _fmt(t.cosine), _fmt(t.max_abs_err),
-                              _fmt(t.max_rel_err), _fmt(t.one_thousandth_ratio), _fmt(t.five_thousandths_ratio),
-                              f"{t.mismatched}/{t.size}", hist)
-        console.print(table)
+                rows.append([str(c.index), c.op, f"{t.name}\n({t.role})", t.dtype,
+                             Text(t.status, style=style.get(t.status, "white")), _fmt(t.cosine), _fmt(t.max_abs_err),
+                             _fmt(t.max_rel_err), _fmt(t.one_thousandth_ratio), _fmt(t.five_thousandths_ratio),
+                             f"{t.mismatched}/{t.size}", hist])
+        print_table(console, "ascend-emu compare: device (expected) vs emulator", cols, rows,
+                    more="--json / --csv")
         for c in self.calls:
             if c.reason:
                 console.print(f"call {c.index} {c.api}: [magenta]{c.status}[/]: {c.reason}")
@@ -107,7 +112,8 @@ class Report:
 
     def heatmaps(self, directory: str | os.PathLike) -> list[str]:
         """Write one PNG heat map (blocks x rows, differing bytes per slot) per mismatching cache
-        into ``directory``; returns the paths. Needs matplotlib (the ``[plot]`` extra)."""
+        into ``directory``, titled with the call, its API and the tensor; returns the paths. Needs
+        matplotlib (the ``[plot]`` extra)."""
         from ..inspect.plot import plot_diff
 
         out = []
@@ -116,7 +122,9 @@ class Report:
             for t in c.tensors:
                 d = getattr(t, "_diff", None)
                 if d is not None and not d.same:
-                    out.append(plot_diff(d, Path(directory) / f"call{c.index:05d}_{c.op}_{t.name}.png"))
+                    title = (f"call {c.index} {c.api}\n{t.name} ({t.role}, {t.dtype} {list(t.shape)}): {t.status}; "
+                             f"device (expected) vs emulator")
+                    out.append(plot_diff(d, Path(directory) / f"call{c.index:05d}_{c.op}_{t.name}.png", title=title))
         return out
 
 

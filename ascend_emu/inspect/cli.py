@@ -1,7 +1,7 @@
 """``ascend-emu inspect where|what|dump|grid|diff|blocks`` and its alias ``ascend-emu locate``.
 
 Parses arguments, calls the pure functions of :mod:`ascend_emu.inspect` and renders their results:
-text (rich tables), ``--json`` (one JSON object; NaN / inf as strings) or ``--png PATH``
+text (rich tables that fit the terminal, :mod:`ascend_emu.textview`), ``--json`` (one JSON object; NaN / inf as strings) or ``--png PATH``
 (:mod:`ascend_emu.inspect.plot`). Exit status: 0 on success, 2 on a usage or input error (the
 message names the argument); ``diff`` exits 1 when bytes differ outside the expected slots (all
 differing bytes without ``--expect-slots``), like ``diff(1)``.
@@ -14,12 +14,12 @@ import json
 import os
 import sys
 
+from ..textview import Col, fits, print_table
 from .files import jsonable
 
-#: Values shown per dump line in text output (all of them are in --json).
-TEXT_VALUES = 8
-#: Text width when stdout is not a terminal (a dump line is 32 bytes of hex plus values).
-PIPE_WIDTH = 240
+#: Bytes per dump row, widest first: the text view shows the widest that fits the terminal (every
+#: dump line of 32 bytes is split into rows of that many bytes, each with its own offset).
+ROW_BYTES = (32, 16, 8)
 
 
 def _err(msg: str) -> None:
@@ -31,26 +31,9 @@ def _print_json(obj) -> None:
 
 
 def _console():
-    from rich.console import Console
+    from ..textview import console
 
-    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", PIPE_WIDTH))
-    return Console(file=sys.stdout, width=width, highlight=False, soft_wrap=False)
-
-
-def _table(title: str, *columns: str, no_wrap: tuple[str, ...] = ()):
-    """A rich table whose caption line (``title``) is printed above it by :func:`_show`."""
-    from rich.table import Table
-
-    table = Table(show_edge=False, pad_edge=False)
-    table.caption_line = title
-    for c in columns:
-        table.add_column(c, overflow="fold", no_wrap=c in no_wrap)
-    return table
-
-
-def _show(con, table) -> None:
-    con.print(table.caption_line)
-    con.print(table)
+    return console()
 
 
 # ---------------------------------------------------------------------------------------- argument types
@@ -168,12 +151,10 @@ def cmd_where(ns) -> int:
         what += f", head {ns.head or 0}, dim {ns.dim}"
     elif ns.field is not None:
         what += f", {ns.field}" + (f"[{ns.element}]" if ns.element is not None else "")
-    table = _table(f"{what}: {len(res.ranges)} contiguous range(s), {res.nbytes} bytes", "bytes", "head", "field",
-                   "elements", "C0 chunk")
-    for r in res.ranges:
-        table.add_row(f"[{r.start}, {r.stop})", str(r.head), r.field, f"[{r.first}, {r.last})",
-                      "" if r.c0_chunk is None else str(r.c0_chunk))
-    _show(con, table)
+    print_table(con, f"{what}: {len(res.ranges)} contiguous range(s), {res.nbytes} bytes",
+                [Col("bytes"), Col("head"), Col("field"), Col("elements"), Col("C0 chunk")],
+                [[f"[{r.start}, {r.stop})", str(r.head), r.field, f"[{r.first}, {r.last})",
+                  "" if r.c0_chunk is None else str(r.c0_chunk)] for r in res.ranges])
     if ns.dim is not None and spec.row_format is not None:
         con.print(f"656-byte row byte {ns.dim} -> bytes [{info['byte_offset']}, {info['byte_offset'] + 1})")
     return 0
@@ -224,8 +205,35 @@ def _fmt(v) -> str:
 
 
 def _values(vals) -> str:
-    shown = " ".join(_fmt(v) for v in vals[:TEXT_VALUES])
-    return shown + (f" ... (+{len(vals) - TEXT_VALUES})" if len(vals) > TEXT_VALUES else "")
+    return " ".join(_fmt(v) for v in vals)
+
+
+def _dump_rows(res, cache, per_row: int, one_slot: bool) -> tuple[list[list[str]], list[int]]:
+    """Rows of the dump table with ``per_row`` bytes each (a 32-byte dump line split into
+    several), and the indices of the rows that start a new NZ fractal (their field cell names it
+    on a second line, ``> fractal F of C0 chunk J``)."""
+    combined, nz = cache.spec.row_format is not None, cache.layout.nz
+    rows, sections = [], []
+    for ln in res.lines:
+        if nz and any(m.startswith("fractal") for m in ln.marks) and ln is not res.lines[0]:
+            sections.append(len(rows))
+        hexb = ln.hex.split()
+        size = len(hexb) // len(ln.values)  # bytes per element
+        step = max(per_row // size, 1)  # elements per row
+        for p in range(0, len(ln.values), step):
+            first, last = ln.first + p, min(ln.first + p + step, ln.last)
+            label = f"{ln.field}[{first}:{last}]" + (f" h{ln.head}" if cache.layout.heads > 1 else "")
+            if ln.c0_chunk is not None:
+                label += f" C0#{ln.c0_chunk} F{ln.fractal}"
+            if not p and nz:
+                label += "".join(f"\n> {m.split(' (')[0]}" for m in ln.marks if m.startswith("fractal"))
+            row = [str(ln.offset + p * size)] + ([] if one_slot else [f"{ln.slot} ({ln.block},{ln.row})"])
+            row += [label, " ".join(hexb[p * size:(p + step) * size]), _values(ln.values[p:p + step])]
+            if combined:
+                row.append("" if ln.dequant is None else
+                           (f"tile {ln.tile}: " if ln.tile is not None else "") + _values(ln.dequant[p:p + step]))
+            rows.append(row)
+    return rows, sections
 
 
 def cmd_dump(ns) -> int:
@@ -240,32 +248,25 @@ def cmd_dump(ns) -> int:
         return 0
     con = _console()
     con.print(_describe(res.cache))
-    combined = cache.spec.row_format is not None
-    nz = cache.layout.nz
-    cols = (["offset", "slot (blk,row)", "field [elements]", "bytes", "values"] + (["dequant"] if combined else [])
-            + (["boundary"] if nz else []))
-    table = _table(f"{res.what}: bytes [{res.start}, {res.stop}), {len(res.lines)} line(s)", *cols,
-                   no_wrap=("bytes", "slot (blk,row)", "field [elements]"))
-    for ln in res.lines:
-        if nz and any(m.startswith("fractal") for m in ln.marks) and ln is not res.lines[0]:
-            table.add_section()
-        label = f"{ln.field}[{ln.first}:{ln.last}]" + (f" h{ln.head}" if cache.layout.heads > 1 else "")
-        if ln.c0_chunk is not None:
-            label += f" C0#{ln.c0_chunk} F{ln.fractal}"
-        row = [str(ln.offset), f"{ln.slot} ({ln.block},{ln.row})", label, ln.hex, _values(ln.values)]
-        if combined:
-            row.append((f"tile {ln.tile}: " if ln.tile is not None else "") + _values(ln.dequant or []))
-        if nz:
-            row.append("; ".join(m.split(" (")[0] for m in ln.marks if m.startswith("fractal")))
-        table.add_row(*row)
-    _show(con, table)
+    combined, nz = cache.spec.row_format is not None, cache.layout.nz
+    slots = sorted({(ln.slot, ln.block, ln.row) for ln in res.lines})
+    one_slot = len(slots) == 1
+    cols = ([Col("offset", justify="right")] + ([] if one_slot else [Col("slot (b,r)", wrap=True, min=8)])
+            + [Col("field [elements]", wrap=True, min=16), Col("bytes"), Col("values", wrap=True, min=15)]
+            + ([Col("dequant", wrap=True, drop=1, min=16)] if combined else []))
+    for per_row in ROW_BYTES:
+        rows, sections = _dump_rows(res, cache, per_row, one_slot)
+        if fits(cols, rows, con.width):
+            break
+    where_ = f" of slot {slots[0][0]} (block {slots[0][1]}, row {slots[0][2]})" if one_slot else ""
+    print_table(con, f"{res.what}: bytes [{res.start}, {res.stop}){where_}, {len(rows)} row(s) of up to {per_row} "
+                     f"bytes", cols, rows, sections=sections)
     if res.tiles:
-        tiles = _table("per-tile scales (k_nope ~= int8 * scale)", "slot", "tile", "k_nope elements", "scale",
-                       "dequant min", "dequant max")
-        for t in res.tiles:
-            tiles.add_row(str(t.slot), str(t.tile), f"[{t.first}, {t.last})", _fmt(t.scale), _fmt(t.dequant_min),
-                          _fmt(t.dequant_max))
-        _show(con, tiles)
+        print_table(con, "per-tile scales (k_nope ~= int8 * scale)",
+                    [Col("slot"), Col("tile"), Col("k_nope elements"), Col("scale"), Col("dequant min"),
+                     Col("dequant max")],
+                    [[str(t.slot), str(t.tile), f"[{t.first}, {t.last})", _fmt(t.scale), _fmt(t.dequant_min),
+                      _fmt(t.dequant_max)] for t in res.tiles])
     return 0
 
 
@@ -289,20 +290,26 @@ def cmd_grid(ns) -> int:
         return 0
     con = _console()
     chunks, rows = g.shape
-    table = _table(g.title, "row", *[f"C0#{j} [{int(g.first_col[j, 0])}:{int(g.first_col[j, 0]) + g.c0}]"
-                                     for j in range(chunks)])
+    who = "slot" if g.kind == "cache block" else "m"
+    base = int(g.offset.min())
+    cols = [Col("row")] + [Col(f"C0#{j}\n[{int(g.first_col[j, 0])}:{int(g.first_col[j, 0]) + g.c0}]")
+                           for j in range(chunks)]
+    table = []
     for r in range(rows):
-        if r and r % g.fractal_rows == 0:
-            table.add_section()
+        held = {int(v) for v in g.logical_row[:, r] if v >= 0}
+        label = f"{r}: " + (f"{who} {held.pop()}" if len(held) == 1 else "pad" if not held else
+                            f"{who} {sorted(held)}")
         cells = []
         for j in range(chunks):
-            lr = int(g.logical_row[j, r])
-            who = "pad" if lr < 0 else (f"slot {lr}" if g.kind == "cache block" else f"m {lr}")
+            cell = "pad" if g.logical_row[j, r] < 0 else f"+{int(g.offset[j, r]) - base}"
             if 0 < g.valid_cols[j, r] < g.c0:
-                who += f" ({int(g.valid_cols[j, r])} cols)"
-            cells.append(f"{who} @{int(g.offset[j, r])}")
-        table.add_row(str(r), *cells)
-    _show(con, table)
+                cell += f" ({int(g.valid_cols[j, r])} cols)"
+            cells.append(cell)
+        table.append([label, *cells])
+    print_table(con, f"{g.title}\ncell = the {g.c0 * g.itemsize} bytes of one row's C0 chunk, shown as its byte "
+                     f"offset from {base}; memory runs down each C0 column, then on to the next",
+                [Col(f"row: {who}")] + cols[1:], table,
+                sections=range(g.fractal_rows, rows, g.fractal_rows))
     if ns.png:
         con.print(f"picture: {ns.png}")
     return 0
@@ -337,19 +344,21 @@ def cmd_diff(ns) -> int:
     if res.same:
         con.print(f"no differing bytes ({res.nan_equal} element(s) NaN in both, bits differing, counted equal)")
         return 0
-    table = _table(f"{s['bytes']} differing byte(s) in {len(s['slots'])} slot(s)", "block", "slot (row)", "field",
-                   "bytes", "elements", "max ulp", "max |int delta|", "expected")
+    rows = []
     for sd in res.slots[:ns.max_slots]:
         for k, fd in enumerate(sd.fields):
-            elems = ",".join(map(str, fd.elements[:8])) + (" ..." if len(fd.elements) > 8 else "")
-            table.add_row(str(sd.block) if k == 0 else "", f"{sd.slot} ({sd.row})" if k == 0 else "", fd.field,
-                          str(fd.bytes), elems, "" if fd.max_ulp is None else str(fd.max_ulp),
-                          "" if fd.max_int_delta is None else str(fd.max_int_delta),
-                          "" if sd.expected is None else ("yes" if sd.expected else "NO"))
-    _show(con, table)
+            elems = ", ".join(map(str, fd.elements[:8])) + (" ..." if len(fd.elements) > 8 else "")
+            rows.append([str(sd.block) if k == 0 else "", f"{sd.slot} ({sd.row})" if k == 0 else "", fd.field,
+                         str(fd.bytes), elems, "" if fd.max_ulp is None else str(fd.max_ulp),
+                         "" if fd.max_int_delta is None else str(fd.max_int_delta),
+                         "" if sd.expected is None else ("yes" if sd.expected else "NO")])
+    cols = [Col("block"), Col("slot (row)", wrap=True), Col("field"), Col("bytes"), Col("elements", wrap=True),
+            Col("max ulp", wrap=True), Col("max |int delta|", wrap=True), Col("expected", wrap=True)]
+    print_table(con, f"{s['bytes']} differing byte(s) in {len(s['slots'])} slot(s)", cols, rows)
     if len(res.slots) > ns.max_slots:
         con.print(f"... {len(res.slots) - ns.max_slots} more slot(s) (--max-slots, or --json for all)")
-    lines = [f"summary: {s['bytes']} bytes, slots {s['slots'][:32]}{' ...' if len(s['slots']) > 32 else ''}",
+    lines = [f"summary: {s['bytes']} bytes, slots {', '.join(map(str, s['slots'][:32]))}"
+             f"{' ...' if len(s['slots']) > 32 else ''}",
              f"  max ulp (bf16): {s['max_ulp_bf16']}, max int8 delta: {s['max_int8_delta']}, "
              f"scale bytes: {s['scale_bytes']}, NaN on one side: {s['nan_mismatch']}, "
              f"NaN on both (equal): {res.nan_equal}"]
@@ -358,7 +367,9 @@ def cmd_diff(ns) -> int:
                      f"{s['outside_expected_slots']}")
     if ns.png:
         lines.append(f"picture: {ns.png}")
-    con.print("\n".join(lines))
+    from rich.text import Text
+
+    con.print(Text("\n".join(lines)))
     return 1 if bad else 0
 
 
@@ -393,21 +404,26 @@ def cmd_blocks(ns) -> int:
         _print_json(res.to_dict())
         return 0
     con = _console()
-    table = _table(f"block table: BlockSize {res.block_size}, {res.num_blocks} block(s)", "seq", "tokens", "block",
-                   "table column", "rows", "slots", "note")
+    rows = []
     shared = set(res.shared_blocks)
     for seq in res.sequences:
         for k, run in enumerate(seq.runs):
             n = run.last_token - run.first_token
-            table.add_row(str(seq.seq) if k == 0 else "", f"[{run.first_token}, {run.last_token})", str(run.block),
-                          str(run.column), f"[0, {n})", f"[{run.block * res.block_size}, "
-                          f"{run.block * res.block_size + n})",
-                          f"shared with {[s for s in res.owners[run.block] if s != seq.seq] or 'itself'}"
-                          if run.block in shared else "")
+            others = [s for s in res.owners[run.block] if s != seq.seq]
+            rows.append([str(seq.seq) if k == 0 else "", f"[{run.first_token}, {run.last_token})", str(run.block),
+                         str(run.column), f"[0, {n})", f"[{run.block * res.block_size}, "
+                         f"{run.block * res.block_size + n})",
+                         (f"shared with {', '.join(map(str, others))}" if others else "read twice")
+                         if run.block in shared else ""])
         if not seq.runs:
-            table.add_row(str(seq.seq), "(empty)", "", "", "", "", "")
-    _show(con, table)
-    con.print(f"unused blocks: {res.unused_blocks}\nshared blocks: {res.shared_blocks}")
+            rows.append([str(seq.seq), "(empty)", "", "", "", "", ""])
+    print_table(con, f"block table: BlockSize {res.block_size}, {res.num_blocks} block(s)",
+                [Col("seq"), Col("tokens"), Col("block"), Col("table column", wrap=True), Col("rows"), Col("slots"),
+                 Col("note", wrap=True)], rows)
+    from rich.text import Text
+
+    con.print(Text(f"unused blocks: {', '.join(map(str, res.unused_blocks)) or 'none'}\n"
+                   f"shared blocks: {', '.join(map(str, res.shared_blocks)) or 'none'}"))
     if ns.png:
         con.print(f"picture: {ns.png}")
     return 0

@@ -53,6 +53,8 @@ class Diff:
         heat: int64 ``[BlockNum, BlockSize]`` differing bytes per slot.
         nan_equal: element pairs that differ in bits but are both NaN (not reported as changes).
         summary: totals (see :meth:`to_dict`).
+        expect_slots: the expected slots as given, sorted (None: none given); not in
+            :meth:`to_dict` (its ``slots`` say which changed slots were expected).
     """
 
     changed: np.ndarray
@@ -61,6 +63,7 @@ class Diff:
     nan_equal: int
     summary: dict
     cache: dict
+    expect_slots: tuple[int, ...] | None = None
 
     @property
     def same(self) -> bool:
@@ -165,4 +168,5 @@ def diff(a: Cache, b: Cache, *, expect_slots: Iterable[int] | None = None) -> Di
         "outside_expected_bytes": None if expected is None else sum(s.bytes for s in outside),
         "outside_expected_slots": None if expected is None else [s.slot for s in outside],
     }
-    return Diff(changed=off, slots=slots, heat=heat, nan_equal=nan_equal, summary=summary, cache=spec.describe())
+    return Diff(changed=off, slots=slots, heat=heat, nan_equal=nan_equal, summary=summary, cache=spec.describe(),
+                expect_slots=None if expected is None else tuple(sorted(expected)))

@@ -1,10 +1,11 @@
 """PNG pictures of inspect results (matplotlib, the ``[plot]`` extra).
 
 - :func:`plot_grid`: an NZ block / weight's fractal grid, cells coloured by the logical row they
-  hold, padding grey, 16-row fractals outlined.
-- :func:`plot_diff`: blocks x rows heat map of the differing bytes per slot.
-- :func:`plot_blocks`: blocks x rows occupancy of a block table, by sequence; shared rows red,
-  unused white.
+  hold, padding grey, 16-row fractals outlined; small grids labelled cell by cell.
+- :func:`plot_diff`: blocks x rows heat map of the differing bytes per slot (fixed log scale),
+  expected slots and slots changed outside them outlined.
+- :func:`plot_blocks`: blocks x rows occupancy of a block table, by sequence, each run labelled
+  with its sequence and place in the block order; shared rows red, unused white.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def _pyplot():
 
 
 def _save(fig, path) -> str:
+    """Save ``fig`` at ``path`` (PNG) and close it."""
     path = os.fspath(path)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt
@@ -39,8 +41,37 @@ def _save(fig, path) -> str:
     return path
 
 
+#: Most cells :func:`plot_grid` writes a label into (slot / m and byte offset); a larger grid is
+#: drawn as colour only, with thinned ticks (the text view and --json list every cell).
+GRID_LABEL_CELLS = 256
+#: Most ticks on a picture axis.
+MAX_TICKS = 16
+
+
+def _ticks(n: int) -> range:
+    """At most :data:`MAX_TICKS` evenly spaced positions in ``[0, n)``, steps of a power of 2."""
+    step = 1
+    while n > step * MAX_TICKS:
+        step *= 2
+    return range(0, n, step)
+
+
 def plot_grid(g: Grid, path) -> str:
-    """Write the fractal grid ``g`` as a PNG at ``path``; returns the path.
+    """Write :func:`grid_figure` of ``g`` as a PNG at ``path``; returns the path.
+
+    Raises:
+        ModuleNotFoundError: matplotlib missing.
+    """
+    return _save(grid_figure(g), path)
+
+
+def grid_figure(g: Grid):
+    """The fractal grid ``g`` as a matplotlib Figure.
+
+    Each cell is one row's C0 chunk (``c0 * itemsize`` bytes), coloured by the slot (cache) or ND
+    row m (weight) it holds, padding grey, 16-row fractals and C0 columns outlined. Grids of at
+    most :data:`GRID_LABEL_CELLS` cells carry the slot and byte offset in each cell; larger ones
+    (a 512-wide cache has 32 C0 chunks) are colour only, with every ``k``-th tick labelled.
 
     Raises:
         ModuleNotFoundError: matplotlib missing.
@@ -48,60 +79,139 @@ def plot_grid(g: Grid, path) -> str:
     plt = _pyplot()
     chunks, rows = g.shape
     data = np.ma.masked_less(g.logical_row.astype(float), 0)  # [chunks, rows]
-    fig, ax = plt.subplots(figsize=(min(2 + 0.6 * chunks, 16), min(2 + 0.18 * rows, 14)))
+    labelled = chunks * rows <= GRID_LABEL_CELLS
+    cell_w = 0.75 if labelled else 0.3
+    fig, ax = plt.subplots(figsize=(min(3 + cell_w * chunks, 16), min(2 + (0.28 if labelled else 0.12) * rows, 14)))
     cmap = plt.get_cmap("viridis").with_extremes(bad="#d0d0d0")
     im = ax.imshow(data.T, cmap=cmap, aspect="auto", interpolation="nearest",
                    extent=(-0.5, chunks - 0.5, rows - 0.5, -0.5))
     for r in range(g.fractal_rows, rows, g.fractal_rows):
         ax.axhline(r - 0.5, color="white", lw=1.5)
     for j in range(1, chunks):
-        ax.axvline(j - 0.5, color="white", lw=0.8)
-    if chunks * rows <= 512:
-        base = int(g.offset.min())
-        who = "slot " if g.kind == "cache block" else "m "
+        ax.axvline(j - 0.5, color="white", lw=0.8 if labelled or chunks <= 64 else 0.3)
+    base = int(g.offset.min())
+    who = "slot" if g.kind == "cache block" else "m"
+    if labelled:
         for j in range(chunks):
             for r in range(rows):
                 lr = int(g.logical_row[j, r])
-                label = ("pad" if lr < 0 else f"{who}{lr}") + f"  +{int(g.offset[j, r]) - base}"
-                ax.text(j, r, label, ha="center", va="center", fontsize=6,
-                        color="black" if lr < 0 else "white")
-    ax.set_xticks(range(chunks), [f"{int(g.first_col[j, 0])}-{int(g.first_col[j, 0]) + g.c0 - 1}"
-                                  for j in range(chunks)], rotation=90, fontsize=7)
-    ax.set_xlabel(f"C0 chunk (dims / columns; {g.c0 * g.itemsize} bytes per cell)")
-    ax.set_ylabel("row inside the fractals (16 per fractal)")
-    ax.set_title(f"{g.title}\nmemory runs down each C0 column, then on to the next; cells show "
-                 f"+byte offset from {int(g.offset.min())}", fontsize=8)
-    fig.colorbar(im, ax=ax, label="slot" if g.kind == "cache block" else "ND row m")
-    return _save(fig, path)
+                label = ("pad" if lr < 0 else f"{who} {lr}") + f"\n+{int(g.offset[j, r]) - base}"
+                if 0 < g.valid_cols[j, r] < g.c0:
+                    label += f"\n({int(g.valid_cols[j, r])} cols)"
+                ink = "black" if lr < 0 else _ink(im.cmap(im.norm(lr)))
+                ax.text(j, r, label, ha="center", va="center", fontsize=6, color=ink)
+    xt = range(chunks) if labelled else _ticks(chunks)
+    ax.set_xticks(list(xt), [f"{int(g.first_col[j, 0])}-{int(g.first_col[j, 0]) + g.c0 - 1}" for j in xt],
+                  rotation=90, fontsize=7)
+    yt = range(rows) if rows <= 32 else _ticks(rows)
+    ax.set_yticks(list(yt), [str(r) for r in yt], fontsize=7)
+    ax.set_xlabel(f"C0 chunk (its dims / columns); {chunks} chunks")
+    ax.set_ylabel(f"row of the block (fractals of {g.fractal_rows} rows)" if g.kind == "cache block"
+                  else f"row m (fractals of {g.fractal_rows} rows)")
+    cell = (f"one cell = one row's C0 chunk, {g.c0} elements = {g.c0 * g.itemsize} bytes; memory runs down each "
+            f"C0 column, then on to the next")
+    where = (f"cells show {who} and +byte offset from {base}" if labelled else
+             f"{chunks} x {rows} cells: colour only; `ascend-emu inspect grid` (text / --json) lists every offset;"
+             f" column j starts at +{g.offset[1, 0] - g.offset[0, 0] if chunks > 1 else 0}*j bytes from {base}")
+    ax.set_title(f"{g.title}\n{cell}\n{where}", fontsize=8)
+    fig.colorbar(im, ax=ax, label=f"{'slot' if g.kind == 'cache block' else 'ND row m'} held by the cell "
+                                  f"(grey: padding)")
+    return fig
 
 
-def plot_diff(d: Diff, path) -> str:
-    """Write the blocks x rows heat map of ``d`` (differing bytes per slot) at ``path``.
+def plot_diff(d: Diff, path, *, title: str | None = None) -> str:
+    """Write :func:`diff_figure` of ``d`` as a PNG at ``path``; returns the path.
+
+    Raises:
+        ModuleNotFoundError: matplotlib missing.
+    """
+    return _save(diff_figure(d, title=title), path)
+
+
+def diff_figure(d: Diff, *, title: str | None = None):
+    """The blocks x rows heat map of ``d`` (differing bytes per slot) as a matplotlib Figure.
+
+    The colour scale is fixed and logarithmic, from 1 byte to a whole slot (so one flipped byte
+    and a fully rewritten slot are both plainly visible, whatever else changed); unchanged slots
+    are light grey. With ``expect_slots`` the expected slots are outlined green and every slot
+    that changed outside them red. ``title`` (e.g. the call and tensor) heads the picture.
 
     Raises:
         ModuleNotFoundError: matplotlib missing.
     """
     plt = _pyplot()
+    from matplotlib.colors import ListedColormap, LogNorm
+    from matplotlib.patches import Rectangle
+
     heat = d.heat  # [BlockNum, BlockSize]
-    fig, ax = plt.subplots(figsize=(min(3 + 0.12 * heat.shape[1], 16), min(2 + 0.25 * heat.shape[0], 14)))
+    nb, bs = heat.shape
+    slot_bytes = max(int(d.cache["nbytes"]) // max(nb * bs, 1), 1)
+    fig, ax = plt.subplots(figsize=(min(4 + 0.3 * bs, 16), min(2.5 + 0.3 * nb, 14)))
     data = np.ma.masked_equal(heat.astype(float), 0)
-    cmap = plt.get_cmap("magma_r").with_extremes(bad="#f4f4f4")
-    im = ax.imshow(data, cmap=cmap, aspect="auto", interpolation="nearest")
+    cmap = ListedColormap(plt.get_cmap("magma_r")(np.linspace(0.22, 1.0, 256))).with_extremes(bad="#f0f0f0")
+    im = ax.imshow(data, cmap=cmap, norm=LogNorm(vmin=1, vmax=max(slot_bytes, int(heat.max()), 2)), aspect="auto",
+                   interpolation="nearest")
     ax.set_xlabel("row inside the block")
     ax.set_ylabel("block")
-    if heat.shape[0] <= 64:
-        ax.set_yticks(range(heat.shape[0]))
+    xt = range(bs) if bs <= 32 else _ticks(bs)
+    ax.set_xticks(list(xt), [str(r) for r in xt], fontsize=7)
+    yt = range(nb) if nb <= 64 else _ticks(nb)
+    ax.set_yticks(list(yt), [str(b) for b in yt], fontsize=7)
     s = d.summary
-    ax.set_title(f"{s['bytes']} differing bytes in {len(s['slots'])} slot(s)"
-                 + (f"; {s['outside_expected_bytes']} outside the expected slots"
-                    if s["outside_expected_bytes"] is not None else ""), fontsize=9)
-    fig.colorbar(im, ax=ax, label="differing bytes")
-    return _save(fig, path)
+    handles = []
+    if s["outside_expected_bytes"] is not None:
+        for slot in d.expect_slots or ():
+            if 0 <= slot < nb * bs:
+                b, r = divmod(slot, bs)
+                ax.add_patch(Rectangle((r - 0.5, b - 0.5), 1, 1, fill=False, ec="#1a9850", lw=1.5, ls="--"))
+        for slot in s["outside_expected_slots"]:
+            b, r = divmod(slot, bs)
+            ax.add_patch(Rectangle((r - 0.45, b - 0.45), 0.9, 0.9, fill=False, ec="red", lw=2.5))
+            ax.text(r, b, "!", ha="center", va="center", color="red", fontsize=9, fontweight="bold")
+        handles = [Rectangle((0, 0), 1, 1, fill=False, ec="#1a9850", lw=1.5, ls="--",
+                             label="expected slot (--expect-slots)"),
+                   Rectangle((0, 0), 1, 1, fill=False, ec="red", lw=2.5,
+                             label=f"changed outside them ({len(s['outside_expected_slots'])} slot(s))")]
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.12 - 0.02 * (nb <= 8)),
+                  ncol=2, frameon=False)
+    what = (f"{s['bytes']} differing bytes in {len(s['slots'])} slot(s)"
+            + (f"; {s['outside_expected_bytes']} bytes in {len(s['outside_expected_slots'])} slot(s) outside the "
+               f"expected ones" if s["outside_expected_bytes"] is not None else ""))
+    ax.set_title((f"{title}\n" if title else "") + what, fontsize=9)
+    cb = fig.colorbar(im, ax=ax)
+    cb.set_label(f"differing bytes per slot (log scale; a slot is {slot_bytes} bytes)")
+    return fig
+
+
+def _seq_colours(plt, n: int) -> np.ndarray:
+    """RGBA ``[n, 4]`` colours of ``n`` sequences: tab10 without its red (red marks rows read
+    twice), then the light tab20 shades; they repeat past 18 sequences (each run is labelled)."""
+    tab10, tab20 = plt.get_cmap("tab10").colors, plt.get_cmap("tab20").colors
+    palette = [tab10[i] for i in (0, 1, 2, 4, 5, 6, 8, 9, 7)] + [tab20[i] for i in (1, 3, 5, 9, 11, 13, 17, 19, 15)]
+    return np.array([(*palette[i % len(palette)], 1.0) for i in range(n)])
+
+
+def _ink(rgba) -> str:
+    """Black or white, whichever reads better on ``rgba``."""
+    r, g, b = rgba[:3]
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
 
 
 def plot_blocks(m: BlockMap, path) -> str:
-    """Write the blocks x rows occupancy of ``m`` at ``path`` (colour = sequence; red shared;
-    white unused).
+    """Write :func:`blocks_figure` of ``m`` as a PNG at ``path``; returns the path.
+
+    Raises:
+        ModuleNotFoundError: matplotlib missing.
+    """
+    return _save(blocks_figure(m), path)
+
+
+def blocks_figure(m: BlockMap):
+    """The blocks x rows occupancy of ``m`` as a matplotlib Figure: colour = sequence (red: a row read
+    twice, white: unused); each run of a sequence's tokens is labelled with the sequence, its
+    place in the sequence's block order (``#k`` = block_table column k) and its tokens, and the
+    legend gives each sequence's block order (a label is drawn on a light box, so it reads on any
+    colour).
 
     Raises:
         ModuleNotFoundError: matplotlib missing.
@@ -111,21 +221,48 @@ def plot_blocks(m: BlockMap, path) -> str:
 
     occ = m.occupancy  # [num_blocks, block_size]
     nseq = max(len(m.sequences), 1)
-    base = plt.get_cmap("tab20")(np.arange(nseq) % 20)
+    base = _seq_colours(plt, nseq)
     # colour index = occupancy - SHARED: 0 shared (red), 1 unused (white), 2 + b sequence b
-    cmap = ListedColormap(np.vstack([[1, 0, 0, 1], [1, 1, 1, 1], base]))
-    fig, ax = plt.subplots(figsize=(min(3 + 0.12 * m.block_size, 16), min(2 + 0.3 * max(m.num_blocks, 1), 14)))
-    ax.imshow(occ - SHARED, cmap=cmap, vmin=0, vmax=nseq + 1, aspect="auto", interpolation="nearest")
-    if m.num_blocks <= 64:
-        shared, unused = set(m.shared_blocks), set(m.unused_blocks)
-        ax.set_yticks(range(m.num_blocks), [f"{b}" + (" shared" if b in shared else " unused" if b in unused else "")
-                                            for b in range(m.num_blocks)], fontsize=7)
+    cmap = ListedColormap(np.vstack([[0.85, 0.1, 0.1, 1], [1, 1, 1, 1], base]))
+    fig, ax = plt.subplots(figsize=(min(6 + 0.15 * m.block_size, 16), min(2 + 0.32 * max(m.num_blocks, 1), 14)))
+    ax.imshow(occ - SHARED, cmap=cmap, vmin=-0.5, vmax=nseq + 1.5, aspect="auto", interpolation="nearest")
+    for b in range(1, m.num_blocks):
+        ax.axhline(b - 0.5, color="#c0c0c0", lw=0.5)
+    runs: dict[int, list[str]] = {}
+    for seq in m.sequences:
+        for run in seq.runs:
+            last = run.last_token - 1
+            runs.setdefault(run.block, []).append(f"s{seq.seq} #{run.column}: t{run.first_token}"
+                                                  + (f"-{last}" if last > run.first_token else ""))
+    if m.num_blocks <= 96:
+        size = 7 if m.num_blocks <= 40 else 5
+        for blk, labels in runs.items():
+            ax.text(-0.4, blk, "  |  ".join(labels), ha="left", va="center", fontsize=size, color="black",
+                    clip_on=True, bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.7))
+    shared, unused = set(m.shared_blocks), set(m.unused_blocks)
+    yt = range(m.num_blocks) if m.num_blocks <= 96 else _ticks(m.num_blocks)
+    ax.set_yticks(list(yt), [f"{b}" + (" shared" if b in shared else " unused" if b in unused else "") for b in yt],
+                  fontsize=7)
+    xt = range(m.block_size) if m.block_size <= 32 else _ticks(m.block_size)
+    ax.set_xticks(list(xt), [str(r) for r in xt], fontsize=7)
     ax.set_xlabel("row inside the block")
     ax.set_ylabel("block")
     ax.set_title(f"block table: {len(m.sequences)} sequence(s), BlockSize {m.block_size}; "
-                 f"{len(m.unused_blocks)} unused, {len(m.shared_blocks)} shared block(s)", fontsize=9)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=base[i]) for i in range(min(nseq, 20))]
-    handles += [plt.Rectangle((0, 0), 1, 1, color="red"), plt.Rectangle((0, 0), 1, 1, fc="white", ec="grey")]
-    ax.legend(handles, [f"seq {i}" for i in range(min(nseq, 20))] + ["row read twice", "unused"], fontsize=6,
-              loc="upper left", bbox_to_anchor=(1.01, 1))
-    return _save(fig, path)
+                 f"{len(m.unused_blocks)} unused, {len(m.shared_blocks)} shared block(s)\n"
+                 f"label: s<seq> #<block_table column>: t<first>-<last token> of the run", fontsize=9)
+
+    def order(seq) -> str:
+        blocks = [str(r.block) for r in seq.runs]
+        if len(blocks) > 8:
+            blocks = blocks[:5] + ["..."] + blocks[-2:]
+        return " > ".join(blocks) or "(empty)"
+
+    handles = [plt.Rectangle((0, 0), 1, 1, color=base[i]) for i in range(len(m.sequences))]
+    names = [f"seq {s.seq} ({s.length} tokens): blocks {order(s)}" for s in m.sequences]
+    handles += [plt.Rectangle((0, 0), 1, 1, color=cmap(0)), plt.Rectangle((0, 0), 1, 1, fc="white", ec="grey")]
+    names += ["row read twice (shared)", "unused"]
+    if len(handles) > 40:
+        handles, names = handles[:38] + handles[-2:], names[:38] + names[-2:]
+    ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), title="block order",
+              title_fontsize=7)
+    return fig
