@@ -13,6 +13,17 @@ settings.register_profile("ci", derandomize=True, database=None, deadline=None)
 _CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 settings.load_profile("ci" if _CI else os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+#: The terminal every test runs in: rich, and the inspect / compare text output, size themselves
+#: from ``COLUMNS`` / ``LINES`` (rich also from the real terminal pytest was started in), so text
+#: assertions would otherwise depend on where the suite runs. Wide enough for a dump line.
+TEST_COLUMNS, TEST_LINES = "240", "50"
+
+
+@pytest.fixture(autouse=True)
+def _fixed_terminal(monkeypatch):
+    monkeypatch.setenv("COLUMNS", TEST_COLUMNS)
+    monkeypatch.setenv("LINES", TEST_LINES)
+
 
 @pytest.fixture
 def rng():
