@@ -19,6 +19,18 @@ settings.load_profile("ci" if _CI else os.environ.get("HYPOTHESIS_PROFILE", "def
 TEST_COLUMNS, TEST_LINES = "240", "50"
 
 
+def pytest_configure(config):
+    """torch is an optional extra and the core tests run without it (the drop-in's tests skip),
+    but CI installs ``[torch,test]`` (``.ci/run``): there a missing or broken torch is an error,
+    not a run of skips."""
+    if _CI:
+        try:
+            import torch  # noqa: F401
+        except ImportError as exc:
+            raise pytest.UsageError(f"CI is set but torch does not import ({exc}); CI installs the [torch] extra "
+                                    "and runs the drop-in's tests") from exc
+
+
 @pytest.fixture(autouse=True)
 def _fixed_terminal(monkeypatch):
     monkeypatch.setenv("COLUMNS", TEST_COLUMNS)
