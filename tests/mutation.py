@@ -43,9 +43,13 @@ class Mutant:
     path: str
     old: str
     new: str
-    tests: tuple[str, ...]
+    tests: tuple[str, ...]  #: test files, or node ids (file::test) where one test of a big file suffices
     what: str
 
+
+#: The kv_rmsnorm_rope_cache test of exact int8 ties and saturation (one kernel to compile, not the
+#: whole file's).
+QUANT_TIES = "tests/test_kv_rmsnorm_rope_cache.py::test_quant_saturates_and_rounds_half_even"
 
 MUTANTS: tuple[Mutant, ...] = (
     # ------------------------------------------------------------------ layouts
@@ -64,7 +68,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("scatter_nz_chunk_stride", "ascend_emu/emu/kernels.py",
            "dst = base + j * block_size * chunk",
            "dst = base + j * chunk",
-           ("tests/test_kv_rmsnorm_rope_cache.py",), "NZ scatter: C0 chunks of a row side by side"),
+           ("tests/test_emu_kernels.py",), "NZ scatter: C0 chunks of a row side by side"),
     Mutant("paged_block_table_block_index", "ascend_emu/layouts/paged.py",
            "blk = np.int64(table[i, j])",
            "blk = np.int64(table[i, min(j + 1, (n + block_size - 1) // block_size - 1)])",
@@ -95,16 +99,16 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("kernel_round_to_int8_truncates", "ascend_emu/emu/kernels.py",
            "    r = np.rint(x)\n    if r > INT8_MAX:",
            "    r = np.trunc(x)\n    if r > INT8_MAX:",
-           ("tests/test_kv_rmsnorm_rope_cache.py",), "round_to_int8 truncates"),
+           (QUANT_TIES,), "round_to_int8 truncates"),
     Mutant("kernel_round_to_int8_wraps", "ascend_emu/emu/kernels.py",
            "    if r > INT8_MAX:\n        return np.int8(INT8_MAX)",
            "    if r > INT8_MAX + 1:\n        return np.int8(INT8_MAX)",
-           ("tests/test_kv_rmsnorm_rope_cache.py",), "round_to_int8: 127.5 .. 128.5 wrap to -128"),
+           (QUANT_TIES,), "round_to_int8: 127.5 .. 128.5 wrap to -128"),
     Mutant("scatter_slot_off_by_one", "ascend_emu/emu/kernels.py",
            "    slots = np.asarray(slots).reshape(-1)  # [T]\n    geometry",
            "    slots = np.asarray(slots).reshape(-1)  # [T]\n"
            "    slots = np.where(slots >= 0, (slots + 1) % layout.num_rows, slots)\n    geometry",
-           ("tests/test_kv_rmsnorm_rope_cache.py",), "scatter_rows writes each token one slot on"),
+           ("tests/test_emu_kernels.py",), "scatter_rows writes each token one slot on"),
     # ------------------------------------------------------------------ RmsNorm orders
     Mutant("rms_in_order_32_lanes", "ascend_emu/emu/kernels.py",
            "                lanes[l] = q + lanes[l]\n        base = reps * LANES",
