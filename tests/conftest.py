@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -22,13 +24,13 @@ TEST_COLUMNS, TEST_LINES = "240", "50"
 def pytest_configure(config):
     """torch is an optional extra and the core tests run without it (the drop-in's tests skip),
     but CI installs ``[torch,test]`` (``.ci/run``): there a missing or broken torch is an error,
-    not a run of skips."""
+    not a run of skips. Checked in a child interpreter: importing torch here, before the test
+    modules import ``ascend_emu``, would change the threading set-up it chooses (``_threads``)."""
     if _CI:
-        try:
-            import torch  # noqa: F401
-        except ImportError as exc:
-            raise pytest.UsageError(f"CI is set but torch does not import ({exc}); CI installs the [torch] extra "
-                                    "and runs the drop-in's tests") from exc
+        proc = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise pytest.UsageError(f"CI is set but torch does not import ({proc.stderr.strip()[-300:]}); CI "
+                                    "installs the [torch] extra and runs the drop-in's tests")
 
 
 @pytest.fixture(autouse=True)
