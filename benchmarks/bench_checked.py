@@ -9,7 +9,11 @@ prefill through ``npu_mla_prolog_v3`` in checked mode (so its written-slot map i
 the indexer's key cache, a plain NumPy scatter as in DeepSeek-V3.2, is declared with
 ``ascend_emu.mark_written``.
 
-Usage: ``PYTHONPATH=. python benchmarks/bench_checked.py [--context 4096] [--repeat 5]``
+Also printed: with checked mode off, what the hooks of one op call cost, called as the ops call
+them (``--hooks-only`` prints just that): the writer pair of ``npu_mla_prolog_v3`` (with the
+tuples it builds for them) and the reader pair of the sparse attention.
+
+Usage: ``PYTHONPATH=. python benchmarks/bench_checked.py [--context 4096] [--repeat 5] [--hooks-only]``
 """
 
 from __future__ import annotations
@@ -20,10 +24,34 @@ import numpy as np
 from _timing import best_times
 
 import ascend_emu
-from ascend_emu import ops
+from ascend_emu import checked_mode, ops
 from ascend_emu.layouts import slots_from_block_table
 from ascend_emu.mla import D_NOPE, D_ROPE, HCKV
 from ascend_emu.quant import BF16, MLA_ROW
+
+
+def hooks_off_us(repeat: int, number: int = 200_000) -> tuple[float, float]:
+    """Checked mode off: the hooks of one op call, in us (best of ``repeat`` rounds of ``number``
+    calls): ``npu_mla_prolog_v3``'s ``will_write`` / ``wrote`` with the tuples it passes, and the
+    sparse attention's ``read_sparse_attention`` / ``check_finite``. Each hook returns at its
+    flag test; the arrays are stand-ins (they are never looked at with checked mode off)."""
+    assert not checked_mode.enabled(), "the hook cost is measured with checked mode off"
+    kv, kr, out, slots = (np.zeros(4, np.float32) for _ in range(4))
+    layout = object()
+
+    def prolog_hooks():
+        caches = ((kv, layout), (kr, layout))
+        checked_mode.will_write(*caches)
+        checked_mode.wrote("npu_mla_prolog_v3", slots, caches, (("query", out), ("query_rope", out),
+                                                               ("query_norm", out)))
+
+    def attention_hooks():
+        op = "npu_kv_quant_sparse_flash_attention"
+        checked_mode.read_sparse_attention(op, None, kv, None, None, slots, 2, "PA_BSND")
+        checked_mode.check_finite(op, (("attention_out", out),))
+
+    writer, reader = best_times([prolog_hooks, attention_hooks], repeat, number=number)
+    return writer * 1e6, reader * 1e6
 
 
 def main() -> None:
@@ -32,7 +60,13 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=16, help="query heads N (128 / TP 8)")
     p.add_argument("--sparse-count", type=int, default=2048, help="indexer top-k")
     p.add_argument("--repeat", type=int, default=5, help="timed rounds")
+    p.add_argument("--hooks-only", action="store_true", help="only the cost of the hooks with checked mode off")
     a = p.parse_args()
+    writer, reader = hooks_off_us(a.repeat)
+    print(f"checked mode off, hooks per op call: npu_mla_prolog_v3 {writer:.3f} us, "
+          f"sparse attention {reader:.3f} us")
+    if a.hooks_only:
+        return
     rng = np.random.default_rng(0)
     he, hcq, n, bs, ctx = 7168, 1536, a.heads, 128, a.context
 

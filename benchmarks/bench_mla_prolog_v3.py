@@ -20,8 +20,13 @@ per-tile scenarios at most 1.3x. Each thread count runs in its own interpreter w
 ``NUMBA_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and ``OMP_NUM_THREADS`` set to it, so the op and
 its floor get the same threads (default: 1 and 2; ``--threads 1,2,4,16`` on a bigger machine).
 
+With ``--spin`` it measures instead what the threading set-up costs (``ascend_emu._threads``): the
+non-quant op alone, on ``--spin N`` threads (default 2), in three interpreters: Numba's
+OpenMP layer with spinning workers (``OMP_WAIT_POLICY=ACTIVE``), with sleeping ones (``PASSIVE``),
+and the ``workqueue`` layer, each line with the layer Numba reports.
+
 Usage: ``python benchmarks/bench_mla_prolog_v3.py [--batch 8] [--seq 2] [--heads 32] [--repeat 20]
-[--threads 1,2]``
+[--threads 1,2] [--spin [N]]``
 """
 
 from __future__ import annotations
@@ -97,6 +102,16 @@ def _without_threads(argv: list[str]) -> list[str]:
     return out
 
 
+def _without_spin(argv: list[str]) -> list[str]:
+    """``argv`` less its ``--spin [N]`` option (the children time one set-up each)."""
+    out = []
+    for i, a in enumerate(argv):
+        if a == "--spin" or a.startswith("--spin=") or (i and argv[i - 1] == "--spin" and a.isdigit()):
+            continue
+        out.append(a)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8, help="B (default 8)")
@@ -105,8 +120,25 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per candidate")
     parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated (default 1,2)")
     parser.add_argument("--int8-matmuls", action="store_true", help="also compare the int8 matmul paths")
+    parser.add_argument("--spin", type=int, nargs="?", const=2, default=0, metavar="THREADS",
+                        help="the non-quant op with spinning / sleeping OpenMP workers and the workqueue layer, "
+                             "on THREADS threads (default 2)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--op-only", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.spin and not args.child:
+        count = str(args.spin)
+        base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "NUMBA_THREADING_LAYER")}
+        base.update(NUMBA_NUM_THREADS=count, OPENBLAS_NUM_THREADS=count, OMP_NUM_THREADS=count)
+        print(f"==== threading set-up, {count} thread(s)", flush=True)
+        for label, extra in (("OpenMP, spinning workers (OMP_WAIT_POLICY=ACTIVE)",
+                              dict(NUMBA_THREADING_LAYER="omp", OMP_WAIT_POLICY="ACTIVE")),
+                             ("OpenMP, sleeping workers (OMP_WAIT_POLICY=PASSIVE)",
+                              dict(NUMBA_THREADING_LAYER="omp", OMP_WAIT_POLICY="PASSIVE")),
+                             ("workqueue layer", dict(NUMBA_THREADING_LAYER="workqueue"))):
+            subprocess.run([sys.executable, __file__, *_without_spin(sys.argv[1:]), "--child", "--op-only", label],
+                           env=dict(base, **extra), check=False)
+        return
     if not args.child:
         for count in args.threads.split(","):
             env = dict(os.environ, NUMBA_NUM_THREADS=count, OPENBLAS_NUM_THREADS=count, OMP_NUM_THREADS=count)
@@ -152,6 +184,11 @@ def main() -> None:
         np.matmul(q_nope32, w_uk32)
         np.matmul(x32, w_dkv_kr32)
 
+    if args.op_only:
+        (t_op,) = best_times([op], args.repeat)
+        print(f"  {args.op_only}: npu_mla_prolog_v3 non-quant {t_op * 1e3:8.2f} ms "
+              f"(Numba layer {numba.threading_layer()}), {shape}", flush=True)
+        return
     drop = drop_in(npu_mla_prolog_v3, x, w_dq_nz, w_uq_qr_nz, w_uk, w_dkv_kr_nz, gamma_cq, gamma_ckv, sin, cos,
                    kv_cache, kr_cache, cache_index=cache_index, cache_mode="PA_BSND")
     t_floor, t_op, *t_drop = best_times([floor, op] + ([drop] if drop else []), args.repeat)

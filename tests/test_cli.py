@@ -503,7 +503,6 @@ def test_inspect_diff_text_json_exit_status_and_picture(capsys, nz_files, tmp_pa
     out = _inspect(capsys, "diff", nz_files["a"], nz_files["b"], "--expect-slots", "37", rc=1)
     assert out["summary"]["outside_expected_slots"] == [3]
     png = tmp_path / "diff.png"
-    pytest.importorskip("matplotlib")
     assert main(["inspect", "diff", nz_files["a"], nz_files["b"], "--png", str(png)]) == 1
     text = capsys.readouterr().out
     assert "3 differing byte(s) in 2 slot(s)" in text and png.stat().st_size > 2000
@@ -511,7 +510,6 @@ def test_inspect_diff_text_json_exit_status_and_picture(capsys, nz_files, tmp_pa
 
 
 def test_inspect_grid_and_blocks_pictures(capsys, tmp_path):
-    pytest.importorskip("matplotlib")
     out = _inspect(capsys, "grid", "--cache-mode", "PA_NZ", "--shape", "2,16,1,64", "--dtype", "bfloat16",
                    "--block", "1", "--png", str(tmp_path / "g.png"))
     assert out["chunks"] == 4 and out["offset"][1][0] == 2048 + 512 and (tmp_path / "g.png").stat().st_size > 2000

@@ -477,7 +477,6 @@ def _is_png(path, lo=2_000, hi=2_000_000):
 
 
 def test_pictures_are_written(rng, tmp_path):
-    pytest.importorskip("matplotlib")
     from ascend_emu.inspect.plot import plot_blocks, plot_diff, plot_grid
 
     a = _cache(("PA_NZ", (4, 16, 1, 64), "bfloat16"), rng)

@@ -22,11 +22,6 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int32, torch.int64]
 
 
-def _needs_op(name: str):
-    if getattr(ops, name, None) is None:
-        pytest.skip(f"ascend_emu.ops.{name} has not landed yet")
-
-
 def _bits(t: torch.Tensor) -> np.ndarray:
     """The tensor's bytes, flat uint8 (a copy), computed with torch only."""
     return t.contiguous().reshape(-1).view(torch.uint8).numpy().copy()
@@ -266,7 +261,6 @@ def test_registered_op_passes_keywords_and_rejects_unsupported_arguments(monkeyp
 
 
 def test_kv_rmsnorm_rope_cache_updates_callers_caches(rng):
-    _needs_op("npu_kv_rmsnorm_rope_cache")
     B, S, block_num, block_size = 2, 3, 2, 16
     kv = torch.from_numpy(rng.standard_normal((B, 1, S, 576), dtype=np.float32)).to(torch.bfloat16)
     gamma = torch.from_numpy(rng.uniform(0.5, 1.5, 512).astype(np.float32)).to(torch.bfloat16)
@@ -298,7 +292,6 @@ def test_kv_rmsnorm_rope_cache_updates_callers_caches(rng):
 
 
 def test_mla_prolog_v3_outputs_and_inplace_caches(rng):
-    _needs_op("npu_mla_prolog_v3")
     T, He, Hcq, N, Hckv, D, Dr = 3, 7168, 1536, 1, 512, 128, 64
     block_num, block_size = 2, 16
 
@@ -339,7 +332,6 @@ def test_npu_cache_update_leaves_the_host_tensor(rng):
     """The op-plugin test pattern: a golden from the host cache, the op on ``cache.npu()``, then
     ``cache_npu.cpu()`` against the golden. The host cache must not see the op's writes (it would
     make that comparison compare a tensor with itself)."""
-    _needs_op("npu_kv_rmsnorm_rope_cache")
     B, S = 2, 3
     kv = torch.from_numpy(rng.standard_normal((B, 1, S, 576), dtype=np.float32)).to(torch.bfloat16)
     gamma, cos, sin = torch.ones(512, dtype=torch.bfloat16), torch.ones(B, 1, S, 64, dtype=torch.bfloat16), \

@@ -142,8 +142,11 @@ def test_nz_tag_follows_weight_loading_patterns():
 
 # ------------------------------------------------------------------------------ testing helpers
 class _Case(TestCase):
-    def runTest(self):  # pragma: no cover - not collected
-        pass
+    """The drop-in's TestCase, instantiated for its assertion helpers only. It has no test method
+    (unittest allows that for the default ``runTest`` name) and ``__test__ = False`` keeps pytest
+    from collecting it, so no empty test can pass through it."""
+
+    __test__ = False
 
 
 def test_assert_rtol_equal_dual_criterion():
