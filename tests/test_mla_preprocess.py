@@ -301,7 +301,8 @@ def test_zero_tokens_write_nothing(rng):
     before = _snapshot(case)
     got = run(case)
     assert got[0].shape == (0, N, 512) and got[2].shape == (0, N, 64)
-    assert_same_bytes(got[1], before["kv"]) and assert_same_bytes(got[3], before["rope"])
+    assert_same_bytes(got[1], before["kv"], "kv_cache")
+    assert_same_bytes(got[3], before["rope"], "kv_cache_rope")
 
 
 # ---------------------------------------------------------------------- bad input
