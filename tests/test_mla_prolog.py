@@ -25,6 +25,8 @@ from ascend_emu.quant import read_combined_cache
 from tests.helpers import (POISON_BYTE, assert_same_bytes, bit_identical_share, dual_threshold_ok, max_ulp_bf16,
                            poisoned, raw)
 from tests.reference import mla_prolog as ref
+from tests.rms_order import (bf16_candidates, edge_gamma, kernel_rms, order_sensitive_rows, other_square_sums,
+                              rms_from_sum)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 HE, HCQ, HCKV, D, DR = 7168, 1536, 512, 128, 64
@@ -247,6 +249,68 @@ def test_v3_scales_and_query_norm(data, rng, n, rank):
         assert o.shape == (0,) and o.dtype == np.float32
     assert_caches(kv_cache, kr_cache, kv_before, kr_before, gold, ref.slots_paged(cache_index), nz=False,
                   block_size=16)
+
+
+#: Tokens of the RmsNorm order test: one-hot rows of token_x, so ``x @ W`` is row ``t`` of W exactly
+#: in any summation order.
+ORDER_TOKENS = 4
+
+
+@pytest.fixture(scope="module")
+def order_case(data):
+    """Weights whose first ORDER_TOKENS rows hold order-sensitive RmsNorm inputs (cq: W_dq, kv: the
+    first 512 columns of W_dkv_kr; tests/rms_order.py), one-hot tokens selecting them, and per
+    RmsNorm a scale (qc_qr_scale / kc_scale) and a gamma that put outputs on rounding edges."""
+    rng = np.random.default_rng(17)
+    w_dq, w_dkv_kr = data.w_dq.copy(), data.w_dkv_kr.copy()
+    case = {}
+    for name, w, h, gamma in (("cq", w_dq, HCQ, data.gamma_cq), ("kv", w_dkv_kr, HCKV, data.gamma_ckv)):
+        rows = order_sensitive_rows(ORDER_TOKENS, h, 1e-5, "mla_prolog")  # [T, H] fp32 of bf16 values
+        w[:ORDER_TOKENS, :h] = rows.astype(BF16)
+        q = np.array([kernel_rms(r, 1e-5, "mla_prolog") for r in rows], np.float32)
+        for scale in rng.uniform(0.5, 2.0, 200).astype(np.float32):
+            finish = (lambda s: lambda q, g: (rows[:, :, None] / q * g * s).astype(BF16).view(np.uint16))(scale)
+            edged = edge_gamma(q, finish, bf16_candidates(), gamma.astype(np.float32))
+            if edged is not None:
+                break
+        assert edged is not None, f"no rounding edges for {name}"
+        case[name] = dict(rows=rows, gamma=edged.astype(BF16), scale=float(scale))
+    x = np.zeros((ORDER_TOKENS, HE), BF16)  # [T, He] one-hot
+    x[np.arange(ORDER_TOKENS), np.arange(ORDER_TOKENS)] = 1.0
+    return dict(case, x=x, w_dq=w_dq, w_dkv_kr=w_dkv_kr, sin=rand(rng, (ORDER_TOKENS, DR)),
+                cos=rand(rng, (ORDER_TOKENS, DR)))
+
+
+def test_rmsnorm_order_non_quant(data, order_case):
+    """RmsNorm sums the squares in the kernel's order (64 in-order lanes, then the lane tree):
+    on rows where every other order of tests/rms_order.py gives another rms, with a scale and
+    gammas putting outputs on rounding edges, query_norm and the kv rows are bit-identical to the
+    reference (each other order changes some of those bytes: checked on the reference side)."""
+    c, n = order_case, 2
+    w_uq_qr, w_uk, w_uq_qr64, w_uk64 = data.heads(n)
+    kv_cache, kr_cache = paged_caches(1, 16)
+    kv_before, kr_before = kv_cache.copy(), kr_cache.copy()
+    cache_index = np.array([3, 9, 0, 15], np.int64)
+    out = npu_mla_prolog_v3(c["x"], npu_format_cast(c["w_dq"], 29), w_uq_qr, w_uk, npu_format_cast(c["w_dkv_kr"], 29),
+                            c["cq"]["gamma"], c["kv"]["gamma"], c["sin"], c["cos"], kv_cache, kr_cache,
+                            cache_index=cache_index, query_norm_flag=True, qc_qr_scale=c["cq"]["scale"],
+                            kc_scale=c["kv"]["scale"])
+    gold = ref.mla_prolog(c["x"], c["w_dq"].astype(np.float64), w_uq_qr64, w_uk64, c["w_dkv_kr"].astype(np.float64),
+                          c["cq"]["gamma"], c["kv"]["gamma"], c["sin"], c["cos"], qc_qr_scale=c["cq"]["scale"],
+                          kc_scale=c["kv"]["scale"])
+    assert_same_bytes(out[3], gold["query_norm"], "query_norm")
+    for cache, before, key in ((kv_cache, kv_before, "kv"), (kr_cache, kr_before, "kr")):
+        expected = before.copy()
+        ref.write_rows(expected, gold[key], list(cache_index), nz=False, block_size=16)
+        assert_same_bytes(cache, expected, f"{key}_cache")
+    assert_queries(out, gold, (ORDER_TOKENS,), n)
+    for key, want in (("cq", gold["query_norm"]), ("kv", gold["kv"])):
+        rows, gamma, scale = c[key]["rows"], c[key]["gamma"].astype(np.float32), np.float32(c[key]["scale"])
+        for name in other_square_sums(rows[0], "mla_prolog"):
+            rms = np.array([[rms_from_sum(other_square_sums(r, "mla_prolog")[name], r.size, 1e-5, "mla_prolog")]
+                            for r in rows], np.float32)
+            other = (rows / rms * gamma * scale).astype(BF16)
+            assert not np.array_equal(other.view(np.uint16), want.view(np.uint16)), f"{key}: {name} order"
 
 
 def test_unused_outputs(data, rng):
