@@ -34,12 +34,15 @@ NZ_MODES = ("int8_nzcache", "nzcache")
 #: Accuracy of q_out0, the one output that goes through the W^UK einsum, whose fp32 accumulation
 #: order (BLAS) differs from the reference's float64 sum: the dual criterion of the MLA tests, a
 #: floor on the bit-identical share per dtype (measured with the kernels' RmsNorm orders: >= 0.99990
-#: bf16, >= 0.99899 fp16) and a cap on int8 elements off by one ('int8_nzcache'; measured 0). Every
-#: other output (q_rope, the cache rows, the int8 ckv) follows the reference's operations exactly
-#: (RmsNorm included: same lanes, tree, 1/H and 1/rms steps) and must match byte for byte.
+#: bf16, >= 0.99899 fp16) and, for its int8 form ('int8_nzcache': int8(fp16(bf16 einsum *
+#: q_nope_scale))), at most MAX_INT8_OFF_BY_ONE of its T*N*512 = 32,768 elements off by one
+#: (measured 0: a bf16 einsum value one ulp away moves its int8 by one near a rounding edge, so
+#: exactness is not promised). Every other output (q_rope, the cache rows, the int8 ckv) follows
+#: the reference's operations exactly (RmsNorm included: same lanes, tree, 1/H and 1/rms steps)
+#: and must match byte for byte.
 PREC = 0.005
 MIN_BIT_IDENTICAL = {np.dtype(BF16): 0.9998, np.dtype(np.float16): 0.998}
-MAX_INT8_OFF_BY_ONE = 0.002
+MAX_INT8_OFF_BY_ONE = 3
 
 
 def _dtype(name: str) -> np.dtype:
@@ -113,7 +116,7 @@ def reference(case: dict) -> dict:
 
 
 def check_close(actual, expected, what: str, *, exact: bool = True) -> None:
-    """``exact``: byte equality. Else int8: equal but for a few off-by-one elements; bf16 / fp16:
+    """``exact``: byte equality. Else int8: equal but for MAX_INT8_OFF_BY_ONE elements off by one; bf16 / fp16:
     dual criterion + bit-identical share floor."""
     actual, expected = np.asarray(actual), np.asarray(expected)
     assert actual.shape == expected.shape and actual.dtype == expected.dtype, what
@@ -123,7 +126,7 @@ def check_close(actual, expected, what: str, *, exact: bool = True) -> None:
     if actual.dtype == np.int8:
         diff = np.abs(actual.astype(np.int16) - expected.astype(np.int16))
         assert diff.max(initial=0) <= 1, f"{what}: int8 off by {diff.max()}"
-        assert np.count_nonzero(diff) <= MAX_INT8_OFF_BY_ONE * diff.size, f"{what}: {np.count_nonzero(diff)} off"
+        assert np.count_nonzero(diff) <= MAX_INT8_OFF_BY_ONE, f"{what}: {np.count_nonzero(diff)} elements off by one"
         return
     assert dual_threshold_ok(actual, expected, PREC), what
     assert bit_identical_share(actual, expected) >= MIN_BIT_IDENTICAL[actual.dtype], what

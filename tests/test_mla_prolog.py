@@ -3,7 +3,7 @@ scenario of the v3 seed's table, every cache mode, v1 / v2 mapped onto v3, bad i
 
 Real DeepSeek dims (He=7168, Hcq=1536, Hckv=512, D=128, Dr=64) with few tokens and heads.
 Outputs: ops_reference §2.5's dual 0.005 criterion plus a floor on the bit-identical share (and,
-non-quant, a bound in bf16 ulps); int8 values exact or off by one on a small share. Caches:
+non-quant, a bound in bf16 ulps); int8 values byte-exact. Caches:
 poison-filled; bytes outside written rows must be unchanged, written rows are read back through
 the reference's own layout code (byte-exact in full quant). The scenario table the quant tests
 use (dtypes, required scales) is written out here from the seed, not taken from the op.
@@ -455,14 +455,17 @@ QUANT_SETTINGS = {
     (2, 1, 1): dict(qc=10.0, kc=10.0, smooth=(1, HCQ), alpha=None),
     (2, 3, 0): dict(qc=1.0, kc=1.0, smooth=None, alpha=1.0),
 }
-#: Largest share of int8 elements off by one from the kernel-order reference. Full quant is
-#: integer-exact up to the bf16 ``q_nope @ W_uk`` matmul, partial quant up to ``x @ W_dq`` /
-#: ``x @ W_dkv_kr`` (fp32 BLAS vs the reference's float64, 1 bf16 ulp now and then); measured 0.
-INT8_OFF_BY_ONE_SHARE = 0.002
-#: Largest share of int8 query elements off by one from the official golden's ``rint(x / scale)``
-#: (the A2 / A3 kernel rounds half away from zero twice through fp16, ops_reference §1.2);
-#: measured up to 0.75 %.
-GOLDEN_QUERY_OFF_BY_ONE_SHARE = 0.02
+#: Every int8 output and cache element equals the kernel-order reference's (measured: 0 off in every
+#: scenario). Full quant is integer-exact up to the bf16 ``q_nope @ W_uk`` matmul, partial quant up
+#: to ``x @ W_dq`` / ``x @ W_dkv_kr``, and after those the reference follows the kernel's fp32 order,
+#: so only a bf16 matmul output one ulp away (another BLAS's fp32 summation order against the
+#: reference's float64) could move an int8 by one; none does on this data.
+#: Share of int8 query elements that differ (by one) from the official golden's half-even
+#: ``rint(x / scale)``: the A2 / A3 kernel rounds half away from zero twice through fp16
+#: (ops_reference §1.2), which the reference's ``query`` reproduces byte for byte. Measured 0.70 -
+#: 0.75 % per scenario (23 of 3,072, 37 of 5,120, 43 of 6,144); the band fails a golden-like
+#: rounding (well under 0.5 %) as well as a wrong one.
+GOLDEN_QUERY_DIFF_SHARE = (0.005, 0.009)
 #: Bit-identical share floors of the quant scenarios' float outputs, a little below the measured
 #: minimum (bf16 values at most 1 ulp away): query 0.9998; query_rope 0.9984 (with query quant the
 #: kernel folds quant_scale_ckv / scale into one factor, the golden multiplies then divides; 1.0
@@ -627,9 +630,11 @@ def assert_quant_outputs(out, gold, modes, batch_shape, *, query_norm_flag=True)
     assert query_rope.dtype == BF16
     if modes[2]:
         assert dq_nope.shape == (t, n, 1) and dq_nope.dtype == np.float32
-        assert_int8(query.reshape(t, n, HCKV), gold["query"], "query", INT8_OFF_BY_ONE_SHARE)
-        assert_int8(query.reshape(t, n, HCKV), gold["query_golden"], "query vs golden",
-                    GOLDEN_QUERY_OFF_BY_ONE_SHARE)
+        assert_int8(query.reshape(t, n, HCKV), gold["query"], "query")
+        assert_int8(query.reshape(t, n, HCKV), gold["query_golden"], "query vs golden", 1.0)
+        lo, hi = GOLDEN_QUERY_DIFF_SHARE
+        share = np.count_nonzero(query.reshape(t, n, HCKV) != gold["query_golden"]) / query.size
+        assert lo <= share <= hi, f"query: {share:.4%} of elements differ from the golden's rint(x / scale)"
         assert_float_share(dq_nope, gold["dequant_scale_q_nope"], "dequant_scale_q_nope", QUANT_SHARE_FLOOR["scale"])
     else:
         assert dq_nope.shape == (0,) and dq_nope.dtype == np.float32
@@ -640,7 +645,7 @@ def assert_quant_outputs(out, gold, modes, batch_shape, *, query_norm_flag=True)
         return
     assert query_norm.shape == batch_shape + (HCQ,) and dq_norm.shape == (t, 1) and dq_norm.dtype == np.float32
     exact = modes[0] == 2
-    assert_int8(query_norm.reshape(t, HCQ), gold["query_norm"], "query_norm", 0.0 if exact else INT8_OFF_BY_ONE_SHARE)
+    assert_int8(query_norm.reshape(t, HCQ), gold["query_norm"], "query_norm")
     if exact:
         assert_same_bytes(dq_norm, gold["dequant_scale_q_norm"], "dequant_scale_q_norm")
     else:
@@ -653,8 +658,7 @@ def assert_quant_cache(actual, before, rows, slots, *, nz, block_size, what, exa
     ``exact`` (full quant: every step before the cache is integer-exact or follows the kernel's
     fp32 order in the reference): all bytes equal. Otherwise (partial quant, whose bf16 ``x @ W``
     may differ by 1 bf16 ulp from the reference's float64 matmul) the bytes outside the written
-    rows are exact and the written rows are split: int8 elements equal or off by one on a small
-    share; bf16 (rope) and fp32 (scale) elements within the dual criterion with a bit-identical
+    rows are exact and the written rows are split: int8 elements equal; bf16 (rope) and fp32 (scale) elements within the dual criterion with a bit-identical
     share floor.
     """
     if exact:
@@ -666,10 +670,10 @@ def assert_quant_cache(actual, before, rows, slots, *, nz, block_size, what, exa
     if got.dtype == BF16:
         assert_float_share(got, want, what, QUANT_SHARE_FLOOR["rope"])
     elif got.shape[-1] != ref.ROW_BYTES:
-        assert_int8(got, want, what, INT8_OFF_BY_ONE_SHARE)
+        assert_int8(got, want, what)
     else:
         nope, rope, scale = slice(0, HCKV), slice(HCKV, HCKV + 2 * DR), slice(HCKV + 2 * DR, ref.ROW_BYTES)
-        assert_int8(got[:, nope], want[:, nope], f"{what} k_nope", INT8_OFF_BY_ONE_SHARE)
+        assert_int8(got[:, nope], want[:, nope], f"{what} k_nope")
         for part, dtype, key in ((rope, BF16, "rope"), (scale, np.float32, "scale")):
             assert_float_share(np.ascontiguousarray(got[:, part]).view(dtype),
                                np.ascontiguousarray(want[:, part]).view(dtype), f"{what} {key}", QUANT_SHARE_FLOOR[key])
@@ -747,7 +751,7 @@ def test_per_channel_kr_quantizes_the_bf16_rope(qdata):
     scale = qdata.scales["quant_scale_ckr"].reshape(-1)
     via_bf16 = ref.saturate(np.rint(ref.f32(ref.bf16(rope32)) * scale))
     via_f32 = ref.saturate(np.rint(rope32 * scale))
-    assert_int8(got, via_bf16, "kr_cache", INT8_OFF_BY_ONE_SHARE)
+    assert_int8(got, via_bf16, "kr_cache")
     assert np.count_nonzero(via_bf16 != via_f32) > 2 * np.count_nonzero(got != via_bf16)
 
 
