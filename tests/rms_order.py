@@ -5,12 +5,16 @@ element-order fp32 chain, pairwise blocks, 32 lanes, a float64 sum) give the sam
 outputs almost everywhere, so an op test on such data cannot tell a changed order from the
 right one. Here:
 
-- :func:`order_sensitive_rows`: bf16-valued rows whose kernel-order ``rms`` differs from the
-  ``rms`` of every order in :func:`other_square_sums` (found by a deterministic seed search);
+- :func:`order_sensitive_rows`: bf16-valued rows whose kernel-order ``rms`` (``1 / rms`` for a
+  kernel that multiplies by it) differs from that of every order in :func:`other_rms` (the
+  square-sum orders of :func:`other_square_sums` and 1/H applied on the other side of the sum;
+  found by a deterministic seed search);
 - :func:`edge_gamma`: a gamma that puts some output elements one fp32 ulp of ``rms`` (or of
   ``1 / rms``) from a rounding edge of the output dtype, on either side. The output is monotone
   in ``rms``, so any other ``rms`` flips at least one of them: the op's output is then
-  bit-identical to the kernel-order reference only if the op sums in the kernel's order.
+  bit-identical to the kernel-order reference only if the op sums in the kernel's order. Other
+  finishing steps (``x / rms`` for ``x * (1 / rms)`` and back) are caught by columns where they
+  give another output (``alternatives``).
 
 Imports numpy, ml_dtypes and the independent reference only (not the code under test).
 """
@@ -20,7 +24,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from tests.reference.rms_norm import KERNELS, LANES, square_sum, tree_64
+from tests.reference.rms_norm import KERNELS, LANES, lane_sums, square_sum, tree_64
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -67,61 +71,97 @@ def rms_from_sum(ss, h: int, eps, kernel: str) -> np.float32:
     return np.float32(np.sqrt(np.float32(ms + np.float32(eps))))
 
 
+def other_rms(x: np.ndarray, eps, kernel: str) -> dict:
+    """fp32 ``rms`` of row ``x`` for the orders of :func:`other_square_sums` and, unless H is a power
+    of two (then scaling by fp32(1/H) is exact on either side), for the kernel's lanes with fp32(1/H)
+    applied on the other side of the sum ("1/H toggled": per square for a kernel that scales the
+    sum, to the sum for one that scales the squares): name -> fp32 scalar."""
+    x = np.asarray(x, dtype=np.float32)
+    h = x.size
+    rms = {name: rms_from_sum(s, h, eps, kernel) for name, s in other_square_sums(x, kernel).items()}
+    if h & (h - 1) == 0:
+        return rms
+    pairwise, prescale, _ = KERNELS[kernel]
+    inv_h = np.float32(1.0) / np.float32(h)
+    sq = x * x if prescale else x * x * inv_h
+    ss = tree_64(lane_sums(sq, pairwise))
+    ms = np.float32(ss * inv_h) if prescale else ss
+    rms["1/H toggled"] = np.float32(np.sqrt(np.float32(ms + np.float32(eps))))
+    return rms
+
+
+def rms_factor(rms, kernel: str) -> np.float32:
+    """What ``kernel`` scales ``x`` by: ``fp32(1 / rms)`` for a kernel that multiplies by it, else
+    ``rms`` itself (it divides)."""
+    rms = np.float32(rms)
+    return np.float32(np.float32(1.0) / rms) if KERNELS[kernel][2] else rms
+
+
 def kernel_rms(x: np.ndarray, eps, kernel: str) -> np.float32:
     """The fp32 ``rms`` of row ``x`` in ``kernel``'s order (the reference's square sum)."""
     x = np.asarray(x, dtype=np.float32)
     return rms_from_sum(square_sum(x, kernel), x.size, eps, kernel)
 
 
-def order_sensitive_rows(count: int, h: int, eps, kernel: str) -> np.ndarray:
-    """``count`` rows ``[count, H]`` (standard normal, one element per lane times 16, bf16 values as
-    fp32; seeds 0, 1, ... in turn) whose kernel-order ``rms`` differs from the ``rms`` of every
-    order of :func:`other_square_sums`."""
+def normal_row(rng: np.random.Generator, h: int) -> np.ndarray:
+    """A row ``[H]`` of bf16 values (as fp32): standard normal, one element per lane times 16."""
+    x = rng.standard_normal(h).astype(np.float32)
+    big = rng.integers(0, max(h // LANES, 1), LANES) * LANES + np.arange(LANES)  # one per lane
+    x[big[big < h]] *= np.float32(16.0)
+    return x.astype(BF16).astype(np.float32)
+
+
+def order_sensitive_rows(count: int, h: int, eps, kernel: str, draw=normal_row) -> np.ndarray:
+    """``count`` rows ``[count, H]`` of ``draw(rng, H)`` (bf16 values as fp32; default
+    :func:`normal_row`; ``rng`` seeded 0, 1, ... in turn) whose kernel-order ``rms`` differs from
+    the ``rms`` of every order of :func:`other_rms`, also once taken as :func:`rms_factor`."""
     rows = []
     for seed in range(5000):
-        rng = np.random.default_rng(seed)
-        x = rng.standard_normal(h).astype(np.float32)
-        big = rng.integers(0, max(h // LANES, 1), LANES) * LANES + np.arange(LANES)  # one per lane
-        x[big[big < h]] *= np.float32(16.0)
-        x = x.astype(BF16).astype(np.float32)
+        x = np.asarray(draw(np.random.default_rng(seed), h), dtype=np.float32)
         r = kernel_rms(x, eps, kernel)
-        if all(rms_from_sum(s, h, eps, kernel) != r for s in other_square_sums(x, kernel).values()):
+        if all(rms_factor(o, kernel) != rms_factor(r, kernel) for o in other_rms(x, eps, kernel).values()):
             rows.append(x)
             if len(rows) == count:
                 return np.stack(rows)
     raise AssertionError(f"only {len(rows)} order-sensitive rows of {h} for {kernel}")
 
 
-def edge_gamma(q: np.ndarray, finish, candidates: np.ndarray, default: np.ndarray, per_side: int = 4):
+def edge_gamma(q: np.ndarray, finish, candidates: np.ndarray, default: np.ndarray, per_side: int = 4,
+               alternatives=()):
     """A gamma ``[H]`` (fp32 values): ``default`` except in ``2 * per_side`` columns ``i``, where it is a
     candidate whose output ``finish(q', g)[t, i]`` for some row ``t`` at ``q' = q[t]`` differs from
-    the output at ``q[t]`` one fp32 ulp up (``per_side`` columns) or one ulp down (the others).
+    the output at ``q[t]`` one fp32 ulp up (``per_side`` columns) or one ulp down (the others); and
+    ``per_side`` more columns for each of ``alternatives``, where its output differs from the one at
+    ``q``.
 
     ``q`` ``[T]`` is what each row's output is computed from (``rms`` for ``x / rms``, ``1 / rms`` for
     ``x * (1 / rms)``); ``finish(q [T, 1, 1], g [1, 1, C]) -> [T, H, C]`` must be monotone in ``q``
-    (it is for fixed x and gamma > 0). Rows of bf16 values give few distinct ``x / rms * gamma``
-    mantissas each, hence several rows (and, where the op has one, a scale searched by the caller).
-    Returns None where fewer than ``per_side`` columns have an edge on a side.
+    (it is for fixed x and gamma > 0). ``alternatives``: callables ``g [1, 1, C] -> [T, H, C]``,
+    other ways of finishing from the same rows (say ``x / rms`` where the kernel multiplies by
+    ``1 / rms``). Rows of bf16 values give few distinct ``x / rms * gamma`` mantissas each, hence
+    several rows (and, where the op has one, a scale searched by the caller). Returns None where
+    fewer than ``per_side`` columns have an edge on a side or differ for an alternative.
     """
     q = np.asarray(q, dtype=np.float32).reshape(-1, 1, 1)
     g = np.asarray(candidates, dtype=np.float32).reshape(1, 1, -1)
     at = finish(q, g)  # [T, H, C]
-    hits = {side: (at != finish(np.nextafter(q, np.float32(lim)), g)).any(axis=0)  # [H, C]
-            for side, lim in (("up", np.inf), ("down", 0.0))}
+    changed = [finish(np.nextafter(q, np.float32(lim)), g) for lim in (np.inf, 0.0)]  # one ulp up, down
     gamma = np.array(default, dtype=np.float32, copy=True)
     used = set()
-    for side in ("up", "down"):
-        cols = [i for i in np.flatnonzero(hits[side].any(axis=1)) if i not in used][:per_side]
+    for other in changed + [alt(g) for alt in alternatives]:
+        hits = (at != other).any(axis=0)  # [H, C]
+        cols = [i for i in np.flatnonzero(hits.any(axis=1)) if i not in used][:per_side]
         if len(cols) < per_side:
             return None
         for i in cols:
-            gamma[i] = g[0, 0, np.flatnonzero(hits[side][i])[0]]
+            gamma[i] = g[0, 0, np.flatnonzero(hits[i])[0]]
             used.add(i)
     return gamma
 
 
-def bf16_candidates(lo: float = 0.5, hi: float = 2.0) -> np.ndarray:
-    """Every bf16 value in ``[lo, hi)``, as fp32."""
-    bits = np.arange(np.array(lo, np.float32).astype(BF16).view(np.uint16),
-                     np.array(hi, np.float32).astype(BF16).view(np.uint16), dtype=np.uint16)
-    return bits.view(BF16).astype(np.float32)
+def candidates(lo: float = 0.5, hi: float = 2.0, dtype=BF16) -> np.ndarray:
+    """Every value of the 16-bit float ``dtype`` (bf16, fp16) in ``[lo, hi)`` (``0 <= lo < hi``), as fp32."""
+    dtype = np.dtype(dtype)
+    bits = np.arange(np.array(lo, np.float32).astype(dtype).view(np.uint16),
+                     np.array(hi, np.float32).astype(dtype).view(np.uint16), dtype=np.uint16)
+    return bits.view(dtype).astype(np.float32)

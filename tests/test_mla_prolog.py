@@ -25,8 +25,7 @@ from ascend_emu.quant import read_combined_cache
 from tests.helpers import (POISON_BYTE, assert_same_bytes, bit_identical_share, dual_threshold_ok, max_ulp_bf16,
                            poisoned, raw)
 from tests.reference import mla_prolog as ref
-from tests.rms_order import (bf16_candidates, edge_gamma, kernel_rms, order_sensitive_rows, other_square_sums,
-                              rms_from_sum)
+from tests.rms_order import candidates, edge_gamma, kernel_rms, order_sensitive_rows, other_rms
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 HE, HCQ, HCKV, D, DR = 7168, 1536, 512, 128, 64
@@ -270,7 +269,7 @@ def order_case(data):
         q = np.array([kernel_rms(r, 1e-5, "mla_prolog") for r in rows], np.float32)
         for scale in rng.uniform(0.5, 2.0, 200).astype(np.float32):
             finish = (lambda s: lambda q, g: (rows[:, :, None] / q * g * s).astype(BF16).view(np.uint16))(scale)
-            edged = edge_gamma(q, finish, bf16_candidates(), gamma.astype(np.float32))
+            edged = edge_gamma(q, finish, candidates(), gamma.astype(np.float32))
             if edged is not None:
                 break
         assert edged is not None, f"no rounding edges for {name}"
@@ -306,9 +305,8 @@ def test_rmsnorm_order_non_quant(data, order_case):
     assert_queries(out, gold, (ORDER_TOKENS,), n)
     for key, want in (("cq", gold["query_norm"]), ("kv", gold["kv"])):
         rows, gamma, scale = c[key]["rows"], c[key]["gamma"].astype(np.float32), np.float32(c[key]["scale"])
-        for name in other_square_sums(rows[0], "mla_prolog"):
-            rms = np.array([[rms_from_sum(other_square_sums(r, "mla_prolog")[name], r.size, 1e-5, "mla_prolog")]
-                            for r in rows], np.float32)
+        for name in other_rms(rows[0], 1e-5, "mla_prolog"):
+            rms = np.array([[other_rms(r, 1e-5, "mla_prolog")[name]] for r in rows], np.float32)
             other = (rows / rms * gamma * scale).astype(BF16)
             assert not np.array_equal(other.view(np.uint16), want.view(np.uint16)), f"{key}: {name} order"
 
