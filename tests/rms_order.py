@@ -92,7 +92,7 @@ def other_rms(x: np.ndarray, eps, kernel: str) -> dict:
 
 def rms_factor(rms, kernel: str) -> np.float32:
     """What ``kernel`` scales ``x`` by: ``fp32(1 / rms)`` for a kernel that multiplies by it, else
-    ``rms`` itself (it divides)."""
+    ``rms`` itself (it divides); ``rms`` an fp32 scalar or array."""
     rms = np.float32(rms)
     return np.float32(np.float32(1.0) / rms) if KERNELS[kernel][2] else rms
 

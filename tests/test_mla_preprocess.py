@@ -2,8 +2,8 @@
 
 Every cache_mode x quant_mode pair (bf16; fp16 with its per-tensor kernel), caches pre-filled with
 poison and compared byte by byte through the reference's own layout arithmetic, both weight
-forms, both NZ cache declarations, the out= form, bad input leaving caches untouched, and 1 vs 2
-Numba threads.
+forms, both NZ cache declarations, the out= form, bad input leaving caches untouched, 1 vs 2
+Numba threads, and the kernels' RmsNorm orders (rows and rounding edges of tests/rms_order.py).
 """
 
 from __future__ import annotations
@@ -353,8 +353,8 @@ def test_rmsnorm_orders(dtype_name):
     f32 = np.float32
     gamma2 = case["args"]["gamma2"].astype(f32)
     kv_bytes = want["kv_rows"].view(np.uint16)  # [T, 512]
-    others = {name: [other_rms(r, ref.EPS, "mlapo_kv")[name] for r in kv] for name in other_rms(kv[0], ref.EPS,
-                                                                                                 "mlapo_kv")}
+    alts = [other_rms(r, ref.EPS, "mlapo_kv") for r in kv]
+    others = {name: [a[name] for a in alts] for name in alts[0]}
     rms = np.array([kernel_rms(r, ref.EPS, "mlapo_kv") for r in kv], f32)[:, None]
     assert np.array_equal((kv / rms * gamma2).astype(dt).view(np.uint16), kv_bytes), "kv formula"
     if dt == np.float16:
@@ -372,8 +372,8 @@ def test_rmsnorm_orders(dtype_name):
             return ref.int8_via_f16(xs * gamma1 + beta1).astype(f32)
 
     assert np.array_equal(quant(qa * rms_factor(rq, "mlapo_quant")), q8), "RmsNormQuant formula"
-    others = {name: [other_rms(r, ref.EPS, "mlapo_quant")[name] for r in qa]
-              for name in other_rms(qa[0], ref.EPS, "mlapo_quant")}
+    alts = [other_rms(r, ref.EPS, "mlapo_quant") for r in qa]
+    others = {name: [a[name] for a in alts] for name in alts[0]}
     others["x / rms"] = None
     for name, alt in others.items():
         xs = qa / rq if alt is None else qa * rms_factor(np.array(alt, f32)[:, None], "mlapo_quant")
