@@ -7,7 +7,9 @@
 (b) Order: the emulator's sums of squares and RmsNorm rows are bit-identical to the independent
     reference's, for every kernel order and for row lengths with and without a tail repeat.
 (c) End to end: npu_mla_prolog_v3 non-quant ``query`` on user-style data (weights
-    ``randn / sqrt(fan_in)``, T = 3..6) is >= 99.5 % bit-identical to the reference.
+    ``randn / sqrt(fan_in)``, T = 3..6) is >= 99.5 % bit-identical to the reference, and
+    ``query`` / ``query_rope`` / ``query_norm`` differ in at most the measured elements per T
+    plus a margin (the README's figures).
 Also the per-channel kr quant (kv_cache_quant_mode 2) quantizes the bf16 rounding of RoPE(kr),
 as the kernel does (``ascend_emu/emu/mla_prolog.py`` step 8 cites the lines).
 """
@@ -110,6 +112,12 @@ def test_orders_differ():
 HE, HCQ, HCKV, D, DR, N = 7168, 1536, 512, 128, 64, 16
 #: Issue 7 target for the non-quant query (measured: see README "Fidelity notes").
 MIN_QUERY_SHARE = 0.995
+#: Elements differing from the reference per T, measured (query of T*16*512, query_rope of
+#: T*16*64, query_norm of T*1536 elements): the README's 99.98 - 99.99 % / 99.98 - 100 % /
+#: 99.98 - 100 %. Each is asserted with a margin of MARGIN_ELEMENTS (another BLAS's fp32 sums).
+MEASURED_DIFFERING = {3: dict(query=2, query_rope=0, query_norm=1), 4: dict(query=7, query_rope=1, query_norm=0),
+                      5: dict(query=4, query_rope=0, query_norm=0), 6: dict(query=3, query_rope=0, query_norm=0)}
+MARGIN_ELEMENTS = 2
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +161,7 @@ def test_v3_query_bit_identical_share(user_weights, t):
     share = float(np.mean(query.view(np.uint16) == gold["query"].view(np.uint16)))
     assert share >= MIN_QUERY_SHARE, f"T={t}: query bit-identical share {share:.4f}"
     assert float(np.mean(query_norm.view(np.uint16) == gold["query_norm"].view(np.uint16))) >= MIN_QUERY_SHARE
+    for what, got in (("query", query), ("query_rope", out[1]), ("query_norm", query_norm)):
+        differing = int(np.count_nonzero(got.view(np.uint16) != gold[what].view(np.uint16)))
+        most = MEASURED_DIFFERING[t][what] + MARGIN_ELEMENTS
+        assert differing <= most, f"T={t}: {what}: {differing} of {got.size} elements differ (at most {most})"
