@@ -108,7 +108,7 @@ def test_orders_differ():
 
 # ---------------------------------------------------------------------- (c) MLA prolog v3 end to end
 HE, HCQ, HCKV, D, DR, N = 7168, 1536, 512, 128, 64, 16
-#: Issue 7 target for the non-quant query (measured: see README "Fidelity notes").
+#: Issue 7 target for the non-quant query (measured: see docs/ops.md, "Fidelity notes").
 MIN_QUERY_SHARE = 0.995
 
 
