@@ -110,7 +110,7 @@ def test_orders_differ():
 
 # ---------------------------------------------------------------------- (c) MLA prolog v3 end to end
 HE, HCQ, HCKV, D, DR, N = 7168, 1536, 512, 128, 64, 16
-#: Issue 7 target for the non-quant query (measured: see README "Fidelity notes").
+#: Issue 7 target for the non-quant query (measured: see docs/ops.md, "Fidelity notes").
 MIN_QUERY_SHARE = 0.995
 #: Elements differing from the reference per T, measured (query of T*16*512, query_rope of
 #: T*16*64, query_norm of T*1536 elements): the README's 99.98 - 99.99 % / 99.98 - 100 % /

@@ -262,7 +262,7 @@ def test_large_sparse_block_sizes(layouts, sbs, sparse_mode):
 
 
 def test_bit_identical_share_over_sweep():
-    """The share over a fixed batch of bigger bf16 cases (reported in README; measured 0.9986 to
+    """The share over a fixed batch of bigger bf16 cases (reported in docs/ops.md; measured 0.9986 to
     0.99999 with OpenBLAS 0.3.31, 2 threads): BLAS-order sums rarely flip a bf16 rounding."""
     for i, (lq, lk) in enumerate(LAYOUTS):
         rng = np.random.default_rng(100 + i)

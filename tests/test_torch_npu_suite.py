@@ -129,7 +129,7 @@ def test_nz_tag_follows_weight_loading_patterns():
     assert torch_npu.get_npu_format(layer.weight.clone()) == 29
     assert torch_npu.get_npu_format(torch.nn.Parameter(layer.weight.data, requires_grad=False)) == 29
     assert torch_npu.get_npu_format(copy.deepcopy(layer).weight) == 29
-    assert torch_npu.get_npu_format(layer.weight[:8]) == 2  # views do not follow (README)
+    assert torch_npu.get_npu_format(layer.weight[:8]) == 2  # views do not follow (docs/torch_npu.md)
     first = weight_f32(to_numpy(layer.weight))
     assert weight_f32(to_numpy(layer.weight)) is first  # widening cached while unchanged
     new = torch.randn(16, 32).to(torch.bfloat16)

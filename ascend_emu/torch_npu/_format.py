@@ -23,7 +23,7 @@ Where a tag follows (:func:`patch_torch`):
   never written, so it can never be read back as ND data. A file loads in plain torch too (the
   extra state becomes an unused attribute).
 
-Where it does not (documented in README): views (``t[0]``, ``t.view(...)``, ``t.T``), results
+Where it does not (documented in docs/torch_npu.md): views (``t[0]``, ``t.view(...)``, ``t.T``), results
 of torch ops (``t + 0``, ``t.to(dtype)``, ``t.contiguous()`` of a non-contiguous tensor),
 ``state_dict()`` tensors (detached; ``load_state_dict`` into an NZ parameter keeps its tag).
 
