@@ -251,14 +251,16 @@ def test_quant_saturates_and_rounds_half_even():
     rope = np.zeros((b, 1, s, 64), np.float32)
     rope[..., 0::2] = np.arange(32, dtype=np.float32)  # de-interleaved k = [0..31, 0...]
     kv = np.concatenate([rms, rope], axis=-1).astype(BF16)
-    gamma = np.resize(np.array([0.5, 1.5, 2.5, -0.5, -2.5, 300.0, -300.0, 3.0], np.float32), 512).astype(BF16)
+    # the last four at the int8 bounds: 127.5 ties to 128 (even) and saturates; 128, -128, -129 (bf16-exact)
+    gamma = np.resize(np.array([0.5, 1.5, 2.5, -0.5, -2.5, 300.0, -300.0, 3.0, 127.5, 128.0, -128.0, -129.0],
+                               np.float32), 512).astype(BF16)
     cos = np.ones((b, 1, s, 64), BF16)
     sin = np.zeros((b, 1, s, 64), BF16)
     k_cache, ckv_cache = poisoned((1, bs, 1, 64), np.int8), poisoned((1, bs, 1, 512), np.int8)
     call((kv, gamma, cos, sin), np.array([3, 9], np.int64), k_cache, ckv_cache,
          (np.full(64, 0.5, np.float32), np.ones(1, np.float32)), epsilon=0.0, cache_mode="PA_BNSD")
     y_row = ckv_cache.reshape(bs, 512)[9]
-    assert y_row[:8].tolist() == [0, 2, 2, 0, -2, 127, -128, 3]  # half-even ties, saturation
+    assert y_row[:12].tolist() == [0, 2, 2, 0, -2, 127, -128, 3, 127, 127, -128, -128]  # half-even ties, saturation
     k_row = k_cache.reshape(bs, 64)[3]
     assert k_row[:8].tolist() == [0, 0, 1, 2, 2, 2, 3, 4]  # 0.5*[0..7] half-even: 0,.5,1,1.5,2,2.5,3,3.5
 
