@@ -106,6 +106,42 @@ def test_compare_tensor_nan_aware_and_ulp_histogram():
     assert [m["index"] for m in r.mismatches] == [[2], [3], [4]]
 
 
+@pytest.mark.filterwarnings("error")
+def test_identical_lightning_indexer_scores_cosine_1_no_warnings(rng):
+    """The indexer's values output pads with -inf past the selected keys: comparing it with
+    itself is identical with cosine 1 and both ratios 1, and NumPy warns about nothing (-inf vs
+    -inf counts as equal, like NaN vs NaN, and stays out of the metrics)."""
+    from ascend_emu import ops
+
+    bf = BF16
+    query = rng.standard_normal((1, 2, 64, 128)).astype(bf)
+    key = rng.standard_normal((1, 6, 1, 128)).astype(bf)
+    weights = rng.standard_normal((1, 2, 64)).astype(bf)
+    _, values = ops.npu_lightning_indexer(query, key, weights, sparse_count=8, sparse_mode=0, return_value=True)
+    assert np.isneginf(values.astype(np.float32)).sum() == 2 * 2  # 6 keys of 8 per token: two -inf each
+    r = compare.compare_tensor("sparse_values", values.copy(), values)
+    assert (r.status, r.cosine, r.one_thousandth_ratio, r.five_thousandths_ratio) == ("identical", 1.0, 1.0, 1.0)
+    assert (r.max_abs_err, r.max_rel_err, r.mismatched, r.inf_mismatch) == (0.0, 0.0, 0, 0)
+    every = np.full(5, -np.inf, np.float32)
+    r = compare.compare_tensor("all_masked", every, every.copy())
+    assert (r.status, r.cosine, r.one_thousandth_ratio, r.max_abs_err) == ("identical", 1.0, 1.0, 0.0)
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("dtype", [np.float32, BF16])
+@pytest.mark.parametrize("other", [5.0, np.inf])
+def test_infinity_on_one_side_fails(dtype, other):
+    """-inf against a finite value or +inf fails the tensor (like NaN on one side), even where the
+    dual threshold would let one element in 1000 through; the finite pairs keep their metrics."""
+    e = np.ones(1000, np.float32)
+    e[:3] = -np.inf
+    a = e.copy()
+    a[1] = other
+    r = compare.compare_tensor("s", a.astype(dtype), e.astype(dtype))
+    assert (r.status, r.inf_mismatch, r.nan_mismatch, r.mismatched) == ("fail", 1, 0, 1)
+    assert (r.cosine, r.max_abs_err, r.one_thousandth_ratio) == (1.0, 0.0, 1.0)
+
+
 def test_compare_tensor_integers_exact():
     e = np.arange(-5, 5, dtype=np.int8).reshape(2, 5)
     a = e.copy()
