@@ -404,5 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``ascend-emu`` console script and of ``python -m ascend_emu``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     ns = build_parser().parse_args(argv)
+    ns.argv = argv  # the raw command line: `compare SCRIPT -- ARGS` (argparse drops that `--`)
     return ns.func(ns)

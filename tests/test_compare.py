@@ -314,6 +314,53 @@ def test_record_needs_torch_npu(tmp_path, capsys, monkeypatch):
         pytest.skip("a torch_npu is importable here")
     rc, _, err = _cli(["record", "-o", str(tmp_path / "r"), str(EXAMPLES[0])], capsys)
     assert rc == 2 and "no torch_npu is installed" in err
+    assert not (tmp_path / "r").exists()  # no empty recording left behind
+    rc, _, err = _cli(["compare", str(EXAMPLES[0])], capsys)
+    assert rc == 2 and "no torch_npu is installed" in err
+
+
+def test_replay_of_an_empty_recording_fails_with_the_reason(tmp_path, capsys):
+    compare.RecordWriter(tmp_path / "rec").close()  # what a run calling no emulated op leaves
+    rc, out, err = _cli(["compare", "--replay", str(tmp_path / "rec")], capsys)
+    assert rc == 2 and f"{tmp_path / 'rec'} holds no recorded call" in err
+    assert "called none of the emulated ops (npu_kv_quant_sparse_flash_attention, " in err
+
+
+def test_a_run_calling_no_op_records_and_compares_nothing(standin_module, tmp_path, capsys):
+    script = tmp_path / "no_ops.py"
+    script.write_text("import torch, torch_npu\nprint(torch.ones(2))\n")
+    with standin_module():
+        rc, _, err = _cli(["record", "-o", str(tmp_path / "rec"), str(script)], capsys)
+        assert rc == 1 and "record: no call recorded in" in err and "called none of the emulated ops" in err
+        rc, _, err = _cli(["compare", str(script)], capsys)
+        assert rc == 1 and "compare: nothing compared: the script called none" in err
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["compare", "{script}", "--png-dir", "d"], "--png-dir"),
+    (["compare", "{script}", "x", "--json=r.json"], "--json"),
+    (["compare", "{script}", "--replay", "d"], "--replay"),
+    (["record", "{script}", "-o", "rec"], "-o"),
+])
+def test_own_option_after_the_script_is_refused(argv, option, tmp_path, capsys, monkeypatch):
+    """An option of compare / record after SCRIPT would silently go to the script: exit 2 naming
+    it, before anything runs or is written."""
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "s.py"
+    script.write_text("raise SystemExit('script ran')\n")
+    rc, out, err = _cli([a.format(script=script) for a in argv], capsys)
+    assert rc == 2, err
+    assert f"{argv[0]}: {option} comes after the script name" in err and f"put {option} before the script name" in err
+    assert "script ran" not in out + err and not (tmp_path / "rec").exists() and not (tmp_path / "d").exists()
+
+
+def test_script_arguments_after_double_dash_reach_the_script(standin_module, tmp_path, capsys):
+    script = tmp_path / "s.py"
+    script.write_text("import sys, json\nprint(json.dumps(sys.argv[1:]))\nimport torch_npu\n")
+    with standin_module():
+        rc, out, err = _cli(["compare", str(script), "--", "--png-dir", "d"], capsys)
+    assert '["--png-dir", "d"]' in out and "comes after the script name" not in err
+    assert rc == 1 and "nothing compared" in err  # the script calls no op
 
 
 def test_heatmap_png(tmp_path, monkeypatch):
