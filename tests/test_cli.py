@@ -97,6 +97,40 @@ def test_run_shows_script_traceback_like_python(tmp_path):
     assert "cli.py" not in proc.stderr and "runpy" not in proc.stderr
 
 
+def test_run_traceback_stops_at_the_scripts_call_into_the_emulator(tmp_path):
+    """An op's error under ``ascend-emu run``: the script's frames and the exception line exactly
+    as ``python SCRIPT`` prints them, the emulator's validation frames below the call hidden (one
+    line counts them); ``--traceback`` or ASCEND_EMU_TRACEBACK=1 gives Python's whole traceback."""
+    import ascend_emu
+
+    _script(tmp_path, """
+        import numpy as np
+        from ascend_emu import ops
+
+        def step():
+            return ops.npu_kv_rmsnorm_rope_cache(np.zeros((1, 1, 2, 576), np.float32), *[None] * 6)
+
+        step()
+    """)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(ascend_emu.__file__)))
+    env.pop("ASCEND_EMU_TRACEBACK", None)
+    plain = _run([sys.executable, "script.py"], cwd=str(tmp_path), env=env)
+    short = _run(RUN + ["script.py"], cwd=str(tmp_path), env=env)
+    assert plain.returncode == short.returncode == 1
+    lines = plain.stderr.splitlines()
+    first_internal = next(i for i, ln in enumerate(lines) if ln.startswith('  File "') and "ascend_emu" in ln)
+    hidden = sum(ln.startswith('  File "') for ln in lines[first_internal:])
+    assert hidden >= 3 and lines[-1] == "ascend_emu.errors.DTypeError: kv: expected dtype bfloat16 or float16, got float32"
+    assert short.stderr.splitlines() == lines[:first_internal] + [lines[-1], (
+        f"ascend-emu: {hidden} frame(s) inside ascend_emu hidden; `ascend-emu run --traceback` (or "
+        "ASCEND_EMU_TRACEBACK=1) shows them")]
+    assert short.stderr.startswith("Traceback (most recent call last):")
+    full = _run(RUN + ["--traceback", "script.py"], cwd=str(tmp_path), env=env)
+    by_env = _run(RUN + ["script.py"], cwd=str(tmp_path), env=dict(env, ASCEND_EMU_TRACEBACK="1"))
+    assert full.returncode == by_env.returncode == 1
+    assert full.stderr == by_env.stderr == plain.stderr
+
+
 def test_run_missing_script_exits_2(tmp_path):
     proc = _run(RUN + [str(tmp_path / "nope.py")], cwd=str(tmp_path))
     assert proc.returncode == 2 and "nope.py" in proc.stderr

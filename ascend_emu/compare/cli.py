@@ -95,7 +95,7 @@ def _run_script(ns, on_call, tnpu) -> int:
     except SystemExit as exc:
         rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException as exc:  # noqa: BLE001
-        _show_script_exception(path, exc)
+        _show_script_exception(path, exc, full=True)  # the real torch_npu's frames stay
         rc = 1
     finally:
         sys.argv, sys.path[0] = saved_argv, saved_path0
