@@ -572,3 +572,60 @@ def test_inspect_reads_a_torch_save_dump(capsys, tmp_path):
 def test_inspect_errors_exit_2_with_message(capsys, args, message):
     assert main(["inspect", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def _one_line_error(capsys, args) -> str:
+    rc = main(["inspect", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("ascend-emu: inspect "), err
+    return err
+
+
+def test_inspect_block_table_from_a_json_file(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bt.json").write_text("[[0, 1], [2, 3]]")
+    args = ["blocks", "--seq-lens", "20,5", "--block-size", "16", "--json", "--block-table"]
+    from_file = _inspect(capsys, *args, "bt.json")
+    assert from_file == _inspect(capsys, *args, "[[0, 1], [2, 3]]")
+    assert [r["block"] for s in from_file["sequences"] for r in s["runs"]] == [0, 1, 2]
+    err = _one_line_error(capsys, args[:-2] + ["--block-table", "missing.json"])
+    assert "--block-table: expected an existing .json file" in err and "'missing.json': no such file" in err
+    (tmp_path / "bad.json").write_text("[[0, 1], [2,")
+    err = _one_line_error(capsys, args[:-2] + ["--block-table", "bad.json"])
+    assert "--block-table: expected an integer array: a JSON list like [[0,1],[2,3]] or a .json" in err
+
+
+def test_inspect_bare_dump_errors_say_what_to_give(capsys, tmp_path, monkeypatch):
+    """A .npy of a bf16 cache viewed as int16 or saved untyped: --dtype bfloat16 named; a raw
+    dump whose --shape / --dtype do not cover its bytes: the file's bytes, the shape's bytes and
+    the elements the file holds, in that order."""
+    import ml_dtypes
+
+    monkeypatch.chdir(tmp_path)
+    cache = np.zeros((2, 16, 1, 64), ml_dtypes.bfloat16)
+    np.save("int16.npy", cache.view(np.int16))
+    np.save("untyped.npy", cache)
+    cache.tofile("c.bin")
+    for name, what in (("int16.npy", "got int16 elements in 'int16.npy'"),
+                       ("untyped.npy", "got untyped 2-byte (|V2) elements in 'untyped.npy'")):
+        err = _one_line_error(capsys, ["dump", name, "--cache-mode", "PA_BSND", "--slot", "0"])
+        assert what in err and "needs --dtype bfloat16" in err, err
+        assert main(["inspect", "dump", name, "--cache-mode", "PA_BSND", "--slot", "0", "--dtype", "bfloat16"]) == 0
+    capsys.readouterr()
+    err = _one_line_error(capsys, ["dump", "c.bin", "--cache-mode", "PA_BSND", "--shape", "2,16,1,63", "--dtype",
+                                   "bfloat16", "--slot", "0"])
+    assert ("shape/dtype: expected a shape and dtype of exactly the 4096 bytes in 'c.bin', got shape "
+            "[2, 16, 1, 63] of bfloat16 = 4032 bytes; it holds 2048 bfloat16 elements") in err
+
+
+def test_inspect_torch_files_without_torch_give_the_install_hint(capsys, tmp_path, monkeypatch):
+    from ascend_emu.install_hints import TORCH_HINT
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kv.pt").write_bytes(b"not read")
+    (tmp_path / "bt.pt").write_bytes(b"not read")
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch fails, as when it is not installed
+    err = _one_line_error(capsys, ["dump", "kv.pt", "--cache-mode", "PA_BSND", "--slot", "0"])
+    assert f"reading 'kv.pt' (a torch.save file) needs torch; {TORCH_HINT}" in err
+    err = _one_line_error(capsys, ["blocks", "--block-table", "bt.pt", "--seq-lens", "5", "--block-size", "16"])
+    assert f"reading --block-table 'bt.pt' (a torch.save file) needs torch; {TORCH_HINT}" in err
