@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import weakref
 from dataclasses import dataclass, field
 
@@ -127,31 +128,64 @@ def _map(a: np.ndarray, num_slots: int, *, create: bool = True) -> _Map | None:
     return m
 
 
+def _as_array(cache, name: str = "cache") -> np.ndarray:
+    """``cache`` as an ndarray over its own memory: a torch tensor through the drop-in's view
+    (:func:`ascend_emu.torch_npu._convert.to_numpy`, no copy), so its map is the one the ops
+    keep for the tensor's memory. torch is imported only when the value is a tensor (torch is
+    then already loaded)."""
+    if isinstance(cache, np.ndarray):
+        return cache
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(cache, torch.Tensor):
+        from .torch_npu._convert import to_numpy
+
+        return to_numpy(cache, name)
+    from .errors import DTypeError, arg_error
+
+    raise arg_error(DTypeError, name, "a NumPy array or a CPU torch tensor", type(cache).__name__)
+
+
 def _slot_count(cache: np.ndarray, num_slots: int | None) -> int:
     if num_slots is not None:
         return int(num_slots)
     return int(np.prod(cache.shape[:-2])) if cache.ndim >= 3 else int(cache.shape[0])
 
 
-def poison(cache: np.ndarray, num_slots: int | None = None) -> np.ndarray:
+def poison(cache, num_slots: int | None = None):
     """Fill ``cache`` with :data:`POISON_BYTE` and mark every slot unwritten.
 
     Args:
-        cache: a C-contiguous, writable cache (any dtype / shape).
+        cache: a C-contiguous, writable cache (any dtype / shape): a NumPy array or a CPU torch
+            tensor (the drop-in's caches).
         num_slots: slots in the cache; default the product of all but the last two dims
             (``[blocks, block_size, N, D]`` -> blocks * block_size).
 
     Returns:
         ``cache`` (filled in place).
+
+    Raises:
+        DTypeError: ``cache`` is neither an ndarray nor a torch tensor.
     """
-    cache.reshape(-1).view(np.uint8)[:] = POISON_BYTE
-    _map(cache, _slot_count(cache, num_slots)).written[:] = False
+    a = _as_array(cache)
+    a.reshape(-1).view(np.uint8)[:] = POISON_BYTE
+    _map(a, _slot_count(a, num_slots)).written[:] = False
     return cache
 
 
-def mark_written(cache: np.ndarray, slots=None, num_slots: int | None = None) -> None:
+def mark_written(cache, slots=None, num_slots: int | None = None) -> None:
     """Declare slots of ``cache`` written outside the ops (``slots`` None: all; -1 entries are
-    skipped). ``num_slots`` as :func:`poison`. Works whether checked mode is on or not."""
+    skipped; a list, an int array or an int tensor). ``cache``: a NumPy array or a CPU torch
+    tensor (the drop-in's caches, as passed to ``torch_npu`` ops under ``ascend-emu run
+    --checked``). ``num_slots`` as :func:`poison`. Works whether checked mode is on or not.
+
+    Raises:
+        DTypeError: ``cache`` is neither an ndarray nor a torch tensor.
+    """
+    cache = _as_array(cache)
+    if slots is not None and not isinstance(slots, (np.ndarray, list, tuple, int)):
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(slots, torch.Tensor):
+            slots = slots.detach().cpu().numpy()
     m = _map(cache, _slot_count(cache, num_slots))
     if slots is None:
         m.written[:] = True
@@ -160,9 +194,10 @@ def mark_written(cache: np.ndarray, slots=None, num_slots: int | None = None) ->
         m.written[s[s >= 0]] = True
 
 
-def written_slots(cache: np.ndarray) -> np.ndarray | None:
-    """The cache's written-slot map (bool ``[num_slots]``, a copy), or None if never seen."""
-    m = _STATE.maps.get(_key(cache))
+def written_slots(cache) -> np.ndarray | None:
+    """The cache's written-slot map (bool ``[num_slots]``, a copy), or None if never seen
+    (``cache``: a NumPy array or a CPU torch tensor)."""
+    m = _STATE.maps.get(_key(_as_array(cache)))
     return None if m is None else m.written.copy()
 
 

@@ -2,10 +2,13 @@
 
 Commands:
 
-- ``ascend-emu run [--force] SCRIPT [ARGS...]``: run SCRIPT as ``__main__`` with ``import torch_npu``
-  resolving to :mod:`ascend_emu.torch_npu`, as ``python SCRIPT ARGS...`` would: ``sys.argv``,
-  an absolute ``__file__`` (and traceback paths), the script's directory in place of the
-  launcher's ``sys.path[0]``, its exit status. If a real torch_npu is installed the script runs
+- ``ascend-emu run [--force] [--checked] [--poison] [--traceback] SCRIPT [ARGS...]``: run SCRIPT
+  as ``__main__`` with ``import torch_npu`` resolving to :mod:`ascend_emu.torch_npu`, as ``python
+  SCRIPT ARGS...`` would: ``sys.argv``, an absolute ``__file__`` (and traceback paths), the
+  script's directory in place of the launcher's ``sys.path[0]``, its exit status. An uncaught
+  exception's traceback shows the script's frames as Python does and stops at its call into
+  ``ascend_emu`` (a line says how many emulator frames were hidden); ``--traceback`` or env
+  ``ASCEND_EMU_TRACEBACK=1`` shows them all. If a real torch_npu is installed the script runs
   against it unless ``--force`` is given.
 - ``ascend-emu demo``: a DeepSeek-V3.2 decode step on the NumPy API (no torch needed): prefill
   into a per-tile int8 cache and a bf16 cache, then ``npu_mla_prolog_v3`` ->
@@ -58,13 +61,42 @@ def _install_emulator() -> bool:
     return True
 
 
-def _show_script_exception(script: str, exc: BaseException) -> None:
+#: Environment variable: ``1`` shows the emulator's own frames in the traceback of a script's
+#: uncaught exception (as ``ascend-emu run --traceback`` does).
+ENV_TRACEBACK = "ASCEND_EMU_TRACEBACK"
+#: The package's directory: frames of files under it are the emulator's own.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _full_traceback_wanted() -> bool:
+    return os.environ.get(ENV_TRACEBACK, "") == "1"
+
+
+def _show_script_exception(script: str, exc: BaseException, *, full: bool | None = None) -> None:
     """Report ``exc`` as Python reports an uncaught exception of a script: traceback from the
-    script's first frame on (the launcher's frames dropped), through ``sys.excepthook``."""
+    script's first frame on (the launcher's frames dropped), through ``sys.excepthook``.
+
+    Unless ``full`` (default: env :data:`ENV_TRACEBACK` = ``1``), the traceback stops at the
+    last frame before the first one inside ``ascend_emu`` (the user's call of an op; the
+    emulator's validation frames below it are noise to the script's author), and one line on
+    stderr after it says how many frames were hidden and how to see them. The user's frames and
+    the exception line are Python's own."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != script:
         tb = tb.tb_next
+    hidden = 0
+    if not (_full_traceback_wanted() if full is None else full):
+        last, cur = None, tb
+        while cur is not None and not cur.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            last, cur = cur, cur.tb_next
+        if last is not None and cur is not None:
+            while cur is not None:
+                hidden, cur = hidden + 1, cur.tb_next
+            last.tb_next = None
     sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+    if hidden:
+        _err(f"{hidden} frame(s) inside ascend_emu hidden; `ascend-emu run --traceback` (or {ENV_TRACEBACK}=1) "
+             "shows them")
 
 
 def _run_as_main(path: str) -> None:
@@ -111,7 +143,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as exc:  # noqa: BLE001  (shown like Python shows it, then exit 1 / 130)
-        _show_script_exception(path, exc)
+        _show_script_exception(path, exc, full=ns.traceback or None)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
     return 0
 
@@ -355,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--poison", action="store_true",
                      help="with --checked (implied): fill each cache a writer op first sees with 0xFF bytes "
                           "(NaN / -1) before it writes (env ASCEND_EMU_POISON=1)")
+    run.add_argument("--traceback", action="store_true",
+                     help="on an uncaught exception show the emulator's own frames too (by default the "
+                          f"traceback stops at the script's call into ascend_emu; env {ENV_TRACEBACK}=1)")
     run.add_argument("script", help="the Python script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script (its sys.argv[1:])")
     run.set_defaults(func=cmd_run)
@@ -404,5 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``ascend-emu`` console script and of ``python -m ascend_emu``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     ns = build_parser().parse_args(argv)
+    ns.argv = argv  # the raw command line: `compare SCRIPT -- ARGS` (argparse drops that `--`)
     return ns.func(ns)

@@ -4,20 +4,29 @@ npu_mla_prolog_v3 (bf16, cache_mode "PA_NZ") writes four tokens' compressed kv r
 kv_cache. Then a stray write (simulated here: the sign bits of eight k_nope elements of one
 token's row are flipped) corrupts the cache. ``inspect.diff`` against a clean copy finds exactly
 the slot and bytes that changed, ``inspect.dump`` shows them decoded, and ``inspect.what`` says
-what the first bad byte is. The same steps on the command line, with the two files this script
-writes, are printed at the end.
+what the first bad byte is. The same steps on the command line are printed at the end, for the
+two files this script writes (clean.npz and broken.npz, in --out DIR: default the current
+directory).
 
-Run with:  python examples/inspect_corrupted_cache.py   (or: ascend-emu run examples/...)
+Run with:  python examples/inspect_corrupted_cache.py [--out DIR]   (or: ascend-emu run examples/...)
 Exits 1 unless the diff finds exactly the corrupted row.
 """
 
+import argparse
+import os
+import shlex
 import sys
-import tempfile
 
 import ml_dtypes
 import numpy as np
 
 from ascend_emu import inspect, ops
+
+parser = argparse.ArgumentParser(description="Find a corrupted row in a PA_NZ cache with ascend_emu.inspect.")
+parser.add_argument("--out", metavar="DIR", default=".",
+                    help="directory for clean.npz and broken.npz (default: the current directory)")
+out_dir = parser.parse_args().out
+os.makedirs(out_dir, exist_ok=True)
 
 bf16 = ml_dtypes.bfloat16
 rng = np.random.default_rng(0)
@@ -67,12 +76,12 @@ for good, bad in zip(inspect.dump(clean, slot=slot).lines, inspect.dump(broken, 
         print(f"    clean  {good.hex}\n           {[round(v, 4) for v in good.values]}")
         print(f"    broken {bad.hex}\n           {[round(v, 4) for v in bad.values]}")
 
-with tempfile.TemporaryDirectory() as tmp:
-    a, b = inspect.save_cache(f"{tmp}/clean", clean), inspect.save_cache(f"{tmp}/broken", broken)
-    again = inspect.diff(inspect.load_cache(a), inspect.load_cache(b))
-    print(f"\nthe same from files: ascend-emu inspect diff clean.npz broken.npz --expect-slots "
-          f"{','.join(map(str, cache_index))}  ->  {again.summary['bytes']} byte(s), slots {again.summary['slots']}")
-    print(f"                     ascend-emu inspect dump broken.npz --slot {slot}")
+a = inspect.save_cache(os.path.join(out_dir, "clean.npz"), clean)
+b = inspect.save_cache(os.path.join(out_dir, "broken.npz"), broken)
+again = inspect.diff(inspect.load_cache(a), inspect.load_cache(b))
+print(f"\nthe same from the files written: ascend-emu inspect diff {shlex.quote(a)} {shlex.quote(b)} --expect-slots "
+      f"{','.join(map(str, cache_index))}  ->  {again.summary['bytes']} byte(s), slots {again.summary['slots']}")
+print(f"                                ascend-emu inspect dump {shlex.quote(b)} --slot {slot}")
 
 expected = sorted(clean.layout.byte_offset(slot, dd) + 1 for dd in bad_dims)
 found = d.summary["slots"] == [slot] and d.changed.tolist() == expected and again.changed.tolist() == expected

@@ -1,11 +1,13 @@
-"""torch_npu.npu_mla_prolog_v3, the single-op example of its doc, as written there.
+"""torch_npu.npu_mla_prolog_v3, the single-op example of its doc, as written there but for
+``cache_index`` and the printing.
 
 Run on a laptop with:  ascend-emu run examples/mla_prolog_v3.py
 (on an Atlas A3 machine the same script runs against the real torch_npu).
 
-Note: the doc's ``cache_index = torch.rand(B, S).to(torch.int64)`` is all zeros, so every token
-writes cache row 0; the hardware leaves that undefined, the emulator keeps the last token and
-warns (DuplicateSlotWarning).
+The doc's ``cache_index = torch.rand(B, S).to(torch.int64)`` is all zeros, so every token writes
+cache row 0: the hardware leaves that undefined, and the emulator keeps the last token and warns
+(DuplicateSlotWarning). Here each token gets its own slot. The doc prints the whole outputs
+(hundreds of lines); here their shapes and a few values.
 """
 
 import torch
@@ -37,7 +39,8 @@ rmsnorm_gamma_cq = torch.rand(Hcq, dtype=torch.bfloat16).npu()
 rmsnorm_gamma_ckv = torch.rand(Hckv, dtype=torch.bfloat16).npu()
 rope_sin = torch.rand(B, S, Dr, dtype=torch.bfloat16).npu()
 rope_cos = torch.rand(B, S, Dr, dtype=torch.bfloat16).npu()
-cache_index = torch.rand(B, S).to(torch.int64).npu()
+# the doc: cache_index = torch.rand(B, S).to(torch.int64).npu()  (all zeros: every token on slot 0)
+cache_index = torch.randperm(BlockNum * BlockSize)[:B * S].reshape(B, S).npu()  # [B, S] distinct slots
 kv_cache = torch.rand(BlockNum, BlockSize, Nkv, Hckv, dtype=torch.bfloat16).npu()
 kr_cache = torch.rand(BlockNum, BlockSize, Nkv, Dr, dtype=torch.bfloat16).npu()
 rmsnorm_epsilon_cq = 1.0e-5
@@ -46,12 +49,13 @@ cache_mode = "PA_BSND"
 
 # 调用MlaProlog算子
 query_mla, query_rope_mla, dequant_scale_q_nope_mla, query_norm_mla, dequant_scale_q_norm_mla = torch_npu.npu_mla_prolog_v3(token_x, w_dq_cast, w_uq_qr_cast, w_uk, w_dkv_kr_cast, rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, cache_index=cache_index, rmsnorm_epsilon_cq=rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv=rmsnorm_epsilon_ckv, cache_mode=cache_mode)
-print(query_mla)
-
-print("query:", query_mla.shape, query_mla.dtype)
-print("query_rope:", query_rope_mla.shape, query_rope_mla.dtype)
-print(query_rope_mla)
-print("dequant_scale_q_nope:", dequant_scale_q_nope_mla.shape, dequant_scale_q_nope_mla.dtype)
-print("query_norm:", query_norm_mla.shape, query_norm_mla.dtype)
-print("dequant_scale_q_norm:", dequant_scale_q_norm_mla.shape, dequant_scale_q_norm_mla.dtype)
-print("kv_cache row 0 (written by the last token):", kv_cache[0, 0, 0, :8])
+print("query:     ", tuple(query_mla.shape), query_mla.dtype, "first values", query_mla[0, 0, 0, :4].float().tolist())
+print("query_rope:", tuple(query_rope_mla.shape), query_rope_mla.dtype, "first values",
+      query_rope_mla[0, 0, 0, :4].float().tolist())
+print("dequant_scale_q_nope:", tuple(dequant_scale_q_nope_mla.shape), dequant_scale_q_nope_mla.dtype)
+print("query_norm:", tuple(query_norm_mla.shape), query_norm_mla.dtype)
+print("dequant_scale_q_norm:", tuple(dequant_scale_q_norm_mla.shape), dequant_scale_q_norm_mla.dtype)
+slot = int(cache_index[0, 0])  # where token (b=0, s=0) was written: block slot // BlockSize, row slot % BlockSize
+print(f"token (0, 0) -> cache_index {slot} = block {slot // BlockSize}, row {slot % BlockSize}:")
+print("  kv_cache row, first values", kv_cache[slot // BlockSize, slot % BlockSize, 0, :4].float().tolist())
+print("  kr_cache row, first values", kr_cache[slot // BlockSize, slot % BlockSize, 0, :4].float().tolist())

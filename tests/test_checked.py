@@ -259,3 +259,44 @@ def test_torch_drop_in_maps_persist_across_calls():
         with pytest.raises(UninitializedReadError, match=r"kv token 4 at block 2, row 4 \(slot 36\)"):
             torch_npu.npu_sparse_flash_attention(q, ckv_cache, ckv_cache,
                                                  torch.tensor([[[[0, 4]]]], dtype=torch.int32), SCALE, **kw)
+
+
+def test_mark_written_accepts_torch_tensors():
+    """``ascend_emu.mark_written`` on the drop-in's caches (torch tensors), as under ``ascend-emu
+    run --checked``: the declared slots read clean, the others still raise; slots as a tensor."""
+    torch = pytest.importorskip("torch")
+    import ascend_emu.torch_npu as torch_npu
+
+    rng = np.random.default_rng(9)
+
+    def t(a):
+        return torch.from_numpy(np.asarray(a, np.float32)).to(torch.bfloat16)
+
+    k_cache = t(rng.standard_normal((BLOCKS, BS, 1, D_ROPE)))  # filled by the user's own code
+    ckv_cache = t(rng.standard_normal((BLOCKS, BS, 1, HCKV)))
+    filled = torch.tensor([_slot(p) for p in range(4)], dtype=torch.int64)
+    ascend_emu.mark_written(ckv_cache, filled)
+    ascend_emu.mark_written(k_cache, filled.tolist())
+    assert np.flatnonzero(ascend_emu.checked_mode.written_slots(ckv_cache)).tolist() == sorted(filled.tolist())
+    kw = dict(block_table=torch.tensor([[2, 0]], dtype=torch.int32), layout_kv="PA_BSND", attention_mode=2,
+              actual_seq_lengths_kv=torch.tensor([20], dtype=torch.int32), key_rope=k_cache,
+              query_rope=t(rng.standard_normal((1, 1, 4, D_ROPE))))
+    q = t(rng.standard_normal((1, 1, 4, HCKV)))
+    with ascend_emu.checked():
+        torch_npu.npu_sparse_flash_attention(q, ckv_cache, ckv_cache, torch.tensor([[[[0, 1, 2, 3]]]],
+                                                                                   dtype=torch.int32), SCALE, **kw)
+        with pytest.raises(UninitializedReadError, match=r"kv token 4 at block 2, row 4 \(slot 36\)"):
+            torch_npu.npu_sparse_flash_attention(q, ckv_cache, ckv_cache,
+                                                 torch.tensor([[[[0, 4]]]], dtype=torch.int32), SCALE, **kw)
+    ascend_emu.poison(k_cache)
+    assert (k_cache.view(torch.int16) == -1).all() and not ascend_emu.checked_mode.written_slots(k_cache).any()
+    with pytest.raises(ascend_emu.errors.DTypeError, match="cache: expected a NumPy array or a CPU torch tensor"):
+        ascend_emu.mark_written([[0.0]])
+
+
+def test_checked_mode_does_not_import_torch():
+    code = "import sys, numpy as np, ascend_emu; ascend_emu.mark_written(np.zeros((2, 16, 1, 64))); " \
+           "print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert proc.stdout.strip() == "False", proc.stderr

@@ -97,6 +97,40 @@ def test_run_shows_script_traceback_like_python(tmp_path):
     assert "cli.py" not in proc.stderr and "runpy" not in proc.stderr
 
 
+def test_run_traceback_stops_at_the_scripts_call_into_the_emulator(tmp_path):
+    """An op's error under ``ascend-emu run``: the script's frames and the exception line exactly
+    as ``python SCRIPT`` prints them, the emulator's validation frames below the call hidden (one
+    line counts them); ``--traceback`` or ASCEND_EMU_TRACEBACK=1 gives Python's whole traceback."""
+    import ascend_emu
+
+    _script(tmp_path, """
+        import numpy as np
+        from ascend_emu import ops
+
+        def step():
+            return ops.npu_kv_rmsnorm_rope_cache(np.zeros((1, 1, 2, 576), np.float32), *[None] * 6)
+
+        step()
+    """)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(ascend_emu.__file__)))
+    env.pop("ASCEND_EMU_TRACEBACK", None)
+    plain = _run([sys.executable, "script.py"], cwd=str(tmp_path), env=env)
+    short = _run(RUN + ["script.py"], cwd=str(tmp_path), env=env)
+    assert plain.returncode == short.returncode == 1
+    lines = plain.stderr.splitlines()
+    first_internal = next(i for i, ln in enumerate(lines) if ln.startswith('  File "') and "ascend_emu" in ln)
+    hidden = sum(ln.startswith('  File "') for ln in lines[first_internal:])
+    assert hidden >= 3 and lines[-1] == "ascend_emu.errors.DTypeError: kv: expected dtype bfloat16 or float16, got float32"
+    assert short.stderr.splitlines() == lines[:first_internal] + [lines[-1], (
+        f"ascend-emu: {hidden} frame(s) inside ascend_emu hidden; `ascend-emu run --traceback` (or "
+        "ASCEND_EMU_TRACEBACK=1) shows them")]
+    assert short.stderr.startswith("Traceback (most recent call last):")
+    full = _run(RUN + ["--traceback", "script.py"], cwd=str(tmp_path), env=env)
+    by_env = _run(RUN + ["script.py"], cwd=str(tmp_path), env=dict(env, ASCEND_EMU_TRACEBACK="1"))
+    assert full.returncode == by_env.returncode == 1
+    assert full.stderr == by_env.stderr == plain.stderr
+
+
 def test_run_missing_script_exits_2(tmp_path):
     proc = _run(RUN + [str(tmp_path / "nope.py")], cwd=str(tmp_path))
     assert proc.returncode == 2 and "nope.py" in proc.stderr
@@ -538,3 +572,60 @@ def test_inspect_reads_a_torch_save_dump(capsys, tmp_path):
 def test_inspect_errors_exit_2_with_message(capsys, args, message):
     assert main(["inspect", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def _one_line_error(capsys, args) -> str:
+    rc = main(["inspect", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("ascend-emu: inspect "), err
+    return err
+
+
+def test_inspect_block_table_from_a_json_file(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bt.json").write_text("[[0, 1], [2, 3]]")
+    args = ["blocks", "--seq-lens", "20,5", "--block-size", "16", "--json", "--block-table"]
+    from_file = _inspect(capsys, *args, "bt.json")
+    assert from_file == _inspect(capsys, *args, "[[0, 1], [2, 3]]")
+    assert [r["block"] for s in from_file["sequences"] for r in s["runs"]] == [0, 1, 2]
+    err = _one_line_error(capsys, args[:-2] + ["--block-table", "missing.json"])
+    assert "--block-table: expected an existing .json file" in err and "'missing.json': no such file" in err
+    (tmp_path / "bad.json").write_text("[[0, 1], [2,")
+    err = _one_line_error(capsys, args[:-2] + ["--block-table", "bad.json"])
+    assert "--block-table: expected an integer array: a JSON list like [[0,1],[2,3]] or a .json" in err
+
+
+def test_inspect_bare_dump_errors_say_what_to_give(capsys, tmp_path, monkeypatch):
+    """A .npy of a bf16 cache viewed as int16 or saved untyped: --dtype bfloat16 named; a raw
+    dump whose --shape / --dtype do not cover its bytes: the file's bytes, the shape's bytes and
+    the elements the file holds, in that order."""
+    import ml_dtypes
+
+    monkeypatch.chdir(tmp_path)
+    cache = np.zeros((2, 16, 1, 64), ml_dtypes.bfloat16)
+    np.save("int16.npy", cache.view(np.int16))
+    np.save("untyped.npy", cache)
+    cache.tofile("c.bin")
+    for name, what in (("int16.npy", "got int16 elements in 'int16.npy'"),
+                       ("untyped.npy", "got untyped 2-byte (|V2) elements in 'untyped.npy'")):
+        err = _one_line_error(capsys, ["dump", name, "--cache-mode", "PA_BSND", "--slot", "0"])
+        assert what in err and "needs --dtype bfloat16" in err, err
+        assert main(["inspect", "dump", name, "--cache-mode", "PA_BSND", "--slot", "0", "--dtype", "bfloat16"]) == 0
+    capsys.readouterr()
+    err = _one_line_error(capsys, ["dump", "c.bin", "--cache-mode", "PA_BSND", "--shape", "2,16,1,63", "--dtype",
+                                   "bfloat16", "--slot", "0"])
+    assert ("shape/dtype: expected a shape and dtype of exactly the 4096 bytes in 'c.bin', got shape "
+            "[2, 16, 1, 63] of bfloat16 = 4032 bytes; it holds 2048 bfloat16 elements") in err
+
+
+def test_inspect_torch_files_without_torch_give_the_install_hint(capsys, tmp_path, monkeypatch):
+    from ascend_emu.install_hints import TORCH_HINT
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kv.pt").write_bytes(b"not read")
+    (tmp_path / "bt.pt").write_bytes(b"not read")
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch fails, as when it is not installed
+    err = _one_line_error(capsys, ["dump", "kv.pt", "--cache-mode", "PA_BSND", "--slot", "0"])
+    assert f"reading 'kv.pt' (a torch.save file) needs torch; {TORCH_HINT}" in err
+    err = _one_line_error(capsys, ["blocks", "--block-table", "bt.pt", "--seq-lens", "5", "--block-size", "16"])
+    assert f"reading --block-table 'bt.pt' (a torch.save file) needs torch; {TORCH_HINT}" in err

@@ -106,6 +106,42 @@ def test_compare_tensor_nan_aware_and_ulp_histogram():
     assert [m["index"] for m in r.mismatches] == [[2], [3], [4]]
 
 
+@pytest.mark.filterwarnings("error")
+def test_identical_lightning_indexer_scores_cosine_1_no_warnings(rng):
+    """The indexer's values output pads with -inf past the selected keys: comparing it with
+    itself is identical with cosine 1 and both ratios 1, and NumPy warns about nothing (-inf vs
+    -inf counts as equal, like NaN vs NaN, and stays out of the metrics)."""
+    from ascend_emu import ops
+
+    bf = BF16
+    query = rng.standard_normal((1, 2, 64, 128)).astype(bf)
+    key = rng.standard_normal((1, 6, 1, 128)).astype(bf)
+    weights = rng.standard_normal((1, 2, 64)).astype(bf)
+    _, values = ops.npu_lightning_indexer(query, key, weights, sparse_count=8, sparse_mode=0, return_value=True)
+    assert np.isneginf(values.astype(np.float32)).sum() == 2 * 2  # 6 keys of 8 per token: two -inf each
+    r = compare.compare_tensor("sparse_values", values.copy(), values)
+    assert (r.status, r.cosine, r.one_thousandth_ratio, r.five_thousandths_ratio) == ("identical", 1.0, 1.0, 1.0)
+    assert (r.max_abs_err, r.max_rel_err, r.mismatched, r.inf_mismatch) == (0.0, 0.0, 0, 0)
+    every = np.full(5, -np.inf, np.float32)
+    r = compare.compare_tensor("all_masked", every, every.copy())
+    assert (r.status, r.cosine, r.one_thousandth_ratio, r.max_abs_err) == ("identical", 1.0, 1.0, 0.0)
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("dtype", [np.float32, BF16])
+@pytest.mark.parametrize("other", [5.0, np.inf])
+def test_infinity_on_one_side_fails(dtype, other):
+    """-inf against a finite value or +inf fails the tensor (like NaN on one side), even where the
+    dual threshold would let one element in 1000 through; the finite pairs keep their metrics."""
+    e = np.ones(1000, np.float32)
+    e[:3] = -np.inf
+    a = e.copy()
+    a[1] = other
+    r = compare.compare_tensor("s", a.astype(dtype), e.astype(dtype))
+    assert (r.status, r.inf_mismatch, r.nan_mismatch, r.mismatched) == ("fail", 1, 0, 1)
+    assert (r.cosine, r.max_abs_err, r.one_thousandth_ratio) == (1.0, 0.0, 1.0)
+
+
 def test_compare_tensor_integers_exact():
     e = np.arange(-5, 5, dtype=np.int8).reshape(2, 5)
     a = e.copy()
@@ -278,6 +314,53 @@ def test_record_needs_torch_npu(tmp_path, capsys, monkeypatch):
         pytest.skip("a torch_npu is importable here")
     rc, _, err = _cli(["record", "-o", str(tmp_path / "r"), str(EXAMPLES[0])], capsys)
     assert rc == 2 and "no torch_npu is installed" in err
+    assert not (tmp_path / "r").exists()  # no empty recording left behind
+    rc, _, err = _cli(["compare", str(EXAMPLES[0])], capsys)
+    assert rc == 2 and "no torch_npu is installed" in err
+
+
+def test_replay_of_an_empty_recording_fails_with_the_reason(tmp_path, capsys):
+    compare.RecordWriter(tmp_path / "rec").close()  # what a run calling no emulated op leaves
+    rc, out, err = _cli(["compare", "--replay", str(tmp_path / "rec")], capsys)
+    assert rc == 2 and f"{tmp_path / 'rec'} holds no recorded call" in err
+    assert "called none of the emulated ops (npu_kv_quant_sparse_flash_attention, " in err
+
+
+def test_a_run_calling_no_op_records_and_compares_nothing(standin_module, tmp_path, capsys):
+    script = tmp_path / "no_ops.py"
+    script.write_text("import torch, torch_npu\nprint(torch.ones(2))\n")
+    with standin_module():
+        rc, _, err = _cli(["record", "-o", str(tmp_path / "rec"), str(script)], capsys)
+        assert rc == 1 and "record: no call recorded in" in err and "called none of the emulated ops" in err
+        rc, _, err = _cli(["compare", str(script)], capsys)
+        assert rc == 1 and "compare: nothing compared: the script called none" in err
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["compare", "{script}", "--png-dir", "d"], "--png-dir"),
+    (["compare", "{script}", "x", "--json=r.json"], "--json"),
+    (["compare", "{script}", "--replay", "d"], "--replay"),
+    (["record", "{script}", "-o", "rec"], "-o"),
+])
+def test_own_option_after_the_script_is_refused(argv, option, tmp_path, capsys, monkeypatch):
+    """An option of compare / record after SCRIPT would silently go to the script: exit 2 naming
+    it, before anything runs or is written."""
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "s.py"
+    script.write_text("raise SystemExit('script ran')\n")
+    rc, out, err = _cli([a.format(script=script) for a in argv], capsys)
+    assert rc == 2, err
+    assert f"{argv[0]}: {option} comes after the script name" in err and f"put {option} before the script name" in err
+    assert "script ran" not in out + err and not (tmp_path / "rec").exists() and not (tmp_path / "d").exists()
+
+
+def test_script_arguments_after_double_dash_reach_the_script(standin_module, tmp_path, capsys):
+    script = tmp_path / "s.py"
+    script.write_text("import sys, json\nprint(json.dumps(sys.argv[1:]))\nimport torch_npu\n")
+    with standin_module():
+        rc, out, err = _cli(["compare", str(script), "--", "--png-dir", "d"], capsys)
+    assert '["--png-dir", "d"]' in out and "comes after the script name" not in err
+    assert rc == 1 and "nothing compared" in err  # the script calls no op
 
 
 def test_heatmap_png(tmp_path, monkeypatch):

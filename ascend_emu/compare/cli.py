@@ -8,6 +8,14 @@
 - ``replay DUMP_DIR -o EMU_DUMP_DIR``: re-run an msprobe tensor dump's calls on the emulator, write
   an msprobe-format dump with the same API names, print the report (:mod:`.msprobe`).
 
+Options of ``record`` / ``compare`` go before SCRIPT: what follows SCRIPT is the script's own
+arguments, and one spelled like an option of the command (``compare SCRIPT --png-dir d``) is
+refused (exit 2, "put --png-dir before the script name") unless the script's arguments start
+with ``--`` (``compare SCRIPT -- --png-dir d`` hands it to the script). A run that records or
+compares no call (a script calling none of the emulated ops) exits 1 saying so; ``record``
+without a real torch_npu writes nothing; ``compare --replay`` of a recording holding no call
+exits 2.
+
 Report options: ``--json PATH`` / ``--csv PATH`` (``-`` for stdout), ``--png-dir DIR`` (heat maps
 of mismatching caches, needs the ``[plot]`` extra). Exit status: 0 when every compared call is
 identical or within the criterion, 1 when one fails or cannot be replayed (``--allow-skipped``
@@ -43,16 +51,39 @@ def _real_torch_npu():
     return importlib.import_module("torch_npu")
 
 
-def _run_script(ns, on_call) -> int:
-    from ..cli import _run_as_main, _show_script_exception
-    from .record import Recorder
+def _option_after_script(ns) -> str | None:
+    """The first argument after SCRIPT spelled like one of the command's own options
+    (``ns.own_options``), unless the script's arguments were given after ``--`` (``ns.argv``:
+    the raw command line, where ``main`` recorded it)."""
+    args = list(getattr(ns, "args", None) or [])
+    raw = getattr(ns, "argv", None)
+    if not args or (raw is not None and len(raw) > len(args) and raw[-len(args) - 1] == "--"):
+        return None
+    own = set(getattr(ns, "own_options", ()))
+    return next((a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in own), None)
 
+
+def _check_script(ns, command: str) -> int:
+    """0 when SCRIPT can run; else the exit status after the message (2): no such file, or one
+    of ``command``'s options after the script name."""
     if not os.path.isfile(ns.script):
         _err(f"can't open file {ns.script!r}: no such file")
         return 2
-    tnpu = _real_torch_npu()
-    if tnpu is None:
+    opt = _option_after_script(ns)
+    if opt is not None:
+        _err(f"{command}: {opt} comes after the script name, where it would be the script's argument: put {opt} "
+             f"before the script name (ascend-emu {command} {opt} ... {ns.script}), or pass the script's own "
+             f"arguments after `--` ({ns.script} -- {opt} ...)")
         return 2
+    return 0
+
+
+def _run_script(ns, on_call, tnpu) -> int:
+    """Run SCRIPT (checked by :func:`_check_script`) under the real torch_npu ``tnpu``, every
+    emulated op call passed to ``on_call``; the script's exit status."""
+    from ..cli import _run_as_main, _show_script_exception
+    from .record import Recorder
+
     path = os.path.join(os.getcwd(), ns.script)
     saved_argv, saved_path0 = sys.argv, sys.path[0]
     sys.argv = [ns.script, *ns.args]
@@ -64,7 +95,7 @@ def _run_script(ns, on_call) -> int:
     except SystemExit as exc:
         rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException as exc:  # noqa: BLE001
-        _show_script_exception(path, exc)
+        _show_script_exception(path, exc, full=True)  # the real torch_npu's frames stay
         rc = 1
     finally:
         sys.argv, sys.path[0] = saved_argv, saved_path0
@@ -109,21 +140,40 @@ def _progress(items, description: str):
                  console=None)
 
 
+#: Why a script run records no call, in the messages of ``record`` and ``compare SCRIPT``.
+NO_CALLS = ("the script called none of the emulated ops ({ops}) through torch_npu "
+            "(calls made through torch.ops.npu.* directly are not seen)")
+
+
+def _no_calls_reason() -> str:
+    from .calls import OPS
+
+    return NO_CALLS.format(ops=", ".join(sorted(OPS)))
+
+
 def cmd_record(ns) -> int:
     """``ascend-emu record``."""
     from .record import RecordWriter
 
+    rc = _check_script(ns, "record")
+    if rc:
+        return rc
+    tnpu = _real_torch_npu()  # before the directory is made: no empty recording is left behind
+    if tnpu is None:
+        return 2
     try:
         writer = RecordWriter(ns.output)
     except FileExistsError as exc:
         _err(str(exc))
         return 2
     try:
-        rc = _run_script(ns, writer)
+        rc = _run_script(ns, writer, tnpu)
     finally:
-        tnpu = sys.modules.get("torch_npu")
         writer.version = getattr(tnpu, "__version__", None)
         writer.close()
+    if not writer.count:
+        _err(f"record: no call recorded in {ns.output}: {_no_calls_reason()}")
+        return rc or 1
     print(f"ascend-emu record: {writer.count} call(s) written to {ns.output}: "
           + ", ".join(f"{v} {k}" for k, v in writer.ops.items()), file=sys.stderr)
     return rc
@@ -144,13 +194,26 @@ def cmd_compare(ns) -> int:
         except (OSError, ValueError) as exc:
             _err(f"compare --replay: {exc}")
             return 2
+        if not calls:
+            _err(f"compare --replay: {ns.replay} holds no recorded call, so nothing can be compared (made by a "
+                 "run in which " + _no_calls_reason() + ")")
+            return 2
         for call in _progress(calls, f"replaying {len(calls)} call(s)"):
             report.calls.append(compare_call(call))
         return _emit(report, ns)
     if not ns.script:
         _err("compare: give SCRIPT (shadow run on the NPU) or --replay DIR")
         return 2
-    rc = _run_script(ns, lambda call: report.calls.append(compare_call(call)))
+    rc = _check_script(ns, "compare")
+    if rc:
+        return rc
+    tnpu = _real_torch_npu()
+    if tnpu is None:
+        return 2
+    rc = _run_script(ns, lambda call: report.calls.append(compare_call(call)), tnpu)
+    if not report.calls:
+        _err(f"compare: nothing compared: {_no_calls_reason()}")
+        return rc or 1
     out = _emit(report, ns)
     return rc or out
 
@@ -177,15 +240,22 @@ def _report_options(p) -> None:
                    help="exit 0 even if some calls could not be replayed (they are still listed)")
 
 
+def _own_options(p: argparse.ArgumentParser) -> tuple[str, ...]:
+    """Every option string of parser ``p`` but ``-h`` / ``--help`` (the options refused after
+    SCRIPT; a script's own ``--help`` goes to the script)."""
+    return tuple(s for a in p._actions for s in a.option_strings if s not in ("-h", "--help"))  # noqa: SLF001
+
+
 def add_compare_parsers(sub) -> None:
     """Register ``record``, ``compare`` and ``replay`` on the ``ascend-emu`` subparsers ``sub``."""
     p = sub.add_parser("record", help="run a torch_npu script on the NPU and record every emulated op call",
                        description="Run SCRIPT under the installed (real) torch_npu and write each emulated op "
                                    "call (arguments, caches before and after, outputs) to a directory.")
     p.add_argument("-o", "--output", default="ascend_emu_record", help="record directory (default %(default)s)")
-    p.add_argument("script")
-    p.add_argument("args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_record)
+    p.add_argument("script", help="the Python script to run (record's options go before it)")
+    p.add_argument("args", nargs=argparse.REMAINDER,
+                   help="the script's arguments (after `--` when one is spelled like an option of record)")
+    p.set_defaults(func=cmd_record, own_options=_own_options(p))
 
     p = sub.add_parser("compare", help="compare the NPU with the emulator: shadow a script, or replay a recording",
                        description="SCRIPT: run it on the real NPU and replay every emulated op call on the "
@@ -194,10 +264,11 @@ def add_compare_parsers(sub) -> None:
                                    "5/1000 error ratios, the assertRtolEqual verdict, bf16 ulp histograms and "
                                    "cache mismatches in logical coordinates.")
     p.add_argument("--replay", metavar="DIR", help="a recording directory")
-    p.add_argument("script", nargs="?")
-    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.add_argument("script", nargs="?", help="the Python script to shadow (compare's options go before it)")
+    p.add_argument("args", nargs=argparse.REMAINDER,
+                   help="the script's arguments (after `--` when one is spelled like an option of compare)")
     _report_options(p)
-    p.set_defaults(func=cmd_compare)
+    p.set_defaults(func=cmd_compare, own_options=_own_options(p))
 
     p = sub.add_parser("replay", help="replay an msprobe tensor dump on the emulator (writes an msprobe dump)",
                        description="Read an msprobe `task: tensor` dump (dump.json + dump_tensor_data/), re-run "

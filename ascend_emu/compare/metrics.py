@@ -15,6 +15,13 @@ ops_reference §2.5):
 
 Integers and caches are judged by exact equality (bytes; float elements that are NaN on both
 sides count as equal, whatever their payload).
+
+Non-finite floats (the -inf scores of masked positions in ``npu_lightning_indexer``'s output,
+NaN): a pair NaN on both sides, or the same infinity on both sides, counts as equal and is left
+out of msprobe's metrics, which are taken over the pairs finite on both sides (a tensor whose
+pairs are all equal gives cosine 1, errors 0 and ratios 1, without NumPy warnings). A pair NaN
+on one side only (``nan_mismatch``), or infinite on one side only or with opposite signs
+(``inf_mismatch``), fails the tensor whatever the criterion.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ class TensorComparison:
             metrics over the finite pairs (None for integers / empty tensors).
         max_int_delta: integers: largest |a - b|.
         nan_mismatch: elements NaN on one side only.
+        inf_mismatch: elements (NaN on neither side) infinite on one side only, or +inf against -inf.
         ulp_hist: bf16: ulp distances of the differing elements, binned (:data:`ULP_BINS`).
         mismatches: up to :data:`MAX_LISTED` mismatching locations: outputs ``{"index": [..],
             "expected": x, "actual": y}``; caches in logical coordinates ``{"block", "row", "slot",
@@ -73,6 +81,7 @@ class TensorComparison:
     five_thousandths_ratio: float | None = None
     max_int_delta: int | None = None
     nan_mismatch: int = 0
+    inf_mismatch: int = 0
     ulp_hist: dict | None = None
     mismatches: list = field(default_factory=list)
     cache: dict | None = None
@@ -112,7 +121,8 @@ def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def msprobe_metrics(actual: np.ndarray, expected: np.ndarray) -> dict:
     """msprobe's Cosine, MaxAbsErr, MaxRelativeErr and error ratios of two fp32 arrays.
 
-    ``expected`` plays msprobe's bench (B), ``actual`` its NPU side (N). Empty inputs give None.
+    ``expected`` plays msprobe's bench (B), ``actual`` its NPU side (N); both finite (the caller
+    leaves non-finite pairs out, :func:`compare_tensor`). Empty inputs give None.
     Source: msprobe ``core/compare/algorithm/builtin_algorithm``, ``core/compare/utils.py::
     get_relative_err`` (research notes msprobe.md §3).
     """
@@ -157,13 +167,17 @@ def rtol_equal(actual: np.ndarray, expected: np.ndarray, prec: float = RTOL_PREC
 
 
 def _float_pairs(actual: np.ndarray, expected: np.ndarray):
-    """fp32 copies, masks: both-NaN, one-side NaN, bitwise different (NaN-aware)."""
+    """fp32 copies, masks: both-NaN, one-side NaN, infinite-pair mismatch (one side infinite or
+    opposite infinities, NaN on neither side), finite on both sides, bitwise different (NaN-aware)."""
     fa = actual.astype(np.float32).reshape(-1)
     fe = expected.astype(np.float32).reshape(-1)
     na, ne = np.isnan(fa), np.isnan(fe)
     both, one = na & ne, na ^ ne
+    ia, ie = np.isinf(fa), np.isinf(fe)
+    finite = ~(na | ne | ia | ie)
+    inf_bad = (ia | ie) & ~(na | ne) & ~(ia & ie & (np.signbit(fa) == np.signbit(fe)))
     differ = (_bits(actual.reshape(-1)) != _bits(expected.reshape(-1))) & ~both
-    return fa, fe, both, one, differ
+    return fa, fe, both, one, inf_bad, finite, differ
 
 
 def compare_tensor(name: str, actual, expected, *, role: str = "output", cache_mode: str | None = None,
@@ -201,10 +215,13 @@ def compare_tensor(name: str, actual, expected, *, role: str = "output", cache_m
                                 note=f"emulator gave {_dtype_name(actual.dtype)} {list(actual.shape)}")
     out = TensorComparison(**base, status="identical", criterion="")
     if _is_float(dt):
-        fa, fe, both, one, differ = _float_pairs(actual, expected)
-        out.nan_mismatch = int(one.sum())
-        ok = ~(both | one)
-        out.__dict__.update(msprobe_metrics(fa[ok], fe[ok]))
+        fa, fe, both, one, inf_bad, ok, differ = _float_pairs(actual, expected)
+        out.nan_mismatch, out.inf_mismatch = int(one.sum()), int(inf_bad.sum())
+        if ok.any() or not expected.size or out.nan_mismatch or out.inf_mismatch:
+            out.__dict__.update(msprobe_metrics(fa[ok], fe[ok]))
+        else:  # every pair NaN / the same infinity on both sides: all equal
+            out.__dict__.update(cosine=1.0, max_abs_err=0.0, max_rel_err=0.0, one_thousandth_ratio=1.0,
+                                five_thousandths_ratio=1.0)
         diff_idx = np.flatnonzero(differ)
         if dt.name == "bfloat16":
             u = ulp_distance(actual.reshape(-1)[diff_idx], expected.reshape(-1)[diff_idx])
@@ -212,7 +229,7 @@ def compare_tensor(name: str, actual, expected, *, role: str = "output", cache_m
             out.ulp_hist = {k: int(np.count_nonzero((u >= lo) & ((u <= hi) if hi is not None else True)))
                             for k, (lo, hi) in ULP_BINS.items()}
             out.ulp_hist["nan"] = int(one.sum())
-        within = out.nan_mismatch == 0 and rtol_equal(fa[ok], fe[ok], both_bf16=dt.name == "bfloat16")
+        within = out.nan_mismatch == 0 and out.inf_mismatch == 0 and rtol_equal(fa[ok], fe[ok], both_bf16=dt.name == "bfloat16")
         out.criterion = (f"allclose(rtol=atol={RTOL_PREC}) (both bf16)" if dt.name == "bfloat16"
                          else f"dual threshold prec={RTOL_PREC}")
     else:

@@ -15,7 +15,7 @@ from .calls import CallReport
 #: CSV columns (msprobe's names where it has one).
 CSV_COLUMNS = ("call", "op", "api", "call_status", "tensor", "role", "dtype", "shape", "status", "criterion",
                "mismatched", "size", "Cosine", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
-               "Five Thousandths Err Ratio", "max_int_delta", "nan_mismatch", "ulp_hist", "first_mismatch",
+               "Five Thousandths Err Ratio", "max_int_delta", "nan_mismatch", "inf_mismatch", "ulp_hist", "first_mismatch",
                "reason")
 
 
@@ -56,7 +56,7 @@ class Report:
                 w.writerow(head + [t.name, t.role, t.dtype, "x".join(map(str, t.shape)), t.status, t.criterion,
                                    t.mismatched, t.size, t.cosine, t.max_abs_err, t.max_rel_err,
                                    t.one_thousandth_ratio, t.five_thousandths_ratio, t.max_int_delta,
-                                   t.nan_mismatch, json.dumps(t.ulp_hist) if t.ulp_hist else "",
+                                   t.nan_mismatch, t.inf_mismatch, json.dumps(t.ulp_hist) if t.ulp_hist else "",
                                    json.dumps(t.mismatches[0]) if t.mismatches else "", t.note or c.reason or ""])
         return buf.getvalue()
 

@@ -125,7 +125,8 @@ def cmd_where(ns) -> int:
     target = _cache_or_spec(ns)
     spec = getattr(target, "spec", target)
     if getattr(ns, "token", None) is not None:
-        ns.slot = token_slot(target, ns.token, index=ns.index, seq_lens=ns.seq_lens, page_index=ns.page_index)
+        index = None if ns.index is None else _int_array(ns.index, "--index")
+        ns.slot = token_slot(target, ns.token, index=index, seq_lens=ns.seq_lens, page_index=ns.page_index)
     elif getattr(ns, "index", None) is not None:
         raise _usage("--index goes with --token")
     res = where(target, ns.slot, head=ns.head, dim=ns.dim, field=ns.field, element=ns.element)
@@ -374,28 +375,61 @@ def cmd_diff(ns) -> int:
 
 
 # ---------------------------------------------------------------------------------------- blocks
-def _int_array(text: str):
-    """An integer array: JSON (``[[0,1],[2,3]]``) or a .npy / .pt file holding it."""
+#: File names an integer-array option (``--block-table``, ``--index``) reads as a file.
+INT_ARRAY_FILES = (".json", ".npy", ".pt", ".pth")
+
+
+def _int_array(text: str, option: str):
+    """An integer array from an option's text: a JSON list (``[[0,1],[2,3]]``), or a file holding
+    one: ``.json`` (the same list), ``.npy`` (``numpy.save``) or ``.pt`` / ``.pth``
+    (``torch.save`` of a tensor; needs torch).
+
+    Raises:
+        ShapeError: no such file, a file or text that is no integer array, naming ``option``.
+        ModuleNotFoundError: a ``.pt`` file without torch (with the install hint).
+    """
     import numpy as np
 
-    if os.path.exists(text):
-        if text.endswith((".pt", ".pth")):
-            import torch
+    from ..errors import ShapeError, arg_error
 
-            return torch.load(text, map_location="cpu", weights_only=True).numpy()
-        return np.load(text, allow_pickle=False)
+    kind = os.path.splitext(text)[1].lower()
+    if kind in INT_ARRAY_FILES and not os.path.isfile(text):
+        raise arg_error(ShapeError, option, f"an existing {kind} file (or a JSON list like [[0,1],[2,3]])",
+                        f"{text!r}: no such file")
     try:
-        return np.asarray(json.loads(text), dtype=np.int64)
-    except (json.JSONDecodeError, ValueError, TypeError):
-        raise argparse.ArgumentTypeError(f"expected a JSON list like [[0,1],[2,3]] or a .npy / .pt file, "
-                                         f"got {text!r}")
+        if kind in (".pt", ".pth"):
+            value = _torch_load(text, option).numpy()
+        elif kind == ".npy":
+            value = np.load(text, allow_pickle=False)
+        else:
+            if kind == ".json" or os.path.isfile(text):
+                with open(text, encoding="utf-8") as f:
+                    text_value = f.read()
+            else:
+                text_value = text
+            value = json.loads(text_value)
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "iu" and not (arr.dtype.kind == "f" and arr.size and np.all(arr == np.round(arr))):
+            raise TypeError(f"{arr.dtype} values")
+        return arr.astype(np.int64)
+    except (json.JSONDecodeError, ValueError, TypeError) as exc:
+        raise arg_error(ShapeError, option, "an integer array: a JSON list like [[0,1],[2,3]] or a .json / .npy / "
+                        ".pt file holding one", f"{text!r} ({str(exc).splitlines()[0][:80]})") from None
+
+
+def _torch_load(path: str, what: str):
+    """``torch.load`` of a tensor file (``weights_only``), or ModuleNotFoundError with the hint."""
+    from .files import torch_or_hint
+
+    torch = torch_or_hint(f"{what} {path!r} (a torch.save file)")
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def cmd_blocks(ns) -> int:
     """``inspect blocks``: block-table view."""
     from .blocks import blocks
 
-    res = blocks(ns.block_table, ns.seq_lens, ns.block_size, ns.num_blocks)
+    res = blocks(_int_array(ns.block_table, "--block-table"), ns.seq_lens, ns.block_size, ns.num_blocks)
     if ns.png:
         from .plot import plot_blocks
 
@@ -436,8 +470,8 @@ def _add_where_what(p: argparse.ArgumentParser, *, which: str) -> None:
         which = p.add_mutually_exclusive_group(required=True)
         which.add_argument("--slot", type=int, help="global slot (block * BlockSize + row)")
         which.add_argument("--token", type=int, help="flat token b*S + s of an op call, mapped through --index")
-        p.add_argument("--index", type=_int_array, help="with --token: the op's index (cache_index / index) as "
-                                                        "JSON or a .npy / .pt file; none for BSND / TND")
+        p.add_argument("--index", help="with --token: the op's index (cache_index / index) as "
+                                                        "JSON or a .json / .npy / .pt file; none for BSND / TND")
         p.add_argument("--seq-lens", type=_int_list, help="with --token, PA_BLK_*: tokens per batch")
         p.add_argument("--page-index", choices=["block_ids", "page_offsets"], default="block_ids",
                        help="PA_BLK_* index values: block ids (npu_mla_prolog_v3, default) or page start "
@@ -497,8 +531,8 @@ def add_inspect_parser(sub) -> None:
     p.set_defaults(func=_guard(cmd_diff, "inspect diff"))
 
     p = cmds.add_parser("blocks", help="block table: which block and row each token lives in")
-    p.add_argument("--block-table", type=_int_array, required=True,
-                   help="JSON [[...], ...] or a .npy / .pt file, [B, max_blocks]")
+    p.add_argument("--block-table", required=True,
+                   help="JSON [[...], ...] or a .json / .npy / .pt file holding it, [B, max_blocks]")
     p.add_argument("--seq-lens", type=_int_list, required=True, help="tokens per sequence, e.g. 20,5")
     p.add_argument("--block-size", type=int, required=True, help="rows per block")
     p.add_argument("--num-blocks", type=int, help="blocks in the cache (default: largest entry + 1)")

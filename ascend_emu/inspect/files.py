@@ -25,9 +25,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import FormatError, ShapeError, arg_error
+from ..errors import DTypeError, FormatError, ShapeError, arg_error
+from ..install_hints import TORCH_HINT
 from ..quant import CombinedRowFormat
-from .cache import Cache, CacheSpec, dtype_name, resolve_dtype
+from .cache import CACHE_DTYPES, Cache, CacheSpec, dtype_name, resolve_dtype
 
 #: ``meta["format"]`` of files written by :func:`save_cache`.
 FILE_FORMAT = "ascend_emu.cache"
@@ -74,9 +75,11 @@ def load_cache(path: str | os.PathLike, *, cache_mode: str | None = None, shape:
 
     Raises:
         FormatError: not a cache file of this format, or metadata disagreeing with the arguments.
-        ShapeError / DTypeError / ModeError: a missing or wrong cache mode, shape or dtype, or a
-            byte count that does not match them.
-        ModuleNotFoundError: a ``.pt`` file without torch installed.
+        ShapeError / DTypeError / ModeError: a missing or wrong cache mode, shape or dtype (a
+            bare dump whose elements are no cache dtype, e.g. the int16 view of a bf16 cache, needs
+            ``dtype``), or a byte count that does not match them (the message gives the file's
+            bytes and what the shape and dtype come to).
+        ModuleNotFoundError: a ``.pt`` file without torch installed (with the install hint).
     """
     path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower()
@@ -88,27 +91,58 @@ def load_cache(path: str | os.PathLike, *, cache_mode: str | None = None, shape:
         arr = _load_pt(path)
     elif ext == ".npy":
         arr = np.load(path, allow_pickle=False)
-        if arr.dtype.kind == "V" and dtype is None:
-            raise arg_error(ShapeError, "dtype", f"the dtype of {path!r} (it holds untyped {arr.dtype} elements)",
-                            None)
     else:
         if shape is None or dtype is None:
             raise arg_error(ShapeError, "shape/dtype", f"--shape and --dtype for raw bytes {path!r}", (shape, dtype))
         arr = np.fromfile(path, dtype=np.uint8)
+    if dtype is None and arr.dtype not in CACHE_DTYPES.values():
+        raise arg_error(DTypeError, "dtype", f"a cache dtype ({' / '.join(CACHE_DTYPES)}), or --dtype to re-read "
+                        f"the bytes as one", f"{_dtype_text(arr.dtype)} elements in {path!r}; "
+                        f"{_dtype_hint(arr.dtype.itemsize)}")
     if dtype is not None or shape is not None:
         dt = resolve_dtype(dtype) if dtype is not None else arr.dtype
         raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
         want = tuple(int(s) for s in shape) if shape is not None else None
         count = raw.size // dt.itemsize
         if raw.size % dt.itemsize or (want is not None and int(np.prod(want)) != count):
-            raise arg_error(ShapeError, "shape/dtype", f"{raw.size} bytes in {path!r}",
-                            f"shape {list(want) if want else None} of {dtype_name(dt)}")
+            given = (f"shape {list(want)} of {dtype_name(dt)} = {int(np.prod(want)) * dt.itemsize} bytes"
+                     if want is not None else f"{dtype_name(dt)} ({dt.itemsize} bytes per element)")
+            holds = (f"it holds {count} {dtype_name(dt)} elements" if not raw.size % dt.itemsize
+                     else f"not a whole number of {dtype_name(dt)} elements")
+            raise arg_error(ShapeError, "shape/dtype", f"a shape and dtype of exactly the {raw.size} bytes "
+                            f"in {path!r}", f"{given}; {holds}")
         arr = raw.view(dt).reshape(want if want is not None else arr.shape)
     return Cache.from_array(arr, cache_mode, combined=combined, name=os.path.basename(path))
 
 
+def _dtype_text(dt: np.dtype) -> str:
+    if dt.kind == "V":  # how numpy.save stores ml_dtypes' bfloat16 (no reader knows the type)
+        return f"untyped {dt.itemsize}-byte ({dt.str})"
+    return dtype_name(dt)
+
+
+def _dtype_hint(itemsize: int) -> str:
+    """Which ``--dtype`` a bare dump of ``itemsize``-byte elements most likely needs."""
+    if itemsize == 2:
+        return ("a bf16 cache (saved through an int16 view, or by numpy.save as untyped elements) needs "
+                "--dtype bfloat16, an fp16 one --dtype float16")
+    names = [n for n, dt in CACHE_DTYPES.items() if dt.itemsize == itemsize]
+    return f"give --dtype {' or '.join(names)}" if names else "no cache dtype has elements of that size"
+
+
+def torch_or_hint(what: str):
+    """The torch module, or ModuleNotFoundError naming ``what`` needs it, with the install hint."""
+    try:
+        import torch
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "torch":
+            raise
+        raise ModuleNotFoundError(f"reading {what} needs torch; {TORCH_HINT}", name="torch") from None
+    return torch
+
+
 def _load_pt(path: str) -> np.ndarray:
-    import torch
+    torch = torch_or_hint(f"{path!r} (a torch.save file)")
 
     from ..torch_npu._convert import to_numpy
 
