@@ -549,3 +549,22 @@ def test_inverse_scale_zero_policy_and_fp32_reciprocal():
     assert got.dtype == np.float32
     assert got[0, 0] == 0 and got[1, 0] == np.float32(0.5) and got[3, 0] == np.inf
     assert got[2, 0] == np.float32(np.float32(1.0) / np.float32(3.0))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+def test_ulp_distance_counts_representable_values_between(dtype):
+    """Against an independent count: rank every finite 16-bit code by value (+0 and -0 share a
+    rank); the distance of two codes is the difference of their ranks."""
+    from ascend_emu.quant import ulp_distance
+
+    codes = np.arange(1 << 16, dtype=np.uint16)
+    with np.errstate(invalid="ignore"):  # NaN codes (dropped below)
+        values = codes.view(dtype).astype(np.float64)
+    finite = codes[np.isfinite(values)]
+    distinct = np.unique(values[np.isfinite(values)])  # sorted; -0 and +0 are one value
+    rank = dict(zip(distinct.tolist(), range(distinct.size)))
+    rng = np.random.default_rng(5)
+    a, b = rng.choice(finite, 4000), rng.choice(finite, 4000)
+    expected = [abs(rank[float(x)] - rank[float(y)]) for x, y in
+                zip(a.view(dtype).astype(np.float64), b.view(dtype).astype(np.float64))]
+    assert ulp_distance(a.view(dtype), b.view(dtype)).tolist() == expected

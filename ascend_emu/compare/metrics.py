@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..quant import ulp_distance  # noqa: F401  (re-exported: compare.metrics.ulp_distance)
+
 #: ``prec`` / ``prec16`` of assertRtolEqual in the official MLA op tests (ops_reference §2.5).
 RTOL_PREC = 0.005
 #: The msprobe error-ratio thresholds (One Thousandth / Five Thousandths Err Ratio).
@@ -103,19 +105,6 @@ def _is_float(dt: np.dtype) -> bool:
 def _bits(a: np.ndarray) -> np.ndarray:
     """Unsigned integer view of the elements' bytes."""
     return np.ascontiguousarray(a).view(f"u{a.dtype.itemsize}")
-
-
-def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """How many representable values apart two same-dtype float arrays are, element-wise
-    (+0 and -0: 0). int64, same shape; meaningless where either side is NaN."""
-    width = a.dtype.itemsize * 8
-    sign = np.int64(1) << (width - 1)
-
-    def ordered(x):
-        u = _bits(x).astype(np.int64)
-        return np.where(u & sign, -(u & (sign - 1)), u)
-
-    return np.abs(ordered(a) - ordered(b))
 
 
 def msprobe_metrics(actual: np.ndarray, expected: np.ndarray) -> dict:

@@ -15,6 +15,7 @@ from typing import Iterable
 import numpy as np
 
 from ..errors import ShapeError, arg_error
+from ..quant import ulp_distance
 from .cache import Cache, map_bytes
 
 
@@ -77,13 +78,6 @@ class Diff:
                 "slots": [asdict(s) for s in self.slots]}
 
 
-def _ordered(bits: np.ndarray, width: int) -> np.ndarray:
-    """Sign-magnitude float bits -> integers in value order (ulp distance = difference)."""
-    b = bits.astype(np.int64)
-    sign = np.int64(1) << (8 * width - 1)
-    return np.where(b & sign, -(b & (sign - 1)), b)
-
-
 def diff(a: Cache, b: Cache, *, expect_slots: Iterable[int] | None = None) -> Diff:
     """Compare two caches byte by byte (both-NaN float elements equal).
 
@@ -128,9 +122,7 @@ def diff(a: Cache, b: Cache, *, expect_slots: Iterable[int] | None = None) -> Di
             nan_equal += int(np.unique(start[sel[both]]).size)
             one = np.isnan(fa) ^ np.isnan(fb)
             nan_one[sel] = one
-            ua = _ordered(ra[idx].view(f"<u{f.size}").reshape(-1), f.size)
-            ub = _ordered(rb[idx].view(f"<u{f.size}").reshape(-1), f.size)
-            ulp[sel] = np.where(one | both, -1, np.abs(ua - ub))
+            ulp[sel] = np.where(one | both, -1, ulp_distance(va, vb))
         else:
             delta[sel] = np.abs(va.astype(np.int64) - vb.astype(np.int64))
     off, start, ulp, delta, nan_one = off[keep], start[keep], ulp[keep], delta[keep], nan_one[keep]

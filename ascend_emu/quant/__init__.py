@@ -5,7 +5,7 @@ from .combined import (MLA_ROW, NOPE_DIM, NOPE_OFFSET, NUM_TILES, ROPE_DIM, ROPE
                        SCALE_OFFSET, TILE_SIZE, CombinedRowFormat, read_combined_cache)
 from .rounding import (BF16, INT8_MAX, INT8_MIN, bf16_bits_to_f32, bf16_to_f32, f32_bits_to_bf16_bits,
                        f32_to_bf16_bits, f32_to_f16, f32_to_int8, f32_to_int8_via_f16, round_half_away,
-                       round_half_even, saturate_int8, to_bf16, to_f32)
+                       round_half_even, saturate_int8, to_bf16, to_f32, ulp_distance)
 from .schemes import (GRANULARITIES, RECIPROCAL_127_GRANULARITIES, ZERO_GROUP_POLICY, dequantize,
                       dynamic_scale, group_amax, inverse_scale, quantize_dynamic, quantize_static,
                       quantize_with_dequant_scale)
@@ -15,7 +15,7 @@ __all__ = [
     "SCALE_OFFSET", "TILE_SIZE", "CombinedRowFormat", "read_combined_cache",
     "BF16", "INT8_MAX", "INT8_MIN", "bf16_bits_to_f32", "bf16_to_f32", "f32_bits_to_bf16_bits",
     "f32_to_bf16_bits", "f32_to_f16", "f32_to_int8", "f32_to_int8_via_f16", "round_half_away",
-    "round_half_even", "saturate_int8", "to_bf16", "to_f32",
+    "round_half_even", "saturate_int8", "to_bf16", "to_f32", "ulp_distance",
     "GRANULARITIES", "RECIPROCAL_127_GRANULARITIES", "ZERO_GROUP_POLICY", "dequantize",
     "dynamic_scale", "group_amax", "inverse_scale", "quantize_dynamic", "quantize_static",
     "quantize_with_dequant_scale",

@@ -297,3 +297,25 @@ def f32_to_int8_via_f16(x, *, f16_rounding: Rounding, int8_rounding: Rounding) -
     h = f32_to_f16(x, f16_rounding).astype(np.float32)  # exact widening
     h = np.clip(h, INT8_MIN, INT8_MAX)
     return f32_to_int8(h, int8_rounding)
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """How many representable values apart two same-dtype float arrays are, element-wise.
+
+    The bits of each element (sign-magnitude) are mapped to integers in value order, so the
+    distance is their difference; +0 and -0 are 0 apart. Any float dtype: bf16, fp16, fp32, fp64.
+
+    Args:
+        a, b: arrays of one float dtype and one shape.
+
+    Returns:
+        int64 array of that shape; meaningless where either side is NaN (callers mask NaNs).
+    """
+    width = a.dtype.itemsize * 8
+    sign = np.int64(1) << (width - 1)
+
+    def ordered(x):
+        u = np.ascontiguousarray(x).view(f"u{x.dtype.itemsize}").astype(np.int64)
+        return np.where(u & sign, -(u & (sign - 1)), u)
+
+    return np.abs(ordered(a) - ordered(b))
