@@ -39,24 +39,25 @@ def _values(rng, shape, dtype, data):
 
 
 def make_case(rng, layout_q, layout_k, dtype, q_lens, kv_lens, *, s1=None, s2=None, block_size=16, data="random",
-              same_keys=False):
+              same_keys=False, n1=N1, weights_dtype=None):
     """Inputs and kwargs of one call. BSND pads each batch to s1 / s2 rows; PA_BSND scatters the
     blocks of every batch over a shuffled cache with two spare blocks and -1 past the needed
-    table entries."""
+    table entries. ``n1`` query heads; weights in ``weights_dtype`` (default: the query dtype)."""
     b = len(q_lens)
+    w_dtype = dtype if weights_dtype is None else weights_dtype
     kw = dict(layout_query=layout_q, layout_key=layout_k)
     if layout_q == "BSND":
         s1 = s1 or max(q_lens)
-        query = _values(rng, (b, s1, N1, D), dtype, data)
-        weights = _values(rng, (b, s1, N1), dtype, data)
+        query = _values(rng, (b, s1, n1, D), dtype, data)
+        weights = _values(rng, (b, s1, n1), w_dtype, data)
         kw["actual_seq_lengths_query"] = np.array(q_lens, np.int32)
     else:
         t = sum(q_lens)
-        query = _values(rng, (t, N1, D), dtype, data)
-        weights = _values(rng, (t, N1), dtype, data)
+        query = _values(rng, (t, n1, D), dtype, data)
+        weights = _values(rng, (t, n1), w_dtype, data)
         kw["actual_seq_lengths_query"] = np.cumsum(q_lens).astype(np.int32)
     if data == "int":
-        weights = rng.choice([-2.0, -1.0, 1.0, 2.0], weights.shape).astype(dtype)
+        weights = rng.choice([-2.0, -1.0, 1.0, 2.0], weights.shape).astype(w_dtype)
     if layout_k == "BSND":
         s2 = s2 or max(kv_lens)
         key = _values(rng, (b, s2, 1, D), dtype, data)
@@ -90,8 +91,8 @@ def run_both(query, key, weights, kw, sparse_count, sparse_mode):
 
 def _score_scale(query, weights, key, kw):
     """Per query token, max over all cache keys of sum_h |w_h| * |q_h| . |k| (error scale)."""
-    q = np.abs(query.reshape(-1, N1, D).astype(np.float64))
-    w = np.abs(weights.reshape(-1, N1).astype(np.float64))
+    q = np.abs(query.reshape(-1, query.shape[-2], D).astype(np.float64))
+    w = np.abs(weights.reshape(-1, query.shape[-2]).astype(np.float64))
     k = np.abs(key.reshape(-1, D).astype(np.float64))
     return (np.einsum("th,thd,pd->tp", w, q, k)).max(axis=1)  # [T]
 
@@ -167,6 +168,43 @@ def test_random_scores_match_reference(layout_q, layout_k, dtype, sparse_mode):
     # no near ties at this size: every index equal
     got, want = out[0].reshape(-1, k), ref[0].reshape(-1, k)
     assert np.mean(got == want) > 0.99
+
+
+#: (query heads N1, weights dtype): the current doc / A2 / A3 tiling take N1 <= 64 and fp32 weights.
+HEADS_AND_WEIGHTS = [(1, None), (8, np.float32), (20, None), (48, np.float32), (64, np.float32)]
+
+
+@pytest.mark.parametrize("n1,w_dtype", HEADS_AND_WEIGHTS, ids=lambda v: str(v) if isinstance(v, int) else
+                         np.dtype(v).name if v is not None else "qdt")
+@pytest.mark.parametrize("layout_q,layout_k", [("BSND", "PA_BSND"), ("TND", "TND")])
+def test_fewer_heads_and_fp32_weights_match_reference(n1, w_dtype, layout_q, layout_k):
+    """Any N1 in [1, 64] (the head sum's lane order covers partial groups) and fp32 weights,
+    integer data (exact) and random data (fp32 error bound) against the reference."""
+    rng = np.random.default_rng(zlib.crc32(repr((n1, w_dtype, layout_q)).encode()))
+    q_lens, kv_lens = [2, 1], [30, 45]
+    for data, exact in (("int", True), ("random", False)):
+        query, key, weights, kw = make_case(rng, layout_q, layout_k, BF16, q_lens, kv_lens, data=data, n1=n1,
+                                            weights_dtype=w_dtype)
+        assert query.shape[-2] == n1 and weights.dtype == (w_dtype or BF16)
+        out, ref = run_both(query, key, weights, kw, 12, 0)
+        check(out, ref, BF16, exact=exact, scale=None if exact else _score_scale(query, weights, key, kw))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fp32_weights_are_not_rounded_to_the_query_dtype(dtype):
+    """Key 1 scores w0 = 1 + 2**-12, key 0 scores w1 = 1: with the fp32 weight as given key 1
+    ranks first (the reference's order); a weight rounded to bf16 / fp16 (1.0) would tie and put
+    key 0 first."""
+    query = np.zeros((1, 1, 2, D), dtype)
+    query[0, 0, 0, 0] = query[0, 0, 1, 1] = 1  # head 0 reads dim 0, head 1 dim 1
+    key = np.zeros((1, 2, 1, D), dtype)
+    key[0, 0, 0, 1] = key[0, 1, 0, 0] = 1  # key 0 answers head 1, key 1 head 0
+    weights = np.array([[[1 + 2.0 ** -12, 1.0]]], np.float32)
+    kw = dict(layout_query="BSND", layout_key="BSND")
+    idx, _ = ops.npu_lightning_indexer(query, key, weights, sparse_count=2, sparse_mode=0, **kw)
+    r_idx, _, _ = indexer_ref(query, key, weights, sparse_count=2, sparse_mode=0, **kw)
+    np.testing.assert_array_equal(r_idx.reshape(-1), [1, 0])
+    np.testing.assert_array_equal(idx.reshape(-1), r_idx.reshape(-1))
 
 
 @pytest.mark.parametrize("sparse_mode", SPARSE_MODES)
@@ -281,7 +319,9 @@ BAD = [
     ("return_value", DTypeError, "return_value", dict(return_value=1)),
     ("query_none", ShapeError, "query", dict(query=None)),
     ("query_dtype", DTypeError, "query", dict(query=lambda a: a["query"].astype(np.float32))),
-    ("query_heads", ShapeError, "query", dict(query=lambda a: a["query"][:, :, :32].copy())),
+    ("query_heads_65", ShapeError, r"query: .*N1 .*\[1, 64\]",
+     dict(query=lambda a: np.concatenate([a["query"], a["query"][:, :, :1]], axis=2),
+          weights=lambda a: np.concatenate([a["weights"], a["weights"][:, :, :1]], axis=2))),
     ("query_dim", ShapeError, "query", dict(query=lambda a: a["query"][..., :64].copy())),
     ("query_strided", ShapeError, "query", dict(query=lambda a: np.repeat(a["query"], 2, axis=1)[:, ::2])),
     ("query_empty", ShapeError, "query", dict(query=lambda a: a["query"][:0])),
@@ -289,6 +329,7 @@ BAD = [
     ("key_heads", ShapeError, "key", dict(key=lambda a: np.repeat(a["key"], 2, axis=2))),
     ("key_block_size", ShapeError, "block_size", dict(key=lambda a: a["key"][:, :8].copy())),
     ("weights_dtype", DTypeError, "weights", dict(weights=lambda a: a["weights"].astype(np.float16))),
+    ("weights_fp64", DTypeError, "weights", dict(weights=lambda a: a["weights"].astype(np.float64))),
     ("weights_shape", ShapeError, "weights", dict(weights=lambda a: a["weights"][:, :1].copy())),
     ("act_q_dtype", DTypeError, "actual_seq_lengths_query",
      dict(actual_seq_lengths_query=np.array([2, 1], np.int64))),

@@ -19,6 +19,8 @@ from __future__ import annotations
 import zlib
 
 import numba
+import functools
+
 import numpy as np
 import pytest
 
@@ -386,13 +388,20 @@ def test_kv_quant_value_may_be_the_k_nope_clone():
 
 
 @pytest.mark.parametrize("quant", [False, True], ids=["sfa", "kvq"])
-def test_empty_sparse_indices_select_nothing(quant):
-    """K = 0 (op-plugin's test_sfa_saprse_size_zero): no kv token in any row, output 0."""
+def test_empty_sparse_indices_rejected(quant):
+    """K = 0: the current doc requires sparse_size > 0 (op-plugin's older
+    test_sfa_saprse_size_zero golden computed zeros); rejected naming sparse_indices, K = 1 runs."""
     rng = np.random.default_rng(13)
     case = make_case(rng, quant=quant, layout_query="BSND", layout_kv="BSND", dtype="float16", sbs=1)
-    case["sparse_indices"] = np.zeros((*case["sparse_indices"].shape[:-1], 0), np.int32)
+    before = {k: raw(v).tobytes() for k, v in case.items() if isinstance(v, np.ndarray)}
+    one = case["sparse_indices"][..., :1].copy()
+    case["sparse_indices"] = np.zeros((*one.shape[:-1], 0), np.int32)
+    with pytest.raises(ShapeError, match=r"sparse_indices: .*1 <= K <= 8192 \(the doc: sparse_size > 0"):
+        run_op(case, quant=quant, sparse_mode=3)
+    assert all(raw(case[k]).tobytes() == v for k, v in before.items() if k != "sparse_indices")
+    case["sparse_indices"] = one
     out = run_op(case, quant=quant, sparse_mode=3)[0]
-    assert out.shape == (*case["query"].shape[:-1], HCKV) and not np.asarray(out, np.float32).any()
+    assert out.shape == (*case["query"].shape[:-1], HCKV)
 
 
 def test_official_shape_decode_kv_quant():
@@ -697,7 +706,7 @@ BAD = [
     ("pre_tokens", "both", lambda c: dict(pre_tokens=100), ModeError, "pre_tokens"),
     ("next_tokens", "both", lambda c: dict(next_tokens=0), ModeError, "next_tokens"),
     ("attention_mode", "both", lambda c: dict(attention_mode=0), ModeError, "attention_mode"),
-    ("sinks", "sfa", lambda c: dict(sinks=np.zeros(4, np.float32)), ModeError, "sinks"),
+    ("sinks", "both", lambda c: dict(sinks=np.zeros(4, np.float32)), ModeError, "sinks"),
     ("lse with PA", "sfa", lambda c: dict(return_softmax_lse=True), ModeError, "return_softmax_lse"),
     ("key_quant_mode", "kvq", lambda c: dict(key_quant_mode=1), ModeError, "key_quant_mode"),
     ("value_quant_mode", "kvq", lambda c: dict(value_quant_mode=0), ModeError, "value_quant_mode"),
@@ -768,6 +777,33 @@ def test_torch_npu_drop_in():
     assert (out.float() == 0).all()  # all-zero keys and values
     assert "npu_sparse_flash_attention" in torch_npu.__all__
     assert "npu_kv_quant_sparse_flash_attention" in torch_npu.__all__
+
+
+def test_kv_quant_sinks_keyword_none_accepted_other_rejected():
+    """torch_npu 2.15 / op-plugin master add ``sinks=None`` to npu_kv_quant_sparse_flash_attention;
+    the registered schema stays 2.14's: torch_npu.<op> and the NumPy op take sinks=None (same
+    bytes as without it) and reject a tensor naming sinks (A2 / A3 do not support sinks)."""
+    torch = pytest.importorskip("torch")
+    import ascend_emu.torch_npu as torch_npu
+
+    rng = np.random.default_rng(52)
+    case = make_case(rng, quant=True, layout_query="BSND", layout_kv="PA_BSND", dtype="bfloat16", sbs=1, n1=2)
+    kw = dict(case["kw"], attention_mode=2, sparse_mode=3)
+    want = run_op(case, quant=True, sparse_mode=3)[0]
+    got = ops.npu_kv_quant_sparse_flash_attention(case["query"], case["key"], case["key"], case["sparse_indices"],
+                                                  SCALE, 2, 2, sinks=None, **kw)
+    assert raw(got).tobytes() == raw(want).tobytes()
+    t = {k: torch.from_numpy(np.ascontiguousarray(v).view(np.int16)).view(torch.bfloat16) if v.dtype == BF16
+         else torch.from_numpy(v) for k, v in case.items() if isinstance(v, np.ndarray)}
+    tkw = {k: (torch.from_numpy(v).npu() if isinstance(v, np.ndarray) else v) for k, v in kw.items()}
+    key = t["key"].npu()
+    before = key.clone()
+    call = functools.partial(torch_npu.npu_kv_quant_sparse_flash_attention, t["query"].npu(), key, key,
+                             t["sparse_indices"].npu(), SCALE, 2, 2, **tkw)
+    assert call(sinks=None).cpu().view(torch.int16).numpy().tobytes() == raw(want).tobytes()
+    with pytest.raises(ModeError, match=r"sinks: .*A2 / A3 do not support sinks"):
+        call(sinks=torch.zeros(2, dtype=torch.float32).npu())
+    assert torch.equal(key.cpu(), before.cpu())
 
 
 @pytest.mark.parametrize("change, error, fragment", [

@@ -4,16 +4,17 @@ key rows, one fp32 GEMM, then a Numba pass per query token for the weighted head
 Numerics (ops_reference §5.5; the A2/A3 kernel ``lightning_indexer_service_vector.h`` /
 ``lightning_indexer_vector.h``; the official golden widens everything to fp32):
 
-1. query, key and weights (bf16 / fp16) are widened exactly to fp32.
+1. query, key and weights (bf16 / fp16) are widened exactly to fp32; fp32 weights are used as
+   they are.
 2. ``dot[p, h] = q[h] . k[p]``: fp32 inputs, fp32 accumulation (BLAS sgemm, like the kernel's
    cube matmul whose fp32 result goes to the vector units unrounded). The summation order inside
    the 128-term dot is BLAS's; the cube's is not public, so this step may differ from the hardware
    in the last fp32 bits.
 3. ``relu(dot) * w[h]`` in fp32 (the kernel applies ReLU to the fp32 matmul result and
    multiplies by the fp32-cast weight). ReLU keeps NaN.
-4. Sum over the G = 64 heads in the kernel's order (:data:`HEAD_GROUP`): head ``h`` goes to lane
-   ``h % 16``, lanes accumulate the groups in head order (``lane = p[i] + p[16 + i] + ...``), then
-   a halving tree ``lanes[0:8] += lanes[8:16]``, ``[0:4] += [4:8]``, ``[0:2] += [2:4]``,
+4. Sum over the G = N1 heads (at most 64; DeepSeek-V3.2: 64) in the kernel's order
+   (:data:`HEAD_GROUP`): head ``h`` goes to lane ``h % 16``, lanes accumulate the groups in head
+   order (``lane = p[i] + p[16 + i] + ...``), then a halving tree ``lanes[0:8] += lanes[8:16]``, ``[0:4] += [4:8]``, ``[0:2] += [2:4]``,
    ``score = lane0 + lane1`` (``DoScale`` / ``DoReduce``). fp32 throughout.
 5. Top-k by partial selection on the fp32 scores (no rounding before the sort, as the kernel):
    the k-th largest score is found with ``np.partition``, the positions above it and the first

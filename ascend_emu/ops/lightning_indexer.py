@@ -3,8 +3,10 @@
 Sources: torch_npu 2.14's schema and meta function ``npu_lightning_indexer_forward`` (argument
 names, defaults, output shapes / dtypes); its op doc (``_op_plugin_docs.py``: dtypes, layouts,
 ``actual_seq_lengths_*`` semantics, ``sparse_count`` values, sparse_mode 0 / 3) and the doc's
-constraints (query N = 64, key N = 1, D = 128, one dtype for query / key / weights, block_size a
-multiple of 16 up to 1024); ops_reference §5.5; the official golden
+constraints (key N = 1, D = 128, block_size a multiple of 16 up to 1024); the current doc
+(ops-transformer ``attention/lightning_indexer/README.md``: weights FLOAT16 / BFLOAT16 / FLOAT) and
+op definition (``op_host/lightning_indexer_def.cpp``: fp32 weights with bf16 / fp16 query and key)
+with the A2 / A3 tiling, which take query heads N1 <= 64 (2.14's doc: N1 = 64 only); ops_reference §5.5; the official golden
 (op-plugin ``test/test_custom_ops/test_npu_lightning_indexer.py``) and the A2/A3 kernel
 (ops-transformer ``lightning_indexer``: ``lightning_indexer_vector.h`` / ``_service_vector.h``).
 
@@ -54,7 +56,7 @@ from numba import njit
 
 from ..errors import DTypeError, ModeError, ShapeError, arg_error
 from ..layouts import SKIP_INDEX, slots_from_block_table
-from ..mla import INDEXER_HEAD_DIM, INDEXER_HEADS, INDEXER_KEY_HEADS
+from ..mla import INDEXER_HEAD_DIM, INDEXER_KEY_HEADS
 from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_dtype, check_shape, dtype_name, known_per_batch_lengths, optional,
@@ -67,8 +69,12 @@ LayoutKey = Literal["BSND", "TND", "PA_BSND"]
 LAYOUTS_QUERY: tuple[str, ...] = ("BSND", "TND")
 #: layout_key values the doc lists (PA_BSND: paged through block_table).
 LAYOUTS_KEY: tuple[str, ...] = ("BSND", "TND", "PA_BSND")
-#: query / key / weights dtypes (one dtype for all three).
+#: query / key dtypes (one dtype for both; weights: that dtype or :data:`WEIGHTS_FP32`).
 DTYPES: tuple[str, ...] = ("bfloat16", "float16")
+#: The weights dtype the current doc allows besides the query dtype (used as it is: no rounding).
+WEIGHTS_FP32 = "float32"
+#: Largest query head count N1 (current doc and A2 / A3 tiling: N1 <= 64; N2 = 1, so G = N1).
+MAX_QUERY_HEADS = 64
 #: sparse_mode 0 (no mask) and 3 (right-down causal).
 SPARSE_MODES: tuple[int, ...] = (0, 3)
 #: sparse_count values the doc lists: 1-2048 and 3072 ... 8192 in steps of 1024.
@@ -101,7 +107,7 @@ class LightningIndexerArgs:
         key: ``[B, S2, N2, D]`` / ``[T2, N2, D]`` / ``[blocks, block_size, N2, D]`` (PA_BSND),
             C-contiguous, the query dtype; as rows ``[R, N2, D]`` (R = key slots; BSND row
             ``b * S2 + p``, PA_BSND row ``block * block_size + r``).
-        weights: ``[B, S1, N1]`` / ``[T, N1]``, C-contiguous, the query dtype.
+        weights: ``[B, S1, N1]`` / ``[T, N1]``, C-contiguous, the query dtype or fp32.
         actual_seq_lengths_query, actual_seq_lengths_key, block_table: the caller's int32
             tensors, or None.
         slots: int64 ``[B, max_kv]``: key row holding kv position ``p`` of batch ``b``; every
@@ -165,10 +171,11 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
 
     Args:
         query: ``[B, S1, N1, D]`` (BSND) or ``[T, N1, D]`` (TND), bf16 / fp16, C-contiguous;
-            N1 = 64, D = 128.
+            N1 in ``[1, MAX_QUERY_HEADS]`` (64; DeepSeek-V3.2 uses 64), D = 128.
         key: ``[B, S2, N2, D]`` (BSND), ``[T2, N2, D]`` (TND) or ``[blocks, block_size, N2, D]``
             (PA_BSND, block_size a multiple of 16 up to 1024); query's dtype, C-contiguous; N2 = 1.
-        weights: ``[B, S1, N1]`` / ``[T, N1]``, query's dtype, C-contiguous.
+        weights: ``[B, S1, N1]`` / ``[T, N1]``, query's dtype or fp32 (widened exactly to fp32
+            either way, so fp32 weights are used as they are), C-contiguous.
         actual_seq_lengths_query: int32 ``[B]``. BSND: query tokens per batch, each in
             ``[0, S1]`` (default: all S1). TND (required): prefix sums, non-decreasing, the last
             equal to T; its length is B, at most ``_check.MAX_BATCH`` = 65536.
@@ -195,8 +202,8 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
     Raises:
         ShapeError: a rank or size (N1, N2, D, batch counts, block_size), a non-contiguous input,
             an actual length out of range or prefix sums that decrease / do not end at T.
-        DTypeError: a dtype (query family, one dtype for the three inputs, int32 lengths and
-            block_table), a non-int mode / count, a non-bool ``return_value``.
+        DTypeError: a dtype (query family, one dtype for query and key, weights of that dtype
+            or fp32, int32 lengths and block_table), a non-int mode / count, a non-bool ``return_value``.
         ModeError: unknown layout, mismatched non-paged layouts, a missing required or an
             unexpected ``actual_seq_lengths_*`` / ``block_table``, sparse_mode, sparse_count,
             non-default pre_tokens / next_tokens.
@@ -216,9 +223,9 @@ def _int_arg(value, name: str) -> int:
     return int(value)
 
 
-def _tensor(x, name: str, dtype: str | None) -> np.ndarray:
+def _tensor(x, name: str, dtype: str | tuple[str, ...] | None) -> np.ndarray:
     x = required(x, name)
-    check_dtype(x, name, DTYPES if dtype is None else (dtype,))
+    check_dtype(x, name, DTYPES if dtype is None else (dtype,) if isinstance(dtype, str) else dtype)
     if x.size == 0:
         raise arg_error(ShapeError, name, "a non-empty tensor", f"shape {list(x.shape)}")
     if not x.flags.c_contiguous:
@@ -336,13 +343,16 @@ def _check_static(query, key, weights, act_q, act_k, block_table, layout_query, 
     query = _tensor(query, "query", None)
     dt = dtype_name(query.dtype)
     if layout_query == "BSND":
-        check_shape(query, "query", [None, None, INDEXER_HEADS, INDEXER_HEAD_DIM], "[B, S1, N1=64, D=128] (BSND)")
+        check_shape(query, "query", [None, None, None, INDEXER_HEAD_DIM], "[B, S1, N1, D=128] (BSND)")
         b_q, s1 = query.shape[:2]
     else:
-        check_shape(query, "query", [None, INDEXER_HEADS, INDEXER_HEAD_DIM], "[T, N1=64, D=128] (TND)")
+        check_shape(query, "query", [None, None, INDEXER_HEAD_DIM], "[T, N1, D=128] (TND)")
         b_q, s1 = None, None
+    if not 1 <= query.shape[-2] <= MAX_QUERY_HEADS:
+        raise arg_error(ShapeError, "query", f"N1 (dim {query.ndim - 2}) in [1, {MAX_QUERY_HEADS}] (the A2 / A3 "
+                        "limit on query heads)", f"N1={query.shape[-2]} (shape {list(query.shape)})")
     t_rows = query.shape[0] * (s1 if s1 is not None else 1)
-    weights = _tensor(weights, "weights", dt)
+    weights = _tensor(weights, "weights", (dt, WEIGHTS_FP32))
     w_shape = [*query.shape[:-1]]
     check_shape(weights, "weights", w_shape, "[B, S1, N1] (BSND)" if layout_query == "BSND" else "[T, N1] (TND)")
 

@@ -45,10 +45,13 @@ Choices where the sources leave room (each in one named constant below):
   key's shape (key itself, or a copy) or of key's leading dims and a last dim of 512 (the doc's example and
   op-plugin's ``test_sfa_eager`` pass ``key.clone()`` taken before the rope and scale bytes are
   appended); its values are not read.
-- :data:`EMPTY_SPARSE_INDICES`: ``sparse_indices`` with K = 0 selects nothing: every row has no
-  valid kv token (output 0), as op-plugin's ``test_sfa_saprse_size_zero`` golden computes (its
-  empty gather gives a zero output). torch_npu's meta function rejects an empty tensor; the eager
-  op-plugin test runs it.
+- :data:`MIN_SPARSE_K`: ``sparse_indices`` with K = 0 is rejected: the current doc
+  (ops-transformer ``attention/sparse_flash_attention/README.md``, since 2026-01) requires
+  sparse_size > 0. op-plugin's older ``test_sfa_saprse_size_zero`` golden computed a zero output
+  for it; torch_npu's meta function rejects an empty tensor.
+- ``sinks``: None only. torch_npu 2.15 / op-plugin master add ``Tensor? sinks=None`` to
+  npu_kv_quant_sparse_flash_attention too (2.14's schema has it for npu_sparse_flash_attention
+  only); the docs: Atlas A2 / A3 do not support sinks (:func:`check_sinks`).
 - Sparse-index rows: entries before the first -1 must be block ids in
   ``[0, ceil(act_kv / sbs))``; after the first -1 every entry must be -1 (the doc: "valid values
   first, invalid values last"); other negative values are errors. Rows of query tokens the op
@@ -121,8 +124,8 @@ EXP_EVALUATION = "float64_then_fp32"
 SFA_VALUE_SOURCE = "value (key when value is None)"
 #: npu_kv_quant_sparse_flash_attention: where V comes from (``value``: key itself or its [.., 512] k_nope).
 KVQ_VALUE_SOURCE = "k_nope bytes of key's rows"
-#: sparse_indices with K = 0: every row selects no kv token.
-EMPTY_SPARSE_INDICES = "no kv token"
+#: Smallest K of sparse_indices (the current doc: sparse_size > 0).
+MIN_SPARSE_K = 1
 #: Largest K of sparse_indices: the largest ``sparse_count`` npu_lightning_indexer produces (its doc:
 #: 1-2048 or 3072 ... 8192), the indices these ops consume. Checked before the per-entry arrays
 #: (``[T, N2, K]``, 12 bytes an entry) are allocated.
@@ -238,8 +241,8 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
         key: query's dtype; ``[B, S2, 1, 512]`` (BSND), ``[T2, 1, 512]`` (TND) or
             ``[block_num, block_size, 1, 512]`` (PA_BSND; block_size a multiple of 16, <= 1024).
         value: key's shape and dtype (V is read from it), or None (V from key).
-        sparse_indices: int32 ``[B, S1, 1, K]`` / ``[T, 1, K]``, K in ``[0, MAX_SPARSE_K]``
-            (8192): sparse block ids of each query token, valid ids first, then -1.
+        sparse_indices: int32 ``[B, S1, 1, K]`` / ``[T, 1, K]``, K in ``[MIN_SPARSE_K,
+            MAX_SPARSE_K]`` (1-8192; the current doc: sparse_size > 0): sparse block ids of each query token, valid ids first, then -1.
         scale_value: score scale (e.g. ``576 ** -0.5``), a finite float.
         block_table: int32 ``[B, >= ceil(max act_kv / block_size)]``; PA_BSND only (required).
         actual_seq_lengths_query: int32 ``[B]``: BSND: per-batch query lengths in [0, S1]
@@ -258,7 +261,7 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
         pre_tokens, next_tokens: only the default 2**63 - 1.
         attention_mode: must be 2 (MLA absorb; the default 0 is not supported, as on hardware).
         return_softmax_lse: also return softmax_max / softmax_sum (not with PA_BSND).
-        sinks: must be None (an Ascend 950 feature).
+        sinks: must be None (Atlas A2 / A3 do not support sinks; :func:`check_sinks`).
 
     Returns:
         ``(attention_out, softmax_max, softmax_sum)``: attention_out in the query dtype,
@@ -294,7 +297,7 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
                                         pre_tokens: int = DEFAULT_TOKENS, next_tokens: int = DEFAULT_TOKENS,
                                         attention_mode: int = 0, quant_scale_repo_mode: int = 1,
                                         tile_size: int = TILE_SIZE, rope_head_dim: int = D_ROPE, key_dtype=None,
-                                        value_dtype=None):
+                                        value_dtype=None, sinks=None):
     """Sparse flash attention over a per-tile int8 cache of 656-byte rows (seed doc; ops_reference
     §5.1-§5.2): the rows ``npu_mla_prolog_v3`` writes with ``kv_cache_quant_mode=3``.
 
@@ -316,6 +319,8 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
         quant_scale_repo_mode: must be 1 (scales inside the rows).
         tile_size: must be 128. rope_head_dim: must be 64.
         key_dtype, value_dtype: must be None (hifloat8 is Ascend 950 only).
+        sinks: must be None (torch_npu 2.15 / op-plugin master keyword; Atlas A2 / A3 do not
+            support sinks; :func:`check_sinks`).
 
     Returns:
         attention_out in the query dtype, ``[B, S1, N1, 512]`` / ``[T, N1, 512]``.
@@ -326,6 +331,7 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
         As :func:`npu_sparse_flash_attention`; ModeError also for a fixed mode with another value,
         a reserved argument given, or a value that is not the key tensor itself.
     """
+    check_sinks(sinks)
     fixed = (("key_quant_mode", key_quant_mode, KEY_QUANT_MODE, "per-tile quant"),
              ("value_quant_mode", value_quant_mode, VALUE_QUANT_MODE, "per-tile quant"),
              ("quant_scale_repo_mode", quant_scale_repo_mode, QUANT_SCALE_REPO_MODE, "scales stored in the rows"),
@@ -350,6 +356,18 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
 
 
 # ---------------------------------------------------------------------- validation
+def check_sinks(sinks) -> None:
+    """``sinks`` of both sparse attention ops: only None (the docs: Atlas A2 / A3 do not support
+    attention sinks; Ascend 950 does).
+
+    Raises:
+        ModeError: ``sinks`` is not None (names ``sinks``).
+    """
+    if sinks is not None:
+        raise arg_error(ModeError, "sinks", "None (attention sinks are an Ascend 950 feature; the docs: Atlas "
+                        "A2 / A3 do not support sinks)", "a tensor" if hasattr(sinks, "shape") else repr(sinks))
+
+
 def _int(value, name: str) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise arg_error(DTypeError, name, "an int", repr(value))
@@ -392,9 +410,7 @@ def _check_static(quant, query, key, value, sparse_indices, scale_value, block_t
     if _int(attention_mode, "attention_mode") != ATTENTION_MODE:
         raise arg_error(ModeError, "attention_mode", f"{ATTENTION_MODE} (MLA absorb, the only mode {op} supports)",
                         attention_mode)
-    if sinks is not None:
-        raise arg_error(ModeError, "sinks", "None (attention sinks are an Ascend 950 feature, not Atlas A2 / A3)",
-                        "a tensor")
+    check_sinks(sinks)
     if not isinstance(return_softmax_lse, (bool, np.bool_)):
         raise arg_error(DTypeError, "return_softmax_lse", "a bool", type(return_softmax_lse).__name__)
     if return_softmax_lse and layout_kv == "PA_BSND":
@@ -475,10 +491,11 @@ def _check_static(quant, query, key, value, sparse_indices, scale_value, block_t
     check_dtype(sparse_indices, "sparse_indices", ("int32",))
     want = [*lead, n2, None]
     if sparse_indices.ndim != len(want) or tuple(sparse_indices.shape[:-1]) != tuple(want[:-1]) \
-            or not 0 <= sparse_indices.shape[-1] <= MAX_SPARSE_K:
+            or not MIN_SPARSE_K <= sparse_indices.shape[-1] <= MAX_SPARSE_K:
         shown = "[B, S1, N2, K]" if q_nd == 4 else "[T, N2, K]"
         raise arg_error(ShapeError, "sparse_indices", f"{shown} = [{', '.join(map(str, want[:-1]))}, K] with "
-                        f"K <= {MAX_SPARSE_K} (the largest sparse_count of npu_lightning_indexer)",
+                        f"{MIN_SPARSE_K} <= K <= {MAX_SPARSE_K} (the doc: sparse_size > 0; the largest "
+                        "sparse_count of npu_lightning_indexer)",
                         list(sparse_indices.shape))
     return _Static(sbs=sbs, scale=scale, n1=int(n1), n2=int(n2), lead=tuple(int(x) for x in lead), q_nd=q_nd,
                    block_num=block_num, block_size=block_size)
