@@ -38,7 +38,7 @@ def test_backend_context_manager_nests_and_restores(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- the backend interface
-FAMILIES = ("mla_prolog", "mla_preprocess", "kv_rmsnorm_rope_cache", "sparse_flash_attention", "lightning_indexer")
+FAMILIES = ("mla_prolog", "mla_preprocess", "kv_rmsnorm_rope_cache", "sparse_flash_attention", "lightning_indexer", "rope")
 
 
 def _outputs_type(family: str):
@@ -406,3 +406,13 @@ def test_hw_lightning_indexer(standin, layout_q, layout_k, dtype_name, return_va
     query, key, weights, kw = make_case(np.random.default_rng(5), layout_q, layout_k, dt, (3, 2), (40, 17))
     assert_backends_agree(ops.npu_lightning_indexer, [query, key, weights],
                           dict(kw, sparse_count=8, sparse_mode=3, return_value=return_value))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_hw_rope(standin, rng, dtype):
+    x = rng.standard_normal((2, 3, 4, 64)).astype(dtype)
+    cos, sin = (rng.standard_normal((2, 1, 4, 64)).astype(dtype) for _ in range(2))
+    assert_backends_agree(ops.npu_interleave_rope, (x, cos, sin), {})
+    r1, r2 = (rng.standard_normal((1, 1, 4, 64)).astype(dtype) for _ in range(2))
+    for mode in ("half", "interleave"):
+        assert_backends_agree(ops.npu_rotary_mul, (x, r1, r2), {"rotary_mode": mode})

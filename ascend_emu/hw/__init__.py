@@ -34,6 +34,7 @@ from ..ops.kv_rmsnorm_rope_cache import KvRmsNormRopeCacheArgs, KvRmsNormRopeCac
 from ..ops.lightning_indexer import LightningIndexerArgs, LightningIndexerOutputs
 from ..ops.mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
 from ..ops.mla_prolog import MlaPrologArgs, MlaPrologOutputs
+from ..ops.rope import RopeArgs, RopeOutputs
 from ..ops.sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
 from ..quant.rounding import BF16
 
@@ -309,6 +310,22 @@ def lightning_indexer(args: LightningIndexerArgs) -> LightningIndexerOutputs:
     return LightningIndexerOutputs(to_host(idx).reshape(args.out_shape), values)
 
 
+def rope(args: RopeArgs) -> RopeOutputs:
+    """``npu_interleave_rope`` / ``npu_rotary_mul`` on the NPU, with the caller's arrays (the
+    rotary_mul input passed by position: the schema's ``self``).
+
+    Raises:
+        BackendUnavailable: see :func:`runtime`.
+    """
+    torch, tnpu = runtime()
+    x, cos, sin = (to_device(a, torch) for a in (args.x, args.cos, args.sin))
+    if args.op == "npu_interleave_rope":
+        y = tnpu.npu_interleave_rope(x, cos, sin)
+    else:
+        y = tnpu.npu_rotary_mul(x, cos, sin, rotary_mode=args.mode)
+    return RopeOutputs(to_host(y).reshape(args.x.shape))
+
+
 class HwBackend:
     """The ``hw`` backend (:class:`ascend_emu.ops._backend.Backend`): the functions above."""
 
@@ -318,6 +335,7 @@ class HwBackend:
     kv_rmsnorm_rope_cache = staticmethod(kv_rmsnorm_rope_cache)
     sparse_flash_attention = staticmethod(sparse_flash_attention)
     lightning_indexer = staticmethod(lightning_indexer)
+    rope = staticmethod(rope)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.
@@ -330,4 +348,4 @@ def __getattr__(name: str):
         raise AttributeError(name)
     raise NotImplementedError(f"hw backend: no implementation of {name!r} in this version of ascend_emu "
                               "(implemented: mla_prolog, kv_rmsnorm_rope_cache, mla_preprocess, sparse_flash_attention, "
-                              "lightning_indexer); use the emu backend")
+                              "lightning_indexer, rope); use the emu backend")

@@ -166,6 +166,16 @@ def lightning_indexer(query, key, weights, *, layout_query="BSND", layout_key="B
     return _new(query, shape, torch.int32), values
 
 
+def interleave_rope(x, cos, sin):
+    """A tensor like ``x`` (``npu_interleave_rope_meta``)."""
+    return torch.empty_like(x)
+
+
+def rotary_mul(self, r1, r2, rotary_mode="half", rotate=None):
+    """``self``'s shape and dtype (``npu_rotary_mul_meta``)."""
+    return _new(self, self.shape, self.dtype)
+
+
 def mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq, descale1, gamma2, cos, sin, wuk,
                    kv_cache, kv_cache_rope, slotmapping, **_):
     """``(q_out0 [T, N, 512] of kv_cache's dtype, kv_cache like, q_out1 [T, N, 64] of input's
@@ -207,6 +217,8 @@ FAKES = {
     "npu::npu_sparse_flash_attention": sparse_flash_attention,
     "npu::npu_kv_quant_sparse_flash_attention": kv_quant_sparse_flash_attention,
     "npu::npu_lightning_indexer": lightning_indexer,
+    "npu::npu_interleave_rope": interleave_rope,
+    "npu::npu_rotary_mul": rotary_mul,
     "atb::npu_mla_preprocess": mla_preprocess,
     "atb::npu_mla_preprocess.out": mla_preprocess_out,
     "npu::npu_format_cast": format_cast,

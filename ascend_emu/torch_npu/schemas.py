@@ -101,6 +101,8 @@ SCHEMAS: tuple[OpSchema, ...] = (
         'int quant_scale_repo_mode=1, int tile_size=128, int rope_head_dim=64, int? key_dtype=None, '
         'int? value_dtype=None) -> Tensor'),
     OpSchema("npu",
+        'npu_interleave_rope(Tensor x, Tensor cos, Tensor sin) -> Tensor'),
+    OpSchema("npu",
         'npu_lightning_indexer(Tensor query, Tensor key, Tensor weights, *, '
         'Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, '
         'Tensor? block_table=None, str layout_query="BSND", str layout_key="BSND", '
@@ -152,6 +154,8 @@ SCHEMAS: tuple[OpSchema, ...] = (
         'float kc_scale=1.0, int? token_x_dtype=None, int? weight_dq_dtype=None, '
         'int? weight_uq_qr_dtype=None, int? weight_dkv_kr_dtype=None, '
         'int? kv_cache_dtype=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)'),
+    OpSchema("npu",
+        "npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half', Tensor? rotate=None) -> Tensor"),
     OpSchema("npu",
         'npu_sparse_flash_attention(Tensor query, Tensor key, Tensor? value, Tensor sparse_indices, '
         'float scale_value, *, Tensor? block_table=None, Tensor? actual_seq_lengths_query=None, '

@@ -1,0 +1,132 @@
+"""npu_interleave_rope / npu_rotary_mul against the loop references in tests/reference/rope.py:
+NumPy API and torch_npu drop-in, bf16 / fp16 / fp32, both rotary modes, the doc's broadcasts,
+bad arguments."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ascend_emu import ops
+from ascend_emu.errors import DTypeError, ModeError, ShapeError
+from tests.reference import rope as ref
+
+DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+def _assert_same(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def _data(rng, shape, dtype, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(DTYPES[dtype])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("cos_s", ["S", "1"])
+def test_interleave_rope_matches_reference(rng, dtype, cos_s):
+    b, n, s = 2, 3, 4
+    x = _data(rng, (b, n, s, 64), dtype, 4.0)
+    cs = s if cos_s == "S" else 1
+    cos, sin = _data(rng, (b, 1, cs, 64), dtype), _data(rng, (b, 1, cs, 64), dtype)
+    _assert_same(ops.npu_interleave_rope(x, cos, sin), ref.interleave_rope(x, cos, sin))
+
+
+# (x shape, r shape): the doc's layouts and the goldens' shapes, scaled down
+HALF_CASES = [((2, 3, 5, 16), (1, 1, 5, 16)), ((2, 3, 5, 16), (2, 1, 5, 16)), ((2, 3, 5, 16), (2, 3, 5, 16)),
+              ((2, 3, 5, 16), (1, 3, 1, 16)), ((2, 3, 5, 16), (2, 3, 1, 16)), ((3, 2, 5, 8), (3, 1, 1, 8))]
+INTERLEAVE_CASES = [((2, 3, 5, 16), (1, 1, 5, 16)), ((2, 3, 5, 16), (1, 3, 1, 16)), ((3, 2, 4, 10), (3, 1, 1, 10))]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("mode,shapes", [("half", c) for c in HALF_CASES] + [("interleave", c) for c in INTERLEAVE_CASES])
+def test_rotary_mul_matches_reference(rng, dtype, mode, shapes):
+    xs, rs = shapes
+    x = _data(rng, xs, dtype, 4.0)
+    r1, r2 = _data(rng, rs, dtype), _data(rng, rs, dtype)
+    _assert_same(ops.npu_rotary_mul(x, r1, r2, mode), ref.rotary_mul(x, r1, r2, mode))
+
+
+def test_rotary_mul_default_mode_is_half(rng):
+    x, r1, r2 = _data(rng, (1, 2, 3, 8), "float32"), _data(rng, (1, 1, 3, 8), "float32"), _data(rng, (1, 1, 3, 8), "float32")
+    _assert_same(ops.npu_rotary_mul(x, r1, r2), ref.rotary_mul(x, r1, r2, "half"))
+
+
+def test_drop_in(rng):
+    torch = pytest.importorskip("torch")
+    import ascend_emu.torch_npu as torch_npu
+    from ascend_emu.torch_npu import to_numpy, to_torch
+
+    x = _data(rng, (2, 2, 3, 64), "bfloat16", 4.0)
+    cos, sin = _data(rng, (2, 1, 1, 64), "bfloat16"), _data(rng, (2, 1, 1, 64), "bfloat16")
+    got = torch_npu.npu_interleave_rope(to_torch(x), to_torch(cos), to_torch(sin))
+    _assert_same(to_numpy(got), ref.interleave_rope(x, cos, sin))
+    x, r1, r2 = _data(rng, (2, 3, 4, 16), "float16"), _data(rng, (1, 1, 4, 16), "float16"), _data(rng, (1, 1, 4, 16), "float16")
+    got = torch_npu.npu_rotary_mul(to_torch(x), to_torch(r1), to_torch(r2), rotary_mode="interleave")
+    _assert_same(to_numpy(got), ref.rotary_mul(x, r1, r2, "interleave"))
+    meta = torch.ops.npu.npu_rotary_mul(torch.empty(2, 3, 4, 16, device="meta"), torch.empty(1, 1, 4, 16, device="meta"),
+                                        torch.empty(1, 1, 4, 16, device="meta"))
+    assert meta.shape == (2, 3, 4, 16) and meta.dtype == torch.float32
+    meta = torch.ops.npu.npu_interleave_rope(*(torch.empty(s, dtype=torch.float16, device="meta")
+                                               for s in ((2, 3, 4, 64), (2, 1, 4, 64), (2, 1, 4, 64))))
+    assert meta.shape == (2, 3, 4, 64) and meta.dtype == torch.float16
+    with pytest.raises(ModeError, match="rotate"):
+        torch_npu.npu_rotary_mul(to_torch(x), to_torch(r1), to_torch(r2), rotate=to_torch(r1))
+
+
+def _ir(rng, x=(2, 3, 4, 64), cos=(2, 1, 4, 64), sin=None, dtype="bfloat16", cdtype=None):
+    return (_data(rng, x, dtype), _data(rng, cos, cdtype or dtype), _data(rng, sin or cos, cdtype or dtype))
+
+
+@pytest.mark.parametrize("kw,err,name", [
+    (dict(x=(2, 3, 4, 32), cos=(2, 1, 4, 32)), ShapeError, "x"),
+    (dict(x=(3, 4, 64), cos=(2, 1, 4, 64)), ShapeError, "x"),
+    (dict(dtype="float32"), DTypeError, "x"),
+    (dict(cdtype="float16"), DTypeError, "cos"),
+    (dict(cos=(2, 3, 4, 64)), ShapeError, "cos"),
+    (dict(cos=(1, 1, 4, 64)), ShapeError, "cos"),
+    (dict(cos=(2, 1, 3, 64)), ShapeError, "cos"),
+    (dict(cos=(2, 1, 4, 64), sin=(2, 1, 1, 64)), ShapeError, "sin"),
+])
+def test_interleave_rope_rejects(rng, kw, err, name):
+    with pytest.raises(err, match=rf"^{name}\b"):
+        ops.npu_interleave_rope(*_ir(rng, **kw))
+
+
+def test_interleave_rope_rejects_non_contiguous(rng):
+    x, cos, sin = _ir(rng, x=(2, 4, 3, 64))
+    with pytest.raises(ShapeError, match=r"^x\b.*contiguous"):
+        ops.npu_interleave_rope(x.transpose(0, 2, 1, 3), cos, sin)
+
+
+@pytest.mark.parametrize("xs,rs,mode,err,name", [
+    ((2, 3, 5, 16), (1, 3, 5, 16), "half", ShapeError, "r1"),       # 1BC: no doc layout
+    ((2, 3, 5, 16), (1, 1, 1, 16), "half", ShapeError, "r1"),
+    ((2, 3, 5, 16), (2, 1, 5, 16), "interleave", ShapeError, "r1"),  # B1SD: half only
+    ((2, 3, 5, 16), (1, 1, 5, 8), "half", ShapeError, "r1"),
+    ((2, 3, 5, 16), (1, 1, 4, 16), "half", ShapeError, "r1"),
+    ((2, 3, 5, 15), (1, 1, 5, 15), "half", ShapeError, "self"),
+    ((1, 1, 2, 896), (1, 1, 2, 896), "half", ShapeError, "self"),
+    ((3, 5, 16), (1, 5, 16), "half", ShapeError, "self"),
+    ((2, 3, 5, 16), (1, 1, 5, 16), "quarter", ModeError, "rotary_mode"),
+])
+def test_rotary_mul_rejects(rng, xs, rs, mode, err, name):
+    x, r = _data(rng, xs, "float32"), _data(rng, rs, "float32")
+    with pytest.raises(err, match=rf"^{name}\b"):
+        ops.npu_rotary_mul(x, r, r.copy(), mode)
+
+
+def test_rotary_mul_rejects_dtypes_and_r2(rng):
+    x, r = _data(rng, (2, 3, 5, 16), "float16"), _data(rng, (1, 1, 5, 16), "float16")
+    with pytest.raises(DTypeError, match=r"^r2\b"):
+        ops.npu_rotary_mul(x, r, r.astype(np.float32))
+    with pytest.raises(DTypeError, match=r"^self\b"):
+        ops.npu_rotary_mul(x.astype(np.int32), r, r)
+    with pytest.raises(ShapeError, match=r"^r2\b"):
+        ops.npu_rotary_mul(x, r, _data(rng, (1, 3, 1, 16), "float16"))
