@@ -130,3 +130,12 @@ def test_rotary_mul_rejects_dtypes_and_r2(rng):
         ops.npu_rotary_mul(x.astype(np.int32), r, r)
     with pytest.raises(ShapeError, match=r"^r2\b"):
         ops.npu_rotary_mul(x, r, _data(rng, (1, 3, 1, 16), "float16"))
+
+
+@pytest.mark.parametrize("mode", ["half", "interleave"])
+def test_rotary_mul_size_one_dims_fit_either_reading(rng, mode):
+    """self ``[1, B, C, D]`` with r ``[1, 1, C, D]`` is the 11SD layout (the doc's, in both modes):
+    a size-1 dim of self does not make it another layout."""
+    x = _data(rng, (1, 3, 5, 16), "float32", 4.0)
+    r1, r2 = _data(rng, (1, 1, 5, 16), "float32"), _data(rng, (1, 1, 5, 16), "float32")
+    _assert_same(ops.npu_rotary_mul(x, r1, r2, mode), ref.rotary_mul(x, r1, r2, mode))

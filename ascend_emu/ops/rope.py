@@ -90,6 +90,13 @@ def _contiguous(a: np.ndarray, name: str) -> None:
                         f"strides {a.strides}")
 
 
+def _fits_a_layout(r_shape: tuple, x_shape: tuple, layouts: frozenset) -> bool:
+    """Whether r1 / r2's leading dims are one of ``layouts`` over self's (True: self's dim, False:
+    1). Judged per layout, so a size-1 dim of self fits either reading (x ``[1, B, C, D]`` with
+    r ``[1, 1, C, D]`` is 11SD whatever the first dim is called)."""
+    return any(all(r_shape[i] == (x_shape[i] if keep else 1) for i, keep in enumerate(layout)) for layout in layouts)
+
+
 def npu_interleave_rope(x, cos, sin) -> np.ndarray:
     """``torch_npu.npu_interleave_rope``: RoPE with the MLA de-interleave (module doc).
 
@@ -161,9 +168,7 @@ def npu_rotary_mul(self, r1, r2, rotary_mode: str = "half") -> np.ndarray:
     for name, a in (("r1", r1), ("r2", r2)):
         check_ndim(a, name, (4,), "[A|1, B|1, C|1, D]")
         check_dtype(a, name, (dtype_name(x.dtype),))
-        lead = tuple(a.shape[i] == x.shape[i] for i in range(3))
-        ones = all(a.shape[i] == 1 or lead[i] for i in range(3))
-        if a.shape[3] != d or not ones or lead not in layouts:
+        if a.shape[3] != d or not _fits_a_layout(a.shape, x.shape, layouts):
             raise arg_error(ShapeError, name, f"a {rotary_mode}-mode broadcast of self {x.shape} (doc layouts "
                             f"11SD / 1S1D / S11D{'' if rotary_mode == 'interleave' else ' / B1SD / BS1D / SB1D / full'})",
                             f"shape {a.shape}")

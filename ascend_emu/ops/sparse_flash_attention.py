@@ -46,7 +46,7 @@ Choices where the sources leave room (each in one named constant below):
   op-plugin's ``test_sfa_eager`` pass ``key.clone()`` taken before the rope and scale bytes are
   appended); its values are not read.
 - :data:`MIN_SPARSE_K`: ``sparse_indices`` with K = 0 is rejected: the current doc
-  (ops-transformer ``attention/sparse_flash_attention/README.md``, since 2026-01) requires
+  (ops-transformer ``attention/sparse_flash_attention/README.md``: "sparse_size大于0") requires
   sparse_size > 0. op-plugin's older ``test_sfa_saprse_size_zero`` golden computed a zero output
   for it; torch_npu's meta function rejects an empty tensor.
 - ``sinks``: None only. torch_npu 2.15 / op-plugin master add ``Tensor? sinks=None`` to
