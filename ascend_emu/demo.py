@@ -254,7 +254,7 @@ def run_decode_step(config: DecodeStepConfig = DecodeStepConfig(), *,
 
 
 def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch) -> DecodeStepReport:
-    from .warmup import TOKENS, _split_every_kernel
+    from .warmup import TOKENS, split_every_kernel
 
     rep = DecodeStepReport(config=c)
     rng = np.random.default_rng(c.seed)
@@ -284,7 +284,7 @@ def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch) -> Decod
         writes are written again, with the same bytes, by the prefill)."""
         def run() -> None:
             prolog(slice(0, min(TOKENS, ctx)))
-            with _split_every_kernel():
+            with split_every_kernel():
                 prolog(slice(0, min(TOKENS, ctx)))
         return run
 

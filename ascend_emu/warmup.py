@@ -240,7 +240,7 @@ CALLS = (_format_cast_calls, _kv_calls, _prolog_calls, _preprocess_calls, _index
 
 # ---------------------------------------------------------------------- running
 @contextlib.contextmanager
-def _split_every_kernel() -> Iterator[None]:
+def split_every_kernel() -> Iterator[None]:
     """Let every threaded kernel split even tiny work (so its parallel variant is compiled too)."""
     kernels = importlib.import_module("ascend_emu.emu.kernels")
     kv = importlib.import_module("ascend_emu.emu.kv_rmsnorm_rope_cache")
@@ -282,7 +282,7 @@ def warmup(*, parallel: bool = True, report: Callable[[WarmupResult], None] | No
         start = time.perf_counter()
         call()
         if split:
-            with _split_every_kernel():
+            with split_every_kernel():
                 call()
         result = WarmupResult(call.name, time.perf_counter() - start)
         results.append(result)
