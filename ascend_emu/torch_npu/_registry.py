@@ -194,9 +194,14 @@ def _kernel_body(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable[[d
 
     if op:  # a framework namespace's binding (:mod:`.namespaces`): its op, its output mapping
         declared = f"the schema of {spec.source}"
-        outputs, functional = spec.outputs, spec.functional
+        outputs, functional, fixed = spec.outputs, spec.functional, dict(spec.fixed)
+        if fixed:  # arguments the namespace's schema lacks, at the values its kernel call implies
+            table += tuple((name, type(value).__name__, False) for name, value in fixed.items())
+            defaults = {**defaults, **fixed}
 
         def run(params: dict[str, Any]) -> Any:  # noqa: F811  (the namespace's run)
+            if fixed:
+                params.update(fixed)
             if functional:
                 out, caches = _functional(op, params, functional, lambda: emulate(
                     op, params, defaults, public, table, splits, outputs))

@@ -72,12 +72,15 @@ class NamespaceSchema(OpSchema):
             the op's outputs as they are.
         functional: caches the op writes in place that this variant copies instead and returns
             after the op's outputs (the ``_functional`` variants).
+        fixed: ``(argument, value)`` pairs the op gets for arguments the namespace's schema does
+            not have (what its kernel call implies).
         caller: where the framework calls it.
     """
 
     op: str = ""
     outputs: tuple = ()
     functional: tuple[str, ...] = ()
+    fixed: tuple[tuple[str, object], ...] = ()
     caller: str = ""
 
 
@@ -132,6 +135,9 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         "Tensor? query_rope=None, Tensor? key_rope=None, str layout_query='BSND', "
         "str layout_kv='BSND', int sparse_mode=3) -> Tensor",
         f"{RECIPES_V32}:17", op="npu_sparse_flash_attention", outputs=(0,),
+        # no attention_mode: the recipe's adapter (csrc/npu_sparse_flash_attention.cpp:56) calls
+        # aclnnSparseFlashAttention without one, the MLA-absorb kernel (the doc's only mode, 2)
+        fixed=(("attention_mode", 2),),
         caller="models/deepseek-v3.2-exp/models/modeling_deepseek.py:1408"),
     NamespaceSchema("custom",
         "npu_sparse_flash_attention_antiquant(Tensor query, Tensor key, Tensor value, Tensor sparse_indices, "
