@@ -125,7 +125,7 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         'int query_quant_mode=0, int key_quant_mode=0, '
         "str layout_query='BSND', str layout_key='BSND', "
         'int sparse_count=2048, int sparse_mode=3) -> Tensor',
-        f"{VLLM_ASCEND}:2524", op="npu_quant_lightning_indexer",
+        f"{VLLM_ASCEND}:2524", op="npu_quant_lightning_indexer", outputs=(0,),
         caller="vllm_ascend/device/device_op.py:479 (indexer_select_post_process, C8 indexer)"),
     # ------------------------------------------- cann-recipes-infer DeepSeek-V3.2, custom
     NamespaceSchema("custom",
@@ -161,7 +161,7 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         "Tensor? actual_seq_lengths_key=None, Tensor? block_table=None, int query_quant_mode=0, "
         "int key_quant_mode=0, str layout_query='BSND', str layout_key='BSND', int sparse_count=2048, "
         "int sparse_mode=3) -> Tensor",
-        f"{RECIPES_V32}:20", op="npu_quant_lightning_indexer",
+        f"{RECIPES_V32}:20", op="npu_quant_lightning_indexer", outputs=(0,),
         caller="models/deepseek-v3.2-exp/models/indexer.py:448 (kv_cache_quant_mode int8)"),
     NamespaceSchema("custom",
         "npu_mla_prolog_v3(Tensor token_x, Tensor weight_dq, Tensor weight_uq_qr, Tensor weight_uk, "
