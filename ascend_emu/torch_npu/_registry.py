@@ -1,4 +1,6 @@
-"""Registers torch_npu 2.14's schemas (:mod:`.schemas`) as ``torch.ops.npu.*`` / ``torch.ops.atb.*``.
+"""Registers torch_npu 2.14's schemas (:mod:`.schemas`) as ``torch.ops.npu.*`` / ``torch.ops.atb.*``,
+and the serving frameworks' (:mod:`.namespaces`: ``torch.ops._C_ascend.*``, ``torch.ops.custom.*``)
+as bindings to the same ops (:func:`register_spec`; only defaults and outputs differ).
 
 For every overload, with ``torch.library``:
 
@@ -192,21 +194,8 @@ def _kernel_body(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable[[d
             return (*out[2:], *caches)
         return emulate(name, params, defaults, public, table, splits)
 
-    if op:  # a framework namespace's binding (:mod:`.namespaces`): its op, its output mapping
-        declared = f"the schema of {spec.source}"
-        outputs, functional, fixed = spec.outputs, spec.functional, dict(spec.fixed)
-        if fixed:  # arguments the namespace's schema lacks, at the values its kernel call implies
-            table += tuple((name, type(value).__name__, False) for name, value in fixed.items())
-            defaults = {**defaults, **fixed}
-
-        def run(params: dict[str, Any]) -> Any:  # noqa: F811  (the namespace's run)
-            if fixed:
-                params.update(fixed)
-            if functional:
-                out, caches = _functional(op, params, functional, lambda: emulate(
-                    op, params, defaults, public, table, splits, outputs))
-                return (*out, *caches)
-            return emulate(op, params, defaults, public, table, splits, outputs)
+    if op:  # a framework namespace's binding (:mod:`.namespaces`)
+        run, declared = _namespace_run(spec, defaults, public, table), f"the schema of {spec.source}"
 
     returns = len(schema.returns)
 
@@ -221,6 +210,31 @@ def _kernel_body(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable[[d
         return tuple(out) if returns > 1 else (out[0] if isinstance(out, (tuple, list)) else out)
 
     return body
+
+
+def _namespace_run(spec, defaults: dict[str, Any], public: str,
+                   table: tuple[tuple[str, str, bool], ...]) -> Callable[[dict], Any]:
+    """The kernel of a framework-namespace overload (:class:`.namespaces.NamespaceSchema`) on
+    its arguments bound by name: ``ascend_emu.ops.<spec.op>`` through :func:`emulate` with the
+    namespace's defaults, ``spec.fixed`` for the arguments its schema lacks, ``spec.outputs``
+    as the output mapping and, for a ``_functional`` variant, the caches copied
+    (:func:`_functional`) and returned after the outputs."""
+    op, outputs, functional, fixed = spec.op, spec.outputs, spec.functional, dict(spec.fixed)
+    if fixed:  # arguments the namespace's schema lacks, at the values its kernel call implies
+        table += tuple((name, type(value).__name__, False) for name, value in fixed.items())
+        defaults = {**defaults, **fixed}
+    splits: dict = {}
+
+    def run(params: dict[str, Any]) -> Any:
+        if fixed:
+            params.update(fixed)
+        if functional:
+            out, caches = _functional(op, params, functional, lambda: emulate(
+                op, params, defaults, public, table, splits, outputs))
+            return (*out, *caches)
+        return emulate(op, params, defaults, public, table, splits, outputs)
+
+    return run
 
 
 _FORMAT_KERNELS = {
