@@ -323,3 +323,55 @@ def test_recipes_mount_custom_ops_onto_torch_npu(monkeypatch, li, sfa):
     assert isinstance(out, torch.Tensor)
     x = torch.ones(1, 1, 2, 4, dtype=torch.float16)
     assert torch_npu.npu_rotary_mul(x, x, x).shape == x.shape  # not replaced
+
+
+def test_quant_indexer_entries_light_up_when_the_op_exists():
+    """In a fresh interpreter with a stand-in ``ascend_emu.ops.npu_quant_lightning_indexer`` of
+    torch_npu 2.14's signature (the op lands on another branch): the three quant-indexer entries
+    register, each call reaches the op with the namespace's defaults by torch_npu's argument
+    names, the outputs are mapped (the V4 schema's second output an fp32 ``[0]``), and an
+    argument the op lacks is accepted at the schema's default only."""
+    code = textwrap.dedent("""
+        import numpy as np, torch
+        import ascend_emu.ops as ops
+        seen = []
+        def npu_quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale,
+                                        query_quant_mode, key_quant_mode, *, actual_seq_lengths_query=None,
+                                        actual_seq_lengths_key=None, block_table=None, layout_query="BSND",
+                                        layout_key="BSND", sparse_count=2048, sparse_mode=3,
+                                        pre_tokens=2**63 - 1, next_tokens=2**63 - 1, query_dtype=None, key_dtype=None):
+            seen.append((query_quant_mode, key_quant_mode, layout_query, layout_key, sparse_count, sparse_mode))
+            return np.full((query.shape[0], 1, sparse_count), 7, np.int32)
+        ops.npu_quant_lightning_indexer = npu_quant_lightning_indexer
+        import ascend_emu.torch_npu
+        from ascend_emu.torch_npu import namespaces
+        r = namespaces.report()
+        print("REPORT", sorted(k for k, v in r.items() if v == "registered" and "quant" in k and "indexer" in k))
+        q = torch.zeros(3, 4, 128, dtype=torch.int8); k = torch.zeros(2, 16, 1, 128, dtype=torch.int8)
+        w = torch.zeros(3, 4, dtype=torch.float16); qs = torch.zeros(3, 4, dtype=torch.float16)
+        ks = torch.zeros(2, 16, 1, dtype=torch.float16)
+        a = torch.ops._C_ascend.npu_lightning_indexer_quant(query=q, key=k, weights=w, query_dequant_scale=qs,
+            key_dequant_scale=ks, layout_query="TND", layout_key="PA_BSND", sparse_count=8)
+        b = torch.ops.custom.npu_lightning_indexer_quant(q, k, w, qs, ks, layout_query="TND", layout_key="PA_BSND",
+            sparse_count=8)
+        c = torch.ops.custom.npu_quant_lightning_indexer(q, k, w, qs, ks, 0, 0, layout_query="TND", sparse_count=8)
+        print("A", tuple(a.shape), a.dtype, int(a[0, 0, 0]))
+        print("B", type(b).__name__, tuple(b.shape))
+        print("C", len(c), tuple(c[0].shape), tuple(c[1].shape), c[1].dtype)
+        print("SEEN", seen)
+        try:
+            torch.ops.custom.npu_quant_lightning_indexer(q, k, w, qs, ks, 0, 0, layout_query="TND", cmp_ratio=4)
+        except Exception as exc:
+            print("CMP", type(exc).__name__, str(exc)[:60])
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert ("REPORT ['_C_ascend::npu_lightning_indexer_quant', 'custom::npu_lightning_indexer_quant', "
+            "'custom::npu_quant_lightning_indexer']") in out
+    assert "A (3, 1, 8) torch.int32 7" in out
+    assert "B Tensor (3, 1, 8)" in out
+    assert "C 2 (3, 1, 8) (0,) torch.float32" in out
+    # _C_ascend / custom V3.2: quant modes keyword defaults 0, layout_key given; V4: layout_key's default PA_BSND
+    assert "SEEN [(0, 0, 'TND', 'PA_BSND', 8, 3), (0, 0, 'TND', 'PA_BSND', 8, 3), (0, 0, 'TND', 'PA_BSND', 8, 3)]" in out
+    assert "CMP ModeError cmp_ratio: expected the default 1" in out
