@@ -80,32 +80,70 @@ def test_every_entry_cites_its_source_and_is_registered_or_skipped_explicitly():
             assert not hasattr(getattr(torch.ops, spec.namespace), spec.name), key
 
 
-def test_skips_an_existing_op_and_an_op_ascend_emu_lacks():
-    """In a fresh interpreter: ``_C_ascend::npu_lightning_indexer`` defined first (as a loaded
-    vllm-ascend library would) is left alone with a warning; with ``ascend_emu.ops`` lacking
-    npu_sparse_flash_attention its namespace ops are not registered; the rest are."""
-    code = textwrap.dedent("""
-        import warnings, torch
-        lib = torch.library.Library("_C_ascend", "FRAGMENT")
-        lib.define("npu_lightning_indexer(Tensor query) -> Tensor")
-        import ascend_emu.ops as ops
-        del ops.npu_sparse_flash_attention
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            import ascend_emu.torch_npu
-        from ascend_emu.torch_npu import namespaces
-        r = namespaces.report()
-        print("WARN", [str(w.message) for w in caught if w.category is namespaces.NamespaceWarning])
-        print("LI", r["_C_ascend::npu_lightning_indexer"])
-        print("SCHEMA", torch.ops._C_ascend.npu_lightning_indexer.default._schema)
-        print("SFA", r["_C_ascend::npu_sparse_flash_attention"], r["custom::npu_sparse_flash_attention"])
-        print("HAS", hasattr(torch.ops._C_ascend, "npu_sparse_flash_attention"),
-              hasattr(torch.ops.custom, "npu_sparse_flash_attention"))
-        print("KVQ", r["_C_ascend::npu_kv_quant_sparse_flash_attention"])
-    """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+#: One fresh interpreter for the registration cases (an import of torch and ascend_emu each):
+#: ``_C_ascend::npu_lightning_indexer`` defined first (as a loaded vllm-ascend library would);
+#: ``ascend_emu.ops`` without npu_sparse_flash_attention; a stand-in
+#: ``ascend_emu.ops.npu_quant_lightning_indexer`` of torch_npu 2.14's signature (the op lands on
+#: another branch) that records what it is called with.
+_FRESH = textwrap.dedent("""
+    import warnings, numpy as np, torch
+    lib = torch.library.Library("_C_ascend", "FRAGMENT")
+    lib.define("npu_lightning_indexer(Tensor query) -> Tensor")
+    import ascend_emu.ops as ops
+    del ops.npu_sparse_flash_attention
+    seen = []
+    def npu_quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale,
+                                    query_quant_mode, key_quant_mode, *, actual_seq_lengths_query=None,
+                                    actual_seq_lengths_key=None, block_table=None, layout_query="BSND",
+                                    layout_key="BSND", sparse_count=2048, sparse_mode=3,
+                                    pre_tokens=2**63 - 1, next_tokens=2**63 - 1, query_dtype=None, key_dtype=None):
+        seen.append((query_quant_mode, key_quant_mode, layout_query, layout_key, sparse_count, sparse_mode))
+        return np.full((query.shape[0], 1, sparse_count), 7, np.int32)
+    ops.npu_quant_lightning_indexer = npu_quant_lightning_indexer
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import ascend_emu.torch_npu
+    from ascend_emu.torch_npu import namespaces
+    r = namespaces.report()
+    print("WARN", [str(w.message) for w in caught if w.category is namespaces.NamespaceWarning])
+    print("LI", r["_C_ascend::npu_lightning_indexer"])
+    print("SCHEMA", torch.ops._C_ascend.npu_lightning_indexer.default._schema)
+    print("SFA", r["_C_ascend::npu_sparse_flash_attention"], r["custom::npu_sparse_flash_attention"])
+    print("HAS", hasattr(torch.ops._C_ascend, "npu_sparse_flash_attention"),
+          hasattr(torch.ops.custom, "npu_sparse_flash_attention"))
+    print("KVQ", r["_C_ascend::npu_kv_quant_sparse_flash_attention"])
+    print("REPORT", sorted(k for k, v in r.items() if v == "registered" and "quant" in k and "indexer" in k))
+    q = torch.zeros(3, 4, 128, dtype=torch.int8); k = torch.zeros(2, 16, 1, 128, dtype=torch.int8)
+    w = torch.zeros(3, 4, dtype=torch.float16); qs = torch.zeros(3, 4, dtype=torch.float16)
+    ks = torch.zeros(2, 16, 1, dtype=torch.float16)
+    a = torch.ops._C_ascend.npu_lightning_indexer_quant(query=q, key=k, weights=w, query_dequant_scale=qs,
+        key_dequant_scale=ks, layout_query="TND", layout_key="PA_BSND", sparse_count=8)
+    b = torch.ops.custom.npu_lightning_indexer_quant(q, k, w, qs, ks, layout_query="TND", layout_key="PA_BSND",
+        sparse_count=8)
+    c = torch.ops.custom.npu_quant_lightning_indexer(q, k, w, qs, ks, 0, 0, layout_query="TND", sparse_count=8)
+    print("A", tuple(a.shape), a.dtype, int(a[0, 0, 0]))
+    print("B", type(b).__name__, tuple(b.shape))
+    print("C", len(c), tuple(c[0].shape), tuple(c[1].shape), c[1].dtype)
+    print("SEEN", seen)
+    try:
+        torch.ops.custom.npu_quant_lightning_indexer(q, k, w, qs, ks, 0, 0, layout_query="TND", cmp_ratio=4)
+    except Exception as exc:
+        print("CMP", type(exc).__name__, str(exc)[:60])
+""")
+
+
+@pytest.fixture(scope="module")
+def fresh() -> str:
+    """The output of :data:`_FRESH`."""
+    proc = subprocess.run([sys.executable, "-c", _FRESH], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
+    return proc.stdout
+
+
+def test_skips_an_existing_op_and_an_op_ascend_emu_lacks(fresh):
+    """An op the process already has is left alone with a warning; with ``ascend_emu.ops``
+    lacking npu_sparse_flash_attention its namespace ops are not registered; the rest are."""
+    out = fresh
     assert "torch.ops._C_ascend.npu_lightning_indexer already exists in this process" in out
     assert "LI skipped: already defined in this process (left as it is)" in out
     assert "SCHEMA _C_ascend::npu_lightning_indexer(Tensor query) -> Tensor" in out
@@ -113,6 +151,22 @@ def test_skips_an_existing_op_and_an_op_ascend_emu_lacks():
             "skipped: ascend_emu.ops has no npu_sparse_flash_attention") in out
     assert "HAS False False" in out
     assert "KVQ registered" in out
+
+
+def test_quant_indexer_entries_light_up_when_the_op_exists(fresh):
+    """With the stand-in quant indexer the three quant-indexer entries register, each call
+    reaches the op with the namespace's defaults by torch_npu's argument names, the outputs are
+    mapped (the V4 schema's second output an fp32 ``[0]``), and an argument the op lacks is
+    accepted at the schema's default only."""
+    out = fresh
+    assert ("REPORT ['_C_ascend::npu_lightning_indexer_quant', 'custom::npu_lightning_indexer_quant', "
+            "'custom::npu_quant_lightning_indexer']") in out
+    assert "A (3, 1, 8) torch.int32 7" in out
+    assert "B Tensor (3, 1, 8)" in out
+    assert "C 2 (3, 1, 8) (0,) torch.float32" in out
+    # _C_ascend / custom V3.2: quant modes keyword defaults 0, layout_key given; V4: layout_key's default PA_BSND
+    assert "SEEN [(0, 0, 'TND', 'PA_BSND', 8, 3), (0, 0, 'TND', 'PA_BSND', 8, 3), (0, 0, 'TND', 'PA_BSND', 8, 3)]" in out
+    assert "CMP ModeError cmp_ratio: expected the default 1" in out
 
 
 # ---------------------------------------------------------------------- sparse attention
@@ -324,54 +378,3 @@ def test_recipes_mount_custom_ops_onto_torch_npu(monkeypatch, li, sfa):
     x = torch.ones(1, 1, 2, 4, dtype=torch.float16)
     assert torch_npu.npu_rotary_mul(x, x, x).shape == x.shape  # not replaced
 
-
-def test_quant_indexer_entries_light_up_when_the_op_exists():
-    """In a fresh interpreter with a stand-in ``ascend_emu.ops.npu_quant_lightning_indexer`` of
-    torch_npu 2.14's signature (the op lands on another branch): the three quant-indexer entries
-    register, each call reaches the op with the namespace's defaults by torch_npu's argument
-    names, the outputs are mapped (the V4 schema's second output an fp32 ``[0]``), and an
-    argument the op lacks is accepted at the schema's default only."""
-    code = textwrap.dedent("""
-        import numpy as np, torch
-        import ascend_emu.ops as ops
-        seen = []
-        def npu_quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale,
-                                        query_quant_mode, key_quant_mode, *, actual_seq_lengths_query=None,
-                                        actual_seq_lengths_key=None, block_table=None, layout_query="BSND",
-                                        layout_key="BSND", sparse_count=2048, sparse_mode=3,
-                                        pre_tokens=2**63 - 1, next_tokens=2**63 - 1, query_dtype=None, key_dtype=None):
-            seen.append((query_quant_mode, key_quant_mode, layout_query, layout_key, sparse_count, sparse_mode))
-            return np.full((query.shape[0], 1, sparse_count), 7, np.int32)
-        ops.npu_quant_lightning_indexer = npu_quant_lightning_indexer
-        import ascend_emu.torch_npu
-        from ascend_emu.torch_npu import namespaces
-        r = namespaces.report()
-        print("REPORT", sorted(k for k, v in r.items() if v == "registered" and "quant" in k and "indexer" in k))
-        q = torch.zeros(3, 4, 128, dtype=torch.int8); k = torch.zeros(2, 16, 1, 128, dtype=torch.int8)
-        w = torch.zeros(3, 4, dtype=torch.float16); qs = torch.zeros(3, 4, dtype=torch.float16)
-        ks = torch.zeros(2, 16, 1, dtype=torch.float16)
-        a = torch.ops._C_ascend.npu_lightning_indexer_quant(query=q, key=k, weights=w, query_dequant_scale=qs,
-            key_dequant_scale=ks, layout_query="TND", layout_key="PA_BSND", sparse_count=8)
-        b = torch.ops.custom.npu_lightning_indexer_quant(q, k, w, qs, ks, layout_query="TND", layout_key="PA_BSND",
-            sparse_count=8)
-        c = torch.ops.custom.npu_quant_lightning_indexer(q, k, w, qs, ks, 0, 0, layout_query="TND", sparse_count=8)
-        print("A", tuple(a.shape), a.dtype, int(a[0, 0, 0]))
-        print("B", type(b).__name__, tuple(b.shape))
-        print("C", len(c), tuple(c[0].shape), tuple(c[1].shape), c[1].dtype)
-        print("SEEN", seen)
-        try:
-            torch.ops.custom.npu_quant_lightning_indexer(q, k, w, qs, ks, 0, 0, layout_query="TND", cmp_ratio=4)
-        except Exception as exc:
-            print("CMP", type(exc).__name__, str(exc)[:60])
-    """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
-    assert ("REPORT ['_C_ascend::npu_lightning_indexer_quant', 'custom::npu_lightning_indexer_quant', "
-            "'custom::npu_quant_lightning_indexer']") in out
-    assert "A (3, 1, 8) torch.int32 7" in out
-    assert "B Tensor (3, 1, 8)" in out
-    assert "C 2 (3, 1, 8) (0,) torch.float32" in out
-    # _C_ascend / custom V3.2: quant modes keyword defaults 0, layout_key given; V4: layout_key's default PA_BSND
-    assert "SEEN [(0, 0, 'TND', 'PA_BSND', 8, 3), (0, 0, 'TND', 'PA_BSND', 8, 3), (0, 0, 'TND', 'PA_BSND', 8, 3)]" in out
-    assert "CMP ModeError cmp_ratio: expected the default 1" in out

@@ -230,7 +230,7 @@ def _exists(spec: NamespaceSchema) -> bool:
 
 def register() -> dict[str, str]:
     """Register every entry of :data:`NAMESPACE_SCHEMAS` with ``torch.library`` (once per process;
-    :func:`ascend_emu.torch_npu` calls it on import), each one a binding to its
+    :mod:`ascend_emu.torch_npu` calls it on import), each one a binding to its
     :mod:`ascend_emu.ops` function (:func:`._registry.register_spec`). Skipped, and said so in
     :func:`report`: an entry whose op :mod:`ascend_emu.ops` does not have; an op the process
     already has (warns :class:`NamespaceWarning`: a real ``_C_ascend`` / ``custom`` library is
