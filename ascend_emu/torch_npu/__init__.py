@@ -14,7 +14,11 @@ Importing this module does to torch what the real ``import torch_npu`` does:
 - ``torch.npu`` exists (:mod:`.npu`), ``Tensor.npu()`` copies a host tensor to the (emulated)
   NPU and ``.cpu()`` copies it back, so host and device tensors never alias; ``device="npu"``
   strings work in factories and ``.to()`` (:mod:`._device`);
-- format tags follow tensors the way weight loading expects (:mod:`._format`).
+- format tags follow tensors the way weight loading expects (:mod:`._format`);
+- the serving frameworks' own namespaces, ``torch.ops._C_ascend.*`` (vllm-ascend) and
+  ``torch.ops.custom.*`` (cann-recipes-infer, sglang), are registered with their schemas as
+  bindings to the same ops (:mod:`.namespaces`; :func:`.namespaces.report` says what was
+  registered and what was left alone).
 
 Errors are ascend_emu's (``ValueError`` / ``TypeError`` subclasses naming the argument), not
 the ``RuntimeError`` torch_npu raises. Graph mode (torchair) is not emulated; ``torch.compile``
@@ -35,7 +39,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
     raise ModuleNotFoundError(f"ascend_emu.torch_npu needs torch; {TORCH_HINT}", name=exc.name) from exc
 
 from .. import __version__ as _emu_version
-from . import _device, _format, _registry, npu
+from . import _device, _format, _registry, namespaces, npu
 from ._convert import nz_of, tag_nz, to_numpy, to_torch
 from .schemas import SCHEMAS
 
@@ -43,6 +47,7 @@ npu.patch_torch()
 _device.patch_torch()
 _format.patch_torch()
 _registry.register()
+namespaces.register()  # torch.ops._C_ascend.* / torch.ops.custom.*: the frameworks' schemas, the same ops
 
 #: The emulated torch_npu release; the local label says this is the emulator.
 __version__ = f"{TORCH_NPU_VERSION}+ascend_emu.{_emu_version}"

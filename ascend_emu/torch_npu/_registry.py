@@ -1,4 +1,6 @@
-"""Registers torch_npu 2.14's schemas (:mod:`.schemas`) as ``torch.ops.npu.*`` / ``torch.ops.atb.*``.
+"""Registers torch_npu 2.14's schemas (:mod:`.schemas`) as ``torch.ops.npu.*`` / ``torch.ops.atb.*``,
+and the serving frameworks' (:mod:`.namespaces`: ``torch.ops._C_ascend.*``, ``torch.ops.custom.*``)
+as bindings to the same ops (:func:`register_spec`; only defaults and outputs differ).
 
 For every overload, with ``torch.library``:
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from ..errors import ArgumentError, AscendEmuError, DTypeError, ModeError, arg_error, describe
@@ -78,10 +81,13 @@ def _split(fn: Callable, table: tuple[tuple[str, str, bool], ...]) -> tuple:
 
 
 def emulate(op_name: str, params: dict[str, Any], defaults: dict[str, Any], public_name: str,
-            table: tuple[tuple[str, str, bool], ...], splits: dict) -> Any:
+            table: tuple[tuple[str, str, bool], ...], splits: dict, outputs: tuple = ()) -> Any:
     """Run ``ascend_emu.ops.<op_name>`` with the schema arguments ``params`` (all by keyword;
     ``table``: the schema's :func:`_kind_table`), each tensor converted once. ``splits``: the
-    caller's memo of :func:`_split` per op function.
+    caller's memo of :func:`_split` per op function. ``outputs``: a framework namespace's output
+    mapping (:attr:`.namespaces.NamespaceSchema.outputs`: an int picks the op's output, a
+    :class:`.namespaces.Placeholder` is an empty ``[0]`` array of its dtype), applied before the
+    results become tensors; empty: the op's outputs as they are.
 
     Raises:
         NotImplementedError: the op does not exist in this version.
@@ -108,7 +114,18 @@ def emulate(op_name: str, params: dict[str, Any], defaults: dict[str, Any], publ
             continue
         kwargs[key] = array = to_numpy(value, key)
         originals[id(array)] = (array, value)
-    return _up(fn(**kwargs), originals)
+    result = fn(**kwargs)
+    if outputs:
+        result = _map_outputs(result, outputs)
+    return _up(result, originals)
+
+
+def _map_outputs(result: Any, outputs: tuple) -> Any:
+    """The op's ``result`` (one array or a tuple) rearranged by a namespace's output mapping."""
+    got = result if isinstance(result, (tuple, list)) else (result,)
+    mapped = tuple(got[entry] if isinstance(entry, int) else np.empty((0,), dtype=np.dtype(entry.dtype))
+                   for entry in outputs)
+    return mapped[0] if len(mapped) == 1 else mapped
 
 
 def _reject_ascend950(params: dict[str, Any], public_name: str) -> None:
@@ -145,7 +162,7 @@ def _writes(spec: OpSchema, schema: torch._C.FunctionSchema) -> tuple[str, ...]:
     """Arguments whose memory the op writes: the schema's ``(a!)`` ones and, for the ops torch_npu
     declares without annotations, :data:`.schemas.WRITES_UNANNOTATED`."""
     annotated = tuple(a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write)
-    return annotated + WRITES_UNANNOTATED.get(spec.qualified, ())
+    return annotated + (WRITES_UNANNOTATED.get(spec.qualified, ()) if spec.namespace == "npu" else ())
 
 
 def _kernel_body(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable[[dict], Any]:
@@ -155,10 +172,12 @@ def _kernel_body(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable[[d
     the FRACTAL_NZ tags (:func:`._convert.nz_of`) see the write."""
     defaults = _defaults(schema)
     qualified, name = spec.qualified, spec.name
-    public = f"torch_npu.{'atb.' if spec.namespace == 'atb' else ''}{name}"
+    public = public_name(spec.namespace, name)
     writes = _writes(spec, schema)
     table = _kind_table(schema)
     splits: dict = {}
+    declared = f"torch_npu {TORCH_NPU_VERSION}'s schema"
+    op = getattr(spec, "op", "")
 
     def run(params: dict[str, Any]) -> Any:
         if qualified == "npu_mla_prolog_v3_functional":
@@ -175,6 +194,9 @@ def _kernel_body(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable[[d
             return (*out[2:], *caches)
         return emulate(name, params, defaults, public, table, splits)
 
+    if op:  # a framework namespace's binding (:mod:`.namespaces`)
+        run, declared = _namespace_run(spec, defaults, public, table), f"the schema of {spec.source}"
+
     returns = len(schema.returns)
 
     def body(params: dict[str, Any]) -> Any:
@@ -184,11 +206,35 @@ def _kernel_body(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable[[d
             torch.autograd.graph.increment_version(written)
         got = len(out) if isinstance(out, (tuple, list)) else 1
         if got != returns:
-            raise RuntimeError(f"{public}: the emulation returned {got} output(s); torch_npu {TORCH_NPU_VERSION}'s "
-                               f"schema returns {returns}")
+            raise RuntimeError(f"{public}: the emulation returned {got} output(s); {declared} returns {returns}")
         return tuple(out) if returns > 1 else (out[0] if isinstance(out, (tuple, list)) else out)
 
     return body
+
+
+def _namespace_run(spec, defaults: dict[str, Any], public: str,
+                   table: tuple[tuple[str, str, bool], ...]) -> Callable[[dict], Any]:
+    """The kernel of a framework-namespace overload (:class:`.namespaces.NamespaceSchema`) on
+    its arguments bound by name: ``ascend_emu.ops.<spec.op>`` through :func:`emulate` with the
+    namespace's defaults, ``spec.fixed`` for the arguments its schema lacks, ``spec.outputs``
+    as the output mapping and, for a ``_functional`` variant, the caches copied
+    (:func:`_functional`) and returned after the outputs."""
+    op, outputs, functional, fixed = spec.op, spec.outputs, spec.functional, dict(spec.fixed)
+    if fixed:  # arguments the namespace's schema lacks, at the values its kernel call implies
+        table += tuple((name, type(value).__name__, False) for name, value in fixed.items())
+        defaults = {**defaults, **fixed}
+    splits: dict = {}
+
+    def run(params: dict[str, Any]) -> Any:
+        if fixed:
+            params.update(fixed)
+        if functional:
+            out, caches = _functional(op, params, functional, lambda: emulate(
+                op, params, defaults, public, table, splits, outputs))
+            return (*out, *caches)
+        return emulate(op, params, defaults, public, table, splits, outputs)
+
+    return run
 
 
 _FORMAT_KERNELS = {
@@ -356,31 +402,82 @@ def register() -> None:
     if _DONE:
         return
     for spec in SCHEMAS:
-        lib = _LIBS.get(spec.namespace)
-        if lib is None:
-            lib = _LIBS[spec.namespace] = torch.library.Library(spec.namespace, "FRAGMENT")
-        lib.define(spec.schema)
-        schema = torch._C.parse_schema(f"{spec.namespace}::{spec.schema}")
-        key = f"{spec.namespace}::{spec.qualified}"
-        binding = _BINDINGS[key] = _Binding(spec, schema)
-        lib.impl(spec.qualified, binding.kernel, "CPU")
-        for dispatch_key in NON_STRIDED_KEYS:
-            lib.impl(spec.qualified, binding.strided_only, dispatch_key)
-        if key in _fake.FAKES:
-            torch.library.register_fake(key, _fake.FAKES[key], lib=lib)
-        packet = getattr(getattr(torch.ops, spec.namespace), spec.name)
-        overload = getattr(packet, spec.qualified.split(".")[1] if "." in spec.qualified else "default")
-        if spec.qualified == "npu_format_cast":
-            torch.library.register_autograd(key, _format_cast_backward, lib=lib)
-        elif spec.qualified == "npu_format_cast.Tensor":
-            torch.library.register_autograd(key, _format_cast_tensor_backward, lib=lib)
-        else:
-            lib.impl(spec.qualified, _below_autograd(overload), "Autograd")
-    for namespace, name in dict.fromkeys((s.namespace, s.name) for s in SCHEMAS):
+        register_spec(spec)
+    check_packets(dict.fromkeys((s.namespace, s.name) for s in SCHEMAS))
+    _DONE = True
+
+
+#: Every overload registered, torch_npu's (:data:`.schemas.SCHEMAS`) and the framework
+#: namespaces' (:data:`.namespaces.NAMESPACE_SCHEMAS`), in registration order.
+_REGISTERED: list[OpSchema] = []
+
+
+def register_spec(spec: OpSchema) -> None:
+    """Define one overload with ``torch.library`` and implement it: the schema string, the CPU
+    kernel of its :class:`_Binding` (also for :data:`NON_STRIDED_KEYS`), the fake kernel
+    (:data:`._fake.FAKES`; a :class:`.namespaces.NamespaceSchema` gets :func:`namespace_fake`
+    of its op's) and the Autograd kernel. The packet's argument check comes from
+    :func:`check_packets`."""
+    lib = _LIBS.get(spec.namespace)
+    if lib is None:
+        lib = _LIBS[spec.namespace] = torch.library.Library(spec.namespace, "FRAGMENT")
+    lib.define(spec.schema)
+    schema = torch._C.parse_schema(f"{spec.namespace}::{spec.schema}")
+    key = f"{spec.namespace}::{spec.qualified}"
+    binding = _BINDINGS[key] = _Binding(spec, schema)
+    _REGISTERED.append(spec)
+    lib.impl(spec.qualified, binding.kernel, "CPU")
+    for dispatch_key in NON_STRIDED_KEYS:
+        lib.impl(spec.qualified, binding.strided_only, dispatch_key)
+    fake = _fake.FAKES.get(key) if not getattr(spec, "op", "") else namespace_fake(spec, schema)
+    if fake is not None:
+        torch.library.register_fake(key, fake, lib=lib)
+    packet = getattr(getattr(torch.ops, spec.namespace), spec.name)
+    overload = getattr(packet, spec.qualified.split(".")[1] if "." in spec.qualified else "default")
+    if key == "npu::npu_format_cast":
+        torch.library.register_autograd(key, _format_cast_backward, lib=lib)
+    elif key == "npu::npu_format_cast.Tensor":
+        torch.library.register_autograd(key, _format_cast_tensor_backward, lib=lib)
+    else:
+        lib.impl(spec.qualified, _below_autograd(overload), "Autograd")
+
+
+def check_packets(ops) -> None:
+    """Give each ``torch.ops.<namespace>.<name>`` of ``ops`` (``(namespace, name)`` pairs, all
+    registered by :func:`register_spec`) the argument check of :class:`CheckedPacket`."""
+    for namespace, name in ops:
         packet = getattr(getattr(torch.ops, namespace), name)
         _CHECKS[packet._qualified_op_name] = check_call(namespace, name)
         packet.__class__ = CheckedPacket
-    _DONE = True
+
+
+def namespace_fake(spec, schema: torch._C.FunctionSchema) -> Callable | None:
+    """The fake kernel of a framework-namespace overload (:class:`.namespaces.NamespaceSchema`):
+    the fake of the torch_npu op it binds (``npu::<op>`` in :data:`._fake.FAKES`), called with
+    the arguments by name, then the binding's output mapping (a placeholder is an empty ``[0]``
+    tensor of its dtype) and, for a ``_functional`` variant, the caches' likes. None when
+    :data:`._fake.FAKES` has no fake of the op."""
+    base = _fake.FAKES.get(f"npu::{spec.op}")
+    if base is None:
+        return None
+    defaults, names = _defaults(schema), tuple(a.name for a in schema.arguments)
+    outputs, functional = spec.outputs, spec.functional
+
+    def fake(*args, **kwargs):
+        params = _bind(schema, args, kwargs, defaults, names)
+        out = base(**params)
+        if outputs:
+            got = out if isinstance(out, (tuple, list)) else (out,)
+            like = next(v for v in params.values() if isinstance(v, torch.Tensor))
+            out = tuple(got[e] if isinstance(e, int) else
+                        torch.empty([0], dtype=getattr(torch, e.dtype), device=like.device) for e in outputs)
+            out = out[0] if len(out) == 1 else out
+        if functional:
+            out = (*out, *(torch.empty_like(params[name]) for name in functional))
+        return out
+
+    fake.__name__ = f"{spec.namespace}_{spec.qualified}_fake"
+    return fake
 
 
 #: Dispatch keys of CPU tensors that are not one strided block (sparse COO / compressed, mkldnn,
@@ -445,10 +542,10 @@ def check_call(namespace: str, name: str) -> Callable[[tuple, dict], "_Binding"]
         ArgumentError: too many positional arguments, an unknown keyword, an argument given
             twice, a required argument missing.
     """
-    bindings = tuple(_BINDINGS[f"{namespace}::{s.qualified}"] for s in SCHEMAS
+    bindings = tuple(_BINDINGS[f"{namespace}::{s.qualified}"] for s in _REGISTERED
                      if s.namespace == namespace and s.name == name)
-    public = f"torch_npu.{'atb.' if namespace == 'atb' else ''}{name}"
-    cast = name.startswith("npu_format_cast")
+    public = public_name(namespace, name)
+    cast = namespace == "npu" and name.startswith("npu_format_cast")
 
     def check(args: tuple, kwargs: dict) -> _Binding:
         if cast and len(args) > 1 and not isinstance(args[1], torch.Tensor):
@@ -504,6 +601,14 @@ def _wrong_kind(table: tuple[tuple[str, str, bool], ...], args: tuple,
             cls = ModeError if kind == "str" else DTypeError
             return i, arg_error(cls, name, text + (" or None" if optional else ""), describe(value))
     return None
+
+
+def public_name(namespace: str, name: str) -> str:
+    """How errors name an op: ``torch_npu.<name>`` / ``torch_npu.atb.<name>`` for torch_npu's
+    namespaces, ``torch.ops.<namespace>.<name>`` for a framework's (:mod:`.namespaces`)."""
+    if namespace in ("npu", "atb"):
+        return f"torch_npu.{'atb.' if namespace == 'atb' else ''}{name}"
+    return f"torch.ops.{namespace}.{name}"
 
 
 _compiling = torch.compiler.is_compiling

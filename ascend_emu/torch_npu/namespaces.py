@@ -1,0 +1,256 @@
+"""The serving frameworks' own op namespaces, as data: ``torch.ops._C_ascend.*`` (vllm-ascend)
+and ``torch.ops.custom.*`` (cann-recipes-infer's custom_ops package, which sglang's NPU
+backend loads too).
+
+vllm-ascend's A2 / A3 DeepSeek-V3.2 path (``vllm_ascend/device/device_op.py``) calls
+``torch.ops._C_ascend.npu_sparse_flash_attention`` / ``npu_kv_quant_sparse_flash_attention`` /
+``npu_lightning_indexer`` / ``npu_lightning_indexer_quant``, declared by its own library
+(``csrc/torch_binding.cpp``, kernels in ``csrc/attention/*/*_torch_adpt.h``) with other defaults,
+keyword-only quant modes and three outputs where torch_npu has one. cann-recipes-infer's
+DeepSeek-V3.2 recipe registers ``torch.ops.custom.*`` (``ops/ascendc/torch_ops_extension/
+custom_ops/csrc/ops_def_registration.cpp``) with yet other schemas, and its ``custom_ops``
+package then assigns every ``torch.ops.custom.<op>`` onto ``torch_npu`` (``custom_ops/__init__.py``).
+
+Each :class:`NamespaceSchema` is the schema string as that file declares it, the file and line it
+comes from, and the *binding*: the :mod:`ascend_emu.ops` function that runs it (the same one the
+torch_npu schema of :mod:`.schemas` runs) and the output mapping. :mod:`._registry` registers
+them with ``torch.library`` (schema, CPU kernel, fake kernel) when ``ascend_emu.torch_npu`` is
+imported (:func:`register`); arguments pass to the op by their schema names (every name here is
+the op's own, so errors name the argument as the namespace's schema names it), defaults are the
+namespace's; an argument the op does not take is accepted at the schema's default only
+(ModeError naming it otherwise), as for the torch_npu schemas.
+
+An entry whose op :mod:`ascend_emu.ops` does not have yet (``npu_quant_lightning_indexer``) is
+kept as data and skipped, and :func:`report` says so. A namespace op that already exists in the
+process (a real vllm-ascend ``_C_ascend`` library or the recipes' ``custom_ops`` loaded first) is
+left alone, with a :class:`NamespaceWarning`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from .schemas import OpSchema
+
+#: vllm-ascend snapshot the ``_C_ascend`` schemas are read from (vllm-project/vllm-ascend,
+#: commit 182b75ea, 2026-08-22).
+VLLM_ASCEND = "vllm-project/vllm-ascend@182b75ea csrc/torch_binding.cpp"
+#: cann-recipes-infer's DeepSeek-V3.2 custom ops (hicann/cann-recipes-infer, commit fce5418b,
+#: 2026-03-10, the last before commit af01a94 removed them for the DeepSeek-V4 set).
+RECIPES_V32 = "hicann/cann-recipes-infer@fce5418b ops/ascendc/torch_ops_extension/custom_ops/csrc/ops_def_registration.cpp"
+#: cann-recipes-infer's current custom ops (commit fbc225d2, 2026-08-21).
+RECIPES_HEAD = "hicann/cann-recipes-infer@fbc225d2 ops/ascendc/torch_ops_extension/custom_ops/csrc/ops_def_registration.cpp"
+
+
+@dataclass(frozen=True)
+class Placeholder:
+    """An output the namespace's schema has and the emulated op does not produce: an empty
+    ``[0]`` tensor of ``dtype`` on the emulated NPU, what the real op returns there in the modes
+    the emulator accepts (e.g. softmax_max / softmax_sum without ``return_softmax_lse``)."""
+
+    dtype: str = "float32"
+
+
+#: The fp32 ``[0]`` softmax_max / softmax_sum / sparse_values the real ops return when not asked
+#: for them (vllm-ascend ``kv_quant_sparse_flash_attention_torch_adpt.h``: ``softmax_size = {0}``,
+#: ``at::kFloat``; the recipes' ``npu_quant_lightning_indexer.cpp``: ``at::empty({0}, kFloat)``).
+EMPTY_F32 = Placeholder("float32")
+
+
+@dataclass(frozen=True)
+class NamespaceSchema(OpSchema):
+    """One framework-namespace op overload bound to an :mod:`ascend_emu.ops` function.
+
+    Attributes:
+        namespace: ``_C_ascend`` or ``custom``.
+        schema: the schema string as the source declares it.
+        source: repository@commit, file and line.
+        op: the :mod:`ascend_emu.ops` function that runs it.
+        outputs: the output mapping, one entry per schema output: an int picks that output of
+            the op (its only output is 0), a :class:`Placeholder` is an empty tensor; empty:
+            the op's outputs as they are.
+        functional: caches the op writes in place that this variant copies instead and returns
+            after the op's outputs (the ``_functional`` variants).
+        fixed: ``(argument, value)`` pairs the op gets for arguments the namespace's schema does
+            not have (what its kernel call implies).
+        caller: where the framework calls it.
+    """
+
+    op: str = ""
+    outputs: tuple = ()
+    functional: tuple[str, ...] = ()
+    fixed: tuple[tuple[str, object], ...] = ()
+    caller: str = ""
+
+
+NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
+    # ---------------------------------------------------------------- vllm-ascend, _C_ascend
+    NamespaceSchema("_C_ascend",
+        'npu_lightning_indexer(Tensor query, Tensor key, Tensor weights, *, '
+        'Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, '
+        'Tensor? block_table=None, str layout_query="BSND", str layout_key="BSND", '
+        'int sparse_count=2048, int sparse_mode=3, int pre_tokens=9223372036854775807, '
+        'int next_tokens=9223372036854775807, bool return_value=False'
+        ') -> (Tensor sparse_indices, Tensor sparse_values)',
+        f"{VLLM_ASCEND}:2056", op="npu_lightning_indexer",
+        caller="vllm_ascend/device/device_op.py:509 (indexer_select_post_process)"),
+    NamespaceSchema("_C_ascend",
+        'npu_sparse_flash_attention(Tensor query, Tensor key, Tensor value, '
+        "Tensor sparse_indices, float scale_value, *, Tensor? block_table=None, "
+        'Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_kv=None, '
+        'Tensor? query_rope=None, Tensor? key_rope=None, int sparse_block_size=1, '
+        "str layout_query='BSND', str layout_kv='BSND', int sparse_mode=3, "
+        'int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, '
+        'int attention_mode=2, bool return_softmax_lse=False'
+        ') -> (Tensor attention_out, Tensor softmax_max, Tensor softmax_sum)',
+        f"{VLLM_ASCEND}:2091", op="npu_sparse_flash_attention",
+        caller="vllm_ascend/device/device_op.py:567 (execute_sparse_flash_attention_process)"),
+    NamespaceSchema("_C_ascend",
+        'npu_kv_quant_sparse_flash_attention(Tensor query, Tensor key, Tensor value, '
+        'Tensor sparse_indices, float scale_value, *, int key_quant_mode=1, int value_quant_mode=1, '
+        'Tensor? key_dequant_scale=None, Tensor? value_dequant_scale=None, Tensor? block_table=None, '
+        'Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_kv=None, '
+        "int sparse_block_size=1, str layout_query='BSND', str layout_kv='BSND', int sparse_mode=3, "
+        'int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, '
+        'int attention_mode=2, int quant_scale_repo_mode=1, int tile_size=128, int rope_head_dim=64, '
+        'bool return_softmax_lse=False'
+        ') -> (Tensor attention_out, Tensor softmax_max, Tensor softmax_sum)',
+        f"{VLLM_ASCEND}:2104", op="npu_kv_quant_sparse_flash_attention", outputs=(0, EMPTY_F32, EMPTY_F32),
+        caller="vllm_ascend/device/device_op.py:609 (_execute_kv_quant_sparse_flash_attention)"),
+    NamespaceSchema("_C_ascend",
+        'npu_lightning_indexer_quant(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, '
+        'Tensor key_dequant_scale, *, Tensor? actual_seq_lengths_query=None, '
+        'Tensor? actual_seq_lengths_key=None, Tensor? block_table=None, '
+        'int query_quant_mode=0, int key_quant_mode=0, '
+        "str layout_query='BSND', str layout_key='BSND', "
+        'int sparse_count=2048, int sparse_mode=3) -> Tensor',
+        f"{VLLM_ASCEND}:2524", op="npu_quant_lightning_indexer", outputs=(0,),
+        caller="vllm_ascend/device/device_op.py:479 (indexer_select_post_process, C8 indexer)"),
+    # ------------------------------------------- cann-recipes-infer DeepSeek-V3.2, custom
+    NamespaceSchema("custom",
+        "npu_sparse_flash_attention(Tensor query, Tensor key, Tensor value, Tensor sparse_indices, "
+        "float scale_value, int sparse_block_size, *, Tensor? block_table=None, "
+        "Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_kv=None, "
+        "Tensor? query_rope=None, Tensor? key_rope=None, str layout_query='BSND', "
+        "str layout_kv='BSND', int sparse_mode=3) -> Tensor",
+        f"{RECIPES_V32}:17", op="npu_sparse_flash_attention", outputs=(0,),
+        # no attention_mode: the recipe's adapter (csrc/npu_sparse_flash_attention.cpp:56) calls
+        # aclnnSparseFlashAttention without one, the MLA-absorb kernel (the doc's only mode, 2)
+        fixed=(("attention_mode", 2),),
+        caller="models/deepseek-v3.2-exp/models/modeling_deepseek.py:1408"),
+    NamespaceSchema("custom",
+        "npu_sparse_flash_attention_antiquant(Tensor query, Tensor key, Tensor value, Tensor sparse_indices, "
+        "float scale_value, int sparse_block_size, int key_quant_mode, int value_quant_mode, *, "
+        "Tensor? key_dequant_scale=None, Tensor? value_dequant_scale=None, Tensor? block_table=None, "
+        "Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_kv=None, "
+        "str layout_query='BSND', str layout_kv='BSND', int sparse_mode=3, int attention_mode=0, "
+        "int quant_scale_repo_mode=0, int tile_size=0, int rope_head_dim=0) -> Tensor",
+        f"{RECIPES_V32}:18", op="npu_kv_quant_sparse_flash_attention",
+        caller="models/deepseek-v3.2-exp/models/modeling_deepseek.py:1401 (kv_cache_quant_mode int8)"),
+    NamespaceSchema("custom",
+        "npu_lightning_indexer(Tensor query, Tensor key, Tensor weights, *, "
+        "Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, "
+        "Tensor? block_table=None, str layout_query='BSND', str layout_key='BSND', "
+        "int sparse_count=2048, int sparse_mode=3) -> Tensor",
+        f"{RECIPES_V32}:19", op="npu_lightning_indexer", outputs=(0,),
+        caller="models/deepseek-v3.2-exp/models/indexer.py:450"),
+    NamespaceSchema("custom",
+        "npu_lightning_indexer_quant(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, "
+        "Tensor key_dequant_scale, *, Tensor? actual_seq_lengths_query=None, "
+        "Tensor? actual_seq_lengths_key=None, Tensor? block_table=None, int query_quant_mode=0, "
+        "int key_quant_mode=0, str layout_query='BSND', str layout_key='BSND', int sparse_count=2048, "
+        "int sparse_mode=3) -> Tensor",
+        f"{RECIPES_V32}:20", op="npu_quant_lightning_indexer", outputs=(0,),
+        caller="models/deepseek-v3.2-exp/models/indexer.py:448 (kv_cache_quant_mode int8)"),
+    NamespaceSchema("custom",
+        "npu_mla_prolog_v3(Tensor token_x, Tensor weight_dq, Tensor weight_uq_qr, Tensor weight_uk, "
+        "Tensor weight_dkv_kr, Tensor rmsnorm_gamma_cq, Tensor rmsnorm_gamma_ckv, Tensor rope_sin, "
+        "Tensor rope_cos, Tensor(a!) kv_cache, Tensor(b!) kr_cache, *, Tensor? cache_index=None, "
+        "Tensor? dequant_scale_x=None, Tensor? dequant_scale_w_dq=None, Tensor? dequant_scale_w_uq_qr=None, "
+        "Tensor? dequant_scale_w_dkv_kr=None, Tensor? quant_scale_ckv=None, Tensor? quant_scale_ckr=None, "
+        "Tensor? smooth_scales_cq=None, Tensor? actual_seq_len=None, Tensor? k_nope_clip_alpha=None, "
+        "float rmsnorm_epsilon_cq=1e-05, float rmsnorm_epsilon_ckv=1e-05, str cache_mode='PA_BSND', "
+        "bool query_norm_flag=False, int weight_quant_mode=0, int kv_cache_quant_mode=0, "
+        "int query_quant_mode=0, int ckvkr_repo_mode=0, int quant_scale_repo_mode=0, int tile_size=128, "
+        "float qc_qr_scale=1.0, float kc_scale=1.0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+        f"{RECIPES_V32}:23", op="npu_mla_prolog_v3",
+        caller="models/deepseek-v3.2-exp/models/modeling_deepseek.py:1133"),
+    NamespaceSchema("custom",
+        "npu_mla_prolog_v3_functional(Tensor token_x, Tensor weight_dq, Tensor weight_uq_qr, "
+        "Tensor weight_uk, Tensor weight_dkv_kr, Tensor rmsnorm_gamma_cq, Tensor rmsnorm_gamma_ckv, "
+        "Tensor rope_sin, Tensor rope_cos, Tensor kv_cache, Tensor kr_cache, *, Tensor? cache_index=None, "
+        "Tensor? dequant_scale_x=None, Tensor? dequant_scale_w_dq=None, Tensor? dequant_scale_w_uq_qr=None, "
+        "Tensor? dequant_scale_w_dkv_kr=None, Tensor? quant_scale_ckv=None, Tensor? quant_scale_ckr=None, "
+        "Tensor? smooth_scales_cq=None, Tensor? actual_seq_len=None, Tensor? k_nope_clip_alpha=None, "
+        "float rmsnorm_epsilon_cq=1e-05, float rmsnorm_epsilon_ckv=1e-05, str cache_mode='PA_BSND', "
+        "bool query_norm_flag=False, int weight_quant_mode=0, int kv_cache_quant_mode=0, "
+        "int query_quant_mode=0, int ckvkr_repo_mode=0, int quant_scale_repo_mode=0, "
+        "int tile_size=128, float qc_qr_scale=1.0, float kc_scale=1.0) -> "
+        "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+        f"{RECIPES_V32}:33", op="npu_mla_prolog_v3", functional=("kv_cache", "kr_cache"),
+        caller="models/deepseek-v3.2-exp/models/model_infer.py:87 (graph-mode functionalisation)"),
+    # --------------------------------------- cann-recipes-infer current (DeepSeek-V4 set)
+    NamespaceSchema("custom",
+        "npu_quant_lightning_indexer(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, "
+        "Tensor key_dequant_scale, int query_quant_mode, int key_quant_mode, *, "
+        "Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, "
+        "Tensor? block_table=None, Tensor? metadata=None, str layout_query='BSND', str layout_key='PA_BSND', "
+        "int sparse_count=2048, int sparse_mode=3, int pre_tokens=9223372036854775807, "
+        "int next_tokens=9223372036854775807, int cmp_ratio=1, bool return_value=False, "
+        "int? query_dtype=None, int? key_dtype=None) -> (Tensor, Tensor)",
+        f"{RECIPES_HEAD}:84", op="npu_quant_lightning_indexer", outputs=(0, EMPTY_F32),
+        caller="sglang's DeepSeek-V4 Ascend attention backend (python/sglang/srt/hardware_backend/npu/attention/, "
+        "through the recipes' custom_ops package)"),
+)
+
+
+class NamespaceWarning(UserWarning):
+    """A framework-namespace op was not registered: it already exists in this process (the
+    framework's own library is loaded), so the emulator leaves it alone."""
+
+
+#: What :func:`register` did with each entry, by ``namespace::name``: ``"registered"`` or
+#: ``"skipped: <why>"``.
+_REPORT: dict[str, str] = {}
+
+
+def report() -> dict[str, str]:
+    """What the drop-in did with each entry of :data:`NAMESPACE_SCHEMAS`, by
+    ``namespace::name``: ``"registered"``, or ``"skipped: <why>"`` (the op is not in
+    :mod:`ascend_emu.ops` yet, or the namespace op already existed in the process). A copy."""
+    return dict(_REPORT)
+
+
+def _exists(spec: NamespaceSchema) -> bool:
+    import torch
+
+    return hasattr(getattr(torch.ops, spec.namespace), spec.name)
+
+
+def register() -> dict[str, str]:
+    """Register every entry of :data:`NAMESPACE_SCHEMAS` with ``torch.library`` (once per process;
+    :mod:`ascend_emu.torch_npu` calls it on import), each one a binding to its
+    :mod:`ascend_emu.ops` function (:func:`._registry.register_spec`). Skipped, and said so in
+    :func:`report`: an entry whose op :mod:`ascend_emu.ops` does not have; an op the process
+    already has (warns :class:`NamespaceWarning`: a real ``_C_ascend`` / ``custom`` library is
+    loaded and is left as it is). Returns :func:`report`."""
+    from .. import ops
+    from . import _registry
+
+    for spec in NAMESPACE_SCHEMAS:
+        key = f"{spec.namespace}::{spec.qualified}"
+        if key in _REPORT:
+            continue
+        if not hasattr(ops, spec.op):
+            _REPORT[key] = f"skipped: ascend_emu.ops has no {spec.op} (not emulated by this version)"
+        elif _exists(spec):
+            _REPORT[key] = "skipped: already defined in this process (left as it is)"
+            warnings.warn(f"torch.ops.{spec.namespace}.{spec.name} already exists in this process (the framework's "
+                          f"own op library is loaded): left as it is, not emulated", NamespaceWarning, stacklevel=2)
+        else:
+            _registry.register_spec(spec)
+            _REPORT[key] = "registered"
+    _registry.check_packets({(s.namespace, s.name) for s in NAMESPACE_SCHEMAS
+                             if _REPORT[f"{s.namespace}::{s.qualified}"] == "registered"})
+    return report()
