@@ -146,7 +146,7 @@ def test_scatter_rejects_bad_arguments(rng):
         _reject(lambda: ops.npu_scatter_pa_kv_cache(**kw), arrays, err, match)
 
 
-@pytest.mark.parametrize("bs", [8, 24])
+@pytest.mark.parametrize("bs", [8, 24, 65536])
 def test_scatter_pa_nz_block_size_is_whole_fractals(rng, bs):
     key, value = _data(rng, (2, 1, 32), "float16"), _data(rng, (2, 1, 32), "float16")
     kc, vc = _caches("PA_NZ", "float16", 2, bs, 1, 32, 32)
