@@ -38,7 +38,8 @@ def test_backend_context_manager_nests_and_restores(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- the backend interface
-FAMILIES = ("mla_prolog", "mla_preprocess", "kv_rmsnorm_rope_cache", "sparse_flash_attention", "lightning_indexer", "rope")
+FAMILIES = ("mla_prolog", "mla_preprocess", "kv_rmsnorm_rope_cache", "sparse_flash_attention", "lightning_indexer", "rope",
+            "paged_cache")
 
 
 def _outputs_type(family: str):
@@ -93,6 +94,8 @@ def convention_checked(seen: list):
                 for field, value in zip(result._fields, result):
                     assert isinstance(value, np.ndarray) or (value is None and _family == "mla_prolog"), (
                         _name, _family, field)
+                if _family == "paged_cache":  # the caches (scatter) or key / value (gather)
+                    assert result.k is args.written[0] and result.v is args.written[1], (_name, _family)
                 for field, attr in IN_PLACE.get(_family, {}).items():
                     assert getattr(result, field) is getattr(args, attr), (_name, _family, field)
                 seen.append((_name, _family))
@@ -416,3 +419,21 @@ def test_hw_rope(standin, rng, dtype):
     r1, r2 = (rng.standard_normal((1, 1, 4, 64)).astype(dtype) for _ in range(2))
     for mode in ("half", "interleave"):
         assert_backends_agree(ops.npu_rotary_mul, (x, r1, r2), {"rotary_mode": mode})
+
+
+@pytest.mark.parametrize("mode", ["Norm", "PA_NZ"])
+def test_hw_paged_cache(standin, rng, mode):
+    from ascend_emu.layouts import NZArray
+
+    c0 = 16
+    key, value = (rng.standard_normal((5, 2, d)).astype(ml_dtypes.bfloat16) for d in (32, 16))
+    shapes = ((3, 16, 2, 32), (3, 16, 2, 16)) if mode == "Norm" else ((3, 4, 16, c0), (3, 2, 16, c0))
+    kc, vc = (rng.standard_normal(s).astype(ml_dtypes.bfloat16) for s in shapes)
+    slots = np.array([3, -1, 40, 17, 0], np.int64)
+    assert_backends_agree(ops.npu_scatter_pa_kv_cache, (key, value, kc, vc, slots), {"cache_mode": mode})
+    if mode == "PA_NZ":
+        kc = kc.view(NZArray)
+    table, lens = np.array([[2, 0], [1, 2]], np.int32), np.array([0, 3, 20], np.int32)
+    out = [np.zeros((20, 2, d), ml_dtypes.bfloat16) for d in (32, 16)]
+    assert_backends_agree(ops.npu_gather_pa_kv_cache, (kc, vc, table, lens, *out),
+                          {"seq_offset": np.array([16, 0], np.int32), "is_seq_lens_cumsum": True})

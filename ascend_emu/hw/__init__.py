@@ -34,6 +34,7 @@ from ..ops.kv_rmsnorm_rope_cache import KvRmsNormRopeCacheArgs, KvRmsNormRopeCac
 from ..ops.lightning_indexer import LightningIndexerArgs, LightningIndexerOutputs
 from ..ops.mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
 from ..ops.mla_prolog import MlaPrologArgs, MlaPrologOutputs
+from ..ops.paged_cache import SCATTER, PagedCacheArgs, PagedCacheOutputs
 from ..ops.rope import RopeArgs, RopeOutputs
 from ..ops.sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
 from ..quant.rounding import BF16
@@ -326,6 +327,32 @@ def rope(args: RopeArgs) -> RopeOutputs:
     return RopeOutputs(to_host(y).reshape(args.x.shape))
 
 
+def paged_cache(args: PagedCacheArgs) -> PagedCacheOutputs:
+    """``npu_scatter_pa_kv_cache`` / ``npu_gather_pa_kv_cache`` on the NPU, with the caller's
+    arrays: PA_NZ caches cast to FRACTAL_NZ by the real ``npu_format_cast`` (a cache whose last
+    dim is C0 holds the same bytes either way), the written arrays copied back in place.
+
+    Raises:
+        BackendUnavailable: see :func:`runtime`.
+    """
+    torch, tnpu = runtime()
+    dev = lambda a: to_device(a, torch)  # noqa: E731
+    cache = (lambda a: to_nz(a, torch, tnpu)) if args.cache_mode == "PA_NZ" else dev
+    key_cache, value_cache = cache(args.key_cache), cache(args.value_cache)
+    key, value = dev(args.key), dev(args.value)
+    if args.op == SCATTER:
+        tnpu.npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, dev(args.slot_mapping),
+                                     cache_mode=args.cache_mode)
+        copy_back(key_cache, args.key_cache)
+        copy_back(value_cache, args.value_cache)
+    else:
+        tnpu.npu_gather_pa_kv_cache(key_cache, value_cache, dev(args.block_tables), dev(args.seq_lens), key, value,
+                                    seq_offset=dev(args.seq_offset), is_seq_lens_cumsum=args.is_seq_lens_cumsum)
+        copy_back(key, args.key)
+        copy_back(value, args.value)
+    return PagedCacheOutputs(*args.written)
+
+
 class HwBackend:
     """The ``hw`` backend (:class:`ascend_emu.ops._backend.Backend`): the functions above."""
 
@@ -336,6 +363,7 @@ class HwBackend:
     sparse_flash_attention = staticmethod(sparse_flash_attention)
     lightning_indexer = staticmethod(lightning_indexer)
     rope = staticmethod(rope)
+    paged_cache = staticmethod(paged_cache)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.
@@ -348,4 +376,4 @@ def __getattr__(name: str):
         raise AttributeError(name)
     raise NotImplementedError(f"hw backend: no implementation of {name!r} in this version of ascend_emu "
                               "(implemented: mla_prolog, kv_rmsnorm_rope_cache, mla_preprocess, sparse_flash_attention, "
-                              "lightning_indexer, rope); use the emu backend")
+                              "lightning_indexer, rope, paged_cache); use the emu backend")

@@ -176,6 +176,26 @@ def rotary_mul(self, r1, r2, rotary_mode="half", rotate=None):
     return _new(self, self.shape, self.dtype)
 
 
+def scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping, **_):
+    """Nothing: the caches are written in place (``npu_scatter_pa_kv_cache_meta``)."""
+    return None
+
+
+def scatter_pa_kv_cache_functional(key, value, key_cache, value_cache, slot_mapping, **_):
+    """Tensors like key_cache and value_cache (``npu_scatter_pa_kv_cache_functional_meta``)."""
+    return torch.empty_like(key_cache), torch.empty_like(value_cache)
+
+
+def gather_pa_kv_cache(key_cache, value_cache, block_tables, seq_lens, key, value, **_):
+    """Nothing: key and value are written in place (no meta function in 2.14; the schema returns ())."""
+    return None
+
+
+def gather_pa_kv_cache_functional(key_cache, value_cache, block_tables, seq_lens, key, value, **_):
+    """Tensors of key's and value's shapes and dtypes (``npu_gather_pa_kv_cache_functional_meta``)."""
+    return _new(key, key.shape, key.dtype), _new(value, value.shape, value.dtype)
+
+
 def mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq, descale1, gamma2, cos, sin, wuk,
                    kv_cache, kv_cache_rope, slotmapping, **_):
     """``(q_out0 [T, N, 512] of kv_cache's dtype, kv_cache like, q_out1 [T, N, 64] of input's
@@ -219,6 +239,10 @@ FAKES = {
     "npu::npu_lightning_indexer": lightning_indexer,
     "npu::npu_interleave_rope": interleave_rope,
     "npu::npu_rotary_mul": rotary_mul,
+    "npu::npu_scatter_pa_kv_cache": scatter_pa_kv_cache,
+    "npu::npu_scatter_pa_kv_cache_functional": scatter_pa_kv_cache_functional,
+    "npu::npu_gather_pa_kv_cache": gather_pa_kv_cache,
+    "npu::npu_gather_pa_kv_cache_functional": gather_pa_kv_cache_functional,
     "atb::npu_mla_preprocess": mla_preprocess,
     "atb::npu_mla_preprocess.out": mla_preprocess_out,
     "npu::npu_format_cast": format_cast,

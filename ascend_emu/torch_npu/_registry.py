@@ -192,6 +192,10 @@ def _kernel_body(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable[[d
             out, caches = _functional("npu_kv_rmsnorm_rope_cache", params, ("k_cache", "ckv_cache"), lambda: emulate(
                 "npu_kv_rmsnorm_rope_cache", params, defaults, public, table, splits))
             return (*out[2:], *caches)
+        if qualified in ("npu_scatter_pa_kv_cache_functional", "npu_gather_pa_kv_cache_functional"):
+            op = name[: -len("_functional")]
+            written = ("key_cache", "value_cache") if op == "npu_scatter_pa_kv_cache" else ("key", "value")
+            return _functional(op, params, written, lambda: emulate(op, params, defaults, public, table, splits))[1]
         return emulate(name, params, defaults, public, table, splits)
 
     if op:  # a framework namespace's binding (:mod:`.namespaces`)
@@ -204,7 +208,7 @@ def _kernel_body(spec: OpSchema, schema: torch._C.FunctionSchema) -> Callable[[d
         out = run(params)
         if written:
             torch.autograd.graph.increment_version(written)
-        got = len(out) if isinstance(out, (tuple, list)) else 1
+        got = len(out) if isinstance(out, (tuple, list)) else (0 if out is None else 1)
         if got != returns:
             raise RuntimeError(f"{public}: the emulation returned {got} output(s); {declared} returns {returns}")
         return tuple(out) if returns > 1 else (out[0] if isinstance(out, (tuple, list)) else out)

@@ -101,6 +101,13 @@ SCHEMAS: tuple[OpSchema, ...] = (
         'int quant_scale_repo_mode=1, int tile_size=128, int rope_head_dim=64, int? key_dtype=None, '
         'int? value_dtype=None) -> Tensor'),
     OpSchema("npu",
+        "npu_gather_pa_kv_cache(Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, "
+        "Tensor(a!) key, Tensor(b!) value, *, Tensor? seq_offset=None, bool is_seq_lens_cumsum=False) -> ()"),
+    OpSchema("npu",
+        "npu_gather_pa_kv_cache_functional(Tensor key_cache, Tensor value_cache, Tensor block_tables, "
+        "Tensor seq_lens, Tensor key, Tensor value, *, Tensor? seq_offset=None, bool is_seq_lens_cumsum=False) "
+        "-> (Tensor, Tensor)"),
+    OpSchema("npu",
         'npu_interleave_rope(Tensor x, Tensor cos, Tensor sin) -> Tensor'),
     OpSchema("npu",
         'npu_lightning_indexer(Tensor query, Tensor key, Tensor weights, *, '
@@ -156,6 +163,14 @@ SCHEMAS: tuple[OpSchema, ...] = (
         'int? kv_cache_dtype=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)'),
     OpSchema("npu",
         "npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half', Tensor? rotate=None) -> Tensor"),
+    OpSchema("npu",
+        "npu_scatter_pa_kv_cache_functional(Tensor key, Tensor value, Tensor key_cache, Tensor value_cache, "
+        "Tensor slot_mapping, *, Tensor? compress_lens=None, Tensor? compress_seq_offsets=None, "
+        "Tensor? seq_lens=None, str? cache_mode='PA_NZ') -> (Tensor, Tensor)"),
+    OpSchema("npu",
+        "npu_scatter_pa_kv_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+        "Tensor slot_mapping, *, Tensor? compress_lens=None, Tensor? compress_seq_offsets=None, "
+        "Tensor? seq_lens=None, str? cache_mode='PA_NZ') -> ()"),
     OpSchema("npu",
         'npu_sparse_flash_attention(Tensor query, Tensor key, Tensor? value, Tensor sparse_indices, '
         'float scale_value, *, Tensor? block_table=None, Tensor? actual_seq_lengths_query=None, '
