@@ -299,6 +299,13 @@ def test_mx_non_finite_block_is_nan(name):
     assert s[1, 0, 1] == E8M0_NAN
     d = mx_dequantize(y, s)
     assert np.isnan(d[0, :32]).all() and np.isnan(d[1, 32:]).all() and (d[0, 32:] == 1).all()
+    elems = fp8_to_f32(y)
+    assert np.isnan(elems[0, :32]).all() and np.isnan(elems[1, 32:]).all()  # the elements too, not only the scale
+    assert np.isfinite(elems[0, 32:]).all() and np.isfinite(elems[1, :32]).all()
+    want_codes, want_scales = ref.mx_quantize(x, name, -1, 32, 1)
+    y1, s1 = mx_quantize(x, name, scale_alg=1)
+    assert_same_bytes(s1, want_scales, "scale pairs of non-finite blocks")
+    assert np.array_equal(np.isnan(fp8_to_f32(y1)), np.isnan(ref.fp8_table(name)[want_codes]))
 
 
 def test_e8m0_values():
