@@ -10,8 +10,8 @@ variant clips to +-max first.
 torch_npu's dtype codes (:data:`TORCH_NPU_DTYPE_CODES`): the ACL ``aclDataType`` value plus 256,
 as torch_npu 2.14's ``op_plugin/meta/_meta_registrations.py`` maps them
 (``TORCH_DTYPE_ENUM_VALUE_TO_SCALAR_TYPE_MAP`` / ``TORCH_NPU_DTYPE_TO_STRING_MAP``) and Ascend/pytorch's
-``torch_npu/csrc/core/npu/...custom_dtype/Init.h`` defines them. They are plain ints; HiF8 and
-fp4x2 data travel as ``uint8``.
+``torch_npu/csrc/custom_dtype/Init.h`` defines them (``enum class DType``: ``ACL_<type>`` plus
+``g_toAclOffset = 256``). They are plain ints; HiF8 and fp4x2 data travel as ``uint8``.
 """
 
 from __future__ import annotations
