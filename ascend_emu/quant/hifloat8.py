@@ -121,10 +121,15 @@ def hif8_to_f32(codes) -> np.ndarray:
 
 
 
+#: How each rounding treats a magnitude on a midpoint: ``searchsorted`` side ("right": the
+#: larger neighbour, away from zero). Another mode (the paper's hybrid rounding) goes here.
+_TIE_SIDE = {"half_away": "right"}
+
+
 def _round_to_index(mag: np.ndarray) -> np.ndarray:
-    """Index into the magnitude table of the rounding of ``mag`` (float64, >= 0, no NaN): the one
-    place that holds :data:`HIF8_ROUNDING` (a magnitude on a midpoint goes up, away from zero)."""
-    return np.searchsorted(_MIDPOINTS, mag, side="right")
+    """Index into the magnitude table of the rounding of ``mag`` (float64, >= 0, no NaN) under
+    :data:`HIF8_ROUNDING`: the one place the rounding is applied."""
+    return np.searchsorted(_MIDPOINTS, mag, side=_TIE_SIDE[HIF8_ROUNDING])
 
 
 def to_hif8(x) -> np.ndarray:
