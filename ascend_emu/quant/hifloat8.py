@@ -10,16 +10,16 @@ exact widenings).
 Bit layout of a code ``s ddd... eee... mmm``: bit 7 is the sign; a prefix ("dot") code selects how
 many exponent bits ``w`` and mantissa bits ``m`` follow in the remaining bits:
 
-=======  ===  ===  ===============  =========================================
-dot      w    m    exponent E       codes (sign 0)
-=======  ===  ===  ===============  =========================================
-``11``   4    1    +-8 .. +-15      0x60 - 0x7F
-``10``   3    2    +-4 .. +-7       0x40 - 0x5F
-``01``   2    3    +-2, +-3         0x20 - 0x3F
-``001``  1    3    +-1              0x10 - 0x1F
-``0001`` 0    3    0                0x08 - 0x0F
-``0000`` -    -    denormal         0x01 - 0x07: 2**(M - 23), M = 1 .. 7
-=======  ===  ===  ===============  =========================================
+========  ===  ===  ===============  =========================================
+dot       w    m    exponent E       codes (sign 0)
+========  ===  ===  ===============  =========================================
+``11``    4    1    +-8 .. +-15      0x60 - 0x7F
+``10``    3    2    +-4 .. +-7       0x40 - 0x5F
+``01``    2    3    +-2, +-3         0x20 - 0x3F
+``001``   1    3    +-1              0x10 - 0x1F
+``0001``  0    3    0                0x08 - 0x0F
+``0000``  -    -    denormal         0x01 - 0x07: 2**(M - 23), M = 1 .. 7
+========  ===  ===  ===============  =========================================
 
 The ``w`` exponent bits are sign-magnitude: the first is the sign of E, the other ``w - 1`` the
 low bits of ``|E|``, whose leading bit ``2**(w-1)`` is implicit. A normal code is
