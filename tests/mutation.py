@@ -166,6 +166,24 @@ MUTANTS: tuple[Mutant, ...] = (
            "            x = scores[i, g] * scale\n",
            "            x = scores[i, g] * (scale * np.float32(1.05) if g == 0 else scale)\n",
            ("tests/test_sparse_flash_attention.py",), "head 0's scores scaled by 1.05"),
+    # ------------------------------------------------------------------ Ascend 950 formats
+    Mutant("hif8_ties_toward_zero", "ascend_emu/quant/hifloat8.py",
+           '_TIE_SIDE = {"half_away": "right"}', '_TIE_SIDE = {"half_away": "left"}',
+           ("tests/test_formats_950.py::test_hif8_encode_tie_points_against_exact_nearest",),
+           "HiF8 encode: a value on a midpoint goes to the smaller magnitude"),
+    Mutant("hif8_negative_zero_nan", "ascend_emu/quant/hifloat8.py",
+           "negative = np.signbit(x64) & (codes != 0x00)", "negative = np.signbit(x64)",
+           ("tests/test_formats_950.py::test_hif8_encode_specials_and_thresholds",),
+           "HiF8 encode: -0 and negatives that round to zero get the sign bit (0x80, the NaN code)"),
+    Mutant("mx_scale_alg1_always_up", "ascend_emu/quant/mx.py",
+           "(exp < 254) & (mant > 0)", "(exp < 254)",
+           ("tests/test_formats_950.py::test_mx_scale_bytes_edges",),
+           "MX scale_alg 1: the exponent rounded up even when S is a power of two"),
+    Mutant("mx_scale_pairs_not_interleaved", "ascend_emu/quant/mx.py",
+           "np.moveaxis(stored, -2, ax)",
+           "np.moveaxis(stored.reshape(stored.shape[:-2] + (2, pairs)).swapaxes(-1, -2), -2, ax)",
+           ("tests/test_formats_950.py::test_mx_scale_pair_layout_byte_exact",),
+           "MX scales: pairs (j, j + half) instead of (2k, 2k + 1)"),
 )
 
 

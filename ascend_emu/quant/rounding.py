@@ -170,6 +170,28 @@ def to_f32(x) -> np.ndarray:
     return x.astype(np.float32)
 
 
+def real_to_f32(x, name: str = "x") -> np.ndarray:
+    """fp32 copy of a real array, as the 950's casts to an 8-bit format read their source: bf16 /
+    fp16 widened exactly, float64 and integers rounded to fp32.
+
+    Args:
+        x: array-like of a real dtype (bf16, fp16, fp32, float64, integers, bool), any shape.
+        name: the argument's name in the error message.
+
+    Returns:
+        New fp32 array of ``x``'s shape.
+
+    Raises:
+        DTypeError: complex, object or string data.
+    """
+    x = np.asarray(x)
+    if x.dtype == BF16:
+        return bf16_to_f32(x)
+    if x.dtype.kind not in "fiub":
+        raise arg_error(DTypeError, name, "a real array (fp32, fp16, bf16)", x.dtype)
+    return x.astype(np.float32)
+
+
 def round_half_even(x) -> np.ndarray:
     """Round to integral values, ties to even (``CAST_RINT``, ops_reference §1.2).
 
