@@ -39,11 +39,14 @@ def test_backend_context_manager_nests_and_restores(monkeypatch):
 
 # ----------------------------------------------------------------------------- the backend interface
 FAMILIES = ("mla_prolog", "mla_preprocess", "kv_rmsnorm_rope_cache", "sparse_flash_attention", "lightning_indexer", "rope")
+FAMILIES += ("quant",)
+#: Families whose ``ops`` module has another name.
+OPS_MODULES = {"quant": "dynamic_quant"}
 
 
 def _outputs_type(family: str):
     """The family's ``...Outputs`` NamedTuple, from its ``ops`` module (its one definition)."""
-    mod = importlib.import_module(f"ascend_emu.ops.{family}")
+    mod = importlib.import_module(f"ascend_emu.ops.{OPS_MODULES.get(family, family)}")
     (cls,) = [v for k, v in vars(mod).items() if k.endswith("Outputs") and isinstance(v, type)]
     return cls
 
@@ -416,3 +419,14 @@ def test_hw_rope(standin, rng, dtype):
     r1, r2 = (rng.standard_normal((1, 1, 4, 64)).astype(dtype) for _ in range(2))
     for mode in ("half", "interleave"):
         assert_backends_agree(ops.npu_rotary_mul, (x, r1, r2), {"rotary_mode": mode})
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_hw_dynamic_quant(standin, rng, dtype):
+    x = (rng.standard_normal((2, 3, 16)) * 3).astype(dtype)
+    smooth = rng.uniform(0.5, 2.0, (16,)).astype(dtype)
+    assert_backends_agree(ops.npu_dynamic_quant, (x,), {"smooth_scales": smooth})
+    assert_backends_agree(ops.npu_dynamic_quant, (x,), {"dst_type": 16})
+    groups = rng.uniform(0.5, 2.0, (2, 16)).astype(dtype)
+    assert_backends_agree(ops.npu_dynamic_quant, (x,), {"smooth_scales": groups,
+                                                        "group_index": np.array([2, 6], np.int32)})

@@ -12,11 +12,11 @@ Threads: chosen when ``ascend_emu`` is imported (:mod:`ascend_emu._threads`).
 """
 
 from .. import _kernel_cache  # noqa: F401  (before any kernel: caches them keyed on the sources)
-from . import dynamic_quant as _dynamic_quant
 from . import kv_rmsnorm_rope_cache as _kv_rmsnorm_rope_cache
 from . import lightning_indexer as _lightning_indexer
 from . import mla_preprocess as _mla_preprocess
 from . import mla_prolog as _mla_prolog
+from . import quant as _quant
 from . import rope as _rope
 from . import sparse_flash_attention as _sparse_flash_attention
 
@@ -32,7 +32,7 @@ class EmuBackend:
     sparse_flash_attention = staticmethod(_sparse_flash_attention.sparse_flash_attention)
     lightning_indexer = staticmethod(_lightning_indexer.lightning_indexer)
     rope = staticmethod(_rope.rope)
-    quant = staticmethod(_dynamic_quant.quant)
+    quant = staticmethod(_quant.quant)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.

@@ -1,4 +1,4 @@
-"""The ``quant`` family on the CPU: ``npu_dynamic_quant``.
+"""The ``quant`` family on the CPU: ``npu_dynamic_quant`` (contract: :mod:`ascend_emu.ops.dynamic_quant`).
 
 fp32 widening of x and the smooth scales (exact), one fp32 multiply, then the per-token quant
 fact :func:`ascend_emu.quant.quantize_per_token_multiplier` with the scale form of the kernel
