@@ -53,7 +53,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import IndexRangeError, ModeError, ShapeError, arg_error, describe
-from ..quant import INT4_PER_INT32  # noqa: F401  (also the fake kernel's)
+from ..quant import INT4_PER_INT32
 from ._backend import get_backend
 from ._check import check_dtype, dtype_name, optional, required
 
