@@ -36,7 +36,7 @@ Choices where the sources leave room (stricter than the hardware, never looser):
 - The rows without ``group_index`` that are too long for the double-buffered kernels (tiling
   keys 0 / 1 / 6: a row whose fp32 working set does not fit the unified buffer) store ``1 / m``;
   this emulation always stores ``max|v| * fp32(1/127)`` without ``group_index``: the two differ
-  by at most one fp32 ulp, on those rows only.
+  by one or two fp32 ulps on some of those rows (:data:`ascend_emu.quant.TOKEN_SCALE_FORMS`).
 - ``group_index``: 1-D int32, as many entries as smooth_scales has rows (<= 1024), non-decreasing,
   each in ``[0, rows]``, the last equal to the row count (the doc's rule); a group_index without
   smooth_scales is rejected (the kernel reads group_index only beside a 2-D smooth_scales).

@@ -291,7 +291,8 @@ INT4_PER_INT32 = 8
 #:   (``group_index``) call (tiling keys 7 / 8), and rows too long for the double-buffered
 #:   kernels (keys 0 / 1 / 6).
 #:
-#: The two differ by one fp32 ulp for some amax values.
+#: The two differ by one fp32 ulp for about 30 % of amax values and by two for a few in 10^5
+#: (int4, qmax 7: about 50 % and 3 %; measured on 5 million uniform fp32 values).
 TOKEN_SCALE_FORMS = ("amax_times_inverse", "inverse_of_multiplier")
 
 
@@ -308,9 +309,10 @@ def quantize_per_token_multiplier(x, qmax: int, *, scale_form: str) -> tuple[np.
     jbgztxdy/ops-nn fd1956fc4: Cast CAST_NONE, Mul smooth, Abs, ReduceMax, Div 165, Muls 171,
     CAST_RINT 173), ``dynamic_quant_db.h`` ``QuantizeRow`` (Div 307, CAST_RINT 311).
 
-    A row of zeros has ``amax = 0``: the kernel's ``m = qmax / 0`` is +inf and both scale forms
-    give exactly 0 (``0 * fp32(1/qmax)``, ``1 / inf``); ``0 * inf`` is NaN, whose int cast the
-    sources do not define: here those values are 0 (:data:`ZERO_GROUP_POLICY`). Likewise an
+    A row of zeros has ``amax = 0``: the kernel's ``m = qmax / 0`` is +inf in IEEE arithmetic (the
+    vector ``Div`` page does not say) and both scale forms give exactly 0 (``0 * fp32(1/qmax)``,
+    ``1 / inf``); ``0 * inf`` is NaN, whose int cast the sources do not define: here those values
+    are 0 (:data:`ZERO_GROUP_POLICY`). Likewise an
     ``amax`` so small that ``m`` overflows to inf (below ``qmax / FLT_MAX``): its non-zero values
     give +-qmax, its zeros 0. A finite ``m`` never leaves ``[-qmax, qmax]`` after rounding
     (``|x * m| <= qmax * (1 + 2**-23)``).
