@@ -213,3 +213,12 @@ def test_feeds_the_full_quant_prolog():
     for a, b in zip(*outs):
         np.testing.assert_array_equal(_bits(a), _bits(b))
     assert np.isfinite(outs[0][0].astype(np.float32)).all() and outs[0][0].any()
+
+
+def test_non_contiguous_and_empty_inputs(rng):
+    """The doc allows non-contiguous x and empty tensors."""
+    x = _data(rng, (16, 6), "float16").T  # [6, 16], strided
+    _assert_same(ops.npu_dynamic_quant(x), ref.dynamic_quant(np.ascontiguousarray(x)))
+    empty = np.zeros((2, 0, 16), np.float16)
+    y, scale = ops.npu_dynamic_quant(empty, dst_type=16)
+    assert (y.shape, y.dtype, scale.shape, scale.dtype) == ((2, 0, 2), np.int32, (2, 0), np.float32)
