@@ -37,6 +37,7 @@ from ..ops.mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
 from ..ops.mla_prolog import MlaPrologArgs, MlaPrologOutputs
 from ..ops.rope import RopeArgs, RopeOutputs
 from ..ops.sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
+from ..quant import INT4_PER_INT32
 from ..quant.rounding import BF16
 
 
@@ -339,7 +340,7 @@ def quant(args: DynamicQuantArgs) -> DynamicQuantOutputs:
     y, scale = tnpu.npu_dynamic_quant(x, smooth_scales=smooth, group_index=groups,
                                       dst_type=torch.quint4x2 if args.dst == "int4" else None)
     h = args.x.shape[-1]
-    y_shape = (*args.x.shape[:-1], h // 8) if args.dst == "int4" else args.x.shape
+    y_shape = (*args.x.shape[:-1], h // INT4_PER_INT32) if args.dst == "int4" else args.x.shape
     return DynamicQuantOutputs(to_host(y).reshape(y_shape), to_host(scale).reshape(args.x.shape[:-1]))
 
 
