@@ -40,11 +40,14 @@ def test_backend_context_manager_nests_and_restores(monkeypatch):
 # ----------------------------------------------------------------------------- the backend interface
 FAMILIES = ("mla_prolog", "mla_preprocess", "kv_rmsnorm_rope_cache", "sparse_flash_attention", "lightning_indexer", "rope",
             "paged_cache")
+FAMILIES += ("quant",)
+#: Families whose ``ops`` module has another name.
+OPS_MODULES = {"quant": "dynamic_quant"}
 
 
 def _outputs_type(family: str):
     """The family's ``...Outputs`` NamedTuple, from its ``ops`` module (its one definition)."""
-    mod = importlib.import_module(f"ascend_emu.ops.{family}")
+    mod = importlib.import_module(f"ascend_emu.ops.{OPS_MODULES.get(family, family)}")
     (cls,) = [v for k, v in vars(mod).items() if k.endswith("Outputs") and isinstance(v, type)]
     return cls
 
@@ -437,3 +440,12 @@ def test_hw_paged_cache(standin, rng, mode):
     out = [np.zeros((20, 2, d), ml_dtypes.bfloat16) for d in (32, 16)]
     assert_backends_agree(ops.npu_gather_pa_kv_cache, (kc, vc, table, lens, *out),
                           {"seq_offset": np.array([16, 0], np.int32), "is_seq_lens_cumsum": True})
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_hw_dynamic_quant(standin, rng, dtype):
+    x = (rng.standard_normal((2, 3, 16)) * 3).astype(dtype)
+    smooth = rng.uniform(0.5, 2.0, (16,)).astype(dtype)
+    assert_backends_agree(ops.npu_dynamic_quant, (x,), {"smooth_scales": smooth})
+    assert_backends_agree(ops.npu_dynamic_quant, (x,), {"dst_type": 16})
+    groups = rng.uniform(0.5, 2.0, (2, 16)).astype(dtype)
+    assert_backends_agree(ops.npu_dynamic_quant, (x,), {"smooth_scales": groups,
+                                                        "group_index": np.array([2, 6], np.int32)})

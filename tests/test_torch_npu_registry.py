@@ -26,6 +26,7 @@ EXPECTED_OVERLOADS = {
     "atb::npu_mla_preprocess.out", "npu::npu_interleave_rope", "npu::npu_rotary_mul",
     "npu::npu_scatter_pa_kv_cache", "npu::npu_scatter_pa_kv_cache_functional", "npu::npu_gather_pa_kv_cache",
     "npu::npu_gather_pa_kv_cache_functional",
+    "npu::npu_dynamic_quant",
 }
 
 

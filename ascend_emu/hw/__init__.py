@@ -30,6 +30,7 @@ from ..errors import BackendUnavailable
 from ..install_hints import TORCH_NPU_HINT as INSTALL_HINT
 from ..layouts import FRACTAL_NZ, get_npu_format
 from ..mla import D_ROPE, HCKV, TILE_SIZE
+from ..ops.dynamic_quant import DynamicQuantArgs, DynamicQuantOutputs
 from ..ops.kv_rmsnorm_rope_cache import KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs
 from ..ops.lightning_indexer import LightningIndexerArgs, LightningIndexerOutputs
 from ..ops.mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
@@ -37,6 +38,7 @@ from ..ops.mla_prolog import MlaPrologArgs, MlaPrologOutputs
 from ..ops.paged_cache import SCATTER, PagedCacheArgs, PagedCacheOutputs
 from ..ops.rope import RopeArgs, RopeOutputs
 from ..ops.sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
+from ..quant import INT4_PER_INT32
 from ..quant.rounding import BF16
 
 
@@ -353,6 +355,22 @@ def paged_cache(args: PagedCacheArgs) -> PagedCacheOutputs:
     return PagedCacheOutputs(*args.written)
 
 
+def quant(args: DynamicQuantArgs) -> DynamicQuantOutputs:
+    """``npu_dynamic_quant`` on the NPU, with the caller's arrays (``dst_type`` as the doc's
+    torch dtype: None for int8, ``torch.quint4x2`` for int4).
+
+    Raises:
+        BackendUnavailable: see :func:`runtime`.
+    """
+    torch, tnpu = runtime()
+    x, smooth, groups = (to_device(a, torch) for a in (args.x, args.smooth_scales, args.group_index))
+    y, scale = tnpu.npu_dynamic_quant(x, smooth_scales=smooth, group_index=groups,
+                                      dst_type=torch.quint4x2 if args.dst == "int4" else None)
+    h = args.x.shape[-1]
+    y_shape = (*args.x.shape[:-1], h // INT4_PER_INT32) if args.dst == "int4" else args.x.shape
+    return DynamicQuantOutputs(to_host(y).reshape(y_shape), to_host(scale).reshape(args.x.shape[:-1]))
+
+
 class HwBackend:
     """The ``hw`` backend (:class:`ascend_emu.ops._backend.Backend`): the functions above."""
 
@@ -364,6 +382,7 @@ class HwBackend:
     lightning_indexer = staticmethod(lightning_indexer)
     rope = staticmethod(rope)
     paged_cache = staticmethod(paged_cache)
+    quant = staticmethod(quant)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.
@@ -376,4 +395,4 @@ def __getattr__(name: str):
         raise AttributeError(name)
     raise NotImplementedError(f"hw backend: no implementation of {name!r} in this version of ascend_emu "
                               "(implemented: mla_prolog, kv_rmsnorm_rope_cache, mla_preprocess, sparse_flash_attention, "
-                              "lightning_indexer, rope, paged_cache); use the emu backend")
+                              "lightning_indexer, rope, paged_cache, quant); use the emu backend")

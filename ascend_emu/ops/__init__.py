@@ -9,6 +9,7 @@ index ranges), then hands a normalised argument object to the selected backend
 
 from .. import _kernel_cache  # noqa: F401  (before any kernel: caches them keyed on the sources)
 from ._backend import backend, backend_name, get_backend, set_backend
+from .dynamic_quant import npu_dynamic_quant
 from .format_cast import get_npu_format, npu_format_cast
 from .kv_rmsnorm_rope_cache import npu_kv_rmsnorm_rope_cache
 from .lightning_indexer import npu_lightning_indexer
@@ -26,3 +27,4 @@ __all__ += ["npu_lightning_indexer"]
 __all__ += ["npu_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention"]
 __all__ += ["npu_interleave_rope", "npu_rotary_mul"]
 __all__ += ["npu_scatter_pa_kv_cache", "npu_gather_pa_kv_cache"]
+__all__ += ["npu_dynamic_quant"]

@@ -8,9 +8,10 @@ environment variable (default ``emu``).
 The interface (:class:`Backend`), the same for every backend:
 
 - one method per op family (``mla_prolog``, ``mla_preprocess``, ``kv_rmsnorm_rope_cache``,
-  ``sparse_flash_attention``, ``lightning_indexer``, ``rope``, ``paged_cache``), taking that family's frozen argument
-  object (``MlaPrologArgs``, ... in the family's ``ops`` module): the caller's validated arrays
-  as passed (NZ weights as cast, scales and index tensors as given), the derived slots / rows,
+  ``sparse_flash_attention``, ``lightning_indexer``, ``rope``, ``paged_cache``, ``quant``), taking
+  that family's frozen argument object (``MlaPrologArgs``, ... in the family's ``ops`` module):
+  the caller's validated arrays as passed (NZ weights as cast, scales and index tensors as
+  given), the derived slots / rows,
   the cache layouts, modes and scenario. Backends never validate user input again;
 - returning that family's ``...Outputs`` NamedTuple (defined once, in the family's ``ops``
   module): one field per output of the family, in torch_npu's order. Outputs written in place
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Iterator, Protocol, runtime_checkable
 from ..errors import ModeError, arg_error, describe
 
 if TYPE_CHECKING:  # the families' modules import this one
+    from .dynamic_quant import DynamicQuantArgs, DynamicQuantOutputs
     from .kv_rmsnorm_rope_cache import KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs
     from .lightning_indexer import LightningIndexerArgs, LightningIndexerOutputs
     from .mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
@@ -73,6 +75,8 @@ class Backend(Protocol):
 
     def paged_cache(self, args: PagedCacheArgs) -> PagedCacheOutputs:
         """``npu_scatter_pa_kv_cache`` and ``npu_gather_pa_kv_cache``."""
+    def quant(self, args: DynamicQuantArgs) -> DynamicQuantOutputs:
+        """``npu_dynamic_quant``."""
 
 
 #: Registered backends: name -> package exposing ``BACKEND``.

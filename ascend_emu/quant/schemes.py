@@ -35,7 +35,7 @@ from typing import Literal
 import numpy as np
 
 from ..errors import ShapeError, arg_error
-from .rounding import INT8_MAX, Rounding, f32_to_int8
+from .rounding import INT8_MAX, Rounding, f32_to_int8, saturate_int8
 
 Granularity = Literal["per_tensor", "per_token", "per_token_head", "per_tile"]
 GRANULARITIES: tuple[str, ...] = Granularity.__args__
@@ -265,3 +265,106 @@ def dequantize(q, scale, granularity: Granularity = "per_token", *, tile_size: i
     q = np.asarray(q).astype(np.float32)
     groups, scale = _grouped(q, scale, granularity, tile_size)
     return (groups * scale).reshape(q.shape)
+
+
+# ---------------------------------------------------------------------- npu_dynamic_quant
+#: The largest int4 value, the divisor of npu_dynamic_quant's int4 scale (ops-nn
+#: ``quant/dynamic_quant/op_kernel/dynamic_quant_base.h``: ``DYNAMIC_QUANT_INT4_SYM_SCALE = 7.0``,
+#: beside ``DYNAMIC_QUANT_INT8_SYM_SCALE = 127.0``, i.e. :data:`INT8_MAX`).
+INT4_MAX = 7
+#: int4 values per int32 word of npu_dynamic_quant's ``quint4x2`` output (op-plugin
+#: ``DynamicQuantKernelNpuOpApi.cpp``: ``INT4_IN_INT32_NUM = 8``).
+INT4_PER_INT32 = 8
+#: How the A2 / A3 dynamic_quant kernels turn a row's ``amax`` into the stored dequant scale
+#: (ops-nn, the GitHub mirror jbgztxdy/ops-nn @ fd1956fc4, ``quant/dynamic_quant/op_kernel/``); the
+#: quantized values are the same in both (:func:`quantize_per_token_multiplier`):
+#:
+#: - ``"amax_times_inverse"``: ``amax * fp32(1 / qmax)`` (``Mul`` by ``constInvScale``):
+#:   ``dynamic_quant_db.h:319`` (``QuantizeRow``), ``dynamic_quant_multi_row.h:236``,
+#:   ``dynamic_quant_single_row.h:147`` (``DYNAMIC_QUANT_FACTOR = 1.0 / 127.0``, line 313): the
+#:   kernels a call without ``group_index`` takes whenever a row fits the unified buffer
+#:   (``op_host/dynamic_quant_tiling.cpp`` ``SetTilingKey``, ``SetTilingData``: tiling keys 2 / 3,
+#:   10, 100).
+#: - ``"inverse_of_multiplier"``: ``fp32(1 / fp32(qmax / amax))`` (the scalar ``1 / scale`` of
+#:   ``scaleLocal.SetValue(i, 1 / scale)``): ``dynamic_quant.h:170``, ``dynamic_quant_moe.h:203``
+#:   and the large-shape kernels (``dynamic_quant_large_shape_opt.h:79``): every MoE
+#:   (``group_index``) call (tiling keys 7 / 8), and rows too long for the double-buffered
+#:   kernels (keys 0 / 1 / 6).
+#:
+#: The two differ by one fp32 ulp for about 30 % of amax values and by two for a few in 10^5
+#: (int4, qmax 7: about 50 % and 3 %; measured on 5 million uniform fp32 values).
+TOKEN_SCALE_FORMS = ("amax_times_inverse", "inverse_of_multiplier")
+
+
+def quantize_per_token_multiplier(x, qmax: int, *, scale_form: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token symmetric quant as npu_dynamic_quant's A2 / A3 kernels compute it.
+
+    For each row (last axis) of the fp32 values ``x`` (already ``x * smooth`` where a smooth
+    applies): ``amax = max |x|``; the quant multiplier ``m = fp32(qmax / amax)`` (``Div`` of the
+    constant by the row max); ``q = CAST_RINT(x * m)`` (fp32 ``Mul``, then round half to even:
+    ``Cast(int32, CAST_RINT)`` -> ``Cast(half, CAST_ROUND)`` -> ``Cast(int8, CAST_TRUNC)``, exact
+    by then); the stored dequant scale by ``scale_form`` (:data:`TOKEN_SCALE_FORMS`).
+
+    Source: ops-nn ``quant/dynamic_quant/op_kernel/dynamic_quant.h`` ``Compute`` (lines 152-177 at
+    jbgztxdy/ops-nn fd1956fc4: Cast CAST_NONE, Mul smooth, Abs, ReduceMax, Div 165, Muls 171,
+    CAST_RINT 173), ``dynamic_quant_db.h`` ``QuantizeRow`` (Div 307, CAST_RINT 311).
+
+    A row of zeros has ``amax = 0``: the kernel's ``m = qmax / 0`` is +inf in IEEE arithmetic (the
+    vector ``Div`` page does not say) and both scale forms give exactly 0 (``0 * fp32(1/qmax)``,
+    ``1 / inf``); ``0 * inf`` is NaN, whose int cast the sources do not define: here those values
+    are 0 (:data:`ZERO_GROUP_POLICY`). Likewise an
+    ``amax`` so small that ``m`` overflows to inf (below ``qmax / FLT_MAX``): its non-zero values
+    give +-qmax, its zeros 0. A finite ``m`` never leaves ``[-qmax, qmax]`` after rounding
+    (``|x * m| <= qmax * (1 + 2**-23)``).
+
+    Args:
+        x: values ``[..., H]``, converted to fp32.
+        qmax: the output's largest value: :data:`~.rounding.INT8_MAX` (int8) or :data:`INT4_MAX`.
+        scale_form: one of :data:`TOKEN_SCALE_FORMS`.
+
+    Returns:
+        ``(q, scale)``: int8 ``[..., H]`` in ``[-qmax, qmax]``, and fp32 dequant scales ``[...]``.
+
+    Raises:
+        ValueError: unknown ``scale_form``.
+    """
+    if scale_form not in TOKEN_SCALE_FORMS:
+        raise ValueError(f"scale_form: expected one of {list(TOKEN_SCALE_FORMS)}, got {scale_form!r}")
+    x = np.asarray(x, dtype=np.float32)
+    amax = group_amax(x, "per_token")  # [..., 1]
+    top = np.float32(qmax)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        mult = (top / amax).astype(np.float32)  # +inf for a zero row
+        if scale_form == "amax_times_inverse":
+            scale = (amax * (np.float32(1.0) / top)).astype(np.float32)
+        else:
+            scale = (np.float32(1.0) / mult).astype(np.float32)
+        prod = np.clip(x * mult, -top, top)  # NaN (0 * inf) stays NaN: saturate_int8 makes it 0
+    return saturate_int8(np.rint(prod)), scale[..., 0]
+
+
+def pack_int4_to_int32(q) -> np.ndarray:
+    """Pack int4 values (int8 holding ``[-8, 7]``) into int32 words, 8 per word, the first value
+    in the lowest 4 bits (two's-complement nibbles, little-endian): npu_dynamic_quant's
+    ``quint4x2`` output, the kernel's packed ``int4b_t`` bytes read as int32 (op-plugin
+    ``DynamicQuantKernelNpuOpApi.cpp``; ops-nn ``aclnnDynamicQuant.md``: an INT32 output holds 8
+    int4 results, its last dim is x's / 8).
+
+    Args:
+        q: integer values in ``[-8, 7]``, ``[..., H]`` with H a multiple of 8.
+
+    Returns:
+        int32 ``[..., H / 8]``.
+
+    Raises:
+        ShapeError: H is not a multiple of 8.
+    """
+    q = np.asarray(q)
+    h = q.shape[-1] if q.ndim else 0
+    if h % INT4_PER_INT32:
+        raise arg_error(ShapeError, "q", f"a last dim that is a multiple of {INT4_PER_INT32}", h)
+    nib = (q.astype(np.int64) & 0xF).reshape(*q.shape[:-1], h // INT4_PER_INT32, INT4_PER_INT32)
+    words = np.zeros(nib.shape[:-1], dtype=np.uint32)
+    for j in range(INT4_PER_INT32):
+        words |= (nib[..., j].astype(np.uint32) << np.uint32(4 * j))
+    return words.view(np.int32)

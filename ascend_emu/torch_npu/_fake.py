@@ -166,6 +166,27 @@ def lightning_indexer(query, key, weights, *, layout_query="BSND", layout_key="B
     return _new(query, shape, torch.int32), values
 
 
+def dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
+                  dst_type_max=0.0):
+    """``(y, scale)`` (``npu_dynamic_quant`` meta): y int8 like ``input``, or int32 ``[..., H / 8]``
+    for quint4x2 (H a multiple of 8); scale fp32 ``input.shape[:-1]``. The dst_type / quant_mode /
+    dst_type_max the CPU op rejects raise its ModeError (Ascend 950's fp8 / hifloat8 / per-tensor
+    outputs are not emulated)."""
+    from ..ops.dynamic_quant import INT4_PER_INT32, QUANT_MODES, _dst_kind  # ops loads at first use
+
+    if quant_mode not in QUANT_MODES:
+        raise arg_error(ModeError, "quant_mode", f"one of {QUANT_MODES} (A2 / A3)", describe(quant_mode))
+    if dst_type_max != 0.0:
+        raise arg_error(ModeError, "dst_type_max", "0.0 (the fp8 / hifloat8 maxima are Ascend 950's)",
+                        describe(dst_type_max))
+    lead = list(input.shape[:-1])
+    if _dst_kind(dst_type) == "int4":
+        y = _new(input, lead + [input.shape[-1] // INT4_PER_INT32], torch.int32)
+    else:
+        y = _new(input, input.shape, torch.int8)
+    return y, _new(input, lead, torch.float32)
+
+
 def interleave_rope(x, cos, sin):
     """A tensor like ``x`` (``npu_interleave_rope_meta``)."""
     return torch.empty_like(x)
@@ -238,6 +259,7 @@ FAKES = {
     "npu::npu_kv_quant_sparse_flash_attention": kv_quant_sparse_flash_attention,
     "npu::npu_lightning_indexer": lightning_indexer,
     "npu::npu_interleave_rope": interleave_rope,
+    "npu::npu_dynamic_quant": dynamic_quant,
     "npu::npu_rotary_mul": rotary_mul,
     "npu::npu_scatter_pa_kv_cache": scatter_pa_kv_cache,
     "npu::npu_scatter_pa_kv_cache_functional": scatter_pa_kv_cache_functional,

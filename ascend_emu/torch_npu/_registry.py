@@ -568,7 +568,7 @@ def check_call(namespace: str, name: str) -> Callable[[tuple, dict], "_Binding"]
 #: Python types a schema argument type accepts (checked before dispatch, :func:`public_op`).
 _KINDS: dict[str, tuple[tuple[type, ...], str]] = {
     "Tensor": ((torch.Tensor,), "a torch.Tensor"),
-    "int": ((int,), "a Python int"),
+    "int": ((int, torch.dtype), "a Python int"),  # a torch dtype passes as its ScalarType code, as in torch
     "float": ((int, float), "a Python float"),
     "str": ((str,), "a str"),
     "bool": ((bool,), "a bool"),

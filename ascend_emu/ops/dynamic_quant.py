@@ -1,0 +1,194 @@
+"""``torch_npu.npu_dynamic_quant`` on NumPy arrays: the contract (family ``quant``).
+
+Per-token symmetric dynamic quant of the A2 / A3 kernels, the producer of the quantized MLA
+prolog's int8 ``token_x`` / ``dequant_scale_x`` and of the C8 indexer's int8 inputs.
+
+Sources:
+
+- op-plugin ``docs/context/torch_npu-npu_dynamic_quant.md`` (dtypes, shapes, ``group_index``
+  rules, int4 output as int32 holding 8 int4 values) and its golden
+  ``test/test_custom_ops/test_npu_dynamic_quant.py`` (``max|x * smooth| / 127``, compared with
+  a tolerance of 1 on y);
+- torch_npu 2.14's schema (``npu_native_functions_by_codegen.yaml``) and meta function
+  (``op_plugin/meta/_meta_registrations.py`` ``npu_dynamic_quant``: y like x, or int32
+  ``[..., H / 8]`` for ``quint4x2`` with ``H % 8 == 0``; scale ``x.shape[:-1]`` fp32);
+- ops-nn ``quant/dynamic_quant`` (GitHub mirror jbgztxdy/ops-nn @ fd1956fc4): the kernels'
+  arithmetic (:func:`ascend_emu.quant.quantize_per_token_multiplier`,
+  :data:`ascend_emu.quant.TOKEN_SCALE_FORMS`) and the tiling checks
+  (``op_host/dynamic_quant_tiling.cpp``: x fp16 / bf16, line 352; smooth_scales of x's dtype,
+  line 366; group_index int32, line 377; at most 1024 groups, ``MAX_EXPERT_NUM``).
+
+What the op computes, per row of x (all axes but the last are rows; H = the last dim):
+
+- ``v = fp32(x) * fp32(smooth)`` (exact widening, one fp32 multiply; no smooth: ``v = fp32(x)``);
+  with ``group_index`` (MoE), row r takes ``smooth_scales[i]`` for the first i with
+  ``group_index[i] > r`` (the doc: ``smooth_scales[i]`` acts on ``x[group_index[i-1]:
+  group_index[i]]``; ops-nn ``dynamic_quant_moe.h`` ``GetSmoothIndex``);
+- ``m = fp32(DTYPE_MAX / max|v|)``, ``y = rint(v * m)`` (half to even), DTYPE_MAX 127 (int8) or
+  7 (int4);
+- the dequant scale: ``max|v| * fp32(1 / DTYPE_MAX)`` without ``group_index``, ``1 / m`` with it
+  (the kernels differ; :data:`ascend_emu.quant.TOKEN_SCALE_FORMS`).
+
+Choices where the sources leave room (stricter than the hardware, never looser):
+
+- A row of zeros: scale 0 (what both kernel forms compute) and y 0 (the kernel's ``0 * inf`` is
+  NaN, whose int cast is not documented).
+- The rows without ``group_index`` that are too long for the double-buffered kernels (tiling
+  keys 0 / 1 / 6: a row whose fp32 working set does not fit the unified buffer) store ``1 / m``;
+  this emulation always stores ``max|v| * fp32(1/127)`` without ``group_index``: the two differ
+  by one or two fp32 ulps on some of those rows (:data:`ascend_emu.quant.TOKEN_SCALE_FORMS`).
+- ``group_index``: 1-D int32, as many entries as smooth_scales has rows (<= 1024), non-decreasing,
+  each in ``[0, rows]``, the last equal to the row count (the doc's rule); a group_index without
+  smooth_scales is rejected (the kernel reads group_index only beside a 2-D smooth_scales).
+- ``dst_type``: None, ``torch.int8`` (code 1) or ``torch.quint4x2`` (code 16) only (the doc's
+  values for A2 / A3); ``quant_mode`` ``'pertoken'`` only and ``dst_type_max`` 0.0 only (the
+  other quant modes and the fp8 / hifloat8 maxima are Ascend 950's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import IndexRangeError, ModeError, ShapeError, arg_error, describe
+from ..quant import INT4_PER_INT32
+from ._backend import get_backend
+from ._check import check_dtype, dtype_name, optional, required
+
+#: x's and smooth_scales' dtypes (doc; tiling line 352).
+DYNAMIC_QUANT_DTYPES = ("bfloat16", "float16")
+#: The A2 / A3 quant mode (the schema's default; 'pertensor' / 'perchannel' are Ascend 950's).
+QUANT_MODES = ("pertoken",)
+#: dst_type -> output kind: torch's ScalarType codes (torch.int8 = 1, torch.quint4x2 = 16), the
+#: torch dtypes' names, and None (int8, the doc's default).
+DST_TYPES = {None: "int8", 1: "int8", 16: "int4", "int8": "int8", "quint4x2": "int4",
+             "torch.int8": "int8", "torch.quint4x2": "int4"}
+#: At most this many groups (smooth_scales rows) with group_index (tiling ``MAX_EXPERT_NUM``).
+MAX_GROUPS = 1024
+
+
+@dataclass(frozen=True)
+class DynamicQuantArgs:
+    """Normalised, validated arguments of the ``quant`` family.
+
+    Attributes:
+        x: ``[..., H]`` bf16 / fp16 as passed.
+        smooth_scales: None, ``[H]``, or ``[E, H]`` with group_index; x's dtype.
+        group_index: None or int32 ``[E]`` (cumulative row ends).
+        dst: ``'int8'`` or ``'int4'`` (y int32 ``[..., H / 8]``).
+    """
+
+    x: np.ndarray
+    smooth_scales: np.ndarray | None
+    group_index: np.ndarray | None
+    dst: str
+
+
+class DynamicQuantOutputs(NamedTuple):
+    """What a backend returns (:mod:`ascend_emu.ops._backend`).
+
+    Attributes:
+        y: int8 of x's shape, or int32 ``[..., H / 8]`` (int4).
+        scale: fp32 ``x.shape[:-1]``.
+    """
+
+    y: np.ndarray
+    scale: np.ndarray
+
+
+def _dst_kind(dst_type) -> str:
+    key = dst_type
+    if isinstance(dst_type, (int, np.integer)) and not isinstance(dst_type, bool):
+        key = int(dst_type)
+    elif dst_type is not None and not isinstance(dst_type, str):
+        key = str(dst_type)  # a torch.dtype (torch.int8 -> 'torch.int8')
+    try:
+        kind = DST_TYPES.get(key)
+    except TypeError:
+        kind = None
+    if kind is None:
+        raise arg_error(ModeError, "dst_type", "None, torch.int8 (1) or torch.quint4x2 (16) (A2 / A3)",
+                        describe(dst_type))
+    return kind
+
+
+def npu_dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode: str = "pertoken",
+                      dst_type_max: float = 0.0):
+    """``torch_npu.npu_dynamic_quant``: per-token symmetric int8 / int4 dynamic quant (module doc).
+
+    ``input`` is the doc's ``x`` (torch_npu's schema names it ``input``).
+
+    Args:
+        input: ``[..., H]`` bf16 / fp16, at least 2-D, H >= 1; H a multiple of 8 for int4.
+        smooth_scales: optional, x's dtype: ``[H]``, or ``[E, H]`` with group_index.
+        group_index: optional int32 ``[E]``, E <= 1024: non-decreasing row ends, the last equal
+            to the row count (``x.size / H``); needs smooth_scales ``[E, H]``.
+        dst_type: None or torch.int8 / 1 (int8 y), torch.quint4x2 / 16 (int4 y packed in int32).
+        quant_mode: ``'pertoken'`` only.
+        dst_type_max: 0.0 only.
+
+    Returns:
+        ``(y, scale)``: y int8 of x's shape (int4: int32 ``[..., H / 8]``, 8 values per word,
+        the first in the lowest 4 bits), values in ``[-127, 127]`` (int4 ``[-7, 7]``); scale
+        fp32 ``x.shape[:-1]``, the dequant scale (``x * smooth ~= y * scale``).
+
+    Raises:
+        ShapeError: a shape other than the above.
+        DTypeError: x not bf16 / fp16, smooth_scales not x's dtype, group_index not int32.
+        IndexRangeError: group_index decreasing, outside ``[0, rows]``, or not ending at rows.
+        ModeError: another dst_type, quant_mode or dst_type_max.
+
+    Source: op-plugin ``docs/context/torch_npu-npu_dynamic_quant.md``; ops-nn
+    ``quant/dynamic_quant/op_kernel/dynamic_quant.h``, ``dynamic_quant_db.h``,
+    ``dynamic_quant_moe.h``, ``op_host/dynamic_quant_tiling.cpp`` (module doc).
+    """
+    if quant_mode not in QUANT_MODES:
+        raise arg_error(ModeError, "quant_mode", f"one of {QUANT_MODES} (A2 / A3)", describe(quant_mode))
+    if dst_type_max != 0.0:
+        raise arg_error(ModeError, "dst_type_max", "0.0 (the fp8 / hifloat8 maxima are Ascend 950's)",
+                        describe(dst_type_max))
+    dst = _dst_kind(dst_type)
+    x = required(input, "input")
+    smooth = optional(smooth_scales, "smooth_scales")
+    groups = optional(group_index, "group_index")
+    if x.ndim < 2:
+        raise arg_error(ShapeError, "input", "at least 2 dims [..., H]", f"shape {x.shape}")
+    check_dtype(x, "input", DYNAMIC_QUANT_DTYPES)
+    h = x.shape[-1]
+    if h < 1:
+        raise arg_error(ShapeError, "input", "a last dim H >= 1", f"shape {x.shape}")
+    if dst == "int4" and h % INT4_PER_INT32:
+        raise arg_error(ShapeError, "input", f"a last dim that is a multiple of {INT4_PER_INT32} for int4 "
+                        "(quint4x2) output", f"shape {x.shape}")
+    rows = x.size // h
+    if groups is not None and smooth is None:
+        raise arg_error(ShapeError, "smooth_scales", "a [E, H] tensor when group_index is given", None)
+    if smooth is not None:
+        check_dtype(smooth, "smooth_scales", (dtype_name(x.dtype),))
+        if groups is None:
+            if smooth.shape != (h,):
+                raise arg_error(ShapeError, "smooth_scales", f"shape [{h}] (x's last dim; [E, {h}] needs "
+                                "group_index)", f"shape {smooth.shape}")
+        else:
+            if smooth.ndim != 2 or smooth.shape[1] != h or not 1 <= smooth.shape[0] <= MAX_GROUPS:
+                raise arg_error(ShapeError, "smooth_scales", f"shape [E, {h}] with 1 <= E <= {MAX_GROUPS} "
+                                "(with group_index)", f"shape {smooth.shape}")
+            check_dtype(groups, "group_index", ("int32",))
+            e = smooth.shape[0]
+            if groups.shape != (e,):
+                raise arg_error(ShapeError, "group_index", f"shape [{e}] (smooth_scales' rows)",
+                                f"shape {groups.shape}")
+            g = groups.astype(np.int64)
+            if (g < 0).any() or (g > rows).any():
+                raise arg_error(IndexRangeError, "group_index", f"row ends in [0, {rows}]",
+                                f"values in [{int(g.min())}, {int(g.max())}]")
+            if (np.diff(g) < 0).any():
+                at = int(np.flatnonzero(np.diff(g) < 0)[0])
+                raise arg_error(IndexRangeError, "group_index", "non-decreasing values",
+                                f"group_index[{at}] = {int(g[at])} > group_index[{at + 1}] = {int(g[at + 1])}")
+            if int(g[-1]) != rows:
+                raise arg_error(IndexRangeError, "group_index", f"a last value equal to the row count {rows} "
+                                f"(x {x.shape})", int(g[-1]))
+    return tuple(get_backend().quant(DynamicQuantArgs(x, smooth, groups, dst)))
