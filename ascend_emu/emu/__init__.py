@@ -16,6 +16,7 @@ from . import kv_rmsnorm_rope_cache as _kv_rmsnorm_rope_cache
 from . import lightning_indexer as _lightning_indexer
 from . import mla_preprocess as _mla_preprocess
 from . import mla_prolog as _mla_prolog
+from . import quant_lightning_indexer as _quant_lightning_indexer
 from . import rope as _rope
 from . import sparse_flash_attention as _sparse_flash_attention
 
@@ -31,6 +32,7 @@ class EmuBackend:
     sparse_flash_attention = staticmethod(_sparse_flash_attention.sparse_flash_attention)
     lightning_indexer = staticmethod(_lightning_indexer.lightning_indexer)
     rope = staticmethod(_rope.rope)
+    quant_lightning_indexer = staticmethod(_quant_lightning_indexer.quant_lightning_indexer)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.

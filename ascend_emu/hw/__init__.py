@@ -34,6 +34,7 @@ from ..ops.kv_rmsnorm_rope_cache import KvRmsNormRopeCacheArgs, KvRmsNormRopeCac
 from ..ops.lightning_indexer import LightningIndexerArgs, LightningIndexerOutputs
 from ..ops.mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
 from ..ops.mla_prolog import MlaPrologArgs, MlaPrologOutputs
+from ..ops.quant_lightning_indexer import QuantLightningIndexerArgs, QuantLightningIndexerOutputs
 from ..ops.rope import RopeArgs, RopeOutputs
 from ..ops.sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
 from ..quant.rounding import BF16
@@ -326,6 +327,24 @@ def rope(args: RopeArgs) -> RopeOutputs:
     return RopeOutputs(to_host(y).reshape(args.x.shape))
 
 
+def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
+    """``npu_quant_lightning_indexer`` on the NPU, with the caller's arrays (quant modes 0, the
+    dtype tags left out: the contract takes no other values).
+
+    Raises:
+        BackendUnavailable: see :func:`runtime`.
+    """
+    torch, tnpu = runtime()
+    ia = args.indexer
+    idx = tnpu.npu_quant_lightning_indexer(**_on_device(dict(
+        query=ia.query, key=ia.key, weights=ia.weights, query_dequant_scale=args.query_dequant_scale,
+        key_dequant_scale=args.key_dequant_scale, query_quant_mode=0, key_quant_mode=0,
+        actual_seq_lengths_query=ia.actual_seq_lengths_query, actual_seq_lengths_key=ia.actual_seq_lengths_key,
+        block_table=ia.block_table, layout_query=ia.layout_query, layout_key=ia.layout_key,
+        sparse_count=ia.sparse_count, sparse_mode=ia.sparse_mode), torch))
+    return QuantLightningIndexerOutputs(to_host(idx).reshape(ia.out_shape))
+
+
 class HwBackend:
     """The ``hw`` backend (:class:`ascend_emu.ops._backend.Backend`): the functions above."""
 
@@ -336,6 +355,7 @@ class HwBackend:
     sparse_flash_attention = staticmethod(sparse_flash_attention)
     lightning_indexer = staticmethod(lightning_indexer)
     rope = staticmethod(rope)
+    quant_lightning_indexer = staticmethod(quant_lightning_indexer)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.
@@ -348,4 +368,4 @@ def __getattr__(name: str):
         raise AttributeError(name)
     raise NotImplementedError(f"hw backend: no implementation of {name!r} in this version of ascend_emu "
                               "(implemented: mla_prolog, kv_rmsnorm_rope_cache, mla_preprocess, sparse_flash_attention, "
-                              "lightning_indexer, rope); use the emu backend")
+                              "lightning_indexer, rope, quant_lightning_indexer); use the emu backend")

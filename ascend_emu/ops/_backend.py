@@ -8,7 +8,7 @@ environment variable (default ``emu``).
 The interface (:class:`Backend`), the same for every backend:
 
 - one method per op family (``mla_prolog``, ``mla_preprocess``, ``kv_rmsnorm_rope_cache``,
-  ``sparse_flash_attention``, ``lightning_indexer``, ``rope``), taking that family's frozen argument
+  ``sparse_flash_attention``, ``lightning_indexer``, ``rope``, ``quant_lightning_indexer``), taking that family's frozen argument
   object (``MlaPrologArgs``, ... in the family's ``ops`` module): the caller's validated arrays
   as passed (NZ weights as cast, scales and index tensors as given), the derived slots / rows,
   the cache layouts, modes and scenario. Backends never validate user input again;
@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # the families' modules import this one
     from .lightning_indexer import LightningIndexerArgs, LightningIndexerOutputs
     from .mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
     from .mla_prolog import MlaPrologArgs, MlaPrologOutputs
+    from .quant_lightning_indexer import QuantLightningIndexerArgs, QuantLightningIndexerOutputs
     from .rope import RopeArgs, RopeOutputs
     from .sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
 
@@ -69,6 +70,9 @@ class Backend(Protocol):
 
     def rope(self, args: RopeArgs) -> RopeOutputs:
         """``npu_interleave_rope`` and ``npu_rotary_mul``."""
+
+    def quant_lightning_indexer(self, args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
+        """``npu_quant_lightning_indexer``."""
 
 
 #: Registered backends: name -> package exposing ``BACKEND``.

@@ -166,6 +166,17 @@ def lightning_indexer(query, key, weights, *, layout_query="BSND", layout_key="B
     return _new(query, shape, torch.int32), values
 
 
+def quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode,
+                            key_quant_mode, *, layout_query="BSND", layout_key="BSND", sparse_count=2048, **_):
+    """int32 ``[B, S1, N2, sparse_count]`` (BSND query) or ``[T1, N2, sparse_count]``
+    (``npu_quant_lightning_indexer_forward``)."""
+    if layout_query == "BSND":
+        shape = [query.shape[0], query.shape[1], key.shape[2], sparse_count]
+    else:
+        shape = [query.shape[0], key.shape[1 if layout_key == "TND" else 2], sparse_count]
+    return _new(query, shape, torch.int32)
+
+
 def interleave_rope(x, cos, sin):
     """A tensor like ``x`` (``npu_interleave_rope_meta``)."""
     return torch.empty_like(x)
@@ -219,6 +230,7 @@ FAKES = {
     "npu::npu_lightning_indexer": lightning_indexer,
     "npu::npu_interleave_rope": interleave_rope,
     "npu::npu_rotary_mul": rotary_mul,
+    "npu::npu_quant_lightning_indexer": quant_lightning_indexer,
     "atb::npu_mla_preprocess": mla_preprocess,
     "atb::npu_mla_preprocess.out": mla_preprocess_out,
     "npu::npu_format_cast": format_cast,
