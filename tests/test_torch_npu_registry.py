@@ -24,6 +24,7 @@ EXPECTED_OVERLOADS = {
     "npu::npu_mla_prolog_v3", "npu::npu_mla_prolog_v3_functional", "npu::npu_sparse_flash_attention",
     "npu::npu_kv_quant_sparse_flash_attention", "npu::npu_lightning_indexer", "atb::npu_mla_preprocess",
     "atb::npu_mla_preprocess.out", "npu::npu_interleave_rope", "npu::npu_rotary_mul",
+    "npu::npu_quant_lightning_indexer",
 }
 
 
