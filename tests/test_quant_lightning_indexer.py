@@ -341,3 +341,29 @@ def test_torch_npu_drop_in_matches_numpy_op_and_meta():
         out = torch.ops.npu.npu_quant_lightning_indexer(q, *meta[1:], 0, 0, layout_query=lq, layout_key="PA_BSND",
                                                         sparse_count=7)
         assert out.device.type == "meta" and out.dtype == torch.int32 and tuple(out.shape) == shape
+
+
+def test_recorded_call_replays_and_compares_identical():
+    """compare / replay know the op: a recorded call replays to the op's indices, and a device
+    output equal to them compares identical (one index off does not)."""
+    from ascend_emu import compare
+    from ascend_emu.compare.calls import Call, TensorValue
+
+    rng = np.random.default_rng(21)
+    inputs, kw = make_case(rng, "TND", "PA_BSND", [2, 1], [30, 20])
+    want = run(inputs, kw, 8, 3)
+
+    def call(out):
+        return Call(index=0, op="npu_quant_lightning_indexer", api="torch_npu.npu_quant_lightning_indexer",
+                    args=[TensorValue(a.copy()) for a in inputs] + [0, 0],
+                    kwargs={k: TensorValue(v.copy()) if isinstance(v, np.ndarray) else v
+                            for k, v in dict(kw, sparse_count=8, sparse_mode=3).items()},
+                    outputs=[TensorValue(out)])
+
+    got = compare.replay(call(want))
+    assert got.error is None and got.unavailable is None
+    np.testing.assert_array_equal(got.outputs[0].array, want)
+    assert compare.compare_call(call(want.copy())).status == "identical"
+    off = want.copy()
+    off.reshape(-1)[0] += 1
+    assert compare.compare_call(call(off)).status != "identical"
