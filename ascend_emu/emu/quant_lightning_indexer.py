@@ -24,7 +24,11 @@ Numerics, step by step as the A2 / A3 kernel does them (ops-transformer
 5. ``score[p] = acc[p] * fp32(ks[p])`` in fp32 (``ProcessVec1``: ``Cast`` of the fp16 key scale,
    ``Mul``), then the sort on the fp32 scores: the shared top-k of
    :mod:`ascend_emu.emu.lightning_indexer` (descending, equal scores lower position first, NaN
-   ranks as -inf; ``-1`` past the last selected position and in skipped rows).
+   ranks as -inf; ``-1`` past the last selected position and in skipped rows). The kernel sorts
+   with ``SortAll`` / ``MergeSort`` over positions in ascending order; the AscendC ``Sort32``
+   doc's constraint ("when score[i] equals score[j] and i > j, score[j] is taken first") gives
+   that tie order within a sort; across merged queues the doc says nothing (the op doc: the
+   top-k's order for NaN is undefined).
 """
 
 from __future__ import annotations
