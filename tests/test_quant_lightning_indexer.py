@@ -367,3 +367,22 @@ def test_recorded_call_replays_and_compares_identical():
     off = want.copy()
     off.reshape(-1)[0] += 1
     assert compare.compare_call(call(off)).status != "identical"
+
+
+def test_checked_mode_reports_an_unwritten_key_slot():
+    """Checked mode: the int8 key cache is read through the same reader hook as the plain indexer's."""
+    import ascend_emu
+    from ascend_emu import checked_mode
+    from ascend_emu.errors import UninitializedReadError
+
+    rng = np.random.default_rng(22)
+    inputs, kw = make_case(rng, "BSND", "PA_BSND", [1], [20])
+    key, table = inputs[1], kw["block_table"]
+    checked_mode.mark_written(key, [int(table[0, p // 16]) * 16 + p % 16 for p in range(20) if p != 5])
+    with ascend_emu.checked(), pytest.raises(UninitializedReadError,
+                                             match="npu_quant_lightning_indexer: key read before written: batch 0, "
+                                                   "query token 0, kv token 5"):
+        run(inputs, kw, 8, 3)
+    checked_mode.mark_written(key, [int(table[0, 0]) * 16 + 5])
+    with ascend_emu.checked():
+        run(inputs, kw, 8, 3)
