@@ -124,11 +124,13 @@ class LightningIndexerArgs:
     passed and the key rows each query token scores.
 
     Attributes:
-        query: ``[B, S1, N1, D]`` (BSND) / ``[T, N1, D]`` (TND), C-contiguous bf16 / fp16.
+        query: ``[B, S1, N1, D]`` (BSND) / ``[T, N1, D]`` (TND), C-contiguous bf16 / fp16
+            (int8 for ``npu_quant_lightning_indexer``, :class:`IndexerDtypes`).
         key: ``[B, S2, N2, D]`` / ``[T2, N2, D]`` / ``[blocks, block_size, N2, D]`` (PA_BSND),
             C-contiguous, the query dtype; as rows ``[R, N2, D]`` (R = key slots; BSND row
             ``b * S2 + p``, PA_BSND row ``block * block_size + r``).
-        weights: ``[B, S1, N1]`` / ``[T, N1]``, C-contiguous, the query dtype or fp32.
+        weights: ``[B, S1, N1]`` / ``[T, N1]``, C-contiguous, the query dtype or fp32 (fp16 for
+            the quant op).
         actual_seq_lengths_query, actual_seq_lengths_key, block_table: the caller's int32
             tensors, or None.
         slots: int64 ``[B, max_kv]``: key row holding kv position ``p`` of batch ``b``; every
