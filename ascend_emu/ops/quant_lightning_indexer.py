@@ -11,7 +11,10 @@ must lie in the fp16 range"); ops-transformer ``aclnnQuantLightningIndexer.md`` 
 ``[B, S2, N2]`` / ``[T2, N2]`` / ``[blocks, block_size, N2]``); op-plugin's binding
 ``op_plugin/ops/opapi/QuantLightningIndexerKernelNpuOpApi.cpp`` (``query_dtype`` / ``key_dtype``
 only for hifloat8, TORCH_CHECK otherwise); the golden (op-plugin
-``test/test_custom_ops/test_npu_quant_lightning_indexer.py``) and the A2 / A3 kernel
+``test/test_custom_ops/test_npu_quant_lightning_indexer.py``); vllm-ascend's C8 call site
+(``vllm_ascend/device/device_op.py`` ``indexer_select_post_process`` and the ``indexer_quant_scatter``
+/ ``prepare_dsa_indexer_*`` helpers: TND query, PA_BSND int8 key, weights and both scales cast
+to fp16, key scale ``[blocks, block_size, 1]``) and the A2 / A3 kernel
 (ops-transformer ``attention/quant_lightning_indexer/op_kernel/arch22/``: the numerics chain is in
 :mod:`ascend_emu.emu.quant_lightning_indexer`).
 
