@@ -205,6 +205,18 @@ def _indexer_calls(rng) -> Iterator[Call]:
                    (query, key, weights), kw)
 
 
+def _quant_indexer_calls(rng) -> Iterator[Call]:
+    b, n1, d, bs = 1, 64, 128, 16
+    query = _int8(rng, (b, TOKENS, n1, d))  # [B, S1, N1, D]
+    weights, q_scale = (_rand(rng, (b, TOKENS, n1), np.dtype(np.float16)) for _ in range(2))  # [B, S1, N1]
+    key = _int8(rng, (2, bs, 1, d))  # [blocks, block_size, 1, D]
+    k_scale = _rand(rng, (2, bs, 1), np.dtype(np.float16))  # [blocks, block_size, 1]
+    kw = dict(layout_query="BSND", layout_key="PA_BSND", sparse_count=8, sparse_mode=3,
+              block_table=np.arange(2, dtype=np.int32).reshape(1, 2), actual_seq_lengths_key=np.array([2 * bs], np.int32))
+    yield Call("npu_quant_lightning_indexer int8 PA_BSND", "npu_quant_lightning_indexer",
+               (query, key, weights, q_scale, k_scale, 0, 0), kw)
+
+
 def _sparse_attention_calls(rng) -> Iterator[Call]:
     b, s1, n1, bs, k = 1, TOKENS, 16, 16, 4
     act_q, act_kv = np.array([s1], np.int32), np.array([2 * bs], np.int32)
@@ -235,7 +247,8 @@ def _format_cast_calls(rng) -> Iterator[Call]:
 
 
 #: Every op family's warm-up calls, in order (each yields :class:`Call` objects).
-CALLS = (_format_cast_calls, _kv_calls, _prolog_calls, _preprocess_calls, _indexer_calls, _sparse_attention_calls)
+CALLS = (_format_cast_calls, _kv_calls, _prolog_calls, _preprocess_calls, _indexer_calls, _sparse_attention_calls,
+         _quant_indexer_calls)
 
 
 # ---------------------------------------------------------------------- running

@@ -43,6 +43,7 @@ FAMILIES = ("mla_prolog", "mla_preprocess", "kv_rmsnorm_rope_cache", "sparse_fla
 FAMILIES += ("quant",)
 #: Families whose ``ops`` module has another name.
 OPS_MODULES = {"quant": "dynamic_quant"}
+FAMILIES += ("quant_lightning_indexer",)
 
 
 def _outputs_type(family: str):
@@ -412,6 +413,15 @@ def test_hw_lightning_indexer(standin, layout_q, layout_k, dtype_name, return_va
     query, key, weights, kw = make_case(np.random.default_rng(5), layout_q, layout_k, dt, (3, 2), (40, 17))
     assert_backends_agree(ops.npu_lightning_indexer, [query, key, weights],
                           dict(kw, sparse_count=8, sparse_mode=3, return_value=return_value))
+
+
+@pytest.mark.parametrize("layout_q, layout_k", [("BSND", "BSND"), ("TND", "TND"), ("BSND", "PA_BSND"),
+                                                ("TND", "PA_BSND")])
+def test_hw_quant_lightning_indexer(standin, layout_q, layout_k):
+    from tests.test_quant_lightning_indexer import make_case
+
+    inputs, kw = make_case(np.random.default_rng(5), layout_q, layout_k, (3, 2), (40, 17))
+    assert_backends_agree(ops.npu_quant_lightning_indexer, [*inputs, 0, 0], dict(kw, sparse_count=8, sparse_mode=3))
 
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])

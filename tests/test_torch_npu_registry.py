@@ -27,6 +27,7 @@ EXPECTED_OVERLOADS = {
     "npu::npu_scatter_pa_kv_cache", "npu::npu_scatter_pa_kv_cache_functional", "npu::npu_gather_pa_kv_cache",
     "npu::npu_gather_pa_kv_cache_functional",
     "npu::npu_dynamic_quant",
+    "npu::npu_quant_lightning_indexer",
 }
 
 

@@ -63,6 +63,14 @@ def test_soc_name_default_and_env(monkeypatch):
     assert torch.npu.get_device_name(0) == "Ascend910_9391" and device_family("Ascend910_9391") == "Ascend910_93"
 
 
+def test_device_properties_name_the_soc(monkeypatch):
+    """op-plugin's quant indexer golden branches on ``torch.npu.get_device_properties().name``."""
+    monkeypatch.delenv("ASCEND_EMU_SOC_NAME", raising=False)
+    assert torch.npu.get_device_properties().name == "Ascend910B2"
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", "Ascend910_9391")
+    assert torch.npu.get_device_properties(0).name == "Ascend910_9391"
+
+
 def test_manual_seed_does_not_recurse():
     torch.manual_seed(3)
     a = torch.rand(3)

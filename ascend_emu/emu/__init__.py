@@ -18,6 +18,7 @@ from . import mla_preprocess as _mla_preprocess
 from . import mla_prolog as _mla_prolog
 from . import paged_cache as _paged_cache
 from . import quant as _quant
+from . import quant_lightning_indexer as _quant_lightning_indexer
 from . import rope as _rope
 from . import sparse_flash_attention as _sparse_flash_attention
 
@@ -35,6 +36,7 @@ class EmuBackend:
     rope = staticmethod(_rope.rope)
     paged_cache = staticmethod(_paged_cache.paged_cache)
     quant = staticmethod(_quant.quant)
+    quant_lightning_indexer = staticmethod(_quant_lightning_indexer.quant_lightning_indexer)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.

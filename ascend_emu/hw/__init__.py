@@ -36,6 +36,7 @@ from ..ops.lightning_indexer import LightningIndexerArgs, LightningIndexerOutput
 from ..ops.mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
 from ..ops.mla_prolog import MlaPrologArgs, MlaPrologOutputs
 from ..ops.paged_cache import SCATTER, PagedCacheArgs, PagedCacheOutputs
+from ..ops.quant_lightning_indexer import QuantLightningIndexerArgs, QuantLightningIndexerOutputs
 from ..ops.rope import RopeArgs, RopeOutputs
 from ..ops.sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
 from ..quant import INT4_PER_INT32
@@ -371,6 +372,24 @@ def quant(args: DynamicQuantArgs) -> DynamicQuantOutputs:
     return DynamicQuantOutputs(to_host(y).reshape(y_shape), to_host(scale).reshape(args.x.shape[:-1]))
 
 
+def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
+    """``npu_quant_lightning_indexer`` on the NPU, with the caller's arrays (quant modes 0, the
+    dtype tags left out: the contract takes no other values).
+
+    Raises:
+        BackendUnavailable: see :func:`runtime`.
+    """
+    torch, tnpu = runtime()
+    ia = args.indexer
+    idx = tnpu.npu_quant_lightning_indexer(**_on_device(dict(
+        query=ia.query, key=ia.key, weights=ia.weights, query_dequant_scale=args.query_dequant_scale,
+        key_dequant_scale=args.key_dequant_scale, query_quant_mode=0, key_quant_mode=0,
+        actual_seq_lengths_query=ia.actual_seq_lengths_query, actual_seq_lengths_key=ia.actual_seq_lengths_key,
+        block_table=ia.block_table, layout_query=ia.layout_query, layout_key=ia.layout_key,
+        sparse_count=ia.sparse_count, sparse_mode=ia.sparse_mode), torch))
+    return QuantLightningIndexerOutputs(to_host(idx).reshape(ia.out_shape))
+
+
 class HwBackend:
     """The ``hw`` backend (:class:`ascend_emu.ops._backend.Backend`): the functions above."""
 
@@ -383,6 +402,7 @@ class HwBackend:
     rope = staticmethod(rope)
     paged_cache = staticmethod(paged_cache)
     quant = staticmethod(quant)
+    quant_lightning_indexer = staticmethod(quant_lightning_indexer)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.
@@ -393,6 +413,6 @@ def __getattr__(name: str):
     """An op family this version of the hw backend does not implement: say so by name."""
     if name.startswith("__"):
         raise AttributeError(name)
+    implemented = ", ".join(n for n in vars(HwBackend) if not n.startswith("_") and n != "name")
     raise NotImplementedError(f"hw backend: no implementation of {name!r} in this version of ascend_emu "
-                              "(implemented: mla_prolog, kv_rmsnorm_rope_cache, mla_preprocess, sparse_flash_attention, "
-                              "lightning_indexer, rope, paged_cache, quant); use the emu backend")
+                              f"(implemented: {implemented}); use the emu backend")

@@ -16,6 +16,7 @@ from .lightning_indexer import npu_lightning_indexer
 from .mla_preprocess import npu_mla_preprocess
 from .mla_prolog import npu_mla_prolog, npu_mla_prolog_v2, npu_mla_prolog_v3
 from .paged_cache import npu_gather_pa_kv_cache, npu_scatter_pa_kv_cache
+from .quant_lightning_indexer import npu_quant_lightning_indexer
 from .rope import npu_interleave_rope, npu_rotary_mul
 from .sparse_flash_attention import npu_kv_quant_sparse_flash_attention, npu_sparse_flash_attention
 
@@ -28,3 +29,4 @@ __all__ += ["npu_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention"]
 __all__ += ["npu_interleave_rope", "npu_rotary_mul"]
 __all__ += ["npu_scatter_pa_kv_cache", "npu_gather_pa_kv_cache"]
 __all__ += ["npu_dynamic_quant"]
+__all__ += ["npu_quant_lightning_indexer"]

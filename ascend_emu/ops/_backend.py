@@ -7,12 +7,10 @@ environment variable (default ``emu``).
 
 The interface (:class:`Backend`), the same for every backend:
 
-- one method per op family (``mla_prolog``, ``mla_preprocess``, ``kv_rmsnorm_rope_cache``,
-  ``sparse_flash_attention``, ``lightning_indexer``, ``rope``, ``paged_cache``, ``quant``), taking
-  that family's frozen argument object (``MlaPrologArgs``, ... in the family's ``ops`` module):
-  the caller's validated arrays as passed (NZ weights as cast, scales and index tensors as
-  given), the derived slots / rows,
-  the cache layouts, modes and scenario. Backends never validate user input again;
+- one method per op family (the methods of :class:`Backend`: ``mla_prolog``, ``rope``, ...),
+  taking that family's frozen argument object (``MlaPrologArgs``, ... in the family's ``ops``
+  module): the caller's validated arrays as passed (NZ weights as cast, scales and index tensors
+  as given), the derived slots / rows, the cache layouts, modes and scenario. Backends never validate user input again;
 - returning that family's ``...Outputs`` NamedTuple (defined once, in the family's ``ops``
   module): one field per output of the family, in torch_npu's order. Outputs written in place
   (caches, out= tensors) are written into the arrays the argument object holds and returned as
@@ -45,6 +43,7 @@ if TYPE_CHECKING:  # the families' modules import this one
     from .mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
     from .mla_prolog import MlaPrologArgs, MlaPrologOutputs
     from .paged_cache import PagedCacheArgs, PagedCacheOutputs
+    from .quant_lightning_indexer import QuantLightningIndexerArgs, QuantLightningIndexerOutputs
     from .rope import RopeArgs, RopeOutputs
     from .sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
 
@@ -78,6 +77,8 @@ class Backend(Protocol):
     def quant(self, args: DynamicQuantArgs) -> DynamicQuantOutputs:
         """``npu_dynamic_quant``."""
 
+    def quant_lightning_indexer(self, args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
+        """``npu_quant_lightning_indexer``."""
 
 #: Registered backends: name -> package exposing ``BACKEND``.
 BACKENDS: dict[str, str] = {"emu": "ascend_emu.emu", "hw": "ascend_emu.hw"}

@@ -47,6 +47,7 @@ Choices where the sources leave room (each in one named constant below):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -97,17 +98,39 @@ TIES = "lower index first"
 SKIPPED_ROW = -1
 
 
+@dataclass(frozen=True)
+class IndexerDtypes:
+    """What differs between the contracts of ``npu_lightning_indexer`` and
+    ``npu_quant_lightning_indexer`` in the checks they share (:func:`_check_static`).
+
+    Attributes:
+        query: accepted query dtypes (key: the query's dtype).
+        weights: accepted weights dtypes, or None for the query dtype or :data:`WEIGHTS_FP32`.
+        sparse_counts_large: sparse_count values accepted above :data:`SPARSE_COUNT_MAX_DENSE`.
+    """
+
+    query: tuple[str, ...]
+    weights: tuple[str, ...] | None
+    sparse_counts_large: tuple[int, ...]
+
+
+#: ``npu_lightning_indexer``'s dtypes and sparse counts.
+PLAIN_DTYPES = IndexerDtypes(query=DTYPES, weights=None, sparse_counts_large=SPARSE_COUNTS_LARGE)
+
+
 @dataclass(frozen=True, kw_only=True)
 class LightningIndexerArgs:
     """Normalised, validated arguments of :func:`npu_lightning_indexer`: the caller's arrays as
     passed and the key rows each query token scores.
 
     Attributes:
-        query: ``[B, S1, N1, D]`` (BSND) / ``[T, N1, D]`` (TND), C-contiguous bf16 / fp16.
+        query: ``[B, S1, N1, D]`` (BSND) / ``[T, N1, D]`` (TND), C-contiguous bf16 / fp16
+            (int8 for ``npu_quant_lightning_indexer``, :class:`IndexerDtypes`).
         key: ``[B, S2, N2, D]`` / ``[T2, N2, D]`` / ``[blocks, block_size, N2, D]`` (PA_BSND),
             C-contiguous, the query dtype; as rows ``[R, N2, D]`` (R = key slots; BSND row
             ``b * S2 + p``, PA_BSND row ``block * block_size + r``).
-        weights: ``[B, S1, N1]`` / ``[T, N1]``, C-contiguous, the query dtype or fp32.
+        weights: ``[B, S1, N1]`` / ``[T, N1]``, C-contiguous, the query dtype or fp32 (fp16 for
+            the quant op).
         actual_seq_lengths_query, actual_seq_lengths_key, block_table: the caller's int32
             tensors, or None.
         slots: int64 ``[B, max_kv]``: key row holding kv position ``p`` of batch ``b``; every
@@ -223,9 +246,10 @@ def _int_arg(value, name: str) -> int:
     return int(value)
 
 
-def _tensor(x, name: str, dtype: str | tuple[str, ...] | None) -> np.ndarray:
+def _tensor(x, name: str, dtype: str | tuple[str, ...]) -> np.ndarray:
+    """``x`` checked: given, of ``dtype`` (one or several names), non-empty, C-contiguous."""
     x = required(x, name)
-    check_dtype(x, name, DTYPES if dtype is None else (dtype,) if isinstance(dtype, str) else dtype)
+    check_dtype(x, name, (dtype,) if isinstance(dtype, str) else dtype)
     if x.size == 0:
         raise arg_error(ShapeError, name, "a non-empty tensor", f"shape {list(x.shape)}")
     if not x.flags.c_contiguous:
@@ -252,16 +276,25 @@ _VALIDATED = ValidatedSignatures()
 
 
 def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, layout_key, sparse_count,
-               sparse_mode, pre_tokens, next_tokens, return_value) -> LightningIndexerArgs:
+               sparse_mode, pre_tokens, next_tokens, return_value, *, dtypes: IndexerDtypes | None = None,
+               validated: ValidatedSignatures | None = None) -> LightningIndexerArgs:
     """Validate every argument and build :class:`LightningIndexerArgs`.
 
     The checks :func:`_check_static` makes run once per call signature
     (:func:`~ascend_emu.ops._check.signature`; a decode loop repeats one); the lengths and the
     block_table entries a batch reads are checked on every call, after them.
+
+    ``dtypes`` (default :data:`PLAIN_DTYPES`) and ``validated`` (default this op's
+    signatures) let ``npu_quant_lightning_indexer`` share every check but the dtypes; each op
+    keeps its own :class:`ValidatedSignatures`, since the same signature passes one and not the
+    other.
     """
+    dtypes = PLAIN_DTYPES if dtypes is None else dtypes
+    validated = _VALIDATED if validated is None else validated
     given = (query, key, weights, act_q, act_k, block_table, layout_query, layout_key, sparse_count, sparse_mode,
              pre_tokens, next_tokens, return_value)
-    sig, st, known = _VALIDATED.lookup(given, _check_static)  # known: the lengths' dtypes and shapes passed too
+    sig, st, known = validated.lookup(given, functools.partial(_check_static, dtypes=dtypes))  # known: the
+    # lengths' dtypes and shapes passed too
     lengths_of = known_per_batch_lengths if known else per_batch_lengths
     query, key, weights = required(query, "query"), required(key, "key"), required(weights, "weights")
     act_q, act_k = optional(act_q, "actual_seq_lengths_query"), optional(act_k, "actual_seq_lengths_key")
@@ -299,7 +332,7 @@ def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, lay
     limit = np.empty(t_rows, np.int64)  # [T]
     _token_limits(q_start, q_len, kv_len, -1 if s1 is None else s1, st.sparse_mode, token_batch, limit)
     if not known:
-        _VALIDATED.put(sig, st)
+        validated.put(sig, st)
     return LightningIndexerArgs(
         query=query, key=key, weights=weights, actual_seq_lengths_query=act_q, actual_seq_lengths_key=act_k,
         block_table=block_table, slots=np.ascontiguousarray(slots, dtype=np.int64), token_batch=token_batch, limit=limit,
@@ -308,9 +341,10 @@ def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, lay
 
 
 def _check_static(query, key, weights, act_q, act_k, block_table, layout_query, layout_key, sparse_count,
-                  sparse_mode, pre_tokens, next_tokens, return_value) -> _Static:
+                  sparse_mode, pre_tokens, next_tokens, return_value, *, dtypes: IndexerDtypes) -> _Static:
     """Every check that reads only types, shapes, dtypes, modes and scalars, in the contract's
-    order (length values and block_table entries: :func:`_normalise`).
+    order (length values and block_table entries: :func:`_normalise`); ``dtypes``: the op's
+    :class:`IndexerDtypes`.
 
     Raises:
         As :func:`npu_lightning_indexer` (ShapeError, DTypeError, ModeError).
@@ -329,9 +363,9 @@ def _check_static(query, key, weights, act_q, act_k, block_table, layout_query, 
         raise arg_error(ModeError, "sparse_mode", f"one of {list(SPARSE_MODES)} (0: no mask, 3: right-down causal)",
                         sparse_mode)
     sparse_count = _int_arg(sparse_count, "sparse_count")
-    if not (1 <= sparse_count <= SPARSE_COUNT_MAX_DENSE or sparse_count in SPARSE_COUNTS_LARGE):
-        raise arg_error(ModeError, "sparse_count", f"1-{SPARSE_COUNT_MAX_DENSE} or one of "
-                        f"{list(SPARSE_COUNTS_LARGE)}", sparse_count)
+    if not (1 <= sparse_count <= SPARSE_COUNT_MAX_DENSE or sparse_count in dtypes.sparse_counts_large):
+        large = f" or one of {list(dtypes.sparse_counts_large)}" if dtypes.sparse_counts_large else ""
+        raise arg_error(ModeError, "sparse_count", f"1-{SPARSE_COUNT_MAX_DENSE}{large}", sparse_count)
     for name, v in (("pre_tokens", pre_tokens), ("next_tokens", next_tokens)):
         if _int_arg(v, name) != UNBOUNDED_TOKENS:
             raise arg_error(ModeError, name, f"the default {UNBOUNDED_TOKENS} (sparse_mode 0 / 3 take no token "
@@ -340,7 +374,7 @@ def _check_static(query, key, weights, act_q, act_k, block_table, layout_query, 
         raise arg_error(DTypeError, "return_value", "a bool", type(return_value).__name__)
 
     # ---- query / weights
-    query = _tensor(query, "query", None)
+    query = _tensor(query, "query", dtypes.query)
     dt = dtype_name(query.dtype)
     if layout_query == "BSND":
         check_shape(query, "query", [None, None, None, INDEXER_HEAD_DIM], "[B, S1, N1, D=128] (BSND)")
@@ -352,7 +386,7 @@ def _check_static(query, key, weights, act_q, act_k, block_table, layout_query, 
         raise arg_error(ShapeError, "query", f"N1 (dim {query.ndim - 2}) in [1, {MAX_QUERY_HEADS}] (the A2 / A3 "
                         "limit on query heads)", f"N1={query.shape[-2]} (shape {list(query.shape)})")
     t_rows = query.shape[0] * (s1 if s1 is not None else 1)
-    weights = _tensor(weights, "weights", (dt, WEIGHTS_FP32))
+    weights = _tensor(weights, "weights", (dt, WEIGHTS_FP32) if dtypes.weights is None else dtypes.weights)
     w_shape = [*query.shape[:-1]]
     check_shape(weights, "weights", w_shape, "[B, S1, N1] (BSND)" if layout_query == "BSND" else "[T, N1] (TND)")
 

@@ -187,6 +187,14 @@ def dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None,
     return y, _new(input, lead, torch.float32)
 
 
+def quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode,
+                            key_quant_mode, *, layout_query="BSND", layout_key="BSND", sparse_count=2048, **_):
+    """int32 ``[B, S1, N2, sparse_count]`` (BSND query) or ``[T1, N2, sparse_count]``
+    (``npu_quant_lightning_indexer_forward``)."""
+    if layout_query == "BSND":
+        shape = [query.shape[0], query.shape[1], key.shape[2], sparse_count]
+        shape = [query.shape[0], key.shape[1 if layout_key == "TND" else 2], sparse_count]
+    return _new(query, shape, torch.int32)
 def interleave_rope(x, cos, sin):
     """A tensor like ``x`` (``npu_interleave_rope_meta``)."""
     return torch.empty_like(x)
@@ -265,6 +273,7 @@ FAKES = {
     "npu::npu_scatter_pa_kv_cache_functional": scatter_pa_kv_cache_functional,
     "npu::npu_gather_pa_kv_cache": gather_pa_kv_cache,
     "npu::npu_gather_pa_kv_cache_functional": gather_pa_kv_cache_functional,
+    "npu::npu_quant_lightning_indexer": quant_lightning_indexer,
     "atb::npu_mla_preprocess": mla_preprocess,
     "atb::npu_mla_preprocess.out": mla_preprocess_out,
     "npu::npu_format_cast": format_cast,

@@ -165,6 +165,13 @@ SCHEMAS: tuple[OpSchema, ...] = (
         'int? weight_uq_qr_dtype=None, int? weight_dkv_kr_dtype=None, '
         'int? kv_cache_dtype=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)'),
     OpSchema("npu",
+        'npu_quant_lightning_indexer(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, '
+        'Tensor key_dequant_scale, int query_quant_mode, int key_quant_mode, *, '
+        'Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, '
+        'Tensor? block_table=None, str layout_query="BSND", str layout_key="BSND", '
+        'int sparse_count=2048, int sparse_mode=3, int pre_tokens=9223372036854775807, '
+        'int next_tokens=9223372036854775807, int? query_dtype=None, int? key_dtype=None) -> Tensor'),
+    OpSchema("npu",
         "npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half', Tensor? rotate=None) -> Tensor"),
     OpSchema("npu",
         "npu_scatter_pa_kv_cache_functional(Tensor key, Tensor value, Tensor key_cache, Tensor value_cache, "

@@ -123,6 +123,13 @@ def get_device_name(device=None) -> str:
     return os.environ.get(SOC_NAME_ENV) or DEFAULT_SOC_NAME
 
 
+def get_device_properties(device=None) -> SimpleNamespace:
+    """The emulated device's properties, as far as the emulator knows them: ``name`` (the SoC,
+    :func:`get_device_name`; op-plugin's tests branch on ``"Ascend950" in ...name``). Memory
+    sizes and core counts are not emulated (no such attribute)."""
+    return SimpleNamespace(name=get_device_name(device))
+
+
 def manual_seed(seed: int) -> None:
     """Seed torch's (CPU) generator, the one the emulated NPU draws from.
 

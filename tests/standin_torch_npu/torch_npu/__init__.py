@@ -112,7 +112,7 @@ npu_mla_prolog_v2 = _op("npu_mla_prolog_v2", _emu.npu_mla_prolog_v2)
 npu_mla_prolog_v3 = _op("npu_mla_prolog_v3", _emu.npu_mla_prolog_v3)
 for _name in ("npu_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention", "npu_lightning_indexer",
               "npu_interleave_rope", "npu_rotary_mul", "npu_scatter_pa_kv_cache", "npu_gather_pa_kv_cache",
-              "npu_dynamic_quant"):
+              "npu_dynamic_quant", "npu_quant_lightning_indexer"):
     if hasattr(_emu, _name):
         globals()[_name] = _op(_name, getattr(_emu, _name))
 

@@ -1,0 +1,137 @@
+"""emu backend of ``npu_quant_lightning_indexer`` (Atlas A2 / A3 int8 path): per batch, the
+visible int8 key rows gathered once, one exact integer GEMM, then a Numba pass per query token for
+the kernel's fp16 staging, the weighted head sum, the key scale and the top-k.
+
+Numerics, step by step as the A2 / A3 kernel does them (ops-transformer
+``attention/quant_lightning_indexer/op_kernel/arch22/``):
+
+1. ``ws[h] = fp16(w[h] * qs[h])``: ``ProcessVec0`` multiplies weights and query_dequant_scale
+   as half (``AscendC::Mul`` on ``LocalTensor<half>``, ``quant_lightning_indexer_service_vector_arch22.h``
+   ``ProcessVec0``), RNE. The product of two fp16 values is exact in fp32 (11 x 11 significand
+   bits), so rounding that once is the fp16 multiply.
+2. ``dot[h, p] = q[h] . k[p]``: int8 x int8 on the cube into int32 (``ComputeQk``, L0C
+   ``int32_t``). Exact here: every partial sum is an integer of magnitude at most 128**3 = 2**21,
+   computed as float64 (:func:`~ascend_emu.emu.matmul.matmul_int8_exact`).
+3. ``s[h, p] = fp16(relu(dot) * 2**-10)``: the fixpipe moves L0C to L1 with ``reluPre = 1`` and
+   ``quantPre = DEQF16`` with the scale ``0x3a800000`` = 2**-10 (``FixpSToL1``): the scaling is
+   exact in fp32 (|dot| < 2**24), then one RNE rounding to fp16 (at most 2048, never overflows).
+   The golden: ``(max(q @ k, 0).float() / 1024.0).to(float16)``.
+4. ``acc[p] = sum_h fp32(ws[h]) * fp32(s[h, p])``: the second cube matmul, fp16 operands into an
+   fp32 L0C (``ComputeWs``, ``Mmad`` with ``k = gSize``), written out unrounded
+   (``FixpResToGm``, ``NoQuant``). Each product is exact in fp32; the sum runs in head order in
+   fp32 (:data:`HEAD_SUM_ORDER`: the cube's internal order is not public, so the last fp32 bit
+   of a sum may differ from the hardware's).
+5. ``score[p] = acc[p] * fp32(ks[p])`` in fp32 (``ProcessVec1``: ``Cast`` of the fp16 key scale,
+   ``Mul``), then the sort on the fp32 scores: the shared top-k of
+   :mod:`ascend_emu.emu.lightning_indexer` (descending, equal scores lower position first, NaN
+   ranks as -inf; ``-1`` past the last selected position and in skipped rows). The kernel sorts
+   with ``SortAll`` / ``MergeSort`` over positions in ascending order; the AscendC ``Sort32``
+   doc's constraint ("when score[i] equals score[j] and i > j, score[j] is taken first") gives
+   that tie order within a sort; across merged queues the doc says nothing (the op doc: the
+   top-k's order for NaN is undefined).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..ops.quant_lightning_indexer import QuantLightningIndexerArgs, QuantLightningIndexerOutputs
+from ..quant.rounding import f16_bits_to_f32, f32_bits_to_f16_bits
+from .lightning_indexer import PARALLEL_MIN_SCORES, _batch_rows, _chunk, _top_k
+from .matmul import matmul_int8_exact
+
+#: The fixpipe's dequant scale before the fp16 staging (``SetFixpipePreQuantFlag(0x3a800000)``).
+DEQ_SCALE = np.float32(2.0 ** -10)
+#: Order of the fp32 head sum (step 4).
+HEAD_SUM_ORDER = "head order, fp32 accumulation"
+
+
+@njit(cache=True, inline="always")
+def _stage_f16(d):
+    """``fp32(fp16(relu(d) * 2**-10))`` of an exact integer dot ``d`` (float64), RNE."""
+    x = np.float32(max(d, 0.0)) * DEQ_SCALE  # exact: an integer below 2**24 times a power of two
+    return f16_bits_to_f32(f32_bits_to_f16_bits(np.float32(x).view(np.uint32)))
+
+
+@njit(cache=True)
+def _score_top_k_range(lo, hi, dots, ws, ks, limit, idx_out):
+    """Scores and top-k of query tokens ``lo <= c < hi`` of a chunk of one batch.
+
+    dots float64 ``[C * G, L]`` exact int dots (``dots[c * G + h, p]``); ws fp32 ``[C, G]`` the
+    fp16-rounded ``w * qs``; ks fp32 ``[L]`` key scales of the batch's kv positions; limit int64
+    ``[C]`` (each <= L, or < 0 for a skipped row); idx_out int32 ``[C, K]``.
+    """
+    g = ws.shape[1]
+    k = idx_out.shape[1]
+    for c in range(lo, hi):
+        lim = limit[c]
+        if lim <= 0:
+            for j in range(k):
+                idx_out[c, j] = -1
+            continue
+        acc = np.zeros(lim, np.float32)  # [L]
+        for h in range(g):
+            wh = ws[c, h]
+            row = dots[c * g + h]
+            for p in range(lim):
+                acc[p] = acc[p] + wh * _stage_f16(row[p])
+        for p in range(lim):
+            acc[p] = acc[p] * ks[p]
+        sel = _top_k(acc, k)
+        m = sel.shape[0]
+        for j in range(m):
+            idx_out[c, j] = sel[j]
+        for j in range(m, k):
+            idx_out[c, j] = -1
+
+
+@njit(cache=True, parallel=True)
+def _score_top_k_parallel(dots, ws, ks, limit, idx_out):
+    """:func:`_score_top_k_range` with one query token per parallel iteration."""
+    for c in prange(ws.shape[0]):
+        _score_top_k_range(c, c + 1, dots, ws, ks, limit, idx_out)
+
+
+def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
+    """Backend of :func:`ascend_emu.ops.npu_quant_lightning_indexer`.
+
+    Returns:
+        ``(sparse_indices,)`` as that function documents.
+    """
+    ia = args.indexer
+    n1, dim = ia.query.shape[-2:]
+    n2 = ia.key.shape[-2]
+    query = ia.query.reshape(-1, n1, dim)  # [T, N1, D] int8
+    t_rows = query.shape[0]
+    g = n1 // n2
+    k = ia.sparse_count
+    idx = np.empty((t_rows, n2, k), np.int32)  # [T, N2, K]
+    key_rows = ia.key.reshape(-1, n2, dim)  # [R, N2, D] int8
+    ks_rows = args.key_dequant_scale.reshape(-1, n2)  # [R, N2] fp16
+    with np.errstate(over="ignore", invalid="ignore"):  # products past fp16 only with non-finite factors
+        ws = (ia.weights.astype(np.float32) * args.query_dequant_scale.astype(np.float32))
+        ws = ws.astype(np.float16).astype(np.float32).reshape(t_rows, n1)  # [T, N1] step 1
+    for b, rows in _batch_rows(ia.token_batch):
+        lim = ia.limit[rows]  # [n_tok]
+        width = max(int(lim.max()), 0)
+        slots = ia.slots[b, :width]  # [L] validated rows
+        for kh in range(n2):
+            keys = key_rows[slots, kh].astype(np.float64)  # [L, D]
+            ks = np.ascontiguousarray(ks_rows[slots, kh], dtype=np.float32)  # [L]
+            step = _chunk(width * 2, g)  # float64 dots: twice the fp32 bytes
+            for c0 in range(0, rows.size, step):
+                sub = rows[c0:c0 + step]
+                q = query[sub, kh * g:(kh + 1) * g].reshape(-1, dim)  # [C * G, D] int8
+                dots = matmul_int8_exact(q, keys.T)  # [C * G, L] exact
+                w = np.ascontiguousarray(ws[sub, kh * g:(kh + 1) * g])  # [C, G]
+                out_i = np.empty((sub.size, k), np.int32)
+                sub_lim = lim[c0:c0 + sub.size]
+                operands = (dots, w, ks, sub_lim, out_i)
+                if sub.size > 1 and int(np.maximum(sub_lim, 0).sum()) * g >= PARALLEL_MIN_SCORES:
+                    _score_top_k_parallel(*operands)
+                else:
+                    _score_top_k_range(0, sub.size, *operands)
+                idx[sub, kh] = out_i
+    return QuantLightningIndexerOutputs(idx.reshape(ia.out_shape))
+

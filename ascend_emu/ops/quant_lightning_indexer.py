@@ -1,0 +1,185 @@
+"""``torch_npu.npu_quant_lightning_indexer`` on NumPy arrays: the contract of the Atlas A2 / A3
+int8 path.
+
+Sources: torch_npu 2.14's schema (``npu_native_functions_by_codegen.yaml``, the
+``npu_quant_lightning_indexer`` entry) and meta function ``npu_quant_lightning_indexer_forward``
+(``op_plugin/meta/_meta_registrations.py``: int32 ``[B, S1, N2, k]`` / ``[T, N2, k]``); the op doc
+(op-plugin ``docs/zh/custom_APIs/torch_npu/torch_npu-npu_quant_lightning_indexer.md``: layouts,
+shapes, N1 in [1, 64], sparse_count [1, 2048], sparse_mode 0 / 3, quant modes 0, "A3: int8 query
+and key, weights / query_dequant_scale / key_dequant_scale float16, float16, float16", "W * Scale_Q
+must lie in the fp16 range"); ops-transformer ``aclnnQuantLightningIndexer.md`` (key_dequant_scale
+``[B, S2, N2]`` / ``[T2, N2]`` / ``[blocks, block_size, N2]``); op-plugin's binding
+``op_plugin/ops/opapi/QuantLightningIndexerKernelNpuOpApi.cpp`` (``query_dtype`` / ``key_dtype``
+only for hifloat8, TORCH_CHECK otherwise); the golden (op-plugin
+``test/test_custom_ops/test_npu_quant_lightning_indexer.py``); vllm-ascend's C8 call site
+(``vllm_ascend/device/device_op.py`` ``indexer_select_post_process`` and the ``indexer_quant_scatter``
+/ ``prepare_dsa_indexer_*`` helpers: TND query, PA_BSND int8 key, weights and both scales cast
+to fp16, key scale ``[blocks, block_size, 1]``) and the A2 / A3 kernel
+(ops-transformer ``attention/quant_lightning_indexer/op_kernel/arch22/``: the numerics chain is in
+:mod:`ascend_emu.emu.quant_lightning_indexer`).
+
+What the op computes, per query token ``t`` of batch ``b`` (key head N2 = 1, G = N1 heads)::
+
+    ws[h]    = fp16(w[t, h] * qs[t, h])                          fp16 product, RNE
+    s[h, p]  = fp16(relu(q[t, h] . k[b, p]) / 1024)              exact int32 dot, RNE
+    score[p] = fp32(sum_h ws[h] * s[h, p]) * fp32(ks[b, p])      fp32
+    sparse_indices[t, 0, :] = the sparse_count positions p < limit(t) with the largest score,
+                              descending, equal scores lower p first, then -1
+
+with ``limit(t)`` and the rows that are skipped exactly as :mod:`.lightning_indexer` defines
+them: the lengths, block_table, layouts, sparse modes and top-k order are that contract's, validated
+by its code (:func:`ascend_emu.ops.lightning_indexer._normalise` with :data:`QUANT_DTYPES`).
+
+Choices where the sources leave room (each in one named constant below):
+
+- :data:`QUANT_MODES`: ``query_quant_mode`` / ``key_quant_mode`` 0 only (per-token-head).
+- :data:`SCALE_DTYPE`, weights :data:`WEIGHTS_DTYPE`: fp16 only (the A3 constraint; the A2 doc
+  lists no other int8 combination).
+- ``query_dtype`` / ``key_dtype``: None only. The doc lists int8 / fp8 / hifloat8, but op-plugin's
+  binding rejects any value but hifloat8 ("only used to support hifloat8"), and hifloat8 / fp8
+  are Ascend 950 paths.
+- ``W * Scale_Q`` overflowing fp16 (the doc's constraint) is rejected naming ``weights``.
+- Key and key_dequant_scale must be C-contiguous (the doc allows a non-contiguous axis 0 for
+  PA_BSND; stricter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import ModeError, ShapeError, arg_error
+from .. import checked_mode
+from ._backend import get_backend
+from ._check import ValidatedSignatures, check_dtype, check_shape, required
+from .lightning_indexer import (UNBOUNDED_TOKENS, IndexerDtypes, LayoutKey, LayoutQuery,
+                                LightningIndexerArgs, _int_arg, _normalise)
+
+#: query / key dtype (the A2 / A3 path).
+QUERY_DTYPE = "int8"
+#: weights dtype (int8 path: FLOAT16 only).
+WEIGHTS_DTYPE = "float16"
+#: query_dequant_scale / key_dequant_scale dtype (int8 path: FLOAT16 only).
+SCALE_DTYPE = "float16"
+#: query_quant_mode / key_quant_mode values (0: per-token-head).
+QUANT_MODES: tuple[int, ...] = (0,)
+#: The checks shared with npu_lightning_indexer: int8 query / key, fp16 weights, k up to 2048.
+QUANT_DTYPES = IndexerDtypes(query=(QUERY_DTYPE,), weights=(WEIGHTS_DTYPE,), sparse_counts_large=())
+
+#: Signatures whose shared static checks passed (separate from npu_lightning_indexer's).
+_VALIDATED = ValidatedSignatures()
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantLightningIndexerArgs:
+    """Validated arguments of :func:`npu_quant_lightning_indexer`.
+
+    Attributes:
+        indexer: the shared part (:class:`~ascend_emu.ops.lightning_indexer.LightningIndexerArgs`
+            with int8 query / key, fp16 weights, ``return_value`` False).
+        query_dequant_scale: fp16, weights' shape ``[B, S1, N1]`` / ``[T, N1]``, C-contiguous.
+        key_dequant_scale: fp16, key's shape without D (``[B, S2, N2]`` / ``[T2, N2]`` /
+            ``[blocks, block_size, N2]``), C-contiguous; row ``r`` scales key row ``r``.
+    """
+
+    indexer: LightningIndexerArgs
+    query_dequant_scale: np.ndarray
+    key_dequant_scale: np.ndarray
+
+
+class QuantLightningIndexerOutputs(NamedTuple):
+    """What a backend returns (:mod:`ascend_emu.ops._backend`).
+
+    Attributes:
+        sparse_indices: int32 ``args.indexer.out_shape``.
+    """
+
+    sparse_indices: np.ndarray
+
+
+def npu_quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode,
+                                key_quant_mode, *, actual_seq_lengths_query=None, actual_seq_lengths_key=None,
+                                block_table=None, layout_query: LayoutQuery = "BSND", layout_key: LayoutKey = "BSND",
+                                sparse_count: int = 2048, sparse_mode: int = 3, pre_tokens: int = UNBOUNDED_TOKENS,
+                                next_tokens: int = UNBOUNDED_TOKENS, query_dtype=None, key_dtype=None):
+    """Top-``sparse_count`` kv positions per query token by the int8 lightning-indexer score.
+
+    Args:
+        query: int8 ``[B, S1, N1, D]`` (BSND) or ``[T, N1, D]`` (TND), C-contiguous; N1 in
+            ``[1, 64]``, D = 128.
+        key: int8 ``[B, S2, N2, D]`` (BSND), ``[T2, N2, D]`` (TND) or
+            ``[blocks, block_size, N2, D]`` (PA_BSND, block_size a multiple of 16 up to 1024),
+            C-contiguous; N2 = 1.
+        weights: fp16 ``[B, S1, N1]`` / ``[T, N1]``, C-contiguous.
+        query_dequant_scale: fp16, weights' shape, C-contiguous; ``weights * query_dequant_scale``
+            must be finite in fp16.
+        key_dequant_scale: fp16, key's shape without D, C-contiguous.
+        query_quant_mode, key_quant_mode: 0 (per-token-head).
+        actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query, layout_key,
+        sparse_mode, pre_tokens, next_tokens: as :func:`ascend_emu.ops.npu_lightning_indexer`.
+        sparse_count: k in ``[1, 2048]``. Default 2048.
+        query_dtype, key_dtype: None (the hifloat8 tags; not on Atlas A2 / A3).
+
+    Returns:
+        int32 ``[B, S1, N2, sparse_count]`` (BSND query) or ``[T, N2, sparse_count]`` (TND
+        query): kv positions within the batch's sequence by score descending (equal scores lower
+        position first), -1 after the last selected one and in rows the kernel skips.
+
+    Raises:
+        ShapeError, DTypeError, ModeError, IndexRangeError: as npu_lightning_indexer for the
+            shared arguments (query / key must be int8, weights fp16, sparse_count at most 2048);
+            a scale's dtype (DTypeError) or shape (ShapeError); a quant mode other than 0, a
+            non-None ``query_dtype`` / ``key_dtype``, or ``weights * query_dequant_scale`` beyond
+            the fp16 range (ModeError).
+    """
+    for name, value in (("query_quant_mode", query_quant_mode), ("key_quant_mode", key_quant_mode)):
+        if _int_arg(value, name) not in QUANT_MODES:
+            raise arg_error(ModeError, name, f"one of {list(QUANT_MODES)} (per-token-head, the only mode the doc "
+                            "allows)", value)
+    for name, value in (("query_dtype", query_dtype), ("key_dtype", key_dtype)):
+        if value is not None:
+            raise arg_error(ModeError, name, "None (the tag is for hifloat8 inputs, an Ascend 950 path; int8 "
+                            "query / key take no tag)", repr(value))
+    indexer = _normalise(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
+                         layout_query, layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens, False,
+                         dtypes=QUANT_DTYPES, validated=_VALIDATED)
+    qs = _scale(query_dequant_scale, "query_dequant_scale", indexer.weights.shape,
+                "weights' shape [B, S1, N1] (BSND) / [T, N1] (TND)")
+    ks = _scale(key_dequant_scale, "key_dequant_scale", indexer.key.shape[:-1],
+                "key's shape without D ([B, S2, N2] / [T2, N2] / [blocks, block_size, N2])")
+    _check_weight_scale_range(indexer.weights, qs)
+    args = QuantLightningIndexerArgs(indexer=indexer, query_dequant_scale=qs, key_dequant_scale=ks)
+    checked_mode.read_lightning_indexer("npu_quant_lightning_indexer", indexer, key, layout_key)
+    return get_backend().quant_lightning_indexer(args).sparse_indices
+
+
+def _scale(x, name: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """A dequant scale checked: given, :data:`SCALE_DTYPE`, ``shape``, C-contiguous."""
+    x = required(x, name)
+    check_dtype(x, name, (SCALE_DTYPE,))
+    check_shape(x, name, list(shape), what)
+    if not x.flags.c_contiguous:
+        raise arg_error(ShapeError, name, "a C-contiguous tensor (non-contiguous input is not supported)",
+                        f"strides {x.strides}")
+    return x
+
+
+def _check_weight_scale_range(weights: np.ndarray, qs: np.ndarray) -> None:
+    """The doc's constraint: ``weights * query_dequant_scale`` lies in the fp16 range (the kernel
+    multiplies them in fp16; an overflow would score every key +-inf or NaN).
+
+    Raises:
+        ModeError: some product of finite factors rounds to +-inf in fp16.
+    """
+    w32, q32 = weights.astype(np.float32), qs.astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        prod = (w32 * q32).astype(np.float16)  # exact fp32 product (11 x 11 bits), rounded once
+    bad = np.isinf(prod) & np.isfinite(w32) & np.isfinite(q32)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise arg_error(ModeError, "weights", "weights * query_dequant_scale within the fp16 range (|x| <= 65504; "
+                        "doc constraint)", f"weights{list(at)} = {float(w32[at]):.6g} times query_dequant_scale"
+                        f"{list(at)} = {float(q32[at]):.6g} (and {int(bad.sum()) - 1} more)")
+
