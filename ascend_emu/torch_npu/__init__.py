@@ -15,6 +15,8 @@ Importing this module does to torch what the real ``import torch_npu`` does:
   NPU and ``.cpu()`` copies it back, so host and device tensors never alias; ``device="npu"``
   strings work in factories and ``.to()`` (:mod:`._device`);
 - format tags follow tensors the way weight loading expects (:mod:`._format`).
+- ``torch_npu.hifloat8`` / ``float8_e8m0fnu`` / ... are torch_npu's dtype codes and
+  ``torch.version.cann`` is the emulated CANN version (:mod:`._dtypes`).
 
 Errors are ascend_emu's (``ValueError`` / ``TypeError`` subclasses naming the argument), not
 the ``RuntimeError`` torch_npu raises. Graph mode (torchair) is not emulated; ``torch.compile``
@@ -36,6 +38,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
 
 from .. import __version__ as _emu_version
 from . import _device, _format, _registry, npu
+from ._dtypes import NPU_DTYPE_CODES
+from ._dtypes import patch_torch as _patch_version
 from ._convert import nz_of, tag_nz, to_numpy, to_torch
 from .schemas import SCHEMAS
 
@@ -43,6 +47,8 @@ npu.patch_torch()
 _device.patch_torch()
 _format.patch_torch()
 _registry.register()
+_patch_version()
+globals().update(NPU_DTYPE_CODES)  # torch_npu.hifloat8, ... (ints, as torch_npu exports them)
 
 #: The emulated torch_npu release; the local label says this is the emulator.
 __version__ = f"{TORCH_NPU_VERSION}+ascend_emu.{_emu_version}"
@@ -72,4 +78,4 @@ def install() -> None:
 
 from . import atb, testing  # noqa: E402
 
-__all__ = ["atb", "npu", "testing", "install", "__version__", *_NPU_OPS]
+__all__ = ["atb", "npu", "testing", "install", "__version__", *_NPU_OPS, *NPU_DTYPE_CODES]
