@@ -33,6 +33,7 @@ Fixtures (factories: functions taking sizes; every random value comes from :func
 
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -56,6 +57,29 @@ ACL_FORMAT_FRACTAL_NZ = 29
 def pytest_report_header(config) -> str:
     """One header line saying the session's torch_npu is the emulator."""
     return f"ascend_emu: torch_npu is the CPU emulator {_drop_in.__version__} (ascend_emu.pytest_plugin)"
+
+
+def _check_still_installed(when: str) -> None:
+    """Stop the session when something replaced the emulated torch_npu after the plugin installed
+    it (vllm-ascend's ``tests/ut/conftest.py`` puts a MagicMock module in ``sys.modules`` when
+    ``npu-smi`` is missing): tests would otherwise run against the mock, silently."""
+    current = sys.modules.get("torch_npu")
+    if current is not _drop_in:
+        raise pytest.UsageError(
+            f"torch_npu: expected the emulator (ascend_emu.torch_npu, installed by ascend_emu.pytest_plugin), "
+            f"got {type(current).__name__} {getattr(current, '__name__', current)!r} {when}; a conftest.py that "
+            f"mocks torch_npu must skip its mock when the plugin is loaded "
+            f"('ascend_emu.pytest_plugin' in sys.modules)")
+
+
+def pytest_sessionstart(session) -> None:
+    """The top-level conftest files have run: torch_npu must still be the emulator."""
+    _check_still_installed("after the conftest files loaded")
+
+
+def pytest_collection_finish(session) -> None:
+    """Every conftest and test module is imported: torch_npu must still be the emulator."""
+    _check_still_installed("after collection")
 
 
 # ---------------------------------------------------------------------------------------- helpers

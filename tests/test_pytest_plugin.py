@@ -145,3 +145,15 @@ def test_plugin_installs_the_drop_in_and_its_fixtures_build_the_reference_layout
     proc = _pytest(tmp_path, "-v", "-p", "ascend_emu.pytest_plugin")  # -q -v: the header, one dot per test
     _passed(proc, 9)
     assert "ascend_emu: torch_npu is the CPU emulator" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_conftest_mock_replacing_the_emulator_stops_the_session(tmp_path):
+    """vllm-ascend's conftest swaps a MagicMock module in for torch_npu when npu-smi is missing:
+    under the plugin that stops the session with a usage error, nothing runs against the mock."""
+    pytest.importorskip("torch")
+    (tmp_path / "conftest.py").write_text("import sys, types\nsys.modules['torch_npu'] = types.ModuleType('torch_npu')\n")
+    (tmp_path / "test_mocked.py").write_text("def test_never_runs():\n    raise AssertionError('ran')\n")
+    proc = _pytest(tmp_path, "-p", "ascend_emu.pytest_plugin")
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "torch_npu: expected the emulator" in proc.stderr + proc.stdout and "ran" not in proc.stdout
