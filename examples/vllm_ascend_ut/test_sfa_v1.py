@@ -195,8 +195,8 @@ def interleave_rope(x, cos, sin):
 
 @pytest.fixture
 def sfa_setup(nz_weight, mla_caches, paged_cache, block_table):
-    """A layer and the three caches of vllm-ascend's SFA tuple (c_kv, k_rope, indexer k) for two
-    requests with room for 71 and 24 tokens."""
+    """The block table and the three caches of vllm-ascend's SFA tuple (c_kv, k_rope, indexer k)
+    for two requests with room for 71 and 24 tokens."""
     torch.manual_seed(0)
     table = block_table([71, 24], BLOCK_SIZE, num_blocks=NUM_BLOCKS)
     ckv_cache, k_rope_cache = mla_caches(table.num_blocks, BLOCK_SIZE)
@@ -274,8 +274,11 @@ class TestAscendSFAImplForward:
         meta, out = run_step(layer, table, kv_cache, [1, 1], [71, 24])
         check_caches(layer, meta, kv_cache)
         check_selection_and_attention(layer, meta, table, kv_cache, [1, 1], [71, 24])
-        want = (layer._v_up_proj(layer.record.attn_output).float() @ layer.o_proj.float())
-        assert_close(out.cpu().float(), want.cpu(), rtol=2e-2, atol=2e-2)
+        # value up-projection straight from kv_b_proj [N * (P + V), L] (its V rows of each head), then o_proj
+        w_uv = layer.kv_b_proj.cpu().float().view(NUM_HEADS, QK_NOPE_HEAD_DIM + V_HEAD_DIM, KV_LORA_RANK)
+        v = torch.einsum("tnl,nvl->tnv", layer.record.attn_output.cpu().float(), w_uv[:, QK_NOPE_HEAD_DIM:])
+        want = v.reshape(2, -1).to(torch.bfloat16).float() @ layer.o_proj.cpu().float()
+        assert_close(out.cpu().float(), want, rtol=2e-2, atol=2e-2)
 
     def test_decode_attends_to_the_indexer_top_k(self, sfa_setup, nz_weight):
         """With a longer context (70 tokens) and a top-32 indexer the attention sees only the
