@@ -224,8 +224,8 @@ def test_fp8_names_and_codes():
 
 def test_torch_npu_dtype_codes():
     """torch_npu 2.14 ``op_plugin/meta/_meta_registrations.py`` (ACL enum + 256)."""
-    assert TORCH_NPU_DTYPE_CODES == {"hifloat8": 290, "float8_e5m2": 291, "float8_e4m3fn": 292,
-                                     "float8_e8m0fnu": 293, "float4_e2m1fn_x2": 296}
+    assert TORCH_NPU_DTYPE_CODES == {"int4": 285, "hifloat8": 290, "float8_e5m2": 291, "float8_e4m3fn": 292,
+                                     "float8_e8m0fnu": 293, "float4_e2m1fn_x2": 296, "float4_e1m2fn_x2": 297}
     assert {v: k for k, v in TORCH_NPU_DTYPE_CODES.items()} == TORCH_NPU_DTYPE_NAMES
 
 

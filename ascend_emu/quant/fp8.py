@@ -24,11 +24,13 @@ from .rounding import real_to_f32
 
 #: torch_npu dtype name -> code (``torch_npu.<name>``; ACL enum + 256).
 TORCH_NPU_DTYPE_CODES = {
+    "int4": 285,
     "hifloat8": 290,
     "float8_e5m2": 291,
     "float8_e4m3fn": 292,
     "float8_e8m0fnu": 293,
     "float4_e2m1fn_x2": 296,
+    "float4_e1m2fn_x2": 297,
 }
 #: code -> torch_npu dtype name.
 TORCH_NPU_DTYPE_NAMES = {code: name for name, code in TORCH_NPU_DTYPE_CODES.items()}

@@ -1,0 +1,159 @@
+"""``ascend_emu.pytest_plugin``: opt-in only; with it, ``import torch_npu`` is the emulator for a
+whole pytest session and the fixtures build caches, block tables and NZ weights whose bytes match
+the independent layouts of ``tests/reference/layouts.py``.
+
+The plugin replaces ``sys.modules["torch_npu"]`` for the process it runs in, so every check runs
+pytest in a child process (this suite's own tests, e.g. ``test_hw``'s stand-in torch_npu, must not
+see it).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+#: This tree's ascend_emu and tests.reference first, wherever another ascend_emu is installed.
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
+def _pytest(cwd, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=cwd, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _passed(proc: subprocess.CompletedProcess, count: int) -> None:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"pytest exited {proc.returncode}\n{out[-4000:]}"
+    assert re.search(rf"\b{count} passed\b", out) and not re.search(r"\b(failed|error|skipped)\b", out), out[-4000:]
+
+
+def test_no_entry_point_loads_it_on_its_own():
+    """No ``pytest11`` entry point: projects that never name the plugin never load it."""
+    text = (ROOT / "pyproject.toml").read_text()
+    assert "pytest11" not in text and "entry-points" not in text
+
+
+def test_without_opting_in_torch_npu_is_untouched(tmp_path):
+    """A session that does not name the plugin gets no torch_npu from ascend_emu."""
+    (tmp_path / "test_plain.py").write_text(textwrap.dedent("""
+        import importlib.util
+        import sys
+
+        def test_no_emulated_torch_npu():
+            assert "ascend_emu.pytest_plugin" not in sys.modules
+            mod = sys.modules.get("torch_npu")
+            assert mod is None or not mod.__name__.startswith("ascend_emu")
+            spec = importlib.util.find_spec("torch_npu")
+            assert spec is None or "ascend_emu" not in (spec.origin or "")
+        """))
+    _passed(_pytest(tmp_path), 1)
+
+
+#: Run under ``-p ascend_emu.pytest_plugin``; ``import torch_npu`` at module level happens while
+#: pytest collects, so it proves the install comes first.
+PLUGIN_CHECKS = '''
+import numpy as np
+import pytest
+import torch
+import torch_npu
+
+from tests.reference import layouts as ref
+
+MODES = ["PA_BSND", "PA_NZ"]
+DTYPES = [torch.bfloat16, torch.int8]
+
+
+def test_torch_npu_is_the_emulator_for_the_session():
+    import ascend_emu.torch_npu
+    import torch_npu.npu.utils
+    assert torch_npu is ascend_emu.torch_npu and "ascend_emu" in torch_npu.__version__
+    assert torch.npu.is_available() and torch.npu.current_device() == 0
+    assert torch.zeros(2, device="npu").device == torch.device("npu", 0)
+    assert torch_npu.npu.utils.get_cann_version() == torch.version.cann
+    # the codes vllm-ascend's tests/ut conftest sets by hand (op-plugin _meta_registrations.py: 290, 293, 296)
+    assert (torch_npu.hifloat8, torch_npu.float8_e8m0fnu, torch_npu.float4_e2m1fn_x2) == (290, 293, 296)
+
+
+def test_npu_generator_is_seeded(npu_generator):
+    assert npu_generator.device == torch.device("npu", 0)
+    assert torch.equal(torch.randn(4, generator=npu_generator), torch.randn(4, generator=torch.Generator().manual_seed(0)))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_cache_bytes_follow_the_mode(paged_cache, mode, dtype):
+    """Every element of the logical rows sits where the reference layout puts it, and cache_rows
+    reads the rows back."""
+    from ascend_emu.pytest_plugin import cache_rows
+    nb, bs, dim = 3, 32, 64
+    rows = (torch.arange(nb * bs * dim) % 251 - 125).to(dtype).view(nb * bs, 1, dim)
+    cache = paged_cache(nb, bs, dim, dtype=dtype, mode=mode, rows=rows)
+    assert tuple(cache.shape) == (nb, bs, 1, dim) and cache.dtype == dtype and cache.device.type == "npu"
+    itemsize = cache.element_size()
+    offsets = [ref.element_offset(mode, (nb, bs, 1, dim), itemsize, blk, r, 0, d)
+               for blk in range(nb) for r in range(bs) for d in range(dim)]  # logical order
+    assert sorted(offsets) == list(range(nb * bs * dim))
+    assert torch.equal(cache.cpu().reshape(-1)[torch.tensor(offsets)], rows.reshape(-1))
+    assert torch.equal(cache_rows(cache, mode), rows)
+    random = paged_cache(nb, bs, dim, dtype=dtype, mode=mode, rows="random")
+    assert cache_rows(random, mode).float().std() > 0.5
+
+
+def test_mla_caches(mla_caches):
+    ckv, krope = mla_caches(2, 16, dtype=torch.int8, mode="PA_NZ")
+    assert tuple(ckv.shape) == (2, 16, 1, 512) and tuple(krope.shape) == (2, 16, 1, 64)
+    assert ckv.dtype == krope.dtype == torch.int8 and not ckv.any() and not krope.any()
+
+
+def test_block_table_from_seq_lens(block_table):
+    seq_lens = [5, 40, 0, 17]
+    t = block_table(seq_lens, 16, num_blocks=9)
+    table = t.block_table.cpu().numpy()
+    assert t.block_table.dtype == torch.int32 and table.shape == (4, 3) and t.num_blocks == 9
+    used = [int(v) for b, n in enumerate(seq_lens) for v in table[b, :-(-n // 16)]]
+    assert len(set(used)) == len(used) == 1 + 3 + 0 + 2 and all(0 <= v < 9 for v in used)
+    want = ref.slots_block_table(table, seq_lens, 16)
+    assert t.slot_mapping.dtype == torch.int64 and t.slot_mapping.cpu().tolist() == sum(want, [])
+    for b, n in enumerate(seq_lens):
+        assert t.slots[b, :n].tolist() == want[b] and (t.slots[b, n:] == -1).all()
+    assert t.seq_lens.cpu().tolist() == seq_lens
+
+
+def test_nz_weight_is_cast_to_fractal_nz(nz_weight):
+    from ascend_emu.torch_npu import nz_of
+    w = nz_weight([48, 40])
+    assert torch_npu.get_npu_format(w) == 29 and w.dtype == torch.bfloat16 and w.device.type == "npu"
+    storage = nz_of(w).storage().view(np.int16)
+    assert np.array_equal(storage.reshape(-1), ref.nd_to_nz_loops(w.cpu().view(torch.int16).numpy()).reshape(-1))
+    assert 0.05 < w.float().std() < 0.3  # normal / sqrt(48)
+    q = nz_weight([32, 16], dtype=torch.int8)
+    assert q.dtype == torch.int8 and torch_npu.get_npu_format(q) == 29 and q.abs().max() <= 127
+'''
+
+
+@pytest.mark.slow
+def test_plugin_installs_the_drop_in_and_its_fixtures_build_the_reference_layouts(tmp_path):
+    pytest.importorskip("torch")
+    (tmp_path / "test_with_plugin.py").write_text(PLUGIN_CHECKS)
+    proc = _pytest(tmp_path, "-v", "-p", "ascend_emu.pytest_plugin")  # -q -v: the header, one dot per test
+    _passed(proc, 9)
+    assert "ascend_emu: torch_npu is the CPU emulator" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_conftest_mock_replacing_the_emulator_stops_the_session(tmp_path):
+    """vllm-ascend's conftest swaps a MagicMock module in for torch_npu when npu-smi is missing:
+    under the plugin that stops the session with a usage error, nothing runs against the mock."""
+    pytest.importorskip("torch")
+    (tmp_path / "conftest.py").write_text("import sys, types\nsys.modules['torch_npu'] = types.ModuleType('torch_npu')\n")
+    (tmp_path / "test_mocked.py").write_text("def test_never_runs():\n    raise AssertionError('ran')\n")
+    proc = _pytest(tmp_path, "-p", "ascend_emu.pytest_plugin")
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "torch_npu: expected the emulator" in proc.stderr + proc.stdout and "ran" not in proc.stdout
