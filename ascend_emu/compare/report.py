@@ -58,6 +58,8 @@ class Report:
                                    t.one_thousandth_ratio, t.five_thousandths_ratio, t.max_int_delta,
                                    t.nan_mismatch, t.inf_mismatch, json.dumps(t.ulp_hist) if t.ulp_hist else "",
                                    json.dumps(t.mismatches[0]) if t.mismatches else "", t.note or c.reason or ""])
+            for name, why in c.not_compared.items():
+                w.writerow(head + [name, "output", "", "", "not compared"] + [""] * (len(CSV_COLUMNS) - 10) + [why])
         return buf.getvalue()
 
     def render(self, console=None, *, details: int = 8) -> None:
@@ -90,6 +92,8 @@ class Report:
         for c in self.calls:
             if c.reason:
                 console.print(f"call {c.index} {c.api}: [magenta]{c.status}[/]: {c.reason}")
+            for name, why in c.not_compared.items():
+                console.print(f"call {c.index} {c.api} {name}: [magenta]not compared[/]: {why}")
             for t in c.tensors:
                 if t.status == "identical":
                     continue
