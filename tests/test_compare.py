@@ -434,7 +434,7 @@ def test_msprobe_replay(tmp_path, capsys):
         "NPU.npu_mla_prolog_v3.0.forward": (prolog_args, {}, [torch.zeros(1)], (1, 2, 4)),
         "Torch.matmul.0.forward": ([kv], {}, [kv], ()),
     })
-    rc, out, err = _cli(["replay", str(tmp_path / "dump"), "-o", str(tmp_path / "emu"), "--allow-skipped",
+    rc, out, err = _cli(["replay", str(tmp_path / "dump"), "-o", str(tmp_path / "emu"), "-n", "1", "--allow-skipped",
                          "--json", str(tmp_path / "r.json")], capsys)
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rc == 0, out + err
@@ -502,7 +502,7 @@ def test_msprobe_replay_leaves_undefined_outputs_uncompared(tmp_path, capsys):
     undefined on the device: random content there passes, listed as not compared."""
     torch = pytest.importorskip("torch")
     _kv_undefined_dump(tmp_path, torch)
-    rc, out, err = _cli(["replay", str(tmp_path / "dump"), "-o", str(tmp_path / "emu"),
+    rc, out, err = _cli(["replay", str(tmp_path / "dump"), "-o", str(tmp_path / "emu"), "-n", "1",
                          "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv")], capsys)
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rc == 0, out + err
@@ -524,7 +524,7 @@ def test_msprobe_replay_leaves_undefined_outputs_uncompared(tmp_path, capsys):
 def test_msprobe_replay_functional_written_rows_still_judged(tmp_path, capsys):
     torch = pytest.importorskip("torch")
     _kv_undefined_dump(tmp_path, torch, corrupt_written=True)
-    rc, out, err = _cli(["replay", str(tmp_path / "dump"), "-o", str(tmp_path / "emu"),
+    rc, out, err = _cli(["replay", str(tmp_path / "dump"), "-o", str(tmp_path / "emu"), "-n", "1",
                          "--json", str(tmp_path / "r.json")], capsys)
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rc == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import pathlib
 import shutil
 import time
 
@@ -208,3 +209,39 @@ def test_process_pool_timeout_and_order():
     assert sorted(got) == [0, 1, 2, 3]
     assert isinstance(got[1], TaskFailure) and got[1].kind == "timeout"
     assert [got[i] for i in (0, 2, 3)] == [None] * 3
+
+
+def test_tensors_are_loaded_per_call_and_only_then(dump, tmp_path, monkeypatch):
+    """Planning reads dump.json files only; each call loads its own tensor files, once, while it
+    runs (memory bounded by the largest call)."""
+    import torch
+
+    from ascend_emu.compare import msprobe
+
+    real_load, real_run = torch.load, msprobe.run_unit
+    loaded, running = [], []
+
+    def refuse(*a, **k):
+        raise AssertionError("plan_units loaded a tensor")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    units, _ = msprobe.plan_units(dump[0], tmp_path / "emu", steps=[0], ranks=[1])
+    assert [u.key for u in units] == [_key(layer, op) for layer in range(LAYERS) for op in (KV_OP, LI_OP)]
+
+    def load(path, *a, **k):
+        loaded.append((running[-1], pathlib.Path(path).name))
+        return real_load(path, *a, **k)
+
+    def run(unit):
+        running.append(unit.key)
+        return real_run(unit)
+
+    monkeypatch.setattr(torch, "load", load)
+    monkeypatch.setattr(msprobe, "run_unit", run)
+    msprobe.replay_dump(dump[0], tmp_path / "emu", workers=1, steps=[0], ranks=[1])
+    assert running == [u.key for u in units]
+    rank_data = dump[0] / "step0" / "rank1" / "dump_tensor_data"
+    for key in running:
+        mine = sorted(name for k, name in loaded if k == key)
+        assert mine and all(name.startswith(key + ".") for name in mine)
+        assert mine == sorted(p.name for p in rank_data.glob(key + ".*"))  # each file once

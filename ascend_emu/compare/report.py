@@ -156,8 +156,8 @@ class Report:
         s = self.summary
         if self.meta is not None:
             statuses = sorted({k for v in self.meta["per_op"].values() for k in v})
-            print_table(console, "per op", [Col("op", wrap=True, min=14)] + [Col(k) for k in statuses],
-                        [[op, *(str(counts.get(k, 0)) for k in statuses)] for op, counts in self.meta["per_op"].items()],
+            per_op = [[op, *(str(counts.get(k, 0)) for k in statuses)] for op, counts in self.meta["per_op"].items()]
+            print_table(console, "per op", [Col("op", wrap=True, min=14)] + [Col(k) for k in statuses], per_op,
                         more="--json")
             sel = self.meta["selection"]
             asked = [f"{k} {','.join(map(str, v))}" for k, v in sel.items() if k != "calls" and v is not None]
