@@ -245,3 +245,13 @@ def test_tensors_are_loaded_per_call_and_only_then(dump, tmp_path, monkeypatch):
         mine = sorted(name for k, name in loaded if k == key)
         assert mine and all(name.startswith(key + ".") for name in mine)
         assert mine == sorted(p.name for p in rank_data.glob(key + ".*"))  # each file once
+
+
+def test_heat_maps_are_written_by_the_calls(dump, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    rc, _, text = _replay(capsys, dump[0], tmp_path / "emu", "-n", "1", "--filter", KV_OP, "--steps", "0",
+                          "--png-dir", str(tmp_path / "png"))
+    first = min(CORRUPT)
+    name = f"step{first[0]}_rank{first[1]}_call{_index(first[2], first[3]):05d}_{KV_OP}_ckv_cache.png"
+    assert rc == 1 and sorted(p.name for p in (tmp_path / "png").iterdir()) == [name]
+    assert f"wrote {tmp_path / 'png' / name}" in text
