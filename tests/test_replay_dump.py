@@ -98,7 +98,8 @@ def test_first_divergence_and_per_op_table(dump, sequential):
     corrupt_per_op = {op: sum(c[3] == op for c in CORRUPT) for op in (KV_OP, LI_OP)}
     assert summary["per_op"] == {op: {"identical": n - k, "fail": k} if k else {"identical": n}
                                  for op, k in corrupt_per_op.items()}
-    assert summary["selection"] == {"filter": None, "steps": None, "ranks": None, "calls": 2 * n}
+    assert summary["selection"] == {"filter": None, "steps": None, "ranks": None, "dedup": False,
+                                    "calls": 2 * n}
 
 
 def test_two_workers_give_the_same_bytes(dump, sequential, tmp_path, capsys):
@@ -149,7 +150,8 @@ def test_filter_steps_ranks(dump, tmp_path, capsys):
     assert rc == 1
     assert [(c["where"]["step"], c["where"]["rank"], c["op"]) for c in rep["calls"]] == [(1, 0, LI_OP)] * LAYERS
     assert [c["status"] for c in rep["calls"]] == ["identical", "identical", "fail"]
-    assert rep["summary"]["selection"] == {"filter": [LI_OP], "steps": [1], "ranks": [0], "calls": LAYERS}
+    assert rep["summary"]["selection"] == {"filter": [LI_OP], "steps": [1], "ranks": [0], "dedup": False,
+                                              "calls": LAYERS}
     assert sorted(p.parent.name for p in (tmp_path / "emu").rglob("dump.json")) == ["rank0"]
 
 
@@ -255,3 +257,22 @@ def test_heat_maps_are_written_by_the_calls(dump, tmp_path, capsys):
     name = f"step{first[0]}_rank{first[1]}_call{_index(first[2], first[3]):05d}_{KV_OP}_ckv_cache.png"
     assert rc == 1 and sorted(p.name for p in (tmp_path / "png").iterdir()) == [name]
     assert f"wrote {tmp_path / 'png' / name}" in text
+
+
+def test_dedup_replays_one_call_per_signature(dump, tmp_path, capsys):
+    """Every layer's call of an op has the same shapes, dtypes and other arguments: one replay per
+    op, the first in execution order; the others name it."""
+    rc, rep, text = _replay(capsys, dump[0], tmp_path / "emu", "-n", "1", "--dedup")
+    assert rc == 0  # the corrupted calls are not the first of their signature
+    replayed = [(c["where"]["step"], c["where"]["rank"], c["api"]) for c in rep["calls"] if c["status"] != "deduplicated"]
+    assert replayed == [(0, 0, _key(0, KV_OP)), (0, 0, _key(0, LI_OP))]
+    assert all(c["status"] == "identical" for c in rep["calls"] if c["status"] != "deduplicated")
+    n = LAYERS * STEPS * RANKS
+    assert rep["summary"]["per_op"] == {op: {"identical": 1, "deduplicated": n - 1} for op in (KV_OP, LI_OP)}
+    assert rep["summary"]["first_divergence"] is None and rep["summary"]["selection"]["dedup"] is True
+    last = rep["calls"][-1]
+    assert last["reason"].startswith(f"same signature (shapes, dtypes, other arguments) as step 0, rank 0, call "
+                                     f"{_index(0, last['op'])} {_key(0, last['op'])}")
+    assert f"dedup: {2 * n - 2} call(s) not replayed" in text
+    emu = json.loads((tmp_path / "emu" / "step0" / "rank0" / "dump.json").read_text())
+    assert list(emu["data"]) == [_key(0, KV_OP), _key(0, LI_OP)]

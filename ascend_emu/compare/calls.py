@@ -162,7 +162,8 @@ class Call:
 @dataclass
 class CallReport:
     """The comparison of one call: ``status`` is ``identical``, ``pass``, ``fail``,
-    ``not replayable`` (``reason`` says why), ``emu error`` or ``device error``.
+    ``not replayable`` (``reason`` says why), ``emu error`` or ``device error``; a dump replay
+    adds ``timeout`` and ``deduplicated`` (not replayed, ``--dedup``).
     ``not_compared`` lists outputs the device leaves undefined (name -> why), which do not
     count in ``status``; ``where`` locates a call of a dump (``step``, ``rank``, ``call`` index
     in the rank's dump, ``layer``), None elsewhere."""

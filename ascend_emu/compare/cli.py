@@ -125,7 +125,7 @@ def _emit(report: Report, ns) -> int:
         from ..textview import console
 
         report.render(console())
-    bad = [c for c in report.calls if c.status not in ("identical", "pass")]
+    bad = [c for c in report.calls if c.status not in ("identical", "pass", "deduplicated")]
     if ns.allow_skipped:
         bad = [c for c in bad if c.status != "not replayable"]
     return 1 if bad else 0
@@ -276,7 +276,8 @@ def cmd_replay(ns) -> int:
             return 2
         with _ReplayProgress() as progress:
             report = msprobe.replay_dump(ns.dump_dir, ns.output, progress, workers=ns.workers, timeout=ns.timeout,
-                                         ops=ops, steps=steps, ranks=ranks, resume=ns.resume, png_dir=ns.png_dir)
+                                         ops=ops, steps=steps, ranks=ranks, resume=ns.resume, png_dir=ns.png_dir,
+                                         dedup=ns.dedup)
     except (OSError, ValueError) as exc:
         _err(f"replay: {exc}")
         return 2
@@ -344,6 +345,8 @@ def add_compare_parsers(sub) -> None:
     p.add_argument("--filter", metavar="OP[,OP]", help="replay only these ops")
     p.add_argument("--steps", metavar="LIST", help="replay only these steps (0,2-4)")
     p.add_argument("--ranks", metavar="LIST", help="replay only these ranks (0,2-4)")
+    p.add_argument("--dedup", action="store_true",
+                   help="replay one call per distinct signature (shapes, dtypes, other arguments)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run from the result file in the output directory")
     p.add_argument("--msprobe-csv", metavar="PATH",

@@ -392,7 +392,8 @@ def _read_results(path: Path) -> dict[str, dict]:
 def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progress: Callable | None = None, *,
                 workers: int | None = 1, engine: Engine | None = None, timeout: float | None = None,
                 ops: Sequence[str] | None = None, steps: Container[int] | None = None,
-                ranks: Container[int] | None = None, resume: bool = False, png_dir: str | None = None) -> Report:
+                ranks: Container[int] | None = None, resume: bool = False, png_dir: str | None = None,
+                dedup: bool = False) -> Report:
     """Replay every emulated call of an msprobe tensor dump on the emulator.
 
     Each call is a work unit (:func:`plan_units`, :func:`run_unit`) that loads only its own
@@ -415,6 +416,8 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
         resume: keep the calls the result file already holds and replay the others only.
         png_dir: write a heat map per mismatching cache there (needs matplotlib, the ``[plot]``
             extra), named by step, rank, call, op and tensor.
+        dedup: replay one call per distinct :func:`call_signature` (the first in execution
+            order); the others are listed with status ``deduplicated``, naming that call.
 
     Returns:
         The :class:`Report`, calls in execution order; calls that cannot be replayed are listed
@@ -436,7 +439,8 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
     done = _read_results(results_path) if resume else {}
     by_uid = {u.uid: u for u in units}
     done = {k: v for k, v in done.items() if k in by_uid}
-    todo = [u for u in units if u.uid not in done]
+    same = _duplicates(units) if dedup else {}
+    todo = [u for u in units if u.uid not in done and u.uid not in same]
     failures = sum(r["report"]["status"] not in ("identical", "pass") for r in done.values())
     if progress:
         progress(len(done), len(units), failures)
@@ -455,6 +459,13 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
             failures += result["report"]["status"] not in ("identical", "pass")
             if progress:
                 progress(len(done), len(units), failures)
+    for u in units:
+        if u.uid in same:
+            first = same[u.uid]
+            why = (f"same signature (shapes, dtypes, other arguments) as step {first.step}, rank {first.rank}, call "
+                   f"{first.call} {first.key}: not replayed (--dedup)")
+            done[u.uid] = {"report": CallReport(u.call, u.op, u.key, "deduplicated", why, where=u.where()).to_dict(),
+                           "entry": None}
     report = Report(calls=[CallReport.from_dict(done[u.uid]["report"]) for u in units])
     for rel, header in chosen:
         data = {u.key: done[u.uid]["entry"] for u in units if u.rel == str(rel) and done[u.uid]["entry"] is not None}
@@ -462,11 +473,43 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
         with open(out_dir / "dump.json", "w") as f:
             json.dump({"task": "tensor", "level": header.get("level", "L1"), "framework": "pytorch",
                        "dump_data_dir": str(out_dir / DATA_DIR), "data": data}, f, indent=1)
-    report.meta = summarize(report, units, ops=ops, steps=steps, ranks=ranks)
+    report.meta = summarize(report, units, ops=ops, steps=steps, ranks=ranks, dedup=dedup)
     return report
 
 
-def summarize(report: Report, units: list[Unit], *, ops=None, steps=None, ranks=None) -> dict:
+def call_signature(unit: Unit) -> str:
+    """What ``--dedup`` compares (msprobe's ``-f``): the op and, for every input, a tensor's
+    dtype and shape or another value as recorded, as one JSON string."""
+
+    def norm(node):
+        if isinstance(node, list):
+            return [norm(x) for x in node]
+        if isinstance(node, dict) and node.get("type") == "torch.Tensor":
+            return ["tensor", node.get("dtype"), node.get("shape")]
+        if isinstance(node, dict):
+            return [node.get("type"), node.get("value")]
+        return node
+
+    rec = unit.rec
+    return json.dumps([unit.op, norm(rec.get("input_args", [])),
+                       {k: norm(v) for k, v in (rec.get("input_kwargs") or {}).items()}], sort_keys=True)
+
+
+def _duplicates(units: list[Unit]) -> dict[str, Unit]:
+    """Unit name -> the first unit (in execution order) with its signature, for every unit
+    that is not that first one."""
+    first: dict[str, Unit] = {}
+    out = {}
+    for u in units:
+        sig = call_signature(u)
+        if sig in first:
+            out[u.uid] = first[sig]
+        else:
+            first[sig] = u
+    return out
+
+
+def summarize(report: Report, units: list[Unit], *, ops=None, steps=None, ranks=None, dedup=False) -> dict:
     """The replay's summary: ``selection`` (what was asked for), ``first_divergence`` (the
     earliest call by step, rank and call index whose status is in :data:`DIVERGENT`, with its
     layer; None if none) and ``per_op`` (op -> counts per status)."""
@@ -478,6 +521,6 @@ def summarize(report: Report, units: list[Unit], *, ops=None, steps=None, ranks=
     return {"selection": {"filter": sorted(ops) if ops is not None else None,
                           "steps": sorted(steps) if steps is not None else None,
                           "ranks": sorted(ranks) if ranks is not None else None,
-                          "calls": len(units)},
+                          "dedup": bool(dedup), "calls": len(units)},
             "first_divergence": None if first is None else {**first.where, "op": first.op, "api": first.api},
             "per_op": {op: per_op[op] for op in sorted(per_op)}}

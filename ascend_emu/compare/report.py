@@ -26,7 +26,8 @@ MSPROBE_CSV_COLUMNS = ("API Name", "Bench Dtype", "DEVICE Dtype", "Shape", "Cosi
 #: Call / tensor status -> msprobe's pass / warning / error / SKIP (no status maps to warning:
 #: a tensor within the criterion passes).
 MSPROBE_STATUS = {"identical": "pass", "pass": "pass", "fail": "error", "missing": "error", "emu error": "error",
-                  "timeout": "error", "not replayable": "SKIP", "device error": "SKIP", "not compared": "SKIP"}
+                  "timeout": "error", "not replayable": "SKIP", "device error": "SKIP", "not compared": "SKIP",
+                  "deduplicated": "SKIP"}
 
 
 @dataclass
@@ -136,7 +137,7 @@ class Report:
         print_table(console, "ascend-emu compare: device (expected) vs emulator", cols, rows,
                     more="--json / --csv")
         for c in self.calls:
-            if c.reason:
+            if c.reason and c.status != "deduplicated":  # counted in the selection line
                 console.print(f"call {_label(c)} {c.api}: [magenta]{c.status}[/]: {c.reason}")
             for t in c.tensors:
                 if t.status == "identical":
@@ -160,7 +161,11 @@ class Report:
             print_table(console, "per op", [Col("op", wrap=True, min=14)] + [Col(k) for k in statuses], per_op,
                         more="--json")
             sel = self.meta["selection"]
-            asked = [f"{k} {','.join(map(str, v))}" for k, v in sel.items() if k != "calls" and v is not None]
+            asked = [f"{k} {','.join(map(str, v))}" for k, v in sel.items()
+                     if k not in ("calls", "dedup") and v is not None]
+            if sel.get("dedup"):
+                n = sum(c.status == "deduplicated" for c in self.calls)
+                asked.append(f"dedup: {n} call(s) not replayed, same signature as an earlier one")
             console.print(f"selection: {'; '.join(asked) if asked else 'every call'} ({sel['calls']} call(s))")
         console.print(f"{s['calls']} call(s): " + ", ".join(f"{v} {k}" for k, v in s["by_status"].items()))
 
