@@ -373,6 +373,15 @@ def _failed_unit(unit: Unit, failure: TaskFailure) -> dict:
     return {"report": rep.to_dict(), "entry": None}
 
 
+def _plain(obj):
+    """JSON for the NumPy values a report may hold (scalars, arrays)."""
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
 def _read_results(path: Path) -> dict[str, dict]:
     """The result file's lines by unit name; a line cut short by an interrupted write is ignored."""
     done: dict[str, dict] = {}
@@ -452,10 +461,10 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
             unit = todo[i]
             if isinstance(result, TaskFailure):
                 result = _failed_unit(unit, result)
-            line = {"unit": unit.uid, **result}
-            log.write(json.dumps(line) + "\n")
+            text = json.dumps({"unit": unit.uid, **result}, default=_plain)
+            log.write(text + "\n")
             log.flush()
-            done[unit.uid] = line
+            done[unit.uid] = json.loads(text)  # as --resume reads it back: the same report either way
             failures += result["report"]["status"] not in ("identical", "pass")
             if progress:
                 progress(len(done), len(units), failures)
