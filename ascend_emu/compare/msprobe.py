@@ -17,7 +17,10 @@ msprobe (``mindstudio-probe``, Ascend's accuracy tool) dumps a run with ``task: 
 
 :func:`replay_dump` turns each forward entry of an emulated op into a :class:`~.calls.Call`,
 replays it on the emulator and writes an msprobe-format dump of the emulator's results with the
-same keys (inputs copied), so ``msprobe compare -tp DUMP -gp EMU_DUMP`` pairs them.
+same keys (inputs copied), so ``msprobe compare -tp DUMP -gp EMU_DUMP`` pairs them. Each entry is
+one work unit (:func:`plan_units`, :func:`run_unit`) that loads its own tensors when it runs, on
+an :mod:`.engine` (in process or a process pool); results come back in execution order (step,
+rank, call index) and are logged to :data:`RESULTS_FILE` as they finish (``--resume``).
 """
 
 from __future__ import annotations
