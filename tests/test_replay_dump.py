@@ -276,3 +276,17 @@ def test_dedup_replays_one_call_per_signature(dump, tmp_path, capsys):
     assert f"dedup: {2 * n - 2} call(s) not replayed" in text
     emu = json.loads((tmp_path / "emu" / "step0" / "rank0" / "dump.json").read_text())
     assert list(emu["data"]) == [_key(0, KV_OP), _key(0, LI_OP)]
+
+
+def test_progress_counts_the_calls_to_replay(dump, tmp_path):
+    from ascend_emu.compare import msprobe
+
+    seen = []
+    msprobe.replay_dump(dump[0], tmp_path / "emu", lambda *a: seen.append(a), workers=1, dedup=True)
+    assert seen == [(0, 2, 0), (1, 2, 0), (2, 2, 0)]
+    seen.clear()
+    msprobe.replay_dump(dump[0], tmp_path / "emu2", lambda *a: seen.append(a), workers=1, steps=[0], ranks=[1])
+    n = 2 * LAYERS
+    failures = [sum(1 for s, r, layer, op in CORRUPT if (s, r) == (0, 1) and 2 * layer + (op == LI_OP) < k)
+                for k in range(n + 1)]
+    assert seen == [(k, n, failures[k]) for k in range(n + 1)]

@@ -419,7 +419,7 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
         out_root: where the emulator's dump goes, with the same relative layout, and its result
             file :data:`RESULTS_FILE`.
         progress: ``progress(done, total, failures)``, called once before the first unit and
-            after each (e.g. a rich progress bar).
+            after each (e.g. a rich progress bar); ``total`` counts the calls to replay.
         workers: processes (1: in this process; None: one per core).
         engine: an :class:`~.engine.Engine` (overrides ``workers``).
         timeout: seconds one call may take; a call past it is reported with status
@@ -450,12 +450,13 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
     results_path = out_root / RESULTS_FILE
     done = _read_results(results_path) if resume else {}
     by_uid = {u.uid: u for u in units}
-    done = {k: v for k, v in done.items() if k in by_uid}
     same = _duplicates(units) if dedup else {}
+    done = {k: v for k, v in done.items() if k in by_uid and k not in same}
     todo = [u for u in units if u.uid not in done and u.uid not in same]
+    total = len(units) - len(same)
     failures = sum(r["report"]["status"] not in ("identical", "pass") for r in done.values())
     if progress:
-        progress(len(done), len(units), failures)
+        progress(len(done), total, failures)
     engine = engine if engine is not None else make_engine(workers)
     with open(results_path, "a" if resume else "w") as log:
         if resume and log.tell() and not results_path.read_bytes().endswith(b"\n"):
@@ -470,7 +471,7 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
             done[unit.uid] = json.loads(text)  # as --resume reads it back: the same report either way
             failures += result["report"]["status"] not in ("identical", "pass")
             if progress:
-                progress(len(done), len(units), failures)
+                progress(len(done), total, failures)
     for u in units:
         if u.uid in same:
             first = same[u.uid]
