@@ -434,7 +434,7 @@ def test_msprobe_replay(tmp_path, capsys):
         "NPU.npu_mla_prolog_v3.0.forward": (prolog_args, {}, [torch.zeros(1)], (1, 2, 4)),
         "Torch.matmul.0.forward": ([kv], {}, [kv], ()),
     })
-    rc, out, err = _cli(["replay", str(tmp_path / "dump"), "-o", str(tmp_path / "emu"), "--allow-skipped",
+    rc, out, err = _cli(["replay", str(tmp_path / "dump"), "-o", str(tmp_path / "emu"), "-n", "1", "--allow-skipped",
                          "--json", str(tmp_path / "r.json")], capsys)
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rc == 0, out + err
@@ -451,6 +451,87 @@ def test_msprobe_replay(tmp_path, capsys):
     assert o0["dtype"] == "torch.bfloat16" and o0["shape"] == [4, 16, 1, 64]
     back = torch.load(emu_rank / "dump_tensor_data" / o0["data_name"], map_location="cpu", weights_only=True)
     assert torch.equal(back.view(torch.int16), outs[0].view(torch.int16))
+
+
+def _kv_undefined_dump(tmp_path, torch, *, corrupt_written=False):
+    """An msprobe dump of npu_kv_rmsnorm_rope_cache (in place) and its v2 functional form, both with
+    is_output_kv=False, as the device returns them: k_embed_out / y_out and the functional caches'
+    rows outside the written slots hold random bytes (uninitialised memory). PA mode: slot s is
+    row s of the cache seen as [blocks * block_size, D]."""
+    import ascend_emu.torch_npu as tnpu
+
+    g = torch.Generator().manual_seed(5)
+    b, s = 2, 1
+    kv = torch.randn(b, 1, s, 576, generator=g).to(torch.bfloat16)
+    gamma = torch.ones(512, dtype=torch.bfloat16)
+    cos = torch.randn(b, 1, s, 64, generator=g).to(torch.bfloat16)
+    sin = torch.randn(b, 1, s, 64, generator=g).to(torch.bfloat16)
+    index = torch.tensor([3, 17], dtype=torch.int64)
+
+    def caches():
+        return torch.zeros(4, 16, 1, 64, dtype=torch.bfloat16), torch.zeros(4, 16, 1, 512, dtype=torch.bfloat16)
+
+    def garbage(t):
+        return torch.randint(-2**15, 2**15, t.shape, generator=g, dtype=torch.int16).view(torch.bfloat16)
+
+    kc, cc = caches()
+    before = [kv, gamma, cos, sin, index, kc.clone(), cc.clone()]
+    kw = {"cache_mode": "PA", "is_output_kv": False}
+    k_out, c_out, k_embed, y = tnpu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, kc, cc, **kw)
+    inplace_outs = [k_out.clone(), c_out.clone(), garbage(k_embed), garbage(y)]
+    kc2, cc2 = caches()
+    k_embed2, y2, k_new, c_new = tnpu.npu_kv_rmsnorm_rope_cache_v2_functional(kv, gamma, cos, sin, index, kc2, cc2,
+                                                                            **kw)
+    func_outs = [garbage(k_embed2), garbage(y2)]
+    for new in (k_new, c_new):
+        dev = garbage(new)
+        rows, new_rows = dev.view(-1, new.shape[-1]), new.reshape(-1, new.shape[-1])
+        for slot in index.tolist():
+            rows[slot] = new_rows[slot]
+        func_outs.append(dev)
+    if corrupt_written:  # one written element of the functional ckv cache off by one ulp
+        func_outs[3].view(torch.int16).view(-1, 512)[17, 5] += 1
+    _msprobe_dump(tmp_path / "dump", torch, {
+        "NPU.npu_kv_rmsnorm_rope_cache.0.forward": (before, kw, inplace_outs, ()),
+        "NPU.npu_kv_rmsnorm_rope_cache_v2_functional.0.forward": (before[:5] + list(caches()), kw, func_outs, ()),
+    })
+
+
+def test_msprobe_replay_leaves_undefined_outputs_uncompared(tmp_path, capsys):
+    """is_output_kv=False outputs and a functional form's rows outside the written slots are
+    undefined on the device: random content there passes, listed as not compared."""
+    torch = pytest.importorskip("torch")
+    _kv_undefined_dump(tmp_path, torch)
+    rc, out, err = _cli(["replay", str(tmp_path / "dump"), "-o", str(tmp_path / "emu"), "-n", "1",
+                         "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv")], capsys)
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rc == 0, out + err
+    inplace, func = rep["calls"]
+    assert inplace["op"] == "npu_kv_rmsnorm_rope_cache" and inplace["status"] == "identical"
+    assert func["op"] == "npu_kv_rmsnorm_rope_cache_v2_functional" and func["status"] == "pass"
+    for c in (inplace, func):
+        assert set(c["not_compared"]) == {"k_embed_out", "y_out"}
+        assert "is_output_kv=False" in c["not_compared"]["y_out"]
+        assert not {"k_embed_out", "y_out"} & {t["name"] for t in c["tensors"]}
+    caches = {t["name"]: t for t in func["tensors"]}
+    assert set(caches) == {"k_cache", "ckv_cache"}
+    assert all("outside the written slots" in t["note"] for t in caches.values())
+    assert "not compared" in out
+    rows = [r for r in (tmp_path / "r.csv").read_text().splitlines() if ",not compared," in r]
+    assert len(rows) == 4
+
+
+def test_msprobe_replay_functional_written_rows_still_judged(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    _kv_undefined_dump(tmp_path, torch, corrupt_written=True)
+    rc, out, err = _cli(["replay", str(tmp_path / "dump"), "-o", str(tmp_path / "emu"), "-n", "1",
+                         "--json", str(tmp_path / "r.json")], capsys)
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rc == 1
+    func = rep["calls"][1]
+    bad = {t["name"]: t for t in func["tensors"]}["ckv_cache"]
+    assert func["status"] == "fail" and bad["status"] == "fail"
+    assert [(m["slot"], m["elements"]) for m in bad["mismatches"]] == [(17, [5])]
 
 
 # ----------------------------------------------------------------------------- wrapped drop-in ops (msprobe)

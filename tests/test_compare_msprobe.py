@@ -53,7 +53,8 @@ def test_msprobe_precision_debugger_loopback(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rep = json.loads((tmp_path / "r.json").read_text())
-    assert rep["summary"] == {"calls": 1, "by_status": {"identical": 1}, "identical": True, "ok": True}
+    assert {k: rep["summary"][k] for k in ("calls", "by_status", "identical", "ok", "first_divergence")} == {
+        "calls": 1, "by_status": {"identical": 1}, "identical": True, "ok": True, "first_divergence": None}
     (npu_json,) = (tmp_path / "dump").rglob("dump.json")
     (emu_json,) = (tmp_path / "emu").rglob("dump.json")
     cli = "import sys; from msprobe.msprobe import main; sys.argv[0] = 'msprobe'; sys.exit(main())"
@@ -88,4 +89,5 @@ def test_msprobe_wraps_the_drop_in_under_ascend_emu_run(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rep = json.loads((tmp_path / "r.json").read_text())
-    assert rep["summary"] == {"calls": 2, "by_status": {"identical": 2}, "identical": True, "ok": True}
+    assert {k: rep["summary"][k] for k in ("calls", "by_status", "identical", "ok", "first_divergence")} == {
+        "calls": 2, "by_status": {"identical": 2}, "identical": True, "ok": True, "first_divergence": None}

@@ -35,6 +35,15 @@ class OpInfo:
             default, {value: inspect cache mode})``; None when there is no cache.
         replays_fully: msprobe dumps hold everything it needs (no FRACTAL_NZ weight, every
             in-place result returned).
+        runs: the :mod:`ascend_emu.ops` function that emulates it (default ``name``; the v2 and
+            functional forms of an op run the op itself).
+        returns: which elements of that function's result the op returns, in order (None: all),
+            before the ``functional`` copies.
+        functional: caches the op does not write but returns updated copies of (a
+            ``_functional`` form, ``torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml``):
+            appended to the outputs, in this order; only their written slots are defined.
+        undefined_unless: ``(flag, default, outputs)``: ``outputs`` hold undefined memory
+            unless the argument ``flag`` (default ``default``) is true; they are not compared.
     """
 
     name: str
@@ -43,6 +52,15 @@ class OpInfo:
     outputs: tuple[str, ...] = ()
     cache_mode: tuple[str, str, dict] | None = None
     replays_fully: bool = False
+    runs: str = ""
+    returns: tuple[int, ...] | None = None
+    functional: tuple[str, ...] = ()
+    undefined_unless: tuple[str, bool, tuple[str, ...]] | None = None
+
+    @property
+    def function(self) -> str:
+        """The :mod:`ascend_emu.ops` function name that runs the op."""
+        return self.runs or self.name
 
 
 _PROLOG_IN = ("kv_cache", "kr_cache")
@@ -50,6 +68,12 @@ _PROLOG_MODE = ("cache_mode", "PA_BSND", {})
 _PROLOG_OUT = ("query", "query_rope")
 _MLAPP_MODE = ("cache_mode", "krope_ctkv", {"krope_ctkv": "PA_BSND",
                                             "nzcache": "PA_NZ", "int8_nzcache": "PA_NZ"})
+_KV_CACHES = ("k_cache", "ckv_cache")
+_KV_MODE = ("cache_mode", "Norm", {})
+#: npu_kv_rmsnorm_rope_cache* with is_output_kv=False: torch_npu allocates k_embed_out / y_out
+#: (the meta function always does, op_plugin/meta/_meta_registrations.py) and the kernel never
+#: writes them (ops.kv_rmsnorm_rope_cache.UNWRITTEN_OUTPUT_FILL).
+_KV_UNDEFINED = ("is_output_kv", False, ("k_embed_out", "y_out"))
 
 #: Every op the comparison knows, by ``ascend_emu.ops`` name. Ops missing from :mod:`ascend_emu.ops`
 #: in this version are still recorded; their replay is reported as not possible.
@@ -59,8 +83,14 @@ OPS: dict[str, OpInfo] = {op.name: op for op in (
            _PROLOG_OUT + _PROLOG_IN + ("dequant_scale_q_nope",), _PROLOG_MODE),
     OpInfo("npu_mla_prolog_v3", "npu_mla_prolog_v3", _PROLOG_IN,
            _PROLOG_OUT + ("dequant_scale_q_nope", "query_norm", "dequant_scale_q_norm"), _PROLOG_MODE),
-    OpInfo("npu_kv_rmsnorm_rope_cache", "npu_kv_rmsnorm_rope_cache", ("k_cache", "ckv_cache"),
-           ("k_cache", "ckv_cache", "k_embed_out", "y_out"), ("cache_mode", "Norm", {}), replays_fully=True),
+    OpInfo("npu_kv_rmsnorm_rope_cache", "npu_kv_rmsnorm_rope_cache", _KV_CACHES,
+           ("k_cache", "ckv_cache", "k_embed_out", "y_out"), _KV_MODE, replays_fully=True,
+           undefined_unless=_KV_UNDEFINED),
+    OpInfo("npu_kv_rmsnorm_rope_cache_v2", "npu_kv_rmsnorm_rope_cache_v2", _KV_CACHES, ("k_embed_out", "y_out"),
+           _KV_MODE, runs="npu_kv_rmsnorm_rope_cache", returns=(2, 3), undefined_unless=_KV_UNDEFINED),
+    OpInfo("npu_kv_rmsnorm_rope_cache_v2_functional", "npu_kv_rmsnorm_rope_cache_v2_functional", (),
+           ("k_embed_out", "y_out", "k_cache", "ckv_cache"), _KV_MODE, replays_fully=True,
+           runs="npu_kv_rmsnorm_rope_cache", returns=(2, 3), functional=_KV_CACHES, undefined_unless=_KV_UNDEFINED),
     OpInfo("npu_mla_preprocess", "atb.npu_mla_preprocess",
            ("kv_cache", "kv_cache_rope", "q_out0", "kv_cache_out0", "q_out1", "kv_cache_out1"),
            ("q_out0", "kv_cache_out0", "q_out1", "kv_cache_out1"), _MLAPP_MODE),
@@ -133,7 +163,11 @@ class Call:
 @dataclass
 class CallReport:
     """The comparison of one call: ``status`` is ``identical``, ``pass``, ``fail``,
-    ``not replayable`` (``reason`` says why), ``emu error`` or ``device error``."""
+    ``not replayable`` (``reason`` says why), ``emu error`` or ``device error``; a dump replay
+    adds ``timeout`` and ``deduplicated`` (not replayed, ``--dedup``).
+    ``not_compared`` lists outputs the device leaves undefined (name -> why), which do not
+    count in ``status``; ``where`` locates a call of a dump (``step``, ``rank``, ``call`` index
+    in the rank's dump, ``layer``), None elsewhere."""
 
     index: int
     op: str
@@ -141,18 +175,32 @@ class CallReport:
     status: str
     reason: str | None = None
     tensors: list[TensorComparison] = field(default_factory=list)
+    not_compared: dict = field(default_factory=dict)
+    where: dict | None = None
 
     def to_dict(self) -> dict:
-        """Plain data."""
-        return {"index": self.index, "op": self.op, "api": self.api, "status": self.status, "reason": self.reason,
-                "tensors": [t.to_dict() for t in self.tensors]}
+        """Plain data (``not_compared`` / ``where`` only when set)."""
+        out = {"index": self.index, "op": self.op, "api": self.api, "status": self.status, "reason": self.reason,
+               "tensors": [t.to_dict() for t in self.tensors]}
+        if self.not_compared:
+            out["not_compared"] = dict(self.not_compared)
+        if self.where is not None:
+            out["where"] = dict(self.where)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CallReport":
+        """The inverse of :meth:`to_dict`."""
+        return cls(d["index"], d["op"], d["api"], d["status"], d.get("reason"),
+                   [TensorComparison(**t) for t in d.get("tensors", [])], dict(d.get("not_compared") or {}),
+                   d.get("where"))
 
 
 def arg_names(op: str) -> list[str]:
     """Parameter names of ``ascend_emu.ops.<op>`` in order ([] when the op is not emulated)."""
     from .. import ops
 
-    fn = getattr(ops, op, None)
+    fn = getattr(ops, OPS[op].function if op in OPS else op, None)
     if fn is None:
         return []
     return [p.name for p in _pyinspect.signature(fn).parameters.values()
@@ -180,6 +228,7 @@ class EmuResult:
     after: dict = field(default_factory=dict)
     error: str | None = None
     unavailable: str | None = None
+    written: dict = field(default_factory=dict)
 
 
 def _missing(v, path: str) -> str | None:
@@ -226,9 +275,11 @@ def replay(call: Call, backend: str = "emu") -> EmuResult:
     """
     from .. import ops
 
-    fn = getattr(ops, call.op, None)
+    info = OPS.get(call.op)
+    function = info.function if info else call.op
+    fn = getattr(ops, function, None)
     if fn is None:
-        return EmuResult(unavailable=f"ascend_emu.ops.{call.op} does not exist in this version")
+        return EmuResult(unavailable=f"ascend_emu.ops.{function} does not exist in this version")
     if call.unavailable:
         return EmuResult(unavailable=call.unavailable)
     for name, v in call.named().items():
@@ -244,7 +295,7 @@ def replay(call: Call, backend: str = "emu") -> EmuResult:
         del kwargs[k]  # torch_npu-only arguments at their default None (e.g. v3's *_dtype)
     extra = [k for k in kwargs if k not in params]
     if extra:
-        return EmuResult(unavailable=f"argument(s) {extra} not taken by ascend_emu.ops.{call.op}")
+        return EmuResult(unavailable=f"argument(s) {extra} not taken by ascend_emu.ops.{function}")
     try:
         with ops.backend(backend), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -253,17 +304,36 @@ def replay(call: Call, backend: str = "emu") -> EmuResult:
         raise
     except Exception as exc:  # noqa: BLE001  (reported per call)
         return EmuResult(error=f"{type(exc).__name__}: {exc}")
-    info = OPS.get(call.op)
     inplace = info.inplace if info else ()
     ids = {id(a): n for n, a in copies.items() if n in inplace}
     results = result if isinstance(result, (tuple, list)) else [result]
+    if info is not None and info.returns is not None:
+        results = [results[i] for i in info.returns]
     outputs = []
     for r in results:
         if isinstance(r, np.ndarray) and id(r) in ids:
             outputs.append(f"={ids[id(r)]}")
         else:
             outputs.append(None if r is None else TensorValue(np.asarray(r)) if isinstance(r, np.ndarray) else r)
-    return EmuResult(outputs=outputs, after={n: np.asarray(copies[n]) for n in inplace if n in copies})
+    written = {}
+    for name in info.functional if info else ():
+        outputs.append(TensorValue(np.asarray(copies[name])))  # the op wrote this copy: the new cache
+        written[name] = _WRITTEN_SLOTS[function](args, kwargs)
+    return EmuResult(outputs=outputs, after={n: np.asarray(copies[n]) for n in inplace if n in copies},
+                     written=written)
+
+
+def _kv_rmsnorm_written(args, kwargs) -> list[int]:
+    from ..ops.kv_rmsnorm_rope_cache import written_slots
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # duplicate slots: the replay itself warned (and was silenced)
+        return [int(s) for s in written_slots(*args, **kwargs) if s >= 0]
+
+
+#: ``ascend_emu.ops`` function -> ``f(args, kwargs)``: the cache slots a call writes (for the
+#: :attr:`OpInfo.functional` copies: their other rows are undefined on the device).
+_WRITTEN_SLOTS = {"npu_kv_rmsnorm_rope_cache": _kv_rmsnorm_written}
 
 
 def _array(v):
@@ -289,6 +359,7 @@ def compare_call(call: Call, emu: EmuResult | None = None) -> CallReport:
         return rep
     info = OPS.get(call.op)
     mode = cache_mode_of(call)
+    rep.not_compared = undefined_outputs(call)
     for name, dev in call.after.items():
         if dev is None:
             continue
@@ -305,13 +376,15 @@ def compare_call(call: Call, emu: EmuResult | None = None) -> CallReport:
             mine = emu.after.get(mine[1:])
         if dev is None and mine is None:
             continue
+        if name in rep.not_compared:
+            continue
         if not isinstance(dev, TensorValue) and not isinstance(mine, TensorValue) and dev is not None:
             same = dev == mine
             rep.tensors.append(TensorComparison(name, "output", type(dev).__name__, [],
                                                 "identical" if same else "fail", "equal values",
                                                 note=None if same else f"device {dev!r}, emulator {mine!r}"))
             continue
-        written = _written_slots(call, name)
+        written = emu.written[name] if name in emu.written else _written_slots(call, name)
         if written is not None:  # a new cache copy: only the written rows are defined on the device
             rep.tensors.append(compare_tensor(name, _array(mine), _array(dev), role="cache", cache_mode=mode,
                                               expect_slots=written, judge_expected_only=True))
@@ -321,6 +394,22 @@ def compare_call(call: Call, emu: EmuResult | None = None) -> CallReport:
     worst = max((order[t.status] for t in rep.tensors), default=0)
     rep.status = ("identical", "pass", "fail")[worst]
     return rep
+
+
+def undefined_outputs(call: Call) -> dict[str, str]:
+    """Outputs of ``call`` that the device returns without defining them (name -> why), from
+    :attr:`OpInfo.undefined_unless`: they are not compared."""
+    info = OPS.get(call.op)
+    if info is None or info.undefined_unless is None:
+        return {}
+    flag, default, names = info.undefined_unless
+    value = call.named().get(flag, default)
+    value = default if value is None else value
+    if not isinstance(value, (bool, int)) or value:
+        return {}
+    why = (f"{flag}={value!r}: {call.op} returns it uninitialised on the device (undefined content): "
+           "not compared")
+    return {n: why for n in names}
 
 
 def _is_cache_name(name: str) -> bool:

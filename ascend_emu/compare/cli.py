@@ -6,7 +6,10 @@
   inputs snapshotted before it (shadowing); the report is printed at the end.
 - ``compare --replay DIR``: replay a recording on the emulator and report.
 - ``replay DUMP_DIR -o EMU_DUMP_DIR``: re-run an msprobe tensor dump's calls on the emulator, write
-  an msprobe-format dump with the same API names, print the report (:mod:`.msprobe`).
+  an msprobe-format dump with the same API names, print the report (:mod:`.msprobe`); ``-n N``
+  worker processes, ``--timeout``, ``--filter`` / ``--steps`` / ``--ranks``, ``--dedup``,
+  ``--resume``, ``--msprobe-csv`` (docs/compare.md, "Replaying a whole model's dump"); a call
+  that timed out or failed exits 1, a deduplicated one does not.
 
 Options of ``record`` / ``compare`` go before SCRIPT: what follows SCRIPT is the script's own
 arguments, and one spelled like an option of the command (``compare SCRIPT --png-dir d``) is
@@ -29,8 +32,14 @@ import importlib
 import os
 import sys
 
+from pathlib import Path
+
 from ..install_hints import PLOT_HINT, TORCH_NPU_HINT
 from .report import Report
+
+#: Default per-call timeout of ``replay``, seconds: far above a call of a real model's size,
+#: the first call's kernel compilation included.
+DEFAULT_TIMEOUT = 600.0
 
 
 def _err(msg: str) -> None:
@@ -115,11 +124,11 @@ def _emit(report: Report, ns) -> int:
             return 2
         for p in paths:
             print(f"wrote {p}")
-    if not (getattr(ns, "json", None) == "-" or getattr(ns, "csv", None) == "-"):
+    if "-" not in (getattr(ns, "json", None), getattr(ns, "csv", None), getattr(ns, "msprobe_csv", None)):
         from ..textview import console
 
         report.render(console())
-    bad = [c for c in report.calls if c.status not in ("identical", "pass")]
+    bad = [c for c in report.calls if c.status not in ("identical", "pass", "deduplicated")]
     if ns.allow_skipped:
         bad = [c for c in bad if c.status != "not replayable"]
     return 1 if bad else 0
@@ -218,17 +227,71 @@ def cmd_compare(ns) -> int:
     return rc or out
 
 
+def _numbers(text: str, option: str) -> list[int]:
+    """``"0,2-4"`` -> ``[0, 2, 3, 4]``; ValueError naming ``option`` otherwise."""
+    out = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()) or (sep and int(hi) < int(lo)):
+            raise ValueError(f"{option}: expected numbers and ranges such as 0,2-4, got {text!r}")
+        out += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+    return sorted(set(out))
+
+
+class _ReplayProgress:
+    """A rich progress bar on stderr (when it is a terminal): calls done / total, failures so
+    far and the estimated time left; ``self(done, total, failures)`` updates it."""
+
+    def __enter__(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("replaying"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[failures]} failed"), TextColumn("ETA"), TimeRemainingColumn(),
+                            console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty())
+        self.bar.__enter__()
+        self.task = self.bar.add_task("replaying", total=None, failures=0)
+        return self
+
+    def __call__(self, done: int, total: int, failures: int) -> None:
+        self.bar.update(self.task, completed=done, total=total, failures=failures)
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+
 def cmd_replay(ns) -> int:
     """``ascend-emu replay`` (msprobe dumps)."""
     from . import msprobe
 
     try:
-        report = msprobe.replay_dump(ns.dump_dir, ns.output, progress=_progress)
+        steps = None if ns.steps is None else _numbers(ns.steps, "--steps")
+        ranks = None if ns.ranks is None else _numbers(ns.ranks, "--ranks")
+        ops = None if ns.filter is None else sorted({o.strip() for o in ns.filter.split(",") if o.strip()})
+        if ns.workers is not None and ns.workers < 1:
+            raise ValueError(f"-n: expected a number of processes >= 1, got {ns.workers}")
+        if ns.timeout is not None and not ns.timeout > 0:
+            raise ValueError(f"--timeout: expected seconds > 0, got {ns.timeout}")
+        if ns.resume and not (Path(ns.output) / msprobe.RESULTS_FILE).is_file():
+            raise ValueError(f"--resume: {Path(ns.output) / msprobe.RESULTS_FILE} does not exist (no run to resume)")
+        if ns.png_dir and importlib.util.find_spec("matplotlib") is None:
+            _err(f"--png-dir needs matplotlib; {PLOT_HINT}")
+            return 2
+        with _ReplayProgress() as progress:
+            report = msprobe.replay_dump(ns.dump_dir, ns.output, progress, workers=ns.workers, timeout=ns.timeout,
+                                         ops=ops, steps=steps, ranks=ranks, resume=ns.resume, png_dir=ns.png_dir,
+                                         dedup=ns.dedup)
     except (OSError, ValueError) as exc:
         _err(f"replay: {exc}")
         return 2
+    if getattr(ns, "msprobe_csv", None):
+        _write(ns.msprobe_csv, report.to_msprobe_csv())
     print(f"wrote the emulator's dump to {ns.output}; msprobe's table: msprobe compare -tp {ns.dump_dir} "
           f"-gp {ns.output}", file=sys.stderr)
+    if ns.png_dir:
+        for p in sorted(str(p) for p in Path(ns.png_dir).glob("*.png")):
+            print(f"wrote {p}")
+        ns.png_dir = None  # written by the calls themselves
     return _emit(report, ns)
 
 
@@ -276,6 +339,20 @@ def add_compare_parsers(sub) -> None:
                                    "with the same API names (for `msprobe compare -tp DUMP -gp EMU_DUMP`); also "
                                    "prints the emulator's own report.")
     p.add_argument("dump_dir", help="msprobe dump: a rank directory holding dump.json, or any parent of one")
-    p.add_argument("-o", "--output", required=True, help="directory for the emulator's dump")
+    p.add_argument("-o", "--output", required=True,
+                   help="directory for the emulator's dump and its result file")
+    p.add_argument("-n", "--workers", type=int, default=None, metavar="N",
+                   help="worker processes (default: one per core; 1 replays in this process)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                   help="a call running longer fails with status timeout (default %(default)g)")
+    p.add_argument("--filter", metavar="OP[,OP]", help="replay only these ops")
+    p.add_argument("--steps", metavar="LIST", help="replay only these steps (0,2-4)")
+    p.add_argument("--ranks", metavar="LIST", help="replay only these ranks (0,2-4)")
+    p.add_argument("--dedup", action="store_true",
+                   help="replay one call per distinct signature (shapes, dtypes, other arguments)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run from the result file in the output directory")
+    p.add_argument("--msprobe-csv", metavar="PATH",
+                   help="write msprobe's accuracy-check table, one row per output (- for stdout)")
     _report_options(p)
     p.set_defaults(func=cmd_replay)

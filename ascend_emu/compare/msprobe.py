@@ -17,21 +17,27 @@ msprobe (``mindstudio-probe``, Ascend's accuracy tool) dumps a run with ``task: 
 
 :func:`replay_dump` turns each forward entry of an emulated op into a :class:`~.calls.Call`,
 replays it on the emulator and writes an msprobe-format dump of the emulator's results with the
-same keys (inputs copied), so ``msprobe compare -tp DUMP -gp EMU_DUMP`` pairs them.
+same keys (inputs copied), so ``msprobe compare -tp DUMP -gp EMU_DUMP`` pairs them. Each entry is
+one work unit (:func:`plan_units`, :func:`run_unit`) that loads its own tensors when it runs, on
+an :mod:`.engine` (in process or a process pool); results come back in execution order (step,
+rank, call index) and are logged to :data:`RESULTS_FILE` as they finish (``--resume``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Container, Sequence
 
 import numpy as np
 
 from ..layouts import FRACTAL_NZ, ND
-from .calls import OPS, Call, EmuResult, TensorValue, arg_names, compare_call, replay
+from .calls import OPS, Call, CallReport, EmuResult, TensorValue, arg_names, compare_call, replay
+from .engine import Engine, TaskFailure, make_engine
 from .record import to_host
 from .report import Report
 
@@ -102,34 +108,49 @@ def read_dump(rank_dir: str | os.PathLike) -> tuple[dict, list[tuple[str, Call |
     data_dir = rank_dir / DATA_DIR
     entries = []
     for i, (key, rec) in enumerate(dump.get("data", {}).items()):
-        parsed = parse_key(key)
-        if parsed is None or parsed[3] != "forward":
+        api = forward_api(key)
+        if api is None:
             continue
-        api = parsed[1].split(".")[-1]
         if api not in OPS:
             entries.append((key, None, f"{api} is not an emulated op"))
             continue
-        info = OPS[api]
-        names = arg_names(api)
-        call = Call(index=i, op=api, api=key, arg_names=names,
-                    args=[_value(v, data_dir) for v in rec.get("input_args", [])],
-                    kwargs={k: _value(v, data_dir) for k, v in (rec.get("input_kwargs") or {}).items()})
-        outputs = rec.get("output")
-        outputs = outputs if isinstance(outputs, list) else [outputs]
-        named = call.named()
-        for j, node in enumerate(outputs):
-            v = _value(node, data_dir)
-            name = info.outputs[j] if j < len(info.outputs) else None
-            if name in info.inplace and isinstance(named.get(name), TensorValue) and isinstance(v, TensorValue):
-                call.after[name] = v.array
-                call.outputs.append(f"={name}")
-            else:
-                call.outputs.append(v)
-        missing = [n for n in info.inplace if isinstance(named.get(n), TensorValue) and n not in call.after]
-        note = (f"{', '.join(missing)}: updated in place but not returned by {api}, so not in the dump: not "
-                "compared" if missing else None)
-        entries.append((key, call, note))
+        entries.append((key, *load_call(i, key, rec, data_dir)))
     return dump, entries
+
+
+def forward_api(key: str) -> str | None:
+    """The API name of a forward entry's key (``"NPU.npu_mla_prolog_v3.0.forward"`` ->
+    ``"npu_mla_prolog_v3"``; ``atb.`` prefixes dropped), None for other keys."""
+    parsed = parse_key(key)
+    if parsed is None or parsed[3] != "forward":
+        return None
+    return parsed[1].split(".")[-1]
+
+
+def load_call(index: int, key: str, rec: dict, data_dir: Path) -> tuple[Call, str | None]:
+    """The :class:`~.calls.Call` of one forward entry ``rec`` of an emulated op, its tensors
+    loaded now from ``data_dir`` (``map_location="cpu", weights_only=True``), and a note naming
+    in-place arguments whose final state is not in the dump (None when all are)."""
+    api = forward_api(key)
+    info = OPS[api]
+    call = Call(index=index, op=api, api=key, arg_names=arg_names(api),
+                args=[_value(v, data_dir) for v in rec.get("input_args", [])],
+                kwargs={k: _value(v, data_dir) for k, v in (rec.get("input_kwargs") or {}).items()})
+    outputs = rec.get("output")
+    outputs = outputs if isinstance(outputs, list) else [outputs]
+    named = call.named()
+    for j, node in enumerate(outputs):
+        v = _value(node, data_dir)
+        name = info.outputs[j] if j < len(info.outputs) else None
+        if name in info.inplace and isinstance(named.get(name), TensorValue) and isinstance(v, TensorValue):
+            call.after[name] = v.array
+            call.outputs.append(f"={name}")
+        else:
+            call.outputs.append(v)
+    missing = [n for n in info.inplace if isinstance(named.get(n), TensorValue) and n not in call.after]
+    note = (f"{', '.join(missing)}: updated in place but not returned by {api}, so not in the dump: not "
+            "compared" if missing else None)
+    return call, note
 
 
 def _torch_dtype(a: np.ndarray) -> str:
@@ -192,45 +213,327 @@ def find_rank_dirs(root: str | os.PathLike) -> list[Path]:
     return sorted(p.parent for p in root.rglob("dump.json"))
 
 
-def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike,
-                progress: Callable | None = None) -> Report:
-    """Replay every emulated call of an msprobe tensor dump on the emulator.
+# ------------------------------------------------------------------------------ whole-dump replay
+#: The result file in the emulator's dump directory: one JSON line per judged call, appended as
+#: calls finish (``--resume`` reads it).
+RESULTS_FILE = "replay_results.jsonl"
+#: Call statuses that make a call a divergence (its outputs fail).
+DIVERGENT = ("fail",)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One work unit of a replay: a forward entry of an emulated op in one rank directory.
+
+    Attributes:
+        step, rank: the numbers of the ``step{N}`` / ``rank{N}`` (or ``proc{N}``) directories
+            (-1 when the path has none).
+        rel: the rank directory relative to the dump root (``"."`` for the root itself).
+        call: the entry's position in its ``dump.json`` ``data`` (execution order).
+        key: the entry's key (``NPU.npu_lightning_indexer.3.forward``).
+        op: the emulated op.
+        rec: the entry's record (metadata only; tensors stay on disk until the unit runs).
+        layer: the module the call belongs to, from ``construct.json`` where msprobe recorded
+            it, else ``None``.
+        dump_root, out_root: the device dump and the emulator's dump (absolute paths).
+        png_dir: where the unit writes heat maps of its mismatching caches (None: none).
+    """
+
+    step: int
+    rank: int
+    rel: str
+    call: int
+    key: str
+    op: str
+    rec: dict
+    layer: str | None
+    dump_root: str
+    out_root: str
+    png_dir: str | None = None
+
+    @property
+    def order(self) -> tuple:
+        """The execution-order sort key: step, rank, rank directory, call index."""
+        return (self.step, self.rank, self.rel, self.call)
+
+    @property
+    def uid(self) -> str:
+        """A unique name (rank directory / key), the unit's name in the result file."""
+        return f"{self.rel}/{self.key}"
+
+    def where(self) -> dict:
+        """``{"step", "rank", "call", "layer"}``: ``layer`` is the module from ``construct.json``,
+        else the number msprobe gave the call of its API within the step (the layer index when
+        every layer calls the op once)."""
+        parsed = parse_key(self.key)
+        return {"step": self.step, "rank": self.rank, "call": self.call,
+                "layer": self.layer if self.layer is not None else parsed[2]}
+
+
+def _number(part: str, prefix: str) -> int | None:
+    rest = part[len(prefix):] if part.startswith(prefix) else ""
+    return int(rest) if rest.isdigit() else None
+
+
+def _step_rank(rel: Path) -> tuple[int, int]:
+    step = rank = -1
+    for part in rel.parts:
+        n = _number(part, "step")
+        step = n if n is not None else step
+        for prefix in ("rank", "proc"):
+            n = _number(part, prefix)
+            rank = n if n is not None else rank
+    return step, rank
+
+
+def _layers(rank_dir: Path) -> dict:
+    """``construct.json``: entry key -> the module it ran in (msprobe records the parent module
+    of each node, null at level L1); {} when absent or unreadable."""
+    try:
+        with open(rank_dir / "construct.json") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
+
+
+def plan_units(dump_root: str | os.PathLike, out_root: str | os.PathLike, *, ops: Sequence[str] | None = None,
+               steps: Container[int] | None = None, ranks: Container[int] | None = None
+               ) -> tuple[list[Unit], list[tuple[Path, dict]]]:
+    """The work units of a dump, in execution order, reading ``dump.json`` files only.
 
     Args:
-        dump_root: a rank directory (with ``dump.json``) or any parent (``dump_path``, a step).
-        out_root: where the emulator's dump goes, with the same relative layout.
-        progress: ``progress(items, description)`` wrapper (e.g. a rich progress bar).
+        dump_root: a rank directory or any parent (``dump_path``, a step).
+        out_root: the emulator's dump directory (recorded in the units).
+        ops: keep only these emulated ops (None: all).
+        steps, ranks: keep only these step / rank numbers (None: all).
 
     Returns:
-        The :class:`Report` over the replayed calls; calls that cannot be replayed are listed as
-        ``not replayable`` with the reason (e.g. FRACTAL_NZ weights missing from the dump).
-        Entries of APIs that are not emulated are skipped (not listed).
+        ``(units, ranks)``: units sorted by (step, rank, rank directory, call index); ranks are
+        ``(relative rank directory, dump.json header)`` of the selected rank directories.
 
     Raises:
         FileNotFoundError: no ``dump.json`` under ``dump_root``.
-        ValueError: a dump that is not ``task: "tensor"``.
+        ValueError: a dump that is not ``task: "tensor"``, or ``ops`` naming an op the replay
+            does not know.
     """
-    ranks = find_rank_dirs(dump_root)
-    if not ranks:
+    if ops is not None:
+        unknown = sorted(set(ops) - set(OPS))
+        if unknown:
+            raise ValueError(f"--filter: {', '.join(unknown)} is not an op replay knows (known: "
+                             f"{', '.join(sorted(OPS))})")
+    root = Path(dump_root).resolve()
+    dirs = find_rank_dirs(root)
+    if not dirs:
         raise FileNotFoundError(f"{dump_root}: no dump.json found (expected an msprobe dump directory)")
-    report = Report()
-    for rank in ranks:
-        dump, entries = read_dump(rank)
-        rel = rank.relative_to(Path(dump_root)) if rank != Path(dump_root) else Path(".")
-        out_dir = Path(out_root) / rel
-        out_data = out_dir / DATA_DIR
-        out_data.mkdir(parents=True, exist_ok=True)
-        data = {}
-        items = [e for e in entries if e[1] is not None]
-        for key, call, note in (progress(items, f"replaying {len(items)} call(s)") if progress else items):
-            emu = replay(call)
-            rep = compare_call(call, emu)
-            rep.api = key
-            rep.reason = rep.reason or note
-            report.calls.append(rep)
-            if not (emu.unavailable or emu.error):
-                data[key] = write_emu_entry(key, dump["data"][key], emu, rank / DATA_DIR, out_data)
+    units, chosen = [], []
+    for rank_dir in dirs:
+        rel = rank_dir.relative_to(root) if rank_dir != root else Path(".")
+        step, rank = _step_rank(rel)
+        if (steps is not None and step not in steps) or (ranks is not None and rank not in ranks):
+            continue
+        with open(rank_dir / "dump.json") as f:
+            dump = json.load(f)
+        if dump.get("task") != "tensor":
+            raise ValueError(f"{rank_dir / 'dump.json'}: task {dump.get('task')!r}, expected 'tensor' (tensor data "
+                             "is needed to replay; set \"task\": \"tensor\" in msprobe's config.json)")
+        layers = _layers(rank_dir)
+        chosen.append((rel, {k: v for k, v in dump.items() if k != "data"}))
+        for i, (key, rec) in enumerate(dump.get("data", {}).items()):
+            api = forward_api(key)
+            if api not in OPS or (ops is not None and api not in ops):
+                continue
+            units.append(Unit(step, rank, str(rel), i, key, api, rec, layers.get(key), str(root),
+                              str(Path(out_root).resolve())))
+    units.sort(key=lambda u: u.order)
+    return units, chosen
+
+
+def run_unit(unit: Unit) -> dict:
+    """Replay one unit and compare it: loads its tensors, runs the emulator, writes the
+    emulator's output files into the emulator's dump (and its heat maps into ``unit.png_dir``,
+    the cache diffs staying in the worker). Returns plain data: ``{"report":
+    CallReport.to_dict(), "entry": the emulator's dump.json entry or None}`` (the engines send
+    it between processes; :func:`replay_dump` writes it to the result file)."""
+    rank_dir = Path(unit.dump_root) / unit.rel
+    call, note = load_call(unit.call, unit.key, unit.rec, rank_dir / DATA_DIR)
+    emu = replay(call)
+    rep = compare_call(call, emu)
+    rep.reason = rep.reason or note
+    rep.where = unit.where()
+    if unit.png_dir is not None:
+        Report(calls=[rep]).heatmaps(unit.png_dir)
+    entry = None
+    if not (emu.unavailable or emu.error):
+        out_data = Path(unit.out_root) / unit.rel / DATA_DIR
+        entry = write_emu_entry(unit.key, unit.rec, emu, rank_dir / DATA_DIR, out_data)
+    return {"report": rep.to_dict(), "entry": entry}
+
+
+def _failed_unit(unit: Unit, failure: TaskFailure) -> dict:
+    status = "timeout" if failure.kind == "timeout" else "emu error"
+    rep = CallReport(unit.call, unit.op, unit.key, status, failure.message, where=unit.where())
+    return {"report": rep.to_dict(), "entry": None}
+
+
+def _plain(obj):
+    """JSON for the NumPy values a report may hold (scalars, arrays)."""
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def _read_results(path: Path) -> dict[str, dict]:
+    """The result file's lines by unit name; a line cut short by an interrupted write is ignored."""
+    done: dict[str, dict] = {}
+    if not path.is_file():
+        return done
+    with open(path) as f:
+        for line in f:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and "unit" in obj:
+                done[obj["unit"]] = obj
+    return done
+
+
+def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progress: Callable | None = None, *,
+                workers: int | None = 1, engine: Engine | None = None, timeout: float | None = None,
+                ops: Sequence[str] | None = None, steps: Container[int] | None = None,
+                ranks: Container[int] | None = None, resume: bool = False, png_dir: str | None = None,
+                dedup: bool = False) -> Report:
+    """Replay every emulated call of an msprobe tensor dump on the emulator.
+
+    Each call is a work unit (:func:`plan_units`, :func:`run_unit`) that loads only its own
+    tensors, so memory is bounded by the largest call, never by the dump. The units run on
+    ``engine`` (default :func:`.engine.make_engine` of ``workers``: in process for 1, else a
+    process pool); the report, the result file and the emulator's dump are the same whatever
+    the engine, in execution order (step, rank, call index).
+
+    Args:
+        dump_root: a rank directory (with ``dump.json``) or any parent (``dump_path``, a step).
+        out_root: where the emulator's dump goes, with the same relative layout, and its result
+            file :data:`RESULTS_FILE`.
+        progress: ``progress(done, total, failures)``, called once before the first unit and
+            after each (e.g. a rich progress bar); ``total`` counts the calls to replay.
+        workers: processes (1: in this process; None: one per core).
+        engine: an :class:`~.engine.Engine` (overrides ``workers``).
+        timeout: seconds one call may take; a call past it is reported with status
+            ``timeout`` (None: no limit).
+        ops, steps, ranks: replay only these ops / step numbers / rank numbers.
+        resume: keep the calls the result file already holds and replay the others only.
+        png_dir: write a heat map per mismatching cache there (needs matplotlib, the ``[plot]``
+            extra), named by step, rank, call, op and tensor.
+        dedup: replay one call per distinct :func:`call_signature` (the first in execution
+            order); the others are listed with status ``deduplicated``, naming that call.
+
+    Returns:
+        The :class:`Report`, calls in execution order; calls that cannot be replayed are listed
+        as ``not replayable`` with the reason (e.g. FRACTAL_NZ weights missing from the dump).
+        Entries of APIs that are not emulated are skipped (not listed). ``Report.meta`` holds
+        the selection, the first divergence and the per-op counts.
+
+    Raises:
+        FileNotFoundError: no ``dump.json`` under ``dump_root``.
+        ValueError: a dump that is not ``task: "tensor"``; an unknown op in ``ops``.
+    """
+    units, chosen = plan_units(dump_root, out_root, ops=ops, steps=steps, ranks=ranks)
+    if png_dir is not None:
+        units = [dataclasses.replace(u, png_dir=str(Path(png_dir).resolve())) for u in units]
+    out_root = Path(out_root)
+    for rel, _ in chosen:
+        (out_root / rel / DATA_DIR).mkdir(parents=True, exist_ok=True)
+    results_path = out_root / RESULTS_FILE
+    done = _read_results(results_path) if resume else {}
+    by_uid = {u.uid: u for u in units}
+    same = _duplicates(units) if dedup else {}
+    done = {k: v for k, v in done.items() if k in by_uid and k not in same}
+    todo = [u for u in units if u.uid not in done and u.uid not in same]
+    total = len(units) - len(same)
+    failures = sum(r["report"]["status"] not in ("identical", "pass") for r in done.values())
+    if progress:
+        progress(len(done), total, failures)
+    engine = engine if engine is not None else make_engine(workers)
+    with open(results_path, "a" if resume else "w") as log:
+        if resume and log.tell() and not results_path.read_bytes().endswith(b"\n"):
+            log.write("\n")  # after a line cut short by the interruption
+        for i, result in engine.run(run_unit, todo, timeout):
+            unit = todo[i]
+            if isinstance(result, TaskFailure):
+                result = _failed_unit(unit, result)
+            text = json.dumps({"unit": unit.uid, **result}, default=_plain)
+            log.write(text + "\n")
+            log.flush()
+            done[unit.uid] = json.loads(text)  # as --resume reads it back: the same report either way
+            failures += result["report"]["status"] not in ("identical", "pass")
+            if progress:
+                progress(len(done), total, failures)
+    for u in units:
+        if u.uid in same:
+            first = same[u.uid]
+            why = (f"same signature (shapes, dtypes, other arguments) as step {first.step}, rank {first.rank}, call "
+                   f"{first.call} {first.key}: not replayed (--dedup)")
+            done[u.uid] = {"report": CallReport(u.call, u.op, u.key, "deduplicated", why, where=u.where()).to_dict(),
+                           "entry": None}
+    report = Report(calls=[CallReport.from_dict(done[u.uid]["report"]) for u in units])
+    for rel, header in chosen:
+        data = {u.key: done[u.uid]["entry"] for u in units if u.rel == str(rel) and done[u.uid]["entry"] is not None}
+        out_dir = out_root / rel
         with open(out_dir / "dump.json", "w") as f:
-            json.dump({"task": "tensor", "level": dump.get("level", "L1"), "framework": "pytorch",
-                       "dump_data_dir": str(out_data), "data": data}, f, indent=1)
+            json.dump({"task": "tensor", "level": header.get("level", "L1"), "framework": "pytorch",
+                       "dump_data_dir": str(out_dir / DATA_DIR), "data": data}, f, indent=1)
+    report.meta = summarize(report, units, ops=ops, steps=steps, ranks=ranks, dedup=dedup)
     return report
+
+
+def call_signature(unit: Unit) -> str:
+    """What ``--dedup`` compares (msprobe's ``-f``): the op and, for every input, a tensor's
+    dtype and shape or another value as recorded, as one JSON string."""
+
+    def norm(node):
+        if isinstance(node, list):
+            return [norm(x) for x in node]
+        if isinstance(node, dict) and node.get("type") == "torch.Tensor":
+            return ["tensor", node.get("dtype"), node.get("shape")]
+        if isinstance(node, dict):
+            return [node.get("type"), node.get("value")]
+        return node
+
+    rec = unit.rec
+    return json.dumps([unit.op, norm(rec.get("input_args", [])),
+                       {k: norm(v) for k, v in (rec.get("input_kwargs") or {}).items()}], sort_keys=True)
+
+
+def _duplicates(units: list[Unit]) -> dict[str, Unit]:
+    """Unit name -> the first unit (in execution order) with its signature, for every unit
+    that is not that first one."""
+    first: dict[str, Unit] = {}
+    out = {}
+    for u in units:
+        sig = call_signature(u)
+        if sig in first:
+            out[u.uid] = first[sig]
+        else:
+            first[sig] = u
+    return out
+
+
+def summarize(report: Report, units: list[Unit], *, ops=None, steps=None, ranks=None, dedup=False) -> dict:
+    """The replay's summary: ``selection`` (what was asked for), ``first_divergence`` (the
+    earliest call by step, rank and call index whose status is in :data:`DIVERGENT`, with its
+    layer; None if none) and ``per_op`` (op -> counts per status)."""
+    first = next((c for c in report.calls if c.status in DIVERGENT), None)
+    per_op: dict[str, dict[str, int]] = {}
+    for c in report.calls:
+        counts = per_op.setdefault(c.op, {})
+        counts[c.status] = counts.get(c.status, 0) + 1
+    return {"selection": {"filter": sorted(ops) if ops is not None else None,
+                          "steps": sorted(steps) if steps is not None else None,
+                          "ranks": sorted(ranks) if ranks is not None else None,
+                          "dedup": bool(dedup), "calls": len(units)},
+            "first_divergence": None if first is None else {**first.where, "op": first.op, "api": first.api},
+            "per_op": {op: per_op[op] for op in sorted(per_op)}}

@@ -18,12 +18,25 @@ CSV_COLUMNS = ("call", "op", "api", "call_status", "tensor", "role", "dtype", "s
                "Five Thousandths Err Ratio", "max_int_delta", "nan_mismatch", "inf_mismatch", "ulp_hist", "first_mismatch",
                "reason")
 
+#: Columns of :meth:`Report.to_msprobe_csv`: msprobe's accuracy-check detail names (research notes
+#: msprobe.md §3; ``api_accuracy_checker/compare/compare_utils.py`` ``DETAIL_TEST_ROWS`` for the
+#: "API Name", dtype, "Shape", "Status" and "Message" columns, msprobe compare's metric names).
+MSPROBE_CSV_COLUMNS = ("API Name", "Bench Dtype", "DEVICE Dtype", "Shape", "Cosine", "MaxAbsErr", "MaxRelativeErr",
+                       "One Thousandth Err Ratio", "Five Thousandths Err Ratio", "Status", "Message")
+#: Call / tensor status -> msprobe's pass / warning / error / SKIP (no status maps to warning:
+#: a tensor within the criterion passes).
+MSPROBE_STATUS = {"identical": "pass", "pass": "pass", "fail": "error", "missing": "error", "emu error": "error",
+                  "timeout": "error", "not replayable": "SKIP", "device error": "SKIP", "not compared": "SKIP",
+                  "deduplicated": "SKIP"}
+
 
 @dataclass
 class Report:
-    """Per-call comparisons, in call order."""
+    """Per-call comparisons, in call order; ``meta`` holds a dump replay's summary (selection,
+    first divergence, per-op counts: :func:`.msprobe.summarize`), None elsewhere."""
 
     calls: list[CallReport] = field(default_factory=list)
+    meta: dict | None = None
 
     @property
     def summary(self) -> dict:
@@ -31,9 +44,12 @@ class Report:
         counts: dict[str, int] = {}
         for c in self.calls:
             counts[c.status] = counts.get(c.status, 0) + 1
-        return {"calls": len(self.calls), "by_status": counts,
-                "identical": all(c.status == "identical" for c in self.calls),
-                "ok": all(c.status in ("identical", "pass") for c in self.calls)}
+        out = {"calls": len(self.calls), "by_status": counts,
+               "identical": all(c.status == "identical" for c in self.calls),
+               "ok": all(c.status in ("identical", "pass") for c in self.calls)}
+        if self.meta is not None:
+            out.update(self.meta)
+        return out
 
     def to_dict(self) -> dict:
         """Plain data: ``{"summary": ..., "calls": [...]}``."""
@@ -58,6 +74,37 @@ class Report:
                                    t.one_thousandth_ratio, t.five_thousandths_ratio, t.max_int_delta,
                                    t.nan_mismatch, t.inf_mismatch, json.dumps(t.ulp_hist) if t.ulp_hist else "",
                                    json.dumps(t.mismatches[0]) if t.mismatches else "", t.note or c.reason or ""])
+            for name, why in c.not_compared.items():
+                w.writerow(head + [name, "output", "", "", "not compared"] + [""] * (len(CSV_COLUMNS) - 10) + [why])
+        return buf.getvalue()
+
+    def to_msprobe_csv(self) -> str:
+        """msprobe's accuracy-check table: one row per output of each call (``API Name`` =
+        ``{api}.output.{i}``, ``i`` the output's position; the emulator is the bench, the
+        device the device), ``Status`` pass / error / SKIP (:data:`MSPROBE_STATUS`); a call
+        that was not compared is one ``SKIP`` row named ``{api}`` with the reason."""
+        from .calls import OPS
+
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(MSPROBE_CSV_COLUMNS)
+        for c in self.calls:
+            names = OPS[c.op].outputs if c.op in OPS else ()
+
+            def api(name: str) -> str:  # out[i]: an op whose outputs OPS does not name
+                i = names.index(name) if name in names else name.removeprefix("out[").removesuffix("]")
+                return f"{c.api}.output.{i}"
+
+            if not c.tensors and not c.not_compared:
+                w.writerow([c.api, "", "", "", "", "", "", "", "", MSPROBE_STATUS.get(c.status, "error"),
+                            f"{c.status}: {c.reason}" if c.reason else c.status])
+            for t in c.tensors:
+                msg = "; ".join(x for x in (t.status, t.criterion, t.note) if x)
+                w.writerow([api(t.name), t.dtype, t.dtype, json.dumps(list(t.shape)), _csv(t.cosine),
+                            _csv(t.max_abs_err), _csv(t.max_rel_err), _csv(t.one_thousandth_ratio),
+                            _csv(t.five_thousandths_ratio), MSPROBE_STATUS[t.status], msg])
+            for name, why in c.not_compared.items():
+                w.writerow([api(name), "", "", "", "", "", "", "", "", "SKIP", why])
         return buf.getvalue()
 
     def render(self, console=None, *, details: int = 8) -> None:
@@ -71,6 +118,8 @@ class Report:
         from ..textview import Col, console as text_console, print_table
 
         console = console or text_console()
+        if self.meta is not None:
+            console.print(_divergence_line(self.meta))
         cols = [Col("call"), Col("op", wrap=True, min=14), Col("tensor", wrap=True, min=8), Col("dtype", drop=1),
                 Col("status", wrap=True), Col("cosine"), Col("max abs"), Col("max rel", drop=3), Col("1/1000", drop=4),
                 Col("5/1000", drop=5), Col("mismatched", wrap=True), Col("bf16 ulps", wrap=True, drop=2)]
@@ -78,28 +127,46 @@ class Report:
         rows = []
         for c in self.calls:
             if not c.tensors:
-                rows.append([str(c.index), c.op, "-", "-", Text(c.status, style="magenta"), *[""] * 7])
+                rows.append([_label(c), c.op, "-", "-", Text(c.status, style="magenta"), *[""] * 7])
             for t in c.tensors:
                 hist = (" ".join(f"{k}:{v}" for k, v in t.ulp_hist.items() if v) if t.ulp_hist else "")
-                rows.append([str(c.index), c.op, f"{t.name}\n({t.role})", t.dtype,
+                rows.append([_label(c), c.op, f"{t.name}\n({t.role})", t.dtype,
                              Text(t.status, style=style.get(t.status, "white")), _fmt(t.cosine), _fmt(t.max_abs_err),
                              _fmt(t.max_rel_err), _fmt(t.one_thousandth_ratio), _fmt(t.five_thousandths_ratio),
                              f"{t.mismatched}/{t.size}", hist])
         print_table(console, "ascend-emu compare: device (expected) vs emulator", cols, rows,
                     more="--json / --csv")
         for c in self.calls:
-            if c.reason:
-                console.print(f"call {c.index} {c.api}: [magenta]{c.status}[/]: {c.reason}")
+            if c.reason and c.status != "deduplicated":  # counted in the selection line
+                console.print(f"call {_label(c)} {c.api}: [magenta]{c.status}[/]: {c.reason}")
             for t in c.tensors:
                 if t.status == "identical":
                     continue
-                console.print(f"call {c.index} {c.api} {t.name}: {t.status} ({t.criterion}), {t.mismatched} "
+                console.print(f"call {_label(c)} {c.api} {t.name}: {t.status} ({t.criterion}), {t.mismatched} "
                               f"element(s) differ" + (f"; {t.note}" if t.note else ""))
                 for m in t.mismatches[:details]:
                     console.print("    " + _where(m))
                 if len(t.mismatches) > details:
                     console.print(f"    ... {len(t.mismatches) - details} more listed in the JSON report")
+        uncompared: dict[tuple[str, str], int] = {}
+        for c in self.calls:
+            for name, why in c.not_compared.items():
+                uncompared[(f"{c.op} {name}", why)] = uncompared.get((f"{c.op} {name}", why), 0) + 1
+        for (what, why), n in uncompared.items():
+            console.print(f"{what}: [magenta]not compared[/] in {n} call(s): {why}")
         s = self.summary
+        if self.meta is not None:
+            statuses = sorted({k for v in self.meta["per_op"].values() for k in v})
+            per_op = [[op, *(str(counts.get(k, 0)) for k in statuses)] for op, counts in self.meta["per_op"].items()]
+            print_table(console, "per op", [Col("op", wrap=True, min=14)] + [Col(k) for k in statuses], per_op,
+                        more="--json")
+            sel = self.meta["selection"]
+            asked = [f"{k} {','.join(map(str, v))}" for k, v in sel.items()
+                     if k not in ("calls", "dedup") and v is not None]
+            if sel.get("dedup"):
+                n = sum(c.status == "deduplicated" for c in self.calls)
+                asked.append(f"dedup: {n} call(s) not replayed, same signature as an earlier one")
+            console.print(f"selection: {'; '.join(asked) if asked else 'every call'} ({sel['calls']} call(s))")
         console.print(f"{s['calls']} call(s): " + ", ".join(f"{v} {k}" for k, v in s["by_status"].items()))
 
     def text(self, width: int = 160) -> str:
@@ -124,8 +191,29 @@ class Report:
                 if d is not None and not d.same:
                     title = (f"call {c.index} {c.api}\n{t.name} ({t.role}, {t.dtype} {list(t.shape)}): {t.status}; "
                              f"device (expected) vs emulator")
-                    out.append(plot_diff(d, Path(directory) / f"call{c.index:05d}_{c.op}_{t.name}.png", title=title))
+                    where = "" if c.where is None else f"step{c.where['step']}_rank{c.where['rank']}_"
+                    out.append(plot_diff(d, Path(directory) / f"{where}call{c.index:05d}_{c.op}_{t.name}.png",
+                                         title=title))
         return out
+
+
+def _label(c) -> str:
+    """A call's number: its index, prefixed by step and rank in a dump replay (``s0 r1 7``)."""
+    if c.where is None:
+        return str(c.index)
+    return f"s{c.where['step']} r{c.where['rank']} {c.index}"
+
+
+def _divergence_line(meta: dict) -> str:
+    d = meta.get("first_divergence")
+    if d is None:
+        return "first divergence: none (no call's outputs fail)"
+    return (f"first divergence: step {d['step']}, rank {d['rank']}, call {d['call']} {d['api']} "
+            f"(layer {d['layer']})")
+
+
+def _csv(v) -> str:
+    return "N/A" if v is None else repr(v)
 
 
 def _fmt(v) -> str:

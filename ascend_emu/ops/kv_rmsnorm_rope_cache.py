@@ -251,6 +251,27 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
     return tuple(result)
 
 
+def written_slots(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None, c_kv_scale=None,
+                  k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5, cache_mode: KvCacheMode = "Norm",
+                  is_output_kv: bool = False) -> np.ndarray:
+    """The cache slots :func:`npu_kv_rmsnorm_rope_cache` writes for these arguments, validated as
+    the op validates them; nothing is written.
+
+    Args:
+        The op's (same shapes, dtypes and modes).
+
+    Returns:
+        int64 ``[B*S]``: the destination slot of each token (``block * BlockSize + row``), ``-1``
+        for a skipped token. The other rows of a ``_functional`` form's returned caches are
+        undefined on the device (torch_npu 2.14 ``npu_kv_rmsnorm_rope_cache_v2_functional``).
+
+    Raises:
+        What the op raises for these arguments.
+    """
+    return _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset,
+                      c_kv_offset, v, epsilon, cache_mode, is_output_kv).slots
+
+
 # ---------------------------------------------------------------------- validation
 
 

@@ -1,0 +1,209 @@
+"""Where the calls of a long replay run: in this process, or in a pool of worker processes.
+
+An engine runs one picklable, module-level function over a list of work items (for
+``ascend-emu replay``: one item per dumped call, :func:`.msprobe.run_unit`) and yields
+``(position, result)`` pairs as the items finish, in any order; the caller puts them back in
+item order, so what it writes does not depend on the engine or on the number of workers. An
+item that raises, outlives the per-item timeout or takes its worker down yields a
+:class:`TaskFailure` instead of a result, and the run goes on.
+
+The interface is one method, ``run(fn, items, timeout)``, so that other executors (Ray tasks,
+each loading its own tensors from a shared dump path) can be added without touching the
+callers. This module imports nothing beyond the standard library: a worker process starts by
+importing only ``fn``'s module.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any, Callable, Iterator, Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    """Why an item has no result: ``kind`` is ``timeout`` (ran past the timeout; its worker was
+    stopped), ``crash`` (its worker process died) or ``error`` (``fn`` raised; ``message`` is
+    ``Type: message``)."""
+
+    kind: str
+    message: str
+
+
+class Engine(Protocol):
+    """What runs the work items of a replay."""
+
+    def run(self, fn: Callable[[Any], Any], items: Sequence[Any],
+            timeout: float | None) -> Iterator[tuple[int, Any]]:
+        """Yield ``(position in items, fn(item) or a TaskFailure)`` for every item, as each
+        finishes. ``timeout``: seconds one item may take (None: no limit)."""
+        ...
+
+
+def default_workers() -> int:
+    """The number of CPU cores this process may use (``os.sched_getaffinity`` where the
+    platform has it, else ``os.cpu_count()``), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+class _Timeout(Exception):
+    pass
+
+
+class InProcess:
+    """Every item in this process, one after the other (``-n 1``).
+
+    The timeout is a ``SIGALRM`` timer, armed only where signals can be handled (the main
+    thread of a POSIX process); it interrupts Python code, so a kernel running in native code
+    is stopped when it returns to Python. Elsewhere items run without a limit.
+    """
+
+    def run(self, fn, items, timeout):
+        alarm = (timeout is not None and hasattr(signal, "setitimer")
+                 and threading.current_thread() is threading.main_thread())
+        for i, item in enumerate(items):
+            if not alarm:
+                yield i, _call(fn, item)
+                continue
+
+            def expire(signum, frame):
+                raise _Timeout
+
+            previous = signal.signal(signal.SIGALRM, expire)
+            signal.setitimer(signal.ITIMER_REAL, timeout)
+            try:
+                result = _call(fn, item)
+            except _Timeout:
+                result = _timed_out(timeout)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+            yield i, result
+
+
+def _call(fn, item):
+    try:
+        return fn(item)
+    except _Timeout:
+        raise
+    except Exception as exc:  # noqa: BLE001  (reported per item)
+        return TaskFailure("error", f"{type(exc).__name__}: {exc}")
+
+
+def _timed_out(timeout: float) -> TaskFailure:
+    return TaskFailure("timeout", f"ran past the per-call timeout of {timeout:g} s and was stopped")
+
+
+def _worker(conn, fn) -> None:
+    """A pool worker: say it is ready, then ``(i, item)`` -> ``(i, result)`` until None."""
+    conn.send("ready")
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        i, item = msg
+        conn.send((i, _call(fn, item)))
+
+
+class ProcessPool:
+    """``workers`` worker processes (``spawn``: a fresh interpreter each, nothing inherited
+    from this one's threads), each item sent to an idle worker; a worker whose item runs past
+    the timeout is killed and replaced, as is one that dies.
+
+    Args:
+        workers: number of processes (>= 1).
+    """
+
+    def __init__(self, workers: int):
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers: expected an int >= 1, got {workers!r}")
+        self.workers = workers
+
+    def run(self, fn, items, timeout):
+        ctx = multiprocessing.get_context("spawn")
+        todo = deque(enumerate(items))
+        slots: list[dict] = []
+
+        def start() -> dict:
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker, args=(child, fn), daemon=True)
+            proc.start()
+            child.close()
+            return {"proc": proc, "conn": parent, "ready": False, "task": None, "deadline": None}
+
+        def stop(slot: dict) -> None:
+            slot["proc"].kill()
+            slot["proc"].join()
+            slot["conn"].close()
+
+        try:
+            slots = [start() for _ in range(min(self.workers, len(todo)))]
+            busy = 0
+            while todo or busy:
+                for slot in slots:
+                    if slot["ready"] and slot["task"] is None and todo:
+                        i, item = todo.popleft()
+                        slot["conn"].send((i, item))
+                        slot["task"] = i
+                        slot["deadline"] = None if timeout is None else time.monotonic() + timeout
+                        busy += 1
+                deadlines = [s["deadline"] for s in slots if s["deadline"] is not None]
+                wait_for = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
+                ready = wait([s["conn"] for s in slots], timeout=wait_for)
+                for n, slot in enumerate(slots):
+                    if slot["conn"] in ready:
+                        try:
+                            msg = slot["conn"].recv()
+                        except (EOFError, OSError):
+                            task = slot["task"]
+                            stop(slot)
+                            slots[n] = start()
+                            if task is not None:
+                                busy -= 1
+                                yield task, TaskFailure("crash", "the worker process running it died (exit code "
+                                                                 f"{slot['proc'].exitcode})")
+                            else:
+                                raise RuntimeError("a replay worker process died before taking any call (exit "
+                                                   f"code {slot['proc'].exitcode})")
+                            continue
+                        if msg == "ready":
+                            slot["ready"] = True
+                            continue
+                        i, result = msg
+                        slot["task"] = slot["deadline"] = None
+                        busy -= 1
+                        yield i, result
+                    elif slot["deadline"] is not None and time.monotonic() >= slot["deadline"]:
+                        task = slot["task"]
+                        stop(slot)
+                        slots[n] = start()
+                        busy -= 1
+                        yield task, _timed_out(timeout)
+        finally:
+            for slot in slots:
+                try:
+                    slot["conn"].send(None)
+                except (OSError, ValueError):
+                    pass
+            for slot in slots:
+                slot["proc"].join(timeout=5)
+                if slot["proc"].is_alive():
+                    slot["proc"].kill()
+                    slot["proc"].join()
+                slot["conn"].close()
+
+
+def make_engine(workers: int | None) -> Engine:
+    """:class:`InProcess` for ``workers == 1``, else a :class:`ProcessPool` of ``workers``
+    processes (None: :func:`default_workers`)."""
+    n = default_workers() if workers is None else workers
+    return InProcess() if n == 1 else ProcessPool(n)
