@@ -8,7 +8,7 @@ environment variable (default ``emu``).
 The interface (:class:`Backend`), the same for every backend:
 
 - one method per op family (``mla_prolog``, ``mla_preprocess``, ``kv_rmsnorm_rope_cache``,
-  ``sparse_flash_attention``, ``lightning_indexer``, ``rope``), taking that family's frozen argument
+  ``sparse_flash_attention``, ``lightning_indexer``, ``rope``, ``fused_infer_attention_score``), taking that family's frozen argument
   object (``MlaPrologArgs``, ... in the family's ``ops`` module): the caller's validated arrays
   as passed (NZ weights as cast, scales and index tensors as given), the derived slots / rows,
   the cache layouts, modes and scenario. Backends never validate user input again;
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Iterator, Protocol, runtime_checkable
 from ..errors import ModeError, arg_error, describe
 
 if TYPE_CHECKING:  # the families' modules import this one
+    from .fused_infer_attention_score import FusedInferAttentionArgs, FusedInferAttentionOutputs
     from .kv_rmsnorm_rope_cache import KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs
     from .lightning_indexer import LightningIndexerArgs, LightningIndexerOutputs
     from .mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
@@ -69,6 +70,9 @@ class Backend(Protocol):
 
     def rope(self, args: RopeArgs) -> RopeOutputs:
         """``npu_interleave_rope`` and ``npu_rotary_mul``."""
+
+    def fused_infer_attention_score(self, args: FusedInferAttentionArgs) -> FusedInferAttentionOutputs:
+        """``npu_fused_infer_attention_score`` and ``_v2`` (and their ``.out`` forms)."""
 
 
 #: Registered backends: name -> package exposing ``BACKEND``.
