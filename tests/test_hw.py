@@ -38,7 +38,8 @@ def test_backend_context_manager_nests_and_restores(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- the backend interface
-FAMILIES = ("mla_prolog", "mla_preprocess", "kv_rmsnorm_rope_cache", "sparse_flash_attention", "lightning_indexer", "rope")
+FAMILIES = ("mla_prolog", "mla_preprocess", "kv_rmsnorm_rope_cache", "sparse_flash_attention", "lightning_indexer", "rope",
+            "fused_infer_attention_score")
 
 
 def _outputs_type(family: str):
@@ -416,3 +417,16 @@ def test_hw_rope(standin, rng, dtype):
     r1, r2 = (rng.standard_normal((1, 1, 4, 64)).astype(dtype) for _ in range(2))
     for mode in ("half", "interleave"):
         assert_backends_agree(ops.npu_rotary_mul, (x, r1, r2), {"rotary_mode": mode})
+
+
+@pytest.mark.parametrize("op,lse", [("npu_fused_infer_attention_score", "softmax_lse_flag"),
+                                    ("npu_fused_infer_attention_score_v2", "return_softmax_lse")])
+def test_hw_fused_infer_attention_score(standin, rng, op, lse):
+    from tests.test_fused_infer_attention_score import make_case
+
+    q, key, value, kw = make_case(rng, "TND", 4, ml_dtypes.bfloat16, q_lens=(2, 1), kv_lens=(20, 7), sparse_mode=3)
+    if op.endswith("_v2"):
+        kw = {"actual_seq_qlen" if k == "actual_seq_lengths" else "actual_seq_kvlen" if k == "actual_seq_lengths_kv"
+              else "num_query_heads" if k == "num_heads" else "softmax_scale" if k == "scale" else k: v
+              for k, v in kw.items()}
+    assert_backends_agree(getattr(ops, op), (q, key, value), dict(kw, **{lse: True}))

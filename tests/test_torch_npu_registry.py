@@ -24,6 +24,9 @@ EXPECTED_OVERLOADS = {
     "npu::npu_mla_prolog_v3", "npu::npu_mla_prolog_v3_functional", "npu::npu_sparse_flash_attention",
     "npu::npu_kv_quant_sparse_flash_attention", "npu::npu_lightning_indexer", "atb::npu_mla_preprocess",
     "atb::npu_mla_preprocess.out", "npu::npu_interleave_rope", "npu::npu_rotary_mul",
+    "npu::npu_fused_infer_attention_score", "npu::npu_fused_infer_attention_score.out",
+    "npu::_npu_fused_infer_attention_score_get_max_workspace", "npu::npu_fused_infer_attention_score_v2",
+    "npu::npu_fused_infer_attention_score_v2.out", "npu::_npu_fused_infer_attention_score_v2_get_max_workspace",
 }
 
 
