@@ -289,3 +289,26 @@ def test_drop_in_rejects_by_name(rng):
         torch_npu.npu_fused_infer_attention_score_v2(_t(q), _t(k), _t(k), **{V2_NAMES.get(n, n): val for n, val
                                                                             in tkw.items()},
                                                      learnable_sink=torch.zeros(4))
+
+
+def test_checked_mode_names_an_unwritten_kv_slot_and_allows_empty_rows(rng):
+    import ascend_emu
+    from ascend_emu import checked_mode
+    from ascend_emu.errors import UninitializedReadError
+
+    q, k, v, kw = make_case(rng, "BNSD", 4, BF16, q_lens=(1, 1), kv_lens=(20, 0))
+    checked_mode.reset()
+    try:
+        nb, bs = k.shape[0], 16
+        table = kw["block_table"]
+        checked_mode.mark_written(k, [table[0, p // bs] * bs + p % bs for p in range(20) if p != 17], nb * bs)
+        checked_mode.mark_written(kw["key_rope"], None, nb * bs)
+        with ascend_emu.checked(), pytest.raises(UninitializedReadError,
+                                                 match=r"key read before written: request 0, kv token 17"):
+            ops.npu_fused_infer_attention_score(q, k, v, **kw)
+        checked_mode.mark_written(k, None, nb * bs)
+        with ascend_emu.checked():  # request 1 (kv length 0): lse +inf is not an error
+            out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True)
+        assert np.isposinf(lse[1]).all()
+    finally:
+        checked_mode.reset()

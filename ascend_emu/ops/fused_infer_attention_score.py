@@ -77,6 +77,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import checked_mode
 from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ..layouts.paged import NZ_ROW_BYTES, slots_from_block_table
 from ..mla import D_ROPE, HCKV, NKV
@@ -589,7 +590,9 @@ def _run(args: FusedInferAttentionArgs, attention_out, softmax_lse):
         _check_out(attention_out, "attention_out", args.out_shape, args.query_dtype)
         if args.softmax_lse_flag:
             _check_out(softmax_lse, "softmax_lse", args.lse_shape, np.dtype(np.float32))
+    checked_mode.read_fused_infer_attention(args.op, args)
     result = get_backend().fused_infer_attention_score(args)
+    checked_mode.check_finite(args.op, (("attention_out", result.attention_out),))  # lse is +inf on empty rows
     if attention_out is None:
         return tuple(result)
     attention_out[...] = result.attention_out
