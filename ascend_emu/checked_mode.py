@@ -347,7 +347,7 @@ def read_fused_infer_attention(op: str, args) -> None:
         return
     pos = np.arange(b_idx.size) - np.repeat(np.cumsum(lens) - lens, lens)
     slots = args.slots[b_idx, pos]
-    num_slots = int(args.key.shape[0]) * args.block_size
+    num_slots = int(args.key.shape[0]) * max(args.block_size, 1)  # non-paged TND: one slot per token row
     caches = [("key", args.key), ("key_rope", args.key_rope)]
     if args.value is not args.key:
         caches.append(("value", args.value))
@@ -357,9 +357,9 @@ def read_fused_infer_attention(op: str, args) -> None:
             i = int(np.argmax(bad))
             slot = int(slots[i])
             raise UninitializedReadError(
-                f"{op}: {arg} read before written: request {int(b_idx[i])}, kv token {int(pos[i])} at block "
-                f"{slot // args.block_size}, row {slot % args.block_size} (slot {slot}); {int(bad.sum())} "
-                f"{_UNWRITTEN_TAIL}")
+                f"{op}: {arg} read before written: request {int(b_idx[i])}, kv token {int(pos[i])} at "
+                + (f"block {slot // args.block_size}, row {slot % args.block_size} (slot {slot})" if args.block_size
+                   else f"token row {slot}") + f"; {int(bad.sum())} {_UNWRITTEN_TAIL}")
 
 
 #: The end of every uninitialised-read message.

@@ -37,7 +37,7 @@ def _values(rng, shape, dtype, exact):
 
 
 def make_case(rng, input_layout, cache_ndim, dtype, *, q_lens=(1, 1), kv_lens=(20, 7), sparse_mode=0, n=4,
-              d=512, kv_n=1, block_size=16, s1=None, exact=False):
+              d=512, kv_n=1, block_size=16, s1=None, exact=False, paged=True):
     """``(query, key, value, kwargs)`` of one call: requests with ``q_lens`` query tokens (BSND /
     BNSD: padded to ``s1`` rows, default max) over ``kv_lens`` kv tokens in shuffled blocks."""
     b = len(q_lens)
@@ -64,6 +64,13 @@ def make_case(rng, input_layout, cache_ndim, dtype, *, q_lens=(1, 1), kv_lens=(2
         kw["actual_seq_lengths"] = list(q_lens)
     if sparse_mode == 3:
         kw["atten_mask"] = np.triu(np.ones((2048, 2048), dtype=bool), k=1)
+    if not paged:  # TND key / value / key_rope [T2, KV_N, D]: the first kv_lens[b] rows of each request's blocks
+        def rows(c):
+            return np.concatenate([c[table[i]].transpose(0, 2, 1, 3).reshape(-1, kv_n, c.shape[-1])[:kv_lens[i]]
+                                   for i in range(b)])
+        kw.update(block_table=None, block_size=0, actual_seq_lengths_kv=np.cumsum(kv_lens).tolist(),
+                  key_rope=rows(key_rope))
+        return query, rows(key), rows(value), kw
     k = _cache(key, cache_ndim)
     return query, k, (k if value is key else _cache(value, cache_ndim)), kw
 
@@ -159,6 +166,22 @@ def test_d128_gqa_form(rng, cache_ndim):
     want_out, want_lse = _ref(q, k, v, kw)
     _assert_close(out, want_out, np.float16)
     _assert_lse(lse, want_lse)
+
+
+@pytest.mark.parametrize("d,kv_n,sparse_mode", [(128, 2, 3), (512, 1, 0)])
+def test_non_paged_tnd(rng, d, kv_n, sparse_mode):
+    """Without block_table: TND key / value / key_rope [T2, KV_N, D], kv prefix sums."""
+    q, k, v, kw = make_case(rng, "TND_NTD", 4, BF16, q_lens=(3, 2, 1), kv_lens=(9, 0, 4), sparse_mode=sparse_mode,
+                            d=d, kv_n=kv_n, paged=False)
+    out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True)
+    want_out, want_lse = _ref(q, k, v, kw)
+    _assert_close(out, want_out, BF16)
+    _assert_lse(lse, want_lse)
+    with pytest.raises(ShapeError, match=r"actual_seq_lengths_kv\[2\].*T=13"):
+        ops.npu_fused_infer_attention_score(q, k, v, **dict(kw, actual_seq_lengths_kv=[9, 9, 12]))
+    with pytest.raises(ModeError, match="block_table"):
+        ops.npu_fused_infer_attention_score(q[None], k, v, **dict(kw, input_layout="BSND",
+                                                                 query_rope=kw["query_rope"][None]))
 
 
 def test_v2_names_and_out_forms_agree_with_v1(rng):

@@ -79,7 +79,10 @@ def _tokens_first(x: np.ndarray, layout: str) -> np.ndarray:
 
 
 def _gather(cache: np.ndarray, layout: str, kv_n: int, slots: np.ndarray, block_size: int, h: int) -> np.ndarray:
-    """fp32 ``[L, D]``: kv head ``h`` of the cache rows ``slots`` (``block * bs + row``), widened exactly."""
+    """fp32 ``[L, D]``: kv head ``h`` of the cache rows ``slots`` (``block * bs + row``; non-paged TND:
+    the token rows), widened exactly."""
+    if layout == "TND":
+        return cache[slots, h].astype(np.float32)  # [L, D]
     blk, row = slots // block_size, slots % block_size
     if layout == "PA_BSH":
         rows = cache.reshape(cache.shape[0], cache.shape[1], kv_n, -1)[blk, row, h]  # [L, D]

@@ -48,13 +48,15 @@ Choices where the sources leave room (each in one named constant below):
 - MLA only: query_rope / key_rope (64-d) required; D = 512 with ``num_key_value_heads = 1``
   (absorbed decode, value = the ckv cache) or D = 128 with KV_N dividing N; value's D equals
   the query's. N in :data:`QUERY_HEADS`.
-- Paged caches only (``block_table`` required): ``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]`` and
+- Paged caches (``block_table`` given): ``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]`` and
   FRACTAL_NZ ``[nb, KV_N, D/C0, bs, C0]`` (C0 = 32 bytes / itemsize, the paged NZ tile rule of
   :mod:`ascend_emu.layouts.paged`); key, value and key_rope in one of them, ``block_size`` the
   cache's block dim, a multiple of 16 in [16, 512]. ``actual_seq_lengths_kv`` required: per
   request lengths (a list of ints or a 1-D int32 / int64 array); a length above
   ``block_table.shape[1] * block_size`` names the length argument; a block id the lengths need
-  outside ``[0, nb)`` names ``block_table``.
+  outside ``[0, nb)`` names ``block_table``. Without ``block_table``: TND only, key / value /
+  key_rope ``[T2, KV_N, D]``, ``actual_seq_lengths_kv`` prefix sums ending at T2, ``block_size`` 0
+  (sglang's prefill form).
 - ``actual_seq_lengths`` (query): TND layouts: prefix sums (required; last = T); BSND / BNSD:
   None (every request S1 tokens) or per-request lengths in [0, S1].
 - ``sparse_mode`` 3 takes ``atten_mask`` None or the callers' optimised 2048 x 2048 causal mask
@@ -143,20 +145,21 @@ class FusedInferAttentionArgs:
             (rope: D = 64).
         key, value, key_rope: the caller's paged caches (:attr:`cache_layout`).
         atten_mask: the caller's mask (sparse_mode 3) or None.
-        block_table: the caller's int32 table.
+        block_table: the caller's int32 table, or None (non-paged TND).
         actual_seq_lengths, actual_seq_lengths_kv: as passed (lists or arrays, or None).
         num_heads, num_kv_heads: N and KV_N; scale: the score scale (finite).
         input_layout: as passed; query_layout (BSND / BNSD / TND) and out_layout (BSND, BNSD,
             TND, NBSD, NTD) derived from it.
-        cache_layout: ``PA_BSH`` / ``PA_BNSD`` / ``PA_NZ``; block_size: rows per block.
+        cache_layout: ``PA_BSH`` / ``PA_BNSD`` / ``PA_NZ``, or ``TND`` (non-paged); block_size: rows
+            per block (0 for TND).
         sparse_mode: 0 or 3; softmax_lse_flag: return the lse.
         batch, seq_q: B and S1 (TND: the longest request).
         head_dim: D of query / key / value.
         act_q, act_kv: int64 ``[B]`` query / kv tokens per request.
         q_start: int64 ``[B]`` first token of each request in token-major order (``b * S1``,
             TND: the prefix sums' starts).
-        slots: int64 ``[B, W]`` cache slot (``block * bs + row``) of kv position ``p`` of request
-            ``b`` (-1 past its length; W = max act_kv).
+        slots: int64 ``[B, W]`` cache slot (``block * bs + row``; TND: token row) of kv position
+            ``p`` of request ``b`` (-1 past its length; W = max act_kv).
         out_shape, lse_shape: output shapes (lse ``[0]`` without the flag).
     """
 
@@ -167,7 +170,7 @@ class FusedInferAttentionArgs:
     value: np.ndarray
     key_rope: np.ndarray
     atten_mask: np.ndarray | None
-    block_table: np.ndarray
+    block_table: np.ndarray | None
     actual_seq_lengths: object
     actual_seq_lengths_kv: object
     num_heads: int
@@ -236,21 +239,24 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
             (TND); D = 512 (absorbed, KV_N = 1) or 128; N in 1, 2, 4, ..., 128.
         key, value: paged caches of query's dtype, ``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]`` or
             NZ ``[nb, KV_N, D/16, bs, 16]``; one layout for key, value and key_rope (value may be
-            key itself: the ckv cache of absorbed MLA).
+            key itself: the ckv cache of absorbed MLA). Without block_table (TND only):
+            ``[T2, KV_N, D]``.
         atten_mask: sparse_mode 3: None or bool / int8 / uint8 ``[2048, 2048]``, 1 above the
             diagonal; sparse_mode 0: None.
         actual_seq_lengths: query tokens: TND prefix sums ``[B]`` (required, last = T); BSND /
             BNSD: None or per-request lengths in [0, S1]. A list of ints or a 1-D int32 / int64 array.
         actual_seq_lengths_kv: per-request kv lengths ``[B]`` (required), each at most
-            ``block_table.shape[1] * block_size``.
-        block_table: int32 ``[B, max_blocks]`` (required); entries the lengths need in [0, nb).
+            ``block_table.shape[1] * block_size``; without block_table: prefix sums, last = T2.
+        block_table: int32 ``[B, max_blocks]``, entries the lengths need in [0, nb); None: the
+            non-paged TND form.
         query_rope: ``query``'s layout with D = 64, query's dtype (required).
         key_rope: key's cache layout with D = 64, query's dtype (required).
         num_heads: N (query's N). scale: score scale, finite.
         pre_tokens, next_tokens: only the defaults.
         input_layout: BSND, BNSD, TND, BSND_NBSD, BNSD_NBSD or TND_NTD.
         num_key_value_heads: KV_N (0: N); 1 for D = 512, a divisor of N for D = 128.
-        sparse_mode: 0 or 3. block_size: the caches' bs, a multiple of 16 in [16, 512].
+        sparse_mode: 0 or 3. block_size: the caches' bs, a multiple of 16 in [16, 512] (0 without
+            block_table).
         softmax_lse_flag: also return the lse.
         workspace: ``.out`` form: not read. attention_out, softmax_lse: ``.out`` form: given
             together; attention_out of the output's shape and dtype, softmax_lse fp32 of the lse
@@ -475,20 +481,32 @@ def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in
     key, value, key_rope = required(key, "key"), required(value, "value"), required(key_rope, "key_rope")
     for name, x in (("key", key), ("value", value), ("key_rope", key_rope)):
         check_dtype(x, name, (qdt,))
-    layout, nb, k_n, bs, k_d = _cache_dims(key, "key", None, kv_n)
-    if k_n != kv_n or k_d != d:
-        raise arg_error(ShapeError, "key", f"KV_N = {kv_n} kv heads of D = {d} (query's D)", list(key.shape))
-    for name, x, want_d in (("value", value, d), ("key_rope", key_rope, D_ROPE)):
-        _, x_nb, x_n, x_bs, x_d = _cache_dims(x, name, key.ndim, kv_n)
-        if (x_nb, x_n, x_bs, x_d) != (nb, kv_n, bs, want_d):
-            raise arg_error(ShapeError, name, f"key's cache layout with nb={nb}, KV_N={kv_n}, bs={bs}, D={want_d}",
-                            list(x.shape))
     bsz = _int(block_size, "block_size")
-    if bsz != bs:
-        raise arg_error(ShapeError, "block_size", f"the caches' block dim bs = {bs}", bsz)
-    if bs % BLOCK_SIZE_ALIGN or not BLOCK_SIZE_ALIGN <= bs <= MAX_BLOCK_SIZE:
-        raise arg_error(ShapeError, "block_size", f"a multiple of {BLOCK_SIZE_ALIGN} in [{BLOCK_SIZE_ALIGN}, "
-                        f"{MAX_BLOCK_SIZE}]", bs)
+    if block_table is None:  # non-paged: TND key / value / key_rope [T2, KV_N, D]
+        if q_layout != "TND":
+            raise arg_error(ModeError, "block_table", f"a table for input_layout={input_layout} (without "
+                            "PageAttention only TND is emulated)", None)
+        for name, x, want_d in (("key", key, d), ("value", value, d), ("key_rope", key_rope, D_ROPE)):
+            if x.ndim != 3 or x.shape[1:] != (kv_n, want_d) or x.shape[0] != key.shape[0]:
+                raise arg_error(ShapeError, name, f"[T2, KV_N={kv_n}, {want_d}] (TND without block_table; T2 of "
+                                "key)", list(x.shape))
+        if bsz != 0:
+            raise arg_error(ModeError, "block_size", "0 without block_table", bsz)
+        layout, nb, bs = "TND", 0, 0
+    else:
+        layout, nb, k_n, bs, k_d = _cache_dims(key, "key", None, kv_n)
+        if k_n != kv_n or k_d != d:
+            raise arg_error(ShapeError, "key", f"KV_N = {kv_n} kv heads of D = {d} (query's D)", list(key.shape))
+        for name, x, want_d in (("value", value, d), ("key_rope", key_rope, D_ROPE)):
+            _, x_nb, x_n, x_bs, x_d = _cache_dims(x, name, key.ndim, kv_n)
+            if (x_nb, x_n, x_bs, x_d) != (nb, kv_n, bs, want_d):
+                raise arg_error(ShapeError, name, f"key's cache layout with nb={nb}, KV_N={kv_n}, bs={bs}, "
+                                f"D={want_d}", list(x.shape))
+        if bsz != bs:
+            raise arg_error(ShapeError, "block_size", f"the caches' block dim bs = {bs}", bsz)
+        if bs % BLOCK_SIZE_ALIGN or not BLOCK_SIZE_ALIGN <= bs <= MAX_BLOCK_SIZE:
+            raise arg_error(ShapeError, "block_size", f"a multiple of {BLOCK_SIZE_ALIGN} in [{BLOCK_SIZE_ALIGN}, "
+                            f"{MAX_BLOCK_SIZE}]", bs)
 
     # ---- mask
     if atten_mask is not None:
@@ -531,10 +549,14 @@ def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in
                 raise arg_error(ShapeError, f"{act_q_name}[{i}]", f"a query length in [0, S1={s1}]", int(act_q[i]))
         q_start = np.arange(b, dtype=np.int64) * s1
     if act_kv_in is None:
-        raise arg_error(ShapeError, act_kv_name, "per-request kv lengths [B] (required with block_table)", None)
+        raise arg_error(ShapeError, act_kv_name, "per-request kv lengths [B] (required)", None)
     act_kv = _lengths(act_kv_in, act_kv_name)
     if act_kv.size != b:
         raise arg_error(ShapeError, act_kv_name, f"{b} lengths (one per request)", act_kv.size)
+    if layout == "TND":
+        return _args(op, query, query_rope, key, value, key_rope, atten_mask, None, act_q_in, act_kv_in, n, kv_n,
+                     scale_f, input_layout, q_layout, out_layout, layout, 0, sm, lse_flag, b, s1, d, act_q,
+                     _tnd_kv(act_kv, act_kv_name, int(key.shape[0])), q_start)
     table = required(block_table, "block_table")
     check_dtype(table, "block_table", ("int32",))
     if table.ndim != 2 or table.shape[0] != b or table.shape[1] == 0:
@@ -546,8 +568,28 @@ def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in
         raise arg_error(ShapeError, f"{act_kv_name}[{i}]", f"a kv length in [0, {cap}] (block_table's "
                         f"{table.shape[1]} blocks of {bs})", int(act_kv[i]))
     slots = slots_from_block_table(table, act_kv, bs, nb, name="block_table")  # IndexRangeError naming block_table
+    return _args(op, query, query_rope, key, value, key_rope, atten_mask, table, act_q_in, act_kv_in, n, kv_n, scale_f,
+                 input_layout, q_layout, out_layout, layout, bs, sm, lse_flag, b, s1, d, act_q, (act_kv, slots),
+                 q_start)
 
-    # ---- outputs
+
+def _tnd_kv(sums: np.ndarray, name: str, t2: int) -> tuple[np.ndarray, np.ndarray]:
+    """Non-paged TND kv: prefix sums ``[B]`` (last = T2) -> (lengths ``[B]``, rows ``[B, W]``, -1 past each length)."""
+    too_big = np.abs(sums) > np.iinfo(np.int32).max
+    if too_big.any():
+        i = int(np.argmax(too_big))
+        raise arg_error(ShapeError, f"{name}[{i}]", f"a prefix sum <= T2={t2}", int(sums[i]))
+    lens = prefix_lengths(sums.astype(np.int32), name, t2)
+    width = max(int(lens.max()), 1)
+    pos = np.arange(width)[None, :]
+    rows = np.where(pos < lens[:, None], (np.cumsum(lens) - lens)[:, None] + pos, -1)
+    return lens, rows.astype(np.int64)
+
+
+def _args(op, query, query_rope, key, value, key_rope, atten_mask, table, act_q_in, act_kv_in, n, kv_n, scale_f,
+          input_layout, q_layout, out_layout, layout, bs, sm, lse_flag, b, s1, d, act_q, kv, q_start):
+    """:class:`FusedInferAttentionArgs` with the output shapes."""
+    act_kv, slots = kv
     t = int(query.shape[0]) if q_layout == "TND" else b * s1
     out_shape = {"BSND": (b, s1, n, d), "BNSD": (b, n, s1, d), "TND": (t, n, d), "NBSD": (n, b, s1, d),
                  "NTD": (n, t, d)}[out_layout]

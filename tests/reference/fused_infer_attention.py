@@ -1,6 +1,6 @@
 """Reference fused infer attention (npu_fused_infer_attention_score, MLA subset): plain dense
 softmax attention, a loop over requests, query tokens and heads, over the kv rows gathered from
-the paged cache by its own block-table walk.
+the paged cache by its own block-table walk (or read from a non-paged TND key by its prefix sums).
 
 Written from the formula (the issue's numerics; op-plugin's FIA golden gathers the pages the same
 way), independently of the emulator: its own cache decoding for the three layouts
@@ -49,7 +49,13 @@ def reference(query, key, value, query_rope, key_rope, *, block_table, actual_se
                             "TND_NTD": ("TND", "NTD")}[input_layout]
     n, kv_n = num_heads, num_key_value_heads
     g = n // kv_n
-    bs = block_size_of(key)
+    paged = block_table is not None
+    bs = block_size_of(key) if paged else None
+    if paged:
+        kv_lens = [int(x) for x in actual_seq_lengths_kv]
+    else:  # TND prefix sums over key [T2, KV_N, D]
+        kv_sums = [0] + [int(x) for x in actual_seq_lengths_kv]
+        kv_lens = [kv_sums[i + 1] - kv_sums[i] for i in range(len(kv_sums) - 1)]
     # per request: list of (token index in [T], position s) and the query length
     if q_layout == "TND":
         sums = [0] + [int(x) for x in actual_seq_lengths]
@@ -69,7 +75,7 @@ def reference(query, key, value, query_rope, key_rope, *, block_table, actual_se
     out = np.zeros((t_total, n, d), dtype=np.float32)
     lse = np.full((t_total, n), np.inf, dtype=np.float32)
     for bi, toks in enumerate(reqs):
-        kv_len = int(actual_seq_lengths_kv[bi])
+        kv_len = kv_lens[bi]
         nq = len(toks)
         for s, t in enumerate(toks):
             limit = kv_len if sparse_mode == 0 else min(kv_len, kv_len - nq + s + 1)
@@ -80,13 +86,18 @@ def reference(query, key, value, query_rope, key_rope, *, block_table, actual_se
                 scores = np.empty(limit, dtype=np.float32)
                 vrows = []
                 for j in range(limit):
-                    blk, r = int(block_table[bi, j // bs]), j % bs
-                    k = cache_row(key, blk, h, r, kv_n).astype(np.float64)
-                    kr = cache_row(key_rope, blk, h, r, kv_n).astype(np.float64)
+                    if paged:
+                        blk, r = int(block_table[bi, j // bs]), j % bs
+                        k = cache_row(key, blk, h, r, kv_n).astype(np.float64)
+                        kr = cache_row(key_rope, blk, h, r, kv_n).astype(np.float64)
+                        v_row = cache_row(value, blk, h, r, kv_n)
+                    else:
+                        t2 = kv_sums[bi] + j
+                        k, kr, v_row = key[t2, h].astype(np.float64), key_rope[t2, h].astype(np.float64), value[t2, h]
                     dot = float(np.dot(q_tok[t, head].astype(np.float64), k)
                                 + np.dot(qr_tok[t, head].astype(np.float64), kr))
                     scores[j] = np.float32(np.float32(dot) * np.float32(scale))
-                    vrows.append(cache_row(value, blk, h, r, kv_n).astype(np.float64))
+                    vrows.append(v_row.astype(np.float64))
                 m = scores.max()
                 e = np.exp((scores - m).astype(np.float64)).astype(np.float32)
                 total = np.float32(0)
