@@ -143,7 +143,7 @@ class FusedInferAttentionArgs:
         op: ``npu_fused_infer_attention_score`` or ``npu_fused_infer_attention_score_v2``.
         query, query_rope: the caller's arrays, ``[B, S1, N, D]`` / ``[B, N, S1, D]`` / ``[T, N, D]``
             (rope: D = 64).
-        key, value, key_rope: the caller's paged caches (:attr:`cache_layout`).
+        key, value, key_rope: the caller's caches (paged or non-paged TND: :attr:`cache_layout`).
         atten_mask: the caller's mask (sparse_mode 3) or None.
         block_table: the caller's int32 table, or None (non-paged TND).
         actual_seq_lengths, actual_seq_lengths_kv: as passed (lists or arrays, or None).
