@@ -333,6 +333,35 @@ def read_lightning_indexer(op: str, args, key, layout_key) -> None:
         f"{_cache_place(key, slot, layout_key)}; {int(bad.sum())} {_UNWRITTEN_TAIL}")
 
 
+def read_fused_infer_attention(op: str, args) -> None:
+    """Reader hook of ``npu_fused_infer_attention_score`` / ``_v2``: raise
+    :class:`UninitializedReadError` at the first (request, kv position) whose slot (``block * bs +
+    row``, of ``nb * bs`` slots) in ``key``, ``key_rope`` or a separate ``value`` was never written.
+    ``args``: :class:`~ascend_emu.ops.fused_infer_attention_score.FusedInferAttentionArgs` (its
+    ``slots`` / ``act_kv`` are the kernel's reads)."""
+    if not _STATE.enabled:
+        return
+    lens = np.asarray(args.act_kv, dtype=np.int64)
+    b_idx = np.repeat(np.arange(lens.size), lens)
+    if b_idx.size == 0:
+        return
+    pos = np.arange(b_idx.size) - np.repeat(np.cumsum(lens) - lens, lens)
+    slots = args.slots[b_idx, pos]
+    num_slots = int(args.key.shape[0]) * max(args.block_size, 1)  # non-paged TND: one slot per token row
+    caches = [("key", args.key), ("key_rope", args.key_rope)]
+    if args.value is not args.key:
+        caches.append(("value", args.value))
+    for arg, cache in caches:
+        bad = _unwritten(op, arg, np.asarray(cache), num_slots, slots)
+        if bad.any():
+            i = int(np.argmax(bad))
+            slot = int(slots[i])
+            raise UninitializedReadError(
+                f"{op}: {arg} read before written: request {int(b_idx[i])}, kv token {int(pos[i])} at "
+                + (f"block {slot // args.block_size}, row {slot % args.block_size} (slot {slot})" if args.block_size
+                   else f"token row {slot}") + f"; {int(bad.sum())} {_UNWRITTEN_TAIL}")
+
+
 #: The end of every uninitialised-read message.
 _UNWRITTEN_TAIL = ("unwritten reads in this call (checked mode: slot never written by an op since the cache was "
                    "created / poisoned; declare outside writes with ascend_emu.mark_written)")

@@ -44,6 +44,7 @@ FAMILIES += ("quant",)
 #: Families whose ``ops`` module has another name.
 OPS_MODULES = {"quant": "dynamic_quant"}
 FAMILIES += ("quant_lightning_indexer",)
+FAMILIES += ("fused_infer_attention_score",)
 
 
 def _outputs_type(family: str):
@@ -459,3 +460,16 @@ def test_hw_dynamic_quant(standin, rng, dtype):
     groups = rng.uniform(0.5, 2.0, (2, 16)).astype(dtype)
     assert_backends_agree(ops.npu_dynamic_quant, (x,), {"smooth_scales": groups,
                                                         "group_index": np.array([2, 6], np.int32)})
+
+
+@pytest.mark.parametrize("op,lse", [("npu_fused_infer_attention_score", "softmax_lse_flag"),
+                                    ("npu_fused_infer_attention_score_v2", "return_softmax_lse")])
+def test_hw_fused_infer_attention_score(standin, rng, op, lse):
+    from tests.test_fused_infer_attention_score import make_case
+
+    q, key, value, kw = make_case(rng, "TND", 4, ml_dtypes.bfloat16, q_lens=(2, 1), kv_lens=(20, 7), sparse_mode=3)
+    if op.endswith("_v2"):
+        kw = {"actual_seq_qlen" if k == "actual_seq_lengths" else "actual_seq_kvlen" if k == "actual_seq_lengths_kv"
+              else "num_query_heads" if k == "num_heads" else "softmax_scale" if k == "scale" else k: v
+              for k, v in kw.items()}
+    assert_backends_agree(getattr(ops, op), (q, key, value), dict(kw, **{lse: True}))

@@ -28,6 +28,9 @@ EXPECTED_OVERLOADS = {
     "npu::npu_gather_pa_kv_cache_functional",
     "npu::npu_dynamic_quant",
     "npu::npu_quant_lightning_indexer",
+    "npu::npu_fused_infer_attention_score", "npu::npu_fused_infer_attention_score.out",
+    "npu::_npu_fused_infer_attention_score_get_max_workspace", "npu::npu_fused_infer_attention_score_v2",
+    "npu::npu_fused_infer_attention_score_v2.out", "npu::_npu_fused_infer_attention_score_v2_get_max_workspace",
 }
 
 

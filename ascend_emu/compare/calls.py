@@ -98,6 +98,8 @@ OPS: dict[str, OpInfo] = {op.name: op for op in (
     OpInfo("npu_kv_quant_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention", replays_fully=True),
     OpInfo("npu_lightning_indexer", "npu_lightning_indexer", replays_fully=True),
     OpInfo("npu_quant_lightning_indexer", "npu_quant_lightning_indexer", replays_fully=True),
+    OpInfo("npu_fused_infer_attention_score", "npu_fused_infer_attention_score", replays_fully=True),
+    OpInfo("npu_fused_infer_attention_score_v2", "npu_fused_infer_attention_score_v2", replays_fully=True),
 )}
 
 

@@ -12,6 +12,7 @@ Threads: chosen when ``ascend_emu`` is imported (:mod:`ascend_emu._threads`).
 """
 
 from .. import _kernel_cache  # noqa: F401  (before any kernel: caches them keyed on the sources)
+from . import fused_infer_attention_score as _fused_infer_attention_score
 from . import kv_rmsnorm_rope_cache as _kv_rmsnorm_rope_cache
 from . import lightning_indexer as _lightning_indexer
 from . import mla_preprocess as _mla_preprocess
@@ -37,6 +38,7 @@ class EmuBackend:
     paged_cache = staticmethod(_paged_cache.paged_cache)
     quant = staticmethod(_quant.quant)
     quant_lightning_indexer = staticmethod(_quant_lightning_indexer.quant_lightning_indexer)
+    fused_infer_attention_score = staticmethod(_fused_infer_attention_score.fused_infer_attention_score)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.

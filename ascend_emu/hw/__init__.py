@@ -31,6 +31,7 @@ from ..install_hints import TORCH_NPU_HINT as INSTALL_HINT
 from ..layouts import FRACTAL_NZ, get_npu_format
 from ..mla import D_ROPE, HCKV, TILE_SIZE
 from ..ops.dynamic_quant import DynamicQuantArgs, DynamicQuantOutputs
+from ..ops.fused_infer_attention_score import FusedInferAttentionArgs, FusedInferAttentionOutputs
 from ..ops.kv_rmsnorm_rope_cache import KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs
 from ..ops.lightning_indexer import LightningIndexerArgs, LightningIndexerOutputs
 from ..ops.mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
@@ -390,6 +391,41 @@ def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIn
     return QuantLightningIndexerOutputs(to_host(idx).reshape(ia.out_shape))
 
 
+def _int_list(x):
+    """A SymInt[] length argument as torch_npu takes it: a list of ints (None stays None)."""
+    return None if x is None else [int(v) for v in np.asarray(x).reshape(-1)]
+
+
+def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAttentionOutputs:
+    """``npu_fused_infer_attention_score`` / ``_v2`` (by ``args.op``) on the NPU, with the caller's
+    arrays and lengths (as lists of ints).
+
+    Returns:
+        :class:`~ascend_emu.ops.fused_infer_attention_score.FusedInferAttentionOutputs`, as the
+        emu backend (softmax_lse fp32 ``[0]`` without the lse flag).
+
+    Raises:
+        BackendUnavailable: see :func:`runtime`.
+    """
+    torch, tnpu = runtime()
+    tensors = _on_device(dict(query=args.query, key=args.key, value=args.value, query_rope=args.query_rope,
+                              key_rope=args.key_rope, atten_mask=args.atten_mask, block_table=args.block_table),
+                         torch)
+    common = dict(input_layout=args.input_layout, num_key_value_heads=args.num_kv_heads,
+                  sparse_mode=args.sparse_mode, block_size=args.block_size)
+    q_lens, kv_lens = _int_list(args.actual_seq_lengths), _int_list(args.actual_seq_lengths_kv)
+    if args.op == "npu_fused_infer_attention_score":
+        out, lse = tnpu.npu_fused_infer_attention_score(
+            **tensors, **common, actual_seq_lengths=q_lens, actual_seq_lengths_kv=kv_lens, num_heads=args.num_heads,
+            scale=float(args.scale), softmax_lse_flag=args.softmax_lse_flag)
+    else:
+        out, lse = tnpu.npu_fused_infer_attention_score_v2(
+            **tensors, **common, actual_seq_qlen=q_lens, actual_seq_kvlen=kv_lens, num_query_heads=args.num_heads,
+            softmax_scale=float(args.scale), return_softmax_lse=args.softmax_lse_flag)
+    lse_host = to_host(lse).reshape(args.lse_shape) if args.softmax_lse_flag else np.empty(0, dtype=np.float32)
+    return FusedInferAttentionOutputs(to_host(out).reshape(args.out_shape), lse_host)
+
+
 class HwBackend:
     """The ``hw`` backend (:class:`ascend_emu.ops._backend.Backend`): the functions above."""
 
@@ -403,6 +439,7 @@ class HwBackend:
     paged_cache = staticmethod(paged_cache)
     quant = staticmethod(quant)
     quant_lightning_indexer = staticmethod(quant_lightning_indexer)
+    fused_infer_attention_score = staticmethod(fused_infer_attention_score)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.

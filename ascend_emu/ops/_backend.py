@@ -10,7 +10,8 @@ The interface (:class:`Backend`), the same for every backend:
 - one method per op family (the methods of :class:`Backend`: ``mla_prolog``, ``rope``, ...),
   taking that family's frozen argument object (``MlaPrologArgs``, ... in the family's ``ops``
   module): the caller's validated arrays as passed (NZ weights as cast, scales and index tensors
-  as given), the derived slots / rows, the cache layouts, modes and scenario. Backends never validate user input again;
+  as given), the derived slots / rows, the cache layouts, modes and scenario. Backends never
+  validate user input again;
 - returning that family's ``...Outputs`` NamedTuple (defined once, in the family's ``ops``
   module): one field per output of the family, in torch_npu's order. Outputs written in place
   (caches, out= tensors) are written into the arrays the argument object holds and returned as
@@ -38,6 +39,7 @@ from ..errors import ModeError, arg_error, describe
 
 if TYPE_CHECKING:  # the families' modules import this one
     from .dynamic_quant import DynamicQuantArgs, DynamicQuantOutputs
+    from .fused_infer_attention_score import FusedInferAttentionArgs, FusedInferAttentionOutputs
     from .kv_rmsnorm_rope_cache import KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs
     from .lightning_indexer import LightningIndexerArgs, LightningIndexerOutputs
     from .mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
@@ -79,6 +81,9 @@ class Backend(Protocol):
 
     def quant_lightning_indexer(self, args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
         """``npu_quant_lightning_indexer``."""
+    def fused_infer_attention_score(self, args: FusedInferAttentionArgs) -> FusedInferAttentionOutputs:
+        """``npu_fused_infer_attention_score`` and ``_v2`` (and their ``.out`` forms)."""
+
 
 #: Registered backends: name -> package exposing ``BACKEND``.
 BACKENDS: dict[str, str] = {"emu": "ascend_emu.emu", "hw": "ascend_emu.hw"}

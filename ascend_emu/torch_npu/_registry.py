@@ -688,7 +688,31 @@ def public_op(namespace: str, name: str) -> Callable:
                     f"{'s' if len(specs) > 1 else ''}, :mod:`ascend_emu.torch_npu.schemas`).\n\n"
                     + "\n".join(f"    {namespace}::{s.schema}" for s in specs))
     call.op = packet
+    out_specs = [s for s in specs if s.qualified == f"{name}.out"]
+    if out_specs:
+        call.out = _out_form(packet, out_specs[0], public)
     return call
+
+
+def _out_form(packet, spec: OpSchema, public: str) -> Callable:
+    """``torch_npu.<name>.out``: the ``.out`` overload called as torch_npu's Python binding takes it,
+    the written tensors as one ``out=[...]`` list in schema order (``npu_fused_infer_attention_score
+    .out(..., workspace=ws, out=[attention_out, softmax_lse])``, vllm-ascend's graph capture), or by
+    their schema names."""
+    schema = packet.out._schema
+    names = tuple(a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write)
+
+    def out_call(*args, out=None, **kwargs):
+        if out is not None:
+            if not isinstance(out, (list, tuple)) or len(out) != len(names):
+                raise arg_error(ArgumentError, "out", f"a list of {len(names)} tensors ({', '.join(names)})",
+                                describe(out))
+            kwargs.update(zip(names, out))
+        return packet.out(*args, **kwargs)
+
+    out_call.__name__ = out_call.__qualname__ = f"{spec.name}.out"
+    out_call.__doc__ = f"``{public}.out``: ``torch.ops.npu.{spec.qualified}``, ``out=[{', '.join(names)}]``."
+    return out_call
 
 
 def registered_schema(spec: OpSchema) -> str:

@@ -1,0 +1,165 @@
+"""emu backend of ``npu_fused_infer_attention_score`` / ``_v2`` (the MLA subset).
+
+Work units are (request ``b``, kv head ``h``) pairs: the unit's query rows (its tokens x the G
+query heads of ``h``, token-major) attend the unit's kv positions ``0 .. max limit - 1``, read
+from the paged cache through ``args.slots``:
+
+1. gather (NumPy fancy indexing, any of the three cache layouts, NZ included): K ``[L, D + 64]``
+   = key | key_rope rows and V ``[L, D]``, widened exactly to fp32; the query rows
+   ``[R, D + 64]`` likewise;
+2. ``S = Q @ K^T`` by fp32 BLAS (:func:`~ascend_emu.emu.matmul.matmul_f32`);
+3. softmax (Numba, :func:`_softmax_rows`, row by row): ``S * scale`` in fp32, ``m`` = max over the
+   row's first ``limit`` entries, ``e = fp32(exp(S - m))`` with exp evaluated in float64
+   (:func:`ascend_emu.emu.sparse_flash_attention._exp_f64`, the sparse attention ops' one
+   definition), ``l = sum e`` in kv order, ``P = qdt(e)`` RNE (unnormalised:
+   :data:`ascend_emu.ops.fused_infer_attention_score.P_ROUNDING`), 0 past the limit;
+4. ``O = P @ V`` by fp32 BLAS, ``fp32(O / l)``, one RNE rounding to the query dtype;
+   ``lse = fp32(m + fp32(ln l))``.
+
+Rows with no kv position keep :data:`~ascend_emu.ops.fused_infer_attention_score.EMPTY_ROW_OUTPUT`
+and :data:`~ascend_emu.ops.fused_infer_attention_score.EMPTY_ROW_LSE`. The zero P entries past a
+row's causal limit add exact zeros to the P @ V sums (their V rows are finite cache values).
+
+Source: the op contract :mod:`ascend_emu.ops.fused_infer_attention_score` (numerics, empty rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..mla import D_ROPE
+from ..ops.fused_infer_attention_score import (EMPTY_ROW_LSE, EMPTY_ROW_OUTPUT, FusedInferAttentionArgs,
+                                               FusedInferAttentionOutputs)
+from ..quant import BF16
+from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
+from .matmul import matmul_f32
+from .sparse_flash_attention import _exp_f64
+
+
+@njit(cache=True)
+def _softmax_rows(scores, limits, scale, is_bf16, m, total):
+    """In place: fp32 scores ``[R, L]`` -> P (query-dtype values as fp32, unnormalised exp), row by
+    row over the first ``limits[r]`` entries (the rest set to 0); ``m`` / ``total``: out, fp32
+    ``[R]`` the row max and exp sum (rows with limit 0 are left untouched)."""
+    for r in range(scores.shape[0]):
+        n = limits[r]
+        row = scores[r]
+        if n <= 0:
+            row[:] = 0.0
+            continue
+        mx = np.float32(-np.inf)
+        for i in range(n):
+            x = np.float32(row[i] * scale)
+            row[i] = x
+            mx = x if x > mx else mx
+        tot = np.float32(0.0)
+        if is_bf16:
+            for i in range(n):
+                e = np.float32(_exp_f64(row[i] - mx))
+                tot = np.float32(tot + e)
+                row[i] = bf16_bits_to_f32(f32_bits_to_bf16_bits(e.view(np.uint32)))
+        else:
+            for i in range(n):
+                e = np.float32(_exp_f64(row[i] - mx))
+                tot = np.float32(tot + e)
+                row[i] = f16_bits_to_f32(f32_bits_to_f16_bits(e.view(np.uint32)))
+        row[n:] = 0.0
+        m[r] = mx
+        total[r] = tot
+
+
+def _tokens_first(x: np.ndarray, layout: str) -> np.ndarray:
+    """Query-like ``x`` as ``[T, N, D]`` (token-major: request after request)."""
+    if layout == "BSND":
+        return x.reshape(-1, x.shape[2], x.shape[3])
+    if layout == "BNSD":
+        return x.transpose(0, 2, 1, 3).reshape(-1, x.shape[1], x.shape[3])
+    return x
+
+
+def _gather(cache: np.ndarray, layout: str, kv_n: int, slots: np.ndarray, block_size: int, h: int) -> np.ndarray:
+    """fp32 ``[L, D]``: kv head ``h`` of the cache rows ``slots`` (``block * bs + row``; non-paged TND:
+    the token rows), widened exactly."""
+    if layout == "TND":
+        return cache[slots, h].astype(np.float32)  # [L, D]
+    blk, row = slots // block_size, slots % block_size
+    if layout == "PA_BSH":
+        rows = cache.reshape(cache.shape[0], cache.shape[1], kv_n, -1)[blk, row, h]  # [L, D]
+    elif layout == "PA_BNSD":
+        rows = cache[blk, h, row]  # [L, D]
+    else:  # PA_NZ [nb, KV_N, D/C0, bs, C0]
+        rows = cache[blk, h, :, row, :].reshape(slots.size, -1)  # [L, D/C0, C0] -> [L, D]
+    return rows.astype(np.float32)
+
+
+def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAttentionOutputs:
+    """emu implementation of both FIA names (:mod:`ascend_emu.ops.fused_infer_attention_score`).
+
+    Args:
+        args: validated arguments (every slot the lengths need in range).
+
+    Returns:
+        ``(attention_out, softmax_lse)``: ``args.out_shape`` in the query dtype; fp32
+        ``args.lse_shape``.
+    """
+    qdt = args.query_dtype
+    is_bf16 = qdt == BF16
+    q = _tokens_first(args.query, args.query_layout)  # [T, N, D]
+    qr = _tokens_first(args.query_rope, args.query_layout)  # [T, N, 64]
+    t_size, n, d = q.shape
+    group, kv_n = args.group, args.num_kv_heads
+    out = np.full((t_size, n, d), EMPTY_ROW_OUTPUT, dtype=np.float32)  # [T, N, D] fp32 before the rounding
+    lse = np.full((t_size, n), EMPTY_ROW_LSE, dtype=np.float32)  # [T, N]
+    scale = np.float32(args.scale)
+    for b in range(args.batch):
+        nq, kv_len = int(args.act_q[b]), int(args.act_kv[b])
+        if nq == 0 or kv_len == 0:
+            continue
+        s = np.arange(nq)
+        limits = np.full(nq, kv_len) if args.sparse_mode == 0 else np.clip(kv_len - nq + s + 1, 0, kv_len)
+        width = int(limits.max())
+        if width == 0:
+            continue
+        tokens = int(args.q_start[b]) + s  # [nq]
+        slots = args.slots[b, :width]  # [L]
+        row_limits = np.repeat(limits, group).astype(np.int64)  # [nq*G]
+        live = row_limits > 0
+        for h in range(kv_n):
+            heads = slice(h * group, (h + 1) * group)
+            k = np.concatenate([_gather(args.key, args.cache_layout, kv_n, slots, args.block_size, h),
+                                _gather(args.key_rope, args.cache_layout, kv_n, slots, args.block_size, h)],
+                               axis=1)  # [L, D+64]
+            v = _gather(args.value, args.cache_layout, kv_n, slots, args.block_size, h)  # [L, D]
+            qrows = np.concatenate([q[tokens, heads], qr[tokens, heads]], axis=-1).reshape(-1, d + D_ROPE)
+            scores = matmul_f32(qrows.astype(np.float32), k.T)  # [nq*G, L]
+            m = np.empty(scores.shape[0], np.float32)  # [nq*G]
+            total = np.empty(scores.shape[0], np.float32)  # [nq*G]
+            _softmax_rows(scores, row_limits, scale, is_bf16, m, total)
+            o = matmul_f32(scores, v)  # [nq*G, D]
+            o = (o / np.where(live, total, np.float32(1))[:, None]).astype(np.float32)
+            block_out = out[tokens, heads].reshape(-1, d)  # copy [nq*G, D]
+            block_out[live] = o[live]
+            out[tokens, heads] = block_out.reshape(nq, group, d)
+            block_lse = lse[tokens, heads].reshape(-1)  # copy [nq*G]
+            ln = np.log(total[live].astype(np.float64)).astype(np.float32)
+            block_lse[live] = (m[live] + ln).astype(np.float32)
+            lse[tokens, heads] = block_lse.reshape(nq, group)
+    rounded = out.astype(qdt)  # one RNE rounding, [T, N, D]
+    if args.query_layout != "TND":
+        rounded = rounded.reshape(args.batch, args.seq_q, n, d)  # [B, S1, N, D]
+    layout = args.out_layout
+    if layout == "BNSD":
+        rounded = rounded.transpose(0, 2, 1, 3)
+    elif layout == "NBSD":
+        rounded = rounded.transpose(2, 0, 1, 3)
+    elif layout == "NTD":
+        rounded = rounded.transpose(1, 0, 2)
+    attention_out = np.ascontiguousarray(rounded).reshape(args.out_shape)
+    if not args.softmax_lse_flag:
+        return FusedInferAttentionOutputs(attention_out, np.empty(0, dtype=np.float32))
+    if args.query_layout == "TND":
+        lse_out = lse.reshape(t_size, n, 1)
+    else:
+        lse_out = lse.reshape(args.batch, args.seq_q, n).transpose(0, 2, 1)[..., None]  # [B, N, S1, 1]
+    return FusedInferAttentionOutputs(attention_out, np.ascontiguousarray(lse_out))

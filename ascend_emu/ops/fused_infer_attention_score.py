@@ -1,0 +1,643 @@
+"""``torch_npu.npu_fused_infer_attention_score`` (FIA) and ``npu_fused_infer_attention_score_v2`` on
+NumPy arrays, the MLA subset: one contract for both names and their ``.out`` forms.
+
+Sources: torch_npu 2.14's schemas (``npu_native_functions_by_codegen.yaml`` lines 349-370: v1,
+v1 ``.out``, ``_npu_fused_infer_attention_score_get_max_workspace``, v2, v2 ``.out``, the v2
+workspace query) and meta functions (``op_plugin/meta/_meta_registrations.py``:
+``get_query_and_attention_out_layout``, ``get_value_d``, ``infer_attention_out_shape``,
+``infer_lse_out_shape``, ``npu_fused_infer_attention_score_forward`` / ``_v2_forward``); the
+callers: vllm-ascend ``vllm_ascend/attention/mla_v1.py`` (absorbed decode: q_nope
+``[B, N, 1, 512]`` BNSD or ``[T, N, 512]`` TND, ``query_rope`` 64-d, the ckv cache passed as key
+*and* value, the kr cache as ``key_rope``, ``num_key_value_heads = 1``, ``block_table`` /
+``block_size``, ``actual_seq_lengths_kv`` a per-request list, ``sparse_mode`` 3 with the 2048 x
+2048 causal ``atten_mask`` for MTP / spec decode, ``input_layout`` BNSD / TND / BSND_NBSD /
+TND_NTD); the A2 / A3 kernel ops-transformer
+``attention/incre_flash_attention/op_kernel/incre_flash_attention_preload_mla.h`` (numerics).
+
+What the op computes, per query row (token ``t`` of request ``b``, query head ``n``; kv head
+``h = n // G``, ``G = N / KV_N``) over the request's kv tokens ``j < limit``:
+
+1. ``limit = act_kv`` (sparse_mode 0) or ``min(act_kv, act_kv - act_q + s + 1)`` (sparse_mode 3:
+   causal, bottom-right aligned; ``s`` the token's position in its request); tokens at or past
+   ``act_q`` (BSND / BNSD padding rows) and rows with ``limit <= 0`` are empty.
+2. ``S = fp32(fp32(q . k + q_rope . k_rope) * scale)`` (fp32 matmul of the exact inputs);
+   ``m = max S``; ``e = fp32(exp(S - m))``; ``l = sum e`` (fp32, kv order).
+3. ``P = qdt(e)``: the *unnormalised* exp rounded to the query dtype (the kernel's
+   ``ProcessVec1`` casts the SoftmaxFlashV2 exp result to KV_T, ``incre_flash_attention_preload_mla.h``
+   line 2520, before the second matmul); ``O = P @ V`` in fp32; ``O = fp32(O / l)`` (the kernel
+   divides the fp32 bmm2 result by the softmax sum after the last kv block, ``DealBmm2ResBaseBlock``
+   lines 2952-2962); output ``qdt(O)``, rounded once. op-plugin's CPU golden normalises before
+   rounding P instead; the kernel source is followed here.
+4. ``softmax_lse = fp32(m + fp32(ln l))`` (``[B, N, S1, 1]``, or ``[T, N, 1]`` for TND layouts)
+   with ``softmax_lse_flag`` / ``return_softmax_lse``; fp32 ``[0]`` otherwise.
+
+Choices where the sources leave room (each in one named constant below):
+
+- :data:`EMPTY_ROW_OUTPUT` (0: the kernel's ``InitAllZeroOutput`` for a request with kv length 0,
+  ``incre_flash_attention_preload_mla.h`` lines 638-676) and :data:`EMPTY_ROW_LSE` (+inf: the
+  FlashAttention convention, ``exp(S - lse) = 0``; unverified on hardware) for empty rows.
+- :data:`QUERY_DTYPE_ROUNDING`: P and the output are rounded RNE. The kernel casts P with
+  CAST_ROUND (ties away from zero, line 2520) and an fp16 output with CAST_ROUND (bf16: CAST_RINT,
+  lines 2389-2392); the two differ only on exact ties.
+- The kernel processes kv in blocks of ``singleProcessSInnerSize`` (tiling) with the online
+  softmax update (SoftmaxFlashV2, fp32 rescale of the running output) and may split kv across
+  cores (flash decode, combined through the lse); the emulation takes one max over the whole row
+  (the two agree when the row fits one block; otherwise they differ in the last bits).
+- ``exp`` is evaluated in float64 and rounded once to fp32, as the sparse attention ops
+  (:data:`ascend_emu.ops.sparse_flash_attention.EXP_EVALUATION`).
+- MLA only: query_rope / key_rope (64-d) required; D = 512 with ``num_key_value_heads = 1``
+  (absorbed decode, value = the ckv cache) or D = 128 with KV_N dividing N; value's D equals
+  the query's. N in :data:`QUERY_HEADS`.
+- Paged caches (``block_table`` given): ``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]`` and
+  FRACTAL_NZ ``[nb, KV_N, D/C0, bs, C0]`` (C0 = 32 bytes / itemsize, the paged NZ tile rule of
+  :mod:`ascend_emu.layouts.paged`); key, value and key_rope in one of them, ``block_size`` the
+  cache's block dim, a multiple of 16 in [16, 512]. ``actual_seq_lengths_kv`` required: per
+  request lengths (a list of ints or a 1-D int32 / int64 array); a length above
+  ``block_table.shape[1] * block_size`` names the length argument; a block id the lengths need
+  outside ``[0, nb)`` names ``block_table``. Without ``block_table``: TND only, key / value /
+  key_rope ``[T2, KV_N, D]``, ``actual_seq_lengths_kv`` prefix sums ending at T2, ``block_size`` 0
+  (sglang's prefill form).
+- ``actual_seq_lengths`` (query): TND layouts: prefix sums (required; last = T); BSND / BNSD:
+  None (every request S1 tokens) or per-request lengths in [0, S1].
+- ``sparse_mode`` 3 takes ``atten_mask`` None or the callers' optimised 2048 x 2048 causal mask
+  (bool / int8 / uint8, 1 above the diagonal), checked; sparse_mode 0 takes no mask.
+  ``pre_tokens`` / ``next_tokens`` only at their defaults.
+- Rejected, naming the argument (not emulated): ``pse_shift``, every quant / antiquant / dequant
+  tensor and mode (v2's C8 decode included), ``query_padding_size`` / ``kv_padding_size`` (left
+  padding), the shared prefix, ``key_rope_antiquant_scale``, ``learnable_sink``, ``inner_precise``
+  other than 0 and the v2 dtype tags.
+- The ``.out`` forms write ``attention_out`` (and ``softmax_lse`` with the lse flag) after every
+  check passed; ``workspace`` is not read. The workspace query returns uint8 ``[0]``: the
+  emulation needs none (the real size comes from the device tiling).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import checked_mode
+from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
+from ..layouts.paged import NZ_ROW_BYTES, slots_from_block_table
+from ..mla import D_ROPE, HCKV, NKV
+from ._backend import get_backend
+from ._check import check_dtype, check_float, dtype_name, prefix_lengths, required
+
+#: input_layout values of the MLA callers -> (query layout, attention_out layout) (the meta
+#: function's ``get_query_and_attention_out_layout`` map, restricted).
+LAYOUTS = {"BSND": ("BSND", "BSND"), "BNSD": ("BNSD", "BNSD"), "TND": ("TND", "TND"),
+           "BSND_NBSD": ("BSND", "NBSD"), "BNSD_NBSD": ("BNSD", "NBSD"), "TND_NTD": ("TND", "NTD")}
+#: Query dtypes (key / value / rope in the same dtype).
+QUERY_DTYPES = ("bfloat16", "float16")
+#: Query head counts of the MLA path (a power of 2 up to 128, as the sparse attention ops).
+QUERY_HEADS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: Head dims: absorbed decode (value = ckv) and the non-absorbed prefill / chunked form.
+HEAD_DIM_ABSORBED = HCKV
+HEAD_DIM_PREFILL = 128
+HEAD_DIMS = (HEAD_DIM_ABSORBED, HEAD_DIM_PREFILL)
+#: sparse_mode values: 0 (all tokens), 3 (causal, bottom-right aligned).
+SPARSE_MODES = (0, 3)
+#: The optimised causal mask the callers pass with sparse_mode 3: ``[2048, 2048]``, 1 above the diagonal.
+CAUSAL_MASK_SIZE = 2048
+MASK_DTYPES = ("bool", "int8", "uint8")
+#: pre_tokens / next_tokens: the schemas' default, the only value taken.
+DEFAULT_TOKENS = 2147483647
+#: block_size: a multiple of 16 in [16, 512].
+BLOCK_SIZE_ALIGN = 16
+MAX_BLOCK_SIZE = 512
+#: Output of an empty row and its lse.
+EMPTY_ROW_OUTPUT = 0.0
+EMPTY_ROW_LSE = float("inf")
+#: Rounding of P and of the output to the query dtype.
+QUERY_DTYPE_ROUNDING = "half_even"
+#: Which exp P rounds: the kernel's (unnormalised, divided by the sum after P @ V).
+P_ROUNDING = "unnormalised"
+#: Paged cache layouts: 3-D ``[nb, bs, KV_N*D]``, 4-D ``[nb, KV_N, bs, D]``, 5-D NZ ``[nb, KV_N, D/C0, bs, C0]``.
+CACHE_LAYOUTS = {3: "PA_BSH", 4: "PA_BNSD", 5: "PA_NZ"}
+
+#: v1 arguments not emulated: name -> the only value taken.
+V1_REJECTED = {name: None for name in (
+    "pse_shift", "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2",
+    "antiquant_scale", "antiquant_offset", "key_antiquant_scale", "key_antiquant_offset", "value_antiquant_scale",
+    "value_antiquant_offset", "query_padding_size", "kv_padding_size", "key_shared_prefix", "value_shared_prefix",
+    "actual_shared_prefix_len", "key_rope_antiquant_scale")}
+V1_REJECTED.update(antiquant_mode=0, key_antiquant_mode=0, value_antiquant_mode=0, inner_precise=0)
+#: v2 arguments not emulated: name -> the only value taken.
+V2_REJECTED = {name: None for name in (
+    "pse_shift", "dequant_scale_query", "dequant_scale_key", "dequant_offset_key", "dequant_scale_value",
+    "dequant_offset_value", "dequant_scale_key_rope", "quant_scale_out", "quant_offset_out", "quant_scale_p",
+    "learnable_sink", "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
+    "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype", "dequant_scale_key_dtype",
+    "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype", "out_dtype")}
+V2_REJECTED.update(query_quant_mode=0, key_quant_mode=0, value_quant_mode=0, inner_precise=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FusedInferAttentionArgs:
+    """Normalised, validated arguments of both FIA names.
+
+    Attributes:
+        op: ``npu_fused_infer_attention_score`` or ``npu_fused_infer_attention_score_v2``.
+        query, query_rope: the caller's arrays, ``[B, S1, N, D]`` / ``[B, N, S1, D]`` / ``[T, N, D]``
+            (rope: D = 64).
+        key, value, key_rope: the caller's caches (paged or non-paged TND: :attr:`cache_layout`).
+        atten_mask: the caller's mask (sparse_mode 3) or None.
+        block_table: the caller's int32 table, or None (non-paged TND).
+        actual_seq_lengths, actual_seq_lengths_kv: as passed (lists or arrays, or None).
+        num_heads, num_kv_heads: N and KV_N; scale: the score scale (finite).
+        input_layout: as passed; query_layout (BSND / BNSD / TND) and out_layout (BSND, BNSD,
+            TND, NBSD, NTD) derived from it.
+        cache_layout: ``PA_BSH`` / ``PA_BNSD`` / ``PA_NZ``, or ``TND`` (non-paged); block_size: rows
+            per block (0 for TND).
+        sparse_mode: 0 or 3; softmax_lse_flag: return the lse.
+        batch, seq_q: B and S1 (TND: the longest request).
+        head_dim: D of query / key / value.
+        act_q, act_kv: int64 ``[B]`` query / kv tokens per request.
+        q_start: int64 ``[B]`` first token of each request in token-major order (``b * S1``,
+            TND: the prefix sums' starts).
+        slots: int64 ``[B, W]`` cache slot (``block * bs + row``; TND: token row) of kv position
+            ``p`` of request ``b`` (-1 past its length; W = max act_kv).
+        out_shape, lse_shape: output shapes (lse ``[0]`` without the flag).
+    """
+
+    op: str
+    query: np.ndarray
+    query_rope: np.ndarray
+    key: np.ndarray
+    value: np.ndarray
+    key_rope: np.ndarray
+    atten_mask: np.ndarray | None
+    block_table: np.ndarray | None
+    actual_seq_lengths: object
+    actual_seq_lengths_kv: object
+    num_heads: int
+    num_kv_heads: int
+    scale: float
+    input_layout: str
+    query_layout: str
+    out_layout: str
+    cache_layout: str
+    block_size: int
+    sparse_mode: int
+    softmax_lse_flag: bool
+    batch: int
+    seq_q: int
+    head_dim: int
+    act_q: np.ndarray
+    act_kv: np.ndarray
+    q_start: np.ndarray
+    slots: np.ndarray
+    out_shape: tuple[int, ...]
+    lse_shape: tuple[int, ...]
+
+    @property
+    def group(self) -> int:
+        """G = N / KV_N query heads per kv head."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def query_dtype(self) -> np.dtype:
+        """bf16 or fp16."""
+        return self.query.dtype
+
+
+class FusedInferAttentionOutputs(NamedTuple):
+    """What a backend returns (:mod:`ascend_emu.ops._backend`), torch_npu's order.
+
+    Attributes:
+        attention_out: ``args.out_shape``, the query dtype.
+        softmax_lse: fp32 ``args.lse_shape`` (``[0]`` without the lse flag).
+    """
+
+    attention_out: np.ndarray
+    softmax_lse: np.ndarray
+
+
+# ---------------------------------------------------------------------- public ops
+def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None,
+                                    actual_seq_lengths_kv=None, dequant_scale1=None, quant_scale1=None,
+                                    dequant_scale2=None, quant_scale2=None, quant_offset2=None, antiquant_scale=None,
+                                    antiquant_offset=None, key_antiquant_scale=None, key_antiquant_offset=None,
+                                    value_antiquant_scale=None, value_antiquant_offset=None, block_table=None,
+                                    query_padding_size=None, kv_padding_size=None, key_shared_prefix=None,
+                                    value_shared_prefix=None, actual_shared_prefix_len=None, query_rope=None,
+                                    key_rope=None, key_rope_antiquant_scale=None, num_heads: int = 1,
+                                    scale: float = 1.0, pre_tokens: int = DEFAULT_TOKENS,
+                                    next_tokens: int = DEFAULT_TOKENS, input_layout: str = "BSH",
+                                    num_key_value_heads: int = 0, sparse_mode: int = 0, inner_precise: int = 0,
+                                    block_size: int = 0, antiquant_mode: int = 0, key_antiquant_mode: int = 0,
+                                    value_antiquant_mode: int = 0, softmax_lse_flag: bool = False,
+                                    workspace=None, attention_out=None, softmax_lse=None):
+    """Fused infer attention (MLA subset) over a paged cache; the schema of torch_npu 2.14 (the
+    ``.out`` form: ``workspace``, ``attention_out``, ``softmax_lse``).
+
+    Args:
+        query: bf16 / fp16 ``[B, S1, N, D]`` (BSND), ``[B, N, S1, D]`` (BNSD) or ``[T, N, D]``
+            (TND); D = 512 (absorbed, KV_N = 1) or 128; N in 1, 2, 4, ..., 128.
+        key, value: paged caches of query's dtype, ``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]`` or
+            NZ ``[nb, KV_N, D/16, bs, 16]``; one layout for key, value and key_rope (value may be
+            key itself: the ckv cache of absorbed MLA). Without block_table (TND only):
+            ``[T2, KV_N, D]``.
+        atten_mask: sparse_mode 3: None or bool / int8 / uint8 ``[2048, 2048]``, 1 above the
+            diagonal; sparse_mode 0: None.
+        actual_seq_lengths: query tokens: TND prefix sums ``[B]`` (required, last = T); BSND /
+            BNSD: None or per-request lengths in [0, S1]. A list of ints or a 1-D int32 / int64 array.
+        actual_seq_lengths_kv: per-request kv lengths ``[B]`` (required), each at most
+            ``block_table.shape[1] * block_size``; without block_table: prefix sums, last = T2.
+        block_table: int32 ``[B, max_blocks]``, entries the lengths need in [0, nb); None: the
+            non-paged TND form.
+        query_rope: ``query``'s layout with D = 64, query's dtype (required).
+        key_rope: key's cache layout with D = 64, query's dtype (required).
+        num_heads: N (query's N). scale: score scale, finite.
+        pre_tokens, next_tokens: only the defaults.
+        input_layout: BSND, BNSD, TND, BSND_NBSD, BNSD_NBSD or TND_NTD.
+        num_key_value_heads: KV_N (0: N); 1 for D = 512, a divisor of N for D = 128.
+        sparse_mode: 0 or 3. block_size: the caches' bs, a multiple of 16 in [16, 512] (0 without
+            block_table).
+        softmax_lse_flag: also return the lse.
+        workspace: ``.out`` form: not read. attention_out, softmax_lse: ``.out`` form: given
+            together; attention_out of the output's shape and dtype, softmax_lse fp32 of the lse
+            shape with the flag (not written without it).
+        pse_shift, the (anti)quant / dequant tensors and modes, query_padding_size,
+        kv_padding_size, the shared prefix, key_rope_antiquant_scale, inner_precise: only their
+            defaults (:data:`V1_REJECTED`).
+
+    Returns:
+        ``(attention_out, softmax_lse)``: attention_out in query's dtype, ``[B, S1, N, D]``
+        (BSND), ``[B, N, S1, D]`` (BNSD), ``[T, N, D]`` (TND), ``[N, B, S1, D]`` (``*_NBSD``),
+        ``[N, T, D]`` (TND_NTD); softmax_lse fp32 ``[B, N, S1, 1]`` / ``[T, N, 1]`` with the flag,
+        else ``[0]``. The ``.out`` form returns the out arrays themselves.
+
+    Numerics: the module docstring, steps 1-4.
+
+    Raises:
+        ShapeError: a shape, a length outside its range, a layout mismatch, a block_size.
+        DTypeError: a dtype, a non-finite scale, a non-integer mode.
+        ModeError: an unsupported layout, mode, mask or argument (naming it).
+        IndexRangeError: a block_table entry the lengths need outside the cache.
+    """
+    given = dict(pse_shift=pse_shift, dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
+                 dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2,
+                 antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
+                 key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
+                 value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
+                 query_padding_size=query_padding_size, kv_padding_size=kv_padding_size,
+                 key_shared_prefix=key_shared_prefix, value_shared_prefix=value_shared_prefix,
+                 actual_shared_prefix_len=actual_shared_prefix_len, key_rope_antiquant_scale=key_rope_antiquant_scale,
+                 antiquant_mode=antiquant_mode, key_antiquant_mode=key_antiquant_mode,
+                 value_antiquant_mode=value_antiquant_mode, inner_precise=inner_precise)
+    _reject(given, V1_REJECTED, "npu_fused_infer_attention_score")
+    args = _normalise("npu_fused_infer_attention_score", query, key, value, query_rope, key_rope, atten_mask,
+                      actual_seq_lengths, "actual_seq_lengths", actual_seq_lengths_kv, "actual_seq_lengths_kv",
+                      block_table, num_heads, "num_heads", num_key_value_heads, scale, "scale", pre_tokens,
+                      next_tokens, input_layout, sparse_mode, block_size, softmax_lse_flag, "softmax_lse_flag")
+    return _run(args, attention_out, softmax_lse)
+
+
+def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None,
+                                       atten_mask=None, actual_seq_qlen=None, actual_seq_kvlen=None, block_table=None,
+                                       dequant_scale_query=None, dequant_scale_key=None, dequant_offset_key=None,
+                                       dequant_scale_value=None, dequant_offset_value=None, dequant_scale_key_rope=None,
+                                       quant_scale_out=None, quant_offset_out=None, quant_scale_p=None,
+                                       learnable_sink=None, num_query_heads: int = 1, num_key_value_heads: int = 0,
+                                       softmax_scale: float = 1.0, pre_tokens: int = DEFAULT_TOKENS,
+                                       next_tokens: int = DEFAULT_TOKENS, input_layout: str = "BSH",
+                                       sparse_mode: int = 0, block_size: int = 0, query_quant_mode: int = 0,
+                                       key_quant_mode: int = 0, value_quant_mode: int = 0, inner_precise: int = 0,
+                                       return_softmax_lse: bool = False, query_dtype=None, key_dtype=None,
+                                       value_dtype=None, query_rope_dtype=None, key_rope_dtype=None,
+                                       key_shared_prefix_dtype=None, value_shared_prefix_dtype=None,
+                                       dequant_scale_query_dtype=None, dequant_scale_key_dtype=None,
+                                       dequant_scale_value_dtype=None, dequant_scale_key_rope_dtype=None,
+                                       out_dtype=None, workspace=None, attention_out=None, softmax_lse=None):
+    """:func:`npu_fused_infer_attention_score` under the v2 names (torch_npu 2.14's v2 schema):
+    ``actual_seq_qlen`` / ``actual_seq_kvlen`` for the lengths, ``num_query_heads`` for N,
+    ``softmax_scale`` for the scale, ``return_softmax_lse`` for the lse flag; the same contract,
+    numerics, outputs and errors (errors name the v2 arguments).
+
+    The v2-only arguments (dequant / quant tensors, quant modes, ``learnable_sink``, the dtype
+    tags, ``out_dtype``) take only their defaults (:data:`V2_REJECTED`): the C8 decode path
+    (int8 query with ``query_quant_mode = 3``) is not emulated yet.
+    """
+    given = dict(pse_shift=pse_shift, dequant_scale_query=dequant_scale_query, dequant_scale_key=dequant_scale_key,
+                 dequant_offset_key=dequant_offset_key, dequant_scale_value=dequant_scale_value,
+                 dequant_offset_value=dequant_offset_value, dequant_scale_key_rope=dequant_scale_key_rope,
+                 quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out, quant_scale_p=quant_scale_p,
+                 learnable_sink=learnable_sink, query_dtype=query_dtype, key_dtype=key_dtype, value_dtype=value_dtype,
+                 query_rope_dtype=query_rope_dtype, key_rope_dtype=key_rope_dtype,
+                 key_shared_prefix_dtype=key_shared_prefix_dtype, value_shared_prefix_dtype=value_shared_prefix_dtype,
+                 dequant_scale_query_dtype=dequant_scale_query_dtype, dequant_scale_key_dtype=dequant_scale_key_dtype,
+                 dequant_scale_value_dtype=dequant_scale_value_dtype,
+                 dequant_scale_key_rope_dtype=dequant_scale_key_rope_dtype, out_dtype=out_dtype,
+                 query_quant_mode=query_quant_mode, key_quant_mode=key_quant_mode, value_quant_mode=value_quant_mode,
+                 inner_precise=inner_precise)
+    _reject(given, V2_REJECTED, "npu_fused_infer_attention_score_v2")
+    args = _normalise("npu_fused_infer_attention_score_v2", query, key, value, query_rope, key_rope, atten_mask,
+                      actual_seq_qlen, "actual_seq_qlen", actual_seq_kvlen, "actual_seq_kvlen", block_table,
+                      num_query_heads, "num_query_heads", num_key_value_heads, softmax_scale, "softmax_scale",
+                      pre_tokens, next_tokens, input_layout, sparse_mode, block_size, return_softmax_lse,
+                      "return_softmax_lse")
+    return _run(args, attention_out, softmax_lse)
+
+
+#: What the workspace queries return: the emulation needs no workspace.
+WORKSPACE = np.zeros(0, dtype=np.uint8)
+
+
+def _workspace_query(op):
+    """The workspace query of ``op``: its signature (``functools.wraps``), the call validated as
+    ``op`` validates it (same errors), then uint8 ``[0]``."""
+
+    @functools.wraps(op)
+    def query_workspace(query, key, value, **kwargs):
+        op(query, key, value, **kwargs)
+        return WORKSPACE.copy()
+
+    query_workspace.__doc__ = (f"The workspace query of ``{op.__name__}``: the call validated as it validates it "
+                               "(same arguments, same errors), then uint8 ``[0]`` (no workspace needed).")
+    return query_workspace
+
+
+#: ``torch_npu._npu_fused_infer_attention_score_get_max_workspace`` and the v2 one: the call
+#: validated as :func:`npu_fused_infer_attention_score` / ``_v2``, then uint8 ``[0]`` (the
+#: emulation needs no workspace; the ``.out`` forms do not read it).
+_npu_fused_infer_attention_score_get_max_workspace = _workspace_query(npu_fused_infer_attention_score)
+_npu_fused_infer_attention_score_v2_get_max_workspace = _workspace_query(npu_fused_infer_attention_score_v2)
+_npu_fused_infer_attention_score_get_max_workspace.__name__ = "_npu_fused_infer_attention_score_get_max_workspace"
+_npu_fused_infer_attention_score_v2_get_max_workspace.__name__ = "_npu_fused_infer_attention_score_v2_get_max_workspace"
+
+
+# ---------------------------------------------------------------------- validation
+def _reject(given: dict, allowed: dict, op: str) -> None:
+    for name, value in given.items():
+        want = allowed[name]
+        if value is None and want is None:
+            continue
+        if want is not None and not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, np.integer)) \
+                and int(value) == want:
+            continue
+        raise arg_error(ModeError, name, f"{want!r} ({op} in ascend_emu emulates the MLA subset without "
+                        f"{name}; not emulated yet)", value if not hasattr(value, "shape") else describe(value))
+
+
+def _int(value, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise arg_error(DTypeError, name, "an int", repr(value))
+    return int(value)
+
+
+def _lengths(x, name: str) -> np.ndarray:
+    """A SymInt[] length argument (list / tuple of ints, or a 1-D int32 / int64 array) as int64 ``[B]``."""
+    if isinstance(x, np.ndarray):
+        check_dtype(x, name, ("int32", "int64"))
+        if x.ndim != 1 or x.size == 0:
+            raise arg_error(ShapeError, name, "a non-empty 1-D array of lengths", list(x.shape))
+        return x.astype(np.int64)
+    if not isinstance(x, (list, tuple)) or not x:
+        raise arg_error(DTypeError, name, "a non-empty list of ints or a 1-D int32 / int64 array", describe(x))
+    for i, v in enumerate(x):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise arg_error(DTypeError, f"{name}[{i}]", "an int", repr(v))
+    return np.array([int(v) for v in x], dtype=np.int64)
+
+
+def _cache_dims(x: np.ndarray, name: str, layout_ndim: int | None, kv_n: int | None) -> tuple[str, int, int, int, int]:
+    """``(layout, nb, KV_N, bs, D)`` of a paged cache (3-D ``[nb, bs, KV_N*D]`` needs ``kv_n``)."""
+    if x.ndim not in CACHE_LAYOUTS or x.size == 0:
+        raise arg_error(ShapeError, name, "a non-empty paged cache [nb, bs, KV_N*D], [nb, KV_N, bs, D] or FRACTAL_NZ "
+                        "[nb, KV_N, D/C0, bs, C0]", list(x.shape))
+    if layout_ndim is not None and x.ndim != layout_ndim:
+        raise arg_error(ShapeError, name, f"key's cache layout {CACHE_LAYOUTS[layout_ndim]} ({layout_ndim}-D)",
+                        list(x.shape))
+    if x.ndim == 3:
+        nb, bs, hd = x.shape
+        if hd % kv_n:
+            raise arg_error(ShapeError, name, f"last dim KV_N*D a multiple of KV_N={kv_n}", list(x.shape))
+        return "PA_BSH", nb, kv_n, bs, hd // kv_n
+    if x.ndim == 4:
+        nb, n, bs, d = x.shape
+        return "PA_BNSD", nb, n, bs, d
+    nb, n, d1, bs, c0 = x.shape
+    want_c0 = NZ_ROW_BYTES // x.dtype.itemsize
+    if c0 != want_c0:
+        raise arg_error(ShapeError, name, f"FRACTAL_NZ [nb, KV_N, D/C0, bs, C0] with C0 = {want_c0} (32 bytes of "
+                        f"{x.dtype.name})", list(x.shape))
+    return "PA_NZ", nb, n, bs, d1 * c0
+
+
+def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in, act_q_name, act_kv_in,
+               act_kv_name, block_table, num_heads, heads_name, num_key_value_heads, scale, scale_name, pre_tokens,
+               next_tokens, input_layout, sparse_mode, block_size, lse_flag, lse_name) -> FusedInferAttentionArgs:
+    """Validate every argument of either name (nothing is read from a cache before all pass)."""
+    # ---- modes and scalars
+    if input_layout not in LAYOUTS:
+        raise arg_error(ModeError, "input_layout", f"one of {list(LAYOUTS)} (the MLA callers' layouts)",
+                        repr(input_layout))
+    q_layout, out_layout = LAYOUTS[input_layout]
+    sm = _int(sparse_mode, "sparse_mode")
+    if sm not in SPARSE_MODES:
+        raise arg_error(ModeError, "sparse_mode", "0 (no mask) or 3 (causal, bottom-right aligned)", sparse_mode)
+    for name, got in (("pre_tokens", pre_tokens), ("next_tokens", next_tokens)):
+        if _int(got, name) != DEFAULT_TOKENS:
+            raise arg_error(ModeError, name, f"the default {DEFAULT_TOKENS} (the only value emulated)", got)
+    if not isinstance(lse_flag, (bool, np.bool_)):
+        raise arg_error(DTypeError, lse_name, "a bool", type(lse_flag).__name__)
+    scale_f = check_float(scale, scale_name)
+    n = _int(num_heads, heads_name)
+    kv_n = _int(num_key_value_heads, "num_key_value_heads")
+    kv_n = n if kv_n == 0 else kv_n
+
+    # ---- query, query_rope
+    query = required(query, "query")
+    check_dtype(query, "query", QUERY_DTYPES)
+    q_nd = 3 if q_layout == "TND" else 4
+    shown = {"BSND": "[B, S1, N, D]", "BNSD": "[B, N, S1, D]", "TND": "[T, N, D]"}[q_layout]
+    if query.ndim != q_nd or query.size == 0:
+        raise arg_error(ShapeError, "query", f"a non-empty {shown} for input_layout={input_layout}",
+                        list(query.shape))
+    q_n = query.shape[2] if q_layout == "BSND" else query.shape[1]
+    d = int(query.shape[-1])
+    if q_n != n:
+        raise arg_error(ShapeError, heads_name, f"query's N = {q_n} ({shown})", n)
+    if n not in QUERY_HEADS:
+        raise arg_error(ShapeError, heads_name, f"one of {list(QUERY_HEADS)} (MLA)", n)
+    if d not in HEAD_DIMS:
+        raise arg_error(ShapeError, "query", f"D in {list(HEAD_DIMS)} (absorbed MLA 512, prefill 128 + 64 rope)",
+                        list(query.shape))
+    if kv_n < 1 or n % kv_n or (d == HEAD_DIM_ABSORBED and kv_n != NKV):
+        want = f"{NKV} (D = {HEAD_DIM_ABSORBED}: absorbed MLA)" if d == HEAD_DIM_ABSORBED else f"a divisor of N={n}"
+        raise arg_error(ShapeError, "num_key_value_heads", want, num_key_value_heads)
+    qdt = dtype_name(query.dtype)
+    query_rope = required(query_rope, "query_rope")
+    check_dtype(query_rope, "query_rope", (qdt,))
+    if query_rope.shape != (*query.shape[:-1], D_ROPE):
+        raise arg_error(ShapeError, "query_rope", f"query's shape with D = {D_ROPE} "
+                        f"{[*query.shape[:-1], D_ROPE]}", list(query_rope.shape))
+
+    # ---- caches
+    key, value, key_rope = required(key, "key"), required(value, "value"), required(key_rope, "key_rope")
+    for name, x in (("key", key), ("value", value), ("key_rope", key_rope)):
+        check_dtype(x, name, (qdt,))
+    bsz = _int(block_size, "block_size")
+    if block_table is None:  # non-paged: TND key / value / key_rope [T2, KV_N, D]
+        if q_layout != "TND":
+            raise arg_error(ModeError, "block_table", f"a table for input_layout={input_layout} (without "
+                            "PageAttention only TND is emulated)", None)
+        for name, x, want_d in (("key", key, d), ("value", value, d), ("key_rope", key_rope, D_ROPE)):
+            if x.ndim != 3 or x.shape[1:] != (kv_n, want_d) or x.shape[0] != key.shape[0]:
+                raise arg_error(ShapeError, name, f"[T2, KV_N={kv_n}, {want_d}] (TND without block_table; T2 of "
+                                "key)", list(x.shape))
+        if bsz != 0:
+            raise arg_error(ModeError, "block_size", "0 without block_table", bsz)
+        layout, nb, bs = "TND", 0, 0
+    else:
+        layout, nb, k_n, bs, k_d = _cache_dims(key, "key", None, kv_n)
+        if k_n != kv_n or k_d != d:
+            raise arg_error(ShapeError, "key", f"KV_N = {kv_n} kv heads of D = {d} (query's D)", list(key.shape))
+        for name, x, want_d in (("value", value, d), ("key_rope", key_rope, D_ROPE)):
+            _, x_nb, x_n, x_bs, x_d = _cache_dims(x, name, key.ndim, kv_n)
+            if (x_nb, x_n, x_bs, x_d) != (nb, kv_n, bs, want_d):
+                raise arg_error(ShapeError, name, f"key's cache layout with nb={nb}, KV_N={kv_n}, bs={bs}, "
+                                f"D={want_d}", list(x.shape))
+        if bsz != bs:
+            raise arg_error(ShapeError, "block_size", f"the caches' block dim bs = {bs}", bsz)
+        if bs % BLOCK_SIZE_ALIGN or not BLOCK_SIZE_ALIGN <= bs <= MAX_BLOCK_SIZE:
+            raise arg_error(ShapeError, "block_size", f"a multiple of {BLOCK_SIZE_ALIGN} in [{BLOCK_SIZE_ALIGN}, "
+                            f"{MAX_BLOCK_SIZE}]", bs)
+
+    # ---- mask
+    if atten_mask is not None:
+        if sm == 0:
+            raise arg_error(ModeError, "atten_mask", "None with sparse_mode=0 (masks other than sparse_mode 3's "
+                            "causal one are not emulated)", describe(atten_mask))
+        check_dtype(atten_mask, "atten_mask", MASK_DTYPES)
+        size = CAUSAL_MASK_SIZE
+        if atten_mask.shape != (size, size):
+            raise arg_error(ShapeError, "atten_mask", f"the optimised causal mask [{size}, {size}] (sparse_mode 3)",
+                            list(atten_mask.shape))
+        if not np.array_equal(atten_mask.astype(bool), _causal_mask()):
+            raise arg_error(ModeError, "atten_mask", "1 strictly above the diagonal, 0 elsewhere (sparse_mode 3's "
+                            "causal mask)", describe(atten_mask))
+
+    # ---- lengths, block_table
+    if q_layout == "TND":
+        if act_q_in is None:
+            raise arg_error(ShapeError, act_q_name, "prefix sums [B] (required for TND)", None)
+        q_sums = _lengths(act_q_in, act_q_name)
+        too_big = np.abs(q_sums) > np.iinfo(np.int32).max
+        if too_big.any():
+            i = int(np.argmax(too_big))
+            raise arg_error(ShapeError, f"{act_q_name}[{i}]", f"a prefix sum <= T={query.shape[0]}", int(q_sums[i]))
+        act_q = prefix_lengths(q_sums.astype(np.int32), act_q_name, int(query.shape[0]))
+        b = int(act_q.size)
+        s1 = int(act_q.max())
+        q_start = np.cumsum(act_q) - act_q
+    else:
+        b, s1 = int(query.shape[0]), int(query.shape[2] if q_layout == "BNSD" else query.shape[1])
+        if act_q_in is None:
+            act_q = np.full(b, s1, np.int64)
+        else:
+            act_q = _lengths(act_q_in, act_q_name)
+            if act_q.size != b:
+                raise arg_error(ShapeError, act_q_name, f"{b} lengths (query's B)", act_q.size)
+            bad = (act_q < 0) | (act_q > s1)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise arg_error(ShapeError, f"{act_q_name}[{i}]", f"a query length in [0, S1={s1}]", int(act_q[i]))
+        q_start = np.arange(b, dtype=np.int64) * s1
+    if act_kv_in is None:
+        raise arg_error(ShapeError, act_kv_name, "per-request kv lengths [B] (required)", None)
+    act_kv = _lengths(act_kv_in, act_kv_name)
+    if act_kv.size != b:
+        raise arg_error(ShapeError, act_kv_name, f"{b} lengths (one per request)", act_kv.size)
+    if layout == "TND":
+        return _args(op, query, query_rope, key, value, key_rope, atten_mask, None, act_q_in, act_kv_in, n, kv_n,
+                     scale_f, input_layout, q_layout, out_layout, layout, 0, sm, lse_flag, b, s1, d, act_q,
+                     _tnd_kv(act_kv, act_kv_name, int(key.shape[0])), q_start)
+    table = required(block_table, "block_table")
+    check_dtype(table, "block_table", ("int32",))
+    if table.ndim != 2 or table.shape[0] != b or table.shape[1] == 0:
+        raise arg_error(ShapeError, "block_table", f"[B={b}, max_blocks >= 1]", list(table.shape))
+    cap = int(table.shape[1]) * bs
+    bad = (act_kv < 0) | (act_kv > cap)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise arg_error(ShapeError, f"{act_kv_name}[{i}]", f"a kv length in [0, {cap}] (block_table's "
+                        f"{table.shape[1]} blocks of {bs})", int(act_kv[i]))
+    slots = slots_from_block_table(table, act_kv, bs, nb, name="block_table")  # IndexRangeError naming block_table
+    return _args(op, query, query_rope, key, value, key_rope, atten_mask, table, act_q_in, act_kv_in, n, kv_n, scale_f,
+                 input_layout, q_layout, out_layout, layout, bs, sm, lse_flag, b, s1, d, act_q, (act_kv, slots),
+                 q_start)
+
+
+def _tnd_kv(sums: np.ndarray, name: str, t2: int) -> tuple[np.ndarray, np.ndarray]:
+    """Non-paged TND kv: prefix sums ``[B]`` (last = T2) -> (lengths ``[B]``, rows ``[B, W]``, -1 past each length)."""
+    too_big = np.abs(sums) > np.iinfo(np.int32).max
+    if too_big.any():
+        i = int(np.argmax(too_big))
+        raise arg_error(ShapeError, f"{name}[{i}]", f"a prefix sum <= T2={t2}", int(sums[i]))
+    lens = prefix_lengths(sums.astype(np.int32), name, t2)
+    width = max(int(lens.max()), 1)
+    pos = np.arange(width)[None, :]
+    rows = np.where(pos < lens[:, None], (np.cumsum(lens) - lens)[:, None] + pos, -1)
+    return lens, rows.astype(np.int64)
+
+
+def _args(op, query, query_rope, key, value, key_rope, atten_mask, table, act_q_in, act_kv_in, n, kv_n, scale_f,
+          input_layout, q_layout, out_layout, layout, bs, sm, lse_flag, b, s1, d, act_q, kv, q_start):
+    """:class:`FusedInferAttentionArgs` with the output shapes."""
+    act_kv, slots = kv
+    t = int(query.shape[0]) if q_layout == "TND" else b * s1
+    out_shape = {"BSND": (b, s1, n, d), "BNSD": (b, n, s1, d), "TND": (t, n, d), "NBSD": (n, b, s1, d),
+                 "NTD": (n, t, d)}[out_layout]
+    lse_shape = ((t, n, 1) if q_layout == "TND" else (b, n, s1, 1)) if lse_flag else (0,)
+    return FusedInferAttentionArgs(
+        op=op, query=query, query_rope=query_rope, key=key, value=value, key_rope=key_rope, atten_mask=atten_mask,
+        block_table=table, actual_seq_lengths=act_q_in, actual_seq_lengths_kv=act_kv_in, num_heads=n,
+        num_kv_heads=kv_n, scale=scale_f, input_layout=input_layout, query_layout=q_layout, out_layout=out_layout,
+        cache_layout=layout, block_size=bs, sparse_mode=sm, softmax_lse_flag=bool(lse_flag), batch=b, seq_q=s1,
+        head_dim=d, act_q=act_q, act_kv=act_kv, q_start=q_start.astype(np.int64), slots=slots,
+        out_shape=out_shape, lse_shape=lse_shape)
+
+
+_CAUSAL: list[np.ndarray] = []
+
+
+def _causal_mask() -> np.ndarray:
+    """The sparse_mode 3 mask: bool ``[2048, 2048]``, True strictly above the diagonal (built once)."""
+    if not _CAUSAL:
+        _CAUSAL.append(np.triu(np.ones((CAUSAL_MASK_SIZE, CAUSAL_MASK_SIZE), dtype=bool), k=1))
+    return _CAUSAL[0]
+
+
+def _check_out(x, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    x = required(x, name)
+    if x.dtype != dtype or x.shape != shape:
+        raise arg_error(ShapeError, name, f"a {list(shape)} {dtype.name} array (the out= form's {name})", describe(x))
+    if not (x.flags.c_contiguous and x.flags.writeable):
+        raise arg_error(ShapeError, name, "a C-contiguous, writable array (written in place)", describe(x))
+    return x
+
+
+def _run(args: FusedInferAttentionArgs, attention_out, softmax_lse):
+    """Check the out= arrays (both or neither), run the backend, write them."""
+    if (attention_out is None) != (softmax_lse is None):
+        missing = "softmax_lse" if softmax_lse is None else "attention_out"
+        raise arg_error(ModeError, missing, "an array (the out= form takes attention_out and softmax_lse "
+                        "together)", None)
+    if attention_out is not None:
+        _check_out(attention_out, "attention_out", args.out_shape, args.query_dtype)
+        if args.softmax_lse_flag:
+            _check_out(softmax_lse, "softmax_lse", args.lse_shape, np.dtype(np.float32))
+    checked_mode.read_fused_infer_attention(args.op, args)
+    result = get_backend().fused_infer_attention_score(args)
+    checked_mode.check_finite(args.op, (("attention_out", result.attention_out),))  # lse is +inf on empty rows
+    if attention_out is None:
+        return tuple(result)
+    attention_out[...] = result.attention_out
+    if args.softmax_lse_flag:
+        softmax_lse[...] = result.softmax_lse
+    return attention_out, softmax_lse

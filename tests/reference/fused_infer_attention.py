@@ -1,0 +1,126 @@
+"""Reference fused infer attention (npu_fused_infer_attention_score, MLA subset): plain dense
+softmax attention, a loop over requests, query tokens and heads, over the kv rows gathered from
+the paged cache by its own block-table walk (or read from a non-paged TND key by its prefix sums).
+
+Written from the formula (the issue's numerics; op-plugin's FIA golden gathers the pages the same
+way), independently of the emulator: its own cache decoding for the three layouts
+(``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]``, FRACTAL_NZ ``[nb, KV_N, D/C0, bs, C0]`` with
+element ``d`` of row ``r`` at ``[.., d // C0, r, d % C0]``), its own causal limits and output
+layouts. Evaluation: the dot products exactly in float64 then rounded to fp32, the scale as one
+fp32 multiply, exp in float64 rounded to fp32, the exp sum sequential in fp32, P = the
+unnormalised exp rounded to the query dtype (``p_rounding="unnormalised"``, the kernel) or the
+normalised one (``"normalised"``, op-plugin's golden), P @ V exactly in float64 then fp32, the
+division in fp32, one rounding of the output (ml_dtypes / NumPy casts, RNE). With inputs whose
+products and sums are exact in fp32 (small integers, powers of two) the emulator's BLAS order
+cannot differ, so the two agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ROPE = 64
+
+
+def cache_row(cache: np.ndarray, blk: int, h: int, r: int, kv_n: int) -> np.ndarray:
+    """Row ``r`` of block ``blk``, kv head ``h``, of a paged cache (any of the three layouts)."""
+    if cache.ndim == 3:
+        d = cache.shape[2] // kv_n
+        return cache[blk, r, h * d:(h + 1) * d]
+    if cache.ndim == 4:
+        return cache[blk, h, r]
+    d1, c0 = cache.shape[2], cache.shape[4]
+    return np.array([cache[blk, h, i // c0, r, i % c0] for i in range(d1 * c0)], dtype=cache.dtype)
+
+
+def block_size_of(cache: np.ndarray) -> int:
+    return cache.shape[{3: 1, 4: 2, 5: 3}[cache.ndim]]
+
+
+def reference(query, key, value, query_rope, key_rope, *, block_table, actual_seq_lengths_kv, num_heads,
+              num_key_value_heads, scale, input_layout, actual_seq_lengths=None, sparse_mode=0,
+              p_rounding="unnormalised"):
+    """Returns ``(attention_out, softmax_lse)`` as the op lays them out (lse always computed):
+    attention_out in query's dtype; lse fp32 ``[B, N, S1, 1]`` / ``[T, N, 1]``, +inf for rows
+    without kv tokens (output 0 there)."""
+    qdt = query.dtype
+    q_layout, out_layout = {"BSND": ("BSND", "BSND"), "BNSD": ("BNSD", "BNSD"), "TND": ("TND", "TND"),
+                            "BSND_NBSD": ("BSND", "NBSD"), "BNSD_NBSD": ("BNSD", "NBSD"),
+                            "TND_NTD": ("TND", "NTD")}[input_layout]
+    n, kv_n = num_heads, num_key_value_heads
+    g = n // kv_n
+    paged = block_table is not None
+    bs = block_size_of(key) if paged else None
+    if paged:
+        kv_lens = [int(x) for x in actual_seq_lengths_kv]
+    else:  # TND prefix sums over key [T2, KV_N, D]
+        kv_sums = [0] + [int(x) for x in actual_seq_lengths_kv]
+        kv_lens = [kv_sums[i + 1] - kv_sums[i] for i in range(len(kv_sums) - 1)]
+    # per request: list of (token index in [T], position s) and the query length
+    if q_layout == "TND":
+        sums = [0] + [int(x) for x in actual_seq_lengths]
+        reqs = [list(range(sums[i], sums[i + 1])) for i in range(len(sums) - 1)]
+        q_tok = query
+        qr_tok = query_rope
+        s1 = None
+    else:
+        b = query.shape[0]
+        s1 = query.shape[2] if q_layout == "BNSD" else query.shape[1]
+        lens = [s1] * b if actual_seq_lengths is None else [int(x) for x in actual_seq_lengths]
+        reqs = [[i * s1 + s for s in range(lens[i])] for i in range(b)]
+        perm = (0, 2, 1, 3) if q_layout == "BNSD" else (0, 1, 2, 3)
+        q_tok = query.transpose(perm).reshape(b * s1, n, -1)
+        qr_tok = query_rope.transpose(perm).reshape(b * s1, n, -1)
+    t_total, d = q_tok.shape[0], q_tok.shape[2]
+    out = np.zeros((t_total, n, d), dtype=np.float32)
+    lse = np.full((t_total, n), np.inf, dtype=np.float32)
+    for bi, toks in enumerate(reqs):
+        kv_len = kv_lens[bi]
+        nq = len(toks)
+        for s, t in enumerate(toks):
+            limit = kv_len if sparse_mode == 0 else min(kv_len, kv_len - nq + s + 1)
+            if limit <= 0:
+                continue
+            for head in range(n):
+                h = head // g
+                scores = np.empty(limit, dtype=np.float32)
+                vrows = []
+                for j in range(limit):
+                    if paged:
+                        blk, r = int(block_table[bi, j // bs]), j % bs
+                        k = cache_row(key, blk, h, r, kv_n).astype(np.float64)
+                        kr = cache_row(key_rope, blk, h, r, kv_n).astype(np.float64)
+                        v_row = cache_row(value, blk, h, r, kv_n)
+                    else:
+                        t2 = kv_sums[bi] + j
+                        k, kr, v_row = key[t2, h].astype(np.float64), key_rope[t2, h].astype(np.float64), value[t2, h]
+                    dot = float(np.dot(q_tok[t, head].astype(np.float64), k)
+                                + np.dot(qr_tok[t, head].astype(np.float64), kr))
+                    scores[j] = np.float32(np.float32(dot) * np.float32(scale))
+                    vrows.append(v_row.astype(np.float64))
+                m = scores.max()
+                e = np.exp((scores - m).astype(np.float64)).astype(np.float32)
+                total = np.float32(0)
+                for x in e:
+                    total = np.float32(total + x)
+                if p_rounding == "unnormalised":
+                    p = e.astype(qdt).astype(np.float64)
+                    o = (np.asarray(vrows).T @ p).astype(np.float32)
+                    out[t, head] = (o / total).astype(np.float32)
+                else:
+                    p = (e / total).astype(np.float32).astype(qdt).astype(np.float64)
+                    out[t, head] = (np.asarray(vrows).T @ p).astype(np.float32)
+                lse[t, head] = np.float32(m + np.float32(np.log(np.float64(total))))
+    o = out.astype(qdt)
+    if q_layout != "TND":
+        o = o.reshape(len(reqs), s1, n, d)
+        lse_out = lse.reshape(len(reqs), s1, n).transpose(0, 2, 1)[..., None]
+    else:
+        lse_out = lse[..., None]
+    if out_layout == "BNSD":
+        o = o.transpose(0, 2, 1, 3)
+    elif out_layout == "NBSD":
+        o = o.transpose(2, 0, 1, 3)
+    elif out_layout == "NTD":
+        o = o.transpose(1, 0, 2)
+    return np.ascontiguousarray(o), np.ascontiguousarray(lse_out)

@@ -1,0 +1,337 @@
+"""npu_fused_infer_attention_score / _v2 (MLA subset) against the plain dense-softmax reference in
+tests/reference/fused_infer_attention.py: layouts, the three paged cache layouts (NZ included),
+sparse modes, padded query rows, empty requests, the D = 128 GQA form; v1 / v2 names, the .out
+forms, the torch_npu drop-in and its fake kernels; bad arguments and nothing written on
+rejection."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ascend_emu import ops
+from ascend_emu.errors import DTypeError, IndexRangeError, ModeError, ShapeError
+from tests.reference.fused_infer_attention import reference
+
+BF16 = ml_dtypes.bfloat16
+V2_NAMES = {"actual_seq_lengths": "actual_seq_qlen", "actual_seq_lengths_kv": "actual_seq_kvlen",
+            "num_heads": "num_query_heads", "scale": "softmax_scale", "softmax_lse_flag": "return_softmax_lse"}
+
+
+def _cache(logical: np.ndarray, ndim: int) -> np.ndarray:
+    """``[nb, KV_N, bs, D]`` values in the layout of ``ndim``: 3 ``[nb, bs, KV_N*D]``, 4 as is,
+    5 FRACTAL_NZ ``[nb, KV_N, D/C0, bs, C0]`` (C0 = 16 for 2-byte dtypes)."""
+    nb, kv_n, bs, d = logical.shape
+    if ndim == 3:
+        return np.ascontiguousarray(logical.transpose(0, 2, 1, 3).reshape(nb, bs, kv_n * d))
+    if ndim == 4:
+        return np.ascontiguousarray(logical)
+    return np.ascontiguousarray(logical.reshape(nb, kv_n, bs, d // 16, 16).transpose(0, 1, 3, 2, 4))
+
+
+def _values(rng, shape, dtype, exact):
+    if exact:  # small integers: every product and sum of the op is exact in fp32
+        return rng.integers(-1, 2, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def make_case(rng, input_layout, cache_ndim, dtype, *, q_lens=(1, 1), kv_lens=(20, 7), sparse_mode=0, n=4,
+              d=512, kv_n=1, block_size=16, s1=None, exact=False, paged=True):
+    """``(query, key, value, kwargs)`` of one call: requests with ``q_lens`` query tokens (BSND /
+    BNSD: padded to ``s1`` rows, default max) over ``kv_lens`` kv tokens in shuffled blocks."""
+    b = len(q_lens)
+    per_req = max(1, -(-max(kv_lens) // block_size))
+    nb = b * per_req + 2
+    q_layout = input_layout.split("_")[0]
+    if q_layout == "TND":
+        lead = (sum(q_lens), n)
+    else:
+        s1 = max(q_lens) if s1 is None else s1
+        lead = (b, s1, n) if q_layout == "BSND" else (b, n, s1)
+    query, query_rope = _values(rng, (*lead, d), dtype, exact), _values(rng, (*lead, 64), dtype, exact)
+    key = _values(rng, (nb, kv_n, block_size, d), dtype, exact)
+    key_rope = _values(rng, (nb, kv_n, block_size, 64), dtype, exact)
+    value = key if d == 512 else _values(rng, (nb, kv_n, block_size, d), dtype, exact)
+    table = rng.permutation(nb)[:b * per_req].reshape(b, per_req).astype(np.int32)
+    kw = dict(query_rope=query_rope, key_rope=_cache(key_rope, cache_ndim), block_table=table,
+              actual_seq_lengths_kv=list(kv_lens), num_heads=n, num_key_value_heads=kv_n,
+              scale=0.0625 if exact else float(d + 64) ** -0.5, input_layout=input_layout, sparse_mode=sparse_mode,
+              block_size=block_size)
+    if q_layout == "TND":
+        kw["actual_seq_lengths"] = np.cumsum(q_lens).tolist()
+    elif list(q_lens) != [s1] * b:
+        kw["actual_seq_lengths"] = list(q_lens)
+    if sparse_mode == 3:
+        kw["atten_mask"] = np.triu(np.ones((2048, 2048), dtype=bool), k=1)
+    if not paged:  # TND key / value / key_rope [T2, KV_N, D]: the first kv_lens[b] rows of each request's blocks
+        def rows(c):
+            return np.concatenate([c[table[i]].transpose(0, 2, 1, 3).reshape(-1, kv_n, c.shape[-1])[:kv_lens[i]]
+                                   for i in range(b)])
+        kw.update(block_table=None, block_size=0, actual_seq_lengths_kv=np.cumsum(kv_lens).tolist(),
+                  key_rope=rows(key_rope))
+        return query, rows(key), rows(value), kw
+    k = _cache(key, cache_ndim)
+    return query, k, (k if value is key else _cache(value, cache_ndim)), kw
+
+
+def _ref(query, key, value, kw, **extra):
+    r = {k: v for k, v in kw.items() if k not in ("query_rope", "key_rope", "block_size", "atten_mask")}
+    return reference(query, key, value, kw["query_rope"], kw["key_rope"], **r, **extra)
+
+
+def _ulps(dtype) -> float:
+    return 2.0 ** -7 if dtype == BF16 else 2.0 ** -10
+
+
+def _assert_close(got, want, dtype):
+    """Within one rounding of the query dtype (the BLAS order of the score sums is the only other
+    difference from the reference)."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=_ulps(dtype), atol=_ulps(dtype) / 8)
+
+
+def _assert_lse(got, want):
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("input_layout,q_lens", [("BNSD", (1, 1, 1)), ("BSND", (1, 1, 1)), ("BNSD_NBSD", (1, 1, 1)),
+                                                 ("BSND_NBSD", (2, 1, 2)), ("TND", (1, 2, 3)), ("TND_NTD", (2, 1, 1))])
+@pytest.mark.parametrize("cache_ndim", [3, 4, 5])
+def test_matches_reference(rng, input_layout, q_lens, cache_ndim):
+    q, k, v, kw = make_case(rng, input_layout, cache_ndim, BF16, q_lens=q_lens, kv_lens=(33, 7, 16))
+    out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True)
+    want_out, want_lse = _ref(q, k, v, kw)
+    _assert_close(out, want_out, BF16)
+    _assert_lse(lse, want_lse)
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16])
+@pytest.mark.parametrize("input_layout,sparse_mode", [("BNSD", 0), ("TND", 3)])
+def test_exact_inputs_match_bit_for_bit_and_p_is_rounded_unnormalised(rng, dtype, input_layout, sparse_mode):
+    """With exactly representable sums the only rounding left is where the kernel rounds: the
+    unnormalised exp (incre_flash_attention_preload_mla.h line 2520) and the output."""
+    q, k, v, kw = make_case(rng, input_layout, 4, dtype, q_lens=(3, 2, 1) if input_layout == "TND" else (1, 1, 1),
+                            kv_lens=(40, 9, 25), sparse_mode=sparse_mode, n=8, exact=True)
+    out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True)
+    want_out, want_lse = _ref(q, k, v, kw)
+    np.testing.assert_array_equal(out.view(np.uint16), want_out.view(np.uint16))
+    np.testing.assert_array_equal(lse, want_lse)
+    normalised, _ = _ref(q, k, v, kw, p_rounding="normalised")
+    assert (normalised.view(np.uint16) != out.view(np.uint16)).any()  # the case tells the two readings apart
+
+
+def test_causal_mode_3_is_bottom_right_aligned(rng):
+    """Query token s of a request with S1 tokens sees kv positions j <= L - S1 + s."""
+    q, k, v, kw = make_case(rng, "TND", 4, BF16, q_lens=(3, 2), kv_lens=(5, 2), sparse_mode=3)
+    out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True)
+    want_out, want_lse = _ref(q, k, v, kw)
+    _assert_close(out, want_out, BF16)
+    _assert_lse(lse, want_lse)
+    # the first token of request 0 sees 3 of 5 positions: not the mode 0 result
+    full, _ = _ref(q, k, v, dict(kw, sparse_mode=0))
+    assert not np.array_equal(out[0].view(np.uint16), full[0].view(np.uint16))
+    np.testing.assert_array_equal(out[2].view(np.uint16), full[2].view(np.uint16))  # the last sees all
+
+
+def test_more_query_than_kv_tokens_gives_empty_rows(rng):
+    q, k, v, kw = make_case(rng, "TND", 4, BF16, q_lens=(3,), kv_lens=(2,), sparse_mode=3)
+    out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True)
+    assert not out[0].astype(np.float32).any() and np.isposinf(lse[0]).all()  # j <= 2 - 3 + 0 < 0
+    assert out[1].astype(np.float32).any() and np.isfinite(lse[1]).all()
+
+
+def test_empty_request_and_padded_query_rows_are_zero(rng):
+    q, k, v, kw = make_case(rng, "BSND", 3, BF16, q_lens=(2, 1, 0, 2), kv_lens=(20, 5, 9, 0), s1=2)
+    out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True)  # [B, S1, N, D], [B, N, S1, 1]
+    want_out, want_lse = _ref(q, k, v, kw)
+    _assert_close(out, want_out, BF16)
+    _assert_lse(lse, want_lse)
+    assert np.abs(out[0].astype(np.float32)).sum(axis=-1).all() and np.isfinite(lse[0]).all()
+    assert out[1, 0].astype(np.float32).any() and np.isfinite(lse[1, :, 0]).all()
+    assert not out[1, 1].astype(np.float32).any() and np.isposinf(lse[1, :, 1]).all()  # padded query row
+    assert not out[2].astype(np.float32).any() and np.isposinf(lse[2]).all()  # no query rows
+    assert not out[3].astype(np.float32).any() and np.isposinf(lse[3]).all()  # kv length 0
+
+
+@pytest.mark.parametrize("cache_ndim", [3, 4, 5])
+def test_d128_gqa_form(rng, cache_ndim):
+    """D = 128 + 64 rope with KV_N = 2 dividing N = 4 (prefill / chunked-context form)."""
+    q, k, v, kw = make_case(rng, "TND", cache_ndim, np.float16, q_lens=(3, 1), kv_lens=(19, 4), sparse_mode=3,
+                            d=128, kv_n=2)
+    out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True)
+    want_out, want_lse = _ref(q, k, v, kw)
+    _assert_close(out, want_out, np.float16)
+    _assert_lse(lse, want_lse)
+
+
+@pytest.mark.parametrize("d,kv_n,sparse_mode", [(128, 2, 3), (512, 1, 0)])
+def test_non_paged_tnd(rng, d, kv_n, sparse_mode):
+    """Without block_table: TND key / value / key_rope [T2, KV_N, D], kv prefix sums."""
+    q, k, v, kw = make_case(rng, "TND_NTD", 4, BF16, q_lens=(3, 2, 1), kv_lens=(9, 0, 4), sparse_mode=sparse_mode,
+                            d=d, kv_n=kv_n, paged=False)
+    out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True)
+    want_out, want_lse = _ref(q, k, v, kw)
+    _assert_close(out, want_out, BF16)
+    _assert_lse(lse, want_lse)
+    with pytest.raises(ShapeError, match=r"actual_seq_lengths_kv\[2\].*T=13"):
+        ops.npu_fused_infer_attention_score(q, k, v, **dict(kw, actual_seq_lengths_kv=[9, 9, 12]))
+    with pytest.raises(ModeError, match="block_table"):
+        ops.npu_fused_infer_attention_score(q[None], k, v, **dict(kw, input_layout="BSND",
+                                                                 query_rope=kw["query_rope"][None]))
+
+
+def test_v2_names_and_out_forms_agree_with_v1(rng):
+    q, k, v, kw = make_case(rng, "BNSD", 5, BF16, q_lens=(1, 1), kv_lens=(30, 3))
+    out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True)
+    v2 = {V2_NAMES.get(name, name): val for name, val in kw.items()}
+    out2, lse2 = ops.npu_fused_infer_attention_score_v2(q, k, v, **v2, return_softmax_lse=True)
+    np.testing.assert_array_equal(out2.view(np.uint16), out.view(np.uint16))
+    np.testing.assert_array_equal(lse2, lse)
+    ao, lo = np.zeros_like(out), np.zeros_like(lse)
+    ws = ops._npu_fused_infer_attention_score_v2_get_max_workspace(q, k, v, **v2)
+    got = ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True, workspace=ws,
+                                              attention_out=ao, softmax_lse=lo)
+    assert got[0] is ao and got[1] is lo
+    np.testing.assert_array_equal(ao.view(np.uint16), out.view(np.uint16))
+    np.testing.assert_array_equal(lo, lse)
+    no_lse = ops.npu_fused_infer_attention_score(q, k, v, **kw)[1]
+    assert no_lse.shape == (0,) and no_lse.dtype == np.float32
+
+
+# ---------------------------------------------------------------------- bad arguments
+def _base(rng):
+    return make_case(rng, "BNSD", 4, BF16, q_lens=(1, 1), kv_lens=(20, 7))
+
+
+@pytest.mark.parametrize("name,value,exc", [
+    ("pse_shift", np.zeros((1,), np.float32), ModeError), ("antiquant_scale", np.ones(1, np.float32), ModeError),
+    ("antiquant_mode", 1, ModeError), ("key_antiquant_mode", 1, ModeError), ("quant_scale2", np.ones(1), ModeError),
+    ("query_padding_size", np.zeros(1, np.int64), ModeError), ("kv_padding_size", np.zeros(1, np.int64), ModeError),
+    ("key_shared_prefix", np.zeros(1), ModeError), ("actual_shared_prefix_len", [1], ModeError),
+    ("inner_precise", 1, ModeError), ("sparse_mode", 1, ModeError), ("pre_tokens", 5, ModeError),
+    ("input_layout", "BSH", ModeError), ("num_key_value_heads", 2, ShapeError), ("num_heads", 8, ShapeError),
+    ("block_size", 32, ShapeError), ("scale", float("nan"), DTypeError), ("query_rope", None, ShapeError),
+    ("atten_mask", np.triu(np.ones((2048, 2048), bool), 1), ModeError),
+])
+def test_rejected_arguments_are_named(rng, name, value, exc):
+    q, k, v, kw = _base(rng)
+    with pytest.raises((exc, TypeError, ValueError), match=name):
+        ops.npu_fused_infer_attention_score(q, k, v, **dict(kw, **{name: value}))
+
+
+@pytest.mark.parametrize("name,value", [("learnable_sink", np.zeros(4, np.float32)), ("query_quant_mode", 3),
+                                        ("dequant_scale_query", np.ones(1, np.float32)), ("out_dtype", 1)])
+def test_v2_rejected_arguments_are_named(rng, name, value):
+    q, k, v, kw = _base(rng)
+    v2 = {V2_NAMES.get(n, n): val for n, val in kw.items()}
+    with pytest.raises(ModeError, match=name):
+        ops.npu_fused_infer_attention_score_v2(q, k, v, **v2, **{name: value})
+
+
+def test_index_and_length_errors_name_their_argument_and_write_nothing(rng):
+    q, k, v, kw = _base(rng)
+    ao, lo = np.full((2, 4, 1, 512), 7, BF16), np.full((2, 4, 1, 1), 7, np.float32)
+    out = dict(attention_out=ao, softmax_lse=lo, softmax_lse_flag=True)
+    bad_table = kw["block_table"].copy()
+    bad_table[1, 0] = k.shape[0]  # needed by request 1 (7 tokens)
+    with pytest.raises(IndexRangeError, match=r"block_table\[1, 0\]"):
+        ops.npu_fused_infer_attention_score(q, k, v, **dict(kw, block_table=bad_table), **out)
+    cap = kw["block_table"].shape[1] * 16
+    with pytest.raises(ShapeError, match=r"actual_seq_lengths_kv\[0\].*\[0, %d\]" % cap):
+        ops.npu_fused_infer_attention_score(q, k, v, **dict(kw, actual_seq_lengths_kv=[cap + 1, 7]), **out)
+    with pytest.raises(ShapeError, match="actual_seq_lengths_kv"):
+        ops.npu_fused_infer_attention_score(q, k, v, **dict(kw, actual_seq_lengths_kv=[3]), **out)
+    with pytest.raises(ShapeError, match="attention_out"):
+        ops.npu_fused_infer_attention_score(q, k, v, **kw, attention_out=ao[:1], softmax_lse=lo, softmax_lse_flag=True)
+    assert (ao.astype(np.float32) == 7).all() and (lo == 7).all()
+    tq, tk, tv, tkw = make_case(rng, "TND", 4, BF16, q_lens=(2, 1), kv_lens=(5, 5))
+    with pytest.raises(ShapeError, match=r"actual_seq_lengths\[1\].*T=3"):
+        ops.npu_fused_infer_attention_score(tq, tk, tv, **dict(tkw, actual_seq_lengths=[2, 4]))
+    with pytest.raises(ShapeError, match="actual_seq_lengths"):
+        ops.npu_fused_infer_attention_score(tq, tk, tv, **dict(tkw, actual_seq_lengths=None))
+    with pytest.raises(ModeError, match="atten_mask"):
+        ops.npu_fused_infer_attention_score(tq, tk, tv, **dict(tkw, sparse_mode=3,
+                                                               atten_mask=np.zeros((2048, 2048), bool)))
+
+
+# ---------------------------------------------------------------------- torch_npu drop-in
+torch = pytest.importorskip("torch")
+
+
+def _t(x):
+    from ascend_emu.torch_npu import to_torch
+
+    return to_torch(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
+
+
+@pytest.mark.parametrize("input_layout,cache_ndim", [("BNSD", 4), ("BSND_NBSD", 5), ("TND_NTD", 3)])
+def test_drop_in_matches_ops_and_fake_shapes(rng, input_layout, cache_ndim):
+    import ascend_emu.torch_npu as torch_npu
+    from ascend_emu.torch_npu import to_numpy
+
+    q, k, v, kw = make_case(rng, input_layout, cache_ndim, BF16, q_lens=(2, 1), kv_lens=(18, 5), sparse_mode=3)
+    want_out, want_lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True)
+    tkw = {name: _t(val) for name, val in kw.items()}
+    tq, tk = _t(q), _t(k)
+    out, lse = torch_npu.npu_fused_infer_attention_score(tq, tk, tk, **tkw, softmax_lse_flag=True)
+    np.testing.assert_array_equal(to_numpy(out).view(np.uint16), want_out.view(np.uint16))
+    np.testing.assert_array_equal(to_numpy(lse), want_lse)
+    v2 = {V2_NAMES.get(n, n): val for n, val in tkw.items()}
+    out2, _ = torch_npu.npu_fused_infer_attention_score_v2(tq, tk, tk, **v2)
+    assert torch.equal(out2, out)
+    ws = torch_npu._npu_fused_infer_attention_score_get_max_workspace(tq, tk, tk, **tkw)
+    ao, lo = torch.empty_like(out), torch.empty_like(lse)
+    got = torch_npu.npu_fused_infer_attention_score.out(tq, tk, tk, **tkw, softmax_lse_flag=True, workspace=ws,
+                                                        out=[ao, lo])
+    assert got[0] is ao and torch.equal(ao, out) and torch.equal(lo, lse)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fk = {n: mode.from_tensor(val) if isinstance(val, torch.Tensor) else val for n, val in tkw.items()}
+        f_out, f_lse = torch.ops.npu.npu_fused_infer_attention_score(mode.from_tensor(tq), mode.from_tensor(tk),
+                                                                     mode.from_tensor(tk), **fk, softmax_lse_flag=True)
+        f2_out, f2_lse = torch.ops.npu.npu_fused_infer_attention_score_v2(
+            mode.from_tensor(tq), mode.from_tensor(tk), mode.from_tensor(tk),
+            **{V2_NAMES.get(n, n): val for n, val in fk.items()})
+    assert (f_out.shape, f_out.dtype, f_lse.shape, f_lse.dtype) == (out.shape, out.dtype, lse.shape, lse.dtype)
+    assert (f2_out.shape, f2_lse.shape) == (out.shape, (0,))
+
+
+def test_drop_in_rejects_by_name(rng):
+    import ascend_emu.torch_npu as torch_npu
+
+    q, k, v, kw = _base(rng)
+    tkw = {name: _t(val) for name, val in kw.items()}
+    with pytest.raises(ModeError, match="pse_shift"):
+        torch_npu.npu_fused_infer_attention_score(_t(q), _t(k), _t(k), **tkw, pse_shift=torch.zeros(1))
+    with pytest.raises(ModeError, match="learnable_sink"):
+        torch_npu.npu_fused_infer_attention_score_v2(_t(q), _t(k), _t(k), **{V2_NAMES.get(n, n): val for n, val
+                                                                            in tkw.items()},
+                                                     learnable_sink=torch.zeros(4))
+
+
+def test_checked_mode_names_an_unwritten_kv_slot_and_allows_empty_rows(rng):
+    import ascend_emu
+    from ascend_emu import checked_mode
+    from ascend_emu.errors import UninitializedReadError
+
+    q, k, v, kw = make_case(rng, "BNSD", 4, BF16, q_lens=(1, 1), kv_lens=(20, 0))
+    checked_mode.reset()
+    try:
+        nb, bs = k.shape[0], 16
+        table = kw["block_table"]
+        checked_mode.mark_written(k, [table[0, p // bs] * bs + p % bs for p in range(20) if p != 17], nb * bs)
+        checked_mode.mark_written(kw["key_rope"], None, nb * bs)
+        with ascend_emu.checked(), pytest.raises(UninitializedReadError,
+                                                 match=r"key read before written: request 0, kv token 17"):
+            ops.npu_fused_infer_attention_score(q, k, v, **kw)
+        checked_mode.mark_written(k, None, nb * bs)
+        with ascend_emu.checked():  # request 1 (kv length 0): lse +inf is not an error
+            out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True)
+        assert np.isposinf(lse[1]).all()
+    finally:
+        checked_mode.reset()
