@@ -17,6 +17,7 @@ from . import lightning_indexer as _lightning_indexer
 from . import mla_preprocess as _mla_preprocess
 from . import mla_prolog as _mla_prolog
 from . import paged_cache as _paged_cache
+from . import quant_950 as _quant_950
 from . import rope as _rope
 from . import sparse_flash_attention as _sparse_flash_attention
 
@@ -33,6 +34,7 @@ class EmuBackend:
     lightning_indexer = staticmethod(_lightning_indexer.lightning_indexer)
     rope = staticmethod(_rope.rope)
     paged_cache = staticmethod(_paged_cache.paged_cache)
+    quant_950 = staticmethod(_quant_950.quant_950)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.

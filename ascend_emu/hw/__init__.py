@@ -35,6 +35,7 @@ from ..ops.lightning_indexer import LightningIndexerArgs, LightningIndexerOutput
 from ..ops.mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
 from ..ops.mla_prolog import MlaPrologArgs, MlaPrologOutputs
 from ..ops.paged_cache import SCATTER, PagedCacheArgs, PagedCacheOutputs
+from ..ops.quant_950 import Quant950Args, Quant950Outputs
 from ..ops.rope import RopeArgs, RopeOutputs
 from ..ops.sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
 from ..quant.rounding import BF16
@@ -353,6 +354,36 @@ def paged_cache(args: PagedCacheArgs) -> PagedCacheOutputs:
     return PagedCacheOutputs(*args.written)
 
 
+def quant_950(args: Quant950Args) -> Quant950Outputs:
+    """``npu_dtype_cast`` / ``npu_dynamic_mx_quant`` on the NPU, with the caller's codes (an FP8
+    array crosses as its uint8 bytes viewed as the torch FP8 dtype; FP8 outputs come back as
+    ml_dtypes arrays, HiF8 codes and E8M0 scales as uint8).
+
+    Raises:
+        BackendUnavailable: see :func:`runtime`.
+    """
+    torch, tnpu = runtime()
+    from ..quant import FP8_DTYPES
+
+    x = args.x
+    if x.dtype in FP8_DTYPES.values():
+        t = to_device(np.ascontiguousarray(x).view(np.uint8), torch).view(getattr(torch, x.dtype.name))
+    else:
+        t = to_device(x, torch)
+
+    def host(out):
+        if out.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            return to_host(out.view(torch.uint8)).view(FP8_DTYPES[str(out.dtype)[len("torch."):]])
+        return to_host(out)
+
+    if args.op == "npu_dtype_cast":
+        kw = {} if args.input_code is None else {"input_dtype": args.input_code}
+        return Quant950Outputs(host(tnpu.npu_dtype_cast(t, args.dtype_code, **kw)).reshape(x.shape))
+    y, scale = tnpu.npu_dynamic_mx_quant(t, axis=args.axis, round_mode="rint", dst_type=args.dtype_code,
+                                         block_size=args.block_size, scale_alg=args.scale_alg)
+    return Quant950Outputs(host(y).reshape(x.shape), host(scale))
+
+
 class HwBackend:
     """The ``hw`` backend (:class:`ascend_emu.ops._backend.Backend`): the functions above."""
 
@@ -364,6 +395,7 @@ class HwBackend:
     lightning_indexer = staticmethod(lightning_indexer)
     rope = staticmethod(rope)
     paged_cache = staticmethod(paged_cache)
+    quant_950 = staticmethod(quant_950)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.
@@ -376,4 +408,4 @@ def __getattr__(name: str):
         raise AttributeError(name)
     raise NotImplementedError(f"hw backend: no implementation of {name!r} in this version of ascend_emu "
                               "(implemented: mla_prolog, kv_rmsnorm_rope_cache, mla_preprocess, sparse_flash_attention, "
-                              "lightning_indexer, rope, paged_cache); use the emu backend")
+                              "lightning_indexer, rope, paged_cache, quant_950); use the emu backend")

@@ -15,6 +15,7 @@ from .lightning_indexer import npu_lightning_indexer
 from .mla_preprocess import npu_mla_preprocess
 from .mla_prolog import npu_mla_prolog, npu_mla_prolog_v2, npu_mla_prolog_v3
 from .paged_cache import npu_gather_pa_kv_cache, npu_scatter_pa_kv_cache
+from .quant_950 import npu_dtype_cast, npu_dynamic_mx_quant
 from .rope import npu_interleave_rope, npu_rotary_mul
 from .sparse_flash_attention import npu_kv_quant_sparse_flash_attention, npu_sparse_flash_attention
 
@@ -26,3 +27,4 @@ __all__ += ["npu_lightning_indexer"]
 __all__ += ["npu_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention"]
 __all__ += ["npu_interleave_rope", "npu_rotary_mul"]
 __all__ += ["npu_scatter_pa_kv_cache", "npu_gather_pa_kv_cache"]
+__all__ += ["npu_dtype_cast", "npu_dynamic_mx_quant"]

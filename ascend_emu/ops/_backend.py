@@ -8,7 +8,7 @@ environment variable (default ``emu``).
 The interface (:class:`Backend`), the same for every backend:
 
 - one method per op family (``mla_prolog``, ``mla_preprocess``, ``kv_rmsnorm_rope_cache``,
-  ``sparse_flash_attention``, ``lightning_indexer``, ``rope``, ``paged_cache``), taking that family's frozen argument
+  ``sparse_flash_attention``, ``lightning_indexer``, ``rope``, ``paged_cache``, ``quant_950``), taking that family's frozen argument
   object (``MlaPrologArgs``, ... in the family's ``ops`` module): the caller's validated arrays
   as passed (NZ weights as cast, scales and index tensors as given), the derived slots / rows,
   the cache layouts, modes and scenario. Backends never validate user input again;
@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # the families' modules import this one
     from .mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
     from .mla_prolog import MlaPrologArgs, MlaPrologOutputs
     from .paged_cache import PagedCacheArgs, PagedCacheOutputs
+    from .quant_950 import Quant950Args, Quant950Outputs
     from .rope import RopeArgs, RopeOutputs
     from .sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
 
@@ -73,6 +74,9 @@ class Backend(Protocol):
 
     def paged_cache(self, args: PagedCacheArgs) -> PagedCacheOutputs:
         """``npu_scatter_pa_kv_cache`` and ``npu_gather_pa_kv_cache``."""
+
+    def quant_950(self, args: Quant950Args) -> Quant950Outputs:
+        """``npu_dtype_cast`` and ``npu_dynamic_mx_quant`` (Ascend 950 types)."""
 
 
 #: Registered backends: name -> package exposing ``BACKEND``.

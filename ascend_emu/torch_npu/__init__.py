@@ -39,6 +39,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
     raise ModuleNotFoundError(f"ascend_emu.torch_npu needs torch; {TORCH_HINT}", name=exc.name) from exc
 
 from .. import __version__ as _emu_version
+from ..quant.fp8 import TORCH_NPU_DTYPE_CODES as _TORCH_NPU_DTYPE_CODES
 from . import _device, _format, _registry, namespaces, npu
 from ._convert import nz_of, tag_nz, to_numpy, to_torch
 from .schemas import SCHEMAS
@@ -52,6 +53,11 @@ namespaces.register()  # torch.ops._C_ascend.* / torch.ops.custom.*: the framewo
 #: The emulated torch_npu release; the local label says this is the emulator.
 __version__ = f"{TORCH_NPU_VERSION}+ascend_emu.{_emu_version}"
 version = __version__
+
+#: torch_npu's own dtypes, as the plain int codes torch_npu passes them (ACL enum + 256; HiF8 and
+#: fp4 data travel as uint8): :data:`ascend_emu.quant.TORCH_NPU_DTYPE_CODES`.
+hifloat8 = _TORCH_NPU_DTYPE_CODES["hifloat8"]
+float4_e2m1fn_x2 = _TORCH_NPU_DTYPE_CODES["float4_e2m1fn_x2"]
 
 _NPU_OPS = sorted({spec.name for spec in SCHEMAS if spec.namespace == "npu"})
 for _name in _NPU_OPS:  # torch_npu.<op>: the registered op, through a thin argument-kind check

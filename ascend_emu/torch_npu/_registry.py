@@ -642,6 +642,42 @@ def _later_keywords() -> dict[str, dict[str, Callable[[Any], None]]]:
     return {"npu_kv_quant_sparse_flash_attention": {"sinks": check_sinks}}
 
 
+#: ``int`` dtype-code arguments that take a torch dtype too, per ``npu`` op: torch's dispatcher
+#: passes a torch dtype in an ``int`` slot as its ``c10::ScalarType`` value, which is how
+#: ``torch_npu.npu_dynamic_mx_quant(x, dst_type=torch.float8_e4m3fn)`` reaches the kernel; the
+#: eager path and the argument check convert it the same way (:func:`scalar_type_code`).
+DTYPE_CODE_ARGUMENTS = {"npu_dtype_cast": ("dtype", "input_dtype"), "npu_dynamic_mx_quant": ("dst_type",)}
+
+
+def scalar_type_code(value):
+    """``value`` with a torch dtype replaced by its ``c10::ScalarType`` value
+    (:data:`ascend_emu.ops.quant_950.SCALAR_TYPE_CODES`); anything else unchanged.
+
+    Raises:
+        DTypeError: a torch dtype without a code there.
+    """
+    if not isinstance(value, torch.dtype):
+        return value
+    from ..ops.quant_950 import SCALAR_TYPE_CODES
+
+    code = SCALAR_TYPE_CODES.get(str(value)[len("torch."):])
+    if code is None:
+        raise arg_error(DTypeError, "dtype", f"a torch dtype among {sorted(SCALAR_TYPE_CODES)} or a dtype code",
+                        str(value))
+    return code
+
+
+def _with_codes(names: tuple[str, ...], positions: tuple[int, ...], args: tuple, kwargs: dict) -> tuple:
+    """``(args, kwargs)`` with the torch dtypes of the arguments ``names`` (schema positions
+    ``positions``) replaced by their codes."""
+    if any(isinstance(a, torch.dtype) for a in args):
+        args = tuple(scalar_type_code(a) if i in positions else a for i, a in enumerate(args))
+    for key in names:
+        if isinstance(kwargs.get(key), torch.dtype):
+            kwargs = {**kwargs, key: scalar_type_code(kwargs[key])}
+    return args, kwargs
+
+
 def public_op(namespace: str, name: str) -> Callable:
     """``torch_npu.<name>``: a thin callable of ``torch.ops.<namespace>.<name>`` (its ``op``
     attribute) that checks the arguments against the schemas first (:func:`check_call`:
@@ -668,11 +704,15 @@ def public_op(namespace: str, name: str) -> Callable:
     bindings = tuple(_BINDINGS[f"{namespace}::{s.qualified}"] for s in specs)
     check = _CHECKS[packet._qualified_op_name]
     later = tuple(_later_keywords().get(name, {}).items()) if namespace == "npu" else ()
+    coded = DTYPE_CODE_ARGUMENTS.get(name, ()) if namespace == "npu" else ()
+    coded_at = tuple(i for i, a in enumerate(bindings[0].names) if a in coded) if coded else ()
 
     def call(*args, **kwargs):
         for keyword, check_later in later:
             if keyword in kwargs:
                 check_later(kwargs.pop(keyword))
+        if coded:
+            args, kwargs = _with_codes(coded, coded_at, args, kwargs)
         if eager_allowed():
             grad = _grad_enabled()
             for binding in bindings:
