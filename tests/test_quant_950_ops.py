@@ -131,6 +131,21 @@ def test_mx_quant_matches_reference(a950, name, scale_alg, axis, shape, block):
     np.testing.assert_array_equal(scale, want_scale)
 
 
+@pytest.mark.parametrize("name", list(FP8))
+def test_mx_quant_scale_algs_differ_where_the_doc_says(a950, name):
+    """Blocks whose amax has a mantissa above max's (1.75 for both FP8 types): scale_alg 1 rounds
+    the exponent of amax / max up, one above scale_alg 0's byte (reference), elsewhere equal."""
+    x = np.zeros((2, 64), np.float32)
+    x[:, 0], x[:, 32] = 1.9, 1.5  # block 0: amax 1.9 (> 1.75), block 1: amax 1.5
+    x[1] *= 2.0 ** -20
+    x = x.astype(ml_dtypes.bfloat16)
+    got = {alg: ops.npu_dynamic_mx_quant(x, dst_type=FP8[name][0], scale_alg=alg)[1] for alg in (0, 1)}
+    for alg in (0, 1):
+        np.testing.assert_array_equal(got[alg], ref.mx_quantize(x.astype(np.float32), name, -1, 32, alg)[1])
+    diff = got[1].astype(int) - got[0].astype(int)
+    assert diff[:, 0, 0].tolist() == [1, 1] and diff[:, 0, 1].tolist() == [0, 0]
+
+
 def test_mx_quant_torch_scalar_type_codes_and_fp16(a950):
     x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float16)
     for name, (code, scalar) in FP8.items():
