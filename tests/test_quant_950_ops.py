@@ -240,3 +240,59 @@ def test_fake_kernels(a950, tnpu):
         assert torch.ops.npu.npu_dtype_cast(x, torch.float8_e5m2).dtype == torch.float8_e5m2
         y, s = torch.ops.npu.npu_dynamic_mx_quant(x, dst_type=292, axis=0)
         assert y.dtype == torch.float8_e4m3fn and tuple(y.shape) == (4, 70) and tuple(s.shape) == (1, 70, 2)
+
+
+# ---------------------------------------------------------------------- npu_format_cast, the 950 8-bit rows
+@pytest.mark.parametrize("shape", [(40, 70), (2, 17, 33)])
+@pytest.mark.parametrize("row", ["fp8", "fp8 bytes", "hif8"])
+def test_format_cast_950_rows_nz_c0_32(a950, shape, row):
+    from tests.reference import layouts as ref_layouts
+
+    raw = np.random.default_rng(3).integers(0, 256, shape, dtype=np.uint8)
+    x, kw = {"fp8": (raw.view(ml_dtypes.float8_e4m3fn), {"customize_dtype": 292}),
+             "fp8 bytes": (raw, {"customize_dtype": 24, "input_dtype": 292}),
+             "hif8": (raw, {"customize_dtype": 290, "input_dtype": 290})}[row]
+    z = ops.npu_format_cast(x, 29, **kw)
+    assert ops.get_npu_format(z) == 29 and z.dtype == x.dtype
+    storage = z.storage()
+    assert storage.shape[-1] == 32  # aclnnNpuFormatCast: C0 = 32 bytes / 1-byte type
+    np.testing.assert_array_equal(storage.view(np.uint8), ref_layouts.nd_to_nz_transdata(raw))
+    np.testing.assert_array_equal(np.asarray(z).view(np.uint8), raw)  # logical values unchanged
+
+
+@pytest.mark.parametrize("soc", NOT_950)
+def test_format_cast_950_rows_rejected_on_a2_a3(monkeypatch, soc):
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", soc)
+    with pytest.raises(ModeError, match=rf"^customize_dtype: When customize_dtype is 290 \(hifloat8\), not support "
+                                        rf"on this soc version {soc} "):
+        ops.npu_format_cast(np.zeros((16, 32), np.uint8), 29, customize_dtype=290, input_dtype=290)
+
+
+@pytest.mark.parametrize("x, acl_format, kw, err, text", [
+    (np.zeros((16, 32), np.uint8), 29, {}, DTypeError, "with the Ascend 950's customize_dtype"),
+    (np.zeros((16, 32), np.float16), 29, {"customize_dtype": 5}, ModeError, "float16 data, customize_dtype 5"),
+    (np.zeros((16, 32), np.float32), 29, {"customize_dtype": 292}, ModeError, "float32 data, customize_dtype 292"),
+    (np.zeros((16, 32), np.uint8), 2, {"customize_dtype": 290, "input_dtype": 290}, ModeError, "acl_format 2"),
+    (np.zeros((16, 32), np.uint8), 29, {"customize_dtype": 292, "input_dtype": 290}, ModeError, "hifloat8 data"),
+    (np.zeros((16, 32), np.int8), 29, {"customize_dtype": 290, "input_dtype": 290}, DTypeError, "for hifloat8 data"),
+    (np.zeros((16, 32), np.uint8), 29, {"input_dtype": 290}, ModeError, "customize_dtype: expected a dtype code"),
+])
+def test_format_cast_customize_contract(a950, x, acl_format, kw, err, text):
+    with pytest.raises(err, match=text):
+        ops.npu_format_cast(x, acl_format, **kw)
+
+
+def test_format_cast_950_drop_in(a950, tnpu):
+    torch, torch_npu = tnpu
+    from ascend_emu.torch_npu._convert import to_numpy
+    from tests.reference import layouts as ref_layouts
+
+    w = torch.randn(40, 70).to(torch.float8_e4m3fn).npu()
+    z = torch_npu.npu_format_cast(w, 29, customize_dtype=torch.float8_e4m3fn)
+    assert torch_npu.get_npu_format(z) == 29 and z.dtype == torch.float8_e4m3fn
+    np.testing.assert_array_equal(to_numpy(z).storage().view(np.uint8),
+                                  ref_layouts.nd_to_nz_transdata(w.view(torch.uint8).numpy()))
+    h = torch.ops.npu.npu_format_cast(torch.zeros(16, 32, dtype=torch.uint8), 29, customize_dtype=290, input_dtype=290)
+    assert torch_npu.get_npu_format(h) == 29
+    with pytest.raises(ModeError, match="customize_dtype"):
+        torch_npu.npu_format_cast_(w, 29, customize_dtype=torch.float8_e4m3fn)  # the in-place overload: not emulated

@@ -105,7 +105,8 @@ class Quant950Outputs(NamedTuple):
     mxscale: np.ndarray | None = None
 
 
-def _code(value, name: str) -> int:
+def dtype_code(value, name: str) -> int:
+    """``value`` checked as a dtype code of :data:`DTYPE_CODE_NAMES` (ModeError naming ``name``)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise arg_error(ModeError, name, "a dtype code as an int (e.g. 290 hifloat8, 292 float8_e4m3fn, "
                         "15 bfloat16)", describe(value))
@@ -147,7 +148,7 @@ def npu_dtype_cast(self, dtype, input_dtype=None) -> np.ndarray:
     ``op_kernel/arch35/cast_struct.h`` (the casts :mod:`ascend_emu.quant` implements).
     """
     x = required(self, "self")
-    dst_code = _code(dtype, "dtype")
+    dst_code = dtype_code(dtype, "dtype")
     dst = DTYPE_CODE_NAMES[dst_code]
     own = dtype_name(x.dtype)
     if input_dtype is None:
@@ -156,7 +157,7 @@ def npu_dtype_cast(self, dtype, input_dtype=None) -> np.ndarray:
             raise arg_error(DTypeError, "self", "fp16 / bf16 / fp32 or an FP8 array (uint8 bytes of hifloat8 / FP8 "
                             "need input_dtype 290 / 291 / 292)", describe(x))
     else:
-        in_code = _code(input_dtype, "input_dtype")
+        in_code = dtype_code(input_dtype, "input_dtype")
         src = DTYPE_CODE_NAMES[in_code]
         if src in CAST_950_TYPES and own == "uint8":
             pass  # bytes reinterpreted, as the op-api's TensorWrapper does
@@ -204,7 +205,7 @@ def npu_dynamic_mx_quant(input, *, axis: int = -1, round_mode: str = "rint", dst
     layout); OCP MX v1.0.
     """
     x = required(input, "input")
-    code = _code(dst_type, "dst_type")
+    code = dtype_code(dst_type, "dst_type")
     dst = DTYPE_CODE_NAMES[code]
     if dst not in FP8_DTYPES:
         raise arg_error(ModeError, "dst_type", "an FP8 code: 292 / 24 (float8_e4m3fn) or 291 / 23 (float8_e5m2); "
@@ -227,4 +228,4 @@ def npu_dynamic_mx_quant(input, *, axis: int = -1, round_mode: str = "rint", dst
 
 
 __all__ = ["npu_dtype_cast", "npu_dynamic_mx_quant", "Quant950Args", "Quant950Outputs", "SCALAR_TYPE_CODES",
-           "DTYPE_CODE_NAMES"]
+           "DTYPE_CODE_NAMES", "dtype_code"]

@@ -553,7 +553,8 @@ def check_call(namespace: str, name: str) -> Callable[[tuple, dict], "_Binding"]
 
     def check(args: tuple, kwargs: dict) -> _Binding:
         if cast and len(args) > 1 and not isinstance(args[1], torch.Tensor):
-            _format._check_cast_args(args[1], kwargs.get("customize_dtype"), kwargs.get("input_dtype"))
+            _format._check_cast_args(args[1], kwargs.get("customize_dtype"), kwargs.get("input_dtype"),
+                                     customizable=name == "npu_format_cast")
         problems = []
         for binding in bindings:
             problem = binding.mismatch(args, kwargs, public)
@@ -646,7 +647,8 @@ def _later_keywords() -> dict[str, dict[str, Callable[[Any], None]]]:
 #: passes a torch dtype in an ``int`` slot as its ``c10::ScalarType`` value, which is how
 #: ``torch_npu.npu_dynamic_mx_quant(x, dst_type=torch.float8_e4m3fn)`` reaches the kernel; the
 #: eager path and the argument check convert it the same way (:func:`scalar_type_code`).
-DTYPE_CODE_ARGUMENTS = {"npu_dtype_cast": ("dtype", "input_dtype"), "npu_dynamic_mx_quant": ("dst_type",)}
+DTYPE_CODE_ARGUMENTS = {"npu_dtype_cast": ("dtype", "input_dtype"), "npu_dynamic_mx_quant": ("dst_type",),
+                        "npu_format_cast": ("customize_dtype", "input_dtype")}
 
 
 def scalar_type_code(value):
