@@ -651,7 +651,7 @@ DTYPE_CODE_ARGUMENTS = {"npu_dtype_cast": ("dtype", "input_dtype"), "npu_dynamic
                         "npu_format_cast": ("customize_dtype", "input_dtype")}
 
 
-def scalar_type_code(value):
+def scalar_type_code(value, name: str = "dtype"):
     """``value`` with a torch dtype replaced by its ``c10::ScalarType`` value
     (:data:`ascend_emu.ops.quant_950.SCALAR_TYPE_CODES`); anything else unchanged.
 
@@ -664,19 +664,19 @@ def scalar_type_code(value):
 
     code = SCALAR_TYPE_CODES.get(str(value)[len("torch."):])
     if code is None:
-        raise arg_error(DTypeError, "dtype", f"a torch dtype among {sorted(SCALAR_TYPE_CODES)} or a dtype code",
+        raise arg_error(DTypeError, name, f"a torch dtype among {sorted(SCALAR_TYPE_CODES)} or a dtype code",
                         str(value))
     return code
 
 
-def _with_codes(names: tuple[str, ...], positions: tuple[int, ...], args: tuple, kwargs: dict) -> tuple:
-    """``(args, kwargs)`` with the torch dtypes of the arguments ``names`` (schema positions
-    ``positions``) replaced by their codes."""
+def _with_codes(names: tuple[str, ...], positions: dict[int, str], args: tuple, kwargs: dict) -> tuple:
+    """``(args, kwargs)`` with the torch dtypes of the arguments ``names`` (``positions``: schema
+    position -> name, for those that can come by position) replaced by their codes."""
     if any(isinstance(a, torch.dtype) for a in args):
-        args = tuple(scalar_type_code(a) if i in positions else a for i, a in enumerate(args))
+        args = tuple(scalar_type_code(a, positions[i]) if i in positions else a for i, a in enumerate(args))
     for key in names:
         if isinstance(kwargs.get(key), torch.dtype):
-            kwargs = {**kwargs, key: scalar_type_code(kwargs[key])}
+            kwargs = {**kwargs, key: scalar_type_code(kwargs[key], key)}
     return args, kwargs
 
 
@@ -707,7 +707,7 @@ def public_op(namespace: str, name: str) -> Callable:
     check = _CHECKS[packet._qualified_op_name]
     later = tuple(_later_keywords().get(name, {}).items()) if namespace == "npu" else ()
     coded = DTYPE_CODE_ARGUMENTS.get(name, ()) if namespace == "npu" else ()
-    coded_at = tuple(i for i, a in enumerate(bindings[0].names) if a in coded) if coded else ()
+    coded_at = {i: a for i, a in enumerate(bindings[0].names) if a in coded}
 
     def call(*args, **kwargs):
         for keyword, check_later in later:
