@@ -184,6 +184,25 @@ MUTANTS: tuple[Mutant, ...] = (
            "np.moveaxis(stored.reshape(stored.shape[:-2] + (2, pairs)).swapaxes(-1, -2), -2, ax)",
            ("tests/test_formats_950.py::test_mx_scale_pair_layout_byte_exact",),
            "MX scales: pairs (j, j + half) instead of (2k, 2k + 1)"),
+    # ------------------------------------------------------------------ Ascend 950 ops and SoC gating
+    Mutant("soc_950_gate_open", "ascend_emu/soc.py",
+           "if not is_ascend950(name):", "if False:",
+           ("tests/test_soc.py", "tests/test_quant_950_ops.py"),
+           "the Ascend 950 modes run on an A2 / A3 SoC"),
+    Mutant("dtype_cast_fp8_saturates", "ascend_emu/emu/quant_950.py",
+           "to_fp8(args.x, args.dst)", "to_fp8(args.x, args.dst, saturate=True)",
+           ("tests/test_quant_950_ops.py",), "npu_dtype_cast to FP8 clips to +-max instead of NaN / Inf"),
+    Mutant("dtype_cast_fp8_bytes_as_e4m3", "ascend_emu/emu/quant_950.py",
+           "x = x.view(FP8_DTYPES[src])", 'x = x.view(FP8_DTYPES["float8_e4m3fn"])',
+           ("tests/test_quant_950_ops.py",), "npu_dtype_cast reads E5M2 bytes (input_dtype 291) as E4M3FN"),
+    Mutant("mx_quant_scale_alg_dropped", "ascend_emu/emu/quant_950.py",
+           "scale_alg=args.scale_alg)", "scale_alg=0)",
+           ("tests/test_quant_950_ops.py",), "npu_dynamic_mx_quant ignores scale_alg"),
+    Mutant("format_cast_950_c0_16", "ascend_emu/layouts/nz.py",
+           "return FRACTAL_ROW_BYTES // min(dtype.itemsize, 2)",
+           "return FRACTAL_ROW_BYTES // min(dtype.itemsize, 2) if dtype.itemsize > 1 else 16",
+           ("tests/test_quant_950_ops.py", "tests/test_layouts_nz.py"),
+           "FRACTAL_NZ C0 of a 1-byte type 16 instead of 32 bytes / 1"),
 )
 
 

@@ -45,6 +45,7 @@ FAMILIES += ("quant",)
 OPS_MODULES = {"quant": "dynamic_quant"}
 FAMILIES += ("quant_lightning_indexer",)
 FAMILIES += ("fused_infer_attention_score",)
+FAMILIES += ("quant_950",)
 
 
 def _outputs_type(family: str):
@@ -97,7 +98,7 @@ def convention_checked(seen: list):
                 result = _real(args)
                 assert type(result) is _outputs_type(_family), (_name, _family, type(result))
                 for field, value in zip(result._fields, result):
-                    assert isinstance(value, np.ndarray) or (value is None and _family == "mla_prolog"), (
+                    assert isinstance(value, np.ndarray) or (value is None and _family in ("mla_prolog", "quant_950")), (
                         _name, _family, field)
                 if _family == "paged_cache":  # the caches (scatter) or key / value (gather)
                     assert result.k is args.written[0] and result.v is args.written[1], (_name, _family)
@@ -473,3 +474,18 @@ def test_hw_fused_infer_attention_score(standin, rng, op, lse):
               else "num_query_heads" if k == "num_heads" else "softmax_scale" if k == "scale" else k: v
               for k, v in kw.items()}
     assert_backends_agree(getattr(ops, op), (q, key, value), dict(kw, **{lse: True}))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
+def test_hw_quant_950(standin, rng, monkeypatch, dtype):
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", "Ascend950PR_9599")
+    x = (rng.standard_normal((3, 70)) * 4).astype(dtype)
+    for code in (290, 291, 292):
+        assert_backends_agree(ops.npu_dtype_cast, (x, code), {})
+    codes = ops.npu_dtype_cast(x, 290)
+    assert_backends_agree(ops.npu_dtype_cast, (codes, 15), {"input_dtype": 290})
+    fp8 = ops.npu_dtype_cast(x, 292)
+    assert_backends_agree(ops.npu_dtype_cast, (fp8, 6), {})
+    if dtype is not np.float32:
+        for axis, alg in ((-1, 0), (0, 1)):
+            assert_backends_agree(ops.npu_dynamic_mx_quant, (x,), {"dst_type": 291, "axis": axis, "scale_alg": alg})

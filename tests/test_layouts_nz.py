@@ -53,7 +53,14 @@ def test_c0_per_dtype(dtype, c0):
     assert c0_for(dtype) == c0 == ref.matrix_c0(dtype.itemsize)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.int64, np.uint8, np.bool_, np.complex64], ids=ids)
+def test_c0_of_the_950_byte_types():
+    """uint8 (hifloat8 codes) and float8_e4m3fn: C0 = 32 bytes / 1 byte (aclnnNpuFormatCast); the
+    op contract, not the layout, limits them to an emulated Ascend 950."""
+    for dtype in (np.dtype(np.uint8), np.dtype(ml_dtypes.float8_e4m3fn)):
+        assert c0_for(dtype) == 32 == ref.matrix_c0(dtype.itemsize)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int64, np.int16, np.bool_, np.complex64], ids=ids)
 def test_unsupported_dtype(dtype):
     with pytest.raises(DTypeError, match="FRACTAL_NZ"):
         c0_for(dtype)

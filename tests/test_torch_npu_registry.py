@@ -24,6 +24,7 @@ EXPECTED_OVERLOADS = {
     "npu::npu_mla_prolog_v3", "npu::npu_mla_prolog_v3_functional", "npu::npu_sparse_flash_attention",
     "npu::npu_kv_quant_sparse_flash_attention", "npu::npu_lightning_indexer", "atb::npu_mla_preprocess",
     "atb::npu_mla_preprocess.out", "npu::npu_interleave_rope", "npu::npu_rotary_mul",
+    "npu::npu_dtype_cast", "npu::npu_dynamic_mx_quant",
     "npu::npu_scatter_pa_kv_cache", "npu::npu_scatter_pa_kv_cache_functional", "npu::npu_gather_pa_kv_cache",
     "npu::npu_gather_pa_kv_cache_functional",
     "npu::npu_dynamic_quant",

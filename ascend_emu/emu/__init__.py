@@ -20,6 +20,7 @@ from . import mla_prolog as _mla_prolog
 from . import paged_cache as _paged_cache
 from . import quant as _quant
 from . import quant_lightning_indexer as _quant_lightning_indexer
+from . import quant_950 as _quant_950
 from . import rope as _rope
 from . import sparse_flash_attention as _sparse_flash_attention
 
@@ -39,6 +40,7 @@ class EmuBackend:
     quant = staticmethod(_quant.quant)
     quant_lightning_indexer = staticmethod(_quant_lightning_indexer.quant_lightning_indexer)
     fused_infer_attention_score = staticmethod(_fused_infer_attention_score.fused_infer_attention_score)
+    quant_950 = staticmethod(_quant_950.quant_950)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.

@@ -38,6 +38,7 @@ from ..ops.mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
 from ..ops.mla_prolog import MlaPrologArgs, MlaPrologOutputs
 from ..ops.paged_cache import SCATTER, PagedCacheArgs, PagedCacheOutputs
 from ..ops.quant_lightning_indexer import QuantLightningIndexerArgs, QuantLightningIndexerOutputs
+from ..ops.quant_950 import Quant950Args, Quant950Outputs
 from ..ops.rope import RopeArgs, RopeOutputs
 from ..ops.sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
 from ..quant import INT4_PER_INT32
@@ -426,6 +427,36 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
     return FusedInferAttentionOutputs(to_host(out).reshape(args.out_shape), lse_host)
 
 
+def quant_950(args: Quant950Args) -> Quant950Outputs:
+    """``npu_dtype_cast`` / ``npu_dynamic_mx_quant`` on the NPU, with the caller's codes (an FP8
+    array crosses as its uint8 bytes viewed as the torch FP8 dtype; FP8 outputs come back as
+    ml_dtypes arrays, HiF8 codes and E8M0 scales as uint8).
+
+    Raises:
+        BackendUnavailable: see :func:`runtime`.
+    """
+    torch, tnpu = runtime()
+    from ..quant import FP8_DTYPES
+
+    x = args.x
+    if x.dtype in FP8_DTYPES.values():
+        t = to_device(np.ascontiguousarray(x).view(np.uint8), torch).view(getattr(torch, x.dtype.name))
+    else:
+        t = to_device(x, torch)
+
+    def host(out):
+        if out.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            return to_host(out.view(torch.uint8)).view(FP8_DTYPES[str(out.dtype)[len("torch."):]])
+        return to_host(out)
+
+    if args.op == "npu_dtype_cast":
+        kw = {} if args.input_code is None else {"input_dtype": args.input_code}
+        return Quant950Outputs(host(tnpu.npu_dtype_cast(t, args.dtype_code, **kw)).reshape(x.shape))
+    y, scale = tnpu.npu_dynamic_mx_quant(t, axis=args.axis, round_mode="rint", dst_type=args.dtype_code,
+                                         block_size=args.block_size, scale_alg=args.scale_alg)
+    return Quant950Outputs(host(y).reshape(x.shape), host(scale))
+
+
 class HwBackend:
     """The ``hw`` backend (:class:`ascend_emu.ops._backend.Backend`): the functions above."""
 
@@ -440,6 +471,7 @@ class HwBackend:
     quant = staticmethod(quant)
     quant_lightning_indexer = staticmethod(quant_lightning_indexer)
     fused_infer_attention_score = staticmethod(fused_infer_attention_score)
+    quant_950 = staticmethod(quant_950)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.

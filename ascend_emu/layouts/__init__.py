@@ -1,7 +1,7 @@
 """Storage layouts: matrix FRACTAL_NZ and the paged KV-cache modes (ops_reference §1.4, §2.3, §4)."""
 
 from .. import _kernel_cache  # noqa: F401  (before any kernel: caches them keyed on the sources)
-from .nz import (ACL_FORMAT_NAMES, FRACTAL_NZ, ND, NZArray, as_nz, c0_for, get_npu_format, nd_to_nz,
+from .nz import (ACL_FORMAT_NAMES, FRACTAL_NZ, ND, NZ_950_DTYPES, NZ_DTYPES, NZArray, as_nz, c0_for, get_npu_format, nd_to_nz,
                  nz_coords, nz_offset, nz_shape, nz_to_nd)
 from .paged import (CACHE_MODE_ALIASES, CACHE_MODES, NZ_BLOCK_ROWS, NZ_ROW_BYTES, SKIP_INDEX, CacheLayout,
                     CacheLocation, CacheMode, canonical_cache_mode, check_block_size, check_index_range,
@@ -10,7 +10,7 @@ from .paged import (CACHE_MODE_ALIASES, CACHE_MODES, NZ_BLOCK_ROWS, NZ_ROW_BYTES
                     slots_from_positions)
 
 __all__ = [
-    "ACL_FORMAT_NAMES", "FRACTAL_NZ", "ND", "NZArray", "as_nz", "c0_for", "get_npu_format", "nd_to_nz",
+    "ACL_FORMAT_NAMES", "FRACTAL_NZ", "ND", "NZ_950_DTYPES", "NZ_DTYPES", "NZArray", "as_nz", "c0_for", "get_npu_format", "nd_to_nz",
     "nz_coords", "nz_offset", "nz_shape", "nz_to_nd",
     "CACHE_MODE_ALIASES", "CACHE_MODES", "NZ_BLOCK_ROWS", "NZ_ROW_BYTES", "SKIP_INDEX", "CacheLayout",
     "CacheLocation", "CacheMode", "canonical_cache_mode", "check_block_size", "check_index_range",

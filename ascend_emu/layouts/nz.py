@@ -35,7 +35,13 @@ M0 = 16
 #: Bytes per fractal row.
 FRACTAL_ROW_BYTES = 32
 
-_SUPPORTED = ("bfloat16", "float16", "float32", "int32", "int8")
+#: Element types with a FRACTAL_NZ layout on every SoC.
+NZ_DTYPES = ("bfloat16", "float16", "float32", "int32", "int8")
+#: 8-bit types whose FRACTAL_NZ layout exists on the Ascend 950 only: float8_e4m3fn and hifloat8
+#: (carried as uint8), cast with a ``customize_dtype`` of the same type (ops-math
+#: ``conversion/npu_format_cast/docs/aclnnNpuFormatCast.md``, the 950 table); C0 = 32, as int8.
+NZ_950_DTYPES = ("uint8", "float8_e4m3fn")
+_SUPPORTED = NZ_DTYPES + NZ_950_DTYPES
 
 
 def _check_dtype(dtype: np.dtype, name: str = "x") -> np.dtype:
@@ -48,10 +54,11 @@ def _check_dtype(dtype: np.dtype, name: str = "x") -> np.dtype:
 def c0_for(dtype) -> int:
     """Columns per fractal, C0, of matrix FRACTAL_NZ for ``dtype``.
 
-    Returns ``32 // min(itemsize, 2)``: 16 for bf16 / fp16 / fp32 / int32, 32 for int8.
+    Returns ``32 // min(itemsize, 2)``: 16 for bf16 / fp16 / fp32 / int32, 32 for int8 (and for
+    the Ascend 950's :data:`NZ_950_DTYPES`).
 
     Raises:
-        DTypeError: dtype not one of bf16, fp16, fp32, int32, int8.
+        DTypeError: dtype not one of bf16, fp16, fp32, int32, int8, uint8, float8_e4m3fn.
     """
     dtype = _check_dtype(dtype, "dtype")
     return FRACTAL_ROW_BYTES // min(dtype.itemsize, 2)
@@ -347,7 +354,8 @@ def as_nz(x: np.ndarray) -> NZArray:
     """Copy ``x`` into a new :class:`NZArray` (the numpy form of ``npu_format_cast(x, 29)``).
 
     Args:
-        x: bf16 / fp16 / fp32 / int32 / int8 array, any shape and strides.
+        x: bf16 / fp16 / fp32 / int32 / int8 array (uint8 / float8_e4m3fn: the Ascend 950's; the
+            op contract, :func:`ascend_emu.ops.npu_format_cast`, gates them), any shape and strides.
 
     Returns:
         A new C-contiguous :class:`NZArray` with ``x``'s logical values.

@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # the families' modules import this one
     from .mla_prolog import MlaPrologArgs, MlaPrologOutputs
     from .paged_cache import PagedCacheArgs, PagedCacheOutputs
     from .quant_lightning_indexer import QuantLightningIndexerArgs, QuantLightningIndexerOutputs
+    from .quant_950 import Quant950Args, Quant950Outputs
     from .rope import RopeArgs, RopeOutputs
     from .sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
 
@@ -83,6 +84,9 @@ class Backend(Protocol):
         """``npu_quant_lightning_indexer``."""
     def fused_infer_attention_score(self, args: FusedInferAttentionArgs) -> FusedInferAttentionOutputs:
         """``npu_fused_infer_attention_score`` and ``_v2`` (and their ``.out`` forms)."""
+
+    def quant_950(self, args: Quant950Args) -> Quant950Outputs:
+        """``npu_dtype_cast`` and ``npu_dynamic_mx_quant`` (Ascend 950 types)."""
 
 
 #: Registered backends: name -> package exposing ``BACKEND``.

@@ -338,6 +338,36 @@ def format_cast_inplace(self, *args, **_):
     return self
 
 
+def _quant_950_dtype(code: int, name: str, meaning: str) -> torch.dtype:
+    """torch dtype of an Ascend 950 cast / quant output code (uint8 for hifloat8, as
+    ``npu_dtype_cast_meta``), after the SoC gate the CPU op applies."""
+    from ..ops.quant_950 import DTYPE_CODE_NAMES
+    from ..soc import require_ascend950
+
+    dst = DTYPE_CODE_NAMES.get(code) if isinstance(code, int) else None
+    if dst is None:
+        raise arg_error(ModeError, name, "a torch ScalarType value or a torch_npu dtype code", describe(code))
+    require_ascend950(name, code, meaning or dst)
+    return torch.uint8 if dst == "hifloat8" else getattr(torch, dst)
+
+
+def dtype_cast(self, dtype, input_dtype=None):
+    """``self``'s shape in the dtype of code ``dtype`` (``npu_dtype_cast_meta``; hifloat8 as uint8)."""
+    return _new(self, self.shape, _quant_950_dtype(dtype, "dtype", ""))
+
+
+def dynamic_mx_quant(input, *, axis=-1, round_mode="rint", dst_type=296, block_size=32, scale_alg=0,  # noqa: A002
+                     dst_type_max=0.0, max_low_bound=0.0):
+    """``(y like input in the FP8 dtype, uint8 scale pairs)`` (``npu_dynamic_mx_quant`` meta)."""
+    from ..quant.mx import mx_scale_shape
+
+    dtype = _quant_950_dtype(dst_type, "dst_type", "")
+    if dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise arg_error(ModeError, "dst_type", "an FP8 code: 292 / 24 (float8_e4m3fn) or 291 / 23 (float8_e5m2)",
+                        describe(dst_type))
+    return _new(input, input.shape, dtype), _new(input, mx_scale_shape(input.shape, axis, block_size), torch.uint8)
+
+
 #: Fake implementation of each registered overload (``namespace::name[.overload]``).
 FAKES = {
     "npu::npu_mla_prolog": mla_prolog,
@@ -352,6 +382,8 @@ FAKES = {
     "npu::npu_lightning_indexer": lightning_indexer,
     "npu::npu_interleave_rope": interleave_rope,
     "npu::npu_dynamic_quant": dynamic_quant,
+    "npu::npu_dtype_cast": dtype_cast,
+    "npu::npu_dynamic_mx_quant": dynamic_mx_quant,
     "npu::npu_rotary_mul": rotary_mul,
     "npu::npu_scatter_pa_kv_cache": scatter_pa_kv_cache,
     "npu::npu_scatter_pa_kv_cache_functional": scatter_pa_kv_cache_functional,

@@ -74,10 +74,13 @@ def get_npu_format(t) -> int:
     return np_format(t)
 
 
-def _check_cast_args(acl_format, customize_dtype, input_dtype) -> int:
+def _check_cast_args(acl_format, customize_dtype, input_dtype, customizable: bool = False) -> int:
+    """``acl_format`` checked; ``customize_dtype`` / ``input_dtype`` must be None unless
+    ``customizable`` (``npu_format_cast``: the op contract checks them, Ascend 950 rows)."""
     for name, value in (("customize_dtype", customize_dtype), ("input_dtype", input_dtype)):
-        if value is not None:
-            raise arg_error(ModeError, name, "None (not emulated)", describe(value))
+        if value is not None and not customizable:
+            raise arg_error(ModeError, name, "None (not emulated for this overload; npu_format_cast(self, 29, "
+                            "customize_dtype=...) takes the Ascend 950 rows)", describe(value))
     if isinstance(acl_format, bool) or not isinstance(acl_format, int) or acl_format not in ACCEPTED_FORMATS:
         kept = ", ".join(f"{k} ({v})" for k, v in KEPT_FORMATS.items())
         raise arg_error(ModeError, "acl_format", f"the int {FRACTAL_NZ} (FRACTAL_NZ) or {ND} (ND), or a format kept "
@@ -107,20 +110,27 @@ def npu_format_cast(self: torch.Tensor, acl_format: int, *, customize_dtype=None
     for a 4-D tensor in an NCHW-based format, :data:`NCHW_BASED`).
 
     Args:
-        self: any tensor (29: bf16 / fp16 / fp32 / int32 / int8).
+        self: any tensor (29: bf16 / fp16 / fp32 / int32 / int8; with ``customize_dtype``, the
+            Ascend 950's float8_e4m3fn or uint8 hifloat8 / fp8 bytes).
         acl_format: one of :data:`ACCEPTED_FORMATS`.
-        customize_dtype, input_dtype: not emulated; must be None.
+        customize_dtype, input_dtype: None, or dtype codes (torch dtypes become their codes in
+            ``torch_npu.npu_format_cast``) of the Ascend 950 rows
+            :func:`ascend_emu.ops.npu_format_cast` takes (C0 = 32 for the 8-bit types).
 
     Returns:
         A new tensor on the emulated NPU.
 
     Raises:
-        ModeError: another ``acl_format``, or a ``customize_dtype`` / ``input_dtype``.
+        ModeError: another ``acl_format``, or a ``customize_dtype`` / ``input_dtype`` outside the
+            Ascend 950 rows or on another SoC.
         DTypeError: a dtype without an NZ layout (for 29).
     """
     from .. import ops
 
-    acl_format = _check_cast_args(acl_format, customize_dtype, input_dtype)
+    acl_format = _check_cast_args(acl_format, customize_dtype, input_dtype, customizable=True)
+    if customize_dtype is not None or input_dtype is not None:
+        cast = ops.npu_format_cast(to_numpy(self, "self"), acl_format, customize_dtype, input_dtype)
+        return tag_nz(mark_npu(to_torch(cast)), cast)
     target = _target(get_npu_format(self), acl_format, self.dim())
     if target == FRACTAL_NZ:
         cast = ops.npu_format_cast(to_numpy(self, "self"), FRACTAL_NZ)

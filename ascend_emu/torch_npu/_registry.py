@@ -553,7 +553,8 @@ def check_call(namespace: str, name: str) -> Callable[[tuple, dict], "_Binding"]
 
     def check(args: tuple, kwargs: dict) -> _Binding:
         if cast and len(args) > 1 and not isinstance(args[1], torch.Tensor):
-            _format._check_cast_args(args[1], kwargs.get("customize_dtype"), kwargs.get("input_dtype"))
+            _format._check_cast_args(args[1], kwargs.get("customize_dtype"), kwargs.get("input_dtype"),
+                                     customizable=name == "npu_format_cast")
         problems = []
         for binding in bindings:
             problem = binding.mismatch(args, kwargs, public)
@@ -642,6 +643,43 @@ def _later_keywords() -> dict[str, dict[str, Callable[[Any], None]]]:
     return {"npu_kv_quant_sparse_flash_attention": {"sinks": check_sinks}}
 
 
+#: ``int`` dtype-code arguments that take a torch dtype too, per ``npu`` op: torch's dispatcher
+#: passes a torch dtype in an ``int`` slot as its ``c10::ScalarType`` value, which is how
+#: ``torch_npu.npu_dynamic_mx_quant(x, dst_type=torch.float8_e4m3fn)`` reaches the kernel; the
+#: eager path and the argument check convert it the same way (:func:`scalar_type_code`).
+DTYPE_CODE_ARGUMENTS = {"npu_dtype_cast": ("dtype", "input_dtype"), "npu_dynamic_mx_quant": ("dst_type",),
+                        "npu_format_cast": ("customize_dtype", "input_dtype")}
+
+
+def scalar_type_code(value, name: str = "dtype"):
+    """``value`` with a torch dtype replaced by its ``c10::ScalarType`` value
+    (:data:`ascend_emu.ops.quant_950.SCALAR_TYPE_CODES`); anything else unchanged.
+
+    Raises:
+        DTypeError: a torch dtype without a code there.
+    """
+    if not isinstance(value, torch.dtype):
+        return value
+    from ..ops.quant_950 import SCALAR_TYPE_CODES
+
+    code = SCALAR_TYPE_CODES.get(str(value)[len("torch."):])
+    if code is None:
+        raise arg_error(DTypeError, name, f"a torch dtype among {sorted(SCALAR_TYPE_CODES)} or a dtype code",
+                        str(value))
+    return code
+
+
+def _with_codes(names: tuple[str, ...], positions: dict[int, str], args: tuple, kwargs: dict) -> tuple:
+    """``(args, kwargs)`` with the torch dtypes of the arguments ``names`` (``positions``: schema
+    position -> name, for those that can come by position) replaced by their codes."""
+    if any(isinstance(a, torch.dtype) for a in args):
+        args = tuple(scalar_type_code(a, positions[i]) if i in positions else a for i, a in enumerate(args))
+    for key in names:
+        if isinstance(kwargs.get(key), torch.dtype):
+            kwargs = {**kwargs, key: scalar_type_code(kwargs[key], key)}
+    return args, kwargs
+
+
 def public_op(namespace: str, name: str) -> Callable:
     """``torch_npu.<name>``: a thin callable of ``torch.ops.<namespace>.<name>`` (its ``op``
     attribute) that checks the arguments against the schemas first (:func:`check_call`:
@@ -668,11 +706,15 @@ def public_op(namespace: str, name: str) -> Callable:
     bindings = tuple(_BINDINGS[f"{namespace}::{s.qualified}"] for s in specs)
     check = _CHECKS[packet._qualified_op_name]
     later = tuple(_later_keywords().get(name, {}).items()) if namespace == "npu" else ()
+    coded = DTYPE_CODE_ARGUMENTS.get(name, ()) if namespace == "npu" else ()
+    coded_at = {i: a for i, a in enumerate(bindings[0].names) if a in coded}
 
     def call(*args, **kwargs):
         for keyword, check_later in later:
             if keyword in kwargs:
                 check_later(kwargs.pop(keyword))
+        if coded:
+            args, kwargs = _with_codes(coded, coded_at, args, kwargs)
         if eager_allowed():
             grad = _grad_enabled()
             for binding in bindings:

@@ -215,6 +215,11 @@ SCHEMAS: tuple[OpSchema, ...] = (
         "Tensor seq_lens, Tensor key, Tensor value, *, Tensor? seq_offset=None, bool is_seq_lens_cumsum=False) "
         "-> (Tensor, Tensor)"),
     OpSchema("npu",
+        'npu_dtype_cast(Tensor self, int dtype, int? input_dtype=None) -> Tensor'),
+    OpSchema("npu",
+        'npu_dynamic_mx_quant(Tensor input, *, int axis=-1, str round_mode="rint", int dst_type=296, '
+        'int block_size=32, int? scale_alg=0, float dst_type_max=0.0, float max_low_bound=0.0) -> (Tensor, Tensor)'),
+    OpSchema("npu",
         'npu_interleave_rope(Tensor x, Tensor cos, Tensor sin) -> Tensor'),
     OpSchema("npu",
         'npu_lightning_indexer(Tensor query, Tensor key, Tensor weights, *, '

@@ -22,29 +22,28 @@ Not emulated: the NPU mark does not follow views and results of torch ops (they 
 statistics, multi-device placement.
 
 The SoC name (:func:`get_device_name`) is ``Ascend910B2`` (Atlas A2) unless the environment
-variable ``ASCEND_EMU_SOC_NAME`` names another (``Ascend910_9391`` for Atlas A3): test suites
-gate on it (``SupportedDevices(['Ascend910B'])``). It changes no numerics.
+variable ``ASCEND_EMU_SOC_NAME`` names another (``Ascend910_9391`` for Atlas A3,
+``Ascend950PR_9599`` for an Ascend 950; :mod:`ascend_emu.soc`, the one setting
+:mod:`ascend_emu.ops` reads too): test suites gate on it (``SupportedDevices(['Ascend910B'])``),
+and the Ascend 950 ops run only on an Ascend 950 name. It changes no numerics.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import sys
 import time
 from types import SimpleNamespace
 
 import torch
 
+from ...soc import DEFAULT_SOC_NAME, SOC_NAME_ENV, soc_name  # noqa: F401  (the one SoC setting)
+
 #: Devices the emulator offers.
 DEVICE_COUNT = 1
 #: Attribute (in a tensor's ``__dict__``) marking it as living on the emulated NPU.
 ON_NPU_ATTR = "_ascend_emu_on_npu"
-#: Environment variable naming the emulated SoC (:func:`get_device_name`).
-SOC_NAME_ENV = "ASCEND_EMU_SOC_NAME"
-#: SoC reported when :data:`SOC_NAME_ENV` is unset: an Atlas A2 (800I A2 / 800T A2) chip.
-DEFAULT_SOC_NAME = "Ascend910B2"
 _current = 0
 
 #: ``torch.npu.config``: switches scripts set; the emulator accepts and ignores them (FRACTAL_NZ
@@ -117,10 +116,11 @@ def synchronize(device=None) -> None:
 
 
 def get_device_name(device=None) -> str:
-    """The emulated SoC's name: ``$ASCEND_EMU_SOC_NAME`` or :data:`DEFAULT_SOC_NAME`
-    (``Ascend910B2``); e.g. ``Ascend910_9391`` for an Atlas A3."""
+    """The emulated SoC's name (:func:`ascend_emu.soc.soc_name`: ``$ASCEND_EMU_SOC_NAME`` or
+    ``Ascend910B2``); e.g. ``Ascend910_9391`` for an Atlas A3, ``Ascend950PR_9599`` for an
+    Ascend 950."""
     _index(device)
-    return os.environ.get(SOC_NAME_ENV) or DEFAULT_SOC_NAME
+    return soc_name()
 
 
 def get_device_properties(device=None) -> SimpleNamespace:

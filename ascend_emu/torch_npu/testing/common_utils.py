@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from ...soc import device_family
 from .. import npu
 
 
@@ -30,16 +31,6 @@ def set_npu_device() -> str:
     device = get_npu_device()
     npu.set_device(device)
     return device
-
-
-def device_family(name: str) -> str:
-    """SoC family a test gates on: ``Ascend910B2`` -> ``Ascend910B``, ``Ascend910_9391`` ->
-    ``Ascend910_93``, ``Ascend950PR_...`` -> ``Ascend950``; else the first 10 characters."""
-    if name.startswith("Ascend910_"):
-        return name[:12]
-    if name.startswith("Ascend950"):
-        return name[:9]
-    return name[:10]
 
 
 class SupportedDevices:

@@ -1,0 +1,231 @@
+"""``torch_npu.npu_dtype_cast`` and ``torch_npu.npu_dynamic_mx_quant`` on NumPy arrays, for the
+Ascend 950's 8-bit types: the contract.
+
+Sources: torch_npu 2.14's schemas (``npu_native_functions_by_codegen.yaml``:
+``npu_dtype_cast(Tensor self, int dtype, int? input_dtype=None)``, ``npu_dynamic_mx_quant(Tensor
+input, *, int axis=-1, str round_mode="rint", int dst_type=296, int block_size=32, int?
+scale_alg=0, float dst_type_max=0.0, float max_low_bound=0.0)``) and meta functions
+(``op_plugin/meta/_meta_registrations.py``: ``npu_dtype_cast_meta`` gives uint8 for hifloat8,
+``TORCH_DTYPE_ENUM_VALUE_TO_SCALAR_TYPE_MAP`` the torch dtype of every other code;
+``npu_dynamic_mx_quant`` the fp8 output of the input's shape and the uint8 scale pairs); op-plugin
+``op_plugin/ops/opapi/CastKernelNpuOpApi.cpp`` (``input_dtype`` reinterprets ``self``'s bytes,
+hifloat8 output as uint8, then ``aclnnCast``); ops-math ``math/cast/README.md`` (Atlas A3 does
+not support HIFLOAT8 / FLOAT8_E5M2 / FLOAT8_E4M3FN) and ops-nn ``quant/dynamic_mx_quant/README.md``
+(Ascend 950PR / 950DT only; x FLOAT16 / BFLOAT16; the fp8 ``round_mode`` ``rint``).
+
+Dtype codes are plain ints, as torch_npu takes them: a torch dtype crosses the dispatcher as its
+``c10::ScalarType`` value (:data:`SCALAR_TYPE_CODES`: 5 float16, 6 float32, 15 bfloat16, 23
+float8_e5m2, 24 float8_e4m3fn), the torch_npu types as ACL enum + 256
+(:data:`ascend_emu.quant.TORCH_NPU_DTYPE_CODES`: 290 hifloat8, 291 float8_e5m2, 292 float8_e4m3fn).
+
+What is emulated, on an emulated Ascend 950 only (:func:`ascend_emu.soc.require_ascend950`:
+elsewhere every call is rejected, naming the SoC and the mode):
+
+- ``npu_dtype_cast``: fp16 / bf16 / fp32 to hifloat8 (:func:`ascend_emu.quant.to_hif8`, codes
+  as uint8) or to FP8 E5M2 / E4M3FN (:func:`ascend_emu.quant.to_fp8`, RNE, not saturating: the
+  950's INF_NAN mode, E4M3FN overflow is NaN, E5M2 Inf); and back from hifloat8 (uint8 codes with
+  ``input_dtype=290``) or FP8 (an fp8 array, or its uint8 bytes with ``input_dtype`` 291 / 292)
+  to fp16 / bf16 / fp32 (exact: every HiF8 / FP8 value is an fp16 and a bf16 value). Other
+  pairs (plain float casts, fp4, int4, fp8 <-> hifloat8) are rejected: torch's ``.to()`` does
+  the plain ones.
+- ``npu_dynamic_mx_quant``: FP8 E4M3FN / E5M2 elements with E8M0 scale pairs along ``axis``
+  (:func:`ascend_emu.quant.mx_quantize`), ``scale_alg`` 0 / 1, ``round_mode`` ``"rint"``;
+  fp4 (the schema's default ``dst_type=296``), ``scale_alg`` 2 and the ``dst_type_max`` /
+  ``max_low_bound`` options are rejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
+from ..quant.fp8 import FP8_DTYPES, TORCH_NPU_DTYPE_CODES, TORCH_NPU_DTYPE_NAMES
+from ..quant.mx import MX_BLOCK_SIZE, SCALE_ALGS, mx_scale_shape
+from ..soc import require_ascend950
+from ._backend import get_backend
+from ._check import dtype_name, required
+
+#: ``c10::ScalarType`` value of each torch dtype (the int a torch dtype becomes in an ``int``
+#: schema argument; torch_npu's ``TORCH_DTYPE_ENUM_VALUE_TO_SCALAR_TYPE_MAP``).
+SCALAR_TYPE_CODES = {
+    "uint8": 0, "int8": 1, "int16": 2, "int32": 3, "int64": 4, "float16": 5, "float32": 6, "float64": 7,
+    "complex32": 8, "complex64": 9, "complex128": 10, "bool": 11, "bfloat16": 15, "float8_e5m2": 23,
+    "float8_e4m3fn": 24,
+}
+#: Every dtype code the two ops read -> the type's name (a torch_npu code wins for hifloat8).
+DTYPE_CODE_NAMES = {**{code: name for name, code in SCALAR_TYPE_CODES.items()}, **TORCH_NPU_DTYPE_NAMES}
+#: The plain float types on the other side of a cast.
+CAST_FLOAT_TYPES = ("float16", "bfloat16", "float32")
+#: The Ascend 950 element types of the cast: hifloat8 (uint8 codes) and the FP8 types.
+CAST_950_TYPES = ("hifloat8", "float8_e5m2", "float8_e4m3fn")
+#: x dtypes of npu_dynamic_mx_quant (ops-nn README: FLOAT16, BFLOAT16).
+MX_QUANT_INPUT_DTYPES = ("float16", "bfloat16")
+#: round_mode of npu_dynamic_mx_quant for FP8 outputs (aclnnDynamicMxQuant doc).
+MX_ROUND_MODES = ("rint",)
+
+
+@dataclass(frozen=True)
+class Quant950Args:
+    """Normalised, validated arguments of the Ascend 950 cast / quant family.
+
+    Attributes:
+        op: ``'npu_dtype_cast'`` or ``'npu_dynamic_mx_quant'``.
+        x: the input as passed (uint8 bytes for a hifloat8 / FP8 ``input_dtype``).
+        src: the input's element type name (``'hifloat8'``, ``'float8_e4m3fn'``, ``'bfloat16'``, ...).
+        dst: the output's element type name.
+        dtype_code: the caller's ``dtype`` / ``dst_type`` code.
+        input_code: the caller's ``input_dtype`` (None when not given; dtype_cast only).
+        axis, block_size, scale_alg: the MX quant's (axis normalised to >= 0; 0 for the cast).
+    """
+
+    op: str
+    x: np.ndarray
+    src: str
+    dst: str
+    dtype_code: int
+    input_code: int | None = None
+    axis: int = 0
+    block_size: int = MX_BLOCK_SIZE
+    scale_alg: int = 0
+
+
+class Quant950Outputs(NamedTuple):
+    """What a backend returns (:mod:`ascend_emu.ops._backend`).
+
+    Attributes:
+        y: the cast / quantized values: uint8 HiF8 codes, an ml_dtypes FP8 array, or fp16 /
+            bf16 / fp32; x's shape.
+        mxscale: npu_dynamic_mx_quant's uint8 E8M0 scale pairs; None for the cast.
+    """
+
+    y: np.ndarray
+    mxscale: np.ndarray | None = None
+
+
+def dtype_code(value, name: str) -> int:
+    """``value`` checked as a dtype code of :data:`DTYPE_CODE_NAMES` (ModeError naming ``name``)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise arg_error(ModeError, name, "a dtype code as an int (e.g. 290 hifloat8, 292 float8_e4m3fn, "
+                        "15 bfloat16)", describe(value))
+    code = int(value)
+    if code not in DTYPE_CODE_NAMES:
+        raise arg_error(ModeError, name, "a torch ScalarType value (0-24) or a torch_npu dtype code "
+                        f"({sorted(TORCH_NPU_DTYPE_CODES.values())})", code)
+    return code
+
+
+def npu_dtype_cast(self, dtype, input_dtype=None) -> np.ndarray:
+    """``torch_npu.npu_dtype_cast``: cast to / from the Ascend 950's hifloat8 and FP8 types.
+
+    ``self`` is the doc's ``input`` (torch_npu's schema names it ``self``).
+
+    Args:
+        self: the values, any shape: fp16 / bf16 / fp32 to cast to a 950 type; HiF8 codes as
+            uint8 (with ``input_dtype=290``), an ml_dtypes ``float8_e5m2`` / ``float8_e4m3fn``
+            array, or its uint8 bytes (with ``input_dtype`` 291 / 292), to cast back.
+        dtype: the output type's code: 290 hifloat8, 291 / 23 float8_e5m2, 292 / 24
+            float8_e4m3fn, or 5 float16 / 15 bfloat16 / 6 float32 for a cast back.
+        input_dtype: None (``self``'s own dtype) or the code of the type ``self``'s bytes hold:
+            290 / 291 / 292 for uint8 ``self``, or the code of ``self``'s own dtype.
+
+    Returns:
+        New array of ``self``'s shape: uint8 HiF8 codes (NaN 0x80, +-Inf 0x6F / 0xEF; round to
+        nearest, ties away, Inf from 1.25 * 2**15), an ml_dtypes FP8 array (RNE, E4M3FN overflow
+        NaN, E5M2 overflow +-Inf), or fp16 / bf16 / fp32 values (exact).
+
+    Raises:
+        ModeError: a code that is not an int or not a known type; a pair other than the above;
+            any call on an emulated SoC other than an Ascend 950 (message names the SoC and the
+            mode).
+        DTypeError: ``self``'s dtype does not fit ``input_dtype`` (or, without it, is not one of
+            the types above).
+
+    Source: torch_npu 2.14 schema and ``npu_dtype_cast_meta``; op-plugin
+    ``CastKernelNpuOpApi.cpp``; ops-math ``math/cast/README.md`` and
+    ``op_kernel/arch35/cast_struct.h`` (the casts :mod:`ascend_emu.quant` implements).
+    """
+    x = required(self, "self")
+    dst_code = dtype_code(dtype, "dtype")
+    dst = DTYPE_CODE_NAMES[dst_code]
+    own = dtype_name(x.dtype)
+    if input_dtype is None:
+        src = own
+        if src == "uint8":
+            raise arg_error(DTypeError, "self", "fp16 / bf16 / fp32 or an FP8 array (uint8 bytes of hifloat8 / FP8 "
+                            "need input_dtype 290 / 291 / 292)", describe(x))
+    else:
+        in_code = dtype_code(input_dtype, "input_dtype")
+        src = DTYPE_CODE_NAMES[in_code]
+        if src in CAST_950_TYPES and own == "uint8":
+            pass  # bytes reinterpreted, as the op-api's TensorWrapper does
+        elif src != own:
+            raise arg_error(DTypeError, "self", f"a {src} array, or its uint8 bytes for a hifloat8 / FP8 input_dtype "
+                            f"(input_dtype {in_code})", describe(x))
+    to_950 = src in CAST_FLOAT_TYPES and dst in CAST_950_TYPES
+    from_950 = src in CAST_950_TYPES and dst in CAST_FLOAT_TYPES
+    if not (to_950 or from_950):
+        raise arg_error(ModeError, "dtype", f"a cast between {list(CAST_FLOAT_TYPES)} and {list(CAST_950_TYPES)} "
+                        f"(ascend_emu emulates the Ascend 950 casts; torch's .to() does the others)",
+                        f"{src} -> {dst} (dtype {dst_code})")
+    require_ascend950("dtype", dst_code, f"a cast {src} -> {dst}")
+    args = Quant950Args("npu_dtype_cast", x, src, dst, dst_code, None if input_dtype is None else int(input_dtype))
+    return get_backend().quant_950(args).y
+
+
+def npu_dynamic_mx_quant(input, *, axis: int = -1, round_mode: str = "rint", dst_type: int = 296,  # noqa: A002
+                         block_size: int = MX_BLOCK_SIZE, scale_alg=0) -> tuple[np.ndarray, np.ndarray]:
+    """``torch_npu.npu_dynamic_mx_quant``: MXFP8 quantization along ``axis`` (Ascend 950).
+
+    Args:
+        input: fp16 / bf16 values, at least 1-D.
+        axis: the blocked axis, in ``[-ndim, ndim - 1]``.
+        round_mode: ``"rint"`` (the only FP8 round mode).
+        dst_type: 292 / 24 (float8_e4m3fn) or 291 / 23 (float8_e5m2); the schema's default 296
+            (float4_e2m1fn_x2) is not emulated.
+        block_size: a multiple of 32 in [32, 1024].
+        scale_alg: 0 (OCP) or 1 (amax / max rounded up); see :mod:`ascend_emu.quant.mx`.
+
+    Returns:
+        ``(y, mxscale)``: ``y`` the ml_dtypes FP8 elements, ``input``'s shape; ``mxscale`` uint8
+        E8M0 bytes of shape ``input.shape`` with ``axis`` replaced by ``ceil(ceil(L / block_size)
+        / 2)`` and a trailing 2 (an odd block count padded with byte 0).
+
+    Raises:
+        ModeError: ``dst_type`` not an FP8 code (fp4 included), ``round_mode`` not ``"rint"``,
+            ``scale_alg`` not 0 / 1, ``block_size`` not a multiple of 32 in [32, 1024], or an
+            emulated SoC other than an Ascend 950 (message names the SoC and the mode).
+        DTypeError: ``input`` not fp16 / bf16.
+        ShapeError: 0-D ``input`` or ``axis`` out of range.
+
+    Source: torch_npu 2.14 schema and ``npu_dynamic_mx_quant`` meta function; ops-nn
+    ``quant/dynamic_mx_quant/README.md`` and ``docs/aclnnDynamicMxQuant_en.md`` (formulas, scale
+    layout); OCP MX v1.0.
+    """
+    x = required(input, "input")
+    code = dtype_code(dst_type, "dst_type")
+    dst = DTYPE_CODE_NAMES[code]
+    if dst not in FP8_DTYPES:
+        raise arg_error(ModeError, "dst_type", "an FP8 code: 292 / 24 (float8_e4m3fn) or 291 / 23 (float8_e5m2); "
+                        "fp4 outputs are not emulated", f"{code} ({dst})")
+    if not isinstance(round_mode, str) or round_mode not in MX_ROUND_MODES:
+        raise arg_error(ModeError, "round_mode", f"one of {MX_ROUND_MODES} for FP8 outputs", describe(round_mode))
+    if isinstance(scale_alg, (bool, np.bool_)) or not isinstance(scale_alg, (int, np.integer)) \
+            or int(scale_alg) not in SCALE_ALGS:
+        raise arg_error(ModeError, "scale_alg", f"one of {SCALE_ALGS} for FP8 outputs", describe(scale_alg))
+    if dtype_name(x.dtype) not in MX_QUANT_INPUT_DTYPES:
+        raise arg_error(DTypeError, "input", f"one of {MX_QUANT_INPUT_DTYPES}", describe(x))
+    if x.ndim == 0:
+        raise arg_error(ShapeError, "input", "an array of at least 1 dimension", describe(x))
+    mx_scale_shape(x.shape, axis, block_size)  # validates axis and block_size (ShapeError / ModeError)
+    require_ascend950("dst_type", code, dst)
+    args = Quant950Args("npu_dynamic_mx_quant", x, dtype_name(x.dtype), dst, code, None, int(axis) % x.ndim,
+                        int(block_size), int(scale_alg))
+    out = get_backend().quant_950(args)
+    return out.y, out.mxscale
+
+
+__all__ = ["npu_dtype_cast", "npu_dynamic_mx_quant", "Quant950Args", "Quant950Outputs", "SCALAR_TYPE_CODES",
+           "DTYPE_CODE_NAMES", "dtype_code"]
