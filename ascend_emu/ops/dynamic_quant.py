@@ -54,6 +54,7 @@ import numpy as np
 
 from ..errors import IndexRangeError, ModeError, ShapeError, arg_error, describe
 from ..quant import INT4_PER_INT32
+from ..quant.fp8 import SCALAR_TYPE_CODES
 from ._backend import get_backend
 from ._check import check_dtype, dtype_name, optional, required
 
@@ -61,10 +62,10 @@ from ._check import check_dtype, dtype_name, optional, required
 DYNAMIC_QUANT_DTYPES = ("bfloat16", "float16")
 #: The A2 / A3 quant mode (the schema's default; 'pertensor' / 'perchannel' are Ascend 950's).
 QUANT_MODES = ("pertoken",)
-#: dst_type -> output kind: torch's ScalarType codes (torch.int8 = 1, torch.quint4x2 = 16), the
-#: torch dtypes' names, and None (int8, the doc's default).
-DST_TYPES = {None: "int8", 1: "int8", 16: "int4", "int8": "int8", "quint4x2": "int4",
-             "torch.int8": "int8", "torch.quint4x2": "int4"}
+#: dst_type -> output kind: torch's ScalarType codes (:data:`ascend_emu.quant.fp8.SCALAR_TYPE_CODES`:
+#: torch.int8 = 1, torch.quint4x2 = 16), the torch dtypes' names, and None (int8, the doc's default).
+DST_TYPES = {None: "int8", **{key: kind for name, kind in (("int8", "int8"), ("quint4x2", "int4"))
+                              for key in (SCALAR_TYPE_CODES[name], name, f"torch.{name}")}}
 #: At most this many groups (smooth_scales rows) with group_index (tiling ``MAX_EXPERT_NUM``).
 MAX_GROUPS = 1024
 

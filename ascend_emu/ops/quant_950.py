@@ -42,19 +42,12 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
-from ..quant.fp8 import FP8_DTYPES, TORCH_NPU_DTYPE_CODES, TORCH_NPU_DTYPE_NAMES
+from ..quant.fp8 import FP8_DTYPES, SCALAR_TYPE_CODES, TORCH_NPU_DTYPE_CODES, TORCH_NPU_DTYPE_NAMES
 from ..quant.mx import MX_BLOCK_SIZE, SCALE_ALGS, mx_scale_shape
 from ..soc import require_ascend950
 from ._backend import get_backend
 from ._check import dtype_name, required
 
-#: ``c10::ScalarType`` value of each torch dtype (the int a torch dtype becomes in an ``int``
-#: schema argument; torch_npu's ``TORCH_DTYPE_ENUM_VALUE_TO_SCALAR_TYPE_MAP``).
-SCALAR_TYPE_CODES = {
-    "uint8": 0, "int8": 1, "int16": 2, "int32": 3, "int64": 4, "float16": 5, "float32": 6, "float64": 7,
-    "complex32": 8, "complex64": 9, "complex128": 10, "bool": 11, "bfloat16": 15, "float8_e5m2": 23,
-    "float8_e4m3fn": 24,
-}
 #: Every dtype code the two ops read -> the type's name (a torch_npu code wins for hifloat8).
 DTYPE_CODE_NAMES = {**{code: name for name, code in SCALAR_TYPE_CODES.items()}, **TORCH_NPU_DTYPE_NAMES}
 #: The plain float types on the other side of a cast.

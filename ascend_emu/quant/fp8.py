@@ -32,6 +32,13 @@ TORCH_NPU_DTYPE_CODES = {
     "float4_e2m1fn_x2": 296,
     "float4_e1m2fn_x2": 297,
 }
+#: ``c10::ScalarType`` value of each torch dtype (the int a torch dtype becomes in an ``int``
+#: schema argument; torch_npu's ``TORCH_DTYPE_ENUM_VALUE_TO_SCALAR_TYPE_MAP``).
+SCALAR_TYPE_CODES = {
+    "uint8": 0, "int8": 1, "int16": 2, "int32": 3, "int64": 4, "float16": 5, "float32": 6, "float64": 7,
+    "complex32": 8, "complex64": 9, "complex128": 10, "bool": 11, "bfloat16": 15, "float8_e5m2": 23,
+    "float8_e4m3fn": 24, "quint4x2": 16,
+}
 #: code -> torch_npu dtype name.
 TORCH_NPU_DTYPE_NAMES = {code: name for name, code in TORCH_NPU_DTYPE_CODES.items()}
 

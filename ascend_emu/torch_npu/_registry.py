@@ -653,14 +653,14 @@ DTYPE_CODE_ARGUMENTS = {"npu_dtype_cast": ("dtype", "input_dtype"), "npu_dynamic
 
 def scalar_type_code(value, name: str = "dtype"):
     """``value`` with a torch dtype replaced by its ``c10::ScalarType`` value
-    (:data:`ascend_emu.ops.quant_950.SCALAR_TYPE_CODES`); anything else unchanged.
+    (:data:`ascend_emu.quant.fp8.SCALAR_TYPE_CODES`); anything else unchanged.
 
     Raises:
         DTypeError: a torch dtype without a code there.
     """
     if not isinstance(value, torch.dtype):
         return value
-    from ..ops.quant_950 import SCALAR_TYPE_CODES
+    from ..quant.fp8 import SCALAR_TYPE_CODES
 
     code = SCALAR_TYPE_CODES.get(str(value)[len("torch."):])
     if code is None:
