@@ -106,8 +106,8 @@ def test_scatter_recorded_replays_identical_and_a_corrupt_byte_fails_at_its_slot
     rep = compare.compare_call(call)
     bad = {t.name: t for t in rep.tensors}["value_cache"]
     assert rep.status == "fail" and bad.status == "fail"
-    assert [(m["block"], m["row"], m["slot"], m["head"], m["elements"]) for m in bad.mismatches] == \
-        [(1, 4, 20, 0, [5])]
+    assert [(m["block"], m["row"], m["slot"], m["head"], m["elements"], m["expected_slot"])
+            for m in bad.mismatches] == [(1, 4, 20, 0, [5], True if functional else None)]
 
 
 def test_scatter_functional_copy_is_judged_outside_the_written_slots_too():
@@ -278,6 +278,7 @@ def test_msprobe_replay_scatter_and_dynamic_quant(tmp_path, capsys):
     # the 5-D view [nb, N, Dv/C0, bs, C0] is one NZ row of N*Dv elements: head 1's element 3 is 16 + 3
     assert [(m["block"], m["row"], m["slot"], m["elements"]) for m in bad_t["mismatches"]] == [(1, 4, 20, [19])]
     assert inplace["status"] == "identical" and inplace["tensors"] == []  # the caches are not in the dump
+    assert inplace["reason"].startswith("key_cache, value_cache: updated in place but not returned")
     assert dq["status"] == "identical" and [t["name"] for t in dq["tensors"]] == ["y", "scale"]
     emu = json.loads((tmp_path / "emu" / "step0" / "rank0" / "dump.json").read_text())
     out = emu["data"]["NPU.npu_scatter_pa_kv_cache_functional.0.forward"]["output"]
