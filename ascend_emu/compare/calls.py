@@ -43,7 +43,8 @@ class OpInfo:
             before the ``functional`` copies.
         functional: caches the op does not write but returns updated copies of (a
             ``_functional`` form, ``torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml``):
-            appended to the outputs, in this order; only their written slots are defined.
+            appended to the outputs, in this order; only their written slots are defined (unless
+            ``clones``).
         undefined_unless: ``(flag, default, outputs)``: ``outputs`` hold undefined memory
             unless the argument ``flag`` (default ``default``) is true; they are not compared.
         clones: the ``functional`` copies are clones of the inputs the op then writes (every
@@ -118,8 +119,7 @@ OPS: dict[str, OpInfo] = {op.name: op for op in (
            replays_fully=True, runs="npu_scatter_pa_kv_cache", returns=(), functional=_PA_CACHES, clones=True),
     OpInfo("npu_gather_pa_kv_cache", "npu_gather_pa_kv_cache", _GATHERED, exact=_GATHERED),
     OpInfo("npu_gather_pa_kv_cache_functional", "npu_gather_pa_kv_cache_functional", (), _GATHERED,
-           replays_fully=True, runs="npu_gather_pa_kv_cache", returns=(), functional=_GATHERED, clones=True,
-           exact=_GATHERED),
+           replays_fully=True, runs="npu_gather_pa_kv_cache", returns=(), functional=_GATHERED, clones=True),
 )}
 
 
