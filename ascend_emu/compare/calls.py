@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import BackendUnavailable
 from ..layouts import FRACTAL_NZ
+from ..layouts.paged import PAGED_KV_LAYOUT_MODES
 from .metrics import TensorComparison, compare_tensor
 
 
@@ -32,7 +33,8 @@ class OpInfo:
         inplace: arguments the op writes in place (caches, out= tensors).
         outputs: names of the returned tuple's elements.
         cache_mode: how to read the cache mode of the in-place arguments: ``(argument name,
-            default, {value: inspect cache mode})``; None when there is no cache.
+            default, {value: inspect cache mode})``; None when there is no cache. The default
+            stands for an absent or None argument unless the table maps None itself.
         replays_fully: msprobe dumps hold everything it needs (no FRACTAL_NZ weight, every
             in-place result returned).
         runs: the :mod:`ascend_emu.ops` function that emulates it (default ``name``; the v2 and
@@ -41,9 +43,15 @@ class OpInfo:
             before the ``functional`` copies.
         functional: caches the op does not write but returns updated copies of (a
             ``_functional`` form, ``torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml``):
-            appended to the outputs, in this order; only their written slots are defined.
+            appended to the outputs, in this order; only their written slots are defined (unless
+            ``clones``).
         undefined_unless: ``(flag, default, outputs)``: ``outputs`` hold undefined memory
             unless the argument ``flag`` (default ``default``) is true; they are not compared.
+        clones: the ``functional`` copies are clones of the inputs the op then writes (every
+            byte defined, e.g. op-plugin ``ScatterPaKvCacheNpuOpApi.cpp``): compared whole and
+            exactly, the written slots listed as expected.
+        exact: outputs / in-place arguments compared bit-exactly although their names do not
+            say cache (pure data movement: a gathered ``key`` / ``value``).
     """
 
     name: str
@@ -56,6 +64,8 @@ class OpInfo:
     returns: tuple[int, ...] | None = None
     functional: tuple[str, ...] = ()
     undefined_unless: tuple[str, bool, tuple[str, ...]] | None = None
+    clones: bool = False
+    exact: tuple[str, ...] = ()
 
     @property
     def function(self) -> str:
@@ -74,6 +84,9 @@ _KV_MODE = ("cache_mode", "Norm", {})
 #: (the meta function always does, op_plugin/meta/_meta_registrations.py) and the kernel never
 #: writes them (ops.kv_rmsnorm_rope_cache.UNWRITTEN_OUTPUT_FILL).
 _KV_UNDEFINED = ("is_output_kv", False, ("k_embed_out", "y_out"))
+_PA_CACHES = ("key_cache", "value_cache")
+_PA_MODE = ("cache_mode", "PA_NZ", PAGED_KV_LAYOUT_MODES)  # torch_npu's default; None is Norm
+_GATHERED = ("key", "value")
 
 #: Every op the comparison knows, by ``ascend_emu.ops`` name. Ops missing from :mod:`ascend_emu.ops`
 #: in this version are still recorded; their replay is reported as not possible.
@@ -100,6 +113,15 @@ OPS: dict[str, OpInfo] = {op.name: op for op in (
     OpInfo("npu_quant_lightning_indexer", "npu_quant_lightning_indexer", replays_fully=True),
     OpInfo("npu_fused_infer_attention_score", "npu_fused_infer_attention_score", replays_fully=True),
     OpInfo("npu_fused_infer_attention_score_v2", "npu_fused_infer_attention_score_v2", replays_fully=True),
+    OpInfo("npu_interleave_rope", "npu_interleave_rope", outputs=("y",), replays_fully=True),
+    OpInfo("npu_rotary_mul", "npu_rotary_mul", outputs=("y",), replays_fully=True),
+    OpInfo("npu_dynamic_quant", "npu_dynamic_quant", outputs=("y", "scale"), replays_fully=True),
+    OpInfo("npu_scatter_pa_kv_cache", "npu_scatter_pa_kv_cache", _PA_CACHES, cache_mode=_PA_MODE),
+    OpInfo("npu_scatter_pa_kv_cache_functional", "npu_scatter_pa_kv_cache_functional", (), _PA_CACHES, _PA_MODE,
+           replays_fully=True, runs="npu_scatter_pa_kv_cache", returns=(), functional=_PA_CACHES, clones=True),
+    OpInfo("npu_gather_pa_kv_cache", "npu_gather_pa_kv_cache", _GATHERED, exact=_GATHERED),
+    OpInfo("npu_gather_pa_kv_cache_functional", "npu_gather_pa_kv_cache_functional", (), _GATHERED,
+           replays_fully=True, runs="npu_gather_pa_kv_cache", returns=(), functional=_GATHERED, clones=True),
 )}
 
 
@@ -216,7 +238,7 @@ def cache_mode_of(call: Call) -> str | None:
         return None
     key, default, table = info.cache_mode
     value = call.named().get(key, default)
-    value = default if value is None else value
+    value = default if value is None and None not in table else value
     return table.get(value, value)
 
 
@@ -320,7 +342,8 @@ def replay(call: Call, backend: str = "emu") -> EmuResult:
     written = {}
     for name in info.functional if info else ():
         outputs.append(TensorValue(np.asarray(copies[name])))  # the op wrote this copy: the new cache
-        written[name] = _WRITTEN_SLOTS[function](args, kwargs)
+        if function in _WRITTEN_SLOTS:
+            written[name] = _WRITTEN_SLOTS[function](args, kwargs)
     return EmuResult(outputs=outputs, after={n: np.asarray(copies[n]) for n in inplace if n in copies},
                      written=written)
 
@@ -333,9 +356,17 @@ def _kv_rmsnorm_written(args, kwargs) -> list[int]:
         return [int(s) for s in written_slots(*args, **kwargs) if s >= 0]
 
 
+def _scatter_written(args, kwargs) -> list[int]:
+    from .. import ops
+
+    bound = _pyinspect.signature(ops.npu_scatter_pa_kv_cache).bind(*args, **kwargs)
+    return [int(s) for s in np.asarray(bound.arguments["slot_mapping"]).reshape(-1) if s >= 0]  # -1: skipped
+
+
 #: ``ascend_emu.ops`` function -> ``f(args, kwargs)``: the cache slots a call writes (for the
-#: :attr:`OpInfo.functional` copies: their other rows are undefined on the device).
-_WRITTEN_SLOTS = {"npu_kv_rmsnorm_rope_cache": _kv_rmsnorm_written}
+#: :attr:`OpInfo.functional` copies: their other rows are undefined on the device, unless
+#: :attr:`OpInfo.clones`, where they only say which slots the op was expected to change).
+_WRITTEN_SLOTS = {"npu_kv_rmsnorm_rope_cache": _kv_rmsnorm_written, "npu_scatter_pa_kv_cache": _scatter_written}
 
 
 def _array(v):
@@ -362,11 +393,13 @@ def compare_call(call: Call, emu: EmuResult | None = None) -> CallReport:
     info = OPS.get(call.op)
     mode = cache_mode_of(call)
     rep.not_compared = undefined_outputs(call)
+    exact = info.exact if info else ()
     for name, dev in call.after.items():
         if dev is None:
             continue
         cache = _is_cache_name(name)
-        rep.tensors.append(compare_tensor(name, emu.after.get(name), _array(dev), role="cache" if cache else "output",
+        rep.tensors.append(compare_tensor(name, emu.after.get(name), _array(dev),
+                                          role="cache" if cache or name in exact else "output",
                                           cache_mode=mode if cache else None))
     out_names = info.outputs if info else ()
     for i, dev in enumerate(call.outputs):
@@ -385,6 +418,12 @@ def compare_call(call: Call, emu: EmuResult | None = None) -> CallReport:
             rep.tensors.append(TensorComparison(name, "output", type(dev).__name__, [],
                                                 "identical" if same else "fail", "equal values",
                                                 note=None if same else f"device {dev!r}, emulator {mine!r}"))
+            continue
+        if info is not None and info.clones and name in info.functional:  # a clone the op wrote: all defined
+            cache = _is_cache_name(name)
+            rep.tensors.append(compare_tensor(name, _array(mine), _array(dev), role="cache",
+                                              cache_mode=mode if cache else None,
+                                              expect_slots=emu.written.get(name) if cache else None))
             continue
         written = emu.written[name] if name in emu.written else _written_slots(call, name)
         if written is not None:  # a new cache copy: only the written rows are defined on the device

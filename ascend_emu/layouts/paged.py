@@ -43,6 +43,10 @@ CacheMode = Literal["PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND
 CACHE_MODES: tuple[str, ...] = ("PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND", "Norm")
 #: Other spellings the seeds use for the same layouts.
 CACHE_MODE_ALIASES = {"PA": "PA_BSND", "PA_BNSD": "PA_BSND", "PA_BLK_BNSD": "PA_BLK_BSND"}
+#: npu_scatter_pa_kv_cache / npu_gather_pa_kv_cache cache modes (None: the op's Norm) -> the
+#: CacheLayout mode of their caches: a Norm cache [num_blocks, block_size, N, D] is PA_BSND with N
+#: heads; a PA_NZ cache holds each token's N*D elements as one NZ row (ops.paged_cache module doc).
+PAGED_KV_LAYOUT_MODES = {"Norm": "PA_BSND", "PA_NZ": "PA_NZ", None: "PA_BSND"}
 #: Bytes in one NZ fractal row; C0 = NZ_ROW_BYTES // itemsize.
 NZ_ROW_BYTES = 32
 #: The index value that means "do not write this token".
@@ -216,8 +220,11 @@ class CacheLayout:
 
         Besides the declared shapes of :meth:`from_declared`, an NZ-mode cache is recognised by
         its memory shape ``[BlockNum, D/C0, BlockSize, C0]`` (MlaPreprocess cacheMode 2 / 3,
-        :meth:`storage_shape`) or ``[BlockNum, D/C0, BlockSize, 1, C0]`` (the layout
-        aclnnKvRmsNormRopeCache documents), with ``C0 = 32 bytes / itemsize``. A 4-D shape is
+        :meth:`storage_shape`), ``[BlockNum, D/C0, BlockSize, 1, C0]`` (the layout
+        aclnnKvRmsNormRopeCache documents) or ``[BlockNum, N, Dh/C0, BlockSize, C0]`` (the 5-D
+        PA_NZ view aclnnScatterPaKvCache takes, the same bytes as ``[BlockNum, N*Dh/C0,
+        BlockSize, C0]``: a token's ``N*Dh`` elements are one row, D = N*Dh, Nkv 1), with
+        ``C0 = 32 bytes / itemsize``. A 4-D shape is
         read as declared ``[BlockNum, BlockSize, 1, D]`` when it fits that reading under
         :func:`check_block_size`, else as storage. Unlike :meth:`from_declared` the BlockSize
         rule of :func:`check_block_size` is applied.
@@ -240,12 +247,15 @@ class CacheLayout:
             storage = None
             if len(shape) == 5 and shape[3] == 1 and shape[4] == c0:
                 storage = (shape[0], shape[1], shape[2])
+            elif len(shape) == 5 and shape[4] == c0:  # [BlockNum, N, Dh/C0, BlockSize, C0]
+                storage = (shape[0], shape[1] * shape[2], shape[3])
             elif len(shape) == 4 and shape[3] == c0 and not (shape[2] == 1 and shape[1] % NZ_BLOCK_ROWS == 0
                                                                 and shape[1] > 0):
                 storage = (shape[0], shape[1], shape[2])
             if storage is not None:
                 nb, d1, bs = storage
-                check_block_size(mode, bs, name=f"{name} BlockSize (storage shape dim 2)")
+                at = 3 if len(shape) == 5 and shape[3] != 1 else 2
+                check_block_size(mode, bs, name=f"{name} BlockSize (storage shape dim {at})")
                 return cls(mode=mode, num_blocks=nb, block_size=bs, dim=d1 * c0, itemsize=itemsize)
         layout = cls.from_declared(mode, shape, itemsize, name=name)
         if layout.mode.startswith("PA"):

@@ -67,6 +67,7 @@ import numpy as np
 from ..errors import FormatError, IndexRangeError, ModeError, ShapeError, arg_error, describe
 from ..layouts import (FRACTAL_NZ, NZ_ROW_BYTES, CacheLayout, check_block_size, get_npu_format,
                        slots_from_cache_index)
+from ..layouts.paged import PAGED_KV_LAYOUT_MODES
 from ._backend import get_backend
 from ._check import (check_cache, check_disjoint, check_dtype, check_ndim, dtype_name, optional, required,
                      warn_duplicates, write_targets)
@@ -170,8 +171,8 @@ def _cache_layout(cache: np.ndarray, name: str, mode: str, heads: int, dim: int)
         if len(shape) != 4 or shape[2] != heads or shape[3] != dim or shape[1] < 1:
             raise arg_error(ShapeError, name, f"a 4-D [num_blocks, block_size, N={heads}, D={dim}] cache "
                             "(cache_mode 'Norm')", f"shape {list(shape)}")
-        return CacheLayout(mode="PA_BSND", num_blocks=shape[0], block_size=shape[1], dim=dim, itemsize=itemsize,
-                           heads=heads)
+        return CacheLayout(mode=PAGED_KV_LAYOUT_MODES["Norm"], num_blocks=shape[0], block_size=shape[1], dim=dim,
+                           itemsize=itemsize, heads=heads)
     c0 = _c0(cache)
     row = heads * dim
     ok4 = len(shape) == 4 and shape[3] == c0 and shape[1] * c0 == row
@@ -185,7 +186,8 @@ def _cache_layout(cache: np.ndarray, name: str, mode: str, heads: int, dim: int)
     if bs >= MAX_NZ_BLOCK_SIZE:
         raise arg_error(ShapeError, f"{name} block_size (dim {len(shape) - 2})",
                         f"less than {MAX_NZ_BLOCK_SIZE} (UINT16_MAX) for cache_mode 'PA_NZ'", bs)
-    return CacheLayout(mode="PA_NZ", num_blocks=shape[0], block_size=bs, dim=row, itemsize=itemsize)
+    return CacheLayout(mode=PAGED_KV_LAYOUT_MODES["PA_NZ"], num_blocks=shape[0], block_size=bs, dim=row,
+                       itemsize=itemsize)
 
 
 def _same_geometry(k_layout: CacheLayout, v_layout: CacheLayout) -> None:
