@@ -11,7 +11,7 @@ run, and every figure is the best of N alternating runs after a warm-up:
 - per-tile (kv_cache_quant_mode=3, 656-byte rows, PA_BSND), partial quant (weight_quant_mode=1)
   and full quant (2): the same four matmuls as the op runs them, on pre-widened operands: int8 x
   int8 products as float64 BLAS (exact), bf16 ones as fp32 BLAS.
-- int8 matmuls (with ``--int8-matmuls``): ``matmul_int8_exact`` (float64 BLAS on the cached float64 weight) against
+- int8 matmuls (with ``--int8-matmuls``): ``matmul_int8`` (its ``"float64"`` engine: float64 BLAS on the cached float64 weight) against
   ``np.matmul`` on int32 operands and ``torch.matmul`` on int32 tensors (if torch is installed),
   for the three int8 x int8 shapes of the full-quant op; the results are checked equal.
 
@@ -44,7 +44,7 @@ from _timing import best_times
 from ascend_emu.mla import D_NOPE as D
 from ascend_emu.mla import D_ROPE as DR
 from ascend_emu.mla import HCKV
-from ascend_emu.emu.matmul import matmul_int8_exact, weight_f64
+from ascend_emu.emu.matmul import matmul_int8, set_int8_engine
 from ascend_emu.ops import npu_format_cast, npu_mla_prolog_v3
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -248,13 +248,13 @@ def main() -> None:
     except ModuleNotFoundError:
         torch = None
     for name, a, w in cases:
-        w64 = weight_f64(w)  # cached on the NZ weight, as in the op
+        set_int8_engine("float64")  # the float64 copy is cached on the NZ weight, as in the op
         a32, w32 = a.astype(np.int32), np.asarray(w).astype(np.int32)
-        fns = [lambda: matmul_int8_exact(a, w64), lambda: np.matmul(a32, w32)]
+        fns = [lambda: matmul_int8(a, w), lambda: np.matmul(a32, w32)]
         if torch is not None:
             ta, tw = torch.from_numpy(a32), torch.from_numpy(w32)
             fns.append(lambda: torch.matmul(ta, tw))
-        exact = matmul_int8_exact(a, w64)
+        exact = matmul_int8(a, w)
         assert np.array_equal(exact.astype(np.int64), np.matmul(a32, w32).astype(np.int64)), name
         times = best_times(fns, max(3, args.repeat // 4))
         line = (f"  {name:13s} [{a.shape[0]}, {a.shape[1]}] x [{w.shape[0]}, {w.shape[1]}]: float64 BLAS "
