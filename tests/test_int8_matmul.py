@@ -4,7 +4,8 @@ The reference is NumPy's int64 matmul (integer arithmetic, no rounding anywhere)
 all three engines. Shapes are the quantized prolog's products (He = 7168, Hcq = 1536, N * (D + Dr)
 columns of W_uq_qr for a few heads, Hckv + Dr = 576) at T = 1 and 16, plus the sgemm engine's
 chunk boundary (K = 1024, 1025) and the longest accepted contraction, on extreme values (every
-element -128 or 127, signs mixed) and on uniform random int8. The ``"onednn"`` engine needs torch
+element -128 or 127, signs mixed), on uniform random int8, and on operands whose first 1100
+products are all 127 * 127 (partial sums past 2**24 that one fp32 sum over all of K would round). The ``"onednn"`` engine needs torch
 (skipped without it); the engine choice itself is checked with the CPU flags and torch's
 importability monkeypatched.
 """
@@ -41,27 +42,33 @@ def _ref(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     return a.astype(np.int64) @ w.astype(np.int64)
 
 
-def _extremes(rng, shape, kind: str) -> np.ndarray:
+def _operand(rng, shape, kind: str, k_axis: int) -> np.ndarray:
     if kind == "min":
         return np.full(shape, -128, dtype=np.int8)
     if kind == "max":
         return np.full(shape, 127, dtype=np.int8)
     if kind == "signs":  # -128 / 127 at random: the largest sums of either sign and every mix
         return rng.choice(np.array([-128, 127], dtype=np.int8), size=shape)
+    if kind == "big_head":  # 127 on the first 1100 of K, then random: partial sums past 2**24,
+        # then odd ones, which one fp32 accumulation over all of K would round
+        x = rng.integers(-128, 128, size=shape, dtype=np.int8)
+        (x[:, :1100] if k_axis == 1 else x[:1100])[...] = 127
+        return x
     return rng.integers(-128, 128, size=shape, dtype=np.int8)
 
 
 CASES = ([(shape, kinds) for shape in EDGE_SHAPES
           for kinds in (("min", "min"), ("max", "min"), ("max", "max"), ("signs", "signs"))]
-         + [(shape, ("random", "random")) for shape in REAL_SHAPES + EDGE_SHAPES[-2:]])
+         + [(shape, ("random", "random")) for shape in REAL_SHAPES + EDGE_SHAPES[-2:]]
+         + [(shape, ("big_head", "big_head")) for shape in EDGE_SHAPES[:2]])
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
 @pytest.mark.parametrize("shape,kinds", CASES)
 def test_matmul_int8_exact_on_every_engine(engine, shape, kinds, rng):
     t, k, n = shape
-    a = _extremes(rng, (t, k), kinds[0])
-    w = _extremes(rng, (k, n), kinds[1])
+    a = _operand(rng, (t, k), kinds[0], k_axis=1)
+    w = _operand(rng, (k, n), kinds[1], k_axis=0)
     got = matmul.matmul_int8(a, w)
     assert got.dtype == np.int32 and got.shape == (t, n) and got.flags.c_contiguous
     np.testing.assert_array_equal(got.astype(np.int64), _ref(a, w))
