@@ -15,7 +15,11 @@ Timing: the candidates of one line take turns in every round (one untimed warm-u
 so a busy spell of a shared machine slows them alike; each figure is the median over rounds, and
 each ratio the median of the per-round ratios ``float64 / engine`` (above 1: the engine is faster).
 
-Usage: ``python benchmarks/bench_matmul.py [--heads 32] [--tokens 1,16,64] [--rounds 15]``
+Thread counts come from the environment (``OPENBLAS_NUM_THREADS``, ``NUMBA_NUM_THREADS``,
+``OMP_NUM_THREADS``); on a shared machine run each count in its own process.
+
+Usage: ``python benchmarks/bench_matmul.py [--heads 32] [--tokens 1,16,64] [--rounds 15]
+[--engines sgemm,onednn] [--skip-ops]``
 """
 
 from __future__ import annotations
@@ -152,9 +156,12 @@ def main() -> None:
     parser.add_argument("--op-tokens", type=int, default=16, help="T of the op calls (default 16)")
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds (default 15)")
     parser.add_argument("--skip-ops", action="store_true", help="only the products")
+    parser.add_argument("--engines", default="", help="engines after float64, comma-separated (default: all here)")
     args = parser.parse_args()
     args.tokens = [int(t) for t in args.tokens.split(",")]
     names = engines()
+    if args.engines:
+        names = ["float64"] + [e for e in args.engines.split(",") if e in names and e != "float64"]
     print(f"engines: {', '.join(names)}; default here: {matmul.default_int8_engine()}; "
           f"{os.environ.get('OPENBLAS_NUM_THREADS', 'default')} BLAS threads, {os.cpu_count()} CPUs")
     rng = np.random.default_rng(0)
