@@ -5,9 +5,9 @@ all three engines. Shapes are the quantized prolog's products (He = 7168, Hcq = 
 columns of W_uq_qr for a few heads, Hckv + Dr = 576) at T = 1 and 16, plus the sgemm engine's
 chunk boundary (K = 1024, 1025) and the longest accepted contraction, on extreme values (every
 element -128 or 127, signs mixed), on uniform random int8, and on operands whose first 1100
-products are all 127 * 127 (partial sums past 2**24 that one fp32 sum over all of K would round). The ``"onednn"`` engine needs torch
-(skipped without it); the engine choice itself is checked with the CPU flags and torch's
-importability monkeypatched.
+products are all 127 * 127 (partial sums past 2**24 that one fp32 sum over all of K would round).
+The ``"onednn"`` engine needs torch (skipped without it); the engine choice itself is checked with
+the CPU flags and torch's importability monkeypatched.
 """
 
 from __future__ import annotations
