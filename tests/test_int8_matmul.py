@@ -13,6 +13,7 @@ the CPU flags and torch's importability monkeypatched.
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 import numpy as np
 import pytest
@@ -86,6 +87,20 @@ def test_matmul_int8_nk_weight_and_nz_weight(engine, rng):
     np.testing.assert_array_equal(matmul.matmul_int8(a, nz, w_nk=True).astype(np.int64), want)
     np.testing.assert_array_equal(matmul.matmul_int8(a, nz, w_nk=True).astype(np.int64), want)
     np.testing.assert_array_equal(matmul.matmul_int8(a, as_nz(w_nk.T)).astype(np.int64), want)
+
+
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+def test_matmul_int8_read_only_and_reversed_operands(engine, rng):
+    """Read-only operands (the drop-in's weights) and negative strides: same product, no warning."""
+    a = rng.integers(-128, 128, size=(4, 96), dtype=np.int8)
+    w = rng.integers(-128, 128, size=(96, 40), dtype=np.int8)
+    want = _ref(a[::-1], w[:, ::-1])
+    a.flags.writeable = False
+    w.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = matmul.matmul_int8(a[::-1], w[:, ::-1])
+    np.testing.assert_array_equal(got.astype(np.int64), want)
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)

@@ -39,6 +39,7 @@ At most :data:`ND_CACHE_BYTES` of fp32 copies are kept, least recently used firs
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -251,11 +252,24 @@ def _int8_sgemm(a: np.ndarray, w: np.ndarray, w_nk: bool) -> np.ndarray:
     return out
 
 
+def _as_tensor(torch, x: np.ndarray):
+    """A torch view of ``x`` (a copy only where torch cannot view it: negative strides). A read-only
+    array is viewed too: ``torch._int_mm`` only reads it (``from_numpy`` would warn)."""
+    x = np.asarray(x)
+    if any(st < 0 for st in x.strides):
+        x = np.ascontiguousarray(x)
+    if x.flags.writeable:
+        return torch.from_numpy(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(x)
+
+
 def _int8_onednn(a: np.ndarray, w: np.ndarray, w_nk: bool) -> np.ndarray:
     """``"onednn"`` engine: ``torch._int_mm`` on the int8 operands as they are (no copy of w)."""
     torch = _import_torch()
-    tw = torch.from_numpy(np.asarray(w))
-    return torch._int_mm(torch.from_numpy(np.ascontiguousarray(a)), tw.T if w_nk else tw).numpy()
+    tw = _as_tensor(torch, w)
+    return torch._int_mm(_as_tensor(torch, np.ascontiguousarray(a)), tw.T if w_nk else tw).numpy()
 
 
 def matmul_int8(a: np.ndarray, w: np.ndarray, *, w_nk: bool = False) -> np.ndarray:
