@@ -9,9 +9,11 @@ run, and every figure is the best of N alternating runs after a warm-up:
 - non-quant, PA_BSND: the floor is ``x @ W_dq``, ``cq @ W_uq_qr``, the per-head
   ``q_nope @ W_uk`` and ``x @ W_dkv_kr`` as fp32 BLAS calls on pre-widened fp32 weights.
 - per-tile (kv_cache_quant_mode=3, 656-byte rows, PA_BSND), partial quant (weight_quant_mode=1)
-  and full quant (2): the same four matmuls as the op runs them, on pre-widened operands: int8 x
-  int8 products as float64 BLAS (exact), bf16 ones as fp32 BLAS.
-- int8 matmuls (with ``--int8-matmuls``): ``matmul_int8_exact`` (float64 BLAS on the cached float64 weight) against
+  and full quant (2): the same four matmuls as the op runs them: int8 x int8 products through
+  ``matmul_int8`` on the engine the op uses (exact int32; its name is printed), bf16 ones as fp32
+  BLAS on pre-widened operands.
+- int8 matmuls (with ``--int8-matmuls``): ``matmul_int8`` on its ``"float64"`` engine (float64
+  BLAS on the cached float64 weight) against
   ``np.matmul`` on int32 operands and ``torch.matmul`` on int32 tensors (if torch is installed),
   for the three int8 x int8 shapes of the full-quant op; the results are checked equal.
 
@@ -44,7 +46,7 @@ from _timing import best_times
 from ascend_emu.mla import D_NOPE as D
 from ascend_emu.mla import D_ROPE as DR
 from ascend_emu.mla import HCKV
-from ascend_emu.emu.matmul import matmul_int8_exact, weight_f64
+from ascend_emu.emu.matmul import int8_engine, matmul_int8, set_int8_engine
 from ascend_emu.ops import npu_format_cast, npu_mla_prolog_v3
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -206,9 +208,8 @@ def main() -> None:
     full_scales = dict(scales, dequant_scale_x=np.full((t, 1), 1e-2, np.float32),
                        dequant_scale_w_dq=np.full((1, HCQ), 1e-3, np.float32),
                        dequant_scale_w_dkv_kr=np.full((1, HCKV + DR), 1e-3, np.float32))
-    x64 = x_i8.reshape(t, HE).astype(np.float64)  # [T, He]
-    q64 = rng.integers(-127, 128, (t, HCQ)).astype(np.float64)  # [T, Hcq]
-    w_dq64, w_uq_qr64, w_dkv_kr64 = (w.astype(np.float64) for w in (w_dq_i8, w_uq_qr_i8, w_dkv_kr_i8))
+    x_i8_2d = np.ascontiguousarray(x_i8.reshape(t, HE))  # [T, He]
+    q_i8 = rng.integers(-127, 128, (t, HCQ)).astype(np.int8)  # [T, Hcq]
     for wqm, label in ((1, "partial"), (2, "full")):
         full = wqm == 2
         tokens = x_i8 if full else x
@@ -223,38 +224,40 @@ def main() -> None:
 
         def floor_tile(full=full):
             if full:
-                np.matmul(x64, w_dq64)
-                np.matmul(x64, w_dkv_kr64)
+                matmul_int8(x_i8_2d, w_dq_i8_nz)
+                matmul_int8(x_i8_2d, w_dkv_kr_i8_nz)
             else:
                 np.matmul(x32, w_dq32)
                 np.matmul(x32, w_dkv_kr32)
-            np.matmul(q64, w_uq_qr64)
+            matmul_int8(q_i8, w_uq_qr_i8_nz)
             np.matmul(q_nope32, w_uk32)
 
         drop = drop_in(npu_mla_prolog_v3, *tile_args, **tile_kwargs)
         t_floor, t_op, *t_drop = best_times([floor_tile, op_tile] + ([drop] if drop else []), args.repeat)
-        kinds = "f64 x@Wdq, x@Wdkv_kr" if full else "fp32 x@Wdq, x@Wdkv_kr"
+        engine = int8_engine()
+        kinds = f"int8 ({engine}) x@Wdq, x@Wdkv_kr" if full else "fp32 x@Wdq, x@Wdkv_kr"
         report(f"npu_mla_prolog_v3 per-tile ({label} quant, weight_quant_mode={wqm}, 656-byte rows), {shape}",
-               f"{kinds}; f64 q@Wuq_qr; fp32 q@Wuk", t_floor, t_op, (t_drop or [None])[0], TARGET_RATIO_TILE)
+               f"{kinds}; int8 ({engine}) q@Wuq_qr; fp32 q@Wuk", t_floor, t_op, (t_drop or [None])[0],
+               TARGET_RATIO_TILE)
 
     if not args.int8_matmuls:
         return
     # ---- int8 x int8 matmuls: float64 BLAS vs integer matmul
     print(f"int8 x int8 matmuls of the full-quant op (T={t}), best of {args.repeat}")
-    cases = (("x @ W_dq", x_i8.reshape(t, HE), w_dq_i8_nz), ("q @ W_uq_qr", q64.astype(np.int8), w_uq_qr_i8_nz),
+    cases = (("x @ W_dq", x_i8.reshape(t, HE), w_dq_i8_nz), ("q @ W_uq_qr", q_i8, w_uq_qr_i8_nz),
              ("x @ W_dkv_kr", x_i8.reshape(t, HE), w_dkv_kr_i8_nz))
     try:
         import torch
     except ModuleNotFoundError:
         torch = None
     for name, a, w in cases:
-        w64 = weight_f64(w)  # cached on the NZ weight, as in the op
+        set_int8_engine("float64")  # the float64 copy is cached on the NZ weight, as in the op
         a32, w32 = a.astype(np.int32), np.asarray(w).astype(np.int32)
-        fns = [lambda: matmul_int8_exact(a, w64), lambda: np.matmul(a32, w32)]
+        fns = [lambda: matmul_int8(a, w), lambda: np.matmul(a32, w32)]
         if torch is not None:
             ta, tw = torch.from_numpy(a32), torch.from_numpy(w32)
             fns.append(lambda: torch.matmul(ta, tw))
-        exact = matmul_int8_exact(a, w64)
+        exact = matmul_int8(a, w)
         assert np.array_equal(exact.astype(np.int64), np.matmul(a32, w32).astype(np.int64)), name
         times = best_times(fns, max(3, args.repeat // 4))
         line = (f"  {name:13s} [{a.shape[0]}, {a.shape[1]}] x [{w.shape[0]}, {w.shape[1]}]: float64 BLAS "

@@ -203,6 +203,27 @@ MUTANTS: tuple[Mutant, ...] = (
            "return FRACTAL_ROW_BYTES // min(dtype.itemsize, 2) if dtype.itemsize > 1 else 16",
            ("tests/test_quant_950_ops.py", "tests/test_layouts_nz.py"),
            "FRACTAL_NZ C0 of a 1-byte type 16 instead of 32 bytes / 1"),
+    # ------------------------------------------------------------------ int8 products
+    Mutant("int8_sgemm_chunk_2048", "ascend_emu/emu/matmul.py",
+           "SGEMM_EXACT_K = 1024", "SGEMM_EXACT_K = 2048",
+           ("tests/test_int8_matmul.py::test_matmul_int8_exact_on_every_engine",),
+           "int8 sgemm engine: K-chunks of 2048, whose fp32 partial sums can pass 2**24"),
+    Mutant("int8_sgemm_keeps_last_chunk", "ascend_emu/emu/matmul.py",
+           "out += part.astype(np.int32)", "out[...] = part.astype(np.int32)",
+           ("tests/test_int8_matmul.py::test_matmul_int8_exact_on_every_engine",),
+           "int8 sgemm engine: each K-chunk overwrites the sum instead of adding to it"),
+    Mutant("int8_max_k_one_too_many", "ascend_emu/emu/matmul.py",
+           "INT8_MAX_K = (2**31 - 1) // (128 * 128)", "INT8_MAX_K = (2**31 - 1) // (128 * 128) + 1",
+           ("tests/test_int8_matmul.py::test_matmul_int8_longest_contraction",),
+           "matmul_int8 accepts a K whose int32 sum can wrap"),
+    Mutant("int8_onednn_ignores_nk", "ascend_emu/emu/matmul.py",
+           "tw.T if w_nk else tw", "tw",
+           ("tests/test_int8_matmul.py::test_matmul_int8_nk_weight_and_nz_weight",),
+           "int8 oneDNN engine: an [N, K] weight used as [K, N]"),
+    Mutant("int8_onednn_without_vnni", "ascend_emu/emu/matmul.py",
+           "    if _cpu_has_int8_dot():\n", "    if True:\n",
+           ("tests/test_int8_matmul.py::test_default_int8_engine_follows_cpu_and_torch",),
+           "int8 engine: oneDNN chosen on a CPU without int8 dot-product instructions"),
 )
 
 

@@ -8,6 +8,7 @@ Numba threads, and the kernels' RmsNorm orders (rows and rounding edges of tests
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 
 import numba
@@ -556,6 +557,26 @@ def test_one_and_two_numba_threads_identical(rng, monkeypatch, quant_mode):
         numba.set_num_threads(saved)
     for a, b in zip(*results):
         assert_same_bytes(a, b, "1 vs 2 threads")
+
+
+@pytest.mark.parametrize("quant_mode", ["per_token_quant_symm", "per_tensor_quant_asymm"])
+def test_int8_engine_does_not_change_results(quant_mode):
+    """Every int8 engine of ``emu.matmul.matmul_int8`` (float64 BLAS, fp32 K-chunks, oneDNN with
+    torch) gives MlaPreprocess the same bytes (wdqkv and wuq read as ``[N, K]``)."""
+    from ascend_emu.emu import matmul
+
+    engines = [e for e in matmul.INT8_ENGINES if e != "onednn" or importlib.util.find_spec("torch")]
+    results = []
+    for engine in engines:
+        case = make_case(np.random.default_rng(7), "bfloat16", "int8_nzcache", quant_mode)
+        before = matmul.set_int8_engine(engine)
+        try:
+            results.append([np.array(a, copy=True) for a in run(case)])
+        finally:
+            matmul.set_int8_engine(before)
+    for engine, got in zip(engines[1:], results[1:]):
+        for a, b in zip(results[0], got):
+            assert_same_bytes(b, a, f"{engine} vs float64 int8 engine")
 
 
 # ---------------------------------------------------------------------- torch_npu drop-in

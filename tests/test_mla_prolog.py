@@ -11,6 +11,7 @@ use (dtypes, required scales) is written out here from the seed, not taken from 
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import warnings
 
@@ -932,6 +933,29 @@ def test_quant_thread_count_does_not_change_results(qdata, rng, modes):
         numba.set_num_threads(before)
     for a, b in zip(*results):
         assert_same_bytes(b, a, "2-thread vs 1-thread result")
+
+
+@pytest.mark.parametrize("modes", [(1, 3, 0), (2, 3, 0)])
+def test_quant_int8_engine_does_not_change_results(qdata, rng, modes):
+    """Every int8 engine of ``emu.matmul.matmul_int8`` (float64 BLAS, fp32 K-chunks, oneDNN with
+    torch) gives the quantized prolog the same bytes (partial and full quant, per-tile rows)."""
+    from ascend_emu.emu import matmul
+
+    x, sin, cos = qdata.tokens(modes, (QUANT_POOL,))
+    ci = rng.permutation(32)[:QUANT_POOL].astype(np.int64)
+    engines = [e for e in matmul.INT8_ENGINES if e != "onednn" or importlib.util.find_spec("torch")]
+    results = []
+    for engine in engines:
+        before = matmul.set_int8_engine(engine)
+        try:
+            caches = qdata.caches(modes, (2, 16))
+            out = call_quant(qdata, modes, x, sin, cos, *caches, ci, cache_mode="PA_BSND")
+            results.append([np.array(a, copy=True) for a in list(out) + list(caches) if a is not None])
+        finally:
+            matmul.set_int8_engine(before)
+    for engine, got in zip(engines[1:], results[1:]):
+        for a, b in zip(results[0], got):
+            assert_same_bytes(b, a, f"{engine} vs float64 int8 engine")
 
 
 # ---------------------------------------------------------------------- bad inputs

@@ -12,8 +12,8 @@ dtype, bf16 or fp16):
    Per-tensor: ``v = y * fp32(1/quant_scale0) + quant_offset0``; per-token:
    ``s = max|y| / 127``, ``v = y * fp32(1/s)`` (an all-zero row gives ``s = 0``, ``v = 0``).
    int8 = RINT(clamp(fp16_RNE(v), -128, 127)).
-2. ``acc = int8 @ wdqkv^T`` exact (float64 BLAS), ``fp32(acc + bias0) * descale0`` (per-token:
-   ``fp32(acc) * descale0 * s``), round -> ``[T, 2112]``.
+2. ``acc = int8 @ wdqkv^T`` exact in int32 (:func:`~ascend_emu.emu.matmul.matmul_int8`),
+   ``fp32(acc + bias0) * descale0`` (per-token: ``fp32(acc) * descale0 * s``), round -> ``[T, 2112]``.
 3. RmsNormQuant1 on columns 576: (1536) as step 1; ``@ wuq^T`` as step 2 -> round ->
    ``[T, N, 192]``. ``q_nope @ wuk`` per head in fp32 (sgemm), round; 'int8_nzcache':
    int8(fp16(fp32(rounded) * q_nope_scale[n])). ``q_pe``: plain rotate_half RoPE in fp32
@@ -36,7 +36,7 @@ from ..quant import BF16, INT8_MAX, f32_to_int8_via_f16
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 from .kernels import (LANES, LANES_PAIRWISE, MLAPO_KV_RMS, MLAPO_QUANT_RMS, bits16, kernel_input, launch_rows,
                       narrow_row, rms_norm_row, rope_row, round_to_int8, scatter_rows, widen_row)
-from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
+from .matmul import matmul_f32, matmul_int8, weight_f32, widen_f32
 
 
 #: The RmsNormQuant order (:data:`~ascend_emu.emu.kernels.MLAPO_QUANT_RMS`) and the kv RmsNorm's
@@ -138,7 +138,7 @@ def _dequant_round_rows(lo, hi, acc, bias, descale, token_scale, is_bf16, out):
     has_bias, has_tok = bias.shape[0] > 0, token_scale.shape[0] > 0
     for t in range(lo, hi):
         for c in range(acc.shape[1]):
-            a = acc[t, c]
+            a = np.float64(acc[t, c])  # exact: |acc| < 2**31
             if has_bias:
                 a += np.float64(bias[c])
             y = np.float32(np.float32(a) * descale[c])
@@ -162,7 +162,7 @@ _NONE_F32 = np.zeros((0, 1), dtype=np.float32)
 
 def _matmul_dequant(q8, w, bias, descale, token_scale, dtype) -> np.ndarray:
     """``round(fp32(q8 @ w^T + bias) * descale [* token_scale])`` as fp32 ``[T, N]``."""
-    acc = matmul_int8_exact(q8, weight_f64(w).T)  # [T, N] exact integers (float64)
+    acc = matmul_int8(q8, w, w_nk=True)  # [T, N] int32, exact
     out = np.empty(acc.shape, dtype=np.float32)  # [T, N]
     launch_rows(_dequant_round_rows, _dequant_round_parts, acc.shape[0], acc.shape[1], np.ascontiguousarray(acc),
                 _NONE_I32 if bias is None else kernel_input(bias), kernel_input(np.asarray(descale, dtype=np.float32)),

@@ -19,7 +19,7 @@ from ..quant import (BF16, INT8_MAX, CombinedRowFormat, bf16_bits_to_f32, bf16_t
                      quantize_with_dequant_scale, to_bf16)
 from .kernels import (LANES, MLA_PROLOG_RMS, bits16, kernel_input, launch_rows, narrow_row, rms_norm_row,
                       rope_row, scatter_rows, widen_row)
-from .matmul import matmul_f32, matmul_int8_exact, weight_f32, weight_f64, widen_f32
+from .matmul import matmul_f32, matmul_int8, weight_f32, widen_f32
 
 #: The int8 bound the kernel's DynamicQuant divides by (its ``maxInt8Tensor``), fp32.
 _Q_MAX = np.float32(INT8_MAX)
@@ -204,8 +204,9 @@ def _kv_kr(ckvkr, round_in, gamma_bits, eps, scale, cos_bits, sin_bits, narrow, 
 
 # ---------------------------------------------------------------------- quant steps (NumPy)
 def _int8_matmul_dequant(a_i8: np.ndarray, w, tok_scale: np.ndarray, col_scale: np.ndarray) -> np.ndarray:
-    """``int8 a @ int8 w`` exact (int32 values), then :func:`_dequant`; fp32 ``[T, N]``."""
-    acc = matmul_int8_exact(a_i8, weight_f64(w))  # [T, N] exact integers
+    """``int8 a @ int8 w`` exact (:func:`~ascend_emu.emu.matmul.matmul_int8`), then :func:`_dequant`;
+    fp32 ``[T, N]``."""
+    acc = matmul_int8(a_i8, w)  # [T, N] int32, exact
     out = np.empty(acc.shape, dtype=np.float32)
     _dequant(acc, _f32_vector(tok_scale), _f32_vector(col_scale), out)
     return out

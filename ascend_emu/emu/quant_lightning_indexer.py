@@ -11,7 +11,7 @@ Numerics, step by step as the A2 / A3 kernel does them (ops-transformer
    bits), so rounding that once is the fp16 multiply.
 2. ``dot[h, p] = q[h] . k[p]``: int8 x int8 on the cube into int32 (``ComputeQk``, L0C
    ``int32_t``). Exact here: every partial sum is an integer of magnitude at most 128**3 = 2**21,
-   computed as float64 (:func:`~ascend_emu.emu.matmul.matmul_int8_exact`).
+   computed by :func:`~ascend_emu.emu.matmul.matmul_int8` (exact int32, held as float64).
 3. ``s[h, p] = fp16(relu(dot) * 2**-10)``: the fixpipe moves L0C to L1 with ``reluPre = 1`` and
    ``quantPre = DEQF16`` with the scale ``0x3a800000`` = 2**-10 (``FixpSToL1``): the scaling is
    exact in fp32 (|dot| < 2**24), then one RNE rounding to fp16 (at most 2048, never overflows).
@@ -39,7 +39,7 @@ from numba import njit, prange
 from ..ops.quant_lightning_indexer import QuantLightningIndexerArgs, QuantLightningIndexerOutputs
 from ..quant.rounding import f16_bits_to_f32, f32_bits_to_f16_bits
 from .lightning_indexer import PARALLEL_MIN_SCORES, _batch_rows, _chunk, _top_k
-from .matmul import matmul_int8_exact
+from .matmul import matmul_int8
 
 #: The fixpipe's dequant scale before the fp16 staging (``SetFixpipePreQuantFlag(0x3a800000)``).
 DEQ_SCALE = np.float32(2.0 ** -10)
@@ -117,13 +117,13 @@ def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIn
         width = max(int(lim.max()), 0)
         slots = ia.slots[b, :width]  # [L] validated rows
         for kh in range(n2):
-            keys = key_rows[slots, kh].astype(np.float64)  # [L, D]
+            keys = np.ascontiguousarray(key_rows[slots, kh])  # [L, D] int8
             ks = np.ascontiguousarray(ks_rows[slots, kh], dtype=np.float32)  # [L]
             step = _chunk(width * 2, g)  # float64 dots: twice the fp32 bytes
             for c0 in range(0, rows.size, step):
                 sub = rows[c0:c0 + step]
                 q = query[sub, kh * g:(kh + 1) * g].reshape(-1, dim)  # [C * G, D] int8
-                dots = matmul_int8_exact(q, keys.T)  # [C * G, L] exact
+                dots = matmul_int8(q, keys, w_nk=True).astype(np.float64)  # [C * G, L] exact
                 w = np.ascontiguousarray(ws[sub, kh * g:(kh + 1) * g])  # [C, G]
                 out_i = np.empty((sub.size, k), np.int32)
                 sub_lim = lim[c0:c0 + sub.size]
