@@ -11,8 +11,8 @@ are exact integers). The contraction length is bounded so that no int32 sum can 
 
 - ``"onednn"``: ``torch._int_mm`` (oneDNN ``gemm_s8s8s32``, int32 accumulation), when the process
   has imported torch already (the emulator never loads it on its own) and the CPU has int8
-  dot-product instructions (``avx512_vnni`` / ``avx_vnni`` / ``amx_int8``). The CPU kernel takes any M, K, N (no padding: the multiple-of-8 and M > 16 rules
-  are the CUDA kernel's). On a CPU without them oneDNN is exact too but runs a slow generic
+  dot-product instructions (``avx512_vnni`` / ``avx_vnni`` / ``amx_int8``). The CPU kernel takes
+  any M, K, N (no padding: the multiple-of-8 and M > 16 rules are the CUDA kernel's). On a CPU without them oneDNN is exact too but runs a slow generic
   kernel, so it is not chosen there.
 - ``"sgemm"``: fp32 BLAS over K-chunks of at most :data:`SGEMM_EXACT_K` = 1024. Every product is
   an integer of magnitude at most ``128 * 128 = 2**14``, so every partial sum of a chunk is an
