@@ -157,8 +157,8 @@ class SFALayer:
             q_li_scale = q_li_scale.to(C8_K_SCALE_CACHE_DTYPE)  # [T * N]
             # DeviceOperator.indexer_select_post_process, enable_sparse_li_c8 branch
             weights = weights.to(torch.float16)
-            self.record.__dict__.update(q_li_int8=q_li.view(q_li_shape_ori), q_li_scale=q_li_scale.view(q_li_shape_ori[:-1]),
-                                        weights=weights)
+            self.record.__dict__.update(q_li_int8=q_li.view(q_li_shape_ori),
+                                        q_li_scale=q_li_scale.view(q_li_shape_ori[:-1]), weights=weights)
             # vllm-ascend: torch.ops._C_ascend.npu_lightning_indexer_quant (sparse_count 2048 there)
             return torch.ops._C_ascend.npu_lightning_indexer_quant(
                 query=q_li.view(q_li_shape_ori), key=kv_cache[self.kv_cache_indexer_k_idx], weights=weights,
@@ -214,8 +214,8 @@ class SFALayer:
             query_rope=q_pe, key_rope=kv_cache[1], layout_query="TND", layout_kv="PA_BSND", sparse_mode=3,
             attention_mode=2, return_softmax_lse=False)
         attn_output = result[0]
-        self.record.__dict__.update(kv_no_split=kv_no_split, k_li=k_li, k_li_scale=k_li_scale, ql_nope=ql_nope, q_pe=q_pe,
-                                    topk_indices=topk_indices, attn_output=attn_output)
+        self.record.__dict__.update(kv_no_split=kv_no_split, k_li=k_li, k_li_scale=k_li_scale, ql_nope=ql_nope,
+                                    q_pe=q_pe, topk_indices=topk_indices, attn_output=attn_output)
         output[...] = self._v_up_proj(attn_output) @ self.o_proj
         return output
 
