@@ -15,7 +15,8 @@ the C8 lightning indexer (``enable_sparse_li_c8``: int8 indexer keys and queries
 calls with the same arguments, in the same order; vLLM's config, linear layers and distributed
 groups reduced to plain weights. vllm-ascend's own ops go through ``torch.ops._C_ascend.<op>``
 (the emulator registers that namespace with vllm-ascend's schemas), called as
-``vllm_ascend/device/device_op.py`` calls them, each marked ``# vllm-ascend:``. Where it calls an
+``vllm_ascend/device/device_op.py`` calls them, each marked ``# vllm-ascend:`` (read at
+vllm-project/vllm-ascend@182b75ea, the snapshot of the ``_C_ascend`` schemas). Where it calls an
 op the emulator does not have (``npu_scatter_nd_update_``, ``batch_matmul_transpose``), a
 plain-torch stand-in says so in a comment.
 
@@ -38,6 +39,10 @@ BLOCK_SIZE = 128  # AscendSFABackend.get_supported_kernel_block_sizes()
 #: npu_kv_rmsnorm_rope_cache takes each token as a batch (vllm-ascend: kv [T, 1, 1, 576], cache_mode PA)
 #: and asks for block_num >= ceil(S / block_size) * B = T blocks: at least the largest step's tokens.
 NUM_BLOCKS = 96
+#: The C8 test's prompts: the first spans two cache blocks, which the block table holds in
+#: descending order (175 blocks, at least the prefill step's 173 tokens, and the fixtures' seed),
+#: so the keys and their scales are read through the block table, not in slot order.
+C8_PROMPT_LENS, C8_NUM_BLOCKS = [150, 23], 175
 EPS = 1e-6
 ACL_FORMAT_FRACTAL_ND, ACL_FORMAT_FRACTAL_NZ = 2, 29  # vllm_ascend.utils
 #: AscendSFAImpl's C8 indexer dtypes on A2 / A3 (sfa_v1.py ``c8_k_cache_dtype`` / ``c8_k_scale_cache_dtype``)
@@ -267,10 +272,12 @@ def sfa_setup(nz_weight, mla_caches, paged_cache, block_table):
 
 @pytest.fixture
 def sfa_c8_setup(mla_caches, paged_cache, block_table):
-    """As :func:`sfa_setup` with the C8 indexer's caches (``_compose_sfa_kv_cache``, LI C8 only):
-    (c_kv, k_rope, int8 indexer k ``[.., 1, 128]``, fp16 indexer scale ``[.., 1, 1]``)."""
+    """The block table and the four caches of vllm-ascend's SFA tuple with the C8 indexer
+    (``_compose_sfa_kv_cache``, LI C8 only): c_kv, k_rope, int8 indexer k ``[.., 1, 128]``, fp16
+    indexer scale ``[.., 1, 1]``, for two requests with room for :data:`C8_PROMPT_LENS` + 1 tokens."""
     torch.manual_seed(0)
-    table = block_table([71, 24], BLOCK_SIZE, num_blocks=NUM_BLOCKS)
+    table = block_table([n + 1 for n in C8_PROMPT_LENS], BLOCK_SIZE, num_blocks=C8_NUM_BLOCKS)
+    assert table.block_table[0, 0] > table.block_table[0, 1], table.block_table  # C8_NUM_BLOCKS's premise
     ckv_cache, k_rope_cache = mla_caches(table.num_blocks, BLOCK_SIZE)
     kv_cache = (ckv_cache, k_rope_cache,
                 paged_cache(table.num_blocks, BLOCK_SIZE, INDEX_HEAD_DIM, dtype=C8_K_CACHE_DTYPE),
@@ -438,14 +445,16 @@ class TestAscendSFAImplForward:
         cancel in the dot product)."""
         table, kv_cache = sfa_c8_setup
         layer = SFALayer(nz_weight, sparse_count=32, enable_sparse_li_c8=True)
-        for query_lens, kv_lens in (([70, 23], [70, 23]), ([1, 1], [71, 24])):
+        prompts = C8_PROMPT_LENS
+        for query_lens, kv_lens in ((prompts, prompts), ([1, 1], [n + 1 for n in prompts])):
             meta, out = run_step(layer, table, kv_cache, query_lens, kv_lens)
             check_caches(layer, meta, kv_cache)
             check_selection_and_attention(layer, meta, table, kv_cache, query_lens, kv_lens)
             assert out.shape == (sum(query_lens), HIDDEN) and torch.isfinite(out.cpu().float()).all()
             if query_lens[0] > 1:  # prefill: each prompt's last token against the prompt's unquantised keys
                 rec = layer.record
-                for t, (b, kv_len) in ((69, (0, 70)), (92, (1, 23))):
+                for b, kv_len in enumerate(prompts):
+                    t = sum(prompts[:b + 1]) - 1
                     slots = table.slots[b, :kv_len]
                     got = quant_indexer_scores(rec.q_li_int8[t].cpu(), rec.q_li_scale[t].cpu(), rec.weights[t].cpu(),
                                                kv_cache[2].cpu().view(-1, INDEX_HEAD_DIM)[slots],
