@@ -9,10 +9,16 @@ the caches the layer writes, the indexer's selection and the attention output, e
 torch computation written from the ops' documented math.
 
 :class:`SFALayer` is a reduction of ``AscendSFAImpl`` to the A2 / A3 path a bf16 model takes
-(``PreprocessType.NATIVE``, no C8, no context parallel, no triton): the same op calls with the same
-arguments, in the same order; vLLM's config, linear layers and distributed groups reduced to
-plain weights. Where vllm-ascend calls ``torch.ops._C_ascend.<op>`` (its own binding of the same
-kernel) this file calls ``torch_npu.<op>`` and says so in a ``# vllm-ascend:`` comment.
+(``PreprocessType.NATIVE``, no context parallel, no triton, no sparse SFA C8), with or without
+the C8 lightning indexer (``enable_sparse_li_c8``: int8 indexer keys and queries from
+``npu_dynamic_quant``, an fp16 key-scale cache, ``npu_lightning_indexer_quant``): the same op
+calls with the same arguments, in the same order; vLLM's config, linear layers and distributed
+groups reduced to plain weights. vllm-ascend's own ops go through ``torch.ops._C_ascend.<op>``
+(the emulator registers that namespace with vllm-ascend's schemas), called as
+``vllm_ascend/device/device_op.py`` calls them, each marked ``# vllm-ascend:`` (read at
+vllm-project/vllm-ascend@182b75ea, the snapshot of the ``_C_ascend`` schemas). Where it calls an
+op the emulator does not have (``npu_scatter_nd_update_``, ``batch_matmul_transpose``), a
+plain-torch stand-in says so in a comment.
 
 Run: ``python -m pytest examples/vllm_ascend_ut -q`` (a few seconds).
 """
@@ -33,8 +39,22 @@ BLOCK_SIZE = 128  # AscendSFABackend.get_supported_kernel_block_sizes()
 #: npu_kv_rmsnorm_rope_cache takes each token as a batch (vllm-ascend: kv [T, 1, 1, 576], cache_mode PA)
 #: and asks for block_num >= ceil(S / block_size) * B = T blocks: at least the largest step's tokens.
 NUM_BLOCKS = 96
+#: The C8 test's prompts: the first spans two cache blocks, which the block table holds in
+#: descending order (175 blocks, at least the prefill step's 173 tokens, and the fixtures' seed),
+#: so the keys and their scales are read through the block table, not in slot order.
+C8_PROMPT_LENS, C8_NUM_BLOCKS = [150, 23], 175
 EPS = 1e-6
 ACL_FORMAT_FRACTAL_ND, ACL_FORMAT_FRACTAL_NZ = 2, 29  # vllm_ascend.utils
+#: AscendSFAImpl's C8 indexer dtypes on A2 / A3 (sfa_v1.py ``c8_k_cache_dtype`` / ``c8_k_scale_cache_dtype``)
+C8_K_CACHE_DTYPE, C8_K_SCALE_CACHE_DTYPE = torch.int8, torch.float16
+
+
+def hadamard(n):
+    """The ``n x n`` Sylvester Hadamard matrix (what ``scipy.linalg.hadamard(n)`` returns), fp32."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
 
 
 def rms_norm(x, gamma, eps=EPS):
@@ -48,8 +68,13 @@ class SFALayer:
     vllm-ascend's. Weights are ``[in, out]`` matrices (vLLM's linear layers hold ``[out, in]`` and
     multiply by the transpose: the same product)."""
 
-    def __init__(self, nz_weight, *, sparse_count: int = 2048):
+    def __init__(self, nz_weight, *, sparse_count: int = 2048, enable_sparse_li_c8: bool = False):
         self.num_heads = NUM_HEADS
+        self.head_dim = INDEX_HEAD_DIM
+        self.enable_sparse_li_c8 = enable_sparse_li_c8
+        # kv_cache tuple (AscendSFAImpl.kv_cache_indexer_k_idx / _scale_idx without sparse SFA C8):
+        # (k_nope, k_pe, indexer_k[, indexer_scale])
+        self.kv_cache_indexer_k_idx, self.kv_cache_indexer_scale_idx = 2, 3
         self.scale = (QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM) ** -0.5
         self.sparse_count = sparse_count  # vllm-ascend passes 2048
         self.fused_qkv_a_proj = nz_weight([HIDDEN, Q_LORA_RANK + KV_LORA_RANK + QK_ROPE_HEAD_DIM])
@@ -72,6 +97,9 @@ class SFALayer:
         W_UK, W_UV = kv_b_proj_weight.split([QK_NOPE_HEAD_DIM, V_HEAD_DIM], dim=-1)
         self.W_UV = W_UV.transpose(0, 1).contiguous()  # (N, L, V)
         self.W_UK_T = W_UK.permute(1, 2, 0).contiguous()  # (N, P, L)
+        if self.enable_sparse_li_c8:  # AscendSFAImpl.q_hadamard / k_hadamard: bf16 hadamard(128) / sqrt(128)
+            self.q_hadamard = (hadamard(INDEX_HEAD_DIM).to(torch.bfloat16) / INDEX_HEAD_DIM ** 0.5).npu()
+            self.k_hadamard = (hadamard(INDEX_HEAD_DIM).to(torch.bfloat16) / INDEX_HEAD_DIM ** 0.5).npu()
 
     def rope_single(self, x, cos, sin):
         B, N, D = x.shape
@@ -107,23 +135,53 @@ class SFALayer:
         k_li_pe, k_li_nope = torch.split(k_li, [QK_ROPE_HEAD_DIM, INDEX_HEAD_DIM - QK_ROPE_HEAD_DIM], dim=-1)
         k_li_pe = torch_npu.npu_rotary_mul(k_li_pe.unsqueeze(2), cos.view(-1, 1, 1, QK_ROPE_HEAD_DIM),
                                            sin.view(-1, 1, 1, QK_ROPE_HEAD_DIM)).squeeze(2)
-        return torch.cat([k_li_pe, k_li_nope], dim=-1)  # [T, 1, 128]
+        k_li = torch.cat([k_li_pe, k_li_nope], dim=-1)  # [T, 1, 128]
+        if self.enable_sparse_li_c8:
+            k_li = k_li @ self.k_hadamard
+            self.record.k_li_rotated = k_li
+            k_li, k_li_scale = torch_npu.npu_dynamic_quant(k_li.view(-1, self.head_dim), dst_type=C8_K_CACHE_DTYPE)
+            k_li_scale = k_li_scale.to(C8_K_SCALE_CACHE_DTYPE)  # [T]
+            k_li_scale = k_li_scale.unsqueeze(-1)  # [T, 1]
+        else:
+            k_li_scale = None
+        return k_li, k_li_scale
 
     def indexer_select_post_process(self, x, q_c, kv_cache, attn_metadata, cos, sin, actual_seq_lengths_query,
                                     actual_seq_lengths_key):
-        # vllm-ascend passes kw[:, head_dim:], a strided view; the indexer's doc takes contiguous
-        # inputs only and the emulator holds to it
-        weights = (x @ self.wk_weights_proj)[:, INDEX_HEAD_DIM:].contiguous()
+        weights = (x @ self.wk_weights_proj)[:, INDEX_HEAD_DIM:]
         q_li = (q_c @ self.wq_b).view(-1, INDEX_N_HEADS, INDEX_HEAD_DIM)
         q_li_pe, q_li_nope = torch.split(q_li, [QK_ROPE_HEAD_DIM, INDEX_HEAD_DIM - QK_ROPE_HEAD_DIM], dim=-1)
         q_li_pe = torch_npu.npu_rotary_mul(q_li_pe.unsqueeze(2), cos, sin).squeeze(2)
         q_li = torch.cat([q_li_pe, q_li_nope], dim=-1)
-        self.record.q_li, self.record.weights = q_li, weights
-        # vllm-ascend: torch.ops._C_ascend.npu_lightning_indexer
-        topk_indices, _ = torch_npu.npu_lightning_indexer(
-            query=q_li, key=kv_cache[2], weights=weights, actual_seq_lengths_query=actual_seq_lengths_query,
-            actual_seq_lengths_key=actual_seq_lengths_key, block_table=attn_metadata.block_table,
-            layout_query="TND", layout_key="PA_BSND", sparse_count=self.sparse_count, sparse_mode=3)
+        self.record.q_li = q_li
+        if self.enable_sparse_li_c8:
+            q_li_shape_ori = q_li.shape
+            q_li = q_li @ self.q_hadamard
+            self.record.q_li_rotated = q_li
+            q_li, q_li_scale = torch_npu.npu_dynamic_quant(q_li.view(-1, self.head_dim), dst_type=C8_K_CACHE_DTYPE)
+            q_li_scale = q_li_scale.to(C8_K_SCALE_CACHE_DTYPE)  # [T * N]
+            # DeviceOperator.indexer_select_post_process, enable_sparse_li_c8 branch
+            weights = weights.to(torch.float16)
+            self.record.__dict__.update(q_li_int8=q_li.view(q_li_shape_ori),
+                                        q_li_scale=q_li_scale.view(q_li_shape_ori[:-1]), weights=weights)
+            # vllm-ascend: torch.ops._C_ascend.npu_lightning_indexer_quant (sparse_count 2048 there)
+            return torch.ops._C_ascend.npu_lightning_indexer_quant(
+                query=q_li.view(q_li_shape_ori), key=kv_cache[self.kv_cache_indexer_k_idx], weights=weights,
+                query_dequant_scale=q_li_scale.view(q_li_shape_ori[:-1]),
+                key_dequant_scale=kv_cache[self.kv_cache_indexer_scale_idx].squeeze(2),  # B S N D -> B S D
+                actual_seq_lengths_query=actual_seq_lengths_query, actual_seq_lengths_key=actual_seq_lengths_key,
+                block_table=attn_metadata.block_table, query_quant_mode=0, key_quant_mode=0, layout_query="TND",
+                layout_key="PA_BSND", sparse_count=self.sparse_count, sparse_mode=3)
+        # vllm-ascend passes kw[:, head_dim:], a strided view; the indexer's doc takes contiguous
+        # inputs only and the emulator holds to it
+        weights = weights.contiguous()
+        self.record.weights = weights
+        # vllm-ascend: torch.ops._C_ascend.npu_lightning_indexer (sparse_count 2048 there)
+        topk_indices, _ = torch.ops._C_ascend.npu_lightning_indexer(
+            query=q_li, key=kv_cache[self.kv_cache_indexer_k_idx], weights=weights,
+            actual_seq_lengths_query=actual_seq_lengths_query, actual_seq_lengths_key=actual_seq_lengths_key,
+            block_table=attn_metadata.block_table, layout_query="TND", layout_key="PA_BSND",
+            sparse_count=self.sparse_count, sparse_mode=3)
         return topk_indices
 
     def forward(self, hidden_states, kv_cache, attn_metadata, output):
@@ -135,26 +193,34 @@ class SFALayer:
         qkv_lora = hidden_states @ self.fused_qkv_a_proj
         q_c, kv_no_split = qkv_lora.split([Q_LORA_RANK, KV_LORA_RANK + QK_ROPE_HEAD_DIM], dim=-1)
         q_c = rms_norm(q_c, self.q_a_layernorm)
-        k_li = self.indexer_select_pre_process(hidden_states, cos, sin)
+        k_li, k_li_scale = self.indexer_select_pre_process(hidden_states, cos, sin)
         self.exec_kv(kv_no_split, cos, sin, kv_cache, slot_mapping)
         ql_nope, q_pe = self._q_proj_and_k_up_proj(q_c)
         # vllm-ascend passes q_pe, a view of the q_proj split; npu_interleave_rope's doc rules out
         # non-contiguous tensors and the emulator holds to it, so the view is made contiguous here
         q_pe = self.rope_single(q_pe.contiguous(), cos, sin)
-        # vllm-ascend: torch_npu.npu_scatter_nd_update_(kv_cache[2].view(-1, 128), slot_mapping.view(-1, 1),
-        # k_li.view(-1, 128)) (not emulated: the same row scatter in torch)
-        kv_cache[2].view(-1, INDEX_HEAD_DIM)[slot_mapping.long()] = k_li.view(-1, INDEX_HEAD_DIM)
+        # vllm-ascend: torch_npu.npu_scatter_nd_update_(kv_cache[dsa_k_cache_idx].view(-1, k_li.shape[-1]),
+        # slot_mapping.view(-1, 1), k_li.view(-1, k_li.shape[-1])) (not emulated: the same row scatter in torch)
+        kv_cache[self.kv_cache_indexer_k_idx].view(-1, k_li.shape[-1])[slot_mapping.long()] = k_li.view(
+            -1, k_li.shape[-1])
+        if self.enable_sparse_li_c8:
+            # vllm-ascend: torch_npu.npu_scatter_nd_update_(kv_cache[dsa_k_scale_cache_idx].view(-1, 1),
+            # slot_mapping.view(-1, 1), k_li_scale.view(-1, 1)) (not emulated: the same row scatter in torch)
+            kv_cache[self.kv_cache_indexer_scale_idx].view(-1, k_li_scale.shape[-1])[slot_mapping.long()] = (
+                k_li_scale.view(-1, k_li_scale.shape[-1]))
         topk_indices = self.indexer_select_post_process(hidden_states, q_c, kv_cache, attn_metadata, cos, sin,
                                                         actual_seq_lengths_query, actual_seq_lengths_key)
-        # vllm-ascend: torch.ops._C_ascend.npu_sparse_flash_attention (returns three tensors, as torch_npu's)
-        attn_output, _, _ = torch_npu.npu_sparse_flash_attention(
+        # vllm-ascend: torch.ops._C_ascend.npu_sparse_flash_attention (DeviceOperator.
+        # execute_sparse_flash_attention_process: three outputs, the first kept without return_lse)
+        result = torch.ops._C_ascend.npu_sparse_flash_attention(
             query=ql_nope, key=kv_cache[0], value=kv_cache[0], sparse_indices=topk_indices,
             scale_value=self.scale, sparse_block_size=1, block_table=attn_metadata.block_table,
             actual_seq_lengths_query=actual_seq_lengths_query, actual_seq_lengths_kv=actual_seq_lengths_key,
             query_rope=q_pe, key_rope=kv_cache[1], layout_query="TND", layout_kv="PA_BSND", sparse_mode=3,
             attention_mode=2, return_softmax_lse=False)
-        self.record.__dict__.update(kv_no_split=kv_no_split, k_li=k_li, ql_nope=ql_nope, q_pe=q_pe,
-                                    topk_indices=topk_indices, attn_output=attn_output)
+        attn_output = result[0]
+        self.record.__dict__.update(kv_no_split=kv_no_split, k_li=k_li, k_li_scale=k_li_scale, ql_nope=ql_nope,
+                                    q_pe=q_pe, topk_indices=topk_indices, attn_output=attn_output)
         output[...] = self._v_up_proj(attn_output) @ self.o_proj
         return output
 
@@ -204,6 +270,21 @@ def sfa_setup(nz_weight, mla_caches, paged_cache, block_table):
     return table, kv_cache
 
 
+@pytest.fixture
+def sfa_c8_setup(mla_caches, paged_cache, block_table):
+    """The block table and the four caches of vllm-ascend's SFA tuple with the C8 indexer
+    (``_compose_sfa_kv_cache``, LI C8 only): c_kv, k_rope, int8 indexer k ``[.., 1, 128]``, fp16
+    indexer scale ``[.., 1, 1]``, for two requests with room for :data:`C8_PROMPT_LENS` + 1 tokens."""
+    torch.manual_seed(0)
+    table = block_table([n + 1 for n in C8_PROMPT_LENS], BLOCK_SIZE, num_blocks=C8_NUM_BLOCKS)
+    assert table.block_table[0, 0] > table.block_table[0, 1], table.block_table  # C8_NUM_BLOCKS's premise
+    ckv_cache, k_rope_cache = mla_caches(table.num_blocks, BLOCK_SIZE)
+    kv_cache = (ckv_cache, k_rope_cache,
+                paged_cache(table.num_blocks, BLOCK_SIZE, INDEX_HEAD_DIM, dtype=C8_K_CACHE_DTYPE),
+                paged_cache(table.num_blocks, BLOCK_SIZE, 1, dtype=C8_K_SCALE_CACHE_DTYPE))
+    return table, kv_cache
+
+
 def run_step(layer, table, kv_cache, query_lens, kv_lens):
     meta = metadata(table, query_lens, kv_lens)
     hidden_states = torch.randn(sum(query_lens), HIDDEN).to(torch.bfloat16).npu()
@@ -226,14 +307,30 @@ def check_caches(layer, meta, kv_cache):
     assert_close(got_rope, want_rope.to(torch.bfloat16).float(), rtol=8e-3, atol=1e-3)
     idx = kv_cache[2].cpu().view(-1, INDEX_HEAD_DIM)[slots]
     assert torch.equal(idx, layer.record.k_li.cpu().view(-1, INDEX_HEAD_DIM))
+    if layer.enable_sparse_li_c8:  # the int8 key and its fp16 scale: dynamic_quant of the rotated key
+        want_k, want_scale = dynamic_quant_int8(layer.record.k_li_rotated.cpu().view(-1, INDEX_HEAD_DIM))
+        assert torch.equal(idx, want_k)
+        assert torch.equal(kv_cache[3].cpu().view(-1)[slots], want_scale.to(C8_K_SCALE_CACHE_DTYPE))
+
+
+def dynamic_quant_int8(x):
+    """npu_dynamic_quant's per-token int8 (its doc and op-plugin's golden: ``scale = max|x| / 127``),
+    in torch with the kernel's steps: ``m = fp32(127 / max|x|)``, ``y = rint(x * m)`` (half to
+    even), dequant scale ``max|x| * fp32(1 / 127)``. Returns (int8 y, fp32 scale ``[rows]``)."""
+    v = x.float()
+    amax = v.abs().amax(-1, keepdim=True)
+    y = torch.round(v * (torch.tensor(127.0) / amax)).to(torch.int8)
+    return y, (amax * torch.tensor(1 / 127, dtype=torch.float32)).squeeze(-1)
 
 
 def check_selection_and_attention(layer, meta, table, kv_cache, query_lens, kv_lens):
     """Per query token: the indexer picked the highest-scoring causal positions
-    (``score_j = sum_h w_h * relu(q_h . k_j)``), and the sparse attention output is a dense
-    softmax over exactly the picked tokens, computed in torch from the cache rows (P and the
-    output rounded to bf16 as the op documents)."""
+    (``score_j = sum_h w_h * relu(q_h . k_j)``; the C8 indexer: :func:`check_c8_selection`), and
+    the sparse attention output is a dense softmax over exactly the picked tokens, computed in
+    torch from the cache rows (P and the output rounded to bf16 as the op documents)."""
     rec = layer.record
+    if layer.enable_sparse_li_c8:
+        check_c8_selection(layer, table, kv_cache, query_lens, kv_lens)
     ckv = kv_cache[0].cpu().view(-1, KV_LORA_RANK).float()
     krope = kv_cache[1].cpu().view(-1, QK_ROPE_HEAD_DIM).float()
     kidx = kv_cache[2].cpu().view(-1, INDEX_HEAD_DIM).float()
@@ -247,17 +344,61 @@ def check_selection_and_attention(layer, meta, table, kv_cache, query_lens, kv_l
             picked = row[row >= 0].long()
             assert len(picked) == min(layer.sparse_count, visible), (t, len(picked))
             assert (row[len(picked):] == -1).all() and len(set(picked.tolist())) == len(picked)
-            score = (torch.relu(rec.q_li[t].cpu().float() @ kidx[slots].T) * rec.weights[t].cpu().float()[:, None]
-                     ).sum(0)  # [visible]
             rest = torch.ones(visible, dtype=torch.bool)
             rest[picked] = False
-            if rest.any():  # the selection is the top of the scores (up to bf16 noise in the score)
+            if rest.any() and not layer.enable_sparse_li_c8:  # the top of the scores (up to bf16 noise)
+                score = (torch.relu(rec.q_li[t].cpu().float() @ kidx[slots].T) * rec.weights[t].cpu().float()[:, None]
+                         ).sum(0)  # [visible]
                 assert score[rest].max() <= score[picked].min() + 2e-2 * score.abs().max(), t
             q = torch.cat([rec.ql_nope[t].cpu().float(), rec.q_pe[t].cpu().float()], dim=-1)  # [N, 576]
             k = torch.cat([ckv[slots[picked]], krope[slots[picked]]], dim=-1)  # [K, 576]
             p = torch.softmax(q @ k.T * layer.scale, dim=-1).to(torch.bfloat16).float()  # P in the query dtype
             want = (p @ ckv[slots[picked]]).to(torch.bfloat16).float()  # [N, 512]
             assert_close(rec.attn_output[t].cpu().float(), want, rtol=1e-2, atol=1e-3)
+            t += 1
+
+
+def quant_indexer_scores(q, qs, w, k, ks):
+    """The C8 indexer's score of every key row for one query token, in torch from the int8 data
+    (npu_quant_lightning_indexer's doc and op-plugin's golden): ``sum_h fp16(w_h * qs_h) *
+    fp16(relu(q_h . k_j) / 1024)``, summed in fp32, times the key's fp16 dequant scale ``ks_j``.
+    q int8 ``[N, D]``, qs / w fp16 ``[N]``, k int8 ``[S, D]``, ks fp16 ``[S]``; fp32 ``[S]``."""
+    ws = (w.float() * qs.float()).half().float()  # [N]
+    s = (torch.relu(q.float() @ k.float().T) / 1024).half().float()  # [N, S], the int32 dots are exact in fp32
+    return (ws[:, None] * s).sum(0) * ks.float()
+
+
+def check_c8_selection(layer, table, kv_cache, query_lens, kv_lens):
+    """Per query token: the C8 indexer picked the top-``sparse_count`` causal positions by the
+    dequantised score computed in torch from the same int8 query / key and fp16 scales, in
+    descending order. The kernel sums the heads in its cube's order (not public), so scores a few
+    fp32 ulps apart may come in either order: the checks allow ``1e-5`` of the row's largest
+    score. The query quantisation is checked too (dynamic_quant of the rotated query)."""
+    rec = layer.record
+    want_q, want_qs = dynamic_quant_int8(rec.q_li_rotated.cpu().view(-1, INDEX_HEAD_DIM))
+    assert torch.equal(rec.q_li_int8.cpu().view(-1, INDEX_HEAD_DIM), want_q)
+    assert torch.equal(rec.q_li_scale.cpu().view(-1), want_qs.to(C8_K_SCALE_CACHE_DTYPE))
+    kidx = kv_cache[2].cpu().view(-1, INDEX_HEAD_DIM)
+    kscale = kv_cache[3].cpu().view(-1)
+    topk = rec.topk_indices.cpu().view(sum(query_lens), -1)  # [T, sparse_count] (N2 = 1)
+    t = 0
+    for b, (q_len, kv_len) in enumerate(zip(query_lens, kv_lens)):
+        for s in range(q_len):
+            visible = kv_len - q_len + s + 1  # sparse_mode 3: right-down causal
+            slots = table.slots[b, :visible]
+            row = topk[t]
+            picked = row[row >= 0].long()
+            assert len(picked) == min(layer.sparse_count, visible), (t, len(picked))
+            assert (row[len(picked):] == -1).all() and len(set(picked.tolist())) == len(picked)
+            score = quant_indexer_scores(rec.q_li_int8[t].cpu(), rec.q_li_scale[t].cpu(), rec.weights[t].cpu(),
+                                         kidx[slots], kscale[slots])
+            tol = 1e-5 * score.abs().max()
+            got = score[picked]
+            assert (got[1:] <= got[:-1] + tol).all(), f"token {t}: not in descending score order"
+            rest = torch.ones(visible, dtype=torch.bool)
+            rest[picked] = False
+            if rest.any():
+                assert score[rest].max() <= got.min() + tol, f"token {t}: a higher-scoring position was left out"
             t += 1
 
 
@@ -294,6 +435,34 @@ class TestAscendSFAImplForward:
         k = torch.cat([kv_cache[0].cpu().view(-1, 512)[slots], kv_cache[1].cpu().view(-1, 64)[slots]], -1).float()
         dense = torch.softmax(q @ k.T * layer.scale, dim=-1) @ k[:, :KV_LORA_RANK]
         assert not torch.allclose(rec.attn_output[0].cpu().float(), dense, rtol=2e-2, atol=2e-3)
+
+    def test_c8_indexer_prefill_then_decode(self, sfa_c8_setup, nz_weight):
+        """The C8 indexer path (``enable_sparse_li_c8``): the rotated indexer key and query go
+        through ``npu_dynamic_quant`` to int8 with fp16 scales, the key and its scale into their
+        caches, ``_C_ascend.npu_lightning_indexer_quant`` picks the top 32, the sparse attention
+        runs over them. Every cache row, quantisation, selection and output is checked, and the
+        dequantised scores stay close to the unquantised ones (the query and key rotations
+        cancel in the dot product)."""
+        table, kv_cache = sfa_c8_setup
+        layer = SFALayer(nz_weight, sparse_count=32, enable_sparse_li_c8=True)
+        prompts = C8_PROMPT_LENS
+        for query_lens, kv_lens in ((prompts, prompts), ([1, 1], [n + 1 for n in prompts])):
+            meta, out = run_step(layer, table, kv_cache, query_lens, kv_lens)
+            check_caches(layer, meta, kv_cache)
+            check_selection_and_attention(layer, meta, table, kv_cache, query_lens, kv_lens)
+            assert out.shape == (sum(query_lens), HIDDEN) and torch.isfinite(out.cpu().float()).all()
+            if query_lens[0] > 1:  # prefill: each prompt's last token against the prompt's unquantised keys
+                rec = layer.record
+                for b, kv_len in enumerate(prompts):
+                    t = sum(prompts[:b + 1]) - 1
+                    slots = table.slots[b, :kv_len]
+                    got = quant_indexer_scores(rec.q_li_int8[t].cpu(), rec.q_li_scale[t].cpu(), rec.weights[t].cpu(),
+                                               kv_cache[2].cpu().view(-1, INDEX_HEAD_DIM)[slots],
+                                               kv_cache[3].cpu().view(-1)[slots])
+                    k = rec.k_li_rotated.cpu().float().view(-1, INDEX_HEAD_DIM)[t + 1 - kv_len:t + 1]
+                    want = (torch.relu(rec.q_li_rotated[t].cpu().float() @ k.T) / 1024  # the op's 2**-10
+                            * rec.weights[t].cpu().float()[:, None]).sum(0)
+                    assert_close(got, want, rtol=0, atol=2e-2 * want.abs().max())
 
     def test_cache_layout_is_pa_bsnd(self, sfa_setup):
         """The caches are ``[num_blocks, block_size, 1, D]`` (AscendSFABackend.get_kv_cache_shape)
