@@ -77,11 +77,13 @@ class Backend(Protocol):
 
     def paged_cache(self, args: PagedCacheArgs) -> PagedCacheOutputs:
         """``npu_scatter_pa_kv_cache`` and ``npu_gather_pa_kv_cache``."""
+
     def quant(self, args: DynamicQuantArgs) -> DynamicQuantOutputs:
         """``npu_dynamic_quant``."""
 
     def quant_lightning_indexer(self, args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
         """``npu_quant_lightning_indexer``."""
+
     def fused_infer_attention_score(self, args: FusedInferAttentionArgs) -> FusedInferAttentionOutputs:
         """``npu_fused_infer_attention_score`` and ``_v2`` (and their ``.out`` forms)."""
 

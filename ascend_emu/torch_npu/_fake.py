@@ -193,8 +193,11 @@ def quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequan
     (``npu_quant_lightning_indexer_forward``)."""
     if layout_query == "BSND":
         shape = [query.shape[0], query.shape[1], key.shape[2], sparse_count]
+    else:
         shape = [query.shape[0], key.shape[1 if layout_key == "TND" else 2], sparse_count]
     return _new(query, shape, torch.int32)
+
+
 def interleave_rope(x, cos, sin):
     """A tensor like ``x`` (``npu_interleave_rope_meta``)."""
     return torch.empty_like(x)
