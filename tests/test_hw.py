@@ -452,6 +452,8 @@ def test_hw_paged_cache(standin, rng, mode):
     out = [np.zeros((20, 2, d), ml_dtypes.bfloat16) for d in (32, 16)]
     assert_backends_agree(ops.npu_gather_pa_kv_cache, (kc, vc, table, lens, *out),
                           {"seq_offset": np.array([16, 0], np.int32), "is_seq_lens_cumsum": True})
+
+
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
 def test_hw_dynamic_quant(standin, rng, dtype):
     x = (rng.standard_normal((2, 3, 16)) * 3).astype(dtype)
