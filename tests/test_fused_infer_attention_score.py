@@ -202,6 +202,23 @@ def test_v2_names_and_out_forms_agree_with_v1(rng):
     assert no_lse.shape == (0,) and no_lse.dtype == np.float32
 
 
+@pytest.mark.parametrize("input_layout,sparse_mode", [("BNSD", 0), ("TND", 3)])
+@pytest.mark.parametrize("tokens", [(65535, 65535), (0, 0), (-3, 7)])
+def test_pre_and_next_tokens_are_ignored_by_the_emulated_modes(rng, input_layout, sparse_mode, tokens):
+    """sparse_mode 0 without atten_mask and sparse_mode 3 ignore pre_tokens / next_tokens (op-plugin
+    torch_npu-npu_fused_infer_attention_score_v2.md lines 332-334); op-plugin's tests pass 65535."""
+    q, k, v, kw = make_case(rng, input_layout, 4, BF16, q_lens=(3, 2) if input_layout == "TND" else (1, 1),
+                            kv_lens=(30, 9), sparse_mode=sparse_mode)
+    out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, pre_tokens=tokens[0], next_tokens=tokens[1],
+                                                   softmax_lse_flag=True)
+    want_out, want_lse = _ref(q, k, v, kw)
+    _assert_close(out, want_out, BF16)
+    _assert_lse(lse, want_lse)
+    v2 = {V2_NAMES.get(n, n): val for n, val in kw.items()}
+    out2, _ = ops.npu_fused_infer_attention_score_v2(q, k, v, **v2, pre_tokens=tokens[0], next_tokens=tokens[1])
+    np.testing.assert_array_equal(out2.view(np.uint16), out.view(np.uint16))
+
+
 # ---------------------------------------------------------------------- bad arguments
 def _base(rng):
     return make_case(rng, "BNSD", 4, BF16, q_lens=(1, 1), kv_lens=(20, 7))
@@ -212,7 +229,8 @@ def _base(rng):
     ("antiquant_mode", 1, ModeError), ("key_antiquant_mode", 1, ModeError), ("quant_scale2", np.ones(1), ModeError),
     ("query_padding_size", np.zeros(1, np.int64), ModeError), ("kv_padding_size", np.zeros(1, np.int64), ModeError),
     ("key_shared_prefix", np.zeros(1), ModeError), ("actual_shared_prefix_len", [1], ModeError),
-    ("inner_precise", 1, ModeError), ("sparse_mode", 1, ModeError), ("pre_tokens", 5, ModeError),
+    ("inner_precise", 1, ModeError), ("sparse_mode", 1, ModeError), ("pre_tokens", 1.5, DTypeError),
+    ("next_tokens", None, DTypeError),
     ("input_layout", "BSH", ModeError), ("num_key_value_heads", 2, ShapeError), ("num_heads", 8, ShapeError),
     ("block_size", 32, ShapeError), ("scale", float("nan"), DTypeError), ("query_rope", None, ShapeError),
     ("atten_mask", np.triu(np.ones((2048, 2048), bool), 1), ModeError),

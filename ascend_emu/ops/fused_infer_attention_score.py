@@ -61,7 +61,11 @@ Choices where the sources leave room (each in one named constant below):
   None (every request S1 tokens) or per-request lengths in [0, S1].
 - ``sparse_mode`` 3 takes ``atten_mask`` None or the callers' optimised 2048 x 2048 causal mask
   (bool / int8 / uint8, 1 above the diagonal), checked; sparse_mode 0 takes no mask.
-  ``pre_tokens`` / ``next_tokens`` only at their defaults.
+  ``pre_tokens`` / ``next_tokens``: any int, not read: the kernel ignores them with sparse_mode 0
+  without ``atten_mask`` and with sparse_mode 3 (set to INT_MAX / by the mode's rule; op-plugin
+  docs/zh/custom_APIs/torch_npu/torch_npu-npu_fused_infer_attention_score_v2.md lines 332-334, the
+  v1 page's sparse_mode constraints lines 407-409), the only modes emulated. op-plugin's own tests
+  pass 65535 / 65535.
 - Rejected, naming the argument (not emulated): ``pse_shift``, every quant / antiquant / dequant
   tensor and mode (v2's C8 decode included), ``query_padding_size`` / ``kv_padding_size`` (left
   padding), the shared prefix, ``key_rope_antiquant_scale``, ``learnable_sink``, ``inner_precise``
@@ -103,7 +107,7 @@ SPARSE_MODES = (0, 3)
 #: The optimised causal mask the callers pass with sparse_mode 3: ``[2048, 2048]``, 1 above the diagonal.
 CAUSAL_MASK_SIZE = 2048
 MASK_DTYPES = ("bool", "int8", "uint8")
-#: pre_tokens / next_tokens: the schemas' default, the only value taken.
+#: pre_tokens / next_tokens: the schemas' default (any int is taken; the emulated modes ignore them).
 DEFAULT_TOKENS = 2147483647
 #: block_size: a multiple of 16 in [16, 512].
 BLOCK_SIZE_ALIGN = 16
@@ -252,7 +256,7 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
         query_rope: ``query``'s layout with D = 64, query's dtype (required).
         key_rope: key's cache layout with D = 64, query's dtype (required).
         num_heads: N (query's N). scale: score scale, finite.
-        pre_tokens, next_tokens: only the defaults.
+        pre_tokens, next_tokens: ints, ignored (sparse_mode 0 without mask and 3 ignore them).
         input_layout: BSND, BNSD, TND, BSND_NBSD, BNSD_NBSD or TND_NTD.
         num_key_value_heads: KV_N (0: N); 1 for D = 512, a divisor of N for D = 128.
         sparse_mode: 0 or 3. block_size: the caches' bs, a multiple of 16 in [16, 512] (0 without
@@ -441,8 +445,7 @@ def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in
     if sm not in SPARSE_MODES:
         raise arg_error(ModeError, "sparse_mode", "0 (no mask) or 3 (causal, bottom-right aligned)", sparse_mode)
     for name, got in (("pre_tokens", pre_tokens), ("next_tokens", next_tokens)):
-        if _int(got, name) != DEFAULT_TOKENS:
-            raise arg_error(ModeError, name, f"the default {DEFAULT_TOKENS} (the only value emulated)", got)
+        _int(got, name)  # an int; its value is ignored by both emulated modes (module docstring)
     if not isinstance(lse_flag, (bool, np.bool_)):
         raise arg_error(DTypeError, lse_name, "a bool", type(lse_flag).__name__)
     scale_f = check_float(scale, scale_name)
