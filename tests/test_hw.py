@@ -39,13 +39,9 @@ def test_backend_context_manager_nests_and_restores(monkeypatch):
 
 # ----------------------------------------------------------------------------- the backend interface
 FAMILIES = ("mla_prolog", "mla_preprocess", "kv_rmsnorm_rope_cache", "sparse_flash_attention", "lightning_indexer", "rope",
-            "paged_cache")
-FAMILIES += ("quant",)
+            "paged_cache", "quant", "quant_lightning_indexer", "fused_infer_attention_score", "quant_950")
 #: Families whose ``ops`` module has another name.
 OPS_MODULES = {"quant": "dynamic_quant"}
-FAMILIES += ("quant_lightning_indexer",)
-FAMILIES += ("fused_infer_attention_score",)
-FAMILIES += ("quant_950",)
 
 
 def _outputs_type(family: str):

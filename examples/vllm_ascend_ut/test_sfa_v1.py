@@ -323,6 +323,24 @@ def dynamic_quant_int8(x):
     return y, (amax * torch.tensor(1 / 127, dtype=torch.float32)).squeeze(-1)
 
 
+def selections(layer, table, query_lens, kv_lens):
+    """Per query token, in order: ``(t, visible, slots, picked)``: its index, how many positions
+    sparse_mode 3 (right-down causal) lets it see, their cache slots and the positions the
+    indexer picked; checks that the pick is ``min(sparse_count, visible)`` distinct positions
+    followed by -1 padding."""
+    topk = layer.record.topk_indices.cpu().view(sum(query_lens), -1)  # [T, sparse_count] (N2 = 1)
+    t = 0
+    for b, (q_len, kv_len) in enumerate(zip(query_lens, kv_lens)):
+        for s in range(q_len):
+            visible = kv_len - q_len + s + 1
+            row = topk[t]
+            picked = row[row >= 0].long()
+            assert len(picked) == min(layer.sparse_count, visible), (t, len(picked))
+            assert (row[len(picked):] == -1).all() and len(set(picked.tolist())) == len(picked)
+            yield t, visible, table.slots[b, :visible], picked
+            t += 1
+
+
 def check_selection_and_attention(layer, meta, table, kv_cache, query_lens, kv_lens):
     """Per query token: the indexer picked the highest-scoring causal positions
     (``score_j = sum_h w_h * relu(q_h . k_j)``; the C8 indexer: :func:`check_c8_selection`), and
@@ -334,28 +352,18 @@ def check_selection_and_attention(layer, meta, table, kv_cache, query_lens, kv_l
     ckv = kv_cache[0].cpu().view(-1, KV_LORA_RANK).float()
     krope = kv_cache[1].cpu().view(-1, QK_ROPE_HEAD_DIM).float()
     kidx = kv_cache[2].cpu().view(-1, INDEX_HEAD_DIM).float()
-    topk = rec.topk_indices.cpu().view(sum(query_lens), -1)  # [T, sparse_count] (N2 = 1)
-    t = 0
-    for b, (q_len, kv_len) in enumerate(zip(query_lens, kv_lens)):
-        for s in range(q_len):
-            visible = kv_len - q_len + s + 1  # sparse_mode 3: right-down causal
-            slots = table.slots[b, :visible]
-            row = topk[t]
-            picked = row[row >= 0].long()
-            assert len(picked) == min(layer.sparse_count, visible), (t, len(picked))
-            assert (row[len(picked):] == -1).all() and len(set(picked.tolist())) == len(picked)
-            rest = torch.ones(visible, dtype=torch.bool)
-            rest[picked] = False
-            if rest.any() and not layer.enable_sparse_li_c8:  # the top of the scores (up to bf16 noise)
-                score = (torch.relu(rec.q_li[t].cpu().float() @ kidx[slots].T) * rec.weights[t].cpu().float()[:, None]
-                         ).sum(0)  # [visible]
-                assert score[rest].max() <= score[picked].min() + 2e-2 * score.abs().max(), t
-            q = torch.cat([rec.ql_nope[t].cpu().float(), rec.q_pe[t].cpu().float()], dim=-1)  # [N, 576]
-            k = torch.cat([ckv[slots[picked]], krope[slots[picked]]], dim=-1)  # [K, 576]
-            p = torch.softmax(q @ k.T * layer.scale, dim=-1).to(torch.bfloat16).float()  # P in the query dtype
-            want = (p @ ckv[slots[picked]]).to(torch.bfloat16).float()  # [N, 512]
-            assert_close(rec.attn_output[t].cpu().float(), want, rtol=1e-2, atol=1e-3)
-            t += 1
+    for t, visible, slots, picked in selections(layer, table, query_lens, kv_lens):
+        rest = torch.ones(visible, dtype=torch.bool)
+        rest[picked] = False
+        if rest.any() and not layer.enable_sparse_li_c8:  # the top of the scores (up to bf16 noise)
+            score = (torch.relu(rec.q_li[t].cpu().float() @ kidx[slots].T) * rec.weights[t].cpu().float()[:, None]
+                     ).sum(0)  # [visible]
+            assert score[rest].max() <= score[picked].min() + 2e-2 * score.abs().max(), t
+        q = torch.cat([rec.ql_nope[t].cpu().float(), rec.q_pe[t].cpu().float()], dim=-1)  # [N, 576]
+        k = torch.cat([ckv[slots[picked]], krope[slots[picked]]], dim=-1)  # [K, 576]
+        p = torch.softmax(q @ k.T * layer.scale, dim=-1).to(torch.bfloat16).float()  # P in the query dtype
+        want = (p @ ckv[slots[picked]]).to(torch.bfloat16).float()  # [N, 512]
+        assert_close(rec.attn_output[t].cpu().float(), want, rtol=1e-2, atol=1e-3)
 
 
 def quant_indexer_scores(q, qs, w, k, ks):
@@ -380,26 +388,16 @@ def check_c8_selection(layer, table, kv_cache, query_lens, kv_lens):
     assert torch.equal(rec.q_li_scale.cpu().view(-1), want_qs.to(C8_K_SCALE_CACHE_DTYPE))
     kidx = kv_cache[2].cpu().view(-1, INDEX_HEAD_DIM)
     kscale = kv_cache[3].cpu().view(-1)
-    topk = rec.topk_indices.cpu().view(sum(query_lens), -1)  # [T, sparse_count] (N2 = 1)
-    t = 0
-    for b, (q_len, kv_len) in enumerate(zip(query_lens, kv_lens)):
-        for s in range(q_len):
-            visible = kv_len - q_len + s + 1  # sparse_mode 3: right-down causal
-            slots = table.slots[b, :visible]
-            row = topk[t]
-            picked = row[row >= 0].long()
-            assert len(picked) == min(layer.sparse_count, visible), (t, len(picked))
-            assert (row[len(picked):] == -1).all() and len(set(picked.tolist())) == len(picked)
-            score = quant_indexer_scores(rec.q_li_int8[t].cpu(), rec.q_li_scale[t].cpu(), rec.weights[t].cpu(),
-                                         kidx[slots], kscale[slots])
-            tol = 1e-5 * score.abs().max()
-            got = score[picked]
-            assert (got[1:] <= got[:-1] + tol).all(), f"token {t}: not in descending score order"
-            rest = torch.ones(visible, dtype=torch.bool)
-            rest[picked] = False
-            if rest.any():
-                assert score[rest].max() <= got.min() + tol, f"token {t}: a higher-scoring position was left out"
-            t += 1
+    for t, visible, slots, picked in selections(layer, table, query_lens, kv_lens):
+        score = quant_indexer_scores(rec.q_li_int8[t].cpu(), rec.q_li_scale[t].cpu(), rec.weights[t].cpu(),
+                                     kidx[slots], kscale[slots])
+        tol = 1e-5 * score.abs().max()
+        got = score[picked]
+        assert (got[1:] <= got[:-1] + tol).all(), f"token {t}: not in descending score order"
+        rest = torch.ones(visible, dtype=torch.bool)
+        rest[picked] = False
+        if rest.any():
+            assert score[rest].max() <= got.min() + tol, f"token {t}: a higher-scoring position was left out"
 
 
 class TestAscendSFAImplForward:
