@@ -37,6 +37,8 @@ SHARE = 0.99
 #: Largest relative gap between neighbouring codes of normal values (E4M3FN 3 mantissa bits; HiF8
 #: 1 bit in its widest binades).
 STEP = {"float8_e4m3fn": 0.125, "hifloat8": 0.5}
+#: Floor of the bit-identical share of the fp32 dynamic scales (3 or 6 per case; measured 1.0).
+SCALE_SHARE = 0.66
 HIF8 = 290
 
 
@@ -149,6 +151,15 @@ def assert_float(got, want, what):
     assert share >= SHARE, f"{what}: bit-identical share {share:.4f}"
 
 
+def assert_scales(got, want, rtol, what):
+    """fp32 dynamic scales: within ``rtol`` (a bf16 ulp of amax for the query's), and most of them
+    bit-identical (``amax * fp32(1/448)`` and ``amax / 448`` differ in the last bit for part of
+    the values: a floor of 2 / 3 catches that order)."""
+    np.testing.assert_allclose(got, want, rtol=rtol, err_msg=what)
+    share = bit_identical_share(got, want)
+    assert share >= SCALE_SHARE, f"{what}: bit-identical share {share:.3f}"
+
+
 def assert_cache(cache, before, rows, slots, *, nz_layout, block_size, what, element=None):
     """Bytes outside the written rows unchanged (byte-exact); written rows against ``rows``."""
     live = [s for s in slots if s >= 0]
@@ -189,12 +200,12 @@ def test_950_modes_match_reference(a950, modes, cache_mode):
         same = np.count_nonzero(dq_norm.view(np.uint8) == g["dequant_scale_q_norm"]) / dq_norm.size
         assert same >= SHARE, f"dequant_scale_q_norm: {same:.3f} of the E8M0 bytes equal"
     else:
-        np.testing.assert_allclose(dq_norm, g["dequant_scale_q_norm"], rtol=1e-6, err_msg="dequant_scale_q_norm")
+        assert_scales(dq_norm, g["dequant_scale_q_norm"], 1e-6, "dequant_scale_q_norm")
     if kvq:
         assert query.dtype == carrier and query.shape == (T, N, HCKV)
         assert_codes(query, g["query"], el, "query")
         assert dq_nope.shape == (T, N, 1) and dq_nope.dtype == np.float32
-        np.testing.assert_allclose(dq_nope, g["dequant_scale_q_nope"], rtol=0.005, err_msg="dequant_scale_q_nope")
+        assert_scales(dq_nope, g["dequant_scale_q_nope"], 0.005, "dequant_scale_q_nope")
     else:
         assert dq_nope.shape == (0,)
         assert_float(query, g["query"], "query")
