@@ -1,4 +1,5 @@
-"""The MLA prolog (npu_mla_prolog v1 / v2 / v3) on the CPU, every A2 / A3 quant scenario.
+"""The MLA prolog (npu_mla_prolog v1 / v2 / v3) on the CPU, every A2 / A3 quant scenario and the
+Ascend 950's MXFP8 / FP8 / HiF8 full quant with a non-quant or per-tensor kv_cache.
 
 Source: ops_reference §2.1 (computation order and dtypes, quantized variants), §2.2 (per-tile
 combined rows), §1.1 (RoPE), §1.2 (rounding), §1.3 (RmsNorm), §2.3 (cache layouts); the A2 / A3
@@ -369,6 +370,29 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
        L181-L193 (bf16 -> fp32, ``Mul`` scale, ``CastFP32ToINT8``); ops-transformer @
        cannmirror 05c401f.
 
+    Ascend 950 modes (ops-transformer ``attention/mla_prolog/op_kernel/arch35``: the 8-bit
+    matmuls output fp32, ``mla_prolog_comm_arch35.h`` MLAPType; quantizers in
+    ``vf/vf_dynamic_quant.h``, ``vf/vf_quant_pertensor.h``, ``vf/vf_mul_qr.h``), with E4M3FN / HiF8
+    values widened exactly to fp32 (HiF8 codes through :func:`~ascend_emu.quant.hif8_to_f32`):
+
+    - steps 1 / 6, weight_quant_mode 3: :func:`_mx_matmul` (every element times its E8M0 block
+      scale, exact, then an fp32 matmul); 4 / 5: fp32 matmul, then ``dequant`` as above. Not
+      rounded to bf16.
+    - step 2, mode 3: ``cq_n`` -> bf16 (the kernel's MXFP8 quantizer reads bf16,
+      ``DynamicQuantPerBlockMxfp8Vf``; op-plugin's ``baseline_mxfp8`` rounds there too), then MXFP8
+      blocks of 32 (:func:`~ascend_emu.quant.mx_quantize`, ``scale_alg`` 0: byte
+      ``max(exp(amax) - 8, 0)``, elements ``x * 2**(127 - byte)`` RINT saturated to +-448, as
+      ComputeScaleVF / ComputeDataVF): float8_e4m3fn ``query_norm``, E8M0
+      ``dequant_scale_q_norm`` ``[T, Hcq/32]``; step 3 is :func:`_mx_matmul` of those and
+      ``dequant_scale_w_uq_qr``. Modes 4 / 5: times ``smooth_scales_cq`` if given, then
+      :func:`_dynamic_quant_8bit` (``amax * fp32(1/max)``, ``x / scale``, cast saturating: E4M3FN
+      RINT, HiF8 ROUND) -> ``query_norm`` and fp32 ``[T, 1]``; step 3 is ``dequant`` of the fp32
+      matmul. The nope part -> bf16, the rope part kept fp32 (as int8 full quant).
+    - step 4 with query_quant_mode 1: :func:`_dynamic_quant_8bit` of the bf16 query per token and
+      head; step 5's MulQr as above.
+    - step 7 with kv_cache_quant_mode 1: ``cast(fp32(kv * quant_scale_ckv[0]))`` saturating
+      (``QuantPerTensorVFImpl``); kr stays bf16.
+
     Cache rows go to ``args.slots`` in ``args.kv_layout`` / ``args.kr_layout`` (-1 skips; for a
     shared slot the last token wins); with ``args.slots is None`` (no token or an empty cache)
     steps 6-8 are skipped.
@@ -379,9 +403,10 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
     Returns:
         :class:`~ascend_emu.ops.mla_prolog.MlaPrologOutputs` ``(query, query_rope,
         dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``: query
-        ``[T, N, 512]`` (bf16, int8 with query quant), bf16 ``[T, N, 64]``, fp32 ``[T, N, 1]`` or
-        None, ``[T, Hcq]`` (bf16 / int8) when ``args.query_norm_flag`` else None, fp32 ``[T, 1]``
-        when ``args.query_norm_flag`` and weight_quant_mode is 1 or 2, else None.
+        ``[T, N, 512]`` (bf16; with query quant int8 / float8_e4m3fn / hifloat8 as uint8), bf16
+        ``[T, N, 64]``, fp32 ``[T, N, 1]`` or None, ``[T, Hcq]`` (weight_uq_qr's dtype) when
+        ``args.query_norm_flag`` else None, fp32 ``[T, 1]`` (E8M0 ``[T, Hcq/32]`` in mode 3)
+        when ``args.query_norm_flag`` and weight_quant_mode > 0, else None.
     """
     t, n, hcq = args.num_tokens, args.num_heads, args.weight_dq.shape[1]
     if t == 0:
