@@ -29,7 +29,7 @@ FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 HE, HCKV, DR, T, N = 1024, 512, 64, 3, 2
 #: (weight_quant_mode, kv_cache_quant_mode, query_quant_mode) of the doc's mxfp8 / fp8 / hif8 rows.
-MODES = [(3, 0, 0), (3, 1, 1), (4, 0, 0), (4, 1, 1), (5, 0, 0), (5, 1, 1)]
+MODES = [(3, 0, 0), (3, 1, 1), (3, 3, 0), (4, 0, 0), (4, 1, 1), (4, 3, 0), (5, 0, 0), (5, 1, 1), (5, 3, 0)]
 ELEMENT = {3: "float8_e4m3fn", 4: "float8_e4m3fn", 5: "hifloat8"}
 #: Measured: every code / bf16 value identical to the reference in these cases; the floors leave
 #: room for another BLAS's fp32 summation order, not for a wrong step.
@@ -40,6 +40,8 @@ STEP = {"float8_e4m3fn": 0.125, "hifloat8": 0.5}
 #: Floor of the bit-identical share of the fp32 dynamic scales (3 or 6 per case; measured 1.0).
 SCALE_SHARE = 0.66
 HIF8 = 290
+#: Per-tile rows: 512 codes | 64 bf16 k_rope | 4 fp32 scales.
+ROW_BYTES = 656
 
 
 @pytest.fixture
@@ -94,8 +96,10 @@ class Case:
                                dequant_scale_w_uq_qr=u((1, qk)), dequant_scale_w_dkv_kr=u((1, HCKV + DR)))
             if smooth:
                 self.scales["smooth_scales_cq"] = rng.uniform(0.5, 1.5, (1, hcq)).astype(np.float32)
-        if kvq:
+        if kvq == 1:
             self.scales["quant_scale_ckv"] = np.array([3.0], np.float32)
+        if kvq == 3 and mode != 3:  # the doc's dtype table: fp8 / hif8 per-tile take it, mxfp8 not
+            self.scales["k_nope_clip_alpha"] = np.array([1.0], np.float32)
         self.gold = ref.mla_prolog_950(self.x, self.w["weight_dq"], self.w["weight_uq_qr"], self.w_uk,
                                        self.w["weight_dkv_kr"], self.gamma_cq, self.gamma_ckv, self.sin, self.cos,
                                        mode=mode, kv_quant=kvq, scales=self.scales, qc_qr_scale=0.5, kc_scale=2.0)
@@ -105,7 +109,7 @@ class Case:
         mode, kvq, qqm = self.modes
         kw = {k: (v.view(E8M0) if v.dtype == np.uint8 else v) for k, v in self.scales.items()}
         kw.update(weight_quant_mode=mode, kv_cache_quant_mode=kvq, query_quant_mode=qqm, query_norm_flag=True,
-                  qc_qr_scale=0.5, kc_scale=2.0)
+                  qc_qr_scale=0.5, kc_scale=2.0, ckvkr_repo_mode=int(kvq == 3), quant_scale_repo_mode=int(kvq == 3))
         if mode == 5:
             kw.update(token_x_dtype=HIF8, weight_dq_dtype=HIF8, weight_uq_qr_dtype=HIF8, weight_dkv_kr_dtype=HIF8,
                       kv_cache_dtype=HIF8 if kvq else None)
@@ -117,7 +121,10 @@ class Case:
                 nz(self.w["weight_dkv_kr"], el), self.gamma_cq, self.gamma_ckv, self.sin, self.cos)
 
     def caches(self, block_num=2, block_size=16):
-        kv_dtype = BF16 if not self.modes[1] else (np.dtype(np.uint8) if self.element == "hifloat8" else FP8)
+        kvq = self.modes[1]
+        kv_dtype = BF16 if not kvq else (np.dtype(np.uint8) if self.element == "hifloat8" else FP8)
+        if kvq == 3:  # 656-byte rows; kr_cache empty
+            return poisoned((block_num, block_size, 1, ROW_BYTES), kv_dtype), np.zeros((0,), BF16)
         return (poisoned((block_num, block_size, 1, HCKV), kv_dtype), poisoned((block_num, block_size, 1, DR), BF16))
 
 
@@ -169,7 +176,13 @@ def assert_cache(cache, before, rows, slots, *, nz_layout, block_size, what, ele
     for c in (rest, want_rest):  # the written rows set equal on both sides: the rest must match byte for byte
         ref_a2.write_rows(c.view(np.uint8) if element else c, live_rows, live, nz=nz_layout, block_size=block_size)
     assert_same_bytes(rest, want_rest, f"{what} outside the written rows")
-    if element:
+    if element and got.shape[-1] == ROW_BYTES:  # per-tile rows: codes | bf16 k_rope | fp32 scales
+        rope, scale = slice(HCKV, HCKV + 2 * DR), slice(HCKV + 2 * DR, ROW_BYTES)
+        assert_codes(got[:, :HCKV], live_rows[:, :HCKV], element, f"{what} k_nope")
+        part = lambda a, sl, dt: np.ascontiguousarray(a[:, sl]).view(dt)  # noqa: E731
+        assert_float(part(got, rope, BF16), part(live_rows, rope, BF16), f"{what} k_rope")
+        assert_scales(part(got, scale, np.float32), part(live_rows, scale, np.float32), 1e-6, f"{what} scales")
+    elif element:
         assert_codes(got, live_rows, element, what)
     else:
         assert_float(got, live_rows.astype(BF16), what)
@@ -201,7 +214,7 @@ def test_950_modes_match_reference(a950, modes, cache_mode):
         assert same >= SHARE, f"dequant_scale_q_norm: {same:.3f} of the E8M0 bytes equal"
     else:
         assert_scales(dq_norm, g["dequant_scale_q_norm"], 1e-6, "dequant_scale_q_norm")
-    if kvq:
+    if modes[2]:
         assert query.dtype == carrier and query.shape == (T, N, HCKV)
         assert_codes(query, g["query"], el, "query")
         assert dq_nope.shape == (T, N, 1) and dq_nope.dtype == np.float32
@@ -214,7 +227,10 @@ def test_950_modes_match_reference(a950, modes, cache_mode):
     nz_layout = cache_mode == "PA_NZ"
     assert_cache(kv, kv_before, g["kv"], slots, nz_layout=nz_layout, block_size=16, what="kv_cache",
                  element=el if kvq else None)
-    assert_cache(kr, kr_before, g["kr"], slots, nz_layout=nz_layout, block_size=16, what="kr_cache")
+    if kvq == 3:
+        assert kr.size == 0
+    else:
+        assert_cache(kr, kr_before, g["kr"], slots, nz_layout=nz_layout, block_size=16, what="kr_cache")
 
 
 def test_950_widened_shapes(a950):
@@ -301,8 +317,13 @@ def test_950_contract_errors(a950):
         call(c5, kv_cache_dtype=292)
     with pytest.raises(ModeError, match="token_x_dtype: expected None"):
         call(c3, token_x_dtype=HIF8)
-    with pytest.raises(ModeError, match="per-tile kv quant .* not emulated"):
-        call(c3, kv_cache_quant_mode=3, query_quant_mode=0, ckvkr_repo_mode=1, quant_scale_repo_mode=1)
+    with pytest.raises(ModeError, match=r"mxfp8 mode takes \(kv_cache_quant_mode, query_quant_mode\) \(0, 0\), "
+                                        r"\(1, 1\) or \(3, 0\)"):
+        call(c3, kv_cache_quant_mode=2, query_quant_mode=0)
+    with pytest.raises(ModeError, match="k_nope_clip_alpha: expected None in the mxfp8 full quant, kv_cache per-tile"):
+        call(case((3, 3, 0)), k_nope_clip_alpha=np.ones(1, np.float32))
+    with pytest.raises(ShapeError, match="k_nope_clip_alpha"):
+        call(case((4, 3, 0)), k_nope_clip_alpha=None)
 
 
 # ---------------------------------------------------------------------- the drop-in
@@ -341,3 +362,20 @@ def test_950_drop_in(a950, modes):
                                            cache_index=meta(torch.tensor([1, 2, 3])),
                                            **{k: meta(v) for k, v in kw.items()})
     assert [(tuple(f.shape), f.dtype) for f in fake] == [(tuple(g.shape), g.dtype) for g in got]
+
+
+@pytest.mark.parametrize("mode", [4, 5])
+def test_950_per_tile_zero_tiles_use_the_amax_floor(a950, mode):
+    """A zero kv row (rmsnorm_gamma_ckv = 0): every tile's amax is floored at 1e-4 (arch35
+    QuantPerTileVF), so its scale is fp32(1e-4) * fp32(1/max) and its codes are 0 (the int8 rows
+    of A2 / A3 write scale 0 there)."""
+    c = case((mode, 3, 0))
+    args = list(c.inputs())
+    args[6] = np.zeros_like(c.gamma_ckv)  # rmsnorm_gamma_ckv
+    kv, kr = c.caches()
+    npu_mla_prolog_v3(*args, kv, kr, cache_index=np.array([0, 1, 2]), **c.kwargs())
+    rows = kv.view(np.uint8).reshape(-1, ROW_BYTES)[:T]
+    assert (ref.decode(rows[:, :HCKV], c.element) == 0).all()  # +0 / -0 (E4M3FN has both)
+    want = np.float32(1e-4) * (np.float32(1.0) / np.float32(ref.MAX_VALUE[c.element]))
+    assert_same_bytes(np.ascontiguousarray(rows[:, HCKV + 2 * DR:]).view(np.float32), np.full((T, 4), want, np.float32),
+                      "tile scales")

@@ -285,18 +285,25 @@ def _cast_8bit(y: np.ndarray, element: str) -> np.ndarray:
     return to_fp8(y, element, saturate=True)
 
 
-def _dynamic_quant_8bit(x: np.ndarray, element: str) -> tuple[np.ndarray, np.ndarray]:
+#: The arch35 per-tile 8-bit quant floors each tile's amax here (ComputeVFImpl M=1, ``epsilonValue``).
+TILE_AMAX_FLOOR = np.float32(1e-4)
+
+
+def _dynamic_quant_8bit(x: np.ndarray, element: str, amax_floor=None) -> tuple[np.ndarray, np.ndarray]:
     """Per row of the last axis, the arch35 kernel's ``DynamicQuantPerTokenVf`` (ops-transformer
     ``attention/mla_prolog/op_kernel/arch35/vf/vf_dynamic_quant.h``, ComputeVFImpl M=0): ``amax =
     max |x|``; dequant scale ``amax * fp32(1 / max)`` (Muls; max 448 for E4M3FN, 32768 for HiF8);
     ``y = x / scale`` (Div); :func:`_cast_8bit`. A row of zeros gets scale 0 and zeros (choice, as
-    quant.ZERO_GROUP_POLICY: the kernel would divide 0 by 0).
+    quant.ZERO_GROUP_POLICY: the kernel would divide 0 by 0). With ``amax_floor`` (per-tile, M=1)
+    amax is at least that.
 
     Returns:
         ``(q, scale)``: the element type of x's shape; fp32 ``[..., 1]``.
     """
     max_value = HIF8_MAX if element == "hifloat8" else FP8_MAX[element]
     amax = np.max(np.abs(x), axis=-1, keepdims=True)
+    if amax_floor is not None:
+        amax = np.maximum(amax, amax_floor)
     scale = (amax * (np.float32(1.0) / np.float32(max_value))).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         y = np.where(scale > 0, x / scale, np.float32(0.0)).astype(np.float32)
@@ -313,6 +320,21 @@ def _mx_matmul(a32: np.ndarray, a_scales: np.ndarray, w32: np.ndarray, w_scales:
     sw = np.repeat(e8m0_to_f32(np.asarray(w_scales).view(np.uint8)), MX_BLOCK_SIZE, axis=1)  # [N, K]
     with np.errstate(over="ignore", invalid="ignore"):
         return matmul_f32(a32 * sa, w32 * sw.T)
+
+
+def _per_tile_rows_8bit(kv: np.ndarray, kr_bits: np.ndarray, element: str, tile_size: int) -> np.ndarray:
+    """Ascend 950 per-tile rows ``[512 codes | 64 bf16 | 4 fp32]`` (arch35 ``QuantPerTile8Bit``:
+    ``QuantPerTileVF`` = :func:`_dynamic_quant_8bit` per tile with amax floored at
+    :data:`TILE_AMAX_FLOOR`; no clip factor; ``ScatterCkv`` / ``ScatterKr`` put codes, k_rope and
+    scales at the int8 rows' offsets, :class:`~ascend_emu.quant.CombinedRowFormat`).
+
+    Returns:
+        int8 ``[T, 656]`` (the rows' bytes).
+    """
+    t = kv.shape[0]
+    q, scale = _dynamic_quant_8bit(kv.reshape(t, -1, tile_size), element, TILE_AMAX_FLOOR)  # [T, tiles, tile]
+    codes = np.ascontiguousarray(q).view(np.int8).reshape(t, -1)
+    return CombinedRowFormat(tile_size=tile_size).pack(codes, kr_bits.view(BF16), scale[..., 0])
 
 
 def _empty_outputs(args: MlaPrologArgs) -> MlaPrologOutputs:
@@ -391,7 +413,9 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
     - step 4 with query_quant_mode 1: :func:`_dynamic_quant_8bit` of the bf16 query per token and
       head; step 5's MulQr as above.
     - step 7 with kv_cache_quant_mode 1: ``cast(fp32(kv * quant_scale_ckv[0]))`` saturating
-      (``QuantPerTensorVFImpl``); kr stays bf16.
+      (``QuantPerTensorVFImpl``); kr stays bf16. With 3: :func:`_per_tile_rows_8bit` (amax per
+      tile of 128 floored at 1e-4, ``amax * fp32(1/max)``, ``x / scale`` cast saturating; no clip
+      factor), 656-byte rows with the bf16 kr.
 
     Cache rows go to ``args.slots`` in ``args.kv_layout`` / ``args.kr_layout`` (-1 skips; for a
     shared slot the last token wins); with ``args.slots is None`` (no token or an empty cache)
@@ -506,6 +530,10 @@ def _kv_path(args, ckvkr: np.ndarray, round_in: bool, cos: np.ndarray, sin: np.n
     elif kvq == 2:
         kv = quantize_static(kv32, qs_ckv)
         kr = quantize_static(bf16_to_f32(kr), _f32_vector(args.quant_scale_ckr))
+    elif args.scenario.element is not None:
+        rows = _per_tile_rows_8bit(kv32, kr, args.scenario.element, args.tile_size)  # [T, 656]
+        scatter_rows(args.kv_cache, rows, args.slots, args.kv_layout)
+        return
     else:
         alpha = f32(_f32_vector(args.k_nope_clip_alpha)[0])
         rows = _per_tile_rows(kv32, kr, alpha, args.tile_size)  # [T, 656]

@@ -17,13 +17,13 @@ numerics of each are stated step by step in :func:`ascend_emu.emu.mla_prolog.mla
 
 Ascend 950 (``ASCEND_EMU_SOC_NAME`` starting with ``Ascend950``, :mod:`ascend_emu.soc`): v3 also
 takes weight_quant_mode 3 (MXFP8), 4 (FP8 E4M3FN) and 5 (HiFloat8, uint8 with the ``*_dtype``
-tags = 290) with a non-quant or per-tensor kv_cache (:data:`QUANT_SCENARIOS_950`, the current
-torch_npu doc's scenario and dtype tables) and the doc's wider shapes (:data:`V3_ASCEND950_LIMITS`).
+tags = 290) with a non-quant, per-tensor or per-tile kv_cache (:data:`QUANT_SCENARIOS_950`, the
+current torch_npu doc's scenario and dtype tables) and the doc's wider shapes
+(:data:`V3_ASCEND950_LIMITS`).
 On any other SoC those modes, the tags and the wider shapes are rejected before anything is
 written, with torch_npu's kind of message ("weight_quant_mode: When weight_quant_mode is 3 (mxfp8
 full quant), not support on this soc version Ascend910B2 ..."; op-plugin
-``MlaPrologV3KernelNpuOpApi.cpp`` / meta ``npu_mla_prolog_v3_forward`` L516). The 950's per-tile
-kv rows with 8-bit weights ((3 | 4 | 5, 3, 0)) are not emulated (ModeError).
+``MlaPrologV3KernelNpuOpApi.cpp`` / meta ``npu_mla_prolog_v3_forward`` L516).
 
 Contract highlights (be stricter than the hardware):
 
@@ -132,8 +132,9 @@ VERSION_LIMITS: Mapping[int, VersionLimits] = MappingProxyType({
                      quant_modes=((0, 0, 0), (1, 0, 0), (1, 2, 0), (1, 3, 0), (2, 0, 0), (2, 1, 1), (2, 3, 0))),
 })
 #: The Ascend 950's own v3 modes (torch_npu doc "支持场景": mxfp8 / fp8 / hif8 full quant with a
-#: non-quant or per-tensor kv_cache); their per-tile rows ((3 | 4 | 5, 3, 0)) are not emulated.
-ASCEND950_QUANT_MODES = ((3, 0, 0), (3, 1, 1), (4, 0, 0), (4, 1, 1), (5, 0, 0), (5, 1, 1))
+#: non-quant, per-tensor or per-tile kv_cache).
+ASCEND950_QUANT_MODES = ((3, 0, 0), (3, 1, 1), (3, 3, 0), (4, 0, 0), (4, 1, 1), (4, 3, 0), (5, 0, 0), (5, 1, 1),
+                         (5, 3, 0))
 #: v3 on an emulated Ascend 950 (:func:`ascend_emu.soc.is_ascend950`): the widened shape table of
 #: the current torch_npu doc (He 1024 .. 8192, Hcq 1536 / 2048, D 128 / 192; N and BlockSize as
 #: before) and the 950 modes. A2 / A3 keep :data:`VERSION_LIMITS` (choice: the doc's table carries
@@ -252,10 +253,13 @@ _FP8_INPUTS = dict(token_x=FP8, weight_dq=FP8, weight_uq_qr=FP8, weight_dkv_kr=F
 _HIF8_INPUTS = {name: HIF8_CARRIER for name in _FP8_INPUTS}
 _KV_PER_TENSOR = _FULL_QUANT_SCALES + ("quant_scale_ckv",)
 #: The Ascend 950 scenarios (torch_npu doc "支持场景" and its dtype table; ops-transformer arch35
-#: ``mla_prolog_comm_arch35.h`` quantMode 7, 8, 10-13): fp8 / hif8 full quant take the int8 full
+#: ``mla_prolog_comm_arch35.h`` quantMode 7-15): fp8 / hif8 full quant take the int8 full
 #: quant's scales (fp32, smooth_scales_cq optional); MXFP8 takes E8M0 block scales and no
 #: smooth_scales_cq. With per-tensor kv quant the query is quantized per token and head to the
-#: element type.
+#: element type. Per-tile kv quant writes 656-byte rows ``[512 codes | 64 bf16 | 4 fp32]`` (the
+#: int8 rows' layout: arch35 ``ScatterCkv`` / ``ScatterKr`` offsets) with a bf16 query;
+#: ``k_nope_clip_alpha`` is required in fp8 / hif8 and absent in mxfp8, as the doc's dtype
+#: table says (the kernel reads it in fp8 / hif8 but its 8-bit tile quantizer applies no clip).
 QUANT_SCENARIOS_950: Mapping[tuple[int, int, int], QuantScenario] = MappingProxyType({
     (3, 0, 0): QuantScenario(name="mxfp8 full quant, kv_cache non-quant", dtypes=_dtypes(**_FP8_INPUTS),
                              required=_FULL_QUANT_SCALES, element=FP8, mx=True),
@@ -272,6 +276,16 @@ QUANT_SCENARIOS_950: Mapping[tuple[int, int, int], QuantScenario] = MappingProxy
     (5, 1, 1): QuantScenario(name="hif8 full quant, kv_cache per-tensor quant",
                              dtypes=_dtypes(**_HIF8_INPUTS, kv_cache=HIF8_CARRIER, query=HIF8_CARRIER),
                              required=_KV_PER_TENSOR, optional=("smooth_scales_cq",), element="hifloat8"),
+    (3, 3, 0): QuantScenario(name="mxfp8 full quant, kv_cache per-tile quant", dtypes=_dtypes(**_FP8_INPUTS, kv_cache=FP8),
+                             required=_FULL_QUANT_SCALES, repo_mode=1, kv_dtile=656,
+                             cache_modes=COMBINED_CACHE_MODES, element=FP8, mx=True),
+    (4, 3, 0): QuantScenario(name="fp8 full quant, kv_cache per-tile quant", dtypes=_dtypes(**_FP8_INPUTS, kv_cache=FP8),
+                             required=_FULL_QUANT_SCALES + ("k_nope_clip_alpha",), optional=("smooth_scales_cq",),
+                             repo_mode=1, kv_dtile=656, cache_modes=COMBINED_CACHE_MODES, element=FP8),
+    (5, 3, 0): QuantScenario(name="hif8 full quant, kv_cache per-tile quant",
+                             dtypes=_dtypes(**_HIF8_INPUTS, kv_cache=HIF8_CARRIER),
+                             required=_FULL_QUANT_SCALES + ("k_nope_clip_alpha",), optional=("smooth_scales_cq",),
+                             repo_mode=1, kv_dtile=656, cache_modes=COMBINED_CACHE_MODES, element="hifloat8"),
 })
 QUANT_SCENARIOS = MappingProxyType({**QUANT_SCENARIOS, **QUANT_SCENARIOS_950})
 #: weight_quant_mode -> what torch_npu calls it (the SoC gate's message).
@@ -295,13 +309,8 @@ _MODE_NAMES = ("weight_quant_mode", "kv_cache_quant_mode", "query_quant_mode")
 _MODE_RANGES = {"ckvkr_repo_mode": (0, 1), "quant_scale_repo_mode": (0, 1)}
 #: Why a weight_quant_mode combination no table of the emulated SoC lists is rejected.
 _WEIGHT_MODE_HINTS = {
-    3: "Ascend 950's mxfp8 mode takes kv_cache_quant_mode 0 (query_quant_mode 0) or 1 (query_quant_mode 1); "
-       "its per-tile kv quant (kv_cache_quant_mode 3) is not emulated",
-    4: "Ascend 950's fp8 mode takes kv_cache_quant_mode 0 (query_quant_mode 0) or 1 (query_quant_mode 1); "
-       "its per-tile kv quant (kv_cache_quant_mode 3) is not emulated",
-    5: "Ascend 950's hifloat8 mode takes kv_cache_quant_mode 0 (query_quant_mode 0) or 1 (query_quant_mode 1); "
-       "its per-tile kv quant (kv_cache_quant_mode 3) is not emulated",
-}
+    m: f"Ascend 950's {name} mode takes (kv_cache_quant_mode, query_quant_mode) (0, 0), (1, 1) or (3, 0)"
+    for m, name in ((3, "mxfp8"), (4, "fp8"), (5, "hifloat8"))}
 
 
 def expected_scale_shapes(version: int, modes: tuple[int, int, int], num_tokens: int, num_heads: int,
@@ -631,7 +640,11 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
     float8_e4m3fn with E8M0 ``dequant_scale_q_norm`` ``[T, Hcq/32]``. (4, 0, 0) / (4, 1, 1) FP8
     and (5, 0, 0) / (5, 1, 1) HiF8: the int8 full quant's fp32 scales; query_norm of the element
     type with fp32 ``[T, 1]``. With kv_cache_quant_mode 1 kv_cache and query are of the element
-    type (query per token and head, fp32 ``dequant_scale_q_nope``); kr_cache stays bf16.
+    type (query per token and head, fp32 ``dequant_scale_q_nope``); kr_cache stays bf16. With
+    kv_cache_quant_mode 3 (``ckvkr_repo_mode = quant_scale_repo_mode = 1``; PA_BSND, BSND, TND)
+    kv_cache holds 656-byte rows ``[512 element codes | 64 bf16 k_rope | 4 fp32 scales]`` of the
+    element type, kr_cache is empty, the query bf16; ``k_nope_clip_alpha`` is required in modes
+    4 / 5 (not applied: the kernel's 8-bit tile quant has no clip) and must be None in mode 3.
 
     Returns:
         ``(query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``, shapes

@@ -11,7 +11,8 @@ Sources for the order of the 8-bit steps: ops-transformer ``attention/mla_prolog
 arch35/vf/vf_dynamic_quant.h`` (per-token: scale ``amax * fp32(1/max)``, ``y = x / scale``,
 cast saturating, E4M3FN RINT / HiF8 ROUND; MXFP8: bf16 input, OCP shared exponent
 ``max(exp(amax) - 8, 0)``, elements ``x * 2**(127 - byte)`` saturated to +-448, RINT),
-``vf_quant_pertensor.h`` (kv: ``x * quant_scale_ckv`` in fp32, cast saturating),
+``vf_quant_pertensor.h`` (kv: ``x * quant_scale_ckv`` in fp32, cast saturating), per-tile
+(``QuantPerTileVF``: tile amax floored at 1e-4, no clip; rows laid out as the int8 ones),
 ``mla_prolog_comm_arch35.h`` (the 8-bit matmuls output fp32). op-plugin's ``baseline_mxfp8``
 (test_mla_prolog_v3.py) is followed where it agrees; it omits qc_qr_scale / kc_scale.
 """
@@ -64,6 +65,20 @@ def token_quant(x, element: str) -> tuple[np.ndarray, np.ndarray]:
     return encode(x / scale, element), scale
 
 
+def per_tile_rows(kv, kr, element: str, tile_size: int = 128) -> np.ndarray:
+    """656-byte rows: per tile of 128, scale = max(amax, 1e-4) * fp32(1 / max), codes of
+    ``x / scale``; bytes ``[0, 512)`` codes, ``[512, 640)`` bf16 kr, ``[640, 656)`` fp32 scales."""
+    t = kv.shape[0]
+    tiles = f32(kv).reshape(t, -1, tile_size)
+    amax = np.maximum(np.max(np.abs(tiles), axis=-1, keepdims=True), np.float32(1e-4))
+    scale = amax * (np.float32(1.0) / np.float32(MAX_VALUE[element]))
+    rows = np.zeros((t, 656), np.uint8)
+    rows[:, :HCKV] = encode(tiles / scale, element).reshape(t, HCKV)
+    rows[:, HCKV:HCKV + 2 * DR] = np.ascontiguousarray(bf16(kr)).view(np.uint8).reshape(t, -1)
+    rows[:, HCKV + 2 * DR:] = scale.astype("<f4").reshape(t, -1).view(np.uint8)
+    return rows
+
+
 def mx_quant(x) -> tuple[np.ndarray, np.ndarray]:
     """MXFP8 of bf16(x) along the last axis: (E4M3FN codes, E8M0 bytes ``[T, K/32]``)."""
     codes, pairs = fmt.mx_quantize(f32(bf16(x)), FP8, -1, BLOCK, 0)
@@ -73,7 +88,7 @@ def mx_quant(x) -> tuple[np.ndarray, np.ndarray]:
 def mla_prolog_950(x, w_dq, w_uq_qr, w_uk, w_dkv_kr, gamma_cq, gamma_ckv, sin, cos, *, mode: int, kv_quant: int,
                    scales: dict, qc_qr_scale: float = 1.0, kc_scale: float = 1.0, eps: float = 1e-5) -> dict:
     """The prolog for T tokens in weight_quant_mode ``mode`` (3, 4, 5), kv_cache_quant_mode
-    ``kv_quant`` (0; or 1 with per-token-head query quant).
+    ``kv_quant`` (0; 1 with per-token-head query quant; 3: per-tile 656-byte rows, bf16 query).
 
     Args:
         x, w_dq, w_uq_qr, w_dkv_kr: 8-bit codes (uint8 bytes; ND weights ``[He, Hcq]``,
@@ -85,7 +100,8 @@ def mla_prolog_950(x, w_dq, w_uq_qr, w_uk, w_dkv_kr, gamma_cq, gamma_ckv, sin, c
     Returns:
         dict of ``query`` ([T, N, 512] bf16, or codes with ``dequant_scale_q_nope`` [T, N, 1]),
         ``query_rope`` bf16, ``query_norm`` codes [T, Hcq], ``dequant_scale_q_norm`` (E8M0 bytes
-        [T, Hcq/32] or fp32 [T, 1]), ``kv`` (bf16 or codes [T, 512]), ``kr`` bf16 [T, 64].
+        [T, Hcq/32] or fp32 [T, 1]), ``kv`` (bf16 or codes [T, 512], or uint8 rows [T, 656]),
+        ``kr`` bf16 [T, 64] (None with rows).
     """
     element = "hifloat8" if mode == 5 else FP8
     sc = scales
@@ -119,12 +135,17 @@ def mla_prolog_950(x, w_dq, w_uq_qr, w_uk, w_dkv_kr, gamma_cq, gamma_ckv, sin, c
         query[:, h] = bf16((f32(qc[:, h]).astype(np.float64) @ f32(w_uk[h]).astype(np.float64)).astype(np.float32))
     out["query"] = query
     out["query_rope"] = bf16(rope(qcqr[:, :, d:], f32(cos)[:, None, :], f32(sin)[:, None, :]))
-    if kv_quant:
+    if kv_quant == 1:  # per-token-head query quant
         out["query"], out["dequant_scale_q_nope"] = token_quant(f32(query), element)
         qs = f32(sc["quant_scale_ckv"]).reshape(-1)[0]
         out["query_rope"] = bf16(f32(out["query_rope"]) * (qs / out["dequant_scale_q_nope"]))
     ckvkr = project(w_dkv_kr, sc["dequant_scale_w_dkv_kr"])  # [T, 576]
     kv = rms_norm(ckvkr[:, :HCKV], gamma_ckv, eps, kc_scale)
     out["kr"] = bf16(rope(ckvkr[:, HCKV:], f32(cos), f32(sin)))
-    out["kv"] = encode(kv * f32(sc["quant_scale_ckv"]).reshape(-1)[0], element) if kv_quant else bf16(kv)
+    if kv_quant == 3:
+        out["kv"], out["kr"] = per_tile_rows(kv, out["kr"], element), None
+    elif kv_quant == 1:
+        out["kv"] = encode(kv * f32(sc["quant_scale_ckv"]).reshape(-1)[0], element)
+    else:
+        out["kv"] = bf16(kv)
     return out
