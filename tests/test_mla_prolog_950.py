@@ -152,7 +152,8 @@ def assert_codes(got, want, element, what):
 
 def assert_float(got, want, what):
     got, want = np.asarray(got), np.asarray(want)
-    assert got.dtype == want.dtype and got.shape == want.shape, f"{what}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"
+    assert got.dtype == want.dtype and got.shape == want.shape, \
+        f"{what}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"
     assert dual_threshold_ok(got, want, 0.005), f"{what}: fails the dual 0.005 criterion"
     share = bit_identical_share(got, want)
     assert share >= SHARE, f"{what}: bit-identical share {share:.4f}"
@@ -357,6 +358,11 @@ def test_950_drop_in(a950, modes):
                           got, want):
         assert_same_bytes(g.contiguous().view(torch.uint8).numpy(), w, name)
     assert_same_bytes(kv_t.view(torch.uint8).numpy(), kv, "kv_cache")
+    kv_f = tt(poisoned(kv.shape, kv.dtype))
+    functional = torch.ops.npu.npu_mla_prolog_v3_functional(*args, kv_f, tt(poisoned(kr.shape, BF16)),
+                                                            cache_index=torch.tensor([1, 2, 3]), **kw)
+    assert_same_bytes(functional[5].view(torch.uint8).numpy(), kv, "functional kv_cache")
+    assert_same_bytes(kv_f.view(torch.uint8).numpy(), poisoned(kv.shape, kv.dtype), "functional: input kept")
     meta = lambda a: torch.empty_like(a, device="meta") if isinstance(a, torch.Tensor) else a  # noqa: E731
     fake = torch.ops.npu.npu_mla_prolog_v3(*map(meta, args), meta(kv_t), meta(kr_t),
                                            cache_index=meta(torch.tensor([1, 2, 3])),
