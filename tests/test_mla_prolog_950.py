@@ -385,3 +385,29 @@ def test_950_per_tile_zero_tiles_use_the_amax_floor(a950, mode):
     want = np.float32(1e-4) * (np.float32(1.0) / np.float32(ref.MAX_VALUE[c.element]))
     assert_same_bytes(np.ascontiguousarray(rows[:, HCKV + 2 * DR:]).view(np.float32), np.full((T, 4), want, np.float32),
                       "tile scales")
+
+
+def test_950_vllm_ascend_mxfp8_call(a950):
+    """vllm-ascend's A5 MXFP8 prolog call (``AscendW8A8MXFP8DynamicLinearMethod`` branch): token_x
+    and its scales from ``npu_dynamic_mx_quant(hidden_states, dst_type=torch.float8_e4m3fn)``, the
+    scale pairs reshaped to ``[T, He/32]`` and viewed as float8_e8m0fnu; against the reference on
+    the same codes and scales."""
+    torch = pytest.importorskip("torch")
+    import ascend_emu.torch_npu as torch_npu
+
+    c = case((3, 0, 0))
+    hidden = torch.randn(T, HE, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    token_x, ds = torch_npu.npu_dynamic_mx_quant(hidden, dst_type=torch.float8_e4m3fn)
+    scale_x = ds.reshape(token_x.shape[0], -1).view(torch.float8_e8m0fnu)  # [T, He/32]
+    x_codes = token_x.view(torch.uint8).numpy()
+    sx = scale_x.view(torch.uint8).numpy()
+    kw = c.kwargs()
+    kw["dequant_scale_x"] = sx.view(E8M0)
+    kv, kr = c.caches()
+    args = c.inputs()
+    out = npu_mla_prolog_v3(x_codes.view(FP8), *args[1:], kv, kr, cache_index=np.arange(T, dtype=np.int64), **kw)
+    gold = ref.mla_prolog_950(x_codes, c.w["weight_dq"], c.w["weight_uq_qr"], c.w_uk, c.w["weight_dkv_kr"],
+                              c.gamma_cq, c.gamma_ckv, c.sin, c.cos, mode=3, kv_quant=0,
+                              scales={**c.scales, "dequant_scale_x": sx}, qc_qr_scale=0.5, kc_scale=2.0)
+    assert_float(out[0], gold["query"], "query")
+    assert_codes(out[3], gold["query_norm"], "float8_e4m3fn", "query_norm")
