@@ -98,8 +98,8 @@ class Case:
                 self.scales["smooth_scales_cq"] = rng.uniform(0.5, 1.5, (1, hcq)).astype(np.float32)
         if kvq == 1:
             self.scales["quant_scale_ckv"] = np.array([3.0], np.float32)
-        if kvq == 3 and mode != 3:  # the doc's dtype table: fp8 / hif8 per-tile take it, mxfp8 not
-            self.scales["k_nope_clip_alpha"] = np.array([1.0], np.float32)
+        if kvq == 3:  # required in fp8 / hif8 per-tile; optional in mxfp8 (vllm-ascend passes it)
+            self.scales["k_nope_clip_alpha"] = np.array([0.5], np.float32)  # not applied to 8-bit tiles
         self.gold = ref.mla_prolog_950(self.x, self.w["weight_dq"], self.w["weight_uq_qr"], self.w_uk,
                                        self.w["weight_dkv_kr"], self.gamma_cq, self.gamma_ckv, self.sin, self.cos,
                                        mode=mode, kv_quant=kvq, scales=self.scales, qc_qr_scale=0.5, kc_scale=2.0)
@@ -321,8 +321,8 @@ def test_950_contract_errors(a950):
     with pytest.raises(ModeError, match=r"mxfp8 mode takes \(kv_cache_quant_mode, query_quant_mode\) \(0, 0\), "
                                         r"\(1, 1\) or \(3, 0\)"):
         call(c3, kv_cache_quant_mode=2, query_quant_mode=0)
-    with pytest.raises(ModeError, match="k_nope_clip_alpha: expected None in the mxfp8 full quant, kv_cache per-tile"):
-        call(case((3, 3, 0)), k_nope_clip_alpha=np.ones(1, np.float32))
+    with pytest.raises(ModeError, match="k_nope_clip_alpha: expected a finite clip factor > 0"):
+        call(case((3, 3, 0)), k_nope_clip_alpha=np.zeros(1, np.float32))
     with pytest.raises(ShapeError, match="k_nope_clip_alpha"):
         call(case((4, 3, 0)), k_nope_clip_alpha=None)
 

@@ -258,8 +258,9 @@ _KV_PER_TENSOR = _FULL_QUANT_SCALES + ("quant_scale_ckv",)
 #: smooth_scales_cq. With per-tensor kv quant the query is quantized per token and head to the
 #: element type. Per-tile kv quant writes 656-byte rows ``[512 codes | 64 bf16 | 4 fp32]`` (the
 #: int8 rows' layout: arch35 ``ScatterCkv`` / ``ScatterKr`` offsets) with a bf16 query;
-#: ``k_nope_clip_alpha`` is required in fp8 / hif8 and absent in mxfp8, as the doc's dtype
-#: table says (the kernel reads it in fp8 / hif8 but its 8-bit tile quantizer applies no clip).
+#: ``k_nope_clip_alpha`` is required in fp8 / hif8 (the doc's dtype table) and optional in
+#: mxfp8 (the table: "无需赋值"; vllm-ascend's ``sfa_v1.py`` ``_sfa_preprocess_prolog_v3`` passes
+#: it with every C8 call); the kernel never applies it to 8-bit tiles (``QuantPerTile8Bit``).
 QUANT_SCENARIOS_950: Mapping[tuple[int, int, int], QuantScenario] = MappingProxyType({
     (3, 0, 0): QuantScenario(name="mxfp8 full quant, kv_cache non-quant", dtypes=_dtypes(**_FP8_INPUTS),
                              required=_FULL_QUANT_SCALES, element=FP8, mx=True),
@@ -278,7 +279,7 @@ QUANT_SCENARIOS_950: Mapping[tuple[int, int, int], QuantScenario] = MappingProxy
                              required=_KV_PER_TENSOR, optional=("smooth_scales_cq",), element="hifloat8"),
     (3, 3, 0): QuantScenario(name="mxfp8 full quant, kv_cache per-tile quant",
                              dtypes=_dtypes(**_FP8_INPUTS, kv_cache=FP8),
-                             required=_FULL_QUANT_SCALES, repo_mode=1, kv_dtile=656,
+                             required=_FULL_QUANT_SCALES, optional=("k_nope_clip_alpha",), repo_mode=1, kv_dtile=656,
                              cache_modes=COMBINED_CACHE_MODES, element=FP8, mx=True),
     (4, 3, 0): QuantScenario(name="fp8 full quant, kv_cache per-tile quant",
                              dtypes=_dtypes(**_FP8_INPUTS, kv_cache=FP8),
@@ -646,7 +647,7 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
     kv_cache_quant_mode 3 (``ckvkr_repo_mode = quant_scale_repo_mode = 1``; PA_BSND, BSND, TND)
     kv_cache holds 656-byte rows ``[512 element codes | 64 bf16 k_rope | 4 fp32 scales]`` of the
     element type, kr_cache is empty, the query bf16; ``k_nope_clip_alpha`` is required in modes
-    4 / 5 (not applied: the kernel's 8-bit tile quant has no clip) and must be None in mode 3.
+    4 / 5 and optional in 3 (checked, not applied: the kernel's 8-bit tile quant has no clip).
 
     Returns:
         ``(query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``, shapes
