@@ -141,10 +141,16 @@ def test_mla_prolog_v1_v2_fake_shapes(token_shape):
         [((tokens, 8, 1), F32)]
 
 
-def test_mla_prolog_v3_fake_rejects_hifloat8_tags():
-    args, caches = _prolog_inputs((3, 7168))
-    with pytest.raises(ModeError, match="token_x_dtype"):
-        torch.ops.npu.npu_mla_prolog_v3(*args, *caches, token_x_dtype=34)
+def test_mla_prolog_v3_fake_takes_hifloat8_tags():
+    """The meta function's weight_quant_mode 5: uint8 (hifloat8) inputs give a uint8 query and
+    query_norm; the tags are checked by the op, not the fake kernel."""
+    u8 = torch.uint8
+    args, caches = _prolog_inputs((3, 7168), x=u8, w=u8, wuq=u8)
+    out = torch.ops.npu.npu_mla_prolog_v3(*args, caches[0].to(u8), caches[1], token_x_dtype=290, weight_dq_dtype=290,
+                                          weight_uq_qr_dtype=290, weight_dkv_kr_dtype=290, kv_cache_dtype=290,
+                                          weight_quant_mode=5, kv_cache_quant_mode=1, query_quant_mode=1,
+                                          query_norm_flag=True)
+    assert [o.dtype for o in out] == [torch.uint8, torch.bfloat16, torch.float32, torch.uint8, torch.float32]
 
 
 def test_kv_rmsnorm_rope_cache_fake_shapes():

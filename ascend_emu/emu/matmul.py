@@ -47,7 +47,7 @@ import numpy as np
 from numba import njit
 
 from ..layouts import NZArray
-from ..quant import BF16, to_f32
+from ..quant import BF16, hif8_to_f32, to_f32
 
 _F32_ATTR = "_ascend_emu_f32"
 _F64_ATTR = "_ascend_emu_f64"
@@ -144,6 +144,14 @@ def weight_f32(w: np.ndarray) -> np.ndarray:
     if isinstance(w, NZArray):
         return _cached(w, _F32_ATTR, widen_f32)
     return _nd_weight_f32(np.asarray(w))
+
+
+def weight_f32_8bit(w: np.ndarray, element: str) -> np.ndarray:
+    """fp32 values of an Ascend 950 8-bit weight (exact): ``"float8_e4m3fn"`` (an ml_dtypes
+    array) or ``"hifloat8"`` (uint8 codes, :func:`~ascend_emu.quant.hif8_to_f32`); kept on
+    FRACTAL_NZ weights, one copy per element type. Read only."""
+    decode = hif8_to_f32 if element == "hifloat8" else (lambda a: a.astype(np.float32))
+    return _cached(w, f"_emu_{element}_f32", decode)
 
 
 def weight_f64(w: np.ndarray) -> np.ndarray:

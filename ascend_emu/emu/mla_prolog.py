@@ -1,4 +1,5 @@
-"""The MLA prolog (npu_mla_prolog v1 / v2 / v3) on the CPU, every A2 / A3 quant scenario.
+"""The MLA prolog (npu_mla_prolog v1 / v2 / v3) on the CPU, every A2 / A3 quant scenario and the
+Ascend 950's MXFP8 / FP8 / HiF8 full quant with a non-quant or per-tensor kv_cache.
 
 Source: ops_reference §2.1 (computation order and dtypes, quantized variants), §2.2 (per-tile
 combined rows), §1.1 (RoPE), §1.2 (rounding), §1.3 (RmsNorm), §2.3 (cache layouts); the A2 / A3
@@ -13,13 +14,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..ops.mla_prolog import D_NOPE, D_ROPE, HCKV, MlaPrologArgs, MlaPrologOutputs
-from ..quant import (BF16, INT8_MAX, CombinedRowFormat, bf16_bits_to_f32, bf16_to_f32, dynamic_scale,
-                     f32_to_bf16_bits, f32_to_int8, f32_to_int8_via_f16, group_amax, quantize_static,
-                     quantize_with_dequant_scale, to_bf16)
+from ..ops.mla_prolog import D_ROPE, E8M0_DTYPE, HCKV, MlaPrologArgs, MlaPrologOutputs
+from ..quant import (BF16, FP8_MAX, HIF8_MAX, INT8_MAX, MX_BLOCK_SIZE, CombinedRowFormat, bf16_bits_to_f32,
+                     bf16_to_f32, dynamic_scale, e8m0_to_f32, f32_to_bf16_bits, f32_to_int8, f32_to_int8_via_f16,
+                     group_amax, hif8_to_f32, mx_quantize, quantize_static, quantize_with_dequant_scale, to_bf16,
+                     to_fp8, to_hif8)
 from .kernels import (LANES, MLA_PROLOG_RMS, bits16, kernel_input, launch_rows, narrow_row, rms_norm_row,
                       rope_row, scatter_rows, widen_row)
-from .matmul import matmul_f32, matmul_int8, weight_f32, widen_f32
+from .matmul import matmul_f32, matmul_int8, weight_f32, weight_f32_8bit, widen_f32
 
 #: The int8 bound the kernel's DynamicQuant divides by (its ``maxInt8Tensor``), fp32.
 _Q_MAX = np.float32(INT8_MAX)
@@ -212,6 +214,14 @@ def _int8_matmul_dequant(a_i8: np.ndarray, w, tok_scale: np.ndarray, col_scale: 
     return out
 
 
+def _dequant_f32(acc: np.ndarray, tok_scale, col_scale) -> np.ndarray:
+    """fp32 matmul result of fp8 / hif8 operands -> :func:`_dequant` (the int8 path's order:
+    ``acc * tok_scale[t] * col_scale[c]``); fp32 ``[T, N]``."""
+    out = np.empty(acc.shape, dtype=np.float32)
+    _dequant(acc, _f32_vector(tok_scale), _f32_vector(col_scale), out)
+    return out
+
+
 def _f32_vector(a) -> np.ndarray:
     """A scale tensor as the kernels read it: fp32, 1-D, a plain writable C-contiguous array."""
     return kernel_input(np.asarray(a, dtype=np.float32).reshape(-1))
@@ -260,13 +270,82 @@ def _per_tile_rows(kv: np.ndarray, kr_bits: np.ndarray, alpha: np.float32, tile_
     return fmt.pack(q, kr_bits.view(BF16), scale)
 
 
+# ---------------------------------------------------------------------- Ascend 950 8-bit steps
+def _decode_8bit(a: np.ndarray, element: str) -> np.ndarray:
+    """fp32 values of FP8 E4M3FN (ml_dtypes) or HiF8 (uint8 codes) data; exact."""
+    return hif8_to_f32(a) if element == "hifloat8" else np.asarray(a).astype(np.float32)
+
+
+def _cast_8bit(y: np.ndarray, element: str) -> np.ndarray:
+    """fp32 -> the element type with saturation, as the arch35 kernels cast (``SatMode::SAT``):
+    FP8 E4M3FN ``CAST_RINT`` (:func:`~ascend_emu.quant.to_fp8`, saturating); HiF8 ``CAST_ROUND``
+    (:func:`~ascend_emu.quant.to_hif8` of the value clipped to +-2**15: SAT gives +-max, not Inf)."""
+    if element == "hifloat8":
+        return to_hif8(np.clip(y, -HIF8_MAX, HIF8_MAX))  # NaN passes clip, -> 0x80
+    return to_fp8(y, element, saturate=True)
+
+
+#: The arch35 per-tile 8-bit quant floors each tile's amax here (ComputeVFImpl M=1, ``epsilonValue``).
+TILE_AMAX_FLOOR = np.float32(1e-4)
+
+
+def _dynamic_quant_8bit(x: np.ndarray, element: str, amax_floor=None) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of the last axis, the arch35 kernel's ``DynamicQuantPerTokenVf`` (ops-transformer
+    ``attention/mla_prolog/op_kernel/arch35/vf/vf_dynamic_quant.h``, ComputeVFImpl M=0): ``amax =
+    max |x|``; dequant scale ``amax * fp32(1 / max)`` (Muls; max 448 for E4M3FN, 32768 for HiF8);
+    ``y = x / scale`` (Div); :func:`_cast_8bit`. A row of zeros gets scale 0 and zeros (choice, as
+    quant.ZERO_GROUP_POLICY: the kernel would divide 0 by 0). With ``amax_floor`` (per-tile, M=1)
+    amax is at least that.
+
+    Returns:
+        ``(q, scale)``: the element type of x's shape; fp32 ``[..., 1]``.
+    """
+    max_value = HIF8_MAX if element == "hifloat8" else FP8_MAX[element]
+    amax = np.max(np.abs(x), axis=-1, keepdims=True)
+    if amax_floor is not None:
+        amax = np.maximum(amax, amax_floor)
+    scale = (amax * (np.float32(1.0) / np.float32(max_value))).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(scale > 0, x / scale, np.float32(0.0)).astype(np.float32)
+    return _cast_8bit(y, element), scale
+
+
+def _mx_matmul(a32: np.ndarray, a_scales: np.ndarray, w32: np.ndarray, w_scales: np.ndarray) -> np.ndarray:
+    """MXFP8 matmul ``[T, K] @ [K, N]`` -> fp32 ``[T, N]``: each element times its block's E8M0
+    scale (blocks of 32 along K: ``a_scales`` ``[T, K/32]``, ``w_scales`` ``[N, K/32]``), exact in
+    fp32 (an FP8 value times a power of two), then one fp32 matmul (the cube's output type is
+    float, ``mla_prolog_comm_arch35.h`` mmCqOutputType; the order of its sums is not published:
+    BLAS's is used)."""
+    sa = np.repeat(e8m0_to_f32(np.asarray(a_scales).view(np.uint8)), MX_BLOCK_SIZE, axis=1)  # [T, K]
+    sw = np.repeat(e8m0_to_f32(np.asarray(w_scales).view(np.uint8)), MX_BLOCK_SIZE, axis=1)  # [N, K]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return matmul_f32(a32 * sa, w32 * sw.T)
+
+
+def _per_tile_rows_8bit(kv: np.ndarray, kr_bits: np.ndarray, element: str, tile_size: int) -> np.ndarray:
+    """Ascend 950 per-tile rows ``[512 codes | 64 bf16 | 4 fp32]`` (arch35 ``QuantPerTile8Bit``:
+    ``QuantPerTileVF`` = :func:`_dynamic_quant_8bit` per tile with amax floored at
+    :data:`TILE_AMAX_FLOOR`; no clip factor; ``ScatterCkv`` / ``ScatterKr`` put codes, k_rope and
+    scales at the int8 rows' offsets, :class:`~ascend_emu.quant.CombinedRowFormat`).
+
+    Returns:
+        int8 ``[T, 656]`` (the rows' bytes).
+    """
+    t = kv.shape[0]
+    q, scale = _dynamic_quant_8bit(kv.reshape(t, -1, tile_size), element, TILE_AMAX_FLOOR)  # [T, tiles, tile]
+    codes = np.ascontiguousarray(q).view(np.int8).reshape(t, -1)
+    return CombinedRowFormat(tile_size=tile_size).pack(codes, kr_bits.view(BF16), scale[..., 0])
+
+
 def _empty_outputs(args: MlaPrologArgs) -> MlaPrologOutputs:
     t, n, hcq = args.num_tokens, args.num_heads, args.weight_dq.shape[1]
     qq = args.query_quant_mode == 1
-    query = np.empty((t, n, HCKV), dtype=np.int8 if qq else BF16)
+    query = np.empty((t, n, HCKV), dtype=np.dtype(args.scenario.dtypes["query"]) if qq else BF16)
     dq_nope = np.empty((t, n, 1), dtype=np.float32) if qq else None
     query_norm = np.empty((t, hcq), dtype=args.weight_uq_qr.dtype) if args.query_norm_flag else None
-    dq_norm = np.empty((t, 1), dtype=np.float32) if args.query_norm_flag and args.weight_quant_mode else None
+    mx = args.scenario.mx
+    dq_norm = (np.empty((t, hcq // MX_BLOCK_SIZE if mx else 1), dtype=E8M0_DTYPE if mx else np.float32)
+               if args.query_norm_flag and args.weight_quant_mode else None)
     return MlaPrologOutputs(query, np.empty((t, n, D_ROPE), dtype=BF16), dq_nope, query_norm, dq_norm)
 
 
@@ -313,6 +392,31 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
        L181-L193 (bf16 -> fp32, ``Mul`` scale, ``CastFP32ToINT8``); ops-transformer @
        cannmirror 05c401f.
 
+    Ascend 950 modes (ops-transformer ``attention/mla_prolog/op_kernel/arch35``: the 8-bit
+    matmuls output fp32, ``mla_prolog_comm_arch35.h`` MLAPType; quantizers in
+    ``vf/vf_dynamic_quant.h``, ``vf/vf_quant_pertensor.h``, ``vf/vf_mul_qr.h``), with E4M3FN / HiF8
+    values widened exactly to fp32 (HiF8 codes through :func:`~ascend_emu.quant.hif8_to_f32`):
+
+    - steps 1 / 6, weight_quant_mode 3: :func:`_mx_matmul` (every element times its E8M0 block
+      scale, exact, then an fp32 matmul); 4 / 5: fp32 matmul, then ``dequant`` as above. Not
+      rounded to bf16.
+    - step 2, mode 3: ``cq_n`` -> bf16 (the kernel's MXFP8 quantizer reads bf16,
+      ``DynamicQuantPerBlockMxfp8Vf``; op-plugin's ``baseline_mxfp8`` rounds there too), then MXFP8
+      blocks of 32 (:func:`~ascend_emu.quant.mx_quantize`, ``scale_alg`` 0: byte
+      ``max(exp(amax) - 8, 0)``, elements ``x * 2**(127 - byte)`` RINT saturated to +-448, as
+      ComputeScaleVF / ComputeDataVF): float8_e4m3fn ``query_norm``, E8M0
+      ``dequant_scale_q_norm`` ``[T, Hcq/32]``; step 3 is :func:`_mx_matmul` of those and
+      ``dequant_scale_w_uq_qr``. Modes 4 / 5: times ``smooth_scales_cq`` if given, then
+      :func:`_dynamic_quant_8bit` (``amax * fp32(1/max)``, ``x / scale``, cast saturating: E4M3FN
+      RINT, HiF8 ROUND) -> ``query_norm`` and fp32 ``[T, 1]``; step 3 is ``dequant`` of the fp32
+      matmul. The nope part -> bf16, the rope part kept fp32 (as int8 full quant).
+    - step 4 with query_quant_mode 1: :func:`_dynamic_quant_8bit` of the bf16 query per token and
+      head; step 5's MulQr as above.
+    - step 7 with kv_cache_quant_mode 1: ``cast(fp32(kv * quant_scale_ckv[0]))`` saturating
+      (``QuantPerTensorVFImpl``); kr stays bf16. With 3: :func:`_per_tile_rows_8bit` (amax per
+      tile of 128 floored at 1e-4, ``amax * fp32(1/max)``, ``x / scale`` cast saturating; no clip
+      factor), 656-byte rows with the bf16 kr.
+
     Cache rows go to ``args.slots`` in ``args.kv_layout`` / ``args.kr_layout`` (-1 skips; for a
     shared slot the last token wins); with ``args.slots is None`` (no token or an empty cache)
     steps 6-8 are skipped.
@@ -323,21 +427,30 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
     Returns:
         :class:`~ascend_emu.ops.mla_prolog.MlaPrologOutputs` ``(query, query_rope,
         dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``: query
-        ``[T, N, 512]`` (bf16, int8 with query quant), bf16 ``[T, N, 64]``, fp32 ``[T, N, 1]`` or
-        None, ``[T, Hcq]`` (bf16 / int8) when ``args.query_norm_flag`` else None, fp32 ``[T, 1]``
-        when ``args.query_norm_flag`` and weight_quant_mode is 1 or 2, else None.
+        ``[T, N, 512]`` (bf16; with query quant int8 / float8_e4m3fn / hifloat8 as uint8), bf16
+        ``[T, N, 64]``, fp32 ``[T, N, 1]`` or None, ``[T, Hcq]`` (weight_uq_qr's dtype) when
+        ``args.query_norm_flag`` else None, fp32 ``[T, 1]`` (E8M0 ``[T, Hcq/32]`` in mode 3)
+        when ``args.query_norm_flag`` and weight_quant_mode > 0, else None.
     """
     t, n, hcq = args.num_tokens, args.num_heads, args.weight_dq.shape[1]
     if t == 0:
         return _empty_outputs(args)
     wqm = args.weight_quant_mode
     full = wqm == 2
+    element = args.scenario.element  # Ascend 950: float8_e4m3fn / hifloat8, else None
     cos = bits16(args.rope_cos)  # [T, Dr] bf16 bits
     sin = bits16(args.rope_sin)  # [T, Dr] bf16 bits
-    x = args.token_x if full else widen_f32(args.token_x)  # [T, He] int8 / fp32
+    if element is not None:
+        x = _decode_8bit(args.token_x, element)  # [T, He] fp32 values of the 8-bit tokens
+    else:
+        x = args.token_x if full else widen_f32(args.token_x)  # [T, He] int8 / fp32
     f32 = np.float32
 
-    def down_proj(w, col_scale):  # steps 1 and 6: bf16 path (rounded later) or dequantized int8 path
+    def down_proj(w, col_scale):  # steps 1 and 6: bf16 path (rounded later) or dequantized quant paths
+        if args.scenario.mx:
+            return _mx_matmul(x, args.dequant_scale_x, weight_f32_8bit(w, element), col_scale)
+        if element is not None:
+            return _dequant_f32(matmul_f32(x, weight_f32_8bit(w, element)), args.dequant_scale_x, col_scale)
         if full:
             return _int8_matmul_dequant(x, w, args.dequant_scale_x, col_scale)
         return matmul_f32(x, weight_f32(w))
@@ -353,20 +466,35 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
         query_norm = query_norm.view(BF16)
         qcqr = matmul_f32(cq_n, weight_f32(args.weight_uq_qr))  # [T, N*(D+Dr)]  step 3
     else:
-        _cq_norm(cq, not full, bits16(args.rmsnorm_gamma_cq), eps_cq, qc_scale, False, cq_n, _NO_BITS)  # steps 1-2
+        round_cq = not full and element is None  # bf16 matmul output (partial quant) is bf16
+        _cq_norm(cq, round_cq, bits16(args.rmsnorm_gamma_cq), eps_cq, qc_scale, False, cq_n, _NO_BITS)  # steps 1-2
         if args.smooth_scales_cq is not None:
             cq_n *= _f32_vector(args.smooth_scales_cq)  # [1, Hcq] or [1]
-        query_norm, dq_norm = _dynamic_quant_127(cq_n, query=False)  # int8 [T, Hcq], fp32 [T, 1]
-        qcqr = _int8_matmul_dequant(query_norm, args.weight_uq_qr, dq_norm, args.dequant_scale_w_uq_qr)  # step 3
-    q_nope = np.empty((n, t, D_NOPE), dtype=np.float32)  # [N, T, D]
+        w_uq_qr_scale = args.dequant_scale_w_uq_qr
+        if args.scenario.mx:  # bf16, then MXFP8 blocks of 32 (OCP scale): fp8 [T, Hcq], E8M0 [T, Hcq/32]
+            query_norm, dq_norm = mx_quantize(to_bf16(cq_n), element, axis=-1, block_size=MX_BLOCK_SIZE)
+            dq_norm = dq_norm.reshape(t, -1).view(E8M0_DTYPE)
+            qcqr = _mx_matmul(query_norm.astype(f32), dq_norm, weight_f32_8bit(args.weight_uq_qr, element),
+                              w_uq_qr_scale)  # step 3
+        elif element is not None:  # per-token fp8 / hif8 [T, Hcq], fp32 [T, 1]
+            query_norm, dq_norm = _dynamic_quant_8bit(cq_n, element)
+            qcqr = _dequant_f32(matmul_f32(_decode_8bit(query_norm, element),
+                                           weight_f32_8bit(args.weight_uq_qr, element)), dq_norm, w_uq_qr_scale)
+        else:
+            query_norm, dq_norm = _dynamic_quant_127(cq_n, query=False)  # int8 [T, Hcq], fp32 [T, 1]
+            qcqr = _int8_matmul_dequant(query_norm, args.weight_uq_qr, dq_norm, w_uq_qr_scale)  # step 3
+    q_nope = np.empty((n, t, args.d_nope), dtype=np.float32)  # [N, T, D]
     query_rope = np.empty((t, n, D_ROPE), dtype=np.uint16)  # [T, N, Dr]
     _qcqr_split_rope(qcqr, wqm == 0, cos, sin, q_nope, query_rope)  # steps 3, 5
     query = np.empty((t, n, HCKV), dtype=np.uint16)  # [T, N, Hckv]
     _query_bits(matmul_f32(q_nope, weight_f32(args.weight_uk)), query)  # step 4
     query, query_rope = query.view(BF16), query_rope.view(BF16)
     dq_nope = None
-    if args.query_quant_mode == 1:
+    if args.query_quant_mode == 1 and element is not None:  # fp8 / hif8 [T, N, Hckv], fp32 [T, N, 1]
+        query, dq_nope = _dynamic_quant_8bit(bf16_to_f32(query), element)
+    elif args.query_quant_mode == 1:
         query, dq_nope = _dynamic_quant_127(bf16_to_f32(query), query=True)  # int8 [T, N, Hckv], [T, N, 1]
+    if args.query_quant_mode == 1:
         with np.errstate(divide="ignore", invalid="ignore"):
             factor = f32(_f32_vector(args.quant_scale_ckv)[0]) / dq_nope  # [T, N, 1]
             query_rope = to_bf16(bf16_to_f32(query_rope) * factor)
@@ -374,7 +502,7 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
     # ---- kv path
     if args.slots is not None:
         ckvkr = down_proj(args.weight_dkv_kr, args.dequant_scale_w_dkv_kr)  # [T, Hckv + Dr]  step 6
-        _kv_path(args, ckvkr, not full, cos, sin)  # steps 6-8
+        _kv_path(args, ckvkr, not full and element is None, cos, sin)  # steps 6-8
 
     if not args.query_norm_flag:
         query_norm = dq_norm = None
@@ -395,11 +523,17 @@ def _kv_path(args, ckvkr: np.ndarray, round_in: bool, cos: np.ndarray, sin: np.n
     kv32 = np.empty((t, HCKV), dtype=np.float32)  # [T, Hckv]
     _kv_kr(ckvkr, round_in, *norm_args, False, kv32, _NO_BITS, kr)
     qs_ckv = _f32_vector(args.quant_scale_ckv) if kvq in (1, 2) else None
-    if kvq == 1:
+    if kvq == 1 and args.scenario.element is not None:  # arch35 QuantPerTensorVF: fp32 x * s, cast SAT
+        kv = _cast_8bit(kv32 * qs_ckv[0], args.scenario.element)
+    elif kvq == 1:
         kv = quantize_static(kv32, qs_ckv[:1])  # per-tensor: element 0
     elif kvq == 2:
         kv = quantize_static(kv32, qs_ckv)
         kr = quantize_static(bf16_to_f32(kr), _f32_vector(args.quant_scale_ckr))
+    elif args.scenario.element is not None:
+        rows = _per_tile_rows_8bit(kv32, kr, args.scenario.element, args.tile_size)  # [T, 656]
+        scatter_rows(args.kv_cache, rows, args.slots, args.kv_layout)
+        return
     else:
         alpha = f32(_f32_vector(args.k_nope_clip_alpha)[0])
         rows = _per_tile_rows(kv32, kr, alpha, args.tile_size)  # [T, 656]

@@ -30,6 +30,7 @@ from ..errors import BackendUnavailable
 from ..install_hints import TORCH_NPU_HINT as INSTALL_HINT
 from ..layouts import FRACTAL_NZ, get_npu_format
 from ..mla import D_ROPE, HCKV, TILE_SIZE
+from ..quant import TORCH_NPU_DTYPE_CODES
 from ..ops.dynamic_quant import DynamicQuantArgs, DynamicQuantOutputs
 from ..ops.fused_infer_attention_score import FusedInferAttentionArgs, FusedInferAttentionOutputs
 from ..ops.kv_rmsnorm_rope_cache import KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs
@@ -96,14 +97,26 @@ def to_device(a, torch):
         a = a.copy()
     if a.dtype == BF16:
         t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    elif a.dtype.name in _BYTE_TYPES:  # ml_dtypes float8 (e4m3fn / e5m2 / e8m0fnu): through uint8
+        t = torch.from_numpy(a.view(np.uint8)).view(getattr(torch, a.dtype.name))
     else:
         t = torch.from_numpy(a)
     return t.npu()
 
 
-def to_nz(a, torch, torch_npu):
-    """Host ND array -> NPU tensor cast to FRACTAL_NZ by the real ``npu_format_cast(t, 29)``."""
-    return torch_npu.npu_format_cast(to_device(a, torch), FRACTAL_NZ)
+#: One-byte ml_dtypes types whose torch twin has the same name (Ascend 950 data and scales).
+_BYTE_TYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu")
+
+
+def to_nz(a, torch, torch_npu, element: str | None = None):
+    """Host ND array -> NPU tensor cast to FRACTAL_NZ by the real ``npu_format_cast(t, 29)``;
+    Ascend 950 8-bit data (``element`` ``"float8_e4m3fn"``, or ``"hifloat8"`` uint8 codes) with
+    its ``customize_dtype`` (and ``input_dtype`` for hifloat8), as the doc's 8-bit rows need."""
+    if element is None:
+        return torch_npu.npu_format_cast(to_device(a, torch), FRACTAL_NZ)
+    code = TORCH_NPU_DTYPE_CODES[element]
+    extra = {"input_dtype": code} if element == "hifloat8" else {}
+    return torch_npu.npu_format_cast(to_device(a, torch), FRACTAL_NZ, customize_dtype=code, **extra)
 
 
 def to_host(t) -> np.ndarray:
@@ -113,6 +126,9 @@ def to_host(t) -> np.ndarray:
     t = t.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(BF16).copy()
+    name = str(t.dtype).removeprefix("torch.")
+    if name in _BYTE_TYPES:
+        return t.view(torch.uint8).numpy().view(np.dtype(name)).copy()
     return t.numpy().copy()
 
 
@@ -142,9 +158,10 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
     t, n, lead = args.num_tokens, args.num_heads, args.batch_shape
     he, hcq = int(args.token_x.shape[1]), int(args.weight_dq.shape[1])
     kv, kr = dev(args.kv_cache), dev(args.kr_cache)
-    kw = dict(token_x=dev(args.token_x.reshape(lead + (he,))), weight_dq=to_nz(args.weight_dq, torch, tnpu),
-              weight_uq_qr=to_nz(args.weight_uq_qr, torch, tnpu), weight_uk=dev(args.weight_uk),
-              weight_dkv_kr=to_nz(args.weight_dkv_kr, torch, tnpu), rmsnorm_gamma_cq=dev(args.rmsnorm_gamma_cq),
+    el = args.scenario.element  # Ascend 950 8-bit weights: None elsewhere
+    kw = dict(token_x=dev(args.token_x.reshape(lead + (he,))), weight_dq=to_nz(args.weight_dq, torch, tnpu, el),
+              weight_uq_qr=to_nz(args.weight_uq_qr, torch, tnpu, el), weight_uk=dev(args.weight_uk),
+              weight_dkv_kr=to_nz(args.weight_dkv_kr, torch, tnpu, el), rmsnorm_gamma_cq=dev(args.rmsnorm_gamma_cq),
               rmsnorm_gamma_ckv=dev(args.rmsnorm_gamma_ckv), rope_sin=dev(args.rope_sin.reshape(lead + (D_ROPE,))),
               rope_cos=dev(args.rope_cos.reshape(lead + (D_ROPE,))), kv_cache=kv, kr_cache=kr,
               cache_index=dev(args.cache_index), rmsnorm_epsilon_cq=float(args.rmsnorm_epsilon_cq),
@@ -158,6 +175,10 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
                   kv_cache_quant_mode=args.kv_cache_quant_mode, query_quant_mode=args.query_quant_mode,
                   ckvkr_repo_mode=args.ckvkr_repo_mode, quant_scale_repo_mode=args.quant_scale_repo_mode,
                   tile_size=args.tile_size, qc_qr_scale=float(args.qc_qr_scale), kc_scale=float(args.kc_scale))
+        if args.scenario.element == "hifloat8":  # Ascend 950: uint8 data tagged torch_npu.hifloat8
+            hif8 = TORCH_NPU_DTYPE_CODES["hifloat8"]
+            kw.update(token_x_dtype=hif8, weight_dq_dtype=hif8, weight_uq_qr_dtype=hif8, weight_dkv_kr_dtype=hif8,
+                      kv_cache_dtype=hif8 if args.kv_cache_quant_mode else None)
     fn = {1: tnpu.npu_mla_prolog, 2: tnpu.npu_mla_prolog_v2, 3: tnpu.npu_mla_prolog_v3}[args.version]
     out = fn(**kw)
     if args.version == 3:
@@ -174,7 +195,7 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
         to_host(query).reshape(t, n, HCKV), to_host(query_rope).reshape(t, n, D_ROPE),
         to_host(dq_nope).reshape(t, n, 1) if qq and dq_nope is not None else None,
         to_host(query_norm).reshape(t, hcq) if has_norm else None,
-        to_host(dq_norm).reshape(t, 1) if has_norm and args.weight_quant_mode else None)
+        to_host(dq_norm).reshape(t, -1) if has_norm and args.weight_quant_mode else None)
 
 
 def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs) -> KvRmsNormRopeCacheOutputs:

@@ -15,6 +15,16 @@ packs its own outputs.
 Every legal quant scenario of the v3 seed's table is emulated (:data:`QUANT_SCENARIOS`); the
 numerics of each are stated step by step in :func:`ascend_emu.emu.mla_prolog.mla_prolog`.
 
+Ascend 950 (``ASCEND_EMU_SOC_NAME`` starting with ``Ascend950``, :mod:`ascend_emu.soc`): v3 also
+takes weight_quant_mode 3 (MXFP8), 4 (FP8 E4M3FN) and 5 (HiFloat8, uint8 with the ``*_dtype``
+tags = 290) with a non-quant, per-tensor or per-tile kv_cache (:data:`QUANT_SCENARIOS_950`, the
+current torch_npu doc's scenario and dtype tables) and the doc's wider shapes
+(:data:`V3_ASCEND950_LIMITS`).
+On any other SoC those modes, the tags and the wider shapes are rejected before anything is
+written, with torch_npu's kind of message ("weight_quant_mode: When weight_quant_mode is 3 (mxfp8
+full quant), not support on this soc version Ascend910B2 ..."; op-plugin
+``MlaPrologV3KernelNpuOpApi.cpp`` / meta ``npu_mla_prolog_v3_forward`` L516).
+
 Contract highlights (be stricter than the hardware):
 
 - ``weight_dq``, ``weight_uq_qr``, ``weight_dkv_kr`` must be FRACTAL_NZ (``npu_format_cast(w, 29)``);
@@ -44,17 +54,22 @@ clip limit gives a zero or negative dequant scale) and keep the largest clip lim
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal, Mapping, NamedTuple
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error, describe
 from ..layouts import (FRACTAL_NZ, CacheLayout, canonical_cache_mode, get_npu_format,
                        slots_from_cache_index, slots_from_pages)
 from .. import checked_mode
+from ..quant.fp8 import TORCH_NPU_DTYPE_CODES
+from ..quant.mx import MX_BLOCK_SIZE
+from ..soc import is_ascend950, require_ascend950, soc_name
 from ._backend import get_backend
 from ._check import (MAX_BATCH, ValidatedSignatures, check_cache, check_disjoint, check_dtype, check_float,
                      check_ndim, check_nz_weight, check_shape, dtype_name, optional, required, signature, transposed_hint,
@@ -91,6 +106,7 @@ class VersionLimits:
         max_b: largest B.
         max_s: largest S (None: unlimited).
         max_t: largest T (None: unlimited).
+        d_nope: legal D (weight_uk.shape[1]).
     """
 
     he: tuple[int, ...]
@@ -98,6 +114,7 @@ class VersionLimits:
     block_sizes: tuple[int, ...]
     cache_modes: tuple[str, ...]
     quant_modes: tuple[tuple[int, int, int], ...]
+    d_nope: tuple[int, ...] = (D_NOPE,)
     max_b: int = MAX_BATCH
     max_s: int | None = None
     max_t: int | None = None
@@ -114,6 +131,24 @@ VERSION_LIMITS: Mapping[int, VersionLimits] = MappingProxyType({
                      cache_modes=("PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND"),
                      quant_modes=((0, 0, 0), (1, 0, 0), (1, 2, 0), (1, 3, 0), (2, 0, 0), (2, 1, 1), (2, 3, 0))),
 })
+#: The Ascend 950's own v3 modes (torch_npu doc "支持场景": mxfp8 / fp8 / hif8 full quant with a
+#: non-quant, per-tensor or per-tile kv_cache).
+ASCEND950_QUANT_MODES = ((3, 0, 0), (3, 1, 1), (3, 3, 0), (4, 0, 0), (4, 1, 1), (4, 3, 0), (5, 0, 0), (5, 1, 1),
+                         (5, 3, 0))
+#: v3 on an emulated Ascend 950 (:func:`ascend_emu.soc.is_ascend950`): the widened shape table of
+#: the current torch_npu doc (He 1024 .. 8192, Hcq 1536 / 2048, D 128 / 192; N and BlockSize as
+#: before) and the 950 modes. A2 / A3 keep :data:`VERSION_LIMITS` (choice: the doc's table carries
+#: no SoC note, but the A2 / A3 host check this contract followed accepts only He 7168 / 7680,
+#: Hcq 1536 and D 128, and the emulator is never looser than the hardware).
+V3_ASCEND950_LIMITS = dataclasses.replace(
+    VERSION_LIMITS[3], he=(1024, 2048, 3072, 4096, 5120, 6144, 7168, 7680, 8192), hcq=(1536, 2048),
+    d_nope=(128, 192), quant_modes=VERSION_LIMITS[3].quant_modes + ASCEND950_QUANT_MODES)
+
+
+def version_limits(version: int) -> VersionLimits:
+    """The limits of one entry point on the emulated SoC (:data:`V3_ASCEND950_LIMITS` for v3 on
+    an Ascend 950, else :data:`VERSION_LIMITS`)."""
+    return V3_ASCEND950_LIMITS if version == 3 and is_ascend950() else VERSION_LIMITS[version]
 
 
 # ---------------------------------------------------------------------- quant scenarios
@@ -149,6 +184,9 @@ class QuantScenario:
             (1 = combined 656-byte rows, only with per-tile kv quant).
         kv_dtile: last dim Dtile of kv_cache (512, or 656 for combined per-tile rows).
         cache_modes: the cache modes the scenario allows (None: all of the version's).
+        element: the Ascend 950's 8-bit type of token_x and the three NZ weights
+            (``"float8_e4m3fn"``, or ``"hifloat8"`` carried as uint8); None in the A2 / A3 modes.
+        mx: MXFP8 (weight_quant_mode 3): the four dequant scales are E8M0 per 32-element block.
     """
 
     name: str
@@ -158,6 +196,13 @@ class QuantScenario:
     repo_mode: int = 0
     kv_dtile: int = 512
     cache_modes: tuple[str, ...] | None = None
+    element: str | None = None
+    mx: bool = False
+
+    @property
+    def scale_dtype(self) -> str:
+        """dtype of the four dequant scales (:data:`_FULL_QUANT_SCALES`): E8M0 in MXFP8, else fp32."""
+        return E8M0 if self.mx else "float32"
 
     @property
     def combined(self) -> bool:
@@ -199,6 +244,58 @@ QUANT_SCENARIOS: Mapping[tuple[int, int, int], QuantScenario] = MappingProxyType
         required=_FULL_QUANT_SCALES + ("k_nope_clip_alpha",), optional=("smooth_scales_cq",), repo_mode=1,
         kv_dtile=656, cache_modes=COMBINED_CACHE_MODES),
 })
+#: ml_dtypes' E8M0 type (the NumPy side of ``torch.float8_e8m0fnu``).
+E8M0_DTYPE = np.dtype(ml_dtypes.float8_e8m0fnu)
+#: Element and scale dtype names of the Ascend 950 modes (hifloat8 data is uint8, as torch_npu
+#: carries it; E8M0 scales are ``ml_dtypes.float8_e8m0fnu`` / ``torch.float8_e8m0fnu``).
+FP8, HIF8_CARRIER, E8M0 = "float8_e4m3fn", "uint8", "float8_e8m0fnu"
+_FP8_INPUTS = dict(token_x=FP8, weight_dq=FP8, weight_uq_qr=FP8, weight_dkv_kr=FP8)
+_HIF8_INPUTS = {name: HIF8_CARRIER for name in _FP8_INPUTS}
+_KV_PER_TENSOR = _FULL_QUANT_SCALES + ("quant_scale_ckv",)
+#: The Ascend 950 scenarios (torch_npu doc "支持场景" and its dtype table; ops-transformer arch35
+#: ``mla_prolog_comm_arch35.h`` quantMode 7-15): fp8 / hif8 full quant take the int8 full
+#: quant's scales (fp32, smooth_scales_cq optional); MXFP8 takes E8M0 block scales and no
+#: smooth_scales_cq. With per-tensor kv quant the query is quantized per token and head to the
+#: element type. Per-tile kv quant writes 656-byte rows ``[512 codes | 64 bf16 | 4 fp32]`` (the
+#: int8 rows' layout: arch35 ``ScatterCkv`` / ``ScatterKr`` offsets) with a bf16 query;
+#: ``k_nope_clip_alpha`` is required in fp8 / hif8 (the doc's dtype table) and optional in
+#: mxfp8 (the table: "无需赋值"; vllm-ascend's ``sfa_v1.py`` ``_sfa_preprocess_prolog_v3`` passes
+#: it with every C8 call); the kernel never applies it to 8-bit tiles (``QuantPerTile8Bit``).
+QUANT_SCENARIOS_950: Mapping[tuple[int, int, int], QuantScenario] = MappingProxyType({
+    (3, 0, 0): QuantScenario(name="mxfp8 full quant, kv_cache non-quant", dtypes=_dtypes(**_FP8_INPUTS),
+                             required=_FULL_QUANT_SCALES, element=FP8, mx=True),
+    (3, 1, 1): QuantScenario(name="mxfp8 full quant, kv_cache per-tensor quant",
+                             dtypes=_dtypes(**_FP8_INPUTS, kv_cache=FP8, query=FP8), required=_KV_PER_TENSOR,
+                             element=FP8, mx=True),
+    (4, 0, 0): QuantScenario(name="fp8 full quant, kv_cache non-quant", dtypes=_dtypes(**_FP8_INPUTS),
+                             required=_FULL_QUANT_SCALES, optional=("smooth_scales_cq",), element=FP8),
+    (4, 1, 1): QuantScenario(name="fp8 full quant, kv_cache per-tensor quant",
+                             dtypes=_dtypes(**_FP8_INPUTS, kv_cache=FP8, query=FP8), required=_KV_PER_TENSOR,
+                             optional=("smooth_scales_cq",), element=FP8),
+    (5, 0, 0): QuantScenario(name="hif8 full quant, kv_cache non-quant", dtypes=_dtypes(**_HIF8_INPUTS),
+                             required=_FULL_QUANT_SCALES, optional=("smooth_scales_cq",), element="hifloat8"),
+    (5, 1, 1): QuantScenario(name="hif8 full quant, kv_cache per-tensor quant",
+                             dtypes=_dtypes(**_HIF8_INPUTS, kv_cache=HIF8_CARRIER, query=HIF8_CARRIER),
+                             required=_KV_PER_TENSOR, optional=("smooth_scales_cq",), element="hifloat8"),
+    (3, 3, 0): QuantScenario(name="mxfp8 full quant, kv_cache per-tile quant",
+                             dtypes=_dtypes(**_FP8_INPUTS, kv_cache=FP8),
+                             required=_FULL_QUANT_SCALES, optional=("k_nope_clip_alpha",), repo_mode=1, kv_dtile=656,
+                             cache_modes=COMBINED_CACHE_MODES, element=FP8, mx=True),
+    (4, 3, 0): QuantScenario(name="fp8 full quant, kv_cache per-tile quant",
+                             dtypes=_dtypes(**_FP8_INPUTS, kv_cache=FP8),
+                             required=_FULL_QUANT_SCALES + ("k_nope_clip_alpha",), optional=("smooth_scales_cq",),
+                             repo_mode=1, kv_dtile=656, cache_modes=COMBINED_CACHE_MODES, element=FP8),
+    (5, 3, 0): QuantScenario(name="hif8 full quant, kv_cache per-tile quant",
+                             dtypes=_dtypes(**_HIF8_INPUTS, kv_cache=HIF8_CARRIER),
+                             required=_FULL_QUANT_SCALES + ("k_nope_clip_alpha",), optional=("smooth_scales_cq",),
+                             repo_mode=1, kv_dtile=656, cache_modes=COMBINED_CACHE_MODES, element="hifloat8"),
+})
+QUANT_SCENARIOS = MappingProxyType({**QUANT_SCENARIOS, **QUANT_SCENARIOS_950})
+#: weight_quant_mode -> what torch_npu calls it (the SoC gate's message).
+ASCEND950_WEIGHT_MODES = {3: "mxfp8 full quant", 4: "fp8 full quant", 5: "hif8 full quant"}
+#: The ``*_dtype`` tag arguments (torch_npu dtype codes; hifloat8 = 290 in weight_quant_mode 5).
+DTYPE_TAGS = ("token_x_dtype", "weight_dq_dtype", "weight_uq_qr_dtype", "weight_dkv_kr_dtype", "kv_cache_dtype")
+
 #: Mode combinations a seed table prints but torch_npu / CANN on Atlas A2 / A3 rejects, with the
 #: evidence: a call with one is a ModeError quoting it (DESIGN.md: never looser than the hardware).
 HARDWARE_REJECTED_MODES: Mapping[tuple[int, int, int], str] = MappingProxyType({
@@ -213,24 +310,23 @@ HARDWARE_REJECTED_MODES: Mapping[tuple[int, int, int], str] = MappingProxyType({
 _MODE_NAMES = ("weight_quant_mode", "kv_cache_quant_mode", "query_quant_mode")
 #: Ranges of the other integer mode attributes.
 _MODE_RANGES = {"ckvkr_repo_mode": (0, 1), "quant_scale_repo_mode": (0, 1)}
-#: Why a weight_quant_mode the A2 / A3 table does not list is rejected.
+#: Why a weight_quant_mode combination no table of the emulated SoC lists is rejected.
 _WEIGHT_MODE_HINTS = {
-    3: "weight_quant_mode=3 is Ascend 950's mxfp8 mode (not emulated); the seed's partial-quant per-tile "
-       "row prints 3 but its dtypes (bf16 token_x, int8 weight_uq_qr) are weight_quant_mode=1, and its "
-       "full-quant per-tile row is weight_quant_mode=2",
-    4: "weight_quant_mode=4 is an Ascend 950 mode (not emulated)",
-    5: "weight_quant_mode=5 is Ascend 950's hifloat8 mode (not emulated)",
-}
+    m: f"Ascend 950's {name} mode takes (kv_cache_quant_mode, query_quant_mode) (0, 0), (1, 1) or (3, 0)"
+    for m, name in ((3, "mxfp8"), (4, "fp8"), (5, "hifloat8"))}
 
 
 def expected_scale_shapes(version: int, modes: tuple[int, int, int], num_tokens: int, num_heads: int,
-                          hcq: int) -> dict[str, tuple[tuple[int, ...], ...]]:
-    """Accepted shapes of every scale argument (all fp32) in one scenario.
+                          hcq: int, he: int = 7168, d_nope: int = D_NOPE) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """Accepted shapes of every scale argument in one scenario (dtypes: :func:`_check_scale_shapes`).
 
     Sources: seed v3 参数说明 (dequant_scale_x ``[T]`` or ``[B*S, 1]``; quant_scale_ckv ``[1, Hckv]``
     in partial quant, ``[1]`` in full quant; smooth_scales_cq ``[1, Hcq]`` or ``[1]``), the v1 seed
     and the v2 doc (2-D shapes only; v2's quant_scale_ckv is ``[1, Hckv]``, of which the per-tensor
-    kernel reads element 0: ``[1]`` is accepted too).
+    kernel reads element 0: ``[1]`` is accepted too); the current torch_npu doc for the Ascend
+    950's weight_quant_mode 3 (E8M0 blocks of 32 along each matmul's K: dequant_scale_x
+    ``[T, He/32]``, dequant_scale_w_dq ``[Hcq, He/32]``, dequant_scale_w_uq_qr
+    ``[N*(D+Dr), Hcq/32]``, dequant_scale_w_dkv_kr ``[Hckv+Dr, He/32]``); modes 4 / 5 take mode 2's.
 
     Args:
         version: entry point (1, 2, 3).
@@ -238,17 +334,27 @@ def expected_scale_shapes(version: int, modes: tuple[int, int, int], num_tokens:
         num_tokens: T (= B*S).
         num_heads: N.
         hcq: Hcq.
+        he: He (read in weight_quant_mode 3).
+        d_nope: D.
 
     Returns:
         ``{scale name: accepted shapes}``.
     """
     v3 = version == 3
     ckv = {1: ((1,), (1, HCKV)) if version == 2 else ((1,),), 2: ((1, HCKV),)}.get(modes[1], ())
+    qk = num_heads * (d_nope + D_ROPE)
+    if modes[0] == 3:
+        dequant = {"dequant_scale_x": ((num_tokens, he // MX_BLOCK_SIZE),),
+                   "dequant_scale_w_dq": ((hcq, he // MX_BLOCK_SIZE),),
+                   "dequant_scale_w_uq_qr": ((qk, hcq // MX_BLOCK_SIZE),),
+                   "dequant_scale_w_dkv_kr": ((HCKV + D_ROPE, he // MX_BLOCK_SIZE),)}
+    else:
+        dequant = {"dequant_scale_x": ((num_tokens, 1),) + (((num_tokens,),) if v3 else ()),
+                   "dequant_scale_w_dq": ((1, hcq),),
+                   "dequant_scale_w_uq_qr": ((1, qk),),
+                   "dequant_scale_w_dkv_kr": ((1, HCKV + D_ROPE),)}
     return {
-        "dequant_scale_x": ((num_tokens, 1),) + (((num_tokens,),) if v3 else ()),
-        "dequant_scale_w_dq": ((1, hcq),),
-        "dequant_scale_w_uq_qr": ((1, num_heads * (D_NOPE + D_ROPE)),),
-        "dequant_scale_w_dkv_kr": ((1, HCKV + D_ROPE),),
+        **dequant,
         "quant_scale_ckv": ckv,
         "quant_scale_ckr": ((1, D_ROPE),),
         "smooth_scales_cq": ((1, hcq),) + (((1,),) if v3 else ()),
@@ -286,8 +392,9 @@ class MlaPrologArgs:
         query_norm_flag: return query_norm.
         weight_quant_mode, kv_cache_quant_mode, query_quant_mode, ckvkr_repo_mode,
             quant_scale_repo_mode, tile_size: v3 modes (inferred for v1 / v2).
-        dequant_scale_x ... k_nope_clip_alpha: the optional fp32 scale tensors, shapes as
-            :func:`expected_scale_shapes` accepts them (None when absent).
+        dequant_scale_x ... k_nope_clip_alpha: the optional scale tensors (fp32; the four
+            dequant scales E8M0 in weight_quant_mode 3), shapes as :func:`expected_scale_shapes`
+            accepts them (None when absent).
     """
 
     version: int
@@ -336,6 +443,11 @@ class MlaPrologArgs:
         """T = B * S."""
         return int(self.token_x.shape[0])
 
+    @property
+    def d_nope(self) -> int:
+        """D = weight_uk.shape[1] (128; 128 or 192 on an Ascend 950)."""
+        return int(self.weight_uk.shape[1])
+
 
 class MlaPrologOutputs(NamedTuple):
     """What a backend returns (:mod:`ascend_emu.ops._backend`): v3's outputs in torch_npu's order,
@@ -343,12 +455,13 @@ class MlaPrologOutputs(NamedTuple):
     written in place (``args.kv_cache`` / ``args.kr_cache``); each entry point reshapes and packs.
 
     Attributes:
-        query: ``[T, N, 512]``, bf16 (int8 with query_quant_mode 1).
+        query: ``[T, N, 512]``, bf16 (with query_quant_mode 1: int8, or the 950 mode's element
+            type: float8_e4m3fn, hifloat8 as uint8).
         query_rope: bf16 ``[T, N, 64]``.
         dequant_scale_q_nope: fp32 ``[T, N, 1]`` with query_quant_mode 1, else None.
         query_norm: ``[T, Hcq]`` of weight_uq_qr's dtype with ``query_norm_flag``, else None.
-        dequant_scale_q_norm: fp32 ``[T, 1]`` with ``query_norm_flag`` and weight_quant_mode 1 / 2,
-            else None.
+        dequant_scale_q_norm: with ``query_norm_flag`` and weight_quant_mode > 0: fp32 ``[T, 1]``,
+            or E8M0 ``[T, Hcq/32]`` in weight_quant_mode 3; else None.
     """
 
     query: np.ndarray
@@ -476,7 +589,9 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
       empty tensor, cache_mode PA_BSND, BSND or TND, ``k_nope_clip_alpha`` required.
 
     Args:
-        token_x: bf16 (int8 in full quant) ``[T, He]`` or ``[B, S, He]``; He in {7168, 7680}.
+        token_x: bf16 (int8 in full quant; Ascend 950: float8_e4m3fn in weight_quant_mode 3 / 4,
+            hifloat8 codes as uint8 in 5) ``[T, He]`` or ``[B, S, He]``; He in {7168, 7680} (Ascend
+            950: 1024, 2048, ..., 6144, 7168, 7680, 8192; Hcq 1536 or 2048; D 128 or 192).
         weight_dq, weight_dkv_kr: FRACTAL_NZ, bf16 (int8 in full quant), as :func:`npu_mla_prolog`.
         weight_uq_qr: FRACTAL_NZ, bf16 (int8 in partial and full quant).
         weight_uk, rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin, rope_cos: bf16, as
@@ -515,36 +630,51 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
         qc_qr_scale: multiplier after the cq RmsNorm (default 1.0).
         kc_scale: multiplier after the ckv RmsNorm (default 1.0).
         token_x_dtype, weight_dq_dtype, weight_uq_qr_dtype, weight_dkv_kr_dtype, kv_cache_dtype:
-            hifloat8 tags of Ascend 950's weight_quant_mode=5; must be None.
+            torch_npu dtype codes: 290 (``torch_npu.hifloat8``) for the uint8 inputs of Ascend
+            950's weight_quant_mode 5 (kv_cache_dtype with its per-tensor kv quant), else None
+            (:func:`_check_dtype_tags`).
+
+    Ascend 950 modes (:data:`QUANT_SCENARIOS_950`; numerics in
+    :func:`ascend_emu.emu.mla_prolog.mla_prolog`): (3, 0, 0) / (3, 1, 1) MXFP8: float8_e4m3fn
+    token_x and NZ weights (``npu_format_cast(w, 29, customize_dtype=292)``), E8M0
+    (``ml_dtypes.float8_e8m0fnu``) ``dequant_scale_x`` ``[T, He/32]``, ``dequant_scale_w_dq``
+    ``[Hcq, He/32]``, ``dequant_scale_w_uq_qr`` ``[N*(D+Dr), Hcq/32]``,
+    ``dequant_scale_w_dkv_kr`` ``[Hckv+Dr, He/32]``, no smooth_scales_cq; query_norm
+    float8_e4m3fn with E8M0 ``dequant_scale_q_norm`` ``[T, Hcq/32]``. (4, 0, 0) / (4, 1, 1) FP8
+    and (5, 0, 0) / (5, 1, 1) HiF8: the int8 full quant's fp32 scales; query_norm of the element
+    type with fp32 ``[T, 1]``. With kv_cache_quant_mode 1 kv_cache and query are of the element
+    type (query per token and head, fp32 ``dequant_scale_q_nope``); kr_cache stays bf16. With
+    kv_cache_quant_mode 3 (``ckvkr_repo_mode = quant_scale_repo_mode = 1``; PA_BSND, BSND, TND)
+    kv_cache holds 656-byte rows ``[512 element codes | 64 bf16 k_rope | 4 fp32 scales]`` of the
+    element type, kr_cache is empty, the query bf16; ``k_nope_clip_alpha`` is required in modes
+    4 / 5 and optional in 3 (checked, not applied: the kernel's 8-bit tile quant has no clip).
 
     Returns:
         ``(query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``, shapes
         and dtypes as torch_npu's meta function gives them (CANN >= 8.5; an output the scenario
         does not produce is an empty ``[0]`` tensor):
 
-        - query: ``[T, N, 512]`` / ``[B, S, N, 512]``, int8 with query_quant_mode=1, else bf16.
+        - query: ``[T, N, 512]`` / ``[B, S, N, 512]``, with query_quant_mode=1 int8 (Ascend
+          950: float8_e4m3fn, or hifloat8 as uint8), else bf16.
         - query_rope: bf16 ``[T, N, 64]`` / ``[B, S, N, 64]``.
         - dequant_scale_q_nope: fp32 ``[T, N, 1]`` (``[B*S, N, 1]``) with query_quant_mode=1.
         - query_norm: ``[T, Hcq]`` / ``[B, S, Hcq]`` when ``query_norm_flag``, of weight_uq_qr's
           dtype (int8: the dynamically quantized cq that feeds the weight_uq_qr matmul);
           otherwise ``[0]`` of that dtype.
         - dequant_scale_q_norm: fp32 ``[T, 1]`` (``[B*S, 1]``) when ``query_norm_flag`` and
-          weight_quant_mode is 1 or 2.
+          weight_quant_mode is 1, 2, 4 or 5; E8M0 ``[T, Hcq/32]`` in 3 (an empty ``[0]`` E8M0
+          tensor without ``query_norm_flag``).
 
     Raises:
         ShapeError, DTypeError, FormatError, ModeError, IndexRangeError: the contract (module
             doc); caches are untouched. An illegal mode combination is a ModeError naming the
-            modes and listing the legal ones.
+            modes and listing the legal ones; an Ascend 950 mode or dtype tag on another SoC is a
+            ModeError naming the SoC and the mode.
     """
     values = dict(locals())
-    for tag in ("token_x_dtype", "weight_dq_dtype", "weight_uq_qr_dtype", "weight_dkv_kr_dtype", "kv_cache_dtype"):
-        tag_value = values.pop(tag)
-        if tag_value is not None:
-            raise arg_error(ModeError, tag, "None (hifloat8 inputs, weight_quant_mode=5, exist on Ascend 950 "
-                            "only and are not emulated)", describe(tag_value))
     modes = {name: values.pop(name) for name in _MODE_NAMES + ("ckvkr_repo_mode", "quant_scale_repo_mode")}
-    args = _normalise(3, values, modes, reason="",
-                      key=signature(3, *values.values(), *modes.values()))  # names: fixed by the entry point
+    args = _normalise(3, values, modes, reason="",  # names: fixed by the entry point; the SoC sets the limits
+                      key=signature(3, soc_name(), *values.values(), *modes.values()))
     query, query_rope, rest = _run(args)
     return (query, query_rope) + rest
 
@@ -612,7 +742,9 @@ def _select_scenario(version: int, modes: dict, tile_size, reason: str) -> Quant
             raise arg_error(ModeError, name, f"one of {list(allowed)}", describe(value))
     key = tuple(int(modes[n]) for n in _MODE_NAMES)
     shown = ", ".join(f"{n}={v}" for n, v in zip(_MODE_NAMES, key))
-    legal = VERSION_LIMITS[version].quant_modes
+    if version == 3 and key[0] in ASCEND950_WEIGHT_MODES:
+        require_ascend950("weight_quant_mode", key[0], ASCEND950_WEIGHT_MODES[key[0]])
+    legal = version_limits(version).quant_modes
     if key not in legal:
         hint = (f" ({HARDWARE_REJECTED_MODES[key]})" if key in HARDWARE_REJECTED_MODES
                 else f" ({_WEIGHT_MODE_HINTS[key[0]]})" if key[0] in _WEIGHT_MODE_HINTS else "")
@@ -645,18 +777,18 @@ def _check_scales(scenario: QuantScenario, values: dict) -> dict:
     return out
 
 
-def _check_scale_shapes(scales: dict, accepted: dict) -> None:
-    """Dtype (fp32) and shape of every given scale (``k_nope_clip_alpha``'s value:
-    :func:`_check_alpha`).
+def _check_scale_shapes(scales: dict, accepted: dict, scenario: QuantScenario) -> None:
+    """Dtype (fp32; the dequant scales :attr:`QuantScenario.scale_dtype`) and shape of every
+    given scale (``k_nope_clip_alpha``'s value: :func:`_check_alpha`).
 
     Raises:
-        DTypeError: not fp32.
+        DTypeError: another dtype.
         ShapeError: a shape :func:`expected_scale_shapes` does not list.
     """
     for name, x in scales.items():
         if x is None:
             continue
-        check_dtype(x, name, ("float32",))
+        check_dtype(x, name, (scenario.scale_dtype if name in _FULL_QUANT_SCALES else "float32",))
         if tuple(x.shape) not in accepted[name]:
             shown = " or ".join(str(list(a)) for a in accepted[name])
             raise arg_error(ShapeError, name, f"shape {shown}", list(x.shape))
@@ -665,6 +797,31 @@ def _check_scale_shapes(scales: dict, accepted: dict) -> None:
 #: fp32's largest finite value, less a margin for the fp32 rounding of the RmsNorm output (its
 #: bound :func:`_check_alpha` uses is exact in real arithmetic; a few fp32 roundings add < 1e-6).
 _FP32_CLIP_MAX = float(np.finfo(np.float32).max) * (1 - 2 ** -10)
+
+
+def _check_dtype_tags(values: dict, scenario: QuantScenario, kv_quant: int) -> None:
+    """The v3 ``*_dtype`` tags (torch_npu dtype codes): torch_npu's meta function requires
+    ``token_x_dtype``, ``weight_dq_dtype``, ``weight_uq_qr_dtype`` and ``weight_dkv_kr_dtype``
+    = ``torch_npu.hifloat8`` (290) when weight_quant_mode 5 takes uint8 inputs, and
+    ``kv_cache_dtype`` = 290 with kv_cache_quant_mode 1 (or 3); the doc: None in every other
+    scenario. Stricter than the meta function: ``kv_cache_dtype`` must be None with a bf16
+    kv_cache, and a tag on an A2 / A3 is rejected as the 950 mode it announces.
+
+    Raises:
+        ModeError: a tag missing, of another value, or given where it must be None.
+    """
+    hif8 = TORCH_NPU_DTYPE_CODES["hifloat8"]
+    for tag in DTYPE_TAGS:
+        value = values.get(tag)
+        if value is not None and (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))):
+            raise arg_error(ModeError, tag, "None or a torch_npu dtype code (an int)", describe(value))
+        if value is not None:
+            require_ascend950(tag, int(value), "hifloat8 input tag")
+        want = hif8 if scenario.element == "hifloat8" and (tag != "kv_cache_dtype" or kv_quant) else None
+        if (None if value is None else int(value)) != want:
+            where = (f"torch_npu.hifloat8 ({hif8}) in the {scenario.name} scenario (uint8 data holds hifloat8)"
+                     if want is not None else f"None in the {scenario.name} scenario")
+            raise arg_error(ModeError, tag, where, describe(value))
 
 
 def _check_alpha(alpha: np.ndarray | None, gamma_ckv: np.ndarray, kc_scale: float) -> None:
@@ -814,7 +971,7 @@ def _args(static: dict, t: dict, scales: dict, num_tokens: int, slots: np.ndarra
 
 def _normalise_full(version: int, values: dict, modes: dict, *, reason: str) -> MlaPrologArgs:
     """:func:`_normalise` with every check."""
-    limits = VERSION_LIMITS[version]
+    limits = version_limits(version)
     scenario = _select_scenario(version, modes, values["tile_size"], reason)
     if not isinstance(values["cache_mode"], str):
         raise arg_error(ModeError, "cache_mode", f"one of {list(limits.cache_modes)}", describe(values["cache_mode"]))
@@ -835,6 +992,8 @@ def _normalise_full(version: int, values: dict, modes: dict, *, reason: str) -> 
         if dtype_name(t[name].dtype) != want:
             raise arg_error(DTypeError, name, f"dtype {want} with {shown} ({scenario.name}"
                             + (f", selected by {reason})" if reason else ")"), dtype_name(t[name].dtype))
+    if version == 3:
+        _check_dtype_tags(values, scenario, key[1])
     scales = _check_scales(scenario, values)
     for name in ("weight_dq", "weight_uq_qr", "weight_dkv_kr"):
         check_nz_weight(t[name], name)
@@ -876,12 +1035,17 @@ def _normalise_full(version: int, values: dict, modes: dict, *, reason: str) -> 
     num_heads = int(t["weight_uk"].shape[0])
     if num_heads not in HEAD_NUMS:
         raise arg_error(ShapeError, "weight_uk", f"N = weight_uk.shape[0] in {list(HEAD_NUMS)}", num_heads)
-    check_shape(t["weight_uk"], "weight_uk", (num_heads, D_NOPE, HCKV), "[N, D=128, Hckv=512]")
-    check_shape(t["weight_uq_qr"], "weight_uq_qr", (hcq, num_heads * (D_NOPE + D_ROPE)), "[Hcq, N*(D+Dr)]")
+    d_nope = int(t["weight_uk"].shape[1])
+    if d_nope not in limits.d_nope:
+        raise arg_error(ShapeError, "weight_uk", f"D = weight_uk.shape[1] in {list(limits.d_nope)}"
+                        + ("" if len(limits.d_nope) > 1 else " (192 on an Ascend 950)"), d_nope)
+    check_shape(t["weight_uk"], "weight_uk", (num_heads, d_nope, HCKV), f"[N, D={d_nope}, Hckv=512]")
+    check_shape(t["weight_uq_qr"], "weight_uq_qr", (hcq, num_heads * (d_nope + D_ROPE)), "[Hcq, N*(D+Dr)]")
     check_shape(t["weight_dkv_kr"], "weight_dkv_kr", (he, HCKV + D_ROPE), "[He, Hckv+Dr]")
     check_shape(t["rmsnorm_gamma_cq"], "rmsnorm_gamma_cq", (hcq,), "[Hcq]")
     check_shape(t["rmsnorm_gamma_ckv"], "rmsnorm_gamma_ckv", (HCKV,), "[Hckv]")
-    _check_scale_shapes(scales, expected_scale_shapes(version, key, num_tokens, num_heads, hcq))
+    _check_scale_shapes(scales, expected_scale_shapes(version, key, num_tokens, num_heads, hcq, he, d_nope),
+                        scenario)
     _check_alpha(scales["k_nope_clip_alpha"], t["rmsnorm_gamma_ckv"], kc_scale)
 
     # ---- caches and where each token goes
@@ -1039,5 +1203,6 @@ def _run(args: MlaPrologArgs) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray,
         query_norm = query_norm.reshape(lead + (args.weight_dq.shape[1],))  # [T | B, S, Hcq]
     else:
         query_norm = _empty(unused, args.weight_uq_qr.dtype)
-    dq_norm = _empty(unused, np.float32) if dq_norm is None else dq_norm.reshape(t, 1)  # [T, 1]
+    scale_dtype = E8M0_DTYPE if args.scenario.mx else np.float32
+    dq_norm = _empty(unused, scale_dtype) if dq_norm is None else dq_norm.reshape(t, dq_norm.shape[-1])  # [T, 1|Hcq/32]
     return query, query_rope, (dq_nope, query_norm, dq_norm)

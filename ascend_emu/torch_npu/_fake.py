@@ -8,7 +8,8 @@ does not produce is an empty ``[0]`` tensor in v3). Inputs are fake / meta tenso
 created on the inputs' device. Used by ``torch.compile`` and by ``torch.ops.npu.*`` on meta
 tensors.
 
-Ascend 950 only paths (hifloat8 ``*_dtype`` tags) raise the ModeError the CPU op raises.
+The SoC and the Ascend 950's hifloat8 ``*_dtype`` tags are the op's to check (a fake follows the
+meta function, which reads only dtypes and modes).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from __future__ import annotations
 import torch
 
 from ..errors import ModeError, arg_error, describe
+from ..quant.mx import MX_BLOCK_SIZE
 
-#: Block of the fp8 per-block dequant scales (v3 weight_quant_mode=3), as the meta function.
-FP8_E4M3_BLOCK_SIZE = 32
-_HIF8_TAGS = ("token_x_dtype", "weight_dq_dtype", "weight_uq_qr_dtype", "weight_dkv_kr_dtype", "kv_cache_dtype")
+#: Block of the MXFP8 dequant scales (v3 weight_quant_mode=3; the meta function's FP8_E4M3_BLOCK_SIZE).
+FP8_E4M3_BLOCK_SIZE = MX_BLOCK_SIZE
 
 
 def _new(like: torch.Tensor, shape, dtype) -> torch.Tensor:
@@ -68,11 +69,9 @@ def mla_prolog_v2(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rm
 def mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv,
                   rope_sin, rope_cos, kv_cache, kr_cache, *, query_norm_flag=False, weight_quant_mode=0,
                   kv_cache_quant_mode=0, **kwargs):
-    """v3: ``(query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``."""
-    for tag in _HIF8_TAGS:
-        if kwargs.get(tag) is not None:
-            raise arg_error(ModeError, tag, "None (hifloat8 inputs exist on Ascend 950 only and are not emulated)",
-                            describe(kwargs[tag]))
+    """v3: ``(query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``, as torch_npu's
+    meta function gives them (hifloat8 data is uint8, so the tags leave every dtype as the inputs give
+    it; the op checks the tags and the SoC)."""
     n, hckv, dr, hcq = weight_uk.shape[0], weight_uk.shape[2], _dr(token_x, rope_sin), weight_dq.shape[1]
     lead, tokens = _lead(token_x), _tokens(token_x)
     f32 = torch.float32
