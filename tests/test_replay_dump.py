@@ -290,3 +290,87 @@ def test_progress_counts_the_calls_to_replay(dump, tmp_path):
     failures = [sum(1 for s, r, layer, op in CORRUPT if (s, r) == (0, 1) and 2 * layer + (op == LI_OP) < k)
                 for k in range(n + 1)]
     assert seen == [(k, n, failures[k]) for k in range(n + 1)]
+
+
+# ------------------------------------------------------------------------------------------ Ray
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray (2 CPUs, no dashboard, workers' logs kept off the test output) for the Ray
+    tests of this module, shut down after them. CI installs the [ray] extra: there a missing Ray
+    fails instead of skipping."""
+    import logging
+    import os
+
+    ray = __import__("ray") if os.environ.get("CI") else pytest.importorskip("ray")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_gives_the_same_bytes(dump, sequential, ray_session, tmp_path, capsys):
+    """``--ray`` on a local Ray: the report, the CSVs and the emulator's dump are byte-identical to
+    the in-process run's (and so to -n 2's)."""
+    rc1, out1 = sequential
+    rc2, _, _ = _replay(capsys, dump[0], tmp_path / "emu", "--ray")
+    assert rc2 == rc1 == 1
+    for suffix in (".json", ".acc.csv"):
+        assert (tmp_path / ("emu" + suffix)).read_bytes() == (out1.parent / ("emu" + suffix)).read_bytes()
+    assert _files(tmp_path / "emu") == _files(out1)
+    assert ray_session.is_initialized()  # a Ray the engine did not start is left running
+
+
+def test_ray_timeouts_and_a_lost_worker(ray_session, tmp_path):
+    """A task past the timeout stops itself (Python code) or, stuck where the timer cannot reach
+    it, has its worker killed at timeout + grace; a task whose worker dies is retried; every item
+    is yielded once."""
+    import os
+    import signal
+
+    from ascend_emu.compare.engine import RayEngine, TaskFailure
+
+    marker = str(tmp_path / "died-once")
+
+    def work(item):
+        if item == "sleep":
+            time.sleep(30)
+        elif item == "stuck":  # the worker's timer cannot interrupt it
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            time.sleep(30)
+        elif item == "die" or (item == "die once" and not os.path.exists(marker)):
+            open(marker, "w").close()
+            os._exit(1)
+        return item
+
+    t0 = time.monotonic()
+    got = dict(RayEngine(grace=1.0).run(work, ["ok", "sleep", "stuck"], timeout=2.0))
+    assert time.monotonic() - t0 < 20
+    assert sorted(got) == [0, 1, 2] and got[0] == "ok"
+    assert isinstance(got[1], TaskFailure) and got[1].kind == "timeout" and "timeout of 2 s" in got[1].message
+    assert isinstance(got[2], TaskFailure) and got[2].kind == "timeout" and "Ray worker was stopped" in got[2].message
+    # a retry starts a new worker: no timeout here, as it counts from the first submission
+    got = dict(RayEngine(max_retries=1).run(work, ["die once", "die"], timeout=None))
+    assert got[0] == "die once" and os.path.exists(marker)
+    assert isinstance(got[1], TaskFailure) and got[1].kind == "crash" and "after 1 retries" in got[1].message
+
+
+def test_ray_missing_names_the_extra(dump, tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    from ascend_emu.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    assert main(["replay", str(dump[0]), "-o", str(tmp_path / "emu"), "--ray"]) == 2
+    assert "pip install 'ascend-emu[ray]'" in capsys.readouterr().err
+
+
+def test_the_core_never_imports_ray():
+    import subprocess
+    import sys
+
+    code = ("import sys, ascend_emu, ascend_emu.compare.msprobe, ascend_emu.compare.engine, ascend_emu.cli; "
+            "assert 'ray' not in sys.modules, 'ray imported'")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(__file__).parent.parent, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -7,7 +7,7 @@
 - ``compare --replay DIR``: replay a recording on the emulator and report.
 - ``replay DUMP_DIR -o EMU_DUMP_DIR``: re-run an msprobe tensor dump's calls on the emulator, write
   an msprobe-format dump with the same API names, print the report (:mod:`.msprobe`); ``-n N``
-  worker processes, ``--timeout``, ``--filter`` / ``--steps`` / ``--ranks``, ``--dedup``,
+  worker processes or ``--ray [ADDRESS]`` (Ray tasks), ``--timeout``, ``--filter`` / ``--steps`` / ``--ranks``, ``--dedup``,
   ``--resume``, ``--msprobe-csv`` (docs/compare.md, "Replaying a whole model's dump"); a call
   that timed out or failed exits 1, a deduplicated one does not.
 
@@ -277,8 +277,17 @@ def cmd_replay(ns) -> int:
         if ns.png_dir and importlib.util.find_spec("matplotlib") is None:
             _err(f"--png-dir needs matplotlib; {PLOT_HINT}")
             return 2
+        engine = None
+        if ns.ray is not None:
+            from .engine import RAY_HINT, RayEngine
+
+            if importlib.util.find_spec("ray") is None:
+                _err(f"replay --ray needs Ray, which is not installed: {RAY_HINT}")
+                return 2
+            engine = RayEngine(ns.ray or None, workers=ns.workers)
         with _ReplayProgress() as progress:
-            report = msprobe.replay_dump(ns.dump_dir, ns.output, progress, workers=ns.workers, timeout=ns.timeout,
+            report = msprobe.replay_dump(ns.dump_dir, ns.output, progress, workers=ns.workers, engine=engine,
+                                         timeout=ns.timeout,
                                          ops=ops, steps=steps, ranks=ranks, resume=ns.resume, png_dir=ns.png_dir,
                                          dedup=ns.dedup)
     except (OSError, ValueError) as exc:
@@ -342,7 +351,12 @@ def add_compare_parsers(sub) -> None:
     p.add_argument("-o", "--output", required=True,
                    help="directory for the emulator's dump and its result file")
     p.add_argument("-n", "--workers", type=int, default=None, metavar="N",
-                   help="worker processes (default: one per core; 1 replays in this process)")
+                   help="worker processes (default: one per core; 1 replays in this process); with --ray: calls "
+                        "in flight at once (default: the cluster's CPUs)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run the calls as Ray tasks (the [ray] extra) on the cluster at ADDRESS (ray.init's "
+                        "address, e.g. auto or ray://head:10001), or on a local Ray when none is given; the dump "
+                        "and -o must be paths every node sees")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                    help="a call running longer fails with status timeout (default %(default)g)")
     p.add_argument("--filter", metavar="OP[,OP]", help="replay only these ops")
