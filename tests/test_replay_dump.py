@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import pathlib
 import shutil
 import time
@@ -290,6 +291,41 @@ def test_progress_counts_the_calls_to_replay(dump, tmp_path):
     failures = [sum(1 for s, r, layer, op in CORRUPT if (s, r) == (0, 1) and 2 * layer + (op == LI_OP) < k)
                 for k in range(n + 1)]
     assert seen == [(k, n, failures[k]) for k in range(n + 1)]
+
+
+def test_export_repro_reproduces_the_emulator_and_runs_on_a_torch_npu(dump, tmp_path, capsys):
+    """``--export-repro``: one directory per failing call; its script, run by ``ascend-emu run``,
+    returns the emulator's outputs byte for byte and exits 1 naming the output the replay failed;
+    the same script runs unchanged under a torch_npu package (the stand-in, as on the NPU)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from tests.standin_torch_npu import DIR as STANDIN_DIR
+
+    repro = tmp_path / "repro"
+    rc, rep, _ = _replay(capsys, dump[0], tmp_path / "emu", "-n", "1", "--filter", KV_OP, "--steps", "0",
+                         "--export-repro", str(repro))
+    step, rank, layer, op = min(CORRUPT)
+    name = f"step{step}_rank{rank}_call{_index(layer, op):05d}_{op}"
+    assert rc == 1 and [p.name for p in repro.iterdir()] == [name]  # the failing call only
+    root = pathlib.Path(__file__).resolve().parent.parent
+    expected = ["k_cache: identical to the device's",
+                "ckv_cache: 1 of 16384 element(s) differ from the device's (replay: fail)"]
+    for command, path in (([sys.executable, "-m", "ascend_emu", "run", "repro.py"], str(root)),
+                          ([sys.executable, "repro.py"], f"{STANDIN_DIR}{os.pathsep}{root}")):
+        proc = subprocess.run(command, cwd=repro / name, env={**os.environ, "PYTHONPATH": path}, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 1 and proc.stdout.splitlines() == expected, proc.stdout + proc.stderr[-3000:]
+    emu_data = tmp_path / "emu" / f"step{step}" / f"rank{rank}" / "dump_tensor_data"
+    key = _key(layer, op)
+    for device in ("emu", "npu"):  # the drop-in under ascend-emu run, the stand-in torch_npu
+        result = torch.load(repro / name / f"result_{device}.pt", weights_only=True)
+        assert len(result) == 4
+        for j, t in enumerate(result):
+            mine = torch.load(emu_data / f"{key}.output.{j}.pt", weights_only=True)
+            assert t.dtype == mine.dtype and torch.equal(t.view(torch.int16), mine.view(torch.int16))
 
 
 # ------------------------------------------------------------------------------------------ Ray

@@ -8,7 +8,7 @@
 - ``replay DUMP_DIR -o EMU_DUMP_DIR``: re-run an msprobe tensor dump's calls on the emulator, write
   an msprobe-format dump with the same API names, print the report (:mod:`.msprobe`); ``-n N``
   worker processes or ``--ray [ADDRESS]`` (Ray tasks), ``--timeout``, ``--filter`` / ``--steps`` / ``--ranks``, ``--dedup``,
-  ``--resume``, ``--msprobe-csv`` (docs/compare.md, "Replaying a whole model's dump"); a call
+  ``--resume``, ``--msprobe-csv``, ``--export-repro`` (docs/compare.md, "Replaying a whole model's dump"); a call
   that timed out or failed exits 1, a deduplicated one does not.
 
 Options of ``record`` / ``compare`` go before SCRIPT: what follows SCRIPT is the script's own
@@ -289,7 +289,7 @@ def cmd_replay(ns) -> int:
             report = msprobe.replay_dump(ns.dump_dir, ns.output, progress, workers=ns.workers, engine=engine,
                                          timeout=ns.timeout,
                                          ops=ops, steps=steps, ranks=ranks, resume=ns.resume, png_dir=ns.png_dir,
-                                         dedup=ns.dedup)
+                                         dedup=ns.dedup, repro_dir=ns.export_repro)
     except (OSError, ValueError) as exc:
         _err(f"replay: {exc}")
         return 2
@@ -366,6 +366,9 @@ def add_compare_parsers(sub) -> None:
                    help="replay one call per distinct signature (shapes, dtypes, other arguments)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run from the result file in the output directory")
+    p.add_argument("--export-repro", metavar="DIR",
+                   help="for each failing call, a standalone torch_npu script with its tensors in DIR (runs with "
+                        "`ascend-emu run` and, unchanged, on the NPU)")
     p.add_argument("--msprobe-csv", metavar="PATH",
                    help="write msprobe's accuracy-check table, one row per output (- for stdout)")
     _report_options(p)

@@ -36,9 +36,10 @@ from typing import Callable, Container, Sequence
 import numpy as np
 
 from ..layouts import FRACTAL_NZ, ND
-from .calls import OPS, Call, CallReport, EmuResult, TensorValue, arg_names, compare_call, replay
+from .calls import OPS, Call, CallReport, EmuResult, TensorValue, _written_slots, arg_names, compare_call, replay
 from .engine import Engine, TaskFailure, make_engine
 from .record import to_host
+from .repro import REPRO_STATUSES, repro_name, write_repro
 from .report import Report
 
 #: Sub-directory of tensor files in a rank directory.
@@ -237,6 +238,8 @@ class Unit:
             it, else ``None``.
         dump_root, out_root: the device dump and the emulator's dump (absolute paths).
         png_dir: where the unit writes heat maps of its mismatching caches (None: none).
+        repro_dir: where the unit writes its repro when it fails (None: nowhere;
+            :mod:`.repro`).
     """
 
     step: int
@@ -250,6 +253,7 @@ class Unit:
     dump_root: str
     out_root: str
     png_dir: str | None = None
+    repro_dir: str | None = None
 
     @property
     def order(self) -> tuple:
@@ -363,11 +367,34 @@ def run_unit(unit: Unit) -> dict:
     rep.where = unit.where()
     if unit.png_dir is not None:
         Report(calls=[rep]).heatmaps(unit.png_dir)
+    if unit.repro_dir is not None and rep.status in REPRO_STATUSES:
+        _export_repro(unit, call, emu, rep, rank_dir / DATA_DIR)
     entry = None
     if not (emu.unavailable or emu.error):
         out_data = Path(unit.out_root) / unit.rel / DATA_DIR
         entry = write_emu_entry(unit.key, unit.rec, emu, rank_dir / DATA_DIR, out_data)
     return {"report": rep.to_dict(), "entry": entry}
+
+
+def _export_repro(unit: Unit, call: Call, emu: EmuResult, rep: CallReport, data_dir: Path) -> None:
+    """Write the repro of a failing unit (:func:`.repro.write_repro`): every output the replay
+    judged is checked, but the cache copies judged on their written slots only."""
+    info = OPS[unit.op]
+    checks, unchecked = [], dict(rep.not_compared)
+    for t in rep.tensors:
+        if t.name in info.outputs:
+            j = info.outputs.index(t.name)
+        elif t.name.startswith("out[") and t.name.endswith("]"):
+            j = int(t.name[4:-1])
+        else:
+            continue  # an in-place argument the op does not return: not in the dump
+        if not info.clones and (t.name in emu.written or _written_slots(call, t.name) is not None):
+            unchecked[t.name] = "a cache copy of which only the written slots are defined on the device"
+            continue
+        checks.append((j, t.name, t.status))
+    write_repro(Path(unit.repro_dir) / repro_name(unit.step, unit.rank, unit.call, unit.op), api=info.api,
+                key=unit.key, where=unit.where(), status=rep.status, rec=unit.rec, data_dir=data_dir,
+                nz_sources={}, checks=checks, unchecked=unchecked)
 
 
 def _failed_unit(unit: Unit, failure: TaskFailure) -> dict:
@@ -405,7 +432,7 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
                 workers: int | None = 1, engine: Engine | None = None, timeout: float | None = None,
                 ops: Sequence[str] | None = None, steps: Container[int] | None = None,
                 ranks: Container[int] | None = None, resume: bool = False, png_dir: str | None = None,
-                dedup: bool = False) -> Report:
+                dedup: bool = False, repro_dir: str | None = None) -> Report:
     """Replay every emulated call of an msprobe tensor dump on the emulator.
 
     Each call is a work unit (:func:`plan_units`, :func:`run_unit`) that loads only its own
@@ -430,6 +457,8 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
             extra), named by step, rank, call, op and tensor.
         dedup: replay one call per distinct :func:`call_signature` (the first in execution
             order); the others are listed with status ``deduplicated``, naming that call.
+        repro_dir: write a standalone torch_npu script with its tensors there for each call
+            that fails or that the emulator rejects (:mod:`.repro`), by the unit running it.
 
     Returns:
         The :class:`Report`, calls in execution order; calls that cannot be replayed are listed
@@ -444,6 +473,8 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
     units, chosen = plan_units(dump_root, out_root, ops=ops, steps=steps, ranks=ranks)
     if png_dir is not None:
         units = [dataclasses.replace(u, png_dir=str(Path(png_dir).resolve())) for u in units]
+    if repro_dir is not None:
+        units = [dataclasses.replace(u, repro_dir=str(Path(repro_dir).resolve())) for u in units]
     out_root = Path(out_root)
     for rel, _ in chosen:
         (out_root / rel / DATA_DIR).mkdir(parents=True, exist_ok=True)
