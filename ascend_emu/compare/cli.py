@@ -272,6 +272,8 @@ def cmd_replay(ns) -> int:
             raise ValueError(f"-n: expected a number of processes >= 1, got {ns.workers}")
         if ns.timeout is not None and not ns.timeout > 0:
             raise ValueError(f"--timeout: expected seconds > 0, got {ns.timeout}")
+        if ns.weight_map and not ns.weights:
+            raise ValueError("--weight-map: give --weights FILE too")
         if ns.resume and not (Path(ns.output) / msprobe.RESULTS_FILE).is_file():
             raise ValueError(f"--resume: {Path(ns.output) / msprobe.RESULTS_FILE} does not exist (no run to resume)")
         if ns.png_dir and importlib.util.find_spec("matplotlib") is None:
@@ -289,7 +291,8 @@ def cmd_replay(ns) -> int:
             report = msprobe.replay_dump(ns.dump_dir, ns.output, progress, workers=ns.workers, engine=engine,
                                          timeout=ns.timeout,
                                          ops=ops, steps=steps, ranks=ranks, resume=ns.resume, png_dir=ns.png_dir,
-                                         dedup=ns.dedup, repro_dir=ns.export_repro)
+                                         dedup=ns.dedup, repro_dir=ns.export_repro,
+                                         weights=ns.weights, weight_map=ns.weight_map)
     except (OSError, ValueError) as exc:
         _err(f"replay: {exc}")
         return 2
@@ -366,6 +369,13 @@ def add_compare_parsers(sub) -> None:
                    help="replay one call per distinct signature (shapes, dtypes, other arguments)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run from the result file in the output directory")
+    p.add_argument("--weights", metavar="FILE",
+                   help="a torch.save-d dict of name -> tensor holding the FRACTAL_NZ weights msprobe does not "
+                        "save (npu_mla_prolog*, npu_mla_preprocess); else they are rebuilt from the dump's "
+                        "npu_format_cast inputs where it holds them")
+    p.add_argument("--weight-map", metavar="MAP.json",
+                   help="argument name -> key template in --weights ({layer}: the call's layer; default "
+                        "layers.{layer}.ARG)")
     p.add_argument("--export-repro", metavar="DIR",
                    help="for each failing call, a standalone torch_npu script with its tensors in DIR (runs with "
                         "`ascend-emu run` and, unchanged, on the NPU)")
