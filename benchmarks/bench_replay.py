@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ns = p.parse_args(argv)
 
     from ascend_emu.compare import msprobe
-    from ascend_emu.compare.engine import RayEngine
+    from ascend_emu.compare.engine import RayEngine, init_ray
     from tests.synthetic_msprobe import write_dump
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -67,13 +67,8 @@ def main(argv=None) -> int:
         runs = [(f"-n {n}", n, None) for n in ns.workers]
         if ns.ray:
             runs.append((f"Ray ({ns.ray} CPUs)", ns.ray, RayEngine(workers=ns.ray)))
-            import logging
-
-            import ray
-
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             t0 = time.perf_counter()
-            ray.init(num_cpus=ns.ray, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+            ray = init_ray(num_cpus=ns.ray)
             print(f"Ray start (ray.init, not counted below): {time.perf_counter() - t0:.2f} s")
         for label, n, engine in runs:
             inside[0] = 0.0

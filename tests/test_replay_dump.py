@@ -337,12 +337,11 @@ def ray_session():
     """One local Ray (2 CPUs, no dashboard, workers' logs kept off the test output) for the Ray
     tests of this module, shut down after them. CI installs the [ray] extra: there a missing Ray
     fails instead of skipping."""
-    import logging
-    import os
+    from ascend_emu.compare.engine import init_ray
 
-    ray = __import__("ray") if os.environ.get("CI") else pytest.importorskip("ray")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    if not os.environ.get("CI"):
+        pytest.importorskip("ray")
+    ray = init_ray(num_cpus=2)
     yield ray
     ray.shutdown()
 
@@ -364,7 +363,6 @@ def test_ray_timeouts_and_a_lost_worker(ray_session, tmp_path):
     it, has its worker killed at timeout + grace; a task whose worker dies is retried (a lost
     worker after the last retry is a ``crash``: ``RayEngine._result``); every item is yielded
     once."""
-    import os
     import signal
 
     from ascend_emu.compare.engine import RayEngine, TaskFailure

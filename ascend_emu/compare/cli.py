@@ -7,7 +7,8 @@
 - ``compare --replay DIR``: replay a recording on the emulator and report.
 - ``replay DUMP_DIR -o EMU_DUMP_DIR``: re-run an msprobe tensor dump's calls on the emulator, write
   an msprobe-format dump with the same API names, print the report (:mod:`.msprobe`); ``-n N``
-  worker processes or ``--ray [ADDRESS]`` (Ray tasks), ``--timeout``, ``--filter`` / ``--steps`` / ``--ranks``, ``--dedup``,
+  worker processes or ``--ray [ADDRESS]`` (Ray tasks), ``--timeout``, ``--filter`` / ``--steps``
+  / ``--ranks``, ``--dedup``, ``--weights`` / ``--weight-map``,
   ``--resume``, ``--msprobe-csv``, ``--export-repro`` (docs/compare.md, "Replaying a whole model's dump"); a call
   that timed out or failed exits 1, a deduplicated one does not.
 

@@ -220,6 +220,25 @@ def _import_ray():
     return ray
 
 
+def init_ray(address: str | None = None, num_cpus: int | None = None):
+    """``ray.init`` as replay starts Ray: no dashboard, the workers' logs not forwarded to this
+    process, Ray's own logging at ERROR, no usage report over the network
+    (``RAY_USAGE_STATS_ENABLED=0`` unless set). ``address``: the cluster (None: a local Ray, of
+    ``num_cpus`` CPUs, or whatever ``RAY_ADDRESS`` names). Returns the ``ray`` module.
+
+    Raises:
+        ModuleNotFoundError: Ray is not installed (the message names the ``[ray]`` extra).
+    """
+    import logging
+
+    ray = _import_ray()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    local = address is None and "RAY_ADDRESS" not in os.environ
+    ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+             **({"num_cpus": num_cpus} if local and num_cpus is not None else {}))
+    return ray
+
+
 def _ray_task(fn, item, timeout):
     """The body of one Ray task: ``fn(item)`` under the per-item timer (:class:`InProcess`: a
     Ray worker runs its tasks in its main thread), a :class:`TaskFailure` when it raises or
@@ -233,9 +252,9 @@ class RayEngine:
     flight (default: the cluster's CPUs), results collected with ``ray.wait`` as they finish.
 
     Ray is imported when :meth:`run` starts (the ``[ray]`` extra). Where Ray is not initialised
-    yet, :meth:`run` calls ``ray.init(address=address)`` (None: a local Ray of ``workers`` CPUs,
-    or whatever ``RAY_ADDRESS`` names; ``"auto"``: the cluster this machine belongs to) without
-    the dashboard and without forwarding the workers' logs, and shuts it down when done; an
+    yet, :meth:`run` starts it with :func:`init_ray` (``address`` None: a local Ray of ``workers``
+    CPUs, or whatever ``RAY_ADDRESS`` names; ``"auto"``: the cluster this machine belongs to)
+    and shuts it down when done; an
     initialised Ray is used as it is and left running. The tasks find ``fn``'s module by import:
     ``ascend_emu`` must be installed on every node, and the items' paths (the dump, the output
     directory) must be the same shared directories there.
@@ -273,12 +292,7 @@ class RayEngine:
         ray = _import_ray()
         owned = not ray.is_initialized()
         if owned:
-            import logging
-
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no report over the network
-            kwargs = {"num_cpus": self.workers} if self.address is None and "RAY_ADDRESS" not in os.environ else {}
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.ERROR, **kwargs)
+            init_ray(self.address, self.workers)
         try:
             yield from self._run(ray, fn, items, timeout)
         finally:

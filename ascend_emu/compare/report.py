@@ -158,9 +158,10 @@ class Report:
         if sources:
             n_file = sum(src.startswith("--weights") for src in sources)
             n_missing = sum(src.startswith("not rebuilt") for src in sources)
-            console.print(f"FRACTAL_NZ weights (not saved by msprobe): {len(sources) - n_file - n_missing} rebuilt from "
-                          f"the npu_format_cast inputs in the dump, {n_file} from --weights, {n_missing} not rebuilt "
-                          "(each call's source: --json, calls[].weights)")
+            n_dump = len(sources) - n_file - n_missing
+            console.print(f"FRACTAL_NZ weights (not saved by msprobe): {n_dump} rebuilt from the npu_format_cast "
+                          f"inputs in the dump, {n_file} from --weights, {n_missing} not rebuilt (each call's source: "
+                          "--json, calls[].weights)")
         s = self.summary
         if self.meta is not None:
             statuses = sorted({k for v in self.meta["per_op"].values() for k in v})

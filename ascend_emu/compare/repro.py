@@ -114,7 +114,8 @@ def write_repro(dest: str | Path, *, api: str, key: str, where: dict, status: st
     unchecked_lines = "".join(f"#   {n}: {why}\n" for n, why in unchecked.items())
     note_lines = "".join(f"#   {n}\n" for n in notes)
     layer = f", layer {where.get('layer')}" if where.get("layer") is not None else ""
-    script = f'''"""Reproduces one call of an msprobe dump: step {where.get("step")}, rank {where.get("rank")}, call {where.get("call")}{layer}: {key}
+    place = f"step {where.get('step')}, rank {where.get('rank')}, call {where.get('call')}{layer}"
+    script = f'''"""Reproduces one call of an msprobe dump: {place}: {key}
 (ascend-emu replay: {status}).
 
 On a laptop (the emulator):   ascend-emu run repro.py     (ASCEND_EMU_BACKEND=emu, the default)
