@@ -13,13 +13,14 @@ msprobe (``mindstudio-probe``, Ascend's accuracy tool) dumps a run with ``task: 
   only where the op returns the cache (``npu_kv_rmsnorm_rope_cache`` returns both, ``npu_mla_prolog``
   / ``_v2`` return them, ``npu_mla_prolog_v3`` does not);
 - FRACTAL_NZ tensors are not saved (their ``data_name`` points at a missing file, stats null):
-  every MLA prolog / MlaPreprocess call misses its NZ weights and cannot be replayed.
+  every MLA prolog / MlaPreprocess call misses its NZ weights, rebuilt where the dump's
+  ``npu_format_cast`` inputs or a ``--weights`` file hold them (:mod:`.nz_weights`).
 
 :func:`replay_dump` turns each forward entry of an emulated op into a :class:`~.calls.Call`,
 replays it on the emulator and writes an msprobe-format dump of the emulator's results with the
 same keys (inputs copied), so ``msprobe compare -tp DUMP -gp EMU_DUMP`` pairs them. Each entry is
 one work unit (:func:`plan_units`, :func:`run_unit`) that loads its own tensors when it runs, on
-an :mod:`.engine` (in process or a process pool); results come back in execution order (step,
+an :mod:`.engine` (in process, a process pool or Ray tasks); results come back in execution order (step,
 rank, call index) and are logged to :data:`RESULTS_FILE` as they finish (``--resume``).
 """
 

@@ -100,8 +100,9 @@ class WeightsFile:
     written out once, under ``out_dir``.
 
     Raises:
-        ValueError: the file does not hold a dict of tensors, or the map is not a JSON object of
-            strings.
+        OSError: a file cannot be opened.
+        ValueError: the file is not a ``torch.save``-d dict of tensors, or the map is not a JSON
+            object of strings.
     """
 
     def __init__(self, path: str | os.PathLike, weight_map: str | os.PathLike | None, out_dir: str | os.PathLike):
@@ -109,9 +110,15 @@ class WeightsFile:
 
         self.path = str(path)
         try:
-            self.tensors = torch.load(self.path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError:  # a legacy (non-zip) file cannot be mapped
-            self.tensors = torch.load(self.path, map_location="cpu", weights_only=True)
+            try:
+                self.tensors = torch.load(self.path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # a legacy (non-zip) file cannot be mapped
+                self.tensors = torch.load(self.path, map_location="cpu", weights_only=True)
+        except OSError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (pickle / zip errors: not a torch.save-d file)
+            raise ValueError(f"--weights {self.path}: not readable by torch.load(weights_only=True): "
+                             f"{type(exc).__name__}: {exc}") from exc
         if not isinstance(self.tensors, dict) or not all(isinstance(v, torch.Tensor) for v in self.tensors.values()):
             raise ValueError(f"--weights {self.path}: expected a torch.save-d dict of name -> tensor")
         self.map: dict[str, str] = {}

@@ -2,8 +2,8 @@
 
 For a call of an msprobe dump that the replay judged ``fail`` or ``emu error``, :func:`write_repro`
 writes ``DIR/step{S}_rank{R}_call{N}_{op}/`` holding ``repro.py`` and ``tensors/`` (the call's
-input files and the device's output files, copied from the dump; an FRACTAL_NZ weight that
-msprobe did not save is the ND tensor it was rebuilt from). The script is a plain torch_npu
+input files and the device's output files, hard-linked or copied from the dump; a FRACTAL_NZ
+weight that msprobe did not save is the ND tensor it was rebuilt from). The script is a plain torch_npu
 program: it loads the inputs (``map_location="cpu", weights_only=True``), moves them to the NPU
 (``.npu()``), casts the NZ weights with ``torch_npu.npu_format_cast(w, 29)``, makes the call as
 the model did (``torch_npu.<api>(*args, **kwargs)``), saves what it returned to
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -32,6 +33,15 @@ REPRO_STATUSES = ("fail", "emu error")
 def repro_name(step: int, rank: int, call: int, op: str) -> str:
     """The repro's directory name: ``step{S}_rank{R}_call{N:05d}_{op}``."""
     return f"step{step}_rank{rank}_call{call:05d}_{op}"
+
+
+def _place(src: str | Path, dest: Path) -> None:
+    """``dest`` holds ``src``'s bytes: a hard link where the file system allows, else a copy."""
+    dest.unlink(missing_ok=True)
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
 
 
 def _literal(node, load) -> str:
@@ -89,10 +99,10 @@ def write_repro(dest: str | Path, *, api: str, key: str, where: dict, status: st
         name = node.get("data_name")
         if name in nz_sources:
             src, why = nz_sources[name]
-            shutil.copyfile(src, tensors / name)
+            _place(src, tensors / name)
             notes.append(f"{name}: FRACTAL_NZ, not saved by msprobe; rebuilt from {why}")
             return f"load({name!r}, nz=True)"
-        shutil.copyfile(data_dir / name, tensors / name)
+        _place(data_dir / name, tensors / name)
         return f"load({name!r})"
 
     args = [_literal(v, load) for v in rec.get("input_args", [])]
@@ -107,7 +117,7 @@ def write_repro(dest: str | Path, *, api: str, key: str, where: dict, status: st
         src = data_dir / node["data_name"]
         if not src.is_file():
             continue
-        shutil.copyfile(src, tensors / node["data_name"])
+        _place(src, tensors / node["data_name"])
         check_lines.append(f"    ({j}, {name!r}, {node['data_name']!r}, {verdict!r}),")
     call_args = "".join(f"    {a},\n" for a in args)
     call_kwargs = "".join(f"    {k!r}: {v},\n" for k, v in kwargs.items())
