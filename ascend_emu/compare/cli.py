@@ -280,20 +280,27 @@ def cmd_replay(ns) -> int:
         if ns.png_dir and importlib.util.find_spec("matplotlib") is None:
             _err(f"--png-dir needs matplotlib; {PLOT_HINT}")
             return 2
-        engine = None
+        engine, started = None, None
         if ns.ray is not None:
-            from .engine import RAY_HINT, RayEngine
+            from .engine import RAY_HINT, RayEngine, init_ray
 
             if importlib.util.find_spec("ray") is None:
                 _err(f"replay --ray needs Ray, which is not installed: {RAY_HINT}")
                 return 2
             engine = RayEngine(ns.ray or None, workers=ns.workers)
-        with _ReplayProgress() as progress:
-            report = msprobe.replay_dump(ns.dump_dir, ns.output, progress, workers=ns.workers, engine=engine,
-                                         timeout=ns.timeout,
-                                         ops=ops, steps=steps, ranks=ranks, resume=ns.resume, png_dir=ns.png_dir,
-                                         dedup=ns.dedup, repro_dir=ns.export_repro,
-                                         weights=ns.weights, weight_map=ns.weight_map)
+            import ray
+
+            if not ray.is_initialized():  # connect before any file is written
+                started = init_ray(ns.ray or None, ns.workers)
+        try:
+            with _ReplayProgress() as progress:
+                report = msprobe.replay_dump(ns.dump_dir, ns.output, progress, workers=ns.workers, engine=engine,
+                                             timeout=ns.timeout, ops=ops, steps=steps, ranks=ranks, resume=ns.resume,
+                                             png_dir=ns.png_dir, dedup=ns.dedup, repro_dir=ns.export_repro,
+                                             weights=ns.weights, weight_map=ns.weight_map)
+        finally:
+            if started is not None:
+                started.shutdown()
     except (OSError, ValueError) as exc:
         _err(f"replay: {exc}")
         return 2
