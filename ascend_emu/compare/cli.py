@@ -8,9 +8,9 @@
 - ``replay DUMP_DIR -o EMU_DUMP_DIR``: re-run an msprobe tensor dump's calls on the emulator, write
   an msprobe-format dump with the same API names, print the report (:mod:`.msprobe`); ``-n N``
   worker processes or ``--ray [ADDRESS]`` (Ray tasks), ``--timeout``, ``--filter`` / ``--steps``
-  / ``--ranks``, ``--dedup``, ``--weights`` / ``--weight-map``,
-  ``--resume``, ``--msprobe-csv``, ``--export-repro`` (docs/compare.md, "Replaying a whole model's dump"); a call
-  that timed out or failed exits 1, a deduplicated one does not.
+  / ``--ranks``, ``--dedup``, ``--weights`` / ``--weight-map``, ``--resume``, ``--msprobe-csv``,
+  ``--export-repro`` (docs/compare.md, "Replaying a whole model's dump"); a call that timed out
+  or failed exits 1, a deduplicated one does not.
 
 Options of ``record`` / ``compare`` go before SCRIPT: what follows SCRIPT is the script's own
 arguments, and one spelled like an option of the command (``compare SCRIPT --png-dir d``) is

@@ -254,8 +254,8 @@ class RayEngine:
     Ray is imported when :meth:`run` starts (the ``[ray]`` extra). Where Ray is not initialised
     yet, :meth:`run` starts it with :func:`init_ray` (``address`` None: a local Ray of ``workers``
     CPUs, or whatever ``RAY_ADDRESS`` names; ``"auto"``: the cluster this machine belongs to)
-    and shuts it down when done; an
-    initialised Ray is used as it is and left running. The tasks find ``fn``'s module by import:
+    and shuts it down when done; an initialised Ray is used as it is and left running. The
+    tasks find ``fn``'s module by import:
     ``ascend_emu`` must be installed on every node, and the items' paths (the dump, the output
     directory) must be the same shared directories there.
 

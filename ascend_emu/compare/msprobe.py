@@ -61,7 +61,7 @@ def _load_tensor(node: dict, data_dir: Path, nz: dict | None = None) -> TensorVa
     import torch
 
     name = node.get("data_name")
-    if nz and name in nz:  # a FRACTAL_NZ weight rebuilt from its ND values (:func:`resolve_nz_weights`)
+    if nz and name in nz:  # a FRACTAL_NZ weight rebuilt from its ND values (.nz_weights)
         t = torch.load(nz[name], map_location="cpu", weights_only=True)
         return TensorValue(to_host(t), FRACTAL_NZ)
     path = data_dir / name if name else None
