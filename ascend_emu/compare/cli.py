@@ -29,6 +29,7 @@ ignores the latter), 2 on a usage error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -292,15 +293,19 @@ def cmd_replay(ns) -> int:
 
             if not ray.is_initialized():  # connect before any file is written
                 started = init_ray(ns.ray or None, ns.workers)
+        # Ray's driver prints its workers' deaths to sys.stdout: to stderr here, so that stdout
+        # holds only the report (--json - / --csv - / --msprobe-csv -)
+        quiet = contextlib.redirect_stdout(sys.stderr) if engine is not None else contextlib.nullcontext()
         try:
-            with _ReplayProgress() as progress:
+            with quiet, _ReplayProgress() as progress:
                 report = msprobe.replay_dump(ns.dump_dir, ns.output, progress, workers=ns.workers, engine=engine,
                                              timeout=ns.timeout, ops=ops, steps=steps, ranks=ranks, resume=ns.resume,
                                              png_dir=ns.png_dir, dedup=ns.dedup, repro_dir=ns.export_repro,
                                              weights=ns.weights, weight_map=ns.weight_map)
         finally:
             if started is not None:
-                started.shutdown()
+                with quiet:
+                    started.shutdown()
     except (OSError, ValueError) as exc:
         _err(f"replay: {exc}")
         return 2
