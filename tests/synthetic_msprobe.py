@@ -9,7 +9,15 @@ entry that replay skips. Outputs are the drop-in's (``ascend_emu.torch_npu``), s
 dump replays identical; a corrupted call has one element of its first compared output moved
 (caches: one written row; indexer: one index).
 
+With ``prolog=True`` each layer also calls ``npu_mla_prolog_v3`` first (He = 7168, Hcq = 1536,
+N = 1, two tokens; its FRACTAL_NZ weights recorded as msprobe records them: a ``data_name``
+without a file, null statistics) and ``npu_sparse_flash_attention`` last, and step 0 of each
+rank starts with the ``npu_format_cast(w, 29)`` calls that made those weights (the model
+loading; their ND inputs saved, their NZ outputs not): one weight set shared by every layer, or
+one per layer (``distinct_weights``, cast in layer order; 30 MB of weights per layer).
+
     python -m tests.synthetic_msprobe DIR [--layers 61] [--steps 2] [--ranks 2] [--corrupt S:R:L:OP ...]
+        [--prolog [--distinct-weights]]
 """
 
 from __future__ import annotations
@@ -19,21 +27,103 @@ import json
 from pathlib import Path
 
 KV_OP, LI_OP = "npu_kv_rmsnorm_rope_cache", "npu_lightning_indexer"
-#: The ops of one layer, in call order.
+PROLOG_OP, SFA_OP, CAST_OP = "npu_mla_prolog_v3", "npu_sparse_flash_attention", "npu_format_cast"
+#: The ops of one layer, in call order (with ``prolog=True``: :data:`PROLOG_LAYER_OPS`).
 LAYER_OPS = (KV_OP, LI_OP)
+PROLOG_LAYER_OPS = (PROLOG_OP, KV_OP, LI_OP, SFA_OP)
+#: The prolog's FRACTAL_NZ weights, in the order the model casts them.
+NZ_WEIGHTS = ("weight_dq", "weight_uq_qr", "weight_dkv_kr")
+
+
+class NZ:
+    """A FRACTAL_NZ tensor: msprobe records its dtype and shape, a ``data_name`` whose file it
+    does not write, and null statistics (research notes msprobe.md §2)."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
 
 
 def _node(torch, v, name, data_dir: Path):
+    if isinstance(v, NZ):
+        return {"type": "torch.Tensor", "dtype": str(v.tensor.dtype), "shape": list(v.tensor.shape), "Max": None,
+                "Min": None, "Mean": None, "Norm": None, "requires_grad": False, "data_name": name}
     if isinstance(v, torch.Tensor):
         torch.save(v.clone(), data_dir / name)
         f = v.float()
         is_float = v.dtype.is_floating_point
+        if not v.numel():
+            return {"type": "torch.Tensor", "dtype": str(v.dtype), "shape": list(v.shape), "Max": None, "Min": None,
+                    "Mean": None, "Norm": None, "requires_grad": False, "data_name": name}
         return {"type": "torch.Tensor", "dtype": str(v.dtype), "shape": list(v.shape),
                 "Max": f.max().item(), "Min": f.min().item(), "Mean": f.mean().item() if is_float else None,
                 "Norm": f.norm().item() if is_float else None, "requires_grad": False, "data_name": name}
     if v is None:
         return None
     return {"type": type(v).__name__, "value": v}
+
+
+def prolog_weights(torch, seed: int, rank: int, layer: int) -> dict:
+    """The ND values of one layer's prolog weights (``weight_dq`` [7168, 1536], ``weight_uq_qr``
+    [1536, 192], ``weight_dkv_kr`` [7168, 576], ``weight_uk`` [1, 128, 512], bf16), the same for
+    every step."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + 7919 * rank + 104_729 * (layer + 1))
+    he, hcq, hckv, n, d, dr = 7168, 1536, 512, 1, 128, 64
+
+    def r(*shape, scale):
+        return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
+
+    return {"weight_dq": r(he, hcq, scale=he ** -0.5), "weight_uq_qr": r(hcq, n * (d + dr), scale=hcq ** -0.5),
+            "weight_dkv_kr": r(he, hckv + dr, scale=he ** -0.5), "weight_uk": r(n, d, hckv, scale=d ** -0.5)}
+
+
+def _prolog_call(torch, tnpu, g, weights):
+    b, s, he, hcq, hckv, dr, blocks, block_size = 2, 1, 7168, 1536, 512, 64, 2, 16
+
+    def r(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
+
+    x = r(b, s, he)
+    gamma_cq, gamma_ckv = r(hcq, scale=0.1) + 1, r(hckv, scale=0.1) + 1
+    sin, cos = r(b, s, dr), r(b, s, dr)
+    kv_cache, kr_cache = r(blocks, block_size, 1, hckv), r(blocks, block_size, 1, dr)
+    index = torch.randperm(blocks * block_size, generator=g)[:b * s].reshape(b, s).to(torch.int64)
+    w = weights
+    args = [x, NZ(w["weight_dq"]), NZ(w["weight_uq_qr"]), w["weight_uk"], NZ(w["weight_dkv_kr"]), gamma_cq,
+            gamma_ckv, sin, cos, kv_cache.clone(), kr_cache.clone()]
+    kwargs = {"cache_index": index, "cache_mode": "PA_BSND"}
+    outs = [o.clone() for o in tnpu.npu_mla_prolog_v3(
+        x, *(tnpu.npu_format_cast(w[n], 29) for n in ("weight_dq", "weight_uq_qr")), w["weight_uk"],
+        tnpu.npu_format_cast(w["weight_dkv_kr"], 29), gamma_cq, gamma_ckv, sin, cos, kv_cache, kr_cache, **kwargs)]
+
+    def corrupt():  # one element of query 256 bf16 ulps up (two binades)
+        outs[0].view(torch.int16).view(-1)[5] += 256
+
+    return args, kwargs, outs, corrupt
+
+
+def _sfa_call(torch, tnpu, g):
+    b, s1, n1, dn, dr, block_size, blocks, sbs, topk = 2, 1, 16, 512, 64, 16, 6, 2, 8
+    act_kv = [30, 17]
+    query = torch.randn(b, s1, n1, dn, generator=g).to(torch.bfloat16)
+    query_rope = torch.randn(b, s1, n1, dr, generator=g).to(torch.bfloat16)
+    key = torch.randn(blocks, block_size, 1, dn, generator=g).to(torch.bfloat16)
+    key_rope = torch.randn(blocks, block_size, 1, dr, generator=g).to(torch.bfloat16)
+    block_table = torch.randperm(blocks, generator=g).to(torch.int32)[:b * 2].view(b, 2)
+    indices = torch.full((b, s1, 1, topk), -1, dtype=torch.int32)
+    for i in range(b):
+        n_blocks = (act_kv[i] + sbs - 1) // sbs
+        indices[i, 0, 0, :topk] = torch.randperm(n_blocks, generator=g)[:topk].to(torch.int32)
+    kwargs = {"block_table": block_table, "actual_seq_lengths_query": torch.ones(b, dtype=torch.int32),
+              "actual_seq_lengths_kv": torch.tensor(act_kv, dtype=torch.int32), "query_rope": query_rope,
+              "key_rope": key_rope, "sparse_block_size": sbs, "layout_query": "BSND", "layout_kv": "PA_BSND",
+              "sparse_mode": 3, "attention_mode": 2}
+    scale = (dn + dr) ** -0.5
+    outs = [o.clone() for o in tnpu.npu_sparse_flash_attention(query, key, key, indices, scale, **kwargs)]
+
+    def corrupt():  # one attention output element 256 bf16 ulps up (two binades)
+        outs[0].view(torch.int16).view(-1)[3] += 256
+
+    return [query, key, key, indices, scale], kwargs, outs, corrupt
 
 
 def _kv_call(torch, tnpu, g):
@@ -81,17 +171,21 @@ def _li_call(torch, tnpu, g):
     return [query, key, weights], kwargs, outs, corrupt
 
 
-_MAKERS = {KV_OP: _kv_call, LI_OP: _li_call}
+_MAKERS = {KV_OP: _kv_call, LI_OP: _li_call, SFA_OP: _sfa_call}
 
 
 def write_dump(root: str | Path, *, layers: int = 61, steps: int = 2, ranks: int = 2,
-               corrupt: frozenset | set = frozenset(), seed: int = 0) -> list[tuple[int, int, int, str]]:
+               corrupt: frozenset | set = frozenset(), seed: int = 0, prolog: bool = False,
+               distinct_weights: bool = False) -> list[tuple[int, int, int, str]]:
     """Write the dump under ``root``.
 
     Args:
         layers, steps, ranks: the decode steps' size.
         corrupt: ``(step, rank, layer, op)`` calls whose device output is altered.
         seed: the generator seed (the same arguments write the same bytes).
+        prolog: each layer also calls ``npu_mla_prolog_v3`` and ``npu_sparse_flash_attention``,
+            step 0 of each rank starting with the casts of the prolog's weights.
+        distinct_weights: one prolog weight set per layer (else one shared by every layer).
 
     Returns:
         The calls of emulated ops in execution order: ``(step, rank, call index in the rank's
@@ -110,9 +204,20 @@ def write_dump(root: str | Path, *, layers: int = 61, steps: int = 2, ranks: int
             data_dir = rank_dir / "dump_tensor_data"
             data_dir.mkdir(parents=True)
             data = {}
+            weights = [prolog_weights(torch, seed, rank, layer if distinct_weights else 0)
+                       for layer in range(layers if distinct_weights else 1)] if prolog else []
+            if step == 0:  # the model loading: every NZ weight cast once, in layer order
+                for n, w in enumerate(x[name] for x in weights for name in NZ_WEIGHTS):
+                    key = f"NPU.{CAST_OP}.{n}.forward"
+                    data[key] = {"input_args": [_node(torch, w, f"{key}.input.0.pt", data_dir),
+                                                _node(torch, 29, "", data_dir)], "input_kwargs": {},
+                                 "output": [_node(torch, NZ(w), f"{key}.output.0.pt", data_dir)]}
             for layer in range(layers):
-                for op in LAYER_OPS:
-                    args, kwargs, outs, spoil = _MAKERS[op](torch, tnpu, g)
+                for op in (PROLOG_LAYER_OPS if prolog else LAYER_OPS):
+                    if op == PROLOG_OP:
+                        args, kwargs, outs, spoil = _prolog_call(torch, tnpu, g, weights[layer % len(weights)])
+                    else:
+                        args, kwargs, outs, spoil = _MAKERS[op](torch, tnpu, g)
                     if (step, rank, layer, op) in corrupt:
                         spoil()
                     key = f"NPU.{op}.{layer}.forward"
@@ -138,12 +243,15 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--corrupt", nargs="*", default=[], metavar="S:R:L:OP")
+    p.add_argument("--prolog", action="store_true", help="add npu_mla_prolog_v3 and npu_sparse_flash_attention")
+    p.add_argument("--distinct-weights", action="store_true", help="one prolog weight set per layer")
     ns = p.parse_args(argv)
     bad = set()
     for c in ns.corrupt:
         s, r, layer, op = c.split(":")
         bad.add((int(s), int(r), int(layer), op))
-    calls = write_dump(ns.root, layers=ns.layers, steps=ns.steps, ranks=ns.ranks, corrupt=bad)
+    calls = write_dump(ns.root, layers=ns.layers, steps=ns.steps, ranks=ns.ranks, corrupt=bad, prolog=ns.prolog,
+                       distinct_weights=ns.distinct_weights)
     print(f"wrote {len(calls)} emulated calls under {ns.root}")
     return 0
 

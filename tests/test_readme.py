@@ -25,7 +25,7 @@ NOT_RUN = "# not run:"
 
 #: The README's two commands: try it, and the test suite (what ``.ci/run`` runs).
 DEMO_COMMAND = "pip install -e . && ascend-emu demo"
-TEST_COMMAND = 'pip install torch==2.13.0 -e ".[torch,test]" && python -m pytest -q'
+TEST_COMMAND = 'pip install torch==2.13.0 -e ".[torch,test,ray]" && python -m pytest -q'
 
 
 def fenced_blocks(path: pathlib.Path) -> list[tuple[int, str, list[str]]]:

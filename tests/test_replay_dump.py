@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import pathlib
 import shutil
 import time
@@ -290,3 +291,123 @@ def test_progress_counts_the_calls_to_replay(dump, tmp_path):
     failures = [sum(1 for s, r, layer, op in CORRUPT if (s, r) == (0, 1) and 2 * layer + (op == LI_OP) < k)
                 for k in range(n + 1)]
     assert seen == [(k, n, failures[k]) for k in range(n + 1)]
+
+
+def test_export_repro_reproduces_the_emulator_and_runs_on_a_torch_npu(dump, tmp_path, capsys):
+    """``--export-repro``: one directory per failing call; its script, run by ``ascend-emu run``,
+    returns the emulator's outputs byte for byte and exits 1 naming the output the replay failed;
+    the same script runs unchanged under a torch_npu package (the stand-in, as on the NPU)."""
+    import runpy
+    import subprocess
+    import sys
+
+    import torch
+
+    from tests.standin_torch_npu import standin
+
+    repro = tmp_path / "repro"
+    rc, rep, _ = _replay(capsys, dump[0], tmp_path / "emu", "-n", "1", "--filter", KV_OP, "--steps", "0",
+                         "--export-repro", str(repro))
+    step, rank, layer, op = min(CORRUPT)
+    name = f"step{step}_rank{rank}_call{_index(layer, op):05d}_{op}"
+    assert rc == 1 and [p.name for p in repro.iterdir()] == [name]  # the failing call only
+    root = pathlib.Path(__file__).resolve().parent.parent
+    expected = ["k_cache: identical to the device's",
+                "ckv_cache: 1 of 16384 element(s) differ from the device's (replay: fail)"]
+    proc = subprocess.run([sys.executable, "-m", "ascend_emu", "run", "repro.py"], cwd=repro / name,
+                          env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stdout.splitlines() == expected, proc.stdout + proc.stderr[-3000:]
+    capsys.readouterr()
+    with standin(), pytest.raises(SystemExit) as exit_:  # a torch_npu package, as on the NPU
+        runpy.run_path(str(repro / name / "repro.py"), run_name="__main__")
+    assert exit_.value.code == 1 and capsys.readouterr().out.splitlines() == expected
+    emu_data = tmp_path / "emu" / f"step{step}" / f"rank{rank}" / "dump_tensor_data"
+    key = _key(layer, op)
+    for device in ("emu", "npu"):  # the drop-in under ascend-emu run, the stand-in torch_npu
+        result = torch.load(repro / name / f"result_{device}.pt", weights_only=True)
+        assert len(result) == 4
+        for j, t in enumerate(result):
+            mine = torch.load(emu_data / f"{key}.output.{j}.pt", weights_only=True)
+            assert t.dtype == mine.dtype and torch.equal(t.view(torch.int16), mine.view(torch.int16))
+
+
+# ------------------------------------------------------------------------------------------ Ray
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray (2 CPUs, no dashboard, workers' logs kept off the test output) for the Ray
+    tests of this module, shut down after them. CI installs the [ray] extra: there a missing Ray
+    fails instead of skipping."""
+    from ascend_emu.compare.engine import init_ray
+
+    if not os.environ.get("CI"):
+        pytest.importorskip("ray")
+    ray = init_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_gives_the_same_bytes(dump, sequential, ray_session, tmp_path, capsys):
+    """``--ray`` on a local Ray: the report, the CSVs and the emulator's dump are byte-identical to
+    the in-process run's (and so to -n 2's)."""
+    rc1, out1 = sequential
+    rc2, _, _ = _replay(capsys, dump[0], tmp_path / "emu", "--ray")
+    assert rc2 == rc1 == 1
+    for suffix in (".json", ".acc.csv"):
+        assert (tmp_path / ("emu" + suffix)).read_bytes() == (out1.parent / ("emu" + suffix)).read_bytes()
+    assert _files(tmp_path / "emu") == _files(out1)
+    assert ray_session.is_initialized()  # a Ray the engine did not start is left running
+
+
+def test_ray_timeouts_and_a_lost_worker(ray_session, tmp_path):
+    """A task past the timeout stops itself (Python code) or, stuck where the timer cannot reach
+    it, has its worker killed at timeout + grace; a task whose worker dies is retried (a lost
+    worker after the last retry is a ``crash``: ``RayEngine._result``); every item is yielded
+    once."""
+    import signal
+
+    from ascend_emu.compare.engine import RayEngine, TaskFailure
+
+    marker = str(tmp_path / "died-once")
+
+    def work(item):
+        if item == "sleep":
+            time.sleep(30)
+        elif item == "stuck":  # the worker's timer cannot interrupt it
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            time.sleep(30)
+        elif item == "die once" and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        return item
+
+    t0 = time.monotonic()
+    got = dict(RayEngine(grace=1.0).run(work, ["ok", "sleep", "stuck"], timeout=2.0))
+    assert time.monotonic() - t0 < 20
+    assert sorted(got) == [0, 1, 2] and got[0] == "ok"
+    assert isinstance(got[1], TaskFailure) and got[1].kind == "timeout" and "timeout of 2 s" in got[1].message
+    assert isinstance(got[2], TaskFailure) and got[2].kind == "timeout" and "Ray worker was stopped" in got[2].message
+    # a retry starts a new worker: no timeout here, as it counts from the first submission
+    assert list(RayEngine(max_retries=1).run(work, ["die once"], timeout=None)) == [(0, "die once")]
+    assert os.path.exists(marker)
+
+
+def test_ray_missing_names_the_extra(dump, tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    from ascend_emu.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    assert main(["replay", str(dump[0]), "-o", str(tmp_path / "emu"), "--ray"]) == 2
+    assert "pip install 'ascend-emu[ray]'" in capsys.readouterr().err
+
+
+def test_the_core_never_imports_ray():
+    import subprocess
+    import sys
+
+    code = ("import sys, ascend_emu, ascend_emu.compare.msprobe, ascend_emu.compare.engine, ascend_emu.cli; "
+            "assert 'ray' not in sys.modules, 'ray imported'")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(__file__).parent.parent, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

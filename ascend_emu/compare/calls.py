@@ -191,7 +191,9 @@ class CallReport:
     adds ``timeout`` and ``deduplicated`` (not replayed, ``--dedup``).
     ``not_compared`` lists outputs the device leaves undefined (name -> why), which do not
     count in ``status``; ``where`` locates a call of a dump (``step``, ``rank``, ``call`` index
-    in the rank's dump, ``layer``), None elsewhere."""
+    in the rank's dump, ``layer``), None elsewhere; ``weights`` names where each FRACTAL_NZ
+    weight a dump did not hold came from (argument -> source, or why it could not be rebuilt;
+    :mod:`.nz_weights`)."""
 
     index: int
     op: str
@@ -201,15 +203,18 @@ class CallReport:
     tensors: list[TensorComparison] = field(default_factory=list)
     not_compared: dict = field(default_factory=dict)
     where: dict | None = None
+    weights: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        """Plain data (``not_compared`` / ``where`` only when set)."""
+        """Plain data (``not_compared`` / ``where`` / ``weights`` only when set)."""
         out = {"index": self.index, "op": self.op, "api": self.api, "status": self.status, "reason": self.reason,
                "tensors": [t.to_dict() for t in self.tensors]}
         if self.not_compared:
             out["not_compared"] = dict(self.not_compared)
         if self.where is not None:
             out["where"] = dict(self.where)
+        if self.weights:
+            out["weights"] = dict(self.weights)
         return out
 
     @classmethod
@@ -217,7 +222,7 @@ class CallReport:
         """The inverse of :meth:`to_dict`."""
         return cls(d["index"], d["op"], d["api"], d["status"], d.get("reason"),
                    [TensorComparison(**t) for t in d.get("tensors", [])], dict(d.get("not_compared") or {}),
-                   d.get("where"))
+                   d.get("where"), dict(d.get("weights") or {}))
 
 
 def arg_names(op: str) -> list[str]:

@@ -7,9 +7,10 @@
 - ``compare --replay DIR``: replay a recording on the emulator and report.
 - ``replay DUMP_DIR -o EMU_DUMP_DIR``: re-run an msprobe tensor dump's calls on the emulator, write
   an msprobe-format dump with the same API names, print the report (:mod:`.msprobe`); ``-n N``
-  worker processes, ``--timeout``, ``--filter`` / ``--steps`` / ``--ranks``, ``--dedup``,
-  ``--resume``, ``--msprobe-csv`` (docs/compare.md, "Replaying a whole model's dump"); a call
-  that timed out or failed exits 1, a deduplicated one does not.
+  worker processes or ``--ray [ADDRESS]`` (Ray tasks), ``--timeout``, ``--filter`` / ``--steps``
+  / ``--ranks``, ``--dedup``, ``--weights`` / ``--weight-map``, ``--resume``, ``--msprobe-csv``,
+  ``--export-repro`` (docs/compare.md, "Replaying a whole model's dump"); a call that timed out
+  or failed exits 1, a deduplicated one does not.
 
 Options of ``record`` / ``compare`` go before SCRIPT: what follows SCRIPT is the script's own
 arguments, and one spelled like an option of the command (``compare SCRIPT --png-dir d``) is
@@ -28,6 +29,7 @@ ignores the latter), 2 on a usage error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -272,15 +274,38 @@ def cmd_replay(ns) -> int:
             raise ValueError(f"-n: expected a number of processes >= 1, got {ns.workers}")
         if ns.timeout is not None and not ns.timeout > 0:
             raise ValueError(f"--timeout: expected seconds > 0, got {ns.timeout}")
+        if ns.weight_map and not ns.weights:
+            raise ValueError("--weight-map: give --weights FILE too")
         if ns.resume and not (Path(ns.output) / msprobe.RESULTS_FILE).is_file():
             raise ValueError(f"--resume: {Path(ns.output) / msprobe.RESULTS_FILE} does not exist (no run to resume)")
         if ns.png_dir and importlib.util.find_spec("matplotlib") is None:
             _err(f"--png-dir needs matplotlib; {PLOT_HINT}")
             return 2
-        with _ReplayProgress() as progress:
-            report = msprobe.replay_dump(ns.dump_dir, ns.output, progress, workers=ns.workers, timeout=ns.timeout,
-                                         ops=ops, steps=steps, ranks=ranks, resume=ns.resume, png_dir=ns.png_dir,
-                                         dedup=ns.dedup)
+        engine, started = None, None
+        if ns.ray is not None:
+            from .engine import RAY_HINT, RayEngine, init_ray
+
+            if importlib.util.find_spec("ray") is None:
+                _err(f"replay --ray needs Ray, which is not installed: {RAY_HINT}")
+                return 2
+            engine = RayEngine(ns.ray or None, workers=ns.workers)
+            import ray
+
+            if not ray.is_initialized():  # connect before any file is written
+                started = init_ray(ns.ray or None, ns.workers)
+        # Ray's driver prints its workers' deaths to sys.stdout: to stderr here, so that stdout
+        # holds only the report (--json - / --csv - / --msprobe-csv -)
+        quiet = contextlib.redirect_stdout(sys.stderr) if engine is not None else contextlib.nullcontext()
+        try:
+            with quiet, _ReplayProgress() as progress:
+                report = msprobe.replay_dump(ns.dump_dir, ns.output, progress, workers=ns.workers, engine=engine,
+                                             timeout=ns.timeout, ops=ops, steps=steps, ranks=ranks, resume=ns.resume,
+                                             png_dir=ns.png_dir, dedup=ns.dedup, repro_dir=ns.export_repro,
+                                             weights=ns.weights, weight_map=ns.weight_map)
+        finally:
+            if started is not None:
+                with quiet:
+                    started.shutdown()
     except (OSError, ValueError) as exc:
         _err(f"replay: {exc}")
         return 2
@@ -342,7 +367,12 @@ def add_compare_parsers(sub) -> None:
     p.add_argument("-o", "--output", required=True,
                    help="directory for the emulator's dump and its result file")
     p.add_argument("-n", "--workers", type=int, default=None, metavar="N",
-                   help="worker processes (default: one per core; 1 replays in this process)")
+                   help="worker processes (default: one per core; 1 replays in this process); with --ray: calls "
+                        "in flight at once (default: the cluster's CPUs)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run the calls as Ray tasks (the [ray] extra) on the cluster at ADDRESS (ray.init's "
+                        "address, e.g. auto or ray://head:10001), or on a local Ray when none is given; the dump "
+                        "and -o must be paths every node sees")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                    help="a call running longer fails with status timeout (default %(default)g)")
     p.add_argument("--filter", metavar="OP[,OP]", help="replay only these ops")
@@ -352,6 +382,16 @@ def add_compare_parsers(sub) -> None:
                    help="replay one call per distinct signature (shapes, dtypes, other arguments)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run from the result file in the output directory")
+    p.add_argument("--weights", metavar="FILE",
+                   help="a torch.save-d dict of name -> tensor holding the FRACTAL_NZ weights msprobe does not "
+                        "save (npu_mla_prolog*, npu_mla_preprocess); else they are rebuilt from the dump's "
+                        "npu_format_cast inputs where it holds them")
+    p.add_argument("--weight-map", metavar="MAP.json",
+                   help="argument name -> key template in --weights ({layer}: the call's layer; default "
+                        "layers.{layer}.ARG)")
+    p.add_argument("--export-repro", metavar="DIR",
+                   help="for each failing call, a standalone torch_npu script with its tensors in DIR (runs with "
+                        "`ascend-emu run` and, unchanged, on the NPU)")
     p.add_argument("--msprobe-csv", metavar="PATH",
                    help="write msprobe's accuracy-check table, one row per output (- for stdout)")
     _report_options(p)

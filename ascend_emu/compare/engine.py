@@ -7,10 +7,11 @@ item order, so what it writes does not depend on the engine or on the number of 
 item that raises, outlives the per-item timeout or takes its worker down yields a
 :class:`TaskFailure` instead of a result, and the run goes on.
 
-The interface is one method, ``run(fn, items, timeout)``, so that other executors (Ray tasks,
-each loading its own tensors from a shared dump path) can be added without touching the
-callers. This module imports nothing beyond the standard library: a worker process starts by
-importing only ``fn``'s module.
+The interface is one method, ``run(fn, items, timeout)``: :class:`InProcess` (``-n 1``),
+:class:`ProcessPool` (``-n N``) and :class:`RayEngine` (``--ray``: Ray tasks, each loading its
+own tensors from a shared dump path). This module imports nothing beyond the standard library
+(Ray is imported inside :meth:`RayEngine.run` only): a worker process starts by importing only
+``fn``'s module.
 """
 
 from __future__ import annotations
@@ -200,6 +201,140 @@ class ProcessPool:
                     slot["proc"].kill()
                     slot["proc"].join()
                 slot["conn"].close()
+
+
+#: Where ``--ray`` is missing: the extra that installs Ray.
+RAY_HINT = "pip install 'ascend-emu[ray]'   (or: pip install 'ray>=2.9')"
+#: Seconds a Ray task may run past the timeout before the driver kills its worker: the task's
+#: own timer (:class:`InProcess` in the worker) stops Python code at the timeout; this covers a
+#: worker stuck in native code, and the time from submission to start (a new worker importing
+#: torch and ascend_emu, or a call waiting for a free CPU).
+RAY_GRACE = 60.0
+
+
+def _import_ray():
+    try:
+        import ray
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(f"--ray needs Ray, which is not installed: {RAY_HINT}") from exc
+    return ray
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None):
+    """``ray.init`` as replay starts Ray: no dashboard, the workers' logs not forwarded to this
+    process, Ray's own logging at ERROR, no usage report over the network
+    (``RAY_USAGE_STATS_ENABLED=0`` unless set). ``address``: the cluster (None: a local Ray, of
+    ``num_cpus`` CPUs, or whatever ``RAY_ADDRESS`` names). Returns the ``ray`` module.
+
+    Raises:
+        ModuleNotFoundError: Ray is not installed (the message names the ``[ray]`` extra).
+    """
+    import logging
+
+    ray = _import_ray()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    local = address is None and "RAY_ADDRESS" not in os.environ
+    ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+             **({"num_cpus": num_cpus} if local and num_cpus is not None else {}))
+    return ray
+
+
+def _ray_task(fn, item, timeout):
+    """The body of one Ray task: ``fn(item)`` under the per-item timer (:class:`InProcess`: a
+    Ray worker runs its tasks in its main thread), a :class:`TaskFailure` when it raises or
+    runs past ``timeout``."""
+    ((_, result),) = InProcess().run(fn, [item], timeout)
+    return result
+
+
+class RayEngine:
+    """Every item as one Ray task (``ray.remote``, one CPU each): at most ``workers`` tasks in
+    flight (default: the cluster's CPUs), results collected with ``ray.wait`` as they finish.
+
+    Ray is imported when :meth:`run` starts (the ``[ray]`` extra). Where Ray is not initialised
+    yet, :meth:`run` starts it with :func:`init_ray` (``address`` None: a local Ray of ``workers``
+    CPUs, or whatever ``RAY_ADDRESS`` names; ``"auto"``: the cluster this machine belongs to)
+    and shuts it down when done; an initialised Ray is used as it is and left running. The
+    tasks find ``fn``'s module by import:
+    ``ascend_emu`` must be installed on every node, and the items' paths (the dump, the output
+    directory) must be the same shared directories there.
+
+    Timeouts: a task stops itself at ``timeout`` (a timer in the worker, as :class:`InProcess`);
+    one still running ``timeout + grace`` seconds after its submission (native code that does not
+    return) is cancelled with ``force=True`` (its worker killed). Both are reported as
+    ``timeout``. A worker lost while running a task (its process or node died) is retried up to
+    ``max_retries`` times, then reported as ``crash``.
+
+    Args:
+        address: the Ray cluster (``ray.init``'s ``address``); None: a local Ray.
+        workers: tasks in flight at once, and the CPUs of a local Ray (None: the cluster's CPUs,
+            all cores for a local Ray).
+        max_retries: Ray's ``max_retries`` (retries after a lost worker; exceptions raised by
+            ``fn`` are never retried).
+        grace: see above, seconds (default :data:`RAY_GRACE`).
+
+    Raises (from :meth:`run`):
+        ModuleNotFoundError: Ray is not installed (the message names the ``[ray]`` extra).
+    """
+
+    def __init__(self, address: str | None = None, *, workers: int | None = None, max_retries: int = 3,
+                 grace: float = RAY_GRACE):
+        if workers is not None and (not isinstance(workers, int) or workers < 1):
+            raise ValueError(f"workers: expected an int >= 1 or None, got {workers!r}")
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries: expected an int >= 0, got {max_retries!r}")
+        self.address = address or None
+        self.workers = workers
+        self.max_retries = max_retries
+        self.grace = grace
+
+    def run(self, fn, items, timeout):
+        ray = _import_ray()
+        owned = not ray.is_initialized()
+        if owned:
+            init_ray(self.address, self.workers)
+        try:
+            yield from self._run(ray, fn, items, timeout)
+        finally:
+            if owned:
+                ray.shutdown()
+
+    def _run(self, ray, fn, items, timeout):
+        task = ray.remote(num_cpus=1, max_retries=self.max_retries)(_ray_task)
+        window = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        fn_ref = ray.put(fn)
+        todo = deque(enumerate(items))
+        running: dict = {}  # ObjectRef -> (position, hard deadline or None)
+        try:
+            while todo or running:
+                while todo and len(running) < window:
+                    i, item = todo.popleft()
+                    ref = task.remote(fn_ref, item, timeout)
+                    running[ref] = (i, None if timeout is None else time.monotonic() + timeout + self.grace)
+                deadlines = [d for _, d in running.values() if d is not None]
+                wait_for = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
+                ready, _ = ray.wait(list(running), num_returns=1, timeout=wait_for)
+                for ref in ready:
+                    i, _ = running.pop(ref)
+                    yield i, self._result(ray, ref)
+                now = time.monotonic()
+                for ref in [r for r, (_, d) in running.items() if d is not None and now >= d]:
+                    i, _ = running.pop(ref)
+                    ray.cancel(ref, force=True)
+                    yield i, TaskFailure("timeout", f"ran past the per-call timeout of {timeout:g} s (and "
+                                                    f"{self.grace:g} s more) and its Ray worker was stopped")
+        finally:
+            for ref in running:
+                ray.cancel(ref, force=True)
+
+    def _result(self, ray, ref):
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as exc:  # fn's own errors come back as TaskFailure
+            return TaskFailure("error", f"{type(exc).__name__}: {exc}")
+        except ray.exceptions.RayError as exc:  # a lost worker or node, after max_retries
+            return TaskFailure("crash", f"its Ray worker was lost ({type(exc).__name__}) after {self.max_retries} "
+                                        "retries")
 
 
 def make_engine(workers: int | None) -> Engine:

@@ -13,13 +13,14 @@ msprobe (``mindstudio-probe``, Ascend's accuracy tool) dumps a run with ``task: 
   only where the op returns the cache (``npu_kv_rmsnorm_rope_cache`` returns both, ``npu_mla_prolog``
   / ``_v2`` return them, ``npu_mla_prolog_v3`` does not);
 - FRACTAL_NZ tensors are not saved (their ``data_name`` points at a missing file, stats null):
-  every MLA prolog / MlaPreprocess call misses its NZ weights and cannot be replayed.
+  every MLA prolog / MlaPreprocess call misses its NZ weights, rebuilt where the dump's
+  ``npu_format_cast`` inputs or a ``--weights`` file hold them (:mod:`.nz_weights`).
 
 :func:`replay_dump` turns each forward entry of an emulated op into a :class:`~.calls.Call`,
 replays it on the emulator and writes an msprobe-format dump of the emulator's results with the
 same keys (inputs copied), so ``msprobe compare -tp DUMP -gp EMU_DUMP`` pairs them. Each entry is
 one work unit (:func:`plan_units`, :func:`run_unit`) that loads its own tensors when it runs, on
-an :mod:`.engine` (in process or a process pool); results come back in execution order (step,
+an :mod:`.engine` (in process, a process pool or Ray tasks); results come back in execution order (step,
 rank, call index) and are logged to :data:`RESULTS_FILE` as they finish (``--resume``).
 """
 
@@ -36,9 +37,11 @@ from typing import Callable, Container, Sequence
 import numpy as np
 
 from ..layouts import FRACTAL_NZ, ND
-from .calls import OPS, Call, CallReport, EmuResult, TensorValue, arg_names, compare_call, replay
+from .calls import OPS, Call, CallReport, EmuResult, TensorValue, _written_slots, arg_names, compare_call, replay
 from .engine import Engine, TaskFailure, make_engine
+from .nz_weights import WEIGHTS_DIR, WeightsFile, casts_of, choose_cast, nz_arguments
 from .record import to_host
+from .repro import REPRO_STATUSES, repro_name, write_repro
 from .report import Report
 
 #: Sub-directory of tensor files in a rank directory.
@@ -54,10 +57,13 @@ def parse_key(key: str) -> tuple[str, str, int, str] | None:
     return parts[0], ".".join(parts[1:-2]), int(parts[-2]), parts[-1]
 
 
-def _load_tensor(node: dict, data_dir: Path) -> TensorValue:
+def _load_tensor(node: dict, data_dir: Path, nz: dict | None = None) -> TensorValue:
     import torch
 
     name = node.get("data_name")
+    if nz and name in nz:  # a FRACTAL_NZ weight rebuilt from its ND values (.nz_weights)
+        t = torch.load(nz[name], map_location="cpu", weights_only=True)
+        return TensorValue(to_host(t), FRACTAL_NZ)
     path = data_dir / name if name else None
     if path is None or not path.is_file():
         # msprobe writes data_name but no file (and null stats) for FRACTAL_NZ tensors
@@ -68,16 +74,16 @@ def _load_tensor(node: dict, data_dir: Path) -> TensorValue:
     return TensorValue(to_host(t))
 
 
-def _value(node, data_dir: Path):
+def _value(node, data_dir: Path, nz: dict | None = None):
     if node is None:
         return None
     if isinstance(node, list):
-        return [_value(x, data_dir) for x in node]
+        return [_value(x, data_dir, nz) for x in node]
     if not isinstance(node, dict):
         return node
     kind = node.get("type")
     if kind == "torch.Tensor":
-        return _load_tensor(node, data_dir)
+        return _load_tensor(node, data_dir, nz)
     if kind == "torch.dtype":
         return {"dtype": node.get("value")}
     if kind in ("int", "float", "bool", "str", "slice", "torch.Size"):
@@ -127,20 +133,21 @@ def forward_api(key: str) -> str | None:
     return parsed[1].split(".")[-1]
 
 
-def load_call(index: int, key: str, rec: dict, data_dir: Path) -> tuple[Call, str | None]:
+def load_call(index: int, key: str, rec: dict, data_dir: Path, nz: dict | None = None) -> tuple[Call, str | None]:
     """The :class:`~.calls.Call` of one forward entry ``rec`` of an emulated op, its tensors
     loaded now from ``data_dir`` (``map_location="cpu", weights_only=True``), and a note naming
-    in-place arguments whose final state is not in the dump (None when all are)."""
+    in-place arguments whose final state is not in the dump (None when all are). ``nz``: the
+    ``data_name`` of a FRACTAL_NZ tensor msprobe did not save -> the file of its ND values."""
     api = forward_api(key)
     info = OPS[api]
     call = Call(index=index, op=api, api=key, arg_names=arg_names(api),
-                args=[_value(v, data_dir) for v in rec.get("input_args", [])],
-                kwargs={k: _value(v, data_dir) for k, v in (rec.get("input_kwargs") or {}).items()})
+                args=[_value(v, data_dir, nz) for v in rec.get("input_args", [])],
+                kwargs={k: _value(v, data_dir, nz) for k, v in (rec.get("input_kwargs") or {}).items()})
     outputs = rec.get("output")
     outputs = outputs if isinstance(outputs, list) else [outputs]
     named = call.named()
     for j, node in enumerate(outputs):
-        v = _value(node, data_dir)
+        v = _value(node, data_dir, nz)
         name = info.outputs[j] if j < len(info.outputs) else None
         if name in info.inplace and isinstance(named.get(name), TensorValue) and isinstance(v, TensorValue):
             call.after[name] = v.array
@@ -237,6 +244,11 @@ class Unit:
             it, else ``None``.
         dump_root, out_root: the device dump and the emulator's dump (absolute paths).
         png_dir: where the unit writes heat maps of its mismatching caches (None: none).
+        repro_dir: where the unit writes its repro when it fails (None: nowhere;
+            :mod:`.repro`).
+        nz: FRACTAL_NZ weights msprobe did not save, rebuilt (:mod:`.nz_weights`): ``(argument,
+            data_name, file of the ND values, source)`` each.
+        nz_missing: ``(argument, why)`` of those that could not be rebuilt.
     """
 
     step: int
@@ -250,6 +262,9 @@ class Unit:
     dump_root: str
     out_root: str
     png_dir: str | None = None
+    repro_dir: str | None = None
+    nz: tuple = ()
+    nz_missing: tuple = ()
 
     @property
     def order(self) -> tuple:
@@ -298,7 +313,8 @@ def _layers(rank_dir: Path) -> dict:
 
 
 def plan_units(dump_root: str | os.PathLike, out_root: str | os.PathLike, *, ops: Sequence[str] | None = None,
-               steps: Container[int] | None = None, ranks: Container[int] | None = None
+               steps: Container[int] | None = None, ranks: Container[int] | None = None,
+               weights: str | os.PathLike | None = None, weight_map: str | os.PathLike | None = None
                ) -> tuple[list[Unit], list[tuple[Path, dict]]]:
     """The work units of a dump, in execution order, reading ``dump.json`` files only.
 
@@ -307,6 +323,9 @@ def plan_units(dump_root: str | os.PathLike, out_root: str | os.PathLike, *, ops
         out_root: the emulator's dump directory (recorded in the units).
         ops: keep only these emulated ops (None: all).
         steps, ranks: keep only these step / rank numbers (None: all).
+        weights, weight_map: ``--weights FILE`` and its name map, the first source of the
+            FRACTAL_NZ weights msprobe did not save (:mod:`.nz_weights`; the dump's
+            ``npu_format_cast`` inputs are the second).
 
     Returns:
         ``(units, ranks)``: units sorted by (step, rank, rank directory, call index); ranks are
@@ -314,8 +333,8 @@ def plan_units(dump_root: str | os.PathLike, out_root: str | os.PathLike, *, ops
 
     Raises:
         FileNotFoundError: no ``dump.json`` under ``dump_root``.
-        ValueError: a dump that is not ``task: "tensor"``, or ``ops`` naming an op the replay
-            does not know.
+        ValueError: a dump that is not ``task: "tensor"``, ``ops`` naming an op the replay
+            does not know, or a ``--weights`` / ``--weight-map`` file that is not what it should be.
     """
     if ops is not None:
         unknown = sorted(set(ops) - set(OPS))
@@ -326,14 +345,18 @@ def plan_units(dump_root: str | os.PathLike, out_root: str | os.PathLike, *, ops
     dirs = find_rank_dirs(root)
     if not dirs:
         raise FileNotFoundError(f"{dump_root}: no dump.json found (expected an msprobe dump directory)")
-    units, chosen = [], []
+    units, chosen, casts = [], [], {}
     for rank_dir in dirs:
         rel = rank_dir.relative_to(root) if rank_dir != root else Path(".")
         step, rank = _step_rank(rel)
-        if (steps is not None and step not in steps) or (ranks is not None and rank not in ranks):
+        if ranks is not None and rank not in ranks:
             continue
         with open(rank_dir / "dump.json") as f:
             dump = json.load(f)
+        # the casts of every step (a weight is cast once, at loading), for the NZ weights
+        casts.setdefault(rank, []).append((step, casts_of(str(rel), dump.get("data", {}), rank_dir / DATA_DIR)))
+        if steps is not None and step not in steps:
+            continue
         if dump.get("task") != "tensor":
             raise ValueError(f"{rank_dir / 'dump.json'}: task {dump.get('task')!r}, expected 'tensor' (tensor data "
                              "is needed to replay; set \"task\": \"tensor\" in msprobe's config.json)")
@@ -346,7 +369,33 @@ def plan_units(dump_root: str | os.PathLike, out_root: str | os.PathLike, *, ops
             units.append(Unit(step, rank, str(rel), i, key, api, rec, layers.get(key), str(root),
                               str(Path(out_root).resolve())))
     units.sort(key=lambda u: u.order)
-    return units, chosen
+    out = Path(out_root).resolve()
+    wfile = None if weights is None else WeightsFile(weights, weight_map, out / WEIGHTS_DIR)
+    by_rank = {r: [c for _, found in sorted(v, key=lambda x: x[0]) for c in found] for r, v in casts.items()}
+    per_step: dict[tuple[str, str], int] = {}
+    for u in units:
+        per_step[(u.rel, u.op)] = per_step.get((u.rel, u.op), 0) + 1
+    return [_with_nz(u, by_rank.get(u.rank, []), per_step[(u.rel, u.op)], wfile) for u in units], chosen
+
+
+def _with_nz(unit: Unit, casts: list, calls_per_step: int, wfile) -> Unit:
+    """``unit`` with its FRACTAL_NZ weights resolved (:mod:`.nz_weights`)."""
+    data_dir = Path(unit.dump_root) / unit.rel / DATA_DIR
+    missing = nz_arguments(unit.op, unit.rec, data_dir, arg_names(unit.op))
+    if not missing:
+        return unit
+    n = parse_key(unit.key)[2]
+    found, why_not = [], []
+    for arg, node in missing:
+        hit = None if wfile is None else wfile.lookup(arg, n, node.get("shape") or [])
+        if hit is None:
+            cast, text = choose_cast(casts, node, n, calls_per_step)
+            hit = None if cast is None else (cast.path, text)
+            if hit is None:
+                why_not.append((arg, text))
+                continue
+        found.append((arg, node["data_name"], hit[0], hit[1]))
+    return dataclasses.replace(unit, nz=tuple(found), nz_missing=tuple(why_not))
 
 
 def run_unit(unit: Unit) -> dict:
@@ -356,18 +405,42 @@ def run_unit(unit: Unit) -> dict:
     CallReport.to_dict(), "entry": the emulator's dump.json entry or None}`` (the engines send
     it between processes; :func:`replay_dump` writes it to the result file)."""
     rank_dir = Path(unit.dump_root) / unit.rel
-    call, note = load_call(unit.call, unit.key, unit.rec, rank_dir / DATA_DIR)
+    call, note = load_call(unit.call, unit.key, unit.rec, rank_dir / DATA_DIR, {d: p for _, d, p, _ in unit.nz})
     emu = replay(call)
     rep = compare_call(call, emu)
     rep.reason = rep.reason or note
     rep.where = unit.where()
+    rep.weights = {arg: src for arg, _, _, src in unit.nz} | {arg: why for arg, why in unit.nz_missing}
     if unit.png_dir is not None:
         Report(calls=[rep]).heatmaps(unit.png_dir)
+    if unit.repro_dir is not None and rep.status in REPRO_STATUSES:
+        _export_repro(unit, call, emu, rep, rank_dir / DATA_DIR)
     entry = None
     if not (emu.unavailable or emu.error):
         out_data = Path(unit.out_root) / unit.rel / DATA_DIR
         entry = write_emu_entry(unit.key, unit.rec, emu, rank_dir / DATA_DIR, out_data)
     return {"report": rep.to_dict(), "entry": entry}
+
+
+def _export_repro(unit: Unit, call: Call, emu: EmuResult, rep: CallReport, data_dir: Path) -> None:
+    """Write the repro of a failing unit (:func:`.repro.write_repro`): every output the replay
+    judged is checked, but the cache copies judged on their written slots only."""
+    info = OPS[unit.op]
+    checks, unchecked = [], dict(rep.not_compared)
+    for t in rep.tensors:
+        if t.name in info.outputs:
+            j = info.outputs.index(t.name)
+        elif t.name.startswith("out[") and t.name.endswith("]"):
+            j = int(t.name[4:-1])
+        else:
+            continue  # an in-place argument the op does not return: not in the dump
+        if not info.clones and (t.name in emu.written or _written_slots(call, t.name) is not None):
+            unchecked[t.name] = "a cache copy of which only the written slots are defined on the device"
+            continue
+        checks.append((j, t.name, t.status))
+    write_repro(Path(unit.repro_dir) / repro_name(unit.step, unit.rank, unit.call, unit.op), api=info.api,
+                key=unit.key, where=unit.where(), status=rep.status, rec=unit.rec, data_dir=data_dir,
+                nz_sources={d: (p, src) for _, d, p, src in unit.nz}, checks=checks, unchecked=unchecked)
 
 
 def _failed_unit(unit: Unit, failure: TaskFailure) -> dict:
@@ -405,7 +478,8 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
                 workers: int | None = 1, engine: Engine | None = None, timeout: float | None = None,
                 ops: Sequence[str] | None = None, steps: Container[int] | None = None,
                 ranks: Container[int] | None = None, resume: bool = False, png_dir: str | None = None,
-                dedup: bool = False) -> Report:
+                dedup: bool = False, repro_dir: str | None = None, weights: str | os.PathLike | None = None,
+                weight_map: str | os.PathLike | None = None) -> Report:
     """Replay every emulated call of an msprobe tensor dump on the emulator.
 
     Each call is a work unit (:func:`plan_units`, :func:`run_unit`) that loads only its own
@@ -430,6 +504,11 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
             extra), named by step, rank, call, op and tensor.
         dedup: replay one call per distinct :func:`call_signature` (the first in execution
             order); the others are listed with status ``deduplicated``, naming that call.
+        repro_dir: write a standalone torch_npu script with its tensors there for each call
+            that fails or that the emulator rejects (:mod:`.repro`), by the unit running it.
+        weights, weight_map: the ``--weights`` file and its name map for the FRACTAL_NZ weights
+            msprobe did not save (:mod:`.nz_weights`); each call's ``weights`` in the report
+            names the source of each.
 
     Returns:
         The :class:`Report`, calls in execution order; calls that cannot be replayed are listed
@@ -441,9 +520,12 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
         FileNotFoundError: no ``dump.json`` under ``dump_root``.
         ValueError: a dump that is not ``task: "tensor"``; an unknown op in ``ops``.
     """
-    units, chosen = plan_units(dump_root, out_root, ops=ops, steps=steps, ranks=ranks)
+    units, chosen = plan_units(dump_root, out_root, ops=ops, steps=steps, ranks=ranks, weights=weights,
+                               weight_map=weight_map)
     if png_dir is not None:
         units = [dataclasses.replace(u, png_dir=str(Path(png_dir).resolve())) for u in units]
+    if repro_dir is not None:
+        units = [dataclasses.replace(u, repro_dir=str(Path(repro_dir).resolve())) for u in units]
     out_root = Path(out_root)
     for rel, _ in chosen:
         (out_root / rel / DATA_DIR).mkdir(parents=True, exist_ok=True)

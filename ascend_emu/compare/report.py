@@ -154,6 +154,14 @@ class Report:
                 uncompared[(f"{c.op} {name}", why)] = uncompared.get((f"{c.op} {name}", why), 0) + 1
         for (what, why), n in uncompared.items():
             console.print(f"{what}: [magenta]not compared[/] in {n} call(s): {why}")
+        sources = [src for c in self.calls for src in c.weights.values()]
+        if sources:
+            n_file = sum(src.startswith("--weights") for src in sources)
+            n_missing = sum(src.startswith("not rebuilt") for src in sources)
+            n_dump = len(sources) - n_file - n_missing
+            console.print(f"FRACTAL_NZ weights (not saved by msprobe): {n_dump} rebuilt from the npu_format_cast "
+                          f"inputs in the dump, {n_file} from --weights, {n_missing} not rebuilt (each call's source: "
+                          "--json, calls[].weights)")
         s = self.summary
         if self.meta is not None:
             statuses = sorted({k for v in self.meta["per_op"].values() for k in v})
