@@ -279,6 +279,10 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs) -> SparseFlashAttenti
               attention_mode=sfa.ATTENTION_MODE)
     empty = np.empty(0, dtype=np.float32)  # [0]
     if args.quant:
+        if args.nope_element == "hifloat8":  # HiF8 codes travel as uint8, tagged by the dtype code
+            kw.update(key_dtype=sfa.HIFLOAT8_CODE, value_dtype=sfa.HIFLOAT8_CODE)
+        if args.sinks is not None:
+            kw.update(sinks=args.sinks)
         out = tnpu.npu_kv_quant_sparse_flash_attention(**_on_device(kw, torch), key_quant_mode=sfa.KEY_QUANT_MODE,
                                                        value_quant_mode=sfa.VALUE_QUANT_MODE,
                                                        quant_scale_repo_mode=sfa.QUANT_SCALE_REPO_MODE,
