@@ -379,8 +379,8 @@ def quant(args: DynamicQuantArgs) -> DynamicQuantOutputs:
 
 
 def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
-    """``npu_quant_lightning_indexer`` on the NPU, with the caller's arrays (quant modes 0, the
-    dtype tags left out: the contract takes no other values).
+    """``npu_quant_lightning_indexer`` on the NPU, with the caller's arrays (quant modes 0; the
+    hifloat8 tags for HiF8 codes, none otherwise: the contract takes no other values).
 
     Raises:
         BackendUnavailable: see :func:`runtime`.
@@ -392,7 +392,8 @@ def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIn
         key_dequant_scale=args.key_dequant_scale, query_quant_mode=0, key_quant_mode=0,
         actual_seq_lengths_query=ia.actual_seq_lengths_query, actual_seq_lengths_key=ia.actual_seq_lengths_key,
         block_table=ia.block_table, layout_query=ia.layout_query, layout_key=ia.layout_key,
-        sparse_count=ia.sparse_count, sparse_mode=ia.sparse_mode), torch))
+        sparse_count=ia.sparse_count, sparse_mode=ia.sparse_mode,
+        **(dict(query_dtype=290, key_dtype=290) if args.element == "hifloat8" else {})), torch))
     return QuantLightningIndexerOutputs(to_host(idx).reshape(ia.out_shape))
 
 

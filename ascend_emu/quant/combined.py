@@ -294,7 +294,7 @@ def read_combined_cache(kv_cache, *, slot: int | None = None, block: int | None 
     """
     kv_cache = np.asarray(kv_cache)
     if kv_cache.dtype != row_format.cache_dtype:
-        raise arg_error(DTypeError, "kv_cache", f"a {row_format.cache_dtype.name} combined-row cache "
+        raise arg_error(DTypeError, "kv_cache", f"an {row_format.cache_dtype.name} combined-row cache "
                         f"({row_format.nope_element} k_nope)", kv_cache.dtype)
     if kv_cache.ndim not in (3, 4) or kv_cache.shape[-1] != row_format.row_bytes or kv_cache.shape[-2] != 1:
         raise arg_error(ShapeError, "kv_cache",
