@@ -77,6 +77,24 @@ def _byte_values(element: str) -> np.ndarray:
 NOPE_BYTE_VALUES = {element: _byte_values(element) for element in NOPE_ELEMENTS}
 
 
+def _byte_ordinals(element: str) -> np.ndarray:
+    """int64 ``[256]``: each byte's place in value order (``sign * rank of |value|`` among the
+    type's non-negative magnitudes, Inf included; the zeros 0), so two bytes are ``|a - b|`` of
+    the type's own ulps apart; NaN bytes get 0 (callers mask NaNs)."""
+    vals = NOPE_BYTE_VALUES[element].astype(np.float64)
+    mags = np.unique(np.abs(vals[~np.isnan(vals)]))  # sorted, 0 first
+    with np.errstate(invalid="ignore"):
+        rank = np.searchsorted(mags, np.abs(np.nan_to_num(vals, nan=0.0)))
+    out = np.where(np.signbit(vals), -rank, rank).astype(np.int64)
+    out.flags.writeable = False
+    return out
+
+
+#: Place in value order of each byte, per element type (:func:`_byte_ordinals`): the ulp distance
+#: of HiF8 codes (whose bit patterns are not in value order), FP8 and int8 alike.
+NOPE_BYTE_ORDINALS = {element: _byte_ordinals(element) for element in NOPE_ELEMENTS}
+
+
 @dataclass(frozen=True, kw_only=True)
 class CombinedRowFormat:
     """Byte layout of one combined row: ``[d_nope int8 | d_rope bf16 | num_tiles fp32]``.
