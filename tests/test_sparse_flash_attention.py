@@ -780,9 +780,10 @@ def test_torch_npu_drop_in():
 
 
 def test_kv_quant_sinks_keyword_none_accepted_other_rejected():
-    """torch_npu 2.15 / op-plugin master add ``sinks=None`` to npu_kv_quant_sparse_flash_attention;
-    the registered schema stays 2.14's: torch_npu.<op> and the NumPy op take sinks=None (same
-    bytes as without it) and reject a tensor naming sinks (A2 / A3 do not support sinks)."""
+    """op-plugin master's schema adds ``sinks=None`` to npu_kv_quant_sparse_flash_attention:
+    torch_npu.<op> and the NumPy op take sinks=None (same bytes as without it) and, on the
+    default A2 SoC, reject a tensor naming sinks and the SoC (A2 / A3 do not support sinks; the
+    Ascend 950's: tests/test_sparse_flash_attention_950.py)."""
     torch = pytest.importorskip("torch")
     import ascend_emu.torch_npu as torch_npu
 
@@ -801,7 +802,7 @@ def test_kv_quant_sinks_keyword_none_accepted_other_rejected():
     call = functools.partial(torch_npu.npu_kv_quant_sparse_flash_attention, t["query"].npu(), key, key,
                              t["sparse_indices"].npu(), SCALE, 2, 2, **tkw)
     assert call(sinks=None).cpu().view(torch.int16).numpy().tobytes() == raw(want).tobytes()
-    with pytest.raises(ModeError, match=r"sinks: .*A2 / A3 do not support sinks"):
+    with pytest.raises(ModeError, match=r"sinks: When sinks is .*not support on this soc version Ascend910B2"):
         call(sinks=torch.zeros(2, dtype=torch.float32).npu())
     assert torch.equal(key.cpu(), before.cpu())
 

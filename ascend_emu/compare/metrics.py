@@ -30,7 +30,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..errors import ModeError, arg_error
 from ..quant import ulp_distance  # noqa: F401  (re-exported: compare.metrics.ulp_distance)
+from ..quant.combined import NOPE_BYTE_ORDINALS, NOPE_BYTE_VALUES
 
 #: ``prec`` / ``prec16`` of assertRtolEqual in the official MLA op tests (ops_reference §2.5).
 RTOL_PREC = 0.005
@@ -61,7 +63,8 @@ class TensorComparison:
         max_int_delta: integers: largest |a - b|.
         nan_mismatch: elements NaN on one side only.
         inf_mismatch: elements (NaN on neither side) infinite on one side only, or +inf against -inf.
-        ulp_hist: bf16: ulp distances of the differing elements, binned (:data:`ULP_BINS`).
+        ulp_hist: bf16, FP8 and HiF8: ulp distances of the differing elements in the element
+            type's own ulps (its representable values in order), binned (:data:`ULP_BINS`).
         mismatches: up to :data:`MAX_LISTED` mismatching locations: outputs ``{"index": [..],
             "expected": x, "actual": y}``; caches in logical coordinates ``{"block", "row", "slot",
             "head", "field", "elements": [...]}`` (one per slot and field).
@@ -100,6 +103,20 @@ def _dtype_name(dt: np.dtype) -> str:
 
 def _is_float(dt: np.dtype) -> bool:
     return dt.kind == "f" or dt.name.startswith(("bfloat16", "float8"))
+
+
+#: Element types whose ulp histogram is kept: bf16 and the Ascend 950's 8-bit floats.
+ULP_HIST_TYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "hifloat8")
+
+
+def _element_ulps(actual: np.ndarray, expected: np.ndarray, element: str) -> np.ndarray:
+    """ulp distances in the element type's own ulps: HiF8 / E4M3FN by their place in value order
+    (:data:`~ascend_emu.quant.combined.NOPE_BYTE_ORDINALS`; HiF8 bit patterns are not in value
+    order), other floats by :func:`ulp_distance`."""
+    if element in NOPE_BYTE_ORDINALS:
+        order = NOPE_BYTE_ORDINALS[element]
+        return np.abs(order[_bits(actual)] - order[_bits(expected)])
+    return ulp_distance(actual, expected)
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -170,7 +187,8 @@ def _float_pairs(actual: np.ndarray, expected: np.ndarray):
 
 
 def compare_tensor(name: str, actual, expected, *, role: str = "output", cache_mode: str | None = None,
-                   expect_slots=None, judge_expected_only: bool = False) -> TensorComparison:
+                   expect_slots=None, judge_expected_only: bool = False,
+                   element: str | None = None) -> TensorComparison:
     """Compare one emulated tensor with the device's (``expected``).
 
     Args:
@@ -185,6 +203,9 @@ def compare_tensor(name: str, actual, expected, *, role: str = "output", cache_m
         judge_expected_only: with ``expect_slots`` and ``cache_mode``: only bytes of those slots
             decide the status (the rest is memory the device leaves uninitialised); differences
             elsewhere are counted in ``note``.
+        element: ``"hifloat8"``: both arrays are uint8 HiF8 codes (torch_npu carries hifloat8 as
+            uint8): compared as floats, decoded exactly, ulps in HiF8's value order. Default:
+            the dtype decides.
 
     Returns:
         A :class:`TensorComparison`.
@@ -202,9 +223,20 @@ def compare_tensor(name: str, actual, expected, *, role: str = "output", cache_m
     if actual.dtype != dt or actual.shape != expected.shape:
         return TensorComparison(**base, status="fail", criterion="same dtype and shape",
                                 note=f"emulator gave {_dtype_name(actual.dtype)} {list(actual.shape)}")
+    if element not in (None, "hifloat8") or (element == "hifloat8" and dt != np.uint8):
+        raise arg_error(ModeError, "element", "None, or 'hifloat8' with uint8 arrays",
+                        f"{element!r} with {_dtype_name(dt)}")
     out = TensorComparison(**base, status="identical", criterion="")
-    if _is_float(dt):
-        fa, fe, both, one, inf_bad, ok, differ = _float_pairs(actual, expected)
+    kind = element or _dtype_name(dt)
+    if element == "hifloat8":
+        out.dtype = "hifloat8"
+    if _is_float(dt) or element == "hifloat8":
+        if element == "hifloat8":  # decoded copies; the codes stay for the bitwise test and the ulps
+            fa, fe, both, one, inf_bad, ok, differ = _float_pairs(NOPE_BYTE_VALUES[element][actual],
+                                                                  NOPE_BYTE_VALUES[element][expected])
+            differ = (actual.reshape(-1) != expected.reshape(-1)) & ~both
+        else:
+            fa, fe, both, one, inf_bad, ok, differ = _float_pairs(actual, expected)
         out.nan_mismatch, out.inf_mismatch = int(one.sum()), int(inf_bad.sum())
         if ok.any() or not expected.size or out.nan_mismatch or out.inf_mismatch:
             out.__dict__.update(msprobe_metrics(fa[ok], fe[ok]))
@@ -212,8 +244,8 @@ def compare_tensor(name: str, actual, expected, *, role: str = "output", cache_m
             out.__dict__.update(cosine=1.0, max_abs_err=0.0, max_rel_err=0.0, one_thousandth_ratio=1.0,
                                 five_thousandths_ratio=1.0)
         diff_idx = np.flatnonzero(differ)
-        if dt.name == "bfloat16":
-            u = ulp_distance(actual.reshape(-1)[diff_idx], expected.reshape(-1)[diff_idx])
+        if kind in ULP_HIST_TYPES:
+            u = _element_ulps(actual.reshape(-1)[diff_idx], expected.reshape(-1)[diff_idx], kind)
             u = u[~one[diff_idx]]
             out.ulp_hist = {k: int(np.count_nonzero((u >= lo) & ((u <= hi) if hi is not None else True)))
                             for k, (lo, hi) in ULP_BINS.items()}
@@ -246,10 +278,12 @@ def compare_tensor(name: str, actual, expected, *, role: str = "output", cache_m
                             "(uninitialised on the device; not judged)")
             out.status = "fail" if inside else ("pass" if d.summary["bytes"] else "identical")
     elif diff_idx.size:
+        shown_e, shown_a = ((NOPE_BYTE_VALUES[element][expected], NOPE_BYTE_VALUES[element][actual])
+                            if element == "hifloat8" else (expected, actual))  # HiF8: values, not codes
         for flat in diff_idx[:MAX_LISTED]:
             idx = [int(i) for i in np.unravel_index(flat, expected.shape)]
-            out.mismatches.append({"index": idx, "expected": _scalar(expected.reshape(-1)[flat]),
-                                   "actual": _scalar(actual.reshape(-1)[flat])})
+            out.mismatches.append({"index": idx, "expected": _scalar(shown_e.reshape(-1)[flat]),
+                                   "actual": _scalar(shown_a.reshape(-1)[flat])})
     return out
 
 

@@ -29,6 +29,25 @@ Numerics, step by step as the A2 / A3 kernel does them (ops-transformer
    doc's constraint ("when score[i] equals score[j] and i > j, score[j] is taken first") gives
    that tie order within a sort; across merged queues the doc says nothing (the op doc: the
    top-k's order for NaN is undefined).
+
+The Ascend 950's FP8 E4M3 / HiF8 paths (ops-transformer ``attention/quant_lightning_indexer/
+op_kernel/arch35/``; the contract gates them on the SoC) differ in steps 1-3:
+
+1. ``ws[h] = w[h] * qs[h]``: fp16 weights with fp16 scales rounded to fp16 as in step 1 (the
+   golden's fp16 ``now_weights * now_query_scale``); bf16 weights with fp32 scales multiplied in
+   fp32 (arch35 ``vf/quant_lightning_indexer_vector1.h`` ``MulWeightAndReduceSum``: ``Cast`` to
+   float, ``Mul``; the golden's promotion to fp32 gives the same) (:data:`WEIGHT_PRODUCT`).
+2. ``dot[h, p] = q[h] . k[p]`` of the decoded elements (exact fp32 values) as an fp32 matmul
+   (BLAS order; the cube's order is not public).
+3. ``s[h, p] = relu(dot)`` in fp32, with no 2**-10 scaling and no fp16 staging: arch35
+   ``ReduceSumLoopBody`` applies ``CastFP32ToFP16ToFP32`` (the 1/1024 and the fp16 round trip)
+   only to an int32 QK. op-plugin's golden divides by 1024 and rounds to fp16 on the 950 too;
+   the emulator follows the kernel (:data:`FLOAT_QK_STAGING`).
+
+Steps 4-5 as above: the head sum in head order in fp32 (the arch35 kernel accumulates even and
+odd heads in two registers and adds them; not emulated), the key scale in fp32, the top-k on the
+fp32 scores (some arch35 templates sort bf16-rounded scores; unverified which one runs, so ties
+may differ from hardware).
 """
 
 from __future__ import annotations
@@ -37,14 +56,19 @@ import numpy as np
 from numba import njit, prange
 
 from ..ops.quant_lightning_indexer import QuantLightningIndexerArgs, QuantLightningIndexerOutputs
+from ..quant.combined import NOPE_BYTE_VALUES
 from ..quant.rounding import f16_bits_to_f32, f32_bits_to_f16_bits
 from .lightning_indexer import PARALLEL_MIN_SCORES, _batch_rows, _chunk, _top_k
-from .matmul import matmul_int8
+from .matmul import matmul_f32, matmul_int8
 
 #: The fixpipe's dequant scale before the fp16 staging (``SetFixpipePreQuantFlag(0x3a800000)``).
 DEQ_SCALE = np.float32(2.0 ** -10)
 #: Order of the fp32 head sum (step 4).
 HEAD_SUM_ORDER = "head order, fp32 accumulation"
+#: FP8 / HiF8 (Ascend 950): how ``w * qs`` is formed (step 1 of the 950 paths).
+WEIGHT_PRODUCT = "fp16 x fp16 rounded to fp16; bf16 x fp32 in fp32"
+#: FP8 / HiF8 (Ascend 950): the fp32 QK is used as it is (step 3 of the 950 paths).
+FLOAT_QK_STAGING = "none (relu only)"
 
 
 @njit(cache=True, inline="always")
@@ -55,12 +79,13 @@ def _stage_f16(d):
 
 
 @njit(cache=True)
-def _score_top_k_range(lo, hi, dots, ws, ks, limit, idx_out):
+def _score_top_k_range(lo, hi, dots, ws, ks, limit, staged, idx_out):
     """Scores and top-k of query tokens ``lo <= c < hi`` of a chunk of one batch.
 
-    dots float64 ``[C * G, L]`` exact int dots (``dots[c * G + h, p]``); ws fp32 ``[C, G]`` the
-    fp16-rounded ``w * qs``; ks fp32 ``[L]`` key scales of the batch's kv positions; limit int64
-    ``[C]`` (each <= L, or < 0 for a skipped row); idx_out int32 ``[C, K]``.
+    dots float64 ``[C * G, L]`` exact int dots (``dots[c * G + h, p]``), or fp32 dots of the
+    950's FP8 / HiF8 path; ws fp32 ``[C, G]`` the ``w * qs`` of step 1; ks fp32 ``[L]`` key scales
+    of the batch's kv positions; limit int64 ``[C]`` (each <= L, or < 0 for a skipped row);
+    staged: the int8 path's fp16 staging (step 3), else ``relu`` only; idx_out int32 ``[C, K]``.
     """
     g = ws.shape[1]
     k = idx_out.shape[1]
@@ -74,8 +99,12 @@ def _score_top_k_range(lo, hi, dots, ws, ks, limit, idx_out):
         for h in range(g):
             wh = ws[c, h]
             row = dots[c * g + h]
-            for p in range(lim):
-                acc[p] = acc[p] + wh * _stage_f16(row[p])
+            if staged:
+                for p in range(lim):
+                    acc[p] = acc[p] + wh * _stage_f16(row[p])
+            else:
+                for p in range(lim):
+                    acc[p] = acc[p] + wh * np.float32(max(row[p], 0.0))
         for p in range(lim):
             acc[p] = acc[p] * ks[p]
         sel = _top_k(acc, k)
@@ -87,10 +116,10 @@ def _score_top_k_range(lo, hi, dots, ws, ks, limit, idx_out):
 
 
 @njit(cache=True, parallel=True)
-def _score_top_k_parallel(dots, ws, ks, limit, idx_out):
+def _score_top_k_parallel(dots, ws, ks, limit, staged, idx_out):
     """:func:`_score_top_k_range` with one query token per parallel iteration."""
     for c in prange(ws.shape[0]):
-        _score_top_k_range(c, c + 1, dots, ws, ks, limit, idx_out)
+        _score_top_k_range(c, c + 1, dots, ws, ks, limit, staged, idx_out)
 
 
 def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
@@ -108,26 +137,37 @@ def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIn
     k = ia.sparse_count
     idx = np.empty((t_rows, n2, k), np.int32)  # [T, N2, K]
     key_rows = ia.key.reshape(-1, n2, dim)  # [R, N2, D] int8
-    ks_rows = args.key_dequant_scale.reshape(-1, n2)  # [R, N2] fp16
+    ks_rows = args.key_dequant_scale.reshape(-1, n2)  # [R, N2] fp16 (fp32 with bf16 weights)
+    staged = args.element == "int8"
+    if not staged:  # FP8 / HiF8 codes -> exact fp32 values
+        table = NOPE_BYTE_VALUES[args.element]
+        query = table[np.ascontiguousarray(query).view(np.uint8)]  # [T, N1, D] fp32
     with np.errstate(over="ignore", invalid="ignore"):  # products past fp16 only with non-finite factors
-        ws = (ia.weights.astype(np.float32) * args.query_dequant_scale.astype(np.float32))
-        ws = ws.astype(np.float16).astype(np.float32).reshape(t_rows, n1)  # [T, N1] step 1
+        ws = (ia.weights.astype(np.float32) * args.query_dequant_scale.astype(np.float32))  # exact for fp16 x fp16
+        if ia.weights.dtype == np.float16:
+            ws = ws.astype(np.float16)
+        ws = ws.astype(np.float32).reshape(t_rows, n1)  # [T, N1] step 1
     for b, rows in _batch_rows(ia.token_batch):
         lim = ia.limit[rows]  # [n_tok]
         width = max(int(lim.max()), 0)
         slots = ia.slots[b, :width]  # [L] validated rows
         for kh in range(n2):
-            keys = np.ascontiguousarray(key_rows[slots, kh])  # [L, D] int8
+            keys = np.ascontiguousarray(key_rows[slots, kh])  # [L, D] int8 / FP8 / HiF8 codes
+            if not staged:
+                keys = table[keys.view(np.uint8)]  # [L, D] fp32 values of the visible rows only
             ks = np.ascontiguousarray(ks_rows[slots, kh], dtype=np.float32)  # [L]
             step = _chunk(width * 2, g)  # float64 dots: twice the fp32 bytes
             for c0 in range(0, rows.size, step):
                 sub = rows[c0:c0 + step]
-                q = query[sub, kh * g:(kh + 1) * g].reshape(-1, dim)  # [C * G, D] int8
-                dots = matmul_int8(q, keys, w_nk=True).astype(np.float64)  # [C * G, L] exact
+                q = query[sub, kh * g:(kh + 1) * g].reshape(-1, dim)  # [C * G, D]
+                if staged:
+                    dots = matmul_int8(q, keys, w_nk=True).astype(np.float64)  # [C * G, L] exact
+                else:
+                    dots = matmul_f32(q, keys.T).astype(np.float64)  # [C * G, L] fp32 values
                 w = np.ascontiguousarray(ws[sub, kh * g:(kh + 1) * g])  # [C, G]
                 out_i = np.empty((sub.size, k), np.int32)
                 sub_lim = lim[c0:c0 + sub.size]
-                operands = (dots, w, ks, sub_lim, out_i)
+                operands = (dots, w, ks, sub_lim, staged, out_i)
                 if sub.size > 1 and int(np.maximum(sub_lim, 0).sum()) * g >= PARALLEL_MIN_SCORES:
                     _score_top_k_parallel(*operands)
                 else:

@@ -7,7 +7,8 @@ with more rows is a pass of its own), so memory stays bounded whatever the batch
 
 1. gather (Numba, parallel over rows): each kept kv row, in selection order, becomes one row of
    a reused fp32 buffer ``kv [rows, 576 (+512)]``: KV-quant rows dequantized
-   (``fp32(int8) * scale`` of the tile, one fp32 multiply, RNE to the query dtype) with their
+   (``fp32(elem) * scale`` of the tile, one fp32 multiply, RNE to the query dtype; an int8 element
+   converted, a HiF8 / FP8 one looked up in its 256-entry fp32 table, exact either way) with their
    rope bytes read in the query dtype; bf16 / fp16 key / key_rope (and a separate value, in
    columns 576..1087) widened exactly. V is a view: the key's k_nope (columns 0..511) or the
    value columns;
@@ -16,7 +17,8 @@ with more rows is a pass of its own), so memory stays bounded whatever the batch
 3. softmax (Numba, across the G heads of each row, so it vectorizes; parallel over units for the
    per-head max and sum, over rows for the element-wise steps): ``S * scale_value`` in fp32,
    ``m = max``, ``e = fp32(exp(S - m))`` with ``exp`` evaluated in float64 (:func:`_exp_f64`),
-   ``l = sum e`` in selection order, ``P = qdt(e / l)``;
+   ``l = sum e`` in selection order, ``P = qdt(e / l)``; with sinks the head's sink joins ``m``
+   and starts ``l`` as ``fp32(exp(sink - m))``;
 4. per unit ``O = P [G, L] @ V [L, 512]`` by fp32 BLAS (``P`` the transposed view of the score
    buffer), then one RNE rounding of ``O`` to the query dtype per pass.
 
@@ -45,6 +47,7 @@ from ..mla import D_QK, D_ROPE, HCKV, TILE_SIZE
 from ..ops.sparse_flash_attention import (EMPTY_ROW_OUTPUT, EMPTY_ROW_SOFTMAX_MAX, EMPTY_ROW_SOFTMAX_SUM,
                                           SparseFlashAttentionArgs, SparseFlashAttentionOutputs)
 from ..quant import BF16, MLA_ROW, NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
+from ..quant.combined import NOPE_BYTE_VALUES
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 from .kernels import bits16, kernel_input, narrow_row, parallel_parts, widen_row
 from .matmul import matmul_f32
@@ -72,14 +75,32 @@ _ROUND_MAGIC = 6755399441055744.0
 _EXP_TAYLOR = np.array([1.0 / math.factorial(i) for i in range(14)])
 
 
+@functools.lru_cache(maxsize=None)
+def _element_table(element: str) -> np.ndarray:
+    """fp32 ``[256]`` value of each k_nope byte read as int8 ``b``, at index ``b + 128``
+    (:data:`~ascend_emu.quant.combined.NOPE_BYTE_VALUES` re-indexed); size 0 for int8, whose
+    elements the kernel converts directly."""
+    if element == "int8":
+        return np.zeros(0, np.float32)
+    return np.ascontiguousarray(NOPE_BYTE_VALUES[element][(np.arange(256) - 128) & 0xFF])
+
+
 @njit(cache=True, inline="always")
-def _dequant_row(nope, scales, is_bf16, out):
-    """``out[d] = qdt(fp32(nope[d]) * scales[d // 128])`` widened back to fp32. The dtype test sits
-    outside the element loops so that each loop is branch-free and vectorizes."""
+def _dequant_row(nope, scales, is_bf16, table, out):
+    """``out[d] = qdt(fp32(elem(nope[d])) * scales[d // 128])`` widened back to fp32; ``elem``:
+    the int8 itself (``table`` empty) or ``table[nope[d] + 128]`` (HiF8 / FP8). The dtype tests
+    sit outside the element loops so that each loop is branch-free."""
     for tile in range(NUM_TILES):
         sc = scales[tile]
         base = tile * TILE_SIZE
-        if is_bf16:
+        if table.size:
+            for j in range(TILE_SIZE):
+                x = np.float32(table[np.int32(nope[base + j]) + 128] * sc)
+                if is_bf16:
+                    out[base + j] = bf16_bits_to_f32(f32_bits_to_bf16_bits(x.view(np.uint32)))
+                else:
+                    out[base + j] = f16_bits_to_f32(f32_bits_to_f16_bits(x.view(np.uint32)))
+        elif is_bf16:
             for j in range(TILE_SIZE):
                 x = np.float32(np.float32(nope[base + j]) * sc)
                 out[base + j] = bf16_bits_to_f32(f32_bits_to_bf16_bits(x.view(np.uint32)))
@@ -90,10 +111,11 @@ def _dequant_row(nope, scales, is_bf16, out):
 
 
 @njit(cache=True, inline="always")
-def _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv):
+def _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, table, key, key_rope, value, v_from_key, is_bf16, kv):
     r = src[i]
     if quant:
-        _dequant_row(rows_i8[r, :HCKV], rows_f32[r, _SCALE_WORD:_SCALE_WORD + NUM_TILES], is_bf16, kv[i, :HCKV])
+        _dequant_row(rows_i8[r, :HCKV], rows_f32[r, _SCALE_WORD:_SCALE_WORD + NUM_TILES], is_bf16, table,
+                     kv[i, :HCKV])
         widen_row(rows_u16[r, _ROPE_WORD:_ROPE_WORD + D_ROPE], kv[i, HCKV:D_QK], is_bf16)
     else:
         widen_row(key[r], kv[i, :HCKV], is_bf16)
@@ -103,24 +125,27 @@ def _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value
 
 
 @njit(cache=True, parallel=True)
-def _gather(src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv):
+def _gather(src, quant, rows_i8, rows_u16, rows_f32, table, key, key_rope, value, v_from_key, is_bf16, kv):
     """``kv[i, :576]`` = key row ``src[i]`` as query-dtype values in fp32 (KV-quant: dequantized
     k_nope and rope; else key and key_rope widened); unless V is the key's k_nope,
     ``kv[i, 576:1088]`` = value row ``src[i]`` widened.
 
     Args:
         src: int64 ``[n]`` key rows (in range: the contract checked them).
+        table: fp32 ``[256]`` k_nope element values (:func:`_element_table`), empty for int8.
         kv: out, fp32 ``[>= n, 576]`` or ``[>= n, 1088]``.
     """
     for i in prange(src.shape[0]):
-        _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv)
+        _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, table, key, key_rope, value, v_from_key, is_bf16,
+                    kv)
 
 
 @njit(cache=True)
-def _gather_serial(src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv):
+def _gather_serial(src, quant, rows_i8, rows_u16, rows_f32, table, key, key_rope, value, v_from_key, is_bf16, kv):
     """:func:`_gather` on the calling thread."""
     for i in range(src.shape[0]):
-        _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, key, key_rope, value, v_from_key, is_bf16, kv)
+        _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, table, key, key_rope, value, v_from_key, is_bf16,
+                    kv)
 
 
 @njit(cache=True, inline="always")
@@ -144,14 +169,18 @@ def _exp_f64(x):
 
 
 @njit(cache=True, inline="always")
-def _scale_max(scores, off, length, scale, m):
-    """Softmax step 1 for one unit's rows: ``S * scale`` in place, ``m`` = per-head max."""
+def _scale_max(scores, off, length, scale, sinks, m):
+    """Softmax step 1 for one unit's rows: ``S * scale`` in place, ``m`` = per-head max (of the
+    head's sink too, when ``sinks`` is not empty)."""
     m[:] = -np.inf
     for i in range(off, off + length):
         for g in range(scores.shape[1]):
             x = scores[i, g] * scale
             scores[i, g] = x
             m[g] = x if x > m[g] else m[g]
+    if sinks.size:
+        for g in range(scores.shape[1]):
+            m[g] = sinks[g] if sinks[g] > m[g] else m[g]
 
 
 @njit(cache=True, inline="always")
@@ -162,9 +191,13 @@ def _exp_row(scores, i, m):
 
 
 @njit(cache=True, inline="always")
-def _sum_unit(scores, off, length, total):
-    """Softmax step 3 for one unit's rows: ``total`` = per-head sum, in row order."""
+def _sum_unit(scores, off, length, sinks, m, total):
+    """Softmax step 3 for one unit's rows: ``total`` = per-head sum, in row order, after the
+    sink's ``fp32(exp(sink - m))`` when ``sinks`` is not empty."""
     total[:] = 0.0
+    if sinks.size:
+        for g in range(scores.shape[1]):
+            total[g] = np.float32(_exp_f64(sinks[g] - m[g]))
     for i in range(off, off + length):
         for g in range(scores.shape[1]):
             total[g] += scores[i, g]
@@ -184,7 +217,7 @@ def _normalise_row(scores, i, total, is_bf16):
 
 
 @njit(cache=True, parallel=True)
-def _softmax(scores, offsets, lengths, unit_of_row, scale, is_bf16, smax, ssum):
+def _softmax(scores, offsets, lengths, unit_of_row, scale, sinks, is_bf16, smax, ssum):
     """In place: transposed scores ``S^T`` -> ``P^T`` (query-dtype values as fp32), per head.
 
     Every inner loop runs across the G heads of one kv row (contiguous, so it vectorizes); the
@@ -196,28 +229,29 @@ def _softmax(scores, offsets, lengths, unit_of_row, scale, is_bf16, smax, ssum):
         offsets: int64 ``[U]`` first row of each unit; lengths: int64 ``[U]`` its rows.
         unit_of_row: int64 ``[rows]`` the unit of each row.
         scale: fp32 scale_value.
+        sinks: fp32 ``[G]`` attention sinks of the G heads (N2 = 1), or empty.
         smax, ssum: out, fp32 ``[U, G]``: ``m`` and ``l`` per head.
     """
     for u in prange(lengths.shape[0]):
-        _scale_max(scores, offsets[u], lengths[u], scale, smax[u])
+        _scale_max(scores, offsets[u], lengths[u], scale, sinks, smax[u])
     for i in prange(scores.shape[0]):
         _exp_row(scores, i, smax[unit_of_row[i]])
     for u in prange(lengths.shape[0]):
-        _sum_unit(scores, offsets[u], lengths[u], ssum[u])
+        _sum_unit(scores, offsets[u], lengths[u], sinks, smax[u], ssum[u])
     for i in prange(scores.shape[0]):
         _normalise_row(scores, i, ssum[unit_of_row[i]], is_bf16)
 
 
 @njit(cache=True)
-def _softmax_serial(scores, offsets, lengths, unit_of_row, scale, is_bf16, smax, ssum):
+def _softmax_serial(scores, offsets, lengths, unit_of_row, scale, sinks, is_bf16, smax, ssum):
     """:func:`_softmax` on the calling thread, unit after unit (each element sees the same steps;
     ``unit_of_row`` is not needed)."""
     for u in range(lengths.shape[0]):
         off, n = offsets[u], lengths[u]
-        _scale_max(scores, off, n, scale, smax[u])
+        _scale_max(scores, off, n, scale, sinks, smax[u])
         for i in range(off, off + n):
             _exp_row(scores, i, smax[u])
-        _sum_unit(scores, off, n, ssum[u])
+        _sum_unit(scores, off, n, sinks, smax[u], ssum[u])
         for i in range(off, off + n):
             _normalise_row(scores, i, ssum[u], is_bf16)
 
@@ -290,7 +324,7 @@ class _Operands(NamedTuple):
     """The kernels' view of the arguments: uint16 bits for bf16 / fp16, the cache as 2-D rows."""
 
     query: np.ndarray  # uint16 [T, N1, 576]: query (and query_rope) bits, C-contiguous
-    rows_i8: np.ndarray  # quant: int8 [R, 656] key rows (else [0, 656])
+    rows_i8: np.ndarray  # quant: int8 [R, 656] key rows, any element type's bytes (else [0, 656])
     rows_u16: np.ndarray  # quant: uint16 [R, 328] view of the same bytes (rope at words 256..319)
     rows_f32: np.ndarray  # quant: fp32 [R, 164] view of the same bytes (scales at words 160..163)
     key: np.ndarray  # non-quant: uint16 [R, 512] key bits (else [0, 512])
@@ -303,6 +337,7 @@ _ROW_BYTES = MLA_ROW.row_bytes
 _NO_I8, _NO_U16, _NO_F32 = (np.zeros((0, _ROW_BYTES // k), d) for k, d in ((1, np.int8), (2, np.uint16),
                                                                             (4, np.float32)))
 _NO_KEY, _NO_ROPE = np.zeros((0, HCKV), np.uint16), np.zeros((0, D_ROPE), np.uint16)
+_NO_SINKS = np.zeros(0, np.float32)
 
 
 def _operands(args: SparseFlashAttentionArgs) -> _Operands:
@@ -313,7 +348,7 @@ def _operands(args: SparseFlashAttentionArgs) -> _Operands:
     r = args.num_key_slots * args.num_kv_heads
     q_bits = bits16(args.query).reshape(t, n1, -1)  # [T, N1, 512|576]
     if args.quant:
-        rows = kernel_input(args.key).reshape(r, _ROW_BYTES)  # [R, 656] int8
+        rows = kernel_input(args.key.view(np.int8)).reshape(r, _ROW_BYTES)  # [R, 656] int8 (HiF8 / FP8 bytes too)
         return _Operands(q_bits, rows, rows.view(np.uint16), rows.view(np.float32), _NO_KEY, _NO_ROPE, _NO_KEY)
     qr_bits = bits16(args.query_rope).reshape(t, n1, D_ROPE)  # [T, N1, 64]
     v_bits = _NO_KEY if args.v_from_key else bits16(args.value).reshape(r, HCKV)
@@ -337,6 +372,8 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
     n2, group = args.num_kv_heads, args.group
     t_size = opd.query.shape[0]
     is_bf16, scale = args.query_dtype == BF16, np.float32(args.scale_value)
+    table = _element_table(args.nope_element)  # [256] or [0]
+    sinks = _NO_SINKS if args.sinks is None else np.ascontiguousarray(args.sinks, np.float32)  # [G] (N2 = 1) or [0]
     query = opd.query.reshape(t_size * n2, group, D_QK)  # [T*N2, G, 576] bits, by unit
     starts = args.starts.reshape(t_size * n2, -1)  # [T*N2, K]
     counts = args.counts.reshape(t_size * n2, -1)  # [T*N2, K]
@@ -353,8 +390,8 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
         offsets = np.empty(u1 - u0, np.int64)  # [U'] first gathered row of each unit
         unit_of_row = np.empty(rows, np.int64)  # [rows]
         _pass_rows(starts, counts, pass_units, src, offsets, unit_of_row)
-        gather(src, args.quant, opd.rows_i8, opd.rows_u16, opd.rows_f32, opd.key, opd.key_rope, opd.value,
-                args.v_from_key, is_bf16, kv)
+        gather(src, args.quant, opd.rows_i8, opd.rows_u16, opd.rows_f32, table, opd.key, opd.key_rope, opd.value,
+               args.v_from_key, is_bf16, kv)
         q = np.empty((u1 - u0, group, D_QK), dtype=np.float32)  # [U', G, 576]
         widen_query(query, pass_units, is_bf16, q)
         spans = list(zip(offsets.tolist(), lens.tolist()))  # (first row, rows) per unit
@@ -365,7 +402,7 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
         else:
             sm = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
             ss = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
-        softmax(scores[:rows], offsets, lens, unit_of_row, scale, is_bf16, sm, ss)
+        softmax(scores[:rows], offsets, lens, unit_of_row, scale, sinks, is_bf16, sm, ss)
         if not dense:
             smax[pass_units], ssum[pass_units] = sm, ss
         o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]

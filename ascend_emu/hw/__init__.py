@@ -300,6 +300,10 @@ def sparse_flash_attention(args: SparseFlashAttentionArgs) -> SparseFlashAttenti
               attention_mode=sfa.ATTENTION_MODE)
     empty = np.empty(0, dtype=np.float32)  # [0]
     if args.quant:
+        if args.nope_element == "hifloat8":  # HiF8 codes travel as uint8, tagged by the dtype code
+            kw.update(key_dtype=sfa.HIFLOAT8_CODE, value_dtype=sfa.HIFLOAT8_CODE)
+        if args.sinks is not None:
+            kw.update(sinks=args.sinks)
         out = tnpu.npu_kv_quant_sparse_flash_attention(**_on_device(kw, torch), key_quant_mode=sfa.KEY_QUANT_MODE,
                                                        value_quant_mode=sfa.VALUE_QUANT_MODE,
                                                        quant_scale_repo_mode=sfa.QUANT_SCALE_REPO_MODE,
@@ -396,8 +400,8 @@ def quant(args: DynamicQuantArgs) -> DynamicQuantOutputs:
 
 
 def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
-    """``npu_quant_lightning_indexer`` on the NPU, with the caller's arrays (quant modes 0, the
-    dtype tags left out: the contract takes no other values).
+    """``npu_quant_lightning_indexer`` on the NPU, with the caller's arrays (quant modes 0; the
+    hifloat8 tags for HiF8 codes, none otherwise: the contract takes no other values).
 
     Raises:
         BackendUnavailable: see :func:`runtime`.
@@ -409,7 +413,8 @@ def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIn
         key_dequant_scale=args.key_dequant_scale, query_quant_mode=0, key_quant_mode=0,
         actual_seq_lengths_query=ia.actual_seq_lengths_query, actual_seq_lengths_key=ia.actual_seq_lengths_key,
         block_table=ia.block_table, layout_query=ia.layout_query, layout_key=ia.layout_key,
-        sparse_count=ia.sparse_count, sparse_mode=ia.sparse_mode), torch))
+        sparse_count=ia.sparse_count, sparse_mode=ia.sparse_mode,
+        **(dict(query_dtype=290, key_dtype=290) if args.element == "hifloat8" else {})), torch))
     return QuantLightningIndexerOutputs(to_host(idx).reshape(ia.out_shape))
 
 

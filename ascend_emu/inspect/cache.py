@@ -2,7 +2,10 @@
 
 Sources: ops_reference §1.4 (paged NZ), §2.2 / §5.1 (656-byte combined rows), §2.3 / §4 (cache
 modes). The address arithmetic is :class:`ascend_emu.layouts.CacheLayout`'s; the row fields are
-:data:`ascend_emu.quant.MLA_ROW`'s. This module only names them per byte, vectorised.
+:data:`ascend_emu.quant.MLA_ROW`'s (the Ascend 950's HiF8 / FP8 rows:
+:data:`ascend_emu.quant.combined.MLA_ROWS`, their k_nope bytes decoded by
+:data:`~ascend_emu.quant.combined.NOPE_BYTE_VALUES`). This module only names them per byte,
+vectorised.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import numpy as np
 from ..errors import DTypeError, ShapeError, arg_error
 from ..layouts import CacheLayout
 from ..quant import BF16, MLA_ROW, CombinedRowFormat
+from ..quant.combined import MLA_ROWS, NOPE_BYTE_VALUES
 
 #: Cache dtypes the inspector reads, by the names the seeds use.
 CACHE_DTYPES = {
@@ -22,7 +26,11 @@ CACHE_DTYPES = {
     "float16": np.dtype(np.float16),
     "float32": np.dtype(np.float32),
     "int8": np.dtype(np.int8),
+    "uint8": np.dtype(np.uint8),  # HiF8 codes (torch_npu's hifloat8 tensors are uint8)
+    "float8_e4m3fn": np.dtype(MLA_ROWS["float8_e4m3fn"].cache_dtype),
 }
+#: The k_nope element type of a 656-byte-row cache of each dtype (uint8: HiF8 codes, the Ascend 950).
+ROW_ELEMENTS = {"int8": "int8", "uint8": "hifloat8", "float8_e4m3fn": "float8_e4m3fn"}
 #: Bytes shown per dump line: one NZ fractal row (C0 elements), 32 bytes of an ND row.
 LINE_BYTES = 32
 
@@ -34,11 +42,29 @@ class FieldKind(NamedTuple):
     dtype: np.dtype  #: its dtype
     offset: int      #: first byte of the field in the head's row
     count: int       #: elements of the field per row and head
+    element: str = ""  #: k_nope of an Ascend 950 row: "hifloat8" / "float8_e4m3fn" (decoded by table)
 
     @property
     def size(self) -> int:
         """Bytes per element."""
         return self.dtype.itemsize
+
+    @property
+    def type_name(self) -> str:
+        """How the inspector names the element type (``hifloat8`` for HiF8's uint8 codes)."""
+        return self.element or self.dtype.name
+
+    @property
+    def is_float(self) -> bool:
+        """A floating-point element (bf16, fp16, fp32, FP8, HiF8)."""
+        return bool(self.element) or self.dtype.kind == "f" or self.dtype.name == "bfloat16"
+
+    def values(self, raw: np.ndarray) -> np.ndarray:
+        """The elements of ``raw`` (uint8 bytes, whole elements): decoded fp32 for a HiF8 / FP8
+        k_nope, else a view in :attr:`dtype`."""
+        if self.element:
+            return NOPE_BYTE_VALUES[self.element][np.asarray(raw, np.uint8)]
+        return np.asarray(raw).view(self.dtype)
 
 
 def dtype_name(dtype) -> str:
@@ -82,9 +108,11 @@ class CacheSpec:
             cache_mode: cache mode (aliases accepted).
             shape: declared (``[BlockNum, BlockSize, Nkv, D]``, ``[T, Nkv, D]``, ...) or NZ storage
                 shape (``[BlockNum, D/C0, BlockSize, C0]``).
-            dtype: cache dtype (name or dtype): bfloat16, float16, float32 or int8.
-            combined: rows are 656-byte combined rows (:data:`~ascend_emu.quant.MLA_ROW`); None
-                (default): exactly when the cache is int8 with D = 656 in an ND mode.
+            dtype: cache dtype (name or dtype): bfloat16, float16, float32, int8, uint8 or
+                float8_e4m3fn.
+            combined: rows are 656-byte combined rows (:data:`~ascend_emu.quant.MLA_ROW`; uint8:
+                HiF8, float8_e4m3fn: FP8 k_nope, the Ascend 950's); None (default): exactly when
+                the cache is int8 / uint8 / float8_e4m3fn with D = 656 in an ND mode.
             name: argument name for errors.
 
         Raises:
@@ -96,13 +124,15 @@ class CacheSpec:
         """
         dt = resolve_dtype(dtype)
         layout = CacheLayout.from_shape(cache_mode, shape, dt.itemsize, name=name)
-        fits = dt == np.int8 and layout.dim == MLA_ROW.row_bytes and not layout.nz and layout.heads == 1
+        element = ROW_ELEMENTS.get(dtype_name(dt))
+        fits = (element is not None and layout.dim == MLA_ROW.row_bytes and not layout.nz
+                and layout.heads == 1)
         if combined and not fits:
-            raise arg_error(ShapeError, "combined", f"an int8 ND-mode cache with Nkv=1 and D={MLA_ROW.row_bytes} "
-                            "(656-byte rows)", f"{dtype_name(dt)} D={layout.dim} Nkv={layout.heads} "
-                            f"cache_mode {layout.mode}")
+            raise arg_error(ShapeError, "combined", f"an int8 / uint8 (HiF8) / float8_e4m3fn ND-mode cache with "
+                            f"Nkv=1 and D={MLA_ROW.row_bytes} (656-byte rows)", f"{dtype_name(dt)} D={layout.dim} "
+                            f"Nkv={layout.heads} cache_mode {layout.mode}")
         use = fits if combined is None else bool(combined)
-        return cls(layout=layout, dtype=dt, row_format=MLA_ROW if use else None)
+        return cls(layout=layout, dtype=dt, row_format=MLA_ROWS[element] if use else None)
 
     @property
     def fields(self) -> tuple[FieldKind, ...]:
@@ -110,7 +140,8 @@ class CacheSpec:
         if self.row_format is None:
             return (FieldKind("element", self.dtype, 0, self.layout.dim),)
         f = self.row_format
-        return (FieldKind("k_nope", np.dtype(np.int8), f.nope_offset, f.d_nope),
+        element = "" if f.nope_element == "int8" else f.nope_element
+        return (FieldKind("k_nope", f.cache_dtype, f.nope_offset, f.d_nope, element),
                 FieldKind("k_rope", np.dtype(BF16), f.rope_offset, f.d_rope),
                 FieldKind("scale", np.dtype(np.float32), f.scale_offset, f.num_tiles))
 
@@ -136,7 +167,7 @@ class CacheSpec:
         if self.row_format is not None:
             f = self.row_format
             out["row_format"] = {"d_nope": f.d_nope, "d_rope": f.d_rope, "tile_size": f.tile_size,
-                                 "row_bytes": f.row_bytes}
+                                 "row_bytes": f.row_bytes, "nope_element": f.nope_element}
         return out
 
 

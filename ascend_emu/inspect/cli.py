@@ -82,8 +82,9 @@ def _add_geometry(p: argparse.ArgumentParser, *, file: str | None) -> None:
                         "Norm [B, 1, cache_length, D]) or NZ storage shape [BlockNum, D/C0, BlockSize, C0]")
     p.add_argument("--dtype", choices=list(CACHE_DTYPES), help="cache dtype")
     p.add_argument("--combined", action="store_true", default=None,
-                   help="int8 cache of 656-byte rows (512 int8 k_nope | 64 bf16 k_rope | 4 fp32 scales); "
-                        "automatic for int8 ND caches with D = 656")
+                   help="cache of 656-byte rows (512 k_nope | 64 bf16 k_rope | 4 fp32 scales; k_nope int8, or "
+                        "on the Ascend 950 HiF8 (--dtype uint8) / float8_e4m3fn); automatic for such ND caches "
+                        "with D = 656")
 
 
 def _spec(ns, name: str = "--shape"):
@@ -190,8 +191,9 @@ def cmd_what(ns) -> int:
     if res.field == "element":
         text += f"dim {res.dim}, byte {res.byte_in_element} of the element"
     else:
+        nope = res.cache.get("row_format", {}).get("nope_element", "int8")
         text += (f"656-byte row byte {res.dim}: {res.field}[{res.field_element}], byte {res.field_byte} of the "
-                 f"{'int8' if res.field == 'k_nope' else 'bf16' if res.field == 'k_rope' else 'fp32'}")
+                 f"{nope if res.field == 'k_nope' else 'bf16' if res.field == 'k_rope' else 'fp32'}")
     if res.c0_chunk is not None:
         text += f"\n  NZ: C0 chunk {res.c0_chunk}, fractal {res.fractal} of the block"
     con.print(text)
@@ -263,7 +265,8 @@ def cmd_dump(ns) -> int:
     print_table(con, f"{res.what}: bytes [{res.start}, {res.stop}){where_}, {len(rows)} row(s) of up to {per_row} "
                      f"bytes", cols, rows, sections=sections)
     if res.tiles:
-        print_table(con, "per-tile scales (k_nope ~= int8 * scale)",
+        nope = res.cache["row_format"]["nope_element"]
+        print_table(con, f"per-tile scales (k_nope ~= {nope} * scale)",
                     [Col("slot"), Col("tile"), Col("k_nope elements"), Col("scale"), Col("dequant min"),
                      Col("dequant max")],
                     [[str(t.slot), str(t.tile), f"[{t.first}, {t.last})", _fmt(t.scale), _fmt(t.dequant_min),

@@ -3,8 +3,9 @@
 Two float elements that are both NaN count as equal whatever their payload bits (a kernel that
 writes NaN writes *a* NaN). Everything else is compared byte by byte: the result lists exactly
 the bytes that differ. Distances: ulps for float fields (bf16 / fp16 / fp32: how many
-representable values apart; +0 and -0 are 0 ulps apart, though their bytes count as changed),
-``|a - b|`` for int8 fields.
+representable values apart; +0 and -0 are 0 ulps apart, though their bytes count as changed;
+the Ascend 950's HiF8 / FP8 k_nope: places apart in the element type's own value order,
+:data:`~ascend_emu.quant.combined.NOPE_BYTE_ORDINALS`), ``|a - b|`` for int8 fields.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 from ..errors import ShapeError, arg_error
 from ..quant import ulp_distance
+from ..quant.combined import NOPE_BYTE_ORDINALS
 from .cache import Cache, map_bytes
 
 
@@ -115,14 +117,19 @@ def diff(a: Cache, b: Cache, *, expect_slots: Iterable[int] | None = None) -> Di
         idx = start[sel][:, None] + np.arange(f.size)[None, :]  # [k, size] bytes of each element
         va = ra[idx].view(f.dtype).reshape(-1)  # [k]
         vb = rb[idx].view(f.dtype).reshape(-1)  # [k]
-        if f.dtype.kind == "f" or f.dtype.name == "bfloat16":
-            fa, fb = va.astype(np.float32), vb.astype(np.float32)
+        if f.is_float:
+            fa, fb = f.values(ra[idx].reshape(-1)).astype(np.float32), f.values(rb[idx].reshape(-1)).astype(np.float32)
             both = np.isnan(fa) & np.isnan(fb)
             keep[sel[both]] = False
             nan_equal += int(np.unique(start[sel[both]]).size)
             one = np.isnan(fa) ^ np.isnan(fb)
             nan_one[sel] = one
-            ulp[sel] = np.where(one | both, -1, ulp_distance(va, vb))
+            if f.element:  # HiF8 / FP8 k_nope: ulps of the element type (its value order)
+                order = NOPE_BYTE_ORDINALS[f.element]
+                dist = np.abs(order[ra[idx].reshape(-1)] - order[rb[idx].reshape(-1)])
+            else:
+                dist = ulp_distance(va, vb)
+            ulp[sel] = np.where(one | both, -1, dist)
         else:
             delta[sel] = np.abs(va.astype(np.int64) - vb.astype(np.int64))
     off, start, ulp, delta, nan_one = off[keep], start[keep], ulp[keep], delta[keep], nan_one[keep]
@@ -136,10 +143,10 @@ def diff(a: Cache, b: Cache, *, expect_slots: Iterable[int] | None = None) -> Di
             sel = in_slot & (m.field == i)
             if not sel.any():
                 continue
-            is_float = f.dtype.kind == "f" or f.dtype.name == "bfloat16"
+            is_float = f.is_float
             u = ulp[sel][ulp[sel] >= 0]
             elems = np.unique(m.element[sel] + m.head[sel] * f.count)
-            fields.append(FieldDiff(field=f.name, dtype=f.dtype.name, bytes=int(sel.sum()),
+            fields.append(FieldDiff(field=f.name, dtype=f.type_name, bytes=int(sel.sum()),
                                     elements=[int(e) for e in elems],
                                     max_ulp=int(u.max()) if is_float and u.size else None,
                                     max_int_delta=None if is_float else int(delta[sel].max()),

@@ -3,7 +3,8 @@
 Each line is at most 32 bytes (:data:`~ascend_emu.inspect.cache.LINE_BYTES`: one NZ fractal row
 of C0 elements) of one field of one head's row, with the decoded values beside the bytes; k_nope
 lines of 656-byte rows also carry the dequantised values (``int8 * scale`` of the tile,
-ops_reference §2.2, as :meth:`~ascend_emu.quant.CombinedRowFormat.dequantize`). NZ lines carry
+ops_reference §2.2, as :meth:`~ascend_emu.quant.CombinedRowFormat.dequantize`; the Ascend 950's
+HiF8 / FP8 k_nope bytes are shown decoded, and dequantised the same way). NZ lines carry
 their C0 chunk and fractal, and marks where a new one starts (ops_reference §1.4).
 """
 
@@ -35,7 +36,7 @@ class DumpLine:
     first: int
     last: int
     values: list                      #: decoded elements (float / int; NaN / inf as floats)
-    dequant: list | None = None       #: k_nope of combined rows: int8 * scale of the tile
+    dequant: list | None = None       #: k_nope of combined rows: element * scale of the tile
     tile: int | None = None           #: k_nope of combined rows: the tile of the line
     c0_chunk: int | None = None       #: NZ only
     fractal: int | None = None        #: NZ only: row // 16
@@ -139,8 +140,8 @@ def _lines(cache: Cache, offsets: np.ndarray) -> list[DumpLine]:
     for s, e in zip(starts, ends):
         f = spec.fields[int(m.field[s])]
         raw = cache.raw[offsets[s]: offsets[s] + (e - s)]
-        vals = raw.view(f.dtype)
-        values = [v.item() if f.dtype.kind in "iu" else float(v) for v in vals]
+        vals = f.values(raw)
+        values = [v.item() if vals.dtype.kind in "iu" else float(v) for v in vals]
         slot, row, first = int(m.slot[s]), int(m.row[s]), int(m.element[s])
         dequant = tile = None
         if spec.row_format is not None and f.name == "k_nope":
@@ -156,7 +157,7 @@ def _lines(cache: Cache, offsets: np.ndarray) -> list[DumpLine]:
         if first == 0 and int(m.byte[s]) == 0:
             marks.append(f"{f.name} of slot {slot} starts")
         out.append(DumpLine(offset=int(offsets[s]), hex=raw.tobytes().hex(" "), block=int(m.block[s]), row=row,
-                            slot=slot, head=int(m.head[s]), field=f.name, dtype=f.dtype.name, first=first,
+                            slot=slot, head=int(m.head[s]), field=f.name, dtype=f.type_name, first=first,
                             last=first + len(values), values=values, dequant=dequant, tile=tile,
                             c0_chunk=chunk, fractal=fractal, marks=marks))
     return out

@@ -17,12 +17,29 @@ head ``h`` (the ``G = N1 / N2`` query heads ``h*G .. h*G+G-1`` share it):
    (right-down causal); ``sparse_mode=0`` keeps all. Selected tokens keep the entries' order.
 2. Keys ``K = [k_nope 512 | k_rope 64]`` and values ``V`` in the query dtype (``qdt``):
    non-quant: ``key`` / ``key_rope`` / ``value`` as stored. KV-quant (656-byte rows,
-   :data:`ascend_emu.quant.MLA_ROW`): ``k_nope = qdt(fp32(int8) * scale[tile])`` (one fp32
-   multiply, RNE to qdt), ``k_rope`` = bytes 512..639 read as qdt, ``V = k_nope``.
+   :data:`ascend_emu.quant.MLA_ROW`): ``k_nope = qdt(fp32(elem) * scale[tile])`` (exact widening
+   of the int8 / HiF8 / FP8 E4M3 element, one fp32 multiply, RNE to qdt), ``k_rope`` = bytes
+   512..639 read as qdt, ``V = k_nope``.
 3. ``S = (q . K) * scale_value`` in fp32 (an fp32 matmul: exact fp32 inputs, fp32 accumulation in
    BLAS order, then one fp32 multiply); ``m = max S``; ``e = fp32(exp(S - m))``; ``l = sum e``
    (selection order); ``P = qdt(e / l)``; ``O = P @ V`` (fp32 matmul as ``S``); output ``qdt(O)``.
-   softmax_max = ``m``, softmax_sum = ``l``.
+   softmax_max = ``m``, softmax_sum = ``l``. With ``sinks`` (KV-quant op, Ascend 950): query head
+   ``n``'s sink ``z`` (fp32, not multiplied by scale_value) joins the max and the sum as one more
+   logit without a value row: ``m = max(max S, z)``, ``l = fp32(exp(z - m)) + sum e`` (the sink
+   term first, then the rows in selection order), as op-plugin's golden
+   ``TestKvQuantSparseFlashAttention.softmax`` computes it.
+
+The Ascend 950 (``ASCEND_EMU_SOC_NAME`` starting with ``Ascend950``, :mod:`ascend_emu.soc`), for
+npu_kv_quant_sparse_flash_attention (op-plugin ``torch_npu-npu_kv_quant_sparse_flash_attention.md``,
+"约束说明"): keys of HiF8 codes (uint8 with ``key_dtype = value_dtype = 290``) or FP8 E4M3 (an
+ml_dtypes / torch ``float8_e4m3fn`` key, ``key_dtype`` None: op-plugin's adapter accepts no other
+code, ``KvQuantSparseFlashAttentionKernelNpuOpApi.cpp``) as well as int8, all in the same 656-byte
+rows (:data:`ascend_emu.quant.combined.MLA_ROWS`); N1 may be 48 (:data:`QUERY_HEADS_950`);
+``sparse_block_size`` only 1; with HiF8 keys K (sparse_size) only 2048; ``sinks`` fp32 ``[N1]``.
+On Atlas A2 / A3 each of these is rejected naming the SoC. The dequant chain is the A2 / A3 one:
+the arch35 kernel widens the element to fp32, multiplies by the tile's fp32 scale and casts to the
+query dtype with CAST_RINT (vllm-ascend ``csrc/attention/kv_quant_sparse_flash_attention/op_kernel/
+arch35/kv_quant_sparse_flash_attention_service_vector_mla.h:342-359``, ``AntiquantVFImplFp8D448``).
 
 Choices where the sources leave room (each in one named constant below):
 
@@ -49,9 +66,11 @@ Choices where the sources leave room (each in one named constant below):
   (ops-transformer ``attention/sparse_flash_attention/README.md``: "sparse_size大于0") requires
   sparse_size > 0. op-plugin's older ``test_sfa_saprse_size_zero`` golden computed a zero output
   for it; torch_npu's meta function rejects an empty tensor.
-- ``sinks``: None only. torch_npu 2.15 / op-plugin master add ``Tensor? sinks=None`` to
-  npu_kv_quant_sparse_flash_attention too (2.14's schema has it for npu_sparse_flash_attention
-  only); the docs: Atlas A2 / A3 do not support sinks (:func:`check_sinks`).
+- ``sinks``: npu_sparse_flash_attention: None only (:func:`check_sinks`). npu_kv_quant_sparse_flash_attention
+  (``Tensor? sinks=None`` in op-plugin master's schema; torch_npu 2.14's has none, see
+  :mod:`ascend_emu.torch_npu.schemas`): fp32 ``[N1]`` on the Ascend 950, without NaN or +Inf
+  (stricter than the doc, which says nothing of values); None on Atlas A2 / A3 (the doc: "不支持sinks").
+  Where the sink sits in the fp32 sum is the golden's order (step 3); the kernel's is not public.
 - Sparse-index rows: entries before the first -1 must be block ids in
   ``[0, ceil(act_kv / sbs))``; after the first -1 every entry must be -1 (the doc: "valid values
   first, invalid values last"); other negative values are errors. Rows of query tokens the op
@@ -80,6 +99,9 @@ from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_err
 from ..layouts import slots_from_block_table
 from ..mla import D_QK, D_ROPE, HCKV, NKV, TILE_SIZE
 from ..quant import MLA_ROW
+from ..quant.combined import NOPE_CACHE_DTYPES
+from ..quant.fp8 import TORCH_NPU_DTYPE_CODES
+from ..soc import is_ascend950, require_ascend950
 from .. import checked_mode
 from ._backend import get_backend
 from .lightning_indexer import SPARSE_COUNTS_LARGE
@@ -96,6 +118,14 @@ KV_LAYOUTS = ("BSND", "TND", "PA_BSND")
 QUERY_DTYPES = ("bfloat16", "float16")
 #: N1 values the docs allow (N2 = 1).
 QUERY_HEADS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: N1 values of npu_kv_quant_sparse_flash_attention on the Ascend 950 (the doc: also 48).
+QUERY_HEADS_950 = (1, 2, 4, 8, 16, 32, 48, 64, 128)
+#: npu_kv_quant_sparse_flash_attention on the Ascend 950: the only sparse_block_size, and the only
+#: sparse_size (K) with HiF8 keys (the doc's 950 constraints).
+KVQ_950_SPARSE_BLOCK_SIZE = 1
+KVQ_HIF8_SPARSE_K = 2048
+#: torch_npu's code of ``hifloat8``: the only key_dtype / value_dtype (op-plugin's adapter).
+HIFLOAT8_CODE = TORCH_NPU_DTYPE_CODES["hifloat8"]
 #: sparse_mode values: 0 (all selected tokens), 3 (right-down causal).
 SPARSE_MODES = (0, 3)
 #: Largest sparse_block_size (a power of 2) per op.
@@ -147,7 +177,8 @@ class SparseFlashAttentionArgs:
         quant: KV-quant op (656-byte rows) or not.
         query: ``[B, S1, N1, D]`` / ``[T, N1, D]`` bf16 / fp16 (D = 576 quant, else 512).
         query_rope: non-quant: ``[.., N1, 64]`` like query; quant: None.
-        key: the cache: int8 656-byte rows (quant) or query-dtype ``[.., N2, 512]``.
+        key: the cache: 656-byte rows (quant; int8, HiF8 codes as uint8, or float8_e4m3fn) or
+            query-dtype ``[.., N2, 512]``.
         key_rope: non-quant: ``[.., N2, 64]`` like key; quant: None.
         value: the caller's value (quant: key itself, a copy, or its ``[.., 512]`` k_nope, not
             read; non-quant: key's shape, or None).
@@ -168,6 +199,9 @@ class SparseFlashAttentionArgs:
         batch, seq_q: B and S1 (TND: S1 = T).
         num_heads, num_kv_heads: N1 and N2.
         return_softmax_lse: the op returns softmax_max / softmax_sum (non-quant op only).
+        nope_element: quant: the k_nope element type (``int8``, ``hifloat8``, ``float8_e4m3fn``;
+            :data:`ascend_emu.quant.combined.NOPE_ELEMENTS`); non-quant: ``int8`` (unused).
+        sinks: fp32 ``[N1]`` attention sinks (KV-quant op on the Ascend 950), or None.
     """
 
     quant: bool
@@ -195,6 +229,8 @@ class SparseFlashAttentionArgs:
     num_heads: int
     num_kv_heads: int
     return_softmax_lse: bool
+    nope_element: str = "int8"
+    sinks: np.ndarray | None = None
 
     @property
     def group(self) -> int:
@@ -298,29 +334,33 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
                                         attention_mode: int = 0, quant_scale_repo_mode: int = 1,
                                         tile_size: int = TILE_SIZE, rope_head_dim: int = D_ROPE, key_dtype=None,
                                         value_dtype=None, sinks=None):
-    """Sparse flash attention over a per-tile int8 cache of 656-byte rows (seed doc; ops_reference
-    §5.1-§5.2): the rows ``npu_mla_prolog_v3`` writes with ``kv_cache_quant_mode=3``.
+    """Sparse flash attention over a per-tile cache of 656-byte rows (seed doc; ops_reference
+    §5.1-§5.2; op-plugin's current doc for the Ascend 950 modes): the rows ``npu_mla_prolog_v3``
+    writes with ``kv_cache_quant_mode=3``.
 
     Args:
         query: ``[B, S1, N1, 576]`` (BSND) or ``[T, N1, 576]`` (TND) = ``[q_nope 512 | q_rope 64]``,
-            bf16 / fp16; N1 in 1, 2, 4, ..., 128.
-        key: int8 combined rows ``[B, S2, 1, 656]`` (BSND), ``[T2, 1, 656]`` (TND) or
-            ``[block_num, block_size, 1, 656]`` (PA_BSND): ``[512 int8 | 64 x qdt rope |
-            4 fp32 scales]``.
-        value: int8 of key's shape (key itself or a copy), or int8 ``[.., 512]`` with key's leading
+            bf16 / fp16; N1 in 1, 2, 4, ..., 128 (Ascend 950: also 48).
+        key: combined rows ``[B, S2, 1, 656]`` (BSND), ``[T2, 1, 656]`` (TND) or
+            ``[block_num, block_size, 1, 656]`` (PA_BSND): ``[512 x elem | 64 x qdt rope |
+            4 fp32 scales]``; elem int8 (int8 key), or on the Ascend 950 HiF8 (uint8 key with
+            ``key_dtype=290``) or FP8 E4M3 (ml_dtypes ``float8_e4m3fn`` key).
+        value: key's dtype, key's shape (key itself or a copy), or ``[.., 512]`` with key's leading
             dims (not read: V is key's k_nope; :data:`KVQ_VALUE_SOURCE`).
         sparse_indices, scale_value, block_table, actual_seq_lengths_query,
         actual_seq_lengths_kv, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens:
             as :func:`npu_sparse_flash_attention`.
         key_quant_mode, value_quant_mode: must be 2 (per-tile).
         key_dequant_scale, value_dequant_scale: reserved, must be None.
-        sparse_block_size: a power of 2 in [1, 16]; divides block_size for PA_BSND.
+        sparse_block_size: a power of 2 in [1, 16]; divides block_size for PA_BSND (Ascend 950:
+            only 1).
         attention_mode: must be 2 (MLA absorb).
         quant_scale_repo_mode: must be 1 (scales inside the rows).
         tile_size: must be 128. rope_head_dim: must be 64.
-        key_dtype, value_dtype: must be None (hifloat8 is Ascend 950 only).
-        sinks: must be None (torch_npu 2.15 / op-plugin master keyword; Atlas A2 / A3 do not
-            support sinks; :func:`check_sinks`).
+        key_dtype, value_dtype: None, or both 290 (``torch_npu.hifloat8``: the key holds HiF8
+            codes; Ascend 950 only; K must then be 2048).
+        sinks: None, or on the Ascend 950 fp32 ``[N1]``: one logit per query head added to the
+            softmax (module docstring, step 3).
 
     Returns:
         attention_out in the query dtype, ``[B, S1, N1, 512]`` / ``[T, N1, 512]``.
@@ -329,9 +369,10 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
 
     Raises:
         As :func:`npu_sparse_flash_attention`; ModeError also for a fixed mode with another value,
-        a reserved argument given, or a value that is not the key tensor itself.
+        a reserved argument given, a value that is not the key tensor itself, a key_dtype other
+        than None / 290, and an Ascend 950 mode (HiF8 / FP8 key, N1 = 48, sinks) on another SoC
+        (:func:`ascend_emu.soc.require_ascend950`: names the argument and the SoC).
     """
-    check_sinks(sinks)
     fixed = (("key_quant_mode", key_quant_mode, KEY_QUANT_MODE, "per-tile quant"),
              ("value_quant_mode", value_quant_mode, VALUE_QUANT_MODE, "per-tile quant"),
              ("quant_scale_repo_mode", quant_scale_repo_mode, QUANT_SCALE_REPO_MODE, "scales stored in the rows"),
@@ -340,14 +381,14 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
     for name, got, want, why in fixed:
         if (type(got) is not int or got != want) and _int(got, name) != want:  # plain ints: no _int call
             raise arg_error(ModeError, name, f"{want} ({why}; the only value the doc allows)", got)
-    for name, got in (("key_dequant_scale", key_dequant_scale), ("value_dequant_scale", value_dequant_scale),
-                      ("key_dtype", key_dtype), ("value_dtype", value_dtype)):
+    for name, got in (("key_dequant_scale", key_dequant_scale), ("value_dequant_scale", value_dequant_scale)):
         if got is not None:
-            raise arg_error(ModeError, name, "None (reserved; hifloat8 / separate scales are not supported on "
-                            "Atlas A2 / A3)", "a value" if isinstance(got, np.ndarray) else repr(got))
+            raise arg_error(ModeError, name, "None (reserved; only the default is supported)",
+                            "a value" if isinstance(got, np.ndarray) else repr(got))
+    element = kv_element(key, key_dtype, value_dtype)
     args = _normalise(True, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
                       actual_seq_lengths_kv, None, None, sparse_block_size, layout_query, layout_kv, sparse_mode,
-                      pre_tokens, next_tokens, attention_mode, False, sinks=None)
+                      pre_tokens, next_tokens, attention_mode, False, sinks=sinks, element=element)
     op = "npu_kv_quant_sparse_flash_attention"
     checked_mode.read_sparse_attention(op, args, key, None, None, sparse_indices, sparse_block_size, layout_kv)
     out = get_backend().sparse_flash_attention(args).attention_out
@@ -356,9 +397,40 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
 
 
 # ---------------------------------------------------------------------- validation
+def kv_element(key, key_dtype, value_dtype) -> str:
+    """The k_nope element type of npu_kv_quant_sparse_flash_attention's key rows, from
+    ``key_dtype`` / ``value_dtype`` and the key's dtype (op-plugin
+    ``KvQuantSparseFlashAttentionKernelNpuOpApi.cpp``: key_dtype is only for hifloat8; otherwise
+    the type is the key tensor's): ``"hifloat8"`` for ``key_dtype=290``, ``"float8_e4m3fn"`` for
+    an ml_dtypes float8_e4m3fn key, else ``"int8"`` (the dtype check of the contract then
+    rejects a key that is not int8). Checked here, before anything else reads the key: the
+    Ascend 950 modes on another SoC.
+
+    Raises:
+        DTypeError: key_dtype / value_dtype not an int or None.
+        ModeError: key_dtype other than None / 290, value_dtype other than key_dtype, or a HiF8 /
+            FP8 key on a SoC that is not an Ascend 950 (:func:`~ascend_emu.soc.require_ascend950`).
+    """
+    for name, got in (("key_dtype", key_dtype), ("value_dtype", value_dtype)):
+        if got is not None and _int(got, name) != HIFLOAT8_CODE:
+            raise arg_error(ModeError, name, f"None or {HIFLOAT8_CODE} (hifloat8): {name} is only used to "
+                            "support hifloat8, and is left at its default for an int8 / float8_e4m3fn key", got)
+    if (key_dtype is None) != (value_dtype is None):
+        raise arg_error(ModeError, "value_dtype", f"key_dtype's value ({key_dtype!r}): key and value share one "
+                        "dtype", value_dtype)
+    if key_dtype is not None:
+        require_ascend950("key_dtype", int(key_dtype), "hifloat8")
+        return "hifloat8"
+    if dtype_name(getattr(key, "dtype", np.int8)) == "float8_e4m3fn":
+        require_ascend950("key", "float8_e4m3fn", "FP8 E4M3 656-byte rows")
+        return "float8_e4m3fn"
+    return "int8"
+
+
 def check_sinks(sinks) -> None:
-    """``sinks`` of both sparse attention ops: only None (the docs: Atlas A2 / A3 do not support
-    attention sinks; Ascend 950 does).
+    """``sinks`` of npu_sparse_flash_attention: only None (the docs: Atlas A2 / A3 do not support
+    attention sinks; the Ascend 950's are emulated for npu_kv_quant_sparse_flash_attention only,
+    :func:`_check_kv_sinks`).
 
     Raises:
         ModeError: ``sinks`` is not None (names ``sinks``).
@@ -384,11 +456,30 @@ def _tensor(x, name: str, dtypes, shape, what: str) -> np.ndarray:
     return x
 
 
+def _check_kv_sinks(sinks, n1: int, soc950: bool) -> None:
+    """``sinks`` of npu_kv_quant_sparse_flash_attention: None, or on the Ascend 950 an fp32
+    ``[N1]`` array (op-plugin doc: "数据类型支持float32，shape为[Q_N]").
+
+    Raises:
+        ModeError: a tensor on another SoC (names the SoC). DTypeError / ShapeError: not fp32
+        ``[N1]``.
+    """
+    if sinks is None:
+        return
+    if not soc950:
+        require_ascend950("sinks", describe(sinks), "attention sinks")
+    sinks = required(sinks, "sinks")
+    check_dtype(sinks, "sinks", ("float32",))
+    if sinks.shape != (n1,):
+        raise arg_error(ShapeError, "sinks", f"[N1] = [{n1}] (one fp32 logit per query head)", list(sinks.shape))
+
+
 def _check_static(quant, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
                   actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode,
-                  pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks) -> _Static:
+                  pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks, element, soc950) -> _Static:
     """Every check that reads only types, shapes, dtypes, modes and scalars, in the contract's
-    order (lengths, block_table and sparse index values: :func:`_normalise`).
+    order (lengths, block_table and sparse index values: :func:`_normalise`). ``element``: the
+    k_nope element type (:func:`kv_element`); ``soc950``: the emulated SoC is an Ascend 950.
 
     Raises:
         As :func:`npu_sparse_flash_attention` (ShapeError, DTypeError, ModeError).
@@ -410,7 +501,8 @@ def _check_static(quant, query, key, value, sparse_indices, scale_value, block_t
     if _int(attention_mode, "attention_mode") != ATTENTION_MODE:
         raise arg_error(ModeError, "attention_mode", f"{ATTENTION_MODE} (MLA absorb, the only mode {op} supports)",
                         attention_mode)
-    check_sinks(sinks)
+    if not quant:
+        check_sinks(sinks)
     if not isinstance(return_softmax_lse, (bool, np.bool_)):
         raise arg_error(DTypeError, "return_softmax_lse", "a bool", type(return_softmax_lse).__name__)
     if return_softmax_lse and layout_kv == "PA_BSND":
@@ -418,6 +510,9 @@ def _check_static(quant, query, key, value, sparse_indices, scale_value, block_t
                         "softmax_max / softmax_sum only without PageAttention)", True)
     sbs = _int(sparse_block_size, "sparse_block_size")
     max_sbs = KVQ_MAX_SPARSE_BLOCK_SIZE if quant else SFA_MAX_SPARSE_BLOCK_SIZE
+    if quant and soc950 and sbs != KVQ_950_SPARSE_BLOCK_SIZE:
+        raise arg_error(ModeError, "sparse_block_size", f"{KVQ_950_SPARSE_BLOCK_SIZE} (the only value on the "
+                        "Ascend 950)", sbs)
     if not (1 <= sbs <= max_sbs and sbs & (sbs - 1) == 0):
         raise arg_error(ModeError, "sparse_block_size", f"a power of 2 in [1, {max_sbs}]", sbs)
     scale = check_float(scale_value, "scale_value")
@@ -431,8 +526,10 @@ def _check_static(quant, query, key, value, sparse_indices, scale_value, block_t
     if query.ndim != q_nd or query.shape[-1] != d_q:
         raise arg_error(ShapeError, "query", f"{lead_q}{d_q}] for layout_query={layout_query}", list(query.shape))
     n1 = query.shape[-2]
-    if n1 not in QUERY_HEADS:
-        raise arg_error(ShapeError, "query", f"N1 in {list(QUERY_HEADS)}", f"N1={n1} (shape {list(query.shape)})")
+    heads = QUERY_HEADS_950 if quant and soc950 else QUERY_HEADS
+    if n1 not in heads:
+        more = " (48: Ascend 950 only)" if quant and n1 in QUERY_HEADS_950 else ""
+        raise arg_error(ShapeError, "query", f"N1 in {list(heads)}{more}", f"N1={n1} (shape {list(query.shape)})")
     if query.size == 0:
         raise arg_error(ShapeError, "query", "a non-empty tensor", list(query.shape))
     qdt = dtype_name(query.dtype)
@@ -444,7 +541,13 @@ def _check_static(quant, query, key, value, sparse_indices, scale_value, block_t
     # ---- key / value
     d_k = MLA_ROW.row_bytes if quant else HCKV
     key = required(key, "key")
-    check_dtype(key, "key", ("int8",) if quant else (qdt,))
+    if quant and element == "hifloat8" and dtype_name(key.dtype) != "uint8":
+        raise arg_error(DTypeError, "key", "uint8 HiF8 codes with key_dtype=290", dtype_name(key.dtype))
+    if quant and element == "int8" and dtype_name(key.dtype) != "int8":
+        allowed = "int8, or on the Ascend 950 float8_e4m3fn or uint8 HiF8 codes with key_dtype=290"
+        raise arg_error(DTypeError, "key", f"dtype {allowed}", dtype_name(key.dtype))
+    if not quant:
+        check_dtype(key, "key", (qdt,))
     k_nd = 3 if layout_kv == "TND" else 4
     shown = {"BSND": "[B, S2, N2, ", "TND": "[T2, N2, ", "PA_BSND": "[block_num, block_size, N2, "}[layout_kv]
     if key.ndim != k_nd or key.shape[-1] != d_k or key.size == 0:
@@ -455,11 +558,13 @@ def _check_static(quant, query, key, value, sparse_indices, scale_value, block_t
                         f"N2={n2} (shape {list(key.shape)})")
     if quant:
         nope_shape = (*key.shape[:-1], HCKV)
-        if not (isinstance(value, np.ndarray) and value.dtype == np.int8
+        if not (isinstance(value, np.ndarray) and value.dtype == key.dtype
                 and value.shape in (tuple(key.shape), nope_shape)):
             got = "None" if value is None else describe(value)
-            raise arg_error(ModeError, "value", f"key itself (or a copy), or an int8 {list(nope_shape)} k_nope "
-                            "tensor (attention_mode 2: V is the dequantized k_nope of key's 656-byte rows)", got)
+            raise arg_error(ModeError, "value", f"key itself (or a copy), or an {dtype_name(key.dtype)} "
+                            f"{list(nope_shape)} k_nope tensor (attention_mode 2: V is the dequantized k_nope of "
+                            "key's 656-byte rows)", got)
+        _check_kv_sinks(sinks, int(n1), soc950)
     else:
         key_rope = _tensor(key_rope, "key_rope", (qdt,), [*key.shape[:-1], D_ROPE],
                            f"(key's leading dims, {D_ROPE} rope values, dtype of query)")
@@ -497,6 +602,9 @@ def _check_static(quant, query, key, value, sparse_indices, scale_value, block_t
                         f"{MIN_SPARSE_K} <= K <= {MAX_SPARSE_K} (the doc: sparse_size > 0; the largest "
                         "sparse_count of npu_lightning_indexer)",
                         list(sparse_indices.shape))
+    if quant and element == "hifloat8" and sparse_indices.shape[-1] != KVQ_HIF8_SPARSE_K:
+        raise arg_error(ShapeError, "sparse_indices", f"K = {KVQ_HIF8_SPARSE_K} (the only sparse_size with "
+                        "hifloat8 keys)", list(sparse_indices.shape))
     return _Static(sbs=sbs, scale=scale, n1=int(n1), n2=int(n2), lead=tuple(int(x) for x in lead), q_nd=q_nd,
                    block_num=block_num, block_size=block_size)
 
@@ -521,7 +629,8 @@ _VALIDATED = ValidatedSignatures()
 
 def _normalise(quant, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
                actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode,
-               pre_tokens, next_tokens, attention_mode, return_softmax_lse, *, sinks) -> SparseFlashAttentionArgs:
+               pre_tokens, next_tokens, attention_mode, return_softmax_lse, *, sinks,
+               element: str = "int8") -> SparseFlashAttentionArgs:
     """Validate every argument of either op and build :class:`SparseFlashAttentionArgs`.
 
     The checks :func:`_check_static` makes run once per call signature
@@ -531,7 +640,7 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
     """
     given = (quant, query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
              actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode,
-             pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks)
+             pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks, element, is_ascend950())
     sig, st, known = _VALIDATED.lookup(given, _check_static)  # known: the lengths' dtypes and shapes passed too
     lengths_of = known_per_batch_lengths if known else per_batch_lengths
     query, key, sparse_indices = required(query, "query"), required(key, "key"), required(sparse_indices,
@@ -544,6 +653,12 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
         v_from_key = value is key or (value.__array_interface__["data"][0] == key.__array_interface__["data"][0]
                                       and value.strides == key.strides)  # the key itself
     n2, sbs, lead = st.n2, st.sbs, st.lead
+    if sinks is not None:  # KV-quant on the Ascend 950: fp32 [N1] (static checks above)
+        sinks = required(sinks, "sinks")
+        if np.isnan(sinks).any() or np.isposinf(sinks).any():
+            bad = int(np.flatnonzero(np.isnan(sinks) | np.isposinf(sinks))[0])
+            raise arg_error(DTypeError, "sinks", "fp32 logits without NaN or +inf",
+                            f"sinks[{bad}] = {float(sinks[bad])}")
 
     # ---- batch, lengths
     if layout_query == "BSND":
@@ -595,7 +710,7 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
         actual_seq_lengths_kv=actual_seq_lengths_kv, starts=starts, counts=counts, lengths=lengths,
         scale_value=st.scale, sparse_block_size=sbs, layout_query=layout_query, layout_kv=layout_kv,
         sparse_mode=int(sparse_mode), out_shape=(*lead, st.n1, HCKV), batch=b, seq_q=s1, num_heads=st.n1,
-        num_kv_heads=n2, return_softmax_lse=bool(return_softmax_lse))
+        num_kv_heads=n2, return_softmax_lse=bool(return_softmax_lse), nope_element=element, sinks=sinks)
 
 
 @functools.lru_cache(maxsize=64)

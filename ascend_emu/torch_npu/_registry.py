@@ -633,16 +633,6 @@ def eager_allowed() -> bool:
                 or _functorch_layers() is not None)
 
 
-def _later_keywords() -> dict[str, dict[str, Callable[[Any], None]]]:
-    """Keywords a later torch_npu adds that the registered 2.14 schema lacks, per ``npu`` op:
-    ``torch_npu.<op>`` accepts each at None (dropped before the schema check, so the registered
-    schema stays 2.14's) and passes any other value to the check named here, which rejects it.
-    ``sinks`` of npu_kv_quant_sparse_flash_attention: torch_npu 2.15 / op-plugin master
-    (``op_plugin_functions.yaml``); Atlas A2 / A3 do not support sinks."""
-    from ..ops.sparse_flash_attention import check_sinks
-    return {"npu_kv_quant_sparse_flash_attention": {"sinks": check_sinks}}
-
-
 #: ``int`` dtype-code arguments that take a torch dtype too, per ``npu`` op: torch's dispatcher
 #: passes a torch dtype in an ``int`` slot as its ``c10::ScalarType`` value, which is how
 #: ``torch_npu.npu_dynamic_mx_quant(x, dst_type=torch.float8_e4m3fn)`` reaches the kernel; the
@@ -695,24 +685,16 @@ def public_op(namespace: str, name: str) -> Callable:
     eager path takes the one overload whose schema the call matches; on the dispatcher path
     :func:`check_call` checks the call against every overload, and a call one of them fits is
     resolved by torch.
-
-    A keyword of :func:`_later_keywords` (torch_npu 2.15's ``sinks`` of
-    npu_kv_quant_sparse_flash_attention) is accepted at None and rejected otherwise, before the
-    call; ``torch.ops.npu.<op>`` keeps 2.14's schema and does not take it.
     """
     packet = getattr(getattr(torch.ops, namespace), name)
     specs = [s for s in SCHEMAS if s.namespace == namespace and s.name == name]
     public = f"torch_npu.{'atb.' if namespace == 'atb' else ''}{name}"
     bindings = tuple(_BINDINGS[f"{namespace}::{s.qualified}"] for s in specs)
     check = _CHECKS[packet._qualified_op_name]
-    later = tuple(_later_keywords().get(name, {}).items()) if namespace == "npu" else ()
     coded = DTYPE_CODE_ARGUMENTS.get(name, ()) if namespace == "npu" else ()
     coded_at = {i: a for i, a in enumerate(bindings[0].names) if a in coded}
 
     def call(*args, **kwargs):
-        for keyword, check_later in later:
-            if keyword in kwargs:
-                check_later(kwargs.pop(keyword))
         if coded:
             args, kwargs = _with_codes(coded, coded_at, args, kwargs)
         if eager_allowed():

@@ -1,7 +1,8 @@
 """torch_npu 2.14's operator schemas for the ops ascend_emu emulates, as data.
 
 Each entry is the schema string exactly as torch_npu 2.14.0 declares it (read from the wheel,
-``pip download --no-deps torch-npu==2.14.0``), with the file it comes from. :mod:`._registry`
+``pip download --no-deps torch-npu==2.14.0``), with the file it comes from; one entry
+(:data:`OP_PLUGIN_SOURCE`) is op-plugin master's, 2.14's with a trailing ``sinks`` keyword. :mod:`._registry`
 registers them with ``torch.library`` under their namespace (``torch.ops.npu.<name>``,
 ``torch.ops.atb.npu_mla_preprocess``), alias annotations included; the Python signatures of
 ``torch_npu.<op>`` are these, not written a second time. Output shapes and dtypes of the fake
@@ -22,6 +23,10 @@ from ..install_hints import TORCH_NPU_VERSION  # noqa: F401  (the version the sc
 
 #: Source files in the torch_npu wheel.
 YAML_SOURCE = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
+#: Where a schema is op-plugin master's instead (a later torch_npu's): 2.14's plus trailing
+#: optional keywords, so every 2.14 call is still accepted. npu_kv_quant_sparse_flash_attention's
+#: ``Tensor? sinks=None`` (the Ascend 950's attention sinks).
+OP_PLUGIN_SOURCE = "Ascend/op-plugin@517f2e7d op_plugin/config/op_plugin_functions.yaml:6406"
 ATB_SOURCE = "torch_npu/lib/libop_plugin_atb.so (registration string)"
 
 #: Ops that write caches in place although torch_npu declares them without alias annotations:
@@ -206,7 +211,7 @@ SCHEMAS: tuple[OpSchema, ...] = (
         'int sparse_block_size=1, str layout_query="BSND", str layout_kv="BSND", int sparse_mode=3, '
         'int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int attention_mode=0, '
         'int quant_scale_repo_mode=1, int tile_size=128, int rope_head_dim=64, int? key_dtype=None, '
-        'int? value_dtype=None) -> Tensor'),
+        'int? value_dtype=None, Tensor? sinks=None) -> Tensor', OP_PLUGIN_SOURCE),
     OpSchema("npu",
         "npu_gather_pa_kv_cache(Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, "
         "Tensor(a!) key, Tensor(b!) value, *, Tensor? seq_offset=None, bool is_seq_lens_cumsum=False) -> ()"),

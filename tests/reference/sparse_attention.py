@@ -6,6 +6,10 @@ independently of the kernels: its own block-table walk and its own 656-byte row 
 fp32 evaluation order: products rounded to fp32 and summed in element order (``np.cumsum`` is
 sequential), exp in float64 rounded to fp32, query-dtype roundings by ml_dtypes / NumPy casts
 (RNE). The emulator's matmuls sum in BLAS order instead, so some last bits differ.
+
+The Ascend 950's rows (HiF8 / FP8 E4M3 k_nope bytes) are decoded with the bit-field decoders of
+:mod:`tests.reference.formats_950`; sinks follow op-plugin's golden softmax (the sink joins the
+max, and ``exp(sink - max)`` starts the sum).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from ascend_emu.mla import D_ROPE as ROPE
 from ascend_emu.mla import HCKV as NOPE
 from ascend_emu.mla import TILE_SIZE as TILE
 
+from .formats_950 import fp8_table, hif8_decode
 from .layouts import kv_position_to_row
 
 
@@ -24,10 +29,19 @@ def seq_sum(products: np.ndarray) -> np.ndarray:
     return np.cumsum(products.astype(np.float32), axis=-1, dtype=np.float32)[..., -1]
 
 
-def decode_rows(rows: np.ndarray, qdt) -> tuple[np.ndarray, np.ndarray]:
+def element_values(codes: np.ndarray, element: str) -> np.ndarray:
+    """fp32 values of one-byte k_nope codes (uint8) read as ``element``."""
+    if element == "int8":
+        return codes.view(np.int8).astype(np.float32)
+    if element == "hifloat8":
+        return np.array([hif8_decode(c) for c in codes.reshape(-1)], np.float32).reshape(codes.shape)
+    return fp8_table(element)[codes].astype(np.float32)
+
+
+def decode_rows(rows: np.ndarray, qdt, element: str = "int8") -> tuple[np.ndarray, np.ndarray]:
     """656-byte per-tile rows -> (k_nope in the query dtype, k_rope read as the query dtype)."""
-    rows = np.ascontiguousarray(rows)
-    nope = rows[:, :NOPE].astype(np.float32)  # [L, 512]
+    rows = np.ascontiguousarray(rows).view(np.uint8)
+    nope = element_values(rows[:, :NOPE], element)  # [L, 512]
     rope = rows[:, NOPE:NOPE + 2 * ROPE].copy().view(qdt)  # [L, 64]
     scales = rows[:, NOPE + 2 * ROPE:].copy().view(np.float32)  # [L, 4]
     k_nope = (nope * np.repeat(scales, TILE, axis=1)).astype(np.float32).astype(qdt)  # [L, 512]
@@ -36,10 +50,11 @@ def decode_rows(rows: np.ndarray, qdt) -> tuple[np.ndarray, np.ndarray]:
 
 def reference(query, key, value, sparse_indices, scale_value, *, quant, query_rope=None, key_rope=None,
               block_table=None, actual_seq_lengths_query=None, actual_seq_lengths_kv=None, sparse_block_size=1,
-              layout_query="BSND", layout_kv="BSND", sparse_mode=3):
+              layout_query="BSND", layout_kv="BSND", sparse_mode=3, element="int8", sinks=None):
     """Returns ``(out, softmax_max, softmax_sum, valid)``: out like the op's attention_out (0 where
     a (token, head) has no kv token); softmax_max / softmax_sum fp32 ``[T, N2, G]`` (NaN where
-    invalid); ``valid`` bool ``[T, N2]``."""
+    invalid); ``valid`` bool ``[T, N2]``. ``element``: the k_nope type of 656-byte rows;
+    ``sinks``: fp32 ``[N1]`` or None."""
     qdt = query.dtype
     n1 = query.shape[-2]
     q = query.reshape(-1, n1, query.shape[-1])  # [T, N1, Dq]
@@ -94,7 +109,7 @@ def reference(query, key, value, sparse_indices, scale_value, *, quant, query_ro
                 continue
             valid[t, h] = True
             if quant:
-                k_nope, k_rope = decode_rows(key_rows[rows, h], qdt)
+                k_nope, k_rope = decode_rows(key_rows[rows, h], qdt, element)
                 v = k_nope
             else:
                 k_nope, k_rope, v = key_rows[rows, h], rope_rows[rows, h], value_rows[rows, h]
@@ -102,8 +117,12 @@ def reference(query, key, value, sparse_indices, scale_value, *, quant, query_ro
             qh = q[t, h * g_size:(h + 1) * g_size].astype(np.float32)  # [G, 576]
             scores = seq_sum(qh[:, None, :] * k[None, :, :]) * np.float32(scale_value)  # [G, L]
             m = scores.max(axis=-1)  # [G]
+            if sinks is not None:
+                z = np.asarray(sinks, np.float32)[h * g_size:(h + 1) * g_size]  # [G]
+                m = np.maximum(m, z)
+                e_z = np.exp((z - m).astype(np.float64)).astype(np.float32)  # [G]
             e = np.exp((scores - m[:, None]).astype(np.float64)).astype(np.float32)  # [G, L]
-            total = seq_sum(e)  # [G]
+            total = seq_sum(e if sinks is None else np.concatenate([e_z[:, None], e], axis=1))  # [G]
             p = (e / total[:, None]).astype(qdt).astype(np.float32)  # [G, L]
             o = seq_sum(p[:, :, None].transpose(0, 2, 1) * v.astype(np.float32).T[None, :, :])  # [G, 512]
             out[t, h * g_size:(h + 1) * g_size] = o
