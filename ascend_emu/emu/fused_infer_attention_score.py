@@ -29,11 +29,12 @@ import numpy as np
 from numba import njit
 
 from ..mla import D_ROPE
-from ..ops.fused_infer_attention_score import (EMPTY_ROW_LSE, EMPTY_ROW_OUTPUT, FusedInferAttentionArgs,
-                                               FusedInferAttentionOutputs)
+from ..ops.fused_infer_attention_score import (C8_DOT_BIAS, C8_DOT_BIAS_BITS, C8_FLOAT_EPS, C8_KV_BLOCK, C8_P_RANGE,
+                                               C8_PV_STAGE_SCALE, EMPTY_ROW_LSE, EMPTY_ROW_OUTPUT,
+                                               FusedInferAttentionArgs, FusedInferAttentionOutputs)
 from ..quant import BF16
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
-from .matmul import matmul_f32
+from .matmul import matmul_f32, matmul_int8
 from .sparse_flash_attention import _exp_f64
 
 
@@ -69,6 +70,129 @@ def _softmax_rows(scores, limits, scale, is_bf16, m, total):
         total[r] = tot
 
 
+@njit(cache=True)
+def _c8_softmax_rows(scores, limits, block, p_out, max_p16, exp16, m, total):
+    """The C8 kernel's blocked softmax and P quantisation, row by row (steps C4-C5 of the op's
+    module docstring). scores: fp32 ``[R, L]`` dequantised, scaled scores; limits: int64 ``[R]``
+    (rows with limit <= 0 are left untouched); block: kv positions per block. Out: p_out fp32
+    ``[R, L]`` the int8 P values (0 past the limit), max_p16 / exp16 fp32 ``[R, nblk]`` the block's
+    fp16 P max and fp16 rescale factor (0 / 1 for blocks past the limit), m / total fp32 ``[R]``
+    the final max and exp sum."""
+    eps = np.float32(C8_FLOAT_EPS)
+    prange_ = np.float32(C8_P_RANGE)
+    nblk = max_p16.shape[1]
+    for r in range(scores.shape[0]):
+        lim = limits[r]
+        row = scores[r]
+        out = p_out[r]
+        out[:] = 0.0
+        if lim <= 0:
+            continue
+        mo = np.float32(-np.inf)
+        tot = np.float32(0.0)
+        for j in range(nblk):
+            lo = j * block
+            if lo >= lim:
+                max_p16[r, j] = 0.0
+                exp16[r, j] = 1.0
+                continue
+            hi = min(lo + block, lim)
+            lm = np.float32(row[lo])
+            for i in range(lo + 1, hi):
+                if row[i] > lm:
+                    lm = np.float32(row[i])
+            mn = mo
+            if lm > mo:
+                mn = lm
+            ed = np.float32(0.0)
+            if j > 0:
+                ed = np.float32(_exp_f64(mo - mn))
+            s = np.float32(0.0)
+            for i in range(lo, hi):
+                e = np.float32(_exp_f64(row[i] - mn))
+                s = np.float32(s + e)
+                out[i] = e
+            tot = np.float32(np.float32(ed * tot) + s)
+            mp = np.float32(np.float32(_exp_f64(lm - mn)) + eps)
+            qs = np.float32(prange_ / mp)
+            for i in range(lo, hi):
+                h = np.rint(f16_bits_to_f32(f32_bits_to_f16_bits(np.float32(out[i] * qs).view(np.uint32))))
+                out[i] = np.float32(min(max(h, -128.0), 127.0))
+            max_p16[r, j] = f16_bits_to_f32(f32_bits_to_f16_bits(mp.view(np.uint32)))
+            ed32 = np.float32(ed)
+            exp16[r, j] = f16_bits_to_f32(f32_bits_to_f16_bits(ed32.view(np.uint32)))
+            mo = mn
+        m[r] = mo
+        total[r] = tot
+
+
+def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray]:
+    """The C8 decode (int8 query / caches, KV_N = 1): fp32 ``out`` ``[T, N, 512]`` and ``lse``
+    ``[T, N]``, token-major (:func:`_finish` lays them out). The steps are the op module's C1-C7."""
+    q = _tokens_first(args.query, args.query_layout)  # [T, N, 512] int8
+    qr = _tokens_first(args.query_rope, args.query_layout)  # [T, N, 64] bf16
+    qs = args.dequant_scale_query
+    qs = (qs.transpose(0, 2, 1) if args.query_layout == "BNSD" else qs).reshape(q.shape[0], q.shape[1])  # [T, N]
+    ks = np.float32(args.dequant_scale_key.reshape(-1)[0])
+    vs = np.float32(args.dequant_scale_value.reshape(-1)[0])
+    t_size, n, d = q.shape
+    out = np.full((t_size, n, d), EMPTY_ROW_OUTPUT, dtype=np.float32)  # [T, N, D]
+    lse = np.full((t_size, n), EMPTY_ROW_LSE, dtype=np.float32)  # [T, N]
+    # C2: fp32(fp32(qs * ks) * scale) per row
+    d1 = ((qs.astype(np.float32) * ks).astype(np.float32) * np.float32(args.scale)).astype(np.float32)  # [T, N]
+    v_scale = np.float32(vs * np.float32(1.0 / C8_P_RANGE))  # C7: deqScale2Val * scaleP2
+    block = C8_KV_BLOCK
+    for b in range(args.batch):
+        nq, kv_len = int(args.act_q[b]), int(args.act_kv[b])
+        if nq == 0 or kv_len == 0:
+            continue
+        s_pos = np.arange(nq)
+        limits = np.full(nq, kv_len) if args.sparse_mode == 0 else np.clip(kv_len - nq + s_pos + 1, 0, kv_len)
+        width = int(limits.max())
+        if width == 0:
+            continue
+        tokens = int(args.q_start[b]) + s_pos  # [nq]
+        slots = args.slots[b, :width]  # [L]
+        row_limits = np.repeat(limits, n).astype(np.int64)  # [nq*N]
+        live = row_limits > 0
+        k = _gather(args.key, args.cache_layout, 1, slots, args.block_size, 0, widen=False)  # [L, 512] int8
+        kr = _gather(args.key_rope, args.cache_layout, 1, slots, args.block_size, 0)  # [L, 64] fp32
+        v = k if args.value is args.key else _gather(args.value, args.cache_layout, 1, slots, args.block_size, 0,
+                                                     widen=False)  # [L, 512] int8
+        qrows = q[tokens].reshape(-1, d)  # [R, 512] int8
+        # C1: exact int dot through the biased fp32 accumulator, plus the rope products in fp32
+        dot = matmul_int8(qrows, k, w_nk=True)  # [R, L] int32
+        nope = (dot + np.int32(C8_DOT_BIAS_BITS)).view(np.float32) - np.float32(C8_DOT_BIAS)
+        rope = matmul_f32(qr[tokens].reshape(-1, D_ROPE).astype(np.float32), kr.T)  # [R, L]
+        scores = ((nope + rope).astype(np.float32) * d1[tokens].reshape(-1, 1)).astype(np.float32)  # C2
+        nblk = -(-width // block)
+        p = np.empty_like(scores)  # [R, L]
+        max_p16 = np.empty((scores.shape[0], nblk), np.float32)
+        exp16 = np.empty((scores.shape[0], nblk), np.float32)
+        m = np.empty(scores.shape[0], np.float32)
+        total = np.empty(scores.shape[0], np.float32)
+        _c8_softmax_rows(scores, row_limits, block, p, max_p16, exp16, m, total)
+        p8 = p.astype(np.int8)
+        acc = None
+        for j in range(nblk):  # C6: fp16 staging of each block's P @ V, fp16 online rescale
+            lo, hi = j * block, min((j + 1) * block, width)
+            pv = matmul_int8(p8[:, lo:hi], v[lo:hi])  # [R, 512] int32, exact
+            pv16 = (pv.astype(np.float32) * np.float32(C8_PV_STAGE_SCALE)).astype(np.float16)
+            pv16 = pv16 * max_p16[:, j:j + 1].astype(np.float16)
+            acc = pv16 if acc is None else acc * exp16[:, j:j + 1].astype(np.float16) + pv16
+        o = acc.astype(np.float32) * np.float32(1.0 / C8_PV_STAGE_SCALE)  # C7
+        o = (o / np.where(live, total, np.float32(1))[:, None]).astype(np.float32)
+        o = (o * v_scale).astype(np.float32)
+        block_out = out[tokens].reshape(-1, d)  # copy [R, D]
+        block_out[live] = o[live]
+        out[tokens] = block_out.reshape(nq, n, d)
+        block_lse = lse[tokens].reshape(-1)  # copy [R]
+        ln = np.log(total[live].astype(np.float64)).astype(np.float32)
+        block_lse[live] = (m[live] + ln).astype(np.float32)
+        lse[tokens] = block_lse.reshape(nq, n)
+    return out, lse
+
+
 def _tokens_first(x: np.ndarray, layout: str) -> np.ndarray:
     """Query-like ``x`` as ``[T, N, D]`` (token-major: request after request)."""
     if layout == "BSND":
@@ -78,11 +202,13 @@ def _tokens_first(x: np.ndarray, layout: str) -> np.ndarray:
     return x
 
 
-def _gather(cache: np.ndarray, layout: str, kv_n: int, slots: np.ndarray, block_size: int, h: int) -> np.ndarray:
+def _gather(cache: np.ndarray, layout: str, kv_n: int, slots: np.ndarray, block_size: int, h: int,
+            widen: bool = True) -> np.ndarray:
     """fp32 ``[L, D]``: kv head ``h`` of the cache rows ``slots`` (``block * bs + row``; non-paged TND:
-    the token rows), widened exactly."""
+    the token rows), widened exactly (``widen=False``: in the cache's dtype)."""
     if layout == "TND":
-        return cache[slots, h].astype(np.float32)  # [L, D]
+        rows = cache[slots, h]  # [L, D]
+        return rows.astype(np.float32) if widen else rows
     blk, row = slots // block_size, slots % block_size
     if layout == "PA_BSH":
         rows = cache.reshape(cache.shape[0], cache.shape[1], kv_n, -1)[blk, row, h]  # [L, D]
@@ -90,7 +216,7 @@ def _gather(cache: np.ndarray, layout: str, kv_n: int, slots: np.ndarray, block_
         rows = cache[blk, h, row]  # [L, D]
     else:  # PA_NZ [nb, KV_N, D/C0, bs, C0]
         rows = cache[blk, h, :, row, :].reshape(slots.size, -1)  # [L, D/C0, C0] -> [L, D]
-    return rows.astype(np.float32)
+    return rows.astype(np.float32) if widen else np.ascontiguousarray(rows)
 
 
 def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAttentionOutputs:
@@ -103,6 +229,8 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
         ``(attention_out, softmax_lse)``: ``args.out_shape`` in the query dtype; fp32
         ``args.lse_shape``.
     """
+    if args.quantised:
+        return _finish(args, *_c8_attention(args))
     qdt = args.query_dtype
     is_bf16 = qdt == BF16
     q = _tokens_first(args.query, args.query_layout)  # [T, N, D]
@@ -145,7 +273,14 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
             ln = np.log(total[live].astype(np.float64)).astype(np.float32)
             block_lse[live] = (m[live] + ln).astype(np.float32)
             lse[tokens, heads] = block_lse.reshape(nq, group)
-    rounded = out.astype(qdt)  # one RNE rounding, [T, N, D]
+    return _finish(args, out, lse)
+
+
+def _finish(args: FusedInferAttentionArgs, out: np.ndarray, lse: np.ndarray) -> FusedInferAttentionOutputs:
+    """fp32 ``out`` ``[T, N, D]`` and ``lse`` ``[T, N]`` (token-major) -> the op's outputs: one RNE
+    rounding to ``args.out_dtype``, the output / lse layouts."""
+    t_size, n, d = out.shape
+    rounded = out.astype(args.out_dtype)  # one RNE rounding, [T, N, D]
     if args.query_layout != "TND":
         rounded = rounded.reshape(args.batch, args.seq_q, n, d)  # [B, S1, N, D]
     layout = args.out_layout
