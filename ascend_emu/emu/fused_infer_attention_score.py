@@ -26,7 +26,7 @@ Source: the op contract :mod:`ascend_emu.ops.fused_infer_attention_score` (numer
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..mla import D_ROPE
 from ..ops.fused_infer_attention_score import (C8_DOT_BIAS, C8_DOT_BIAS_BITS, C8_FLOAT_EPS, C8_KV_BLOCK, C8_P_RANGE,
@@ -38,33 +38,36 @@ from .matmul import matmul_f32, matmul_int8
 from .sparse_flash_attention import _exp_f64
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _softmax_rows(scores, limits, scale, is_bf16, m, total):
     """In place: fp32 scores ``[R, L]`` -> P (query-dtype values as fp32, unnormalised exp), row by
     row over the first ``limits[r]`` entries (the rest set to 0); ``m`` / ``total``: out, fp32
-    ``[R]`` the row max and exp sum (rows with limit 0 are left untouched)."""
-    for r in range(scores.shape[0]):
+    ``[R]`` the row max and exp sum (rows with limit 0 are left untouched). Rows run in parallel;
+    within a row the scale / exp / rounding passes vectorize and the sum runs in kv order."""
+    for r in prange(scores.shape[0]):
         n = limits[r]
         row = scores[r]
         if n <= 0:
             row[:] = 0.0
             continue
+        for i in range(n):
+            row[i] = np.float32(row[i] * scale)
         mx = np.float32(-np.inf)
         for i in range(n):
-            x = np.float32(row[i] * scale)
-            row[i] = x
-            mx = x if x > mx else mx
+            if row[i] > mx:
+                mx = row[i]
+        for i in range(n):
+            row[i] = np.float32(_exp_f64(row[i] - mx))
         tot = np.float32(0.0)
+        for i in range(n):
+            tot = np.float32(tot + row[i])
+        bits = row[:n].view(np.uint32)
         if is_bf16:
             for i in range(n):
-                e = np.float32(_exp_f64(row[i] - mx))
-                tot = np.float32(tot + e)
-                row[i] = bf16_bits_to_f32(f32_bits_to_bf16_bits(e.view(np.uint32)))
+                row[i] = bf16_bits_to_f32(f32_bits_to_bf16_bits(bits[i]))
         else:
             for i in range(n):
-                e = np.float32(_exp_f64(row[i] - mx))
-                tot = np.float32(tot + e)
-                row[i] = f16_bits_to_f32(f32_bits_to_f16_bits(e.view(np.uint32)))
+                row[i] = f16_bits_to_f32(f32_bits_to_f16_bits(bits[i]))
         row[n:] = 0.0
         m[r] = mx
         total[r] = tot
@@ -240,6 +243,12 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
     out = np.full((t_size, n, d), EMPTY_ROW_OUTPUT, dtype=np.float32)  # [T, N, D] fp32 before the rounding
     lse = np.full((t_size, n), EMPTY_ROW_LSE, dtype=np.float32)  # [T, N]
     scale = np.float32(args.scale)
+    # buffers reused by every (request, kv head): fresh large arrays cost page faults per call
+    width_max = int(args.slots.shape[1])
+    rows_max = int(args.act_q.max()) * group
+    k_buf = np.empty((width_max, d + D_ROPE), np.float32)  # [W, D+64]
+    v_buf = None if args.value is args.key else np.empty((width_max, d), np.float32)  # [W, D]
+    s_buf = np.empty(max(rows_max * width_max, 1), np.float32)
     for b in range(args.batch):
         nq, kv_len = int(args.act_q[b]), int(args.act_kv[b])
         if nq == 0 or kv_len == 0:
@@ -255,12 +264,17 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
         live = row_limits > 0
         for h in range(kv_n):
             heads = slice(h * group, (h + 1) * group)
-            k = np.concatenate([_gather(args.key, args.cache_layout, kv_n, slots, args.block_size, h),
-                                _gather(args.key_rope, args.cache_layout, kv_n, slots, args.block_size, h)],
-                               axis=1)  # [L, D+64]
-            v = _gather(args.value, args.cache_layout, kv_n, slots, args.block_size, h)  # [L, D]
+            k = k_buf[:width]  # [L, D+64], widened exactly on assignment
+            k[:, :d] = _gather(args.key, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
+            k[:, d:] = _gather(args.key_rope, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
+            if v_buf is None:
+                v = k[:, :d]  # [L, D]: the ckv cache is key and value
+            else:
+                v = v_buf[:width]
+                v[...] = _gather(args.value, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
             qrows = np.concatenate([q[tokens, heads], qr[tokens, heads]], axis=-1).reshape(-1, d + D_ROPE)
-            scores = matmul_f32(qrows.astype(np.float32), k.T)  # [nq*G, L]
+            scores = matmul_f32(qrows.astype(np.float32), k.T,
+                                out=s_buf[:nq * group * width].reshape(nq * group, width))  # [nq*G, L]
             m = np.empty(scores.shape[0], np.float32)  # [nq*G]
             total = np.empty(scores.shape[0], np.float32)  # [nq*G]
             _softmax_rows(scores, row_limits, scale, is_bf16, m, total)
