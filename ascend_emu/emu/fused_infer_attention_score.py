@@ -38,6 +38,23 @@ from .matmul import matmul_f32, matmul_int8
 from .sparse_flash_attention import _exp_f64
 
 
+@njit(cache=True, inline="always")
+def _f16(x):
+    """fp32 ``x`` rounded to fp16 (RNE, subnormals, overflow to inf, NaN kept), as an fp32 value;
+    branch-free (selects only) so loops over it vectorize. Below 2**-14 (fp16 subnormals) the sum
+    ``|x| + 0.75`` rounds to a multiple of 2**-24; above, the fp32 significand is rounded at bit 13."""
+    x32 = np.float32(x)
+    a = np.float32(abs(x32))
+    sub = np.float32(np.float32(a + np.float32(0.75)) - np.float32(0.75))
+    u = a.view(np.uint32)
+    rounded = np.uint32((u + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000))
+    nrm = rounded.view(np.float32)
+    y = sub if a < np.float32(2.0 ** -14) else nrm
+    y = np.float32(np.inf) if y > np.float32(65504.0) else y
+    y = a if a != a else y
+    return np.float32(np.copysign(y, x32))
+
+
 @njit(cache=True, parallel=True)
 def _softmax_rows(scores, limits, scale, is_bf16, m, total):
     """In place: fp32 scores ``[R, L]`` -> P (query-dtype values as fp32, unnormalised exp), row by
@@ -50,47 +67,57 @@ def _softmax_rows(scores, limits, scale, is_bf16, m, total):
         if n <= 0:
             row[:] = 0.0
             continue
+        seg = row[:n]  # a slice and fresh locals: the loops vectorize
         for i in range(n):
-            row[i] = np.float32(row[i] * scale)
+            seg[i] = np.float32(seg[i] * scale)
         mx = np.float32(-np.inf)
         for i in range(n):
-            if row[i] > mx:
-                mx = row[i]
+            if seg[i] > mx:
+                mx = seg[i]
+        mxf = np.float32(mx)
         for i in range(n):
-            row[i] = np.float32(_exp_f64(row[i] - mx))
+            seg[i] = np.float32(_exp_f64(seg[i] - mxf))
         tot = np.float32(0.0)
         for i in range(n):
-            tot = np.float32(tot + row[i])
-        bits = row[:n].view(np.uint32)
+            tot = np.float32(tot + seg[i])
+        bits = seg.view(np.uint32)
         if is_bf16:
             for i in range(n):
-                row[i] = bf16_bits_to_f32(f32_bits_to_bf16_bits(bits[i]))
+                seg[i] = bf16_bits_to_f32(f32_bits_to_bf16_bits(bits[i]))
         else:
             for i in range(n):
-                row[i] = f16_bits_to_f32(f32_bits_to_f16_bits(bits[i]))
+                seg[i] = _f16(seg[i])
         row[n:] = 0.0
         m[r] = mx
         total[r] = tot
 
 
-@njit(cache=True)
-def _c8_softmax_rows(scores, limits, block, p_out, max_p16, exp16, m, total):
-    """The C8 kernel's blocked softmax and P quantisation, row by row (steps C4-C5 of the op's
-    module docstring). scores: fp32 ``[R, L]`` dequantised, scaled scores; limits: int64 ``[R]``
-    (rows with limit <= 0 are left untouched); block: kv positions per block. Out: p_out fp32
-    ``[R, L]`` the int8 P values (0 past the limit), max_p16 / exp16 fp32 ``[R, nblk]`` the block's
+@njit(cache=True, parallel=True)
+def _c8_softmax_rows(dot, scores, d1, limits, block, p_out, max_p16, exp16, m, total):
+    """The C8 kernel's scores, blocked softmax and P quantisation, row by row in parallel (steps
+    C1-C4 of the op's module docstring). dot: int32 ``[R, L]`` exact nope dots; scores: fp32
+    ``[R, L]`` the rope products in, the scores out; d1: fp32 ``[R]`` ``fp32(fp32(qs * ks) * scale)``;
+    limits: int64 ``[R]`` (rows with limit <= 0 are left untouched); block: kv positions per block.
+    Out: p_out int8 ``[R, L]`` (0 past the limit), max_p16 / exp16 fp32 ``[R, nblk]`` the block's
     fp16 P max and fp16 rescale factor (0 / 1 for blocks past the limit), m / total fp32 ``[R]``
     the final max and exp sum."""
     eps = np.float32(C8_FLOAT_EPS)
-    prange_ = np.float32(C8_P_RANGE)
+    p_range = np.float32(C8_P_RANGE)
+    bias = np.float32(C8_DOT_BIAS)
     nblk = max_p16.shape[1]
-    for r in range(scores.shape[0]):
+    for r in prange(scores.shape[0]):
         lim = limits[r]
         row = scores[r]
+        drow = dot[r]
         out = p_out[r]
-        out[:] = 0.0
+        out[:] = 0
         if lim <= 0:
             continue
+        dq = d1[r]
+        for i in range(lim):
+            bits = np.int32(drow[i] + np.int32(C8_DOT_BIAS_BITS))
+            nope = np.float32(bits.view(np.float32) - bias)
+            row[i] = np.float32(np.float32(nope + row[i]) * dq)
         mo = np.float32(-np.inf)
         tot = np.float32(0.0)
         for j in range(nblk):
@@ -99,34 +126,54 @@ def _c8_softmax_rows(scores, limits, block, p_out, max_p16, exp16, m, total):
                 max_p16[r, j] = 0.0
                 exp16[r, j] = 1.0
                 continue
-            hi = min(lo + block, lim)
-            lm = np.float32(row[lo])
-            for i in range(lo + 1, hi):
-                if row[i] > lm:
-                    lm = np.float32(row[i])
+            seg = row[lo:min(lo + block, lim)]  # slices, fresh locals: the loops vectorize
+            oseg = out[lo:min(lo + block, lim)]
+            lm = np.float32(seg[0])
+            for i in range(1, seg.shape[0]):
+                if seg[i] > lm:
+                    lm = np.float32(seg[i])
             mn = mo
             if lm > mo:
                 mn = lm
             ed = np.float32(0.0)
             if j > 0:
                 ed = np.float32(_exp_f64(mo - mn))
+            mnf = np.float32(mn)
+            for i in range(seg.shape[0]):
+                seg[i] = np.float32(_exp_f64(seg[i] - mnf))
             s = np.float32(0.0)
-            for i in range(lo, hi):
-                e = np.float32(_exp_f64(row[i] - mn))
-                s = np.float32(s + e)
-                out[i] = e
+            for i in range(seg.shape[0]):
+                s = np.float32(s + seg[i])
             tot = np.float32(np.float32(ed * tot) + s)
-            mp = np.float32(np.float32(_exp_f64(lm - mn)) + eps)
-            qs = np.float32(prange_ / mp)
-            for i in range(lo, hi):
-                h = np.rint(f16_bits_to_f32(f32_bits_to_f16_bits(np.float32(out[i] * qs).view(np.uint32))))
-                out[i] = np.float32(min(max(h, -128.0), 127.0))
-            max_p16[r, j] = f16_bits_to_f32(f32_bits_to_f16_bits(mp.view(np.uint32)))
-            ed32 = np.float32(ed)
-            exp16[r, j] = f16_bits_to_f32(f32_bits_to_f16_bits(ed32.view(np.uint32)))
+            mp = np.float32(np.float32(_exp_f64(lm - mnf)) + eps)
+            qs = np.float32(p_range / mp)
+            for i in range(seg.shape[0]):
+                h = np.rint(_f16(seg[i] * qs))
+                oseg[i] = np.int8(min(max(h, -128.0), 127.0))
+            max_p16[r, j] = _f16(mp)
+            exp16[r, j] = _f16(ed)
             mo = mn
         m[r] = mo
         total[r] = tot
+
+
+@njit(cache=True, parallel=True)
+def _c8_stage(pv, max_p16, exp16, acc, first):
+    """Step C5-C6 for one kv block, in place on ``acc`` (fp32 ``[R, D]`` holding fp16 values):
+    ``x = fp16(fp16(pv * 2**-10) * max_p16)``, ``acc = x`` (``first``) or ``fp16(fp16(acc * exp16) +
+    x)``. pv int32 ``[R, D]`` exact; max_p16 / exp16 fp32 ``[R]`` fp16 values. A product of two
+    fp16 values is exact in fp32 and a sum's fp32 rounding cannot change its fp16 one (24 >= 2 * 11
+    + 2 bits), so each step rounds as fp16 arithmetic does."""
+    stage = np.float32(C8_PV_STAGE_SCALE)
+    for r in prange(pv.shape[0]):
+        mp = max_p16[r]
+        e = exp16[r]
+        for c in range(pv.shape[1]):
+            x = _f16(_f16(np.float32(pv[r, c]) * stage) * mp)
+            if first:
+                acc[r, c] = x
+            else:
+                acc[r, c] = _f16(_f16(acc[r, c] * e) + x)
 
 
 def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray]:
@@ -163,27 +210,23 @@ def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
         v = k if args.value is args.key else _gather(args.value, args.cache_layout, 1, slots, args.block_size, 0,
                                                      widen=False)  # [L, 512] int8
         qrows = q[tokens].reshape(-1, d)  # [R, 512] int8
-        # C1: exact int dot through the biased fp32 accumulator, plus the rope products in fp32
+        # C1: exact int dot (read through the biased fp32 accumulator in the kernel), rope in fp32
         dot = matmul_int8(qrows, k, w_nk=True)  # [R, L] int32
-        nope = (dot + np.int32(C8_DOT_BIAS_BITS)).view(np.float32) - np.float32(C8_DOT_BIAS)
-        rope = matmul_f32(qr[tokens].reshape(-1, D_ROPE).astype(np.float32), kr.T)  # [R, L]
-        scores = ((nope + rope).astype(np.float32) * d1[tokens].reshape(-1, 1)).astype(np.float32)  # C2
+        scores = matmul_f32(qr[tokens].reshape(-1, D_ROPE).astype(np.float32), kr.T)  # [R, L] rope, then S
         nblk = -(-width // block)
-        p = np.empty_like(scores)  # [R, L]
-        max_p16 = np.empty((scores.shape[0], nblk), np.float32)
-        exp16 = np.empty((scores.shape[0], nblk), np.float32)
-        m = np.empty(scores.shape[0], np.float32)
-        total = np.empty(scores.shape[0], np.float32)
-        _c8_softmax_rows(scores, row_limits, block, p, max_p16, exp16, m, total)
-        p8 = p.astype(np.int8)
-        acc = None
-        for j in range(nblk):  # C6: fp16 staging of each block's P @ V, fp16 online rescale
+        rows = scores.shape[0]
+        p8 = np.empty((rows, width), np.int8)  # [R, L]
+        max_p16 = np.empty((rows, nblk), np.float32)
+        exp16 = np.empty((rows, nblk), np.float32)
+        m = np.empty(rows, np.float32)
+        total = np.empty(rows, np.float32)
+        _c8_softmax_rows(dot, scores, d1[tokens].reshape(-1), row_limits, block, p8, max_p16, exp16, m, total)
+        acc = np.empty((rows, d), np.float32)  # [R, 512] fp16 values
+        for j in range(nblk):  # C5-C6: fp16 staging of each block's P @ V, fp16 online rescale
             lo, hi = j * block, min((j + 1) * block, width)
-            pv = matmul_int8(p8[:, lo:hi], v[lo:hi])  # [R, 512] int32, exact
-            pv16 = (pv.astype(np.float32) * np.float32(C8_PV_STAGE_SCALE)).astype(np.float16)
-            pv16 = pv16 * max_p16[:, j:j + 1].astype(np.float16)
-            acc = pv16 if acc is None else acc * exp16[:, j:j + 1].astype(np.float16) + pv16
-        o = acc.astype(np.float32) * np.float32(1.0 / C8_PV_STAGE_SCALE)  # C7
+            pv = matmul_int8(np.ascontiguousarray(p8[:, lo:hi]), v[lo:hi])  # [R, 512] int32, exact
+            _c8_stage(pv, max_p16[:, j].copy(), exp16[:, j].copy(), acc, j == 0)
+        o = acc * np.float32(1.0 / C8_PV_STAGE_SCALE)  # C7
         o = (o / np.where(live, total, np.float32(1))[:, None]).astype(np.float32)
         o = (o * v_scale).astype(np.float32)
         block_out = out[tokens].reshape(-1, d)  # copy [R, D]
