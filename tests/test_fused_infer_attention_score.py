@@ -484,3 +484,29 @@ def test_drop_in_c8_decode_as_vllm_ascend_calls_it(rng):
         f_out, _ = torch.ops.npu.npu_fused_infer_attention_score_v2(mode.from_tensor(tq), mode.from_tensor(tc),
                                                                     mode.from_tensor(tc), **fk)
     assert (f_out.shape, f_out.dtype) == (out.shape, out.dtype)
+
+
+def test_branch_free_f16_rounding_matches_numpy():
+    """The C8 path's vectorizable fp16 rounding against NumPy's astype(float16) (RNE, subnormals,
+    overflow, signed zeros, inf / NaN) on random fp32 bit patterns and the edge values."""
+    from numba import njit
+
+    from ascend_emu.emu.fused_infer_attention_score import _f16
+
+    @njit
+    def run(x, out):
+        for i in range(x.size):
+            out[i] = _f16(x[i])
+
+    rng = np.random.default_rng(5)
+    edges = np.array([65504, 65519.996, 65520, 65536, -0.0, 0.0, np.inf, -np.inf, np.nan, 2.0 ** -25, 1.5 * 2.0 ** -24,
+                      2.0 ** -14 * (1 - 2.0 ** -12), 1.0009765625, 1.00146484375, -1.00146484375], np.float32)
+    x = np.concatenate([rng.integers(0, 2 ** 32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+                        (rng.random(50_000) * 2.0 ** -13).astype(np.float32), edges])
+    got = np.empty_like(x)
+    run(x, got)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
