@@ -491,7 +491,7 @@ def test_branch_free_f16_rounding_matches_numpy():
     overflow, signed zeros, inf / NaN) on random fp32 bit patterns and the edge values."""
     from numba import njit
 
-    from ascend_emu.emu.fused_infer_attention_score import _f16
+    from ascend_emu.quant.rounding import f32_round_f16 as _f16
 
     @njit
     def run(x, out):

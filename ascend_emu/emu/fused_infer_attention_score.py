@@ -8,13 +8,22 @@ from the paged cache through ``args.slots``:
    = key | key_rope rows and V ``[L, D]``, widened exactly to fp32; the query rows
    ``[R, D + 64]`` likewise;
 2. ``S = Q @ K^T`` by fp32 BLAS (:func:`~ascend_emu.emu.matmul.matmul_f32`);
-3. softmax (Numba, :func:`_softmax_rows`, row by row): ``S * scale`` in fp32, ``m`` = max over the
+3. softmax (Numba, :func:`_softmax_rows`, rows in parallel): ``S * scale`` in fp32, ``m`` = max over the
    row's first ``limit`` entries, ``e = fp32(exp(S - m))`` with exp evaluated in float64
    (:func:`ascend_emu.emu.sparse_flash_attention._exp_f64`, the sparse attention ops' one
    definition), ``l = sum e`` in kv order, ``P = qdt(e)`` RNE (unnormalised:
    :data:`ascend_emu.ops.fused_infer_attention_score.P_ROUNDING`), 0 past the limit;
 4. ``O = P @ V`` by fp32 BLAS, ``fp32(O / l)``, one RNE rounding to the query dtype;
    ``lse = fp32(m + fp32(ln l))``.
+
+The gathered rows go into one fp32 buffer per call (K | K_rope; V is its first D columns when
+value is the key cache), the scores into another: fresh multi-MB arrays per request would pay
+page faults on every call.
+
+The C8 decode (:func:`_c8_attention`, steps C1-C7 of the op module): per request the exact int8
+dots (:func:`~ascend_emu.emu.matmul.matmul_int8`) and fp32 rope products, then one parallel
+Numba pass per row (:func:`_c8_softmax_rows`: scores, 512-token blocks, int8 P per block) and,
+per block, the exact int8 P @ V and its fp16 staging (:func:`_c8_stage`).
 
 Rows with no kv position keep :data:`~ascend_emu.ops.fused_infer_attention_score.EMPTY_ROW_OUTPUT`
 and :data:`~ascend_emu.ops.fused_infer_attention_score.EMPTY_ROW_LSE`. The zero P entries past a
@@ -33,26 +42,10 @@ from ..ops.fused_infer_attention_score import (C8_DOT_BIAS, C8_DOT_BIAS_BITS, C8
                                                C8_PV_STAGE_SCALE, EMPTY_ROW_LSE, EMPTY_ROW_OUTPUT,
                                                FusedInferAttentionArgs, FusedInferAttentionOutputs)
 from ..quant import BF16
-from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
+from ..quant.rounding import bf16_bits_to_f32, f32_bits_to_bf16_bits
+from ..quant.rounding import f32_round_f16 as _f16
 from .matmul import matmul_f32, matmul_int8
 from .sparse_flash_attention import _exp_f64
-
-
-@njit(cache=True, inline="always")
-def _f16(x):
-    """fp32 ``x`` rounded to fp16 (RNE, subnormals, overflow to inf, NaN kept), as an fp32 value;
-    branch-free (selects only) so loops over it vectorize. Below 2**-14 (fp16 subnormals) the sum
-    ``|x| + 0.75`` rounds to a multiple of 2**-24; above, the fp32 significand is rounded at bit 13."""
-    x32 = np.float32(x)
-    a = np.float32(abs(x32))
-    sub = np.float32(np.float32(a + np.float32(0.75)) - np.float32(0.75))
-    u = a.view(np.uint32)
-    rounded = np.uint32((u + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000))
-    nrm = rounded.view(np.float32)
-    y = sub if a < np.float32(2.0 ** -14) else nrm
-    y = np.float32(np.inf) if y > np.float32(65504.0) else y
-    y = a if a != a else y
-    return np.float32(np.copysign(y, x32))
 
 
 @njit(cache=True, parallel=True)
