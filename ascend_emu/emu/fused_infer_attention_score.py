@@ -169,6 +169,38 @@ def _c8_stage(pv, max_p16, exp16, acc, first):
                 acc[r, c] = _f16(_f16(acc[r, c] * e) + x)
 
 
+def _requests(args: FusedInferAttentionArgs, group: int):
+    """Per request with rows to compute: ``(nq, tokens, width, slots, row_limits, live)``: its query
+    tokens (int64 ``[nq]``, token-major indices), the kv positions any row sees (``width``) and
+    their cache slots ``[width]``, each row's limit (``[nq * group]``, token-major) and whether it
+    is > 0 (step 1 of the op module)."""
+    for b in range(args.batch):
+        nq, kv_len = int(args.act_q[b]), int(args.act_kv[b])
+        if nq == 0 or kv_len == 0:
+            continue
+        s = np.arange(nq)
+        limits = np.full(nq, kv_len) if args.sparse_mode == 0 else np.clip(kv_len - nq + s + 1, 0, kv_len)
+        width = int(limits.max())
+        if width == 0:
+            continue
+        row_limits = np.repeat(limits, group).astype(np.int64)  # [nq*G]
+        yield nq, int(args.q_start[b]) + s, width, args.slots[b, :width], row_limits, row_limits > 0
+
+
+def _store(out, lse, tokens, heads, o, m, total, live) -> None:
+    """Write the live rows of fp32 ``o`` ``[R, D]`` into ``out[tokens, heads]`` and their lse
+    ``fp32(m + fp32(ln total))`` into ``lse[tokens, heads]`` (rows token-major); the rest keep the
+    empty-row values."""
+    nq, d = tokens.size, out.shape[-1]
+    block_out = out[tokens, heads].reshape(-1, d)  # copy [R, D]
+    block_out[live] = o[live]
+    out[tokens, heads] = block_out.reshape(nq, -1, d)
+    block_lse = lse[tokens, heads].reshape(-1)  # copy [R]
+    ln = np.log(total[live].astype(np.float64)).astype(np.float32)
+    block_lse[live] = (m[live] + ln).astype(np.float32)
+    lse[tokens, heads] = block_lse.reshape(nq, -1)
+
+
 def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray]:
     """The C8 decode (int8 query / caches, KV_N = 1): fp32 ``out`` ``[T, N, 512]`` and ``lse``
     ``[T, N]``, token-major (:func:`_finish` lays them out). The steps are the op module's C1-C7."""
@@ -185,19 +217,7 @@ def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
     d1 = ((qs.astype(np.float32) * ks).astype(np.float32) * np.float32(args.scale)).astype(np.float32)  # [T, N]
     v_scale = np.float32(vs * np.float32(1.0 / C8_P_RANGE))  # C7: deqScale2Val * scaleP2
     block = C8_KV_BLOCK
-    for b in range(args.batch):
-        nq, kv_len = int(args.act_q[b]), int(args.act_kv[b])
-        if nq == 0 or kv_len == 0:
-            continue
-        s_pos = np.arange(nq)
-        limits = np.full(nq, kv_len) if args.sparse_mode == 0 else np.clip(kv_len - nq + s_pos + 1, 0, kv_len)
-        width = int(limits.max())
-        if width == 0:
-            continue
-        tokens = int(args.q_start[b]) + s_pos  # [nq]
-        slots = args.slots[b, :width]  # [L]
-        row_limits = np.repeat(limits, n).astype(np.int64)  # [nq*N]
-        live = row_limits > 0
+    for nq, tokens, width, slots, row_limits, live in _requests(args, n):
         k = _gather(args.key, args.cache_layout, 1, slots, args.block_size, 0, widen=False)  # [L, 512] int8
         kr = _gather(args.key_rope, args.cache_layout, 1, slots, args.block_size, 0)  # [L, 64] fp32
         v = k if args.value is args.key else _gather(args.value, args.cache_layout, 1, slots, args.block_size, 0,
@@ -221,14 +241,7 @@ def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
             _c8_stage(pv, max_p16[:, j].copy(), exp16[:, j].copy(), acc, j == 0)
         o = acc * np.float32(1.0 / C8_PV_STAGE_SCALE)  # C7
         o = (o / np.where(live, total, np.float32(1))[:, None]).astype(np.float32)
-        o = (o * v_scale).astype(np.float32)
-        block_out = out[tokens].reshape(-1, d)  # copy [R, D]
-        block_out[live] = o[live]
-        out[tokens] = block_out.reshape(nq, n, d)
-        block_lse = lse[tokens].reshape(-1)  # copy [R]
-        ln = np.log(total[live].astype(np.float64)).astype(np.float32)
-        block_lse[live] = (m[live] + ln).astype(np.float32)
-        lse[tokens] = block_lse.reshape(nq, n)
+        _store(out, lse, tokens, slice(None), (o * v_scale).astype(np.float32), m, total, live)
     return out, lse
 
 
@@ -285,19 +298,7 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
     k_buf = np.empty((width_max, d + D_ROPE), np.float32)  # [W, D+64]
     v_buf = None if args.value is args.key else np.empty((width_max, d), np.float32)  # [W, D]
     s_buf = np.empty(max(rows_max * width_max, 1), np.float32)
-    for b in range(args.batch):
-        nq, kv_len = int(args.act_q[b]), int(args.act_kv[b])
-        if nq == 0 or kv_len == 0:
-            continue
-        s = np.arange(nq)
-        limits = np.full(nq, kv_len) if args.sparse_mode == 0 else np.clip(kv_len - nq + s + 1, 0, kv_len)
-        width = int(limits.max())
-        if width == 0:
-            continue
-        tokens = int(args.q_start[b]) + s  # [nq]
-        slots = args.slots[b, :width]  # [L]
-        row_limits = np.repeat(limits, group).astype(np.int64)  # [nq*G]
-        live = row_limits > 0
+    for nq, tokens, width, slots, row_limits, live in _requests(args, group):
         for h in range(kv_n):
             heads = slice(h * group, (h + 1) * group)
             k = k_buf[:width]  # [L, D+64], widened exactly on assignment
@@ -316,13 +317,7 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
             _softmax_rows(scores, row_limits, scale, is_bf16, m, total)
             o = matmul_f32(scores, v)  # [nq*G, D]
             o = (o / np.where(live, total, np.float32(1))[:, None]).astype(np.float32)
-            block_out = out[tokens, heads].reshape(-1, d)  # copy [nq*G, D]
-            block_out[live] = o[live]
-            out[tokens, heads] = block_out.reshape(nq, group, d)
-            block_lse = lse[tokens, heads].reshape(-1)  # copy [nq*G]
-            ln = np.log(total[live].astype(np.float64)).astype(np.float32)
-            block_lse[live] = (m[live] + ln).astype(np.float32)
-            lse[tokens, heads] = block_lse.reshape(nq, group)
+            _store(out, lse, tokens, heads, o, m, total, live)
     return _finish(args, out, lse)
 
 

@@ -37,6 +37,49 @@ def block_size_of(cache: np.ndarray) -> int:
     return cache.shape[{3: 1, 4: 2, 5: 3}[cache.ndim]]
 
 
+LAYOUTS = {"BSND": ("BSND", "BSND"), "BNSD": ("BNSD", "BNSD"), "TND": ("TND", "TND"),
+           "BSND_NBSD": ("BSND", "NBSD"), "BNSD_NBSD": ("BNSD", "NBSD"), "TND_NTD": ("TND", "NTD")}
+
+
+def token_rows(input_layout, actual_seq_lengths, *per_token):
+    """``(reqs, s1, rows)``: the token indices of each request (in the token-major order), S1 (None
+    for TND) and each of ``per_token`` (arrays with query's leading dims) as ``[T, N, ...]``."""
+    q_layout = LAYOUTS[input_layout][0]
+    if q_layout == "TND":
+        sums = [0] + [int(x) for x in actual_seq_lengths]
+        return [list(range(sums[i], sums[i + 1])) for i in range(len(sums) - 1)], None, per_token
+    first = per_token[0]
+    b = first.shape[0]
+    s1 = first.shape[2] if q_layout == "BNSD" else first.shape[1]
+    n = first.shape[1] if q_layout == "BNSD" else first.shape[2]
+    lens = [s1] * b if actual_seq_lengths is None else [int(x) for x in actual_seq_lengths]
+    reqs = [[i * s1 + s for s in range(lens[i])] for i in range(b)]
+    rows = []
+    for x in per_token:
+        x = x.transpose((0, 2, 1) + tuple(range(3, x.ndim))) if q_layout == "BNSD" else x
+        rows.append(x.reshape(b * s1, n, *x.shape[3:]))
+    return reqs, s1, rows
+
+
+def lay_out(out, lse, input_layout, n_req, s1, dtype):
+    """fp32 ``out`` ``[T, N, D]`` / ``lse`` ``[T, N]`` -> the op's attention_out (in ``dtype``) and lse."""
+    q_layout, out_layout = LAYOUTS[input_layout]
+    n, d = out.shape[1], out.shape[2]
+    o = out.astype(dtype)
+    if q_layout != "TND":
+        o = o.reshape(n_req, s1, n, d)
+        lse_out = lse.reshape(n_req, s1, n).transpose(0, 2, 1)[..., None]
+    else:
+        lse_out = lse[..., None]
+    if out_layout == "BNSD":
+        o = o.transpose(0, 2, 1, 3)
+    elif out_layout == "NBSD":
+        o = o.transpose(2, 0, 1, 3)
+    elif out_layout == "NTD":
+        o = o.transpose(1, 0, 2)
+    return np.ascontiguousarray(o), np.ascontiguousarray(lse_out)
+
+
 def reference(query, key, value, query_rope, key_rope, *, block_table, actual_seq_lengths_kv, num_heads,
               num_key_value_heads, scale, input_layout, actual_seq_lengths=None, sparse_mode=0,
               p_rounding="unnormalised"):
@@ -44,9 +87,6 @@ def reference(query, key, value, query_rope, key_rope, *, block_table, actual_se
     attention_out in query's dtype; lse fp32 ``[B, N, S1, 1]`` / ``[T, N, 1]``, +inf for rows
     without kv tokens (output 0 there)."""
     qdt = query.dtype
-    q_layout, out_layout = {"BSND": ("BSND", "BSND"), "BNSD": ("BNSD", "BNSD"), "TND": ("TND", "TND"),
-                            "BSND_NBSD": ("BSND", "NBSD"), "BNSD_NBSD": ("BNSD", "NBSD"),
-                            "TND_NTD": ("TND", "NTD")}[input_layout]
     n, kv_n = num_heads, num_key_value_heads
     g = n // kv_n
     paged = block_table is not None
@@ -56,21 +96,7 @@ def reference(query, key, value, query_rope, key_rope, *, block_table, actual_se
     else:  # TND prefix sums over key [T2, KV_N, D]
         kv_sums = [0] + [int(x) for x in actual_seq_lengths_kv]
         kv_lens = [kv_sums[i + 1] - kv_sums[i] for i in range(len(kv_sums) - 1)]
-    # per request: list of (token index in [T], position s) and the query length
-    if q_layout == "TND":
-        sums = [0] + [int(x) for x in actual_seq_lengths]
-        reqs = [list(range(sums[i], sums[i + 1])) for i in range(len(sums) - 1)]
-        q_tok = query
-        qr_tok = query_rope
-        s1 = None
-    else:
-        b = query.shape[0]
-        s1 = query.shape[2] if q_layout == "BNSD" else query.shape[1]
-        lens = [s1] * b if actual_seq_lengths is None else [int(x) for x in actual_seq_lengths]
-        reqs = [[i * s1 + s for s in range(lens[i])] for i in range(b)]
-        perm = (0, 2, 1, 3) if q_layout == "BNSD" else (0, 1, 2, 3)
-        q_tok = query.transpose(perm).reshape(b * s1, n, -1)
-        qr_tok = query_rope.transpose(perm).reshape(b * s1, n, -1)
+    reqs, s1, (q_tok, qr_tok) = token_rows(input_layout, actual_seq_lengths, query, query_rope)
     t_total, d = q_tok.shape[0], q_tok.shape[2]
     out = np.zeros((t_total, n, d), dtype=np.float32)
     lse = np.full((t_total, n), np.inf, dtype=np.float32)
@@ -111,19 +137,7 @@ def reference(query, key, value, query_rope, key_rope, *, block_table, actual_se
                     p = (e / total).astype(np.float32).astype(qdt).astype(np.float64)
                     out[t, head] = (np.asarray(vrows).T @ p).astype(np.float32)
                 lse[t, head] = np.float32(m + np.float32(np.log(np.float64(total))))
-    o = out.astype(qdt)
-    if q_layout != "TND":
-        o = o.reshape(len(reqs), s1, n, d)
-        lse_out = lse.reshape(len(reqs), s1, n).transpose(0, 2, 1)[..., None]
-    else:
-        lse_out = lse[..., None]
-    if out_layout == "BNSD":
-        o = o.transpose(0, 2, 1, 3)
-    elif out_layout == "NBSD":
-        o = o.transpose(2, 0, 1, 3)
-    elif out_layout == "NTD":
-        o = o.transpose(1, 0, 2)
-    return np.ascontiguousarray(o), np.ascontiguousarray(lse_out)
+    return lay_out(out, lse, input_layout, len(reqs), s1, qdt)
 
 
 def _f16(x) -> np.float32:
@@ -145,27 +159,11 @@ def reference_c8(query, key, value, query_rope, key_rope, dequant_scale_query, d
     end ``out = bf16(fp32(fp32(acc) * 1024 / l) * fp32(vs / 127))``, ``lse = m + ln l``.
     Returns ``(attention_out, softmax_lse)`` as :func:`reference`."""
     out_dt = query_rope.dtype
-    q_layout, out_layout = {"BSND": ("BSND", "BSND"), "BNSD": ("BNSD", "BNSD"), "TND": ("TND", "TND"),
-                            "BSND_NBSD": ("BSND", "NBSD"), "BNSD_NBSD": ("BNSD", "NBSD"),
-                            "TND_NTD": ("TND", "NTD")}[input_layout]
     n = num_heads
     bs = block_size_of(key)
     kv_lens = [int(x) for x in actual_seq_lengths_kv]
-    if q_layout == "TND":
-        sums = [0] + [int(x) for x in actual_seq_lengths]
-        reqs = [list(range(sums[i], sums[i + 1])) for i in range(len(sums) - 1)]
-        q_tok, qr_tok, qs_tok = query, query_rope, dequant_scale_query
-        s1 = None
-    else:
-        b = query.shape[0]
-        s1 = query.shape[2] if q_layout == "BNSD" else query.shape[1]
-        lens = [s1] * b if actual_seq_lengths is None else [int(x) for x in actual_seq_lengths]
-        reqs = [[i * s1 + s for s in range(lens[i])] for i in range(b)]
-        perm = (0, 2, 1, 3) if q_layout == "BNSD" else (0, 1, 2, 3)
-        q_tok = query.transpose(perm).reshape(b * s1, n, -1)
-        qr_tok = query_rope.transpose(perm).reshape(b * s1, n, -1)
-        qs_tok = (dequant_scale_query.transpose(0, 2, 1) if q_layout == "BNSD" else dequant_scale_query).reshape(
-            b * s1, n)
+    reqs, s1, (q_tok, qr_tok, qs_tok) = token_rows(input_layout, actual_seq_lengths, query, query_rope,
+                                                   dequant_scale_query)
     ks = np.float32(np.asarray(dequant_scale_key).reshape(-1)[0])
     vs = np.float32(np.asarray(dequant_scale_value).reshape(-1)[0])
     t_total, d = q_tok.shape[0], q_tok.shape[2]
@@ -227,16 +225,4 @@ def reference_c8(query, key, value, query_rope, key_rope, dequant_scale_query, d
                 o = (o / total).astype(np.float32)
                 out[t, head] = (o * np.float32(vs * np.float32(1.0 / 127.0))).astype(np.float32)
                 lse[t, head] = np.float32(m + np.float32(np.log(np.float64(total))))
-    o = out.astype(out_dt)
-    if q_layout != "TND":
-        o = o.reshape(len(reqs), s1, n, d)
-        lse_out = lse.reshape(len(reqs), s1, n).transpose(0, 2, 1)[..., None]
-    else:
-        lse_out = lse[..., None]
-    if out_layout == "BNSD":
-        o = o.transpose(0, 2, 1, 3)
-    elif out_layout == "NBSD":
-        o = o.transpose(2, 0, 1, 3)
-    elif out_layout == "NTD":
-        o = o.transpose(1, 0, 2)
-    return np.ascontiguousarray(o), np.ascontiguousarray(lse_out)
+    return lay_out(out, lse, input_layout, len(reqs), s1, out_dt)
