@@ -8,7 +8,8 @@ Sources (the argument sets below copy their shapes, layouts and argument kinds):
   and the 2048 mask for spec decode, the kv lengths padded with zeros; the ``.out`` form with the
   v2 workspace query and a ``[num_tokens]`` softmax_lse), ``_forward_prefill`` (v1 TND without
   block_table, KV_N = N, D = 128 + 64, sparse_mode 3, antiquant_mode 0 / antiquant_scale None,
-  the lse flag) and ``_compute_prefill_context`` (the same without mask, other kv lengths);
+  the lse flag) and ``_compute_prefill_context`` (the same without mask, other kv lengths), and
+  both with ``head_padding > 0`` (no rope arguments, D = 192 concatenated, value D = 128);
 - sglang ``python/sglang/srt/hardware_backend/npu/attention/ascend_backend.py`` (snapshot
   009c6808): ``forward_extend`` (v1 TND, q / k split views, lengths as NumPy cumsums,
   next_tokens 0), ``forward_mtp`` (v1 ``.out`` TND over the paged / NZ ckv cache, lengths as
@@ -105,6 +106,25 @@ def test_vllm_ascend_prefill_and_chunked_context(rng, tnpu):
             query_rope=_t(kw["query_rope"]), key_rope=_t(kw["key_rope"]))
         _check(out, q, k, v, kw)
         assert tuple(lse.shape) == (sum(q_lens), 8, 1)
+
+
+def test_vllm_ascend_prefill_with_head_padding(rng, tnpu):
+    """``_forward_prefill`` / ``_compute_prefill_context`` when ``head_padding > 0`` (N not a power
+    of 2): no rope arguments, query = cat(q_nope, q_pe) and key = cat(k_nope, k_pe) (D = 192),
+    value D = 128, TND without block_table."""
+    n, q_lens, kv_lens = 12, (3, 4), (3, 6)
+    t, t2 = sum(q_lens), sum(kv_lens)
+    q = rng.integers(-1, 2, (t, n, 192)).astype(BF16)  # [T, N, 128 + 64]
+    k = rng.integers(-1, 2, (t2, n, 192)).astype(BF16)  # [T2, N, 192]
+    v = rng.integers(-1, 2, (t2, n, 128)).astype(BF16)  # [T2, N, 128]
+    kw = dict(num_heads=n, num_key_value_heads=n, scale=0.0625, input_layout="TND", block_table=None,
+              actual_seq_lengths=np.cumsum(q_lens).tolist(), actual_seq_lengths_kv=np.cumsum(kv_lens).tolist())
+    for sparse_mode in (0, 3):
+        out, lse = tnpu.npu_fused_infer_attention_score(
+            _t(q), _t(k), _t(v), **kw, atten_mask=_t(MASK) if sparse_mode == 3 else None, sparse_mode=sparse_mode,
+            antiquant_mode=0, antiquant_scale=None, block_size=0, softmax_lse_flag=True)
+        assert tuple(out.shape) == (t, n, 128) and tuple(lse.shape) == (t, n, 1)
+        _check(out, q, k, v, dict(kw, query_rope=None, key_rope=None, sparse_mode=sparse_mode))
 
 
 def test_sglang_extend_without_prefix(rng, tnpu):

@@ -510,3 +510,23 @@ def test_branch_free_f16_rounding_matches_numpy():
     nan = np.isnan(want)
     np.testing.assert_array_equal(np.isnan(got), nan)
     np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+def test_no_rope_form_is_tnd_prefill_only(rng):
+    """Without query_rope / key_rope only the TND form with D = 192 and no block_table is taken
+    (vllm-ascend's prefill with head padding); everything else names the missing rope argument."""
+    q, k, v, kw = _base(rng)  # BNSD decode over a paged cache
+    with pytest.raises(ShapeError, match="query_rope"):
+        ops.npu_fused_infer_attention_score(q, k, v, **dict(kw, query_rope=None, key_rope=None))
+    with pytest.raises(ShapeError, match="key_rope"):
+        ops.npu_fused_infer_attention_score(q, k, v, **dict(kw, key_rope=None))
+    tq, tk, tv, tkw = make_case(rng, "TND", 4, BF16, d=128, kv_n=4, q_lens=(2, 1), kv_lens=(2, 3), paged=False)
+    q192 = np.concatenate([tq, tkw["query_rope"]], axis=-1)  # [T, N, 192]
+    k192 = np.concatenate([tk, tkw["key_rope"]], axis=-1)
+    no_rope = dict(tkw, query_rope=None, key_rope=None)
+    out, _ = ops.npu_fused_infer_attention_score(q192, k192, tv, **no_rope)
+    want, _ = ops.npu_fused_infer_attention_score(tq, tk, tv, **tkw)
+    assert out.shape == want.shape == (3, 4, 128)
+    _assert_close(out, want, BF16)  # the same attention, the rope part concatenated by the caller
+    with pytest.raises(ShapeError, match="value"):
+        ops.npu_fused_infer_attention_score(q192, k192, k192, **no_rope)

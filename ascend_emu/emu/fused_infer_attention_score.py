@@ -286,30 +286,34 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
     qdt = args.query_dtype
     is_bf16 = qdt == BF16
     q = _tokens_first(args.query, args.query_layout)  # [T, N, D]
-    qr = _tokens_first(args.query_rope, args.query_layout)  # [T, N, 64]
     t_size, n, d = q.shape
+    dr = D_ROPE if args.rope else 0  # the no-rope form: D = 192 (nope | rope concatenated by the caller)
+    dv = args.value_dim
     group, kv_n = args.group, args.num_kv_heads
-    out = np.full((t_size, n, d), EMPTY_ROW_OUTPUT, dtype=np.float32)  # [T, N, D] fp32 before the rounding
+    out = np.full((t_size, n, dv), EMPTY_ROW_OUTPUT, dtype=np.float32)  # [T, N, Dv] fp32 before the rounding
     lse = np.full((t_size, n), EMPTY_ROW_LSE, dtype=np.float32)  # [T, N]
     scale = np.float32(args.scale)
     # buffers reused by every (request, kv head): fresh large arrays cost page faults per call
     width_max = int(args.slots.shape[1])
     rows_max = int(args.act_q.max()) * group
-    k_buf = np.empty((width_max, d + D_ROPE), np.float32)  # [W, D+64]
-    v_buf = None if args.value is args.key else np.empty((width_max, d), np.float32)  # [W, D]
+    k_buf = np.empty((width_max, d + dr), np.float32)  # [W, D+64]
+    v_buf = None if args.value is args.key else np.empty((width_max, dv), np.float32)  # [W, Dv]
     s_buf = np.empty(max(rows_max * width_max, 1), np.float32)
+    if dr:
+        q = np.concatenate([q, _tokens_first(args.query_rope, args.query_layout)], axis=-1)  # [T, N, D+64]
     for nq, tokens, width, slots, row_limits, live in _requests(args, group):
         for h in range(kv_n):
             heads = slice(h * group, (h + 1) * group)
             k = k_buf[:width]  # [L, D+64], widened exactly on assignment
             k[:, :d] = _gather(args.key, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
-            k[:, d:] = _gather(args.key_rope, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
+            if dr:
+                k[:, d:] = _gather(args.key_rope, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
             if v_buf is None:
                 v = k[:, :d]  # [L, D]: the ckv cache is key and value
             else:
                 v = v_buf[:width]
                 v[...] = _gather(args.value, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
-            qrows = np.concatenate([q[tokens, heads], qr[tokens, heads]], axis=-1).reshape(-1, d + D_ROPE)
+            qrows = q[tokens, heads].reshape(-1, d + dr)
             scores = matmul_f32(qrows.astype(np.float32), k.T,
                                 out=s_buf[:nq * group * width].reshape(nq * group, width))  # [nq*G, L]
             m = np.empty(scores.shape[0], np.float32)  # [nq*G]

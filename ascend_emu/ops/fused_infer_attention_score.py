@@ -75,7 +75,12 @@ Choices where the sources leave room (each in one named constant below):
   (the two agree when the row fits one block; otherwise they differ in the last bits).
 - ``exp`` is evaluated in float64 and rounded once to fp32, as the sparse attention ops
   (:data:`ascend_emu.ops.sparse_flash_attention.EXP_EVALUATION`).
-- MLA only: query_rope / key_rope (64-d) required; D = 512 with ``num_key_value_heads = 1``
+- Without query_rope / key_rope only vllm-ascend's prefill form with ``head_padding > 0`` (N not
+  a power of 2): TND without block_table, query / key D = 192 (:data:`HEAD_DIM_NO_ROPE`, nope and
+  rope concatenated by the caller), value / output D = 128, N up to 128 (``mla_v1.py``
+  ``_forward_prefill`` / ``_compute_prefill_context``; the v2 doc's MHA constraint "Q_D, K_D 192
+  with V_D 128"); other calls without rope name ``query_rope``.
+- MLA otherwise: query_rope / key_rope (64-d) required; D = 512 with ``num_key_value_heads = 1``
   (absorbed decode, value = the ckv cache) or D = 128 with KV_N dividing N; value's D equals
   the query's. N in :data:`QUERY_HEADS`.
 - Paged caches (``block_table`` given): ``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]`` and
@@ -132,6 +137,12 @@ QUERY_HEADS = (1, 2, 4, 8, 16, 32, 64, 128)
 HEAD_DIM_ABSORBED = HCKV
 HEAD_DIM_PREFILL = 128
 HEAD_DIMS = (HEAD_DIM_ABSORBED, HEAD_DIM_PREFILL)
+#: The form without rope arguments: query / key D = 128 + 64 concatenated, value D = 128, TND
+#: without block_table, any N (vllm-ascend ``_forward_prefill`` / ``_compute_prefill_context`` with
+#: ``head_padding > 0``; the v2 doc's MHA row "Q_D and K_D 192 with V_D 128").
+HEAD_DIM_NO_ROPE = HEAD_DIM_PREFILL + D_ROPE
+VALUE_DIM_NO_ROPE = HEAD_DIM_PREFILL
+MAX_QUERY_HEADS_NO_ROPE = 128
 #: sparse_mode values: 0 (all tokens), 3 (causal, bottom-right aligned).
 SPARSE_MODES = (0, 3)
 #: The optimised causal mask the callers pass with sparse_mode 3: ``[2048, 2048]``, 1 above the diagonal.
@@ -222,6 +233,7 @@ class FusedInferAttentionArgs:
             ``[B, N, S1]`` BNSD, ``[T, N]`` TND), else None; dequant_scale_key /
             dequant_scale_value: C8: the fp32 one-element per-tensor scales; query_quant_mode: 3
             under C8, else 0.
+        value_dim: D of value and attention_out (= head_dim except the no-rope form's 128).
     """
 
     op: str
@@ -257,6 +269,12 @@ class FusedInferAttentionArgs:
     dequant_scale_key: np.ndarray | None = None
     dequant_scale_value: np.ndarray | None = None
     query_quant_mode: int = 0
+    value_dim: int = 0
+
+    @property
+    def rope(self) -> bool:
+        """query_rope / key_rope given (every form but the no-rope D = 192 prefill)."""
+        return self.query_rope is not None
 
     @property
     def quantised(self) -> bool:
@@ -265,8 +283,8 @@ class FusedInferAttentionArgs:
 
     @property
     def out_dtype(self) -> np.dtype:
-        """attention_out's dtype: query_rope's (bf16 / fp16; bf16 under C8)."""
-        return self.query_rope.dtype
+        """attention_out's dtype: query_rope's (bf16 / fp16; bf16 under C8), query's without rope."""
+        return self.query.dtype if self.query_rope is None else self.query_rope.dtype
 
     @property
     def group(self) -> int:
@@ -324,8 +342,9 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
             ``block_table.shape[1] * block_size``; without block_table: prefix sums, last = T2.
         block_table: int32 ``[B, max_blocks]``, entries the lengths need in [0, nb); None: the
             non-paged TND form.
-        query_rope: ``query``'s layout with D = 64, query's dtype (required).
-        key_rope: key's cache layout with D = 64, query's dtype (required).
+        query_rope: ``query``'s layout with D = 64, query's dtype (None, with key_rope, only in the
+            TND no-rope form: query / key D = 192, value D = 128, no block_table).
+        key_rope: key's cache layout with D = 64, query's dtype.
         num_heads: N (query's N). scale: score scale, finite.
         pre_tokens, next_tokens: ints, ignored (sparse_mode 0 without mask and 3 ignore them).
         input_layout: BSND, BNSD, TND, BSND_NBSD, BNSD_NBSD or TND_NTD.
@@ -554,9 +573,17 @@ def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in
     d = int(query.shape[-1])
     if q_n != n:
         raise arg_error(ShapeError, heads_name, f"query's N = {q_n} ({shown})", n)
-    if n not in QUERY_HEADS:
+    no_rope = query_rope is None and key_rope is None and not c8
+    if no_rope:
+        if d != HEAD_DIM_NO_ROPE or q_layout != "TND" or block_table is not None:
+            raise arg_error(ShapeError, "query_rope", f"a [.., {D_ROPE}] tensor (without rope arguments only the "
+                            f"TND prefill form with query D = {HEAD_DIM_NO_ROPE} and no block_table is emulated)",
+                            None)
+        if not 1 <= n <= MAX_QUERY_HEADS_NO_ROPE:
+            raise arg_error(ShapeError, heads_name, f"1 .. {MAX_QUERY_HEADS_NO_ROPE}", n)
+    elif n not in QUERY_HEADS:
         raise arg_error(ShapeError, heads_name, f"one of {list(QUERY_HEADS)} (MLA)", n)
-    if d not in HEAD_DIMS:
+    elif d not in HEAD_DIMS:
         raise arg_error(ShapeError, "query", f"D in {list(HEAD_DIMS)} (absorbed MLA 512, prefill 128 + 64 rope)",
                         list(query.shape))
     if kv_n < 1 or n % kv_n or (d == HEAD_DIM_ABSORBED and kv_n != NKV):
@@ -565,17 +592,22 @@ def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in
     if c8 and (d != HEAD_DIM_ABSORBED or kv_n != NKV):
         raise arg_error(ShapeError, "query", f"D = {HEAD_DIM_ABSORBED} with num_key_value_heads = {NKV} (the C8 "
                         "decode is absorbed MLA only)", list(query.shape))
-    query_rope = required(query_rope, "query_rope")
-    check_dtype(query_rope, "query_rope", C8_ROPE_DTYPES if c8 else (dtype_name(query.dtype),))
-    qdt = dtype_name(query_rope.dtype)  # the rope / output dtype
-    if query_rope.shape != (*query.shape[:-1], D_ROPE):
-        raise arg_error(ShapeError, "query_rope", f"query's shape with D = {D_ROPE} "
-                        f"{[*query.shape[:-1], D_ROPE]}", list(query_rope.shape))
+    if no_rope:
+        qdt, dv = dtype_name(query.dtype), VALUE_DIM_NO_ROPE
+    else:
+        query_rope = required(query_rope, "query_rope")
+        check_dtype(query_rope, "query_rope", C8_ROPE_DTYPES if c8 else (dtype_name(query.dtype),))
+        qdt, dv = dtype_name(query_rope.dtype), d  # the rope / output dtype
+        if query_rope.shape != (*query.shape[:-1], D_ROPE):
+            raise arg_error(ShapeError, "query_rope", f"query's shape with D = {D_ROPE} "
+                            f"{[*query.shape[:-1], D_ROPE]}", list(query_rope.shape))
 
     # ---- caches
-    key, value, key_rope = required(key, "key"), required(value, "value"), required(key_rope, "key_rope")
+    key, value = required(key, "key"), required(value, "value")
+    key_rope = None if no_rope else required(key_rope, "key_rope")
     for name, x in (("key", key), ("value", value), ("key_rope", key_rope)):
-        check_dtype(x, name, (C8_DTYPE if c8 and name != "key_rope" else qdt,))
+        if x is not None:
+            check_dtype(x, name, (C8_DTYPE if c8 and name != "key_rope" else qdt,))
     bsz = _int(block_size, "block_size")
     if c8 and block_table is None:
         raise arg_error(ModeError, "block_table", "a table (the C8 decode reads paged caches)", None)
@@ -583,7 +615,9 @@ def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in
         if q_layout != "TND":
             raise arg_error(ModeError, "block_table", f"a table for input_layout={input_layout} (without "
                             "PageAttention only TND is emulated)", None)
-        for name, x, want_d in (("key", key, d), ("value", value, d), ("key_rope", key_rope, D_ROPE)):
+        for name, x, want_d in (("key", key, d), ("value", value, dv), ("key_rope", key_rope, D_ROPE)):
+            if x is None:
+                continue
             if x.ndim != 3 or x.shape[1:] != (kv_n, want_d) or x.shape[0] != key.shape[0]:
                 raise arg_error(ShapeError, name, f"[T2, KV_N={kv_n}, {want_d}] (TND without block_table; T2 of "
                                 "key)", list(x.shape))
@@ -655,7 +689,7 @@ def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in
     if layout == "TND":
         return _args(op, query, query_rope, key, value, key_rope, atten_mask, None, act_q_in, act_kv_in, n, kv_n,
                      scale_f, input_layout, q_layout, out_layout, layout, 0, sm, lse_flag, b, s1, d, act_q,
-                     _tnd_kv(act_kv, act_kv_name, int(key.shape[0])), q_start)
+                     _tnd_kv(act_kv, act_kv_name, int(key.shape[0])), q_start, value_dim=dv)
     table = required(block_table, "block_table")
     check_dtype(table, "block_table", ("int32",))
     if table.ndim != 2 or table.shape[0] != b or table.shape[1] == 0:
@@ -669,7 +703,7 @@ def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in
     slots = slots_from_block_table(table, act_kv, bs, nb, name="block_table")  # IndexRangeError naming block_table
     return _args(op, query, query_rope, key, value, key_rope, atten_mask, table, act_q_in, act_kv_in, n, kv_n, scale_f,
                  input_layout, q_layout, out_layout, layout, bs, sm, lse_flag, b, s1, d, act_q, (act_kv, slots),
-                 q_start, **c8_fields)
+                 q_start, value_dim=dv, **c8_fields)
 
 
 def _c8_mode(query, quant) -> bool:
@@ -731,12 +765,14 @@ def _tnd_kv(sums: np.ndarray, name: str, t2: int) -> tuple[np.ndarray, np.ndarra
 
 
 def _args(op, query, query_rope, key, value, key_rope, atten_mask, table, act_q_in, act_kv_in, n, kv_n, scale_f,
-          input_layout, q_layout, out_layout, layout, bs, sm, lse_flag, b, s1, d, act_q, kv, q_start, **c8_fields):
+          input_layout, q_layout, out_layout, layout, bs, sm, lse_flag, b, s1, d, act_q, kv, q_start, value_dim,
+          **c8_fields):
     """:class:`FusedInferAttentionArgs` with the output shapes (``c8_fields``: the C8 scales)."""
     act_kv, slots = kv
     t = int(query.shape[0]) if q_layout == "TND" else b * s1
-    out_shape = {"BSND": (b, s1, n, d), "BNSD": (b, n, s1, d), "TND": (t, n, d), "NBSD": (n, b, s1, d),
-                 "NTD": (n, t, d)}[out_layout]
+    dv = value_dim
+    out_shape = {"BSND": (b, s1, n, dv), "BNSD": (b, n, s1, dv), "TND": (t, n, dv), "NBSD": (n, b, s1, dv),
+                 "NTD": (n, t, dv)}[out_layout]
     lse_shape = ((t, n, 1) if q_layout == "TND" else (b, n, s1, 1)) if lse_flag else (0,)
     return FusedInferAttentionArgs(
         op=op, query=query, query_rope=query_rope, key=key, value=value, key_rope=key_rope, atten_mask=atten_mask,
@@ -744,7 +780,7 @@ def _args(op, query, query_rope, key, value, key_rope, atten_mask, table, act_q_
         num_kv_heads=kv_n, scale=scale_f, input_layout=input_layout, query_layout=q_layout, out_layout=out_layout,
         cache_layout=layout, block_size=bs, sparse_mode=sm, softmax_lse_flag=bool(lse_flag), batch=b, seq_q=s1,
         head_dim=d, act_q=act_q, act_kv=act_kv, q_start=q_start.astype(np.int64), slots=slots,
-        out_shape=out_shape, lse_shape=lse_shape, **c8_fields)
+        out_shape=out_shape, lse_shape=lse_shape, value_dim=dv, **c8_fields)
 
 
 _CAUSAL: list[np.ndarray] = []

@@ -98,7 +98,8 @@ def reference(query, key, value, query_rope, key_rope, *, block_table, actual_se
         kv_lens = [kv_sums[i + 1] - kv_sums[i] for i in range(len(kv_sums) - 1)]
     reqs, s1, (q_tok, qr_tok) = token_rows(input_layout, actual_seq_lengths, query, query_rope)
     t_total, d = q_tok.shape[0], q_tok.shape[2]
-    out = np.zeros((t_total, n, d), dtype=np.float32)
+    dv = d if paged else value.shape[2]  # the no-rope form: query / key D = 192, value D = 128
+    out = np.zeros((t_total, n, dv), dtype=np.float32)
     lse = np.full((t_total, n), np.inf, dtype=np.float32)
     for bi, toks in enumerate(reqs):
         kv_len = kv_lens[bi]
@@ -119,9 +120,10 @@ def reference(query, key, value, query_rope, key_rope, *, block_table, actual_se
                         v_row = cache_row(value, blk, h, r, kv_n)
                     else:
                         t2 = kv_sums[bi] + j
-                        k, kr, v_row = key[t2, h].astype(np.float64), key_rope[t2, h].astype(np.float64), value[t2, h]
+                        k, v_row = key[t2, h].astype(np.float64), value[t2, h]
+                        kr = None if key_rope is None else key_rope[t2, h].astype(np.float64)
                     dot = float(np.dot(q_tok[t, head].astype(np.float64), k)
-                                + np.dot(qr_tok[t, head].astype(np.float64), kr))
+                                + (0.0 if kr is None else np.dot(qr_tok[t, head].astype(np.float64), kr)))
                     scores[j] = np.float32(np.float32(dot) * np.float32(scale))
                     vrows.append(v_row.astype(np.float64))
                 m = scores.max()
