@@ -348,7 +348,7 @@ def read_fused_infer_attention(op: str, args) -> None:
     pos = np.arange(b_idx.size) - np.repeat(np.cumsum(lens) - lens, lens)
     slots = args.slots[b_idx, pos]
     num_slots = int(args.key.shape[0]) * max(args.block_size, 1)  # non-paged TND: one slot per token row
-    caches = [("key", args.key), ("key_rope", args.key_rope)]
+    caches = [("key", args.key)] + ([("key_rope", args.key_rope)] if args.key_rope is not None else [])
     if args.value is not args.key:
         caches.append(("value", args.value))
     for arg, cache in caches:

@@ -2,7 +2,8 @@
 tests/reference/fused_infer_attention.py: layouts, the three paged cache layouts (NZ included),
 sparse modes, padded query rows, empty requests, the D = 128 GQA form; v1 / v2 names, the .out
 forms, the torch_npu drop-in and its fake kernels; bad arguments and nothing written on
-rejection."""
+rejection; the v2 C8 decode (int8 query / NZ cache, the kernel's blocked P quantisation and fp16
+staging) against its own plain-loop reference."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from ascend_emu import ops
 from ascend_emu.errors import DTypeError, IndexRangeError, ModeError, ShapeError
-from tests.reference.fused_infer_attention import reference
+from tests.reference.fused_infer_attention import reference, reference_c8
 
 BF16 = ml_dtypes.bfloat16
 V2_NAMES = {"actual_seq_lengths": "actual_seq_qlen", "actual_seq_lengths_kv": "actual_seq_kvlen",
@@ -276,6 +277,109 @@ def test_index_and_length_errors_name_their_argument_and_write_nothing(rng):
                                                                atten_mask=np.zeros((2048, 2048), bool)))
 
 
+# ---------------------------------------------------------------------- v2 C8 decode
+def make_c8_case(rng, input_layout, cache_ndim, *, q_lens=(1, 1), kv_lens=(600, 37), n=4, block_size=128,
+                 sparse_mode=0):
+    """``(query, cache, kwargs)`` of a v2 C8 call as vllm-ascend makes it: int8 query, int8 ckv
+    cache passed as key and value (NZ ``[nb, 1, 16, bs, 32]`` for ``cache_ndim`` 5), bf16 rope
+    (NZ C0 = 16), fp32 per-token-head query scales, one fp32 per-tensor kv scale."""
+    b = len(q_lens)
+    per_req = max(1, -(-max(kv_lens) // block_size))
+    nb = b * per_req + 2
+    q_layout = input_layout.split("_")[0]
+    if q_layout == "TND":
+        lead = (sum(q_lens), n)
+    else:
+        s1 = max(q_lens)
+        lead = (b, s1, n) if q_layout == "BSND" else (b, n, s1)
+    query = rng.integers(-127, 128, (*lead, 512)).astype(np.int8)
+    query_rope = (rng.standard_normal((*lead, 64)) * 0.05).astype(BF16)  # pre-divided by qs * ks (the prolog's)
+    ckv = rng.integers(-127, 128, (nb, 1, block_size, 512)).astype(np.int8)  # [nb, 1, bs, 512]
+    kr = (rng.standard_normal((nb, 1, block_size, 64)) * 0.05).astype(BF16)  # [nb, 1, bs, 64]
+    table = rng.permutation(nb)[:b * per_req].reshape(b, per_req).astype(np.int32)
+
+    def lay(x, c0):
+        if cache_ndim == 5:
+            return np.ascontiguousarray(x.reshape(nb, 1, block_size, x.shape[-1] // c0, c0).transpose(0, 1, 3, 2, 4))
+        return _cache(x, cache_ndim)
+
+    kw = dict(query_rope=query_rope, key_rope=lay(kr, 16), block_table=table, actual_seq_kvlen=list(kv_lens),
+              num_query_heads=n, num_key_value_heads=1, softmax_scale=576 ** -0.5, input_layout=input_layout,
+              sparse_mode=sparse_mode, block_size=block_size, query_quant_mode=3, key_quant_mode=0,
+              value_quant_mode=0, dequant_scale_query=(rng.random(lead) * 0.01 + 0.001).astype(np.float32),
+              dequant_scale_key=np.array([0.02], np.float32), dequant_scale_value=np.array([0.02], np.float32))
+    if q_layout == "TND":
+        kw["actual_seq_qlen"] = np.cumsum(q_lens).tolist()
+    if sparse_mode == 3:
+        kw["atten_mask"] = np.triu(np.ones((2048, 2048), dtype=bool), k=1)
+    return query, lay(ckv, 32), kw
+
+
+def _ref_c8(query, cache, kw, **over):
+    kw = dict(kw, **over)
+    return reference_c8(query, cache, cache, kw["query_rope"], kw["key_rope"], kw["dequant_scale_query"],
+                        kw["dequant_scale_key"], kw["dequant_scale_value"], block_table=kw["block_table"],
+                        actual_seq_lengths_kv=kw["actual_seq_kvlen"], num_heads=kw["num_query_heads"],
+                        scale=kw["softmax_scale"], input_layout=kw["input_layout"],
+                        actual_seq_lengths=kw.get("actual_seq_qlen"), sparse_mode=kw["sparse_mode"])
+
+
+@pytest.mark.parametrize("input_layout,cache_ndim,q_lens,sparse_mode", [
+    ("BSND_NBSD", 5, (1, 1), 0),  # vllm-ascend's A2 / A3 C8 decode: NZ int8 ckv cache
+    ("TND_NTD", 5, (2, 1), 3),  # its spec decode: two query tokens of request 0, causal
+    ("BNSD", 4, (1, 1), 0), ("BSND", 3, (1, 1), 0)])
+def test_c8_matches_reference_bit_for_bit(rng, input_layout, cache_ndim, q_lens, sparse_mode):
+    q, cache, kw = make_c8_case(rng, input_layout, cache_ndim, q_lens=q_lens, sparse_mode=sparse_mode)
+    out, lse = ops.npu_fused_infer_attention_score_v2(q, cache, cache, **kw, return_softmax_lse=True)
+    want_out, want_lse = _ref_c8(q, cache, kw)
+    assert out.dtype == BF16 and out.shape == want_out.shape
+    np.testing.assert_array_equal(out.view(np.uint16), want_out.view(np.uint16))
+    _assert_lse(lse, want_lse)  # the exp evaluations differ in the last fp32 bit
+
+
+def test_c8_is_close_to_the_dequantised_float_attention(rng):
+    """The chain's scales are the kernel's: the int8 result stays within ~2% of softmax(dequantised
+    scores) @ dequantised values (the P and fp16 staging quantisation is the only loss)."""
+    q, cache, kw = make_c8_case(rng, "BSND", 4, q_lens=(1,), kv_lens=(700,), n=2)
+    out, _ = ops.npu_fused_infer_attention_score_v2(q, cache, cache, **kw)
+    logical = cache[kw["block_table"][0]].reshape(-1, 512)[:700].astype(np.float64)  # [L, 512]
+    krope = kw["key_rope"][kw["block_table"][0]].reshape(-1, 64)[:700].astype(np.float64)  # [L, 64]
+    ks = float(kw["dequant_scale_key"][0])
+    for h in range(2):
+        qs = float(kw["dequant_scale_query"][0, 0, h])
+        s = (logical @ q[0, 0, h].astype(np.float64) + krope @ kw["query_rope"][0, 0, h].astype(np.float64)) \
+            * qs * ks * kw["softmax_scale"]
+        p = np.exp(s - s.max())
+        want = (p / p.sum()) @ logical * float(kw["dequant_scale_value"][0])
+        np.testing.assert_allclose(out[0, 0, h].astype(np.float64), want, atol=0.02 * np.abs(want).max())
+
+
+def test_c8_errors_name_their_argument_and_write_nothing(rng):
+    q, cache, kw = make_c8_case(rng, "BSND_NBSD", 5, kv_lens=(40, 7))
+    ao, lo = np.full((4, 2, 1, 512), 7, BF16), np.full((2, 4, 1, 1), 7, np.float32)
+    out = dict(attention_out=ao, softmax_lse=lo, return_softmax_lse=True)
+    bad = [(dict(query_quant_mode=0), ModeError, "query_quant_mode"),
+           (dict(key_quant_mode=1), ModeError, "key_quant_mode"),
+           (dict(dequant_scale_key=None), ShapeError, "dequant_scale_key"),
+           (dict(dequant_scale_value=np.ones(2, np.float32)), ShapeError, "dequant_scale_value"),
+           (dict(dequant_scale_query=kw["dequant_scale_query"][..., None]), ShapeError, "dequant_scale_query"),
+           (dict(dequant_scale_query=kw["dequant_scale_query"].astype(np.float16)), DTypeError, "dequant_scale_query"),
+           (dict(query_rope=kw["query_rope"].astype(np.float16)), DTypeError, "query_rope"),
+           (dict(dequant_offset_key=np.zeros(1, np.float32)), ModeError, "dequant_offset_key"),
+           (dict(quant_scale_p=np.ones(1, np.float32)), ModeError, "quant_scale_p"),
+           (dict(actual_seq_kvlen=[40, 300]), ShapeError, r"actual_seq_kvlen\[1\]")]
+    for over, exc, name in bad:
+        with pytest.raises(exc, match=name):
+            ops.npu_fused_infer_attention_score_v2(q, cache, cache, **dict(kw, **over), **out)
+    with pytest.raises(DTypeError, match="key"):
+        ops.npu_fused_infer_attention_score_v2(q, cache.view(np.uint8), cache, **kw, **out)
+    with pytest.raises(ShapeError, match="query"):  # C8 is D = 512 only
+        ops.npu_fused_infer_attention_score_v2(q[..., :128], cache, cache, **kw, **out)
+    with pytest.raises(ModeError, match="query_quant_mode"):  # mode 3 needs an int8 query
+        ops.npu_fused_infer_attention_score_v2(q.astype(BF16), cache, cache, **kw, **out)
+    assert (ao.astype(np.float32) == 7).all() and (lo == 7).all()
+
+
 # ---------------------------------------------------------------------- torch_npu drop-in
 torch = pytest.importorskip("torch")
 
@@ -353,3 +457,76 @@ def test_checked_mode_names_an_unwritten_kv_slot_and_allows_empty_rows(rng):
         assert np.isposinf(lse[1]).all()
     finally:
         checked_mode.reset()
+
+
+def test_drop_in_c8_decode_as_vllm_ascend_calls_it(rng):
+    """vllm-ascend's A2 / A3 C8 decode call (``mla_v1.py`` ``_forward_decode``, ``fa_quant_layer``):
+    BSND_NBSD, int8 NZ ckv cache as key and value, bf16 NZ rope, eager and ``.out`` with the v2
+    workspace query, and the fake kernel's bf16 output."""
+    import ascend_emu.torch_npu as torch_npu
+    from ascend_emu.torch_npu import to_numpy
+
+    q, cache, kw = make_c8_case(rng, "BSND_NBSD", 5, kv_lens=(40, 7))
+    want, _ = ops.npu_fused_infer_attention_score_v2(q, cache, cache, **kw)
+    tkw = {name: _t(val) for name, val in kw.items()}
+    tq, tc = _t(q), _t(cache)
+    out, _ = torch_npu.npu_fused_infer_attention_score_v2(tq, tc, tc, **tkw)
+    assert out.dtype == torch.bfloat16
+    np.testing.assert_array_equal(to_numpy(out).view(np.uint16), want.view(np.uint16))
+    ws = torch_npu._npu_fused_infer_attention_score_v2_get_max_workspace(tq, tc, tc, **tkw)
+    ao, lo = torch.empty_like(out), torch.empty(2, dtype=torch.bfloat16)
+    torch_npu.npu_fused_infer_attention_score_v2.out(tq, tc, tc, **tkw, workspace=ws, out=[ao, lo])
+    assert torch.equal(ao, out)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fk = {n: mode.from_tensor(val) if isinstance(val, torch.Tensor) else val for n, val in tkw.items()}
+        f_out, _ = torch.ops.npu.npu_fused_infer_attention_score_v2(mode.from_tensor(tq), mode.from_tensor(tc),
+                                                                    mode.from_tensor(tc), **fk)
+    assert (f_out.shape, f_out.dtype) == (out.shape, out.dtype)
+
+
+def test_branch_free_f16_rounding_matches_numpy():
+    """The C8 path's vectorizable fp16 rounding against NumPy's astype(float16) (RNE, subnormals,
+    overflow, signed zeros, inf / NaN) on random fp32 bit patterns and the edge values."""
+    from numba import njit
+
+    from ascend_emu.quant.rounding import f32_round_f16 as _f16
+
+    @njit
+    def run(x, out):
+        for i in range(x.size):
+            out[i] = _f16(x[i])
+
+    rng = np.random.default_rng(5)
+    edges = np.array([65504, 65519.996, 65520, 65536, -0.0, 0.0, np.inf, -np.inf, np.nan, 2.0 ** -25, 1.5 * 2.0 ** -24,
+                      2.0 ** -14 * (1 - 2.0 ** -12), 1.0009765625, 1.00146484375, -1.00146484375], np.float32)
+    x = np.concatenate([rng.integers(0, 2 ** 32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+                        (rng.random(50_000) * 2.0 ** -13).astype(np.float32), edges])
+    got = np.empty_like(x)
+    run(x, got)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+def test_no_rope_form_is_tnd_prefill_only(rng):
+    """Without query_rope / key_rope only the TND form with D = 192 and no block_table is taken
+    (vllm-ascend's prefill with head padding); everything else names the missing rope argument."""
+    q, k, v, kw = _base(rng)  # BNSD decode over a paged cache
+    with pytest.raises(ShapeError, match="query_rope"):
+        ops.npu_fused_infer_attention_score(q, k, v, **dict(kw, query_rope=None, key_rope=None))
+    with pytest.raises(ShapeError, match="key_rope"):
+        ops.npu_fused_infer_attention_score(q, k, v, **dict(kw, key_rope=None))
+    tq, tk, tv, tkw = make_case(rng, "TND", 4, BF16, d=128, kv_n=4, q_lens=(2, 1), kv_lens=(2, 3), paged=False)
+    q192 = np.concatenate([tq, tkw["query_rope"]], axis=-1)  # [T, N, 192]
+    k192 = np.concatenate([tk, tkw["key_rope"]], axis=-1)
+    no_rope = dict(tkw, query_rope=None, key_rope=None)
+    out, _ = ops.npu_fused_infer_attention_score(q192, k192, tv, **no_rope)
+    want, _ = ops.npu_fused_infer_attention_score(tq, tk, tv, **tkw)
+    assert out.shape == want.shape == (3, 4, 128)
+    _assert_close(out, want, BF16)  # the same attention, the rope part concatenated by the caller
+    with pytest.raises(ShapeError, match="value"):
+        ops.npu_fused_infer_attention_score(q192, k192, k192, **no_rope)

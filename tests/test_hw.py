@@ -474,6 +474,13 @@ def test_hw_fused_infer_attention_score(standin, rng, op, lse):
     assert_backends_agree(getattr(ops, op), (q, key, value), dict(kw, **{lse: True}))
 
 
+def test_hw_fused_infer_attention_score_c8(standin, rng):
+    from tests.test_fused_infer_attention_score import make_c8_case
+
+    q, cache, kw = make_c8_case(rng, "BSND_NBSD", 5, kv_lens=(40, 7))
+    assert_backends_agree(ops.npu_fused_infer_attention_score_v2, (q, cache, cache), dict(kw, return_softmax_lse=True))
+
+
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
 def test_hw_quant_950(standin, rng, monkeypatch, dtype):
     monkeypatch.setenv("ASCEND_EMU_SOC_NAME", "Ascend950PR_9599")

@@ -8,13 +8,22 @@ from the paged cache through ``args.slots``:
    = key | key_rope rows and V ``[L, D]``, widened exactly to fp32; the query rows
    ``[R, D + 64]`` likewise;
 2. ``S = Q @ K^T`` by fp32 BLAS (:func:`~ascend_emu.emu.matmul.matmul_f32`);
-3. softmax (Numba, :func:`_softmax_rows`, row by row): ``S * scale`` in fp32, ``m`` = max over the
+3. softmax (Numba, :func:`_softmax_rows`, rows in parallel): ``S * scale`` in fp32, ``m`` = max over the
    row's first ``limit`` entries, ``e = fp32(exp(S - m))`` with exp evaluated in float64
    (:func:`ascend_emu.emu.sparse_flash_attention._exp_f64`, the sparse attention ops' one
    definition), ``l = sum e`` in kv order, ``P = qdt(e)`` RNE (unnormalised:
    :data:`ascend_emu.ops.fused_infer_attention_score.P_ROUNDING`), 0 past the limit;
 4. ``O = P @ V`` by fp32 BLAS, ``fp32(O / l)``, one RNE rounding to the query dtype;
    ``lse = fp32(m + fp32(ln l))``.
+
+The gathered rows go into one fp32 buffer per call (K | K_rope; V is its first D columns when
+value is the key cache), the scores into another: fresh multi-MB arrays per request would pay
+page faults on every call.
+
+The C8 decode (:func:`_c8_attention`, steps C1-C7 of the op module): per request the exact int8
+dots (:func:`~ascend_emu.emu.matmul.matmul_int8`) and fp32 rope products, then one parallel
+Numba pass per row (:func:`_c8_softmax_rows`: scores, 512-token blocks, int8 P per block) and,
+per block, the exact int8 P @ V and its fp16 staging (:func:`_c8_stage`).
 
 Rows with no kv position keep :data:`~ascend_emu.ops.fused_infer_attention_score.EMPTY_ROW_OUTPUT`
 and :data:`~ascend_emu.ops.fused_infer_attention_score.EMPTY_ROW_LSE`. The zero P entries past a
@@ -26,47 +35,214 @@ Source: the op contract :mod:`ascend_emu.ops.fused_infer_attention_score` (numer
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..mla import D_ROPE
-from ..ops.fused_infer_attention_score import (EMPTY_ROW_LSE, EMPTY_ROW_OUTPUT, FusedInferAttentionArgs,
-                                               FusedInferAttentionOutputs)
+from ..ops.fused_infer_attention_score import (C8_DOT_BIAS, C8_DOT_BIAS_BITS, C8_FLOAT_EPS, C8_KV_BLOCK, C8_P_RANGE,
+                                               C8_PV_STAGE_SCALE, EMPTY_ROW_LSE, EMPTY_ROW_OUTPUT,
+                                               FusedInferAttentionArgs, FusedInferAttentionOutputs)
 from ..quant import BF16
-from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
-from .matmul import matmul_f32
+from ..quant.rounding import bf16_bits_to_f32, f32_bits_to_bf16_bits
+from ..quant.rounding import f32_round_f16 as _f16
+from .matmul import matmul_f32, matmul_int8
 from .sparse_flash_attention import _exp_f64
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _softmax_rows(scores, limits, scale, is_bf16, m, total):
     """In place: fp32 scores ``[R, L]`` -> P (query-dtype values as fp32, unnormalised exp), row by
     row over the first ``limits[r]`` entries (the rest set to 0); ``m`` / ``total``: out, fp32
-    ``[R]`` the row max and exp sum (rows with limit 0 are left untouched)."""
-    for r in range(scores.shape[0]):
+    ``[R]`` the row max and exp sum (rows with limit 0 are left untouched). Rows run in parallel;
+    within a row the scale / exp / rounding passes vectorize and the sum runs in kv order."""
+    for r in prange(scores.shape[0]):
         n = limits[r]
         row = scores[r]
         if n <= 0:
             row[:] = 0.0
             continue
+        seg = row[:n]  # a slice and fresh locals: the loops vectorize
+        for i in range(n):
+            seg[i] = np.float32(seg[i] * scale)
         mx = np.float32(-np.inf)
         for i in range(n):
-            x = np.float32(row[i] * scale)
-            row[i] = x
-            mx = x if x > mx else mx
+            if seg[i] > mx:
+                mx = seg[i]
+        mxf = np.float32(mx)
+        for i in range(n):
+            seg[i] = np.float32(_exp_f64(seg[i] - mxf))
         tot = np.float32(0.0)
+        for i in range(n):
+            tot = np.float32(tot + seg[i])
+        bits = seg.view(np.uint32)
         if is_bf16:
             for i in range(n):
-                e = np.float32(_exp_f64(row[i] - mx))
-                tot = np.float32(tot + e)
-                row[i] = bf16_bits_to_f32(f32_bits_to_bf16_bits(e.view(np.uint32)))
+                seg[i] = bf16_bits_to_f32(f32_bits_to_bf16_bits(bits[i]))
         else:
             for i in range(n):
-                e = np.float32(_exp_f64(row[i] - mx))
-                tot = np.float32(tot + e)
-                row[i] = f16_bits_to_f32(f32_bits_to_f16_bits(e.view(np.uint32)))
+                seg[i] = _f16(seg[i])
         row[n:] = 0.0
         m[r] = mx
         total[r] = tot
+
+
+@njit(cache=True, parallel=True)
+def _c8_softmax_rows(dot, scores, d1, limits, block, p_out, max_p16, exp16, m, total):
+    """The C8 kernel's scores, blocked softmax and P quantisation, row by row in parallel (steps
+    C1-C4 of the op's module docstring). dot: int32 ``[R, L]`` exact nope dots; scores: fp32
+    ``[R, L]`` the rope products in, the scores out; d1: fp32 ``[R]`` ``fp32(fp32(qs * ks) * scale)``;
+    limits: int64 ``[R]`` (rows with limit <= 0 are left untouched); block: kv positions per block.
+    Out: p_out int8 ``[R, L]`` (0 past the limit), max_p16 / exp16 fp32 ``[R, nblk]`` the block's
+    fp16 P max and fp16 rescale factor (0 / 1 for blocks past the limit), m / total fp32 ``[R]``
+    the final max and exp sum."""
+    eps = np.float32(C8_FLOAT_EPS)
+    p_range = np.float32(C8_P_RANGE)
+    bias = np.float32(C8_DOT_BIAS)
+    nblk = max_p16.shape[1]
+    for r in prange(scores.shape[0]):
+        lim = limits[r]
+        row = scores[r]
+        drow = dot[r]
+        out = p_out[r]
+        out[:] = 0
+        if lim <= 0:
+            continue
+        dq = d1[r]
+        for i in range(lim):
+            bits = np.int32(drow[i] + np.int32(C8_DOT_BIAS_BITS))
+            nope = np.float32(bits.view(np.float32) - bias)
+            row[i] = np.float32(np.float32(nope + row[i]) * dq)
+        mo = np.float32(-np.inf)
+        tot = np.float32(0.0)
+        for j in range(nblk):
+            lo = j * block
+            if lo >= lim:
+                max_p16[r, j] = 0.0
+                exp16[r, j] = 1.0
+                continue
+            seg = row[lo:min(lo + block, lim)]  # slices, fresh locals: the loops vectorize
+            oseg = out[lo:min(lo + block, lim)]
+            lm = np.float32(seg[0])
+            for i in range(1, seg.shape[0]):
+                if seg[i] > lm:
+                    lm = np.float32(seg[i])
+            mn = mo
+            if lm > mo:
+                mn = lm
+            ed = np.float32(0.0)
+            if j > 0:
+                ed = np.float32(_exp_f64(mo - mn))
+            mnf = np.float32(mn)
+            for i in range(seg.shape[0]):
+                seg[i] = np.float32(_exp_f64(seg[i] - mnf))
+            s = np.float32(0.0)
+            for i in range(seg.shape[0]):
+                s = np.float32(s + seg[i])
+            tot = np.float32(np.float32(ed * tot) + s)
+            mp = np.float32(np.float32(_exp_f64(lm - mnf)) + eps)
+            qs = np.float32(p_range / mp)
+            for i in range(seg.shape[0]):
+                h = np.rint(_f16(seg[i] * qs))
+                oseg[i] = np.int8(min(max(h, -128.0), 127.0))
+            max_p16[r, j] = _f16(mp)
+            exp16[r, j] = _f16(ed)
+            mo = mn
+        m[r] = mo
+        total[r] = tot
+
+
+@njit(cache=True, parallel=True)
+def _c8_stage(pv, max_p16, exp16, acc, first):
+    """Step C5-C6 for one kv block, in place on ``acc`` (fp32 ``[R, D]`` holding fp16 values):
+    ``x = fp16(fp16(pv * 2**-10) * max_p16)``, ``acc = x`` (``first``) or ``fp16(fp16(acc * exp16) +
+    x)``. pv int32 ``[R, D]`` exact; max_p16 / exp16 fp32 ``[R]`` fp16 values. A product of two
+    fp16 values is exact in fp32 and a sum's fp32 rounding cannot change its fp16 one (24 >= 2 * 11
+    + 2 bits), so each step rounds as fp16 arithmetic does."""
+    stage = np.float32(C8_PV_STAGE_SCALE)
+    for r in prange(pv.shape[0]):
+        mp = max_p16[r]
+        e = exp16[r]
+        for c in range(pv.shape[1]):
+            x = _f16(_f16(np.float32(pv[r, c]) * stage) * mp)
+            if first:
+                acc[r, c] = x
+            else:
+                acc[r, c] = _f16(_f16(acc[r, c] * e) + x)
+
+
+def _requests(args: FusedInferAttentionArgs, group: int):
+    """Per request with rows to compute: ``(nq, tokens, width, slots, row_limits, live)``: its query
+    tokens (int64 ``[nq]``, token-major indices), the kv positions any row sees (``width``) and
+    their cache slots ``[width]``, each row's limit (``[nq * group]``, token-major) and whether it
+    is > 0 (step 1 of the op module)."""
+    for b in range(args.batch):
+        nq, kv_len = int(args.act_q[b]), int(args.act_kv[b])
+        if nq == 0 or kv_len == 0:
+            continue
+        s = np.arange(nq)
+        limits = np.full(nq, kv_len) if args.sparse_mode == 0 else np.clip(kv_len - nq + s + 1, 0, kv_len)
+        width = int(limits.max())
+        if width == 0:
+            continue
+        row_limits = np.repeat(limits, group).astype(np.int64)  # [nq*G]
+        yield nq, int(args.q_start[b]) + s, width, args.slots[b, :width], row_limits, row_limits > 0
+
+
+def _store(out, lse, tokens, heads, o, m, total, live) -> None:
+    """Write the live rows of fp32 ``o`` ``[R, D]`` into ``out[tokens, heads]`` and their lse
+    ``fp32(m + fp32(ln total))`` into ``lse[tokens, heads]`` (rows token-major); the rest keep the
+    empty-row values."""
+    nq, d = tokens.size, out.shape[-1]
+    block_out = out[tokens, heads].reshape(-1, d)  # copy [R, D]
+    block_out[live] = o[live]
+    out[tokens, heads] = block_out.reshape(nq, -1, d)
+    block_lse = lse[tokens, heads].reshape(-1)  # copy [R]
+    ln = np.log(total[live].astype(np.float64)).astype(np.float32)
+    block_lse[live] = (m[live] + ln).astype(np.float32)
+    lse[tokens, heads] = block_lse.reshape(nq, -1)
+
+
+def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray]:
+    """The C8 decode (int8 query / caches, KV_N = 1): fp32 ``out`` ``[T, N, 512]`` and ``lse``
+    ``[T, N]``, token-major (:func:`_finish` lays them out). The steps are the op module's C1-C7."""
+    q = _tokens_first(args.query, args.query_layout)  # [T, N, 512] int8
+    qr = _tokens_first(args.query_rope, args.query_layout)  # [T, N, 64] bf16
+    qs = args.dequant_scale_query
+    qs = (qs.transpose(0, 2, 1) if args.query_layout == "BNSD" else qs).reshape(q.shape[0], q.shape[1])  # [T, N]
+    ks = np.float32(args.dequant_scale_key.reshape(-1)[0])
+    vs = np.float32(args.dequant_scale_value.reshape(-1)[0])
+    t_size, n, d = q.shape
+    out = np.full((t_size, n, d), EMPTY_ROW_OUTPUT, dtype=np.float32)  # [T, N, D]
+    lse = np.full((t_size, n), EMPTY_ROW_LSE, dtype=np.float32)  # [T, N]
+    # C2: fp32(fp32(qs * ks) * scale) per row
+    d1 = ((qs.astype(np.float32) * ks).astype(np.float32) * np.float32(args.scale)).astype(np.float32)  # [T, N]
+    v_scale = np.float32(vs * np.float32(1.0 / C8_P_RANGE))  # C7: deqScale2Val * scaleP2
+    block = C8_KV_BLOCK
+    for nq, tokens, width, slots, row_limits, live in _requests(args, n):
+        k = _gather(args.key, args.cache_layout, 1, slots, args.block_size, 0, widen=False)  # [L, 512] int8
+        kr = _gather(args.key_rope, args.cache_layout, 1, slots, args.block_size, 0)  # [L, 64] fp32
+        v = k if args.value is args.key else _gather(args.value, args.cache_layout, 1, slots, args.block_size, 0,
+                                                     widen=False)  # [L, 512] int8
+        qrows = q[tokens].reshape(-1, d)  # [R, 512] int8
+        # C1: exact int dot (read through the biased fp32 accumulator in the kernel), rope in fp32
+        dot = matmul_int8(qrows, k, w_nk=True)  # [R, L] int32
+        scores = matmul_f32(qr[tokens].reshape(-1, D_ROPE).astype(np.float32), kr.T)  # [R, L] rope, then S
+        nblk = -(-width // block)
+        rows = scores.shape[0]
+        p8 = np.empty((rows, width), np.int8)  # [R, L]
+        max_p16 = np.empty((rows, nblk), np.float32)
+        exp16 = np.empty((rows, nblk), np.float32)
+        m = np.empty(rows, np.float32)
+        total = np.empty(rows, np.float32)
+        _c8_softmax_rows(dot, scores, d1[tokens].reshape(-1), row_limits, block, p8, max_p16, exp16, m, total)
+        acc = np.empty((rows, d), np.float32)  # [R, 512] fp16 values
+        for j in range(nblk):  # C5-C6: fp16 staging of each block's P @ V, fp16 online rescale
+            lo, hi = j * block, min((j + 1) * block, width)
+            pv = matmul_int8(np.ascontiguousarray(p8[:, lo:hi]), v[lo:hi])  # [R, 512] int32, exact
+            _c8_stage(pv, max_p16[:, j].copy(), exp16[:, j].copy(), acc, j == 0)
+        o = acc * np.float32(1.0 / C8_PV_STAGE_SCALE)  # C7
+        o = (o / np.where(live, total, np.float32(1))[:, None]).astype(np.float32)
+        _store(out, lse, tokens, slice(None), (o * v_scale).astype(np.float32), m, total, live)
+    return out, lse
 
 
 def _tokens_first(x: np.ndarray, layout: str) -> np.ndarray:
@@ -78,11 +254,13 @@ def _tokens_first(x: np.ndarray, layout: str) -> np.ndarray:
     return x
 
 
-def _gather(cache: np.ndarray, layout: str, kv_n: int, slots: np.ndarray, block_size: int, h: int) -> np.ndarray:
+def _gather(cache: np.ndarray, layout: str, kv_n: int, slots: np.ndarray, block_size: int, h: int,
+            widen: bool = True) -> np.ndarray:
     """fp32 ``[L, D]``: kv head ``h`` of the cache rows ``slots`` (``block * bs + row``; non-paged TND:
-    the token rows), widened exactly."""
+    the token rows), widened exactly (``widen=False``: in the cache's dtype)."""
     if layout == "TND":
-        return cache[slots, h].astype(np.float32)  # [L, D]
+        rows = cache[slots, h]  # [L, D]
+        return rows.astype(np.float32) if widen else rows
     blk, row = slots // block_size, slots % block_size
     if layout == "PA_BSH":
         rows = cache.reshape(cache.shape[0], cache.shape[1], kv_n, -1)[blk, row, h]  # [L, D]
@@ -90,7 +268,7 @@ def _gather(cache: np.ndarray, layout: str, kv_n: int, slots: np.ndarray, block_
         rows = cache[blk, h, row]  # [L, D]
     else:  # PA_NZ [nb, KV_N, D/C0, bs, C0]
         rows = cache[blk, h, :, row, :].reshape(slots.size, -1)  # [L, D/C0, C0] -> [L, D]
-    return rows.astype(np.float32)
+    return rows.astype(np.float32) if widen else np.ascontiguousarray(rows)
 
 
 def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAttentionOutputs:
@@ -103,49 +281,55 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
         ``(attention_out, softmax_lse)``: ``args.out_shape`` in the query dtype; fp32
         ``args.lse_shape``.
     """
+    if args.quantised:
+        return _finish(args, *_c8_attention(args))
     qdt = args.query_dtype
     is_bf16 = qdt == BF16
     q = _tokens_first(args.query, args.query_layout)  # [T, N, D]
-    qr = _tokens_first(args.query_rope, args.query_layout)  # [T, N, 64]
     t_size, n, d = q.shape
+    dr = D_ROPE if args.rope else 0  # the no-rope form: D = 192 (nope | rope concatenated by the caller)
+    dv = args.value_dim
     group, kv_n = args.group, args.num_kv_heads
-    out = np.full((t_size, n, d), EMPTY_ROW_OUTPUT, dtype=np.float32)  # [T, N, D] fp32 before the rounding
+    out = np.full((t_size, n, dv), EMPTY_ROW_OUTPUT, dtype=np.float32)  # [T, N, Dv] fp32 before the rounding
     lse = np.full((t_size, n), EMPTY_ROW_LSE, dtype=np.float32)  # [T, N]
     scale = np.float32(args.scale)
-    for b in range(args.batch):
-        nq, kv_len = int(args.act_q[b]), int(args.act_kv[b])
-        if nq == 0 or kv_len == 0:
-            continue
-        s = np.arange(nq)
-        limits = np.full(nq, kv_len) if args.sparse_mode == 0 else np.clip(kv_len - nq + s + 1, 0, kv_len)
-        width = int(limits.max())
-        if width == 0:
-            continue
-        tokens = int(args.q_start[b]) + s  # [nq]
-        slots = args.slots[b, :width]  # [L]
-        row_limits = np.repeat(limits, group).astype(np.int64)  # [nq*G]
-        live = row_limits > 0
+    # buffers reused by every (request, kv head): fresh large arrays cost page faults per call
+    width_max = int(args.slots.shape[1])
+    rows_max = int(args.act_q.max()) * group
+    k_buf = np.empty((width_max, d + dr), np.float32)  # [W, D+64]
+    v_buf = None if args.value is args.key else np.empty((width_max, dv), np.float32)  # [W, Dv]
+    s_buf = np.empty(max(rows_max * width_max, 1), np.float32)
+    if dr:
+        q = np.concatenate([q, _tokens_first(args.query_rope, args.query_layout)], axis=-1)  # [T, N, D+64]
+    for nq, tokens, width, slots, row_limits, live in _requests(args, group):
         for h in range(kv_n):
             heads = slice(h * group, (h + 1) * group)
-            k = np.concatenate([_gather(args.key, args.cache_layout, kv_n, slots, args.block_size, h),
-                                _gather(args.key_rope, args.cache_layout, kv_n, slots, args.block_size, h)],
-                               axis=1)  # [L, D+64]
-            v = _gather(args.value, args.cache_layout, kv_n, slots, args.block_size, h)  # [L, D]
-            qrows = np.concatenate([q[tokens, heads], qr[tokens, heads]], axis=-1).reshape(-1, d + D_ROPE)
-            scores = matmul_f32(qrows.astype(np.float32), k.T)  # [nq*G, L]
+            k = k_buf[:width]  # [L, D+64], widened exactly on assignment
+            k[:, :d] = _gather(args.key, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
+            if dr:
+                k[:, d:] = _gather(args.key_rope, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
+            if v_buf is None:
+                v = k[:, :d]  # [L, D]: the ckv cache is key and value
+            else:
+                v = v_buf[:width]
+                v[...] = _gather(args.value, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
+            qrows = q[tokens, heads].reshape(-1, d + dr)
+            scores = matmul_f32(qrows.astype(np.float32), k.T,
+                                out=s_buf[:nq * group * width].reshape(nq * group, width))  # [nq*G, L]
             m = np.empty(scores.shape[0], np.float32)  # [nq*G]
             total = np.empty(scores.shape[0], np.float32)  # [nq*G]
             _softmax_rows(scores, row_limits, scale, is_bf16, m, total)
             o = matmul_f32(scores, v)  # [nq*G, D]
             o = (o / np.where(live, total, np.float32(1))[:, None]).astype(np.float32)
-            block_out = out[tokens, heads].reshape(-1, d)  # copy [nq*G, D]
-            block_out[live] = o[live]
-            out[tokens, heads] = block_out.reshape(nq, group, d)
-            block_lse = lse[tokens, heads].reshape(-1)  # copy [nq*G]
-            ln = np.log(total[live].astype(np.float64)).astype(np.float32)
-            block_lse[live] = (m[live] + ln).astype(np.float32)
-            lse[tokens, heads] = block_lse.reshape(nq, group)
-    rounded = out.astype(qdt)  # one RNE rounding, [T, N, D]
+            _store(out, lse, tokens, heads, o, m, total, live)
+    return _finish(args, out, lse)
+
+
+def _finish(args: FusedInferAttentionArgs, out: np.ndarray, lse: np.ndarray) -> FusedInferAttentionOutputs:
+    """fp32 ``out`` ``[T, N, D]`` and ``lse`` ``[T, N]`` (token-major) -> the op's outputs: one RNE
+    rounding to ``args.out_dtype``, the output / lse layouts."""
+    t_size, n, d = out.shape
+    rounded = out.astype(args.out_dtype)  # one RNE rounding, [T, N, D]
     if args.query_layout != "TND":
         rounded = rounded.reshape(args.batch, args.seq_q, n, d)  # [B, S1, N, D]
     layout = args.out_layout

@@ -159,9 +159,10 @@ def weight_f64(w: np.ndarray) -> np.ndarray:
     return _cached(w, _F64_ATTR, lambda a: a.astype(np.float64))
 
 
-def matmul_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b`` with fp32 inputs and fp32 accumulation (BLAS sgemm); batch dims broadcast."""
-    return np.matmul(np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32))
+def matmul_f32(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``a @ b`` with fp32 inputs and fp32 accumulation (BLAS sgemm); batch dims broadcast.
+    ``out``: an fp32 C-contiguous array of the result's shape to write into (a reused buffer)."""
+    return np.matmul(np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32), out=out)
 
 
 # ---------------------------------------------------------------------- int8 x int8 -> int32

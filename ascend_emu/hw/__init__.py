@@ -446,9 +446,14 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
             **tensors, **common, actual_seq_lengths=q_lens, actual_seq_lengths_kv=kv_lens, num_heads=args.num_heads,
             scale=float(args.scale), softmax_lse_flag=args.softmax_lse_flag)
     else:
+        c8 = {}
+        if args.quantised:  # the C8 decode: per-token-head query scales, per-tensor kv scales
+            c8 = _on_device(dict(dequant_scale_query=args.dequant_scale_query, dequant_scale_key=args.dequant_scale_key,
+                                 dequant_scale_value=args.dequant_scale_value), torch)
+            c8.update(query_quant_mode=args.query_quant_mode, key_quant_mode=0, value_quant_mode=0)
         out, lse = tnpu.npu_fused_infer_attention_score_v2(
-            **tensors, **common, actual_seq_qlen=q_lens, actual_seq_kvlen=kv_lens, num_query_heads=args.num_heads,
-            softmax_scale=float(args.scale), return_softmax_lse=args.softmax_lse_flag)
+            **tensors, **common, **c8, actual_seq_qlen=q_lens, actual_seq_kvlen=kv_lens,
+            num_query_heads=args.num_heads, softmax_scale=float(args.scale), return_softmax_lse=args.softmax_lse_flag)
     lse_host = to_host(lse).reshape(args.lse_shape) if args.softmax_lse_flag else np.empty(0, dtype=np.float32)
     return FusedInferAttentionOutputs(to_host(out).reshape(args.out_shape), lse_host)
 

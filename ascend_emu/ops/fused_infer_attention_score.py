@@ -31,6 +31,36 @@ What the op computes, per query row (token ``t`` of request ``b``, query head ``
 4. ``softmax_lse = fp32(m + fp32(ln l))`` (``[B, N, S1, 1]``, or ``[T, N, 1]`` for TND layouts)
    with ``softmax_lse_flag`` / ``return_softmax_lse``; fp32 ``[0]`` otherwise.
 
+The v2 C8 decode (int8 query, ``query_quant_mode`` 3; vllm-ascend's ``fa_quant_layer`` on A2 / A3),
+per row with ``qs`` its fp32 query scale, ``ks`` / ``vs`` the per-tensor key / value scales, read
+from ops-transformer ``attention/incre_flash_attention/op_kernel/`` (``QUANT`` with
+``QUANT_MM2_FP16``, ``MM1_RES_ADD``, ``MM1_DATO``, ``SOFTMAX_NEW``, ``IFA_SOFTMAX_WITHOUT_BRC``
+defined, ``ifa_public_define.h`` lines 153, 837-840):
+
+C1. ``raw = fp32(nope + q_rope . k_rope)``: the int8 nope dot accumulates in int32 onto the bias
+    :data:`C8_DOT_BIAS_BITS`, read back as fp32, minus 2**21 * 5 (``ifa_service_matmul_full_quant.h``
+    lines 758-895; exact for ``|q . k| < 2**21``, beyond it the bits wrap as on the cube); the bf16
+    rope products are added in fp32 (BLAS order here, the cube's order is not public).
+C2. ``S = fp32(raw * fp32(fp32(qs * ks) * scale))`` (``ProcessVec1L`` lines 3321-3323, ``RowMuls`` in
+    ``DealBmm1ResBaseBlock`` line 2424). The rope is scaled too: callers pass q_rope pre-divided
+    by ``qs * ks`` (``npu_mla_prolog_v2``'s ``MulQr``).
+C3. kv in blocks of :data:`C8_KV_BLOCK` from position 0 with the online softmax (SoftmaxFlashV2):
+    ``m`` the running max, ``e = fp32(exp(S - m))``, ``l = fp32(fp32(l * exp(m_old - m)) + sum e)``.
+C4. ``maxP = fp32(exp(blockmax - m)) + FLOAT_EPS`` (lines 1946-1957), ``P = int8(fp16(e *
+    fp32(127 / maxP)))``, both casts CAST_RINT (lines 2503-2518).
+C5. ``pv = fp16(int32(P @ V) * 2**-10)`` (fixpipe ``DEQF16`` scale 0x3A800000,
+    ``ifa_service_matmul_full_quant.h`` lines 1187-1189), ``pv = fp16(pv * fp16(maxP))``
+    (``DealQuantBmm2ResBaseBlock`` lines 2765-2779).
+C6. ``acc = pv`` on the first block, else ``fp16(fp16(acc * fp16(exp(m_old - m))) + pv)``
+    (lines 2782-2809).
+C7. ``out = bf16(fp32(fp32(fp32(acc) * 1024) / l) * fp32(vs * fp32(1 / 127)))`` (lines 2813-2835,
+    bf16 CAST_RINT in ``Bmm2CastAndCopyOut``); lse as step 4.
+
+Unverified on hardware: the block boundaries (the tiling halves the block for 256 < kv <= 512
+with flash decode, and flash decode splits long rows across cores, combining them through the
+lse: not reproduced), the fp32 sum order inside SoftmaxFlashV2, fp16 overflow of ``acc`` (kept:
+inf, as fp16 arithmetic gives). Rows with no kv token: as above.
+
 Choices where the sources leave room (each in one named constant below):
 
 - :data:`EMPTY_ROW_OUTPUT` (0: the kernel's ``InitAllZeroOutput`` for a request with kv length 0,
@@ -45,7 +75,12 @@ Choices where the sources leave room (each in one named constant below):
   (the two agree when the row fits one block; otherwise they differ in the last bits).
 - ``exp`` is evaluated in float64 and rounded once to fp32, as the sparse attention ops
   (:data:`ascend_emu.ops.sparse_flash_attention.EXP_EVALUATION`).
-- MLA only: query_rope / key_rope (64-d) required; D = 512 with ``num_key_value_heads = 1``
+- Without query_rope / key_rope only vllm-ascend's prefill form with ``head_padding > 0`` (N not
+  a power of 2): TND without block_table, query / key D = 192 (:data:`HEAD_DIM_NO_ROPE`, nope and
+  rope concatenated by the caller), value / output D = 128, N up to 128 (``mla_v1.py``
+  ``_forward_prefill`` / ``_compute_prefill_context``; the v2 doc's MHA constraint "Q_D, K_D 192
+  with V_D 128"); other calls without rope name ``query_rope``.
+- MLA otherwise: query_rope / key_rope (64-d) required; D = 512 with ``num_key_value_heads = 1``
   (absorbed decode, value = the ckv cache) or D = 128 with KV_N dividing N; value's D equals
   the query's. N in :data:`QUERY_HEADS`.
 - Paged caches (``block_table`` given): ``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]`` and
@@ -67,7 +102,7 @@ Choices where the sources leave room (each in one named constant below):
   v1 page's sparse_mode constraints lines 407-409), the only modes emulated. op-plugin's own tests
   pass 65535 / 65535.
 - Rejected, naming the argument (not emulated): ``pse_shift``, every quant / antiquant / dequant
-  tensor and mode (v2's C8 decode included), ``query_padding_size`` / ``kv_padding_size`` (left
+  tensor and mode outside v2's C8 decode, ``query_padding_size`` / ``kv_padding_size`` (left
   padding), the shared prefix, ``key_rope_antiquant_scale``, ``learnable_sink``, ``inner_precise``
   other than 0 and the v2 dtype tags.
 - The ``.out`` forms write ``attention_out`` (and ``softmax_lse`` with the lse flag) after every
@@ -102,6 +137,12 @@ QUERY_HEADS = (1, 2, 4, 8, 16, 32, 64, 128)
 HEAD_DIM_ABSORBED = HCKV
 HEAD_DIM_PREFILL = 128
 HEAD_DIMS = (HEAD_DIM_ABSORBED, HEAD_DIM_PREFILL)
+#: The form without rope arguments: query / key D = 128 + 64 concatenated, value D = 128, TND
+#: without block_table, any N (vllm-ascend ``_forward_prefill`` / ``_compute_prefill_context`` with
+#: ``head_padding > 0``; the v2 doc's MHA row "Q_D and K_D 192 with V_D 128").
+HEAD_DIM_NO_ROPE = HEAD_DIM_PREFILL + D_ROPE
+VALUE_DIM_NO_ROPE = HEAD_DIM_PREFILL
+MAX_QUERY_HEADS_NO_ROPE = 128
 #: sparse_mode values: 0 (all tokens), 3 (causal, bottom-right aligned).
 SPARSE_MODES = (0, 3)
 #: The optimised causal mask the callers pass with sparse_mode 3: ``[2048, 2048]``, 1 above the diagonal.
@@ -131,12 +172,35 @@ V1_REJECTED = {name: None for name in (
 V1_REJECTED.update(antiquant_mode=0, key_antiquant_mode=0, value_antiquant_mode=0, inner_precise=0)
 #: v2 arguments not emulated: name -> the only value taken.
 V2_REJECTED = {name: None for name in (
-    "pse_shift", "dequant_scale_query", "dequant_scale_key", "dequant_offset_key", "dequant_scale_value",
-    "dequant_offset_value", "dequant_scale_key_rope", "quant_scale_out", "quant_offset_out", "quant_scale_p",
+    "pse_shift", "dequant_offset_key", "dequant_offset_value", "dequant_scale_key_rope", "quant_scale_out",
+    "quant_offset_out", "quant_scale_p",
     "learnable_sink", "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
     "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype", "dequant_scale_key_dtype",
     "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype", "out_dtype")}
-V2_REJECTED.update(query_quant_mode=0, key_quant_mode=0, value_quant_mode=0, inner_precise=0)
+V2_REJECTED.update(key_quant_mode=0, value_quant_mode=0, inner_precise=0)
+
+#: v2 C8 decode (full quant, A2 / A3): int8 query / key / value, ``query_quant_mode`` 3
+#: (per-token-head ``dequant_scale_query``), ``key_quant_mode`` / ``value_quant_mode`` 0 (per-tensor
+#: fp32 ``dequant_scale_key`` / ``dequant_scale_value``), bf16 rope, bf16 output (the v2 doc's MLA
+#: constraints, D = 512).
+QUERY_QUANT_MODE_C8 = 3
+C8_DTYPE = "int8"
+C8_ROPE_DTYPES = ("bfloat16",)
+C8_SCALE_DTYPE = "float32"
+#: C8 kv block of the kernel's online softmax (``CalcInnerSize``: ``sInnerSize_ = 512`` with rope,
+#: ``incre_flash_attention_tiling.cpp`` line 2306): P is quantised per block against its max.
+C8_KV_BLOCK = 512
+#: The kernel's P quantisation range (``scaleP1`` = 127, ``scaleP2`` = 1 / 127) and the fp16
+#: staging of P @ V (fixpipe ``DEQF16`` scale 2**-10, undone by ``Muls(.., 1024)``).
+C8_P_RANGE = 127.0
+C8_PV_STAGE_SCALE = 2.0 ** -10
+#: ``FLOAT_EPS`` added to the block's P max (``ifa_public_define.h`` line 158), as fp32.
+C8_FLOAT_EPS = 2.220446049250313e-16
+#: The int32 -> fp32 reinterpretation of the nope dot (``ifa_service_matmul_full_quant.h`` lines
+#: 758-895): the int8 matmul accumulates onto the bias 0x4B200000 (fp32 2**23 + 2**21), the cube
+#: then adds -2**21 * 5 in fp32 before the rope products: exact for |q . k| < 2**21.
+C8_DOT_BIAS_BITS = 0x4B200000
+C8_DOT_BIAS = 10485760.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,6 +229,11 @@ class FusedInferAttentionArgs:
         slots: int64 ``[B, W]`` cache slot (``block * bs + row``; TND: token row) of kv position
             ``p`` of request ``b`` (-1 past its length; W = max act_kv).
         out_shape, lse_shape: output shapes (lse ``[0]`` without the flag).
+        dequant_scale_query: C8 only: fp32 per-token-head scales as passed (``[B, S1, N]`` BSND,
+            ``[B, N, S1]`` BNSD, ``[T, N]`` TND), else None; dequant_scale_key /
+            dequant_scale_value: C8: the fp32 one-element per-tensor scales; query_quant_mode: 3
+            under C8, else 0.
+        value_dim: D of value and attention_out (= head_dim except the no-rope form's 128).
     """
 
     op: str
@@ -196,6 +265,26 @@ class FusedInferAttentionArgs:
     slots: np.ndarray
     out_shape: tuple[int, ...]
     lse_shape: tuple[int, ...]
+    dequant_scale_query: np.ndarray | None = None
+    dequant_scale_key: np.ndarray | None = None
+    dequant_scale_value: np.ndarray | None = None
+    query_quant_mode: int = 0
+    value_dim: int = 0
+
+    @property
+    def rope(self) -> bool:
+        """query_rope / key_rope given (every form but the no-rope D = 192 prefill)."""
+        return self.query_rope is not None
+
+    @property
+    def quantised(self) -> bool:
+        """The v2 C8 decode (int8 query / caches with their dequant scales)."""
+        return self.dequant_scale_query is not None
+
+    @property
+    def out_dtype(self) -> np.dtype:
+        """attention_out's dtype: query_rope's (bf16 / fp16; bf16 under C8), query's without rope."""
+        return self.query.dtype if self.query_rope is None else self.query_rope.dtype
 
     @property
     def group(self) -> int:
@@ -204,7 +293,7 @@ class FusedInferAttentionArgs:
 
     @property
     def query_dtype(self) -> np.dtype:
-        """bf16 or fp16."""
+        """bf16 or fp16 (int8 under C8)."""
         return self.query.dtype
 
 
@@ -212,7 +301,7 @@ class FusedInferAttentionOutputs(NamedTuple):
     """What a backend returns (:mod:`ascend_emu.ops._backend`), torch_npu's order.
 
     Attributes:
-        attention_out: ``args.out_shape``, the query dtype.
+        attention_out: ``args.out_shape``, ``args.out_dtype`` (query_rope's dtype).
         softmax_lse: fp32 ``args.lse_shape`` (``[0]`` without the lse flag).
     """
 
@@ -253,8 +342,9 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
             ``block_table.shape[1] * block_size``; without block_table: prefix sums, last = T2.
         block_table: int32 ``[B, max_blocks]``, entries the lengths need in [0, nb); None: the
             non-paged TND form.
-        query_rope: ``query``'s layout with D = 64, query's dtype (required).
-        key_rope: key's cache layout with D = 64, query's dtype (required).
+        query_rope: ``query``'s layout with D = 64, query's dtype (None, with key_rope, only in the
+            TND no-rope form: query / key D = 192, value D = 128, no block_table).
+        key_rope: key's cache layout with D = 64, query's dtype.
         num_heads: N (query's N). scale: score scale, finite.
         pre_tokens, next_tokens: ints, ignored (sparse_mode 0 without mask and 3 ignore them).
         input_layout: BSND, BNSD, TND, BSND_NBSD, BNSD_NBSD or TND_NTD.
@@ -322,12 +412,26 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
     ``softmax_scale`` for the scale, ``return_softmax_lse`` for the lse flag; the same contract,
     numerics, outputs and errors (errors name the v2 arguments).
 
-    The v2-only arguments (dequant / quant tensors, quant modes, ``learnable_sink``, the dtype
-    tags, ``out_dtype``) take only their defaults (:data:`V2_REJECTED`): the C8 decode path
-    (int8 query with ``query_quant_mode = 3``) is not emulated yet.
+    C8 decode (vllm-ascend ``mla_v1.py`` ``_forward_decode`` with ``fa_quant_layer`` on A2 / A3):
+    int8 ``query`` ``[.., N, 512]`` with ``query_quant_mode=3`` and fp32 ``dequant_scale_query`` of
+    query's shape without D (``[B, S1, N]`` BSND, ``[B, N, S1]`` BNSD, ``[T, N]`` TND; the kernel
+    reads it at the query offset / D, ``incre_flash_attention_preload_mla.h`` line 3301); int8
+    paged ``key`` / ``value`` (NZ ``[nb, 1, 16, bs, 32]`` as vllm-ascend views the ckv cache, or
+    the ND layouts) with fp32 one-element per-tensor ``dequant_scale_key`` / ``dequant_scale_value``
+    (``key_quant_mode`` / ``value_quant_mode`` 0; vllm-ascend passes ``fak_descale_float``, fp32
+    ``[1]``, for both); bf16 ``query_rope`` / ``key_rope``; bf16 output. Numerics: the module
+    docstring's C8 chain. The v2 doc lists TND without full quant while vllm-ascend calls TND_NTD
+    with it (spec decode) and the kernel indexes the scale for TND; TND is taken.
+
+    The other v2-only arguments (offsets, quant_scale_out / p, ``learnable_sink``, the dtype tags,
+    ``out_dtype``) take only their defaults (:data:`V2_REJECTED`).
+
+    Raises:
+        As :func:`npu_fused_infer_attention_score`; C8: ModeError naming ``query_quant_mode`` (an
+        int8 query without mode 3, or mode 3 with a float query), DTypeError / ShapeError naming
+        the scale or cache that does not fit.
     """
-    given = dict(pse_shift=pse_shift, dequant_scale_query=dequant_scale_query, dequant_scale_key=dequant_scale_key,
-                 dequant_offset_key=dequant_offset_key, dequant_scale_value=dequant_scale_value,
+    given = dict(pse_shift=pse_shift, dequant_offset_key=dequant_offset_key,
                  dequant_offset_value=dequant_offset_value, dequant_scale_key_rope=dequant_scale_key_rope,
                  quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out, quant_scale_p=quant_scale_p,
                  learnable_sink=learnable_sink, query_dtype=query_dtype, key_dtype=key_dtype, value_dtype=value_dtype,
@@ -336,14 +440,14 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
                  dequant_scale_query_dtype=dequant_scale_query_dtype, dequant_scale_key_dtype=dequant_scale_key_dtype,
                  dequant_scale_value_dtype=dequant_scale_value_dtype,
                  dequant_scale_key_rope_dtype=dequant_scale_key_rope_dtype, out_dtype=out_dtype,
-                 query_quant_mode=query_quant_mode, key_quant_mode=key_quant_mode, value_quant_mode=value_quant_mode,
-                 inner_precise=inner_precise)
+                 key_quant_mode=key_quant_mode, value_quant_mode=value_quant_mode, inner_precise=inner_precise)
     _reject(given, V2_REJECTED, "npu_fused_infer_attention_score_v2")
     args = _normalise("npu_fused_infer_attention_score_v2", query, key, value, query_rope, key_rope, atten_mask,
                       actual_seq_qlen, "actual_seq_qlen", actual_seq_kvlen, "actual_seq_kvlen", block_table,
                       num_query_heads, "num_query_heads", num_key_value_heads, softmax_scale, "softmax_scale",
                       pre_tokens, next_tokens, input_layout, sparse_mode, block_size, return_softmax_lse,
-                      "return_softmax_lse")
+                      "return_softmax_lse",
+                      quant=(query_quant_mode, dequant_scale_query, dequant_scale_key, dequant_scale_value))
     return _run(args, attention_out, softmax_lse)
 
 
@@ -434,8 +538,11 @@ def _cache_dims(x: np.ndarray, name: str, layout_ndim: int | None, kv_n: int | N
 
 def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in, act_q_name, act_kv_in,
                act_kv_name, block_table, num_heads, heads_name, num_key_value_heads, scale, scale_name, pre_tokens,
-               next_tokens, input_layout, sparse_mode, block_size, lse_flag, lse_name) -> FusedInferAttentionArgs:
-    """Validate every argument of either name (nothing is read from a cache before all pass)."""
+               next_tokens, input_layout, sparse_mode, block_size, lse_flag, lse_name,
+               quant=None) -> FusedInferAttentionArgs:
+    """Validate every argument of either name (nothing is read from a cache before all pass).
+    ``quant``: v2's ``(query_quant_mode, dequant_scale_query, dequant_scale_key,
+    dequant_scale_value)``, None for v1."""
     # ---- modes and scalars
     if input_layout not in LAYOUTS:
         raise arg_error(ModeError, "input_layout", f"one of {list(LAYOUTS)} (the MLA callers' layouts)",
@@ -455,7 +562,8 @@ def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in
 
     # ---- query, query_rope
     query = required(query, "query")
-    check_dtype(query, "query", QUERY_DTYPES)
+    c8 = _c8_mode(query, quant)
+    check_dtype(query, "query", (C8_DTYPE,) if c8 else QUERY_DTYPES)
     q_nd = 3 if q_layout == "TND" else 4
     shown = {"BSND": "[B, S1, N, D]", "BNSD": "[B, N, S1, D]", "TND": "[T, N, D]"}[q_layout]
     if query.ndim != q_nd or query.size == 0:
@@ -465,31 +573,51 @@ def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in
     d = int(query.shape[-1])
     if q_n != n:
         raise arg_error(ShapeError, heads_name, f"query's N = {q_n} ({shown})", n)
-    if n not in QUERY_HEADS:
+    no_rope = query_rope is None and key_rope is None and not c8
+    if no_rope:
+        if d != HEAD_DIM_NO_ROPE or q_layout != "TND" or block_table is not None:
+            raise arg_error(ShapeError, "query_rope", f"a [.., {D_ROPE}] tensor (without rope arguments only the "
+                            f"TND prefill form with query D = {HEAD_DIM_NO_ROPE} and no block_table is emulated)",
+                            None)
+        if not 1 <= n <= MAX_QUERY_HEADS_NO_ROPE:
+            raise arg_error(ShapeError, heads_name, f"1 .. {MAX_QUERY_HEADS_NO_ROPE}", n)
+    elif n not in QUERY_HEADS:
         raise arg_error(ShapeError, heads_name, f"one of {list(QUERY_HEADS)} (MLA)", n)
-    if d not in HEAD_DIMS:
+    elif d not in HEAD_DIMS:
         raise arg_error(ShapeError, "query", f"D in {list(HEAD_DIMS)} (absorbed MLA 512, prefill 128 + 64 rope)",
                         list(query.shape))
     if kv_n < 1 or n % kv_n or (d == HEAD_DIM_ABSORBED and kv_n != NKV):
         want = f"{NKV} (D = {HEAD_DIM_ABSORBED}: absorbed MLA)" if d == HEAD_DIM_ABSORBED else f"a divisor of N={n}"
         raise arg_error(ShapeError, "num_key_value_heads", want, num_key_value_heads)
-    qdt = dtype_name(query.dtype)
-    query_rope = required(query_rope, "query_rope")
-    check_dtype(query_rope, "query_rope", (qdt,))
-    if query_rope.shape != (*query.shape[:-1], D_ROPE):
-        raise arg_error(ShapeError, "query_rope", f"query's shape with D = {D_ROPE} "
-                        f"{[*query.shape[:-1], D_ROPE]}", list(query_rope.shape))
+    if c8 and (d != HEAD_DIM_ABSORBED or kv_n != NKV):
+        raise arg_error(ShapeError, "query", f"D = {HEAD_DIM_ABSORBED} with num_key_value_heads = {NKV} (the C8 "
+                        "decode is absorbed MLA only)", list(query.shape))
+    if no_rope:
+        qdt, dv = dtype_name(query.dtype), VALUE_DIM_NO_ROPE
+    else:
+        query_rope = required(query_rope, "query_rope")
+        check_dtype(query_rope, "query_rope", C8_ROPE_DTYPES if c8 else (dtype_name(query.dtype),))
+        qdt, dv = dtype_name(query_rope.dtype), d  # the rope / output dtype
+        if query_rope.shape != (*query.shape[:-1], D_ROPE):
+            raise arg_error(ShapeError, "query_rope", f"query's shape with D = {D_ROPE} "
+                            f"{[*query.shape[:-1], D_ROPE]}", list(query_rope.shape))
 
     # ---- caches
-    key, value, key_rope = required(key, "key"), required(value, "value"), required(key_rope, "key_rope")
+    key, value = required(key, "key"), required(value, "value")
+    key_rope = None if no_rope else required(key_rope, "key_rope")
     for name, x in (("key", key), ("value", value), ("key_rope", key_rope)):
-        check_dtype(x, name, (qdt,))
+        if x is not None:
+            check_dtype(x, name, (C8_DTYPE if c8 and name != "key_rope" else qdt,))
     bsz = _int(block_size, "block_size")
+    if c8 and block_table is None:
+        raise arg_error(ModeError, "block_table", "a table (the C8 decode reads paged caches)", None)
     if block_table is None:  # non-paged: TND key / value / key_rope [T2, KV_N, D]
         if q_layout != "TND":
             raise arg_error(ModeError, "block_table", f"a table for input_layout={input_layout} (without "
                             "PageAttention only TND is emulated)", None)
-        for name, x, want_d in (("key", key, d), ("value", value, d), ("key_rope", key_rope, D_ROPE)):
+        for name, x, want_d in (("key", key, d), ("value", value, dv), ("key_rope", key_rope, D_ROPE)):
+            if x is None:
+                continue
             if x.ndim != 3 or x.shape[1:] != (kv_n, want_d) or x.shape[0] != key.shape[0]:
                 raise arg_error(ShapeError, name, f"[T2, KV_N={kv_n}, {want_d}] (TND without block_table; T2 of "
                                 "key)", list(x.shape))
@@ -525,6 +653,8 @@ def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in
             raise arg_error(ModeError, "atten_mask", "1 strictly above the diagonal, 0 elsewhere (sparse_mode 3's "
                             "causal mask)", describe(atten_mask))
 
+    c8_fields = _c8_scales(query, q_layout, quant) if c8 else {}
+
     # ---- lengths, block_table
     if q_layout == "TND":
         if act_q_in is None:
@@ -559,7 +689,7 @@ def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in
     if layout == "TND":
         return _args(op, query, query_rope, key, value, key_rope, atten_mask, None, act_q_in, act_kv_in, n, kv_n,
                      scale_f, input_layout, q_layout, out_layout, layout, 0, sm, lse_flag, b, s1, d, act_q,
-                     _tnd_kv(act_kv, act_kv_name, int(key.shape[0])), q_start)
+                     _tnd_kv(act_kv, act_kv_name, int(key.shape[0])), q_start, value_dim=dv)
     table = required(block_table, "block_table")
     check_dtype(table, "block_table", ("int32",))
     if table.ndim != 2 or table.shape[0] != b or table.shape[1] == 0:
@@ -573,7 +703,52 @@ def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in
     slots = slots_from_block_table(table, act_kv, bs, nb, name="block_table")  # IndexRangeError naming block_table
     return _args(op, query, query_rope, key, value, key_rope, atten_mask, table, act_q_in, act_kv_in, n, kv_n, scale_f,
                  input_layout, q_layout, out_layout, layout, bs, sm, lse_flag, b, s1, d, act_q, (act_kv, slots),
-                 q_start)
+                 q_start, value_dim=dv, **c8_fields)
+
+
+def _c8_mode(query, quant) -> bool:
+    """Whether a v2 call is the C8 decode: an int8 query, which needs query_quant_mode 3 (and mode 3
+    needs an int8 query); v1 (``quant`` None) and float queries keep the plain path."""
+    if quant is None:
+        return False
+    qqm = _int(quant[0], "query_quant_mode")
+    is_int8 = isinstance(query, np.ndarray) and query.dtype == np.int8
+    if is_int8 and qqm != QUERY_QUANT_MODE_C8:
+        raise arg_error(ModeError, "query_quant_mode", f"{QUERY_QUANT_MODE_C8} (per-token-head) with an int8 query "
+                        "(the C8 decode)", qqm)
+    if not is_int8:
+        if qqm != 0:
+            raise arg_error(ModeError, "query_quant_mode", "0 with a float query (3 only with an int8 query: the C8 "
+                            "decode)", qqm)
+        for name, x in zip(("dequant_scale_query", "dequant_scale_key", "dequant_scale_value"), quant[1:]):
+            if x is not None:
+                raise arg_error(ModeError, name, "None with a float query (the dequant scales belong to the int8 C8 "
+                                "decode)", describe(x))
+    return is_int8
+
+
+def _c8_scales(query: np.ndarray, q_layout: str, quant) -> dict:
+    """The C8 scales checked: dequant_scale_query fp32 of query's shape without D, key / value fp32
+    with one element (per-tensor)."""
+    _, dq, dk, dv = quant
+    dq = required(dq, "dequant_scale_query")
+    check_dtype(dq, "dequant_scale_query", (C8_SCALE_DTYPE,))
+    want = query.shape[:-1]
+    if dq.shape != want:
+        shown = {"BSND": "[B, S1, N]", "BNSD": "[B, N, S1]", "TND": "[T, N]"}[q_layout]
+        raise arg_error(ShapeError, "dequant_scale_query", f"{shown} = {list(want)} (per token and head, query's "
+                        "shape without D)", list(dq.shape))
+    for name, x in (("dequant_scale_key", dk), ("dequant_scale_value", dv)):
+        x = required(x, name)
+        check_dtype(x, name, (C8_SCALE_DTYPE,))
+        if x.size != 1 or x.ndim not in (1, 2):
+            raise arg_error(ShapeError, name, "one fp32 value, [1] or [1, 1] (per-tensor: key_quant_mode / "
+                            "value_quant_mode 0)", list(x.shape))
+    for name, x in (("dequant_scale_query", dq), ("dequant_scale_key", dk), ("dequant_scale_value", dv)):
+        if not np.isfinite(x).all():
+            raise arg_error(DTypeError, name, "finite scales", describe(x))
+    return dict(dequant_scale_query=dq, dequant_scale_key=np.asarray(dk), dequant_scale_value=np.asarray(dv),
+                query_quant_mode=QUERY_QUANT_MODE_C8)
 
 
 def _tnd_kv(sums: np.ndarray, name: str, t2: int) -> tuple[np.ndarray, np.ndarray]:
@@ -590,12 +765,14 @@ def _tnd_kv(sums: np.ndarray, name: str, t2: int) -> tuple[np.ndarray, np.ndarra
 
 
 def _args(op, query, query_rope, key, value, key_rope, atten_mask, table, act_q_in, act_kv_in, n, kv_n, scale_f,
-          input_layout, q_layout, out_layout, layout, bs, sm, lse_flag, b, s1, d, act_q, kv, q_start):
-    """:class:`FusedInferAttentionArgs` with the output shapes."""
+          input_layout, q_layout, out_layout, layout, bs, sm, lse_flag, b, s1, d, act_q, kv, q_start, value_dim,
+          **c8_fields):
+    """:class:`FusedInferAttentionArgs` with the output shapes (``c8_fields``: the C8 scales)."""
     act_kv, slots = kv
     t = int(query.shape[0]) if q_layout == "TND" else b * s1
-    out_shape = {"BSND": (b, s1, n, d), "BNSD": (b, n, s1, d), "TND": (t, n, d), "NBSD": (n, b, s1, d),
-                 "NTD": (n, t, d)}[out_layout]
+    dv = value_dim
+    out_shape = {"BSND": (b, s1, n, dv), "BNSD": (b, n, s1, dv), "TND": (t, n, dv), "NBSD": (n, b, s1, dv),
+                 "NTD": (n, t, dv)}[out_layout]
     lse_shape = ((t, n, 1) if q_layout == "TND" else (b, n, s1, 1)) if lse_flag else (0,)
     return FusedInferAttentionArgs(
         op=op, query=query, query_rope=query_rope, key=key, value=value, key_rope=key_rope, atten_mask=atten_mask,
@@ -603,7 +780,7 @@ def _args(op, query, query_rope, key, value, key_rope, atten_mask, table, act_q_
         num_kv_heads=kv_n, scale=scale_f, input_layout=input_layout, query_layout=q_layout, out_layout=out_layout,
         cache_layout=layout, block_size=bs, sparse_mode=sm, softmax_lse_flag=bool(lse_flag), batch=b, seq_q=s1,
         head_dim=d, act_q=act_q, act_kv=act_kv, q_start=q_start.astype(np.int64), slots=slots,
-        out_shape=out_shape, lse_shape=lse_shape)
+        out_shape=out_shape, lse_shape=lse_shape, value_dim=dv, **c8_fields)
 
 
 _CAUSAL: list[np.ndarray] = []
@@ -632,7 +809,7 @@ def _run(args: FusedInferAttentionArgs, attention_out, softmax_lse):
         raise arg_error(ModeError, missing, "an array (the out= form takes attention_out and softmax_lse "
                         "together)", None)
     if attention_out is not None:
-        _check_out(attention_out, "attention_out", args.out_shape, args.query_dtype)
+        _check_out(attention_out, "attention_out", args.out_shape, args.out_dtype)
         if args.softmax_lse_flag:
             _check_out(softmax_lse, "softmax_lse", args.lse_shape, np.dtype(np.float32))
     checked_mode.read_fused_infer_attention(args.op, args)

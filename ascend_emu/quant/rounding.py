@@ -109,6 +109,24 @@ def f32_bits_to_f16_bits(u):
     return np.uint16(sign | res)
 
 
+@njit(cache=True, inline="always")
+def f32_round_f16(x):
+    """fp32 ``x`` rounded to fp16 (RNE, subnormals, overflow to inf, NaN kept), as an fp32 value:
+    the value of :func:`f32_bits_to_f16_bits`, branch-free (selects only) so loops over it
+    vectorize (tested against NumPy's ``astype(float16)``). Below 2**-14 (fp16 subnormals) the sum
+    ``|x| + 0.75`` rounds to a multiple of 2**-24; above, the fp32 significand is rounded at bit 13."""
+    x32 = np.float32(x)
+    a = np.float32(abs(x32))
+    sub = np.float32(np.float32(a + np.float32(0.75)) - np.float32(0.75))
+    u = a.view(np.uint32)
+    rounded = np.uint32((u + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000))
+    nrm = rounded.view(np.float32)
+    y = sub if a < np.float32(2.0 ** -14) else nrm
+    y = np.float32(np.inf) if y > np.float32(65504.0) else y
+    y = a if a != a else y
+    return np.float32(np.copysign(y, x32))
+
+
 @njit(cache=True)
 def _f32_array_to_bf16_bits(src, dst):
     """src: flat uint32 fp32 bits ``[n]``; dst: flat uint16 ``[n]`` (1-D only: one compilation)."""
