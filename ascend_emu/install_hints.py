@@ -19,6 +19,9 @@ TORCH_CPU_INSTALL = f"pip install torch --index-url {TORCH_CPU_INDEX}"
 TORCH_HINT = (f"install the CPU-only wheel: {TORCH_CPU_INSTALL}   (PyPI's default torch on Linux is the "
               'CUDA build, GBs of packages; then pip install -e ".[torch]" adds nothing more)')
 
+#: How to get Ray when ``ascend-emu replay --ray`` needs it: the ``[ray]`` extra.
+RAY_HINT = "pip install 'ascend-emu[ray]'   (or: pip install 'ray>=2.9')"
+
 #: How to get matplotlib when it is missing (PNG output).
 PLOT_HINT = 'install it with:  pip install -e ".[plot]"   (or: pip install matplotlib)'
 

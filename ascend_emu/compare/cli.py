@@ -283,7 +283,8 @@ def cmd_replay(ns) -> int:
             return 2
         engine, started = None, None
         if ns.ray is not None:
-            from .engine import RAY_HINT, RayEngine, init_ray
+            from ..install_hints import RAY_HINT
+            from .engine import RayEngine, init_ray
 
             if importlib.util.find_spec("ray") is None:
                 _err(f"replay --ray needs Ray, which is not installed: {RAY_HINT}")

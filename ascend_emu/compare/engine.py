@@ -203,8 +203,6 @@ class ProcessPool:
                 slot["conn"].close()
 
 
-#: Where ``--ray`` is missing: the extra that installs Ray.
-RAY_HINT = "pip install 'ascend-emu[ray]'   (or: pip install 'ray>=2.9')"
 #: Seconds a Ray task may run past the timeout before the driver kills its worker: the task's
 #: own timer (:class:`InProcess` in the worker) stops Python code at the timeout; this covers a
 #: worker stuck in native code, and the time from submission to start (a new worker importing
@@ -216,6 +214,8 @@ def _import_ray():
     try:
         import ray
     except ModuleNotFoundError as exc:
+        from ..install_hints import RAY_HINT
+
         raise ModuleNotFoundError(f"--ray needs Ray, which is not installed: {RAY_HINT}") from exc
     return ray
 

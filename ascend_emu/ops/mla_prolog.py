@@ -1037,8 +1037,9 @@ def _normalise_full(version: int, values: dict, modes: dict, *, reason: str) -> 
         raise arg_error(ShapeError, "weight_uk", f"N = weight_uk.shape[0] in {list(HEAD_NUMS)}", num_heads)
     d_nope = int(t["weight_uk"].shape[1])
     if d_nope not in limits.d_nope:
+        hint = transposed_hint(t["weight_uk"].shape, (num_heads, limits.d_nope[0], HCKV), "weight_uk")
         raise arg_error(ShapeError, "weight_uk", f"D = weight_uk.shape[1] in {list(limits.d_nope)}"
-                        + ("" if len(limits.d_nope) > 1 else " (192 on an Ascend 950)"), d_nope)
+                        + ("" if len(limits.d_nope) > 1 else " (192 on an Ascend 950)"), f"{d_nope}{hint}")
     check_shape(t["weight_uk"], "weight_uk", (num_heads, d_nope, HCKV), f"[N, D={d_nope}, Hckv=512]")
     check_shape(t["weight_uq_qr"], "weight_uq_qr", (hcq, num_heads * (d_nope + D_ROPE)), "[Hcq, N*(D+Dr)]")
     check_shape(t["weight_dkv_kr"], "weight_dkv_kr", (he, HCKV + D_ROPE), "[He, Hckv+Dr]")
