@@ -6,6 +6,8 @@ Nothing here imports the code under test.
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 
@@ -73,3 +75,26 @@ def max_ulp_bf16(actual, golden) -> int:
     if np.asarray(actual).size == 0:
         return 0
     return int(np.abs(ordered(actual) - ordered(golden)).max())
+
+
+@functools.cache
+def openblas_kernel() -> str | None:
+    """The OpenBLAS kernel family NumPy's BLAS runs on this CPU (``Haswell`` on AVX2, ``SkylakeX``
+    on AVX-512, ...; threadpoolctl's ``architecture``, which ``OPENBLAS_CORETYPE`` overrides), or
+    None when NumPy's BLAS is not OpenBLAS or threadpoolctl is missing. Each kernel family sums
+    an sgemm's products in its own order, so shares of bits identical to a float64 reference are
+    measured per family."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    for lib in threadpool_info():
+        if lib.get("internal_api") == "openblas" and "numpy" in lib.get("filepath", ""):
+            return lib.get("architecture")
+    return None
+
+
+def blas_measured(tables: dict):
+    """``tables[openblas_kernel()]``: figures measured with this host's OpenBLAS kernel family, or
+    None where they were not measured (the caller then skips the figure's check, never guesses)."""
+    return tables.get(openblas_kernel())

@@ -30,7 +30,7 @@ from ascend_emu.errors import DTypeError, IndexRangeError, ModeError, ShapeError
 from ascend_emu.mla import D_QK, D_ROPE, HCKV
 from ascend_emu.quant import ROW_BYTES
 from ascend_emu.ops.sparse_flash_attention import EMPTY_ROW_SOFTMAX_MAX, EMPTY_ROW_SOFTMAX_SUM
-from tests.helpers import BF16, assert_same_bytes, bit_identical_share, raw
+from tests.helpers import BF16, assert_same_bytes, bit_identical_share, blas_measured, raw
 from tests.reference.sparse_attention import reference
 
 LAYOUTS = [("BSND", "BSND"), ("TND", "TND"), ("BSND", "PA_BSND"), ("TND", "PA_BSND")]
@@ -39,14 +39,16 @@ SPARSE_MODES = (0, 3)
 DTYPES = {"bfloat16": BF16, "float16": np.dtype(np.float16)}
 #: Official pass criterion: share of elements within isclose(rtol, atol).
 RTOL, ATOL, CLOSE_SHARE = 5e-3, 1e-4, 0.99
-#: Bit-identical share against the reference: each case asserts its measured share (OpenBLAS
-#: 0.3.31, Haswell kernels; 1 and 2 threads give the same shares at these sizes), rounded down to
-#: 4 digits, less this margin (half a percent of the elements: room for another sgemm kernel's
-#: summation order, far less than a wrong numerics step costs on the cases built for it).
+#: Bit-identical share against the reference: each case asserts its share measured with this
+#: host's OpenBLAS kernel family (OpenBLAS 0.3.31, Haswell and SkylakeX kernels, :func:`blas_measured`;
+#: 1 and 2 threads give the same shares at these sizes), rounded down to 4 digits, less this margin
+#: (half a percent of the elements: far less than a wrong numerics step costs on the cases built
+#: for it). With another kernel family the share is not asserted (the other checks are).
 SHARE_MARGIN = 0.005
-#: Measured share of each sweep case below 1 (the other 95 of the 160 cases: 1.0); lowest 0.9755
-#: (fp16, 10240 elements), mean over the sweep 0.9987.
-SWEEP_SHARES = {
+#: Measured share of each sweep case below 1, per OpenBLAS kernel family (the other cases: 1.0);
+#: Haswell: 75 cases below 1, lowest 0.9755 (fp16, 10240 elements), mean over the sweep 0.9987;
+#: SkylakeX: 33 below 1, lowest 0.969.
+SWEEP_SHARES = {"Haswell": {
     "sfa-bfloat16-BSND/BSND-sbs2-mode3": 0.9999, "sfa-float16-BSND/BSND-sbs2-mode3": 0.9997,
     "sfa-float16-BSND/BSND-sbs4-mode0": 0.9978, "sfa-float16-BSND/BSND-sbs4-mode3": 0.9998,
     "sfa-float16-BSND/BSND-sbs8-mode0": 0.9998, "sfa-float16-BSND/BSND-sbs8-mode3": 0.9978,
@@ -80,7 +82,25 @@ SWEEP_SHARES = {
     "kvq-float16-TND/PA_BSND-sbs4-mode3": 0.9898, "kvq-float16-TND/PA_BSND-sbs8-mode0": 0.9986,
     "kvq-float16-TND/PA_BSND-sbs8-mode3": 0.9961, "kvq-float16-TND/PA_BSND-sbs16-mode0": 0.9976,
     "kvq-float16-TND/PA_BSND-sbs16-mode3": 0.9996,
-}
+}, "SkylakeX": {
+    "sfa-float16-BSND/BSND-sbs4-mode0": 0.9984, "sfa-float16-BSND/BSND-sbs8-mode3": 0.9979,
+    "sfa-float16-BSND/BSND-sbs16-mode3": 0.9988, "sfa-float16-TND/TND-sbs2-mode0": 0.9903,
+    "sfa-float16-TND/TND-sbs4-mode3": 0.996, "sfa-float16-TND/TND-sbs8-mode0": 0.9979,
+    "sfa-float16-TND/TND-sbs16-mode0": 0.9996, "sfa-float16-BSND/PA_BSND-sbs2-mode0": 0.969,
+    "sfa-float16-BSND/PA_BSND-sbs16-mode0": 0.9965, "sfa-float16-TND/PA_BSND-sbs4-mode0": 0.9986,
+    "sfa-float16-TND/PA_BSND-sbs8-mode0": 0.9757, "sfa-float16-TND/PA_BSND-sbs16-mode0": 0.9919,
+    "sfa-float16-TND/PA_BSND-sbs16-mode3": 0.9979, "kvq-bfloat16-TND/TND-sbs16-mode0": 0.9989,
+    "kvq-float16-BSND/BSND-sbs4-mode3": 0.9953, "kvq-float16-BSND/BSND-sbs8-mode3": 0.9886,
+    "kvq-float16-BSND/BSND-sbs16-mode0": 0.9964, "kvq-float16-BSND/BSND-sbs16-mode3": 0.998,
+    "kvq-float16-TND/TND-sbs4-mode0": 0.999, "kvq-float16-TND/TND-sbs4-mode3": 0.996,
+    "kvq-float16-TND/TND-sbs16-mode0": 0.9995, "kvq-float16-TND/TND-sbs16-mode3": 0.9911,
+    "kvq-float16-BSND/PA_BSND-sbs2-mode0": 0.9861, "kvq-float16-BSND/PA_BSND-sbs4-mode0": 0.996,
+    "kvq-float16-BSND/PA_BSND-sbs4-mode3": 0.999, "kvq-float16-BSND/PA_BSND-sbs8-mode0": 0.9978,
+    "kvq-float16-BSND/PA_BSND-sbs16-mode0": 0.9975, "kvq-float16-BSND/PA_BSND-sbs16-mode3": 0.999,
+    "kvq-float16-TND/PA_BSND-sbs4-mode0": 0.9999, "kvq-float16-TND/PA_BSND-sbs4-mode3": 0.9875,
+    "kvq-float16-TND/PA_BSND-sbs8-mode0": 0.9987, "kvq-float16-TND/PA_BSND-sbs8-mode3": 0.9964,
+    "kvq-float16-TND/PA_BSND-sbs16-mode0": 0.9999,
+}}
 #: No (token, head) row of attention_out is further from the reference than this times the row's
 #: largest magnitude: a P element whose rounding the summation order flipped moves the output by
 #: one query-dtype ulp of that P times V, the output rounding by at most one more ulp, so two bf16
@@ -177,13 +197,14 @@ def run_reference(case, *, quant, sparse_mode):
 
 def assert_matches(out, gold, what, measured_share):
     """The official criterion, the bit-identical share at ``measured_share`` less
-    :data:`SHARE_MARGIN`, and every (token, head) row within :data:`ROW_REL_BOUND` (rows the
+    :data:`SHARE_MARGIN` (None: not measured with this host's BLAS, not asserted), and every (token, head) row within :data:`ROW_REL_BOUND` (rows the
     reference leaves 0 must be exactly 0)."""
     a, g = np.asarray(out, np.float32), np.asarray(gold, np.float32)
     close = np.isclose(a, g, rtol=RTOL, atol=ATOL).mean()
     share = bit_identical_share(out, gold)
     assert close > CLOSE_SHARE, f"{what}: {close:.4f} of elements within isclose"
-    assert share >= measured_share - SHARE_MARGIN, f"{what}: bit-identical share {share:.5f}, measured {measured_share}"
+    assert measured_share is None or share >= measured_share - SHARE_MARGIN, \
+        f"{what}: bit-identical share {share:.5f}, measured {measured_share}"
     err = np.abs(a - g).reshape(-1, HCKV).max(axis=1)  # [T*N1]
     bound = ROW_REL_BOUND * np.abs(g).reshape(-1, HCKV).max(axis=1)  # [T*N1]
     bad = np.flatnonzero(~(err <= bound))
@@ -208,7 +229,9 @@ def test_sweep_against_reference(quant, dtype, layouts, sbs, sparse_mode):
     out, smax, ssum = run_op(case, quant=quant, sparse_mode=sparse_mode, lse=not quant and layouts[1] != "PA_BSND")
     gold, gmax, gsum, valid = run_reference(case, quant=quant, sparse_mode=sparse_mode)
     assert out.shape == gold.shape and out.dtype == gold.dtype
-    assert_matches(out, gold, "attention_out", SWEEP_SHARES.get(case_id(quant, dtype, layouts, sbs, sparse_mode), 1.0))
+    shares = blas_measured(SWEEP_SHARES)
+    assert_matches(out, gold, "attention_out",
+                   None if shares is None else shares.get(case_id(quant, dtype, layouts, sbs, sparse_mode), 1.0))
     assert np.isfinite(np.asarray(out, np.float32)).all()
     if smax is not None and smax.size:
         # back to [T, N2, G]
@@ -219,15 +242,17 @@ def test_sweep_against_reference(quant, dtype, layouts, sbs, sparse_mode):
         assert (got_max[~valid] == EMPTY_ROW_SOFTMAX_MAX).all() and (got_sum[~valid] == EMPTY_ROW_SOFTMAX_SUM).all()
 
 
-#: Measured shares of the bigger bf16 cases of test_bit_identical_share_over_sweep, by layout.
-BIG_BF16_SHARES = (0.9986, 0.9998, 0.9999, 0.9999)
+#: Measured shares of the bigger bf16 cases of test_bit_identical_share_over_sweep, by layout, per
+#: OpenBLAS kernel family.
+BIG_BF16_SHARES = {"Haswell": (0.9986, 0.9998, 0.9999, 0.9999), "SkylakeX": (0.9986, 0.9998, 0.9999, 1.0)}
 
 
 #: sparse_block_size values only npu_sparse_flash_attention takes (its doc: a power of 2 up to 128;
 #: KV-quant: up to 16, the sweep's largest).
 SFA_LARGE_SPARSE_BLOCK_SIZES = (32, 64, 128)
-#: Measured shares of test_large_sparse_block_sizes below 1 (the other cases: 1.0).
-LARGE_SBS_SHARES = {
+#: Measured shares of test_large_sparse_block_sizes below 1, per OpenBLAS kernel family (the
+#: other cases: 1.0).
+LARGE_SBS_SHARES = {"Haswell": {
     "sfa-bfloat16-BSND/BSND-sbs64-mode0": 0.9997, "sfa-bfloat16-BSND/BSND-sbs128-mode0": 0.9999,
     "sfa-bfloat16-BSND/BSND-sbs128-mode3": 0.9999, "sfa-bfloat16-TND/TND-sbs32-mode3": 0.9999,
     "sfa-bfloat16-TND/TND-sbs64-mode3": 0.9998, "sfa-bfloat16-TND/TND-sbs128-mode0": 0.9999,
@@ -237,7 +262,15 @@ LARGE_SBS_SHARES = {
     "sfa-float16-TND/PA_BSND-sbs32-mode3": 0.9952, "sfa-float16-TND/PA_BSND-sbs64-mode0": 0.9913,
     "sfa-float16-TND/PA_BSND-sbs64-mode3": 0.9873, "sfa-float16-TND/PA_BSND-sbs128-mode0": 0.9974,
     "sfa-float16-TND/PA_BSND-sbs128-mode3": 0.9962,
-}
+}, "SkylakeX": {
+    "sfa-bfloat16-TND/TND-sbs128-mode3": 0.9998, "sfa-float16-BSND/PA_BSND-sbs32-mode0": 0.9999,
+    "sfa-float16-BSND/PA_BSND-sbs32-mode3": 0.9918, "sfa-float16-BSND/PA_BSND-sbs64-mode0": 0.9512,
+    "sfa-float16-BSND/PA_BSND-sbs64-mode3": 0.9865, "sfa-float16-BSND/PA_BSND-sbs128-mode0": 0.9777,
+    "sfa-float16-BSND/PA_BSND-sbs128-mode3": 0.9991, "sfa-float16-TND/PA_BSND-sbs32-mode0": 0.9968,
+    "sfa-float16-TND/PA_BSND-sbs32-mode3": 0.997, "sfa-float16-TND/PA_BSND-sbs64-mode0": 0.9944,
+    "sfa-float16-TND/PA_BSND-sbs64-mode3": 0.9876, "sfa-float16-TND/PA_BSND-sbs128-mode0": 0.997,
+    "sfa-float16-TND/PA_BSND-sbs128-mode3": 0.9967,
+}}
 
 
 @pytest.mark.parametrize("sparse_mode", SPARSE_MODES)
@@ -254,7 +287,8 @@ def test_large_sparse_block_sizes(layouts, sbs, sparse_mode):
     out, smax, ssum = run_op(case, quant=False, sparse_mode=sparse_mode, lse=layouts[1] != "PA_BSND")
     gold, gmax, gsum, valid = run_reference(case, quant=False, sparse_mode=sparse_mode)
     assert out.shape == gold.shape and valid.any()
-    share = LARGE_SBS_SHARES.get(case_id(False, dtype, layouts, sbs, sparse_mode), 1.0)
+    shares = blas_measured(LARGE_SBS_SHARES)
+    share = None if shares is None else shares.get(case_id(False, dtype, layouts, sbs, sparse_mode), 1.0)
     assert_matches(out, gold, "attention_out", share)
     if smax.size:
         got_max = smax.transpose(0, 2, 1, 3).reshape(gmax.shape) if layouts[0] == "BSND" else smax.transpose(1, 0, 2)
@@ -272,7 +306,8 @@ def test_bit_identical_share_over_sweep():
                          act_q=(2, 1), act_kv=(90, 64), k=40)
         out = run_op(case, quant=i % 2 == 1, sparse_mode=3)[0]
         gold = run_reference(case, quant=i % 2 == 1, sparse_mode=3)[0]
-        assert_matches(out, gold, f"attention_out {lq}/{lk}", BIG_BF16_SHARES[i])
+        shares = blas_measured(BIG_BF16_SHARES)
+        assert_matches(out, gold, f"attention_out {lq}/{lk}", None if shares is None else shares[i])
 
 
 @pytest.mark.parametrize("quant", [False, True], ids=["sfa", "kvq"])
