@@ -367,9 +367,13 @@ def warmup(*, parallel: bool = True, report: Callable[[WarmupResult], None] | No
 
 
 def default_jobs() -> int:
-    """``ascend-emu warmup``'s default ``--jobs``: the cores this process may use (at least 1)."""
+    """``ascend-emu warmup``'s default ``--jobs``: the cores this process may use when the kernel
+    cache directory holds no kernel yet (a cold cache: the directory is keyed on the sources, so an
+    edit or an upgrade starts an empty one), else 1 (loading is quicker than starting workers)."""
     from .compare.engine import default_workers
 
+    if any(kernel_cache_dir().rglob("*.nbi")):
+        return 1
     return default_workers()
 
 
@@ -400,7 +404,8 @@ def add_arguments(parser) -> None:
                         help="skip the threaded kernel variants (compiled on first use instead)")
     parser.add_argument("-j", "--jobs", type=_jobs, default=None, metavar="N",
                         help="compile in N worker processes sharing the on-disk cache (default: the "
-                             "number of cores this process may use; 1: in this process)")
+                             "number of cores this process may use when the cache is empty, else 1; "
+                             "1: in this process)")
     parser.add_argument("--quiet", action="store_true", help="print only the total")
 
 

@@ -65,6 +65,15 @@ def test_cli_warmup_rejects_unknown_options(argv):
     assert exc.value.code == 2
 
 
+def test_default_jobs_are_the_cores_only_for_an_empty_kernel_cache(monkeypatch, tmp_path):
+    monkeypatch.setattr(warmup_mod, "kernel_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr("ascend_emu.compare.engine.default_workers", lambda: 3)
+    assert warmup_mod.default_jobs() == 3
+    (tmp_path / "emu").mkdir()
+    (tmp_path / "emu" / "kernels._scatter-1.py311.nbi").write_bytes(b"")
+    assert warmup_mod.default_jobs() == 1
+
+
 def test_warmup_in_worker_processes_runs_every_call_once_in_order(monkeypatch):
     """``jobs=2``: every call runs in one of two spawned workers (none in this process without
     ``load``); the results come back in call order whatever order the workers finish in."""
