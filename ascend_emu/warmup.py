@@ -246,9 +246,12 @@ def _format_cast_calls(rng) -> Iterator[Call]:
                    then=lambda nz: nz.storage())
 
 
-#: Every op family's warm-up calls, in order (each yields :class:`Call` objects).
-CALLS = (_format_cast_calls, _kv_calls, _prolog_calls, _preprocess_calls, _indexer_calls, _sparse_attention_calls,
-         _quant_indexer_calls)
+#: Every op family's warm-up calls (each yields :class:`Call` objects), the families whose first
+#: call compiles longest first (cold, 2 cores: kv_rmsnorm_rope_cache 55 s, sparse attention 47 s,
+#: MlaPreprocess 26 s, the prolog 30 s, the indexer 13 s, the rest a few s), so that worker
+#: processes (``jobs``) taking them in this order finish together.
+CALLS = (_kv_calls, _sparse_attention_calls, _preprocess_calls, _prolog_calls, _indexer_calls,
+         _quant_indexer_calls, _format_cast_calls)
 
 
 # ---------------------------------------------------------------------- running
@@ -265,43 +268,125 @@ def split_every_kernel() -> Iterator[None]:
         kernels.ELEMENTS_PER_PART, kernels.SCATTER_BYTES_PER_THREAD, kv.TOKENS_PER_PART = saved
 
 
+def _family_calls(family: int) -> list[Call]:
+    """The warm-up calls of ``CALLS[family]``, on inputs from a generator seeded with ``family`` (the
+    same in every process)."""
+    return list(CALLS[family](np.random.default_rng(family)))
+
+
+def _calls() -> list[Call]:
+    """Every warm-up call, family by family."""
+    return [call for family in range(len(CALLS)) for call in _family_calls(family)]
+
+
+def _run(call: Call, split: bool) -> WarmupResult:
+    start = time.perf_counter()
+    call()
+    if split:
+        with split_every_kernel():
+            call()
+    return WarmupResult(call.name, time.perf_counter() - start)
+
+
+def _run_family_in_worker(item: tuple[int, bool]) -> list[WarmupResult]:
+    """A pool worker's unit: every call of family ``item[0]``, in order (the family's later calls
+    mostly reuse the kernels its first compiles, so a family stays in one process)."""
+    family, split = item
+    return [_run(call, split) for call in _family_calls(family)]
+
+
 def warmup(*, parallel: bool = True, report: Callable[[WarmupResult], None] | None = None,
-           on_start: Callable[[int, int, str], None] | None = None) -> list[WarmupResult]:
+           on_start: Callable[[int, int, str], None] | None = None, jobs: int = 1,
+           load: bool = True) -> list[WarmupResult]:
     """Run every op once per scenario on tiny inputs (module doc), compiling or loading its kernels.
 
     The split runs lower the emu backend's work thresholds for their duration (module globals),
     so do not call ops from other Python threads while it runs.
 
+    With ``jobs`` > 1 the calls first run in that many worker processes (``spawn``, the replay's
+    :class:`~ascend_emu.compare.engine.ProcessPool`), one op family (:data:`CALLS`) at a time in
+    whichever worker is free, so the kernels compile in parallel into the shared on-disk cache
+    (Numba's cache files are written whole, then renamed into place); then, with ``load``, every
+    call runs here once more, loading its kernels from that cache.
+
     Args:
         parallel: also run each call with its work split across threads, when Numba has two or more
             (compiles the parallel kernels; they are separate functions).
-        report: called with each result as soon as it is measured (e.g. to print progress).
+        report: called with each result as soon as it is measured (e.g. to print progress); with
+            ``jobs`` > 1, with each family's results as its worker finishes it.
         on_start: called before each call with its number (from 1), the number of calls and its
-            name (e.g. to show what is compiling).
+            name (e.g. to show what is compiling); with ``jobs`` > 1, as each worker result arrives,
+            with the number of calls finished.
+        jobs: worker processes that compile (1: everything in this process).
+        load: with ``jobs`` > 1, load every kernel into this process afterwards (False: only fill
+            the on-disk cache, as ``ascend-emu warmup --jobs N`` does).
 
     Returns:
-        One :class:`WarmupResult` per call, in order.
+        One :class:`WarmupResult` per call, in call order (with ``jobs`` > 1 and ``load``: the
+        workers' times, which include the compilation).
 
     Raises:
-        Whatever an op raises: the calls are valid, so an error is a bug (or a broken install).
+        ValueError: ``jobs`` is not an int >= 1.
+        RuntimeError: a worker's call failed (the calls are valid: a bug or a broken install).
+        Whatever an op raises in this process, for the same reason.
     """
-    rng = np.random.default_rng(0)
-    results = []
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ValueError(f"jobs: expected an int >= 1, got {jobs!r}")
     split = parallel and numba.get_num_threads() > 1
-    calls = [call for family in CALLS for call in family(rng)]
-    for number, call in enumerate(calls, 1):
-        if on_start is not None:
-            on_start(number, len(calls), call.name)
-        start = time.perf_counter()
-        call()
-        if split:
-            with split_every_kernel():
-                call()
-        result = WarmupResult(call.name, time.perf_counter() - start)
-        results.append(result)
-        if report is not None:
-            report(result)
-    return results
+    calls = _calls()
+    if jobs == 1:
+        results = []
+        for number, call in enumerate(calls, 1):
+            if on_start is not None:
+                on_start(number, len(calls), call.name)
+            results.append(_run(call, split))
+            if report is not None:
+                report(results[-1])
+        return results
+
+    from .compare.engine import ProcessPool, TaskFailure
+
+    by_family: dict[int, list[WarmupResult]] = {}
+    done = 0
+    items = [(family, split) for family in range(len(CALLS))]
+    for family, results in ProcessPool(min(jobs, len(CALLS))).run(_run_family_in_worker, items, None):
+        if isinstance(results, TaskFailure):
+            raise RuntimeError(f"the warm-up calls of {CALLS[family].__name__} failed in a worker process "
+                               f"({results.kind}): {results.message}")
+        by_family[family] = results
+        for result in results:
+            done += 1
+            if on_start is not None:
+                on_start(done, len(calls), result.op)
+            if report is not None:
+                report(result)
+    if load:
+        for call in calls:
+            _run(call, split)
+    return [result for family in range(len(CALLS)) for result in by_family[family]]
+
+
+def default_jobs() -> int:
+    """``ascend-emu warmup``'s default ``--jobs``: the cores this process may use when the kernel
+    cache directory holds no kernel yet (a cold cache: the directory is keyed on the sources, so an
+    edit or an upgrade starts an empty one), else 1 (loading is quicker than starting workers)."""
+    from .compare.engine import default_workers
+
+    if any(kernel_cache_dir().rglob("*.nbi")):
+        return 1
+    return default_workers()
+
+
+def _jobs(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,6 +402,10 @@ def add_arguments(parser) -> None:
     """The ``warmup`` subcommand's options."""
     parser.add_argument("--serial-only", action="store_true",
                         help="skip the threaded kernel variants (compiled on first use instead)")
+    parser.add_argument("-j", "--jobs", type=_jobs, default=None, metavar="N",
+                        help="compile in N worker processes sharing the on-disk cache (default: the "
+                             "number of cores this process may use when the cache is empty, else 1; "
+                             "1: in this process)")
     parser.add_argument("--quiet", action="store_true", help="print only the total")
 
 
@@ -331,11 +420,13 @@ def run(ns) -> int:
         if not ns.quiet:
             print(f"  {result.seconds:7.2f} s  {result.op}", flush=True)
 
+    jobs = ns.jobs if ns.jobs is not None else default_jobs()
     with Progress(show_steps=False, quiet=ns.quiet) as progress:
-        results = warmup(parallel=not ns.serial_only, report=show,
+        results = warmup(parallel=not ns.serial_only, report=show, jobs=jobs, load=False,
                          on_start=lambda number, total, name: progress.step(f"[{number}/{total}] {name}"))
     cache = kernel_cache_dir()
+    workers = f"{jobs} processes, " if jobs > 1 else ""
     print(f"warmed up {len(results)} op calls in {time.perf_counter() - start:.1f} s "
-          f"(Numba threads: {numba.get_num_threads()}); kernel cache: {cache} "
+          f"({workers}Numba threads: {numba.get_num_threads()}); kernel cache: {cache} "
           f"(delete {cache.parent} to clear it and older versions' caches)")
     return 0

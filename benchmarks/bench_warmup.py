@@ -1,12 +1,14 @@
 """``ascend-emu warmup`` with a cold and then a warm on-disk kernel cache, each in a fresh process.
 
 Cold: ``NUMBA_CACHE_DIR`` set to a new empty directory, so every kernel is compiled (what a fresh
-install or a new Numba version pays once). Warm: the same command again with that directory, so
-every kernel is loaded from it (what each later ``ascend-emu warmup`` pays). Printed: the wall
-time of each whole process (interpreter start and imports included) and the total the command
-itself reports. The directory is removed afterwards unless ``--keep`` is given.
+install or a new Numba version pays once), once per ``--jobs`` value given (each in its own new
+directory: ``-j 1`` compiles in the command's process, ``-j N`` in N worker processes sharing the
+cache), with each cold time's ratio to the first. Warm: the command again with the last
+directory, so every kernel is loaded from it (what each later ``ascend-emu warmup`` pays).
+Printed: the wall time of each whole process (interpreter start and imports included) and the
+total the command itself reports. The directories are removed afterwards unless ``--keep`` is given.
 
-Usage: ``PYTHONPATH=. python benchmarks/bench_warmup.py [--warm-runs 1] [--keep]``
+Usage: ``PYTHONPATH=. python benchmarks/bench_warmup.py [--jobs 1,2] [--warm-runs 1] [--keep]``
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def timed_warmup(cache_dir: str) -> tuple[float, str]:
-    """Run ``python -m ascend_emu warmup --quiet`` with ``NUMBA_CACHE_DIR=cache_dir``; return its
-    wall time in seconds and its last output line. Raises ``RuntimeError`` if it fails."""
+def timed_warmup(cache_dir: str, jobs: int) -> tuple[float, str]:
+    """Run ``python -m ascend_emu warmup --quiet -j jobs`` with ``NUMBA_CACHE_DIR=cache_dir``; return
+    its wall time in seconds and its last output line. Raises ``RuntimeError`` if it fails."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, PYTHONPATH=path)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "ascend_emu", "warmup", "--quiet"], env=env, cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "ascend_emu", "warmup", "--quiet", "-j", str(jobs)], env=env, cwd=ROOT,
                           capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
@@ -40,21 +42,27 @@ def timed_warmup(cache_dir: str) -> tuple[float, str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--warm-runs", type=int, default=1, help="warm runs after the cold one (default 1)")
-    p.add_argument("--keep", action="store_true", help="keep the cache directory (its path is printed)")
+    p.add_argument("--jobs", default="1,2", help="comma-separated --jobs values, each cold (default 1,2)")
+    p.add_argument("--warm-runs", type=int, default=1, help="warm runs after the cold ones (default 1)")
+    p.add_argument("--keep", action="store_true", help="keep the cache directories (their paths are printed)")
     a = p.parse_args()
-    cache_dir = tempfile.mkdtemp(prefix="ascend_emu_bench_warmup_")
+    dirs = []
     try:
-        wall, said = timed_warmup(cache_dir)
-        print(f"cold cache: {wall:6.1f} s   ({said})", flush=True)
+        first = None
+        for jobs in (int(j) for j in a.jobs.split(",")):
+            dirs.append(tempfile.mkdtemp(prefix="ascend_emu_bench_warmup_"))
+            wall, said = timed_warmup(dirs[-1], jobs)
+            first = first or wall
+            print(f"cold cache, -j {jobs}: {wall:6.1f} s  {wall / first:5.2f}x   ({said})", flush=True)
         for _ in range(a.warm_runs):
-            wall, said = timed_warmup(cache_dir)
-            print(f"warm cache: {wall:6.1f} s   ({said})", flush=True)
+            wall, said = timed_warmup(dirs[-1], jobs)
+            print(f"warm cache, -j {jobs}: {wall:6.1f} s   ({said})", flush=True)
     finally:
-        if a.keep:
-            print(f"cache kept in {cache_dir}")
-        else:
-            shutil.rmtree(cache_dir, ignore_errors=True)
+        for d in dirs:
+            if a.keep:
+                print(f"cache kept in {d}")
+            else:
+                shutil.rmtree(d, ignore_errors=True)
 
 
 if __name__ == "__main__":

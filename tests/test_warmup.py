@@ -49,20 +49,44 @@ def test_warmup_runs_every_op_and_restores_thresholds():
 
 def test_cli_registers_warmup(capsys):
     ns = build_parser().parse_args(["warmup", "--quiet", "--serial-only"])
-    assert ns.quiet and ns.serial_only
-    assert main(["warmup", "--quiet", "--serial-only"]) == 0
+    assert ns.quiet and ns.serial_only and ns.jobs is None
+    assert main(["warmup", "--quiet", "--serial-only", "-j", "2"]) == 0  # two worker processes
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and out[0].startswith("warmed up ")
+    assert len(out) == 1 and out[0].startswith("warmed up ") and "(2 processes, " in out[0]
     cache = kernel_cache_dir()  # where the kernels went, and what to delete to clear them
     assert out[0].endswith(f"kernel cache: {cache} (delete {cache.parent} to clear it and older versions' caches)")
     assert list((cache / "emu").glob("kv_rmsnorm_rope_cache.*.nbi"))
 
 
-@pytest.mark.parametrize("argv", [["warmup", "--bogus"]])
+@pytest.mark.parametrize("argv", [["warmup", "--bogus"], ["warmup", "-j", "0"], ["warmup", "--jobs", "two"]])
 def test_cli_warmup_rejects_unknown_options(argv):
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(argv)
     assert exc.value.code == 2
+
+
+def test_default_jobs_are_the_cores_only_for_an_empty_kernel_cache(monkeypatch, tmp_path):
+    monkeypatch.setattr(warmup_mod, "kernel_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr("ascend_emu.compare.engine.default_workers", lambda: 3)
+    assert warmup_mod.default_jobs() == 3
+    (tmp_path / "emu").mkdir()
+    (tmp_path / "emu" / "kernels._scatter-1.py311.nbi").write_bytes(b"")
+    assert warmup_mod.default_jobs() == 1
+
+
+def test_warmup_in_worker_processes_runs_every_call_once_in_order(monkeypatch):
+    """``jobs=2``: every call runs in one of two spawned workers (none in this process without
+    ``load``); the results come back in call order whatever order the workers finish in."""
+    ran_here = []
+    monkeypatch.setattr(warmup_mod, "_run", lambda call, split: ran_here.append(call.name))
+    seen = []
+    results = warmup_mod.warmup(jobs=2, load=False, parallel=False, report=seen.append)
+    assert ran_here == []
+    names = [c.name for c in warmup_mod._calls()]
+    assert [r.op for r in results] == names and sorted(r.op for r in seen) == sorted(names)
+    assert all(r.seconds > 0 for r in results)
+    with pytest.raises(ValueError, match=r"jobs: expected an int >= 1, got 0"):
+        warmup_mod.warmup(jobs=0)
 
 
 def test_prolog_scenarios_are_named():
@@ -127,7 +151,7 @@ def test_cli_warmup_piped_shows_each_call_and_what_it_compiles(monkeypatch, caps
 
     monkeypatch.setattr(warmup_mod, "CALLS", (family,))
     monkeypatch.setattr(warmup_mod.Call, "__call__", lambda self: outer(1))
-    assert main(["warmup", "--serial-only"]) == 0
+    assert main(["warmup", "--serial-only", "-j", "1"]) == 0
     lines = [ln.strip() for ln in capsys.readouterr().out.splitlines()]
     assert "first run only" in lines[0]
     assert lines[1] == "[1/2] first fresh call:"
