@@ -239,6 +239,27 @@ def _sparse_attention_calls(rng) -> Iterator[Call]:
                dict(common, quant_scale_repo_mode=1, tile_size=128, rope_head_dim=64))
 
 
+def _fused_infer_attention_calls(rng) -> Iterator[Call]:
+    b, n, bs = 1, 16, 16
+    table = np.arange(2, dtype=np.int32).reshape(1, 2)  # [B, blocks]
+    for dtype in (BF16, np.dtype(np.float16)):
+        query, query_rope = _rand(rng, (b, n, 1, 512), dtype), _rand(rng, (b, n, 1, 64), dtype)  # BNSD
+        ckv, kr = _rand(rng, (2, 1, bs, 512), dtype), _rand(rng, (2, 1, bs, 64), dtype)  # [blocks, 1, bs, D]
+        yield Call(f"npu_fused_infer_attention_score {dtype.name} MLA decode", "npu_fused_infer_attention_score",
+                   (query, ckv, ckv),
+                   dict(query_rope=query_rope, key_rope=kr, num_heads=n, num_key_value_heads=1, input_layout="BNSD",
+                        scale=576 ** -0.5, block_table=table, block_size=bs, actual_seq_lengths_kv=[2 * bs]))
+    query, query_rope = _int8(rng, (b, n, 1, 512)), _rand(rng, (b, n, 1, 64))  # BNSD
+    ckv, kr = _int8(rng, (2, 1, bs, 512)), _rand(rng, (2, 1, bs, 64))  # [blocks, 1, bs, D]
+    yield Call("npu_fused_infer_attention_score_v2 C8 MLA decode", "npu_fused_infer_attention_score_v2",
+               (query, ckv, ckv),
+               dict(query_rope=query_rope, key_rope=kr, num_query_heads=n, num_key_value_heads=1,
+                    input_layout="BNSD", softmax_scale=576 ** -0.5, block_table=table, block_size=bs,
+                    actual_seq_kvlen=[2 * bs], query_quant_mode=3,
+                    dequant_scale_query=np.full((b, n, 1), 1e-2, np.float32),
+                    dequant_scale_key=np.array([0.02], np.float32), dequant_scale_value=np.array([0.02], np.float32)))
+
+
 def _format_cast_calls(rng) -> Iterator[Call]:
     for dtype in (BF16, np.dtype(np.int8)):
         w = _rand(rng, (32, 64)).astype(dtype)
@@ -248,10 +269,10 @@ def _format_cast_calls(rng) -> Iterator[Call]:
 
 #: Every op family's warm-up calls (each yields :class:`Call` objects), the families whose first
 #: call compiles longest first (cold, 2 cores: kv_rmsnorm_rope_cache 55 s, sparse attention 47 s,
-#: MlaPreprocess 26 s, the prolog 30 s, the indexer 13 s, the rest a few s), so that worker
-#: processes (``jobs``) taking them in this order finish together.
+#: MlaPreprocess 26 s, the prolog 30 s, fused_infer_attention_score 14 s, the indexer 13 s, the
+#: rest a few s), so that worker processes (``jobs``) taking them in this order finish together.
 CALLS = (_kv_calls, _sparse_attention_calls, _preprocess_calls, _prolog_calls, _indexer_calls,
-         _quant_indexer_calls, _format_cast_calls)
+         _fused_infer_attention_calls, _quant_indexer_calls, _format_cast_calls)
 
 
 # ---------------------------------------------------------------------- running

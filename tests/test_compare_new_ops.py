@@ -334,3 +334,36 @@ def test_inspect_cli_reads_a_5d_pa_nz_cache_file(tmp_path, capsys):
     assert (out["slot"], out["block"], out["row"]) == (20, 1, 4)
     mem = kc.reshape(-1).view(np.uint8)
     assert b"".join(mem[r["start"]:r["stop"]].tobytes() for r in out["ranges"]) == key[2].tobytes()
+
+
+# ----------------------------------------------------------------------------- Ascend 950 casts
+def test_950_casts_recorded_replay_identical_and_hifloat8_outputs_judged_in_hif8_ulps(tmp_path, monkeypatch):
+    """npu_dtype_cast to hifloat8 (uint8 codes) and npu_dynamic_mx_quant on an emulated 950:
+    record, replay identical; the cast's codes are compared as HiF8 values (a code one step up in
+    value order is 1 HiF8 ulp, within a float output's tolerance), not as uint8 integers."""
+    torch = pytest.importorskip("torch")
+    from ascend_emu.soc import ASCEND950_EXAMPLE, SOC_NAME_ENV
+    from tests.reference.formats_950 import hif8_decode
+
+    monkeypatch.setenv(SOC_NAME_ENV, ASCEND950_EXAMPLE)
+    x = _bf16(torch, np.random.default_rng(7), (4, 64))
+    calls = _round_trip(_record(lambda t: (t.npu_dtype_cast(x, 290), t.npu_dynamic_mx_quant(x, dst_type=292))),
+                        tmp_path / "rec")
+    assert [c.op for c in calls] == ["npu_dtype_cast", "npu_dynamic_mx_quant"]
+    for call in calls:
+        rep = compare.compare_call(call)
+        assert rep.status == "identical", [(t.name, t.status, t.note) for t in rep.tensors]
+    cast = calls[0]
+    codes = np.array(cast.outputs[0].array, copy=True)
+    assert codes.dtype == np.uint8
+    assert compare.compare_call(cast).tensors[0].dtype == "hifloat8"
+    # one code to its neighbour in value order: 1 HiF8 ulp (0x07 and 0x7E-style jumps included)
+    values = np.array([hif8_decode(c) for c in range(256)], dtype=np.float64)
+    finite = np.flatnonzero(np.isfinite(values))
+    order = finite[np.argsort(values[finite], kind="stable")]
+    pos = int(np.flatnonzero(order == codes.reshape(-1)[5])[0])
+    codes.reshape(-1)[5] = order[pos + 1] if pos + 1 < order.size else order[pos - 1]
+    cast.outputs[0] = compare.TensorValue(codes)
+    t = compare.compare_call(cast).tensors[0]
+    assert (t.status, t.dtype, t.mismatches[0]["index"]) == ("pass", "hifloat8", [0, 5])  # a float tolerance
+    assert t.ulp_hist["1"] == 1 and sum(t.ulp_hist.values()) == 1  # as a uint8 integer: an exact-compare failure

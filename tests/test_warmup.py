@@ -23,7 +23,7 @@ prolog_emu = importlib.import_module("ascend_emu.emu.mla_prolog")
 
 OPS = ("npu_format_cast", "npu_kv_rmsnorm_rope_cache", "npu_mla_prolog_v3", "npu_mla_preprocess",
        "npu_lightning_indexer", "npu_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention",
-       "npu_quant_lightning_indexer")
+       "npu_quant_lightning_indexer", "npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2")
 
 
 def test_warmup_runs_every_op_and_restores_thresholds():

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import BackendUnavailable
 from ..layouts import FRACTAL_NZ
 from ..layouts.paged import PAGED_KV_LAYOUT_MODES
+from ..quant import TORCH_NPU_DTYPE_CODES
 from .metrics import TensorComparison, compare_tensor
 
 
@@ -52,6 +53,9 @@ class OpInfo:
             exactly, the written slots listed as expected.
         exact: outputs / in-place arguments compared bit-exactly although their names do not
             say cache (pure data movement: a gathered ``key`` / ``value``).
+        hifloat8: ``(argument, outputs)`` pairs: ``outputs`` are HiFloat8 codes (uint8, as
+            torch_npu carries them) when ``argument`` is torch_npu's hifloat8 code (290), so
+            they are compared as HiF8 values, in HiF8 ulps.
     """
 
     name: str
@@ -66,6 +70,7 @@ class OpInfo:
     undefined_unless: tuple[str, bool, tuple[str, ...]] | None = None
     clones: bool = False
     exact: tuple[str, ...] = ()
+    hifloat8: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def function(self) -> str:
@@ -95,7 +100,8 @@ OPS: dict[str, OpInfo] = {op.name: op for op in (
     OpInfo("npu_mla_prolog_v2", "npu_mla_prolog_v2", _PROLOG_IN,
            _PROLOG_OUT + _PROLOG_IN + ("dequant_scale_q_nope",), _PROLOG_MODE),
     OpInfo("npu_mla_prolog_v3", "npu_mla_prolog_v3", _PROLOG_IN,
-           _PROLOG_OUT + ("dequant_scale_q_nope", "query_norm", "dequant_scale_q_norm"), _PROLOG_MODE),
+           _PROLOG_OUT + ("dequant_scale_q_nope", "query_norm", "dequant_scale_q_norm"), _PROLOG_MODE,
+           hifloat8=(("weight_uq_qr_dtype", ("query_norm",)),)),
     OpInfo("npu_kv_rmsnorm_rope_cache", "npu_kv_rmsnorm_rope_cache", _KV_CACHES,
            ("k_cache", "ckv_cache", "k_embed_out", "y_out"), _KV_MODE, replays_fully=True,
            undefined_unless=_KV_UNDEFINED),
@@ -116,6 +122,8 @@ OPS: dict[str, OpInfo] = {op.name: op for op in (
     OpInfo("npu_interleave_rope", "npu_interleave_rope", outputs=("y",), replays_fully=True),
     OpInfo("npu_rotary_mul", "npu_rotary_mul", outputs=("y",), replays_fully=True),
     OpInfo("npu_dynamic_quant", "npu_dynamic_quant", outputs=("y", "scale"), replays_fully=True),
+    OpInfo("npu_dtype_cast", "npu_dtype_cast", outputs=("y",), replays_fully=True, hifloat8=(("dtype", ("y",)),)),
+    OpInfo("npu_dynamic_mx_quant", "npu_dynamic_mx_quant", outputs=("y", "mxscale"), replays_fully=True),
     OpInfo("npu_scatter_pa_kv_cache", "npu_scatter_pa_kv_cache", _PA_CACHES, cache_mode=_PA_MODE),
     OpInfo("npu_scatter_pa_kv_cache_functional", "npu_scatter_pa_kv_cache_functional", (), _PA_CACHES, _PA_MODE,
            replays_fully=True, runs="npu_scatter_pa_kv_cache", returns=(), functional=_PA_CACHES, clones=True),
@@ -234,6 +242,16 @@ def arg_names(op: str) -> list[str]:
         return []
     return [p.name for p in _pyinspect.signature(fn).parameters.values()
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def hifloat8_outputs(call: Call) -> frozenset[str]:
+    """The outputs of ``call`` that hold HiFloat8 codes (:attr:`OpInfo.hifloat8`)."""
+    info = OPS.get(call.op)
+    if info is None or not info.hifloat8:
+        return frozenset()
+    named = call.named()
+    code = TORCH_NPU_DTYPE_CODES["hifloat8"]
+    return frozenset(out for arg, outs in info.hifloat8 if named.get(arg) == code for out in outs)
 
 
 def cache_mode_of(call: Call) -> str | None:
@@ -399,6 +417,7 @@ def compare_call(call: Call, emu: EmuResult | None = None) -> CallReport:
     mode = cache_mode_of(call)
     rep.not_compared = undefined_outputs(call)
     exact = info.exact if info else ()
+    hif8_outputs = hifloat8_outputs(call)
     for name, dev in call.after.items():
         if dev is None:
             continue
@@ -435,7 +454,9 @@ def compare_call(call: Call, emu: EmuResult | None = None) -> CallReport:
             rep.tensors.append(compare_tensor(name, _array(mine), _array(dev), role="cache", cache_mode=mode,
                                               expect_slots=written, judge_expected_only=True))
             continue
-        rep.tensors.append(compare_tensor(name, _array(mine), _array(dev), role="output"))
+        mine, dev = _array(mine), _array(dev)
+        hif8 = name in hif8_outputs and all(isinstance(a, np.ndarray) and a.dtype == np.uint8 for a in (mine, dev))
+        rep.tensors.append(compare_tensor(name, mine, dev, role="output", element="hifloat8" if hif8 else None))
     order = {"identical": 0, "pass": 1, "fail": 2, "missing": 2}
     worst = max((order[t.status] for t in rep.tensors), default=0)
     rep.status = ("identical", "pass", "fail")[worst]
