@@ -370,6 +370,10 @@ def _admit(value, slot: tuple[int, str, bool], grad: bool):
                 and not (grad and value.requires_grad):
             return value
         return _REFUSED
+    if kind == "List[int]":  # int[] (FIA's actual_seq_lengths): a list of Python ints, as the dispatcher passes it
+        if isinstance(value, (list, tuple)) and all(type(v) is int for v in value):
+            return list(value)
+        return _REFUSED
     scalar = _SCALARS.get(kind)
     if scalar is None or isinstance(value, bool) is not (scalar is bool):
         return _REFUSED
