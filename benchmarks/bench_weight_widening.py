@@ -99,6 +99,11 @@ def _digest(out) -> str:
 
 def worker(ns) -> None:
     """Build the cases, warm them up, then time one round per input line (JSON out)."""
+    if ns.scratch_mib:
+        from ascend_emu.emu import matmul
+
+        if hasattr(matmul, "SCRATCH_BYTES"):
+            matmul.SCRATCH_BYTES = int(ns.scratch_mib * 2**20)
     cases = _cases(ns.layers, ns.context)
     digests = {name: _digest(fn()) for name, fn in cases.items()}
     print(json.dumps({"digests": digests}), flush=True)
@@ -125,6 +130,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5, help="calls per prolog case per round (median)")
     parser.add_argument("--layers", type=int, default=61, help="layers of the decode step (default 61)")
     parser.add_argument("--context", type=int, default=4096, help="decode step's context (default 4096)")
+    parser.add_argument("--scratch-mib", type=float, default=0,
+                        help="the 'after' side's per-thread scratch, MiB (default: the library's)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args()
     if ns.worker:
@@ -134,7 +141,7 @@ def main() -> None:
         parser.error("--before DIR is required (a checkout of the package before the change)")
     here = Path(__file__).resolve().parent.parent
     args = [sys.executable, __file__, "--worker", "--calls", str(ns.calls), "--layers", str(ns.layers),
-            "--context", str(ns.context)]
+            "--context", str(ns.context), "--scratch-mib", str(ns.scratch_mib)]
     procs = {}
     for label, root in (("before", Path(ns.before).resolve()), ("after", here)):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(here / "benchmarks")]))
@@ -144,6 +151,7 @@ def main() -> None:
     rounds = {k: [] for k in procs}
     for _ in range(ns.rounds):
         for label, p in procs.items():  # alternating: before, then after, each round
+            time.sleep(0.5)  # the other worker's BLAS threads stop spinning
             p.stdin.write("round\n")
             p.stdin.flush()
             rounds[label].append(json.loads(p.stdout.readline())["times"])

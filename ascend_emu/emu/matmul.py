@@ -50,9 +50,10 @@ import threading
 import warnings
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..quant import BF16, to_f32
+from .kernels import launch_rows
 
 @njit(cache=True)
 def _widen_bf16_bits(bits, out):
@@ -115,21 +116,51 @@ def block_width(m: int, k: int, n: int, itemsize: int = 4) -> int:
 
 
 @njit(cache=True)
-def _widen_bf16_cols(bits, lo, hi, out):
-    """``out[k, j] = bits[k, lo + j] << 16`` for ``j < hi - lo``: fp32 bits of a column block of bf16."""
-    for k in range(bits.shape[0]):
-        for j in range(hi - lo):
-            out[k, j] = np.uint32(bits[k, lo + j]) << np.uint32(16)
+def _bf16_cols_rows(r0, r1, bits, lo, hi, out):
+    """Rows ``r0:r1`` of ``out[k, j] = bits[k, lo + j] << 16``: the fp32 bits of a column block
+    of a bf16 weight (uint16 ``[K, N]`` -> uint32 ``[K, hi - lo]``)."""
+    for k in range(r0, r1):
+        src = bits[k, lo:hi]
+        dst = out[k]
+        for j in range(src.shape[0]):
+            dst[j] = np.uint32(src[j]) << np.uint32(16)
+
+
+@njit(cache=True, parallel=True)
+def _bf16_cols_parts(parts, bits, lo, hi, out):
+    n = bits.shape[0]
+    for p in prange(parts):
+        _bf16_cols_rows(p * n // parts, (p + 1) * n // parts, bits, lo, hi, out)
+
+
+@njit(cache=True)
+def _int_cols_rows(r0, r1, src, lo, hi, out):
+    """Rows ``r0:r1`` of ``out[k, j] = src[k, lo + j]`` (int8 -> fp32 / fp64, exact)."""
+    for k in range(r0, r1):
+        row = src[k, lo:hi]
+        dst = out[k]
+        for j in range(row.shape[0]):
+            dst[j] = row[j]
+
+
+@njit(cache=True, parallel=True)
+def _int_cols_parts(parts, src, lo, hi, out):
+    n = src.shape[0]
+    for p in prange(parts):
+        _int_cols_rows(p * n // parts, (p + 1) * n // parts, src, lo, hi, out)
 
 
 def _fill_block(w: np.ndarray, lo: int, hi: int, out: np.ndarray) -> None:
-    """Write the exact widening of ``w[:, lo:hi]`` (bf16 / fp16 / int8 / fp8; ``w`` 2-D) into ``out``."""
-    if w.dtype == BF16 and w.flags.c_contiguous:
-        _widen_bf16_cols(w.view(np.uint16), lo, hi, out.view(np.uint32))
-    elif w.dtype == BF16:
-        np.left_shift(w[:, lo:hi].view(np.uint16), np.uint32(16), out=out.view(np.uint32), dtype=np.uint32)
+    """Write the exact widening of ``w[:, lo:hi]`` into ``out`` (``[K, hi - lo]``, C-contiguous):
+    bf16 and int8 in compiled passes (rows split across threads where that pays,
+    :func:`~ascend_emu.emu.kernels.launch_rows`), other dtypes (fp16, fp8) by NumPy."""
+    if w.dtype == BF16:
+        launch_rows(_bf16_cols_rows, _bf16_cols_parts, w.shape[0], hi - lo, w.view(np.uint16), lo, hi,
+                    out.view(np.uint32))
+    elif w.dtype == np.int8:
+        launch_rows(_int_cols_rows, _int_cols_parts, w.shape[0], hi - lo, w, lo, hi, out)
     else:
-        np.copyto(out, w[:, lo:hi], casting="unsafe")  # int8, fp16, fp8: exact in fp32 / fp64
+        np.copyto(out, w[:, lo:hi], casting="unsafe")  # fp16, fp8: exact in fp32
 
 
 def matmul_weight(a: np.ndarray, w: np.ndarray, *, widen=None, out: np.ndarray | None = None) -> np.ndarray:
@@ -283,11 +314,11 @@ def _int8_blocked(a: np.ndarray, w: np.ndarray, w_nk: bool, dtype) -> np.ndarray
     for lo in range(0, n, width):
         if w_nk:
             wide = block.reshape(width, k)
-            np.copyto(wide, src[lo:lo + width], casting="unsafe")
+            _fill_block(src[lo:lo + width], 0, k, wide)
             wide = wide.T  # [K, width]
         else:
             wide = block.reshape(k, width)
-            np.copyto(wide, src[:, lo:lo + width], casting="unsafe")
+            _fill_block(src, lo, lo + width, wide)
         for c in range(0, k, chunk):
             np.matmul(a_wide[:, c:c + chunk], wide[c:c + chunk], out=part)
             out[:, lo:lo + width] += part.astype(np.int32)  # each chunk exact, |total| < 2**31 (INT8_MAX_K)
