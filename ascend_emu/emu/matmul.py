@@ -28,7 +28,8 @@ thread, reused by every call) and runs one BLAS call per block, so the memory an
 grow with the number or size of the weights. Splitting the output columns leaves every output
 element's K-summation to the same BLAS kernel, so the results are bit-identical to one BLAS call
 on the whole widened weight, provided every block takes the same OpenBLAS path as the whole product
-(measured on the prolog's shapes, 1 and 2 threads, ``tests/test_prolog_fast_paths.py``):
+(measured on the prolog's shapes with OpenBLAS 0.3.31, 1 and 2 threads; checked by
+``tests/test_weight_widening.py``):
 
 - the block width is a multiple of :data:`BLOCK_ALIGN` that divides the column count (no ragged
   last block: OpenBLAS's ``gemv`` handles a tail of columns, and each thread's share of them,
@@ -40,7 +41,9 @@ on the whole widened weight, provided every block takes the same OpenBLAS path a
 Where no width meets both, the whole weight is widened at once into a temporary freed after the
 call (never kept). int8 products are exact whatever the split. ND weights (``weight_uk``) are
 widened per head (``[128, 512]``, 256 KiB) the same way: read on every call, so a weight written
-in place is always seen.
+in place is always seen. The price is the widening on every call (compiled row passes, about
+0.3 ns per element on one core): decode-sized calls (T = 1) take up to about 1.9x what they took
+on kept copies, T = 16 calls about the same (docs/performance.md, "Widened weights").
 """
 
 from __future__ import annotations
