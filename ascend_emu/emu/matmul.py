@@ -28,7 +28,7 @@ thread, reused by every call) and runs one BLAS call per block, so the memory an
 grow with the number or size of the weights. Splitting the output columns leaves every output
 element's K-summation to the same BLAS kernel, so the results are bit-identical to one BLAS call
 on the whole widened weight, provided every block takes the same OpenBLAS path as the whole product
-(measured on the prolog's shapes with OpenBLAS 0.3.31, 1 and 2 threads; checked by
+(measured on the prolog's shapes with OpenBLAS 0.3.31 at 1, 2, 4 and 16 threads; checked by
 ``tests/test_weight_widening.py``):
 
 - the block width is a multiple of :data:`BLOCK_ALIGN` that divides the column count (no ragged
