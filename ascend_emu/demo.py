@@ -174,6 +174,8 @@ class DecodeStepReport:
         blocks_used, num_blocks: cache blocks holding the ``context + 1`` tokens, and the cache size.
         block_table: the sequence's blocks ``[ceil((context + 1) / block_size)]`` (a shuffled pool).
         cache_bytes: ``{"int8 kv_cache": n, "bf16 kv_cache + kr_cache": n}``.
+        input_bytes: ``{"weights": n, "caches": n, "tokens": n}``: the step's inputs (one layer's
+            weights as given, every cache, the hidden states and RoPE tables), for memory figures.
         row_slot: the cache slot of the decoded token (the new one).
         row: its 656 raw bytes (uint8 ``[656]``).
         row_k_nope, row_k_rope, row_scales: the row decoded: dequantized k_nope fp32 ``[512]``,
@@ -199,6 +201,7 @@ class DecodeStepReport:
     num_blocks: int = 0
     block_table: np.ndarray | None = None
     cache_bytes: dict[str, int] = field(default_factory=dict)
+    input_bytes: dict[str, int] = field(default_factory=dict)
     row_slot: int = 0
     row: np.ndarray | None = None
     row_k_nope: np.ndarray | None = None
@@ -421,6 +424,9 @@ def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch) -> Decod
     # ---- what it shows
     rep.cache_bytes = {"int8 kv_cache (656-byte rows)": kv_int8.nbytes,
                        "bf16 kv_cache + kr_cache": kv_bf16.nbytes + kr_bf16.nbytes}
+    rep.input_bytes = {"weights": sum(np.asarray(a).nbytes for a in w.values()),
+                       "caches": sum(a.nbytes for a in (kv_int8, kv_bf16, kr_bf16, k_indexer)),
+                       "tokens": x.nbytes + sin.nbytes + cos.nbytes}
     rep.kv_int8 = kv_int8
     rep.row_slot = int(slots[ctx])
     rep.row = kv_int8.reshape(-1, MLA_ROW.row_bytes)[rep.row_slot].view(np.uint8).copy()  # [656]

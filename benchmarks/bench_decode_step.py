@@ -17,6 +17,11 @@ tensors over the same memory (weights and caches converted once and kept, NZ wei
 their own NZArray so their fp32 widening is shared; per-call arrays such as the token's slices
 converted on every call, and outputs viewed back as NumPy, which the drop-in figure includes).
 
+Memory: the process's peak resident set (``getrusage`` maxrss, the prefill and the run through the
+drop-in included) and its resident set after the imports, against the step's inputs (one layer's
+weights, the caches, the hidden states; ``DecodeStepReport.input_bytes``). The ops keep no widened
+copy of a weight (issue 21); the floor keeps fp32 copies of one layer's four prolog weights.
+
 Usage: ``python benchmarks/bench_decode_step.py [--layers 61] [--context 4096] [--repeat 3] [--no-drop-in]``
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import resource
 
 from _timing import best_times
 
@@ -89,6 +95,20 @@ def through(ops_like):
         demo.ops = saved
 
 
+def rss_mib() -> float:
+    """This process's resident set now, MiB (Linux ``/proc/self/statm``; 0 where unreadable)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:
+        return 0.0
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set, MiB (``ru_maxrss``: KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=61, help="decoder layers per step (DeepSeek-V3.2: 61)")
@@ -98,6 +118,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="alternating rounds")
     parser.add_argument("--no-drop-in", action="store_true", help="skip the run through the torch_npu drop-in")
     ns = parser.parse_args()
+    if not ns.no_drop_in:
+        with contextlib.suppress(ImportError):
+            import torch  # noqa: F401 (imported before the baseline, as the drop-in run will)
+    base_rss = rss_mib()
     rep = run_decode_step(DecodeStepConfig(context=ns.context, sparse_count=ns.sparse_count, heads=ns.heads))
 
     def layers(fn):
@@ -124,6 +148,13 @@ def main() -> None:
               f"ascend_emu.torch_npu: {t_drop / t_emu:.3f}x the ops path")
     print(f"  floor    {t_floor * 1e3:8.1f} ms per step ({t_floor / ns.layers * 1e3:.2f} ms per layer)")
     print(f"  ratio    {t_emu / t_floor:8.2f}x" + (f" (drop-in {times[2] / t_floor:.2f}x)" if len(times) > 2 else ""))
+    inputs = getattr(rep, "input_bytes", {})
+    total = sum(inputs.values()) / 2**20
+    peak = peak_rss_mib()
+    print(f"  memory   peak RSS {peak:.0f} MiB; {base_rss:.0f} MiB after the imports, so "
+          f"{peak - base_rss:.0f} MiB for the run; inputs {total:.0f} MiB ("
+          + ", ".join(f"{k} {v / 2**20:.0f}" for k, v in inputs.items())
+          + (f"): the run takes {(peak - base_rss) / total:.2f}x its inputs" if total else ")"))
 
 
 if __name__ == "__main__":

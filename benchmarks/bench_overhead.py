@@ -7,8 +7,8 @@ the two taking turns round after round; every figure is the median over ``--roun
 drop-in / ops ratios and the microseconds the drop-in adds are medians of each round's pair.
 
 A second pass measures the Python around the compiled work ("outside"): every Numba dispatcher and
-``matmul_f32`` / ``matmul_int8`` of the emu modules is wrapped with a timer whose time is
-subtracted (its own ~0.3 us per kernel counts as compiled work), and the matmuls are stubbed (each
+``matmul_f32`` / ``matmul_int8`` / ``matmul_weight`` of the emu modules are wrapped with a timer
+whose time is subtracted (its own ~0.3 us per kernel counts as compiled work), and the matmuls are stubbed (each
 returns its first result again), because after streaming tens of MB of weights through BLAS the
 code around the matmuls runs on cold CPU caches. Targets (issue 8): the drop-in within 1.1x of
 ``ops`` (about 6 us added to ~30 us), <= 60 us outside the compiled work through the drop-in and
@@ -50,7 +50,7 @@ EMU_MODULES = ("ascend_emu.emu.kernels", "ascend_emu.emu.kv_rmsnorm_rope_cache",
                "ascend_emu.emu.mla_preprocess", "ascend_emu.emu.lightning_indexer", "ascend_emu.emu.sparse_flash_attention",
                "ascend_emu.emu.matmul",
                "ascend_emu.layouts.nz", "ascend_emu.quant.rounding", "ascend_emu.quant.schemes")
-MATMULS = ("matmul_f32", "matmul_int8")
+MATMULS = ("matmul_f32", "matmul_int8", "matmul_weight", "matmul_weight_heads")
 
 
 class CompiledTimer:
@@ -92,10 +92,10 @@ class CompiledTimer:
         return timed
 
     def _stub(self, fn):
-        def stubbed(*args):
-            key = (fn.__name__,) + tuple((a.shape, a.dtype) for a in args)
+        def stubbed(*args, **kwargs):
+            key = (fn.__name__,) + tuple((a.shape, a.dtype) for a in args) + tuple(sorted(kwargs))
             if key not in self._results:
-                self._results[key] = fn(*args)
+                self._results[key] = fn(*args, **kwargs)
             return self._results[key]
         return stubbed
 

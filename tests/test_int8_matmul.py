@@ -78,7 +78,7 @@ def test_matmul_int8_exact_on_every_engine(engine, shape, kinds, rng):
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
 def test_matmul_int8_nk_weight_and_nz_weight(engine, rng):
     """A weight stored ``[N, K]`` (MlaPreprocess's wdqkv / wuq) and a FRACTAL_NZ one give the same
-    exact product; the NZ weight's widened copy is reused, not recomputed."""
+    exact product, also where the engine widens it in several column blocks (``[2112, He]``)."""
     a = rng.integers(-128, 128, size=(16, 2112), dtype=np.int8)
     w_nk = rng.integers(-128, 128, size=(96, 2112), dtype=np.int8)
     want = _ref(a, w_nk.T)
@@ -87,6 +87,8 @@ def test_matmul_int8_nk_weight_and_nz_weight(engine, rng):
     np.testing.assert_array_equal(matmul.matmul_int8(a, nz, w_nk=True).astype(np.int64), want)
     np.testing.assert_array_equal(matmul.matmul_int8(a, nz, w_nk=True).astype(np.int64), want)
     np.testing.assert_array_equal(matmul.matmul_int8(a, as_nz(w_nk.T)).astype(np.int64), want)
+    a, w_nk = a[:2, :1536], rng.integers(-128, 128, size=(2112, 1536), dtype=np.int8)  # 3 blocks of 704 in fp32
+    np.testing.assert_array_equal(matmul.matmul_int8(a, as_nz(w_nk), w_nk=True).astype(np.int64), _ref(a, w_nk.T))
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)

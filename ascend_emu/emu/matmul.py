@@ -17,23 +17,33 @@ are exact integers). The contraction length is bounded so that no int32 sum can 
 - ``"sgemm"``: fp32 BLAS over K-chunks of at most :data:`SGEMM_EXACT_K` = 1024. Every product is
   an integer of magnitude at most ``128 * 128 = 2**14``, so every partial sum of a chunk is an
   integer of magnitude at most ``2**24``, which fp32 holds exactly whatever the summation order
-  or FMA use; the chunk results are then summed in int32. Needs an fp32 copy of the weight
-  (kept on FRACTAL_NZ weights, 4 bytes per element).
+  or FMA use; the chunk results are then summed in int32.
 - ``"float64"``: float64 BLAS (every partial sum below ``2**53``); the reference the other two
   are checked against, kept for benchmarks.
 
-Weights cast to FRACTAL_NZ (:class:`~ascend_emu.layouts.NZArray`) are constant for the life of
-the cast tensor, like the NZ copy torch_npu makes: their fp32 widening (and, for int8 weights
-under the ``"float64"`` engine, their fp64 one) is computed on the first call and kept on the
-array. Changing such a weight in place after it has been used is not seen by later calls; cast it
-again instead.
+Widened weights are never kept (issue 21: fp32 copies of every weight took about 100 MB per layer,
+6 GB for DeepSeek-V3.2's 61 layers). :func:`matmul_weight` widens a block of the weight's output
+columns at a time into a per-thread scratch of :data:`SCRATCH_BYTES` (one buffer per Python
+thread, reused by every call) and runs one BLAS call per block, so the memory an op needs does not
+grow with the number or size of the weights. Splitting the output columns leaves every output
+element's K-summation to the same BLAS kernel, so the results are bit-identical to one BLAS call
+on the whole widened weight, provided every block takes the same OpenBLAS path as the whole product
+(measured on the prolog's shapes with OpenBLAS 0.3.31 at 1, 2, 4 and 16 threads; checked by
+``tests/test_weight_widening.py``):
 
-ND weights (``weight_uk``) are widened once too, but checked on every call: the fp32 copy is kept
-per memory address, shape, strides and dtype (the torch drop-in hands a new NumPy view of the
-same tensor to every call), together with a 64-bit fingerprint of the weight's bytes
-(:func:`fingerprint`, a position-weighted sum over 8-byte words, about a tenth of the cost of
-widening); a weight written in place since is seen by its new fingerprint and widened again.
-At most :data:`ND_CACHE_BYTES` of fp32 copies are kept, least recently used first out.
+- the block width is a multiple of :data:`BLOCK_ALIGN` that divides the column count (no ragged
+  last block: OpenBLAS's ``gemv`` handles a tail of columns, and each thread's share of them,
+  with other kernels than whole groups);
+- for two or more rows, every block's ``M * N * K`` stays above :data:`BLAS_SMALL_MNK` where the
+  whole product's does (OpenBLAS runs products at or below it on a small-matrix kernel that sums
+  in another order).
+
+Where no width meets both, the whole weight is widened at once into a temporary freed after the
+call (never kept). int8 products are exact whatever the split. ND weights (``weight_uk``) are
+widened per head (``[128, 512]``, 256 KiB) the same way: read on every call, so a weight written
+in place is always seen. The price is the widening on every call (compiled row passes, about
+0.3 ns per element on one core): decode-sized calls (T = 1) take up to about 1.9x what they took
+on kept copies, T = 16 calls about the same (docs/performance.md, "Widened weights").
 """
 
 from __future__ import annotations
@@ -41,17 +51,12 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from collections import OrderedDict
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
-from ..layouts import NZArray
-from ..quant import BF16, hif8_to_f32, to_f32
-
-_F32_ATTR = "_ascend_emu_f32"
-_F64_ATTR = "_ascend_emu_f64"
-
+from ..quant import BF16, to_f32
+from .kernels import launch_rows
 
 @njit(cache=True)
 def _widen_bf16_bits(bits, out):
@@ -76,87 +81,135 @@ def widen_f32(w: np.ndarray) -> np.ndarray:
     return to_f32(w)
 
 
-def _cached(w: np.ndarray, attr: str, make):
-    if isinstance(w, NZArray):
-        cached = getattr(w, attr, None)
-        if cached is None:
-            cached = make(np.asarray(w))
-            setattr(w, attr, cached)
-        return cached
-    return make(np.asarray(w))
+#: Bytes of each Python thread's scratch for widened weight blocks (module doc).
+SCRATCH_BYTES = 8 << 20
+#: Column blocks of :func:`matmul_weight` are multiples of this width (module doc).
+BLOCK_ALIGN = 64
+#: OpenBLAS runs a product with ``M * N * K`` at most this on its small-matrix kernel (module doc).
+BLAS_SMALL_MNK = 100**3
+_local = threading.local()
 
 
-#: Largest total size of the fp32 copies of ND weights kept (module doc).
-ND_CACHE_BYTES = 1 << 30
-_nd_cache: OrderedDict[tuple, tuple[int, np.ndarray]] = OrderedDict()
-_nd_lock = threading.Lock()
+def _scratch(count: int, dtype) -> np.ndarray:
+    """``count`` elements of ``dtype`` in this thread's scratch (a temporary where they do not fit)."""
+    nbytes = count * np.dtype(dtype).itemsize
+    if nbytes > SCRATCH_BYTES:
+        return np.empty(count, dtype=dtype)
+    buf = getattr(_local, "buf", None)
+    if buf is None:
+        buf = _local.buf = np.empty(SCRATCH_BYTES, dtype=np.uint8)
+    return buf[:nbytes].view(dtype)
+
+
+def block_width(m: int, k: int, n: int, itemsize: int = 4) -> int:
+    """Columns of an ``[M, K] @ [K, N]`` product widened per BLAS call (module doc): the widest
+    multiple of :data:`BLOCK_ALIGN` that divides ``n`` and fits ``k`` rows of ``itemsize`` bytes in
+    :data:`SCRATCH_BYTES`, keeping the whole product's side of :data:`BLAS_SMALL_MNK` where
+    ``m > 1``; ``n`` itself (the whole weight at once) where none does."""
+    if n * k * itemsize <= SCRATCH_BYTES:
+        return n
+    big = m > 1 and m * n * k > BLAS_SMALL_MNK
+    best = n
+    for width in range(BLOCK_ALIGN, n, BLOCK_ALIGN):
+        if width * k * itemsize > SCRATCH_BYTES:
+            break
+        if n % width == 0 and (not big or m * width * k > BLAS_SMALL_MNK):
+            best = width
+    return best
 
 
 @njit(cache=True)
-def _weighted_sum(words):
-    h = np.uint64(0)
-    for i in range(words.shape[0]):
-        h += words[i] * np.uint64(2 * i + 1)  # wraps modulo 2**64
-    return h
+def _bf16_cols_rows(r0, r1, bits, lo, hi, out):
+    """Rows ``r0:r1`` of ``out[k, j] = bits[k, lo + j] << 16``: the fp32 bits of a column block
+    of a bf16 weight (uint16 ``[K, N]`` -> uint32 ``[K, hi - lo]``)."""
+    for k in range(r0, r1):
+        src = bits[k, lo:hi]
+        dst = out[k]
+        for j in range(src.shape[0]):
+            dst[j] = np.uint32(src[j]) << np.uint32(16)
 
 
-def fingerprint(a: np.ndarray) -> int:
-    """64-bit fingerprint of a C-contiguous array's bytes: ``sum(word[i] * (2i + 1)) mod 2**64``
-    over its 8-byte words (narrower words when the size is not a multiple of 8). Any change of
-    one word changes it; it is not a cryptographic hash."""
-    nbytes = a.nbytes
-    word = np.uint64 if nbytes % 8 == 0 else np.uint32 if nbytes % 4 == 0 else np.uint16 if nbytes % 2 == 0 \
-        else np.uint8
-    return int(_weighted_sum(a.reshape(-1).view(np.uint8).view(word)))
+@njit(cache=True, parallel=True)
+def _bf16_cols_parts(parts, bits, lo, hi, out):
+    n = bits.shape[0]
+    for p in prange(parts):
+        _bf16_cols_rows(p * n // parts, (p + 1) * n // parts, bits, lo, hi, out)
 
 
-def _nd_weight_f32(w: np.ndarray) -> np.ndarray:
-    """fp32 copy of an ND weight, reused while its bytes are unchanged (module doc)."""
-    if not w.flags.c_contiguous or w.dtype == np.float32:
-        return widen_f32(w)
-    key = (w.__array_interface__["data"][0], w.shape, w.strides, w.dtype)
-    mark = fingerprint(w)
-    with _nd_lock:
-        hit = _nd_cache.get(key)
-        if hit is not None and hit[0] == mark:
-            _nd_cache.move_to_end(key)
-            return hit[1]
-    wide = widen_f32(w)
-    with _nd_lock:
-        _nd_cache[key] = (mark, wide)
-        _nd_cache.move_to_end(key)
-        total = sum(v[1].nbytes for v in _nd_cache.values())
-        while total > ND_CACHE_BYTES and len(_nd_cache) > 1:
-            total -= _nd_cache.popitem(last=False)[1][1].nbytes
-    return wide
+@njit(cache=True)
+def _int_cols_rows(r0, r1, src, lo, hi, out):
+    """Rows ``r0:r1`` of ``out[k, j] = src[k, lo + j]`` (int8 -> fp32 / fp64, exact)."""
+    for k in range(r0, r1):
+        row = src[k, lo:hi]
+        dst = out[k]
+        for j in range(row.shape[0]):
+            dst[j] = row[j]
 
 
-def clear_weight_cache() -> None:
-    """Forget every kept fp32 copy of an ND weight (NZ weights keep theirs on the array)."""
-    with _nd_lock:
-        _nd_cache.clear()
+@njit(cache=True, parallel=True)
+def _int_cols_parts(parts, src, lo, hi, out):
+    n = src.shape[0]
+    for p in prange(parts):
+        _int_cols_rows(p * n // parts, (p + 1) * n // parts, src, lo, hi, out)
+
+
+def _fill_block(w: np.ndarray, lo: int, hi: int, out: np.ndarray) -> None:
+    """Write the exact widening of ``w[:, lo:hi]`` into ``out`` (``[K, hi - lo]``, C-contiguous):
+    bf16 and int8 in compiled passes (rows split across threads where that pays,
+    :func:`~ascend_emu.emu.kernels.launch_rows`), other dtypes (fp16, fp8) by NumPy."""
+    if w.dtype == BF16:
+        launch_rows(_bf16_cols_rows, _bf16_cols_parts, w.shape[0], hi - lo, w.view(np.uint16), lo, hi,
+                    out.view(np.uint32))
+    elif w.dtype == np.int8:
+        launch_rows(_int_cols_rows, _int_cols_parts, w.shape[0], hi - lo, w, lo, hi, out)
+    else:
+        np.copyto(out, w[:, lo:hi], casting="unsafe")  # fp16, fp8: exact in fp32
+
+
+def matmul_weight(a: np.ndarray, w: np.ndarray, *, widen=None, out: np.ndarray | None = None) -> np.ndarray:
+    """``a @ w`` in fp32 (BLAS sgemm) on a weight widened a block of columns at a time into this
+    thread's scratch, never kept (module doc): the same bits as ``matmul_f32(a, widen_f32(w))``.
+
+    Args:
+        a: fp32 ``[M, K]`` (any strides BLAS takes).
+        w: ``[K, N]`` bf16 / fp16 / fp32 (NZ or ND, any strides), or a weight ``widen`` decodes.
+        widen: ``widen(lo, hi, dst)`` writes the fp32 values of columns ``lo:hi`` into ``dst``
+            ``[K, hi - lo]`` (for weights that need more than a cast: HiF8 codes, MX block scales);
+            default the exact widening of ``w``'s dtype.
+        out: fp32 ``[M, N]`` to write into (default a new array).
+
+    Returns:
+        fp32 ``[M, N]``.
+    """
+    w = np.asarray(w)
+    if w.dtype == np.float32 and widen is None:
+        return np.matmul(a, w, out=out)
+    m, k, n = a.shape[0], w.shape[0], w.shape[1]
+    if out is None:
+        out = np.empty((m, n), dtype=np.float32)
+    width = block_width(m, k, n)
+    block = _scratch(k * width, np.float32).reshape(k, width)
+    fill = widen or (lambda lo, hi, dst: _fill_block(w, lo, hi, dst))
+    for lo in range(0, n, width):
+        fill(lo, lo + width, block)
+        np.matmul(a, block, out=out[:, lo:lo + width])
+    return out
+
+
+def matmul_weight_heads(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Per head ``h``: ``a[h] @ w[h]`` (:func:`matmul_weight`): ``a`` fp32 ``[N, M, K]``, ``w``
+    ``[N, K, D]`` bf16 / fp16 / fp32 (``weight_uk``); fp32 ``[N, M, D]``, the bits of one batched
+    sgemm over the whole widened weight."""
+    out = np.empty((a.shape[0], a.shape[1], w.shape[2]), dtype=np.float32)
+    for h in range(a.shape[0]):
+        matmul_weight(a[h], w[h], out=out[h])
+    return out
 
 
 def weight_f32(w: np.ndarray) -> np.ndarray:
-    """fp32 copy of a bf16 / fp16 / fp32 weight: kept on FRACTAL_NZ weights; for ND weights kept
-    per address and reused while the weight's fingerprint is unchanged (module doc). Read only:
-    callers must not write into it."""
-    if isinstance(w, NZArray):
-        return _cached(w, _F32_ATTR, widen_f32)
-    return _nd_weight_f32(np.asarray(w))
-
-
-def weight_f32_8bit(w: np.ndarray, element: str) -> np.ndarray:
-    """fp32 values of an Ascend 950 8-bit weight (exact): ``"float8_e4m3fn"`` (an ml_dtypes
-    array) or ``"hifloat8"`` (uint8 codes, :func:`~ascend_emu.quant.hif8_to_f32`); kept on
-    FRACTAL_NZ weights, one copy per element type. Read only."""
-    decode = hif8_to_f32 if element == "hifloat8" else (lambda a: a.astype(np.float32))
-    return _cached(w, f"_emu_{element}_f32", decode)
-
-
-def weight_f64(w: np.ndarray) -> np.ndarray:
-    """float64 copy of an int8 weight, for the ``"float64"`` int8 engine (kept on FRACTAL_NZ weights)."""
-    return _cached(w, _F64_ATTR, lambda a: a.astype(np.float64))
+    """A new fp32 copy of a bf16 / fp16 / fp32 weight (:func:`widen_f32`; never kept: the ops
+    widen blocks, :func:`matmul_weight`). For tests and tools."""
+    return widen_f32(np.asarray(w))
 
 
 def matmul_f32(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -249,23 +302,30 @@ def set_int8_engine(name: str | None) -> str:
     return before
 
 
-def weight_f32_int8(w: np.ndarray) -> np.ndarray:
-    """fp32 copy of an int8 weight for the ``"sgemm"`` engine (exact; kept on FRACTAL_NZ weights)."""
-    return _cached(w, _F32_ATTR, lambda a: a.astype(np.float32))
-
-
-def _int8_sgemm(a: np.ndarray, w: np.ndarray, w_nk: bool) -> np.ndarray:
-    """``"sgemm"`` engine: fp32 BLAS per K-chunk of at most :data:`SGEMM_EXACT_K`, int32 sum."""
-    k = a.shape[1]
-    w32 = weight_f32_int8(w).T if w_nk else weight_f32_int8(w)  # [K, N]
-    a32 = a.astype(np.float32)
-    if k <= SGEMM_EXACT_K:
-        return np.matmul(a32, w32).astype(np.int32)
-    out = np.zeros((a.shape[0], w32.shape[1]), dtype=np.int32)
-    part = np.empty(out.shape, dtype=np.float32)
-    for lo in range(0, k, SGEMM_EXACT_K):
-        np.matmul(a32[:, lo:lo + SGEMM_EXACT_K], w32[lo:lo + SGEMM_EXACT_K], out=part)
-        out += part.astype(np.int32)  # each chunk exact, |total| < 2**31 (INT8_MAX_K)
+def _int8_blocked(a: np.ndarray, w: np.ndarray, w_nk: bool, dtype) -> np.ndarray:
+    """``"sgemm"`` (fp32, K-chunks of at most :data:`SGEMM_EXACT_K`) and ``"float64"`` engines:
+    the int8 weight widened to ``dtype`` a block of output columns at a time into this thread's
+    scratch (module doc), each block's chunk products summed in int32 (exact)."""
+    m, k = a.shape
+    n = w.shape[0] if w_nk else w.shape[1]
+    chunk = SGEMM_EXACT_K if dtype == np.float32 else k
+    a_wide = a.astype(dtype)
+    out = np.zeros((m, n), dtype=np.int32)
+    width = block_width(m, k, n, np.dtype(dtype).itemsize)
+    block = _scratch(k * width, dtype)
+    part = np.empty((m, width), dtype=dtype)
+    src = np.asarray(w)
+    for lo in range(0, n, width):
+        if w_nk:
+            wide = block.reshape(width, k)
+            _fill_block(src[lo:lo + width], 0, k, wide)
+            wide = wide.T  # [K, width]
+        else:
+            wide = block.reshape(k, width)
+            _fill_block(src, lo, lo + width, wide)
+        for c in range(0, k, chunk):
+            np.matmul(a_wide[:, c:c + chunk], wide[c:c + chunk], out=part)
+            out[:, lo:lo + width] += part.astype(np.int32)  # each chunk exact, |total| < 2**31 (INT8_MAX_K)
     return out
 
 
@@ -295,8 +355,7 @@ def matmul_int8(a: np.ndarray, w: np.ndarray, *, w_nk: bool = False) -> np.ndarr
     Args:
         a: int8 ``[M, K]``.
         w: int8 ``[K, N]`` (``[N, K]`` with ``w_nk``: the product is then ``a @ w.T``), any
-            strides; a FRACTAL_NZ weight keeps the ``"sgemm"`` / ``"float64"`` engines' widened
-            copy (pass the weight itself with ``w_nk``, not a transposed view, so the copy is kept).
+            strides (the ``"sgemm"`` / ``"float64"`` engines widen blocks of it, never kept).
         w_nk: ``w`` is stored ``[N, K]``.
 
     Returns:
@@ -319,7 +378,4 @@ def matmul_int8(a: np.ndarray, w: np.ndarray, *, w_nk: bool = False) -> np.ndarr
     engine = int8_engine()
     if engine == "onednn":
         return _int8_onednn(a, w, w_nk)
-    if engine == "sgemm":
-        return _int8_sgemm(a, w, w_nk)
-    w64 = weight_f64(w).T if w_nk else weight_f64(w)
-    return np.matmul(a.astype(np.float64), w64).astype(np.int32)
+    return _int8_blocked(a, w, w_nk, np.float32 if engine == "sgemm" else np.float64)

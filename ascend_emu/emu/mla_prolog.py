@@ -21,7 +21,7 @@ from ..quant import (BF16, FP8_MAX, HIF8_MAX, INT8_MAX, MX_BLOCK_SIZE, CombinedR
                      to_fp8, to_hif8)
 from .kernels import (LANES, MLA_PROLOG_RMS, bits16, kernel_input, launch_rows, narrow_row, rms_norm_row,
                       rope_row, scatter_rows, widen_row)
-from .matmul import matmul_f32, matmul_int8, weight_f32, weight_f32_8bit, widen_f32
+from .matmul import matmul_int8, matmul_weight, matmul_weight_heads, widen_f32
 
 #: The int8 bound the kernel's DynamicQuant divides by (its ``maxInt8Tensor``), fp32.
 _Q_MAX = np.float32(INT8_MAX)
@@ -310,16 +310,28 @@ def _dynamic_quant_8bit(x: np.ndarray, element: str, amax_floor=None) -> tuple[n
     return _cast_8bit(y, element), scale
 
 
-def _mx_matmul(a32: np.ndarray, a_scales: np.ndarray, w32: np.ndarray, w_scales: np.ndarray) -> np.ndarray:
+def _mx_matmul(a32: np.ndarray, a_scales: np.ndarray, w: np.ndarray, element: str,
+               w_scales: np.ndarray) -> np.ndarray:
     """MXFP8 matmul ``[T, K] @ [K, N]`` -> fp32 ``[T, N]``: each element times its block's E8M0
     scale (blocks of 32 along K: ``a_scales`` ``[T, K/32]``, ``w_scales`` ``[N, K/32]``), exact in
     fp32 (an FP8 value times a power of two), then one fp32 matmul (the cube's output type is
     float, ``mla_prolog_comm_arch35.h`` mmCqOutputType; the order of its sums is not published:
-    BLAS's is used)."""
+    BLAS's is used). ``w``: the 8-bit weight, decoded and scaled a column block at a time
+    (:func:`~ascend_emu.emu.matmul.matmul_weight`)."""
     sa = np.repeat(e8m0_to_f32(np.asarray(a_scales).view(np.uint8)), MX_BLOCK_SIZE, axis=1)  # [T, K]
-    sw = np.repeat(e8m0_to_f32(np.asarray(w_scales).view(np.uint8)), MX_BLOCK_SIZE, axis=1)  # [N, K]
+    sw = e8m0_to_f32(np.asarray(w_scales).view(np.uint8))  # [N, K/32]
+
+    def widen(lo, hi, dst):  # dst [K, hi - lo] = w[:, lo:hi] * its block scales
+        np.multiply(_decode_8bit(w[:, lo:hi], element), np.repeat(sw[lo:hi].T, MX_BLOCK_SIZE, axis=0), out=dst)
+
     with np.errstate(over="ignore", invalid="ignore"):
-        return matmul_f32(a32 * sa, w32 * sw.T)
+        return matmul_weight(a32 * sa, w, widen=widen)
+
+
+def _matmul_8bit(a32: np.ndarray, w: np.ndarray, element: str) -> np.ndarray:
+    """``a32 @ w`` in fp32 with ``w`` an 8-bit weight decoded exactly (:func:`_decode_8bit`) a column
+    block at a time (:func:`~ascend_emu.emu.matmul.matmul_weight`)."""
+    return matmul_weight(a32, w, widen=lambda lo, hi, dst: np.copyto(dst, _decode_8bit(w[:, lo:hi], element)))
 
 
 def _per_tile_rows_8bit(kv: np.ndarray, kr_bits: np.ndarray, element: str, tile_size: int) -> np.ndarray:
@@ -448,12 +460,12 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
 
     def down_proj(w, col_scale):  # steps 1 and 6: bf16 path (rounded later) or dequantized quant paths
         if args.scenario.mx:
-            return _mx_matmul(x, args.dequant_scale_x, weight_f32_8bit(w, element), col_scale)
+            return _mx_matmul(x, args.dequant_scale_x, w, element, col_scale)
         if element is not None:
-            return _dequant_f32(matmul_f32(x, weight_f32_8bit(w, element)), args.dequant_scale_x, col_scale)
+            return _dequant_f32(_matmul_8bit(x, w, element), args.dequant_scale_x, col_scale)
         if full:
             return _int8_matmul_dequant(x, w, args.dequant_scale_x, col_scale)
-        return matmul_f32(x, weight_f32(w))
+        return matmul_weight(x, w)
 
     # ---- query path
     cq = down_proj(args.weight_dq, args.dequant_scale_w_dq)  # [T, Hcq]                  step 1
@@ -464,7 +476,7 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
         query_norm = np.empty((t, hcq), dtype=np.uint16)  # [T, Hcq] bf16 bits
         _cq_norm(cq, not full, bits16(args.rmsnorm_gamma_cq), eps_cq, qc_scale, True, cq_n, query_norm)
         query_norm = query_norm.view(BF16)
-        qcqr = matmul_f32(cq_n, weight_f32(args.weight_uq_qr))  # [T, N*(D+Dr)]  step 3
+        qcqr = matmul_weight(cq_n, args.weight_uq_qr)  # [T, N*(D+Dr)]  step 3
     else:
         round_cq = not full and element is None  # bf16 matmul output (partial quant) is bf16
         _cq_norm(cq, round_cq, bits16(args.rmsnorm_gamma_cq), eps_cq, qc_scale, False, cq_n, _NO_BITS)  # steps 1-2
@@ -474,12 +486,11 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
         if args.scenario.mx:  # bf16, then MXFP8 blocks of 32 (OCP scale): fp8 [T, Hcq], E8M0 [T, Hcq/32]
             query_norm, dq_norm = mx_quantize(to_bf16(cq_n), element, axis=-1, block_size=MX_BLOCK_SIZE)
             dq_norm = dq_norm.reshape(t, -1).view(E8M0_DTYPE)
-            qcqr = _mx_matmul(query_norm.astype(f32), dq_norm, weight_f32_8bit(args.weight_uq_qr, element),
-                              w_uq_qr_scale)  # step 3
+            qcqr = _mx_matmul(query_norm.astype(f32), dq_norm, args.weight_uq_qr, element, w_uq_qr_scale)  # step 3
         elif element is not None:  # per-token fp8 / hif8 [T, Hcq], fp32 [T, 1]
             query_norm, dq_norm = _dynamic_quant_8bit(cq_n, element)
-            qcqr = _dequant_f32(matmul_f32(_decode_8bit(query_norm, element),
-                                           weight_f32_8bit(args.weight_uq_qr, element)), dq_norm, w_uq_qr_scale)
+            qcqr = _dequant_f32(_matmul_8bit(_decode_8bit(query_norm, element), args.weight_uq_qr, element),
+                                dq_norm, w_uq_qr_scale)
         else:
             query_norm, dq_norm = _dynamic_quant_127(cq_n, query=False)  # int8 [T, Hcq], fp32 [T, 1]
             qcqr = _int8_matmul_dequant(query_norm, args.weight_uq_qr, dq_norm, w_uq_qr_scale)  # step 3
@@ -487,7 +498,7 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
     query_rope = np.empty((t, n, D_ROPE), dtype=np.uint16)  # [T, N, Dr]
     _qcqr_split_rope(qcqr, wqm == 0, cos, sin, q_nope, query_rope)  # steps 3, 5
     query = np.empty((t, n, HCKV), dtype=np.uint16)  # [T, N, Hckv]
-    _query_bits(matmul_f32(q_nope, weight_f32(args.weight_uk)), query)  # step 4
+    _query_bits(matmul_weight_heads(q_nope, args.weight_uk), query)  # step 4
     query, query_rope = query.view(BF16), query_rope.view(BF16)
     dq_nope = None
     if args.query_quant_mode == 1 and element is not None:  # fp8 / hif8 [T, N, Hckv], fp32 [T, N, 1]

@@ -1,0 +1,87 @@
+"""``emu.matmul.matmul_weight``: weights widened a block of columns at a time into a bounded
+per-thread scratch, never kept, with the bits of one sgemm on the whole widened weight.
+
+The reference is the plain scheme the ops used before (``np.matmul`` of the input and the whole
+weight widened exactly to fp32, ``widen_f32``), at the MLA prolog's real shapes: ``x @ W_dq``,
+``x @ W_dkv_kr``, ``q @ W_uq_qr`` for N = 8 and 32, and ``q_nope @ W_uk`` per head, at T = 1, 2,
+3 and 16 (T = 2 and 3 put the column blocks near OpenBLAS's small-matrix bound).
+"""
+
+from __future__ import annotations
+
+import threading
+import tracemalloc
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ascend_emu import ops
+from ascend_emu.emu import matmul
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+#: (T, K, N): the prolog's bf16 products (He 7168, Hcq 1536, N * 192 columns of W_uq_qr, 576).
+SHAPES = [(1, 7168, 1536), (2, 7168, 1536), (16, 7168, 1536), (1, 7168, 576), (2, 7168, 576), (3, 7168, 576),
+          (1, 1536, 8 * 192), (2, 1536, 32 * 192), (3, 1536, 32 * 192), (16, 1536, 32 * 192)]
+
+
+def _bf16(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(BF16)
+
+
+@pytest.mark.parametrize("t,k,n", SHAPES)
+def test_blocked_product_bit_identical_to_whole_widening(rng, t, k, n):
+    w = ops.npu_format_cast(_bf16(rng, k, n, scale=k ** -0.5), 29)  # [K, N] NZ
+    a = _bf16(rng, t, k).astype(np.float32)  # [T, K]
+    assert matmul.block_width(t, k, n) < n  # several blocks
+    want = np.matmul(a, matmul.widen_f32(np.asarray(w)))
+    got = matmul.matmul_weight(a, w)
+    assert got.tobytes() == want.tobytes()
+    assert vars(w) == {}  # nothing kept on the weight
+
+
+@pytest.mark.parametrize("t", [1, 16])
+def test_per_head_product_bit_identical_to_batched(rng, t):
+    w_uk = _bf16(rng, 32, 128, 512, scale=0.1)  # [N, D, Hckv] ND
+    q = _bf16(rng, 32, t, 128).astype(np.float32)  # [N, T, D]
+    want = np.matmul(q, matmul.widen_f32(w_uk))
+    assert matmul.matmul_weight_heads(q, w_uk).tobytes() == want.tobytes()
+    q_strided = _bf16(rng, t, 32, 192).astype(np.float32)[:, :, :128].transpose(1, 0, 2)  # MlaPreprocess's view
+    want = np.matmul(q_strided, matmul.widen_f32(w_uk))
+    assert matmul.matmul_weight_heads(q_strided, w_uk).tobytes() == want.tobytes()
+
+
+def test_block_width_rules():
+    cap = matmul.SCRATCH_BYTES
+    assert matmul.block_width(1, 128, 512) == 512  # fits the scratch whole
+    for t, k, n in SHAPES:
+        width = matmul.block_width(t, k, n)
+        assert width % matmul.BLOCK_ALIGN == 0 and n % width == 0 and width * k * 4 <= cap
+        if t > 1:
+            assert t * width * k > matmul.BLAS_SMALL_MNK
+    assert matmul.block_width(1, 7168, 1000) == 1000  # no aligned divisor: the whole weight (a temporary)
+
+
+def test_memory_bounded_by_the_scratch(rng):
+    """A 22 MB bf16 weight (44 MB in fp32): the call allocates its output and at most one scratch,
+    in this thread and in another one, and keeps nothing but the scratch."""
+    w = ops.npu_format_cast(_bf16(rng, 7168, 1536), 29)
+    a = _bf16(rng, 1, 7168).astype(np.float32)
+    want = np.matmul(a, matmul.widen_f32(np.asarray(w)))
+    peaks = []
+
+    def call():
+        tracemalloc.start()
+        try:
+            got = matmul.matmul_weight(a, w)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert got.tobytes() == want.tobytes()
+
+    call()  # the scratch of this thread exists already or is made here
+    worker = threading.Thread(target=call)
+    worker.start()
+    worker.join()
+    assert len(peaks) == 2 and max(peaks) <= matmul.SCRATCH_BYTES + (1 << 20)
+    assert vars(w) == {}
