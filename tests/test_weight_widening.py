@@ -1,5 +1,6 @@
 """``emu.matmul.matmul_weight``: weights widened a block of columns at a time into a bounded
-per-thread scratch, never kept, with the bits of one sgemm on the whole widened weight.
+per-thread scratch, with the bits of one sgemm on the whole widened weight; FRACTAL_NZ weights
+kept widened only while the kept total stays within ``ASCEND_EMU_WEIGHT_KEEP_MIB``.
 
 The reference is the plain scheme the ops used before (``np.matmul`` of the input and the whole
 weight widened exactly to fp32, ``widen_f32``), at the MLA prolog's real shapes: ``x @ W_dq``,
@@ -29,8 +30,14 @@ def _bf16(rng, *shape, scale=1.0):
     return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(BF16)
 
 
+@pytest.fixture
+def keep_none(monkeypatch):
+    """No widened weight kept: every product widens blocks."""
+    monkeypatch.setenv(matmul.KEEP_ENV, "0")
+
+
 @pytest.mark.parametrize("t,k,n", SHAPES)
-def test_blocked_product_bit_identical_to_whole_widening(rng, t, k, n):
+def test_blocked_product_bit_identical_to_whole_widening(rng, keep_none, t, k, n):
     w = ops.npu_format_cast(_bf16(rng, k, n, scale=k ** -0.5), 29)  # [K, N] NZ
     a = _bf16(rng, t, k).astype(np.float32)  # [T, K]
     assert matmul.block_width(t, k, n) < n  # several blocks
@@ -62,7 +69,7 @@ def test_block_width_rules():
     assert matmul.block_width(1, 7168, 1000) == 1000  # no aligned divisor: the whole weight (a temporary)
 
 
-def test_memory_bounded_by_the_scratch(rng):
+def test_memory_bounded_by_the_scratch(rng, keep_none):
     """A 22 MB bf16 weight (44 MB in fp32): the call allocates its output and at most one scratch,
     in this thread and in another one, and keeps nothing but the scratch."""
     w = ops.npu_format_cast(_bf16(rng, 7168, 1536), 29)
@@ -85,3 +92,31 @@ def test_memory_bounded_by_the_scratch(rng):
     worker.join()
     assert len(peaks) == 2 and max(peaks) <= matmul.SCRATCH_BYTES + (1 << 20)
     assert vars(w) == {}
+
+
+def test_nz_weights_kept_widened_up_to_the_limit_and_released_with_them(rng, monkeypatch):
+    """Within the limit a FRACTAL_NZ weight's fp32 widening is kept on it (the same bits as the
+    blocked product); a weight that would pass the limit is not kept; a kept copy's bytes are
+    released when its weight goes; the limit's variable is checked."""
+    import gc
+
+    a = _bf16(rng, 2, 7168).astype(np.float32)  # [T, K]
+    w1, w2 = (ops.npu_format_cast(_bf16(rng, 7168, 576, scale=0.01), 29) for _ in range(2))  # 16.5 MB fp32 each
+    monkeypatch.setenv(matmul.KEEP_ENV, "0")
+    blocked = matmul.matmul_weight(a, w1)
+    assert vars(w1) == {}
+    monkeypatch.setenv(matmul.KEEP_ENV, "20")  # MiB: room for one of the two
+    before = matmul.kept_bytes()
+    assert matmul.matmul_weight(a, w1).tobytes() == blocked.tobytes()
+    (kept,) = vars(w1).values()
+    assert kept.dtype == np.float32 and not kept.flags.writeable and matmul.kept_bytes() == before + kept.nbytes
+    assert matmul.matmul_weight(a, w1).tobytes() == blocked.tobytes()  # from the kept copy
+    matmul.matmul_weight(a, w2)
+    assert vars(w2) == {} and matmul.kept_bytes() == before + kept.nbytes  # past the limit: blocks
+    del w1, kept
+    gc.collect()
+    assert matmul.kept_bytes() == before
+    for bad in ("-1", "lots"):
+        monkeypatch.setenv(matmul.KEEP_ENV, bad)
+        with pytest.raises(ValueError, match=f"ASCEND_EMU_WEIGHT_KEEP_MIB: expected an int >= 0 \\(MiB\\), got '{bad}'"):
+            matmul.matmul_weight(a, w2)

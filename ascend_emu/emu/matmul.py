@@ -21,11 +21,15 @@ are exact integers). The contraction length is bounded so that no int32 sum can 
 - ``"float64"``: float64 BLAS (every partial sum below ``2**53``); the reference the other two
   are checked against, kept for benchmarks.
 
-Widened weights are never kept (issue 21: fp32 copies of every weight took about 100 MB per layer,
-6 GB for DeepSeek-V3.2's 61 layers). :func:`matmul_weight` widens a block of the weight's output
+Widened weights are kept only up to a fixed total (fp32 copies of every weight took about 100 MB
+per layer, 6 GB for DeepSeek-V3.2's 61 layers): a FRACTAL_NZ weight's exact fp32 widening (int8:
+the engine's fp32 / float64 widening) is kept on the weight while all kept copies together stay
+within :func:`keep_limit` (``ASCEND_EMU_WEIGHT_KEEP_MIB``, default :data:`DEFAULT_KEEP_MIB`; the
+first weights a process multiplies, so a one-layer loop runs on kept copies), and is released
+with the weight. Every other product, :func:`matmul_weight`, widens a block of the weight's output
 columns at a time into a per-thread scratch of :data:`SCRATCH_BYTES` (one buffer per Python
 thread, reused by every call) and runs one BLAS call per block, so the memory an op needs does not
-grow with the number or size of the weights. Splitting the output columns leaves every output
+grow with the number or size of the weights past that limit. Splitting the output columns leaves every output
 element's K-summation to the same BLAS kernel, so the results are bit-identical to one BLAS call
 on the whole widened weight, provided every block takes the same OpenBLAS path as the whole product
 (measured on the prolog's shapes with OpenBLAS 0.3.31 at 1, 2, 4 and 16 threads; checked by
@@ -41,20 +45,25 @@ on the whole widened weight, provided every block takes the same OpenBLAS path a
 Where no width meets both, the whole weight is widened at once into a temporary freed after the
 call (never kept). int8 products are exact whatever the split. ND weights (``weight_uk``) are
 widened per head (``[128, 512]``, 256 KiB) the same way: read on every call, so a weight written
-in place is always seen. The price is the widening on every call (compiled row passes, about
-0.3 ns per element on one core): decode-sized calls (T = 1) take up to about 1.9x what they took
-on kept copies, T = 16 calls about the same (docs/performance.md, "Widened weights").
+in place is always seen. The price of a weight past the limit is the widening on every call
+(compiled row passes, about 0.3 ns per element on one core): decode-sized calls (T = 1) take up to
+about 1.9x what they take on kept copies, T = 16 calls about the same (docs/performance.md,
+"Widened weights").
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import warnings
+import weakref
 
 import numpy as np
 from numba import njit, prange
 
+from ..errors import ModeError
+from ..layouts import NZArray
 from ..quant import BF16, to_f32
 from .kernels import launch_rows
 
@@ -166,9 +175,74 @@ def _fill_block(w: np.ndarray, lo: int, hi: int, out: np.ndarray) -> None:
         np.copyto(out, w[:, lo:hi], casting="unsafe")  # fp16, fp8: exact in fp32
 
 
+#: Environment variable: MiB of widened FRACTAL_NZ weights kept for reuse, all weights together
+#: (default :data:`DEFAULT_KEEP_MIB`; 0: none kept, every call widens blocks).
+KEEP_ENV = "ASCEND_EMU_WEIGHT_KEEP_MIB"
+#: Default of :data:`KEEP_ENV`: a few layers of DeepSeek-V3.2's prolog weights in fp32 (about
+#: 100-400 MB a layer), never the model.
+DEFAULT_KEEP_MIB = 1024
+_keep_lock = threading.Lock()
+_kept_bytes = 0
+
+
+def keep_limit() -> int:
+    """Bytes of widened weights that may be kept (:data:`KEEP_ENV`, read at every call).
+
+    Raises:
+        ModeError: the variable is set to something other than an int >= 0.
+    """
+    text = os.environ.get(KEEP_ENV, "")
+    if not text:
+        return DEFAULT_KEEP_MIB << 20
+    try:
+        mib = int(text)
+    except ValueError:
+        mib = -1
+    if mib < 0:
+        raise ModeError(f"{KEEP_ENV}: expected an int >= 0 (MiB), got {text!r}")
+    return mib << 20
+
+
+def kept_bytes() -> int:
+    """Bytes of widened weights kept now (at most :func:`keep_limit` when each was kept)."""
+    return _kept_bytes
+
+
+def _release(nbytes: int) -> None:
+    global _kept_bytes
+    with _keep_lock:
+        _kept_bytes -= nbytes
+
+
+def _kept(w, dtype) -> np.ndarray | None:
+    """The exact widening of FRACTAL_NZ weight ``w`` ``[K, N]`` to ``dtype``, kept on the weight
+    (as torch_npu keeps the NZ copy of a cast tensor): the one made earlier, or a new one where
+    the kept total stays within :func:`keep_limit`; None for other weights, or past the limit
+    (the caller then widens blocks). A kept copy is released with its weight. Read only."""
+    if not isinstance(w, NZArray) or w.ndim != 2:
+        return None
+    attr = f"_ascend_emu_{np.dtype(dtype).name}"
+    wide = getattr(w, attr, None)
+    if wide is not None:
+        return wide
+    nbytes = w.size * np.dtype(dtype).itemsize
+    global _kept_bytes
+    with _keep_lock:
+        if _kept_bytes + nbytes > keep_limit():
+            return None
+        _kept_bytes += nbytes
+    wide = np.empty(w.shape, dtype=dtype)
+    _fill_block(np.asarray(w), 0, w.shape[1], wide)
+    wide.flags.writeable = False
+    setattr(w, attr, wide)
+    weakref.finalize(w, _release, nbytes)
+    return wide
+
+
 def matmul_weight(a: np.ndarray, w: np.ndarray, *, widen=None, out: np.ndarray | None = None) -> np.ndarray:
-    """``a @ w`` in fp32 (BLAS sgemm) on a weight widened a block of columns at a time into this
-    thread's scratch, never kept (module doc): the same bits as ``matmul_f32(a, widen_f32(w))``.
+    """``a @ w`` in fp32 (BLAS sgemm) on the kept widening of a FRACTAL_NZ weight, or on a weight
+    widened a block of columns at a time into this thread's scratch (module doc): the same bits as
+    ``matmul_f32(a, widen_f32(w))`` either way.
 
     Args:
         a: fp32 ``[M, K]`` (any strides BLAS takes).
@@ -181,6 +255,10 @@ def matmul_weight(a: np.ndarray, w: np.ndarray, *, widen=None, out: np.ndarray |
     Returns:
         fp32 ``[M, N]``.
     """
+    if widen is None:
+        kept = _kept(w, np.float32)
+        if kept is not None:
+            return np.matmul(a, kept, out=out)
     w = np.asarray(w)
     if w.dtype == np.float32 and widen is None:
         return np.matmul(a, w, out=out)
@@ -311,12 +389,15 @@ def _int8_blocked(a: np.ndarray, w: np.ndarray, w_nk: bool, dtype) -> np.ndarray
     chunk = SGEMM_EXACT_K if dtype == np.float32 else k
     a_wide = a.astype(dtype)
     out = np.zeros((m, n), dtype=np.int32)
-    width = block_width(m, k, n, np.dtype(dtype).itemsize)
-    block = _scratch(k * width, dtype)
+    kept = None if w_nk else _kept(w, dtype)
+    width = n if kept is not None else block_width(m, k, n, np.dtype(dtype).itemsize)
+    block = None if kept is not None else _scratch(k * width, dtype)
     part = np.empty((m, width), dtype=dtype)
     src = np.asarray(w)
     for lo in range(0, n, width):
-        if w_nk:
+        if kept is not None:
+            wide = kept
+        elif w_nk:
             wide = block.reshape(width, k)
             _fill_block(src[lo:lo + width], 0, k, wide)
             wide = wide.T  # [K, width]
