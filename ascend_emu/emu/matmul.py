@@ -436,7 +436,8 @@ def matmul_int8(a: np.ndarray, w: np.ndarray, *, w_nk: bool = False) -> np.ndarr
     Args:
         a: int8 ``[M, K]``.
         w: int8 ``[K, N]`` (``[N, K]`` with ``w_nk``: the product is then ``a @ w.T``), any
-            strides (the ``"sgemm"`` / ``"float64"`` engines widen blocks of it, never kept).
+            strides (the ``"sgemm"`` / ``"float64"`` engines use its kept widening, or widen
+            blocks of it, module doc).
         w_nk: ``w`` is stored ``[N, K]``.
 
     Returns:
