@@ -7,8 +7,32 @@ comes first (Numba compilation, BLAS thread start-up, cached weight widening).
 
 from __future__ import annotations
 
+import os
+import sys
 import timeit
 from typing import Callable, Sequence
+
+#: The thread counts a ``--threads N`` benchmark sets: OpenBLAS, Numba and torch's OpenMP.
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def run_with_threads(threads: int | None) -> str:
+    """With ``threads``, restart this script with every :data:`THREAD_VARIABLES` set to it (the
+    libraries read them when they load) unless they already are; return the thread set-up as one
+    line (``OPENBLAS_NUM_THREADS=1, ...``)."""
+    if threads is not None and os.environ.get("OPENBLAS_NUM_THREADS") != str(threads):
+        env = dict(os.environ, **{v: str(threads) for v in THREAD_VARIABLES})
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    return ", ".join(f"{v}={os.environ.get(v, 'unset')}" for v in THREAD_VARIABLES)
+
+
+def have_torch() -> bool:
+    """Whether torch imports (the benchmarks' torch goldens need it)."""
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError:
+        return False
+    return True
 
 
 def best_times(fns: Sequence[Callable[[], object]], repeat: int, *, number: int = 1,

@@ -24,14 +24,12 @@ Usage: ``python benchmarks/bench_fused_infer_attention_score.py [--cases 16x128x
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import ml_dtypes
 import numba
 import numpy as np
-from _timing import best_times
+from _timing import best_times, have_torch, run_with_threads
 
 import ascend_emu.emu  # noqa: F401  (sets OMP_WAIT_POLICY before torch starts its OpenMP pool)
 from ascend_emu.emu.matmul import matmul_f32, matmul_int8
@@ -44,7 +42,6 @@ BLOCK_SIZE = 128
 CASES = ((16, 128, 1024), (16, 128, 4096), (32, 16, 8192), (64, 16, 2048))
 TARGET_FLOOR_RATIO = 1.5
 SETTLE_S = 0.05
-THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS", "OMP_NUM_THREADS")
 
 
 def make_inputs(rng, b, n, kv, c8):
@@ -142,22 +139,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="threads of OpenBLAS, Numba and torch (default: theirs)")
     a = ap.parse_args()
-    if a.threads is not None and os.environ.get("OPENBLAS_NUM_THREADS") != str(a.threads):
-        env = dict(os.environ, **{v: str(a.threads) for v in THREAD_VARIABLES})
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
-    try:
-        import torch  # noqa: F401
-        have_torch = True
-    except ModuleNotFoundError:
-        have_torch = False
-    threads = ", ".join(f"{v}={os.environ.get(v, 'unset')}" for v in THREAD_VARIABLES)
+    threads = run_with_threads(a.threads)
+    torch_golden = have_torch()
     print(f"threads: {threads} (Numba uses {numba.get_num_threads()}); {'C8 int8' if a.c8 else 'bf16'} decode")
     rng = np.random.default_rng(0)
     for case in a.cases:
         b, n, kv = (int(x) for x in case.split("x"))
         query, cache, kw = make_inputs(rng, b, n, kv, a.c8)
         fns = [floor_call(query, cache, kw, a.c8), op_call(query, cache, kw)]
-        if have_torch:
+        if torch_golden:
             fns.append(torch_call(query, cache, kw, a.c8))
         times = best_times(fns, a.repeat, before=[settle] * len(fns))
         t_floor, t_op = times[:2]
@@ -165,7 +155,7 @@ def main() -> None:
         line = (f"B={b:3d} N={n:3d} kv={kv:5d}: floor {t_floor * 1e3:8.1f} ms, op {t_op * 1e3:8.1f} ms, "
                 f"op/floor {ratio:5.2f} ({'meets' if ratio <= TARGET_FLOOR_RATIO else 'misses'} <= "
                 f"{TARGET_FLOOR_RATIO})")
-        if have_torch:
+        if torch_golden:
             line += f", golden {times[2] * 1e3:8.1f} ms, golden/op {times[2] / t_op:5.2f}"
         print(line, flush=True)
 

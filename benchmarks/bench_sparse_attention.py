@@ -27,14 +27,12 @@ Usage: ``python benchmarks/bench_sparse_attention.py [--batches 1 4] [--repeat 1
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import ml_dtypes
 import numba
 import numpy as np
-from _timing import best_times
+from _timing import best_times, have_torch, run_with_threads
 
 import ascend_emu.emu  # noqa: F401  (sets OMP_WAIT_POLICY before torch starts its OpenMP pool)
 from ascend_emu.mla import D_QK, D_ROPE, HCKV, TILE_SIZE
@@ -50,7 +48,6 @@ TARGET_TORCH_SPEEDUP = 5.0
 #: Pause before each timed candidate (seconds).
 SETTLE_S = 0.05
 #: Environment variables ``--threads`` sets (OpenBLAS, Numba, torch / OpenMP).
-THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS", "OMP_NUM_THREADS")
 
 
 def make_inputs(rng, b):
@@ -131,20 +128,13 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=5, help="calls per timed round (default 5)")
     ap.add_argument("--threads", type=int, default=None, help="threads of OpenBLAS, Numba and torch (default: theirs)")
     a = ap.parse_args()
-    if a.threads is not None and os.environ.get("OPENBLAS_NUM_THREADS") != str(a.threads):
-        env = dict(os.environ, **{v: str(a.threads) for v in THREAD_VARIABLES})
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
-    try:
-        import torch  # noqa: F401
-        have_torch = True
-    except ModuleNotFoundError:
-        have_torch = False
-    threads = ", ".join(f"{v}={os.environ.get(v, 'unset')}" for v in THREAD_VARIABLES)
+    threads = run_with_threads(a.threads)
+    torch_golden = have_torch()
     print(f"threads: {threads} (Numba uses {numba.get_num_threads()})")
     rng = np.random.default_rng(0)
     for b in a.batches:
         x = make_inputs(rng, b)
-        fns = [floor_call(x), op_call(x)] + ([torch_call(x)] if have_torch else [])
+        fns = [floor_call(x), op_call(x)] + ([torch_call(x)] if torch_golden else [])
         times = best_times(fns, a.repeat, number=a.calls, before=[settle] * len(fns))
         t_floor, t_op = times[:2]
         print(f"npu_kv_quant_sparse_flash_attention b={b}, s1=1, n1=128, kv 4096 of 8192, top-{TOP_K}, "
@@ -154,7 +144,7 @@ def main() -> None:
         ratio = t_op / t_floor
         print(f"  ratio op / floor: {ratio:.2f} ({'meets' if ratio <= TARGET_FLOOR_RATIO else 'misses'} the target "
               f"<= {TARGET_FLOOR_RATIO})")
-        if have_torch:
+        if torch_golden:
             t_torch = times[2]
             speedup = t_torch / t_op
             print(f"  torch reference (gather + softmax): {t_torch * 1e3:8.2f} ms")
