@@ -138,11 +138,13 @@ def test_nz_tag_follows_weight_loading_patterns():
     assert torch_npu.get_npu_format(torch.nn.Parameter(layer.weight.data, requires_grad=False)) == 29
     assert torch_npu.get_npu_format(copy.deepcopy(layer).weight) == 29
     assert torch_npu.get_npu_format(layer.weight[:8]) == 2  # views do not follow (docs/torch_npu.md)
-    np.testing.assert_array_equal(weight_f32(to_numpy(layer.weight)), layer.weight.detach().float().numpy())
+    first = weight_f32(to_numpy(layer.weight))
+    assert weight_f32(to_numpy(layer.weight)) is first  # widening kept while unchanged
+    np.testing.assert_array_equal(first, layer.weight.detach().float().numpy())
     new = torch.randn(16, 32).to(torch.bfloat16)
     layer.load_state_dict({"weight": new})
     assert torch_npu.get_npu_format(layer.weight) == 29
-    np.testing.assert_array_equal(weight_f32(to_numpy(layer.weight)), new.float().numpy())  # the new values
+    np.testing.assert_array_equal(weight_f32(to_numpy(layer.weight)), new.float().numpy())  # no stale widening
     layer.weight.data = torch.zeros(16, 32)
     assert torch_npu.get_npu_format(layer.weight) == 2  # ND data replaces the NZ data
 

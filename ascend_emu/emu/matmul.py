@@ -219,7 +219,7 @@ def _kept(w, dtype) -> np.ndarray | None:
     (as torch_npu keeps the NZ copy of a cast tensor): the one made earlier, or a new one where
     the kept total stays within :func:`keep_limit`; None for other weights, or past the limit
     (the caller then widens blocks). A kept copy is released with its weight. Read only."""
-    if not isinstance(w, NZArray) or w.ndim != 2:
+    if not isinstance(w, NZArray) or w.ndim != 2 or w.dtype == dtype:
         return None
     attr = f"_ascend_emu_{np.dtype(dtype).name}"
     wide = getattr(w, attr, None)
@@ -285,9 +285,11 @@ def matmul_weight_heads(a: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def weight_f32(w: np.ndarray) -> np.ndarray:
-    """A new fp32 copy of a bf16 / fp16 / fp32 weight (:func:`widen_f32`; never kept: the ops
-    widen blocks, :func:`matmul_weight`). For tests and tools."""
-    return widen_f32(np.asarray(w))
+    """The fp32 values of a bf16 / fp16 / fp32 weight as the products use them: a FRACTAL_NZ
+    weight's kept widening (made now where the limit allows, :func:`keep_limit`), else a new copy
+    (:func:`widen_f32`). Read only."""
+    kept = _kept(w, np.float32)
+    return kept if kept is not None else widen_f32(np.asarray(w))
 
 
 def matmul_f32(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
