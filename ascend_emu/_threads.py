@@ -18,6 +18,20 @@ layer then binds to that copy. So:
 - ``NUMBA_THREADING_LAYER`` or ``OMP_WAIT_POLICY`` set by the user: left as the user set it.
 
 :data:`CHOICE` records what was decided (``ascend_emu._threads.CHOICE``).
+
+OpenBLAS (NumPy's, which runs the emu backend's products) has a spin of its own: after each call
+its idle worker threads poll for new work for ``2**OPENBLAS_THREAD_TIMEOUT`` CPU cycles (default
+2**28, about 0.1 s) before they sleep, taking the cores torch's OpenMP threads and the Numba
+kernels run on next. A loop of one torch matmul then one emulated prolog took 2.0-2.2x the two
+apart; sleeping OpenMP workers and OpenBLAS workers made it 1.02-1.03x. OpenBLAS reads that
+variable when it is loaded, which is when NumPy is first imported, before ``ascend_emu`` can act;
+so :func:`quiet_openblas` (called by :func:`configure`) sets it to :data:`OPENBLAS_TIMEOUT`
+(unless the user set it), has OpenBLAS read its environment again (``openblas_read_env``) and
+stops its worker threads (``blas_thread_shutdown_``, what OpenBLAS itself does before a
+``fork``); its next threaded call starts them again with the short timeout (OpenBLAS
+``driver/others/blas_server.c``: ``blas_thread_init`` takes ``thread_timeout`` from the
+environment read). Results are unchanged: only how long an idle worker polls. Processes started
+from this one inherit the variable. :data:`OPENBLAS` records what was done.
 """
 
 from __future__ import annotations
@@ -29,6 +43,13 @@ import sys
 FALLBACK_LAYER = "workqueue"
 #: What :func:`configure` decided: "omp-passive", "workqueue" or "user".
 CHOICE = ""
+#: ``OPENBLAS_THREAD_TIMEOUT`` set where the user did not: idle OpenBLAS workers poll for 2**4 CPU
+#: cycles (OpenBLAS's minimum) before they sleep, i.e. they sleep as soon as a call ends.
+OPENBLAS_TIMEOUT = 4
+#: What :func:`quiet_openblas` did: "timeout-4" (restarted with the short timeout), "user" (the
+#: user's ``OPENBLAS_THREAD_TIMEOUT`` kept), "none" (no pthreads OpenBLAS with the entry points in
+#: this process: an OpenMP build, another BLAS, not Linux).
+OPENBLAS = ""
 
 
 def libgomp_loaded() -> bool:
@@ -43,11 +64,67 @@ def libgomp_loaded() -> bool:
         return "torch" in sys.modules
 
 
+def _openblas_paths() -> list[str]:
+    """Files of the OpenBLAS libraries mapped into this process (Linux ``/proc/self/maps``)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            lines = maps.read().splitlines()
+    except OSError:
+        return []
+    paths = {line.split(None, 5)[5] for line in lines if line.count(" ") >= 5 and "openblas" in line.lower()}
+    return sorted(p for p in paths if p.startswith("/") and ".so" in p)
+
+
+def _entry(lib, name: str):
+    """OpenBLAS entry point ``name`` under the names builds give it (plain; with the 64-bit
+    interface's ``64_`` suffix; SciPy / NumPy wheels' ``scipy_`` prefix and suffix), or None."""
+    for symbol in (name, f"{name}64_", f"scipy_{name}64_"):
+        fn = getattr(lib, symbol, None)
+        if fn is not None:
+            return fn
+    return None
+
+
+def quiet_openblas() -> str:
+    """Make the idle worker threads of every pthreads OpenBLAS in the process sleep as soon as a
+    call ends (module doc); return :data:`OPENBLAS`. Loads NumPy (and with it its OpenBLAS)."""
+    global OPENBLAS
+    if OPENBLAS:
+        return OPENBLAS
+    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+        OPENBLAS = "user"
+        return OPENBLAS
+    import ctypes
+
+    import numpy  # noqa: F401  (loads the OpenBLAS that runs the products)
+
+    libs = []
+    for path in _openblas_paths():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        parallel = _entry(lib, "openblas_get_parallel")  # 0 sequential, 1 pthreads, 2 OpenMP
+        read_env, shutdown = getattr(lib, "openblas_read_env", None), getattr(lib, "blas_thread_shutdown_", None)
+        if parallel is not None and read_env is not None and shutdown is not None and parallel() == 1:
+            libs.append((read_env, shutdown))
+    if not libs:
+        OPENBLAS = "none"
+        return OPENBLAS
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(OPENBLAS_TIMEOUT)
+    for read_env, shutdown in libs:
+        read_env()
+        shutdown()
+    OPENBLAS = f"timeout-{OPENBLAS_TIMEOUT}"
+    return OPENBLAS
+
+
 def configure() -> str:
     """Choose the threading set-up (module doc) once; return :data:`CHOICE`."""
     global CHOICE
     if CHOICE:
         return CHOICE
+    quiet_openblas()
     if "NUMBA_THREADING_LAYER" in os.environ or "OMP_WAIT_POLICY" in os.environ:
         CHOICE = "user"
     elif libgomp_loaded():

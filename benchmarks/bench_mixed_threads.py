@@ -8,8 +8,11 @@ N=32, through ``ascend_emu.ops``), and ``K`` iterations of one torch matmul then
 It prints the medians and the median per-round ratio ``mixed / (torch alone + prolog alone)``
 (1.0: the two do not disturb each other).
 
-Set-ups (each in both import orders, torch first and ascend_emu first): the environment as given;
-``OMP_WAIT_POLICY=PASSIVE``; ``OMP_WAIT_POLICY=PASSIVE`` with ``OPENBLAS_THREAD_TIMEOUT=4``.
+Set-ups (each in both import orders, torch first and ascend_emu first): the environment as given
+(what ``ascend_emu._threads`` sets up by itself, recorded in the printed line); the same with
+``OPENBLAS_THREAD_TIMEOUT=28`` (OpenBLAS's default spin, which ``ascend_emu`` then leaves alone:
+the set-up before it shortened that spin); ``OMP_WAIT_POLICY=PASSIVE``; ``OMP_WAIT_POLICY=PASSIVE``
+with ``OPENBLAS_THREAD_TIMEOUT=4``.
 Thread counts: ``--threads N`` sets ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and
 ``NUMBA_NUM_THREADS`` (default: as the environment has them).
 
@@ -25,7 +28,10 @@ import subprocess
 import sys
 import time
 
-SETUPS = (("as given", {}), ("OMP_WAIT_POLICY=PASSIVE", {"OMP_WAIT_POLICY": "PASSIVE"}),
+SETUPS = (("as given (ascend_emu's own set-up)", {}),
+          ("OpenBLAS's default spin kept (OPENBLAS_THREAD_TIMEOUT=28, the set-up before)",
+           {"OPENBLAS_THREAD_TIMEOUT": "28"}),
+          ("OMP_WAIT_POLICY=PASSIVE", {"OMP_WAIT_POLICY": "PASSIVE"}),
           ("PASSIVE + OPENBLAS_THREAD_TIMEOUT=4", {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}))
 
 
@@ -92,7 +98,7 @@ def child(order: str, rounds: int, calls: int) -> None:
         layer = "not started"
     print(f"    {order:18s} torch {med['torch']:7.2f} ms, prolog {med['prolog']:7.2f} ms, mixed {med['mixed']:7.2f} ms:"
           f" {ratio:.2f}x the parts apart (ascend_emu threads: {_threads.CHOICE}, Numba layer "
-          f"{layer}, torch {torch.get_num_threads()} threads)", flush=True)
+          f"{layer}, OpenBLAS {_threads.OPENBLAS}, torch {torch.get_num_threads()} threads)", flush=True)
 
 
 def main() -> None:

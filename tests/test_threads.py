@@ -59,3 +59,50 @@ def test_user_choice_is_kept():
     assert got["choice"] == "user" and got["policy"] == "ACTIVE"
     got = probe("import ascend_emu", NUMBA_THREADING_LAYER="workqueue")
     assert got["choice"] == "user" and got["layer"] == "workqueue" and got["policy"] is None
+
+
+IDLE_PROBE = """
+import json, os, time
+import numpy as np
+import ascend_emu
+from ascend_emu import _threads
+
+a, b = np.ones((64, 2048), np.float32), np.ones((2048, 2048), np.float32)
+idle = []
+for _ in range(3):
+    a @ b  # large enough for OpenBLAS to run it on its worker threads
+    c0 = time.process_time()
+    time.sleep(0.05)
+    idle.append(time.process_time() - c0)
+print(json.dumps({"openblas": _threads.OPENBLAS, "timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
+                  "idle": min(idle)}))
+"""
+
+
+def idle_probe(**env: str) -> dict:
+    clean = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    proc = subprocess.run([sys.executable, "-c", IDLE_PROBE], env={**clean, "OPENBLAS_NUM_THREADS": "2", **env},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_openblas_workers_sleep_when_a_call_ends():
+    """After a threaded OpenBLAS call, its idle worker polls for about 0.1 s by default, which shows
+    as CPU time while the process sleeps; with the short timeout it sleeps at once."""
+    got = idle_probe()
+    if got["openblas"] == "none":
+        pytest.skip("no pthreads OpenBLAS with openblas_read_env / blas_thread_shutdown_ in this NumPy")
+    assert got["openblas"] == "timeout-4" and got["timeout"] == "4"
+    assert got["idle"] < 0.01, got  # a spinning worker: about 0.05 s of CPU in each 0.05 s sleep
+
+
+def test_openblas_timeout_of_the_user_is_kept():
+    got = idle_probe(OPENBLAS_THREAD_TIMEOUT="28")
+    assert got["openblas"] == "user" and got["timeout"] == "28"
+    if _threads_available():
+        assert got["idle"] > 0.015, got  # the user's choice: OpenBLAS's default spin, still in effect
+
+
+def _threads_available() -> bool:
+    return (os.cpu_count() or 1) >= 2
