@@ -1,0 +1,119 @@
+"""npu_mla_preprocess (per-token quant, krope_ctkv) against the bare products it contains.
+
+DeepSeek-V3 shapes (He = 7168, Hcq = 1536, Hckv = 512, D = 128, Dr = 64), ``--heads`` query heads,
+``--tokens`` tokens per call (decode: 1; a batch of decodes or a short prefill: 16, 64), bf16
+activations, FRACTAL_NZ int8 ``wdqkv`` ``[2112, He]`` and ``wuq`` ``[N*192, 1536]``, bf16
+``wuk`` ``[N, 128, 512]``, a PA_BSND cache with block_size 128. Measured in one run, best of
+alternating rounds after a warm-up (``_timing.best_times``):
+
+- floor: the op's three products and nothing else: ``int8 x [T, He] @ wdqkv^T`` and
+  ``int8 q [T, 1536] @ wuq^T`` through :func:`ascend_emu.emu.matmul.matmul_int8` (exact int32,
+  on the engine the op uses; its name is printed: ``"onednn"`` is ``torch._int_mm``, oneDNN's
+  VNNI int8 GEMM, the fastest exact int8 engine here), and ``q_nope @ wuk`` per head as fp32 BLAS
+  on a pre-widened ``wuk``;
+- the op through ``ascend_emu.ops`` and, with torch, through the torch_npu drop-in
+  (``ascend_emu.torch_npu.atb.npu_mla_preprocess`` on torch copies of the same inputs).
+
+Target (issue 21): the op at most 1.3x this int8-GEMM floor. Each ``--threads`` count runs in its
+own interpreter with ``OPENBLAS_NUM_THREADS``, ``NUMBA_NUM_THREADS`` and ``OMP_NUM_THREADS`` set
+to it (``_timing.run_with_threads``), so the op and its floor get the same threads.
+
+Usage: ``python benchmarks/bench_mla_preprocess.py [--heads 32] [--tokens 1 16] [--repeat 10]
+[--threads N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+import numpy as np
+from _timing import best_times, have_torch, run_with_threads
+
+TARGET = 1.3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--repeat", type=int, default=10, help="timed rounds (best of)")
+    parser.add_argument("--threads", type=int, nargs="*", default=None,
+                        help="thread counts, each in its own interpreter (default: as the environment has them)")
+    args = parser.parse_args()
+    if args.threads and len(args.threads) > 1:
+        for n in args.threads:
+            argv = [a for a in sys.argv[1:]]
+            i = argv.index("--threads")
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("--"):
+                j += 1
+            subprocess.run([sys.executable, __file__, *argv[:i], *argv[j:], "--threads", str(n)], check=False)
+        return
+    setup = run_with_threads(args.threads[0] if args.threads else None)
+    torch_ok = have_torch()
+    if torch_ok:
+        import torch  # noqa: F401  (the drop-in's users have it; the int8 engine then is oneDNN)
+
+    import ml_dtypes
+
+    from ascend_emu.emu.matmul import int8_engine, matmul_f32, matmul_int8, widen_f32
+    from ascend_emu.ops import npu_format_cast, npu_mla_preprocess
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(0)
+    he, hcq, hckv, d, dr, block, n = 7168, 1536, 512, 128, 64, 128, args.heads
+
+    def randn(shape, scale):
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(bf16)
+
+    def int8(shape):
+        return rng.integers(-127, 128, shape).astype(np.int8)
+
+    wdqkv, wuq = int8((2112, he)), int8((n * (d + dr), hcq))  # [2112, He], [N*192, 1536]
+    wuk = randn((n, d, hckv), 0.1)  # [N, 128, 512]
+    wdqkv_nz, wuq_nz = npu_format_cast(wdqkv, 29), npu_format_cast(wuq, 29)
+    wuk32 = widen_f32(wuk)
+    print(f"npu_mla_preprocess per_token_quant_symm krope_ctkv, N={n} He={he}; {setup}; int8 engine: "
+          f"{int8_engine()}; best of {args.repeat}", flush=True)
+    for t in args.tokens:
+        blocks = -(-t // block) + 1
+        pre = (randn((t, he), 1.0), randn((he,), 1.0), randn((he,), 0.0), wdqkv_nz, np.full(2112, 1e-4, np.float32),
+               randn((hcq,), 1.0), randn((hcq,), 0.0), wuq_nz, np.full(n * (d + dr), 1e-4, np.float32),
+               randn((hckv,), 1.0), randn((t, dr), 0.5), randn((t, dr), 0.5), wuk,
+               np.zeros((blocks, block, 1, hckv), bf16), np.zeros((blocks, block, 1, dr), bf16),
+               rng.permutation(blocks * block)[:t].astype(np.int32))
+        outs = dict(q_out0=np.zeros((t, n, hckv), bf16), kv_cache_out0=np.zeros((blocks, block, 1, hckv), bf16),
+                    q_out1=np.zeros((t, n, dr), bf16), kv_cache_out1=np.zeros((blocks, block, 1, dr), bf16))
+        kw = dict(outs, cache_mode="krope_ctkv", quant_mode="per_token_quant_symm")
+        x8, q8 = int8((t, he)), int8((t, hcq))
+        q_nope = rng.standard_normal((n, t, d), dtype=np.float32)  # [N, T, 128]
+
+        def floor():
+            matmul_int8(x8, wdqkv, w_nk=True)  # [T, 2112]
+            matmul_int8(q8, wuq, w_nk=True)  # [T, N*192]
+            matmul_f32(q_nope, wuk32)  # [N, T, 512]
+
+        cands = {"floor (int8 x@wdqkv, q@wuq; fp32 q_nope@wuk)": floor,
+                 "npu_mla_preprocess (ops)": lambda: npu_mla_preprocess(*pre, **kw)}
+        if torch_ok:
+            from ascend_emu.warmup import Call
+
+            cands["npu_mla_preprocess (drop-in)"] = Call("", "npu_mla_preprocess", pre, kw).through_drop_in()
+        times = dict(zip(cands, best_times(list(cands.values()), args.repeat)))
+        base = times[next(iter(cands))]
+        print(f"  T={t}", flush=True)
+        for name, sec in times.items():
+            line = f"    {name:48s} {sec * 1e3:8.3f} ms"
+            if sec is not base:
+                ratio = sec / base
+                line += f"   ratio / floor: {ratio:.2f} ({'meets' if ratio <= TARGET else 'misses'} the target " \
+                        f"<= {TARGET})"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    main()
