@@ -214,11 +214,12 @@ class MachineFloor:
         return ", ".join(f"{label}: {'/'.join(names)}" for label, names in seen.items())
 
 
-def floor_line(floor: MachineFloor, seconds: float, unit: str = "ms") -> str:
+def floor_line(floor: MachineFloor, seconds: float, unit: str = "ms", per: str = "") -> str:
     """``machine floor 3.20 ms (x@Wdq: onednn-bf16, q@Wuk: sgemm, gather: bandwidth)``;
-    ``seconds`` its measured time, shown in ``unit`` (``"ms"`` or ``"us"``)."""
+    ``seconds`` its measured time, shown in ``unit`` (``"ms"`` or ``"us"``), followed by ``per``
+    where given (``"per step"``)."""
     scale = {"ms": 1e3, "us": 1e6}[unit]
-    return f"machine floor {seconds * scale:.2f} {unit} ({floor.engines()})"
+    return f"machine floor {seconds * scale:.2f} {unit}{' ' + per if per else ''} ({floor.engines()})"
 
 
 def ratio_line(what: str, seconds: float, floor_seconds: float) -> str:
