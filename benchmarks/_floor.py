@@ -32,6 +32,7 @@ Scripts build a :class:`MachineFloor` from :func:`product` and :func:`movement` 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -215,11 +216,12 @@ class MachineFloor:
 
 
 def floor_line(floor: MachineFloor, seconds: float, unit: str = "ms", per: str = "") -> str:
-    """``machine floor 3.20 ms (x@Wdq: onednn-bf16, q@Wuk: sgemm, gather: bandwidth)``;
+    """``machine floor 3.21 ms (x@Wdq: onednn-bf16, q@Wuk: sgemm, gather: bandwidth)``;
     ``seconds`` its measured time, shown in ``unit`` (``"ms"`` or ``"us"``), followed by ``per``
     where given (``"per step"``)."""
-    scale = {"ms": 1e3, "us": 1e6}[unit]
-    return f"machine floor {seconds * scale:.2f} {unit}{' ' + per if per else ''} ({floor.engines()})"
+    value = seconds * {"ms": 1e3, "us": 1e6}[unit]
+    digits = max(0, 2 - math.floor(math.log10(value))) if value > 0 else 2  # 3 significant digits
+    return f"machine floor {value:.{digits}f} {unit}{' ' + per if per else ''} ({floor.engines()})"
 
 
 def ratio_line(what: str, seconds: float, floor_seconds: float) -> str:
