@@ -189,6 +189,15 @@ class DecodeStepReport:
             four matmuls on pre-widened weights, the indexer's q . k product over the context and
             its top-k selection (``argpartition``), the gather of the selected 656-byte rows and the
             attention's two fp32 products.
+        floor_operands: the operands of that step's products in the dtypes its ops multiply
+            (``{label: (a, w)}`` with ``a @ w`` the product: bf16 x bf16, the partial-quant
+            ``cq @ W_uq_qr`` int8 x int8), for benchmarks that time them on other engines
+            (``benchmarks/_floor.py``): ``x@Wdq`` ``[1, He] x [He, Hcq]``, ``cq@Wuq_qr``
+            ``[1, Hcq] x [Hcq, N*192]``, ``q@Wuk`` ``[N, 1, 128] x [N, 128, Hckv]``, ``x@Wdkv_kr``
+            ``[1, He] x [He, Hckv+Dr]``, ``indexer q.k`` ``[64, 128] x [128, context+1]``, ``q@K``
+            ``[N, 576] x [576, K]`` and ``P@V`` ``[N, K] x [K, Hckv]`` (K: tokens selected; the
+            K / V values are stand-ins of the right dtype and shape).
+        floor_gather_bytes: bytes of the selected 656-byte rows the attention gathers.
     """
 
     config: DecodeStepConfig
@@ -214,6 +223,8 @@ class DecodeStepReport:
     cosine: float = 0.0
     decode_int8: Callable[[], np.ndarray] | None = None
     floor_int8: Callable[[], object] | None = None
+    floor_operands: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    floor_gather_bytes: int = 0
 
 
 def _rope_tables(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -420,6 +431,18 @@ def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch) -> Decod
         return p @ k[:, :HCKV]  # [N, Hckv]
 
     rep.decode_int8, rep.floor_int8 = decode_int8, floor_int8
+    x16 = np.ascontiguousarray(x[0, decode])  # [1, He] bf16
+    k16 = rows_flat[picked, :HCKV + D_ROPE].astype(np.float32).astype(BF16)  # [K, 576] stand-in keys
+    rep.floor_operands = {
+        "x@Wdq": (x16, np.asarray(w["weight_dq"])),
+        "cq@Wuq_qr": (np.ones((1, c.hcq), np.int8), np.asarray(w["weight_uq_qr_int8"])),
+        "q@Wuk": (np.ascontiguousarray(query16[0, 0, :, None, :D_NOPE]), w["weight_uk"]),  # stand-in q_nope
+        "x@Wdkv_kr": (x16, np.asarray(w["weight_dkv_kr"])),
+        "indexer q.k": (q_idx.reshape(c.indexer_heads, c.indexer_dim), k_indexer.reshape(-1, c.indexer_dim)[slots].T),
+        "q@K": (q576.reshape(n, -1).astype(BF16), k16.T),
+        "P@V": (np.ones((n, picked.size), BF16), np.ascontiguousarray(k16[:, :HCKV])),
+    }
+    rep.floor_gather_bytes = int(picked.size) * MLA_ROW.row_bytes
 
     # ---- what it shows
     rep.cache_bytes = {"int8 kv_cache (656-byte rows)": kv_int8.nbytes,

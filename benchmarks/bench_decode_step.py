@@ -11,6 +11,14 @@ weights widened to fp32 would take about 5 GB), so the figures are those of a mo
 all hit warm CPU caches equally. Printed: ms per step (L layers) for the emulator and the floor,
 and their ratio, measured in one run (best of alternating rounds).
 
+Beside it, the machine floor (``benchmarks/_floor.py``): the same step's products
+(``DecodeStepReport.floor_operands``, in the dtypes the ops multiply) each on the fastest engine
+this machine has for it (sgemm, oneDNN bf16 or the int8 engine, chosen by timing at set-up), the
+indexer's ReLU, head sum and ``argpartition`` as in the floor, and the gather of the selected rows
+at copy bandwidth; printed with the engine each took and the emulator's ratio to it. Its oneDNN
+candidates import torch where installed, after the step's first run (so with ``--no-drop-in`` the
+emulator's int8 engine is still the one a process without torch picks).
+
 With torch installed the same step also runs through the torch_npu drop-in (``--no-drop-in`` to
 skip): the demo's calls of ``ascend_emu.ops`` go to ``ascend_emu.torch_npu`` instead, on torch
 tensors over the same memory (weights and caches converted once and kept, NZ weights tagged with
@@ -20,7 +28,8 @@ converted on every call, and outputs viewed back as NumPy, which the drop-in fig
 Memory: the process's peak resident set (``getrusage`` maxrss, the prefill and the run through the
 drop-in included) and its resident set after the imports, against the step's inputs (one layer's
 weights, the caches, the hidden states; ``DecodeStepReport.input_bytes``). The ops keep no widened
-copy of a weight (issue 21); the floor keeps fp32 copies of one layer's four prolog weights.
+copy of a weight (issue 21); the floor keeps fp32 copies of one layer's four prolog weights, and
+the machine floor its own (its sgemm candidates).
 
 Usage: ``python benchmarks/bench_decode_step.py [--layers 61] [--context 4096] [--repeat 3] [--no-drop-in]``
 """
@@ -31,6 +40,8 @@ import argparse
 import contextlib
 import resource
 
+import numpy as np
+from _floor import MachineFloor, floor_line, movement, other, product, ratio_line
 from _timing import best_times
 
 from ascend_emu import demo
@@ -109,6 +120,22 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def machine_floor(rep, sparse_count: int) -> MachineFloor:
+    """The decode step's machine floor for one layer (module doc), from ``rep``'s floor operands."""
+    ops_ = rep.floor_operands
+    labels = ("x@Wdq", "cq@Wuq_qr", "q@Wuk", "x@Wdkv_kr", "indexer q.k")
+    parts = [product(label, *ops_[label]) for label in labels]
+    q_idx, k_idx = ops_["indexer q.k"]
+    scores = np.asarray(q_idx, np.float32) @ np.asarray(k_idx, np.float32)  # [64, context + 1]
+    k = min(sparse_count, scores.shape[1])
+
+    def top_k():
+        np.argpartition(-np.maximum(scores, 0).sum(0), k - 1)
+    parts += [other("top-k", "numpy", top_k), movement("gather", rep.floor_gather_bytes),
+              product("q@K", *ops_["q@K"]), product("P@V", *ops_["P@V"])]
+    return MachineFloor(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=61, help="decoder layers per step (DeepSeek-V3.2: 61)")
@@ -127,7 +154,8 @@ def main() -> None:
     def layers(fn):
         return lambda: [fn() for _ in range(ns.layers)]
 
-    candidates = [layers(rep.decode_int8), layers(rep.floor_int8)]
+    machine = machine_floor(rep, ns.sparse_count)
+    candidates = [layers(rep.decode_int8), layers(rep.floor_int8), layers(machine)]
     if not ns.no_drop_in:
         try:
             drop_in = DropInOps()
@@ -139,15 +167,18 @@ def main() -> None:
                     rep.decode_int8()
             candidates.append(layers(via_drop_in))
     times = best_times(candidates, ns.repeat)
-    t_emu, t_floor = times[:2]
+    t_emu, t_floor, t_machine = times[:3]
     print(f"decode step, {ns.layers} layers, context {ns.context}, top-{ns.sparse_count}, N={ns.heads}:")
     print(f"  emulator {t_emu * 1e3:8.1f} ms per step ({t_emu / ns.layers * 1e3:.2f} ms per layer), ascend_emu.ops")
-    if len(times) > 2:
-        t_drop = times[2]
+    if len(times) > 3:
+        t_drop = times[3]
         print(f"  drop-in  {t_drop * 1e3:8.1f} ms per step ({t_drop / ns.layers * 1e3:.2f} ms per layer), "
               f"ascend_emu.torch_npu: {t_drop / t_emu:.3f}x the ops path")
     print(f"  floor    {t_floor * 1e3:8.1f} ms per step ({t_floor / ns.layers * 1e3:.2f} ms per layer)")
-    print(f"  ratio    {t_emu / t_floor:8.2f}x" + (f" (drop-in {times[2] / t_floor:.2f}x)" if len(times) > 2 else ""))
+    print(f"  ratio    {t_emu / t_floor:8.2f}x" + (f" (drop-in {times[3] / t_floor:.2f}x)" if len(times) > 3 else ""))
+    print(f"  {floor_line(machine, t_machine, per=f'per step, {t_machine / ns.layers * 1e3:.2f} ms per layer')}")
+    print(f"  {ratio_line('emulator', t_emu, t_machine)}"
+          + (f"; {ratio_line('drop-in', times[3], t_machine)}" if len(times) > 3 else ""))
     inputs = getattr(rep, "input_bytes", {})
     total = sum(inputs.values()) / 2**20
     peak = peak_rss_mib()

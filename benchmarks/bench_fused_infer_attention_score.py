@@ -11,6 +11,10 @@ every request ``--kv`` tokens long. Measured in one run, best of alternating rou
   (:func:`ascend_emu.emu.matmul.matmul_f32`, BLAS sgemm); with ``--c8`` the int8 products
   through :func:`ascend_emu.emu.matmul.matmul_int8` (the project's fastest exact int8 engine) plus
   the fp32 rope product;
+- machine floor (``benchmarks/_floor.py``): the same products on the operands' own dtypes (bf16;
+  with ``--c8`` int8 and the bf16 rope product), each on the fastest engine this machine has for
+  it (sgemm, oneDNN bf16 or the int8 engine, chosen by timing at set-up); printed with the engine
+  each product took;
 - torch golden (if torch is installed): what a developer would write per request: gather through
   block_table, fp32 scores, fp32 softmax, bf16 P, fp32 P @ V, bf16 output (with ``--c8``: the
   int8 values dequantised to fp32 first).
@@ -29,6 +33,7 @@ import time
 import ml_dtypes
 import numba
 import numpy as np
+from _floor import MachineFloor, floor_line, product, ratio_line
 from _timing import best_times, have_torch, run_with_threads
 
 import ascend_emu.emu  # noqa: F401  (sets OMP_WAIT_POLICY before torch starts its OpenMP pool)
@@ -95,6 +100,25 @@ def floor_call(query, cache, kw, c8):
     return run
 
 
+def machine_floor(query, cache, kw, c8) -> MachineFloor:
+    """The machine floor (module doc): the floor's products per request on the operands' dtypes."""
+    b, n = query.shape[0], query.shape[1]
+    table, kv = kw["block_table"], kw["actual_seq_kvlen"][0]
+    parts = []
+    for i in range(b):
+        k = np.ascontiguousarray(cache[table[i]].reshape(-1, HCKV)[:kv])  # [L, 512] in the cache dtype
+        kr = np.ascontiguousarray(kw["key_rope"][table[i]].reshape(-1, D_ROPE)[:kv])  # [L, 64] bf16
+        qr = np.ascontiguousarray(kw["query_rope"][i, :, 0])  # [N, 64] bf16
+        if c8:
+            parts += [product("q@K", np.ascontiguousarray(query[i, :, 0]), k.T), product("qr@Kr", qr, kr.T),
+                      product("P@V", np.ones((n, kv), np.int8), k)]
+        else:
+            q = np.concatenate([query[i, :, 0], qr], axis=1)  # [N, 576] bf16
+            parts += [product("q@K", q, np.concatenate([k, kr], axis=1).T),
+                      product("P@V", np.ones((n, kv), BF16), k)]
+    return MachineFloor(parts)
+
+
 def torch_call(query, cache, kw, c8):
     import torch
 
@@ -146,18 +170,20 @@ def main() -> None:
     for case in a.cases:
         b, n, kv = (int(x) for x in case.split("x"))
         query, cache, kw = make_inputs(rng, b, n, kv, a.c8)
-        fns = [floor_call(query, cache, kw, a.c8), op_call(query, cache, kw)]
+        machine = machine_floor(query, cache, kw, a.c8)
+        fns = [floor_call(query, cache, kw, a.c8), machine, op_call(query, cache, kw)]
         if torch_golden:
             fns.append(torch_call(query, cache, kw, a.c8))
         times = best_times(fns, a.repeat, before=[settle] * len(fns))
-        t_floor, t_op = times[:2]
+        t_floor, t_machine, t_op = times[:3]
         ratio = t_op / t_floor
         line = (f"B={b:3d} N={n:3d} kv={kv:5d}: floor {t_floor * 1e3:8.1f} ms, op {t_op * 1e3:8.1f} ms, "
                 f"op/floor {ratio:5.2f} ({'meets' if ratio <= TARGET_FLOOR_RATIO else 'misses'} <= "
                 f"{TARGET_FLOOR_RATIO})")
         if torch_golden:
-            line += f", golden {times[2] * 1e3:8.1f} ms, golden/op {times[2] / t_op:5.2f}"
-        print(line, flush=True)
+            line += f", golden {times[3] * 1e3:8.1f} ms, golden/op {times[3] / t_op:5.2f}"
+        print(line)
+        print(f"    {floor_line(machine, t_machine)}; {ratio_line('op', t_op, t_machine)}", flush=True)
 
 
 if __name__ == "__main__":

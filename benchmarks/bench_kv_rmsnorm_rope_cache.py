@@ -11,7 +11,10 @@ For each thread count (1, 2, 4, ... up to ``--max-threads``, default the machine
 torch get the same count) it prints the op's time per call and per token, the time per token of
 its fused Numba pass alone (``emu.kv_rmsnorm_rope_cache.fused_rows``: RmsNorm, RoPE, rounding,
 without validation and scatters), the golden / emu ratio and the op's time relative to one
-thread. Targets (issue 7): golden / emu > 1 at every thread count, fused pass <= 0.2 us per token
+thread, and the machine floor of the data it moves (``benchmarks/_floor.py``: the bytes the op
+reads, kv, gamma, cos, sin and the slots, and writes, the two caches' rows, as a copy of half their
+sum at the machine's copy bandwidth; ``np.copyto`` runs on one thread) with the op's ratio to it.
+Targets (issue 7): golden / emu > 1 at every thread count, fused pass <= 0.2 us per token
 at B=1024, and no thread count slower than a smaller one.
 
 Usage: ``python benchmarks/bench_kv_rmsnorm_rope_cache.py [--batch 1024] [--seq 1] [--block-size 128]``
@@ -27,6 +30,7 @@ import ml_dtypes
 import numba
 import numpy as np
 import torch
+from _floor import MachineFloor, floor_line, movement
 from _timing import best_times
 
 from ascend_emu.ops import npu_kv_rmsnorm_rope_cache
@@ -94,22 +98,30 @@ def main() -> None:
     def fused():
         fused_rows(kv_bits, gamma32, cos_bits, sin_bits, np.float32(EPS), True)
 
+    read = kv.nbytes + gamma.nbytes + cos.nbytes + sin.nbytes + index.nbytes
+    written = t * (RMS + ROPE) * BF16.itemsize  # the rows of both caches
+    machine = MachineFloor([movement("inputs -> cache rows", read, written)])
+
     counts = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= args.max_threads]
     torch_threads, numba_threads = torch.get_num_threads(), numba.get_num_threads()
     print(f"npu_kv_rmsnorm_rope_cache PA_NZ bf16  B={b} S={s} block_size={bs} block_num={nb}")
-    print("threads   emu us/call  emu us/token  fused us/token  golden us/call  golden/emu  emu vs 1 thread")
-    first = None
+    print("threads   emu us/call  emu us/token  fused us/token  golden us/call  golden/emu  emu vs 1 thread"
+          "  machine floor us  emu/machine")
+    first, machine_best = None, float("inf")
     try:
         for n in counts:
             numba.set_num_threads(n)
             torch.set_num_threads(n)
-            t_emu, t_fused, t_gold = best_times([emu, fused, golden], 15, number=args.calls)
+            t_emu, t_fused, t_gold, t_machine = best_times([emu, fused, golden, machine], 15, number=args.calls)
             first = first or t_emu
             print(f"{n:7d} {t_emu * 1e6:13.1f} {t_emu * 1e6 / t:13.3f} {t_fused * 1e6 / t:15.3f} "
-                  f"{t_gold * 1e6:15.1f} {t_gold / t_emu:11.2f}x {t_emu / first:15.2f}x")
+                  f"{t_gold * 1e6:15.1f} {t_gold / t_emu:11.2f}x {t_emu / first:15.2f}x "
+                  f"{t_machine * 1e6:17.1f} {t_emu / t_machine:11.2f}x")
+            machine_best = min(machine_best, t_machine)
     finally:
         torch.set_num_threads(torch_threads)
         numba.set_num_threads(numba_threads)
+    print(f"{floor_line(machine, machine_best, 'us', per=f'best of the rows; {read} bytes read, {written} written')}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ calls after a warm-up round, ``benchmarks/_timing.py``):
 - floor: the work no implementation can skip, on pre-widened contiguous fp32 keys: one bare
   fp32 GEMM ``q [64, 128] @ k[:L].T`` per batch (NumPy / BLAS) plus ``np.argpartition`` of an
   ``[L]`` score row.
+- machine floor (``benchmarks/_floor.py``): the same GEMM on the bf16 operands, on the fastest
+  engine this machine has for it (sgemm or oneDNN bf16, chosen by timing at set-up), plus the same
+  ``np.argpartition``; printed with the engine each part took.
 
 Default shape (issue 6): B = 1, S1 = 1, N1 = 64, D = 128, kv length 4096 of S2 = 8192 cache
 tokens per batch, block_size 256, sparse_count 2048.
@@ -25,6 +28,7 @@ import argparse
 import ml_dtypes
 import numpy as np
 import torch
+from _floor import MachineFloor, floor_line, other, product, ratio_line
 from _timing import best_times
 
 from ascend_emu.mla import INDEXER_HEAD_DIM as D
@@ -83,17 +87,27 @@ def main() -> None:
             dots = q32[i, 0] @ keys32[i].T  # [N1, L]
             np.argpartition(dots[0], kv_len - k)
 
+    keys16 = [key[block_table[i, :need]].reshape(need * bs, D)[:kv_len] for i in range(b)]  # [L, D] bf16
+    scores = [q32[i, 0] @ keys32[i].T for i in range(b)]  # [N1, L]
+    parts = []
+    for i in range(b):
+        parts += [product("q.k", query[i, 0], keys16[i].T),
+                  other("top-k", "numpy", lambda s=scores[i]: np.argpartition(s[0], kv_len - k))]
+    machine = MachineFloor(parts)
+
     idx, _ = emu()
     ref = reference().numpy()
     agree = np.mean(idx == ref)
     assert agree > 0.99, f"emu and torch reference disagree on {100 * (1 - agree):.2f} % of indices"
 
-    t_emu, t_ref, t_floor = best_times([emu, reference, floor], 15, number=args.calls)
+    t_emu, t_ref, t_floor, t_machine = best_times([emu, reference, floor, machine], 15, number=args.calls)
     print(f"npu_lightning_indexer PA_BSND bf16  B={b} S1=1 N1={N1} D={D} kv={kv_len} of S2={args.s2} "
           f"block_size={bs} sparse_count={k}  (torch threads {torch.get_num_threads()})")
     print(f"  emu (ascend_emu.ops)   : {t_emu * 1e3:8.3f} ms/call   same indices as the reference: {100 * agree:.2f} %")
     print(f"  torch reference        : {t_ref * 1e3:8.3f} ms/call   reference / emu = {t_ref / t_emu:5.2f}x")
     print(f"  floor (GEMM + argpart.): {t_floor * 1e3:8.3f} ms/call   emu / floor     = {t_emu / t_floor:5.2f}x")
+    print(f"  {floor_line(machine, t_machine)}")
+    print(f"  {ratio_line('emu', t_emu, t_machine)}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@ and what the engine choice does to the ops that use it.
    T = 1, 16 and 64 (FRACTAL_NZ weights, as the op gets them): ``"float64"`` (float64 BLAS on the
    kept float64 weight, the path before) against ``"sgemm"`` (fp32 BLAS over K-chunks of 1024) and
    ``"onednn"`` (``torch._int_mm``, with torch). Each line checks the engines' results equal.
+   For reference, in the same rounds, the bf16 x bf16 product of the same shape on the machine
+   floor's bf16 engines (``benchmarks/_floor.py``: ``"sgemm"`` on pre-widened fp32 operands and,
+   with torch, ``"onednn-bf16"``), and which of all the line's candidates is the machine floor of
+   that shape (the fastest: an int8 engine or a bf16 one).
 2. Per call, at T = 16: ``npu_mla_prolog_v3`` per-tile (656-byte rows) with partial
    (weight_quant_mode=1) and full (2) quant, and ``npu_mla_preprocess`` (per-token quant,
    krope_ctkv, He = 7168), with the int8 engine switched between ``"float64"`` (before) and each
@@ -32,6 +36,7 @@ import time
 
 import ml_dtypes
 import numpy as np
+from _floor import candidates
 
 from ascend_emu.emu import matmul
 from ascend_emu.ops import npu_format_cast, npu_mla_preprocess, npu_mla_prolog_v3
@@ -86,17 +91,21 @@ def products(args, rng, names) -> None:
                "x @ W_dkv_kr": npu_format_cast(int8(rng, (HE, HCKV + DR)), 29)}
     print(f"1. int8 x int8 -> int32 products of the full-quant prolog (N={n}), median of {args.rounds} rounds; "
           "ratio = float64 / engine")
+    weights16 = {label: bf16(rng, w.shape, 0.02) for label, w in weights.items()}  # the bf16 reference
     for t in args.tokens:
         for label, w in weights.items():
             a = int8(rng, (t, w.shape[0]))
             results = {e: with_engine(e, lambda w=w, a=a: matmul.matmul_int8(a, w))() for e in names}
             assert all(np.array_equal(results["float64"], r) for r in results.values()), label
-            med, ratio = rounds_median({e: with_engine(e, lambda w=w, a=a: matmul.matmul_int8(a, w)) for e in names},
-                                       args.rounds, "float64")
+            fns = {e: with_engine(e, lambda w=w, a=a: matmul.matmul_int8(a, w)) for e in names}
+            fns.update({f"bf16 {e}": fn for e, fn in
+                        candidates(bf16(rng, (t, w.shape[0]), 1.0), weights16[label]).items()})
+            med, ratio = rounds_median(fns, args.rounds, "float64")
             line = f"  T={t:3d} {label:13s} [{t}, {w.shape[0]}] x [{w.shape[0]}, {w.shape[1]}]: " \
                    f"float64 {med['float64'] * 1e3:8.2f} ms"
-            for e in names[1:]:
+            for e in list(fns)[1:]:
                 line += f"; {e} {med[e] * 1e3:8.2f} ms ({ratio[e]:.2f}x)"
+            line += f"; fastest (machine floor): {min(med, key=med.get)}"
             print(line, flush=True)
 
 

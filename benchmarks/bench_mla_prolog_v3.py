@@ -12,6 +12,9 @@ run, and every figure is the best of N alternating runs after a warm-up:
   and full quant (2): the same four matmuls as the op runs them: int8 x int8 products through
   ``matmul_int8`` on the engine the op uses (exact int32; its name is printed), bf16 ones as fp32
   BLAS on pre-widened operands.
+- machine floor (every scenario, beside the floor above): the same products, each on the fastest
+  engine this machine has for it (``benchmarks/_floor.py``: sgemm, oneDNN bf16 or the int8
+  engine, chosen by timing them at set-up), printed with the engine each product took.
 - int8 matmuls (with ``--int8-matmuls``): ``matmul_int8`` on its ``"float64"`` engine (float64
   BLAS on the cached float64 weight) against
   ``np.matmul`` on int32 operands and ``torch.matmul`` on int32 tensors (if torch is installed),
@@ -41,6 +44,7 @@ import sys
 
 import ml_dtypes
 import numpy as np
+from _floor import MachineFloor, floor_line, product, ratio_line
 from _timing import best_times
 
 from ascend_emu.mla import D_NOPE as D
@@ -68,8 +72,9 @@ def int8(rng, shape) -> np.ndarray:
 
 
 def report(title: str, floor_what: str, t_floor: float, t_op: float, t_drop: float | None,
-           target: float = TARGET_RATIO) -> None:
-    """Print the floor, the op through ``ops`` and (``t_drop``, seconds) through the drop-in."""
+           target: float = TARGET_RATIO, machine: MachineFloor | None = None, t_machine: float = 0.0) -> None:
+    """Print the floor, the op through ``ops`` and (``t_drop``, seconds) through the drop-in, then
+    the machine floor (``t_machine`` seconds) and the op's ratios to it."""
     label = f"floor ({floor_what}):"
     print(title)
     print(f"  {label} {t_floor * 1e3:8.2f} ms")
@@ -79,6 +84,10 @@ def report(title: str, floor_what: str, t_floor: float, t_op: float, t_drop: flo
         ratio = t_x / t_floor
         verdict = "meets" if ratio <= target else "misses"
         print(f"  {what:{len(label)}} {t_x * 1e3:8.2f} ms   ratio / floor: {ratio:.2f} ({verdict} the target <= {target})")
+    if machine is not None:
+        print(f"  {floor_line(machine, t_machine)}")
+        print("  " + "; ".join(ratio_line(what, t_x, t_machine)
+                               for what, t_x in (("ops", t_op), ("drop-in", t_drop)) if t_x is not None))
 
 
 def drop_in(fn, *args, **kwargs):
@@ -193,9 +202,14 @@ def main() -> None:
         return
     drop = drop_in(npu_mla_prolog_v3, x, w_dq_nz, w_uq_qr_nz, w_uk, w_dkv_kr_nz, gamma_cq, gamma_ckv, sin, cos,
                    kv_cache, kr_cache, cache_index=cache_index, cache_mode="PA_BSND")
-    t_floor, t_op, *t_drop = best_times([floor, op] + ([drop] if drop else []), args.repeat)
+    x2 = x.reshape(t, HE)  # [T, He] bf16
+    cq16, q_nope16 = cq32.astype(BF16), q_nope32.astype(BF16)  # the op's bf16 query_norm and q_nope
+    machine = MachineFloor([product("x@Wdq", x2, w_dq), product("cq@Wuq_qr", cq16, w_uq_qr),
+                            product("q@Wuk", q_nope16, w_uk), product("x@Wdkv_kr", x2, w_dkv_kr)])
+    t_floor, t_machine, t_op, *t_drop = best_times([floor, machine, op] + ([drop] if drop else []), args.repeat)
     report(f"npu_mla_prolog_v3 non-quant PA_BSND, {shape}",
-           "fp32 x@Wdq, cq@Wuq_qr, q@Wuk per head, x@Wdkv_kr", t_floor, t_op, (t_drop or [None])[0])
+           "fp32 x@Wdq, cq@Wuq_qr, q@Wuk per head, x@Wdkv_kr", t_floor, t_op, (t_drop or [None])[0],
+           machine=machine, t_machine=t_machine)
 
     # ---- per-tile quant, partial (1, 3, 0) and full (2, 3, 0)
     x_i8 = int8(rng, (b, s, HE))  # [B, S, He]
@@ -233,12 +247,16 @@ def main() -> None:
             np.matmul(q_nope32, w_uk32)
 
         drop = drop_in(npu_mla_prolog_v3, *tile_args, **tile_kwargs)
-        t_floor, t_op, *t_drop = best_times([floor_tile, op_tile] + ([drop] if drop else []), args.repeat)
+        down = (x_i8_2d, w_dq_i8, w_dkv_kr_i8) if full else (x2, w_dq, w_dkv_kr)
+        machine = MachineFloor([product("x@Wdq", down[0], down[1]), product("q@Wuq_qr", q_i8, w_uq_qr_i8),
+                                product("q@Wuk", q_nope16, w_uk), product("x@Wdkv_kr", down[0], down[2])])
+        t_floor, t_machine, t_op, *t_drop = best_times([floor_tile, machine, op_tile] + ([drop] if drop else []),
+                                                       args.repeat)
         engine = int8_engine()
         kinds = f"int8 ({engine}) x@Wdq, x@Wdkv_kr" if full else "fp32 x@Wdq, x@Wdkv_kr"
         report(f"npu_mla_prolog_v3 per-tile ({label} quant, weight_quant_mode={wqm}, 656-byte rows), {shape}",
                f"{kinds}; int8 ({engine}) q@Wuq_qr; fp32 q@Wuk", t_floor, t_op, (t_drop or [None])[0],
-               TARGET_RATIO_TILE)
+               TARGET_RATIO_TILE, machine=machine, t_machine=t_machine)
 
     if not args.int8_matmuls:
         return

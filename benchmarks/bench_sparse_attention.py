@@ -9,6 +9,10 @@ candidate's spinning BLAS / OpenMP workers are parked:
 - floor: per batch, the gather of the selected 656-byte rows (NumPy fancy indexing) plus the two
   bare fp32 GEMMs ``q [128, 576] @ K^T [576, 2048]`` and ``P [128, 2048] @ V [2048, 512]`` on
   pre-widened fp32 operands (BLAS, all threads);
+- machine floor (``benchmarks/_floor.py``): per batch the gather at copy bandwidth (a copy of
+  as many bytes) and the two products on bf16 operands (the dequantized keys are bf16), each on the
+  fastest engine this machine has for it (sgemm or oneDNN bf16, chosen by timing at set-up);
+  printed with the engine each part took;
 - torch reference (if torch is installed): what a developer would write: gather through
   block_table, dequantize (int8 * scale -> bf16), fp32 scores, causal mask, fp32 softmax, bf16 P,
   fp32 PV, per batch.
@@ -32,6 +36,7 @@ import time
 import ml_dtypes
 import numba
 import numpy as np
+from _floor import MachineFloor, floor_line, movement, product, ratio_line
 from _timing import best_times, have_torch, run_with_threads
 
 import ascend_emu.emu  # noqa: F401  (sets OMP_WAIT_POLICY before torch starts its OpenMP pool)
@@ -88,6 +93,19 @@ def floor_call(x):
     return run
 
 
+def machine_floor(x) -> MachineFloor:
+    """The machine floor (module doc): per batch, the gather of the selected rows at copy
+    bandwidth, ``q [128, 576] @ K^T`` and ``P [128, 2048] @ V [2048, 512]`` on bf16 operands."""
+    rng = np.random.default_rng(1)
+    parts = []
+    for i in range(x["query"].shape[0]):
+        k = rng.standard_normal((TOP_K, D_QK), dtype=np.float32).astype(BF16)  # [2048, 576] stand-in keys
+        p = np.full((N1, TOP_K), 1 / TOP_K, np.float32).astype(BF16)  # [128, 2048]
+        parts += [movement("gather", TOP_K * MLA_ROW.row_bytes), product("q@K", x["query"][i, 0], k.T),
+                  product("P@V", p, np.ascontiguousarray(k[:, :HCKV]))]
+    return MachineFloor(parts)
+
+
 def torch_call(x):
     import torch
 
@@ -134,9 +152,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for b in a.batches:
         x = make_inputs(rng, b)
-        fns = [floor_call(x), op_call(x)] + ([torch_call(x)] if torch_golden else [])
+        machine = machine_floor(x)
+        fns = [floor_call(x), machine, op_call(x)] + ([torch_call(x)] if torch_golden else [])
         times = best_times(fns, a.repeat, number=a.calls, before=[settle] * len(fns))
-        t_floor, t_op = times[:2]
+        t_floor, t_machine, t_op = times[:3]
         print(f"npu_kv_quant_sparse_flash_attention b={b}, s1=1, n1=128, kv 4096 of 8192, top-{TOP_K}, "
               f"block_size {BLOCK_SIZE}")
         print(f"  floor (row gather + fp32 GEMMs): {t_floor * 1e3:8.2f} ms")
@@ -144,8 +163,10 @@ def main() -> None:
         ratio = t_op / t_floor
         print(f"  ratio op / floor: {ratio:.2f} ({'meets' if ratio <= TARGET_FLOOR_RATIO else 'misses'} the target "
               f"<= {TARGET_FLOOR_RATIO})")
+        print(f"  {floor_line(machine, t_machine)}")
+        print(f"  {ratio_line('op', t_op, t_machine)}")
         if torch_golden:
-            t_torch = times[2]
+            t_torch = times[3]
             speedup = t_torch / t_op
             print(f"  torch reference (gather + softmax): {t_torch * 1e3:8.2f} ms")
             print(f"  speed-up over torch: {speedup:.1f}x ({'meets' if speedup >= TARGET_TORCH_SPEEDUP else 'misses'}"

@@ -289,6 +289,16 @@ def test_decode_step_report_is_consistent():
     again = np.asarray(rep.decode_int8()).reshape(4, 512)
     assert again.view(np.uint16).tobytes() == rep.out_int8.view(np.uint16).tobytes()
     assert rep.floor_int8().shape == (4, 512)
+    # the machine floor's operands: the step's products at their shapes, in the dtypes the ops multiply
+    shapes = {name: (a.shape, w.shape, a.dtype.name, w.dtype.name) for name, (a, w) in rep.floor_operands.items()}
+    assert shapes == {"x@Wdq": ((1, 7168), (7168, 1536), "bfloat16", "bfloat16"),
+                      "cq@Wuq_qr": ((1, 1536), (1536, 4 * 192), "int8", "int8"),
+                      "q@Wuk": ((4, 1, 128), (4, 128, 512), "bfloat16", "bfloat16"),
+                      "x@Wdkv_kr": ((1, 7168), (7168, 576), "bfloat16", "bfloat16"),
+                      "indexer q.k": ((64, 128), (128, 201), "bfloat16", "bfloat16"),
+                      "q@K": ((4, 576), (576, 64), "bfloat16", "bfloat16"),
+                      "P@V": ((4, 64), (64, 512), "bfloat16", "bfloat16")}
+    assert rep.floor_gather_bytes == 64 * MLA_ROW.row_bytes
 
 
 def test_decode_step_times_are_steady_state_with_the_first_call_apart(monkeypatch):
