@@ -11,6 +11,8 @@ alternating rounds after a warm-up (``_timing.best_times``):
   on the engine the op uses; its name is printed: ``"onednn"`` is ``torch._int_mm``, oneDNN's
   VNNI int8 GEMM, the fastest exact int8 engine here), and ``q_nope @ wuk`` per head as fp32 BLAS
   on a pre-widened ``wuk``;
+- machine floor: the same three products, each on the fastest engine this machine has for it
+  (``benchmarks/_floor.py``: the int8 engine, oneDNN bf16 or sgemm), with the engine each took;
 - the op through ``ascend_emu.ops`` and, with torch, through the torch_npu drop-in
   (``ascend_emu.torch_npu.atb.npu_mla_preprocess`` on torch copies of the same inputs).
 
@@ -30,6 +32,7 @@ import subprocess
 import sys
 
 import numpy as np
+from _floor import MachineFloor, floor_line, product, ratio_line
 from _timing import best_times, have_torch, run_with_threads
 
 TARGET = 1.3
@@ -96,7 +99,10 @@ def main() -> None:
             matmul_int8(q8, wuq, w_nk=True)  # [T, N*192]
             matmul_f32(q_nope, wuk32)  # [N, T, 512]
 
-        cands = {"floor (int8 x@wdqkv, q@wuq; fp32 q_nope@wuk)": floor,
+        machine = MachineFloor([product("x@wdqkv", x8, np.ascontiguousarray(wdqkv.T)),
+                                product("q@wuq", q8, np.ascontiguousarray(wuq.T)),
+                                product("q_nope@wuk", q_nope.astype(bf16), wuk)])
+        cands = {"floor (int8 x@wdqkv, q@wuq; fp32 q_nope@wuk)": floor, "machine": machine,
                  "npu_mla_preprocess (ops)": lambda: npu_mla_preprocess(*pre, **kw)}
         if torch_ok:
             from ascend_emu.warmup import Call
@@ -104,6 +110,7 @@ def main() -> None:
             cands["npu_mla_preprocess (drop-in)"] = Call("", "npu_mla_preprocess", pre, kw).through_drop_in()
         times = dict(zip(cands, best_times(list(cands.values()), args.repeat)))
         base = times[next(iter(cands))]
+        t_machine = times.pop("machine")
         print(f"  T={t}", flush=True)
         for name, sec in times.items():
             line = f"    {name:48s} {sec * 1e3:8.3f} ms"
@@ -112,6 +119,9 @@ def main() -> None:
                 line += f"   ratio / floor: {ratio:.2f} ({'meets' if ratio <= TARGET else 'misses'} the target " \
                         f"<= {TARGET})"
             print(line, flush=True)
+        print(f"    {floor_line(machine, t_machine)}", flush=True)
+        print("    " + "; ".join(ratio_line(name.split(" ", 1)[1].strip("()"), sec, t_machine)
+                                for name, sec in times.items() if sec is not base), flush=True)
 
 
 if __name__ == "__main__":
