@@ -50,6 +50,11 @@ OPENBLAS_TIMEOUT = 4
 #: user's ``OPENBLAS_THREAD_TIMEOUT`` kept), "none" (no pthreads OpenBLAS with the entry points in
 #: this process: an OpenMP build, another BLAS, not Linux).
 OPENBLAS = ""
+#: ``(get, set)`` of the thread count of each pthreads OpenBLAS in the process
+#: (``openblas_get_num_threads`` / ``openblas_set_num_threads``, a process-wide setting that
+#: costs about a microsecond to change), found by :func:`quiet_openblas`;
+#: :func:`ascend_emu.emu.matmul.one_blas_thread` uses them.
+BLAS_THREADS: list[tuple] = []
 
 
 def libgomp_loaded() -> bool:
@@ -91,14 +96,12 @@ def quiet_openblas() -> str:
     global OPENBLAS
     if OPENBLAS:
         return OPENBLAS
-    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
-        OPENBLAS = "user"
-        return OPENBLAS
     import ctypes
 
     import numpy  # noqa: F401  (loads the OpenBLAS that runs the products)
 
     libs = []
+    counts = []
     for path in _openblas_paths():
         try:
             lib = ctypes.CDLL(path)
@@ -106,8 +109,17 @@ def quiet_openblas() -> str:
             continue
         parallel = _entry(lib, "openblas_get_parallel")  # 0 sequential, 1 pthreads, 2 OpenMP
         read_env, shutdown = getattr(lib, "openblas_read_env", None), getattr(lib, "blas_thread_shutdown_", None)
-        if parallel is not None and read_env is not None and shutdown is not None and parallel() == 1:
+        if parallel is None or parallel() != 1:
+            continue
+        get, put = _entry(lib, "openblas_get_num_threads"), _entry(lib, "openblas_set_num_threads")
+        if get is not None and put is not None:
+            counts.append((get, put))
+        if read_env is not None and shutdown is not None:
             libs.append((read_env, shutdown))
+    BLAS_THREADS[:] = counts
+    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+        OPENBLAS = "user"
+        return OPENBLAS
     if not libs:
         OPENBLAS = "none"
         return OPENBLAS

@@ -49,13 +49,20 @@ def test_blocked_product_bit_identical_to_whole_widening(rng, keep_none, t, k, n
 
 @pytest.mark.parametrize("t", [1, 16])
 def test_per_head_product_bit_identical_to_batched(rng, t):
+    """Per-head products of at most SMALL_PRODUCT_MACS multiply-adds give the bits of one batched
+    sgemm on one OpenBLAS thread, whatever the process's thread count (OpenBLAS's kernels for a
+    thread's share of columns may sum in another order: Haswell's do)."""
+    from threadpoolctl import threadpool_limits
+
+    assert t * 128 * 512 <= matmul.SMALL_PRODUCT_MACS
     w_uk = _bf16(rng, 32, 128, 512, scale=0.1)  # [N, D, Hckv] ND
     q = _bf16(rng, 32, t, 128).astype(np.float32)  # [N, T, D]
-    want = np.matmul(q, matmul.widen_f32(w_uk))
-    assert matmul.matmul_weight_heads(q, w_uk).tobytes() == want.tobytes()
     q_strided = _bf16(rng, t, 32, 192).astype(np.float32)[:, :, :128].transpose(1, 0, 2)  # MlaPreprocess's view
-    want = np.matmul(q_strided, matmul.widen_f32(w_uk))
-    assert matmul.matmul_weight_heads(q_strided, w_uk).tobytes() == want.tobytes()
+    with threadpool_limits(1, user_api="blas"):
+        want = np.matmul(q, matmul.widen_f32(w_uk))
+        want_strided = np.matmul(q_strided, matmul.widen_f32(w_uk))
+    assert matmul.matmul_weight_heads(q, w_uk).tobytes() == want.tobytes()
+    assert matmul.matmul_weight_heads(q_strided, w_uk).tobytes() == want_strided.tobytes()
 
 
 def test_block_width_rules():

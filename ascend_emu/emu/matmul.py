@@ -53,6 +53,7 @@ about 1.9x what they take on kept copies, T = 16 calls about the same (docs/perf
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -62,6 +63,7 @@ import weakref
 import numpy as np
 from numba import njit, prange
 
+from .. import _threads
 from ..errors import ModeError
 from ..layouts import NZArray
 from ..quant import BF16, to_f32
@@ -239,6 +241,55 @@ def _kept(w, dtype) -> np.ndarray | None:
     return wide
 
 
+#: Products of at most this many multiply-adds (``M * N * K`` of one sgemm / sgemv) run on one
+#: OpenBLAS thread: below it, waking OpenBLAS's sleeping worker (``ascend_emu._threads``: idle
+#: workers sleep as soon as a call ends) costs more than the worker saves. Measured on 2 cores
+#: (``benchmarks/bench_blas_threads.py``): ``npu_mla_prolog_v3`` full quant, T = 16, N = 32, took 0.71x
+#: with its 32 per-head ``[16, 128] x [128, 512]`` products (1M each) on one thread; a
+#: ``[1, 7168] x [7168, 576]`` sgemv (4M) 1.4x longer on two threads than one, products from
+#: 12M on 0.76-0.79x. The same bits: OpenBLAS splits a product's rows or columns between
+#: threads, never K (checked by the byte-exact tests at 1 and 2 threads).
+SMALL_PRODUCT_MACS = 1 << 22
+
+
+class _OneBlasThread:
+    """``with one_blas_thread():`` OpenBLAS runs on one thread inside, its thread count restored
+    after (``ascend_emu._threads.BLAS_THREADS``; nothing where OpenBLAS was not found)."""
+
+    __slots__ = ("saved",)
+
+    def __enter__(self):
+        pairs = _threads.BLAS_THREADS
+        self.saved = saved = [get() for get, _ in pairs]
+        for (_, put), n in zip(pairs, saved):
+            if n > 1:
+                put(1)
+        return self
+
+    def __exit__(self, *exc):
+        for (_, put), n in zip(_threads.BLAS_THREADS, self.saved):
+            if n > 1:
+                put(n)
+
+
+def one_blas_thread() -> _OneBlasThread:
+    """A context in which OpenBLAS runs on one thread (a process-wide setting: a NumPy product
+    another Python thread runs meanwhile also gets one thread; its results are the same)."""
+    return _OneBlasThread()
+
+
+_NO_CONTEXT = contextlib.nullcontext()
+
+
+def _sgemm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None, macs: int) -> np.ndarray:
+    """``np.matmul(a, b, out=out)`` on one OpenBLAS thread when ``macs`` (of one product) is at
+    most :data:`SMALL_PRODUCT_MACS`."""
+    if macs <= SMALL_PRODUCT_MACS and _threads.BLAS_THREADS:
+        with _OneBlasThread():
+            return np.matmul(a, b, out=out)
+    return np.matmul(a, b, out=out)
+
+
 def matmul_weight(a: np.ndarray, w: np.ndarray, *, widen=None, out: np.ndarray | None = None) -> np.ndarray:
     """``a @ w`` in fp32 (BLAS sgemm) on the kept widening of a FRACTAL_NZ weight, or on a weight
     widened a block of columns at a time into this thread's scratch (module doc): the same bits as
@@ -255,32 +306,35 @@ def matmul_weight(a: np.ndarray, w: np.ndarray, *, widen=None, out: np.ndarray |
     Returns:
         fp32 ``[M, N]``.
     """
+    m, k, n = a.shape[0], w.shape[0], w.shape[1]
     if widen is None:
         kept = _kept(w, np.float32)
         if kept is not None:
-            return np.matmul(a, kept, out=out)
+            return _sgemm(a, kept, out, m * k * n)
     w = np.asarray(w)
     if w.dtype == np.float32 and widen is None:
-        return np.matmul(a, w, out=out)
-    m, k, n = a.shape[0], w.shape[0], w.shape[1]
+        return _sgemm(a, w, out, m * k * n)
     if out is None:
         out = np.empty((m, n), dtype=np.float32)
     width = block_width(m, k, n)
     block = _scratch(k * width, np.float32).reshape(k, width)
     fill = widen or (lambda lo, hi, dst: _fill_block(w, lo, hi, dst))
-    for lo in range(0, n, width):
-        fill(lo, lo + width, block)
-        np.matmul(a, block, out=out[:, lo:lo + width])
+    with _OneBlasThread() if m * k * n <= SMALL_PRODUCT_MACS else _NO_CONTEXT:
+        for lo in range(0, n, width):
+            fill(lo, lo + width, block)
+            np.matmul(a, block, out=out[:, lo:lo + width])
     return out
 
 
 def matmul_weight_heads(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Per head ``h``: ``a[h] @ w[h]`` (:func:`matmul_weight`): ``a`` fp32 ``[N, M, K]``, ``w``
     ``[N, K, D]`` bf16 / fp16 / fp32 (``weight_uk``); fp32 ``[N, M, D]``, the bits of one batched
-    sgemm over the whole widened weight."""
+    sgemm over the whole widened weight (on one OpenBLAS thread where ``M * K * D`` is at most
+    :data:`SMALL_PRODUCT_MACS`)."""
     out = np.empty((a.shape[0], a.shape[1], w.shape[2]), dtype=np.float32)
-    for h in range(a.shape[0]):
-        matmul_weight(a[h], w[h], out=out[h])
+    with _OneBlasThread() if a.shape[1] * w.shape[1] * w.shape[2] <= SMALL_PRODUCT_MACS else _NO_CONTEXT:
+        for h in range(a.shape[0]):
+            matmul_weight(a[h], w[h], out=out[h])
     return out
 
 
@@ -294,8 +348,11 @@ def weight_f32(w: np.ndarray) -> np.ndarray:
 
 def matmul_f32(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``a @ b`` with fp32 inputs and fp32 accumulation (BLAS sgemm); batch dims broadcast.
-    ``out``: an fp32 C-contiguous array of the result's shape to write into (a reused buffer)."""
-    return np.matmul(np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32), out=out)
+    ``out``: an fp32 C-contiguous array of the result's shape to write into (a reused buffer).
+    Products of at most :data:`SMALL_PRODUCT_MACS` multiply-adds each run on one OpenBLAS thread."""
+    a, b = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
+    macs = a.shape[-1] * (a.shape[-2] if a.ndim > 1 else 1) * (b.shape[-1] if b.ndim > 1 else 1)
+    return _sgemm(a, b, out, macs)
 
 
 # ---------------------------------------------------------------------- int8 x int8 -> int32
