@@ -106,6 +106,15 @@ def test_matmul_int8_read_only_and_reversed_operands(engine, rng):
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
+@pytest.mark.parametrize("m,k,n", [(2, 0, 3), (0, 5, 3), (2, 5, 0)])
+def test_matmul_int8_empty_products(engine, m, k, n):
+    """An empty side gives the empty or all-zero int32 result (an indexer with no key rows)."""
+    a, w = np.ones((m, k), np.int8), np.ones((k, n), np.int8)
+    for got in (matmul.matmul_int8(a, w), matmul.matmul_int8(a, np.ascontiguousarray(w.T), w_nk=True)):
+        assert got.dtype == np.int32 and got.shape == (m, n) and not got.any()
+
+
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
 def test_matmul_int8_longest_contraction(engine):
     """K = INT8_MAX_K with every element -128: the largest int32 sum there is, exact; one more
     column of K is refused before anything is computed."""

@@ -316,6 +316,9 @@ def matmul_weight(a: np.ndarray, w: np.ndarray, *, widen=None, out: np.ndarray |
         return _sgemm(a, w, out, m * k * n)
     if out is None:
         out = np.empty((m, n), dtype=np.float32)
+    if not (m and n and k):
+        out[...] = 0  # an empty product: no block to widen (an empty sum is 0)
+        return out
     width = block_width(m, k, n)
     block = _scratch(k * width, np.float32).reshape(k, width)
     fill = widen or (lambda lo, hi, dst: _fill_block(w, lo, hi, dst))
@@ -446,8 +449,10 @@ def _int8_blocked(a: np.ndarray, w: np.ndarray, w_nk: bool, dtype) -> np.ndarray
     m, k = a.shape
     n = w.shape[0] if w_nk else w.shape[1]
     chunk = SGEMM_EXACT_K if dtype == np.float32 else k
-    a_wide = a.astype(dtype)
     out = np.zeros((m, n), dtype=np.int32)
+    if not (m and n and k):
+        return out  # an empty product: no block to widen (an empty sum is 0)
+    a_wide = a.astype(dtype)
     kept = None if w_nk else _kept(w, dtype)
     width = n if kept is not None else block_width(m, k, n, np.dtype(dtype).itemsize)
     block = None if kept is not None else _scratch(k * width, dtype)
