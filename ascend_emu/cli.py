@@ -214,8 +214,12 @@ def cmd_demo(ns: argparse.Namespace) -> int:
                   f"({heads_share(config.heads)}), context {config.context} tokens, indexer "
                   f"{config.indexer_heads}x{config.indexer_dim} top-{config.sparse_count}, PA_BSND blocks of "
                   f"{config.block_size}")
+    if ns.jobs is None:
+        from .compare.engine import default_workers
+
+        ns.jobs = default_workers()
     with Progress() as progress:
-        report = run_decode_step(config, on_step=progress.step)
+        report = run_decode_step(config, on_step=progress.step, jobs=ns.jobs)
 
     first = {f.step: f for f in report.first_calls}
     steps = Table(title="steps (NumPy API, emu backend)", title_justify="left")
@@ -229,11 +233,19 @@ def cmd_demo(ns: argparse.Namespace) -> int:
                      "kernels")
     steps.caption_justify = "left"
     console.print(steps)
-    if report.kernels_compiled:
+    if report.worker_kernels:
+        processes = f"{report.workers} worker process{'es' if report.workers > 1 else ''}"
+        console.print(f"first calls: {report.compile_seconds:.1f} s compiling {report.kernels_compiled} Numba "
+                      f"kernels here while {processes} compiled {report.worker_kernels} more for "
+                      f"{' and '.join(report.worker_families)} ({report.worker_compile_seconds:.1f} s of compiling, "
+                      "in parallel; first run only: cached on disk, later runs load them)")
+    elif report.kernels_compiled:
         console.print(f"first calls: {report.compile_seconds:.1f} s compiling {report.kernels_compiled} Numba "
                       "kernels (first run only: cached on disk, later runs load them)")
     else:
         console.print("first calls: every kernel loaded from the Numba cache (compiled by an earlier run)")
+    for failure in report.worker_failures:
+        _err(f"a worker process failed to compile {failure} (compiled here instead)")
 
     cache = Table(title="caches", title_justify="left")
     cache.add_column("")
@@ -413,6 +425,12 @@ def build_parser() -> argparse.ArgumentParser:
                           help=f"{help_text} (default {getattr(default, name)})")
     demo.add_argument("--save-cache", metavar="PATH", type=_writable_file,
                       help="write the int8 kv_cache to PATH (.npz, for ascend-emu inspect)")
+    from .warmup import _jobs
+
+    demo.add_argument("-j", "--jobs", type=_jobs, default=None, metavar="N",
+                      help="while the kernel cache lacks the kernels of the demo's indexer and sparse "
+                           "attentions, compile them in up to N worker processes as the demo runs (default: the "
+                           "number of cores this process may use; 1: everything in this process)")
     demo.set_defaults(func=cmd_demo)
 
     warm = sub.add_parser("warmup", help="compile / load every Numba kernel by running each op once on tiny inputs",
