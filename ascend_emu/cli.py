@@ -200,7 +200,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         return _layout_demo()
     from rich.table import Table
 
-    from .demo import DECODE_REPEATS, DecodeStepConfig, heads_share, run_decode_step
+    from .demo import DECODE_REPEATS, DecodeStepConfig, family_names, heads_share, run_decode_step
     from .inspect import Cache, save_cache
     from .textview import console as text_console
     from .mla import D_NOPE, D_ROPE, HCKV
@@ -237,7 +237,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         processes = f"{report.workers} worker process{'es' if report.workers > 1 else ''}"
         console.print(f"first calls: {report.compile_seconds:.1f} s compiling {report.kernels_compiled} Numba "
                       f"kernels here while {processes} compiled {report.worker_kernels} more for "
-                      f"{' and '.join(report.worker_families)} ({report.worker_compile_seconds:.1f} s of compiling, "
+                      f"{family_names(report.worker_families)} ({report.worker_compile_seconds:.1f} s of compiling, "
                       "in parallel; first run only: cached on disk, later runs load them)")
     elif report.kernels_compiled:
         console.print(f"first calls: {report.compile_seconds:.1f} s compiling {report.kernels_compiled} Numba "

@@ -257,6 +257,78 @@ def _blocks(c: DecodeStepConfig) -> tuple[int, int, int]:
     return total, blocks_used, blocks_used + 8
 
 
+def _weights(c: DecodeStepConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """One layer's random weights, ``randn / sqrt(fan_in)`` (module doc): the prolog's (NZ, bf16 and
+    an int8 ``weight_uq_qr`` with its per-channel dequant scale) and the indexer's projections."""
+    def randn(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(BF16)
+
+    n = c.heads
+    w_uq_qr = randn(c.hcq, n * (D_NOPE + D_ROPE), scale=c.hcq ** -0.5)  # [Hcq, N*(D+Dr)]
+    w_uq_qr_int8, w_uq_qr_scale = _quant_per_channel(w_uq_qr.astype(np.float32))
+    return dict(
+        weight_dq=ops.npu_format_cast(randn(c.he, c.hcq, scale=c.he ** -0.5), 29),  # [He, Hcq] NZ
+        weight_uq_qr=ops.npu_format_cast(w_uq_qr, 29),
+        weight_uq_qr_int8=ops.npu_format_cast(w_uq_qr_int8, 29),
+        dequant_scale_w_uq_qr=w_uq_qr_scale,  # [1, N*(D+Dr)]
+        weight_uk=randn(n, D_NOPE, HCKV, scale=D_NOPE ** -0.5),  # [N, D, Hckv]
+        weight_dkv_kr=ops.npu_format_cast(randn(c.he, HCKV + D_ROPE, scale=c.he ** -0.5), 29),
+        rmsnorm_gamma_cq=(1 + 0.1 * rng.standard_normal(c.hcq, dtype=np.float32)).astype(BF16),
+        rmsnorm_gamma_ckv=(1 + 0.1 * rng.standard_normal(HCKV, dtype=np.float32)).astype(BF16),
+        w_iq=randn(c.hcq, c.indexer_heads * c.indexer_dim, scale=c.hcq ** -0.5),  # indexer projections
+        w_ik=randn(c.he, c.indexer_dim, scale=c.he ** -0.5),
+        w_iw=randn(c.he, c.indexer_heads, scale=c.he ** -0.5),
+    )
+
+
+def _prolog_call(int8: bool, w: dict, x, sin, cos, kv_cache, kr_cache, slots, tok: slice):
+    """The demo's ``npu_mla_prolog_v3`` on tokens ``tok`` of x ``[1, context + 1, He]`` (sin / cos
+    ``[context + 1, Dr]``, slots int64 ``[context + 1]``): the int8 path (partial quant, per-tile
+    656-byte rows into ``kv_cache``; ``kr_cache`` unused) or the bf16 path (bf16 kv / kr caches)."""
+    common = dict(weight_dq=w["weight_dq"], weight_uk=w["weight_uk"], weight_dkv_kr=w["weight_dkv_kr"],
+                  rmsnorm_gamma_cq=w["rmsnorm_gamma_cq"], rmsnorm_gamma_ckv=w["rmsnorm_gamma_ckv"],
+                  rope_sin=sin[None, tok], rope_cos=cos[None, tok], cache_index=slots[None, tok],
+                  cache_mode="PA_BSND")
+    if int8:
+        return ops.npu_mla_prolog_v3(
+            x[:, tok], weight_uq_qr=w["weight_uq_qr_int8"], kv_cache=kv_cache, kr_cache=np.zeros(0, BF16),
+            dequant_scale_w_uq_qr=w["dequant_scale_w_uq_qr"], k_nope_clip_alpha=np.ones(1, np.float32),
+            weight_quant_mode=1, kv_cache_quant_mode=3, query_quant_mode=0, ckvkr_repo_mode=1,
+            quant_scale_repo_mode=1, tile_size=MLA_ROW.tile_size, **common)
+    return ops.npu_mla_prolog_v3(x[:, tok], weight_uq_qr=w["weight_uq_qr"], kv_cache=kv_cache, kr_cache=kr_cache,
+                                 query_norm_flag=True, **common)
+
+
+def _first_tokens(prolog: Callable[[slice], object], context: int) -> None:
+    """The prolog on the first context tokens (two: enough to split), plainly and with its work
+    split across threads: the serial and the threaded kernels a long prefill uses (the rows it
+    writes are written again, with the same bytes, by the prefill)."""
+    from .warmup import TOKENS, split_every_kernel
+
+    tok = slice(0, min(TOKENS, context))
+    prolog(tok)
+    with split_every_kernel():
+        prolog(tok)
+
+
+def _prolog_first_calls(c: DecodeStepConfig) -> None:
+    """The prefill's first calls of both prologs (:func:`_first_tokens`) on the demo's weights, with
+    stand-in tokens and caches of its shapes and dtypes."""
+    rng = np.random.default_rng(c.seed)
+    total, blocks_used, num_blocks = _blocks(c)
+    w = _weights(c, rng)
+    x = np.zeros((1, total, c.he), BF16)  # [1, context + 1, He]
+    x[:, :2] = rng.standard_normal((1, min(2, total), c.he), dtype=np.float32).astype(BF16)
+    sin, cos = _rope_tables(np.arange(total))  # [context + 1, Dr]
+    slots = slots_from_block_table(np.arange(blocks_used, dtype=np.int32)[None, :], [total], c.block_size,
+                                   num_blocks)[0]  # [context + 1]
+    kv_int8 = np.zeros((num_blocks, c.block_size, 1, MLA_ROW.row_bytes), np.int8)
+    kv_bf16 = np.zeros((num_blocks, c.block_size, 1, HCKV), BF16)
+    kr_bf16 = np.zeros((num_blocks, c.block_size, 1, D_ROPE), BF16)
+    _first_tokens(lambda tok: _prolog_call(True, w, x, sin, cos, kv_int8, None, slots, tok), c.context)
+    _first_tokens(lambda tok: _prolog_call(False, w, x, sin, cos, kv_bf16, kr_bf16, slots, tok), c.context)
+
+
 def _indexer_call(c: DecodeStepConfig, q_idx, k_indexer, w_idx, block_table, seq_q, seq_kv):
     """The decode step's ``npu_lightning_indexer``: bf16 q ``[1, 1, 64, 128]``, PA_BSND keys
     ``[BlockNum, BlockSize, 1, 128]``, weights ``[1, 1, 64]``; int32 ``[1, 1, 1, sparse_count]`` top-k."""
@@ -318,15 +390,22 @@ def _attention_first_calls(c: DecodeStepConfig) -> None:
                     np.zeros((num_blocks, c.block_size, 1, D_ROPE), BF16), indices, *tables)
 
 
-#: The op families whose kernels the demo can have worker processes compile while it runs
-#: (``jobs``), the longest to compile first (cold, 2 cores: the two sparse attentions 20 s, the
-#: indexer 11 s): each with its emu module (a kernel of it in the cache means the family is not
-#: cold, :func:`cold_families`) and its first calls on stand-in inputs. The prolog, the first op
-#: the demo reaches, compiles in the demo's own process meanwhile (12 s).
+#: The op families whose kernels the demo can have worker processes compile (``jobs``), the longest
+#: to compile first (cold, one at a time on a quiet 2-core machine: both prologs' serial and
+#: threaded kernels 15 s, the two sparse attentions 14 s, the indexer 4.4 s): each with its emu
+#: module (a kernel of it in the cache means the family is not cold, :func:`cold_families`) and its
+#: first calls on stand-in inputs of the demo's shapes and dtypes.
 WORKER_FAMILIES: dict[str, tuple[str, Callable[[DecodeStepConfig], None]]] = {
+    "npu_mla_prolog_v3": ("mla_prolog", _prolog_first_calls),
     "sparse attention": ("sparse_flash_attention", _attention_first_calls),
-    "indexer": ("lightning_indexer", _indexer_first_call),
+    "npu_lightning_indexer": ("lightning_indexer", _indexer_first_call),
 }
+
+
+def family_names(families) -> str:
+    """``a, b and c``: op families in a sentence."""
+    families = list(families)
+    return " and ".join([", ".join(families[:-1]), families[-1]] if len(families) > 1 else families)
 
 
 def cold_families() -> tuple[str, ...]:
@@ -430,7 +509,7 @@ def run_decode_step(config: DecodeStepConfig = DecodeStepConfig(), *,
     families = cold_families() if jobs > 1 else ()
     workers = _Workers(config, families, jobs) if families else None
     if workers is not None and on_step is not None:
-        on_step(f"compiling the kernels of {' and '.join(families)} in {workers.processes} worker "
+        on_step(f"compiling the kernels of {family_names(families)} in {workers.processes} worker "
                 f"process{'es' if workers.processes > 1 else ''} (first run only)")
     with CompileWatch() as watch:
         rep = _run_decode_step(config, on_step, watch, workers)
@@ -440,7 +519,6 @@ def run_decode_step(config: DecodeStepConfig = DecodeStepConfig(), *,
 
 def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch, workers: _Workers | None) -> DecodeStepReport:
     from .compare.engine import TaskFailure
-    from .warmup import TOKENS, split_every_kernel
 
     rep = DecodeStepReport(config=c)
     if workers is not None:
@@ -476,16 +554,6 @@ def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch, workers:
         rep.timings.append((name, statistics.median(seconds)))
         return out
 
-    def first_tokens(prolog: Callable[[slice], object]) -> Callable[[], None]:
-        """The prolog on the first context tokens (two: enough to split), plainly and with its work
-        split across threads: the serial and the threaded kernels a long prefill uses (the rows it
-        writes are written again, with the same bytes, by the prefill)."""
-        def run() -> None:
-            prolog(slice(0, min(TOKENS, ctx)))
-            with split_every_kernel():
-                prolog(slice(0, min(TOKENS, ctx)))
-        return run
-
     def op_step(name: str, fn: Callable[[], object], first: Callable[[], object] | None = None,
                 repeats: int = DECODE_REPEATS, family: str | None = None):
         first_call(name, first or fn, family)
@@ -501,46 +569,19 @@ def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch, workers:
     rep.blocks_used, rep.num_blocks, rep.block_table = blocks_used, num_blocks, block_table[0]
 
     # ---- weights
-    def make_weights():
-        w_uq_qr = randn(c.hcq, n * (D_NOPE + D_ROPE), scale=c.hcq ** -0.5)  # [Hcq, N*(D+Dr)]
-        w_uq_qr_int8, w_uq_qr_scale = _quant_per_channel(w_uq_qr.astype(np.float32))
-        return dict(
-            weight_dq=ops.npu_format_cast(randn(c.he, c.hcq, scale=c.he ** -0.5), 29),  # [He, Hcq] NZ
-            weight_uq_qr=ops.npu_format_cast(w_uq_qr, 29),
-            weight_uq_qr_int8=ops.npu_format_cast(w_uq_qr_int8, 29),
-            dequant_scale_w_uq_qr=w_uq_qr_scale,  # [1, N*(D+Dr)]
-            weight_uk=randn(n, D_NOPE, HCKV, scale=D_NOPE ** -0.5),  # [N, D, Hckv]
-            weight_dkv_kr=ops.npu_format_cast(randn(c.he, HCKV + D_ROPE, scale=c.he ** -0.5), 29),
-            rmsnorm_gamma_cq=(1 + 0.1 * rng.standard_normal(c.hcq, dtype=np.float32)).astype(BF16),
-            rmsnorm_gamma_ckv=(1 + 0.1 * rng.standard_normal(HCKV, dtype=np.float32)).astype(BF16),
-            w_iq=randn(c.hcq, c.indexer_heads * c.indexer_dim, scale=c.hcq ** -0.5),  # indexer projections
-            w_ik=randn(c.he, c.indexer_dim, scale=c.he ** -0.5),
-            w_iw=randn(c.he, c.indexer_heads, scale=c.he ** -0.5),
-        )
-
-    w = step("weights: random, cast to FRACTAL_NZ, int8 weight_uq_qr", make_weights)
+    w = step("weights: random, cast to FRACTAL_NZ, int8 weight_uq_qr", lambda: _weights(c, rng))
     x = randn(1, total, c.he)  # [1, context + 1, He]: the context, then the decoded token
     sin, cos = _rope_tables(np.arange(total))  # [context + 1, Dr]
     kv_int8 = np.zeros((num_blocks, bs, 1, MLA_ROW.row_bytes), np.int8)  # [BlockNum, BlockSize, 1, 656]
     kv_bf16 = np.zeros((num_blocks, bs, 1, HCKV), BF16)  # [BlockNum, BlockSize, 1, Hckv]
     kr_bf16 = np.zeros((num_blocks, bs, 1, D_ROPE), BF16)  # [BlockNum, BlockSize, 1, Dr]
     k_indexer = np.zeros((num_blocks, bs, 1, c.indexer_dim), BF16)  # [BlockNum, BlockSize, 1, 128]
-    common = dict(weight_dq=w["weight_dq"], weight_uk=w["weight_uk"], weight_dkv_kr=w["weight_dkv_kr"],
-                  rmsnorm_gamma_cq=w["rmsnorm_gamma_cq"], rmsnorm_gamma_ckv=w["rmsnorm_gamma_ckv"])
 
     def prolog_int8(tok: slice):
-        return ops.npu_mla_prolog_v3(
-            x[:, tok], weight_uq_qr=w["weight_uq_qr_int8"], rope_sin=sin[None, tok], rope_cos=cos[None, tok],
-            kv_cache=kv_int8, kr_cache=np.zeros(0, BF16), cache_index=slots[None, tok],
-            dequant_scale_w_uq_qr=w["dequant_scale_w_uq_qr"], k_nope_clip_alpha=np.ones(1, np.float32),
-            cache_mode="PA_BSND", weight_quant_mode=1, kv_cache_quant_mode=3, query_quant_mode=0,
-            ckvkr_repo_mode=1, quant_scale_repo_mode=1, tile_size=MLA_ROW.tile_size, **common)
+        return _prolog_call(True, w, x, sin, cos, kv_int8, None, slots, tok)
 
     def prolog_bf16(tok: slice):
-        return ops.npu_mla_prolog_v3(
-            x[:, tok], weight_uq_qr=w["weight_uq_qr"], rope_sin=sin[None, tok], rope_cos=cos[None, tok],
-            kv_cache=kv_bf16, kr_cache=kr_bf16, cache_index=slots[None, tok], cache_mode="PA_BSND",
-            query_norm_flag=True, **common)
+        return _prolog_call(False, w, x, sin, cos, kv_bf16, kr_bf16, slots, tok)
 
     def indexer_keys(tok: slice):
         k = (x[0, tok].astype(np.float32) @ w["w_ik"].astype(np.float32)).astype(BF16)  # [T, 128]
@@ -549,9 +590,9 @@ def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch, workers:
 
     prefill, decode = slice(0, ctx), slice(ctx, total)
     op_step(f"prefill {ctx} tokens: npu_mla_prolog_v3, int8 per-tile cache", lambda: prolog_int8(prefill),
-            first_tokens(prolog_int8), repeats=1)
+            lambda: _first_tokens(prolog_int8, ctx), repeats=1, family="npu_mla_prolog_v3")
     op_step(f"prefill {ctx} tokens: npu_mla_prolog_v3, bf16 cache", lambda: prolog_bf16(prefill),
-            first_tokens(prolog_bf16), repeats=1)
+            lambda: _first_tokens(prolog_bf16, ctx), repeats=1)
     step(f"prefill {ctx} tokens: indexer keys", lambda: indexer_keys(prefill))
 
     # ---- decode step: the new token at position `context` (each run writes its row again, same bytes)
@@ -566,7 +607,7 @@ def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch, workers:
         1, 1, c.indexer_heads)  # [B, S1, N1]
     seq_q, seq_kv = np.array([1], np.int32), np.array([total], np.int32)
     sparse_indices, _ = op_step("decode: npu_lightning_indexer", lambda: _indexer_call(
-        c, q_idx, k_indexer, w_idx, block_table, seq_q, seq_kv), family="indexer")  # [1, 1, 1, sparse_count] int32
+        c, q_idx, k_indexer, w_idx, block_table, seq_q, seq_kv), family="npu_lightning_indexer")  # [1, 1, 1, sparse_count] int32
     rep.selected = int((sparse_indices >= 0).sum())
     q576 = np.concatenate([query8, query_rope8], axis=-1)  # [1, 1, N, 576]
     out8 = op_step("decode: npu_kv_quant_sparse_flash_attention", lambda: _kv_quant_attention_call(
