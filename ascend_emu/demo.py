@@ -312,13 +312,20 @@ def _first_tokens(prolog: Callable[[slice], object], context: int) -> None:
 
 
 def _prolog_first_calls(c: DecodeStepConfig) -> None:
-    """The prefill's first calls of both prologs (:func:`_first_tokens`) on the demo's weights, with
-    stand-in tokens and caches of its shapes and dtypes."""
-    rng = np.random.default_rng(c.seed)
+    """The prefill's first calls of both prologs (:func:`_first_tokens`) on stand-in weights, tokens
+    and caches of the demo's shapes and dtypes (constant weights: cheaper to make than random ones)."""
     total, blocks_used, num_blocks = _blocks(c)
-    w = _weights(c, rng)
+    n = c.heads * (D_NOPE + D_ROPE)
+
+    def nz(rows: int, cols: int, dtype=BF16, value: float = 0.01):
+        return ops.npu_format_cast(np.full((rows, cols), value, dtype), 29)
+
+    w = dict(weight_dq=nz(c.he, c.hcq), weight_uq_qr=nz(c.hcq, n), weight_uq_qr_int8=nz(c.hcq, n, np.int8, 1),
+             dequant_scale_w_uq_qr=np.full((1, n), 1e-3, np.float32),
+             weight_uk=np.full((c.heads, D_NOPE, HCKV), 0.01, BF16), weight_dkv_kr=nz(c.he, HCKV + D_ROPE),
+             rmsnorm_gamma_cq=np.ones(c.hcq, BF16), rmsnorm_gamma_ckv=np.ones(HCKV, BF16))
     x = np.zeros((1, total, c.he), BF16)  # [1, context + 1, He]
-    x[:, :2] = rng.standard_normal((1, min(2, total), c.he), dtype=np.float32).astype(BF16)
+    x[:, :2] = np.random.default_rng(c.seed).standard_normal((1, min(2, total), c.he), dtype=np.float32).astype(BF16)
     sin, cos = _rope_tables(np.arange(total))  # [context + 1, Dr]
     slots = slots_from_block_table(np.arange(blocks_used, dtype=np.int32)[None, :], [total], c.block_size,
                                    num_blocks)[0]  # [context + 1]
