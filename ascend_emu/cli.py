@@ -15,7 +15,9 @@ Commands:
   ``npu_lightning_indexer`` -> sparse attention on both paths (:mod:`ascend_emu.demo`), with
   per-op steady-state times (each op's first call, which compiles or loads its Numba kernels, apart;
   progress names each kernel as it compiles), a cache summary, one 656-byte row decoded and the
-  int8 path's error; ``--save-cache PATH`` writes the int8 cache for ``ascend-emu inspect``.
+  int8 path's error; ``--save-cache PATH`` writes the int8 cache for ``ascend-emu inspect``. While
+  the kernel cache lacks the demo's kernels, they compile in ``-j N`` worker processes (default:
+  the cores) sharing the on-disk cache, and the demo loads them from there.
   ``ascend-emu demo --layout``: ``npu_mla_prolog_v3`` through the drop-in, then where one token's
   k_rope landed in a PA_NZ cache, checked byte by byte against a PA_BSND run.
 - ``ascend-emu record | compare | replay``: the real NPU against the emulator (recordings, shadow
@@ -230,7 +232,8 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         steps.add_row(name, f"{seconds * 1e3:.1f}", f"{first[name].seconds * 1e3:.1f}" if name in first else "")
     steps.caption = (f"ms: steady state, the median of {DECODE_REPEATS} runs (decode) or one run (prefill) after "
                      "the op's first call (prefill's: on two tokens); first calls compile or load the op's Numba "
-                     "kernels")
+                     "kernels" + ("; this run shared the cores with the worker processes compiling them (run it "
+                                  "again for quiet figures)" if report.workers else ""))
     steps.caption_justify = "left"
     console.print(steps)
     if report.worker_kernels:

@@ -18,6 +18,13 @@ of 8 tensor-parallel ranks (128 / 8 = 16), and the context is 4096 tokens (the m
 128 K); one layer, one sequence, random weights scaled ``randn / sqrt(fan_in)``. The indexer's own
 projections (its query from ``query_norm``, its key and head weights from the hidden state) are
 plain NumPy matmuls here: they are not among the emulated ops. The softmax scale is ``(D + Dr) ** -0.5``, DeepSeek's (without its YaRN factor).
+
+First run: with a cold kernel cache the ops' first calls compile about 25 Numba kernels (43 s on
+one core). ``run_decode_step(jobs=N)`` (``ascend-emu demo -j N``, default the cores) then has up
+to N worker processes compile them, one op family at a time (:data:`WORKER_FAMILIES`: the
+family's first calls on stand-in inputs of the demo's shapes and dtypes, so the same kernels and
+no others), into the one on-disk cache; the demo runs meanwhile and waits for a family's worker
+before that op's first call, which then loads the kernels. With a warm cache no worker starts.
 """
 
 from __future__ import annotations
@@ -499,8 +506,9 @@ def run_decode_step(config: DecodeStepConfig = DecodeStepConfig(), *,
     Args:
         config: the shapes.
         on_step: called with each step's name before it runs, with ``"<step>: first call"``
-            before a first call (``"... (waiting for ...)"`` while its worker still compiles), and
-            once with what the workers compile when they start (progress display).
+            before a first call (then with ``"<step>: first call: waiting for ..."`` while its
+            family's worker still compiles), and once with what the workers compile when they
+            start (progress display).
         jobs: worker processes that may compile (1: everything in this process, as on a warm cache).
 
     Returns:
@@ -535,9 +543,9 @@ def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch, workers:
     def first_call(name: str, fn: Callable[[], object], family: str | None = None) -> None:
         start = time.perf_counter()
         if on_step is not None:
-            waiting = workers is not None and workers.pending(family)
-            on_step(f"{name}: first call" + (f" (waiting for the worker process compiling {family})"
-                                             if waiting else ""))
+            on_step(f"{name}: first call")
+            if workers is not None and workers.pending(family):
+                on_step(f"{name}: first call: waiting for the worker process compiling {family}")
         result = workers.wait(family) if workers is not None else None
         if isinstance(result, TaskFailure):
             rep.worker_failures.append(f"{family}: {result.kind}: {result.message}")
