@@ -238,8 +238,9 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     console.print(steps)
     if report.worker_kernels:
         processes = f"{report.workers} worker process{'es' if report.workers > 1 else ''}"
-        console.print(f"first calls: {report.compile_seconds:.1f} s compiling {report.kernels_compiled} Numba "
-                      f"kernels here while {processes} compiled {report.worker_kernels} more for "
+        here = f"{report.kernels_compiled} Numba kernel{'' if report.kernels_compiled == 1 else 's'}"
+        console.print(f"first calls: {report.compile_seconds:.1f} s compiling {here} here while {processes} compiled "
+                      f"{report.worker_kernels} more for "
                       f"{family_names(report.worker_families)} ({report.worker_compile_seconds:.1f} s of compiling, "
                       "in parallel; first run only: cached on disk, later runs load them)")
     elif report.kernels_compiled:
