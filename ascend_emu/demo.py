@@ -19,8 +19,8 @@ of 8 tensor-parallel ranks (128 / 8 = 16), and the context is 4096 tokens (the m
 projections (its query from ``query_norm``, its key and head weights from the hidden state) are
 plain NumPy matmuls here: they are not among the emulated ops. The softmax scale is ``(D + Dr) ** -0.5``, DeepSeek's (without its YaRN factor).
 
-First run: with a cold kernel cache the ops' first calls compile about 25 Numba kernels (43 s on
-one core). ``run_decode_step(jobs=N)`` (``ascend-emu demo -j N``, default the cores) then has up
+First run: with a cold kernel cache the ops' first calls compile 26 Numba kernels (41-43 s on
+one core). ``run_decode_step(jobs=N)`` (``ascend-emu demo -j N``, by default the cores) has up
 to N worker processes compile them, one op family at a time (:data:`WORKER_FAMILIES`: the
 family's first calls on stand-in inputs of the demo's shapes and dtypes, so the same kernels and
 no others), into the one on-disk cache; the demo runs meanwhile and waits for a family's worker
