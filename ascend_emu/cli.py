@@ -15,7 +15,9 @@ Commands:
   ``npu_lightning_indexer`` -> sparse attention on both paths (:mod:`ascend_emu.demo`), with
   per-op steady-state times (each op's first call, which compiles or loads its Numba kernels, apart;
   progress names each kernel as it compiles), a cache summary, one 656-byte row decoded and the
-  int8 path's error; ``--save-cache PATH`` writes the int8 cache for ``ascend-emu inspect``.
+  int8 path's error; ``--save-cache PATH`` writes the int8 cache for ``ascend-emu inspect``. While
+  the kernel cache lacks the demo's kernels, they compile in ``-j N`` worker processes (default:
+  the cores) sharing the on-disk cache, and the demo loads them from there.
   ``ascend-emu demo --layout``: ``npu_mla_prolog_v3`` through the drop-in, then where one token's
   k_rope landed in a PA_NZ cache, checked byte by byte against a PA_BSND run.
 - ``ascend-emu record | compare | replay``: the real NPU against the emulator (recordings, shadow
@@ -200,7 +202,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         return _layout_demo()
     from rich.table import Table
 
-    from .demo import DECODE_REPEATS, DecodeStepConfig, heads_share, run_decode_step
+    from .demo import DECODE_REPEATS, DecodeStepConfig, family_names, heads_share, run_decode_step
     from .inspect import Cache, save_cache
     from .textview import console as text_console
     from .mla import D_NOPE, D_ROPE, HCKV
@@ -214,8 +216,12 @@ def cmd_demo(ns: argparse.Namespace) -> int:
                   f"({heads_share(config.heads)}), context {config.context} tokens, indexer "
                   f"{config.indexer_heads}x{config.indexer_dim} top-{config.sparse_count}, PA_BSND blocks of "
                   f"{config.block_size}")
+    if ns.jobs is None:
+        from .compare.engine import default_workers
+
+        ns.jobs = default_workers()
     with Progress() as progress:
-        report = run_decode_step(config, on_step=progress.step)
+        report = run_decode_step(config, on_step=progress.step, jobs=ns.jobs)
 
     first = {f.step: f for f in report.first_calls}
     steps = Table(title="steps (NumPy API, emu backend)", title_justify="left")
@@ -226,14 +232,24 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         steps.add_row(name, f"{seconds * 1e3:.1f}", f"{first[name].seconds * 1e3:.1f}" if name in first else "")
     steps.caption = (f"ms: steady state, the median of {DECODE_REPEATS} runs (decode) or one run (prefill) after "
                      "the op's first call (prefill's: on two tokens); first calls compile or load the op's Numba "
-                     "kernels")
+                     "kernels" + ("; this run shared the cores with the worker processes compiling them (run it "
+                                  "again for quiet figures)" if report.workers else ""))
     steps.caption_justify = "left"
     console.print(steps)
-    if report.kernels_compiled:
+    if report.worker_kernels:
+        processes = f"{report.workers} worker process{'es' if report.workers > 1 else ''}"
+        here = f"{report.kernels_compiled} Numba kernel{'' if report.kernels_compiled == 1 else 's'}"
+        console.print(f"first calls: {report.compile_seconds:.1f} s compiling {here} here while {processes} compiled "
+                      f"{report.worker_kernels} more for "
+                      f"{family_names(report.worker_families)} ({report.worker_compile_seconds:.1f} s of compiling, "
+                      "in parallel; first run only: cached on disk, later runs load them)")
+    elif report.kernels_compiled:
         console.print(f"first calls: {report.compile_seconds:.1f} s compiling {report.kernels_compiled} Numba "
                       "kernels (first run only: cached on disk, later runs load them)")
     else:
         console.print("first calls: every kernel loaded from the Numba cache (compiled by an earlier run)")
+    for failure in report.worker_failures:
+        _err(f"a worker process failed to compile {failure} (compiled here instead)")
 
     cache = Table(title="caches", title_justify="left")
     cache.add_column("")
@@ -413,6 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
                           help=f"{help_text} (default {getattr(default, name)})")
     demo.add_argument("--save-cache", metavar="PATH", type=_writable_file,
                       help="write the int8 kv_cache to PATH (.npz, for ascend-emu inspect)")
+    from .warmup import _jobs
+
+    demo.add_argument("-j", "--jobs", type=_jobs, default=None, metavar="N",
+                      help="while the kernel cache lacks the kernels of the demo's indexer and sparse "
+                           "attentions, compile them in up to N worker processes as the demo runs (default: the "
+                           "number of cores this process may use; 1: everything in this process)")
     demo.set_defaults(func=cmd_demo)
 
     warm = sub.add_parser("warmup", help="compile / load every Numba kernel by running each op once on tiny inputs",

@@ -98,7 +98,8 @@ def _weighted_head_sums(dots, w, score):
             for p in range(n):
                 lanes[i, p] = lanes[i, p] + _relu_times(dots[base + i, p], w[base + i])
     if r == 1:
-        score[:] = lanes[0]
+        for p in range(n):  # (a loop: a slice assignment compiles its shape-error message, ~2 s)
+            score[p] = lanes[0, p]
         return
     half = _pow2_floor(r)
     for i in range(r - half):  # lanes past the largest power of two fold in first
@@ -114,6 +115,35 @@ def _weighted_head_sums(dots, w, score):
 
 
 @njit(cache=True)
+def _order_statistic(values, j):
+    """The ``j``-th smallest of ``values`` (fp32 ``[n]``, no NaN; 0-based): ``np.sort(values)[j]``
+    as a value (``np.partition``'s, without compiling its kth checks, which sort: seconds of
+    compiling). Hoare's quickselect (Wirth's) on a copy with median-of-three pivots."""
+    a = values.copy()
+    lo, hi = 0, a.shape[0] - 1
+    while lo < hi:
+        x, y, z = a[lo], a[(lo + hi) // 2], a[hi]
+        pivot = max(min(x, y), min(max(x, y), z))
+        i, m = lo, hi
+        while i <= m:  # then a[lo:m + 1] <= pivot, a[i:hi + 1] >= pivot, a[m + 1:i] == pivot
+            while a[i] < pivot:
+                i += 1
+            while a[m] > pivot:
+                m -= 1
+            if i <= m:
+                a[i], a[m] = a[m], a[i]
+                i += 1
+                m -= 1
+        if j <= m:
+            hi = m
+        elif j >= i:
+            lo = i
+        else:
+            return a[j]
+    return a[j]
+
+
+@njit(cache=True)
 def _top_k(score, k):
     """Positions of the ``min(k, L)`` largest ``score`` values, by score descending, equal scores
     lower position first; NaN ranks as -inf. int64 ``[min(k, L)]``."""
@@ -123,7 +153,7 @@ def _top_k(score, k):
         if rank[p] != rank[p]:
             rank[p] = -np.inf
     if n > k:
-        thr = np.partition(rank, n - k)[n - k]  # the k-th largest
+        thr = _order_statistic(rank, n - k)  # the k-th largest
         above = 0
         for p in range(n):
             if rank[p] > thr:

@@ -41,7 +41,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit, prange
 
 from ..mla import D_QK, D_ROPE, HCKV, TILE_SIZE
 from ..ops.sparse_flash_attention import (EMPTY_ROW_OUTPUT, EMPTY_ROW_SOFTMAX_MAX, EMPTY_ROW_SOFTMAX_SUM,
@@ -124,28 +124,41 @@ def _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, table, key, key_rope
             widen_row(value[r], kv[i, D_QK:D_QK + HCKV], is_bf16)
 
 
+@njit(cache=True)
+def _gather_rows(lo, hi, src, quant, rows_i8, rows_u16, rows_f32, table, key, key_rope, value, v_from_key, is_bf16,
+                 kv):
+    """:func:`_gather` of rows ``lo <= i < hi``."""
+    for i in range(lo, hi):
+        _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, table, key, key_rope, value, v_from_key, is_bf16,
+                    kv)
+
+
 @njit(cache=True, parallel=True)
-def _gather(src, quant, rows_i8, rows_u16, rows_f32, table, key, key_rope, value, v_from_key, is_bf16, kv):
+def _gather(parts, src, quant, rows_i8, rows_u16, rows_f32, table, key, key_rope, value, v_from_key, is_bf16, kv):
     """``kv[i, :576]`` = key row ``src[i]`` as query-dtype values in fp32 (KV-quant: dequantized
     k_nope and rope; else key and key_rope widened); unless V is the key's k_nope,
-    ``kv[i, 576:1088]`` = value row ``src[i]`` widened.
+    ``kv[i, 576:1088]`` = value row ``src[i]`` widened. In ``parts`` contiguous ranges of rows run
+    in parallel, each by :func:`_gather_rows` (a compiled call: a loop body inlined into a parallel
+    loop is compiled twice, seconds more on a cold cache).
 
     Args:
+        parts: ranges (one per thread).
         src: int64 ``[n]`` key rows (in range: the contract checked them).
         table: fp32 ``[256]`` k_nope element values (:func:`_element_table`), empty for int8.
         kv: out, fp32 ``[>= n, 576]`` or ``[>= n, 1088]``.
     """
-    for i in prange(src.shape[0]):
-        _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, table, key, key_rope, value, v_from_key, is_bf16,
-                    kv)
+    n = src.shape[0]
+    for p in prange(parts):
+        _gather_rows(p * n // parts, (p + 1) * n // parts, src, quant, rows_i8, rows_u16, rows_f32, table, key,
+                     key_rope, value, v_from_key, is_bf16, kv)
 
 
 @njit(cache=True)
-def _gather_serial(src, quant, rows_i8, rows_u16, rows_f32, table, key, key_rope, value, v_from_key, is_bf16, kv):
-    """:func:`_gather` on the calling thread."""
-    for i in range(src.shape[0]):
-        _gather_row(i, src, quant, rows_i8, rows_u16, rows_f32, table, key, key_rope, value, v_from_key, is_bf16,
-                    kv)
+def _gather_serial(parts, src, quant, rows_i8, rows_u16, rows_f32, table, key, key_rope, value, v_from_key, is_bf16,
+                   kv):
+    """:func:`_gather` on the calling thread (``parts`` ignored)."""
+    _gather_rows(0, src.shape[0], src, quant, rows_i8, rows_u16, rows_f32, table, key, key_rope, value, v_from_key,
+                 is_bf16, kv)
 
 
 @njit(cache=True, inline="always")
@@ -390,8 +403,8 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
         offsets = np.empty(u1 - u0, np.int64)  # [U'] first gathered row of each unit
         unit_of_row = np.empty(rows, np.int64)  # [rows]
         _pass_rows(starts, counts, pass_units, src, offsets, unit_of_row)
-        gather(src, args.quant, opd.rows_i8, opd.rows_u16, opd.rows_f32, table, opd.key, opd.key_rope, opd.value,
-               args.v_from_key, is_bf16, kv)
+        gather(get_num_threads(), src, args.quant, opd.rows_i8, opd.rows_u16, opd.rows_f32, table, opd.key,
+               opd.key_rope, opd.value, args.v_from_key, is_bf16, kv)
         q = np.empty((u1 - u0, group, D_QK), dtype=np.float32)  # [U', G, 576]
         widen_query(query, pass_units, is_bf16, q)
         spans = list(zip(offsets.tolist(), lens.tolist()))  # (first row, rows) per unit
