@@ -52,6 +52,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     setup = run_with_threads(args.threads)
+    import ascend_emu  # noqa: F401  (before torch, as `ascend-emu run` imports it: docs/performance.md "Threads")
+
     if have_torch():
         import torch  # noqa: F401  (the int8 engine then is oneDNN, as for the drop-in's users)
     import ml_dtypes

@@ -26,6 +26,8 @@ import argparse
 import importlib
 import os
 
+import ascend_emu  # noqa: F401  (before torch, as `ascend-emu run` imports it: torch's OpenMP threads
+# then sleep when idle, docs/performance.md "Threads"; torch first: bench_mixed_threads.py)
 import ml_dtypes
 import numba
 import numpy as np

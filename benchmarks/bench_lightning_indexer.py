@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 
+import ascend_emu  # noqa: F401  (before torch, as `ascend-emu run` imports it: torch's OpenMP threads
+# then sleep when idle, docs/performance.md "Threads"; torch first: bench_mixed_threads.py)
 import ml_dtypes
 import numpy as np
 import torch

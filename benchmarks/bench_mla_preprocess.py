@@ -57,6 +57,8 @@ def main() -> None:
         return
     setup = run_with_threads(args.threads[0] if args.threads else None)
     torch_ok = have_torch()
+    import ascend_emu  # noqa: F401  (before torch, as `ascend-emu run` imports it: docs/performance.md "Threads")
+
     if torch_ok:
         import torch  # noqa: F401  (the drop-in's users have it; the int8 engine then is oneDNN)
 
@@ -99,8 +101,8 @@ def main() -> None:
             matmul_int8(q8, wuq, w_nk=True)  # [T, N*192]
             matmul_f32(q_nope, wuk32)  # [N, T, 512]
 
-        machine = MachineFloor([product("x@wdqkv", x8, np.ascontiguousarray(wdqkv.T)),
-                                product("q@wuq", q8, np.ascontiguousarray(wuq.T)),
+        machine = MachineFloor([product("x@wdqkv", x8, wdqkv.T),  # [K, N] views of the [N, K] weights
+                                product("q@wuq", q8, wuq.T),
                                 product("q_nope@wuk", q_nope.astype(bf16), wuk)])
         cands = {"floor (int8 x@wdqkv, q@wuq; fp32 q_nope@wuk)": floor, "machine": machine,
                  "npu_mla_preprocess (ops)": lambda: npu_mla_preprocess(*pre, **kw)}

@@ -243,13 +243,13 @@ def _kept(w, dtype) -> np.ndarray | None:
 
 #: Products of at most this many multiply-adds (``M * N * K`` of one sgemm / sgemv) run on one
 #: OpenBLAS thread: below it, waking OpenBLAS's sleeping worker (``ascend_emu._threads``: idle
-#: workers sleep as soon as a call ends) costs more than the worker saves. Measured on 2 cores
-#: (``benchmarks/bench_blas_threads.py``): ``npu_mla_prolog_v3`` full quant, T = 16, N = 32, took 0.71x
-#: with its 32 per-head ``[16, 128] x [128, 512]`` products (1M each) on one thread; a
-#: ``[1, 7168] x [7168, 576]`` sgemv (4M) 1.4x longer on two threads than one, products from
-#: 12M on 0.76-0.79x. The same bits: OpenBLAS splits a product's rows or columns between
-#: threads, never K (checked by the byte-exact tests at 1 and 2 threads).
-SMALL_PRODUCT_MACS = 1 << 22
+#: workers sleep as soon as a call ends) costs more than the worker saves. Measured on a quiet
+#: 2-core machine (``benchmarks/bench_blas_threads.py --threads 2``, each product after a 0.5 ms
+#: pause): two threads take 1.10x one thread's time for ``[16, 128] x [128, 512]`` (1M, the
+#: prolog's per-head ``q_nope @ W_uk`` at T = 16), 0.74-0.80x from 4M (``[1, 7168] x [7168, 576]``,
+#: ``[64, 128] x [128, 512]``) and 0.60-0.66x from 11M. The same bits: OpenBLAS splits a product's
+#: rows or columns between threads, never K (docs/ops.md, "BLAS thread count").
+SMALL_PRODUCT_MACS = 1 << 21
 
 
 class _OneBlasThread:
