@@ -43,10 +43,16 @@ import sys
 FALLBACK_LAYER = "workqueue"
 #: What :func:`configure` decided: "omp-passive", "workqueue" or "user".
 CHOICE = ""
-#: ``OPENBLAS_THREAD_TIMEOUT`` set where the user did not: idle OpenBLAS workers poll for 2**4 CPU
-#: cycles (OpenBLAS's minimum) before they sleep, i.e. they sleep as soon as a call ends.
-OPENBLAS_TIMEOUT = 4
-#: What :func:`quiet_openblas` did: "timeout-4" (restarted with the short timeout), "user" (the
+#: ``OPENBLAS_THREAD_TIMEOUT`` set where the user did not: idle OpenBLAS workers poll for 2**20 CPU
+#: cycles (a few tenths of a millisecond) before they sleep, so the back-to-back products of one
+#: op find them awake while torch's threads and the next op's Numba kernels get the cores soon
+#: after. Measured on 2 cores (``npu_kv_quant_sparse_flash_attention`` b = 1 at 2 threads,
+#: ``bench_sparse_attention.py``; the torch / prolog loop of ``bench_mixed_threads.py``): with
+#: 2**4 (sleep at once) the attention took 6.0 ms, with 2**20 5.0 ms, with OpenBLAS's 2**28 4.4
+#: ms; the loop took 1.00-1.05x, 1.06x and 1.03-1.27x the parts apart, torch's matmul alone 6.1,
+#: 6.2 and 10.3-11.1 ms.
+OPENBLAS_TIMEOUT = 20
+#: What :func:`quiet_openblas` did: "timeout-20" (restarted with the short timeout), "user" (the
 #: user's ``OPENBLAS_THREAD_TIMEOUT`` kept), "none" (no pthreads OpenBLAS with the entry points in
 #: this process: an OpenMP build, another BLAS, not Linux).
 OPENBLAS = ""
@@ -91,8 +97,8 @@ def _entry(lib, name: str):
 
 
 def quiet_openblas() -> str:
-    """Make the idle worker threads of every pthreads OpenBLAS in the process sleep as soon as a
-    call ends (module doc); return :data:`OPENBLAS`. Loads NumPy (and with it its OpenBLAS)."""
+    """Make the idle worker threads of every pthreads OpenBLAS in the process sleep within a
+    millisecond of a call's end (module doc); return :data:`OPENBLAS`. Loads NumPy (and with it its OpenBLAS)."""
     global OPENBLAS
     if OPENBLAS:
         return OPENBLAS

@@ -1,6 +1,6 @@
 """One OpenBLAS thread or all: where waking OpenBLAS's workers pays (``emu.matmul.SMALL_PRODUCT_MACS``).
 
-``ascend_emu`` makes OpenBLAS's idle workers sleep as soon as a call ends (``ascend_emu._threads``),
+``ascend_emu`` makes OpenBLAS's idle workers sleep within a millisecond of a call's end (``ascend_emu._threads``),
 so a threaded product first wakes them. Two parts, measured in one run (alternating rounds, after a
 warm-up; medians of the per-round ratios):
 

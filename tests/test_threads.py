@@ -89,11 +89,14 @@ def idle_probe(**env: str) -> dict:
 
 def test_openblas_workers_sleep_when_a_call_ends():
     """After a threaded OpenBLAS call, its idle worker polls for about 0.1 s by default, which shows
-    as CPU time while the process sleeps; with the short timeout it sleeps at once."""
+    as CPU time while the process sleeps; with the short timeout (2**20 cycles) it sleeps within
+    a millisecond."""
     got = idle_probe()
     if got["openblas"] == "none":
         pytest.skip("no pthreads OpenBLAS with openblas_read_env / blas_thread_shutdown_ in this NumPy")
-    assert got["openblas"] == "timeout-4" and got["timeout"] == "4"
+    from ascend_emu import _threads
+
+    assert got["openblas"] == f"timeout-{_threads.OPENBLAS_TIMEOUT}" and got["timeout"] == str(_threads.OPENBLAS_TIMEOUT)
     assert got["idle"] < 0.01, got  # a spinning worker: about 0.05 s of CPU in each 0.05 s sleep
 
 

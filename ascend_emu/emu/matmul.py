@@ -243,7 +243,7 @@ def _kept(w, dtype) -> np.ndarray | None:
 
 #: Products of at most this many multiply-adds (``M * N * K`` of one sgemm / sgemv) run on one
 #: OpenBLAS thread: below it, waking OpenBLAS's sleeping worker (``ascend_emu._threads``: idle
-#: workers sleep as soon as a call ends) costs more than the worker saves. Measured on a quiet
+#: workers sleep within a millisecond of a call's end) costs more than the worker saves. Measured on a quiet
 #: 2-core machine (``benchmarks/bench_blas_threads.py --threads 2``, each product after a 0.5 ms
 #: pause): two threads take 1.10x one thread's time for ``[16, 128] x [128, 512]`` (1M, the
 #: prolog's per-head ``q_nope @ W_uk`` at T = 16), 0.74-0.80x from 4M (``[1, 7168] x [7168, 576]``,
