@@ -23,7 +23,7 @@ page faults on every call.
 The C8 decode (:func:`_c8_attention`, steps C1-C7 of the op module): per request the exact int8
 dots (:func:`~ascend_emu.emu.matmul.matmul_int8`) and fp32 rope products, then one parallel
 Numba pass per row (:func:`_c8_softmax_rows`: scores, 512-token blocks, int8 P per block) and,
-per block, the exact int8 P @ V and its fp16 staging (:func:`_c8_stage`).
+per block, the exact int8 P @ V and its fp16 staging (:func:`_c8_stage_rows`).
 
 Rows with no kv position keep :data:`~ascend_emu.ops.fused_infer_attention_score.EMPTY_ROW_OUTPUT`
 and :data:`~ascend_emu.ops.fused_infer_attention_score.EMPTY_ROW_LSE`. The zero P entries past a
@@ -44,6 +44,7 @@ from ..ops.fused_infer_attention_score import (C8_DOT_BIAS, C8_DOT_BIAS_BITS, C8
 from ..quant import BF16
 from ..quant.rounding import bf16_bits_to_f32, f32_bits_to_bf16_bits
 from ..quant.rounding import f32_round_f16 as _f16
+from .kernels import launch_rows
 from .matmul import matmul_f32, matmul_int8
 from .sparse_flash_attention import _exp_f64
 
@@ -150,15 +151,15 @@ def _c8_softmax_rows(dot, scores, d1, limits, block, p_out, max_p16, exp16, m, t
         total[r] = tot
 
 
-@njit(cache=True, parallel=True)
-def _c8_stage(pv, max_p16, exp16, acc, first):
-    """Step C5-C6 for one kv block, in place on ``acc`` (fp32 ``[R, D]`` holding fp16 values):
-    ``x = fp16(fp16(pv * 2**-10) * max_p16)``, ``acc = x`` (``first``) or ``fp16(fp16(acc * exp16) +
-    x)``. pv int32 ``[R, D]`` exact; max_p16 / exp16 fp32 ``[R]`` fp16 values. A product of two
-    fp16 values is exact in fp32 and a sum's fp32 rounding cannot change its fp16 one (24 >= 2 * 11
-    + 2 bits), so each step rounds as fp16 arithmetic does."""
+@njit(cache=True)
+def _c8_stage_rows(lo, hi, pv, max_p16, exp16, acc, first):
+    """Step C5-C6 for one kv block, rows ``lo:hi``, in place on ``acc`` (fp32 ``[R, D]`` holding
+    fp16 values): ``x = fp16(fp16(pv * 2**-10) * max_p16)``, ``acc = x`` (``first``) or
+    ``fp16(fp16(acc * exp16) + x)``. pv int32 ``[R, D]`` exact; max_p16 / exp16 fp32 ``[R]`` fp16
+    values. A product of two fp16 values is exact in fp32 and a sum's fp32 rounding cannot change
+    its fp16 one (24 >= 2 * 11 + 2 bits), so each step rounds as fp16 arithmetic does."""
     stage = np.float32(C8_PV_STAGE_SCALE)
-    for r in prange(pv.shape[0]):
+    for r in range(lo, hi):
         mp = max_p16[r]
         e = exp16[r]
         for c in range(pv.shape[1]):
@@ -167,6 +168,20 @@ def _c8_stage(pv, max_p16, exp16, acc, first):
                 acc[r, c] = x
             else:
                 acc[r, c] = _f16(_f16(acc[r, c] * e) + x)
+
+
+@njit(cache=True, parallel=True)
+def _c8_stage_parts(parts, pv, max_p16, exp16, acc, first):
+    """:func:`_c8_stage_rows` over ``parts`` contiguous row ranges in parallel."""
+    rows = pv.shape[0]
+    for i in prange(parts):
+        _c8_stage_rows(rows * i // parts, rows * (i + 1) // parts, pv, max_p16, exp16, acc, first)
+
+
+def _c8_stage(pv, max_p16, exp16, acc, first) -> None:
+    """:func:`_c8_stage_rows` over every row: on the calling thread for a block of a decode's few
+    rows (``launch_rows``: waking a thread there cost 8x the work), else in parallel."""
+    launch_rows(_c8_stage_rows, _c8_stage_parts, pv.shape[0], pv.shape[1], pv, max_p16, exp16, acc, first)
 
 
 def _requests(args: FusedInferAttentionArgs, group: int):

@@ -487,11 +487,31 @@ def _as_tensor(torch, x: np.ndarray):
         return torch.from_numpy(x)
 
 
+#: int8 products of at most this many multiply-adds run on one torch (OpenMP) thread on the
+#: ``"onednn"`` engine (``torch.set_num_threads(1)`` around the call, about 0.3 us, restored after):
+#: below it, waking the other threads costs more than they save. Measured on 2 cores
+#: (``npu_fused_infer_attention_score_v2`` C8, B = 64, N = 16, kv 2048, 2 threads: its per-block
+#: ``[16, 512] x [512, 512]`` (4M) and per-request ``[16, 512] x [512, 2048]`` (17M) products;
+#: 0.86x the op's time with every product up to 16M on one thread). Exact int32 either way.
+SMALL_INT8_MACS = 1 << 24
+
+
 def _int8_onednn(a: np.ndarray, w: np.ndarray, w_nk: bool) -> np.ndarray:
-    """``"onednn"`` engine: ``torch._int_mm`` on the int8 operands as they are (no copy of w)."""
+    """``"onednn"`` engine: ``torch._int_mm`` on the int8 operands as they are (no copy of w), on
+    one torch thread for products of at most :data:`SMALL_INT8_MACS` multiply-adds."""
     torch = _import_torch()
     tw = _as_tensor(torch, w)
-    return torch._int_mm(_as_tensor(torch, np.ascontiguousarray(a)), tw.T if w_nk else tw).numpy()
+    ta = _as_tensor(torch, np.ascontiguousarray(a))
+    tw = tw.T if w_nk else tw
+    if ta.shape[0] * ta.shape[1] * tw.shape[1] <= SMALL_INT8_MACS:
+        threads = torch.get_num_threads()
+        if threads > 1:
+            torch.set_num_threads(1)
+            try:
+                return torch._int_mm(ta, tw).numpy()
+            finally:
+                torch.set_num_threads(threads)
+    return torch._int_mm(ta, tw).numpy()
 
 
 def matmul_int8(a: np.ndarray, w: np.ndarray, *, w_nk: bool = False) -> np.ndarray:
