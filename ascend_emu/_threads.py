@@ -98,7 +98,8 @@ def _entry(lib, name: str):
 
 def quiet_openblas() -> str:
     """Make the idle worker threads of every pthreads OpenBLAS in the process sleep within a
-    millisecond of a call's end (module doc); return :data:`OPENBLAS`. Loads NumPy (and with it its OpenBLAS)."""
+    millisecond of a call's end (module doc) and find their thread-count entry points
+    (:data:`BLAS_THREADS`); return :data:`OPENBLAS`. Loads NumPy (and with it its OpenBLAS)."""
     global OPENBLAS
     if OPENBLAS:
         return OPENBLAS

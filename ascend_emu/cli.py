@@ -432,9 +432,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .warmup import _jobs
 
     demo.add_argument("-j", "--jobs", type=_jobs, default=None, metavar="N",
-                      help="while the kernel cache lacks the kernels of the demo's indexer and sparse "
-                           "attentions, compile them in up to N worker processes as the demo runs (default: the "
-                           "number of cores this process may use; 1: everything in this process)")
+                      help="while the kernel cache lacks the kernels of the demo's op families (the prolog, the "
+                           "sparse attentions, the indexer), compile them in up to N worker processes as the demo "
+                           "runs (default: the number of cores this process may use; 1: everything in this "
+                           "process)")
     demo.set_defaults(func=cmd_demo)
 
     warm = sub.add_parser("warmup", help="compile / load every Numba kernel by running each op once on tiny inputs",

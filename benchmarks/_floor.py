@@ -147,19 +147,6 @@ def product(label: str, a: np.ndarray, w: np.ndarray, *, trials: int = TRIALS) -
     return Part(label, name, fns[name], times[name], times)
 
 
-def copy_seconds(nbytes: int, *, trials: int = TRIALS) -> float:
-    """Best time, seconds, of ``np.copyto`` of ``nbytes`` bytes into a preallocated buffer (best
-    of ``trials`` after one warm-up copy that also touches the destination)."""
-    src, dst = np.ones(max(int(nbytes), 1), np.uint8), np.empty(max(int(nbytes), 1), np.uint8)
-    return best_times([lambda: np.copyto(dst, src)], trials)[0]
-
-
-def moved_seconds(read: int, written: int, copy_rate: float) -> float:
-    """Bytes moved as a time: ``read`` bytes read and ``written`` written (bytes) at a copy
-    rate of ``copy_rate`` bytes copied per second (a copy reads and writes each byte), seconds."""
-    return (read + written) / 2 / copy_rate
-
-
 def movement(label: str, read: int, written: int | None = None, *, trials: int = TRIALS) -> Part:
     """A data movement floored by the machine's copy bandwidth: a copy of ``(read + written) / 2``
     bytes (``written`` defaults to ``read``: a gather or copy) into a preallocated buffer, so it

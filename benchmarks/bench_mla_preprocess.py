@@ -16,9 +16,9 @@ alternating rounds after a warm-up (``_timing.best_times``):
 - the op through ``ascend_emu.ops`` and, with torch, through the torch_npu drop-in
   (``ascend_emu.torch_npu.atb.npu_mla_preprocess`` on torch copies of the same inputs).
 
-Target (issue 21): the op at most 1.3x this int8-GEMM floor. Each ``--threads`` count runs in its
-own interpreter with ``OPENBLAS_NUM_THREADS``, ``NUMBA_NUM_THREADS`` and ``OMP_NUM_THREADS`` set
-to it (``_timing.run_with_threads``), so the op and its floor get the same threads.
+Target (issue 21): the op at most 1.3x this int8-GEMM floor. ``--threads N`` restarts the script
+with ``OPENBLAS_NUM_THREADS``, ``NUMBA_NUM_THREADS`` and ``OMP_NUM_THREADS`` set to N
+(``_timing.run_with_threads``), so the op and its floors get the same threads.
 
 Usage: ``python benchmarks/bench_mla_preprocess.py [--heads 32] [--tokens 1 16] [--repeat 10]
 [--threads N]``
@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 
 import numpy as np
 from _floor import MachineFloor, floor_line, product, ratio_line
@@ -43,19 +41,10 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--repeat", type=int, default=10, help="timed rounds (best of)")
-    parser.add_argument("--threads", type=int, nargs="*", default=None,
-                        help="thread counts, each in its own interpreter (default: as the environment has them)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads of OpenBLAS, Numba and torch (default: as the environment has them)")
     args = parser.parse_args()
-    if args.threads and len(args.threads) > 1:
-        for n in args.threads:
-            argv = [a for a in sys.argv[1:]]
-            i = argv.index("--threads")
-            j = i + 1
-            while j < len(argv) and not argv[j].startswith("--"):
-                j += 1
-            subprocess.run([sys.executable, __file__, *argv[:i], *argv[j:], "--threads", str(n)], check=False)
-        return
-    setup = run_with_threads(args.threads[0] if args.threads else None)
+    setup = run_with_threads(args.threads)
     torch_ok = have_torch()
     import ascend_emu  # noqa: F401  (before torch, as `ascend-emu run` imports it: docs/performance.md "Threads")
 

@@ -281,13 +281,10 @@ def one_blas_thread() -> _OneBlasThread:
 _NO_CONTEXT = contextlib.nullcontext()
 
 
-def _sgemm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None, macs: int) -> np.ndarray:
-    """``np.matmul(a, b, out=out)`` on one OpenBLAS thread when ``macs`` (of one product) is at
-    most :data:`SMALL_PRODUCT_MACS`."""
-    if macs <= SMALL_PRODUCT_MACS and _threads.BLAS_THREADS:
-        with _OneBlasThread():
-            return np.matmul(a, b, out=out)
-    return np.matmul(a, b, out=out)
+def _blas_threads(macs: int):
+    """The context a product of ``macs`` multiply-adds (one sgemm / sgemv) runs in: one OpenBLAS
+    thread at most :data:`SMALL_PRODUCT_MACS`, else OpenBLAS's own count."""
+    return _OneBlasThread() if macs <= SMALL_PRODUCT_MACS and _threads.BLAS_THREADS else _NO_CONTEXT
 
 
 def matmul_weight(a: np.ndarray, w: np.ndarray, *, widen=None, out: np.ndarray | None = None) -> np.ndarray:
@@ -310,10 +307,12 @@ def matmul_weight(a: np.ndarray, w: np.ndarray, *, widen=None, out: np.ndarray |
     if widen is None:
         kept = _kept(w, np.float32)
         if kept is not None:
-            return _sgemm(a, kept, out, m * k * n)
+            with _blas_threads(m * k * n):
+                return np.matmul(a, kept, out=out)
     w = np.asarray(w)
     if w.dtype == np.float32 and widen is None:
-        return _sgemm(a, w, out, m * k * n)
+        with _blas_threads(m * k * n):
+            return np.matmul(a, w, out=out)
     if out is None:
         out = np.empty((m, n), dtype=np.float32)
     if not (m and n and k):
@@ -322,7 +321,7 @@ def matmul_weight(a: np.ndarray, w: np.ndarray, *, widen=None, out: np.ndarray |
     width = block_width(m, k, n)
     block = _scratch(k * width, np.float32).reshape(k, width)
     fill = widen or (lambda lo, hi, dst: _fill_block(w, lo, hi, dst))
-    with _OneBlasThread() if m * k * n <= SMALL_PRODUCT_MACS else _NO_CONTEXT:
+    with _blas_threads(m * k * n):
         for lo in range(0, n, width):
             fill(lo, lo + width, block)
             np.matmul(a, block, out=out[:, lo:lo + width])
@@ -335,7 +334,7 @@ def matmul_weight_heads(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     sgemm over the whole widened weight (on one OpenBLAS thread where ``M * K * D`` is at most
     :data:`SMALL_PRODUCT_MACS`)."""
     out = np.empty((a.shape[0], a.shape[1], w.shape[2]), dtype=np.float32)
-    with _OneBlasThread() if a.shape[1] * w.shape[1] * w.shape[2] <= SMALL_PRODUCT_MACS else _NO_CONTEXT:
+    with _blas_threads(a.shape[1] * w.shape[1] * w.shape[2]):  # once for all heads, not per head
         for h in range(a.shape[0]):
             matmul_weight(a[h], w[h], out=out[h])
     return out
@@ -355,7 +354,8 @@ def matmul_f32(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> n
     Products of at most :data:`SMALL_PRODUCT_MACS` multiply-adds each run on one OpenBLAS thread."""
     a, b = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
     macs = a.shape[-1] * (a.shape[-2] if a.ndim > 1 else 1) * (b.shape[-1] if b.ndim > 1 else 1)
-    return _sgemm(a, b, out, macs)
+    with _blas_threads(macs):
+        return np.matmul(a, b, out=out)
 
 
 # ---------------------------------------------------------------------- int8 x int8 -> int32
@@ -489,10 +489,12 @@ def _as_tensor(torch, x: np.ndarray):
 
 #: int8 products of at most this many multiply-adds run on one torch (OpenMP) thread on the
 #: ``"onednn"`` engine (``torch.set_num_threads(1)`` around the call, about 0.3 us, restored after):
-#: below it, waking the other threads costs more than they save. Measured on 2 cores
-#: (``npu_fused_infer_attention_score_v2`` C8, B = 64, N = 16, kv 2048, 2 threads: its per-block
-#: ``[16, 512] x [512, 512]`` (4M) and per-request ``[16, 512] x [512, 2048]`` (17M) products;
-#: 0.86x the op's time with every product up to 16M on one thread). Exact int32 either way.
+#: below it, waking the other threads costs more than they save. Measured on 2 cores with
+#: ``npu_fused_infer_attention_score_v2`` C8 (``bench_fused_infer_attention_score.py --c8
+#: --threads 2``, B = 64, N = 16, kv 2048: per-block ``[16, 512] x [512, 512]`` (4M) and
+#: per-request ``[16, 512] x [512, 2048]`` (17M) products): 75 -> 59 ms per call with this rule and
+#: the serial per-block staging (``emu.fused_infer_attention_score._c8_stage``) together. Exact
+#: int32 either way.
 SMALL_INT8_MACS = 1 << 24
 
 
