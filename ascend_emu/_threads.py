@@ -43,16 +43,17 @@ import sys
 FALLBACK_LAYER = "workqueue"
 #: What :func:`configure` decided: "omp-passive", "workqueue" or "user".
 CHOICE = ""
-#: ``OPENBLAS_THREAD_TIMEOUT`` set where the user did not: idle OpenBLAS workers poll for 2**20 CPU
-#: cycles (a few tenths of a millisecond) before they sleep, so the back-to-back products of one
-#: op find them awake while torch's threads and the next op's Numba kernels get the cores soon
-#: after. Measured on 2 cores (``npu_kv_quant_sparse_flash_attention`` b = 1 at 2 threads,
-#: ``bench_sparse_attention.py``; the torch / prolog loop of ``bench_mixed_threads.py``): with
-#: 2**4 (sleep at once) the attention took 6.0 ms, with 2**20 5.0 ms, with OpenBLAS's 2**28 4.4
-#: ms; the loop took 1.00-1.05x, 1.06x and 1.03-1.27x the parts apart, torch's matmul alone 6.1,
-#: 6.2 and 10.3-11.1 ms.
-OPENBLAS_TIMEOUT = 20
-#: What :func:`quiet_openblas` did: "timeout-20" (restarted with the short timeout), "user" (the
+#: ``OPENBLAS_THREAD_TIMEOUT`` set where the user did not: idle OpenBLAS workers poll for 2**16 CPU
+#: cycles (a few tens of microseconds) before they sleep, so the back-to-back products of one op
+#: find them awake while the op's own Numba kernels, torch's threads and the next op get the cores
+#: right after. ``benchmarks/bench_openblas_timeout.py`` alternates timeouts in one process on 2
+#: cores: the int8 C8 attention (``npu_fused_infer_attention_score_v2`` B = 16, N = 128, kv 1024)
+#: took 0.71-0.74x its time at 2**20 with 2**4-2**16 (at 2**20 the workers spun through its
+#: parallel softmax), the other ops (KV-quant sparse attention b = 1 / 4, the prolog at T = 1 / 16,
+#: FIA bf16 and C8 N = 16, a torch / prolog loop) 0.96-1.05x; OpenBLAS's own 2**28 (about 0.1 s)
+#: doubled a torch matmul run right after an op.
+OPENBLAS_TIMEOUT = 16
+#: What :func:`quiet_openblas` did: "timeout-16" (restarted with the short timeout), "user" (the
 #: user's ``OPENBLAS_THREAD_TIMEOUT`` kept), "none" (no pthreads OpenBLAS with the entry points in
 #: this process: an OpenMP build, another BLAS, not Linux).
 OPENBLAS = ""
@@ -61,6 +62,9 @@ OPENBLAS = ""
 #: costs about a microsecond to change), found by :func:`quiet_openblas`;
 #: :func:`ascend_emu.emu.matmul.one_blas_thread` uses them.
 BLAS_THREADS: list[tuple] = []
+#: ``(openblas_read_env, blas_thread_shutdown_)`` of each pthreads OpenBLAS in the process, found
+#: by :func:`quiet_openblas`; :func:`restart_openblas` uses them.
+_RESTARTS: list[tuple] = []
 
 
 def libgomp_loaded() -> bool:
@@ -124,18 +128,33 @@ def quiet_openblas() -> str:
         if read_env is not None and shutdown is not None:
             libs.append((read_env, shutdown))
     BLAS_THREADS[:] = counts
+    _RESTARTS[:] = libs
     if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
         OPENBLAS = "user"
         return OPENBLAS
     if not libs:
         OPENBLAS = "none"
         return OPENBLAS
-    os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(OPENBLAS_TIMEOUT)
-    for read_env, shutdown in libs:
-        read_env()
-        shutdown()
+    restart_openblas(OPENBLAS_TIMEOUT)
     OPENBLAS = f"timeout-{OPENBLAS_TIMEOUT}"
     return OPENBLAS
+
+
+def restart_openblas(timeout: int) -> int:
+    """Set ``OPENBLAS_THREAD_TIMEOUT`` to ``timeout`` (log2 of the CPU cycles an idle worker polls,
+    OpenBLAS clamps it to 4-30) and restart the workers of every pthreads OpenBLAS that
+    :func:`quiet_openblas` found, so that their next threaded call polls that long; returns how
+    many libraries were restarted (0 before :func:`quiet_openblas` or without one). For measuring
+    (``benchmarks/bench_openblas_timeout.py``); results do not depend on it.
+
+    Raises ValueError: ``timeout`` not an int in [4, 30]."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or not 4 <= timeout <= 30:
+        raise ValueError(f"timeout: expected an int in [4, 30] (log2 cycles), got {timeout!r}")
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(timeout)
+    for read_env, shutdown in _RESTARTS:
+        read_env()
+        shutdown()
+    return len(_RESTARTS)
 
 
 def configure() -> str:

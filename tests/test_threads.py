@@ -89,7 +89,7 @@ def idle_probe(**env: str) -> dict:
 
 def test_openblas_workers_sleep_when_a_call_ends():
     """After a threaded OpenBLAS call, its idle worker polls for about 0.1 s by default, which shows
-    as CPU time while the process sleeps; with the short timeout (2**20 cycles) it sleeps within
+    as CPU time while the process sleeps; with the short timeout (2**16 cycles) it sleeps within
     a millisecond."""
     got = idle_probe()
     if got["openblas"] == "none":
