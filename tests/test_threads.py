@@ -105,3 +105,22 @@ def test_openblas_timeout_of_the_user_is_kept():
     assert got["openblas"] == "user" and got["timeout"] == "28"
     if (os.cpu_count() or 1) >= 2:
         assert got["idle"] > 0.015, got  # the user's choice: OpenBLAS's default spin, still in effect
+
+
+def test_restart_openblas_checks_the_timeout_and_sets_it(monkeypatch):
+    from ascend_emu import _threads
+
+    for bad in (3, 31, 16.0, True, "16"):
+        with pytest.raises(ValueError, match="timeout: expected an int in \\[4, 30\\]"):
+            _threads.restart_openblas(bad)
+    monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", os.environ.get("OPENBLAS_THREAD_TIMEOUT", "16"))
+    restarted = _threads.restart_openblas(12)
+    try:
+        assert os.environ["OPENBLAS_THREAD_TIMEOUT"] == "12"
+        assert restarted == len(_threads._RESTARTS)
+        import numpy as np
+
+        a = (np.arange(256 * 256) % 7).astype(np.float32).reshape(256, 256)  # threaded sgemm
+        assert np.array_equal(a @ a, a.astype(np.float64) @ a)  # workers start again; exact small integers
+    finally:
+        _threads.restart_openblas(_threads.OPENBLAS_TIMEOUT)
