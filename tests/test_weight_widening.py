@@ -47,11 +47,13 @@ def test_blocked_product_bit_identical_to_whole_widening(rng, keep_none, t, k, n
     assert vars(w) == {}  # nothing kept on the weight
 
 
+@pytest.mark.parametrize("blas_threads", [1, 2])
 @pytest.mark.parametrize("t", [1, 16])
-def test_per_head_product_bit_identical_to_batched(rng, t):
+def test_per_head_product_bit_identical_to_batched(rng, monkeypatch, t, blas_threads):
     """Per-head products of at most SMALL_PRODUCT_MACS multiply-adds give the bits of one batched
     sgemm on one OpenBLAS thread, whatever the process's thread count (OpenBLAS's kernels for a
-    thread's share of columns may sum in another order: Haswell's do)."""
+    thread's share of columns may sum in another order: Haswell's do); with 2 OpenBLAS threads the
+    heads are split between 2 Python threads."""
     from threadpoolctl import threadpool_limits
 
     assert t * 128 * 512 <= matmul.SMALL_PRODUCT_MACS
@@ -61,8 +63,24 @@ def test_per_head_product_bit_identical_to_batched(rng, t):
     with threadpool_limits(1, user_api="blas"):
         want = np.matmul(q, matmul.widen_f32(w_uk))
         want_strided = np.matmul(q_strided, matmul.widen_f32(w_uk))
-    assert matmul.matmul_weight_heads(q, w_uk).tobytes() == want.tobytes()
-    assert matmul.matmul_weight_heads(q_strided, w_uk).tobytes() == want_strided.tobytes()
+    ranges = []
+    heads_range = matmul._heads_range
+
+    def spy(a, w, out, h0, h1):
+        ranges.append((threading.get_ident(), h0, h1))
+        heads_range(a, w, out, h0, h1)
+
+    monkeypatch.setattr(matmul, "_heads_range", spy)
+    with threadpool_limits(blas_threads, user_api="blas"):
+        got = matmul.matmul_weight_heads(q, w_uk)
+        got_strided = matmul.matmul_weight_heads(q_strided, w_uk)
+    assert got.tobytes() == want.tobytes()
+    assert got_strided.tobytes() == want_strided.tobytes()
+    if blas_threads == 2 and matmul._threads.BLAS_THREADS:
+        assert sorted((h0, h1) for _, h0, h1 in ranges) == [(0, 16), (0, 16), (16, 32), (16, 32)]
+        assert len({ident for ident, _, _ in ranges}) == 2  # the calling thread and one pool thread
+    elif blas_threads == 1:
+        assert [(h0, h1) for _, h0, h1 in ranges] == [(0, 32), (0, 32)]
 
 
 def test_block_width_rules():

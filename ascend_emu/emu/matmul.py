@@ -67,7 +67,7 @@ from .. import _threads
 from ..errors import ModeError
 from ..layouts import NZArray
 from ..quant import BF16, to_f32
-from .kernels import launch_rows
+from .kernels import launch_rows, parallel_parts
 
 @njit(cache=True)
 def _widen_bf16_bits(bits, out):
@@ -129,7 +129,7 @@ def block_width(m: int, k: int, n: int, itemsize: int = 4) -> int:
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _bf16_cols_rows(r0, r1, bits, lo, hi, out):
     """Rows ``r0:r1`` of ``out[k, j] = bits[k, lo + j] << 16``: the fp32 bits of a column block
     of a bf16 weight (uint16 ``[K, N]`` -> uint32 ``[K, hi - lo]``)."""
@@ -147,7 +147,7 @@ def _bf16_cols_parts(parts, bits, lo, hi, out):
         _bf16_cols_rows(p * n // parts, (p + 1) * n // parts, bits, lo, hi, out)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _int_cols_rows(r0, r1, src, lo, hi, out):
     """Rows ``r0:r1`` of ``out[k, j] = src[k, lo + j]`` (int8 -> fp32 / fp64, exact)."""
     for k in range(r0, r1):
@@ -331,13 +331,60 @@ def matmul_weight(a: np.ndarray, w: np.ndarray, *, widen=None, out: np.ndarray |
 def matmul_weight_heads(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Per head ``h``: ``a[h] @ w[h]`` (:func:`matmul_weight`): ``a`` fp32 ``[N, M, K]``, ``w``
     ``[N, K, D]`` bf16 / fp16 / fp32 (``weight_uk``); fp32 ``[N, M, D]``, the bits of one batched
-    sgemm over the whole widened weight (on one OpenBLAS thread where ``M * K * D`` is at most
-    :data:`SMALL_PRODUCT_MACS`)."""
+    sgemm over the whole widened weight.
+
+    Where one head's product is at most :data:`SMALL_PRODUCT_MACS` it runs on one OpenBLAS thread,
+    and the heads are split into contiguous ranges run side by side by as many Python threads as
+    OpenBLAS had (:func:`_head_parts`; decode-sized products are too small for OpenBLAS to split, so
+    the heads are): each head is still one single-threaded product, the same bits."""
     out = np.empty((a.shape[0], a.shape[1], w.shape[2]), dtype=np.float32)
-    with _blas_threads(a.shape[1] * w.shape[1] * w.shape[2]):  # once for all heads, not per head
-        for h in range(a.shape[0]):
-            matmul_weight(a[h], w[h], out=out[h])
+    heads, macs = a.shape[0], a.shape[1] * w.shape[1] * w.shape[2]
+    with _blas_threads(macs) as ctx:  # once for all heads, not per head
+        parts = _head_parts(ctx, heads, w.shape[1], w.shape[2])
+        if parts <= 1:
+            _heads_range(a, w, out, 0, heads)
+        else:
+            pool = _head_pool(parts - 1)
+            cuts = [heads * i // parts for i in range(parts + 1)]
+            futures = [pool.submit(_heads_range, a, w, out, cuts[i], cuts[i + 1]) for i in range(1, parts)]
+            _heads_range(a, w, out, cuts[0], cuts[1])
+            for future in futures:
+                future.result()
     return out
+
+
+def _heads_range(a, w, out, h0: int, h1: int) -> None:
+    """Heads ``h0:h1`` of :func:`matmul_weight_heads`."""
+    for h in range(h0, h1):
+        matmul_weight(a[h], w[h], out=out[h])
+
+
+def _head_parts(ctx, heads: int, k: int, d: int) -> int:
+    """Python threads for :func:`matmul_weight_heads`: 1 unless its products run on one OpenBLAS
+    thread (``ctx`` a :class:`_OneBlasThread`) that OpenBLAS had more of, and a head's widening is
+    a serial pass (:func:`~ascend_emu.emu.kernels.parallel_parts`: no Numba parallel launch from two
+    Python threads, which the ``workqueue`` layer forbids); then OpenBLAS's count, at most one per
+    head."""
+    if not isinstance(ctx, _OneBlasThread) or heads < 2 or parallel_parts(k, d) > 1:
+        return 1
+    return min(max(ctx.saved, default=1), heads)
+
+
+_pool = None
+_pool_key = None
+
+
+def _head_pool(workers: int):
+    """A thread pool of ``workers`` threads for :func:`matmul_weight_heads`, made once per process
+    and size (a pool inherited through ``fork`` has no threads: remade in the child)."""
+    global _pool, _pool_key
+    key = (os.getpid(), workers)
+    if _pool_key != key:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ascend_emu-heads")
+        _pool_key = key
+    return _pool
 
 
 def weight_f32(w: np.ndarray) -> np.ndarray:
