@@ -458,13 +458,15 @@ def test_official_shape_decode_kv_quant():
     assert_matches(out, gold, "attention_out", 0.9949)
 
 
+@pytest.mark.parametrize("act_q,act_kv,k", [((2, 1), (150, 90), 64), ((1,), (300,), 256)], ids=["units", "decode"])
 @pytest.mark.parametrize("quant", [False, True], ids=["sfa", "kvq"])
-def test_thread_count_determinism(quant):
+def test_thread_count_determinism(quant, act_q, act_kv, k):
     """1 vs 2 Numba threads (the BLAS thread count left as it is): the gather, softmax and rounding
-    split their rows differently, the bytes of all three outputs do not change."""
+    split their rows differently, and a decode's one unit splits its per-head max and sum by
+    heads; the bytes of all three outputs do not change."""
     rng = np.random.default_rng(12)
     case = make_case(rng, quant=quant, layout_query="BSND", layout_kv="BSND", dtype="bfloat16", sbs=1, n1=128,
-                     act_q=(2, 1), act_kv=(150, 90), k=64)
+                     act_q=act_q, act_kv=act_kv, k=k)
     before = numba.get_num_threads()
     try:
         outs = []

@@ -182,17 +182,17 @@ def _exp_f64(x):
 
 
 @njit(cache=True, inline="always")
-def _scale_max(scores, off, length, scale, sinks, m):
-    """Softmax step 1 for one unit's rows: ``S * scale`` in place, ``m`` = per-head max (of the
-    head's sink too, when ``sinks`` is not empty)."""
-    m[:] = -np.inf
+def _scale_max(scores, off, length, scale, sinks, m, g0, g1):
+    """Softmax step 1 for one unit's rows and heads ``g0:g1``: ``S * scale`` in place, ``m`` =
+    per-head max (of the head's sink too, when ``sinks`` is not empty)."""
+    m[g0:g1] = -np.inf
     for i in range(off, off + length):
-        for g in range(scores.shape[1]):
+        for g in range(g0, g1):
             x = scores[i, g] * scale
             scores[i, g] = x
             m[g] = x if x > m[g] else m[g]
     if sinks.size:
-        for g in range(scores.shape[1]):
+        for g in range(g0, g1):
             m[g] = sinks[g] if sinks[g] > m[g] else m[g]
 
 
@@ -204,15 +204,15 @@ def _exp_row(scores, i, m):
 
 
 @njit(cache=True, inline="always")
-def _sum_unit(scores, off, length, sinks, m, total):
-    """Softmax step 3 for one unit's rows: ``total`` = per-head sum, in row order, after the
-    sink's ``fp32(exp(sink - m))`` when ``sinks`` is not empty."""
-    total[:] = 0.0
+def _sum_unit(scores, off, length, sinks, m, total, g0, g1):
+    """Softmax step 3 for one unit's rows and heads ``g0:g1``: ``total`` = per-head sum, in row
+    order, after the sink's ``fp32(exp(sink - m))`` when ``sinks`` is not empty."""
+    total[g0:g1] = 0.0
     if sinks.size:
-        for g in range(scores.shape[1]):
+        for g in range(g0, g1):
             total[g] = np.float32(_exp_f64(sinks[g] - m[g]))
     for i in range(off, off + length):
-        for g in range(scores.shape[1]):
+        for g in range(g0, g1):
             total[g] += scores[i, g]
 
 
@@ -230,12 +230,14 @@ def _normalise_row(scores, i, total, is_bf16):
 
 
 @njit(cache=True, parallel=True)
-def _softmax(scores, offsets, lengths, unit_of_row, scale, sinks, is_bf16, smax, ssum):
+def _softmax(scores, offsets, lengths, unit_of_row, scale, sinks, is_bf16, smax, ssum, cols):
     """In place: transposed scores ``S^T`` -> ``P^T`` (query-dtype values as fp32), per head.
 
     Every inner loop runs across the G heads of one kv row (contiguous, so it vectorizes); the
     element-wise steps (exp, division and rounding) run in parallel over the rows of all units,
-    the per-head max and sum over each unit's rows in order.
+    the per-head max and sum over each unit's rows in order, in parallel over units and ``cols``
+    contiguous ranges of heads each (a decode's one unit still splits: each head's sum keeps its
+    order).
 
     Args:
         scores: fp32 ``[rows, G]``: unit ``u``'s ``[L_u, G]`` scores are rows ``offsets[u]`` on.
@@ -244,27 +246,33 @@ def _softmax(scores, offsets, lengths, unit_of_row, scale, sinks, is_bf16, smax,
         scale: fp32 scale_value.
         sinks: fp32 ``[G]`` attention sinks of the G heads (N2 = 1), or empty.
         smax, ssum: out, fp32 ``[U, G]``: ``m`` and ``l`` per head.
+        cols: head ranges per unit for the max and sum (:func:`_head_cols`).
     """
-    for u in prange(lengths.shape[0]):
-        _scale_max(scores, offsets[u], lengths[u], scale, sinks, smax[u])
+    group = scores.shape[1]
+    for j in prange(lengths.shape[0] * cols):
+        u, c = j // cols, j % cols
+        _scale_max(scores, offsets[u], lengths[u], scale, sinks, smax[u], group * c // cols, group * (c + 1) // cols)
     for i in prange(scores.shape[0]):
         _exp_row(scores, i, smax[unit_of_row[i]])
-    for u in prange(lengths.shape[0]):
-        _sum_unit(scores, offsets[u], lengths[u], sinks, smax[u], ssum[u])
+    for j in prange(lengths.shape[0] * cols):
+        u, c = j // cols, j % cols
+        _sum_unit(scores, offsets[u], lengths[u], sinks, smax[u], ssum[u], group * c // cols,
+                  group * (c + 1) // cols)
     for i in prange(scores.shape[0]):
         _normalise_row(scores, i, ssum[unit_of_row[i]], is_bf16)
 
 
 @njit(cache=True)
-def _softmax_serial(scores, offsets, lengths, unit_of_row, scale, sinks, is_bf16, smax, ssum):
+def _softmax_serial(scores, offsets, lengths, unit_of_row, scale, sinks, is_bf16, smax, ssum, cols):
     """:func:`_softmax` on the calling thread, unit after unit (each element sees the same steps;
-    ``unit_of_row`` is not needed)."""
+    ``unit_of_row`` and ``cols`` are not needed)."""
+    group = scores.shape[1]
     for u in range(lengths.shape[0]):
         off, n = offsets[u], lengths[u]
-        _scale_max(scores, off, n, scale, sinks, smax[u])
+        _scale_max(scores, off, n, scale, sinks, smax[u], 0, group)
         for i in range(off, off + n):
             _exp_row(scores, i, smax[u])
-        _sum_unit(scores, off, n, sinks, smax[u], ssum[u])
+        _sum_unit(scores, off, n, sinks, smax[u], ssum[u], 0, group)
         for i in range(off, off + n):
             _normalise_row(scores, i, ssum[u], is_bf16)
 
@@ -415,7 +423,7 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
         else:
             sm = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
             ss = np.empty((u1 - u0, group), dtype=np.float32)  # [U', G]
-        softmax(scores[:rows], offsets, lens, unit_of_row, scale, sinks, is_bf16, sm, ss)
+        softmax(scores[:rows], offsets, lens, unit_of_row, scale, sinks, is_bf16, sm, ss, _head_cols(u1 - u0, group))
         if not dense:
             smax[pass_units], ssum[pass_units] = sm, ss
         o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]
@@ -425,6 +433,21 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
         round_out(o.reshape(-1), is_bf16, bits)
         if not dense:
             out[pass_units] = bits.reshape(u1 - u0, group, HCKV)
+
+
+#: Fewest heads in one range of the softmax's per-head max and sum (:func:`_head_cols`): 16 fp32
+#: lanes, one AVX-512 vector.
+HEADS_PER_COL = 16
+
+
+def _head_cols(units: int, group: int) -> int:
+    """Head ranges per unit for :func:`_softmax`'s per-head max and sum: enough for every thread to
+    get work where the units are fewer than the threads (a decode's one unit), each at least
+    :data:`HEADS_PER_COL` heads."""
+    threads = get_num_threads()
+    if units >= threads:
+        return 1
+    return max(1, min(-(-threads // units), group // HEADS_PER_COL))
 
 
 @functools.lru_cache(maxsize=4)
