@@ -530,3 +530,34 @@ def test_no_rope_form_is_tnd_prefill_only(rng):
     _assert_close(out, want, BF16)  # the same attention, the rope part concatenated by the caller
     with pytest.raises(ShapeError, match="value"):
         ops.npu_fused_infer_attention_score(q192, k192, k192, **no_rope)
+
+
+@pytest.mark.parametrize("layout", ["PA_BSH", "PA_BNSD", "PA_NZ"])
+def test_gather_by_blocks_reads_the_rows_of_a_row_by_row_gather(rng, layout):
+    """The emu gather reads block-table slots a block at a time; slots that do not run through
+    whole blocks (a block entered mid-way, a row skipped) are read row by row, with the rows
+    plain indexing gives."""
+    from ascend_emu.emu.fused_infer_attention_score import _block_rows, _gather
+
+    nb, bs, kv_n, d = 6, 16, 2, 32
+    shape = {"PA_BSH": (nb, bs, kv_n * d), "PA_BNSD": (nb, kv_n, bs, d), "PA_NZ": (nb, kv_n, d // 16, bs, 16)}[layout]
+    cache = rng.standard_normal(shape).astype(BF16)
+    if layout == "PA_BSH":
+        plain = cache.reshape(nb, bs, kv_n, d).transpose(2, 0, 1, 3).reshape(kv_n, nb * bs, d)  # [KV_N, slots, D]
+    elif layout == "PA_BNSD":
+        plain = cache.transpose(1, 0, 2, 3).reshape(kv_n, nb * bs, d)
+    else:
+        plain = cache.transpose(1, 0, 3, 2, 4).reshape(kv_n, nb * bs, d)
+    table = np.array([4, 1, 5])
+    block_slots = (table[np.arange(40) // bs] * bs + np.arange(40) % bs).astype(np.int64)  # 40 tokens, 3 blocks
+    skipped = np.delete(block_slots, 20)  # a row skipped
+    shifted = block_slots[3:]  # the first block entered mid-way
+    for h in range(kv_n):
+        assert _block_rows(cache, layout, kv_n, block_slots, bs, h) is not None
+        for slots in (block_slots, skipped, shifted):
+            got = _gather(cache, layout, kv_n, slots, bs, h)
+            assert got.dtype == np.float32 and np.array_equal(got, plain[h, slots].astype(np.float32))
+            assert np.array_equal(_gather(cache, layout, kv_n, slots, bs, h, widen=False).view(np.uint16),
+                                  plain[h, slots].view(np.uint16))
+        assert _block_rows(cache, layout, kv_n, skipped, bs, h) is None
+        assert _block_rows(cache, layout, kv_n, shifted, bs, h) is None

@@ -45,7 +45,7 @@ from ..quant import BF16
 from ..quant.rounding import bf16_bits_to_f32, f32_bits_to_bf16_bits
 from ..quant.rounding import f32_round_f16 as _f16
 from .kernels import launch_rows
-from .matmul import matmul_f32, matmul_int8
+from .matmul import matmul_f32, matmul_int8, widen_f32
 from .sparse_flash_attention import _exp_f64
 
 
@@ -273,18 +273,44 @@ def _tokens_first(x: np.ndarray, layout: str) -> np.ndarray:
 def _gather(cache: np.ndarray, layout: str, kv_n: int, slots: np.ndarray, block_size: int, h: int,
             widen: bool = True) -> np.ndarray:
     """fp32 ``[L, D]``: kv head ``h`` of the cache rows ``slots`` (``block * bs + row``; non-paged TND:
-    the token rows), widened exactly (``widen=False``: in the cache's dtype)."""
+    the token rows), widened exactly (``widen=False``: in the cache's dtype). Paged slots that
+    run through whole blocks in order (kv positions ``0 .. L-1`` through a block table, as the
+    contract makes them) are read a block at a time (:func:`_block_rows`), others row by row."""
     if layout == "TND":
         rows = cache[slots, h]  # [L, D]
-        return rows.astype(np.float32) if widen else rows
-    blk, row = slots // block_size, slots % block_size
+    else:
+        rows = _block_rows(cache, layout, kv_n, slots, block_size, h)
+        if rows is None:
+            blk, row = slots // block_size, slots % block_size
+            if layout == "PA_BSH":
+                rows = cache.reshape(cache.shape[0], cache.shape[1], kv_n, -1)[blk, row, h]  # [L, D]
+            elif layout == "PA_BNSD":
+                rows = cache[blk, h, row]  # [L, D]
+            else:  # PA_NZ [nb, KV_N, D/C0, bs, C0]
+                rows = cache[blk, h, :, row, :].reshape(slots.size, -1)  # [L, D/C0, C0] -> [L, D]
+    if not widen:
+        return np.ascontiguousarray(rows)
+    return widen_f32(rows) if rows.dtype == BF16 else rows.astype(np.float32)
+
+
+def _block_rows(cache: np.ndarray, layout: str, kv_n: int, slots: np.ndarray, block_size: int,
+                h: int) -> np.ndarray | None:
+    """``[L, D]`` in the cache's dtype: kv head ``h`` of the rows ``slots`` read as whole blocks,
+    where ``slots[j] == slots[j - j % bs] + j % bs`` with ``slots[j - j % bs]`` a block's first row
+    (checked here); else None."""
+    n = slots.size
+    firsts = slots[::block_size]  # [ceil(L / bs)] first slot of each block
+    if n == 0 or np.any(firsts % block_size) or not np.array_equal(
+            slots, np.repeat(firsts, block_size)[:n] + np.arange(n) % block_size):
+        return None
+    blocks = firsts // block_size
     if layout == "PA_BSH":
-        rows = cache.reshape(cache.shape[0], cache.shape[1], kv_n, -1)[blk, row, h]  # [L, D]
+        rows = cache.reshape(cache.shape[0], cache.shape[1], kv_n, -1)[blocks, :, h]  # [nblk, bs, D]
     elif layout == "PA_BNSD":
-        rows = cache[blk, h, row]  # [L, D]
+        rows = cache[blocks, h]  # [nblk, bs, D]
     else:  # PA_NZ [nb, KV_N, D/C0, bs, C0]
-        rows = cache[blk, h, :, row, :].reshape(slots.size, -1)  # [L, D/C0, C0] -> [L, D]
-    return rows.astype(np.float32) if widen else np.ascontiguousarray(rows)
+        rows = cache[blocks, h].transpose(0, 2, 1, 3)  # [nblk, bs, D/C0, C0]
+    return rows.reshape(blocks.size * block_size, -1)[:n]
 
 
 def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAttentionOutputs:
