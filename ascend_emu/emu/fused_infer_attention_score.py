@@ -8,7 +8,7 @@ from the paged cache through ``args.slots``:
    = key | key_rope rows and V ``[L, D]``, widened exactly to fp32; the query rows
    ``[R, D + 64]`` likewise;
 2. ``S = Q @ K^T`` by fp32 BLAS (:func:`~ascend_emu.emu.matmul.matmul_f32`);
-3. softmax (Numba, :func:`_softmax_rows`, rows in parallel): ``S * scale`` in fp32, ``m`` = max over the
+3. softmax (Numba, :func:`_softmax_rows`, rows in parallel where there are enough): ``S * scale`` in fp32, ``m`` = max over the
    row's first ``limit`` entries, ``e = fp32(exp(S - m))`` with exp evaluated in float64
    (:func:`ascend_emu.emu.sparse_flash_attention._exp_f64`, the sparse attention ops' one
    definition), ``l = sum e`` in kv order, ``P = qdt(e)`` RNE (unnormalised:
@@ -49,13 +49,13 @@ from .matmul import matmul_f32, matmul_int8, widen_f32
 from .sparse_flash_attention import _exp_f64
 
 
-@njit(cache=True, parallel=True)
-def _softmax_rows(scores, limits, scale, is_bf16, m, total):
-    """In place: fp32 scores ``[R, L]`` -> P (query-dtype values as fp32, unnormalised exp), row by
-    row over the first ``limits[r]`` entries (the rest set to 0); ``m`` / ``total``: out, fp32
-    ``[R]`` the row max and exp sum (rows with limit 0 are left untouched). Rows run in parallel;
-    within a row the scale / exp / rounding passes vectorize and the sum runs in kv order."""
-    for r in prange(scores.shape[0]):
+@njit(cache=True, nogil=True)
+def _softmax_rows(lo, hi, scores, limits, scale, is_bf16, m, total):
+    """In place, rows ``lo:hi``: fp32 scores ``[R, L]`` -> P (query-dtype values as fp32, unnormalised
+    exp) over the first ``limits[r]`` entries (the rest set to 0); ``m`` / ``total``: out, fp32
+    ``[R]`` the row max and exp sum (rows with limit 0 are left untouched). Within a row the
+    scale / exp / rounding passes vectorize and the sum runs in kv order."""
+    for r in range(lo, hi):
         n = limits[r]
         row = scores[r]
         if n <= 0:
@@ -87,9 +87,17 @@ def _softmax_rows(scores, limits, scale, is_bf16, m, total):
 
 
 @njit(cache=True, parallel=True)
-def _c8_softmax_rows(dot, scores, d1, limits, block, p_out, max_p16, exp16, m, total):
-    """The C8 kernel's scores, blocked softmax and P quantisation, row by row in parallel (steps
-    C1-C4 of the op's module docstring). dot: int32 ``[R, L]`` exact nope dots; scores: fp32
+def _softmax_parts(parts, scores, limits, scale, is_bf16, m, total):
+    """:func:`_softmax_rows` over ``parts`` contiguous row ranges in parallel."""
+    rows = scores.shape[0]
+    for i in prange(parts):
+        _softmax_rows(rows * i // parts, rows * (i + 1) // parts, scores, limits, scale, is_bf16, m, total)
+
+
+@njit(cache=True, nogil=True)
+def _c8_softmax_rows(lo, hi, dot, scores, d1, limits, block, p_out, max_p16, exp16, m, total):
+    """The C8 kernel's scores, blocked softmax and P quantisation, rows ``lo:hi`` (steps C1-C4 of
+    the op's module docstring). dot: int32 ``[R, L]`` exact nope dots; scores: fp32
     ``[R, L]`` the rope products in, the scores out; d1: fp32 ``[R]`` ``fp32(fp32(qs * ks) * scale)``;
     limits: int64 ``[R]`` (rows with limit <= 0 are left untouched); block: kv positions per block.
     Out: p_out int8 ``[R, L]`` (0 past the limit), max_p16 / exp16 fp32 ``[R, nblk]`` the block's
@@ -99,7 +107,7 @@ def _c8_softmax_rows(dot, scores, d1, limits, block, p_out, max_p16, exp16, m, t
     p_range = np.float32(C8_P_RANGE)
     bias = np.float32(C8_DOT_BIAS)
     nblk = max_p16.shape[1]
-    for r in prange(scores.shape[0]):
+    for r in range(lo, hi):
         lim = limits[r]
         row = scores[r]
         drow = dot[r]
@@ -149,6 +157,15 @@ def _c8_softmax_rows(dot, scores, d1, limits, block, p_out, max_p16, exp16, m, t
             mo = mn
         m[r] = mo
         total[r] = tot
+
+
+@njit(cache=True, parallel=True)
+def _c8_softmax_parts(parts, dot, scores, d1, limits, block, p_out, max_p16, exp16, m, total):
+    """:func:`_c8_softmax_rows` over ``parts`` contiguous row ranges in parallel."""
+    rows = scores.shape[0]
+    for i in prange(parts):
+        _c8_softmax_rows(rows * i // parts, rows * (i + 1) // parts, dot, scores, d1, limits, block, p_out, max_p16,
+                         exp16, m, total)
 
 
 @njit(cache=True)
@@ -249,7 +266,8 @@ def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
         exp16 = np.empty((rows, nblk), np.float32)
         m = np.empty(rows, np.float32)
         total = np.empty(rows, np.float32)
-        _c8_softmax_rows(dot, scores, d1[tokens].reshape(-1), row_limits, block, p8, max_p16, exp16, m, total)
+        launch_rows(_c8_softmax_rows, _c8_softmax_parts, rows, width, dot, scores, d1[tokens].reshape(-1), row_limits,
+                    block, p8, max_p16, exp16, m, total)
         acc = np.empty((rows, d), np.float32)  # [R, 512] fp16 values
         for j in range(nblk):  # C5-C6: fp16 staging of each block's P @ V, fp16 online rescale
             lo, hi = j * block, min((j + 1) * block, width)
@@ -360,7 +378,8 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
                                 out=s_buf[:nq * group * width].reshape(nq * group, width))  # [nq*G, L]
             m = np.empty(scores.shape[0], np.float32)  # [nq*G]
             total = np.empty(scores.shape[0], np.float32)  # [nq*G]
-            _softmax_rows(scores, row_limits, scale, is_bf16, m, total)
+            launch_rows(_softmax_rows, _softmax_parts, scores.shape[0], scores.shape[1], scores, row_limits, scale,
+                        is_bf16, m, total)
             o = matmul_f32(scores, v)  # [nq*G, D]
             o = (o / np.where(live, total, np.float32(1))[:, None]).astype(np.float32)
             _store(out, lse, tokens, heads, o, m, total, live)
