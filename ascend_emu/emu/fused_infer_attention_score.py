@@ -34,6 +34,9 @@ Source: the op contract :mod:`ascend_emu.ops.fused_infer_attention_score` (numer
 
 from __future__ import annotations
 
+import contextlib
+
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -44,8 +47,8 @@ from ..ops.fused_infer_attention_score import (C8_DOT_BIAS, C8_DOT_BIAS_BITS, C8
 from ..quant import BF16
 from ..quant.rounding import bf16_bits_to_f32, f32_bits_to_bf16_bits
 from ..quant.rounding import f32_round_f16 as _f16
-from .kernels import launch_rows
-from .matmul import matmul_f32, matmul_int8, widen_f32
+from .kernels import launch_rows, side_by_side
+from .matmul import SMALL_INT8_MACS, matmul_f32, matmul_int8, one_blas_thread, widen_f32
 from .sparse_flash_attention import _exp_f64
 
 
@@ -168,7 +171,7 @@ def _c8_softmax_parts(parts, dot, scores, d1, limits, block, p_out, max_p16, exp
                          exp16, m, total)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _c8_stage_rows(lo, hi, pv, max_p16, exp16, acc, first):
     """Step C5-C6 for one kv block, rows ``lo:hi``, in place on ``acc`` (fp32 ``[R, D]`` holding
     fp16 values): ``x = fp16(fp16(pv * 2**-10) * max_p16)``, ``acc = x`` (``first``) or
@@ -250,7 +253,9 @@ def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
     d1 = ((qs.astype(np.float32) * ks).astype(np.float32) * np.float32(args.scale)).astype(np.float32)  # [T, N]
     v_scale = np.float32(vs * np.float32(1.0 / C8_P_RANGE))  # C7: deqScale2Val * scaleP2
     block = C8_KV_BLOCK
-    for nq, tokens, width, slots, row_limits, live in _requests(args, n):
+
+    def one(request) -> None:
+        nq, tokens, width, slots, row_limits, live = request
         k = _gather(args.key, args.cache_layout, 1, slots, args.block_size, 0, widen=False)  # [L, 512] int8
         kr = _gather(args.key_rope, args.cache_layout, 1, slots, args.block_size, 0)  # [L, 64] fp32
         v = k if args.value is args.key else _gather(args.value, args.cache_layout, 1, slots, args.block_size, 0,
@@ -276,7 +281,34 @@ def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
         o = acc * np.float32(1.0 / C8_PV_STAGE_SCALE)  # C7
         o = (o / np.where(live, total, np.float32(1))[:, None]).astype(np.float32)
         _store(out, lse, tokens, slice(None), (o * v_scale).astype(np.float32), m, total, live)
+
+    requests = list(_requests(args, n))
+    costs = [nq * n * width for nq, _, width, *_ in requests]  # [requests] rows x kv positions
+    threads = _request_threads(costs, d)
+    with one_blas_thread() if threads > 1 else contextlib.nullcontext():
+        side_by_side(one, requests, threads, costs)
     return out, lse
+
+
+#: Requests per thread from which a C8 decode runs its requests side by side even where its
+#: products are large enough for several threads each (:func:`_request_threads`).
+REQUESTS_PER_THREAD = 2
+
+
+def _request_threads(costs: list, dot_macs_per_cost: int) -> int:
+    """Python threads that run a C8 decode's requests side by side (each request then on one
+    thread throughout, :func:`~ascend_emu.emu.kernels.side_by_side`), or 1 (requests one after the
+    other, their products and passes threaded inside): Numba's thread count where there are at
+    least two requests and either every request's products are at most
+    :data:`~ascend_emu.emu.matmul.SMALL_INT8_MACS` (one thread each anyway: the int8 ``q @ K`` is
+    ``rows * 512 * kv`` multiply-adds, the largest) or there are :data:`REQUESTS_PER_THREAD`
+    requests per thread to balance. ``costs``: rows x kv positions per request."""
+    threads = numba.get_num_threads()
+    if threads < 2 or len(costs) < 2:
+        return 1
+    if max(costs) * dot_macs_per_cost <= SMALL_INT8_MACS or len(costs) >= REQUESTS_PER_THREAD * threads:
+        return threads
+    return 1
 
 
 def _tokens_first(x: np.ndarray, layout: str) -> np.ndarray:

@@ -8,6 +8,9 @@ are in range.
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from typing import NamedTuple
 
 import numba
@@ -50,12 +53,78 @@ ELEMENTS_PER_PART = 1 << 16
 
 def parallel_parts(items: int, elements_per_item: int) -> int:
     """How many contiguous ranges to split ``items`` independent rows into: 1 (run serially)
-    below two ranges of :data:`ELEMENTS_PER_PART`, else one per thread (at most), each at least
-    that large."""
+    below two ranges of :data:`ELEMENTS_PER_PART` or in a :func:`side_by_side` task, else one
+    per thread (at most), each at least that large."""
     parts = items * elements_per_item // ELEMENTS_PER_PART
-    if parts < 2:
+    if parts < 2 or getattr(_task, "serial", False):
         return 1
     return max(1, min(numba.get_num_threads(), parts, items))
+
+
+_task = threading.local()
+_pool = None
+_pool_key = None
+
+
+def side_by_side(fn, items: list, threads: int, costs: list | None = None) -> None:
+    """``fn(item)`` for every item, split into ``min(threads, len(items))`` contiguous runs of about
+    equal total ``costs`` (default: equal counts) that Python threads take side by side (the
+    calling thread one of them); returns when all are done, raising the first error. For work
+    whose compiled kernels release the GIL. Inside a run, :func:`parallel_parts` is 1 (every Numba
+    kernel runs serially: the ``workqueue`` layer must not be entered from two Python threads at
+    once) and torch, where imported, uses one thread on that Python thread (its count is kept per
+    thread); the caller runs OpenBLAS on one thread around it (a process-wide setting).
+
+    The worker threads are one pool per process (made again in a ``fork``'s child, which inherits
+    a pool without threads)."""
+    parts = min(threads, len(items))
+    if parts <= 1:
+        for item in items:
+            fn(item)
+        return
+    if costs is None:
+        cuts = [len(items) * i // parts for i in range(parts + 1)]
+    else:
+        edges = np.cumsum(np.asarray(costs, dtype=np.float64))  # [items]
+        cuts = [0] + [int(np.searchsorted(edges, edges[-1] * i / parts, side="right")) for i in range(1, parts)]
+        cuts.append(len(items))
+    torch = sys.modules.get("torch")
+
+    def run(lo: int, hi: int) -> None:
+        before = getattr(_task, "serial", False)
+        _task.serial = True
+        torch_threads = torch.get_num_threads() if torch is not None else 1
+        if torch_threads > 1:
+            torch.set_num_threads(1)
+        try:
+            for item in items[lo:hi]:
+                fn(item)
+        finally:
+            _task.serial = before
+            if torch_threads > 1:
+                torch.set_num_threads(torch_threads)
+
+    futures = [_worker_pool(parts - 1).submit(run, cuts[i], cuts[i + 1]) for i in range(1, parts) if cuts[i] < cuts[i + 1]]
+    try:
+        run(cuts[0], cuts[1])
+    finally:
+        errors = [f.exception() for f in futures]
+    for error in errors:
+        if error is not None:
+            raise error
+
+
+def _worker_pool(workers: int):
+    """The process's pool of ``workers`` threads for :func:`side_by_side` (made once per process
+    and size)."""
+    global _pool, _pool_key
+    key = (os.getpid(), workers)
+    if _pool_key != key:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ascend_emu")
+        _pool_key = key
+    return _pool
 
 
 def launch_rows(rows_fn, parts_fn, tokens: int, elements_per_token: int, *operands) -> None:

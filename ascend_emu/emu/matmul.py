@@ -67,7 +67,7 @@ from .. import _threads
 from ..errors import ModeError
 from ..layouts import NZArray
 from ..quant import BF16, to_f32
-from .kernels import launch_rows, parallel_parts
+from .kernels import launch_rows, side_by_side
 
 @njit(cache=True)
 def _widen_bf16_bits(bits, out):
@@ -335,21 +335,15 @@ def matmul_weight_heads(a: np.ndarray, w: np.ndarray) -> np.ndarray:
 
     Where one head's product is at most :data:`SMALL_PRODUCT_MACS` it runs on one OpenBLAS thread,
     and the heads are split into contiguous ranges run side by side by as many Python threads as
-    OpenBLAS had (:func:`_head_parts`; decode-sized products are too small for OpenBLAS to split, so
-    the heads are): each head is still one single-threaded product, the same bits."""
+    OpenBLAS had (:func:`_head_parts`, :func:`~ascend_emu.emu.kernels.side_by_side`; decode-sized
+    products are too small for OpenBLAS to split, so the heads are): each head is still one
+    single-threaded product, the same bits."""
     out = np.empty((a.shape[0], a.shape[1], w.shape[2]), dtype=np.float32)
     heads, macs = a.shape[0], a.shape[1] * w.shape[1] * w.shape[2]
     with _blas_threads(macs) as ctx:  # once for all heads, not per head
-        parts = _head_parts(ctx, heads, w.shape[1], w.shape[2])
-        if parts <= 1:
-            _heads_range(a, w, out, 0, heads)
-        else:
-            pool = _head_pool(parts - 1)
-            cuts = [heads * i // parts for i in range(parts + 1)]
-            futures = [pool.submit(_heads_range, a, w, out, cuts[i], cuts[i + 1]) for i in range(1, parts)]
-            _heads_range(a, w, out, cuts[0], cuts[1])
-            for future in futures:
-                future.result()
+        parts = _head_parts(ctx, heads)
+        ranges = [(heads * i // parts, heads * (i + 1) // parts) for i in range(parts)]
+        side_by_side(lambda r: _heads_range(a, w, out, *r), ranges, parts)
     return out
 
 
@@ -359,32 +353,13 @@ def _heads_range(a, w, out, h0: int, h1: int) -> None:
         matmul_weight(a[h], w[h], out=out[h])
 
 
-def _head_parts(ctx, heads: int, k: int, d: int) -> int:
+def _head_parts(ctx, heads: int) -> int:
     """Python threads for :func:`matmul_weight_heads`: 1 unless its products run on one OpenBLAS
-    thread (``ctx`` a :class:`_OneBlasThread`) that OpenBLAS had more of, and a head's widening is
-    a serial pass (:func:`~ascend_emu.emu.kernels.parallel_parts`: no Numba parallel launch from two
-    Python threads, which the ``workqueue`` layer forbids); then OpenBLAS's count, at most one per
-    head."""
-    if not isinstance(ctx, _OneBlasThread) or heads < 2 or parallel_parts(k, d) > 1:
+    thread (``ctx`` a :class:`_OneBlasThread`) that OpenBLAS had more of; then OpenBLAS's count,
+    at most one per head."""
+    if not isinstance(ctx, _OneBlasThread) or heads < 2:
         return 1
     return min(max(ctx.saved, default=1), heads)
-
-
-_pool = None
-_pool_key = None
-
-
-def _head_pool(workers: int):
-    """A thread pool of ``workers`` threads for :func:`matmul_weight_heads`, made once per process
-    and size (a pool inherited through ``fork`` has no threads: remade in the child)."""
-    global _pool, _pool_key
-    key = (os.getpid(), workers)
-    if _pool_key != key:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ascend_emu-heads")
-        _pool_key = key
-    return _pool
 
 
 def weight_f32(w: np.ndarray) -> np.ndarray:
