@@ -12,6 +12,7 @@ timeout given (default: ``ascend_emu``'s own, :data:`ascend_emu._threads.OPENBLA
 Ops (``ascend_emu`` imported before torch, as ``ascend-emu run`` does): the int8 C8 and the bf16
 ``npu_fused_infer_attention_score_v2`` decode (cases of ``bench_fused_infer_attention_score.py``),
 ``npu_kv_quant_sparse_flash_attention`` b = 1 and 4 (``bench_sparse_attention.py``),
+``npu_lightning_indexer`` (``bench_lightning_indexer.py``'s default case),
 ``npu_mla_prolog_v3`` non-quant at T = 1 and 16 (N = 32, He = 7168, Hcq = 1536), and a loop of one
 torch matmul ``[16, 7168] x [7168, 1536]`` then that prolog (``bench_mixed_threads.py``'s loop).
 
@@ -47,6 +48,7 @@ def workloads(rng) -> dict:
         calls[f"FIA {'C8' if c8 else 'bf16'} B={b} N={n} kv={kv}"] = fia.op_call(*fia.make_inputs(rng, b, n, kv, c8))
     for b in (1, 4):
         calls[f"KV-quant SFA b={b}"] = sfa.op_call(sfa.make_inputs(rng, b))
+    calls["indexer b=1 kv=4096"] = indexer_call(rng)
 
     def r(shape, scale):
         return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(BF16)
@@ -70,6 +72,22 @@ def workloads(rng) -> dict:
         prolog()
     calls["torch mm, then prolog_v3 T=16"] = loop
     return calls
+
+
+def indexer_call(rng):
+    """``npu_lightning_indexer`` as ``bench_lightning_indexer.py`` runs it by default: B = 1, N1 = 64,
+    D = 128, 4096 of 8192 cached tokens (PA_BSND, block 256), top 2048."""
+    from ascend_emu.ops import npu_lightning_indexer
+
+    b, kv_len, s2, bs, n1, d = 1, 4096, 8192, 256, 64, 128
+    nb = b * s2 // bs
+    query = rng.standard_normal((b, 1, n1, d)).astype(BF16)  # [B, 1, N1, D]
+    key = rng.standard_normal((nb, bs, 1, d)).astype(BF16)  # [blocks, bs, 1, D]
+    weights = rng.uniform(-1, 1, (b, 1, n1)).astype(BF16)  # [B, 1, N1]
+    kw = dict(actual_seq_lengths_query=np.ones(b, np.int32), actual_seq_lengths_key=np.full(b, kv_len, np.int32),
+              block_table=rng.permutation(nb).astype(np.int32).reshape(b, -1), layout_query="BSND",
+              layout_key="PA_BSND", sparse_count=2048, sparse_mode=3)
+    return lambda: npu_lightning_indexer(query, key, weights, **kw)
 
 
 def per_call(fn, seconds: float) -> float:

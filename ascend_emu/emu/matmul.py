@@ -107,7 +107,7 @@ def _scratch(count: int, dtype) -> np.ndarray:
     if nbytes > SCRATCH_BYTES:
         return np.empty(count, dtype=dtype)
     buf = getattr(_local, "buf", None)
-    if buf is None:
+    if buf is None or buf.nbytes < nbytes:
         buf = _local.buf = np.empty(SCRATCH_BYTES, dtype=np.uint8)
     return buf[:nbytes].view(dtype)
 
@@ -329,28 +329,51 @@ def matmul_weight(a: np.ndarray, w: np.ndarray, *, widen=None, out: np.ndarray |
 
 
 def matmul_weight_heads(a: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Per head ``h``: ``a[h] @ w[h]`` (:func:`matmul_weight`): ``a`` fp32 ``[N, M, K]``, ``w``
-    ``[N, K, D]`` bf16 / fp16 / fp32 (``weight_uk``); fp32 ``[N, M, D]``, the bits of one batched
-    sgemm over the whole widened weight.
+    """Per head ``h``: ``a[h] @ w[h]``: ``a`` fp32 ``[N, M, K]``, ``w`` ``[N, K, D]`` bf16 / fp16 /
+    fp32 (``weight_uk``); fp32 ``[N, M, D]``, the bits of ``np.matmul(a, widen_f32(w))`` (one
+    batched sgemm over the whole widened weight).
 
-    Where one head's product is at most :data:`SMALL_PRODUCT_MACS` it runs on one OpenBLAS thread,
-    and the heads are split into contiguous ranges run side by side by as many Python threads as
-    OpenBLAS had (:func:`_head_parts`, :func:`~ascend_emu.emu.kernels.side_by_side`; decode-sized
-    products are too small for OpenBLAS to split, so the heads are): each head is still one
-    single-threaded product, the same bits."""
-    out = np.empty((a.shape[0], a.shape[1], w.shape[2]), dtype=np.float32)
-    heads, macs = a.shape[0], a.shape[1] * w.shape[1] * w.shape[2]
-    with _blas_threads(macs) as ctx:  # once for all heads, not per head
-        parts = _head_parts(ctx, heads)
-        ranges = [(heads * i // parts, heads * (i + 1) // parts) for i in range(parts)]
-        side_by_side(lambda r: _heads_range(a, w, out, *r), ranges, parts)
+    The weight is widened a run of heads at a time into this thread's scratch (one compiled
+    pass, rows split across threads where that pays; read on every call, so a weight written in
+    place is always seen), and each run multiplied by ``np.matmul`` on its heads. Where one head's
+    product is at most :data:`SMALL_PRODUCT_MACS` it runs on one OpenBLAS thread, and the run's
+    heads are split into as many contiguous ranges as OpenBLAS had threads, multiplied side by
+    side by Python threads (:func:`_head_parts`, :func:`~ascend_emu.emu.kernels.side_by_side`:
+    decode-sized products are too small for OpenBLAS to split, so the heads are); every head is
+    still one single-threaded product, the same bits."""
+    n, m, k, d = a.shape[0], a.shape[1], w.shape[1], w.shape[2]
+    out = np.empty((n, m, d), dtype=np.float32)
+    per_run = max(1, SCRATCH_BYTES // max(1, k * d * 4))  # heads widened at a time
+    with _blas_threads(m * k * d) as ctx:  # once for all heads, not per head
+        parts = _head_parts(ctx, n)
+        for h0 in range(0, n, per_run):
+            h1 = min(n, h0 + per_run)
+            wide = _heads_f32(w, h0, h1)  # [h1 - h0, K, D] fp32
+            cuts = [h0 + (h1 - h0) * i // parts for i in range(parts + 1)]
+            ranges = [(lo, hi) for lo, hi in zip(cuts, cuts[1:]) if lo < hi]
+            side_by_side(lambda r, wide=wide, h0=h0: _heads_range(a, wide, out, r[0], r[1], h0), ranges, parts)
     return out
 
 
-def _heads_range(a, w, out, h0: int, h1: int) -> None:
-    """Heads ``h0:h1`` of :func:`matmul_weight_heads`."""
-    for h in range(h0, h1):
-        matmul_weight(a[h], w[h], out=out[h])
+def _heads_f32(w: np.ndarray, h0: int, h1: int) -> np.ndarray:
+    """Heads ``h0:h1`` of ``w`` ``[N, K, D]`` as fp32 ``[h1 - h0, K, D]``: ``w`` itself for fp32, else
+    the exact widening in this thread's scratch (valid until the thread's next widening)."""
+    heads = w[h0:h1]
+    if heads.dtype == np.float32:
+        return heads
+    k, d = w.shape[1], w.shape[2]
+    wide = _scratch((h1 - h0) * k * d, np.float32).reshape(h1 - h0, k, d)
+    if heads.flags.c_contiguous:
+        _fill_block(heads.reshape(-1, d), 0, d, wide.reshape(-1, d))  # [H * K, D] rows, one pass
+    else:
+        for i in range(h1 - h0):
+            _fill_block(heads[i], 0, d, wide[i])
+    return wide
+
+
+def _heads_range(a, wide, out, lo: int, hi: int, h0: int) -> None:
+    """Heads ``lo:hi`` of :func:`matmul_weight_heads`, ``wide`` holding heads ``h0`` on."""
+    np.matmul(a[lo:hi], wide[lo - h0:hi - h0], out=out[lo:hi])
 
 
 def _head_parts(ctx, heads: int) -> int:
