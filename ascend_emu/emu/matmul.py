@@ -44,8 +44,9 @@ on the whole widened weight, provided every block takes the same OpenBLAS path a
 
 Where no width meets both, the whole weight is widened at once into a temporary freed after the
 call (never kept). int8 products are exact whatever the split. ND weights (``weight_uk``) are
-widened per head (``[128, 512]``, 256 KiB) the same way: read on every call, so a weight written
-in place is always seen. The price of a weight past the limit is the widening on every call
+widened a run of heads at a time into the same scratch (:func:`matmul_weight_heads`, up to 32
+heads of ``[128, 512]``, 256 KiB each): read on every call, so a weight written in place is
+always seen. The price of a weight past the limit is the widening on every call
 (compiled row passes, about 0.3 ns per element on one core): decode-sized calls (T = 1) take up to
 about 1.9x what they take on kept copies, T = 16 calls about the same (docs/performance.md,
 "Widened weights").
