@@ -263,7 +263,8 @@ def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
         qrows = q[tokens].reshape(-1, d)  # [R, 512] int8
         # C1: exact int dot (read through the biased fp32 accumulator in the kernel), rope in fp32
         dot = matmul_int8(qrows, k, w_nk=True)  # [R, L] int32
-        scores = matmul_f32(qr[tokens].reshape(-1, D_ROPE).astype(np.float32), kr.T)  # [R, L] rope, then S
+        with one_blas_thread():  # the same bits at any thread count (and side by side)
+            scores = matmul_f32(qr[tokens].reshape(-1, D_ROPE).astype(np.float32), kr.T)  # [R, L] rope, then S
         nblk = -(-width // block)
         rows = scores.shape[0]
         p8 = np.empty((rows, width), np.int8)  # [R, L]
