@@ -66,9 +66,9 @@ def test_per_head_product_bit_identical_to_batched(rng, monkeypatch, t, blas_thr
     ranges = []
     heads_range = matmul._heads_range
 
-    def spy(a, wide, out, h0, h1, first):
+    def spy(a, w, out, h0, h1):
         ranges.append((threading.get_ident(), h0, h1))
-        heads_range(a, wide, out, h0, h1, first)
+        heads_range(a, w, out, h0, h1)
 
     monkeypatch.setattr(matmul, "_heads_range", spy)
     with threadpool_limits(blas_threads, user_api="blas"):
@@ -150,8 +150,9 @@ def test_nz_weights_kept_widened_up_to_the_limit_and_released_with_them(rng, mon
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32", "bf16-strided"])
 def test_per_head_runs_of_heads_bit_identical_to_batched(rng, monkeypatch, dtype):
-    """Heads widened a run at a time (a scratch of 5 heads: runs 5, 5, 2), fp16 / fp32 / strided
-    weights: the bits of one batched product on the whole widened weight."""
+    """Heads widened a run at a time (runs of 5 heads: 5, 5, 2 on one thread, 5, 1 and 5, 1 on
+    two), fp16 / fp32 / strided weights: the bits of one batched product on the whole widened
+    weight."""
     from threadpoolctl import threadpool_limits
 
     w_uk = _bf16(rng, 12, 128, 512, scale=0.1)  # [N, D, Hckv]
@@ -164,7 +165,7 @@ def test_per_head_runs_of_heads_bit_identical_to_batched(rng, monkeypatch, dtype
     q = _bf16(rng, 12, 3, 128).astype(np.float32)  # [N, T, D]
     with threadpool_limits(1, user_api="blas"):
         want = np.matmul(q, w_uk.astype(np.float32))
-    monkeypatch.setattr(matmul, "SCRATCH_BYTES", 5 * 128 * 512 * 4)
+    monkeypatch.setattr(matmul, "HEAD_RUN_BYTES", 5 * 128 * 512 * 4)
     for threads in (1, 2):
         with threadpool_limits(threads, user_api="blas"):
             assert matmul.matmul_weight_heads(q, w_uk).tobytes() == want.tobytes()

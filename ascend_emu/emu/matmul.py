@@ -44,8 +44,8 @@ on the whole widened weight, provided every block takes the same OpenBLAS path a
 
 Where no width meets both, the whole weight is widened at once into a temporary freed after the
 call (never kept). int8 products are exact whatever the split. ND weights (``weight_uk``) are
-widened a run of heads at a time into the same scratch (:func:`matmul_weight_heads`, up to 32
-heads of ``[128, 512]``, 256 KiB each): read on every call, so a weight written in place is
+widened a run of heads at a time into the same scratch (:func:`matmul_weight_heads`, 32 heads
+of ``[128, 512]``, 256 KiB each): read on every call, so a weight written in place is
 always seen. The price of a weight past the limit is the widening on every call
 (compiled row passes, about 0.3 ns per element on one core): decode-sized calls (T = 1) take up to
 about 1.9x what they take on kept copies, T = 16 calls about the same (docs/performance.md,
@@ -329,31 +329,42 @@ def matmul_weight(a: np.ndarray, w: np.ndarray, *, widen=None, out: np.ndarray |
     return out
 
 
+#: Bytes of widened weight one run of :func:`matmul_weight_heads` heads takes: the scratch (32
+#: heads of ``[128, 512]``). Measured on 2 cores, N = 128: runs of 1 / 4 / 8 / 32 heads took 2.5 /
+#: 1.7 / 1.5 / 1.3 ms at T = 1 on one thread (0.7-0.8 ms on two from 8 heads), 6.4 / 5.6 / 5.4 /
+#: 5.4 ms at T = 16: fewer, larger calls.
+HEAD_RUN_BYTES = SCRATCH_BYTES
+
+
 def matmul_weight_heads(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Per head ``h``: ``a[h] @ w[h]``: ``a`` fp32 ``[N, M, K]``, ``w`` ``[N, K, D]`` bf16 / fp16 /
     fp32 (``weight_uk``); fp32 ``[N, M, D]``, the bits of ``np.matmul(a, widen_f32(w))`` (one
     batched sgemm over the whole widened weight).
 
-    The weight is widened a run of heads at a time into this thread's scratch (one compiled
-    pass, rows split across threads where that pays; read on every call, so a weight written in
-    place is always seen), and each run multiplied by ``np.matmul`` on its heads. Where one head's
-    product is at most :data:`SMALL_PRODUCT_MACS` it runs on one OpenBLAS thread, and the run's
-    heads are split into as many contiguous ranges as OpenBLAS had threads, multiplied side by
-    side by Python threads (:func:`_head_parts`, :func:`~ascend_emu.emu.kernels.side_by_side`:
-    decode-sized products are too small for OpenBLAS to split, so the heads are); every head is
-    still one single-threaded product, the same bits."""
-    n, m, k, d = a.shape[0], a.shape[1], w.shape[1], w.shape[2]
-    out = np.empty((n, m, d), dtype=np.float32)
-    per_run = max(1, SCRATCH_BYTES // max(1, k * d * 4))  # heads widened at a time
-    with _blas_threads(m * k * d) as ctx:  # once for all heads, not per head
+    The weight is widened a run of heads at a time (:data:`HEAD_RUN_BYTES`) into the thread's
+    scratch (read on every call, so a weight written in place is always seen), and each run
+    multiplied by one ``np.matmul`` on its heads. Where one head's product is at most
+    :data:`SMALL_PRODUCT_MACS` it runs on one OpenBLAS thread, and the heads are split into as
+    many contiguous ranges as OpenBLAS had threads, taken side by side by Python threads
+    (:func:`_head_parts`, :func:`~ascend_emu.emu.kernels.side_by_side`: decode-sized products are
+    too small for OpenBLAS to split, so the heads are); every head is still one single-threaded
+    product, the same bits."""
+    n, m = a.shape[0], a.shape[1]
+    out = np.empty((n, m, w.shape[2]), dtype=np.float32)
+    with _blas_threads(m * w.shape[1] * w.shape[2]) as ctx:  # once for all heads, not per head
         parts = _head_parts(ctx, n)
-        for h0 in range(0, n, per_run):
-            h1 = min(n, h0 + per_run)
-            wide = _heads_f32(w, h0, h1)  # [h1 - h0, K, D] fp32
-            cuts = [h0 + (h1 - h0) * i // parts for i in range(parts + 1)]
-            ranges = [(lo, hi) for lo, hi in zip(cuts, cuts[1:]) if lo < hi]
-            side_by_side(lambda r, wide=wide, h0=h0: _heads_range(a, wide, out, r[0], r[1], h0), ranges, parts)
+        cuts = [n * i // parts for i in range(parts + 1)]
+        side_by_side(lambda r: _heads_range(a, w, out, r[0], r[1]), list(zip(cuts, cuts[1:])), parts)
     return out
+
+
+def _heads_range(a, w, out, lo: int, hi: int) -> None:
+    """Heads ``lo:hi`` of :func:`matmul_weight_heads`, a run of heads at a time."""
+    k, d = w.shape[1], w.shape[2]
+    run = max(1, HEAD_RUN_BYTES // max(1, k * d * 4))
+    for h0 in range(lo, hi, run):
+        h1 = min(hi, h0 + run)
+        np.matmul(a[h0:h1], _heads_f32(w, h0, h1), out=out[h0:h1])
 
 
 def _heads_f32(w: np.ndarray, h0: int, h1: int) -> np.ndarray:
@@ -370,11 +381,6 @@ def _heads_f32(w: np.ndarray, h0: int, h1: int) -> np.ndarray:
         for i in range(h1 - h0):
             _fill_block(heads[i], 0, d, wide[i])
     return wide
-
-
-def _heads_range(a, wide, out, lo: int, hi: int, h0: int) -> None:
-    """Heads ``lo:hi`` of :func:`matmul_weight_heads`, ``wide`` holding heads ``h0`` on."""
-    np.matmul(a[lo:hi], wide[lo - h0:hi - h0], out=out[lo:hi])
 
 
 def _head_parts(ctx, heads: int) -> int:
