@@ -344,9 +344,13 @@ class _Binding:
             slot = slots.get(name)
             if slot is None or slot[0] < n:
                 return None
-            value = _admit(value, slot, grad)
-            if value is _REFUSED:
-                return None
+            kind = slot[1]
+            if not ((type(value) is _Tensor and kind == "Tensor" and value.is_cpu  # the common cases inline
+                     and value.layout is _strided and not (grad and value.requires_grad))
+                    or _SCALARS.get(kind) is type(value) or (value is None and slot[2])):
+                value = _admit(value, slot, grad)
+                if value is _REFUSED:
+                    return None
             params[name] = value
         for name in self.by_keyword[n]:
             if name not in kwargs:
