@@ -672,11 +672,15 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
             ModeError naming the SoC and the mode.
     """
     values = dict(locals())
-    modes = {name: values.pop(name) for name in _MODE_NAMES + ("ckvkr_repo_mode", "quant_scale_repo_mode")}
+    modes = {name: values.pop(name) for name in _V3_MODE_ARGS}
     args = _normalise(3, values, modes, reason="",  # names: fixed by the entry point; the SoC sets the limits
                       key=signature(3, soc_name(), *values.values(), *modes.values()))
     query, query_rope, rest = _run(args)
     return (query, query_rope) + rest
+
+
+#: The v3 arguments that select the scenario (:func:`_select_scenario`), apart from the values.
+_V3_MODE_ARGS = _MODE_NAMES + ("ckvkr_repo_mode", "quant_scale_repo_mode")
 
 
 # ---------------------------------------------------------------------- v1 / v2 mapping

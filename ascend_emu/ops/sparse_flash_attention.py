@@ -643,13 +643,15 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
              pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks, element, is_ascend950())
     sig, st, known = _VALIDATED.lookup(given, _check_static)  # known: the lengths' dtypes and shapes passed too
     lengths_of = known_per_batch_lengths if known else per_batch_lengths
-    query, key, sparse_indices = required(query, "query"), required(key, "key"), required(sparse_indices,
-                                                                                         "sparse_indices")
-    if not quant:
-        query_rope, key_rope = required(query_rope, "query_rope"), required(key_rope, "key_rope")
+    if not known:  # a known signature: plain arrays of native dtypes, as required() leaves them
+        query, key, sparse_indices = required(query, "query"), required(key, "key"), required(sparse_indices,
+                                                                                             "sparse_indices")
+        if not quant:
+            query_rope, key_rope = required(query_rope, "query_rope"), required(key_rope, "key_rope")
+        if not quant and value is not None:
+            value = required(value, "value")
     v_from_key = True
     if not quant and value is not None:
-        value = required(value, "value")
         v_from_key = value is key or (value.__array_interface__["data"][0] == key.__array_interface__["data"][0]
                                       and value.strides == key.strides)  # the key itself
     n2, sbs, lead = st.n2, st.sbs, st.lead
