@@ -18,8 +18,8 @@ op-plugin gates on the family (``Ascend910B``, ``Ascend910_93``, ``Ascend950``; 
 
 from __future__ import annotations
 
-import os
 
+from ._env import getenv
 from .errors import ModeError
 
 #: Environment variable naming the emulated SoC.
@@ -34,7 +34,7 @@ ASCEND950_EXAMPLE = "Ascend950PR_9599"
 
 def soc_name() -> str:
     """The emulated SoC's name: ``$ASCEND_EMU_SOC_NAME`` or :data:`DEFAULT_SOC_NAME`."""
-    return os.environ.get(SOC_NAME_ENV) or DEFAULT_SOC_NAME
+    return getenv(SOC_NAME_ENV) or DEFAULT_SOC_NAME
 
 
 def device_family(name: str) -> str:

@@ -166,6 +166,23 @@ def test_prolog_memoised_signature_same_outputs_and_still_checks_values(rng):
     assert np.all(memory.view(np.uint16) == 0xA5A5)
 
 
+def test_prolog_memoised_signature_still_checks_read_tensors_against_the_caches(rng):
+    prolog_contract._VALIDATED.clear()
+    c = _prolog_case(rng)
+    _prolog_call(c)
+    assert len(prolog_contract._VALIDATED) == 1
+    for name, cache in (("rope_sin", "kr_cache"), ("rmsnorm_gamma_ckv", "kv_cache")):
+        bad = dict(c)
+        shape = c[name].shape
+        bad[name] = c[cache].reshape(-1)[:c[name].size].reshape(shape)  # same signature, inside the cache
+        before = [c["kv_cache"].copy(), c["kr_cache"].copy()]
+        with pytest.raises(ShapeError, match=f"{name}: expected memory separate from {cache}"):
+            _prolog_call(bad)
+        assert len(prolog_contract._VALIDATED) == 1  # the memoised path rejected it
+        assert_same_bytes(c["kv_cache"], before[0], "kv_cache")
+        assert_same_bytes(c["kr_cache"], before[1], "kr_cache")
+
+
 def test_prolog_memoised_per_tile_signature_still_checks_clip_alpha(rng):
     t, n = 2, 1
     he, hcq = 7168, 1536

@@ -22,6 +22,31 @@ def test_default_soc_is_an_a2(monkeypatch):
     assert soc.soc_name() == "Ascend910B2" and not soc.is_ascend950()
 
 
+def test_settings_read_per_call_see_every_change(monkeypatch):
+    from ascend_emu import _env
+    from ascend_emu.ops import backend_name
+
+    name = "ASCEND_EMU_TEST_GETENV"
+    monkeypatch.delenv(name, raising=False)
+    assert _env.getenv(name) is None and _env.getenv(name, "x") == "x"  # the key is now remembered
+    monkeypatch.setenv(name, "")
+    assert _env.getenv(name, "x") == ""
+    monkeypatch.setenv(name, "v")
+    assert _env.getenv(name) == "v"
+    monkeypatch.delenv(name)
+    assert _env.getenv(name, "x") == "x"
+    for value in ("Ascend950PR_9599", "Ascend910B2"):  # set and unset between two calls
+        monkeypatch.setenv(soc.SOC_NAME_ENV, value)
+        assert soc.soc_name() == value
+        monkeypatch.delenv(soc.SOC_NAME_ENV)
+        assert soc.soc_name() == soc.DEFAULT_SOC_NAME
+    monkeypatch.setenv("ASCEND_EMU_BACKEND", "nonexistent")
+    with pytest.raises(ModeError, match="ASCEND_EMU_BACKEND"):
+        backend_name()
+    monkeypatch.delenv("ASCEND_EMU_BACKEND")
+    assert backend_name() == "emu"
+
+
 def test_drop_in_reads_the_same_setting(monkeypatch):
     torch = pytest.importorskip("torch")
     import ascend_emu.torch_npu  # noqa: F401

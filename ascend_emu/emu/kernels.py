@@ -608,7 +608,7 @@ def scatter_rows(cache: np.ndarray, rows: np.ndarray, slots: np.ndarray, layout:
     row_bytes, chunk = raw.nbytes // t, layout.chunk_bytes
     w = _word_size(cache.nbytes, chunk, row_bytes)
     word = _WORDS[w]
-    flat, src = cache.reshape(-1).view(word), raw.view(np.uint8).view(word)  # flat shares memory with cache
+    flat, src = cache.reshape(-1).view(word), raw.view(word)  # flat shares memory with cache; w divides the row
     slots = np.asarray(slots).reshape(-1)  # [T]
     geometry = (layout.nz, layout.block_size, row_bytes // w, chunk // w)
     if keep is None and row_bytes * t < 2 * SCATTER_BYTES_PER_THREAD:

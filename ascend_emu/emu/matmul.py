@@ -55,7 +55,6 @@ about 1.9x what they take on kept copies, T = 16 calls about the same (docs/perf
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import warnings
@@ -65,6 +64,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import _threads
+from .._env import getenv
 from ..errors import ModeError
 from ..layouts import NZArray
 from ..quant import BF16, to_f32
@@ -194,7 +194,7 @@ def keep_limit() -> int:
     Raises:
         ModeError: the variable is set to something other than an int >= 0.
     """
-    text = os.environ.get(KEEP_ENV, "")
+    text = getenv(KEEP_ENV, "")
     if not text:
         return DEFAULT_KEEP_MIB << 20
     try:

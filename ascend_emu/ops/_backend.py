@@ -32,9 +32,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib
-import os
 from typing import TYPE_CHECKING, Iterator, Protocol, runtime_checkable
 
+from .._env import getenv
 from ..errors import ModeError, arg_error, describe
 
 if TYPE_CHECKING:  # the families' modules import this one
@@ -113,7 +113,7 @@ def set_backend(name: str) -> None:
 
 def backend_name() -> str:
     """Name of the selected backend."""
-    name = _scoped.get() or _selected or os.environ.get(_ENV, "emu")
+    name = _scoped.get() or _selected or getenv(_ENV, "emu")
     if name not in BACKENDS:
         raise arg_error(ModeError, _ENV, f"one of {sorted(BACKENDS)}", describe(name))
     return name

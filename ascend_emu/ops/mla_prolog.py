@@ -672,11 +672,15 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
             ModeError naming the SoC and the mode.
     """
     values = dict(locals())
-    modes = {name: values.pop(name) for name in _MODE_NAMES + ("ckvkr_repo_mode", "quant_scale_repo_mode")}
+    modes = {name: values.pop(name) for name in _V3_MODE_ARGS}
     args = _normalise(3, values, modes, reason="",  # names: fixed by the entry point; the SoC sets the limits
                       key=signature(3, soc_name(), *values.values(), *modes.values()))
     query, query_rope, rest = _run(args)
     return (query, query_rope) + rest
+
+
+#: The v3 arguments that select the scenario (:func:`_select_scenario`), apart from the values.
+_V3_MODE_ARGS = _MODE_NAMES + ("ckvkr_repo_mode", "quant_scale_repo_mode")
 
 
 # ---------------------------------------------------------------------- v1 / v2 mapping
@@ -858,6 +862,7 @@ class _Plan(NamedTuple):
     max_b: int  #: the version's largest B
     paged_blocks: bool  #: PA_BLK_* (slots depend on actual_seq_len's values: the full mapping)
     writes: bool  #: T > 0 and a non-empty cache: slots are mapped and range-checked
+    read: tuple  #: the :data:`_READ_TENSORS` given (not None: part of the signature), for :func:`_check_memory`
 
 
 #: Signatures whose static checks passed, each with its :class:`_Plan`.
@@ -886,7 +891,8 @@ def _normalise(version: int, values: dict, modes: dict, *, reason: str, key) -> 
     _VALIDATED.put(key, _Plan(fields={name: getattr(args, name) for name in _STATIC_FIELDS}, num_tokens=num_tokens,
                               max_b=VERSION_LIMITS[version].max_b,
                               paged_blocks=args.cache_mode in ("PA_BLK_BSND", "PA_BLK_NZ"),
-                              writes=num_tokens > 0 and args.kv_layout.num_rows > 0))
+                              writes=num_tokens > 0 and args.kv_layout.num_rows > 0,
+                              read=tuple(name for name in _READ_TENSORS if values.get(name) is not None)))
     return args
 
 
@@ -898,7 +904,7 @@ def _finish_planned(plan: _Plan, values: dict) -> MlaPrologArgs:
     fields = plan.fields
     scales = {name: values.get(name) for name in SCALE_ARGS}
     _check_alpha(scales["k_nope_clip_alpha"], values["rmsnorm_gamma_ckv"], fields["kc_scale"])
-    _check_memory(values)
+    _check_memory(values, plan.read)
     if plan.paged_blocks:
         return _finish(fields, values, scales, plan.max_b)
     cache_index = values.get("cache_index")
@@ -921,16 +927,18 @@ _READ_TENSORS = ("token_x", "weight_dq", "weight_uq_qr", "weight_uk", "weight_dk
                  "rmsnorm_gamma_ckv", "rope_sin", "rope_cos", "cache_index", "actual_seq_len") + SCALE_ARGS
 
 
-def _check_memory(values: dict) -> None:
+def _check_memory(values: dict, read: tuple[str, ...] | None = None) -> None:
     """The memory rule (:func:`~ascend_emu.ops._check.check_disjoint`): kv_cache and kr_cache
     apart, and no argument the call reads inside either. ``values``: the arguments by name (v1 /
-    v2 lack the v3-only ones: absent means None).
+    v2 lack the v3-only ones: absent means None). ``read``: the names of :data:`_READ_TENSORS`
+    given (a memoised signature's :attr:`_Plan.read`; None: every one, absent ones skipped).
 
     Raises:
         ShapeError: naming both arrays.
     """
     check_disjoint((("kv_cache", values["kv_cache"]), ("kr_cache", values["kr_cache"])),
-                   [(name, values.get(name)) for name in _READ_TENSORS])
+                   [(name, values.get(name)) for name in _READ_TENSORS] if read is None
+                   else [(name, values[name]) for name in read])
 
 
 def _finish(static: dict, t: dict, scales: dict, max_b: int) -> MlaPrologArgs:

@@ -106,7 +106,7 @@ from .. import checked_mode
 from ._backend import get_backend
 from .lightning_indexer import SPARSE_COUNTS_LARGE
 from ._check import (ValidatedSignatures, check_dtype, check_float, dtype_name, known_per_batch_lengths,
-                     per_batch_lengths, prefix_lengths, required)
+                     per_batch_lengths, prefix_lengths, required, trusted)
 
 LayoutQuery = Literal["BSND", "TND"]
 LayoutKv = Literal["BSND", "TND", "PA_BSND"]
@@ -643,13 +643,15 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
              pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks, element, is_ascend950())
     sig, st, known = _VALIDATED.lookup(given, _check_static)  # known: the lengths' dtypes and shapes passed too
     lengths_of = known_per_batch_lengths if known else per_batch_lengths
-    query, key, sparse_indices = required(query, "query"), required(key, "key"), required(sparse_indices,
-                                                                                         "sparse_indices")
-    if not quant:
-        query_rope, key_rope = required(query_rope, "query_rope"), required(key_rope, "key_rope")
+    if not known:  # a known signature: plain arrays of native dtypes, as required() leaves them
+        query, key, sparse_indices = required(query, "query"), required(key, "key"), required(sparse_indices,
+                                                                                             "sparse_indices")
+        if not quant:
+            query_rope, key_rope = required(query_rope, "query_rope"), required(key_rope, "key_rope")
+        if not quant and value is not None:
+            value = required(value, "value")
     v_from_key = True
     if not quant and value is not None:
-        value = required(value, "value")
         v_from_key = value is key or (value.__array_interface__["data"][0] == key.__array_interface__["data"][0]
                                       and value.strides == key.strides)  # the key itself
     n2, sbs, lead = st.n2, st.sbs, st.lead
@@ -703,8 +705,8 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
         _raise_bad_index(idx, status, tok_b, tok_s, act_kv, sbs, st.q_nd)
     if not known:
         _VALIDATED.put(sig, st)
-    return SparseFlashAttentionArgs(
-        quant=bool(quant), query=query, query_rope=None if quant else query_rope, key=key,
+    return trusted(  # every field checked above: no per-field __setattr__ of the frozen __init__
+        SparseFlashAttentionArgs, quant=bool(quant), query=query, query_rope=None if quant else query_rope, key=key,
         key_rope=None if quant else key_rope, value=value, v_from_key=v_from_key, sparse_indices=sparse_indices,
         block_table=block_table, actual_seq_lengths_query=actual_seq_lengths_query,
         actual_seq_lengths_kv=actual_seq_lengths_kv, starts=starts, counts=counts, lengths=lengths,

@@ -263,11 +263,16 @@ def _up(r, originals: dict):
     """``r`` back as torch: an argument's own array is the caller's tensor, any other array a
     new NPU-marked tensor over its memory (tuples / lists kept)."""
     if isinstance(r, np.ndarray):
-        hit = originals.get(id(r))
-        return hit[1] if hit is not None and hit[0] is r else mark_npu(to_torch(r))
-    if isinstance(r, (tuple, list)):
-        return type(r)([_up(x, originals) for x in r])
+        return _up_array(r, originals)
+    if isinstance(r, (tuple, list)):  # an op's outputs: plain arrays converted without the type tests
+        return type(r)([_up_array(x, originals) if type(x) is np.ndarray else _up(x, originals) for x in r])
     return r
+
+
+def _up_array(r: np.ndarray, originals: dict):
+    """:func:`_up` of one array."""
+    hit = originals.get(id(r))
+    return hit[1] if hit is not None and hit[0] is r else mark_npu(to_torch(r))
 
 
 def call_op(fn: Callable, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Any:

@@ -69,15 +69,17 @@ def _accepted(fn: Callable) -> frozenset[str]:
 
 def _split(fn: Callable, table: tuple[tuple[str, str, bool], ...]) -> tuple:
     """The schema arguments (``table``: :func:`_kind_table`) split for ``fn``, each in schema
-    order: (tensors it takes, other values it takes, arguments it does not take), and ``fn``'s
-    own defaults (an argument that *is* its default object is left out of the call: the same
-    call, with fewer keywords to bind; 5-8 us of the MLA prolog's 38)."""
+    order: the tensors it takes as ``(name, whether a None is passed)`` (a None is left out where
+    ``fn``'s own default is None), the other values it takes as ``(name, fn's own default or
+    _REFUSED)`` (an argument that *is* its default object is left out of the call: the same
+    call, with fewer keywords to bind; 5-8 us of the MLA prolog's 38), and the arguments it
+    does not take."""
     accepted = _accepted(fn)
     sig = _signature(fn)
     own = {n: p.default for n, p in sig.parameters.items() if p.default is not p.empty} if sig else {}
-    return (tuple(n for n, kind, _ in table if n in accepted and kind == "Tensor"),
-            tuple(n for n, kind, _ in table if n in accepted and kind != "Tensor"),
-            tuple(n for n, _, _ in table if n not in accepted), own)
+    return (tuple((n, own.get(n, _REFUSED) is not None) for n, kind, _ in table if n in accepted and kind == "Tensor"),
+            tuple((n, own.get(n, _REFUSED)) for n, kind, _ in table if n in accepted and kind != "Tensor"),
+            tuple(n for n, _, _ in table if n not in accepted))
 
 
 def emulate(op_name: str, params: dict[str, Any], defaults: dict[str, Any], public_name: str,
@@ -97,19 +99,19 @@ def emulate(op_name: str, params: dict[str, Any], defaults: dict[str, Any], publ
     split = splits.get(fn)
     if split is None:
         split = splits[fn] = _split(fn, table)
-    tensors, values, others, own = split
+    tensors, values, others = split
     for key in others:
         default = defaults.get(key)
         value = params.get(key, default)
         if value is not default and not _is_default(value, default):
             raise arg_error(ModeError, key, f"the default {default!r} ({public_name} in ascend_emu does "
                             f"not support this argument)", describe(value))
-    kwargs = {key: params[key] for key in values if params[key] is not own.get(key, _REFUSED)}
+    kwargs = {key: value for key, own in values if (value := params[key]) is not own}
     originals: dict = {}  # id(array) -> (array, tensor), as :func:`._convert.call_op` keeps it
-    for key in tensors:  # a schema Tensor slot holds a tensor or None, never a list
+    for key, pass_none in tensors:  # a schema Tensor slot holds a tensor or None, never a list
         value = params[key]
         if value is None:
-            if own.get(key, _REFUSED) is not None:
+            if pass_none:
                 kwargs[key] = None
             continue
         kwargs[key] = array = to_numpy(value, key)
@@ -342,9 +344,13 @@ class _Binding:
             slot = slots.get(name)
             if slot is None or slot[0] < n:
                 return None
-            value = _admit(value, slot, grad)
-            if value is _REFUSED:
-                return None
+            kind = slot[1]
+            if not ((type(value) is _Tensor and kind == "Tensor" and value.is_cpu  # the common cases inline
+                     and value.layout is _strided and not (grad and value.requires_grad))
+                    or _SCALARS.get(kind) is type(value) or (value is None and slot[2])):
+                value = _admit(value, slot, grad)
+                if value is _REFUSED:
+                    return None
             params[name] = value
         for name in self.by_keyword[n]:
             if name not in kwargs:
