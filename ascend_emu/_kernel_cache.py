@@ -41,7 +41,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 #: top-level modules those import (the package's ``__init__`` only gives the version, which is in the
 #: key anyway). ``tests/test_kernel_cache.py`` checks that this holds every cached kernel and is
 #: closed under the imports.
-KERNEL_SOURCES = ("emu", "layouts", "quant", "ops", "_kernel_cache.py", "_threads.py", "checked_mode.py", "errors.py", "mla.py",
+KERNEL_SOURCES = ("emu", "layouts", "quant", "ops", "_env.py", "_kernel_cache.py", "_threads.py", "checked_mode.py", "errors.py", "mla.py",
                   "soc.py")
 
 

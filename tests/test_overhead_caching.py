@@ -52,6 +52,10 @@ def test_signature_tells_apart_what_the_checks_read():
     others.append(signature(read_only, 1e-5, "PA_NZ", None))
     assert all(o != same for o in others)
     assert signature([1, 2], 1e-5) is None  # not an array: always checked in full
+    # equal values that the checks and kernels tell apart: the sign of a zero
+    assert signature(a, 0.0) != signature(a, -0.0)
+    assert signature(a, np.float32(0.0)) != signature(a, np.float32(-0.0))
+    assert signature(a, 1, 1.0) != signature(a, 1.0, 1)  # int 1 and float 1.0
 
 
 def test_validated_signatures_drop_least_recent():
@@ -164,6 +168,23 @@ def test_prolog_memoised_signature_same_outputs_and_still_checks_values(rng):
     with pytest.raises(ShapeError, match="kr_cache: expected memory separate from kv_cache"):
         _prolog_call(c)
     assert np.all(memory.view(np.uint16) == 0xA5A5)
+
+
+def test_prolog_memoised_signature_keeps_the_sign_of_a_zero_scale(rng):
+    """kc_scale -0.0 after 0.0 (equal values): the kv_cache gets the zeros a fresh check gives."""
+    c = _prolog_case(rng, t=1)
+
+    def kv(scale, clear):
+        if clear:
+            prolog_contract._VALIDATED.clear()
+        case = {k: v.copy() if k.endswith("cache") else v for k, v in c.items()}
+        _prolog_call(case, kc_scale=scale)
+        return case["kv_cache"].view(np.uint16)
+
+    want = kv(-0.0, clear=True)
+    assert np.any(want == 0x8000)  # -0.0 in the cache row
+    kv(0.0, clear=True)
+    assert np.array_equal(kv(-0.0, clear=False), want)
 
 
 def test_prolog_memoised_signature_still_checks_read_tensors_against_the_caches(rng):

@@ -10,6 +10,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import math
 import os
 import sys
 import warnings
@@ -322,7 +323,8 @@ def signature(*values) -> tuple | None:
     """What the shape / dtype / mode checks of an op contract read of its arguments, as a hashable
     key: per array its exact type (``NZArray`` or a plain ``ndarray``), shape, dtype (byte order
     included), C-contiguity and writability; per scalar or string its type and value; None as
-    None. None when an argument is anything else (a list, a torch tensor, an array subclass
+    None (a float's sign with it: ``0.0 == -0.0``, but a scale of -0.0 gives other zeros). None
+    when an argument is anything else (a list, a torch tensor, an array subclass
     other than ``np.ndarray`` / ``NZArray``): such calls are always checked in full.
 
     Two calls with equal signatures pass or fail the same static checks, so a contract may skip
@@ -338,8 +340,10 @@ def signature(*values) -> tuple | None:
             add((t, x.shape, x.dtype, flags.c_contiguous, flags.writeable))
         elif x is None:
             add(None)
-        elif t is str or t is float or t is int or t is bool or isinstance(x, _SCALAR_TYPES):
-            add((t, x))
+        elif t is float or t is np.float32 or t is np.float64 or t is np.float16:
+            add((t, x, math.copysign(1.0, x)))  # 0.0 == -0.0, but scales keep their sign
+        elif t is str or t is int or t is bool or isinstance(x, _SCALAR_TYPES):
+            add((t, x, math.copysign(1.0, x)) if isinstance(x, np.floating) else (t, x))
         else:
             return None
     return tuple(key)
