@@ -60,3 +60,23 @@ def test_runs_split_at_equal_costs():
     assert where[0] == threading.get_ident()  # the caller's run: item 0 (cost 5)
     assert {where[i] for i in range(1, 6)} - {threading.get_ident()}  # the rest (cost 5) on a worker
     assert len({where[i] for i in range(1, 6)}) == 1
+
+
+def test_torch_thread_count_of_the_caller_is_kept():
+    """torch sets a thread's count on its first use from the last count any thread set: a worker's
+    one-thread setting must not become the count of a caller that had not used torch yet."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    code = """
+import ascend_emu, torch
+from ascend_emu.emu import kernels
+kernels.side_by_side(lambda i: torch.ones(4).sum(), list(range(8)), 2)
+print(torch.get_num_threads())
+"""
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert got.stdout.split()[-1] == "2"

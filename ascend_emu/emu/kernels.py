@@ -89,6 +89,10 @@ def side_by_side(fn, items: list, threads: int, costs: list | None = None) -> No
         cuts = [0] + [int(np.searchsorted(edges, edges[-1] * i / parts, side="right")) for i in range(1, parts)]
         cuts.append(len(items))
     torch = sys.modules.get("torch")
+    if torch is not None:
+        # torch gives a thread its count on the thread's first use, from the last count set by
+        # any thread: read it here before a worker sets 1, or this thread would keep 1
+        torch.get_num_threads()
 
     def run(lo: int, hi: int) -> None:
         before = getattr(_task, "serial", False)
