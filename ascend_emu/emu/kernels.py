@@ -108,7 +108,8 @@ def side_by_side(fn, items: list, threads: int, costs: list | None = None) -> No
             if torch_threads > 1:
                 torch.set_num_threads(torch_threads)
 
-    futures = [_worker_pool(parts - 1).submit(run, cuts[i], cuts[i + 1]) for i in range(1, parts) if cuts[i] < cuts[i + 1]]
+    pool = _worker_pool(parts - 1)
+    futures = [pool.submit(run, cuts[i], cuts[i + 1]) for i in range(1, parts) if cuts[i] < cuts[i + 1]]
     try:
         run(cuts[0], cuts[1])
     finally:
@@ -119,15 +120,16 @@ def side_by_side(fn, items: list, threads: int, costs: list | None = None) -> No
 
 
 def _worker_pool(workers: int):
-    """The process's pool of ``workers`` threads for :func:`side_by_side` (made once per process
-    and size)."""
+    """The process's pool of at least ``workers`` threads for :func:`side_by_side` (made once per
+    process, and again where more workers are asked for: the old one's threads end)."""
     global _pool, _pool_key
-    key = (os.getpid(), workers)
-    if _pool_key != key:
+    if _pool_key is None or _pool_key[0] != os.getpid() or _pool_key[1] < workers:
         from concurrent.futures import ThreadPoolExecutor
 
+        if _pool is not None and _pool_key[0] == os.getpid():
+            _pool.shutdown(wait=False)
         _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ascend_emu")
-        _pool_key = key
+        _pool_key = (os.getpid(), workers)
     return _pool
 
 
