@@ -80,3 +80,25 @@ print(torch.get_num_threads())
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert got.returncode == 0, got.stderr[-2000:]
     assert got.stdout.split()[-1] == "2"
+
+
+def test_a_split_inside_a_run_runs_in_place():
+    """A split asked for inside a run (one pool thread) runs there: no wait on the busy pool."""
+    seen = []
+    lock = threading.Lock()
+
+    def inner(item):
+        with lock:
+            seen.append((item, threading.get_ident()))
+
+    def outer(item):
+        ident = threading.get_ident()
+        kernels.side_by_side(inner, [(item, j) for j in range(3)], 2)
+        with lock:
+            assert all(i == ident for (it, _), i in seen if it == item)
+
+    runner = threading.Thread(target=kernels.side_by_side, args=(outer, [0, 1], 2), daemon=True)
+    runner.start()
+    runner.join(timeout=60)
+    assert not runner.is_alive(), "a nested split waits on the pool it runs in"
+    assert sorted(item for item, _ in seen) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]

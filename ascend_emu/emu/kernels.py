@@ -73,13 +73,14 @@ def side_by_side(fn, items: list, threads: int, costs: list | None = None) -> No
     whose compiled kernels release the GIL. Inside a run, :func:`parallel_parts` is 1 (every Numba
     kernel runs serially: the ``workqueue`` layer must not be entered from two Python threads at
     once) and torch, where imported, uses one thread on that Python thread (its count is kept per
-    thread); the caller runs OpenBLAS on one thread around it (a process-wide setting).
+    thread); the caller runs OpenBLAS on one thread around it (a process-wide setting). Called
+    inside a run, it runs its items there, one after the other.
 
     The worker threads are one pool per process (made again in a ``fork``'s child, which inherits
     a pool without threads)."""
     parts = min(threads, len(items))
-    if parts <= 1:
-        for item in items:
+    if parts <= 1 or getattr(_task, "serial", False):  # inside a run: no nested split (the pool's
+        for item in items:  # threads could all be waiting on it)
             fn(item)
         return
     if costs is None:
