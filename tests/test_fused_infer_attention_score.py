@@ -337,6 +337,35 @@ def test_c8_matches_reference_bit_for_bit(rng, input_layout, cache_ndim, q_lens,
     _assert_lse(lse, want_lse)  # the exp evaluations differ in the last fp32 bit
 
 
+@pytest.mark.parametrize("cache_ndim", [4, 5])
+def test_requests_side_by_side_give_the_bytes_of_one_thread(rng, monkeypatch, cache_ndim):
+    """bf16 decode: with 2 Numba threads the (request, kv head) units run side by side in two
+    Python threads, each with its own buffers; the bytes of one thread's run."""
+    import numba
+
+    from ascend_emu.emu import fused_infer_attention_score as fia
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one Numba thread available")
+    q, k, v, kw = make_case(rng, "TND", cache_ndim, BF16, q_lens=(1, 2, 3), kv_lens=(33, 7, 16))
+    runs = []
+    side_by_side = fia.side_by_side
+    monkeypatch.setattr(fia, "side_by_side", lambda fn, items, threads, costs: (
+        runs.append((len(items), threads)), side_by_side(fn, items, threads, costs)))
+    before = numba.get_num_threads()
+    got = []
+    try:
+        for threads in (1, 2):
+            numba.set_num_threads(threads)
+            out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True)
+            got.append(out.view(np.uint16).tobytes() + lse.tobytes())
+    finally:
+        numba.set_num_threads(before)
+    units = len(runs and runs[0]) and runs[0][0]
+    assert runs == [(units, 1), (units, 2)] and units >= 2
+    assert got[0] == got[1]
+
+
 def test_c8_requests_side_by_side_give_the_bytes_of_one_thread(rng, monkeypatch):
     """With 2 Numba threads the decode's requests (small products) run side by side in two Python
     threads; the outputs are the bytes of one thread's run and of the reference."""

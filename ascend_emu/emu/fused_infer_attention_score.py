@@ -35,6 +35,7 @@ Source: the op contract :mod:`ascend_emu.ops.fused_infer_attention_score` (numer
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import numba
 import numpy as np
@@ -48,7 +49,7 @@ from ..quant import BF16
 from ..quant.rounding import bf16_bits_to_f32, f32_bits_to_bf16_bits
 from ..quant.rounding import f32_round_f16 as _f16
 from .kernels import launch_rows, side_by_side
-from .matmul import SMALL_INT8_MACS, matmul_f32, matmul_int8, one_blas_thread, widen_f32
+from .matmul import SMALL_INT8_MACS, SMALL_PRODUCT_MACS, matmul_f32, matmul_int8, one_blas_thread, widen_f32
 from .sparse_flash_attention import _exp_f64
 
 
@@ -285,7 +286,7 @@ def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
 
     requests = list(_requests(args, n))
     costs = [nq * n * width for nq, _, width, *_ in requests]  # [requests] rows x kv positions
-    threads = _request_threads(costs, d)
+    threads = _request_threads(costs, d, SMALL_INT8_MACS)
     with one_blas_thread() if threads > 1 else contextlib.nullcontext():
         side_by_side(one, requests, threads, costs)
     return out, lse
@@ -296,18 +297,19 @@ def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
 REQUESTS_PER_THREAD = 2
 
 
-def _request_threads(costs: list, dot_macs_per_cost: int) -> int:
-    """Python threads that run a C8 decode's requests side by side (each request then on one
-    thread throughout, :func:`~ascend_emu.emu.kernels.side_by_side`), or 1 (requests one after the
-    other, their products and passes threaded inside): Numba's thread count where there are at
-    least two requests and either every request's products are at most
-    :data:`~ascend_emu.emu.matmul.SMALL_INT8_MACS` (one thread each anyway: the int8 ``q @ K`` is
-    ``rows * 512 * kv`` multiply-adds, the largest) or there are :data:`REQUESTS_PER_THREAD`
-    requests per thread to balance. ``costs``: rows x kv positions per request."""
+def _request_threads(costs: list, macs_per_cost: int, small_macs: int) -> int:
+    """Python threads that run an attention's (request, kv head) units side by side (each unit
+    then on one thread throughout, :func:`~ascend_emu.emu.kernels.side_by_side`), or 1 (units one
+    after the other, their products and passes threaded inside): Numba's thread count where there
+    are at least two units and either every unit's largest product (``cost * macs_per_cost``
+    multiply-adds: C8's int8 ``q @ K``, ``rows * 512 * kv``; bf16's ``q @ K^T``, ``rows * 576 *
+    kv``) is at most ``small_macs`` (one thread each anyway) or there are
+    :data:`REQUESTS_PER_THREAD` units per thread to balance. ``costs``: rows x kv positions per
+    unit."""
     threads = numba.get_num_threads()
     if threads < 2 or len(costs) < 2:
         return 1
-    if max(costs) * dot_macs_per_cost <= SMALL_INT8_MACS or len(costs) >= REQUESTS_PER_THREAD * threads:
+    if max(costs) * macs_per_cost <= small_macs or len(costs) >= REQUESTS_PER_THREAD * threads:
         return threads
     return 1
 
@@ -386,36 +388,52 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
     out = np.full((t_size, n, dv), EMPTY_ROW_OUTPUT, dtype=np.float32)  # [T, N, Dv] fp32 before the rounding
     lse = np.full((t_size, n), EMPTY_ROW_LSE, dtype=np.float32)  # [T, N]
     scale = np.float32(args.scale)
-    # buffers reused by every (request, kv head): fresh large arrays cost page faults per call
+    # buffers reused by every (request, kv head) a thread takes: fresh large arrays cost page
+    # faults per call
     width_max = int(args.slots.shape[1])
     rows_max = int(args.act_q.max()) * group
-    k_buf = np.empty((width_max, d + dr), np.float32)  # [W, D+64]
-    v_buf = None if args.value is args.key else np.empty((width_max, dv), np.float32)  # [W, Dv]
-    s_buf = np.empty(max(rows_max * width_max, 1), np.float32)
+    buffers = {}
+
+    def thread_buffers():
+        key = threading.get_ident()
+        if key not in buffers:
+            buffers[key] = (np.empty((width_max, d + dr), np.float32),  # [W, D+64] keys
+                            None if args.value is args.key else np.empty((width_max, dv), np.float32),  # [W, Dv]
+                            np.empty(max(rows_max * width_max, 1), np.float32))  # scores
+        return buffers[key]
+
     if dr:
         q = np.concatenate([q, _tokens_first(args.query_rope, args.query_layout)], axis=-1)  # [T, N, D+64]
-    for nq, tokens, width, slots, row_limits, live in _requests(args, group):
-        for h in range(kv_n):
-            heads = slice(h * group, (h + 1) * group)
-            k = k_buf[:width]  # [L, D+64], widened exactly on assignment
-            k[:, :d] = _gather(args.key, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
-            if dr:
-                k[:, d:] = _gather(args.key_rope, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
-            if v_buf is None:
-                v = k[:, :d]  # [L, D]: the ckv cache is key and value
-            else:
-                v = v_buf[:width]
-                v[...] = _gather(args.value, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
-            qrows = q[tokens, heads].reshape(-1, d + dr)
-            scores = matmul_f32(qrows.astype(np.float32), k.T,
-                                out=s_buf[:nq * group * width].reshape(nq * group, width))  # [nq*G, L]
-            m = np.empty(scores.shape[0], np.float32)  # [nq*G]
-            total = np.empty(scores.shape[0], np.float32)  # [nq*G]
-            launch_rows(_softmax_rows, _softmax_parts, scores.shape[0], scores.shape[1], scores, row_limits, scale,
-                        is_bf16, m, total)
-            o = matmul_f32(scores, v)  # [nq*G, D]
-            o = (o / np.where(live, total, np.float32(1))[:, None]).astype(np.float32)
-            _store(out, lse, tokens, heads, o, m, total, live)
+
+    def one(unit) -> None:
+        (nq, tokens, width, slots, row_limits, live), h = unit
+        k_buf, v_buf, s_buf = thread_buffers()
+        heads = slice(h * group, (h + 1) * group)
+        k = k_buf[:width]  # [L, D+64], widened exactly on assignment
+        k[:, :d] = _gather(args.key, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
+        if dr:
+            k[:, d:] = _gather(args.key_rope, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
+        if v_buf is None:
+            v = k[:, :d]  # [L, D]: the ckv cache is key and value
+        else:
+            v = v_buf[:width]
+            v[...] = _gather(args.value, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
+        qrows = q[tokens, heads].reshape(-1, d + dr)
+        scores = matmul_f32(qrows.astype(np.float32), k.T,
+                            out=s_buf[:nq * group * width].reshape(nq * group, width))  # [nq*G, L]
+        m = np.empty(scores.shape[0], np.float32)  # [nq*G]
+        total = np.empty(scores.shape[0], np.float32)  # [nq*G]
+        launch_rows(_softmax_rows, _softmax_parts, scores.shape[0], scores.shape[1], scores, row_limits, scale,
+                    is_bf16, m, total)
+        o = matmul_f32(scores, v)  # [nq*G, D]
+        o = (o / np.where(live, total, np.float32(1))[:, None]).astype(np.float32)
+        _store(out, lse, tokens, heads, o, m, total, live)
+
+    units = [(request, h) for request in _requests(args, group) for h in range(kv_n)]
+    costs = [request[0] * group * request[2] for request, _ in units]  # rows x kv positions
+    threads = _request_threads(costs, d + dr, SMALL_PRODUCT_MACS)
+    with one_blas_thread() if threads > 1 else contextlib.nullcontext():
+        side_by_side(one, units, threads, costs)
     return _finish(args, out, lse)
 
 
