@@ -337,60 +337,51 @@ def test_c8_matches_reference_bit_for_bit(rng, input_layout, cache_ndim, q_lens,
     _assert_lse(lse, want_lse)  # the exp evaluations differ in the last fp32 bit
 
 
-@pytest.mark.parametrize("cache_ndim", [4, 5])
-def test_requests_side_by_side_give_the_bytes_of_one_thread(rng, monkeypatch, cache_ndim):
-    """bf16 decode: with 2 Numba threads the (request, kv head) units run side by side in two
-    Python threads, each with its own buffers; the bytes of one thread's run."""
+def _at_1_and_2_threads(monkeypatch, call):
+    """``(splits, outputs)``: ``call()`` (returning ``(out, lse)``) at 1 then 2 Numba threads, the
+    ``(units, threads)`` each FIA call gave ``side_by_side`` and the output bytes of each."""
     import numba
 
     from ascend_emu.emu import fused_infer_attention_score as fia
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("one Numba thread available")
-    q, k, v, kw = make_case(rng, "TND", cache_ndim, BF16, q_lens=(1, 2, 3), kv_lens=(33, 7, 16))
-    runs = []
+    splits, got = [], []
     side_by_side = fia.side_by_side
     monkeypatch.setattr(fia, "side_by_side", lambda fn, items, threads, costs: (
-        runs.append((len(items), threads)), side_by_side(fn, items, threads, costs)))
+        splits.append((len(items), threads)), side_by_side(fn, items, threads, costs)))
     before = numba.get_num_threads()
-    got = []
     try:
         for threads in (1, 2):
             numba.set_num_threads(threads)
-            out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True)
+            out, lse = call()
             got.append(out.view(np.uint16).tobytes() + lse.tobytes())
     finally:
         numba.set_num_threads(before)
-    units = len(runs and runs[0]) and runs[0][0]
-    assert runs == [(units, 1), (units, 2)] and units >= 2
+    return splits, got
+
+
+@pytest.mark.parametrize("cache_ndim", [4, 5])
+def test_requests_side_by_side_give_the_bytes_of_one_thread(rng, monkeypatch, cache_ndim):
+    """bf16 decode: with 2 Numba threads the (request, kv head) units run side by side in two
+    Python threads, each with its own buffers; the bytes of one thread's run."""
+    q, k, v, kw = make_case(rng, "TND", cache_ndim, BF16, q_lens=(1, 2, 3), kv_lens=(33, 7, 16))
+    splits, got = _at_1_and_2_threads(
+        monkeypatch, lambda: ops.npu_fused_infer_attention_score(q, k, v, **kw, softmax_lse_flag=True))
+    units = splits[0][0]
+    assert splits == [(units, 1), (units, 2)] and units >= 2
     assert got[0] == got[1]
 
 
 def test_c8_requests_side_by_side_give_the_bytes_of_one_thread(rng, monkeypatch):
     """With 2 Numba threads the decode's requests (small products) run side by side in two Python
     threads; the outputs are the bytes of one thread's run and of the reference."""
-    import numba
-
-    from ascend_emu.emu import fused_infer_attention_score as fia
-
-    if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("one Numba thread available")
     q, cache, kw = make_c8_case(rng, "BSND_NBSD", 5, q_lens=(1, 1, 1), kv_lens=(600, 37, 300), sparse_mode=0)
-    runs = []
-    side_by_side = fia.side_by_side
-    monkeypatch.setattr(fia, "side_by_side", lambda fn, items, threads, costs: (
-        runs.append((len(items), threads)), side_by_side(fn, items, threads, costs)))
-    before = numba.get_num_threads()
-    got = []
-    try:
-        for threads in (1, 2):
-            numba.set_num_threads(threads)
-            out, lse = ops.npu_fused_infer_attention_score_v2(q, cache, cache, **kw, return_softmax_lse=True)
-            got.append(out.view(np.uint16).tobytes() + lse.tobytes())
-    finally:
-        numba.set_num_threads(before)
-    assert runs == [(3, 1), (3, 2)]
+    splits, got = _at_1_and_2_threads(
+        monkeypatch, lambda: ops.npu_fused_infer_attention_score_v2(q, cache, cache, **kw, return_softmax_lse=True))
+    assert splits == [(3, 1), (3, 2)]
     assert got[0] == got[1]
+    out = ops.npu_fused_infer_attention_score_v2(q, cache, cache, **kw)[0]
     np.testing.assert_array_equal(out.view(np.uint16), _ref_c8(q, cache, kw)[0].view(np.uint16))
 
 
