@@ -292,8 +292,9 @@ def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
     return out, lse
 
 
-#: Requests per thread from which a C8 decode runs its requests side by side even where its
-#: products are large enough for several threads each (:func:`_request_threads`).
+#: (request, kv head) units per thread from which a decode (bf16 or C8) runs its units side by
+#: side even where their products are large enough for several threads each
+#: (:func:`_request_threads`).
 REQUESTS_PER_THREAD = 2
 
 
@@ -343,7 +344,7 @@ def _gather(cache: np.ndarray, layout: str, kv_n: int, slots: np.ndarray, block_
                 rows = cache[blk, h, :, row, :].reshape(slots.size, -1)  # [L, D/C0, C0] -> [L, D]
     if not widen:
         return np.ascontiguousarray(rows)
-    return widen_f32(rows) if rows.dtype == BF16 else rows.astype(np.float32)
+    return widen_f32(rows)
 
 
 def _block_rows(cache: np.ndarray, layout: str, kv_n: int, slots: np.ndarray, block_size: int,
