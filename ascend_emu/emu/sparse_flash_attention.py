@@ -238,7 +238,7 @@ def _normalise_row(scores, i, total, is_bf16, g0, g1):
             row[g] = f16_bits_to_f32(f32_bits_to_f16_bits(x.view(np.uint32)))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _softmax_unit(scores, off, length, scale, sinks, is_bf16, m, total, g0, g1):
     """Steps 1-4 for one unit's rows ``off:off + length`` and heads ``g0:g1`` (every step of a
     head reads only that head's column). A compiled call, not inlined into the parallel loop."""
@@ -446,7 +446,10 @@ def _head_cols(units: int, group: int) -> int:
     else enough for one range per thread, each at least :data:`HEADS_PER_COL` heads (a decode's
     one unit of 128 heads on 2 threads: 2 ranges of 64). Narrower ranges cost more passes over
     the scores: the softmax of one unit of 2048 x 128 took 0.59 / 0.64 / 0.96 ms on 2 threads
-    with 2 / 4 / 8 ranges, 0.78 ms on one thread, 0.75 ms before, with parallel row passes."""
+    with 2 / 4 / 8 ranges, 0.78 ms on one thread, 0.75 ms before, with parallel row passes.
+    Since step 4's division vectorizes (:func:`_softmax_unit`) one thread takes 0.54-0.56 ms and
+    2 ranges 0.66 ms alone, the same within the noise inside a b = 1 call (the scores sit in both
+    cores' caches after the two-thread product)."""
     threads = get_num_threads()
     if units >= threads:
         return 1
