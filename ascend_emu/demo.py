@@ -208,8 +208,8 @@ class DecodeStepReport:
             attention, the new token's row rewritten in place); returns its attention output.
         floor_int8: the bare work of that step, for benchmarks: fp32 BLAS products of the prolog's
             four matmuls on pre-widened weights, the indexer's q . k product over the context and
-            its top-k selection (``argpartition``), the gather of the selected 656-byte rows and the
-            attention's two fp32 products.
+            its top-k (``np.partition``, then a sort of the kept values), the gather of the
+            selected 656-byte rows and the attention's two fp32 products.
         floor_operands: the operands of that step's products in the dtypes its ops multiply
             (``{label: (a, w)}`` with ``a @ w`` the product: bf16 x bf16, the partial-quant
             ``cq @ W_uq_qr`` int8 x int8), for benchmarks that time them on other engines
@@ -660,7 +660,8 @@ def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch, workers:
         np.matmul(qcqr[:, None, :D_NOPE], w_uk32)  # [N, 1, Hckv]
         xt @ f32["weight_dkv_kr"]  # [1, Hckv + Dr]
         score = np.maximum(q_idx32 @ k_idx32.T, 0).sum(0)  # [context + 1]
-        np.argpartition(-score, min(c.sparse_count, score.size) - 1)
+        kept = min(c.sparse_count, score.size)
+        np.sort(np.partition(-score, kept - 1)[:kept])  # the top-k, sorted (the op returns them so)
         k = rows_flat[picked].astype(np.float32)  # [K, 656]: the gather
         p = q576_32 @ k[:, :HCKV + D_ROPE].T  # [N, K]
         return p @ k[:, :HCKV]  # [N, Hckv]

@@ -26,7 +26,7 @@ preallocated buffer) of ``(R + W) / 2`` bytes, which reads and writes that many:
 ``"bandwidth"``. A gather of scattered rows is floored by the copy of as many contiguous bytes.
 
 Scripts build a :class:`MachineFloor` from :func:`product` and :func:`movement` parts (plus any
-:func:`other` part with no faster engine, e.g. a top-k ``argpartition``) and pass it to
+:func:`other` part with no faster engine, e.g. a top-k ``np.partition``) and pass it to
 ``_timing.best_times`` beside the op and their own floor, so all take turns in the same rounds.
 """
 
@@ -165,7 +165,7 @@ def movement(label: str, read: int, written: int | None = None, *, trials: int =
 
 
 def other(label: str, engine: str, run: Callable[[], object]) -> Part:
-    """A part of the floor no faster engine replaces (e.g. ``np.argpartition`` of a score row),
+    """A part of the floor no faster engine replaces (e.g. ``np.partition`` of a score row),
     run as it is and shown as ``engine``."""
     return Part(label, engine, run)
 

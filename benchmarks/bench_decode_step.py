@@ -5,7 +5,7 @@ cache) -> ``npu_lightning_indexer`` -> ``npu_kv_quant_sparse_flash_attention``, 
 shapes (:mod:`ascend_emu.demo`: He 7168, 16 query heads of one TP-8 rank, top-2048 of a 4096-token
 context by default). The floor of a layer is the bare work the step contains
 (``DecodeStepReport.floor_int8``: the prolog's four fp32 BLAS products on pre-widened weights,
-the indexer's q . k product and top-k ``argpartition``, the gather of the selected 656-byte rows
+the indexer's q . k product and top-k (``np.partition`` and a sort of the kept values), the gather of the selected 656-byte rows
 and the attention's two products). One layer's weights and caches serve every layer (61 layers'
 weights widened to fp32 would take about 5 GB), so the figures are those of a model whose layers
 all hit warm CPU caches equally. Printed: ms per step (L layers) for the emulator and the floor,
@@ -14,7 +14,7 @@ and their ratio, measured in one run (best of alternating rounds).
 Beside it, the machine floor (``benchmarks/_floor.py``): the same step's products
 (``DecodeStepReport.floor_operands``, in the dtypes the ops multiply) each on the fastest engine
 this machine has for it (sgemm, oneDNN bf16 or the int8 engine, chosen by timing at set-up), the
-indexer's ReLU, head sum and ``argpartition`` as in the floor, and the gather of the selected rows
+indexer's ReLU, head sum and top-k as in the floor, and the gather of the selected rows
 at copy bandwidth; printed with the engine each took and the emulator's ratio to it. Its oneDNN
 candidates import torch where installed, after the step's first run (so with ``--no-drop-in`` the
 emulator's int8 engine is still the one a process without torch picks).
@@ -130,7 +130,7 @@ def machine_floor(rep, sparse_count: int) -> MachineFloor:
     k = min(sparse_count, scores.shape[1])
 
     def top_k():
-        np.argpartition(-np.maximum(scores, 0).sum(0), k - 1)
+        np.sort(np.partition(-np.maximum(scores, 0).sum(0), k - 1)[:k])
     parts += [other("top-k", "numpy", top_k), movement("gather", rep.floor_gather_bytes),
               product("q@K", *ops_["q@K"]), product("P@V", *ops_["P@V"])]
     return MachineFloor(parts)
