@@ -5,8 +5,8 @@ cache) -> ``npu_lightning_indexer`` -> ``npu_kv_quant_sparse_flash_attention``, 
 shapes (:mod:`ascend_emu.demo`: He 7168, 16 query heads of one TP-8 rank, top-2048 of a 4096-token
 context by default). The floor of a layer is the bare work the step contains
 (``DecodeStepReport.floor_int8``: the prolog's four fp32 BLAS products on pre-widened weights,
-the indexer's q . k product and top-k (``np.partition`` and a sort of the kept values), the gather of the selected 656-byte rows
-and the attention's two products). One layer's weights and caches serve every layer (61 layers'
+the indexer's q . k product and top-k (``np.partition`` and a sort of the kept values), the
+gather of the selected 656-byte rows and the attention's two products). One layer's weights and caches serve every layer (61 layers'
 weights widened to fp32 would take about 5 GB), so the figures are those of a model whose layers
 all hit warm CPU caches equally. Printed: ms per step (L layers) for the emulator and the floor,
 and their ratio, measured in one run (best of alternating rounds).
