@@ -12,7 +12,7 @@ calls after a warm-up round, ``benchmarks/_timing.py``):
   one bare fp32 GEMM ``q [64, 128] @ k[:L].T`` (NumPy / BLAS), the head sum as one sgemv
   ``w [64] @ dots [64, L]`` (the ReLU's pass not counted), and the top-k: ``np.partition`` of
   the ``[L]`` score row then a sort of the ``k`` kept values (the op returns its indices by
-  score descending, ops_reference §5.5; sorting values alone is cheaper than sorting indices).
+  score descending, docs/sources.md#npu_lightning_indexer; sorting values alone is cheaper than sorting indices).
 - machine floor (``benchmarks/_floor.py``): the same GEMM on the bf16 operands, on the fastest
   engine this machine has for it (sgemm or oneDNN bf16, chosen by timing at set-up), plus the same
   head sum and top-k; printed with the engine each part took.

@@ -145,7 +145,7 @@ def user_weights():
 
 
 def rope_tables(t: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
-    """Half-layout cos / sin of positions ``offset..offset+t-1`` (ops_reference §1.1), bf16."""
+    """Half-layout cos / sin of positions ``offset..offset+t-1`` (docs/sources.md#rope), bf16."""
     inv = 10000.0 ** (-np.arange(DR // 2) / (DR // 2))
     ang = np.outer(np.arange(offset, offset + t), inv)
     ang = np.concatenate([ang, ang], axis=1)  # [T, 64]
