@@ -17,7 +17,7 @@ calls after a warm-up round, ``benchmarks/_timing.py``):
   engine this machine has for it (sgemm or oneDNN bf16, chosen by timing at set-up), plus the same
   head sum and top-k; printed with the engine each part took.
 
-Default shape (issue 6): B = 1, S1 = 1, N1 = 64, D = 128, kv length 4096 of S2 = 8192 cache
+Default shape (docs/performance.md#benchmarks): B = 1, S1 = 1, N1 = 64, D = 128, kv length 4096 of S2 = 8192 cache
 tokens per batch, block_size 256, sparse_count 2048.
 
 Usage: ``python benchmarks/bench_lightning_indexer.py [--batch 1] [--kv-len 4096] [--calls 20]``

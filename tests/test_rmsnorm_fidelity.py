@@ -38,7 +38,7 @@ CASES = [("kv_cache", 512), ("mla_prolog", 512), ("mla_prolog", 1536), ("mlapo_k
          ("mlapo_quant", 1536), ("mlapo_quant", 512)]
 ROWS = 10_000
 EPS = 1e-6
-#: Issue 7 targets: bf16 elements / rows equal to the float64-sum result.
+#: Targets (docs/sources.md#rms_norm): bf16 elements / rows equal to the float64-sum result.
 MIN_ELEMENT_SHARE = 0.9999
 MIN_ROW_SHARE = 0.99
 
@@ -112,7 +112,7 @@ def test_orders_differ():
 
 # ---------------------------------------------------------------------- (c) MLA prolog v3 end to end
 HE, HCQ, HCKV, D, DR, N = 7168, 1536, 512, 128, 64, 16
-#: The non-quant query's bit-identical share, per OpenBLAS kernel family (the Issue 7 target,
+#: The non-quant query's bit-identical share, per OpenBLAS kernel family (the target,
 #: 0.995, holds with Haswell's kernels; SkylakeX's sgemm order flips 1-3 bf16 roundings of
 #: query_norm per T, and each flip moves about 5 % of the query rows it feeds across a bf16
 #: rounding boundary: measured 0.9526 at T = 3). See docs/ops.md, "Fidelity notes".
