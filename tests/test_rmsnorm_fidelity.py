@@ -10,7 +10,7 @@
     ``randn / sqrt(fan_in)``, T = 3..6) is >= 99.5 % bit-identical to the reference (with
     OpenBLAS's Haswell kernels; 95 % with SkylakeX's), and
     ``query`` / ``query_rope`` / ``query_norm`` differ in at most the measured elements per T
-    plus a margin (the README's figures).
+    plus a margin (the figures of docs/ops.md#fidelity-notes).
 Also the per-channel kr quant (kv_cache_quant_mode 2) quantizes the bf16 rounding of RoPE(kr),
 as the kernel does (``ascend_emu/emu/mla_prolog.py`` step 8 cites the lines).
 """
@@ -118,7 +118,7 @@ HE, HCQ, HCKV, D, DR, N = 7168, 1536, 512, 128, 64, 16
 #: rounding boundary: measured 0.9526 at T = 3). See docs/ops.md, "Fidelity notes".
 MIN_QUERY_SHARE = {"Haswell": 0.995, "SkylakeX": 0.95}
 #: Elements differing from the reference per T, measured per OpenBLAS kernel family (query of
-#: T*16*512, query_rope of T*16*64, query_norm of T*1536 elements; Haswell: the README's
+#: T*16*512, query_rope of T*16*64, query_norm of T*1536 elements; Haswell: docs/ops.md's
 #: 99.98 - 99.99 % / 99.98 - 100 % / 99.98 - 100 %). Each is asserted with a margin of
 #: MARGIN_ELEMENTS; with a kernel family not measured, the test is skipped.
 MEASURED_DIFFERING = {
