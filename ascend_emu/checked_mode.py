@@ -27,8 +27,8 @@ When on:
   naming the op, the output and the first coordinates.
 
 Off, every hook is one global test and a return (measured in ``benchmarks/bench_checked.py``).
-Source: issue 11 §4; the ops' contracts in :mod:`ascend_emu.ops`. This module sits beside the
-ops rather than in :mod:`ascend_emu.inspect` (which DESIGN.md places above the ops): the ops call
+Source: docs/inspect.md#checked-mode; the ops' contracts in :mod:`ascend_emu.ops`. This module sits beside the
+ops rather than in :mod:`ascend_emu.inspect` (which docs/architecture.md places above the ops): the ops call
 its hooks, and importing it must not load the inspector.
 """
 

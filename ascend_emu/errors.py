@@ -1,8 +1,8 @@
 """Errors and warnings raised by ascend_emu.
 
 Every error names the argument, what was expected and what was given, so a rejected call can be
-fixed from the message alone. All errors subclass ``ValueError`` or ``TypeError`` (DESIGN.md,
-"Errors and safety"), so callers that already catch those keep working.
+fixed from the message alone. All errors subclass ``ValueError`` or ``TypeError`` (docs/numerics.md#errors),
+so callers that already catch those keep working.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The fixed MLA (DeepSeek V3 / V3.2) dimensions, defined once for every op, kernel and test.
 
-Source: ops_reference §2.1 (Hckv = 512, D = 128, Dr = 64, Nkv = 1), §2.2 (per-tile quant, tile
-128) and §5.1 (the sparse-attention query ``[.., 576] = cat(q_nope 512, q_rope 64)``). The seeds
-(``shared/seeds/npu_mla_prolog_v3.md``, ``npu_kv_quant_sparse_flash_attention.md``) fix the same
+Source: docs/sources.md#npu_mla_prolog_v3 (Hckv = 512, D = 128, Dr = 64, Nkv = 1), docs/sources.md#per_tile_rows (per-tile quant, tile
+128) and docs/sources.md#npu_kv_quant_sparse_flash_attention (the sparse-attention query ``[.., 576] = cat(q_nope 512, q_rope 64)``). The op pages
+(docs/sources.md#npu_mla_prolog_v3, docs/sources.md#npu_kv_quant_sparse_flash_attention) fix the same
 values. The 656-byte combined row built from them is :data:`ascend_emu.quant.MLA_ROW`.
 """
 

@@ -154,7 +154,7 @@ def make_paged_cache(num_blocks: int, block_size: int, dim: int, *, dtype: torch
 
     ``PA_BSND`` / ``PA_BLK_BSND``: slot ``s`` is the contiguous row ``cache.view(-1, heads, dim)[s]``.
     ``PA_NZ`` / ``PA_BLK_NZ``: each block holds ``[dim / C0, block_size, C0]`` with
-    ``C0 = 32 bytes / itemsize`` (:class:`ascend_emu.layouts.CacheLayout`, ops_reference §1.4),
+    ``C0 = 32 bytes / itemsize`` (:class:`ascend_emu.layouts.CacheLayout`, docs/sources.md#paged_nz),
     so the tensor's own indexing does not show the rows: read them with :func:`cache_rows`.
 
     Args:

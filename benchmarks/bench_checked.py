@@ -1,4 +1,4 @@
-"""Cost of checked mode (issue 11 §4) on a DeepSeek-V3.2 decode step, measured in one run.
+"""Cost of checked mode (docs/inspect.md#checked-mode) on a DeepSeek-V3.2 decode step, measured in one run.
 
 The step (int8 path of ``ascend-emu demo``, one TP-8 rank, one layer): ``npu_mla_prolog_v3``
 (partial quant, per-tile kv quant into a PA_BSND cache of 656-byte rows) for the new token,

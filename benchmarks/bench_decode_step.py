@@ -28,7 +28,7 @@ converted on every call, and outputs viewed back as NumPy, which the drop-in fig
 Memory: the process's peak resident set (``getrusage`` maxrss, the prefill and the run through the
 drop-in included) and its resident set after the imports, against the step's inputs (one layer's
 weights, the caches, the hidden states; ``DecodeStepReport.input_bytes``). The ops keep no widened
-copy of a weight (issue 21); the floor keeps fp32 copies of one layer's four prolog weights, and
+copy of a weight (docs/performance.md#widened-weights-and-memory); the floor keeps fp32 copies of one layer's four prolog weights, and
 the machine floor its own (its sgemm candidates).
 
 Usage: ``python benchmarks/bench_decode_step.py [--layers 61] [--context 4096] [--repeat 3] [--no-drop-in]``

@@ -14,7 +14,7 @@ without validation and scatters), the golden / emu ratio and the op's time relat
 thread, and the machine floor of the data it moves (``benchmarks/_floor.py``: the bytes the op
 reads, kv, gamma, cos, sin and the slots, and writes, the two caches' rows, as a copy of half their
 sum at the machine's copy bandwidth; ``np.copyto`` runs on one thread) with the op's ratio to it.
-Targets (issue 7): golden / emu > 1 at every thread count, fused pass <= 0.2 us per token
+Targets (docs/performance.md#against-the-floors): golden / emu > 1 at every thread count, fused pass <= 0.2 us per token
 at B=1024, and no thread count slower than a smaller one.
 
 Usage: ``python benchmarks/bench_kv_rmsnorm_rope_cache.py [--batch 1024] [--seq 1] [--block-size 128]``

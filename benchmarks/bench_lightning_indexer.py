@@ -12,12 +12,12 @@ calls after a warm-up round, ``benchmarks/_timing.py``):
   one bare fp32 GEMM ``q [64, 128] @ k[:L].T`` (NumPy / BLAS), the head sum as one sgemv
   ``w [64] @ dots [64, L]`` (the ReLU's pass not counted), and the top-k: ``np.partition`` of
   the ``[L]`` score row then a sort of the ``k`` kept values (the op returns its indices by
-  score descending, ops_reference §5.5; sorting values alone is cheaper than sorting indices).
+  score descending, docs/sources.md#npu_lightning_indexer; sorting values alone is cheaper than sorting indices).
 - machine floor (``benchmarks/_floor.py``): the same GEMM on the bf16 operands, on the fastest
   engine this machine has for it (sgemm or oneDNN bf16, chosen by timing at set-up), plus the same
   head sum and top-k; printed with the engine each part took.
 
-Default shape (issue 6): B = 1, S1 = 1, N1 = 64, D = 128, kv length 4096 of S2 = 8192 cache
+Default shape (docs/performance.md#benchmarks): B = 1, S1 = 1, N1 = 64, D = 128, kv length 4096 of S2 = 8192 cache
 tokens per batch, block_size 256, sparse_count 2048.
 
 Usage: ``python benchmarks/bench_lightning_indexer.py [--batch 1] [--kv-len 4096] [--calls 20]``

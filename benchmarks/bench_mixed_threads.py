@@ -1,4 +1,4 @@
-"""A torch matmul and an emulated op in one loop, against the two run apart (issue 21, threads).
+"""A torch matmul and an emulated op in one loop, against the two run apart (docs/performance.md#threads).
 
 Drop-in users always have torch loaded: torch's OpenMP threads (its MKL / oneDNN matmuls), Numba's
 threads and OpenBLAS's threads then share the cores. This script runs, in one fresh interpreter

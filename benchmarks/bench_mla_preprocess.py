@@ -16,7 +16,7 @@ alternating rounds after a warm-up (``_timing.best_times``):
 - the op through ``ascend_emu.ops`` and, with torch, through the torch_npu drop-in
   (``ascend_emu.torch_npu.atb.npu_mla_preprocess`` on torch copies of the same inputs).
 
-Target (issue 21): the op at most 1.3x this int8-GEMM floor. ``--threads N`` restarts the script
+Target (docs/performance.md#against-the-floors): the op at most 1.3x this int8-GEMM floor. ``--threads N`` restarts the script
 with ``OPENBLAS_NUM_THREADS``, ``NUMBA_NUM_THREADS`` and ``OMP_NUM_THREADS`` set to N
 (``_timing.run_with_threads``), so the op and its floors get the same threads.
 

@@ -20,7 +20,7 @@ run, and every figure is the best of N alternating runs after a warm-up:
   ``np.matmul`` on int32 operands and ``torch.matmul`` on int32 tensors (if torch is installed),
   for the three int8 x int8 shapes of the full-quant op; the results are checked equal.
 
-The targets (issue 8): non-quant at most 1.2x its floor at 1 and 2 threads (1.5x at 16), the
+The targets (docs/performance.md#against-the-floors): non-quant at most 1.2x its floor at 1 and 2 threads (1.5x at 16), the
 per-tile scenarios at most 1.3x. Each thread count runs in its own interpreter with
 ``NUMBA_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and ``OMP_NUM_THREADS`` set to it, so the op and
 its floor get the same threads (default: 1 and 2; ``--threads 1,2,4,16`` on a bigger machine).

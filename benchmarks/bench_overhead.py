@@ -10,7 +10,7 @@ A second pass measures the Python around the compiled work ("outside"): every Nu
 ``matmul_f32`` / ``matmul_int8`` / ``matmul_weight`` of the emu modules are wrapped with a timer
 whose time is subtracted (its own ~0.3 us per kernel counts as compiled work), and the matmuls are stubbed (each
 returns its first result again), because after streaming tens of MB of weights through BLAS the
-code around the matmuls runs on cold CPU caches. Targets (issue 8): the drop-in within 1.1x of
+code around the matmuls runs on cold CPU caches. Targets (docs/performance.md#per-call-cost): the drop-in within 1.1x of
 ``ops`` (about 6 us added to ~30 us), <= 60 us outside the compiled work through the drop-in and
 <= 30 us through ``ops``.
 
@@ -40,10 +40,10 @@ import sys
 import time
 
 ORDERS = ("torch-first", "emu-first")
-#: Targets of issue 8: us outside the compiled work through ops / the drop-in; drop-in / ops per
+#: Targets (docs/performance.md#per-call-cost): us outside the compiled work through ops / the drop-in; drop-in / ops per
 #: call; us the drop-in adds (1.1x of ~30 us).
 TARGET_OPS_US, TARGET_DROP_IN_US, TARGET_RATIO, TARGET_ADDED_US = 30.0, 60.0, 1.1, 6.0
-#: First call with a warm Numba cache, ms (issue 8).
+#: First call with a warm Numba cache, ms (docs/performance.md#first-calls-and-warm-up).
 TARGET_FIRST_MS = 150.0
 #: emu modules whose Numba dispatchers and matmul helpers count as compiled work.
 EMU_MODULES = ("ascend_emu.emu.kernels", "ascend_emu.emu.kv_rmsnorm_rope_cache", "ascend_emu.emu.mla_prolog",

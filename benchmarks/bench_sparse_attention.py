@@ -1,6 +1,6 @@
 """npu_kv_quant_sparse_flash_attention against its floor and against a plain torch reference.
 
-Shapes of the op-plugin golden (ops_reference §5.3): s1=1, n1=128, n2=1, s2=8192 of which 4096 are
+Shapes of the op-plugin golden (docs/sources.md#npu_kv_quant_sparse_flash_attention): s1=1, n1=128, n2=1, s2=8192 of which 4096 are
 used, top-2048 sparse indices (sparse_block_size 1), PA_BSND cache with block_size 256, bf16
 query; b=1 and b=4. Measured in one run, best of alternating rounds of ``--calls`` calls after a
 warm-up (``_timing.best_times``), each round after a short untimed pause so that the previous

@@ -1,4 +1,4 @@
-"""Per-call time of the ops whose weights are widened to fp32, before and after issue 21's bounded
+"""Per-call time of the ops whose weights are widened to fp32, before and after the bounded
 widening, in one run: two worker processes, one importing ``ascend_emu`` from ``--before`` (a
 checkout of the package that kept an fp32 copy of every weight) and one from this checkout (a
 block of columns at a time in a per-thread scratch, ``ascend_emu.emu.matmul.matmul_weight``),

@@ -1,5 +1,5 @@
 """Test helpers shared by every test module: poison-filled caches, byte comparisons and the
-accuracy criteria of the official tests (ops_reference §2.5, §4, §5.3).
+accuracy criteria of the official tests (docs/sources.md#assert_rtol_equal, docs/sources.md#npu_kv_rmsnorm_rope_cache, docs/sources.md#npu_kv_quant_sparse_flash_attention).
 
 Nothing here imports the code under test.
 """

@@ -1,6 +1,6 @@
 """A synthetic msprobe ``task: "tensor"`` dump of an N-layer decode step, with chosen calls corrupted.
 
-The layout is msprobe's (research notes msprobe.md §2): ``ROOT/step{S}/rank{R}/dump.json`` and
+The layout is msprobe's (docs/sources.md#msprobe_dump): ``ROOT/step{S}/rank{R}/dump.json`` and
 ``dump_tensor_data/{key}.{input|kwargs|output}.{i}.pt``, keys ``NPU.{api}.{n}.forward`` with
 ``n`` counting the API's calls within the step. Each layer calls ``npu_kv_rmsnorm_rope_cache``
 (PA mode, ``is_output_kv=False``: its two extra outputs hold random bytes, as the device's
@@ -37,7 +37,7 @@ NZ_WEIGHTS = ("weight_dq", "weight_uq_qr", "weight_dkv_kr")
 
 class NZ:
     """A FRACTAL_NZ tensor: msprobe records its dtype and shape, a ``data_name`` whose file it
-    does not write, and null statistics (research notes msprobe.md §2)."""
+    does not write, and null statistics (docs/sources.md#msprobe_dump)."""
 
     def __init__(self, tensor):
         self.tensor = tensor

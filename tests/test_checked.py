@@ -1,4 +1,4 @@
-"""Checked mode (issue 11 §4): uninitialised reads by the sparse-attention ops and the indexer,
+"""Checked mode (docs/inspect.md#checked-mode): uninitialised reads by the sparse-attention ops and the indexer,
 duplicate slots as errors, NaN outputs, off by default, ``ascend-emu run --checked``."""
 
 from __future__ import annotations

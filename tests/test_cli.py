@@ -384,7 +384,7 @@ def _locate(capsys, *args) -> dict:
 
 
 def _nz_offset_by_hand(slot, d, block_size, dim, itemsize):
-    """ops_reference §1.4 paged NZ: blk*bs*D + (d//C0)*bs*C0 + r*C0 + d%C0 elements."""
+    """docs/sources.md#paged_nz paged NZ: blk*bs*D + (d//C0)*bs*C0 + r*C0 + d%C0 elements."""
     c0 = 32 // itemsize
     blk, r = divmod(slot, block_size)
     return (blk * block_size * dim + (d // c0) * block_size * c0 + r * c0 + d % c0) * itemsize

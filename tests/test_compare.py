@@ -23,7 +23,7 @@ EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if "import torch_n
 
 # ----------------------------------------------------------------------------- references
 def ref_msprobe(n, b):
-    """msprobe's formulas, element by element (msprobe.md §3)."""
+    """msprobe's formulas, element by element (docs/sources.md#msprobe_metrics)."""
     n = [float(x) for x in np.asarray(n, np.float64).ravel()]
     b = [float(x) for x in np.asarray(b, np.float64).ravel()]
     eps = float(np.finfo(np.float32).eps)
@@ -40,7 +40,7 @@ def ref_msprobe(n, b):
 
 
 def ref_rtol_fails(x, y, prec=0.005):
-    """assertRtolEqual's dual threshold (ops_reference §2.5), with loops."""
+    """assertRtolEqual's dual threshold (docs/sources.md#assert_rtol_equal), with loops."""
     x, y = list(np.asarray(x, np.float64).ravel()), list(np.asarray(y, np.float64).ravel())
     n_rel = n_abs = 0
     for a, b in zip(x, y):
@@ -383,7 +383,7 @@ def test_heatmap_png(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- msprobe dumps
 def _msprobe_dump(root: pathlib.Path, torch, entries):
-    """Write an msprobe task-'tensor' dump (msprobe.md §2) of ``entries``: key -> (args, kwargs, outputs)."""
+    """Write an msprobe task-'tensor' dump (docs/sources.md#msprobe_dump) of ``entries``: key -> (args, kwargs, outputs)."""
     rank = root / "step0" / "rank0"
     data_dir = rank / "dump_tensor_data"
     data_dir.mkdir(parents=True)

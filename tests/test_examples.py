@@ -1,4 +1,4 @@
-"""Every ``examples/*.py`` runs through ``ascend-emu run`` and exits 0 (DESIGN.md, Tests), prints
+"""Every ``examples/*.py`` runs through ``ascend-emu run`` and exits 0 (docs/development.md), prints
 no warning and a screenful at most; the commands an example prints work."""
 
 from __future__ import annotations

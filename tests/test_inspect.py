@@ -1,6 +1,6 @@
 """ascend_emu.inspect: where / what / dump / grid / diff / blocks and cache files, for every cache
-mode, against tests/reference/layouts.py (element offsets by hand, ops_reference §1.4, §2.3, §4)
-and tests/reference/quant.py (656-byte rows by struct, §2.2)."""
+mode, against tests/reference/layouts.py (element offsets by hand, docs/sources.md#paged_nz, docs/sources.md#cache_index, docs/sources.md#npu_kv_rmsnorm_rope_cache)
+and tests/reference/quant.py (656-byte rows by struct, docs/sources.md#per_tile_rows)."""
 
 from __future__ import annotations
 

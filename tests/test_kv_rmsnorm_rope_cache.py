@@ -3,7 +3,7 @@
 Layout is checked byte for byte: the op's own rows (``is_output_kv=True``) are scattered with the
 reference's independent layout code into a poisoned cache and compared with the op's cache.
 Values are checked against the reference's fp32 golden (summing the RmsNorm squares in the
-kernel's tree order) with the official criterion (ops_reference §4: dual threshold 0.04 for bf16,
+kernel's tree order) with the official criterion (docs/sources.md#npu_kv_rmsnorm_rope_cache: dual threshold 0.04 for bf16,
 0.01 for fp16) and must be bit-identical to it; int8 caches must equal the reference.
 """
 
@@ -28,7 +28,7 @@ QUANT = [False, True]
 BLOCK_SIZES = [16, 32, 128]
 SHAPES = [(4, 1), (2, 37), (1, 129)]  # (B, S): decode; several pages per batch; S > 128
 NORM_SHAPES = [(4, 1), (3, 7), (1, 40)]
-#: ops_reference §4: assertRtolEqual prec for bf16 / fp16 outputs and caches.
+#: docs/sources.md#npu_kv_rmsnorm_rope_cache: assertRtolEqual prec for bf16 / fp16 outputs and caches.
 PREC = {BF16: 0.04, np.dtype(np.float16): 0.01}
 #: Bit-identical share floors vs the reference: RoPE uses the same fp32 products and sums (no FMA)
 #: and RmsNorm the kernel's summation order, so every element is identical (measured 1.0).
@@ -38,7 +38,7 @@ MIN_IDENTICAL_Y = 1.0
 
 # ---------------------------------------------------------------------- builders
 def make_inputs(rng, b, s, dtype):
-    """Inputs scaled as the official test does (ops_reference §4)."""
+    """Inputs scaled as the official test does (docs/sources.md#npu_kv_rmsnorm_rope_cache)."""
     kv = (8 * rng.standard_normal((b, 1, s, 576)) - 10).astype(dtype)  # [B, 1, S, 576]
     gamma = (990 * rng.standard_normal(512) - 1000).astype(dtype)  # [512]
     cos = rng.standard_normal((b, 1, s, 64)).astype(dtype)  # [B, 1, S, 64]

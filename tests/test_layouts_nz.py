@@ -1,4 +1,4 @@
-"""Matrix FRACTAL_NZ (ops_reference §1.4): nz_shape, nd_to_nz / nz_to_nd, nz_offset / nz_coords,
+"""Matrix FRACTAL_NZ (docs/sources.md#fractal_nz): nz_shape, nd_to_nz / nz_to_nd, nz_offset / nz_coords,
 NZArray, against the transdata formula and plain loops in tests/reference/layouts.py."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_nz_shape(shape, dtype):
 
 
 def test_nz_shape_known_cases():
-    # ops_reference §1.4: MlaPreprocess wdqkv int8 [2112, 7168] -> [7168/32=224, 2112, 32] storage
+    # docs/sources.md#fractal_nz: MlaPreprocess wdqkv int8 [2112, 7168] -> [7168/32=224, 2112, 32] storage
     assert nz_shape((2112, 7168), np.int8) == (224, 132, 16, 32)
     assert nz_shape((7, 20), np.float32) == (2, 1, 16, 16)  # fp32 sized as 2 bytes: C0 16
     assert nz_shape((3,), np.int8) == (1, 1, 16, 32)  # 1-D [L] -> [L, 1]

@@ -1,4 +1,4 @@
-"""Paged / block KV-cache layouts (ops_reference §1.4, §2.3, §4): CacheLayout forward and reverse
+"""Paged / block KV-cache layouts (docs/sources.md#paged_nz, docs/sources.md#cache_index, docs/sources.md#npu_kv_rmsnorm_rope_cache): CacheLayout forward and reverse
 maps for every cache mode, and the index -> slot maps, against tests/reference/layouts.py."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ LAYOUT_CASES = [
     ("TND", (6, 1, 9), 2),
     ("TND", (4, 2, 3), 4),
     ("Norm", (2, 1, 7, 6), 2),
-    ("PA_BSND", (2, 4, 1, 656), 1),  # combined per-tile rows (int8, §2.2)
+    ("PA_BSND", (2, 4, 1, 656), 1),  # combined per-tile rows (int8, docs/sources.md#per_tile_rows)
 ]
 CASE_IDS = [f"{m}-{'x'.join(map(str, s))}-i{i}" for m, s, i in LAYOUT_CASES]
 
@@ -127,7 +127,7 @@ def test_chunk_offsets_consistent_with_byte_offset(mode, shape, itemsize, rng):
 
 
 def test_paged_nz_block_layout_example():
-    # §2.3: an int8 kv cache [BlockNum, bs, 1, 512] in PA_NZ is memory [BlockNum, 16, bs, 32]
+    # docs/sources.md#paged_nz: an int8 kv cache [BlockNum, bs, 1, 512] in PA_NZ is memory [BlockNum, 16, bs, 32]
     lay = CacheLayout.from_declared("PA_NZ", (4, 128, 1, 512), 1)
     assert lay.storage_shape() == (4, 16, 128, 32)
     # token idx = 300: blk 2, r 44; element d = 70 -> [2, 2, 44, 6]

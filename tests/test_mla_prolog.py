@@ -2,7 +2,7 @@
 scenario of the v3 seed's table, every cache mode, v1 / v2 mapped onto v3, bad inputs.
 
 Real DeepSeek dims (He=7168, Hcq=1536, Hckv=512, D=128, Dr=64) with few tokens and heads.
-Outputs: ops_reference §2.5's dual 0.005 criterion plus a floor on the bit-identical share (and,
+Outputs: docs/sources.md#assert_rtol_equal's dual 0.005 criterion plus a floor on the bit-identical share (and,
 non-quant, a bound in bf16 ulps); int8 values byte-exact. Caches:
 poison-filled; bytes outside written rows must be unchanged, written rows are read back through
 the reference's own layout code (byte-exact in full quant). The scenario table the quant tests
@@ -461,7 +461,7 @@ QUANT_SETTINGS = {
 #: reference's float64) could move an int8 by one; none does on this data.
 #: Share of int8 query elements that differ (by one) from the official golden's half-even
 #: ``rint(x / scale)``: the A2 / A3 kernel rounds half away from zero twice through fp16
-#: (ops_reference §1.2), which the reference's ``query`` reproduces byte for byte. Measured 0.70 -
+#: (docs/sources.md#quant_rounding), which the reference's ``query`` reproduces byte for byte. Measured 0.70 -
 #: 0.75 % per scenario (23 of 3,072, 37 of 5,120, 43 of 6,144); the band fails a golden-like
 #: rounding (well under 0.5 %) as well as a wrong one.
 GOLDEN_QUERY_DIFF_SHARE = (0.005, 0.009)

@@ -1,4 +1,4 @@
-"""Rounding, int8 quant schemes and combined rows (ops_reference §1.2, §2.2, §5.1) against
+"""Rounding, int8 quant schemes and combined rows (docs/sources.md#quant_rounding, docs/sources.md#per_tile_rows, docs/sources.md#npu_kv_quant_sparse_flash_attention) against
 ml_dtypes and the exact-arithmetic references in tests/reference/quant.py."""
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ def test_quantize_dynamic_matches_reference(granularity, shape, tile, rng):
         x.reshape(-1, tile or shape[-1])[1] = 0  # one all-zero group
     q, scale = quantize_dynamic(x, granularity, tile_size=tile)
     want_q, want_s = ref.quantize_groups(x, _groups(shape, granularity, tile),
-                                         reciprocal_127=granularity == "per_tile")  # §1.2 Muls
+                                         reciprocal_127=granularity == "per_tile")  # docs/sources.md#quant_rounding Muls
     assert q.dtype == np.int8 and q.shape == x.shape
     assert_same_bytes(q.reshape(-1), want_q, "q")
     want_shape = {"per_tensor": (1,), "per_tile": (*shape[:-1], shape[-1] // (tile or 1))}.get(
@@ -338,7 +338,7 @@ def test_dequant_error_bound_property(vals, granularity):
 
     The bound used to be asserted for every scale > 0 and failed for subnormal inputs
     (amax = 3.279e-42 -> scale 2.5e-44): the property was wrong, not the code. The quantizer
-    multiplies by ``fp32(1 / scale)`` as the kernel does (ops_reference §1.2), and for a scale
+    multiplies by ``fp32(1 / scale)`` as the kernel does (docs/sources.md#quant_rounding), and for a scale
     below about 2**-128 that reciprocal overflows to inf, so every nonzero value saturates (127 / -128) and
     zeros stay 0 (``0 * inf`` is NaN -> 0): ``quantize_with_dequant_scale``'s documented fp32
     arithmetic, asserted here instead of the bound.

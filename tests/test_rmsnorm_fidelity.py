@@ -10,7 +10,7 @@
     ``randn / sqrt(fan_in)``, T = 3..6) is >= 99.5 % bit-identical to the reference (with
     OpenBLAS's Haswell kernels; 95 % with SkylakeX's), and
     ``query`` / ``query_rope`` / ``query_norm`` differ in at most the measured elements per T
-    plus a margin (the README's figures).
+    plus a margin (the figures of docs/ops.md#fidelity-notes).
 Also the per-channel kr quant (kv_cache_quant_mode 2) quantizes the bf16 rounding of RoPE(kr),
 as the kernel does (``ascend_emu/emu/mla_prolog.py`` step 8 cites the lines).
 """
@@ -38,7 +38,7 @@ CASES = [("kv_cache", 512), ("mla_prolog", 512), ("mla_prolog", 1536), ("mlapo_k
          ("mlapo_quant", 1536), ("mlapo_quant", 512)]
 ROWS = 10_000
 EPS = 1e-6
-#: Issue 7 targets: bf16 elements / rows equal to the float64-sum result.
+#: Targets (docs/sources.md#rms_norm): bf16 elements / rows equal to the float64-sum result.
 MIN_ELEMENT_SHARE = 0.9999
 MIN_ROW_SHARE = 0.99
 
@@ -112,13 +112,13 @@ def test_orders_differ():
 
 # ---------------------------------------------------------------------- (c) MLA prolog v3 end to end
 HE, HCQ, HCKV, D, DR, N = 7168, 1536, 512, 128, 64, 16
-#: The non-quant query's bit-identical share, per OpenBLAS kernel family (the Issue 7 target,
+#: The non-quant query's bit-identical share, per OpenBLAS kernel family (the target,
 #: 0.995, holds with Haswell's kernels; SkylakeX's sgemm order flips 1-3 bf16 roundings of
 #: query_norm per T, and each flip moves about 5 % of the query rows it feeds across a bf16
 #: rounding boundary: measured 0.9526 at T = 3). See docs/ops.md, "Fidelity notes".
 MIN_QUERY_SHARE = {"Haswell": 0.995, "SkylakeX": 0.95}
 #: Elements differing from the reference per T, measured per OpenBLAS kernel family (query of
-#: T*16*512, query_rope of T*16*64, query_norm of T*1536 elements; Haswell: the README's
+#: T*16*512, query_rope of T*16*64, query_norm of T*1536 elements; Haswell: docs/ops.md's
 #: 99.98 - 99.99 % / 99.98 - 100 % / 99.98 - 100 %). Each is asserted with a margin of
 #: MARGIN_ELEMENTS; with a kernel family not measured, the test is skipped.
 MEASURED_DIFFERING = {
@@ -145,7 +145,7 @@ def user_weights():
 
 
 def rope_tables(t: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
-    """Half-layout cos / sin of positions ``offset..offset+t-1`` (ops_reference §1.1), bf16."""
+    """Half-layout cos / sin of positions ``offset..offset+t-1`` (docs/sources.md#rope), bf16."""
     inv = 10000.0 ** (-np.arange(DR // 2) / (DR // 2))
     ang = np.outer(np.arange(offset, offset + t), inv)
     ang = np.concatenate([ang, ang], axis=1)  # [T, 64]

@@ -3,7 +3,7 @@
 TND prefix sums, rows with no kv token, a per-tile cache written by npu_mla_prolog_v3, thread-count
 determinism, every bad argument, and the torch_npu drop-in.
 
-Accuracy: the official criterion (op-plugin goldens, ops_reference §5.3): more than 99 % of the
+Accuracy: the official criterion (op-plugin goldens, docs/sources.md#npu_kv_quant_sparse_flash_attention): more than 99 % of the
 elements within ``isclose(rtol=5e-3, atol=1e-4)``. Besides, the reference follows the documented
 numerics chain (fp32 scores, exp in float64 rounded to fp32, ``l`` summed in selection order,
 ``qdt(e / l)``, fp32 PV, one RNE rounding) and differs only in the matmuls' summation order (BLAS

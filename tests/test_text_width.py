@@ -1,7 +1,7 @@
 """Every text view fits the terminal: ``inspect where|dump|grid|diff|blocks`` and the ``compare``
 report at ``COLUMNS=80``, ``120`` and unset (80 for a pipe), no line wider, and the key facts
 (offsets, bytes, values, field names, slots) all there, checked against the cache's own bytes and
-tests/reference/layouts.py (element offsets by hand, ops_reference §1.4).
+tests/reference/layouts.py (element offsets by hand, docs/sources.md#paged_nz).
 
 Each test sets ``COLUMNS`` itself (monkeypatch), so a suite-wide default width changes nothing.
 """

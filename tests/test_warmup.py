@@ -90,7 +90,7 @@ def test_warmup_in_worker_processes_runs_every_call_once_in_order(monkeypatch):
 
 
 def test_prolog_scenarios_are_named():
-    """Each npu_mla_prolog_v3 warm-up names its quant scenario (ops_reference §2.1: partial / full
+    """Each npu_mla_prolog_v3 warm-up names its quant scenario (docs/sources.md#npu_mla_prolog_v3: partial / full
     quant, per-tensor / per-channel / per-tile kv_cache), not a bare mode tuple."""
     names = [c.name for c in warmup_mod._prolog_calls(np.random.default_rng(0))]
     assert all(re.search(r"\(\d, \d, \d\)", name) is None for name in names), names

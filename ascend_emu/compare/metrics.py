@@ -1,7 +1,7 @@
 """Per-tensor comparison metrics in the vocabulary of Ascend's accuracy tools.
 
-Two sources define the vocabulary (research notes: /work/shared/reference/msprobe.md §3 and
-ops_reference §2.5):
+Two sources define the vocabulary (docs/sources.md#msprobe_metrics and
+docs/sources.md#assert_rtol_equal):
 
 - msprobe compare (``msprobe/core/compare/algorithm/builtin_algorithm``): Cosine
   ``N.B / (|N| |B|)`` (both norms ~0 -> 1.0, one zero -> NaN), MaxAbsErr ``max|N - B|``, relative
@@ -34,7 +34,7 @@ from ..errors import ModeError, arg_error
 from ..quant import ulp_distance  # noqa: F401  (re-exported: compare.metrics.ulp_distance)
 from ..quant.combined import NOPE_BYTE_ORDINALS, NOPE_BYTE_VALUES
 
-#: ``prec`` / ``prec16`` of assertRtolEqual in the official MLA op tests (ops_reference §2.5).
+#: ``prec`` / ``prec16`` of assertRtolEqual in the official MLA op tests (docs/sources.md#assert_rtol_equal).
 RTOL_PREC = 0.005
 #: The msprobe error-ratio thresholds (One Thousandth / Five Thousandths Err Ratio).
 THOUSANDTH, FIVE_THOUSANDTHS = 0.001, 0.005
@@ -130,7 +130,7 @@ def msprobe_metrics(actual: np.ndarray, expected: np.ndarray) -> dict:
     ``expected`` plays msprobe's bench (B), ``actual`` its NPU side (N); both finite (the caller
     leaves non-finite pairs out, :func:`compare_tensor`). Empty inputs give None.
     Source: msprobe ``core/compare/algorithm/builtin_algorithm``, ``core/compare/utils.py::
-    get_relative_err`` (research notes msprobe.md §3).
+    get_relative_err`` (docs/sources.md#msprobe_metrics).
     """
     n = actual.astype(np.float64).reshape(-1)
     b = expected.astype(np.float64).reshape(-1)
@@ -155,7 +155,7 @@ def msprobe_metrics(actual: np.ndarray, expected: np.ndarray) -> dict:
 
 
 def rtol_equal(actual: np.ndarray, expected: np.ndarray, prec: float = RTOL_PREC, *, both_bf16: bool) -> bool:
-    """torch_npu ``assertRtolEqual``'s verdict (ops_reference §2.5) on two float arrays (finite
+    """torch_npu ``assertRtolEqual``'s verdict (docs/sources.md#assert_rtol_equal) on two float arrays (finite
     pairs; NaN pairs must be removed by the caller).
 
     Both bf16: ``|a - b| <= prec + prec * |b|`` everywhere (``torch.allclose(rtol=atol=prec16)``).

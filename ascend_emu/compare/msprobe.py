@@ -1,7 +1,7 @@
 """msprobe tensor dumps: read a device dump, replay it on the emulator, write the emulator's dump.
 
 msprobe (``mindstudio-probe``, Ascend's accuracy tool) dumps a run with ``task: "tensor"`` as
-``{step}/{rank|proc}/dump.json`` plus ``dump_tensor_data/*.pt`` (research notes msprobe.md §2):
+``{step}/{rank|proc}/dump.json`` plus ``dump_tensor_data/*.pt`` (docs/sources.md#msprobe_dump):
 
 - ``dump.json``: ``{"task", "level", "framework", "dump_data_dir", "data"}``; ``data[
   "NPU.npu_mla_prolog_v3.0.forward"] = {"input_args": [...], "input_kwargs": {...}, "output":

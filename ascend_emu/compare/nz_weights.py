@@ -1,6 +1,6 @@
 """FRACTAL_NZ weights that msprobe does not save, rebuilt for a dump replay.
 
-msprobe writes no file for a FRACTAL_NZ tensor (research notes msprobe.md §2: a ``data_name``
+msprobe writes no file for a FRACTAL_NZ tensor (docs/sources.md#msprobe_dump: a ``data_name``
 without a file, null statistics, no format field), so the NZ weights of ``npu_mla_prolog`` /
 ``_v2`` / ``_v3`` and ``npu_mla_preprocess`` are missing from every dump. Their ND values come
 from one of two places, tried in this order, and each call's report says which

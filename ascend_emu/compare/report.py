@@ -18,8 +18,8 @@ CSV_COLUMNS = ("call", "op", "api", "call_status", "tensor", "role", "dtype", "s
                "Five Thousandths Err Ratio", "max_int_delta", "nan_mismatch", "inf_mismatch", "ulp_hist", "first_mismatch",
                "reason")
 
-#: Columns of :meth:`Report.to_msprobe_csv`: msprobe's accuracy-check detail names (research notes
-#: msprobe.md §3; ``api_accuracy_checker/compare/compare_utils.py`` ``DETAIL_TEST_ROWS`` for the
+#: Columns of :meth:`Report.to_msprobe_csv`: msprobe's accuracy-check detail names (docs/sources.md#msprobe_metrics;
+#: ``api_accuracy_checker/compare/compare_utils.py`` ``DETAIL_TEST_ROWS`` for the
 #: "API Name", dtype, "Shape", "Status" and "Message" columns, msprobe compare's metric names).
 MSPROBE_CSV_COLUMNS = ("API Name", "Bench Dtype", "DEVICE Dtype", "Shape", "Cosine", "MaxAbsErr", "MaxRelativeErr",
                        "One Thousandth Err Ratio", "Five Thousandths Err Ratio", "Status", "Message")

@@ -1,6 +1,6 @@
 """Numba kernels shared by the emu backend: the kernels' RmsNorm, RoPE, the row scatter into caches.
 
-Numerics (ops_reference §1.1, §1.3; DESIGN.md "Numerics policy"): everything in fp32, no fused
+Numerics (docs/sources.md#rope, docs/sources.md#rms_norm; docs/numerics.md#accumulation): everything in fp32, no fused
 multiply-add (no ``fastmath``); bf16 rounding is :mod:`ascend_emu.quant.rounding`'s RNE on
 ``uint16`` bits. Kernels take already-validated arguments: slots reaching :func:`scatter_rows`
 are in range.
@@ -461,7 +461,7 @@ def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float, order: RmsNormOrder, 
 # ---------------------------------------------------------------------- RoPE
 @njit(cache=True, inline="always")
 def rope_row(x, cos, sin, deinterleave, out):
-    """RoPE of one 64-element row in fp32 (ops_reference §1.1).
+    """RoPE of one 64-element row in fp32 (docs/sources.md#rope).
 
     With ``deinterleave`` (the MLA prolog family) the input pairs are first split into
     ``x' = [x[0::2], x[1::2]]``; then rotate_half with half-layout cos / sin:
@@ -523,7 +523,7 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, deinterleave: bool)
 def _scatter_token(cache, rows, slot, src, nz, block_size, row_words, chunk):
     """Copy row ``src`` of ``rows`` to ``slot`` of the cache (all sizes in copy words).
 
-    ND: the row is contiguous at ``slot * row_words``. NZ (ops_reference §1.4): ``row_words / chunk``
+    ND: the row is contiguous at ``slot * row_words``. NZ (docs/sources.md#paged_nz): ``row_words / chunk``
     chunks of 32 bytes; chunk ``j`` of slot ``blk * block_size + r`` starts at
     ``blk * block_size * row_words + j * block_size * chunk + r * chunk`` (the same offsets as
     :meth:`~ascend_emu.layouts.CacheLayout.chunk_offsets`)."""

@@ -1,6 +1,6 @@
 """emu backend of ``npu_kv_rmsnorm_rope_cache``: one fused Numba pass per token, then two scatters.
 
-Numerics (ops_reference §1.1-§1.3, §4; kernel ``kv_rms_norm_rope_cache_b16_pa_nz_quant.h``):
+Numerics (docs/sources.md#rope, docs/sources.md#quant_rounding, docs/sources.md#rms_norm, docs/sources.md#npu_kv_rmsnorm_rope_cache; kernel ``kv_rms_norm_rope_cache_b16_pa_nz_quant.h``):
 
 - bf16 / fp16 inputs (kept as ``uint16`` bits) widened exactly to fp32, gamma already fp32.
 - RmsNorm in fp32 in the kernel's order (:data:`~ascend_emu.emu.kernels.KV_CACHE_RMS`, sources

@@ -1,7 +1,7 @@
 """emu backend of ``npu_lightning_indexer``: per batch and key head, a Numba gather of the visible
 key rows, one fp32 GEMM, then a Numba pass per query token for the weighted head sum and top-k.
 
-Numerics (ops_reference §5.5; the A2/A3 kernel ``lightning_indexer_service_vector.h`` /
+Numerics (docs/sources.md#npu_lightning_indexer; the A2/A3 kernel ``lightning_indexer_service_vector.h`` /
 ``lightning_indexer_vector.h``; the official golden widens everything to fp32):
 
 1. query, key and weights (bf16 / fp16) are widened exactly to fp32; fp32 weights are used as

@@ -1,10 +1,10 @@
 """Matmuls of the emu backend: exact widening to fp32, fp32 BLAS accumulation; exact int8 products.
 
-Numerics (DESIGN.md "Numerics policy"): bf16 / fp16 inputs are widened exactly to fp32 and
+Numerics (docs/numerics.md#accumulation): bf16 / fp16 inputs are widened exactly to fp32 and
 multiplied with fp32 accumulation (sgemm); the caller rounds the result where the kernel does.
 
 int8 x int8 products (:func:`matmul_int8`) have one contract whatever computes them: the exact
-int32 result, as the Cube unit's int32 accumulator holds it (ops_reference §2.1: int8 matmuls
+int32 result, as the Cube unit's int32 accumulator holds it (docs/sources.md#npu_mla_prolog_v3: int8 matmuls
 are exact integers). The contraction length is bounded so that no int32 sum can wrap
 (:data:`INT8_MAX_K`). Three engines give that same result, chosen once per process
 (:func:`int8_engine`):

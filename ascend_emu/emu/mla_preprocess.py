@@ -1,7 +1,7 @@
 """The CPU emulation of ``torch_npu.atb.npu_mla_preprocess`` (MlaPreprocessV2).
 
 Takes the arguments :func:`ascend_emu.ops.npu_mla_preprocess` validated and writes the results into
-the destinations it prepared. Numerics, step by step (ops_reference §1.1-§1.3, §3; the A2/A3 kernel
+the destinations it prepared. Numerics, step by step (docs/sources.md#rope, docs/sources.md#quant_rounding, docs/sources.md#rms_norm, docs/sources.md#npu_mla_preprocess; the A2/A3 kernel
 ``mla_preprocess_bf16.h`` / ``mla_preprocess_fp16.h``; "round" = one RNE rounding to the input
 dtype, bf16 or fp16):
 
@@ -46,7 +46,7 @@ _KV_LANES, _KV_PRESCALE, _KV_RECIPROCAL = MLAPO_KV_RMS
 
 
 def _to_int8(v: np.ndarray) -> np.ndarray:
-    """``CastFrom32To16`` + ``CastFromF16ToI8``: fp32 -> fp16 RNE -> clamp -> int8 RINT (§1.2)."""
+    """``CastFrom32To16`` + ``CastFromF16ToI8``: fp32 -> fp16 RNE -> clamp -> int8 RINT (docs/sources.md#quant_rounding)."""
     return f32_to_int8_via_f16(v, f16_rounding="half_even", int8_rounding="half_even")
 
 

@@ -1,8 +1,8 @@
 """The MLA prolog (npu_mla_prolog v1 / v2 / v3) on the CPU, every A2 / A3 quant scenario and the
 Ascend 950's MXFP8 / FP8 / HiF8 full quant with a non-quant or per-tensor kv_cache.
 
-Source: ops_reference §2.1 (computation order and dtypes, quantized variants), §2.2 (per-tile
-combined rows), §1.1 (RoPE), §1.2 (rounding), §1.3 (RmsNorm), §2.3 (cache layouts); the A2 / A3
+Source: docs/sources.md#npu_mla_prolog_v3 (computation order and dtypes, quantized variants), docs/sources.md#per_tile_rows (per-tile
+combined rows), docs/sources.md#rope (RoPE), docs/sources.md#quant_rounding (rounding), docs/sources.md#rms_norm (RmsNorm), docs/sources.md#cache_index (cache layouts); the A2 / A3
 kernel (ops-transformer ``attention/mla_prolog/op_kernel``: ``mla_prolog_vector_comm.h``
 Dequant / DynamicQuant / QuantPerTile, ``service_dynamic_quant_qn_mul_qr.h``) for the fp32
 operation order of every quantized step. Takes the validated
@@ -234,7 +234,7 @@ def _dynamic_quant_127(x: np.ndarray, *, query: bool) -> tuple[np.ndarray, np.nd
 
     ``query=False`` (cq, ``CastFP32ToINT8``): int8 = rint(y), half-even. ``query=True`` (q_nope,
     ``DynamicQuantQnWithMulQr`` on A2 / A3): y -> fp16 CAST_ROUND -> int8 CAST_ROUND, half away
-    from zero twice (the golden rounds x / scale half-even; the two differ by 1 where §1.2 says).
+    from zero twice (the golden rounds x / scale half-even; the two differ by 1 where docs/sources.md#quant_rounding says).
     A row of zeros gets scale 0 and int8 0 (quant.ZERO_GROUP_POLICY).
 
     Returns:
@@ -251,7 +251,7 @@ def _dynamic_quant_127(x: np.ndarray, *, query: bool) -> tuple[np.ndarray, np.nd
 
 
 def _per_tile_rows(kv: np.ndarray, kr_bits: np.ndarray, alpha: np.float32, tile_size: int) -> np.ndarray:
-    """Combined rows ``[512 int8 | 64 bf16 | 4 fp32]`` (ops_reference §2.2; kernel QuantPerTile).
+    """Combined rows ``[512 int8 | 64 bf16 | 4 fp32]`` (docs/sources.md#per_tile_rows; kernel QuantPerTile).
 
     Per tile of ``tile_size``: ``lim = amax * alpha``; ``x_c = max(min(x, lim), -lim)``; dequant
     scale ``lim * fp32(1/127)``; ``int8 = rint(x_c * (1 / scale))`` half-even. kc_scale is
@@ -364,7 +364,7 @@ def _empty_outputs(args: MlaPrologArgs) -> MlaPrologOutputs:
 def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
     """Compute the MLA prolog in the scenario ``args`` selects; write kv / kr into their caches.
 
-    The chain (ops_reference §2.1; bf16 matmuls widen exactly to fp32 and accumulate in fp32,
+    The chain (docs/sources.md#npu_mla_prolog_v3; bf16 matmuls widen exactly to fp32 and accumulate in fp32,
     int8 matmuls are exact integers; RmsNorm / RoPE run in fp32; "-> bf16" is one RNE rounding;
     ``dequant(acc) = fp32(acc) * row scale * column scale``, two fp32 multiplies in that order):
 
@@ -385,7 +385,7 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
        A2 / A3 kernel; the golden's ``round(x / scale)`` half-even differs by 1 now and then),
        ``dequant_scale_q_nope = amax / 127`` ``[T, N, 1]``.
     5. ``query_rope = RoPE(qcqr[:, :, 128:])``: de-interleave ``[x0::2 | x1::2]``, then rotate_half
-       with half-layout cos / sin (§1.1), fp32 -> bf16. With query_quant_mode 1 (kernel MulQr):
+       with half-layout cos / sin (docs/sources.md#rope), fp32 -> bf16. With query_quant_mode 1 (kernel MulQr):
        ``bf16(fp32(query_rope) * (quant_scale_ckv / dequant_scale_q_nope))``, the factor one fp32
        division (the golden multiplies, then divides).
     6. ``ckvkr = x @ W_dkv_kr`` ``[T, 576]``: bf16 path -> bf16; int8 path ->
@@ -396,7 +396,7 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
        (:func:`_per_tile_rows`).
     8. ``kr = RoPE(ckvkr[:, 512:])`` -> bf16 (kr_cache, or bytes 512-639 of the combined row);
        kv_cache_quant_mode 2: ``rint(fp32(bf16 kr) * quant_scale_ckr[c])`` int8. The kernel
-       quantizes the bf16 rounding, not the fp32 RoPE that ops_reference §2.1 and the golden
+       quantizes the bf16 rounding, not the fp32 RoPE that docs/sources.md#npu_mla_prolog_v3 and the golden
        quantize: ``kernel_mla_prolog_split_n.h`` L1572-L1578 (RoPE into ``tmpOut`` of
        ``ropeSinCosType``, then ``RopePostQuantPerChannel``), ``mla_prolog_comm.h`` L225
        (``ropeSinCosType = bfloat16_t``), ``service_rotary_position_embedding.h`` L87-L95

@@ -22,7 +22,7 @@ with more rows is a pass of its own), so memory stays bounded whatever the batch
 4. per unit ``O = P [G, L] @ V [L, 512]`` by fp32 BLAS (``P`` the transposed view of the score
    buffer), then one RNE rounding of ``O`` to the query dtype per pass.
 
-The matmuls' summation order is BLAS's (DESIGN.md numerics policy: inputs widened exactly to
+The matmuls' summation order is BLAS's (docs/numerics.md#accumulation: inputs widened exactly to
 fp32, fp32 accumulation, one rounding where the kernel rounds). BLAS is never called inside a
 Numba parallel region; parallelism comes from BLAS's threads and from ``prange`` in the gather,
 the softmax and the rounding. Each unit's matmul shapes depend only on its data, and the Numba
@@ -30,7 +30,7 @@ parts compute every element in a fixed order, so results do not depend on the Nu
 They may depend on the BLAS thread count: OpenBLAS orders sgemm sums differently on 1 thread and
 on several (last-bit differences).
 
-Source: ops_reference §5.2 (numerics), the op contract :mod:`ascend_emu.ops.sparse_flash_attention`
+Source: docs/sources.md#npu_kv_quant_sparse_flash_attention (numerics), the op contract :mod:`ascend_emu.ops.sparse_flash_attention`
 (selection, empty rows).
 """
 

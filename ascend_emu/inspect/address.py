@@ -1,7 +1,7 @@
 """``where`` (logical -> bytes) and ``what`` (byte -> logical) for every cache mode.
 
-Sources: ops_reference §1.4 (paged NZ: element ``d`` of slot ``blk*bs + r`` at element
-``blk*bs*D + (d//C0)*bs*C0 + r*C0 + d%C0``), §2.3 / §4 (ND modes: rows contiguous), §2.2
+Sources: docs/sources.md#paged_nz (paged NZ: element ``d`` of slot ``blk*bs + r`` at element
+``blk*bs*D + (d//C0)*bs*C0 + r*C0 + d%C0``), docs/sources.md#cache_index / docs/sources.md#npu_kv_rmsnorm_rope_cache (ND modes: rows contiguous), docs/sources.md#per_tile_rows
 (656-byte combined rows: k_nope bytes 0-511, k_rope 512-639, scales 640-655).
 """
 
@@ -161,7 +161,7 @@ def _field_ranges(spec: CacheSpec, slot: int, head: int, f, lo: int, hi: int) ->
     return out
 
 
-#: What the values of an op's PA_BLK index are (ops_reference §6 gotcha 5): block ids
+#: What the values of an op's PA_BLK index are (docs/sources.md#cache_index): block ids
 #: (npu_mla_prolog_v3 ``cache_index``) or page start offsets ``block_id * BlockSize``
 #: (npu_kv_rmsnorm_rope_cache ``index``).
 PAGE_INDEX_KINDS = ("block_ids", "page_offsets")
@@ -272,7 +272,7 @@ class WeightByte:
 
 def what_weight(shape, dtype, byte_offset: int) -> WeightByte:
     """The logical element (or padding) behind one byte of a FRACTAL_NZ weight (``npu_format_cast(w,
-    29)``, ops_reference §1.4: storage ``[..., ceil(N/C0), ceil(M/16), 16, C0]``, zero padded).
+    29)``, docs/sources.md#fractal_nz: storage ``[..., ceil(N/C0), ceil(M/16), 16, C0]``, zero padded).
 
     Args:
         shape: the weight's logical ND shape.

@@ -1,6 +1,6 @@
 """Block-table view: which block and row each token of each sequence lives in.
 
-Source: ops_reference §5.1 (``block_table`` int32 ``[B, >= ceil(max_s2 / BlockSize)]``: kv token
+Source: docs/sources.md#npu_kv_quant_sparse_flash_attention (``block_table`` int32 ``[B, >= ceil(max_s2 / BlockSize)]``: kv token
 ``p`` of batch ``b`` lives in block ``block_table[b, p // BlockSize]``, row ``p % BlockSize``), as
 :func:`ascend_emu.layouts.slots_from_block_table` maps it (which also validates the table).
 """

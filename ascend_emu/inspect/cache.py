@@ -1,6 +1,6 @@
 """What a cache is to the inspector: its layout, its element dtype, its row format, its bytes.
 
-Sources: ops_reference §1.4 (paged NZ), §2.2 / §5.1 (656-byte combined rows), §2.3 / §4 (cache
+Sources: docs/sources.md#paged_nz (paged NZ), docs/sources.md#per_tile_rows / docs/sources.md#npu_kv_quant_sparse_flash_attention (656-byte combined rows), docs/sources.md#cache_index / docs/sources.md#npu_kv_rmsnorm_rope_cache (cache
 modes). The address arithmetic is :class:`ascend_emu.layouts.CacheLayout`'s; the row fields are
 :data:`ascend_emu.quant.MLA_ROW`'s (the Ascend 950's HiF8 / FP8 rows:
 :data:`ascend_emu.quant.combined.MLA_ROWS`, their k_nope bytes decoded by
@@ -252,7 +252,7 @@ class ByteMap(NamedTuple):
 def map_bytes(spec: CacheSpec, offsets) -> ByteMap:
     """Vectorised reverse map: each byte offset -> (block, row, slot, head, dim, field, element, byte).
 
-    The same arithmetic as :meth:`CacheLayout.locate` (ops_reference §1.4), on arrays.
+    The same arithmetic as :meth:`CacheLayout.locate` (docs/sources.md#paged_nz), on arrays.
 
     Args:
         spec: the cache.

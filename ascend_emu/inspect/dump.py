@@ -3,9 +3,9 @@
 Each line is at most 32 bytes (:data:`~ascend_emu.inspect.cache.LINE_BYTES`: one NZ fractal row
 of C0 elements) of one field of one head's row, with the decoded values beside the bytes; k_nope
 lines of 656-byte rows also carry the dequantised values (``int8 * scale`` of the tile,
-ops_reference §2.2, as :meth:`~ascend_emu.quant.CombinedRowFormat.dequantize`; the Ascend 950's
+docs/sources.md#per_tile_rows, as :meth:`~ascend_emu.quant.CombinedRowFormat.dequantize`; the Ascend 950's
 HiF8 / FP8 k_nope bytes are shown decoded, and dequantised the same way). NZ lines carry
-their C0 chunk and fractal, and marks where a new one starts (ops_reference §1.4).
+their C0 chunk and fractal, and marks where a new one starts (docs/sources.md#paged_nz).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The fractal grid of an NZ cache block or an NZ weight: which (row, C0 chunk) cell holds which
 logical elements.
 
-Sources: ops_reference §1.4. Paged NZ block: ``[D/C0, BlockSize, C0]``, cell ``(j, r)`` = the
+Sources: docs/sources.md#paged_nz. Paged NZ block: ``[D/C0, BlockSize, C0]``, cell ``(j, r)`` = the
 32 bytes holding dims ``[j*C0, (j+1)*C0)`` of row ``r``. Matrix FRACTAL_NZ (``npu_format_cast(w,
 29)``): storage ``[..., N/C0, M_pad, C0]`` (``M_pad`` = M rounded up to 16), cell ``(j, m)`` =
 columns ``[j*C0, (j+1)*C0)`` of row ``m``; rows ``m >= M`` and columns ``n >= N`` are zero padding.

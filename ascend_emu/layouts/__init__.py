@@ -1,4 +1,4 @@
-"""Storage layouts: matrix FRACTAL_NZ and the paged KV-cache modes (ops_reference §1.4, §2.3, §4)."""
+"""Storage layouts: matrix FRACTAL_NZ and the paged KV-cache modes (docs/sources.md#fractal_nz, docs/sources.md#paged_nz, docs/sources.md#cache_index, docs/sources.md#npu_kv_rmsnorm_rope_cache)."""
 
 from .. import _kernel_cache  # noqa: F401  (before any kernel: caches them keyed on the sources)
 from .nz import (ACL_FORMAT_NAMES, FRACTAL_NZ, ND, NZ_950_DTYPES, NZ_DTYPES, NZArray, as_nz, c0_for, get_npu_format, nd_to_nz,

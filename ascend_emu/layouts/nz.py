@@ -1,6 +1,6 @@
 """FRACTAL_NZ: the matrix storage format torch_npu produces with ``npu_format_cast(x, 29)``.
 
-Source: ops_reference §1.4 (torch_npu ``FormatHelper.cpp::InferShapeNDToNZ``; the
+Source: docs/sources.md#fractal_nz (torch_npu ``FormatHelper.cpp::InferShapeNDToNZ``; the
 ``npu_format_cast`` doc). For ND dims ``[..., M, N]`` of itemsize ``s``:
 
 - ``C0 = 32 // min(s, 2)``: 16 for fp16 / bf16, 32 for int8, and 16 for fp32 / int32 too
@@ -8,7 +8,7 @@ Source: ops_reference §1.4 (torch_npu ``FormatHelper.cpp::InferShapeNDToNZ``; t
 - storage shape ``[..., ceil(N/C0), ceil(M/16), 16, C0]``; batch dims are kept;
 - a 1-D input ``[L]`` is treated as ``[L, 1]``, a 0-D input as ``[1, 1]``;
 - element ``(..., m, n)`` lives at storage ``[..., n // C0, m // 16, m % 16, n % C0]``;
-- padding elements are zero (unverified on hardware; ops_reference §8).
+- padding elements are zero (unverified on hardware; docs/sources.md#unverified).
 
 This is *matrix* NZ over a whole tensor. The paged-cache NZ layout (per block
 ``[D/C0, BlockSize, C0]`` with ``C0 = 32 bytes / itemsize``) lives in :mod:`.paged`.
@@ -93,7 +93,7 @@ def nz_shape(shape: Sequence[int], dtype) -> tuple[int, ...]:
 
 def nd_to_nz(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     """Lay an ND array out as FRACTAL_NZ storage (zero padded), as ``npu_format_cast(x, 29)``
-    stores it (ops_reference §1.4).
+    stores it (docs/sources.md#fractal_nz).
 
     Element ``(..., m, n)`` goes to storage ``[..., n // C0, m // 16, m % 16, n % C0]``; the
     padding rows ``m >= M`` and columns ``n >= N`` of the last fractals are zero.
@@ -237,7 +237,7 @@ def _nd_to_nz_words(src, dst, nbatch, m, m_pad, row_words, n1, chunk_words):
 
 def nz_to_nd(storage: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     """Read FRACTAL_NZ storage back as the ND array of logical ``shape`` (inverse of
-    :func:`nd_to_nz`, ops_reference §1.4).
+    :func:`nd_to_nz`, docs/sources.md#fractal_nz).
 
     Args:
         storage: bf16 / fp16 / fp32 / int32 / int8 array of shape :func:`nz_shape`
@@ -269,7 +269,7 @@ def nz_offset(shape: Sequence[int], dtype, index: Sequence[int]) -> int:
     """Flat element offset, in the NZ storage, of logical element ``index`` of an ND tensor.
 
     ``(..., m, n)`` -> row-major offset of storage ``[..., n // C0, m // 16, m % 16, n % C0]``
-    in :func:`nz_shape` (ops_reference §1.4).
+    in :func:`nz_shape` (docs/sources.md#fractal_nz).
 
     Args:
         shape: logical ND shape.
@@ -330,8 +330,8 @@ def nz_coords(shape: Sequence[int], dtype, offset: int) -> tuple[int, ...] | Non
 
 
 class NZArray(np.ndarray):
-    """A weight that has been cast to FRACTAL_NZ (ops_reference §1.4, DESIGN.md "Arrays and
-    formats").
+    """A weight that has been cast to FRACTAL_NZ (docs/sources.md#fractal_nz,
+    docs/layouts.md).
 
     Like a torch_npu tensor after ``npu_format_cast(x, 29)``, it shows its logical ND values
     (indexing, ``np.asarray``, shape ``[..., M, N]``) and knows its device storage

@@ -1,6 +1,6 @@
 """Paged / block KV-cache layouts: where each token's row lives, byte by byte.
 
-Sources: ops_reference §1.4 (paged NZ), §2.3 (mla_prolog cache modes and index meanings), §4
+Sources: docs/sources.md#paged_nz (paged NZ), docs/sources.md#cache_index (mla_prolog cache modes and index meanings), docs/sources.md#npu_kv_rmsnorm_rope_cache
 (npu_kv_rmsnorm_rope_cache cache modes and index meanings).
 
 A cache is raw memory. Whatever shape it is declared with, the op writes bytes where the NPU
@@ -13,7 +13,7 @@ then a slot and an element to a byte offset:
   ``C0 = 32 bytes / itemsize`` (16 for bf16 / fp16, 32 for int8); element ``d`` of slot
   ``blk * bs + r`` sits at ``blk*bs*D + (d // C0)*bs*C0 + r*C0 + d % C0``.
 
-How an op's index tensor becomes slots differs between ops (ops_reference §6 gotcha 5):
+How an op's index tensor becomes slots differs between ops (docs/sources.md#cache_index):
 
 - ``PA_BSND`` / ``PA_NZ``: the index *is* the slot (:func:`slots_from_cache_index`).
 - ``npu_mla_prolog_v3`` ``PA_BLK_*``: the index holds **block ids** (:func:`slots_from_pages`
@@ -135,7 +135,7 @@ class CacheLayout:
     ``cache_index`` value, ``b * S + s`` for BSND, ``t`` for TND, ``b * cache_length + pos``
     for Norm. Offsets are counted from the start of the cache's memory, whatever its declared
     shape (a PA_NZ cache declared ``[BlockNum, BlockSize, 1, D]`` holds
-    ``[BlockNum, D/C0, BlockSize, C0]``, ops_reference §1.4, §2.3).
+    ``[BlockNum, D/C0, BlockSize, C0]``, docs/sources.md#paged_nz, docs/sources.md#cache_index).
 
     Attributes:
         mode: canonical cache mode (aliases PA / PA_BNSD / PA_BLK_BNSD are resolved; with
@@ -181,7 +181,7 @@ class CacheLayout:
                       name: str = "cache") -> "CacheLayout":
         """Layout of a cache from its declared shape.
 
-        Declared shapes (ops_reference §2.3, §4): PA modes ``[BlockNum, BlockSize, Nkv, D]``
+        Declared shapes (docs/sources.md#cache_index, docs/sources.md#npu_kv_rmsnorm_rope_cache): PA modes ``[BlockNum, BlockSize, Nkv, D]``
         (NZ modes too: the declared shape stays ND); ``BSND`` ``[B, S, Nkv, D]``; ``TND``
         ``[T, Nkv, D]``; ``Norm`` ``[B, 1, cache_length, D]``. An NZ cache declared by its memory
         shape ``[BlockNum, D/C0, BlockSize, C0]`` (MlaPreprocess cacheMode 2 / 3) is not
@@ -303,8 +303,8 @@ class CacheLayout:
     def to_rows(self, buffer) -> np.ndarray:
         """The cache's rows in logical order, whatever the mode: ``[num_rows, Nkv, D]``.
 
-        NZ modes re-order each block ``[D/C0, BlockSize, C0]`` to ``[BlockSize, D]`` (ops_reference
-        §1.4); ND modes are a reshape. The bytes are not interpreted: element ``[slot, h, d]`` of
+        NZ modes re-order each block ``[D/C0, BlockSize, C0]`` to ``[BlockSize, D]``
+        (docs/sources.md#paged_nz); ND modes are a reshape. The bytes are not interpreted: element ``[slot, h, d]`` of
         the result is element ``d`` of head ``h`` of ``slot``, in ``buffer``'s dtype.
 
         Args:
@@ -336,7 +336,7 @@ class CacheLayout:
     def element_offset(self, slot: int, d: int, head: int = 0) -> int:
         """Offset in elements of element ``d`` of ``head`` of ``slot``.
 
-        ND modes: ``(slot * Nkv + head) * D + d``. NZ modes (§1.4):
+        ND modes: ``(slot * Nkv + head) * D + d``. NZ modes (docs/sources.md#paged_nz):
         ``blk*bs*D + (d // C0)*bs*C0 + r*C0 + d % C0`` with ``blk, r = divmod(slot, bs)``.
 
         Raises:
@@ -441,7 +441,7 @@ def check_index_range(values: np.ndarray, lo: int, hi: int, *, name: str, what: 
     """Raise unless every value is in ``[lo, hi)`` (or ``-1`` when ``allow_skip``).
 
     Other negative values are errors too, even where the kernel would skip them (stricter than
-    the hardware, DESIGN.md "Errors and safety").
+    the hardware, docs/numerics.md#stricter_than_hardware).
 
     Args:
         values: integer array of any shape (an empty array passes).
@@ -475,7 +475,7 @@ def slots_from_cache_index(cache_index: np.ndarray, num_rows: int, *, name: str 
                            allow_skip: bool = True) -> np.ndarray:
     """PA_BSND / PA_NZ (and MlaPreprocess ``slotmapping``): the index *is* the global slot.
 
-    Source: ops_reference §2.3 (PA_BSND / PA_NZ), §3 (slotMapping), §4 (PA / PA_NZ).
+    Source: docs/sources.md#cache_index (PA_BSND / PA_NZ), docs/sources.md#npu_mla_preprocess (slotMapping), docs/sources.md#npu_kv_rmsnorm_rope_cache (PA / PA_NZ).
 
     Args:
         cache_index: integer ``[T]`` or ``[B, S]``; values in ``[0, num_rows)`` or -1 (skip).
@@ -517,8 +517,8 @@ def slots_from_pages(pages: np.ndarray, seq_lens: Sequence[int], block_size: int
                      page_offsets: bool, name: str) -> np.ndarray:
     """PA_BLK_BSND / PA_BLK_NZ: every batch's tokens fill its listed blocks from row 0.
 
-    Source: ops_reference §2.3 (npu_mla_prolog_v3: block ids), §4 (npu_kv_rmsnorm_rope_cache:
-    page start offsets), §6 gotcha 5.
+    Source: docs/sources.md#cache_index (npu_mla_prolog_v3: block ids), docs/sources.md#npu_kv_rmsnorm_rope_cache (npu_kv_rmsnorm_rope_cache:
+    page start offsets).
 
     Token ``p`` (0-based within batch ``b``) goes to page ``pages[off_b + p // block_size]``,
     row ``p % block_size``, where ``off_b = sum(ceil(seq_lens[i] / block_size) for i < b)``.
@@ -586,7 +586,7 @@ def slots_from_block_table(block_table: np.ndarray, kv_lens: Sequence[int], bloc
     """PA_BSND reads (sparse attention, lightning indexer): kv token ``p`` of batch ``b`` lives in
     block ``block_table[b, p // block_size]``, row ``p % block_size``.
 
-    Source: ops_reference §5.1 (``block_table`` int32 ``[B, >= ceil(max_s2 / block_size)]``);
+    Source: docs/sources.md#npu_kv_quant_sparse_flash_attention (``block_table`` int32 ``[B, >= ceil(max_s2 / block_size)]``);
     vLLM's paged attention uses the same map.
 
     Only the entries that cover a batch's ``kv_lens[b]`` tokens are read and checked; the rest of
@@ -694,7 +694,7 @@ def _block_table_slots_checked(table: np.ndarray, kv_lens, block_size, num_block
 def slots_from_positions(index: np.ndarray, cache_length: int, *, name: str = "index") -> np.ndarray:
     """Norm mode of npu_kv_rmsnorm_rope_cache: ``index[b, s]`` is a position inside batch b.
 
-    Source: ops_reference §4 (``cache[b, 0, index[b, s]]``; -1 skips).
+    Source: docs/sources.md#npu_kv_rmsnorm_rope_cache (``cache[b, 0, index[b, s]]``; -1 skips).
 
     Args:
         index: integer ``[B, S]``; values in ``[0, cache_length)`` or -1 (skip).

@@ -1,6 +1,6 @@
 """``npu_format_cast`` / ``get_npu_format`` on NumPy arrays.
 
-Source: the ``npu_format_cast`` doc and ops_reference §1.4. Casting to FRACTAL_NZ (29) returns a
+Source: the ``npu_format_cast`` doc and docs/sources.md#fractal_nz. Casting to FRACTAL_NZ (29) returns a
 new :class:`~ascend_emu.layouts.NZArray`: the same logical ND values, tagged as NZ, whose
 ``storage()`` is the NZ byte layout. Casting to ND (2) returns a plain copy.
 

@@ -1,14 +1,14 @@
 """``torch_npu.npu_kv_rmsnorm_rope_cache`` on NumPy arrays: the contract.
 
-Sources: the seed doc ``shared/seeds/npu_kv_rmsnorm_rope_cache.md``; ops_reference §1.1 (RoPE),
-§1.2 (``RoundFloat2Int8``), §1.4 (paged NZ), §4 (this op), §6 (gotchas); torch_npu's
+Sources: the op page (docs/sources.md#npu_kv_rmsnorm_rope_cache); docs/sources.md#rope (RoPE),
+docs/sources.md#quant_rounding (``RoundFloat2Int8``), docs/sources.md#paged_nz (paged NZ), docs/sources.md#npu_kv_rmsnorm_rope_cache (this op), docs/sources.md#cache_index (index meanings); torch_npu's
 ``npu_kv_rmsnorm_rope_cache_meta`` (output shapes / dtypes); the A2/A3 kernel's host tiling and
 ``kv_rms_norm_rope_cache_b16_*`` kernels (which modes have a quant kernel, BlockSize alignment).
 
 What the op does, per token ``t`` of ``kv [B, 1, S, 576] = [512 rms_in | 64 rope_in]``:
 
-1. ``y = rms_in / sqrt(sum(rms_in^2) * (1/512) + eps) * gamma``, fp32 (ops_reference §1.3).
-2. ``k = deinterleave(rope_in)`` then ``k_embed = k * cos + rotate_half(k) * sin``, fp32 (§1.1).
+1. ``y = rms_in / sqrt(sum(rms_in^2) * (1/512) + eps) * gamma``, fp32 (docs/sources.md#rms_norm).
+2. ``k = deinterleave(rope_in)`` then ``k_embed = k * cos + rotate_half(k) * sin``, fp32 (docs/sources.md#rope).
 3. Non-quant: both rows are rounded once to the kv dtype (RNE) and written to the caches.
    Quant (int8): the caches get ``saturate(rint(k_embed * k_rope_scale))`` and
    ``saturate(rint(y * c_kv_scale))``, computed from the **fp32** values, not from the kv-dtype

@@ -6,7 +6,7 @@ names, defaults, output shapes / dtypes); its op doc (``_op_plugin_docs.py``: dt
 constraints (key N = 1, D = 128, block_size a multiple of 16 up to 1024); the current doc
 (ops-transformer ``attention/lightning_indexer/README.md``: weights FLOAT16 / BFLOAT16 / FLOAT) and
 op definition (``op_host/lightning_indexer_def.cpp``: fp32 weights with bf16 / fp16 query and key)
-with the A2 / A3 tiling, which take query heads N1 <= 64 (2.14's doc: N1 = 64 only); ops_reference §5.5; the official golden
+with the A2 / A3 tiling, which take query heads N1 <= 64 (2.14's doc: N1 = 64 only); docs/sources.md#npu_lightning_indexer; the official golden
 (op-plugin ``test/test_custom_ops/test_npu_lightning_indexer.py``) and the A2/A3 kernel
 (ops-transformer ``lightning_indexer``: ``lightning_indexer_vector.h`` / ``_service_vector.h``).
 
@@ -35,7 +35,7 @@ Choices where the sources leave room (each in one named constant below):
   query dtype (the meta function).
 - :data:`TIES`: equal scores (float equality, so ``0.0 == -0.0``) keep the lower position first.
   The golden's ``torch.sort`` is unstable and the kernel's hardware sort order for ties is not
-  documented; ops_reference §5.5 asks for lower index first.
+  documented; docs/sources.md#npu_lightning_indexer asks for lower index first.
 - :data:`SPARSE_MODES`, :data:`SPARSE_COUNTS`: only the values the doc lists.
 - ``pre_tokens`` / ``next_tokens`` must keep their default ``2**63 - 1`` (:data:`UNBOUNDED_TOKENS`):
   the doc does not describe them for this op and sparse_mode 0 / 3 do not use them.

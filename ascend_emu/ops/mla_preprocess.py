@@ -1,11 +1,11 @@
 """``torch_npu.atb.npu_mla_preprocess`` (ATB MlaPreprocess / aclnnMlaPreprocessV2) on NumPy arrays:
 the contract.
 
-Sources: the seed doc ``shared/seeds/mla_preprocess_v2.md`` (aclnn); torch_npu's
+Sources: the aclnn page (docs/sources.md#npu_mla_preprocess); torch_npu's
 ``op_plugin/atb/_atb_api_docs.py`` (signature, doc example, out= form),
 ``_atb_meta_registrations.py`` (output shapes / dtypes) and op-plugin's ``npu_mla_preprocess``
-(the cache_mode / quant_mode spellings); ops_reference §1.1 (plain rotate_half), §1.2 (RmsNormQuant
-rounding), §1.4 (NZ weights), §3 (flow, cacheMode table), §8; the A2/A3 kernel
+(the cache_mode / quant_mode spellings); docs/sources.md#rope (plain rotate_half), docs/sources.md#quant_rounding (RmsNormQuant
+rounding), docs/sources.md#fractal_nz (NZ weights), docs/sources.md#npu_mla_preprocess (flow, cacheMode table), docs/sources.md#unverified; the A2/A3 kernel
 (``mla_preprocess_bf16.h`` / ``mla_preprocess_fp16.h``, ``mla_kernel_utils.h``) and the ATB kernel
 test ``test_mla_preprocess.py`` where the docs are silent.
 
@@ -15,14 +15,14 @@ What the op computes, per token (``T`` tokens, ``He`` hidden, ``N`` heads; step 
 1. RmsNormQuant0 (fp32): ``y = x / rms(x) * gamma0 + beta0``, ``rms = sqrt(sum(x^2)/He + eps)``;
    ``quant_mode='per_tensor_quant_asymm'``: ``y * (1/quant_scale0) + quant_offset0``;
    ``'per_token_quant_symm'``: ``s = max|y| / 127``, ``y * (1/s)`` (``s`` kept as the row's
-   dequant scale). Then fp32 -> fp16 (RNE) -> clamp [-128, 127] -> int8 (RINT) (§1.2).
+   dequant scale). Then fp32 -> fp16 (RNE) -> clamp [-128, 127] -> int8 (RINT) (docs/sources.md#quant_rounding).
 2. ``int8 @ wdqkv^T`` exact in int32, ``+ bias0`` (per-tensor), to fp32, ``* descale0[col]``
    (per-token: ``* s``), rounded once to the input dtype: ``[T, 2112] = [ckv 512 | krope 64 | q_a 1536]``.
 3. q path: RmsNormQuant1 on ``q_a`` (gamma1, beta1, quant_scale1 / offset1), ``@ wuq^T``,
    ``+ bias1``, ``* descale1`` (per-token: ``* s``), rounded: per head ``[q_nope 128 | q_pe 64]``.
    ``q_nope @ wuk[n]`` (fp32 accumulate, rounded once) -> ``q_out0``; ``int8_nzcache``:
    ``int8(fp16(q_nope_out * q_nope_scale[n]))``. ``q_pe`` -> plain rotate_half RoPE (no
-   de-interleave, §1.1) -> ``q_out1``.
+   de-interleave, docs/sources.md#rope) -> ``q_out1``.
 4. kv path: ``ckv = rms_norm(ckv) * gamma2`` (no beta), ``krope`` -> RoPE; written to the caches at
    ``slotmapping[t]`` (a global slot ``block * BlockSize + row``; -1 skips the token).
    ``int8_nzcache``: ``int8(fp16(ckv_fp32 * (1/ctkv_scale)))``.

@@ -1,7 +1,7 @@
 """``npu_mla_prolog``, ``npu_mla_prolog_v2`` and ``npu_mla_prolog_v3``: the MLA prolog contract.
 
-Sources: seeds ``npu_mla_prolog.md`` and ``npu_mla_prolog_v3.md``; ops_reference §1.1, §1.3,
-§1.4, §2.1-§2.5, §6; torch_npu's meta functions ``npu_mla_prolog_forward`` /
+Sources: the v1 and v3 op pages (docs/sources.md#npu_mla_prolog); docs/sources.md#rope, docs/sources.md#rms_norm,
+docs/sources.md#paged_nz, docs/sources.md#npu_mla_prolog_v3, docs/sources.md#per_tile_rows, docs/sources.md#cache_index, docs/sources.md#assert_rtol_equal; torch_npu's meta functions ``npu_mla_prolog_forward`` /
 ``npu_mla_prolog_v2_forward`` / ``npu_mla_prolog_v3_forward`` (signatures, keyword-only
 boundaries, output shapes and dtypes); the ops-transformer MlaProlog host checks (legal mode
 combinations, He / Hcq / N / BlockSize ranges, per-scenario dtypes).
@@ -75,7 +75,7 @@ from ._check import (MAX_BATCH, ValidatedSignatures, check_cache, check_disjoint
                      check_ndim, check_nz_weight, check_shape, dtype_name, optional, required, signature, transposed_hint,
                      trusted, warn_duplicates, write_targets)
 
-# ---------------------------------------------------------------------- fixed dims (§2.1)
+# ---------------------------------------------------------------------- fixed dims (docs/sources.md#npu_mla_prolog_v3)
 from ..mla import D_NOPE, D_ROPE, HCKV, NKV  # noqa: E402,F401  (re-exported for the backends)
 #: Legal head counts N.
 HEAD_NUMS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -297,7 +297,7 @@ ASCEND950_WEIGHT_MODES = {3: "mxfp8 full quant", 4: "fp8 full quant", 5: "hif8 f
 DTYPE_TAGS = ("token_x_dtype", "weight_dq_dtype", "weight_uq_qr_dtype", "weight_dkv_kr_dtype", "kv_cache_dtype")
 
 #: Mode combinations a seed table prints but torch_npu / CANN on Atlas A2 / A3 rejects, with the
-#: evidence: a call with one is a ModeError quoting it (DESIGN.md: never looser than the hardware).
+#: evidence: a call with one is a ModeError quoting it (docs/numerics.md#stricter_than_hardware).
 HARDWARE_REJECTED_MODES: Mapping[tuple[int, int, int], str] = MappingProxyType({
     (2, 3, 1): (
         "the v3 seed's full-quant per-tile row prints query_quant_mode=1 and an int8 query, but Atlas A2 / A3 "
@@ -480,7 +480,7 @@ def npu_mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, r
                    cache_mode: str = "PA_BSND"):
     """MLA prolog v1 (seed ``npu_mla_prolog.md``): queries out, kv / kr caches updated in place.
 
-    Numerics: :func:`ascend_emu.emu.mla_prolog.mla_prolog` (ops_reference §2.1 steps 1-8 and its
+    Numerics: :func:`ascend_emu.emu.mla_prolog.mla_prolog` (docs/sources.md#npu_mla_prolog_v3 steps 1-8 and its
     quantized variants) with ``qc_qr_scale = kc_scale = 1``. The scenario follows from dtypes and
     the scales given (seed, weight_uq_qr): bf16 weight_uq_qr = non-quant; int8 weight_uq_qr =
     partial quant (v3 weight_quant_mode=1), with bf16 caches (kv non-quant) or int8 kv_cache and
@@ -571,8 +571,8 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
                       weight_uq_qr_dtype=None, weight_dkv_kr_dtype=None, kv_cache_dtype=None):
     """MLA prolog v3 (seed ``npu_mla_prolog_v3.md``): queries and query_norm out, caches in place.
 
-    Numerics: :func:`ascend_emu.emu.mla_prolog.mla_prolog` (ops_reference §2.1 steps 1-8 and its
-    quantized variants, §2.2 per-tile rows, with ``qc_qr_scale`` after the cq RmsNorm and
+    Numerics: :func:`ascend_emu.emu.mla_prolog.mla_prolog` (docs/sources.md#npu_mla_prolog_v3 steps 1-8 and its
+    quantized variants, docs/sources.md#per_tile_rows per-tile rows, with ``qc_qr_scale`` after the cq RmsNorm and
     ``kc_scale`` after the ckv RmsNorm).
 
     The scenario is chosen by ``(weight_quant_mode, kv_cache_quant_mode, query_quant_mode)``, one

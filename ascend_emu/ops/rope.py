@@ -9,7 +9,7 @@ like ``x`` / ``self``).
 What the ops compute, on the last axis (D), fp32 compute and one RNE rounding to the input dtype
 (the goldens widen to fp32, or compare with a tolerance):
 
-- ``npu_interleave_rope(x, cos, sin)``: the MLA RoPE reading (ops_reference §1.1): de-interleave
+- ``npu_interleave_rope(x, cos, sin)``: the MLA RoPE reading (docs/sources.md#rope): de-interleave
   ``q = [x[0::2], x[1::2]]``, then ``q * cos + rotate_half(q) * sin``; D = 64, and the output
   stays in the de-interleaved order (the golden does not re-interleave).
 - ``npu_rotary_mul(self, r1, r2, rotary_mode)``: ``'half'``: ``self * r1 + rotate_half(self) * r2``

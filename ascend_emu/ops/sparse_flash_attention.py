@@ -1,8 +1,8 @@
 """``torch_npu.npu_sparse_flash_attention`` and ``npu_kv_quant_sparse_flash_attention`` on NumPy
 arrays: one contract for both.
 
-Sources: the seed doc ``shared/seeds/npu_kv_quant_sparse_flash_attention.md``; op-plugin's
-``docs/zh/custom_APIs/torch_npu/torch_npu-npu_sparse_flash_attention.md``; ops_reference §5.1-§5.4
+Sources: the op page (docs/sources.md#npu_kv_quant_sparse_flash_attention); op-plugin's
+``docs/zh/custom_APIs/torch_npu/torch_npu-npu_sparse_flash_attention.md``; docs/sources.md#npu_kv_quant_sparse_flash_attention, docs/sources.md#npu_sparse_flash_attention
 (inputs, math, test vectors, the non-quant sibling); torch_npu 2.14's meta functions
 ``npu_sparse_flash_attention_forward`` / ``npu_kv_quant_sparse_flash_attention_forward``
 (signatures, output shapes and dtypes); the official goldens (op-plugin
@@ -46,11 +46,11 @@ Choices where the sources leave room (each in one named constant below):
 - :data:`EMPTY_ROW_OUTPUT` / :data:`EMPTY_ROW_SOFTMAX_MAX` / :data:`EMPTY_ROW_SOFTMAX_SUM`: a
   (token, head) with no valid kv token (causal limit <= 0, a row starting with -1, a batch with
   act_kv = 0, or a BSND query position at or past ``act_q``) gets output 0 (the kernel sets the
-  length to 0, ops_reference §5.2; the goldens leave rows past ``act_q`` at 0), softmax_max =
+  length to 0, docs/sources.md#npu_kv_quant_sparse_flash_attention; the goldens leave rows past ``act_q`` at 0), softmax_max =
   the lowest fp32 (the initial max Ascend's attention kernels use, NEGATIVE_MIN_VALUE_FP32) and
   softmax_sum = 0. Unverified on hardware.
 - :data:`QUERY_DTYPE_ROUNDING`: every rounding to the query dtype (dequantized k_nope, P,
-  output) is RNE, as the goldens' ``.to(query_type)``. ops_reference §5.2 reads the A2/A3 fp16
+  output) is RNE, as the goldens' ``.to(query_type)``. docs/sources.md#npu_kv_quant_sparse_flash_attention reads the A2/A3 fp16
   dequant cast as CAST_ROUND (ties away); the two differ only on exact ties.
 - :data:`EXP_EVALUATION`: ``exp`` is evaluated in float64 and rounded once to fp32 (the
   correctly rounded fp32 exp in practice); the NPU's vector exp is not documented.
@@ -269,7 +269,7 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
                                layout_kv: LayoutKv = "BSND", sparse_mode: int = 3, pre_tokens: int = DEFAULT_TOKENS,
                                next_tokens: int = DEFAULT_TOKENS, attention_mode: int = 0,
                                return_softmax_lse: bool = False, sinks=None):
-    """Sparse flash attention over a bf16 / fp16 (paged) cache, MLA absorb (ops_reference §5.4).
+    """Sparse flash attention over a bf16 / fp16 (paged) cache, MLA absorb (docs/sources.md#npu_sparse_flash_attention).
 
     Args:
         query: ``[B, S1, N1, 512]`` (BSND) or ``[T, N1, 512]`` (TND), bf16 / fp16; N1 in
@@ -334,8 +334,8 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
                                         attention_mode: int = 0, quant_scale_repo_mode: int = 1,
                                         tile_size: int = TILE_SIZE, rope_head_dim: int = D_ROPE, key_dtype=None,
                                         value_dtype=None, sinks=None):
-    """Sparse flash attention over a per-tile cache of 656-byte rows (seed doc; ops_reference
-    §5.1-§5.2; op-plugin's current doc for the Ascend 950 modes): the rows ``npu_mla_prolog_v3``
+    """Sparse flash attention over a per-tile cache of 656-byte rows (op page;
+    docs/sources.md#npu_kv_quant_sparse_flash_attention; op-plugin's current doc for the Ascend 950 modes): the rows ``npu_mla_prolog_v3``
     writes with ``kv_cache_quant_mode=3``.
 
     Args:

@@ -1,4 +1,4 @@
-"""Rounding, int8 quant schemes and combined cache rows (ops_reference §1.2, §2.2); the Ascend 950's
+"""Rounding, int8 quant schemes and combined cache rows (docs/sources.md#quant_rounding, docs/sources.md#per_tile_rows); the Ascend 950's
 8-bit formats: HiFloat8, FP8 E4M3FN / E5M2 and MX block scaling (docs/formats.md)."""
 
 from .. import _kernel_cache  # noqa: F401  (before any kernel: caches them keyed on the sources)

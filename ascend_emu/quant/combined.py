@@ -1,7 +1,7 @@
 """Combined per-tile cache rows: ``[d_nope int8 | d_rope bf16 | d_nope/tile_size fp32 scales]``.
 
-Source: ops_reference §2.2 (npu_mla_prolog_v3 ``kv_cache_quant_mode=3``, written by
-``RmsNormAndScatterCkv`` / ``RopeAndScatterKr``) and §5.1 (the same bytes are what
+Source: docs/sources.md#per_tile_rows (npu_mla_prolog_v3 ``kv_cache_quant_mode=3``, written by
+``RmsNormAndScatterCkv`` / ``RopeAndScatterKr``) and docs/sources.md#npu_kv_quant_sparse_flash_attention (the same bytes are what
 npu_kv_quant_sparse_flash_attention reads: rope at byte 512, scales at byte 640).
 
 For MLA (512 / 64 / 128) one token row is 656 bytes, little-endian:
@@ -10,7 +10,7 @@ For MLA (512 / 64 / 128) one token row is 656 bytes, little-endian:
 bytes   content
 ======  ==============================================================
 0-511   512 x int8 k_nope; tile j covers bytes 128j .. 128j+127
-512-639 64 x bf16 k_rope, de-interleaved ("half") order (§1.1)
+512-639 64 x bf16 k_rope, de-interleaved ("half") order (docs/sources.md#rope)
 640-655 4 x fp32 dequant scales, tile 0..3 (``x ~= q * scale``)
 ======  ==============================================================
 
@@ -231,7 +231,7 @@ class CombinedRowFormat:
         return k_nope, k_rope, scales
 
     def dequantize(self, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Unpack rows and dequantize k_nope (ops_reference §2.2, §5.2).
+        """Unpack rows and dequantize k_nope (docs/sources.md#per_tile_rows, docs/sources.md#npu_kv_quant_sparse_flash_attention).
 
         Args:
             rows: int8 / uint8 ``[..., row_bytes]``.
@@ -282,8 +282,8 @@ def read_combined_cache(kv_cache, *, slot: int | None = None, block: int | None 
     """Read combined rows back out of a per-tile int8 KV cache, dequantized.
 
     The cache is what ``npu_mla_prolog_v3`` writes with ``kv_cache_quant_mode=3`` and what
-    ``npu_kv_quant_sparse_flash_attention`` reads as ``key`` / ``value`` (ops_reference §2.2,
-    §5.1). Rows are addressed by slot = ``block * BlockSize + row`` (PA_BSND: the
+    ``npu_kv_quant_sparse_flash_attention`` reads as ``key`` / ``value`` (docs/sources.md#per_tile_rows,
+    docs/sources.md#npu_kv_quant_sparse_flash_attention). Rows are addressed by slot = ``block * BlockSize + row`` (PA_BSND: the
     ``cache_index`` value; BSND: ``b * S + s``; TND: ``t``).
 
     Args:

@@ -139,7 +139,7 @@ def to_hif8(x) -> np.ndarray:
     and ``bfloat16 -> float -> hifloat8`` casts compute; float64 is first rounded to fp32.
 
     Source: arXiv 2409.16626 §2 (layout); ops-math ``math/cast/op_kernel/arch35/cast_struct.h``
-    (``CAST_ROUND_MODE_ROUND``); the 950's INF_NAN overflow mode (issue 20 §1). The rounding is
+    (``CAST_ROUND_MODE_ROUND``); the 950's INF_NAN overflow mode (docs/formats.md). The rounding is
     unverified against 950 output: see the module docstring and :data:`HIF8_ROUNDING`.
 
     Args:

@@ -1,7 +1,7 @@
 """Rounding and casts as the Ascend vector unit performs them.
 
-Source: ops_reference §1.2 (CastFP32ToINT8, CAST_RINT / CAST_ROUND, MlaPreprocess RmsNormQuant)
-and DESIGN.md "Numerics policy".
+Source: docs/sources.md#quant_rounding (CastFP32ToINT8, CAST_RINT / CAST_ROUND, MlaPreprocess RmsNormQuant)
+and docs/numerics.md#rounding.
 
 - fp32 -> bf16: round to nearest, ties to even (RNE); NaN becomes the quiet NaN ``sign | 0x7FC0``,
   exactly as ``ml_dtypes`` does, so byte comparisons with ml_dtypes / torch results are stable.
@@ -138,7 +138,7 @@ def _f32_array_to_bf16_bits(src, dst):
 def to_bf16(x) -> np.ndarray:
     """Round fp32 values to bf16, RNE, NaN -> ``sign | 0x7FC0`` (bit-identical to ml_dtypes).
 
-    Source: ops_reference §1 (bf16 outputs use CAST_RINT); DESIGN.md "Numerics policy".
+    Source: docs/numerics.md#rounding (bf16 outputs use CAST_RINT).
 
     Args:
         x: array-like of any real dtype; float64 is first rounded to fp32 (as a kernel holding
@@ -211,7 +211,7 @@ def real_to_f32(x, name: str = "x") -> np.ndarray:
 
 
 def round_half_even(x) -> np.ndarray:
-    """Round to integral values, ties to even (``CAST_RINT``, ops_reference §1.2).
+    """Round to integral values, ties to even (``CAST_RINT``, docs/sources.md#quant_rounding).
 
     Args:
         x: float array, any shape.
@@ -223,7 +223,7 @@ def round_half_even(x) -> np.ndarray:
 
 
 def round_half_away(x) -> np.ndarray:
-    """Round to integral values, ties away from zero (``CAST_ROUND``, ops_reference §1.2).
+    """Round to integral values, ties away from zero (``CAST_ROUND``, docs/sources.md#quant_rounding).
 
     Exact for every float dtype: ``x - trunc(x)`` is exact, and only its comparison with 0.5
     decides (no ``x + 0.5`` rounding trap).
@@ -259,7 +259,7 @@ def f32_to_int8(x, rounding: Rounding = "half_even") -> np.ndarray:
 
     ``half_even`` is the mla_prolog ``CastFP32ToINT8`` / kv_rmsnorm ``RoundFloat2Int8`` chain
     (CAST_RINT; the later fp16 / int8 casts see integers); ``half_away`` is CAST_ROUND
-    (ops_reference §1.2).
+    (docs/sources.md#quant_rounding).
 
     Args:
         x: values, converted to fp32 first; any shape.
@@ -280,7 +280,7 @@ def f32_to_int8(x, rounding: Rounding = "half_even") -> np.ndarray:
 
 
 def f32_to_f16(x, rounding: Rounding = "half_even") -> np.ndarray:
-    """fp32 -> fp16 (ops_reference §1.2).
+    """fp32 -> fp16 (docs/sources.md#quant_rounding).
 
     ``half_even`` is IEEE RNE (``CAST_NONE`` / ``CAST_RINT``); ``half_away`` is ``CAST_ROUND``
     (nearest, ties away from zero), also in the subnormal range (fp16 ulp 2**-24). Values that
@@ -314,7 +314,7 @@ def f32_to_f16(x, rounding: Rounding = "half_even") -> np.ndarray:
 
 
 def f32_to_int8_via_f16(x, *, f16_rounding: Rounding, int8_rounding: Rounding) -> np.ndarray:
-    """fp32 -> fp16 -> int8 (ops_reference §1.2): the two-step casts of the A2/A3 q_nope
+    """fp32 -> fp16 -> int8 (docs/sources.md#quant_rounding): the two-step casts of the A2/A3 q_nope
     dynamic quant (``half_away`` twice) and of MlaPreprocess RmsNormQuant (``half_even`` then
     ``half_even``, clamped to [-128, 127] in fp16 first).
 

@@ -1,6 +1,6 @@
 """int8 quantization schemes: static (multiplier) and dynamic (dequant-scale) quant.
 
-Source: ops_reference §1.2 (DynamicQuant, static quant), §2.2 (per-tile) and §6 gotcha 3.
+Source: docs/sources.md#quant_rounding (DynamicQuant, static quant), docs/sources.md#per_tile_rows (per-tile).
 
 - **Static** scales (``quant_scale_ckv``, ``quant_scale_ckr``, ``k_rope_scale``, ``c_kv_scale``)
   are *multipliers*: ``q = round(x * scale)`` in fp32, saturated to int8.
@@ -43,7 +43,7 @@ GRANULARITIES: tuple[str, ...] = Granularity.__args__
 ZERO_GROUP_POLICY = ("a group whose dequant scale is 0 (all zeros, or amax / 127 underflowing) gets "
                      "dequant scale 0 and int8 values 0")
 #: Granularities whose dynamic scale is ``amax * fp32(1/127)`` (the kernel's Muls, per-tile path,
-#: ops_reference §1.2); all others use ``amax / 127`` (Div). The two differ by one fp32 ulp for a
+#: docs/sources.md#quant_rounding); all others use ``amax / 127`` (Div). The two differ by one fp32 ulp for a
 #: few percent of amax values.
 RECIPROCAL_127_GRANULARITIES = frozenset({"per_tile"})
 
@@ -56,7 +56,7 @@ def _check_granularity(granularity: str) -> None:
 def quantize_static(x, scale, *, rounding: Rounding = "half_even") -> np.ndarray:
     """Static int8 quant with a multiplier scale: ``saturate(round(fp32(x * scale)))``.
 
-    Source: ops_reference §1.2 (static quant params are multipliers), §2.1, §4.
+    Source: docs/sources.md#quant_rounding (static quant params are multipliers), docs/sources.md#npu_mla_prolog_v3, docs/sources.md#npu_kv_rmsnorm_rope_cache.
 
     Args:
         x: values ``[..., C]``, converted to fp32.
@@ -106,10 +106,10 @@ def group_amax(x, granularity: Granularity, *, tile_size: int | None = None) -> 
 
 
 def dynamic_scale(amax, granularity: Granularity) -> np.ndarray:
-    """Dequant scale from a group's ``amax`` as the kernel forms it (ops_reference §1.2).
+    """Dequant scale from a group's ``amax`` as the kernel forms it (docs/sources.md#quant_rounding).
 
     ``amax / 127`` in fp32, or ``amax * fp32(1/127)`` for the granularities in
-    :data:`RECIPROCAL_127_GRANULARITIES` (per-tile). For per-tile with clipping (§2.2) pass
+    :data:`RECIPROCAL_127_GRANULARITIES` (per-tile). For per-tile with clipping (docs/sources.md#per_tile_rows) pass
     ``alpha * amax``.
 
     Args:
@@ -140,7 +140,7 @@ def quantize_dynamic(x, granularity: Granularity, *, tile_size: int | None = Non
                      rounding: Rounding = "half_even") -> tuple[np.ndarray, np.ndarray]:
     """Dynamic symmetric int8 quant: ``scale = dynamic_scale(amax)``, ``q = round(x * (1/scale))``.
 
-    Source: ops_reference §1.2 (DynamicQuant), §2.1 (per-token, per-token-head), §2.2 (per-tile,
+    Source: docs/sources.md#quant_rounding (DynamicQuant), docs/sources.md#npu_mla_prolog_v3 (per-token, per-token-head), docs/sources.md#per_tile_rows (per-tile,
     without the alpha clip: clip first and use :func:`quantize_with_dequant_scale` for that).
 
     Args:
@@ -203,7 +203,7 @@ def quantize_with_dequant_scale(x, scale, granularity: Granularity, *, tile_size
                                 rounding: Rounding = "half_even") -> np.ndarray:
     """``saturate(round(x * fp32(1 / scale)))`` with given dequant scales; zero scale -> 0.
 
-    The reciprocal is taken in fp32, then multiplied, as the kernel does (ops_reference §1.2).
+    The reciprocal is taken in fp32, then multiplied, as the kernel does (docs/sources.md#quant_rounding).
 
     Args:
         x: values ``[..., D]``, converted to fp32.

@@ -27,7 +27,7 @@ Where it does not (documented in docs/torch_npu.md): views (``t[0]``, ``t.view(.
 of torch ops (``t + 0``, ``t.to(dtype)``, ``t.contiguous()`` of a non-contiguous tensor),
 ``state_dict()`` tensors (detached; ``load_state_dict`` into an NZ parameter keeps its tag).
 
-Source: the npu_format_cast doc, ops_reference §1.4, torch_npu 2.14's format-cast schemas and
+Source: the npu_format_cast doc, docs/sources.md#fractal_nz, torch_npu 2.14's format-cast schemas and
 op-plugin's ``test/test_base_ops/test_format_cast.py`` (the format a cast to ND gives);
 save / load: torch_npu 2.14's ``utils/serialization.py`` and ``utils/storage.py`` (host copy of
 the storage), Ascend/pytorch's ``NPUSerialization.cpp`` / ``StorageDescHelper.cpp`` (format

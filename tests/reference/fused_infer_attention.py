@@ -2,7 +2,7 @@
 softmax attention, a loop over requests, query tokens and heads, over the kv rows gathered from
 the paged cache by its own block-table walk (or read from a non-paged TND key by its prefix sums).
 
-Written from the formula (the issue's numerics; op-plugin's FIA golden gathers the pages the same
+Written from the formula (docs/sources.md#npu_fused_infer_attention_score; op-plugin's FIA golden gathers the pages the same
 way), independently of the emulator: its own cache decoding for the three layouts
 (``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]``, FRACTAL_NZ ``[nb, KV_N, D/C0, bs, C0]`` with
 element ``d`` of row ``r`` at ``[.., d // C0, r, d % C0]``), its own causal limits and output

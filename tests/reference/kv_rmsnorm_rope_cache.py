@@ -1,5 +1,5 @@
 """Reference for ``npu_kv_rmsnorm_rope_cache``: plain NumPy and loops, written from the seed doc and
-ops_reference §1.1, §1.2, §1.4 and §4 (the official op-plugin golden's formulas).
+docs/sources.md#rope, docs/sources.md#quant_rounding, docs/sources.md#paged_nz and docs/sources.md#npu_kv_rmsnorm_rope_cache (the official op-plugin golden's formulas).
 
 Imports only numpy, ml_dtypes and ``tests.reference.rms_norm``. Layouts are spelled out from the formulas:
 

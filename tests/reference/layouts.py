@@ -1,4 +1,4 @@
-"""Reference layouts, written from ops_reference §1.4, §2.3 and §4 alone (numpy only).
+"""Reference layouts, written from docs/sources.md#fractal_nz, docs/sources.md#paged_nz, docs/sources.md#cache_index and docs/sources.md#npu_kv_rmsnorm_rope_cache alone (numpy only).
 
 Slow and plain on purpose: explicit loops and the vllm-ascend ``transdata`` formula, no shared
 code with ``ascend_emu.layouts``.
@@ -16,7 +16,7 @@ def ceil_div(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
-# ---------------------------------------------------------------------- matrix FRACTAL_NZ (§1.4)
+# ---------------------------------------------------------------------- matrix FRACTAL_NZ (docs/sources.md#fractal_nz)
 def matrix_c0(itemsize: int) -> int:
     """torch_npu C0: 32 bytes over min(itemsize, 2) (fp32 / int32 are sized as 2-byte types)."""
     return FRACTAL_BYTES // min(itemsize, 2)
@@ -96,7 +96,7 @@ def nz_flat_offset(shape: tuple[int, ...], itemsize: int, index: tuple[int, ...]
     return off
 
 
-# ---------------------------------------------------------------------- paged caches (§1.4, §2.3, §4)
+# ---------------------------------------------------------------------- paged caches (docs/sources.md#paged_nz, docs/sources.md#cache_index, docs/sources.md#npu_kv_rmsnorm_rope_cache)
 def cache_c0(itemsize: int) -> int:
     """Paged-cache C0: 32 bytes / itemsize (bf16 16, int8 32)."""
     return FRACTAL_BYTES // itemsize

@@ -1,4 +1,4 @@
-"""Reference lightning indexer, written from ops_reference §5.5, the op doc and the official golden
+"""Reference lightning indexer, written from docs/sources.md#npu_lightning_indexer, the op doc and the official golden
 (op-plugin ``test_npu_lightning_indexer.py``) alone: plain loops over batches, query rows and kv
 positions, keys read through ``block_table`` one token at a time (vLLM style), float64 scores.
 

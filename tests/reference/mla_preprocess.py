@@ -1,7 +1,7 @@
 """Reference for torch_npu.atb.npu_mla_preprocess (MlaPreprocessV2): plain NumPy, one token at a time.
 
-Written from ops_reference §1.1 (plain rotate_half), §1.2 (RmsNormQuant: fp32 -> fp16 -> clamp ->
-int8 RINT), §1.4 / §3 (layouts, flow) and the numerics the op documents (the kernels' RmsNorm
+Written from docs/sources.md#rope (plain rotate_half), docs/sources.md#quant_rounding (RmsNormQuant: fp32 -> fp16 -> clamp ->
+int8 RINT), docs/sources.md#paged_nz / docs/sources.md#npu_mla_preprocess (layouts, flow) and the numerics the op documents (the kernels' RmsNorm
 orders, ``tests/reference/rms_norm.py``; eps 1e-6, ``ctkv_scale`` divides, ``q_nope_scale`` multiplies).
 Imports only numpy, ml_dtypes and that module; bf16 rounding is ml_dtypes' ``astype`` (RNE), the int8 matmuls
 are int64 products, the W^UK einsum is float64 rounded once to fp32.
@@ -134,7 +134,7 @@ def mla_preprocess_ref(inp: dict, cache_mode: str, quant_mode: str) -> dict:
     }
 
 
-# ---------------------------------------------------------------------- cache layouts (§1.4, §3)
+# ---------------------------------------------------------------------- cache layouts (docs/sources.md#paged_nz, docs/sources.md#npu_mla_preprocess)
 def element_offset(slot: int, d: int, *, dim: int, itemsize: int, nz: bool, block_size: int) -> int:
     """Element offset of element ``d`` of ``slot``: ND rows, or per-block ``[D/C0, bs, C0]`` NZ."""
     if not nz:

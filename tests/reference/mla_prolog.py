@@ -1,21 +1,21 @@
 """Reference npu_mla_prolog v1 / v2 / v3, every quant scenario: plain NumPy, step by step.
 
 Imports numpy, ml_dtypes, ``tests.reference.rms_norm`` and ascend_emu.mla's dims. Sources:
-ops_reference §2.1 (steps and their quantized variants), §2.2 (per-tile rows), §1.2 (rounding),
-§1.3 (RmsNorm kernel order).
+docs/sources.md#npu_mla_prolog_v3 (steps and their quantized variants), docs/sources.md#per_tile_rows (per-tile rows), docs/sources.md#quant_rounding (rounding),
+docs/sources.md#rms_norm (RmsNorm kernel order).
 
 - bf16 rounding is ml_dtypes' fp32 -> bf16 cast (RNE).
 - bf16 matmuls accumulate in float64 (an exact-as-possible stand-in for the kernel's fp32
   accumulator) and are rounded to fp32 first; int8 matmuls are exact int64 sums.
 - Where a result is compared byte for byte or nearly so (int8 outputs, full-quant caches, fp32
-  dynamic scales), the fp32 steps follow the kernel's operation order as ops_reference §1.2 /
-  §1.3 record it: RmsNorm sums squares in the kernel's 64 lanes and pairwise tree
+  dynamic scales), the fp32 steps follow the kernel's operation order as docs/sources.md#quant_rounding /
+  docs/sources.md#rms_norm record it: RmsNorm sums squares in the kernel's 64 lanes and pairwise tree
   (``tests/reference/rms_norm.py``) and multiplies by fp32(1/H); dequant is ``fp32(acc) * row
   scale * column scale``; dynamic quant multiplies by ``127 / amax``; per-tile quant multiplies by
   ``1 / scale``; the q_nope int8 rounds through fp16 half-away-from-zero twice. The official
   golden's own forms (division by the dequant scale, half-even q_nope, ``x * qscale / scale`` for
   query_rope) are given too where they differ (``query_golden``, query_rope).
-- Cache layouts and index meanings are written out from ops_reference §1.4 / §2.3 with loops.
+- Cache layouts and index meanings are written out from docs/sources.md#paged_nz / docs/sources.md#cache_index with loops.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def static_quant(x, scale) -> np.ndarray:
 
 
 def per_tile_rows(kv, kr, alpha: float, tile_size: int = 128) -> np.ndarray:
-    """Combined 656-byte rows ``[512 int8 | 64 bf16 kr | 4 fp32 scales]`` (ops_reference §2.2).
+    """Combined 656-byte rows ``[512 int8 | 64 bf16 kr | 4 fp32 scales]`` (docs/sources.md#per_tile_rows).
 
     Per tile: ``lim = amax * alpha``; clip to ``[-lim, lim]``; scale ``lim * fp32(1/127)``;
     int8 = rint(x * fp32(1 / scale)), half-even; a zero tile has scale 0 and int8 0.
@@ -218,7 +218,7 @@ def mla_prolog(x, w_dq, w_uq_qr, w_uk64, w_dkv_kr, gamma_cq, gamma_ckv, sin, cos
     return out
 
 
-# ---------------------------------------------------------------------- where tokens go (§2.3)
+# ---------------------------------------------------------------------- where tokens go (docs/sources.md#cache_index)
 def slots_paged(cache_index) -> list[int]:
     """PA_BSND / PA_NZ: cache_index[t] is the global row (block * BlockSize + row); -1 skips."""
     return [int(v) for v in np.asarray(cache_index).reshape(-1)]

@@ -1,6 +1,6 @@
 """Reference rounding, quantization and combined-row decoding (numpy + ml_dtypes + stdlib only).
 
-Written from ops_reference §1.2, §2.2 and §5.1; exact arithmetic (``fractions``, ``decimal``,
+Written from docs/sources.md#quant_rounding, docs/sources.md#per_tile_rows and docs/sources.md#npu_kv_quant_sparse_flash_attention; exact arithmetic (``fractions``, ``decimal``,
 Python's correctly rounded ``round``) or ml_dtypes' own casts, never ascend_emu code.
 """
 
@@ -83,7 +83,7 @@ def to_f16(v: float, mode: str) -> float:
     return hi if abs(hi) > abs(lo) else lo  # tie: away from zero
 
 
-# ---------------------------------------------------------------------- quant schemes (§1.2)
+# ---------------------------------------------------------------------- quant schemes (docs/sources.md#quant_rounding)
 def quantize_groups(x: np.ndarray, groups: list[np.ndarray], *, reciprocal_127: bool) -> tuple[
         np.ndarray, dict[int, np.float32]]:
     """Dynamic quant over explicit index groups with fp32 scalar arithmetic.
@@ -112,7 +112,7 @@ def quantize_groups(x: np.ndarray, groups: list[np.ndarray], *, reciprocal_127: 
     return q, scales
 
 
-# ---------------------------------------------------------------------- combined rows (§2.2, §5.1)
+# ---------------------------------------------------------------------- combined rows (docs/sources.md#per_tile_rows, docs/sources.md#npu_kv_quant_sparse_flash_attention)
 NOPE, ROPE, TILES, TILE = 512, 64, 4, 128
 ROW_FMT = f"<{NOPE}b{ROPE}H{TILES}f"  # 512 int8 | 64 little-endian uint16 (bf16 bits) | 4 fp32
 ROW_BYTES = struct.calcsize(ROW_FMT)  # 656

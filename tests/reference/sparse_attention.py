@@ -1,7 +1,7 @@
 """Reference sparse flash attention (npu_sparse_flash_attention / npu_kv_quant_sparse_flash_attention):
 plain loops over query tokens, ``sparse_indices`` entries and ``block_table``, vLLM style.
 
-Written from the spec (ops_reference §5.1-§5.4, the op-plugin goldens' gather / mask / softmax),
+Written from the spec (docs/sources.md#npu_kv_quant_sparse_flash_attention, docs/sources.md#npu_sparse_flash_attention, the op-plugin goldens' gather / mask / softmax),
 independently of the kernels: its own block-table walk and its own 656-byte row decoding. Its
 fp32 evaluation order: products rounded to fp32 and summed in element order (``np.cumsum`` is
 sequential), exp in float64 rounded to fp32, query-dtype roundings by ml_dtypes / NumPy casts

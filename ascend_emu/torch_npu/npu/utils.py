@@ -13,7 +13,7 @@ import re
 from . import (current_device, current_stream, default_stream, device_count, get_device_name, is_available,
                set_device, stream, synchronize)
 
-#: CANN version the emulated outputs follow (ops_reference; the ``[0]`` placeholders of v3).
+#: CANN version the emulated outputs follow (docs/sources.md#upstream; the ``[0]`` placeholders of v3).
 CANN_VERSION = "8.5.0"
 
 

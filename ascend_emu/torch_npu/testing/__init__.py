@@ -3,7 +3,7 @@
 :mod:`.testcase` (``TestCase`` with ``assertRtolEqual`` / ``assertEqual(prec=...)``,
 ``run_tests``) and :mod:`.common_utils` (``SupportedDevices``, ``create_common_tensor``,
 ``get_npu_device``), written from the documented behaviour of torch_npu's own
-(ops_reference §2.5) for the emulated NPU.
+(docs/sources.md#assert_rtol_equal) for the emulated NPU.
 """
 
 from . import common_utils, testcase  # noqa: F401

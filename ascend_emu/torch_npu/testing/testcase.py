@@ -1,6 +1,6 @@
 """``torch_npu.testing.testcase``: ``TestCase`` and ``run_tests`` as op-plugin's tests use them.
 
-Written from the documented behaviour of torch_npu's own (ops_reference §2.5):
+Written from the documented behaviour of torch_npu's own (docs/sources.md#assert_rtol_equal):
 
 - :meth:`TestCase.setUp` seeds torch and ``random`` with ``$SEED`` (default 666), as torch_npu's
   does (NumPy is not seeded there either); :meth:`TestCase.setUpClass` selects the device.
