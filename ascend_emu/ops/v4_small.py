@@ -18,7 +18,9 @@ Sources:
 - ``inplace_partial_rotary_mul``: the golden ``ops/ascendc/examples/test_npu_inplace_partial_rotary_mul.py``
   (x ``[B, S, N, D]``; r1 / r2 ``[B|1, S|1, N|1, hi - lo]``, x's dtype or fp32; ``x[..., lo:hi] =
   cos * a + rotate_every_two(a) * sin`` in fp32, one rounding to x's dtype; the rest of x
-  untouched), vllm-ascend's DeepSeek-V4 calls (``rotary_mode="interleave"``, ``partial_slice``
+  untouched; r1 / r2 of fp32 beside a bf16 / fp16 x on the A3 / 950), its doc
+  ``ops/ascendc/docs/custom-inplace_partial_rotary_mul.md`` (x fp16 / bf16 / fp32 ``[b, s, n, d]``,
+  d even and <= 1024, only ``"interleave"``), vllm-ascend's DeepSeek-V4 calls (``rotary_mode="interleave"``, ``partial_slice``
   ``[448, 512]`` / ``[64, 128]``, the inverse RoPE with ``-sin``) and the newer schema's
   ``negate_sin``.
 - ``compressor_metadata``: vllm-ascend's golden
@@ -36,8 +38,10 @@ Choices where the sources leave room (stricter than the hardware, never looser):
   least 1-D with H >= 1; epsilon finite in fp32 and >= 0.
 - inplace_partial_rotary_mul: ``rotary_mode`` ``"interleave"`` only (the golden's and every
   DeepSeek-V4 call's; ``"half"`` is rejected naming the gap); ``partial_slice`` two ints with
-  ``0 <= lo < hi <= D`` and ``hi - lo`` even; x 4-D, C-contiguous and writable, fp16 / bf16;
-  r1 / r2 4-D of one shape and dtype (x's or fp32), each leading dim 1 or x's;
+  ``0 <= lo < hi <= D`` and ``hi - lo`` even; x 4-D, C-contiguous and writable, fp16 / bf16 /
+  fp32, D even and <= 1024; r1 / r2 4-D of one shape and dtype (x's, or fp32 as the golden's
+  mixed-precision cases), each leading dim 1 or x's (the doc lists ``[b, 1, 1, slice]`` and
+  ``[b, s, 1, slice]``; the golden also broadcasts S and N);
   ``negate_sin=True`` uses ``-sin`` (exact).
 - compressor_metadata: ``cu_seqlens`` int32 ``[num_reqs_actual + 1]`` or longer, starting at 0 and
   non-decreasing over the first ``num_reqs_actual + 1`` entries (a non-monotone one ran off the
@@ -64,8 +68,10 @@ from ._check import check_cache, check_disjoint, check_dtype, check_float, check
 #: x / gamma / smooth_scale / beta dtypes of npu_rms_norm_dynamic_quant (doc).
 RMS_DQ_DTYPES = ("float16", "bfloat16")
 #: inplace_partial_rotary_mul: x's dtypes; the modes taken.
-PARTIAL_ROPE_X_DTYPES = ("float16", "bfloat16")
+PARTIAL_ROPE_X_DTYPES = ("float16", "bfloat16", "float32")
 PARTIAL_ROPE_MODES = ("interleave",)
+#: Largest last dim of x (doc: D <= 1024, even).
+PARTIAL_ROPE_MAX_D = 1024
 #: compressor_metadata: rope table dtypes; slot_mapping_format values (1 flat, 2 [block, offset]).
 METADATA_ROPE_DTYPES = ("bfloat16", "float16", "float32")
 SLOT_FORMAT_FLAT = 1
@@ -200,7 +206,8 @@ def inplace_partial_rotary_mul(x, r1, r2, rotary_mode: str, partial_slice, negat
     frequency twice (``[c0, c0, c1, c1, ...]``), which the op does not require.
 
     Args:
-        x: ``[B, S, N, D]`` fp16 / bf16, C-contiguous, writable; updated in place.
+        x: ``[B, S, N, D]`` fp16 / bf16 / fp32 (D even, <= 1024), C-contiguous, writable; updated
+            in place.
         r1: the cos table ``[B|1, S|1, N|1, hi - lo]``, x's dtype or fp32.
         r2: the sin table, r1's shape and dtype.
         rotary_mode: ``"interleave"``.
@@ -226,6 +233,8 @@ def inplace_partial_rotary_mul(x, r1, r2, rotary_mode: str, partial_slice, negat
     check_dtype(x, "x", PARTIAL_ROPE_X_DTYPES)
     check_cache(x, "x")
     d = x.shape[3]
+    if d % 2 or d > PARTIAL_ROPE_MAX_D:
+        raise arg_error(ShapeError, "x", f"D (dim 3) even and <= {PARTIAL_ROPE_MAX_D}", f"shape {list(x.shape)}")
     try:
         parts = list(partial_slice)
     except TypeError:
