@@ -18,7 +18,7 @@ C = torch.ops._C_ascend
 CUSTOM = torch.ops.custom
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
+def _np(t) -> np.ndarray:
     import ml_dtypes
 
     t = t.detach().cpu().contiguous()
@@ -27,7 +27,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def _same(got: torch.Tensor, want: np.ndarray):
+def _same(got, want: np.ndarray):
     g = _np(got)
     assert g.shape == want.shape and g.dtype == want.dtype, (g.shape, g.dtype, want.shape, want.dtype)
     np.testing.assert_array_equal(np.ascontiguousarray(g).view(np.uint8), np.ascontiguousarray(want).view(np.uint8))

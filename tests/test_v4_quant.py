@@ -205,3 +205,26 @@ def test_indexer_v2_offsets():
         v4.indexer_v2_geometry(128, 128, 128)  # no room for the scales
     with pytest.raises(ModeError, match="slots"):
         v4.indexer_v2_offsets([-1], 128, 128, 132)
+
+
+@pytest.mark.parametrize("d", [192, 384, 768])
+def test_mode1_short_last_group_matches_reference(d):
+    """The golden's other widths: q = d - 64 values in groups of 128, the last one short."""
+    x = _rows(d + 1, 3, d)
+    got = v4.encode_kv_rows(x, quant_mode=1)
+    assert got.shape == (3, ref.row_width(d, 1))
+    np.testing.assert_array_equal(got, _ref_rows(x, ref.kv_row_mode1))
+
+
+def test_decode_modes_1_and_3():
+    x = _rows(31, 3, 512)
+    rows = v4.encode_kv_rows(x, quant_mode=1)
+    _, values, scales, _ = v4.split_kv_rows(rows, quant_mode=1)
+    back = v4.decode_kv_rows(rows, quant_mode=1)
+    want = values.astype(np.float32) * np.repeat(scales, 128, axis=1)[:, :448]
+    np.testing.assert_array_equal(back[:, :448], want)
+    np.testing.assert_array_equal(back[:, 448:], x[:, 448:].astype(np.float32))
+    h = v4.encode_kv_rows(x, quant_mode=3, scale=0.5)
+    back3 = v4.decode_kv_rows(h, quant_mode=3, scale=0.5)
+    from tests.reference.formats_950 import HIF8_TABLE
+    np.testing.assert_array_equal(back3, (HIF8_TABLE[h].astype(np.float32) / np.float32(0.5)))

@@ -20,9 +20,9 @@ Sources:
   cos * a + rotate_every_two(a) * sin`` in fp32, one rounding to x's dtype; the rest of x
   untouched; r1 / r2 of fp32 beside a bf16 / fp16 x on the A3 / 950), its doc
   ``ops/ascendc/docs/custom-inplace_partial_rotary_mul.md`` (x fp16 / bf16 / fp32 ``[b, s, n, d]``,
-  d even and <= 1024, only ``"interleave"``), vllm-ascend's DeepSeek-V4 calls (``rotary_mode="interleave"``, ``partial_slice``
-  ``[448, 512]`` / ``[64, 128]``, the inverse RoPE with ``-sin``) and the newer schema's
-  ``negate_sin``.
+  d even and <= 1024, only ``"interleave"``), vllm-ascend's DeepSeek-V4 calls
+  (``rotary_mode="interleave"``, ``partial_slice`` ``[448, 512]`` / ``[64, 128]``, the inverse RoPE
+  with ``-sin``) and the newer schema's ``negate_sin``.
 - ``compressor_metadata``: vllm-ascend's golden
   ``tests/e2e/nightly/single_node/ops/singlecard_ops/test_compressor_metadata.py``
   (``_reference_outputs``).
@@ -267,7 +267,8 @@ def _metadata_inputs(rope_cos, rope_sin, cu_seqlens, start_pos, kv_block_table, 
         check_dtype(a, name, METADATA_ROPE_DTYPES)
     if rope_sin.shape != rope_cos.shape or rope_sin.dtype != rope_cos.dtype:
         raise arg_error(ShapeError, "rope_sin", f"rope_cos's shape {list(rope_cos.shape)} and dtype "
-                        f"{dtype_name(rope_cos.dtype)}", f"shape {list(rope_sin.shape)} dtype {dtype_name(rope_sin.dtype)}")
+                        f"{dtype_name(rope_cos.dtype)}",
+                        f"shape {list(rope_sin.shape)} dtype {dtype_name(rope_sin.dtype)}")
     block_size = _int(kv_block_size, "kv_block_size", 1)
     slot_format = _int(slot_mapping_format, "slot_mapping_format", 0)
     if slot_format not in SLOT_FORMATS:
@@ -290,9 +291,10 @@ def _metadata_inputs(rope_cos, rope_sin, cu_seqlens, start_pos, kv_block_table, 
         raise arg_error(IndexRangeError, "cu_seqlens", "a prefix sum from 0, non-decreasing (a non-monotone one "
                         "reads past the end of memory on hardware)", describe(cu[:num_reqs + 1]))
     table64 = table[:num_reqs].astype(np.int64)
-    if slot_format == SLOT_FORMAT_FLAT and table64.size and int(table64.max()) * block_size + block_size - 1 > INT32_MAX:
+    top_block = int(table64.max()) if table64.size else 0
+    if slot_format == SLOT_FORMAT_FLAT and top_block * block_size + block_size - 1 > INT32_MAX:
         raise arg_error(IndexRangeError, "kv_block_table", f"block ids whose flat slots (block * {block_size} + "
-                        f"offset) fit int32", int(table64.max()))
+                        f"offset) fit int32", top_block)
     return (rope_cos, rope_sin, cu64, sp[:num_reqs].astype(np.int64), table64,
             block_size, slot_format, ratio, num_reqs)
 
@@ -331,10 +333,12 @@ def compressor_metadata(rope_cos, rope_sin, cu_seqlens, start_pos, kv_block_tabl
 
     Source: vllm-ascend ``tests/e2e/nightly/single_node/ops/singlecard_ops/test_compressor_metadata.py``.
     """
-    ins = _metadata_inputs(rope_cos, rope_sin, cu_seqlens, start_pos, kv_block_table, kv_block_size,
-                           slot_mapping_format, compress_ratio, num_reqs_actual)
+    cos, sin, cu, sp, table, bs, fmt, ratio, reqs = _metadata_inputs(
+        rope_cos, rope_sin, cu_seqlens, start_pos, kv_block_table, kv_block_size, slot_mapping_format,
+        compress_ratio, num_reqs_actual)
     rows = _int(num_compressed_tokens, "num_compressed_tokens", 0, MAX_METADATA_ROWS)
-    return tuple(get_backend().compressor_metadata(CompressorMetadataArgs(*ins[:8], rows, ins[8], None)))
+    args = CompressorMetadataArgs(cos, sin, cu, sp, table, bs, fmt, ratio, rows, reqs, None)
+    return tuple(get_backend().compressor_metadata(args))
 
 
 def compressor_metadata_out(rope_cos, rope_sin, cu_seqlens, start_pos, kv_block_table, kv_block_size: int,
@@ -356,9 +360,9 @@ def compressor_metadata_out(rope_cos, rope_sin, cu_seqlens, start_pos, kv_block_
         as :func:`compressor_metadata`; ShapeError: out arrays of another shape or overlapping
         each other or an input (nothing is written then).
     """
-    ins = _metadata_inputs(rope_cos, rope_sin, cu_seqlens, start_pos, kv_block_table, kv_block_size,
-                           slot_mapping_format, compress_ratio, num_reqs_actual)
-    rope = ins[0]
+    rope, sin_table, cu, sp, table, bs, fmt, ratio, reqs = _metadata_inputs(
+        rope_cos, rope_sin, cu_seqlens, start_pos, kv_block_table, kv_block_size, slot_mapping_format,
+        compress_ratio, num_reqs_actual)
     cos_out, sin_out = required(cos_out, "cos_out"), required(sin_out, "sin_out")
     slot_out = required(slot_mapping_out, "slot_mapping_out")
     n = cos_out.shape[0] if cos_out.ndim == 4 else -1
@@ -369,14 +373,14 @@ def compressor_metadata_out(rope_cos, rope_sin, cu_seqlens, start_pos, kv_block_
                             + (f" (n = {n} from cos_out)" if n >= 0 else ""),
                             f"shape {list(a.shape)} dtype {dtype_name(a.dtype)}")
         check_cache(a, name)
-    want = (n,) if ins[6] == SLOT_FORMAT_FLAT else (n, 2)
+    want = (n,) if fmt == SLOT_FORMAT_FLAT else (n, 2)
     check_dtype(slot_out, "slot_mapping_out", ("int32",))
     if slot_out.shape != want:
-        raise arg_error(ShapeError, "slot_mapping_out", f"shape {list(want)} (slot_mapping_format {ins[6]})",
+        raise arg_error(ShapeError, "slot_mapping_out", f"shape {list(want)} (slot_mapping_format {fmt})",
                         f"shape {list(slot_out.shape)}")
     check_cache(slot_out, "slot_mapping_out")
     check_disjoint([("cos_out", cos_out), ("sin_out", sin_out), ("slot_mapping_out", slot_out)],
                    [("rope_cos", rope_cos), ("rope_sin", rope_sin), ("cu_seqlens", cu_seqlens),
                     ("start_pos", start_pos), ("kv_block_table", kv_block_table)])
-    args = CompressorMetadataArgs(*ins[:8], n, ins[8], (cos_out, sin_out, slot_out))
+    args = CompressorMetadataArgs(rope, sin_table, cu, sp, table, bs, fmt, ratio, n, reqs, (cos_out, sin_out, slot_out))
     return tuple(get_backend().compressor_metadata(args))

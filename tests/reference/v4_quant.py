@@ -55,7 +55,7 @@ def row_width(d: int, quant_mode: int) -> int:
     return math.ceil(used / 128) * 128
 
 
-def e8m0_byte(amax: float, name: str, round_scale: bool, rule: str = "kernel") -> tuple[int, np.float32]:
+def e8m0_byte(amax, name: str, round_scale: bool, rule: str = "kernel") -> tuple[int, np.float32]:
     """``(byte, divisor)`` of one quant_mode 2 group: divisor is what the group's values are divided by."""
     a = max(f32(amax), f32(1e-4))
     s = f32(a * (f32(1.0) / f32(fp8_max(name))))
