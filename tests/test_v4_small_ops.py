@@ -238,3 +238,13 @@ def test_compressor_metadata_negative_start_has_no_rows():
     _, _, slot = ops.compressor_metadata(*args, n, reqs)
     _same(slot, np.array([(3, 0), (3, 1), INVALID], np.int32))
     _same(slot, ref.compressor_metadata(*args, n)[2])
+
+
+def test_hw_backend_says_these_are_not_torch_npu_ops():
+    from ascend_emu.errors import BackendUnavailable
+
+    x = np.ones((1, 1, 1, 512), BF16)
+    r = np.ones((1, 1, 1, 64), BF16)
+    with ops.backend("hw"), pytest.raises(BackendUnavailable, match="not a torch_npu op"):
+        ops.inplace_partial_rotary_mul(x, r, r, "interleave", [448, 512])
+    assert (x == 1).all()

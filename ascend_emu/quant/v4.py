@@ -166,6 +166,11 @@ def kv_row_bytes(d: int, quant_mode: int = 2) -> int:
     return -(-used // KV_ROW_ALIGN) * KV_ROW_ALIGN
 
 
+def _kv_mode2_scale(amax: np.ndarray, name: str) -> np.ndarray:
+    """The unrounded quant_mode 2 scale ``fl32(max(amax, 1e-4) * fl32(1 / fp8_max))``."""
+    return (np.maximum(amax, KV_MIN_AMAX) * (np.float32(1.0) / np.float32(FP8_MAX[name]))).astype(np.float32)
+
+
 def kv_e8m0_bytes(amax, dtype="float8_e4m3fn", *, round_scale: bool = True) -> np.ndarray:
     """The quant_mode 2 E8M0 scale byte of groups with the given ``max |x|``, as the kernel computes it.
 
@@ -190,8 +195,8 @@ def kv_e8m0_bytes(amax, dtype="float8_e4m3fn", *, round_scale: bool = True) -> n
     a = np.asarray(amax, dtype=np.float32)
     if a.size and (~np.isfinite(a) | (a < 0)).any():
         raise arg_error(ModeError, "amax", "finite values >= 0", describe(a))
-    s = np.maximum(a, KV_MIN_AMAX) * (np.float32(1.0) / np.float32(FP8_MAX[name]))
-    exp = ((s.astype(np.float32).view(np.uint32) >> np.uint32(23)) & _F32_EXP_MASK).astype(np.int64)
+    s = _kv_mode2_scale(a, name)
+    exp = ((s.view(np.uint32) >> np.uint32(23)) & _F32_EXP_MASK).astype(np.int64)
     if round_scale:
         exp = exp + ((exp & np.int64(_F32_MANT_MASK)) != 0)
     return exp.astype(np.uint8)
@@ -208,7 +213,7 @@ def _kv_mode2(x32: np.ndarray, name: str, round_scale: bool) -> tuple[np.ndarray
     if round_scale:
         s = np.ldexp(np.float32(1.0), byte.astype(np.int32) - E8M0_BIAS).astype(np.float32)
     else:
-        s = (np.maximum(amax, KV_MIN_AMAX) * (np.float32(1.0) / np.float32(FP8_MAX[name]))).astype(np.float32)
+        s = _kv_mode2_scale(amax, name)
     top = np.float32(FP8_MAX[name])
     v = np.clip(g / s[..., None], -top, top).reshape(t, -1)[:, :q]
     return to_fp8(v, name).view(np.uint8), byte
