@@ -62,6 +62,11 @@ class NonFiniteOutputError(AscendEmuError, ValueError):
     """Checked mode: an op's output holds a NaN or an Inf."""
 
 
+class NonFiniteInputError(AscendEmuError, ValueError):
+    """An input the op quantizes holds a NaN or an Inf where the sources define no bytes for it
+    (the DeepSeek-V4 fp8 / int8 cache quants, docs/v4.md)."""
+
+
 #: Longest value text a message carries; longer text (a tensor's repr) is cut with "...".
 MAX_VALUE_CHARS = 120
 #: Longest text a caller formats itself (shapes, hints) that a message carries.

@@ -23,6 +23,7 @@ from . import quant_lightning_indexer as _quant_lightning_indexer
 from . import quant_950 as _quant_950
 from . import rope as _rope
 from . import sparse_flash_attention as _sparse_flash_attention
+from . import v4_small as _v4_small
 
 
 class EmuBackend:
@@ -41,6 +42,9 @@ class EmuBackend:
     quant_lightning_indexer = staticmethod(_quant_lightning_indexer.quant_lightning_indexer)
     fused_infer_attention_score = staticmethod(_fused_infer_attention_score.fused_infer_attention_score)
     quant_950 = staticmethod(_quant_950.quant_950)
+    rms_norm_dynamic_quant = staticmethod(_v4_small.rms_norm_dynamic_quant)
+    inplace_partial_rotary_mul = staticmethod(_v4_small.inplace_partial_rotary_mul)
+    compressor_metadata = staticmethod(_v4_small.compressor_metadata)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.

@@ -488,6 +488,16 @@ def quant_950(args: Quant950Args) -> Quant950Outputs:
     return Quant950Outputs(host(y).reshape(x.shape), host(scale))
 
 
+def _not_torch_npu(op: str):
+    def run(args):
+        raise BackendUnavailable(f"hw backend: {op} is a vllm-ascend / cann-recipes-infer custom op "
+                                 "(torch.ops._C_ascend / torch.ops.custom), not a torch_npu op; the hw backend "
+                                 "runs torch_npu ops only: use the emu backend")
+    run.__name__ = op
+    run.__doc__ = f"``{op}``: not run by this backend (raises BackendUnavailable)."
+    return run
+
+
 class HwBackend:
     """The ``hw`` backend (:class:`ascend_emu.ops._backend.Backend`): the functions above."""
 
@@ -503,6 +513,9 @@ class HwBackend:
     quant_lightning_indexer = staticmethod(quant_lightning_indexer)
     fused_infer_attention_score = staticmethod(fused_infer_attention_score)
     quant_950 = staticmethod(quant_950)
+    rms_norm_dynamic_quant = staticmethod(_not_torch_npu("npu_rms_norm_dynamic_quant"))
+    inplace_partial_rotary_mul = staticmethod(_not_torch_npu("inplace_partial_rotary_mul"))
+    compressor_metadata = staticmethod(_not_torch_npu("compressor_metadata"))
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.

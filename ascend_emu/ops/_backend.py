@@ -49,6 +49,8 @@ if TYPE_CHECKING:  # the families' modules import this one
     from .quant_950 import Quant950Args, Quant950Outputs
     from .rope import RopeArgs, RopeOutputs
     from .sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
+    from .v4_small import (CompressorMetadataArgs, CompressorMetadataOutputs, PartialRotaryArgs, PartialRotaryOutputs,
+                           RmsNormDynamicQuantArgs, RmsNormDynamicQuantOutputs)
 
 
 @runtime_checkable
@@ -89,6 +91,15 @@ class Backend(Protocol):
 
     def quant_950(self, args: Quant950Args) -> Quant950Outputs:
         """``npu_dtype_cast`` and ``npu_dynamic_mx_quant`` (Ascend 950 types)."""
+
+    def rms_norm_dynamic_quant(self, args: RmsNormDynamicQuantArgs) -> RmsNormDynamicQuantOutputs:
+        """DeepSeek-V4's ``npu_rms_norm_dynamic_quant`` (``_C_ascend`` / ``custom``)."""
+
+    def inplace_partial_rotary_mul(self, args: PartialRotaryArgs) -> PartialRotaryOutputs:
+        """DeepSeek-V4's ``inplace_partial_rotary_mul``; x written in place."""
+
+    def compressor_metadata(self, args: CompressorMetadataArgs) -> CompressorMetadataOutputs:
+        """DeepSeek-V4's ``compressor_metadata`` / ``_out`` (out arrays written in place)."""
 
 
 #: Registered backends: name -> package exposing ``BACKEND``.

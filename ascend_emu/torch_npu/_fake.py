@@ -405,3 +405,34 @@ FAKES = {
     "npu::npu_format_cast_": format_cast_inplace,
     "npu::npu_format_cast_.acl_format": format_cast_inplace,
 }
+
+
+# ---------------------------------------------------------------- DeepSeek-V4 framework-namespace ops
+def rms_norm_dynamic_quant(x, gamma, smooth_scale=None, beta=None, epsilon=1e-6, **_):
+    return _new(x, x.shape, torch.int8), _new(x, x.shape[:-1], torch.float32)
+
+
+def inplace_partial_rotary_mul(x, r1, r2, rotary_mode, partial_slice, negate_sin=False, **_):
+    return None
+
+
+def compressor_metadata(rope_cos, rope_sin, cu_seqlens, start_pos, kv_block_table, kv_block_size,
+                        slot_mapping_format, compress_ratio, num_compressed_tokens, num_reqs_actual, **_):
+    n, d = num_compressed_tokens, rope_cos.shape[-1]
+    slot = [n] if slot_mapping_format == 1 else [n, 2]
+    return (_new(rope_cos, [n, 1, 1, d], rope_cos.dtype), _new(rope_cos, [n, 1, 1, d], rope_cos.dtype),
+            _new(rope_cos, slot, torch.int32))
+
+
+def compressor_metadata_out(*args, cos_out, sin_out, slot_mapping_out, **_):
+    return cos_out, sin_out, slot_mapping_out
+
+
+#: Fakes of the framework-namespace ops that have no torch_npu counterpart, by their
+#: :mod:`ascend_emu.ops` function (:func:`._registry.namespace_fake`).
+NAMESPACE_FAKES = {
+    "npu_rms_norm_dynamic_quant": rms_norm_dynamic_quant,
+    "inplace_partial_rotary_mul": inplace_partial_rotary_mul,
+    "compressor_metadata": compressor_metadata,
+    "compressor_metadata_out": compressor_metadata_out,
+}

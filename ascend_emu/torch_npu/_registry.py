@@ -467,11 +467,12 @@ def check_packets(ops) -> None:
 
 def namespace_fake(spec, schema: torch._C.FunctionSchema) -> Callable | None:
     """The fake kernel of a framework-namespace overload (:class:`.namespaces.NamespaceSchema`):
-    the fake of the torch_npu op it binds (``npu::<op>`` in :data:`._fake.FAKES`), called with
+    the fake of the torch_npu op it binds (``npu::<op>`` in :data:`._fake.FAKES`; an op torch_npu
+    does not have: :data:`._fake.NAMESPACE_FAKES`), called with
     the arguments by name, then the binding's output mapping (a placeholder is an empty ``[0]``
     tensor of its dtype) and, for a ``_functional`` variant, the caches' likes. None when
     :data:`._fake.FAKES` has no fake of the op."""
-    base = _fake.FAKES.get(f"npu::{spec.op}")
+    base = _fake.FAKES.get(f"npu::{spec.op}") or _fake.NAMESPACE_FAKES.get(spec.op)
     if base is None:
         return None
     defaults, names = _defaults(schema), tuple(a.name for a in schema.arguments)

@@ -202,6 +202,43 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         f"{RECIPES_HEAD}:84", op="npu_quant_lightning_indexer", outputs=(0, EMPTY_F32),
         caller="sglang's DeepSeek-V4 Ascend attention backend (python/sglang/srt/hardware_backend/npu/attention/, "
         "through the recipes' custom_ops package)"),
+    # --------------------------------------- DeepSeek-V4 small ops (docs/v4.md), both namespaces
+    NamespaceSchema("_C_ascend",
+        "npu_rms_norm_dynamic_quant(Tensor x, Tensor gamma, Tensor? smooth_scale=None, Tensor? beta=None, "
+        "float epsilon=1e-6) -> (Tensor y_out, Tensor scale_out)",
+        f"{VLLM_ASCEND}:2385", op="npu_rms_norm_dynamic_quant",
+        caller="vllm_ascend/attention/dsa_v1.py (_mla_prolog_single_stream, W8A8 q_a norm)"),
+    NamespaceSchema("_C_ascend",
+        # a later torch_binding.cpp (001c5b56) adds ``bool negate_sin=False``; its line is not
+        # known here, so the binding keeps this snapshot's schema (ascend_emu.ops takes negate_sin)
+        "inplace_partial_rotary_mul(Tensor(a!) x, Tensor r1, Tensor r2, str rotary_mode, int[] partial_slice) -> ()",
+        f"{VLLM_ASCEND}:2378", op="inplace_partial_rotary_mul",
+        caller="vllm_ascend/models/deepseek_v4/indexer.py (q rope, partial_slice [64, 128]); "
+        "vllm_ascend/attention/dsa_v1.py (q / kv rope and the inverse rope of the output, [448, 512])"),
+    NamespaceSchema("_C_ascend",
+        "compressor_metadata(Tensor rope_cos, Tensor rope_sin, Tensor cu_seqlens, Tensor start_pos, "
+        "Tensor kv_block_table, int kv_block_size, int slot_mapping_format, int compress_ratio, "
+        "int num_compressed_tokens, int num_reqs_actual) -> (Tensor, Tensor, Tensor)",
+        f"{VLLM_ASCEND}:2239", op="compressor_metadata",
+        caller="vllm_ascend/attention/dsa_v1.py (_update_compressed_caches_and_select_topk)"),
+    NamespaceSchema("_C_ascend",
+        # argument names of the out tensors: a reading (the golden passes them by position)
+        "compressor_metadata_out(Tensor rope_cos, Tensor rope_sin, Tensor cu_seqlens, Tensor start_pos, "
+        "Tensor kv_block_table, int kv_block_size, int slot_mapping_format, int compress_ratio, "
+        "int num_reqs_actual, Tensor(a!) cos_out, Tensor(b!) sin_out, Tensor(c!) slot_mapping_out) "
+        "-> (Tensor(a!), Tensor(b!), Tensor(c!))",
+        f"{VLLM_ASCEND}:2249", op="compressor_metadata_out",
+        caller="vllm-ascend tests/e2e/nightly/single_node/ops/singlecard_ops/test_compressor_metadata.py"),
+    NamespaceSchema("custom",
+        "npu_rms_norm_dynamic_quant(Tensor x, Tensor gamma, *, Tensor? smooth_scale=None, Tensor? beta=None, "
+        "float epsilon=1e-6) -> (Tensor, Tensor)",
+        f"{RECIPES_HEAD}:117", op="npu_rms_norm_dynamic_quant",
+        caller="cann-recipes-infer ops/ascendc/examples/test_npu_rms_norm_dynamic_quant.py"),
+    NamespaceSchema("custom",
+        "inplace_partial_rotary_mul(Tensor(a!) x, Tensor r1, Tensor r2, *, str rotary_mode, "
+        "int[2] partial_slice) -> ()",
+        f"{RECIPES_HEAD}:47", op="inplace_partial_rotary_mul",
+        caller="cann-recipes-infer ops/ascendc/examples/test_npu_inplace_partial_rotary_mul.py"),
 )
 
 
