@@ -538,7 +538,7 @@ def _normalise_full(version: int, values: dict, modes: dict, *, reason: str) -> 
             raise arg_error(DTypeError, name, "a NumPy array (updated in place)", type(values[name]).__name__)
     t = {name: required(values[name], name) for name in names}
     key = tuple(int(modes[n]) for n in MODE_NAMES)
-    shown = ", ".join(f"{n}={v}" for n, v in zip(MODE_NAMES, key))
+    shown = ", ".join(f"{n}={v}" for n, v in zip(MODE_NAMES, key, strict=True))
     for name in names:  # before the scales: a bf16 weight in a quant mode is a dtype error
         want = scenario.dtypes[name]
         if dtype_name(t[name].dtype) != want:

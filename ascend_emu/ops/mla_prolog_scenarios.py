@@ -366,7 +366,7 @@ def select_scenario(version: int, modes: dict, tile_size, reason: str) -> QuantS
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
             raise arg_error(ModeError, name, f"one of {list(allowed)}", describe(value))
     key = tuple(int(modes[n]) for n in MODE_NAMES)
-    shown = ", ".join(f"{n}={v}" for n, v in zip(MODE_NAMES, key))
+    shown = ", ".join(f"{n}={v}" for n, v in zip(MODE_NAMES, key, strict=True))
     if version == 3 and key[0] in ASCEND950_WEIGHT_MODES:
         require_ascend950("weight_quant_mode", key[0], ASCEND950_WEIGHT_MODES[key[0]])
     legal = version_limits(version).quant_modes
