@@ -5,9 +5,8 @@ combined rows), ``ops`` (the op interface, torch_npu signatures over NumPy), ``e
 backend), ``torch_npu`` (a drop-in for ``import torch_npu``).
 """
 
-__version__ = "0.1.0"
-
 from . import _threads
+from ._version import __version__  # noqa: F401
 
 _threads.configure()  # before any Numba kernel or torch loads an OpenMP runtime
 

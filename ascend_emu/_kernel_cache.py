@@ -31,18 +31,18 @@ from pathlib import Path
 
 from numba.core import caching, config
 
-from . import __version__
+from ._version import __version__
 
 #: The package directory (symlinks resolved).
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 #: What the compiled kernels are built from, relative to :data:`PACKAGE_DIR`: the sub-packages that
 #: define kernels or the helpers and constants they use (every ``.py`` file in them), and the
-#: top-level modules those import (the package's ``__init__`` only gives the version, which is in the
-#: key anyway). ``tests/test_kernel_cache.py`` checks that this holds every cached kernel and is
-#: closed under the imports.
+#: top-level modules those import (``_version.py`` gives the version, which is in the key anyway).
+#: ``tests/test_kernel_cache.py`` checks that this holds every cached kernel and is closed under the
+#: imports.
 KERNEL_SOURCES = ("emu", "layouts", "quant", "ops", "_env.py", "_kernel_cache.py", "_threads.py", "checked_mode.py", "errors.py", "mla.py",
-                  "soc.py")
+                  "soc.py", "_version.py")
 
 
 def source_files() -> list[Path]:

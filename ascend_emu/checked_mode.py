@@ -39,6 +39,7 @@ import os
 import sys
 import weakref
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 
@@ -128,20 +129,35 @@ def _map(a: np.ndarray, num_slots: int, *, create: bool = True) -> _Map | None:
     return m
 
 
+#: How a tensor type other than ``np.ndarray`` is seen as an ndarray over its own memory:
+#: ``(type, view(value, name) -> ndarray)`` pairs, handed down by the layers above at their import
+#: (the drop-in registers ``torch.Tensor`` with :func:`ascend_emu.torch_npu.to_numpy`), so this
+#: module imports nothing above it.
+_TENSOR_VIEWS: list[tuple[type, Callable[[Any, str], np.ndarray]]] = []
+
+
+def register_tensor_view(tensor_type: type, view: Callable[[Any, str], np.ndarray]) -> None:
+    """Let :func:`poison`, :func:`mark_written` and the maps take ``tensor_type`` values, seen
+    through ``view(value, name)``: an ndarray over the value's own memory (no copy), so a map is
+    the one the ops keep for that memory. Registering a type again replaces its view."""
+    _TENSOR_VIEWS[:] = [(t, v) for t, v in _TENSOR_VIEWS if t is not tensor_type]
+    _TENSOR_VIEWS.append((tensor_type, view))
+
+
 def _as_array(cache, name: str = "cache") -> np.ndarray:
-    """``cache`` as an ndarray over its own memory: a torch tensor through the drop-in's view
-    (:func:`ascend_emu.torch_npu._convert.to_numpy`, no copy), so its map is the one the ops
-    keep for the tensor's memory. torch is imported only when the value is a tensor (torch is
-    then already loaded)."""
+    """``cache`` as an ndarray over its own memory: a torch tensor through the view the drop-in
+    registered (:func:`register_tensor_view`; no copy), so its map is the one the ops keep for
+    the tensor's memory."""
     if isinstance(cache, np.ndarray):
         return cache
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(cache, torch.Tensor):
-        from .torch_npu._convert import to_numpy
-
-        return to_numpy(cache, name)
+    for tensor_type, view in _TENSOR_VIEWS:
+        if isinstance(cache, tensor_type):
+            return view(cache, name)
     from .errors import DTypeError, arg_error
 
+    if type(cache).__module__.split(".")[0] == "torch":  # a tensor before the drop-in was imported
+        raise arg_error(DTypeError, name, "a NumPy array, or a CPU torch tensor once ascend_emu.torch_npu is imported",
+                        type(cache).__name__)
     raise arg_error(DTypeError, name, "a NumPy array or a CPU torch tensor", type(cache).__name__)
 
 

@@ -32,15 +32,13 @@ Commands:
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
 import importlib.util
-import io
 import os
 import sys
 import time
-import types
 
-from . import __version__
+from ._version import __version__
+from ._script import ENV_TRACEBACK, run_as_main, show_script_exception
 from .install_hints import TORCH_HINT
 
 
@@ -61,61 +59,6 @@ def _install_emulator() -> bool:
         return False
     drop_in.install()
     return True
-
-
-#: Environment variable: ``1`` shows the emulator's own frames in the traceback of a script's
-#: uncaught exception (as ``ascend-emu run --traceback`` does).
-ENV_TRACEBACK = "ASCEND_EMU_TRACEBACK"
-#: The package's directory: frames of files under it are the emulator's own.
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def _full_traceback_wanted() -> bool:
-    return os.environ.get(ENV_TRACEBACK, "") == "1"
-
-
-def _show_script_exception(script: str, exc: BaseException, *, full: bool | None = None) -> None:
-    """Report ``exc`` as Python reports an uncaught exception of a script: traceback from the
-    script's first frame on (the launcher's frames dropped), through ``sys.excepthook``.
-
-    Unless ``full`` (default: env :data:`ENV_TRACEBACK` = ``1``), the traceback stops at the
-    last frame before the first one inside ``ascend_emu`` (the user's call of an op; the
-    emulator's validation frames below it are noise to the script's author), and one line on
-    stderr after it says how many frames were hidden and how to see them. The user's frames and
-    the exception line are Python's own."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != script:
-        tb = tb.tb_next
-    hidden = 0
-    if not (_full_traceback_wanted() if full is None else full):
-        last, cur = None, tb
-        while cur is not None and not cur.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-            last, cur = cur, cur.tb_next
-        if last is not None and cur is not None:
-            while cur is not None:
-                hidden, cur = hidden + 1, cur.tb_next
-            last.tb_next = None
-    sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-    if hidden:
-        _err(f"{hidden} frame(s) inside ascend_emu hidden; `ascend-emu run --traceback` (or {ENV_TRACEBACK}=1) "
-             "shows them")
-
-
-def _run_as_main(path: str) -> None:
-    """Execute the script at absolute ``path`` as ``__main__``, as ``python path`` does (its own
-    ``__main__`` module in ``sys.modules`` while it runs; no ``__future__`` flags of this file)."""
-    with io.open_code(path) as f:
-        code = compile(f.read(), path, "exec", dont_inherit=True)
-    main = types.ModuleType("__main__")
-    main.__file__ = path
-    main.__cached__ = None
-    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
-    saved = sys.modules["__main__"]
-    sys.modules["__main__"] = main
-    try:
-        exec(code, main.__dict__)
-    finally:
-        sys.modules["__main__"] = saved
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -141,11 +84,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if not getattr(sys.flags, "safe_path", False):  # python -P (3.11+) adds no script directory
         sys.path[0] = os.path.dirname(os.path.realpath(script))  # the launcher's entry (cwd / bin)
     try:
-        _run_as_main(path)
+        run_as_main(path)
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as exc:  # noqa: BLE001  (shown like Python shows it, then exit 1 / 130)
-        _show_script_exception(path, exc, full=ns.traceback or None)
+        show_script_exception(path, exc, full=ns.traceback or None)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
     return 0
 
@@ -217,7 +160,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
                   f"{config.indexer_heads}x{config.indexer_dim} top-{config.sparse_count}, PA_BSND blocks of "
                   f"{config.block_size}")
     if ns.jobs is None:
-        from .compare.engine import default_workers
+        from .workers import default_workers
 
         ns.jobs = default_workers()
     with Progress() as progress:

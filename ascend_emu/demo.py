@@ -453,12 +453,12 @@ def _compile_family(item: tuple[str, DecodeStepConfig]) -> tuple[int, float]:
 
 
 class _Workers:
-    """Worker processes (``spawn``, :class:`~ascend_emu.compare.engine.ProcessPool`) compiling
+    """Worker processes (``spawn``, :class:`~ascend_emu.workers.ProcessPool`) compiling
     ``families``' kernels into the shared on-disk cache, collected by a background thread, so
     the demo runs meanwhile and :meth:`wait` s for a family before its first call."""
 
     def __init__(self, config: DecodeStepConfig, families: tuple[str, ...], jobs: int):
-        from .compare.engine import ProcessPool
+        from .workers import ProcessPool
 
         self.families = families
         self.processes = min(jobs, len(families))
@@ -471,7 +471,7 @@ class _Workers:
         self._thread.start()
 
     def _collect(self, pool, items) -> None:
-        from .compare.engine import TaskFailure
+        from .workers import TaskFailure
 
         try:
             for i, result in pool.run(_compile_family, items, None):
@@ -490,7 +490,7 @@ class _Workers:
 
     def wait(self, family: str | None):
         """Wait for ``family``'s worker; its result (``(kernels, seconds)`` or a
-        :class:`~ascend_emu.compare.engine.TaskFailure`) the first time, else None."""
+        :class:`~ascend_emu.workers.TaskFailure`) the first time, else None."""
         if family not in self._done or family in self._claimed:
             return None
         self._done[family].wait()
@@ -544,7 +544,7 @@ def run_decode_step(config: DecodeStepConfig = DecodeStepConfig(), *,
 
 
 def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch, workers: _Workers | None) -> DecodeStepReport:
-    from .compare.engine import TaskFailure
+    from .workers import TaskFailure
 
     rep = DecodeStepReport(config=c)
     if workers is not None:

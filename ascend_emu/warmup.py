@@ -325,7 +325,7 @@ def warmup(*, parallel: bool = True, report: Callable[[WarmupResult], None] | No
     so do not call ops from other Python threads while it runs.
 
     With ``jobs`` > 1 the calls first run in that many worker processes (``spawn``, the replay's
-    :class:`~ascend_emu.compare.engine.ProcessPool`), one op family (:data:`CALLS`) at a time in
+    :class:`~ascend_emu.workers.ProcessPool`), one op family (:data:`CALLS`) at a time in
     whichever worker is free, so the kernels compile in parallel into the shared on-disk cache
     (Numba's cache files are written whole, then renamed into place); then, with ``load``, every
     call runs here once more, loading its kernels from that cache.
@@ -365,7 +365,7 @@ def warmup(*, parallel: bool = True, report: Callable[[WarmupResult], None] | No
                 report(results[-1])
         return results
 
-    from .compare.engine import ProcessPool, TaskFailure
+    from .workers import ProcessPool, TaskFailure
 
     by_family: dict[int, list[WarmupResult]] = {}
     done = 0
@@ -391,7 +391,7 @@ def default_jobs() -> int:
     """``ascend-emu warmup``'s default ``--jobs``: the cores this process may use when the kernel
     cache directory holds no kernel yet (a cold cache: the directory is keyed on the sources, so an
     edit or an upgrade starts an empty one), else 1 (loading is quicker than starting workers)."""
-    from .compare.engine import default_workers
+    from .workers import default_workers
 
     if any(kernel_cache_dir().rglob("*.nbi")):
         return 1

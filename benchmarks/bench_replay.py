@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ns = p.parse_args(argv)
 
     from ascend_emu.compare import msprobe
-    from ascend_emu.compare.engine import RayEngine, init_ray
+    from ascend_emu.workers import RayEngine, init_ray
     from tests.synthetic_msprobe import write_dump
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -294,6 +294,31 @@ def test_mark_written_accepts_torch_tensors():
         ascend_emu.mark_written([[0.0]])
 
 
+def test_torch_tensors_reach_checked_mode_through_the_drop_in_only():
+    """checked_mode imports nothing above it: it sees torch tensors through the view the drop-in
+    registers at its import, so before that import a tensor is refused with a message saying so,
+    and after it the same call poisons the tensor's own memory."""
+    pytest.importorskip("torch")
+    code = textwrap.dedent("""
+        import torch, ascend_emu
+        from ascend_emu.errors import DTypeError
+        t = torch.zeros((2, 16, 1, 64))
+        try:
+            ascend_emu.poison(t)
+        except DTypeError as exc:
+            print(exc)
+        import ascend_emu.torch_npu
+        ascend_emu.poison(t)
+        print(bool(torch.isnan(t).all()))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == [
+        "cache: expected a NumPy array, or a CPU torch tensor once ascend_emu.torch_npu is imported, got Tensor",
+        "True"]
+
+
 def test_checked_mode_does_not_import_torch():
     code = "import sys, numpy as np, ascend_emu; ascend_emu.mark_written(np.zeros((2, 16, 1, 64))); " \
            "print('torch' in sys.modules)"

@@ -18,7 +18,7 @@ import pytest
 
 from ascend_emu import demo
 from ascend_emu.cli import build_parser, main
-from ascend_emu.compare.engine import InProcess
+from ascend_emu.workers import InProcess
 
 SMALL = dict(context=40, sparse_count=16, heads=1, block_size=16)
 FAMILIES = tuple(demo.WORKER_FAMILIES)
@@ -54,7 +54,7 @@ def in_process_workers(monkeypatch):
     """The demo's workers as :class:`_Pool` tasks run at once; each family reports 3 kernels in 1.5 s,
     except the indexer's, whose worker fails."""
     _Pool.made, _Pool.items = [], []
-    monkeypatch.setattr("ascend_emu.compare.engine.ProcessPool", _Pool)
+    monkeypatch.setattr("ascend_emu.workers.ProcessPool", _Pool)
     monkeypatch.setattr(demo, "threading", SimpleNamespace(Thread=_NowThread, Event=threading.Event))
     real = demo._compile_family
     ran = []

@@ -145,7 +145,7 @@ def _module_path(parts: list[str]) -> Path:
 def _import_time_nodes(tree: ast.AST):
     """Every node run when the module is imported: function bodies left out (a kernel freezes the
     module globals it reads when it compiles, and those come from import-time code; an import
-    inside a plain function, such as checked_mode's lazy torch_npu import, feeds no kernel)."""
+    inside a plain function feeds no kernel)."""
     stack = [tree]
     while stack:
         node = stack.pop()

@@ -206,7 +206,7 @@ def test_a_call_past_the_timeout_is_reported_and_the_run_goes_on(dump, tmp_path,
 
 def test_process_pool_timeout_and_order():
     """The pool stops an item past the timeout (its worker replaced) and yields every item once."""
-    from ascend_emu.compare.engine import ProcessPool, TaskFailure
+    from ascend_emu.workers import ProcessPool, TaskFailure
 
     got = dict(ProcessPool(2).run(time.sleep, [0.01, 30, 0.01, 0.01], timeout=2.0))
     assert sorted(got) == [0, 1, 2, 3]
@@ -337,7 +337,7 @@ def ray_session():
     """One local Ray (2 CPUs, no dashboard, workers' logs kept off the test output) for the Ray
     tests of this module, shut down after them. CI installs the [ray] extra: there a missing Ray
     fails instead of skipping."""
-    from ascend_emu.compare.engine import init_ray
+    from ascend_emu.workers import init_ray
 
     if not os.environ.get("CI"):
         pytest.importorskip("ray")
@@ -365,7 +365,7 @@ def test_ray_timeouts_and_a_lost_worker(ray_session, tmp_path):
     once."""
     import signal
 
-    from ascend_emu.compare.engine import RayEngine, TaskFailure
+    from ascend_emu.workers import RayEngine, TaskFailure
 
     marker = str(tmp_path / "died-once")
 
@@ -406,7 +406,7 @@ def test_the_core_never_imports_ray():
     import subprocess
     import sys
 
-    code = ("import sys, ascend_emu, ascend_emu.compare.msprobe, ascend_emu.compare.engine, ascend_emu.cli; "
+    code = ("import sys, ascend_emu, ascend_emu.compare.msprobe, ascend_emu.workers, ascend_emu.cli; "
             "assert 'ray' not in sys.modules, 'ray imported'")
     proc = subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(__file__).parent.parent, capture_output=True,
                           text=True, timeout=120)

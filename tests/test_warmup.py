@@ -67,7 +67,7 @@ def test_cli_warmup_rejects_unknown_options(argv):
 
 def test_default_jobs_are_the_cores_only_for_an_empty_kernel_cache(monkeypatch, tmp_path):
     monkeypatch.setattr(warmup_mod, "kernel_cache_dir", lambda: tmp_path)
-    monkeypatch.setattr("ascend_emu.compare.engine.default_workers", lambda: 3)
+    monkeypatch.setattr("ascend_emu.workers.default_workers", lambda: 3)
     assert warmup_mod.default_jobs() == 3
     (tmp_path / "emu").mkdir()
     (tmp_path / "emu" / "kernels._scatter-1.py311.nbi").write_bytes(b"")

@@ -5,7 +5,7 @@ Pure and data-first: :func:`compare_tensor` / :func:`compare_call` return datacl
 vocabulary is that of Ascend's own tools (msprobe compare, torch_npu's ``assertRtolEqual``), see
 :mod:`.metrics`. :class:`Recorder` captures torch_npu op calls (:mod:`.record` documents the
 on-disk format), :func:`replay` runs a call on the ``emu`` backend, :mod:`.msprobe` reads and
-writes msprobe tensor dumps (a whole dump call by call, on the engines of :mod:`.engine`). The
+writes msprobe tensor dumps (a whole dump call by call, on the engines of :mod:`ascend_emu.workers`). The
 ``ascend-emu record | compare | replay`` commands live in :mod:`.cli`.
 """
 

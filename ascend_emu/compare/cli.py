@@ -92,7 +92,7 @@ def _check_script(ns, command: str) -> int:
 def _run_script(ns, on_call, tnpu) -> int:
     """Run SCRIPT (checked by :func:`_check_script`) under the real torch_npu ``tnpu``, every
     emulated op call passed to ``on_call``; the script's exit status."""
-    from ..cli import _run_as_main, _show_script_exception
+    from .._script import run_as_main, show_script_exception
     from .record import Recorder
 
     path = os.path.join(os.getcwd(), ns.script)
@@ -102,11 +102,11 @@ def _run_script(ns, on_call, tnpu) -> int:
     rc = 0
     try:
         with Recorder(tnpu, on_call):
-            _run_as_main(path)
+            run_as_main(path)
     except SystemExit as exc:
         rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException as exc:  # noqa: BLE001
-        _show_script_exception(path, exc, full=True)  # the real torch_npu's frames stay
+        show_script_exception(path, exc, full=True)  # the real torch_npu's frames stay
         rc = 1
     finally:
         sys.argv, sys.path[0] = saved_argv, saved_path0
@@ -284,7 +284,7 @@ def cmd_replay(ns) -> int:
         engine, started = None, None
         if ns.ray is not None:
             from ..install_hints import RAY_HINT
-            from .engine import RayEngine, init_ray
+            from ..workers import RayEngine, init_ray
 
             if importlib.util.find_spec("ray") is None:
                 _err(f"replay --ray needs Ray, which is not installed: {RAY_HINT}")

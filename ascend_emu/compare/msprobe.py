@@ -20,7 +20,7 @@ msprobe (``mindstudio-probe``, Ascend's accuracy tool) dumps a run with ``task: 
 replays it on the emulator and writes an msprobe-format dump of the emulator's results with the
 same keys (inputs copied), so ``msprobe compare -tp DUMP -gp EMU_DUMP`` pairs them. Each entry is
 one work unit (:func:`plan_units`, :func:`run_unit`) that loads its own tensors when it runs, on
-an :mod:`.engine` (in process, a process pool or Ray tasks); results come back in execution order (step,
+an :mod:`ascend_emu.workers` (in process, a process pool or Ray tasks); results come back in execution order (step,
 rank, call index) and are logged to :data:`RESULTS_FILE` as they finish (``--resume``).
 """
 
@@ -38,7 +38,7 @@ import numpy as np
 
 from ..layouts import FRACTAL_NZ, ND
 from .calls import OPS, Call, CallReport, EmuResult, TensorValue, _written_slots, arg_names, compare_call, replay
-from .engine import Engine, TaskFailure, make_engine
+from ..workers import Engine, TaskFailure, make_engine
 from .nz_weights import WEIGHTS_DIR, WeightsFile, casts_of, choose_cast, nz_arguments
 from .record import to_host
 from .repro import REPRO_STATUSES, repro_name, write_repro
@@ -484,7 +484,7 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
 
     Each call is a work unit (:func:`plan_units`, :func:`run_unit`) that loads only its own
     tensors, so memory is bounded by the largest call, never by the dump. The units run on
-    ``engine`` (default :func:`.engine.make_engine` of ``workers``: in process for 1, else a
+    ``engine`` (default :func:`ascend_emu.workers.make_engine` of ``workers``: in process for 1, else a
     process pool); the report, the result file and the emulator's dump are the same whatever
     the engine, in execution order (step, rank, call index).
 
@@ -495,7 +495,7 @@ def replay_dump(dump_root: str | os.PathLike, out_root: str | os.PathLike, progr
         progress: ``progress(done, total, failures)``, called once before the first unit and
             after each (e.g. a rich progress bar); ``total`` counts the calls to replay.
         workers: processes (1: in this process; None: one per core).
-        engine: an :class:`~.engine.Engine` (overrides ``workers``).
+        engine: an :class:`~ascend_emu.workers.Engine` (overrides ``workers``).
         timeout: seconds one call may take; a call past it is reported with status
             ``timeout`` (None: no limit).
         ops, steps, ranks: replay only these ops / step numbers / rank numbers.

@@ -377,6 +377,13 @@ class ValidatedSignatures:
     """Signatures (:func:`signature`) whose static checks passed, each with what those checks
     derived (layouts, modes, sizes); least recently used first out beyond ``maxsize``.
 
+    The one way an op contract memoises its static checks::
+
+        key, static, known = _VALIDATED.lookup(given, check)  # check(*given) unless known
+        ...  # the per-call checks (index values, memory, lengths), on every call
+        if not known:
+            _VALIDATED.put(key, static)
+
     Only a call whose checks all passed is stored, so a rejected call is always checked (and
     rejected) in full, with the same message.
     """
@@ -397,17 +404,19 @@ class ValidatedSignatures:
                 pass
         return value
 
-    def lookup(self, given: tuple, check: Callable[..., object]) -> tuple[Hashable | None, object, bool]:
+    def lookup(self, given: tuple, check: Callable[..., object] | None = None
+               ) -> tuple[Hashable | None, object, bool]:
         """``(key, static, known)`` for a call with arguments ``given``: its :func:`signature`,
         what the static checks derived (``check(*given)`` when the signature is not stored; it
-        raises for a rejected call), and whether it was stored (every check of an earlier call
-        with this signature passed, the per-call ones too). Store it with :meth:`put` once the
-        call's per-call checks pass."""
+        raises for a rejected call; None without a ``check``, for a contract whose first call
+        takes another path), and whether it was stored (every check of an earlier call with this
+        signature passed, the per-call ones too). Store it with :meth:`put` once the call's
+        per-call checks pass."""
         key = signature(*given)
         static = self.get(key)
         if static is not None:
             return key, static, True
-        return key, check(*given), False
+        return key, None if check is None else check(*given), False
 
     def put(self, key: Hashable | None, value) -> None:
         """Store ``value`` for ``key`` (nothing for a None key)."""

@@ -73,7 +73,7 @@ from ..layouts import (CacheLayout, canonical_cache_mode, slots_from_cache_index
 from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_cache, check_dtype, check_disjoint, check_float, check_shape,
-                     dtype_name, optional, required, signature, warn_duplicates, write_targets)
+                     dtype_name, optional, required, warn_duplicates, write_targets)
 
 KvCacheMode = Literal["Norm", "PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ"]
 
@@ -299,13 +299,10 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
     signature (:func:`~ascend_emu.ops._check.signature`; a decode loop repeats one); the caches'
     overlap and the index values are checked on every call.
     """
-    key = signature(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset,
-                    c_kv_offset, v, epsilon, cache_mode, is_output_kv)
-    static = _VALIDATED.get(key)
-    if static is None:
-        static = _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset,
-                               c_kv_offset, v, epsilon, cache_mode, is_output_kv)
-        _VALIDATED.put(key, static)
+    key, static, known = _VALIDATED.lookup(
+        (kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset, c_kv_offset, v,
+         epsilon, cache_mode, is_output_kv),
+        lambda kv, gamma, cos, sin, index, *rest: _check_static(kv, gamma, cos, sin, *rest))  # (index: per call)
     if key is None:  # lists and the like, accepted by the checks above: as arrays from here on
         kv, gamma, cos, sin, k_cache, ckv_cache, index = (
             x if isinstance(x, np.ndarray) else np.asarray(x) for x in (kv, gamma, cos, sin, k_cache, ckv_cache, index))
@@ -321,6 +318,8 @@ def _normalise(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_k
         unique = bool(np.all(live[1:] != live[:-1]))
         if not unique:
             warn_duplicates(slots, "index")
+    if not known:
+        _VALIDATED.put(key, static)
     return KvRmsNormRopeCacheArgs(
         kv=kv, gamma=gamma, cos=cos, sin=sin, index=index, k_cache=k_cache, ckv_cache=ckv_cache,
         k_layout=static.k_layout, ckv_layout=static.ckv_layout, slots=slots, unique_slots=unique,

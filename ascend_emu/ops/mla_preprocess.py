@@ -98,7 +98,7 @@ from ..layouts import NZ_ROW_BYTES, CacheLayout, nz_shape, slots_from_cache_inde
 from .. import checked_mode
 from ._backend import get_backend
 from ._check import (ValidatedSignatures, check_cache, check_dtype, check_disjoint, check_nz_weight, check_shape,
-                     dtype_name, required, signature, transposed_hint, trusted, warn_duplicates)
+                     dtype_name, required, transposed_hint, trusted, warn_duplicates)
 
 CacheModeName = Literal["krope_ctkv", "int8_nzcache", "nzcache"]
 QuantModeName = Literal["per_tensor_quant_asymm", "per_token_quant_symm"]
@@ -489,11 +489,8 @@ def _normalise(v: dict) -> tuple[MlaPreprocessArgs, tuple]:
     descales' high bits, the slots and the out= arrays' overlap are checked on every call, after
     them, in that order.
     """
-    key = signature(*v.values())
-    static = _VALIDATED.get(key)
-    known = static is not None
+    key, static, known = _VALIDATED.lookup(tuple(v.values()), lambda *_: _check_static(v))
     if not known:
-        static = _check_static(v)
         if key is None:  # lists and the like, accepted by the checks above: as arrays from here on
             v = {k: x if x is None or isinstance(x, (np.ndarray, str)) else np.asarray(x) for k, x in v.items()}
     if static.int64_descales:

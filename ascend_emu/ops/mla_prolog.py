@@ -15,15 +15,8 @@ packs its own outputs.
 Every legal quant scenario of the v3 seed's table is emulated (:data:`QUANT_SCENARIOS`); the
 numerics of each are stated step by step in :func:`ascend_emu.emu.mla_prolog.mla_prolog`.
 
-Ascend 950 (``ASCEND_EMU_SOC_NAME`` starting with ``Ascend950``, :mod:`ascend_emu.soc`): v3 also
-takes weight_quant_mode 3 (MXFP8), 4 (FP8 E4M3FN) and 5 (HiFloat8, uint8 with the ``*_dtype``
-tags = 290) with a non-quant, per-tensor or per-tile kv_cache (:data:`QUANT_SCENARIOS_950`, the
-current torch_npu doc's scenario and dtype tables) and the doc's wider shapes
-(:data:`V3_ASCEND950_LIMITS`).
-On any other SoC those modes, the tags and the wider shapes are rejected before anything is
-written, with torch_npu's kind of message ("weight_quant_mode: When weight_quant_mode is 3 (mxfp8
-full quant), not support on this soc version Ascend910B2 ..."; op-plugin
-``MlaPrologV3KernelNpuOpApi.cpp`` / meta ``npu_mla_prolog_v3_forward`` L516).
+The scenario and limits tables, and the checks that read only them, are
+:mod:`ascend_emu.ops.mla_prolog_scenarios` (the Ascend 950's modes and wider shapes included).
 
 Contract highlights (be stricter than the hardware):
 
@@ -43,323 +36,45 @@ Contract highlights (be stricter than the hardware):
   nothing is written, and ``cache_index`` values are not range-checked (no index reaches memory).
 
 Choices where the sources are silent or disagree: v1 / v2 infer their v3 modes as
-:func:`_infer_legacy_modes` says; an inferred illegal combination (e.g. int8 caches with bf16
+:func:`infer_legacy_modes` says; an inferred illegal combination (e.g. int8 caches with bf16
 weights) is a ModeError. ``-1`` in a PA_BLK ``cache_index`` skips that block's tokens. The legal
 mode combinations are the rows of the v3 seed's scenario table read through its dtype columns
 (see :data:`QUANT_SCENARIOS`); the scale shapes each scenario accepts are
 :func:`expected_scale_shapes`. ``k_nope_clip_alpha`` must be finite and > 0 (a zero or negative
 clip limit gives a zero or negative dequant scale) and keep the largest clip limit finite in fp32
-(:func:`_check_alpha`: 3e38 would give +inf tile scales and zero k_nope).
+(:func:`check_alpha`: 3e38 would give +inf tile scales and zero k_nope).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Literal, Mapping, NamedTuple
+from typing import Literal, NamedTuple
 
-import ml_dtypes
 import numpy as np
 
 from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error, describe
 from ..layouts import (FRACTAL_NZ, CacheLayout, canonical_cache_mode, get_npu_format,
                        slots_from_cache_index, slots_from_pages)
 from .. import checked_mode
-from ..quant.fp8 import TORCH_NPU_DTYPE_CODES
-from ..quant.mx import MX_BLOCK_SIZE
-from ..soc import is_ascend950, require_ascend950, soc_name
+from ..mla import D_NOPE, D_ROPE, HCKV, NKV  # noqa: F401  (D_NOPE, D_ROPE, HCKV: re-exported for the backends)
+from ..soc import soc_name
 from ._backend import get_backend
-from ._check import (MAX_BATCH, ValidatedSignatures, check_cache, check_disjoint, check_dtype, check_float,
-                     check_ndim, check_nz_weight, check_shape, dtype_name, optional, required, signature, transposed_hint,
+from ._check import (ValidatedSignatures, check_cache, check_disjoint, check_dtype, check_float, check_ndim,
+                     check_nz_weight, check_shape, dtype_name, optional, required, transposed_hint,
                      trusted, warn_duplicates, write_targets)
-
-# ---------------------------------------------------------------------- fixed dims (docs/sources.md#npu_mla_prolog_v3)
-from ..mla import D_NOPE, D_ROPE, HCKV, NKV  # noqa: E402,F401  (re-exported for the backends)
-#: Legal head counts N.
-HEAD_NUMS = (1, 2, 4, 8, 16, 32, 64, 128)
-#: Legal per-tile quant tile sizes.
-TILE_SIZES = (128,)
+from .mla_prolog_scenarios import (  # noqa: F401  (the tables are re-exported: the entry points' docs name them)
+    E8M0_DTYPE, HEAD_NUMS, MODE_NAMES, OP_NAMES, QUANT_SCENARIOS, QUANT_SCENARIOS_950, SCALE_ARGS, TILE_SIZES,
+    V3_ASCEND950_LIMITS, VERSION_LIMITS, QuantScenario, VersionLimits, check_alpha, check_dtype_tags,
+    check_scale_shapes, check_scales, expected_scale_shapes, infer_legacy_modes, select_scenario, version_limits)
 
 Version = Literal[1, 2, 3]
 CacheModeV3 = Literal["PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND"]
-_OP_NAMES = {1: "npu_mla_prolog", 2: "npu_mla_prolog_v2", 3: "npu_mla_prolog_v3"}
 
 #: Shape of an output the scenario does not produce: v3 (torch_npu meta, CANN >= 8.5.0) gives an
 #: empty ``[0]`` tensor; the v2 meta always declares ``dequant_scale_q_nope`` as ``[1]`` outside
 #: the kv-quant scenario (its value is not defined there; the emulator writes 0).
 UNUSED_OUTPUT_SHAPE = {2: (1,), 3: (0,)}
-
-
-# ---------------------------------------------------------------------- per-version limits
-@dataclass(frozen=True, kw_only=True)
-class VersionLimits:
-    """Shape values and modes one entry point accepts (its seed doc; v2 follows v1's).
-
-    Attributes:
-        he: legal He.
-        hcq: legal Hcq.
-        block_sizes: legal BlockSize of the paged modes.
-        cache_modes: accepted ``cache_mode`` strings.
-        quant_modes: legal ``(weight_quant_mode, kv_cache_quant_mode, query_quant_mode)``.
-        max_b: largest B.
-        max_s: largest S (None: unlimited).
-        max_t: largest T (None: unlimited).
-        d_nope: legal D (weight_uk.shape[1]).
-    """
-
-    he: tuple[int, ...]
-    hcq: tuple[int, ...]
-    block_sizes: tuple[int, ...]
-    cache_modes: tuple[str, ...]
-    quant_modes: tuple[tuple[int, int, int], ...]
-    d_nope: tuple[int, ...] = (D_NOPE,)
-    max_b: int = MAX_BATCH
-    max_s: int | None = None
-    max_t: int | None = None
-
-
-_V12_LIMITS = dict(he=(7168,), hcq=(1536,), block_sizes=(16, 128), cache_modes=("PA_BSND", "PA_NZ"),
-                   max_s=16, max_t=1048576)
-#: One table for every version-specific value (seeds: v1 "约束说明", v3 "约束说明"; v2: its
-#: torch_npu doc). v1 has no full quant (its dequant_scale_x / _w_dq / _w_dkv_kr are "reserved").
-VERSION_LIMITS: Mapping[int, VersionLimits] = MappingProxyType({
-    1: VersionLimits(**_V12_LIMITS, quant_modes=((0, 0, 0), (1, 0, 0), (1, 2, 0))),
-    2: VersionLimits(**_V12_LIMITS, quant_modes=((0, 0, 0), (1, 0, 0), (1, 2, 0), (2, 0, 0), (2, 1, 1))),
-    3: VersionLimits(he=(7168, 7680), hcq=(1536,), block_sizes=tuple(range(16, 1025, 16)),
-                     cache_modes=("PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND"),
-                     quant_modes=((0, 0, 0), (1, 0, 0), (1, 2, 0), (1, 3, 0), (2, 0, 0), (2, 1, 1), (2, 3, 0))),
-})
-#: The Ascend 950's own v3 modes (torch_npu doc "支持场景": mxfp8 / fp8 / hif8 full quant with a
-#: non-quant, per-tensor or per-tile kv_cache).
-ASCEND950_QUANT_MODES = ((3, 0, 0), (3, 1, 1), (3, 3, 0), (4, 0, 0), (4, 1, 1), (4, 3, 0), (5, 0, 0), (5, 1, 1),
-                         (5, 3, 0))
-#: v3 on an emulated Ascend 950 (:func:`ascend_emu.soc.is_ascend950`): the widened shape table of
-#: the current torch_npu doc (He 1024 .. 8192, Hcq 1536 / 2048, D 128 / 192; N and BlockSize as
-#: before) and the 950 modes. A2 / A3 keep :data:`VERSION_LIMITS` (choice: the doc's table carries
-#: no SoC note, but the A2 / A3 host check this contract followed accepts only He 7168 / 7680,
-#: Hcq 1536 and D 128, and the emulator is never looser than the hardware).
-V3_ASCEND950_LIMITS = dataclasses.replace(
-    VERSION_LIMITS[3], he=(1024, 2048, 3072, 4096, 5120, 6144, 7168, 7680, 8192), hcq=(1536, 2048),
-    d_nope=(128, 192), quant_modes=VERSION_LIMITS[3].quant_modes + ASCEND950_QUANT_MODES)
-
-
-def version_limits(version: int) -> VersionLimits:
-    """The limits of one entry point on the emulated SoC (:data:`V3_ASCEND950_LIMITS` for v3 on
-    an Ascend 950, else :data:`VERSION_LIMITS`)."""
-    return V3_ASCEND950_LIMITS if version == 3 and is_ascend950() else VERSION_LIMITS[version]
-
-
-# ---------------------------------------------------------------------- quant scenarios
-#: The optional scale tensors, in signature order.
-SCALE_ARGS = ("dequant_scale_x", "dequant_scale_w_dq", "dequant_scale_w_uq_qr", "dequant_scale_w_dkv_kr",
-              "quant_scale_ckv", "quant_scale_ckr", "smooth_scales_cq", "k_nope_clip_alpha")
-_FULL_QUANT_SCALES = ("dequant_scale_x", "dequant_scale_w_dq", "dequant_scale_w_uq_qr", "dequant_scale_w_dkv_kr")
-_FULL_QUANT_DTYPES = dict(token_x="int8", weight_dq="int8", weight_uq_qr="int8", weight_dkv_kr="int8")
-#: Cache modes of the combined-row (per-tile) scenarios (aclnn v3 doc: no NZ, no PA_BLK).
-COMBINED_CACHE_MODES = ("PA_BSND", "BSND", "TND")
-
-
-def _dtypes(**override: str) -> Mapping[str, str]:
-    base = dict(token_x="bfloat16", weight_dq="bfloat16", weight_uq_qr="bfloat16", weight_uk="bfloat16",
-                weight_dkv_kr="bfloat16", rmsnorm_gamma_cq="bfloat16", rmsnorm_gamma_ckv="bfloat16",
-                rope_sin="bfloat16", rope_cos="bfloat16", kv_cache="bfloat16", kr_cache="bfloat16",
-                query="bfloat16")
-    base.update(override)
-    return MappingProxyType(base)
-
-
-@dataclass(frozen=True, kw_only=True)
-class QuantScenario:
-    """One legal combination of v3 quant modes.
-
-    Attributes:
-        name: the seed's name of the scenario.
-        dtypes: dtype (seed spelling) of every tensor argument, and of the ``query`` output
-            (``query_norm`` has weight_uq_qr's dtype, as torch_npu's meta function says).
-        required: scale arguments that must be given.
-        optional: scale arguments that may be given; every other scale must be None.
-        repo_mode: the value both ``ckvkr_repo_mode`` and ``quant_scale_repo_mode`` must have
-            (1 = combined 656-byte rows, only with per-tile kv quant).
-        kv_dtile: last dim Dtile of kv_cache (512, or 656 for combined per-tile rows).
-        cache_modes: the cache modes the scenario allows (None: all of the version's).
-        element: the Ascend 950's 8-bit type of token_x and the three NZ weights
-            (``"float8_e4m3fn"``, or ``"hifloat8"`` carried as uint8); None in the A2 / A3 modes.
-        mx: MXFP8 (weight_quant_mode 3): the four dequant scales are E8M0 per 32-element block.
-    """
-
-    name: str
-    dtypes: Mapping[str, str]
-    required: tuple[str, ...] = ()
-    optional: tuple[str, ...] = ()
-    repo_mode: int = 0
-    kv_dtile: int = 512
-    cache_modes: tuple[str, ...] | None = None
-    element: str | None = None
-    mx: bool = False
-
-    @property
-    def scale_dtype(self) -> str:
-        """dtype of the four dequant scales (:data:`_FULL_QUANT_SCALES`): E8M0 in MXFP8, else fp32."""
-        return E8M0 if self.mx else "float32"
-
-    @property
-    def combined(self) -> bool:
-        """kv_cache holds combined ``[512 int8 | 64 bf16 | 4 fp32]`` rows; kr_cache is empty."""
-        return self.repo_mode == 1
-
-
-#: Legal ``(weight_quant_mode, kv_cache_quant_mode, query_quant_mode)`` on Atlas A2 / A3 (the rows
-#: of the v3 seed's scenario table) and what each requires. The table contradicts itself twice and
-#: its dtype columns are followed: the partial-quant per-channel row prints weight_quant_mode=2 and
-#: the partial-quant per-tile row 3 (3 is Ascend 950's mxfp8 mode), while their dtypes (bf16
-#: token_x, only weight_uq_qr int8) are partial quant, mode 1. The full-quant per-tile row also
-#: prints query_quant_mode=1 and an int8 query; the hardware rejects that, so it is rejected here
-#: (:data:`HARDWARE_REJECTED_MODES`) and the row is emulated as (2, 3, 0), bf16 query. The per-tile
-#: rows need k_nope_clip_alpha (dtype columns; the kernel reads it unconditionally) and no
-#: quant_scale_ckv (dtype columns, although the scenario text lists it).
-QUANT_SCENARIOS: Mapping[tuple[int, int, int], QuantScenario] = MappingProxyType({
-    (0, 0, 0): QuantScenario(name="non-quant", dtypes=_dtypes()),
-    (1, 0, 0): QuantScenario(
-        name="partial quant, kv_cache non-quant", dtypes=_dtypes(weight_uq_qr="int8"),
-        required=("dequant_scale_w_uq_qr",), optional=("smooth_scales_cq",)),
-    (1, 2, 0): QuantScenario(
-        name="partial quant, kv_cache per-channel quant",
-        dtypes=_dtypes(weight_uq_qr="int8", kv_cache="int8", kr_cache="int8"),
-        required=("dequant_scale_w_uq_qr", "quant_scale_ckv", "quant_scale_ckr"), optional=("smooth_scales_cq",)),
-    (1, 3, 0): QuantScenario(
-        name="partial quant, kv_cache per-tile quant", dtypes=_dtypes(weight_uq_qr="int8", kv_cache="int8"),
-        required=("dequant_scale_w_uq_qr", "k_nope_clip_alpha"), optional=("smooth_scales_cq",), repo_mode=1,
-        kv_dtile=656, cache_modes=COMBINED_CACHE_MODES),
-    (2, 0, 0): QuantScenario(
-        name="full quant, kv_cache non-quant", dtypes=_dtypes(**_FULL_QUANT_DTYPES),
-        required=_FULL_QUANT_SCALES, optional=("smooth_scales_cq",)),
-    (2, 1, 1): QuantScenario(
-        name="full quant, kv_cache per-tensor quant",
-        dtypes=_dtypes(**_FULL_QUANT_DTYPES, kv_cache="int8", query="int8"),
-        required=_FULL_QUANT_SCALES + ("quant_scale_ckv",), optional=("smooth_scales_cq",)),
-    (2, 3, 0): QuantScenario(
-        name="full quant, kv_cache per-tile quant", dtypes=_dtypes(**_FULL_QUANT_DTYPES, kv_cache="int8"),
-        required=_FULL_QUANT_SCALES + ("k_nope_clip_alpha",), optional=("smooth_scales_cq",), repo_mode=1,
-        kv_dtile=656, cache_modes=COMBINED_CACHE_MODES),
-})
-#: ml_dtypes' E8M0 type (the NumPy side of ``torch.float8_e8m0fnu``).
-E8M0_DTYPE = np.dtype(ml_dtypes.float8_e8m0fnu)
-#: Element and scale dtype names of the Ascend 950 modes (hifloat8 data is uint8, as torch_npu
-#: carries it; E8M0 scales are ``ml_dtypes.float8_e8m0fnu`` / ``torch.float8_e8m0fnu``).
-FP8, HIF8_CARRIER, E8M0 = "float8_e4m3fn", "uint8", "float8_e8m0fnu"
-_FP8_INPUTS = dict(token_x=FP8, weight_dq=FP8, weight_uq_qr=FP8, weight_dkv_kr=FP8)
-_HIF8_INPUTS = {name: HIF8_CARRIER for name in _FP8_INPUTS}
-_KV_PER_TENSOR = _FULL_QUANT_SCALES + ("quant_scale_ckv",)
-#: The Ascend 950 scenarios (torch_npu doc "支持场景" and its dtype table; ops-transformer arch35
-#: ``mla_prolog_comm_arch35.h`` quantMode 7-15): fp8 / hif8 full quant take the int8 full
-#: quant's scales (fp32, smooth_scales_cq optional); MXFP8 takes E8M0 block scales and no
-#: smooth_scales_cq. With per-tensor kv quant the query is quantized per token and head to the
-#: element type. Per-tile kv quant writes 656-byte rows ``[512 codes | 64 bf16 | 4 fp32]`` (the
-#: int8 rows' layout: arch35 ``ScatterCkv`` / ``ScatterKr`` offsets) with a bf16 query;
-#: ``k_nope_clip_alpha`` is required in fp8 / hif8 (the doc's dtype table) and optional in
-#: mxfp8 (the table: "无需赋值"; vllm-ascend's ``sfa_v1.py`` ``_sfa_preprocess_prolog_v3`` passes
-#: it with every C8 call); the kernel never applies it to 8-bit tiles (``QuantPerTile8Bit``).
-QUANT_SCENARIOS_950: Mapping[tuple[int, int, int], QuantScenario] = MappingProxyType({
-    (3, 0, 0): QuantScenario(name="mxfp8 full quant, kv_cache non-quant", dtypes=_dtypes(**_FP8_INPUTS),
-                             required=_FULL_QUANT_SCALES, element=FP8, mx=True),
-    (3, 1, 1): QuantScenario(name="mxfp8 full quant, kv_cache per-tensor quant",
-                             dtypes=_dtypes(**_FP8_INPUTS, kv_cache=FP8, query=FP8), required=_KV_PER_TENSOR,
-                             element=FP8, mx=True),
-    (4, 0, 0): QuantScenario(name="fp8 full quant, kv_cache non-quant", dtypes=_dtypes(**_FP8_INPUTS),
-                             required=_FULL_QUANT_SCALES, optional=("smooth_scales_cq",), element=FP8),
-    (4, 1, 1): QuantScenario(name="fp8 full quant, kv_cache per-tensor quant",
-                             dtypes=_dtypes(**_FP8_INPUTS, kv_cache=FP8, query=FP8), required=_KV_PER_TENSOR,
-                             optional=("smooth_scales_cq",), element=FP8),
-    (5, 0, 0): QuantScenario(name="hif8 full quant, kv_cache non-quant", dtypes=_dtypes(**_HIF8_INPUTS),
-                             required=_FULL_QUANT_SCALES, optional=("smooth_scales_cq",), element="hifloat8"),
-    (5, 1, 1): QuantScenario(name="hif8 full quant, kv_cache per-tensor quant",
-                             dtypes=_dtypes(**_HIF8_INPUTS, kv_cache=HIF8_CARRIER, query=HIF8_CARRIER),
-                             required=_KV_PER_TENSOR, optional=("smooth_scales_cq",), element="hifloat8"),
-    (3, 3, 0): QuantScenario(name="mxfp8 full quant, kv_cache per-tile quant",
-                             dtypes=_dtypes(**_FP8_INPUTS, kv_cache=FP8),
-                             required=_FULL_QUANT_SCALES, optional=("k_nope_clip_alpha",), repo_mode=1, kv_dtile=656,
-                             cache_modes=COMBINED_CACHE_MODES, element=FP8, mx=True),
-    (4, 3, 0): QuantScenario(name="fp8 full quant, kv_cache per-tile quant",
-                             dtypes=_dtypes(**_FP8_INPUTS, kv_cache=FP8),
-                             required=_FULL_QUANT_SCALES + ("k_nope_clip_alpha",), optional=("smooth_scales_cq",),
-                             repo_mode=1, kv_dtile=656, cache_modes=COMBINED_CACHE_MODES, element=FP8),
-    (5, 3, 0): QuantScenario(name="hif8 full quant, kv_cache per-tile quant",
-                             dtypes=_dtypes(**_HIF8_INPUTS, kv_cache=HIF8_CARRIER),
-                             required=_FULL_QUANT_SCALES + ("k_nope_clip_alpha",), optional=("smooth_scales_cq",),
-                             repo_mode=1, kv_dtile=656, cache_modes=COMBINED_CACHE_MODES, element="hifloat8"),
-})
-QUANT_SCENARIOS = MappingProxyType({**QUANT_SCENARIOS, **QUANT_SCENARIOS_950})
-#: weight_quant_mode -> what torch_npu calls it (the SoC gate's message).
-ASCEND950_WEIGHT_MODES = {3: "mxfp8 full quant", 4: "fp8 full quant", 5: "hif8 full quant"}
-#: The ``*_dtype`` tag arguments (torch_npu dtype codes; hifloat8 = 290 in weight_quant_mode 5).
-DTYPE_TAGS = ("token_x_dtype", "weight_dq_dtype", "weight_uq_qr_dtype", "weight_dkv_kr_dtype", "kv_cache_dtype")
-
-#: Mode combinations a seed table prints but torch_npu / CANN on Atlas A2 / A3 rejects, with the
-#: evidence: a call with one is a ModeError quoting it (docs/numerics.md#stricter_than_hardware).
-HARDWARE_REJECTED_MODES: Mapping[tuple[int, int, int], str] = MappingProxyType({
-    (2, 3, 1): (
-        "the v3 seed's full-quant per-tile row prints query_quant_mode=1 and an int8 query, but Atlas A2 / A3 "
-        "rejects it: torch_npu's meta function (op_plugin/meta/_meta_registrations.py, "
-        "npu_mla_prolog_v3_forward) declares an int8 query only when kv_cache_quant_mode=1 and a bf16 query "
-        "with an empty dequant_scale_q_nope otherwise, and the A2 / A3 host check (ops-transformer "
-        "attention/mla_prolog/op_host/mla_prolog_tiling_check.cpp, CheckScenarParam) requires "
-        "query_quant_mode=0 outside per-tensor kv quant; use (2, 3, 0) (bf16 query) without quant_scale_ckv"),
-})
-_MODE_NAMES = ("weight_quant_mode", "kv_cache_quant_mode", "query_quant_mode")
-#: Ranges of the other integer mode attributes.
-_MODE_RANGES = {"ckvkr_repo_mode": (0, 1), "quant_scale_repo_mode": (0, 1)}
-#: Why a weight_quant_mode combination no table of the emulated SoC lists is rejected.
-_WEIGHT_MODE_HINTS = {
-    m: f"Ascend 950's {name} mode takes (kv_cache_quant_mode, query_quant_mode) (0, 0), (1, 1) or (3, 0)"
-    for m, name in ((3, "mxfp8"), (4, "fp8"), (5, "hifloat8"))}
-
-
-def expected_scale_shapes(version: int, modes: tuple[int, int, int], num_tokens: int, num_heads: int,
-                          hcq: int, he: int = 7168, d_nope: int = D_NOPE) -> dict[str, tuple[tuple[int, ...], ...]]:
-    """Accepted shapes of every scale argument in one scenario (dtypes: :func:`_check_scale_shapes`).
-
-    Sources: seed v3 参数说明 (dequant_scale_x ``[T]`` or ``[B*S, 1]``; quant_scale_ckv ``[1, Hckv]``
-    in partial quant, ``[1]`` in full quant; smooth_scales_cq ``[1, Hcq]`` or ``[1]``), the v1 seed
-    and the v2 doc (2-D shapes only; v2's quant_scale_ckv is ``[1, Hckv]``, of which the per-tensor
-    kernel reads element 0: ``[1]`` is accepted too); the current torch_npu doc for the Ascend
-    950's weight_quant_mode 3 (E8M0 blocks of 32 along each matmul's K: dequant_scale_x
-    ``[T, He/32]``, dequant_scale_w_dq ``[Hcq, He/32]``, dequant_scale_w_uq_qr
-    ``[N*(D+Dr), Hcq/32]``, dequant_scale_w_dkv_kr ``[Hckv+Dr, He/32]``); modes 4 / 5 take mode 2's.
-
-    Args:
-        version: entry point (1, 2, 3).
-        modes: ``(weight_quant_mode, kv_cache_quant_mode, query_quant_mode)``.
-        num_tokens: T (= B*S).
-        num_heads: N.
-        hcq: Hcq.
-        he: He (read in weight_quant_mode 3).
-        d_nope: D.
-
-    Returns:
-        ``{scale name: accepted shapes}``.
-    """
-    v3 = version == 3
-    ckv = {1: ((1,), (1, HCKV)) if version == 2 else ((1,),), 2: ((1, HCKV),)}.get(modes[1], ())
-    qk = num_heads * (d_nope + D_ROPE)
-    if modes[0] == 3:
-        dequant = {"dequant_scale_x": ((num_tokens, he // MX_BLOCK_SIZE),),
-                   "dequant_scale_w_dq": ((hcq, he // MX_BLOCK_SIZE),),
-                   "dequant_scale_w_uq_qr": ((qk, hcq // MX_BLOCK_SIZE),),
-                   "dequant_scale_w_dkv_kr": ((HCKV + D_ROPE, he // MX_BLOCK_SIZE),)}
-    else:
-        dequant = {"dequant_scale_x": ((num_tokens, 1),) + (((num_tokens,),) if v3 else ()),
-                   "dequant_scale_w_dq": ((1, hcq),),
-                   "dequant_scale_w_uq_qr": ((1, qk),),
-                   "dequant_scale_w_dkv_kr": ((1, HCKV + D_ROPE),)}
-    return {
-        **dequant,
-        "quant_scale_ckv": ckv,
-        "quant_scale_ckr": ((1, D_ROPE),),
-        "smooth_scales_cq": ((1, hcq),) + (((1,),) if v3 else ()),
-        "k_nope_clip_alpha": ((1,),),
-    }
 
 
 # ---------------------------------------------------------------------- normalised arguments
@@ -523,7 +238,7 @@ def npu_mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, r
             combination v1 does not have (e.g. int8 caches with a bf16 weight_uq_qr), is a
             ModeError naming what selected it.
     """
-    args = _legacy_args(1, locals())
+    args = _normalise(1, locals())
     query, query_rope, _ = _run(args)
     return query, query_rope, args.kv_cache, args.kr_cache
 
@@ -553,7 +268,7 @@ def npu_mla_prolog_v2(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
     Raises:
         As :func:`npu_mla_prolog`.
     """
-    args = _legacy_args(2, locals())
+    args = _normalise(2, locals())
     query, query_rope, rest = _run(args)
     return query, query_rope, args.kv_cache, args.kr_cache, rest[0]
 
@@ -632,7 +347,7 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
         token_x_dtype, weight_dq_dtype, weight_uq_qr_dtype, weight_dkv_kr_dtype, kv_cache_dtype:
             torch_npu dtype codes: 290 (``torch_npu.hifloat8``) for the uint8 inputs of Ascend
             950's weight_quant_mode 5 (kv_cache_dtype with its per-tensor kv quant), else None
-            (:func:`_check_dtype_tags`).
+            (:func:`check_dtype_tags`).
 
     Ascend 950 modes (:data:`QUANT_SCENARIOS_950`; numerics in
     :func:`ascend_emu.emu.mla_prolog.mla_prolog`): (3, 0, 0) / (3, 1, 1) MXFP8: float8_e4m3fn
@@ -673,187 +388,16 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
     """
     values = dict(locals())
     modes = {name: values.pop(name) for name in _V3_MODE_ARGS}
-    args = _normalise(3, values, modes, reason="",  # names: fixed by the entry point; the SoC sets the limits
-                      key=signature(3, soc_name(), *values.values(), *modes.values()))
+    args = _normalise(3, values, modes, soc=soc_name())  # the SoC sets the limits
     query, query_rope, rest = _run(args)
     return (query, query_rope) + rest
 
 
-#: The v3 arguments that select the scenario (:func:`_select_scenario`), apart from the values.
-_V3_MODE_ARGS = _MODE_NAMES + ("ckvkr_repo_mode", "quant_scale_repo_mode")
-
-
-# ---------------------------------------------------------------------- v1 / v2 mapping
-def _legacy_args(version: int, values: dict) -> MlaPrologArgs:
-    """Map v1 / v2 arguments onto v3's: infer the modes, fill v3-only arguments with defaults.
-
-    The inference reads only dtypes and which scales are given, so a call whose signature passed
-    before skips it (and the static checks) entirely."""
-    key = signature(version, *values.values())  # names: fixed by the entry point
-    plan = _VALIDATED.get(key)
-    if plan is not None:
-        return _finish_planned(plan, values)
-    values = dict(values)
-    modes, reason = _infer_legacy_modes(values)
-    values.update(actual_seq_len=None, k_nope_clip_alpha=None, query_norm_flag=False, tile_size=TILE_SIZES[0],
-                  qc_qr_scale=1.0, kc_scale=1.0)
-    return _normalise(version, values, modes, reason=reason, key=key)
-
-
-def _is_int8(x) -> bool:
-    return x is not None and dtype_name(np.asarray(x).dtype) == "int8"
-
-
-def _infer_legacy_modes(values: dict) -> tuple[dict, str]:
-    """v1 / v2 select their scenario from dtypes and the scales given (seed v1 weight_uq_qr).
-
-    Full quant (v3 weight_quant_mode=2): int8 token_x or x / w_dq / w_dkv_kr dequant scales.
-    Partial (1): int8 weight_uq_qr, dequant_scale_w_uq_qr or smooth_scales_cq. kv quant: int8
-    caches or quant_scale_ckv / ckr; per-tensor (1, with per-token-head query quant) under full
-    quant, per-channel (2) otherwise.
-    """
-    def triggers(tensors, scales):
-        return ([f"{n} int8" for n in tensors if _is_int8(values[n])]
-                + [f"{n} given" for n in scales if values.get(n) is not None])
-
-    full = triggers(("token_x",), ("dequant_scale_x", "dequant_scale_w_dq", "dequant_scale_w_dkv_kr"))
-    partial = triggers(("weight_uq_qr",), ("dequant_scale_w_uq_qr", "smooth_scales_cq"))
-    kv = triggers(("kv_cache", "kr_cache"), ("quant_scale_ckv", "quant_scale_ckr"))
-    wq = 2 if full else 1 if partial else 0
-    kvq = (1 if wq == 2 else 2) if kv else 0
-    modes = dict(weight_quant_mode=wq, kv_cache_quant_mode=kvq, query_quant_mode=int(wq == 2 and kvq == 1),
-                 ckvkr_repo_mode=0, quant_scale_repo_mode=0)
-    return modes, ", ".join(full + partial + kv)
+#: The v3 arguments that select the scenario (:func:`select_scenario`), apart from the values.
+_V3_MODE_ARGS = MODE_NAMES + ("ckvkr_repo_mode", "quant_scale_repo_mode")
 
 
 # ---------------------------------------------------------------------- the contract
-def _select_scenario(version: int, modes: dict, tile_size, reason: str) -> QuantScenario:
-    """Check the mode integers and their combination; the scenario they select.
-
-    Raises:
-        ModeError: a mode that is not an int, an illegal combination (the message names the
-            modes and lists the legal ones), or repo modes / tile_size the scenario does not take.
-    """
-    op = _OP_NAMES[version]
-    why = f" (selected by {reason})" if reason else ""
-    for name in _MODE_NAMES:
-        value = modes[name]
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise arg_error(ModeError, name, "an int", describe(value))
-    checks = [(n, modes[n], allowed) for n, allowed in _MODE_RANGES.items()] + [("tile_size", tile_size, TILE_SIZES)]
-    for name, value, allowed in checks:
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
-            raise arg_error(ModeError, name, f"one of {list(allowed)}", describe(value))
-    key = tuple(int(modes[n]) for n in _MODE_NAMES)
-    shown = ", ".join(f"{n}={v}" for n, v in zip(_MODE_NAMES, key))
-    if version == 3 and key[0] in ASCEND950_WEIGHT_MODES:
-        require_ascend950("weight_quant_mode", key[0], ASCEND950_WEIGHT_MODES[key[0]])
-    legal = version_limits(version).quant_modes
-    if key not in legal:
-        hint = (f" ({HARDWARE_REJECTED_MODES[key]})" if key in HARDWARE_REJECTED_MODES
-                else f" ({_WEIGHT_MODE_HINTS[key[0]]})" if key[0] in _WEIGHT_MODE_HINTS else "")
-        listed = "; ".join(f"{k} {QUANT_SCENARIOS[k].name}" for k in legal)
-        raise ModeError(f"{op}: ({shown}){why} is not a legal mode combination{hint}; the legal "
-                        f"(weight_quant_mode, kv_cache_quant_mode, query_quant_mode) are: {listed}")
-    scenario = QUANT_SCENARIOS[key]
-    for name in ("ckvkr_repo_mode", "quant_scale_repo_mode"):
-        if modes[name] != scenario.repo_mode:
-            raise arg_error(ModeError, name, f"{scenario.repo_mode} in the {scenario.name} scenario {key}",
-                            modes[name])
-    return scenario
-
-
-def _check_scales(scenario: QuantScenario, values: dict) -> dict:
-    """Scale tensors as arrays; raise when a required one is missing or a forbidden one given.
-
-    Raises:
-        ShapeError: a required scale is None.
-        ModeError: a scale the scenario does not take is given.
-    """
-    out = {}
-    for name in SCALE_ARGS:
-        x = optional(values.get(name), name)
-        if x is None and name in scenario.required:
-            raise arg_error(ShapeError, name, f"a tensor in the {scenario.name} scenario", None)
-        if x is not None and name not in scenario.required + scenario.optional:
-            raise arg_error(ModeError, name, f"None in the {scenario.name} scenario", describe(x))
-        out[name] = x
-    return out
-
-
-def _check_scale_shapes(scales: dict, accepted: dict, scenario: QuantScenario) -> None:
-    """Dtype (fp32; the dequant scales :attr:`QuantScenario.scale_dtype`) and shape of every
-    given scale (``k_nope_clip_alpha``'s value: :func:`_check_alpha`).
-
-    Raises:
-        DTypeError: another dtype.
-        ShapeError: a shape :func:`expected_scale_shapes` does not list.
-    """
-    for name, x in scales.items():
-        if x is None:
-            continue
-        check_dtype(x, name, (scenario.scale_dtype if name in _FULL_QUANT_SCALES else "float32",))
-        if tuple(x.shape) not in accepted[name]:
-            shown = " or ".join(str(list(a)) for a in accepted[name])
-            raise arg_error(ShapeError, name, f"shape {shown}", list(x.shape))
-
-
-#: fp32's largest finite value, less a margin for the fp32 rounding of the RmsNorm output (its
-#: bound :func:`_check_alpha` uses is exact in real arithmetic; a few fp32 roundings add < 1e-6).
-_FP32_CLIP_MAX = float(np.finfo(np.float32).max) * (1 - 2 ** -10)
-
-
-def _check_dtype_tags(values: dict, scenario: QuantScenario, kv_quant: int) -> None:
-    """The v3 ``*_dtype`` tags (torch_npu dtype codes): torch_npu's meta function requires
-    ``token_x_dtype``, ``weight_dq_dtype``, ``weight_uq_qr_dtype`` and ``weight_dkv_kr_dtype``
-    = ``torch_npu.hifloat8`` (290) when weight_quant_mode 5 takes uint8 inputs, and
-    ``kv_cache_dtype`` = 290 with kv_cache_quant_mode 1 (or 3); the doc: None in every other
-    scenario. Stricter than the meta function: ``kv_cache_dtype`` must be None with a bf16
-    kv_cache, and a tag on an A2 / A3 is rejected as the 950 mode it announces.
-
-    Raises:
-        ModeError: a tag missing, of another value, or given where it must be None.
-    """
-    hif8 = TORCH_NPU_DTYPE_CODES["hifloat8"]
-    for tag in DTYPE_TAGS:
-        value = values.get(tag)
-        if value is not None and (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))):
-            raise arg_error(ModeError, tag, "None or a torch_npu dtype code (an int)", describe(value))
-        if value is not None:
-            require_ascend950(tag, int(value), "hifloat8 input tag")
-        want = hif8 if scenario.element == "hifloat8" and (tag != "kv_cache_dtype" or kv_quant) else None
-        if (None if value is None else int(value)) != want:
-            where = (f"torch_npu.hifloat8 ({hif8}) in the {scenario.name} scenario (uint8 data holds hifloat8)"
-                     if want is not None else f"None in the {scenario.name} scenario")
-            raise arg_error(ModeError, tag, where, describe(value))
-
-
-def _check_alpha(alpha: np.ndarray | None, gamma_ckv: np.ndarray, kc_scale: float) -> None:
-    """``k_nope_clip_alpha`` (when given): finite, > 0, and small enough that the per-tile clip
-    limit ``lim = alpha * amax`` (and with it the dequant scale ``lim / 127``) stays finite in
-    fp32 for every kv row the call can produce. A tile's ``amax`` is at most
-    ``sqrt(Hckv) * max|rmsnorm_gamma_ckv| * |kc_scale|`` (an RmsNorm output element is at most
-    ``sqrt(H)`` times its gamma), so ``alpha`` times that must be finite (when that bound is
-    itself finite: a non-finite gamma is not the clip factor's fault). ``alpha = 3e38`` with
-    ``gamma = 1`` would give +inf tile scales and zero k_nope.
-
-    Raises:
-        ModeError: it is not.
-    """
-    if alpha is None:
-        return
-    a = float(alpha[0])
-    if not (math.isfinite(a) and a > 0):
-        raise arg_error(ModeError, "k_nope_clip_alpha", "a finite clip factor > 0", a)
-    with np.errstate(over="ignore", invalid="ignore"):
-        bound = math.sqrt(HCKV) * float(np.abs(np.asarray(gamma_ckv, dtype=np.float32)).max()) * abs(kc_scale)
-    if math.isfinite(bound) and a * bound > _FP32_CLIP_MAX:
-        raise arg_error(ModeError, "k_nope_clip_alpha",
-                        f"a clip factor whose per-tile clip limit stays finite in fp32 (alpha * sqrt({HCKV}) * "
-                        f"max|rmsnorm_gamma_ckv| * |kc_scale| = alpha * {bound:.6g} <= "
-                        f"{float(np.finfo(np.float32).max):.7g})", a)
-
-
 class _Plan(NamedTuple):
     """What the static checks of a call signature fixed (see :func:`_normalise`)."""
 
@@ -861,7 +405,6 @@ class _Plan(NamedTuple):
     num_tokens: int  #: T
     max_b: int  #: the version's largest B
     paged_blocks: bool  #: PA_BLK_* (slots depend on actual_seq_len's values: the full mapping)
-    writes: bool  #: T > 0 and a non-empty cache: slots are mapped and range-checked
     read: tuple  #: the :data:`_READ_TENSORS` given (not None: part of the signature), for :func:`_check_memory`
 
 
@@ -874,24 +417,35 @@ _STATIC_FIELDS = ("version", "scenario", "kv_layout", "kr_layout", "batch_shape"
                   "quant_scale_repo_mode", "tile_size")
 
 
-def _normalise(version: int, values: dict, modes: dict, *, reason: str, key) -> MlaPrologArgs:
+def _normalise(version: int, values: dict, modes: dict | None = None, *, soc: str | None = None) -> MlaPrologArgs:
     """Validate every argument (nothing is written) and build :class:`MlaPrologArgs`.
 
-    ``reason`` says what selected the modes (v1 / v2). ``key``: the call's
-    :func:`~ascend_emu.ops._check.signature`. The checks that read only types, shapes, dtypes,
-    flags, modes and scalars run once per call signature (a decode loop repeats one);
+    ``values``: the entry point's arguments by name (the names are fixed by the entry point, so
+    the values and the version, with v3's ``modes`` and ``soc``, make the call's
+    :func:`~ascend_emu.ops._check.signature`). ``modes`` None (v1 / v2): mapped onto v3's
+    arguments, the modes inferred (:func:`~.mla_prolog_scenarios.infer_legacy_modes`, which reads
+    only dtypes and which scales are given) and v3-only arguments at their defaults.
+
+    The checks that read only types, shapes, dtypes, flags, modes and scalars run once per call
+    signature (a decode loop repeats one; a known signature skips the inference too);
     ``k_nope_clip_alpha``'s value, the memory rule and the index values are checked on every
     call, in the same order (:func:`_finish_planned`).
     """
-    plan = _VALIDATED.get(key)
-    if plan is not None:
+    given = (version, *values.values()) if modes is None else (version, soc, *values.values(), *modes.values())
+    key, plan, known = _VALIDATED.lookup(given)  # no check: a first call takes the full path below
+    if known:
         return _finish_planned(plan, values)
+    reason = ""
+    if modes is None:
+        values = dict(values)
+        modes, reason = infer_legacy_modes(values)
+        values.update(actual_seq_len=None, k_nope_clip_alpha=None, query_norm_flag=False, tile_size=TILE_SIZES[0],
+                      qc_qr_scale=1.0, kc_scale=1.0)
     args = _normalise_full(version, values, modes, reason=reason)
     num_tokens = args.num_tokens
     _VALIDATED.put(key, _Plan(fields={name: getattr(args, name) for name in _STATIC_FIELDS}, num_tokens=num_tokens,
                               max_b=VERSION_LIMITS[version].max_b,
                               paged_blocks=args.cache_mode in ("PA_BLK_BSND", "PA_BLK_NZ"),
-                              writes=num_tokens > 0 and args.kv_layout.num_rows > 0,
                               read=tuple(name for name in _READ_TENSORS if values.get(name) is not None)))
     return args
 
@@ -903,22 +457,14 @@ def _finish_planned(plan: _Plan, values: dict) -> MlaPrologArgs:
     name (v1 / v2 lack the v3-only ones: absent means None)."""
     fields = plan.fields
     scales = {name: values.get(name) for name in SCALE_ARGS}
-    _check_alpha(scales["k_nope_clip_alpha"], values["rmsnorm_gamma_ckv"], fields["kc_scale"])
+    check_alpha(scales["k_nope_clip_alpha"], values["rmsnorm_gamma_ckv"], fields["kc_scale"])
     _check_memory(values, plan.read)
     if plan.paged_blocks:
         return _finish(fields, values, scales, plan.max_b)
-    cache_index = values.get("cache_index")
     # PA_BSND / PA_NZ / BSND / TND: cache_index's dtype and shape (and None where it must be) are
-    # part of the signature; only its values are left to check
-    t = plan.num_tokens
-    if not plan.writes:
-        slots = None
-    elif cache_index is None:
-        slots = np.arange(t, dtype=np.int64)  # BSND / TND: token t at its own position
-    else:
-        slots = slots_from_cache_index(cache_index, fields["kv_layout"].num_rows, name="cache_index")  # [T] int64
-        if t > 1:
-            warn_duplicates(slots, "cache_index")
+    # part of the signature; only its values are left to check, by the mapping
+    cache_index, t = values.get("cache_index"), plan.num_tokens
+    slots = _map_slots(fields["cache_mode"], cache_index, None, fields["kv_layout"], t)
     return _args(fields, values, scales, t, slots, cache_index, values.get("actual_seq_len"))
 
 
@@ -954,12 +500,10 @@ def _finish(static: dict, t: dict, scales: dict, max_b: int) -> MlaPrologArgs:
     batch_shape, kv_layout = static["batch_shape"], static["kv_layout"]
     cache_index = optional(t.get("cache_index"), "cache_index")
     actual_seq_len = optional(t.get("actual_seq_len"), "actual_seq_len")
-    slots = _slots(static["cache_mode"], cache_index, actual_seq_len, batch_shape, kv_layout, max_b=max_b)
+    seq_lens = _check_index_args(static["cache_mode"], cache_index, actual_seq_len, batch_shape, kv_layout,
+                                 max_b=max_b)
     num_tokens = math.prod(batch_shape)
-    if slots is not None and (num_tokens == 0 or kv_layout.num_rows == 0):
-        slots = None
-    if slots is not None and slots.size > 1:
-        warn_duplicates(slots, "cache_index")
+    slots = _map_slots(static["cache_mode"], cache_index, seq_lens, kv_layout, num_tokens)
     return _args(static, t, scales, num_tokens, slots, cache_index, actual_seq_len)
 
 
@@ -980,7 +524,7 @@ def _args(static: dict, t: dict, scales: dict, num_tokens: int, slots: np.ndarra
 def _normalise_full(version: int, values: dict, modes: dict, *, reason: str) -> MlaPrologArgs:
     """:func:`_normalise` with every check."""
     limits = version_limits(version)
-    scenario = _select_scenario(version, modes, values["tile_size"], reason)
+    scenario = select_scenario(version, modes, values["tile_size"], reason)
     if not isinstance(values["cache_mode"], str):
         raise arg_error(ModeError, "cache_mode", f"one of {list(limits.cache_modes)}", describe(values["cache_mode"]))
     cache_mode = canonical_cache_mode(values["cache_mode"], allowed=limits.cache_modes)
@@ -993,16 +537,16 @@ def _normalise_full(version: int, values: dict, modes: dict, *, reason: str) -> 
         if values[name] is not None and not isinstance(values[name], np.ndarray):
             raise arg_error(DTypeError, name, "a NumPy array (updated in place)", type(values[name]).__name__)
     t = {name: required(values[name], name) for name in names}
-    key = tuple(int(modes[n]) for n in _MODE_NAMES)
-    shown = ", ".join(f"{n}={v}" for n, v in zip(_MODE_NAMES, key))
+    key = tuple(int(modes[n]) for n in MODE_NAMES)
+    shown = ", ".join(f"{n}={v}" for n, v in zip(MODE_NAMES, key, strict=True))
     for name in names:  # before the scales: a bf16 weight in a quant mode is a dtype error
         want = scenario.dtypes[name]
         if dtype_name(t[name].dtype) != want:
             raise arg_error(DTypeError, name, f"dtype {want} with {shown} ({scenario.name}"
                             + (f", selected by {reason})" if reason else ")"), dtype_name(t[name].dtype))
     if version == 3:
-        _check_dtype_tags(values, scenario, key[1])
-    scales = _check_scales(scenario, values)
+        check_dtype_tags(values, scenario, key[1])
+    scales = check_scales(scenario, values)
     for name in ("weight_dq", "weight_uq_qr", "weight_dkv_kr"):
         check_nz_weight(t[name], name)
     if get_npu_format(t["weight_uk"]) == FRACTAL_NZ:
@@ -1053,9 +597,9 @@ def _normalise_full(version: int, values: dict, modes: dict, *, reason: str) -> 
     check_shape(t["weight_dkv_kr"], "weight_dkv_kr", (he, HCKV + D_ROPE), "[He, Hckv+Dr]")
     check_shape(t["rmsnorm_gamma_cq"], "rmsnorm_gamma_cq", (hcq,), "[Hcq]")
     check_shape(t["rmsnorm_gamma_ckv"], "rmsnorm_gamma_ckv", (HCKV,), "[Hckv]")
-    _check_scale_shapes(scales, expected_scale_shapes(version, key, num_tokens, num_heads, hcq, he, d_nope),
+    check_scale_shapes(scales, expected_scale_shapes(version, key, num_tokens, num_heads, hcq, he, d_nope),
                         scenario)
-    _check_alpha(scales["k_nope_clip_alpha"], t["rmsnorm_gamma_ckv"], kc_scale)
+    check_alpha(scales["k_nope_clip_alpha"], t["rmsnorm_gamma_ckv"], kc_scale)
 
     # ---- caches and where each token goes
     kv_layout, kr_layout = _check_caches(t["kv_cache"], t["kr_cache"], cache_mode, batch_shape, limits,
@@ -1123,13 +667,14 @@ def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, b
     return layouts["kv_cache"], layouts.get("kr_cache")
 
 
-def _slots(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int, ...],
-           layout: CacheLayout, *, max_b: int) -> np.ndarray | None:
-    """Global cache row of every token (-1 = skip), validated; None for an empty cache.
+def _check_index_args(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int, ...],
+                      layout: CacheLayout, *, max_b: int) -> np.ndarray | None:
+    """Check cache_index / actual_seq_len for ``cache_mode`` (presence, dtype, shape; the index
+    values are :func:`_map_slots`'s); the per-batch token counts ``[B]`` of the PA_BLK modes, else
+    None.
 
     Raises:
         ShapeError, DTypeError: cache_index / actual_seq_len missing, extra or malformed.
-        IndexRangeError: an index outside the cache.
     """
     num_tokens = math.prod(batch_shape)
     merged = len(batch_shape) == 1
@@ -1141,14 +686,13 @@ def _slots(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int,
         if cache_index is not None:
             raise arg_error(ShapeError, "cache_index", f"None for cache_mode {cache_mode} (tokens are written at "
                             "their own position)", describe(cache_index))
-        return np.arange(num_tokens, dtype=np.int64)
+        return None
     if cache_index is None:
         raise arg_error(ShapeError, "cache_index", f"an int64 tensor for cache_mode {cache_mode}", None)
     check_dtype(cache_index, "cache_index", ("int64",))
-    empty = layout.num_rows == 0
     if not blk:
         check_shape(cache_index, "cache_index", batch_shape, "([T] or [B, S], like token_x)")
-        return None if empty else slots_from_cache_index(cache_index, layout.num_rows)
+        return None
     bs = layout.block_size
     if merged:
         if actual_seq_len is None:
@@ -1173,9 +717,32 @@ def _slots(cache_mode: str, cache_index, actual_seq_len, batch_shape: tuple[int,
         b, s = batch_shape
         check_shape(cache_index, "cache_index", (b, -(-s // bs)), "[B, ceil(S/BlockSize)]")
         seq_lens = np.full(b, s, dtype=np.int64)
-    if empty:
+    return seq_lens
+
+
+def _map_slots(cache_mode: str, cache_index, seq_lens: np.ndarray | None, layout: CacheLayout,
+               num_tokens: int) -> np.ndarray | None:
+    """The one mapping of checked index arguments to the global cache row of every token (-1 =
+    skip; int64 ``[T]``; two tokens on one row warned), for the first call of a signature and for
+    every later one: BSND / TND token t at row t, PA_BLK_* through the blocks (``seq_lens`` from
+    :func:`_check_index_args`), PA_BSND / PA_NZ ``cache_index`` itself. None when nothing is
+    written (T = 0 or an empty cache: no index value reaches memory, none is range-checked).
+
+    Raises:
+        IndexRangeError: an index outside the cache.
+    """
+    if num_tokens == 0 or layout.num_rows == 0:
         return None
-    return slots_from_pages(cache_index, seq_lens, bs, layout.num_blocks, page_offsets=False, name="cache_index")
+    if cache_mode in ("BSND", "TND"):
+        slots = np.arange(num_tokens, dtype=np.int64)
+    elif seq_lens is not None:  # PA_BLK_BSND / PA_BLK_NZ
+        slots = slots_from_pages(cache_index, seq_lens, layout.block_size, layout.num_blocks, page_offsets=False,
+                                 name="cache_index")
+    else:
+        slots = slots_from_cache_index(cache_index, layout.num_rows, name="cache_index")
+    if num_tokens > 1:
+        warn_duplicates(slots, "cache_index")
+    return slots
 
 
 # ---------------------------------------------------------------------- backend call, outputs
@@ -1196,7 +763,7 @@ def _run(args: MlaPrologArgs) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray,
     caches = ((args.kv_cache, args.kv_layout, kv_in), (args.kr_cache, args.kr_layout, kr_in))
     checked_mode.will_write(*caches)
     query, query_rope, dq_nope, query_norm, dq_norm = get_backend().mla_prolog(args)
-    checked_mode.wrote(_OP_NAMES[args.version], args.slots, caches,
+    checked_mode.wrote(OP_NAMES[args.version], args.slots, caches,
                        (("query", query), ("query_rope", query_rope), ("query_norm", query_norm)))
     n, lead = args.num_heads, args.batch_shape
     query = query.reshape(lead + (n, HCKV))  # [T | B, S, N, Hckv]

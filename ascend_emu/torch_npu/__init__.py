@@ -40,7 +40,7 @@ try:
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
     raise ModuleNotFoundError(f"ascend_emu.torch_npu needs torch; {TORCH_HINT}", name=exc.name) from exc
 
-from .. import __version__ as _emu_version
+from .._version import __version__ as _emu_version
 from . import _device, _format, _registry, namespaces, npu
 from ._dtypes import NPU_DTYPE_CODES
 from ._dtypes import patch_torch as _patch_version

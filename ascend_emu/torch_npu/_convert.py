@@ -30,6 +30,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from .. import checked_mode
 from ..errors import DTypeError, FormatError, arg_error
 from ..layouts import NZArray
 from .npu import mark_npu
@@ -329,3 +330,7 @@ def resolve_op(op_name: str, public_name: str | None = None) -> Callable:
         raise NotImplementedError(f"{public_name or op_name}: not emulated by this version of ascend_emu "
                                   f"(ascend_emu.ops.{op_name} does not exist)")
     return fn
+
+
+# checked mode sits below the drop-in and sees torch tensors through this view, handed down here.
+checked_mode.register_tensor_view(torch.Tensor, to_numpy)

@@ -1,17 +1,19 @@
-"""Where the calls of a long replay run: in this process, or in a pool of worker processes.
+"""Where many independent calls run: in this process, or in a pool of worker processes.
 
-An engine runs one picklable, module-level function over a list of work items (for
-``ascend-emu replay``: one item per dumped call, :func:`.msprobe.run_unit`) and yields
-``(position, result)`` pairs as the items finish, in any order; the caller puts them back in
-item order, so what it writes does not depend on the engine or on the number of workers. An
-item that raises, outlives the per-item timeout or takes its worker down yields a
-:class:`TaskFailure` instead of a result, and the run goes on.
+An engine runs one picklable, module-level function over a list of work items (``ascend-emu
+replay``: one item per dumped call, :func:`ascend_emu.compare.msprobe.run_unit`; ``ascend-emu
+demo`` and ``warmup``: one item per group of kernels to compile) and yields ``(position, result)``
+pairs as the items finish, in any order; the caller puts them back in item order, so what it
+writes does not depend on the engine or on the number of workers. An item that raises, outlives
+the per-item timeout or takes its worker down yields a :class:`TaskFailure` instead of a result,
+and the run goes on.
 
 The interface is one method, ``run(fn, items, timeout)``: :class:`InProcess` (``-n 1``),
 :class:`ProcessPool` (``-n N``) and :class:`RayEngine` (``--ray``: Ray tasks, each loading its
 own tensors from a shared dump path). This module imports nothing beyond the standard library
 (Ray is imported inside :meth:`RayEngine.run` only): a worker process starts by importing only
-``fn``'s module.
+``fn``'s module. It sits on the bottom floor of the package (``docs/architecture.md``), below
+``compare``, ``demo``, ``warmup`` and ``cli``, which all use it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class TaskFailure:
 
 
 class Engine(Protocol):
-    """What runs the work items of a replay."""
+    """What runs the work items (of a replay, or of a kernel warm-up)."""
 
     def run(self, fn: Callable[[Any], Any], items: Sequence[Any],
             timeout: float | None) -> Iterator[tuple[int, Any]]:
