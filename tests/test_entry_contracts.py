@@ -166,6 +166,44 @@ def test_gather_pa_kv_cache_zero_dims_name_key_cache(shape):
     _named(err.value, "key_cache")
 
 
+# ---------------------------------------------------------------------- one kernel signature
+def _signatures(module) -> int:
+    import numba
+
+    return sum(len(d.signatures) for d in vars(module).values() if isinstance(d, numba.core.dispatcher.Dispatcher))
+
+
+@pytest.mark.parametrize("form", ["read-only", "Fortran-order"])
+def test_weight_uk_of_any_memory_order_reaches_one_kernel_signature(form):
+    """A read-only or Fortran-order weight_uk gives the same bytes and compiles no new
+    specialisation of the weight widening (it used to add one per memory kind)."""
+    from ascend_emu.emu import matmul
+    from tests.test_mla_prolog import DR, HCKV, Data, make_tokens
+
+    data = Data(np.random.default_rng(7))
+    w_uq_qr, w_uk, _, _ = data.heads(2)
+    x, sin, cos = make_tokens(data, (3,))
+
+    def call(weight_uk):
+        return ops.npu_mla_prolog_v3(
+            token_x=x, weight_dq=data.w_dq_nz, weight_uq_qr=w_uq_qr, weight_uk=weight_uk,
+            weight_dkv_kr=data.w_dkv_kr_nz, rmsnorm_gamma_cq=data.gamma_cq, rmsnorm_gamma_ckv=data.gamma_ckv,
+            rope_sin=sin, rope_cos=cos, kv_cache=poisoned((2, 16, 1, HCKV), BF16),
+            kr_cache=poisoned((2, 16, 1, DR), BF16), cache_index=np.array([0, 1, 2], np.int64))
+
+    first = call(w_uk)
+    compiled = _signatures(matmul)
+    if form == "read-only":
+        other = w_uk.copy()
+        other.flags.writeable = False
+    else:
+        other = np.asfortranarray(w_uk)
+    again = call(other)
+    for a, b in zip(again, first, strict=True):
+        assert_same_bytes(a, b, f"output with a {form} weight_uk")
+    assert _signatures(matmul) == compiled
+
+
 # ---------------------------------------------------------------------- the drop-in
 torch = pytest.importorskip("torch")
 
