@@ -1,8 +1,8 @@
 """Property: every call through the drop-in's entry points either gives the reference result or
 is rejected naming the argument, with nothing written.
 
-Hypothesis draws an entry point (``torch_npu.<op>``, ``torch.ops.npu.<op>``, the ``.out`` /
-``_v2.out`` forms, ``torch.ops.custom`` / ``torch.ops._C_ascend``), a valid base call of it and one
+Hypothesis draws an entry point (``torch_npu.<op>``, ``torch.ops.npu.<op>``, a ``_functional``
+form, the ``.out`` / ``_v2.out`` forms, ``torch.ops.custom`` / ``torch.ops._C_ascend``), a valid base call of it and one
 mutation of one argument from these categories:
 
 - ``meta``: every tensor meta (the fake kernel: meta outputs of the reference's shapes and dtypes),
@@ -11,7 +11,8 @@ mutation of one argument from these categories:
   same values, or two written tensors sharing memory (rejected naming one of the pair);
 - ``huge`` / ``broadcast``: a 2^31-row stride-0 view (rejected naming it), or a small stride-0 /
   strided view holding the same values (the reference result, or rejected naming it);
-- ``kind``: a value of another kind (list, float, str, an int past int64; rejected naming it).
+- ``kind``: a value of another kind (list, float, str, an int past int64), or a tensor view with
+  a lazy negative bit (rejected naming it).
 
 Rejected: an ascend_emu error whose message starts with the argument's name, and every real
 tensor of the call byte-identical to before. Accepted: each output equals the independent
@@ -110,6 +111,16 @@ def _scatter(route):
                  ("key_cache", "value_cache"), {"key_cache": wk, "value_cache": wv})
 
 
+def _scatter_functional(route):
+    base = _scatter(route)
+    op = (tnpu.npu_scatter_pa_kv_cache_functional if route == "torch_npu"
+          else torch.ops.npu.npu_scatter_pa_kv_cache_functional)
+    return Entry(f"{route}.npu_scatter_pa_kv_cache_functional",
+                 lambda **a: op(a.pop("key"), a.pop("value"), a.pop("key_cache"), a.pop("value_cache"),
+                                a.pop("slot_mapping"), **a),
+                 base.args, base.tensors, base.scalars, (), {0: base.want["key_cache"], 1: base.want["value_cache"]})
+
+
 _FIA = {}
 
 
@@ -175,6 +186,7 @@ ENTRIES = {
     "dynamic_quant": lambda: _dynamic_quant("torch_npu"), "dynamic_quant_ops": lambda: _dynamic_quant("torch.ops"),
     "rotary_mul": lambda: _rotary_mul("torch_npu"), "rotary_mul_ops": lambda: _rotary_mul("torch.ops"),
     "scatter": lambda: _scatter("torch_npu"), "scatter_ops": lambda: _scatter("torch.ops"),
+    "scatter_functional": lambda: _scatter_functional("torch_npu"),
     "fia.out": lambda: _fia("out"), "fia_v2.out": lambda: _fia("v2.out"),
     "indexer_custom": lambda: _indexer("custom"), "indexer_c_ascend": lambda: _indexer("_C_ascend"),
 }
@@ -210,6 +222,7 @@ def _mutations(entry: Entry):
         out.append((f"meta {n}", (n,), "reject", lambda a, n=n: a.update({n: a[n].to("meta")})))
         for w in WRONG["Tensor"]:
             out.append((f"kind {n}={w!r:.20}", (n,), "reject", lambda a, n=n, w=w: a.update({n: w})))
+        out.append((f"negative bit {n}", (n,), "reject", lambda a, n=n: a.update({n: a[n]._neg_view()})))
     for n, kind in entry.scalars.items():
         for w in WRONG[kind]:
             out.append((f"kind {n}={w!r:.20}", (n,), "reject", lambda a, n=n, w=w: a.update({n: w})))
