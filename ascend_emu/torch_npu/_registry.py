@@ -521,7 +521,7 @@ MATH_BIT_KEYS = ("Conjugate", "Negative")
 
 def _tensors(names: tuple[str, ...], args: tuple, kwargs: dict):
     """``(name, tensor)`` of every tensor argument of a call bound by the schema ``names``."""
-    for name, value in (*zip(names, args), *kwargs.items()):
+    for name, value in (*zip(names, args, strict=False), *kwargs.items()):
         if isinstance(value, torch.Tensor):
             yield name, value
 
