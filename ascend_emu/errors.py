@@ -97,11 +97,20 @@ def describe(value) -> str:
         values = ", ".join(shown) + (", ..." if size > SHOWN_VALUES else "")
         kind = "tensor" if type(value).__module__.startswith("torch") else "array"
         return f"a {shape} {dtype_text} {kind}" + (f" ({values})" if size else "")
-    if isinstance(value, (list, tuple)) and any(_is_array(v) or isinstance(v, (list, tuple)) for v in value):
-        # a sequence holding arrays: each element described, never an element's repr
-        shown = "; ".join(describe(v) for v in value[:2]) + ("; ..." if len(value) > 2 else "")
-        return _shorten(f"a {type(value).__name__} of {len(value)}: [{shown}]", MAX_FORMATTED_CHARS)
+    if isinstance(value, (list, tuple)):
+        head = value[:_SEQUENCE_HEAD]  # a long list is described by its head: never a scan of millions
+        if any(_is_array(v) or isinstance(v, (list, tuple)) for v in head):
+            # a sequence holding arrays: each element described, never an element's repr
+            shown = "; ".join(describe(v) for v in value[:2]) + ("; ..." if len(value) > 2 else "")
+            return _shorten(f"a {type(value).__name__} of {len(value)}: [{shown}]", MAX_FORMATTED_CHARS)
+        if len(value) > _SEQUENCE_HEAD:
+            text = repr(head)
+            return _shorten(f"a {type(value).__name__} of {len(value)}: {text[:-1]}, ...{text[-1]}")
     return _shorten(repr(value))
+
+
+#: Elements of a list / tuple :func:`describe` looks at.
+_SEQUENCE_HEAD = 64
 
 
 def _is_array(value) -> bool:

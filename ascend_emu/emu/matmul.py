@@ -68,7 +68,7 @@ from .._env import getenv
 from ..errors import ModeError
 from ..layouts import NZArray
 from ..quant import BF16, to_f32
-from .kernels import launch_rows, side_by_side
+from .kernels import kernel_input, launch_rows, side_by_side
 
 @njit(cache=True)
 def _widen_bf16_bits(bits, out):
@@ -375,11 +375,10 @@ def _heads_f32(w: np.ndarray, h0: int, h1: int) -> np.ndarray:
         return heads
     k, d = w.shape[1], w.shape[2]
     wide = _scratch((h1 - h0) * k * d, np.float32).reshape(h1 - h0, k, d)
-    if heads.flags.c_contiguous:
-        _fill_block(heads.reshape(-1, d), 0, d, wide.reshape(-1, d))  # [H * K, D] rows, one pass
-    else:
-        for i in range(h1 - h0):
-            _fill_block(heads[i], 0, d, wide[i])
+    # a read-only or strided weight as the kernel is compiled for it (a copy of these heads only):
+    # one signature of _fill_block for every caller
+    heads = kernel_input(heads)
+    _fill_block(heads.reshape(-1, d), 0, d, wide.reshape(-1, d))  # [H * K, D] rows, one pass
     return wide
 
 

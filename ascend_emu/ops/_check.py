@@ -232,6 +232,37 @@ def check_float(value, name: str, *, nonnegative: bool = False) -> float:
     return float(value)
 
 
+#: Largest memory one call may allocate, in bytes: its outputs plus the working copies its
+#: backend makes (fp32 widenings, broadcast operands). More than any one weight of an MLA / MoE
+#: model (one layer's 256 stacked bf16 experts of 7168 x 2048 are 7 GiB), so a bigger request is
+#: a mistake, typically a broadcast (stride-0) view that costs nothing until it is copied, and is
+#: refused before anything is allocated (:func:`check_call_bytes`).
+MAX_CALL_BYTES = 16 << 30
+
+
+def call_bytes(x: np.ndarray, per_element: int) -> int:
+    """Bytes a call allocates for ``x``: ``x``'s element count (its logical shape, so a broadcast
+    view counts in full) times ``per_element``, the bytes of outputs and working copies per
+    element of ``x``. Exact integer arithmetic (no int64 overflow)."""
+    count = 1
+    for dim in x.shape:
+        count *= int(dim)
+    return count * per_element
+
+
+def check_call_bytes(x: np.ndarray, name: str, per_element: int, what: str = "outputs and working copies") -> None:
+    """The one size bound of the ops: raise unless the call's allocations for ``x``
+    (:func:`call_bytes`) fit :data:`MAX_CALL_BYTES`. Called before anything is allocated.
+
+    Raises:
+        ShapeError: naming ``name``, the limit and the bytes the call would take.
+    """
+    nbytes = call_bytes(x, per_element)
+    if nbytes > MAX_CALL_BYTES:
+        raise arg_error(ShapeError, name, f"at most {MAX_CALL_BYTES >> 30} GiB of {what} (a broadcast view?)",
+                        f"{describe(x)}, {nbytes / (1 << 30):.1f} GiB")
+
+
 #: ``np.may_share_memory`` without NumPy's ``__array_function__`` dispatch (half its ~0.2 us a
 #: pair; the arrays checked are plain ndarrays / NZArrays, which do not override it).
 _may_share_memory = getattr(np.may_share_memory, "_implementation", np.may_share_memory)

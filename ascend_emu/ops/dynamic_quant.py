@@ -56,7 +56,7 @@ from ..errors import IndexRangeError, ModeError, ShapeError, arg_error, describe
 from ..quant import INT4_PER_INT32
 from ..quant.fp8 import SCALAR_TYPE_CODES
 from ._backend import get_backend
-from ._check import check_dtype, dtype_name, optional, required
+from ._check import check_call_bytes, check_dtype, dtype_name, optional, required
 
 #: x's and smooth_scales' dtypes (doc; tiling line 352).
 DYNAMIC_QUANT_DTYPES = ("bfloat16", "float16")
@@ -115,6 +115,11 @@ def _dst_kind(dst_type) -> str:
     return kind
 
 
+#: Bytes :func:`npu_dynamic_quant` allocates per element of x, at most: y (int8), the fp32 copy
+#: of x and of x * smooth_scales, and the fp32 row scale (one per element when H = 1).
+QUANT_BYTES_PER_ELEMENT = 1 + 4 + 4 + 4
+
+
 def npu_dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode: str = "pertoken",
                       dst_type_max: float = 0.0):
     """``torch_npu.npu_dynamic_quant``: per-token symmetric int8 / int4 dynamic quant (module doc).
@@ -136,7 +141,8 @@ def npu_dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=N
         fp32 ``x.shape[:-1]``, the dequant scale (``x * smooth ~= y * scale``).
 
     Raises:
-        ShapeError: a shape other than the above.
+        ShapeError: a shape other than the above; outputs and working copies over
+            :data:`._check.MAX_CALL_BYTES` (a broadcast view of many rows), before allocating.
         DTypeError: x not bf16 / fp16, smooth_scales not x's dtype, group_index not int32.
         IndexRangeError: group_index decreasing, outside ``[0, rows]``, or not ending at rows.
         ModeError: another dst_type, quant_mode or dst_type_max.
@@ -163,6 +169,7 @@ def npu_dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=N
     if dst == "int4" and h % INT4_PER_INT32:
         raise arg_error(ShapeError, "input", f"a last dim that is a multiple of {INT4_PER_INT32} for int4 "
                         "(quint4x2) output", f"shape {x.shape}")
+    check_call_bytes(x, "input", QUANT_BYTES_PER_ELEMENT)
     rows = x.size // h
     if groups is not None and smooth is None:
         raise arg_error(ShapeError, "smooth_scales", "a [E, H] tensor when group_index is given", None)

@@ -25,7 +25,7 @@ from ..layouts import ACL_FORMAT_NAMES, FRACTAL_NZ, ND, as_nz
 from ..layouts import get_npu_format as _get_format
 from ..layouts import NZ_DTYPES
 from ..soc import require_ascend950
-from ._check import dtype_name, required
+from ._check import MAX_CALL_BYTES, dtype_name, required
 from .quant_950 import DTYPE_CODE_NAMES, dtype_code
 
 #: The Ascend 950 8-bit rows: (type the data holds, customize_dtype type) -> the dtypes the array
@@ -33,11 +33,9 @@ from .quant_950 import DTYPE_CODE_NAMES, dtype_code
 CUSTOMIZE_950_ROWS = {("float8_e4m3fn", "float8_e4m3fn"): ("float8_e4m3fn", "uint8"),
                       ("hifloat8", "hifloat8"): ("uint8",)}
 
-#: Largest cast, in bytes of the result: more than any one weight of an MLA / MoE model (one
-#: layer's 256 stacked bf16 experts of 7168 x 2048 are 7 GiB), so a bigger request is a mistake
-#: (e.g. a broadcast view, which costs nothing until it is copied) and is refused before any
-#: allocation.
-MAX_CAST_BYTES = 16 << 30
+#: Largest cast, in bytes of the result: the ops' one bound on a call's allocations
+#: (:data:`._check.MAX_CALL_BYTES`).
+MAX_CAST_BYTES = MAX_CALL_BYTES
 
 
 def npu_format_cast(x, acl_format: int, customize_dtype=None, input_dtype=None) -> np.ndarray:

@@ -123,7 +123,7 @@ from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ..layouts.paged import NZ_ROW_BYTES, slots_from_block_table
 from ..mla import D_ROPE, HCKV, NKV
 from ._backend import get_backend
-from ._check import check_dtype, check_float, dtype_name, prefix_lengths, required
+from ._check import MAX_BATCH, check_disjoint, check_dtype, check_float, dtype_name, prefix_lengths, required
 
 #: input_layout values of the MLA callers -> (query layout, attention_out layout) (the meta
 #: function's ``get_query_and_attention_out_layout`` map, restricted).
@@ -354,7 +354,8 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
         softmax_lse_flag: also return the lse.
         workspace: ``.out`` form: not read. attention_out, softmax_lse: ``.out`` form: given
             together; attention_out of the output's shape and dtype, softmax_lse fp32 of the lse
-            shape with the flag (not written without it).
+            shape with the flag (not written without it); both apart in memory from each
+            other and from every input (ShapeError naming the overlapping one otherwise).
         pse_shift, the (anti)quant / dequant tensors and modes, query_padding_size,
         kv_padding_size, the shared prefix, key_rope_antiquant_scale, inner_precise: only their
             defaults (:data:`V1_REJECTED`).
@@ -384,11 +385,14 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
                  antiquant_mode=antiquant_mode, key_antiquant_mode=key_antiquant_mode,
                  value_antiquant_mode=value_antiquant_mode, inner_precise=inner_precise)
     _reject(given, V1_REJECTED, "npu_fused_infer_attention_score")
+    read = dict(query=query, key=key, value=value, query_rope=query_rope, key_rope=key_rope, atten_mask=atten_mask,
+                actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
+                block_table=block_table)
     args = _normalise("npu_fused_infer_attention_score", query, key, value, query_rope, key_rope, atten_mask,
                       actual_seq_lengths, "actual_seq_lengths", actual_seq_lengths_kv, "actual_seq_lengths_kv",
                       block_table, num_heads, "num_heads", num_key_value_heads, scale, "scale", pre_tokens,
                       next_tokens, input_layout, sparse_mode, block_size, softmax_lse_flag, "softmax_lse_flag")
-    return _run(args, attention_out, softmax_lse)
+    return _run(args, attention_out, softmax_lse, read)
 
 
 def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None,
@@ -442,13 +446,17 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
                  dequant_scale_key_rope_dtype=dequant_scale_key_rope_dtype, out_dtype=out_dtype,
                  key_quant_mode=key_quant_mode, value_quant_mode=value_quant_mode, inner_precise=inner_precise)
     _reject(given, V2_REJECTED, "npu_fused_infer_attention_score_v2")
+    read = dict(query=query, key=key, value=value, query_rope=query_rope, key_rope=key_rope, atten_mask=atten_mask,
+                actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, block_table=block_table,
+                dequant_scale_query=dequant_scale_query, dequant_scale_key=dequant_scale_key,
+                dequant_scale_value=dequant_scale_value)
     args = _normalise("npu_fused_infer_attention_score_v2", query, key, value, query_rope, key_rope, atten_mask,
                       actual_seq_qlen, "actual_seq_qlen", actual_seq_kvlen, "actual_seq_kvlen", block_table,
                       num_query_heads, "num_query_heads", num_key_value_heads, softmax_scale, "softmax_scale",
                       pre_tokens, next_tokens, input_layout, sparse_mode, block_size, return_softmax_lse,
                       "return_softmax_lse",
                       quant=(query_quant_mode, dequant_scale_query, dequant_scale_key, dequant_scale_value))
-    return _run(args, attention_out, softmax_lse)
+    return _run(args, attention_out, softmax_lse, read)
 
 
 #: What the workspace queries return: the emulation needs no workspace.
@@ -501,14 +509,17 @@ def _lengths(x, name: str) -> np.ndarray:
     """A SymInt[] length argument (list / tuple of ints, or a 1-D int32 / int64 array) as int64 ``[B]``."""
     if isinstance(x, np.ndarray):
         check_dtype(x, name, ("int32", "int64"))
-        if x.ndim != 1 or x.size == 0:
-            raise arg_error(ShapeError, name, "a non-empty 1-D array of lengths", list(x.shape))
+        if x.ndim != 1 or not 1 <= x.size <= MAX_BATCH:  # counted before the int64 copy is made
+            raise arg_error(ShapeError, name, f"a 1-D array of 1 to {MAX_BATCH} lengths", list(x.shape))
         return x.astype(np.int64)
-    if not isinstance(x, (list, tuple)) or not x:
-        raise arg_error(DTypeError, name, "a non-empty list of ints or a 1-D int32 / int64 array", describe(x))
+    if not isinstance(x, (list, tuple)) or not 1 <= len(x) <= MAX_BATCH:
+        raise arg_error(DTypeError, name, f"a list of 1 to {MAX_BATCH} ints or a 1-D int32 / int64 array",
+                        describe(x))
     for i, v in enumerate(x):
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
             raise arg_error(DTypeError, f"{name}[{i}]", "an int", repr(v))
+        if not -(1 << 63) <= int(v) < 1 << 63:
+            raise arg_error(DTypeError, f"{name}[{i}]", "an int in int64's range", repr(v))
     return np.array([int(v) for v in x], dtype=np.int64)
 
 
@@ -644,6 +655,8 @@ def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in
         if sm == 0:
             raise arg_error(ModeError, "atten_mask", "None with sparse_mode=0 (masks other than sparse_mode 3's "
                             "causal one are not emulated)", describe(atten_mask))
+        if not isinstance(atten_mask, np.ndarray):
+            raise arg_error(DTypeError, "atten_mask", "None or a bool / int8 / uint8 array", describe(atten_mask))
         check_dtype(atten_mask, "atten_mask", MASK_DTYPES)
         size = CAUSAL_MASK_SIZE
         if atten_mask.shape != (size, size):
@@ -802,8 +815,10 @@ def _check_out(x, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndar
     return x
 
 
-def _run(args: FusedInferAttentionArgs, attention_out, softmax_lse):
-    """Check the out= arrays (both or neither), run the backend, write them."""
+def _run(args: FusedInferAttentionArgs, attention_out, softmax_lse, read: dict):
+    """Check the out= arrays (both or neither; each of its shape and dtype, and their memory
+    apart from each other and from every array of ``read``, the call's inputs by name: the
+    overlap rule of :func:`._check.check_disjoint`), run the backend, write them."""
     if (attention_out is None) != (softmax_lse is None):
         missing = "softmax_lse" if softmax_lse is None else "attention_out"
         raise arg_error(ModeError, missing, "an array (the out= form takes attention_out and softmax_lse "
@@ -812,6 +827,10 @@ def _run(args: FusedInferAttentionArgs, attention_out, softmax_lse):
         _check_out(attention_out, "attention_out", args.out_shape, args.out_dtype)
         if args.softmax_lse_flag:
             _check_out(softmax_lse, "softmax_lse", args.lse_shape, np.dtype(np.float32))
+        else:  # not written without the flag, but an out= array all the same
+            softmax_lse = required(softmax_lse, "softmax_lse")
+        check_disjoint((("attention_out", attention_out), ("softmax_lse", softmax_lse)),
+                       [(name, x) for name, x in read.items() if isinstance(x, np.ndarray)])
     checked_mode.read_fused_infer_attention(args.op, args)
     result = get_backend().fused_infer_attention_score(args)
     checked_mode.check_finite(args.op, (("attention_out", result.attention_out),))  # lse is +inf on empty rows

@@ -168,19 +168,19 @@ def _cache_layout(cache: np.ndarray, name: str, mode: str, heads: int, dim: int)
             raise FormatError(f"{name}: expected an ND cache for cache_mode 'Norm' (its memory is addressed as "
                               f"[num_blocks, block_size, N, D]), got a FRACTAL_NZ tensor; pass the cache "
                               f"without npu_format_cast, or use cache_mode 'PA_NZ'")
-        if len(shape) != 4 or shape[2] != heads or shape[3] != dim or shape[1] < 1:
-            raise arg_error(ShapeError, name, f"a 4-D [num_blocks, block_size, N={heads}, D={dim}] cache "
-                            "(cache_mode 'Norm')", f"shape {list(shape)}")
+        if len(shape) != 4 or shape[2] != heads or shape[3] != dim or min(shape[1:]) < 1:
+            raise arg_error(ShapeError, name, f"a 4-D [num_blocks, block_size, N={heads}, D={dim}] cache, block_size, "
+                            "N and D >= 1 (cache_mode 'Norm')", f"shape {list(shape)}")
         return CacheLayout(mode=PAGED_KV_LAYOUT_MODES["Norm"], num_blocks=shape[0], block_size=shape[1], dim=dim,
                            itemsize=itemsize, heads=heads)
     c0 = _c0(cache)
     row = heads * dim
     ok4 = len(shape) == 4 and shape[3] == c0 and shape[1] * c0 == row
     ok5 = len(shape) == 5 and shape[4] == c0 and shape[1] == heads and shape[2] * c0 == dim
-    if row % c0 or not (ok4 or ok5):
+    if row < 1 or row % c0 or not (ok4 or ok5):
         raise arg_error(ShapeError, name, f"a PA_NZ cache [num_blocks, N*D/C0={row / c0:g}, block_size, C0={c0}] or "
                         f"[num_blocks, N={heads}, D/C0={dim / c0:g}, block_size, C0={c0}] (N*D = {row}, a multiple of "
-                        f"C0 = 32 bytes / itemsize)", f"shape {list(shape)}")
+                        f"C0 = 32 bytes / itemsize, at least 1)", f"shape {list(shape)}")
     bs = shape[-2]
     check_block_size("PA_NZ", bs, name=f"{name} block_size (dim {len(shape) - 2})")
     if bs >= MAX_NZ_BLOCK_SIZE:

@@ -46,7 +46,7 @@ from ..quant.fp8 import FP8_DTYPES, SCALAR_TYPE_CODES, TORCH_NPU_DTYPE_CODES, TO
 from ..quant.mx import MX_BLOCK_SIZE, SCALE_ALGS, mx_scale_shape
 from ..soc import require_ascend950
 from ._backend import get_backend
-from ._check import dtype_name, required
+from ._check import check_call_bytes, dtype_name, required
 
 #: Every dtype code the two ops read -> the type's name (a torch_npu code wins for hifloat8).
 DTYPE_CODE_NAMES = {**{code: name for name, code in SCALAR_TYPE_CODES.items()}, **TORCH_NPU_DTYPE_NAMES}
@@ -135,6 +135,8 @@ def npu_dtype_cast(self, dtype, input_dtype=None) -> np.ndarray:
             mode).
         DTypeError: ``self``'s dtype does not fit ``input_dtype`` (or, without it, is not one of
             the types above).
+        ShapeError: output and working copy over :data:`._check.MAX_CALL_BYTES` (a broadcast
+            view), before allocating.
 
     Source: torch_npu 2.14 schema and ``npu_dtype_cast_meta``; op-plugin
     ``CastKernelNpuOpApi.cpp``; ops-math ``math/cast/README.md`` and
@@ -164,6 +166,7 @@ def npu_dtype_cast(self, dtype, input_dtype=None) -> np.ndarray:
                         f"(ascend_emu emulates the Ascend 950 casts; torch's .to() does the others)",
                         f"{src} -> {dst} (dtype {dst_code})")
     require_ascend950("dtype", dst_code, f"a cast {src} -> {dst}")
+    check_call_bytes(x, "self", 4 + 4)  # the output (at most fp32) and an fp32 working copy
     args = Quant950Args("npu_dtype_cast", x, src, dst, dst_code, None if input_dtype is None else int(input_dtype))
     return get_backend().quant_950(args).y
 
@@ -191,7 +194,8 @@ def npu_dynamic_mx_quant(input, *, axis: int = -1, round_mode: str = "rint", dst
             ``scale_alg`` not 0 / 1, ``block_size`` not a multiple of 32 in [32, 1024], or an
             emulated SoC other than an Ascend 950 (message names the SoC and the mode).
         DTypeError: ``input`` not fp16 / bf16.
-        ShapeError: 0-D ``input`` or ``axis`` out of range.
+        ShapeError: 0-D ``input`` or ``axis`` out of range; outputs and working copies over
+            :data:`._check.MAX_CALL_BYTES` (a broadcast view), before allocating.
 
     Source: torch_npu 2.14 schema and ``npu_dynamic_mx_quant`` meta function; ops-nn
     ``quant/dynamic_mx_quant/README.md`` and ``docs/aclnnDynamicMxQuant_en.md`` (formulas, scale
@@ -214,6 +218,7 @@ def npu_dynamic_mx_quant(input, *, axis: int = -1, round_mode: str = "rint", dst
         raise arg_error(ShapeError, "input", "an array of at least 1 dimension", describe(x))
     mx_scale_shape(x.shape, axis, block_size)  # validates axis and block_size (ShapeError / ModeError)
     require_ascend950("dst_type", code, dst)
+    check_call_bytes(x, "input", 1 + 4 + 1)  # y, an fp32 working copy, the scales (at most one a value)
     args = Quant950Args("npu_dynamic_mx_quant", x, dtype_name(x.dtype), dst, code, None, int(axis) % x.ndim,
                         int(block_size), int(scale_alg))
     out = get_backend().quant_950(args)

@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import ModeError, ShapeError, arg_error, describe
 from ..mla import D_ROPE
 from ._backend import get_backend
-from ._check import check_dtype, check_ndim, dtype_name, required
+from ._check import check_call_bytes, check_dtype, check_ndim, dtype_name, required
 
 #: interleave_rope's dtypes (doc); rotary_mul's.
 INTERLEAVE_ROPE_DTYPES = ("bfloat16", "float16")
@@ -101,7 +101,7 @@ def npu_interleave_rope(x, cos, sin) -> np.ndarray:
     """``torch_npu.npu_interleave_rope``: RoPE with the MLA de-interleave (module doc).
 
     Args:
-        x: ``[B, N, S, 64]`` bf16 / fp16, C-contiguous.
+        x: ``[B, N, S, 64]`` bf16 / fp16, C-contiguous, B, N, S >= 1.
         cos: ``[B, 1, S or 1, 64]``, x's dtype, C-contiguous.
         sin: cos's shape and dtype, C-contiguous.
 
@@ -118,8 +118,8 @@ def npu_interleave_rope(x, cos, sin) -> np.ndarray:
     x, cos, sin = required(x, "x"), required(cos, "cos"), required(sin, "sin")
     check_ndim(x, "x", (4,), "[B, N, S, D]")
     check_dtype(x, "x", INTERLEAVE_ROPE_DTYPES)
-    if x.shape[3] != D_ROPE:
-        raise arg_error(ShapeError, "x", f"D (dim 3) = {D_ROPE}", f"shape {x.shape}")
+    if x.shape[3] != D_ROPE or min(x.shape) < 1:
+        raise arg_error(ShapeError, "x", f"D (dim 3) = {D_ROPE} and B, N, S >= 1", f"shape {x.shape}")
     b, _, s, _ = x.shape
     for name, a in (("cos", cos), ("sin", sin)):
         check_ndim(a, name, (4,), "[B, 1, S, D]")
@@ -150,7 +150,8 @@ def npu_rotary_mul(self, r1, r2, rotary_mode: str = "half") -> np.ndarray:
 
     Raises:
         ModeError: another rotary_mode.
-        ShapeError: a shape other than the above.
+        ShapeError: a shape other than the above; outputs and working copies over
+            :data:`._check.MAX_CALL_BYTES` (a broadcast view), before allocating.
         DTypeError: a dtype other than the above.
 
     Source: op-plugin ``docs/context/torch_npu-npu_rotary_mul.md``,
@@ -174,4 +175,6 @@ def npu_rotary_mul(self, r1, r2, rotary_mode: str = "half") -> np.ndarray:
                             f"shape {a.shape}")
     if r2.shape != r1.shape:
         raise arg_error(ShapeError, "r2", f"r1's shape {r1.shape}", f"shape {r2.shape}")
+    # the output, and fp32 copies of self, its rotation and r1 / r2 broadcast to self's shape
+    check_call_bytes(x, "self", x.dtype.itemsize + 4 * 4)
     return get_backend().rope(RopeArgs("npu_rotary_mul", rotary_mode, x, r1, r2)).y

@@ -73,11 +73,12 @@ def _split(fn: Callable, table: tuple[tuple[str, str, bool], ...]) -> tuple:
     ``fn``'s own default is None), the other values it takes as ``(name, fn's own default or
     _REFUSED)`` (an argument that *is* its default object is left out of the call: the same
     call, with fewer keywords to bind; 5-8 us of the MLA prolog's 38), and the arguments it
-    does not take."""
+    does not take. Each tensor also says whether its slot is optional (``Tensor?``)."""
     accepted = _accepted(fn)
     sig = _signature(fn)
     own = {n: p.default for n, p in sig.parameters.items() if p.default is not p.empty} if sig else {}
-    return (tuple((n, own.get(n, _REFUSED) is not None) for n, kind, _ in table if n in accepted and kind == "Tensor"),
+    return (tuple((n, own.get(n, _REFUSED) is not None, optional) for n, kind, optional in table
+                  if n in accepted and kind == "Tensor"),
             tuple((n, own.get(n, _REFUSED)) for n, kind, _ in table if n in accepted and kind != "Tensor"),
             tuple(n for n, _, _ in table if n not in accepted))
 
@@ -94,6 +95,7 @@ def emulate(op_name: str, params: dict[str, Any], defaults: dict[str, Any], publ
     Raises:
         NotImplementedError: the op does not exist in this version.
         ModeError: a non-default value for an argument the op does not take.
+        DTypeError: None for a tensor the schema requires (``Tensor``, not ``Tensor?``).
     """
     fn = resolve_op(op_name, public_name)
     split = splits.get(fn)
@@ -108,9 +110,11 @@ def emulate(op_name: str, params: dict[str, Any], defaults: dict[str, Any], publ
                             f"not support this argument)", describe(value))
     kwargs = {key: value for key, own in values if (value := params[key]) is not own}
     originals: dict = {}  # id(array) -> (array, tensor), as :func:`._convert.call_op` keeps it
-    for key, pass_none in tensors:  # a schema Tensor slot holds a tensor or None, never a list
+    for key, pass_none, optional in tensors:  # a schema Tensor slot holds a tensor or None, never a list
         value = params[key]
         if value is None:
+            if not optional:  # torch's binder passes None for a required Tensor (an undefined tensor)
+                raise arg_error(DTypeError, key, f"a torch.Tensor (required by {public_name}'s schema)", "None")
             if pass_none:
                 kwargs[key] = None
             continue
@@ -347,7 +351,8 @@ class _Binding:
             kind = slot[1]
             if not ((type(value) is _Tensor and kind == "Tensor" and value.is_cpu  # the common cases inline
                      and value.layout is _strided and not (grad and value.requires_grad))
-                    or _SCALARS.get(kind) is type(value) or (value is None and slot[2])):
+                    or (_SCALARS.get(kind) is type(value) and (kind != "int" or INT64_MIN <= value <= INT64_MAX))
+                    or (value is None and slot[2])):
                 value = _admit(value, slot, grad)
                 if value is _REFUSED:
                     return None
@@ -377,12 +382,14 @@ def _admit(value, slot: tuple[int, str, bool], grad: bool):
             return value
         return _REFUSED
     if kind == "List[int]":  # int[] (FIA's actual_seq_lengths): a list of Python ints, as the dispatcher passes it
-        if isinstance(value, (list, tuple)) and all(type(v) is int for v in value):
+        if isinstance(value, (list, tuple)) and all(type(v) is int and INT64_MIN <= v <= INT64_MAX for v in value):
             return list(value)
         return _REFUSED
     scalar = _SCALARS.get(kind)
     if scalar is None or isinstance(value, bool) is not (scalar is bool):
         return _REFUSED
+    if scalar is int and isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+        return _REFUSED  # the dispatcher path's check names it
     if type(value) is scalar:
         return value
     if isinstance(value, scalar) or (scalar is float and isinstance(value, int)):
@@ -428,9 +435,10 @@ _REGISTERED: list[OpSchema] = []
 
 def register_spec(spec: OpSchema) -> None:
     """Define one overload with ``torch.library`` and implement it: the schema string, the CPU
-    kernel of its :class:`_Binding` (also for :data:`NON_STRIDED_KEYS`), the fake kernel
+    kernel of its :class:`_Binding` (also for :data:`NON_STRIDED_KEYS`), the kernel of
+    :data:`MATH_BIT_KEYS` (rejects a conjugated / negated view), the fake kernel
     (:data:`._fake.FAKES`; a :class:`.namespaces.NamespaceSchema` gets :func:`namespace_fake`
-    of its op's) and the Autograd kernel. The packet's argument check comes from
+    of its op's) under :func:`meta_rule`, and the Autograd kernel. The packet's argument check comes from
     :func:`check_packets`."""
     lib = _LIBS.get(spec.namespace)
     if lib is None:
@@ -443,9 +451,13 @@ def register_spec(spec: OpSchema) -> None:
     lib.impl(spec.qualified, binding.kernel, "CPU")
     for dispatch_key in NON_STRIDED_KEYS:
         lib.impl(spec.qualified, binding.strided_only, dispatch_key)
+    public = public_name(spec.namespace, spec.name)
+    math_bits = _math_bits_kernel(binding.names, public)
+    for dispatch_key in MATH_BIT_KEYS:
+        lib.impl(spec.qualified, math_bits, dispatch_key)
     fake = _fake.FAKES.get(key) if not getattr(spec, "op", "") else namespace_fake(spec, schema)
     if fake is not None:
-        torch.library.register_fake(key, fake, lib=lib)
+        torch.library.register_fake(key, meta_rule(fake, binding.names, public), lib=lib)
     packet = getattr(getattr(torch.ops, spec.namespace), spec.name)
     overload = getattr(packet, spec.qualified.split(".")[1] if "." in spec.qualified else "default")
     if key == "npu::npu_format_cast":
@@ -501,6 +513,74 @@ def namespace_fake(spec, schema: torch._C.FunctionSchema) -> Callable | None:
 #: ... with arguments from the 'SparseCPU' backend" page.
 NON_STRIDED_KEYS = ("SparseCPU", "SparseCsrCPU", "MkldnnCPU", "NestedTensorCPU", "QuantizedCPU")
 
+#: Dispatch keys of a tensor with a lazy conjugate / negative bit (``x.conj()`` of a complex
+#: tensor, its ``.imag``): torch's fallback there resolves the bit into a copy, runs the kernel
+#: on the copy and fails after the kernel wrote the other outputs, so every overload takes them
+#: with :func:`_math_bits_kernel`, which rejects the call before anything runs.
+MATH_BIT_KEYS = ("Conjugate", "Negative")
+
+
+def _tensors(names: tuple[str, ...], args: tuple, kwargs: dict):
+    """``(name, tensor)`` of every tensor argument of a call bound by the schema ``names``."""
+    for name, value in (*zip(names, args, strict=False), *kwargs.items()):
+        if isinstance(value, torch.Tensor):
+            yield name, value
+
+
+def _math_bits_kernel(names: tuple[str, ...], public: str) -> Callable:
+    """The kernel of :data:`MATH_BIT_KEYS` for an overload with argument ``names``: raises
+    DTypeError naming the first tensor with a conjugate or negative bit (``.resolve_conj()`` /
+    ``.resolve_neg()`` give a plain tensor), so no output is written."""
+
+    def reject(*args, **kwargs):
+        for name, value in _tensors(names, args, kwargs):
+            if value.is_conj() or value.is_neg():
+                bit, fix = ("conjugate", "resolve_conj") if value.is_conj() else ("negative", "resolve_neg")
+                raise arg_error(DTypeError, name, f"a tensor without a lazy {bit} bit ({public}; use "
+                                f".{fix}() first)", f"a {list(value.shape)} {value.dtype} view with "
+                                f"the {bit} bit set")
+        raise arg_error(DTypeError, "tensor", f"tensors without a lazy conjugate / negative bit ({public})",
+                        "a view with one set")
+
+    return reject
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def meta_rule(fake: Callable, names: tuple[str, ...], public: str) -> Callable:
+    """``fake`` (a fake kernel of an overload with argument ``names``) under the drop-in's rule
+    for meta tensors: a call whose tensors are all meta (or all fake, under ``FakeTensorMode`` /
+    ``torch.compile``) runs ``fake`` (meta outputs of the shapes torch_npu's meta registrations
+    give); a call mixing meta and real tensors (the dispatcher picks the Meta kernel for it) is
+    rejected before anything runs, naming the meta argument: run as it is, the fake would make
+    uninitialised CPU outputs and leave the real caches unwritten.
+
+    Raises:
+        DTypeError: a meta tensor beside a real one (naming the meta one and the real one).
+    """
+
+    def checked(*args, **kwargs):
+        meta = real = None
+        for name, value in _tensors(names, args, kwargs):
+            if value.is_meta:
+                meta = meta or (name, value)
+            elif real is None and not _is_fake(value):
+                real = (name, value)
+        if meta is not None and real is not None:
+            name, value = meta
+            raise arg_error(DTypeError, name, f"a tensor on {real[1].device} like {real[0]} ({public} runs on "
+                            f"meta tensors only when every tensor is meta)",
+                            f"a meta {list(value.shape)} {value.dtype} tensor")
+        return fake(*args, **kwargs)
+
+    checked.__name__ = getattr(fake, "__name__", "fake")
+    return checked
+
+
 #: :func:`check_call`'s check of every registered op, by ``namespace::name``.
 _CHECKS: dict[str, Callable[[tuple, dict], "_Binding"]] = {}
 
@@ -511,10 +591,15 @@ class CheckedPacket(torch._ops.OpOverloadPacket):
     torch rejects before any kernel runs (no schema matches, a tensor of a layout or subclass
     with no kernel) is explained by :func:`check_call`, an ascend_emu error naming the argument
     with a short summary of its value, instead of torch's message that prints the value (a
-    whole tensor) and every schema. A call torch accepts costs nothing more; an error whose
+    whole tensor) and every schema. A call passing a list, tuple or array is checked first
+    (:func:`_has_sequence`); any other call torch accepts costs nothing more; an error whose
     cause the check does not find is torch's, unchanged."""
 
     def __call__(self, /, *args, **kwargs):
+        if _has_sequence(args, kwargs):  # torch's binder takes seconds on a long list given for a tensor
+            error = _explain(self._qualified_op_name, args, kwargs)
+            if error is not None:
+                raise error
         try:
             return self._op(*args, **kwargs)
         except AscendEmuError:
@@ -524,6 +609,16 @@ class CheckedPacket(torch._ops.OpOverloadPacket):
             if error is None:
                 raise
         raise error from None
+
+
+_SEQUENCES = (list, tuple, np.ndarray)
+
+
+def _has_sequence(args: tuple, kwargs: dict) -> bool:
+    """Whether the call passes a list, tuple or NumPy array anywhere: :class:`CheckedPacket`
+    then checks the argument kinds before torch's binder, which converts a list element by
+    element before it finds that a tensor was expected."""
+    return any(type(a) in _SEQUENCES for a in args) or any(type(v) in _SEQUENCES for v in kwargs.values())
 
 
 def _explain(qualified: str, args: tuple, kwargs: dict) -> AscendEmuError | None:
@@ -610,12 +705,49 @@ def _wrong_kind(table: tuple[tuple[str, str, bool], ...], args: tuple,
             value = kwargs[name]
         else:
             continue
-        if (optional and value is None) or kind not in _KINDS:
+        if optional and value is None:
+            continue
+        if kind == "List[int]":
+            problem = _wrong_int_list(value, name, optional)
+            if problem is not None:
+                return i, problem
+            continue
+        if kind not in _KINDS:
             continue
         types, text = _KINDS[kind]
         if not isinstance(value, types) or (kind in ("int", "float") and isinstance(value, bool)):
             cls = ModeError if kind == "str" else DTypeError
             return i, arg_error(cls, name, text + (" or None" if optional else ""), describe(value))
+        if kind == "int" and isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+            return i, arg_error(DTypeError, name, f"an int in int64's range [{INT64_MIN}, {INT64_MAX}]",
+                                describe(value))
+    return None
+
+
+#: The range of a schema ``int`` (``int64_t``): torch's binder rejects an int outside it with a
+#: schema error printing the declaration.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _wrong_int_list(value, name: str, optional: bool) -> AscendEmuError | None:
+    """The error of a schema ``int[]`` argument torch's binder would reject (a list / tuple of
+    ints in int64's range, or a 1-D integer NumPy array; a bool is not an int here), or None.
+    ``value`` is not None unless the slot is required."""
+    text = "a list of ints" + (" or None" if optional else "")
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1 or value.dtype.kind not in "iu":
+            return arg_error(DTypeError, name, text + " (or a 1-D integer array)", describe(value))
+        if value.dtype.kind == "u" and value.size and int(value.max()) > INT64_MAX:
+            return arg_error(DTypeError, name, f"ints in int64's range (at most {INT64_MAX})", describe(value))
+        return None
+    if not isinstance(value, (list, tuple)):
+        return arg_error(DTypeError, name, text, describe(value))
+    for j, v in enumerate(value):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            return arg_error(DTypeError, f"{name}[{j}]", "an int", describe(v))
+        if not INT64_MIN <= int(v) <= INT64_MAX:
+            return arg_error(DTypeError, f"{name}[{j}]", f"an int in int64's range [{INT64_MIN}, {INT64_MAX}]",
+                             describe(v))
     return None
 
 
@@ -733,9 +865,11 @@ def _out_form(packet, spec: OpSchema, public: str) -> Callable:
     """``torch_npu.<name>.out``: the ``.out`` overload called as torch_npu's Python binding takes it,
     the written tensors as one ``out=[...]`` list in schema order (``npu_fused_infer_attention_score
     .out(..., workspace=ws, out=[attention_out, softmax_lse])``, vllm-ascend's graph capture), or by
-    their schema names."""
+    their schema names. The arguments are checked against the ``.out`` schema first, as
+    :func:`public_op` checks them (an ascend_emu error naming the argument)."""
     schema = packet.out._schema
     names = tuple(a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write)
+    binding = _BINDINGS[f"{spec.namespace}::{spec.qualified}"]
 
     def out_call(*args, out=None, **kwargs):
         if out is not None:
@@ -743,6 +877,9 @@ def _out_form(packet, spec: OpSchema, public: str) -> Callable:
                 raise arg_error(ArgumentError, "out", f"a list of {len(names)} tensors ({', '.join(names)})",
                                 describe(out))
             kwargs.update(zip(names, out))
+        problem = binding.mismatch(args, kwargs, f"{public}.out")  # the argument check torch_npu.<op> makes
+        if problem is not None:
+            raise problem[1]
         return packet.out(*args, **kwargs)
 
     out_call.__name__ = out_call.__qualname__ = f"{spec.name}.out"
