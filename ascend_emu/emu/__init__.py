@@ -23,6 +23,7 @@ from . import quant_lightning_indexer as _quant_lightning_indexer
 from . import quant_950 as _quant_950
 from . import rope as _rope
 from . import sparse_flash_attention as _sparse_flash_attention
+from . import hc as _hc  # DeepSeek-V4 mHC
 
 
 class EmuBackend:
@@ -41,6 +42,9 @@ class EmuBackend:
     quant_lightning_indexer = staticmethod(_quant_lightning_indexer.quant_lightning_indexer)
     fused_infer_attention_score = staticmethod(_fused_infer_attention_score.fused_infer_attention_score)
     quant_950 = staticmethod(_quant_950.quant_950)
+    # DeepSeek-V4 mHC
+    hc_pre = staticmethod(_hc.hc_pre)
+    hc_post = staticmethod(_hc.hc_post)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.

@@ -23,6 +23,8 @@ from .quant_lightning_indexer import npu_quant_lightning_indexer
 from .quant_950 import npu_dtype_cast, npu_dynamic_mx_quant
 from .rope import npu_interleave_rope, npu_rotary_mul
 from .sparse_flash_attention import npu_kv_quant_sparse_flash_attention, npu_sparse_flash_attention
+from .hc import (npu_hc_post, npu_hc_pre, npu_hc_pre_inv_rms, npu_hc_pre_sinkhorn,  # DeepSeek-V4 mHC
+                 npu_hc_pre_v2, npu_hc_pre_v3)
 
 __all__ = ["backend", "backend_name", "get_backend", "set_backend", "get_npu_format", "npu_format_cast"]
 __all__ += ["npu_kv_rmsnorm_rope_cache"]
@@ -36,3 +38,5 @@ __all__ += ["npu_dynamic_quant"]
 __all__ += ["npu_quant_lightning_indexer"]
 __all__ += ["npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2"]
 __all__ += ["npu_dtype_cast", "npu_dynamic_mx_quant"]
+__all__ += ["npu_hc_pre_v2", "npu_hc_pre_v3", "npu_hc_pre", "npu_hc_pre_inv_rms", "npu_hc_pre_sinkhorn",
+            "npu_hc_post"]
