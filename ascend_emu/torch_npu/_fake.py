@@ -405,3 +405,51 @@ FAKES = {
     "npu::npu_format_cast_": format_cast_inplace,
     "npu::npu_format_cast_.acl_format": format_cast_inplace,
 }
+
+
+# ----------------------------------------------------------------- DeepSeek-V4 mHC (ops.hc)
+# Not torch_npu ops: the framework namespaces' bindings (:mod:`.namespaces`) use these, keyed by
+# the ascend_emu.ops function (:data:`OP_FAKES`); shapes as vllm-ascend's
+# ``construct_hc_pre_output_tensor`` / ``construct_hc_post_output_tensor`` make them.
+def _hc_pre_outputs(x: torch.Tensor) -> tuple:
+    lead, hc, d = list(x.shape[:-2]), x.shape[-2], x.shape[-1]
+    return (_new(x, [*lead, d], torch.bfloat16), _new(x, [*lead, hc], torch.float32),
+            _new(x, [*lead, hc, hc], torch.float32))
+
+
+def hc_pre(x, *_, **__):
+    """``(y bf16 [*lead, D], post fp32 [*lead, hc], comb_frag fp32 [*lead, hc, hc])``."""
+    return _hc_pre_outputs(x)
+
+
+def hc_pre_v3(x, *_, **__):
+    """hc_pre's outputs and ``pre`` fp32 ``[*lead, hc]``."""
+    y, post, comb = _hc_pre_outputs(x)
+    return y, post, comb, _new(x, post.shape, torch.float32)
+
+
+def hc_pre_inv_rms(x, **_):
+    """fp32 ``[*lead, 1]``."""
+    return _new(x, [*x.shape[:-2], 1], torch.float32)
+
+
+def hc_pre_sinkhorn(mixes, rsqrt, hc_scale, hc_base, x, *_, **__):
+    """hc_pre's outputs (from x)."""
+    return _hc_pre_outputs(x)
+
+
+def hc_post(x, residual, post, comb, **_):
+    """Like residual, in x's dtype."""
+    return _new(x, residual.shape, x.dtype)
+
+
+#: Fakes of :mod:`ascend_emu.ops` functions that no torch_npu op runs, by function name (the
+#: framework namespaces' fallback in :func:`._registry.namespace_fake`).
+OP_FAKES = {
+    "npu_hc_pre_v2": hc_pre,
+    "npu_hc_pre_v3": hc_pre_v3,
+    "npu_hc_pre": hc_pre,
+    "npu_hc_pre_inv_rms": hc_pre_inv_rms,
+    "npu_hc_pre_sinkhorn": hc_pre_sinkhorn,
+    "npu_hc_post": hc_post,
+}

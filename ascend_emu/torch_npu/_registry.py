@@ -469,9 +469,10 @@ def namespace_fake(spec, schema: torch._C.FunctionSchema) -> Callable | None:
     """The fake kernel of a framework-namespace overload (:class:`.namespaces.NamespaceSchema`):
     the fake of the torch_npu op it binds (``npu::<op>`` in :data:`._fake.FAKES`), called with
     the arguments by name, then the binding's output mapping (a placeholder is an empty ``[0]``
-    tensor of its dtype) and, for a ``_functional`` variant, the caches' likes. None when
-    :data:`._fake.FAKES` has no fake of the op."""
-    base = _fake.FAKES.get(f"npu::{spec.op}")
+    tensor of its dtype) and, for a ``_functional`` variant, the caches' likes. An op no
+    torch_npu op runs has its fake in :data:`._fake.OP_FAKES` (by function name). None when
+    neither has a fake of the op."""
+    base = _fake.FAKES.get(f"npu::{spec.op}") or _fake.OP_FAKES.get(spec.op)
     if base is None:
         return None
     defaults, names = _defaults(schema), tuple(a.name for a in schema.arguments)
