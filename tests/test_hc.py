@@ -75,7 +75,7 @@ def test_fused_mixes_are_hf32_and_the_decomposed_chain_fp32():
         assert np.abs(post - want).max() < 1e-6, (t, op.__name__)
         assert np.abs(post - other).min() > 5e-5, (t, op.__name__)
     assert hc_ops.fused_route(16) and hc_ops.fused_route(128) and not hc_ops.fused_route(144)
-    assert not hc_ops.fused_route(1) and not hc_ops.fused_route(17)
+    assert not hc_ops.fused_route(1) and not hc_ops.fused_route(8) and not hc_ops.fused_route(17)
 
 
 # ------------------------------------------------------------------------------ hc_pre
