@@ -22,15 +22,17 @@ kernel's order (vllm-ascend ``csrc/moe/hc_pre/op_kernel/hc_pre_base.h``,
 
 ``hc_post``: the A2 / A3 kernel (``hc_post_d_split.h``): ``post[i] * x``, then
 ``+ residual[j] * comb[j, i]`` for j = 0..3, each an fp32 multiply and an fp32 add, one
-rounding to x's dtype (RNE).
+rounding to x's dtype (RNE); a Numba loop over tokens (parallel), one pass over D.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, prange
 
 from ..ops.hc import HcPostArgs, HcPostOutputs, HcPreArgs, HcPreOutputs
 from ..quant.rounding import BF16, hf32_truncate, to_bf16, to_f32
+from .matmul import SMALL_PRODUCT_MACS, one_blas_thread
 
 #: Tokens per chunk: bounds the float64 copies of x (CHUNK_TOKENS * 4 * 7168 * 8 bytes).
 CHUNK_TOKENS = 64
@@ -135,13 +137,33 @@ def hc_pre(args: HcPreArgs) -> HcPreOutputs:
         else:
             flat = rows.reshape(-1, hc * d)
             rsqrt = inv_rms(flat, args.norm_eps)
-            mixes = (_rows_f64(flat, args.stage == "fused") @ w64).astype(np.float32)
+            a64 = _rows_f64(flat, args.stage == "fused")
+            if a64.shape[0] * a64.shape[1] * w64.shape[1] <= SMALL_PRODUCT_MACS:  # the project's BLAS policy
+                with one_blas_thread():
+                    mixes = (a64 @ w64).astype(np.float32)
+            else:
+                mixes = (a64 @ w64).astype(np.float32)
         part = stage2(mixes, rsqrt, args.hc_scale, args.hc_base, rows,
                       None if pre_mix is None else pre_mix[a:a + CHUNK_TOKENS], hc, args.hc_sinkhorn_iters,
                       args.hc_eps)
         y[a:a + CHUNK_TOKENS], post[a:a + CHUNK_TOKENS], comb[a:a + CHUNK_TOKENS], pre[a:a + CHUNK_TOKENS] = part
     return HcPreOutputs(y.reshape(*lead, d), post.reshape(*lead, hc), comb.reshape(*lead, hc, hc),
                         pre.reshape(*lead, hc))
+
+
+@njit(cache=True, parallel=True)
+def _hc_post_rows(x, residual, post, comb, out):
+    """``out[n, i] = post[n, i] * x[n]``, then ``+= residual[n, j] * comb[n, j, i]`` for j = 0..hc-1:
+    fp32 multiplies and adds (no contraction into FMA: Numba's default), tokens in parallel."""
+    n_tok, hc, d = residual.shape
+    for n in prange(n_tok):
+        for k in range(d):
+            xv = x[n, k]
+            for i in range(hc):
+                acc = post[n, i] * xv
+                for j in range(hc):
+                    acc = acc + residual[n, j, k] * comb[n, j, i]
+                out[n, i, k] = acc
 
 
 def hc_post(args: HcPostArgs) -> HcPostOutputs:
@@ -153,12 +175,12 @@ def hc_post(args: HcPostArgs) -> HcPostOutputs:
     Returns:
         :class:`~ascend_emu.ops.hc.HcPostOutputs`: residual's shape, x's dtype.
     """
-    x, residual = to_f32(args.x), to_f32(args.residual)
-    post, comb = to_f32(args.post), to_f32(args.comb)
-    hc = post.shape[-1]
-    out = post[..., :, None] * x[..., None, :]
-    for j in range(hc):
-        out = out + residual[..., j:j + 1, :] * comb[..., j, :, None]
+    d = args.x.shape[-1]
+    x, residual = to_f32(args.x).reshape(-1, d), to_f32(args.residual)
+    hc = residual.shape[-2]
+    post, comb = to_f32(args.post).reshape(-1, hc), to_f32(args.comb).reshape(-1, hc, hc)
+    out = np.empty(residual.shape, np.float32)
+    _hc_post_rows(x, residual.reshape(-1, hc, d), post, comb, out.reshape(-1, hc, d))
     dtype = args.x.dtype
     if dtype == np.float32:
         return HcPostOutputs(out)
