@@ -24,6 +24,7 @@ from . import quant_950 as _quant_950
 from . import rope as _rope
 from . import sparse_flash_attention as _sparse_flash_attention
 from . import v4_small as _v4_small
+from . import hc as _hc  # DeepSeek-V4 mHC
 
 
 class EmuBackend:
@@ -45,6 +46,9 @@ class EmuBackend:
     rms_norm_dynamic_quant = staticmethod(_v4_small.rms_norm_dynamic_quant)
     inplace_partial_rotary_mul = staticmethod(_v4_small.inplace_partial_rotary_mul)
     compressor_metadata = staticmethod(_v4_small.compressor_metadata)
+    # DeepSeek-V4 mHC
+    hc_pre = staticmethod(_hc.hc_pre)
+    hc_post = staticmethod(_hc.hc_post)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.

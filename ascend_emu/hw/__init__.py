@@ -488,14 +488,18 @@ def quant_950(args: Quant950Args) -> Quant950Outputs:
     return Quant950Outputs(host(y).reshape(x.shape), host(scale))
 
 
-def _not_torch_npu(op: str):
-    def run(args):
-        raise BackendUnavailable(f"hw backend: {op} is a vllm-ascend / cann-recipes-infer custom op "
-                                 "(torch.ops._C_ascend / torch.ops.custom), not a torch_npu op; the hw backend "
-                                 "runs torch_npu ops only: use the emu backend")
-    run.__name__ = op
-    run.__doc__ = f"``{op}``: not run by this backend (raises BackendUnavailable)."
-    return run
+def _not_in_torch_npu(family: str):
+    """The hw backend's method for a DeepSeek-V4 family whose ops are not torch_npu's (they live
+    in vllm-ascend's ``torch.ops._C_ascend`` and the recipes' ``torch.ops.custom`` libraries):
+    raises :class:`~ascend_emu.errors.BackendUnavailable` saying so."""
+
+    def unavailable(args):
+        raise BackendUnavailable(f"hw backend: {family} is not a torch_npu op (it is in vllm-ascend's "
+                                 f"torch.ops._C_ascend / cann-recipes-infer's torch.ops.custom); this backend "
+                                 f"runs torch_npu only: use the emu backend")
+
+    unavailable.__name__ = family
+    return unavailable
 
 
 class HwBackend:
@@ -513,9 +517,12 @@ class HwBackend:
     quant_lightning_indexer = staticmethod(quant_lightning_indexer)
     fused_infer_attention_score = staticmethod(fused_infer_attention_score)
     quant_950 = staticmethod(quant_950)
-    rms_norm_dynamic_quant = staticmethod(_not_torch_npu("npu_rms_norm_dynamic_quant"))
-    inplace_partial_rotary_mul = staticmethod(_not_torch_npu("inplace_partial_rotary_mul"))
-    compressor_metadata = staticmethod(_not_torch_npu("compressor_metadata"))
+    rms_norm_dynamic_quant = staticmethod(_not_in_torch_npu("npu_rms_norm_dynamic_quant"))
+    inplace_partial_rotary_mul = staticmethod(_not_in_torch_npu("inplace_partial_rotary_mul"))
+    compressor_metadata = staticmethod(_not_in_torch_npu("compressor_metadata"))
+    # DeepSeek-V4 mHC: not torch_npu ops
+    hc_pre = staticmethod(_not_in_torch_npu("hc_pre"))
+    hc_post = staticmethod(_not_in_torch_npu("hc_post"))
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.

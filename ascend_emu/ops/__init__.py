@@ -25,6 +25,8 @@ from .rope import npu_interleave_rope, npu_rotary_mul
 from .sparse_flash_attention import npu_kv_quant_sparse_flash_attention, npu_sparse_flash_attention
 from .v4_small import (compressor_metadata, compressor_metadata_out, inplace_partial_rotary_mul,
                        npu_rms_norm_dynamic_quant)
+from .hc import (npu_hc_post, npu_hc_pre, npu_hc_pre_inv_rms, npu_hc_pre_sinkhorn,  # DeepSeek-V4 mHC
+                 npu_hc_pre_v2, npu_hc_pre_v3)
 
 __all__ = ["backend", "backend_name", "get_backend", "set_backend", "get_npu_format", "npu_format_cast"]
 __all__ += ["npu_kv_rmsnorm_rope_cache"]
@@ -40,3 +42,5 @@ __all__ += ["npu_fused_infer_attention_score", "npu_fused_infer_attention_score_
 __all__ += ["npu_dtype_cast", "npu_dynamic_mx_quant"]
 __all__ += ["npu_rms_norm_dynamic_quant", "inplace_partial_rotary_mul", "compressor_metadata",
             "compressor_metadata_out"]
+__all__ += ["npu_hc_pre_v2", "npu_hc_pre_v3", "npu_hc_pre", "npu_hc_pre_inv_rms", "npu_hc_pre_sinkhorn",
+            "npu_hc_post"]

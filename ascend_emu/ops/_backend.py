@@ -40,6 +40,7 @@ from ..errors import ModeError, arg_error, describe
 if TYPE_CHECKING:  # the families' modules import this one
     from .dynamic_quant import DynamicQuantArgs, DynamicQuantOutputs
     from .fused_infer_attention_score import FusedInferAttentionArgs, FusedInferAttentionOutputs
+    from .hc import HcPostArgs, HcPostOutputs, HcPreArgs, HcPreOutputs
     from .kv_rmsnorm_rope_cache import KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs
     from .lightning_indexer import LightningIndexerArgs, LightningIndexerOutputs
     from .mla_preprocess import MlaPreprocessArgs, MlaPreprocessOutputs
@@ -100,6 +101,12 @@ class Backend(Protocol):
 
     def compressor_metadata(self, args: CompressorMetadataArgs) -> CompressorMetadataOutputs:
         """DeepSeek-V4's ``compressor_metadata`` / ``_out`` (out arrays written in place)."""
+    # ---- DeepSeek-V4 mHC (ops.hc)
+    def hc_pre(self, args: HcPreArgs) -> HcPreOutputs:
+        """``npu_hc_pre_v2`` / ``_v3``, ``custom.npu_hc_pre`` and its two decomposed stages."""
+
+    def hc_post(self, args: HcPostArgs) -> HcPostOutputs:
+        """``npu_hc_post``."""
 
 
 #: Registered backends: name -> package exposing ``BACKEND``.

@@ -359,3 +359,37 @@ def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.where(u & sign, -(u & (sign - 1)), u)
 
     return np.abs(ordered(a) - ordered(b))
+
+
+# ---------------------------------------------------------------------- HF32 (the cube's fp32 mode)
+#: Mantissa bits HF32 keeps (fp32 keeps 23): HF32 is fp32 with the low
+#: :data:`HF32_DROPPED_BITS` mantissa bits cleared.
+HF32_MANTISSA_BITS = 10
+#: fp32 mantissa bits HF32 drops.
+HF32_DROPPED_BITS = 23 - HF32_MANTISSA_BITS
+#: The fp32 bit mask HF32's truncation keeps (sign, exponent, top 10 mantissa bits).
+HF32_KEEP_MASK = np.uint32((0xFFFFFFFF << HF32_DROPPED_BITS) & 0xFFFFFFFF)
+
+
+def hf32_truncate(x) -> np.ndarray:
+    """fp32 values as the cube unit reads them in HF32 round-toward-zero mode
+    (``SetHF32Mode(1)`` with ``SetHF32TransMode(1)``): the low 13 mantissa bits cleared, i.e.
+    truncated toward zero to a 10-bit mantissa (docs/ops.md "mHC").
+
+    Zeros, infinities and values that already fit (every bf16 / fp16 value) are unchanged; a
+    NaN whose payload lies only in the cleared bits becomes an infinity of its sign, as the bit
+    mask makes it. The product of two HF32 values (11-bit significands) is exact in fp32.
+
+    Args:
+        x: array-like of real values; converted to fp32 first (float64 rounds to nearest).
+
+    Returns:
+        New fp32 array of ``x``'s shape.
+
+    Source: vllm-project/vllm-ascend ``tests/e2e/nightly/single_node/ops/singlecard_ops/
+    test_npu_hc_pre.py`` (the official CPU golden: 10 HF32 mantissa bits, masked).
+    """
+    x32 = np.array(x, dtype=np.float32, order="C", copy=True)
+    bits = x32.view(np.uint32)
+    bits &= HF32_KEEP_MASK
+    return x32

@@ -428,6 +428,42 @@ def compressor_metadata_out(*args, cos_out, sin_out, slot_mapping_out, **_):
     return cos_out, sin_out, slot_mapping_out
 
 
+# ----------------------------------------------------------------- DeepSeek-V4 mHC (ops.hc)
+# Not torch_npu ops: the framework namespaces' bindings (:mod:`.namespaces`) use these, keyed by
+# the ascend_emu.ops function (:data:`NAMESPACE_FAKES`); shapes as vllm-ascend's
+# ``construct_hc_pre_output_tensor`` / ``construct_hc_post_output_tensor`` make them.
+def _hc_pre_outputs(x: torch.Tensor) -> tuple:
+    lead, hc, d = list(x.shape[:-2]), x.shape[-2], x.shape[-1]
+    return (_new(x, [*lead, d], torch.bfloat16), _new(x, [*lead, hc], torch.float32),
+            _new(x, [*lead, hc, hc], torch.float32))
+
+
+def hc_pre(x, *_, **__):
+    """``(y bf16 [*lead, D], post fp32 [*lead, hc], comb_frag fp32 [*lead, hc, hc])``."""
+    return _hc_pre_outputs(x)
+
+
+def hc_pre_v3(x, *_, **__):
+    """hc_pre's outputs and ``pre`` fp32 ``[*lead, hc]``."""
+    y, post, comb = _hc_pre_outputs(x)
+    return y, post, comb, _new(x, post.shape, torch.float32)
+
+
+def hc_pre_inv_rms(x, **_):
+    """fp32 ``[*lead, 1]``."""
+    return _new(x, [*x.shape[:-2], 1], torch.float32)
+
+
+def hc_pre_sinkhorn(mixes, rsqrt, hc_scale, hc_base, x, *_, **__):
+    """hc_pre's outputs (from x)."""
+    return _hc_pre_outputs(x)
+
+
+def hc_post(x, residual, post, comb, **_):
+    """Like residual, in x's dtype."""
+    return _new(x, residual.shape, x.dtype)
+
+
 #: Fakes of the framework-namespace ops that have no torch_npu counterpart, by their
 #: :mod:`ascend_emu.ops` function (:func:`._registry.namespace_fake`).
 NAMESPACE_FAKES = {
@@ -435,4 +471,10 @@ NAMESPACE_FAKES = {
     "inplace_partial_rotary_mul": inplace_partial_rotary_mul,
     "compressor_metadata": compressor_metadata,
     "compressor_metadata_out": compressor_metadata_out,
+    "npu_hc_pre_v2": hc_pre,
+    "npu_hc_pre_v3": hc_pre_v3,
+    "npu_hc_pre": hc_pre,
+    "npu_hc_pre_inv_rms": hc_pre_inv_rms,
+    "npu_hc_pre_sinkhorn": hc_pre_sinkhorn,
+    "npu_hc_post": hc_post,
 }

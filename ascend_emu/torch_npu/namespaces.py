@@ -41,6 +41,9 @@ VLLM_ASCEND = "vllm-project/vllm-ascend@182b75ea csrc/torch_binding.cpp"
 RECIPES_V32 = "hicann/cann-recipes-infer@fce5418b ops/ascendc/torch_ops_extension/custom_ops/csrc/ops_def_registration.cpp"
 #: cann-recipes-infer's current custom ops (commit fbc225d2, 2026-08-21).
 RECIPES_HEAD = "hicann/cann-recipes-infer@fbc225d2 ops/ascendc/torch_ops_extension/custom_ops/csrc/ops_def_registration.cpp"
+#: A later vllm-ascend ``csrc/torch_binding.cpp`` (commit 001c5b56, date unknown; the V4.1-era
+#: ``_C_ascend`` set: npu_hc_pre_v3).
+VLLM_ASCEND_V41 = "vllm-project/vllm-ascend@001c5b56 csrc/torch_binding.cpp"
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,8 @@ class NamespaceSchema(OpSchema):
     Attributes:
         namespace: ``_C_ascend`` or ``custom``.
         schema: the schema string as the source declares it.
-        source: repository@commit, file and line.
+        source: repository@commit, file and line (``char~N``: the character offset, where the
+            file was read without line numbers).
         op: the :mod:`ascend_emu.ops` function that runs it.
         outputs: the output mapping, one entry per schema output: an int picks that output of
             the op (its only output is 0), a :class:`Placeholder` is an empty tensor; empty:
@@ -239,6 +243,42 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         "int[2] partial_slice) -> ()",
         f"{RECIPES_HEAD}:47", op="inplace_partial_rotary_mul",
         caller="cann-recipes-infer ops/ascendc/examples/test_npu_inplace_partial_rotary_mul.py"),
+    # ------------------------------------------------ DeepSeek-V4 mHC (ops.hc), both namespaces
+    NamespaceSchema("_C_ascend",
+        "npu_hc_pre_v2(Tensor x, Tensor hc_fn, Tensor hc_scale, Tensor hc_base, int hc_mult, "
+        "int hc_sinkhorn_iters, float norm_eps, float hc_eps) -> (Tensor out0, Tensor out1, Tensor out2)",
+        f"{VLLM_ASCEND}:2369", op="npu_hc_pre_v2",
+        caller="vllm_ascend/models/deepseek_v4/model.py (hc_pre before attention and FFN)"),
+    NamespaceSchema("_C_ascend",
+        "npu_hc_pre_v3(Tensor x, Tensor hc_fn, Tensor hc_scale, Tensor hc_base, Tensor? pre_mix=None, *, "
+        "int hc_mult=4, int hc_sinkhorn_iters=20, float norm_eps=1e-6, float hc_eps=1e-6"
+        ") -> (Tensor y, Tensor post, Tensor comb_frag, Tensor pre)",
+        f"{VLLM_ASCEND_V41}:char~174300", op="npu_hc_pre_v3",
+        caller="DeepSeek-V4.1 lagged hyper-connections (the golden test_npu_hc_pre.py passes pre_mix)"),
+    NamespaceSchema("_C_ascend",
+        "npu_hc_post(Tensor x, Tensor residual, Tensor post, Tensor comb) -> (Tensor out)",
+        f"{VLLM_ASCEND}:2359", op="npu_hc_post",
+        # vllm-ascend's adapter (check_hc_post_shape_and_dtype) takes a 3-D x [B, S, D] only
+        fixed=(("x_layout", "BSD"),),
+        caller="vllm_ascend/models/deepseek_v4/model.py (hc_post after attention and FFN)"),
+    NamespaceSchema("custom",
+        "npu_hc_pre(Tensor x, Tensor hc_fn, Tensor hc_scale, Tensor hc_base, *, int hc_mult=4, "
+        "int hc_sinkhorn_iters=20, float norm_eps=1e-6, float hc_eps=1e-6) -> (Tensor, Tensor, Tensor)",
+        f"{RECIPES_HEAD}:78", op="npu_hc_pre",
+        caller="ops/ascendc/examples/test_npu_hc_pre.py; the V4 model through the custom_ops package"),
+    NamespaceSchema("custom",
+        "npu_hc_pre_inv_rms(Tensor x, *, float epsilon=1e-20) -> Tensor",
+        f"{RECIPES_HEAD}:76", op="npu_hc_pre_inv_rms",
+        caller="custom_ops/csrc/npu_hc_pre.cpp (the decomposed chain)"),
+    NamespaceSchema("custom",
+        "npu_hc_pre_sinkhorn(Tensor mixes, Tensor rsqrt, Tensor hc_scale, Tensor hc_base, Tensor x, "
+        "int hc_mult=4, int hc_sinkhorn_iters=20, float hc_eps=1e-5) -> (Tensor, Tensor, Tensor)",
+        f"{RECIPES_HEAD}:73", op="npu_hc_pre_sinkhorn",
+        caller="custom_ops/csrc/npu_hc_pre.cpp (the decomposed chain)"),
+    NamespaceSchema("custom",
+        "npu_hc_post(Tensor x, Tensor residual, Tensor post, Tensor comb) -> Tensor",
+        f"{RECIPES_HEAD}:44", op="npu_hc_post",
+        caller="ops/ascendc/examples/test_npu_hc_post.py; the V4 model through the custom_ops package"),
 )
 
 
