@@ -161,7 +161,8 @@ def test_run_stops_with_the_install_hint_without_torch(tmp_path, blocker):
     assert proc.returncode == 2, proc.stderr
     assert "SCRIPT RAN" not in proc.stdout
     assert "torch is not installed" in proc.stderr and 'pip install -e ".[torch]"' in proc.stderr
-    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in proc.stderr  # not the CUDA wheel
+    # the pinned CPU wheel, not the CUDA one
+    assert "pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu" in proc.stderr
 
 
 def test_drop_in_import_error_names_the_cpu_wheel(tmp_path):
@@ -171,7 +172,7 @@ def test_drop_in_import_error_names_the_cpu_wheel(tmp_path):
     proc = _run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; import ascend_emu.torch_npu"],
                 cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=root))
     assert proc.returncode == 1 and "ModuleNotFoundError: ascend_emu.torch_npu needs torch" in proc.stderr
-    assert "--index-url https://download.pytorch.org/whl/cpu" in proc.stderr
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in proc.stderr
 
 
 def test_every_install_hint_is_defined_once_and_names_the_cpu_wheel():
@@ -188,7 +189,7 @@ def test_every_install_hint_is_defined_once_and_names_the_cpu_wheel():
                 with open(path, encoding="utf-8") as f:
                     assert "pip install" not in f.read(), f"{path}: import the hint from ascend_emu.install_hints"
     for hint in (install_hints.TORCH_HINT, install_hints.TORCH_NPU_HINT):
-        assert "--index-url https://download.pytorch.org/whl/cpu" in hint
+        assert "--extra-index-url https://download.pytorch.org/whl/cpu" in hint
     assert "torch-npu 2.14.0" in install_hints.TORCH_NPU_HINT
 
 

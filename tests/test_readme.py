@@ -18,6 +18,8 @@ import sys
 
 import pytest
 
+from ascend_emu import install_hints
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PAGES = [README] + sorted((ROOT / "docs").glob("*.md"))
@@ -25,7 +27,8 @@ NOT_RUN = "# not run:"
 
 #: The README's two commands: try it, and the test suite (what ``.ci/run`` runs).
 DEMO_COMMAND = "pip install -e . && ascend-emu demo"
-TEST_COMMAND = 'pip install torch==2.13.0 -e ".[torch,test,ray]" && python -m pytest -q'
+#: The second is defined once, in ascend_emu.install_hints, with the pinned torch and the CPU index.
+TEST_COMMAND = install_hints.TEST_COMMAND
 
 
 def fenced_blocks(path: pathlib.Path) -> list[tuple[int, str, list[str]]]:
@@ -157,7 +160,30 @@ def test_readme_opens_with_the_two_commands():
     assert lines.index(DEMO_COMMAND) < 25 and lines.index(TEST_COMMAND) < 25, "the commands belong on the first screen"
     above = " ".join(lines[lines.index(TEST_COMMAND) - 6:lines.index(TEST_COMMAND)])
     assert "minutes on 2 cores" in above, "the test command's duration is said next to it"
-    assert "--index-url https://download.pytorch.org/whl/cpu" in above, "the CPU wheel is named next to it"
+    assert f"--extra-index-url {install_hints.TORCH_CPU_INDEX}" in above, "the CPU wheel is named next to it"
+
+
+def test_the_test_command_pins_torch_from_the_cpu_index_in_one_command():
+    """The pin and the CPU index in the same pip command (an index named in one command and the pin
+    in the next lets pip replace the CPU wheel by PyPI's CUDA build), and the same pin and index in
+    the CLI's install hint, the README and every docs page that names a torch pin."""
+    install = TEST_COMMAND.split(" && ")[0]
+    assert install.startswith("pip install ")
+    assert f"torch=={install_hints.TORCH_VERSION}" in install.split()
+    assert f"--extra-index-url {install_hints.TORCH_CPU_INDEX}" in install
+    assert '".[torch,test,ray,dev]"' in install
+    assert install_hints.TORCH_CPU_INSTALL == (f"pip install torch=={install_hints.TORCH_VERSION} "
+                                               f"--extra-index-url {install_hints.TORCH_CPU_INDEX}")
+    assert install_hints.TORCH_CPU_INSTALL in install_hints.TORCH_HINT
+    for page in PAGES:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for command in re.findall(r"pip install torch[^`]*", line):
+                where = f"{page.relative_to(ROOT)}:{number}: {command}"
+                if "torch==" in command:
+                    assert f"torch=={install_hints.TORCH_VERSION}" in command, where
+                    assert f"--extra-index-url {install_hints.TORCH_CPU_INDEX}" in command, where
+                assert "--index-url" not in command.replace("--extra-index-url", ""), (
+                    f"{where}: the CPU index alone, without the pin, installs the newest torch")
 
 
 def test_readme_test_command_is_what_ci_runs():
