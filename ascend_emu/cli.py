@@ -41,6 +41,7 @@ import time
 import types
 
 from . import __version__
+from .cli_args import SuggestingParser
 from .install_hints import TORCH_HINT
 
 
@@ -386,7 +387,7 @@ def _layout_demo() -> int:
 # ---------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     """The ``ascend-emu`` argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = SuggestingParser(
         prog="ascend-emu", description="Emulate Huawei Ascend NPU (torch_npu) MLA operators on the CPU.")
     parser.add_argument("--version", action="version", version=f"ascend-emu {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -67,7 +67,7 @@ def _byte_range(text: str) -> tuple[int, int | None]:
 # ---------------------------------------------------------------------------------------- cache arguments
 def _add_geometry(p: argparse.ArgumentParser, *, file: str | None) -> None:
     from ..layouts import CACHE_MODE_ALIASES, CACHE_MODES
-    from .cache import CACHE_DTYPES
+    from .cache import CACHE_DTYPES, DTYPE_ALIASES, canonical_dtype_name
 
     if file == "one":
         p.add_argument("file", nargs="?", help="cache file: .npz (ascend_emu.inspect.save_cache), .pt (torch.save "
@@ -80,7 +80,8 @@ def _add_geometry(p: argparse.ArgumentParser, *, file: str | None) -> None:
     p.add_argument("--shape", type=parse_shape,
                    help="declared shape (PA_* [BlockNum, BlockSize, Nkv, D]; BSND [B, S, Nkv, D]; TND [T, Nkv, D]; "
                         "Norm [B, 1, cache_length, D]) or NZ storage shape [BlockNum, D/C0, BlockSize, C0]")
-    p.add_argument("--dtype", choices=list(CACHE_DTYPES), help="cache dtype")
+    p.add_argument("--dtype", type=canonical_dtype_name, choices=list(CACHE_DTYPES),
+                   help=f"cache dtype (or the short name {', '.join(DTYPE_ALIASES)})")
     p.add_argument("--combined", action="store_true", default=None,
                    help="cache of 656-byte rows (512 k_nope | 64 bf16 k_rope | 4 fp32 scales; k_nope int8, or "
                         "on the Ascend 950 HiF8 (--dtype uint8) / float8_e4m3fn); automatic for such ND caches "

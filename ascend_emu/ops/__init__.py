@@ -36,3 +36,14 @@ __all__ += ["npu_dynamic_quant"]
 __all__ += ["npu_quant_lightning_indexer"]
 __all__ += ["npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2"]
 __all__ += ["npu_dtype_cast", "npu_dynamic_mx_quant"]
+
+
+def __getattr__(name: str):
+    """``ascend_emu.ops.<op>`` for an op the emulator does not have: an ``AttributeError`` saying
+    so, where the emulated ops are listed and how to mock it (:func:`ascend_emu.errors.not_emulated`)."""
+    if name.startswith("_"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}", name=name)
+    from ..errors import not_emulated
+
+    raise not_emulated("ascend_emu.ops", name, [n for n in __all__ if n.startswith("npu_")],
+                       listed_in="ascend_emu.ops.__all__ and docs/ops.md", mock="ascend_emu.ops")
