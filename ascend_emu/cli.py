@@ -43,6 +43,7 @@ import types
 from . import __version__
 from .cli_args import SuggestingParser
 from .install_hints import TORCH_HINT
+from .tracebacks import ENV_TRACEBACK
 
 
 def _err(msg: str) -> None:
@@ -64,9 +65,6 @@ def _install_emulator() -> bool:
     return True
 
 
-#: Environment variable: ``1`` shows the emulator's own frames in the traceback of a script's
-#: uncaught exception (as ``ascend-emu run --traceback`` does).
-ENV_TRACEBACK = "ASCEND_EMU_TRACEBACK"
 #: The package's directory: frames of files under it are the emulator's own.
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
