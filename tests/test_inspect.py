@@ -552,10 +552,28 @@ def test_grid_picture_labels_small_grids_and_only_colours_large_ones():
     assert set(_figure_texts(fig)) == want
     assert "one cell = one row's C0 chunk" in fig.axes[0].get_title()
     plt.close(fig)
-    fig = grid_figure(inspect.grid(_spec(mode, (2, 16, 1, 512), "bfloat16"), 1))  # 32 x 16 cells
+    big = (2, 16, 1, 512)
+    fig = grid_figure(inspect.grid(_spec(mode, big, "bfloat16"), 1))  # 32 x 16 cells: one label per fractal
     ax = fig.axes[0]
-    assert _figure_texts(fig) == [] and len(ax.get_xticks()) <= MAX_TICKS
+    base = ref.element_offset(mode, big, 2, 1, 0, 0, 0) * 2
+    assert sorted(_figure_texts(fig)) == sorted(f"+{ref.element_offset(mode, big, 2, 1, 0, 0, 16 * j) * 2 - base}"
+                                                for j in range(32))
+    assert len(ax.get_xticks()) <= MAX_TICKS
     assert "one cell = one row's C0 chunk, 16 elements = 32 bytes" in ax.get_title()
+    assert "one colour = one fractal (16 rows x C0), in memory order" in ax.get_title()
+    plt.close(fig)
+    # a window of a model-sized weight: the tiling at a readable scale, every fractal its own colour
+    g = inspect.weight_grid((7168, 1536), BF16, rows=(0, 64), chunks=(0, 16))
+    fig = grid_figure(g)
+    ax = fig.axes[0]
+    colours = np.asarray(ax.images[0].get_array())  # [rows, chunks]
+    fractal = (np.arange(64)[:, None] // 16) + 1000 * np.arange(16)[None, :]  # which fractal a cell is in
+    for dr, dc in ((1, 0), (0, 1)):  # cells that touch: same colour exactly when the same fractal
+        for r in range(64 - dr):
+            for c in range(16 - dc):
+                assert (colours[r, c] == colours[r + dr, c + dc]) == (fractal[r, c] == fractal[r + dr, c + dc])
+    assert "window: rows 0-63 of 7168, C0 chunks 0-15 of 96" in ax.get_title()
+    assert [t.get_text() for t in ax.get_yticklabels()][:2] == ["0", "4"]
     plt.close(fig)
 
 
@@ -643,3 +661,29 @@ def test_blocks_picture_distinct_colours_and_block_order():
     names = [t.get_text() for t in legend.get_texts()]
     assert names[0] == "seq 0 (40 tokens): blocks 9 > 28 > 13" and names[5].endswith("37 > 2 > 8 > 11 > 22")
     plt.close(fig)
+
+
+@pytest.mark.parametrize("rows, chunks", [((16, 20), (90, 96)), ((7150, 7168), (0, 3)), (None, (5, 6))])
+def test_weight_grid_window_against_reference_offsets(rows, chunks):
+    """A window of a model-sized weight's grid: only its cells are built, each the reference's."""
+    shape, itemsize = (7168, 1536), 2
+    g = inspect.weight_grid(shape, BF16, rows=rows, chunks=chunks)
+    r0, r1 = rows or (0, 7168)
+    assert g.shape == (chunks[1] - chunks[0], r1 - r0) and g.extent == (96, 7168) and not g.whole
+    for j in range(g.shape[0]):
+        for r in range(0, g.shape[1], 7):
+            col, m = (chunks[0] + j) * 16, r0 + r
+            assert g.offset[j, r] == ref.nz_flat_offset(shape, itemsize, (m, col)) * itemsize
+            assert g.logical_row[j, r] == m and g.first_col[j, r] == col
+
+
+def test_grid_windows_are_checked_and_bounded():
+    from ascend_emu.inspect.grid import MAX_GRID_CELLS
+
+    with pytest.raises(IndexRangeError, match=r"rows: expected a range start:stop with 0 <= start < stop <= 7168, "
+                                              r"got 7100:7200"):
+        inspect.weight_grid((7168, 1536), BF16, rows=(7100, 7200))
+    with pytest.raises(IndexRangeError, match="chunks"):
+        inspect.grid(_spec("PA_NZ", (2, 16, 1, 64), "bfloat16"), 1, chunks=(2, 2))
+    with pytest.raises(ShapeError, match=f"a window of at most {MAX_GRID_CELLS} cells"):
+        inspect.weight_grid((61, 18432, 7168), BF16)  # 8.3 M cells: never allocated whole

@@ -246,3 +246,25 @@ def test_compare_report(monkeypatch, capsys, columns):
         assert all(name in note for name in left_out)
     assert "block 1, row 3 (slot 19)" in " ".join(out.split())
     assert "torch_npu.npu_kv_rmsnorm_rope_cache" in out and "not replayable" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("columns, most_lines", [("80", 240), ("120", 160)])
+def test_grid_of_a_model_weight_shows_a_window(monkeypatch, capsys, columns, most_lines):
+    """A 7168 x 1536 bf16 weight (96 x 7168 cells): the first 64 rows and 16 C0 chunks, named as a
+    window, in well under a second, not 160,000 lines; --rows / --chunks pick another window."""
+    import time
+
+    start = time.perf_counter()
+    out = _run(monkeypatch, capsys, columns, ["inspect", "grid", "--weight-shape", "7168,1536", "--dtype", "bf16"])
+    assert time.perf_counter() - start < 1.0
+    assert len(out.splitlines()) < most_lines
+    flat = " ".join(out.split())
+    assert "window: rows [0, 64) of 7168, C0 chunks [0, 16) of 96; --rows START:STOP / --chunks START:STOP" in flat
+    rows = {int(r["row: m"].split(":")[0]) for t in _tables(out, "row: m") for r in t["rows"]}
+    assert rows == set(range(64))
+    out = _run(monkeypatch, capsys, columns, ["inspect", "grid", "--weight-shape", "7168,1536", "--dtype", "bf16",
+                                               "--rows", "7160:", "--chunks", "95"])
+    cells = {int(r["row: m"].split(":")[0]): r["C0#95 [1520:1536]"] for t in _tables(out, "row: m") for r in t["rows"]}
+    base = min(ref.nz_flat_offset((7168, 1536), 2, (m, 1520)) * 2 for m in range(7160, 7168))
+    assert cells == {m: f"+{ref.nz_flat_offset((7168, 1536), 2, (m, 1520)) * 2 - base}" for m in range(7160, 7168)}
+    assert f"offset from {base}" in " ".join(out.split())

@@ -64,6 +64,17 @@ def _byte_range(text: str) -> tuple[int, int | None]:
         raise argparse.ArgumentTypeError(f"expected START or START:STOP byte offsets, got {text!r}")
 
 
+def _span(text: str) -> tuple[int | None, int | None]:
+    """``START:STOP`` (either end may be left out: ``:64``, ``128:``) or one index ``I`` (``I:I+1``)."""
+    try:
+        lo, sep, hi = text.partition(":")
+        if not sep:
+            return int(lo), int(lo) + 1
+        return (int(lo) if lo.strip() else None), (int(hi) if hi.strip() else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:STOP (either may be left out) or one index, got {text!r}")
+
+
 # ---------------------------------------------------------------------------------------- cache arguments
 def _add_geometry(p: argparse.ArgumentParser, *, file: str | None) -> None:
     from ..layouts import CACHE_MODE_ALIASES, CACHE_MODES
@@ -276,20 +287,47 @@ def cmd_dump(ns) -> int:
 
 
 # ---------------------------------------------------------------------------------------- grid
+#: A grid of more cells than this is shown through a window unless --rows / --chunks pick one.
+GRID_TEXT_CELLS = 4096
+#: The default window of such a grid: its first rows (4 fractals) and C0 chunks.
+GRID_WINDOW_ROWS, GRID_WINDOW_CHUNKS = 64, 16
+
+
+def _grid_window(ns, extent: tuple[int, int]) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """The (rows, chunks) window of ``inspect grid``: --rows / --chunks as given (``START:STOP``,
+    either end optional), the rest of a grid over :data:`GRID_TEXT_CELLS` cells limited to the
+    default window."""
+    n_chunks, n_rows = extent
+    big = n_chunks * n_rows > GRID_TEXT_CELLS
+
+    def pick(given, total, default):
+        if given is not None:
+            lo, hi = given
+            return (0 if lo is None else lo, total if hi is None else hi)
+        return (0, min(total, default)) if big else None
+
+    return pick(ns.rows, n_rows, GRID_WINDOW_ROWS), pick(ns.chunks, n_chunks, GRID_WINDOW_CHUNKS)
+
+
 def cmd_grid(ns) -> int:
-    """``inspect grid``: NZ fractal grid of a cache block or a weight."""
-    from .grid import grid, weight_grid
+    """``inspect grid``: NZ fractal grid of a cache block or a weight (a window of a large one)."""
+    from .grid import grid, grid_extent, weight_grid
 
     if ns.weight_shape is not None:
         if ns.dtype is None:
             raise _usage("--weight-shape needs --dtype")
-        g = weight_grid(ns.weight_shape, _np_dtype(ns.dtype), batch=ns.batch)
+        rows, chunks = _grid_window(ns, grid_extent(weight_shape=ns.weight_shape, dtype=_np_dtype(ns.dtype)))
+        g = weight_grid(ns.weight_shape, _np_dtype(ns.dtype), batch=ns.batch, rows=rows, chunks=chunks)
     else:
-        g = grid(_cache_or_spec(ns), ns.block)
+        spec = _cache_or_spec(ns)
+        rows, chunks = _grid_window(ns, grid_extent(spec))
+        g = grid(spec, ns.block, rows=rows, chunks=chunks)
     if ns.png:
+        from ..progress import busy
         from .plot import plot_grid
 
-        plot_grid(g, ns.png)
+        with busy(f"drawing {ns.png}"):
+            plot_grid(g, ns.png)
     if ns.json:
         _print_json(g.to_dict())
         return 0
@@ -297,13 +335,13 @@ def cmd_grid(ns) -> int:
     chunks, rows = g.shape
     who = "slot" if g.kind == "cache block" else "m"
     base = int(g.offset.min())
-    cols = [Col("row")] + [Col(f"C0#{j}\n[{int(g.first_col[j, 0])}:{int(g.first_col[j, 0]) + g.c0}]")
+    cols = [Col("row")] + [Col(f"C0#{g.chunk0 + j}\n[{int(g.first_col[j, 0])}:{int(g.first_col[j, 0]) + g.c0}]")
                            for j in range(chunks)]
     table = []
     for r in range(rows):
         held = {int(v) for v in g.logical_row[:, r] if v >= 0}
-        label = f"{r}: " + (f"{who} {held.pop()}" if len(held) == 1 else "pad" if not held else
-                            f"{who} {sorted(held)}")
+        label = f"{g.row0 + r}: " + (f"{who} {held.pop()}" if len(held) == 1 else "pad" if not held else
+                                     f"{who} {sorted(held)}")
         cells = []
         for j in range(chunks):
             cell = "pad" if g.logical_row[j, r] < 0 else f"+{int(g.offset[j, r]) - base}"
@@ -311,10 +349,15 @@ def cmd_grid(ns) -> int:
                 cell += f" ({int(g.valid_cols[j, r])} cols)"
             cells.append(cell)
         table.append([label, *cells])
+    window = ""
+    if not g.whole:
+        n_chunks, n_rows = g.extent
+        window = (f"\nwindow: rows [{g.row0}, {g.row0 + rows}) of {n_rows}, C0 chunks [{g.chunk0}, {g.chunk0 + chunks})"
+                  f" of {n_chunks}; --rows START:STOP / --chunks START:STOP pick another")
     print_table(con, f"{g.title}\ncell = the {g.c0 * g.itemsize} bytes of one row's C0 chunk, shown as its byte "
-                     f"offset from {base}; memory runs down each C0 column, then on to the next",
+                     f"offset from {base}; memory runs down each C0 column, then on to the next{window}",
                 [Col(f"row: {who}")] + cols[1:], table,
-                sections=range(g.fractal_rows, rows, g.fractal_rows))
+                sections=[r for r in range(1, rows) if (g.row0 + r) % g.fractal_rows == 0])
     if ns.png:
         con.print(f"picture: {ns.png}")
     return 0
@@ -522,7 +565,13 @@ def add_inspect_parser(sub) -> None:
     p.add_argument("--block", type=int, default=0, help="block id (default 0)")
     p.add_argument("--weight-shape", type=parse_shape, help="instead: FRACTAL_NZ weight of this ND shape [.., M, N]")
     p.add_argument("--batch", type=int, default=0, help="with --weight-shape: flat batch matrix index")
-    p.add_argument("--png", metavar="PATH", help="write a picture")
+    p.add_argument("--rows", type=_span, metavar="START:STOP",
+                   help=f"rows (m / block rows) shown; default all, or the first {GRID_WINDOW_ROWS} of a grid over "
+                        f"{GRID_TEXT_CELLS} cells")
+    p.add_argument("--chunks", type=_span, metavar="START:STOP",
+                   help=f"C0 chunks (column groups) shown; default all, or the first {GRID_WINDOW_CHUNKS} of a grid "
+                        f"over {GRID_TEXT_CELLS} cells")
+    p.add_argument("--png", metavar="PATH", help="write a picture (of the window shown)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_guard(cmd_grid, "inspect grid"))
 

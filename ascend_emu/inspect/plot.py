@@ -66,27 +66,33 @@ def plot_grid(g: Grid, path) -> str:
 
 
 def grid_figure(g: Grid):
-    """The fractal grid ``g`` as a matplotlib Figure.
+    """The fractal grid ``g`` (or the window of it that ``g`` holds) as a matplotlib Figure.
 
-    Each cell is one row's C0 chunk (``c0 * itemsize`` bytes), coloured by the slot (cache) or ND
-    row m (weight) it holds, padding grey, 16-row fractals and C0 columns outlined. Grids of at
-    most :data:`GRID_LABEL_CELLS` cells carry the slot and byte offset in each cell; larger ones
-    (a 512-wide cache has 32 C0 chunks) are colour only, with every ``k``-th tick labelled.
+    Each cell is one row's C0 chunk (``c0 * itemsize`` bytes). Cells are coloured by the fractal
+    they belong to (16 rows x one C0 chunk, the unit the NZ layout stores contiguously), the
+    colours following the fractals' order in memory, so the tiling shows at any size; padding is
+    grey, fractal and C0 boundaries are white lines. Grids of at most :data:`GRID_LABEL_CELLS`
+    cells carry the slot / row and byte offset in each cell; larger ones label each fractal with
+    its first byte offset while there are at most :data:`GRID_LABEL_CELLS` fractals, and thin
+    the ticks. Axis ticks are the grid's own row and chunk numbers (a window keeps them).
 
     Raises:
         ModuleNotFoundError: matplotlib missing.
     """
     plt = _pyplot()
     chunks, rows = g.shape
-    data = np.ma.masked_less(g.logical_row.astype(float), 0)  # [chunks, rows]
+    # a fractal (16 rows x C0) is contiguous in memory: its number in memory order colours it
+    tile = g.offset // (g.fractal_rows * g.c0 * g.itemsize)  # [chunks, rows]
+    data = np.ma.masked_where(g.logical_row < 0, (tile % 20).astype(float))  # [chunks, rows]
     labelled = chunks * rows <= GRID_LABEL_CELLS
     cell_w = 0.75 if labelled else 0.3
     fig, ax = plt.subplots(figsize=(min(3 + cell_w * chunks, 16), min(2 + (0.28 if labelled else 0.12) * rows, 14)))
-    cmap = plt.get_cmap("viridis").with_extremes(bad="#d0d0d0")
-    im = ax.imshow(data.T, cmap=cmap, aspect="auto", interpolation="nearest",
+    cmap = plt.get_cmap("tab20").with_extremes(bad="#d0d0d0")
+    im = ax.imshow(data.T, cmap=cmap, vmin=0, vmax=20, aspect="auto", interpolation="nearest",
                    extent=(-0.5, chunks - 0.5, rows - 0.5, -0.5))
-    for r in range(g.fractal_rows, rows, g.fractal_rows):
-        ax.axhline(r - 0.5, color="white", lw=1.5)
+    for r in range(1, rows):
+        if (g.row0 + r) % g.fractal_rows == 0:
+            ax.axhline(r - 0.5, color="white", lw=1.5)
     for j in range(1, chunks):
         ax.axvline(j - 0.5, color="white", lw=0.8 if labelled or chunks <= 64 else 0.3)
     base = int(g.offset.min())
@@ -98,24 +104,32 @@ def grid_figure(g: Grid):
                 label = ("pad" if lr < 0 else f"{who} {lr}") + f"\n+{int(g.offset[j, r]) - base}"
                 if 0 < g.valid_cols[j, r] < g.c0:
                     label += f"\n({int(g.valid_cols[j, r])} cols)"
-                ink = "black" if lr < 0 else _ink(im.cmap(im.norm(lr)))
+                ink = "black" if lr < 0 else _ink(im.cmap(im.norm(data[j, r])))
                 ax.text(j, r, label, ha="center", va="center", fontsize=6, color=ink)
+    else:
+        starts = [r for r in range(rows) if (g.row0 + r) % g.fractal_rows == 0 or r == 0]
+        if chunks * len(starts) <= GRID_LABEL_CELLS:
+            for j in range(chunks):
+                for r in starts:
+                    end = min(r + g.fractal_rows - (g.row0 + r) % g.fractal_rows, rows)
+                    ax.text(j, (r + end - 1) / 2, f"+{int(g.offset[j, r]) - base}", ha="center", va="center",
+                            fontsize=6 if chunks > 8 else 7, rotation=90 if chunks > 8 else 0, color="black")
     xt = range(chunks) if labelled else _ticks(chunks)
     ax.set_xticks(list(xt), [f"{int(g.first_col[j, 0])}-{int(g.first_col[j, 0]) + g.c0 - 1}" for j in xt],
                   rotation=90, fontsize=7)
     yt = range(rows) if rows <= 32 else _ticks(rows)
-    ax.set_yticks(list(yt), [str(r) for r in yt], fontsize=7)
-    ax.set_xlabel(f"C0 chunk (its dims / columns); {chunks} chunks")
+    ax.set_yticks(list(yt), [str(g.row0 + r) for r in yt], fontsize=7)
+    ax.set_xlabel(f"C0 chunk (its dims / columns); chunks {g.chunk0}-{g.chunk0 + chunks - 1}")
     ax.set_ylabel(f"row of the block (fractals of {g.fractal_rows} rows)" if g.kind == "cache block"
                   else f"row m (fractals of {g.fractal_rows} rows)")
     cell = (f"one cell = one row's C0 chunk, {g.c0} elements = {g.c0 * g.itemsize} bytes; memory runs down each "
-            f"C0 column, then on to the next")
+            f"C0 column, then on to the next; one colour = one fractal ({g.fractal_rows} rows x C0), in memory order")
     where = (f"cells show {who} and +byte offset from {base}" if labelled else
-             f"{chunks} x {rows} cells: colour only; `ascend-emu inspect grid` (text / --json) lists every offset;"
-             f" column j starts at +{g.offset[1, 0] - g.offset[0, 0] if chunks > 1 else 0}*j bytes from {base}")
-    ax.set_title(f"{g.title}\n{cell}\n{where}", fontsize=8)
-    fig.colorbar(im, ax=ax, label=f"{'slot' if g.kind == 'cache block' else 'ND row m'} held by the cell "
-                                  f"(grey: padding)")
+             f"{chunks} x {rows} cells; fractals labelled with their +byte offset from {base}; "
+             "`ascend-emu inspect grid` (text / --json) lists every offset")
+    window = "" if g.whole else (f"\nwindow: rows {g.row0}-{g.row0 + rows - 1} of {g.extent[1]}, C0 chunks "
+                                 f"{g.chunk0}-{g.chunk0 + chunks - 1} of {g.extent[0]} (--rows / --chunks)")
+    ax.set_title(f"{g.title}\n{cell}\n{where}{window}", fontsize=8)
     return fig
 
 
