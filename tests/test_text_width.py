@@ -141,8 +141,42 @@ def test_dump_of_combined_rows(monkeypatch, capsys, files, columns):
     for name in ("k_nope[0:", "k_rope[0:", "scale[0:", "per-tile scales"):
         assert name in out
     assert all(f"{float(s):.4g}" in out for s in scales)
-    if columns == "120" or "dequant" not in out.split("left out")[-1]:
+    if "dequant" not in out.split("left out")[-1]:  # shown where it fits, else named as left out
         assert "tile 0:" in out
+
+
+@pytest.mark.parametrize("file, args, most", [("c", ["--slot", "3"], 200), ("a", ["--slot", "21"], 300),
+                                              ("a", ["--block", "1"], 8000)])
+def test_dump_gets_no_taller_as_the_terminal_gets_wider(monkeypatch, capsys, files, file, args, most):
+    """Each value, byte run and dequant cell stays on one line: a wider terminal shows as many or
+    more bytes per row, never more lines (the dump of a 656-byte row took 142 lines at 80 columns
+    and 273 at 120 when the value columns folded)."""
+    heights = []
+    for columns in ("80", "100", "120", "160", "200"):
+        out = _run(monkeypatch, capsys, columns, ["inspect", "dump", files[file], *args])
+        heights.append(len(out.splitlines()))
+    assert heights == sorted(heights, reverse=True), heights
+    assert heights[0] <= most and heights[-1] < heights[0], heights
+    out = _run(monkeypatch, capsys, "200", ["inspect", "dump", files["c"], "--slot", "3"])
+    assert "tile 0:" in out and "left out" not in out  # dequant shown at 200 columns
+
+
+def test_dump_ranges_of_slots_blocks_and_dims(monkeypatch, capsys, files):
+    out = _run(monkeypatch, capsys, "120", ["inspect", "dump", files["c"], "--slot", "3:5", "--dims", "0:8"])
+    got = _dumped(out)
+    raw = files["combined"].raw
+    want = {}
+    for slot in (3, 4):  # elements 0-7 of each field: k_nope bytes 0-7, k_rope 0-15, scales 0-15 (4 fp32)
+        base = slot * 656
+        for lo, hi in ((0, 8), (512, 528), (640, 656)):
+            want.update({base + k: raw[base + k] for k in range(lo, hi)})
+    assert {o + k: b for o, bs in got.items() for k, b in enumerate(bs)} == want
+    assert "slots 3-4, elements [0, 8) of each field" in out
+    out = _run(monkeypatch, capsys, "120", ["inspect", "dump", files["a"], "--block", "0:2"])
+    assert set().union(*({o + k for k in range(len(b))} for o, b in _dumped(out).items())) == set(range(2 * 16 * 1024))
+    assert main(["inspect", "dump", files["a"], "--slot", "30:40"]) == 2
+    assert capsys.readouterr().err == ("ascend-emu: inspect dump: slot: expected a slot range start:stop within "
+                                       "[0, 32], got 30:40\n")
 
 
 @pytest.mark.parametrize("columns", WIDTHS)

@@ -133,11 +133,12 @@ class Report:
         differing tensor of a listed call (at most ``details`` lines each), the calls that were
         not compared and the totals. The table fits ``console.width``
         (:func:`ascend_emu.textview.print_table`: the error ratios, the ulp histogram and the
-        dtype are left out first, with a note; op names are never split); default console:
+        dtype are left out first, with a note; op names are split only where the table does not
+        fit otherwise, e.g. at 80 columns, never at 120); default console:
         :func:`ascend_emu.textview.console`."""
         from rich.text import Text
 
-        from ..textview import Col, console as text_console, print_table
+        from ..textview import Col, console as text_console, fits, print_table
 
         console = console or text_console()
         if self.meta is not None:
@@ -159,6 +160,8 @@ class Report:
                              f"{t.mismatched}/{t.size}", hist])
         title = ("ascend-emu compare: device (expected) vs emulator" if verbose else
                  "ascend-emu compare: device (expected) vs emulator, the calls that did not pass")
+        if rows and not fits(cols, rows, console.width):  # op names fold only where nothing else fits
+            cols[1] = Col("op", wrap=True, min=14)
         if rows:
             print_table(console, title, cols, rows, more="--json / --csv")
         elif not verbose:

@@ -19,7 +19,7 @@ from .files import jsonable
 
 #: Bytes per dump row, widest first: the text view shows the widest that fits the terminal (every
 #: dump line of 32 bytes is split into rows of that many bytes, each with its own offset).
-ROW_BYTES = (32, 16, 8)
+ROW_BYTES = (32, 16, 8, 4)
 
 
 def _err(msg: str) -> None:
@@ -251,13 +251,24 @@ def _dump_rows(res, cache, per_row: int, one_slot: bool) -> tuple[list[list[str]
     return rows, sections
 
 
+def _closed(span):
+    """A --slot / --block span for :func:`~ascend_emu.inspect.dump.dump`: one index, or
+    ``(start, stop)`` (an open end: from 0 / one past start)."""
+    if span is None:
+        return None
+    lo, hi = span
+    lo = 0 if lo is None else lo
+    return lo if hi is None or hi == lo + 1 else (lo, hi)
+
+
 def cmd_dump(ns) -> int:
     """``inspect dump``: annotated hexdump."""
     from .dump import dump
 
     cache = _load(ns, ns.file)
     start, stop = ns.bytes if ns.bytes is not None else (None, None)
-    res = dump(cache, slot=ns.slot, block=ns.block, start=start, stop=stop)
+    res = dump(cache, slot=_closed(ns.slot), block=_closed(ns.block), start=start, stop=stop,
+               dims=None if ns.dims is None else (ns.dims[0] or 0, ns.dims[1] if ns.dims[1] is not None else 1 << 62))
     if ns.json:
         _print_json(res.to_dict())
         return 0
@@ -266,13 +277,22 @@ def cmd_dump(ns) -> int:
     combined, nz = cache.spec.row_format is not None, cache.layout.nz
     slots = sorted({(ln.slot, ln.block, ln.row) for ln in res.lines})
     one_slot = len(slots) == 1
+    # values and dequant never fold: each on one line per row. Bytes per row: the most with which
+    # every column fits; if none, the fewest (dequant left out, named) when there is a dequant
+    # column (so a wider terminal never shows fewer bytes per row), else the most with which the
+    # rest fits. So the dump never gets taller as the terminal gets wider.
     cols = ([Col("offset", justify="right")] + ([] if one_slot else [Col("slot (b,r)", wrap=True, min=8)])
-            + [Col("field [elements]", wrap=True, min=16), Col("bytes"), Col("values", wrap=True, min=15)]
-            + ([Col("dequant", wrap=True, drop=1, min=16)] if combined else []))
+            + [Col("field [elements]", wrap=True, min=16), Col("bytes"), Col("values")]
+            + ([Col("dequant", drop=1)] if combined else []))
+    chosen = None
     for per_row in ROW_BYTES:
         rows, sections = _dump_rows(res, cache, per_row, one_slot)
-        if fits(cols, rows, con.width):
+        if fits(cols, rows, con.width, optional=True):
             break
+        if chosen is None and not combined and fits(cols, rows, con.width):
+            chosen = (per_row, rows, sections)
+    else:
+        per_row, rows, sections = chosen if chosen is not None else (per_row, rows, sections)
     where_ = f" of slot {slots[0][0]} (block {slots[0][1]}, row {slots[0][2]})" if one_slot else ""
     print_table(con, f"{res.what}: bytes [{res.start}, {res.stop}){where_}, {len(rows)} row(s) of up to {per_row} "
                      f"bytes", cols, rows, sections=sections)
@@ -554,9 +574,10 @@ def add_inspect_parser(sub) -> None:
     p = cmds.add_parser("dump", help="annotated hexdump of a slot, a block or a byte range")
     _add_geometry(p, file="one")
     sel = p.add_mutually_exclusive_group(required=True)
-    sel.add_argument("--slot", type=int, help="one slot, all fields")
-    sel.add_argument("--block", type=int, help="one block, in memory order")
+    sel.add_argument("--slot", type=_span, metavar="SLOT[:STOP]", help="one slot (or a range), all fields")
+    sel.add_argument("--block", type=_span, metavar="BLOCK[:STOP]", help="one block (or a range), in memory order")
     sel.add_argument("--bytes", type=_byte_range, help="START[:STOP] byte range (STOP default START+32)")
+    p.add_argument("--dims", type=_span, metavar="START:STOP", help="only these elements of each field")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_guard(cmd_dump, "inspect dump"))
 
