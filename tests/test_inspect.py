@@ -687,3 +687,39 @@ def test_grid_windows_are_checked_and_bounded():
         inspect.grid(_spec("PA_NZ", (2, 16, 1, 64), "bfloat16"), 1, chunks=(2, 2))
     with pytest.raises(ShapeError, match=f"a window of at most {MAX_GRID_CELLS} cells"):
         inspect.weight_grid((61, 18432, 7168), BF16)  # 8.3 M cells: never allocated whole
+
+
+def test_diff_of_one_byte_in_a_thousand_block_cache_is_seen(rng, tmp_path, capsys, monkeypatch):
+    """One differing byte in a 1,000-block cache: the heat map crops to the block that differs
+    (labelled with its id), marks it and outlines the slot; the text has no ``None``."""
+    import matplotlib  # noqa: F401  (a declared test dependency: missing, the test fails)
+    import matplotlib.pyplot as plt
+
+    from ascend_emu.cli import main
+    from ascend_emu.inspect.plot import diff_figure
+
+    mode, shape = "PA_BSND", (1000, 16, 1, 64)
+    a = inspect.Cache.from_array(np.zeros(shape, BF16), mode)
+    raw = a.raw.copy()
+    slot = 637 * 16 + 5
+    raw[ref.element_offset(mode, shape, 2, 637, 5, 0, 9) * 2] ^= 1
+    b = inspect.Cache(spec=a.spec, raw=raw, shape=a.shape)
+    d = inspect.diff(a, b)
+    fig = diff_figure(d)
+    ax = fig.axes[0]
+    assert ax.images[0].get_array().shape == (1, 16)  # only block 637
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["637"]
+    outlined = {(round(p.get_x() + 0.5), round(p.get_y() + 0.5)) for p in ax.patches}
+    assert outlined == {(5, 0)}  # the slot, in its (only) picture row
+    (marks,) = ax.lines
+    assert list(marks.get_ydata()) == [0]
+    assert "showing the 1 block(s) that differ, of 1000" in ax.get_title()
+    plt.close(fig)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "80")
+    inspect.save_cache(tmp_path / "a", a)
+    inspect.save_cache(tmp_path / "b", b)
+    assert main(["inspect", "diff", "a.npz", "b.npz", "--png", "d.png"]) == 1
+    out = capsys.readouterr().out
+    assert "None" not in out and f"slots {slot}" in out and (tmp_path / "d.png").stat().st_size > 0
+    assert "max ulp (bf16): 1" in out and "max int8 delta" not in out  # a bf16 cache: no int8 field

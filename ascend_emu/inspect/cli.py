@@ -399,9 +399,11 @@ def cmd_diff(ns) -> int:
     a, b = _load(ns, ns.file_a), _load(ns, ns.file_b)
     res = diff(a, b, expect_slots=ns.expect_slots)
     if ns.png:
+        from ..progress import busy
         from .plot import plot_diff
 
-        plot_diff(res, ns.png)
+        with busy(f"drawing {ns.png}"):
+            plot_diff(res, ns.png)
     s = res.summary
     bad = s["bytes"] if s["outside_expected_bytes"] is None else s["outside_expected_bytes"]
     if ns.json:
@@ -427,9 +429,10 @@ def cmd_diff(ns) -> int:
         con.print(f"... {len(res.slots) - ns.max_slots} more slot(s) (--max-slots, or --json for all)")
     lines = [f"summary: {s['bytes']} bytes, slots {', '.join(map(str, s['slots'][:32]))}"
              f"{' ...' if len(s['slots']) > 32 else ''}",
-             f"  max ulp (bf16): {s['max_ulp_bf16']}, max int8 delta: {s['max_int8_delta']}, "
-             f"scale bytes: {s['scale_bytes']}, NaN on one side: {s['nan_mismatch']}, "
-             f"NaN on both (equal): {res.nan_equal}"]
+             "  " + ", ".join(f"{name}: {value}" for name, value in (
+                 ("max ulp (bf16)", s["max_ulp_bf16"]), ("max int8 delta", s["max_int8_delta"]),
+                 ("scale bytes", s["scale_bytes"]), ("NaN on one side", s["nan_mismatch"]),
+                 ("NaN on both (equal)", res.nan_equal)) if value is not None)]  # none that does not apply
     if s["outside_expected_bytes"] is not None:
         lines.append(f"  outside the expected slots: {s['outside_expected_bytes']} bytes in slots "
                      f"{s['outside_expected_slots']}")

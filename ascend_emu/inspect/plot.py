@@ -142,13 +142,24 @@ def plot_diff(d: Diff, path, *, title: str | None = None) -> str:
     return _save(diff_figure(d, title=title), path)
 
 
-def diff_figure(d: Diff, *, title: str | None = None):
+#: Most blocks a diff heat map shows when it crops to the blocks that differ.
+DIFF_CROP_BLOCKS = 64
+#: Most differing slots outlined one by one in a diff heat map.
+DIFF_OUTLINED_SLOTS = 512
+
+
+def diff_figure(d: Diff, *, title: str | None = None, crop: bool = True):
     """The blocks x rows heat map of ``d`` (differing bytes per slot) as a matplotlib Figure.
 
     The colour scale is fixed and logarithmic, from 1 byte to a whole slot (so one flipped byte
     and a fully rewritten slot are both plainly visible, whatever else changed); unchanged slots
     are light grey. With ``expect_slots`` the expected slots are outlined green and every slot
     that changed outside them red. ``title`` (e.g. the call and tensor) heads the picture.
+    Every differing slot is outlined (up to :data:`DIFF_OUTLINED_SLOTS`) and every differing
+    block marked with a red ``<`` beside the picture, so one byte in a large cache is seen; with
+    ``crop`` (default) a cache of more than :data:`DIFF_CROP_BLOCKS` blocks, or one where at most
+    that many differ, is shown as only the blocks that differ (at most that many), labelled by
+    their block ids.
 
     Raises:
         ModuleNotFoundError: matplotlib missing.
@@ -160,37 +171,62 @@ def diff_figure(d: Diff, *, title: str | None = None):
     heat = d.heat  # [BlockNum, BlockSize]
     nb, bs = heat.shape
     slot_bytes = max(int(d.cache["nbytes"]) // max(nb * bs, 1), 1)
-    fig, ax = plt.subplots(figsize=(min(4 + 0.3 * bs, 16), min(2.5 + 0.3 * nb, 14)))
-    data = np.ma.masked_equal(heat.astype(float), 0)
+    differing = np.flatnonzero(heat.any(axis=1))  # blocks with a differing byte
+    shown = np.arange(nb)
+    if crop and 0 < differing.size < nb and (nb > DIFF_CROP_BLOCKS or differing.size <= DIFF_CROP_BLOCKS):
+        shown = differing[:DIFF_CROP_BLOCKS]  # only the blocks that differ
+    row_of = {int(b): i for i, b in enumerate(shown)}  # block -> picture row
+    sub = heat[shown]  # [shown blocks, BlockSize]
+    n = len(shown)
+    fig, ax = plt.subplots(figsize=(min(4 + 0.3 * bs, 16), min(2.5 + 0.3 * n, 14)))
+    data = np.ma.masked_equal(sub.astype(float), 0)
     cmap = ListedColormap(plt.get_cmap("magma_r")(np.linspace(0.22, 1.0, 256))).with_extremes(bad="#f0f0f0")
     im = ax.imshow(data, cmap=cmap, norm=LogNorm(vmin=1, vmax=max(slot_bytes, int(heat.max()), 2)), aspect="auto",
                    interpolation="nearest")
     ax.set_xlabel("row inside the block")
-    ax.set_ylabel("block")
+    ax.set_ylabel("block" + ("" if n == nb else " (only those that differ)"))
     xt = range(bs) if bs <= 32 else _ticks(bs)
     ax.set_xticks(list(xt), [str(r) for r in xt], fontsize=7)
-    yt = range(nb) if nb <= 64 else _ticks(nb)
-    ax.set_yticks(list(yt), [str(b) for b in yt], fontsize=7)
+    yt = range(n) if n <= 64 else _ticks(n)
+    ax.set_yticks(list(yt), [str(int(shown[i])) for i in yt], fontsize=7)
+    # every differing slot outlined (so one byte in a large cache is seen), and each differing
+    # block marked beside the picture
+    cells = np.argwhere(sub > 0)  # [k, 2] (picture row, row in block)
+    if len(cells) <= DIFF_OUTLINED_SLOTS:
+        for i, r in cells:
+            ax.add_patch(Rectangle((r - 0.5, i - 0.5), 1, 1, fill=False, ec="#2b2b2b", lw=0.8))
+    marked = [row_of[int(b)] for b in differing if int(b) in row_of]
+    from matplotlib.transforms import blended_transform_factory
+
+    ax.plot([1.02] * len(marked), marked, ls="", marker="<", color="#d62728", markersize=6, clip_on=False,
+            transform=blended_transform_factory(ax.transAxes, ax.transData))  # right of the picture
+    ax.set_xlim(-0.5, bs - 0.5)
+    ax.set_ylim(n - 0.5, -0.5)
     s = d.summary
     handles = []
     if s["outside_expected_bytes"] is not None:
         for slot in d.expect_slots or ():
-            if 0 <= slot < nb * bs:
-                b, r = divmod(slot, bs)
-                ax.add_patch(Rectangle((r - 0.5, b - 0.5), 1, 1, fill=False, ec="#1a9850", lw=1.5, ls="--"))
+            b, r = divmod(slot, bs)
+            if 0 <= slot < nb * bs and b in row_of:
+                ax.add_patch(Rectangle((r - 0.5, row_of[b] - 0.5), 1, 1, fill=False, ec="#1a9850", lw=1.5, ls="--"))
         for slot in s["outside_expected_slots"]:
             b, r = divmod(slot, bs)
-            ax.add_patch(Rectangle((r - 0.45, b - 0.45), 0.9, 0.9, fill=False, ec="red", lw=2.5))
-            ax.text(r, b, "!", ha="center", va="center", color="red", fontsize=9, fontweight="bold")
+            if b in row_of:
+                ax.add_patch(Rectangle((r - 0.45, row_of[b] - 0.45), 0.9, 0.9, fill=False, ec="red", lw=2.5))
+                ax.text(r, row_of[b], "!", ha="center", va="center", color="red", fontsize=9, fontweight="bold")
         handles = [Rectangle((0, 0), 1, 1, fill=False, ec="#1a9850", lw=1.5, ls="--",
                              label="expected slot (--expect-slots)"),
                    Rectangle((0, 0), 1, 1, fill=False, ec="red", lw=2.5,
                              label=f"changed outside them ({len(s['outside_expected_slots'])} slot(s))")]
-        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.12 - 0.02 * (nb <= 8)),
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.12 - 0.02 * (n <= 8)),
                   ncol=2, frameon=False)
-    what = (f"{s['bytes']} differing bytes in {len(s['slots'])} slot(s)"
+    what = (f"{s['bytes']} differing bytes in {len(s['slots'])} slot(s) of {differing.size} block(s)"
             + (f"; {s['outside_expected_bytes']} bytes in {len(s['outside_expected_slots'])} slot(s) outside the "
                f"expected ones" if s["outside_expected_bytes"] is not None else ""))
+    if n < nb:
+        what += (f"\nshowing the {n} block(s) that differ, of {nb}" +
+                 (f" (the first {n}; --json lists all)" if n < differing.size else "")
+                 + "; differing blocks marked < and slots outlined")
     ax.set_title((f"{title}\n" if title else "") + what, fontsize=9)
     cb = fig.colorbar(im, ax=ax)
     cb.set_label(f"differing bytes per slot (log scale; a slot is {slot_bytes} bytes)")
