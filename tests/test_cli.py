@@ -706,3 +706,15 @@ def test_bf16_is_accepted_wherever_a_dtype_is_named(capsys, tmp_path):
     assert main(["locate", *geometry, "--dtype", "bfloat16"]) == 0
     assert capsys.readouterr().out == short and "bfloat16" in short
     assert main(["inspect", "what", "--weight-shape", "64,64", "--dtype", "bf16", "--byte", "100"]) == 0
+
+
+def test_locate_help_names_no_file(capsys, monkeypatch):
+    """`locate` takes no cache file (only the geometry): its help does not offer one."""
+    monkeypatch.setenv("COLUMNS", "120")
+    with pytest.raises(SystemExit):
+        main(["locate", "--help"])
+    out = capsys.readouterr().out
+    assert "file" not in out.lower() and ".npz" not in out
+    with pytest.raises(SystemExit):
+        main(["inspect", "where", "--help"])
+    assert ".npz" in capsys.readouterr().out  # where does read one

@@ -87,7 +87,7 @@ def _add_geometry(p: argparse.ArgumentParser, *, file: str | None) -> None:
         p.add_argument("file_a", help="first cache file")
         p.add_argument("file_b", help="second cache file")
     p.add_argument("--cache-mode", choices=list(CACHE_MODES) + list(CACHE_MODE_ALIASES),
-                   help="cache layout (required without an .npz file)")
+                   help="cache layout (required without an .npz file)" if file else "cache layout (required)")
     p.add_argument("--shape", type=parse_shape,
                    help="declared shape (PA_* [BlockNum, BlockSize, Nkv, D]; BSND [B, S, Nkv, D]; TND [T, Nkv, D]; "
                         "Norm [B, 1, cache_length, D]) or NZ storage shape [BlockNum, D/C0, BlockSize, C0]")
