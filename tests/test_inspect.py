@@ -723,3 +723,19 @@ def test_diff_of_one_byte_in_a_thousand_block_cache_is_seen(rng, tmp_path, capsy
     out = capsys.readouterr().out
     assert "None" not in out and f"slots {slot}" in out and (tmp_path / "d.png").stat().st_size > 0
     assert "max ulp (bf16): 1" in out and "max int8 delta" not in out  # a bf16 cache: no int8 field
+
+
+def test_busy_speaks_only_for_work_over_its_threshold():
+    import io
+    import time
+
+    from ascend_emu.progress import busy
+
+    quick, slow = io.StringIO(), io.StringIO()
+    with busy("drawing a.png", stream=quick):
+        pass
+    with busy("drawing b.png", after=0.05, stream=slow) as b:
+        time.sleep(0.3)
+    assert quick.getvalue() == "" and b.shown
+    first, last = slow.getvalue().splitlines()
+    assert first == "drawing b.png ... (over 0.05 s)" and re.fullmatch(r"drawing b\.png: done in 0\.\d s", last)
