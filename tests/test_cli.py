@@ -718,3 +718,10 @@ def test_locate_help_names_no_file(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["inspect", "where", "--help"])
     assert ".npz" in capsys.readouterr().out  # where does read one
+
+
+def test_inspect_dump_without_a_file_is_a_usage_error(capsys):
+    err = _one_line_error(capsys, ["dump", "--cache-mode", "PA_NZ", "--shape", "4,16,1,64", "--dtype", "bf16",
+                                   "--slot", "3"])
+    assert err == ("ascend-emu: inspect dump: FILE: expected a cache file to read the bytes from (--cache-mode / "
+                   "--shape / --dtype only describe it), got none\n")

@@ -110,8 +110,12 @@ def _spec(ns, name: str = "--shape"):
     return CacheSpec.from_shape(ns.cache_mode, ns.shape, ns.dtype, combined=ns.combined, name=name)
 
 
-def _load(ns, path: str):
+def _load(ns, path: str | None):
     from .files import load_cache
+
+    if path is None:  # dump / diff read bytes: the geometry alone is not enough
+        raise _usage("FILE: expected a cache file to read the bytes from (--cache-mode / --shape / --dtype "
+                     "only describe it), got none")
 
     return load_cache(path, cache_mode=ns.cache_mode, shape=ns.shape, dtype=ns.dtype, combined=ns.combined)
 
