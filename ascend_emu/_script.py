@@ -10,19 +10,10 @@ from __future__ import annotations
 
 import importlib.machinery
 import io
-import os
 import sys
 import types
 
-#: Environment variable: ``1`` shows the emulator's own frames in the traceback of a script's
-#: uncaught exception (as ``ascend-emu run --traceback`` does).
-ENV_TRACEBACK = "ASCEND_EMU_TRACEBACK"
-#: The package's directory: frames of files under it are the emulator's own.
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def _full_traceback_wanted() -> bool:
-    return os.environ.get(ENV_TRACEBACK, "") == "1"
+from .tracebacks import ENV_TRACEBACK, full_traceback_wanted, hidden_frames_hint, is_emulator_file
 
 
 def show_script_exception(script: str, exc: BaseException, *, full: bool | None = None) -> None:
@@ -38,9 +29,9 @@ def show_script_exception(script: str, exc: BaseException, *, full: bool | None 
     while tb is not None and tb.tb_frame.f_code.co_filename != script:
         tb = tb.tb_next
     hidden = 0
-    if not (_full_traceback_wanted() if full is None else full):
+    if not (full_traceback_wanted() if full is None else full):
         last, cur = None, tb
-        while cur is not None and not cur.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        while cur is not None and not is_emulator_file(cur.tb_frame.f_code.co_filename):
             last, cur = cur, cur.tb_next
         if last is not None and cur is not None:
             while cur is not None:
@@ -48,8 +39,7 @@ def show_script_exception(script: str, exc: BaseException, *, full: bool | None 
             last.tb_next = None
     sys.excepthook(type(exc), exc.with_traceback(tb), tb)
     if hidden:
-        print(f"ascend-emu: {hidden} frame(s) inside ascend_emu hidden; `ascend-emu run --traceback` "
-              f"(or {ENV_TRACEBACK}=1) shows them", file=sys.stderr)
+        print(f"ascend-emu: {hidden_frames_hint(hidden, 'ascend-emu run --traceback')}", file=sys.stderr)
 
 
 def run_as_main(path: str) -> None:

@@ -38,7 +38,9 @@ import sys
 import time
 
 from ._version import __version__
-from ._script import ENV_TRACEBACK, run_as_main, show_script_exception
+from ._script import run_as_main, show_script_exception
+from .cli_args import SuggestingParser
+from .tracebacks import ENV_TRACEBACK
 from .install_hints import TORCH_HINT
 
 
@@ -329,7 +331,7 @@ def _layout_demo() -> int:
 # ---------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     """The ``ascend-emu`` argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = SuggestingParser(
         prog="ascend-emu", description="Emulate Huawei Ascend NPU (torch_npu) MLA operators on the CPU.")
     parser.add_argument("--version", action="version", version=f"ascend-emu {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

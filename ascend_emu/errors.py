@@ -131,3 +131,25 @@ def arg_error(cls: type[AscendEmuError], name: str, expected: str, got: object) 
     """
     got = _shorten(got, MAX_FORMATTED_CHARS) if isinstance(got, str) else describe(got)
     return cls(f"{name}: expected {expected}, got {got}")
+
+
+def not_emulated(owner: str, name: str, emulated, *, listed_in: str, mock: str) -> AttributeError:
+    """The ``AttributeError`` for an op ``owner.name`` the emulator does not have.
+
+    It says the op is not emulated (not that the module lacks an attribute), names the closest
+    emulated op when one is close (``difflib``), where the emulated ones are listed
+    (``listed_in``), and how to mock it for code that calls it (``mock``: the object to patch,
+    e.g. ``torch_npu``). An ``AttributeError``, so ``hasattr`` / ``getattr(..., default)`` work
+    as before.
+    """
+    import difflib
+
+    emulated = sorted(emulated)
+    near = difflib.get_close_matches(name, emulated, n=1, cutoff=0.75)
+    closest = f" (did you mean {near[0]!r}?)" if near else ""
+    return AttributeError(
+        f"{owner}.{name} is not emulated by ascend_emu{closest}; the {len(emulated)} emulated "
+        f"op{'' if len(emulated) == 1 else 's'} are listed in "
+        f"{listed_in}; to run code that calls it, mock it, e.g. "
+        f"monkeypatch.setattr({mock}, {name!r}, fake, raising=False) or "
+        f"unittest.mock.patch.object({mock}, {name!r}, create=True)", name=name, obj=None)

@@ -136,3 +136,43 @@ class Progress:
                 self._named = True
             self._line(f"    compiling Numba kernel {n}: {kernel}")
         self._noted = True
+
+
+#: Seconds of work after which :func:`busy` says what is going on.
+BUSY_AFTER = 1.0
+
+
+class busy:
+    """``with busy("drawing grid.png"):``: if the block runs longer than ``after`` seconds
+    (:data:`BUSY_AFTER`), one line on ``stream`` (default ``sys.stderr``) says what it is doing,
+    and one more when it ends, with the time taken; quicker work prints nothing. A timer thread
+    writes the first line, so it shows while the work runs."""
+
+    def __init__(self, what: str, *, after: float = BUSY_AFTER, stream: TextIO | None = None):
+        import threading
+
+        self.what, self.after = what, after
+        self.stream = stream if stream is not None else sys.stderr
+        self.shown = False
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(after, self._show)
+        self._timer.daemon = True
+
+    def _show(self) -> None:
+        with self._lock:
+            if self._start is not None:
+                self.shown = True
+                print(f"{self.what} ... (over {self.after:g} s)", file=self.stream, flush=True)
+
+    def __enter__(self) -> "busy":
+        self._start = time.perf_counter()
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+        with self._lock:
+            took = time.perf_counter() - self._start
+            self._start = None
+            if self.shown:
+                print(f"{self.what}: done in {took:.1f} s", file=self.stream, flush=True)

@@ -43,6 +43,7 @@ from . import torch_npu as _drop_in
 from .layouts import CacheLayout, nd_to_nz, slots_from_block_table
 from .mla import D_ROPE, HCKV
 from .torch_npu._convert import to_numpy
+from .tracebacks import full_traceback_wanted, hidden_frames_hint, is_emulator_file
 
 _drop_in.install()
 
@@ -70,6 +71,49 @@ def _check_still_installed(when: str) -> None:
             f"got {type(current).__name__} {getattr(current, '__name__', current)!r} {when}; a conftest.py that "
             f"mocks torch_npu must skip its mock when the plugin is loaded "
             f"('ascend_emu.pytest_plugin' in sys.modules)")
+
+
+#: The pytest switch that shows every frame (pytest's own; it shows the emulator's frames too).
+FULL_TRACE_SWITCH = "pytest --fulltrace"
+
+
+def hide_emulator_frames(excinfo) -> int:
+    """Stop ``excinfo``'s traceback (a ``pytest.ExceptionInfo``) at the last frame before the
+    first one inside ascend_emu, as ``ascend-emu run`` does for a script, and add a note to the
+    exception saying how many frames were hidden and how to see them
+    (:func:`ascend_emu.tracebacks.hidden_frames_hint`). Returns that count (0: nothing hidden,
+    e.g. an error raised by the test itself, or one raised in the emulator's first frame with no
+    caller frame before it)."""
+    last, tb = None, excinfo.tb  # the raw traceback: pytest's own views of it re-walk tb_next
+    while tb is not None and not is_emulator_file(tb.tb_frame.f_code.co_filename):
+        last, tb = tb, tb.tb_next
+    if last is None or tb is None:  # nothing of the emulator's, or no caller frame before it
+        return 0
+    hidden = 0
+    while tb is not None:
+        hidden, tb = hidden + 1, tb.tb_next
+    last.tb_next = None
+    excinfo.traceback = type(excinfo.traceback)(excinfo.tb)
+    note = hidden_frames_hint(hidden, FULL_TRACE_SWITCH)
+    notes = getattr(excinfo.value, "__notes__", None)
+    if not isinstance(notes, list):
+        notes = []
+        try:
+            excinfo.value.__notes__ = notes
+        except AttributeError:  # an exception type without a __dict__
+            return hidden
+    if note not in notes:
+        notes.append(note)
+    return hidden
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test's traceback stops at its call into ascend_emu (:func:`hide_emulator_frames`)
+    unless env ``ASCEND_EMU_TRACEBACK=1`` or ``--fulltrace`` asks for every frame."""
+    if call.excinfo is not None and not full_traceback_wanted() and not item.config.getoption("fulltrace", False):
+        hide_emulator_frames(call.excinfo)
+    yield
 
 
 def pytest_sessionstart(session) -> None:

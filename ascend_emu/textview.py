@@ -118,11 +118,11 @@ def need(widths: Iterable[int]) -> int:
     return sum(widths) + GAP * max(len(widths) - 1, 0)
 
 
-def fits(cols: Sequence[Col], rows: Sequence[Sequence], width: int) -> bool:
-    """Whether the always-shown columns (``drop == 0``) fit ``width`` unpaged (wrapped columns at
-    their minimum)."""
+def fits(cols: Sequence[Col], rows: Sequence[Sequence], width: int, *, optional: bool = False) -> bool:
+    """Whether the always-shown columns (``drop == 0``; every column with ``optional``) fit
+    ``width`` unpaged (wrapped columns at their minimum)."""
     _, minimum = _widths(cols, rows)
-    return need(m for m, c in zip(minimum, cols) if not c.drop) <= width
+    return need(m for m, c in zip(minimum, cols) if optional or not c.drop) <= width
 
 
 def print_table(con, title: str | None, cols: Sequence[Col], rows: Sequence[Sequence], *,

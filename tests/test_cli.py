@@ -161,7 +161,8 @@ def test_run_stops_with_the_install_hint_without_torch(tmp_path, blocker):
     assert proc.returncode == 2, proc.stderr
     assert "SCRIPT RAN" not in proc.stdout
     assert "torch is not installed" in proc.stderr and 'pip install -e ".[torch]"' in proc.stderr
-    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in proc.stderr  # not the CUDA wheel
+    # the pinned CPU wheel, not the CUDA one
+    assert "pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu" in proc.stderr
 
 
 def test_drop_in_import_error_names_the_cpu_wheel(tmp_path):
@@ -171,7 +172,7 @@ def test_drop_in_import_error_names_the_cpu_wheel(tmp_path):
     proc = _run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; import ascend_emu.torch_npu"],
                 cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=root))
     assert proc.returncode == 1 and "ModuleNotFoundError: ascend_emu.torch_npu needs torch" in proc.stderr
-    assert "--index-url https://download.pytorch.org/whl/cpu" in proc.stderr
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in proc.stderr
 
 
 def test_every_install_hint_is_defined_once_and_names_the_cpu_wheel():
@@ -188,7 +189,7 @@ def test_every_install_hint_is_defined_once_and_names_the_cpu_wheel():
                 with open(path, encoding="utf-8") as f:
                     assert "pip install" not in f.read(), f"{path}: import the hint from ascend_emu.install_hints"
     for hint in (install_hints.TORCH_HINT, install_hints.TORCH_NPU_HINT):
-        assert "--index-url https://download.pytorch.org/whl/cpu" in hint
+        assert "--extra-index-url https://download.pytorch.org/whl/cpu" in hint
     assert "torch-npu 2.14.0" in install_hints.TORCH_NPU_HINT
 
 
@@ -639,3 +640,88 @@ def test_inspect_torch_files_without_torch_give_the_install_hint(capsys, tmp_pat
     assert f"reading 'kv.pt' (a torch.save file) needs torch; {TORCH_HINT}" in err
     err = _one_line_error(capsys, ["blocks", "--block-table", "bt.pt", "--seq-lens", "5", "--block-size", "16"])
     assert f"reading --block-table 'bt.pt' (a torch.save file) needs torch; {TORCH_HINT}" in err
+
+
+# ------------------------------------------------------------------------------ typos and short names
+def _usage_error(capsys, monkeypatch, argv) -> list[str]:
+    """stderr lines of a usage error (exit 2) at a fixed terminal width of 80 columns."""
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    return captured.err.splitlines()
+
+
+@pytest.mark.parametrize("argv, usage, error", [
+    # a mistyped option of a subcommand with a required option: named, not "--slot is required"
+    (["inspect", "where", "--cache-mode", "PA_NZ", "--shape", "4,16,1,64", "--dtype", "bfloat16", "--slott", "3"],
+     "usage: ascend-emu inspect where",
+     "ascend-emu inspect where: error: unrecognized argument '--slott' (did you mean '--slot'?)"),
+    (["locate", "--cache-mode", "PA_NZ", "--shape", "4,16,1,64", "--dtype", "bf16", "--slott=3"],
+     "usage: ascend-emu locate", "ascend-emu locate: error: unrecognized argument '--slott=3' (did you mean '--slot'?)"),
+    # a subcommand's unknown option: its usage, not the top level's
+    (["demo", "--contxt", "5"], "usage: ascend-emu demo",
+     "ascend-emu demo: error: unrecognized argument '--contxt' (did you mean '--context'?)"),
+    (["replay", "dump", "-o", "out", "--zzz"], "usage: ascend-emu replay",
+     "ascend-emu replay: error: unrecognized argument '--zzz' (see ascend-emu replay --help)"),
+])
+def test_a_mistyped_option_is_named_with_the_closest_one(capsys, monkeypatch, argv, usage, error):
+    lines = _usage_error(capsys, monkeypatch, argv)
+    assert lines[0].startswith(usage), lines
+    assert lines[-1] == error
+    assert sum("error:" in line for line in lines) == 1 and len(lines) <= 16, lines  # its usage, one error
+
+
+@pytest.mark.parametrize("argv, error_end", [
+    (["dmeo"], "invalid choice: 'dmeo' (choose from 'run', 'demo', 'warmup', 'inspect', 'locate', 'record', "
+               "'compare', 'replay'); did you mean 'demo'?"),
+    (["inspect", "wehre"], "did you mean 'where'?"),
+    (["inspect", "where", "--cache-mode", "PA_BSDN", "--shape", "4,16,1,64", "--dtype", "bf16", "--slot", "3"],
+     "did you mean 'PA_BSND'?"),
+])
+def test_a_mistyped_choice_names_the_closest_one(capsys, monkeypatch, argv, error_end):
+    lines = _usage_error(capsys, monkeypatch, argv)
+    assert lines[-1].endswith(error_end), lines
+
+
+def test_script_arguments_are_not_taken_for_typos(capsys, monkeypatch):
+    """After `run SCRIPT` every token is the script's, however close to an option of run."""
+    assert main(["run", "no_such_script.py", "--forse", "--contxt"]) == 2
+    assert capsys.readouterr().err == "ascend-emu: can't open file 'no_such_script.py': no such file\n"
+    lines = _usage_error(capsys, monkeypatch, ["run", "--forse", "no_such_script.py", "--contxt"])
+    assert lines[-1] == "ascend-emu run: error: unrecognized argument '--forse' (did you mean '--force'?)"
+
+
+def test_bf16_is_accepted_wherever_a_dtype_is_named(capsys, tmp_path):
+    from ascend_emu.inspect.cache import resolve_dtype
+    from ascend_emu.quant import BF16
+
+    assert resolve_dtype("bf16") == resolve_dtype("bfloat16") == np.dtype(BF16)
+    assert resolve_dtype("fp16") == np.float16 and resolve_dtype("fp32") == np.float32
+    geometry = ["--cache-mode", "PA_NZ", "--shape", "4,16,1,64", "--slot", "17", "--json"]
+    assert main(["locate", *geometry, "--dtype", "bf16"]) == 0
+    short = capsys.readouterr().out
+    assert main(["locate", *geometry, "--dtype", "bfloat16"]) == 0
+    assert capsys.readouterr().out == short and "bfloat16" in short
+    assert main(["inspect", "what", "--weight-shape", "64,64", "--dtype", "bf16", "--byte", "100"]) == 0
+
+
+def test_locate_help_names_no_file(capsys, monkeypatch):
+    """`locate` takes no cache file (only the geometry): its help does not offer one."""
+    monkeypatch.setenv("COLUMNS", "120")
+    with pytest.raises(SystemExit):
+        main(["locate", "--help"])
+    out = capsys.readouterr().out
+    assert "file" not in out.lower() and ".npz" not in out
+    with pytest.raises(SystemExit):
+        main(["inspect", "where", "--help"])
+    assert ".npz" in capsys.readouterr().out  # where does read one
+
+
+def test_inspect_dump_without_a_file_is_a_usage_error(capsys):
+    err = _one_line_error(capsys, ["dump", "--cache-mode", "PA_NZ", "--shape", "4,16,1,64", "--dtype", "bf16",
+                                   "--slot", "3"])
+    assert err == ("ascend-emu: inspect dump: FILE: expected a cache file to read the bytes from (--cache-mode / "
+                   "--shape / --dtype only describe it), got none\n")

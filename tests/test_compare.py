@@ -599,3 +599,71 @@ def test_replay_kv_quant_value_recorded_as_a_copy_of_key():
     got = compare.replay(call)
     assert got.error is None and got.unavailable is None
     assert np.array_equal(got.outputs[0].array.view(np.uint16), want.view(np.uint16))
+
+# ---------------------------------------------------------------------- quiet text report
+def _many_calls_report(n: int, failing: tuple[int, ...]):
+    """A report of ``n`` calls of one long-named op, each one fp32 output: identical, except the
+    ``failing`` ones (one element off by 1.0, far outside the criterion)."""
+    from ascend_emu.compare.calls import CallReport
+    from ascend_emu.compare.metrics import compare_tensor
+    from ascend_emu.compare.report import Report
+
+    expected = np.arange(8, dtype=np.float32)
+    calls = []
+    for i in range(n):
+        actual = expected.copy()
+        if i in failing:
+            actual[3] += 1.0
+        t = compare_tensor("attention_out", actual, expected)
+        calls.append(CallReport(index=i, op="npu_kv_quant_sparse_flash_attention",
+                                api=f"NPU.npu_kv_quant_sparse_flash_attention.{i}.forward",
+                                status="fail" if i in failing else "identical", tensors=[t]))
+    return Report(calls=calls)
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_text_report_lists_only_the_calls_that_did_not_pass(columns, capsys, monkeypatch):
+    """A 488-call report with every call passing but two: a summary and the two failing calls
+    (first divergence first), not a line per call; --verbose lists every call. Op names are
+    never split across lines at 120 columns."""
+    from ascend_emu.textview import console
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    report = _many_calls_report(488, failing=(300, 17))
+    report.render(console())
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert len(lines) < 30, out
+    rows = [ln for ln in lines if "│" in ln and ln.split("│")[0].strip().isdigit()]
+    assert [int(r.split("│")[0]) for r in rows] == [17, 300], out  # in call order: the first divergence first
+    flat = " ".join(out.split())  # the note folds at 80 columns
+    assert "not listed: 486 call(s) identical or within the criterion (-v / --verbose lists every call" in flat
+    assert lines[-1] == "488 call(s): 486 identical, 2 fail"
+    if columns >= 120:
+        assert all("npu_kv_quant_sparse_flash_attention" in r for r in rows)  # whole op names
+    report.render(console(), verbose=True)
+    verbose = capsys.readouterr().out
+    listed = {int(ln.split("│")[0]) for ln in verbose.splitlines() if "│" in ln and ln.split("│")[0].strip().isdigit()}
+    assert listed == set(range(488)) and "not listed" not in verbose
+
+
+def test_text_report_caps_the_failing_calls_it_lists(capsys, monkeypatch):
+    from ascend_emu.compare.report import LISTED_CALLS
+    from ascend_emu.textview import console
+
+    monkeypatch.setenv("COLUMNS", "120")
+    report = _many_calls_report(LISTED_CALLS + 30, failing=tuple(range(LISTED_CALLS + 30)))
+    report.render(console())
+    out = capsys.readouterr().out
+    assert "not listed: 30 more call(s) that did not pass (-v / --verbose lists every call" in " ".join(out.split())
+    listed = {int(ln.split("│")[0]) for ln in out.splitlines() if "│" in ln and ln.split("│")[0].strip().isdigit()}
+    assert listed == set(range(LISTED_CALLS))
+
+
+def test_compare_and_replay_take_verbose():
+    from ascend_emu.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["compare", "--replay", "d", "-v"]).verbose
+    assert parser.parse_args(["replay", "d", "-o", "o", "--verbose"]).verbose
+    assert not parser.parse_args(["replay", "d", "-o", "o"]).verbose

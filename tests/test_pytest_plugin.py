@@ -157,3 +157,51 @@ def test_a_conftest_mock_replacing_the_emulator_stops_the_session(tmp_path):
     proc = _pytest(tmp_path, "-p", "ascend_emu.pytest_plugin")
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "torch_npu: expected the emulator" in proc.stderr + proc.stdout and "ran" not in proc.stdout
+
+
+#: A test calling an emulated op with a wrong argument (cos 63 wide), one whose fixture call is
+#: wrong, and one failing in its own code (nothing of the emulator's to hide).
+BAD_CALLS = textwrap.dedent("""
+    import torch
+    import torch_npu
+
+    def test_wrong_argument():
+        x = torch.ones(2, 1, 1, 64, dtype=torch.bfloat16)
+        cos = torch.ones(2, 1, 1, 63, dtype=torch.bfloat16)
+        torch_npu.npu_interleave_rope(x, cos, x.clone())
+
+    def test_wrong_fixture_argument(paged_cache):
+        paged_cache(2, 16, 64, mode="PA_NOPE")
+
+    def test_own_failure():
+        assert 1 == 2
+    """)
+
+
+@pytest.mark.slow
+def test_errors_through_the_plugin_stop_at_the_call_into_the_emulator(tmp_path):
+    """As `ascend-emu run` does: the test's frames, the error, one line counting the hidden
+    emulator frames and how to see them; all of them with ASCEND_EMU_TRACEBACK=1 or --fulltrace."""
+    pytest.importorskip("torch")
+    (tmp_path / "test_bad_calls.py").write_text(BAD_CALLS)
+    env = dict(ENV, COLUMNS="120")
+    env.pop("ASCEND_EMU_TRACEBACK", None)
+
+    def run(*args, **extra):
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                               "ascend_emu.pytest_plugin", *args], cwd=tmp_path, env=dict(env, **extra),
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 1 and "3 failed" in proc.stdout, proc.stdout[-3000:]
+        return proc.stdout
+
+    short = run()
+    hints = re.findall(r"^E +(\d+) frame\(s\) inside ascend_emu hidden; `pytest --fulltrace` \(or "
+                       r"ASCEND_EMU_TRACEBACK=1\) shows them$", short, flags=re.M)
+    assert len(hints) == 2 and all(int(n) >= 2 for n in hints), short
+    assert "ascend_emu/ops/" not in short and "ascend_emu/pytest_plugin.py" not in short, short
+    assert "E       ascend_emu.errors.ShapeError: cos: expected shape" in short
+    assert ">       torch_npu.npu_interleave_rope(x, cos, x.clone())" in short
+    assert len(short.splitlines()) < 60, f"{len(short.splitlines())} lines:\n{short}"
+    for full in (run(ASCEND_EMU_TRACEBACK="1"), run("--fulltrace")):
+        assert "ascend_emu/ops/rope.py" in full and "inside ascend_emu hidden" not in full
+        assert len(full.splitlines()) > len(short.splitlines()) + 40

@@ -18,6 +18,8 @@ import sys
 
 import pytest
 
+from ascend_emu import install_hints
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PAGES = [README] + sorted((ROOT / "docs").glob("*.md"))
@@ -25,7 +27,8 @@ NOT_RUN = "# not run:"
 
 #: The README's two commands: try it, and the test suite (what ``.ci/run`` runs).
 DEMO_COMMAND = "pip install -e . && ascend-emu demo"
-TEST_COMMAND = 'pip install torch==2.13.0 -e ".[torch,test,ray]" && python -m pytest -q'
+#: The second is defined once, in ascend_emu.install_hints, with the pinned torch and the CPU index.
+TEST_COMMAND = install_hints.TEST_COMMAND
 
 
 def fenced_blocks(path: pathlib.Path) -> list[tuple[int, str, list[str]]]:
@@ -157,7 +160,30 @@ def test_readme_opens_with_the_two_commands():
     assert lines.index(DEMO_COMMAND) < 25 and lines.index(TEST_COMMAND) < 25, "the commands belong on the first screen"
     above = " ".join(lines[lines.index(TEST_COMMAND) - 6:lines.index(TEST_COMMAND)])
     assert "minutes on 2 cores" in above, "the test command's duration is said next to it"
-    assert "--index-url https://download.pytorch.org/whl/cpu" in above, "the CPU wheel is named next to it"
+    assert f"--extra-index-url {install_hints.TORCH_CPU_INDEX}" in above, "the CPU wheel is named next to it"
+
+
+def test_the_test_command_pins_torch_from_the_cpu_index_in_one_command():
+    """The pin and the CPU index in the same pip command (an index named in one command and the pin
+    in the next lets pip replace the CPU wheel by PyPI's CUDA build), and the same pin and index in
+    the CLI's install hint, the README and every docs page that names a torch pin."""
+    install = TEST_COMMAND.split(" && ")[0]
+    assert install.startswith("pip install ")
+    assert f"torch=={install_hints.TORCH_VERSION}" in install.split()
+    assert f"--extra-index-url {install_hints.TORCH_CPU_INDEX}" in install
+    assert '".[torch,test,ray,dev]"' in install
+    assert install_hints.TORCH_CPU_INSTALL == (f"pip install torch=={install_hints.TORCH_VERSION} "
+                                               f"--extra-index-url {install_hints.TORCH_CPU_INDEX}")
+    assert install_hints.TORCH_CPU_INSTALL in install_hints.TORCH_HINT
+    for page in PAGES:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for command in re.findall(r"pip install torch[^`]*", line):
+                where = f"{page.relative_to(ROOT)}:{number}: {command}"
+                if "torch==" in command:
+                    assert f"torch=={install_hints.TORCH_VERSION}" in command, where
+                    assert f"--extra-index-url {install_hints.TORCH_CPU_INDEX}" in command, where
+                assert "--index-url" not in command.replace("--extra-index-url", ""), (
+                    f"{where}: the CPU index alone, without the pin, installs the newest torch")
 
 
 #: Steps ``.ci/run`` takes between installing and testing that the README's command leaves out: the
@@ -170,3 +196,125 @@ def test_readme_test_command_is_what_ci_runs():
           if line.strip() and not line.startswith(("#", "set ", "cd "))]
     assert " && ".join(line for line in ci if not line.startswith(CI_GATES)) == TEST_COMMAND
     assert ci[-1] == "python -m pytest -q", "the gates run before the tests"
+
+
+# ---------------------------------------------------------------------- generated op lists, commands
+def test_the_docs_op_lists_are_the_registry():
+    """docs/torch_npu.md and docs/pytest_plugin.md list the ops the drop-in registers, generated
+    (`python -m tests.doc_op_lists --write` rewrites them after an op is added)."""
+    pytest.importorskip("torch")
+    from tests import doc_op_lists
+
+    generated = doc_op_lists.regions()
+    for page in doc_op_lists.PAGES:
+        text = (ROOT / page).read_text()
+        found = {m.group("name"): m.group("body") for m in doc_op_lists.REGION.finditer(text)}
+        assert found, f"{page}: no generated op list"
+        for name, body in found.items():
+            assert body == generated[name], f"{page}: the '{name}' op list is stale; run python -m tests.doc_op_lists --write"
+    ops = doc_op_lists.registered()
+    assert "npu_fused_infer_attention_score" in ops["npu"] and "npu_dynamic_mx_quant" in ops["npu"]
+    assert "`npu_dynamic_mx_quant`" not in generated["not-emulated"] and "`npu_rms_norm`" in generated["not-emulated"]
+
+
+#: A command in the docs spelled as a synopsis (optional parts, alternatives, placeholders).
+SYNOPSIS = re.compile(r"\[|\||\.\.\.|\boptions\b")
+
+
+def doc_commands() -> list[tuple[str, str, str]]:
+    """``(where, command, kind)`` of every ``ascend-emu ...`` command in the README and docs:
+    ``code`` lines (of code blocks and indented lines: ``$ `` prompts, ``&&`` chains and
+    ``# comments`` stripped) and ``prose`` inline code spans."""
+    found = []
+    for page in PAGES:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            where = f"{page.relative_to(ROOT)}:{number}"
+            spans = [(where, s.strip(), "prose") for s in re.findall(r"`(ascend-emu [^`]*)`", line)]
+            stripped = line.strip().removeprefix("$ ")
+            for part in stripped.split("&&"):
+                part = part.split("  #")[0].strip()
+                if part.startswith("ascend-emu ") and "`" not in part:
+                    spans.append((where, part, "code"))
+            found += spans
+    return found
+
+
+COMMANDS = doc_commands()
+
+
+def _subcommand_parser(parser, words):
+    """The innermost subcommand parser named by ``words``, and the words after it."""
+    import argparse
+
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or not words or words[0] not in subs[0].choices:
+            return parser, words
+        parser, words = subs[0].choices[words[0]], words[1:]
+
+
+def test_every_docs_command_parses():
+    """Every `ascend-emu ...` command line of the README and docs parses with the CLI's own
+    parser; one named in prose, or spelled as a synopsis (`[-j N]`, `where|what`, `...`), names
+    a subcommand and options that exist (`ascend-emu run --traceback` names an option of run)."""
+    import shlex
+
+    from ascend_emu.cli import build_parser
+
+    assert len(COMMANDS) > 30
+    for where, command, kind in COMMANDS:
+        words = shlex.split(command)[1:]
+        if kind == "prose" and not SYNOPSIS.search(command):
+            try:
+                build_parser().parse_args(words)
+                continue
+            except SystemExit:  # a mention, not a whole command line: its names must exist
+                pass
+        if SYNOPSIS.search(command) or kind == "prose":
+            firsts = words[0].split("|") if words else []
+            seconds = words[1].split("|") if len(words) > 1 and not words[1].startswith(("-", "[")) else [None]
+            for sub in firsts:
+                top, _ = _subcommand_parser(build_parser(), [sub])
+                assert top.prog == f"ascend-emu {sub}", f"{where}: {command}: no subcommand {sub!r}"
+                for second in seconds:
+                    parser, rest = _subcommand_parser(top, [second] if second else [])
+                    nested = any(a.__class__.__name__ == "_SubParsersAction" for a in top._actions)
+                    assert not (nested and second) or parser is not top, f"{where}: {command}: no {sub} {second}"
+                    for option in re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", command):
+                        assert option in parser._option_string_actions, \
+                            f"{where}: {command}: {parser.prog} has no {option}"
+            continue
+        parser, rest = _subcommand_parser(build_parser(), words)
+        assert parser.prog.split() == ["ascend-emu", *words[:len(words) - len(rest)]] and parser.prog != "ascend-emu", \
+            f"{where}: {command}: no such subcommand"
+        if not rest:  # a command named in prose (`ascend-emu locate`): the subcommand exists
+            continue
+        try:
+            build_parser().parse_args(words)
+        except SystemExit as exc:
+            raise AssertionError(f"{where}: `{command}` does not parse (exit {exc.code})") from None
+
+
+#: Subcommands whose documented commands run in well under a second without files.
+QUICK = ("inspect where", "inspect what", "inspect grid", "inspect blocks", "locate")
+
+
+def test_the_quick_docs_commands_run(tmp_path, monkeypatch, capsys):
+    import shlex
+
+    from ascend_emu.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "120")
+    ran = 0
+    for where, command, _ in COMMANDS:
+        words = shlex.split(command)[1:]
+        if SYNOPSIS.search(command) or not any(" ".join(words).startswith(q) for q in QUICK):
+            continue
+        if not any(w.startswith("--cache-mode") or w.startswith("--weight-shape") or w.startswith("--block-table")
+                   for w in words):
+            continue  # reads a cache file the docs made elsewhere
+        assert main(words) == 0, f"{where}: `{command}` failed: {capsys.readouterr().err}"
+        ran += 1
+    capsys.readouterr()
+    assert ran >= 3

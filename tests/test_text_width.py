@@ -141,8 +141,42 @@ def test_dump_of_combined_rows(monkeypatch, capsys, files, columns):
     for name in ("k_nope[0:", "k_rope[0:", "scale[0:", "per-tile scales"):
         assert name in out
     assert all(f"{float(s):.4g}" in out for s in scales)
-    if columns == "120" or "dequant" not in out.split("left out")[-1]:
+    if "dequant" not in out.split("left out")[-1]:  # shown where it fits, else named as left out
         assert "tile 0:" in out
+
+
+@pytest.mark.parametrize("file, args, most", [("c", ["--slot", "3"], 200), ("a", ["--slot", "21"], 300),
+                                              ("a", ["--block", "1"], 8000)])
+def test_dump_gets_no_taller_as_the_terminal_gets_wider(monkeypatch, capsys, files, file, args, most):
+    """Each value, byte run and dequant cell stays on one line: a wider terminal shows as many or
+    more bytes per row, never more lines (the dump of a 656-byte row took 142 lines at 80 columns
+    and 273 at 120 when the value columns folded)."""
+    heights = []
+    for columns in ("80", "100", "120", "160", "200"):
+        out = _run(monkeypatch, capsys, columns, ["inspect", "dump", files[file], *args])
+        heights.append(len(out.splitlines()))
+    assert heights == sorted(heights, reverse=True), heights
+    assert heights[0] <= most and heights[-1] < heights[0], heights
+    out = _run(monkeypatch, capsys, "200", ["inspect", "dump", files["c"], "--slot", "3"])
+    assert "tile 0:" in out and "left out" not in out  # dequant shown at 200 columns
+
+
+def test_dump_ranges_of_slots_blocks_and_dims(monkeypatch, capsys, files):
+    out = _run(monkeypatch, capsys, "120", ["inspect", "dump", files["c"], "--slot", "3:5", "--dims", "0:8"])
+    got = _dumped(out)
+    raw = files["combined"].raw
+    want = {}
+    for slot in (3, 4):  # elements 0-7 of each field: k_nope bytes 0-7, k_rope 0-15, scales 0-15 (4 fp32)
+        base = slot * 656
+        for lo, hi in ((0, 8), (512, 528), (640, 656)):
+            want.update({base + k: raw[base + k] for k in range(lo, hi)})
+    assert {o + k: b for o, bs in got.items() for k, b in enumerate(bs)} == want
+    assert "slots 3-4, elements [0, 8) of each field" in out
+    out = _run(monkeypatch, capsys, "120", ["inspect", "dump", files["a"], "--block", "0:2"])
+    assert set().union(*({o + k for k in range(len(b))} for o, b in _dumped(out).items())) == set(range(2 * 16 * 1024))
+    assert main(["inspect", "dump", files["a"], "--slot", "30:40"]) == 2
+    assert capsys.readouterr().err == ("ascend-emu: inspect dump: slot: expected a slot range start:stop within "
+                                       "[0, 32], got 30:40\n")
 
 
 @pytest.mark.parametrize("columns", WIDTHS)
@@ -246,3 +280,25 @@ def test_compare_report(monkeypatch, capsys, columns):
         assert all(name in note for name in left_out)
     assert "block 1, row 3 (slot 19)" in " ".join(out.split())
     assert "torch_npu.npu_kv_rmsnorm_rope_cache" in out and "not replayable" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("columns, most_lines", [("80", 240), ("120", 160)])
+def test_grid_of_a_model_weight_shows_a_window(monkeypatch, capsys, columns, most_lines):
+    """A 7168 x 1536 bf16 weight (96 x 7168 cells): the first 64 rows and 16 C0 chunks, named as a
+    window, in well under a second, not 160,000 lines; --rows / --chunks pick another window."""
+    import time
+
+    start = time.perf_counter()
+    out = _run(monkeypatch, capsys, columns, ["inspect", "grid", "--weight-shape", "7168,1536", "--dtype", "bf16"])
+    assert time.perf_counter() - start < 1.0
+    assert len(out.splitlines()) < most_lines
+    flat = " ".join(out.split())
+    assert "window: rows [0, 64) of 7168, C0 chunks [0, 16) of 96; --rows START:STOP / --chunks START:STOP" in flat
+    rows = {int(r["row: m"].split(":")[0]) for t in _tables(out, "row: m") for r in t["rows"]}
+    assert rows == set(range(64))
+    out = _run(monkeypatch, capsys, columns, ["inspect", "grid", "--weight-shape", "7168,1536", "--dtype", "bf16",
+                                               "--rows", "7160:", "--chunks", "95"])
+    cells = {int(r["row: m"].split(":")[0]): r["C0#95 [1520:1536]"] for t in _tables(out, "row: m") for r in t["rows"]}
+    base = min(ref.nz_flat_offset((7168, 1536), 2, (m, 1520)) * 2 for m in range(7160, 7168))
+    assert cells == {m: f"+{ref.nz_flat_offset((7168, 1536), 2, (m, 1520)) * 2 - base}" for m in range(7160, 7168)}
+    assert f"offset from {base}" in " ".join(out.split())

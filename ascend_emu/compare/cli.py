@@ -129,7 +129,7 @@ def _emit(report: Report, ns) -> int:
     if "-" not in (getattr(ns, "json", None), getattr(ns, "csv", None), getattr(ns, "msprobe_csv", None)):
         from ..textview import console
 
-        report.render(console())
+        report.render(console(), verbose=getattr(ns, "verbose", False))
     bad = [c for c in report.calls if c.status not in ("identical", "pass", "deduplicated")]
     if ns.allow_skipped:
         bad = [c for c in bad if c.status != "not replayable"]
@@ -325,6 +325,9 @@ def _report_options(p) -> None:
     p.add_argument("--json", metavar="PATH", help="write the report as JSON (- for stdout)")
     p.add_argument("--csv", metavar="PATH", help="write one CSV row per compared tensor (- for stdout)")
     p.add_argument("--png-dir", metavar="DIR", help="heat maps of mismatching caches (needs the [plot] extra)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="list every call in the text report (default: a summary and the calls that did not pass, "
+                        "the first divergence first)")
     p.add_argument("--allow-skipped", action="store_true",
                    help="exit 0 even if some calls could not be replayed (they are still listed)")
 

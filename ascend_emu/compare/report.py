@@ -30,6 +30,12 @@ MSPROBE_STATUS = {"identical": "pass", "pass": "pass", "fail": "error", "missing
                   "deduplicated": "SKIP"}
 
 
+#: Call statuses the text report does not list unless asked (``--verbose``): the call passed.
+QUIET_STATUSES = ("identical", "pass", "deduplicated")
+#: Failing calls the text report lists at most unless asked (``--verbose``); all are in --json / --csv.
+LISTED_CALLS = 50
+
+
 @dataclass
 class Report:
     """Per-call comparisons, in call order; ``meta`` holds a dump replay's summary (selection,
@@ -107,25 +113,43 @@ class Report:
                 w.writerow([api(name), "", "", "", "", "", "", "", "", "SKIP", why])
         return buf.getvalue()
 
-    def render(self, console=None, *, details: int = 8) -> None:
-        """Print the report as text: one summary table, then the mismatches of each differing
-        tensor (at most ``details`` lines each) and the calls that were not compared. The table
-        fits ``console.width`` (:func:`ascend_emu.textview.print_table`: the error ratios, the ulp
-        histogram and the dtype are left out first, with a note); default console:
+    def listed(self, *, verbose: bool = False, limit: int = LISTED_CALLS) -> tuple[list[CallReport], int, int]:
+        """The calls :meth:`render` lists and what it leaves out: ``(calls, quiet, more)``.
+
+        Verbose: every call, in call order (``quiet = more = 0``). Otherwise the calls that did
+        not pass (status other than :data:`QUIET_STATUSES`), in call order, so the first
+        divergence comes first (a dump replay's ``first_divergence`` is the first failing call in
+        that order), at most ``limit`` of them; ``quiet`` counts the passing calls left out,
+        ``more`` the failing ones beyond ``limit``."""
+        if verbose:
+            return list(self.calls), 0, 0
+        failing = [c for c in self.calls if c.status not in QUIET_STATUSES]
+        return failing[:limit], len(self.calls) - len(failing), max(len(failing) - limit, 0)
+
+    def render(self, console=None, *, details: int = 8, verbose: bool = False, limit: int = LISTED_CALLS) -> None:
+        """Print the report as text: the first divergence (a dump replay), one table of the calls
+        that did not pass (every call with ``verbose``; at most ``limit`` otherwise:
+        :meth:`listed`) and a line counting those left out, then the mismatches of each
+        differing tensor of a listed call (at most ``details`` lines each), the calls that were
+        not compared and the totals. The table fits ``console.width``
+        (:func:`ascend_emu.textview.print_table`: the error ratios, the ulp histogram and the
+        dtype are left out first, with a note; op names are split only where the table does not
+        fit otherwise, e.g. at 80 columns, never at 120); default console:
         :func:`ascend_emu.textview.console`."""
         from rich.text import Text
 
-        from ..textview import Col, console as text_console, print_table
+        from ..textview import Col, console as text_console, fits, print_table
 
         console = console or text_console()
         if self.meta is not None:
             console.print(_divergence_line(self.meta))
-        cols = [Col("call"), Col("op", wrap=True, min=14), Col("tensor", wrap=True, min=8), Col("dtype", drop=1),
+        calls, quiet, more = self.listed(verbose=verbose, limit=limit)
+        cols = [Col("call"), Col("op"), Col("tensor", wrap=True, min=8), Col("dtype", drop=1),
                 Col("status", wrap=True), Col("cosine"), Col("max abs"), Col("max rel", drop=3), Col("1/1000", drop=4),
                 Col("5/1000", drop=5), Col("mismatched", wrap=True), Col("bf16 ulps", wrap=True, drop=2)]
         style = {"identical": "green", "pass": "yellow", "fail": "red", "missing": "red"}
         rows = []
-        for c in self.calls:
+        for c in calls:
             if not c.tensors:
                 rows.append([_label(c), c.op, "-", "-", Text(c.status, style="magenta"), *[""] * 7])
             for t in c.tensors:
@@ -134,9 +158,20 @@ class Report:
                              Text(t.status, style=style.get(t.status, "white")), _fmt(t.cosine), _fmt(t.max_abs_err),
                              _fmt(t.max_rel_err), _fmt(t.one_thousandth_ratio), _fmt(t.five_thousandths_ratio),
                              f"{t.mismatched}/{t.size}", hist])
-        print_table(console, "ascend-emu compare: device (expected) vs emulator", cols, rows,
-                    more="--json / --csv")
-        for c in self.calls:
+        title = ("ascend-emu compare: device (expected) vs emulator" if verbose else
+                 "ascend-emu compare: device (expected) vs emulator, the calls that did not pass")
+        if rows and not fits(cols, rows, console.width):  # op names fold only where nothing else fits
+            cols[1] = Col("op", wrap=True, min=14)
+        if rows:
+            print_table(console, title, cols, rows, more="--json / --csv")
+        elif not verbose:
+            console.print("every call identical or within the criterion")
+        if quiet or more:
+            left = [f"{quiet} call(s) identical or within the criterion" if quiet else "",
+                    f"{more} more call(s) that did not pass" if more else ""]
+            console.print(f"not listed: {' and '.join(x for x in left if x)} (-v / --verbose lists every call, "
+                          "--json / --csv hold them all)")
+        for c in calls:
             if c.reason and c.status != "deduplicated":  # counted in the selection line
                 console.print(f"call {_label(c)} {c.api}: [magenta]{c.status}[/]: {c.reason}")
             for t in c.tensors:
@@ -166,7 +201,7 @@ class Report:
         if self.meta is not None:
             statuses = sorted({k for v in self.meta["per_op"].values() for k in v})
             per_op = [[op, *(str(counts.get(k, 0)) for k in statuses)] for op, counts in self.meta["per_op"].items()]
-            print_table(console, "per op", [Col("op", wrap=True, min=14)] + [Col(k) for k in statuses], per_op,
+            print_table(console, "per op", [Col("op")] + [Col(k) for k in statuses], per_op,
                         more="--json")
             sel = self.meta["selection"]
             asked = [f"{k} {','.join(map(str, v))}" for k, v in sel.items()
@@ -177,12 +212,12 @@ class Report:
             console.print(f"selection: {'; '.join(asked) if asked else 'every call'} ({sel['calls']} call(s))")
         console.print(f"{s['calls']} call(s): " + ", ".join(f"{v} {k}" for k, v in s["by_status"].items()))
 
-    def text(self, width: int = 160) -> str:
+    def text(self, width: int = 160, *, verbose: bool = False) -> str:
         """:meth:`render` into a string."""
         from rich.console import Console
 
         console = Console(file=io.StringIO(), width=width, color_system=None)
-        self.render(console)
+        self.render(console, verbose=verbose)
         return console.file.getvalue()
 
     def heatmaps(self, directory: str | os.PathLike) -> list[str]:

@@ -29,6 +29,16 @@ CACHE_DTYPES = {
     "uint8": np.dtype(np.uint8),  # HiF8 codes (torch_npu's hifloat8 tensors are uint8)
     "float8_e4m3fn": np.dtype(MLA_ROWS["float8_e4m3fn"].cache_dtype),
 }
+#: Short names accepted wherever the inspector takes a dtype name (``--dtype bf16``), each the
+#: name of one of :data:`CACHE_DTYPES`.
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
+                 "float": "float32", "fp8_e4m3fn": "float8_e4m3fn"}
+
+
+def canonical_dtype_name(name: str) -> str:
+    """``name`` with a short name (:data:`DTYPE_ALIASES`: ``bf16``, ``fp16``, ``fp32``...)
+    replaced by its full one; any other string unchanged (the caller checks it)."""
+    return DTYPE_ALIASES.get(name, name)
 #: The k_nope element type of a 656-byte-row cache of each dtype (uint8: HiF8 codes, the Ascend 950).
 ROW_ELEMENTS = {"int8": "int8", "uint8": "hifloat8", "float8_e4m3fn": "float8_e4m3fn"}
 #: Bytes shown per dump line: one NZ fractal row (C0 elements), 32 bytes of an ND row.
@@ -73,14 +83,15 @@ def dtype_name(dtype) -> str:
 
 
 def resolve_dtype(dtype, name: str = "dtype") -> np.dtype:
-    """A cache dtype from a name (``bfloat16``, ``float16``, ``float32``, ``int8``) or dtype.
+    """A cache dtype from a name (``bfloat16``, ``float16``, ``float32``, ``int8``, ``uint8``,
+    ``float8_e4m3fn``, or a short name of :data:`DTYPE_ALIASES` such as ``bf16``) or dtype.
 
     Raises:
         DTypeError: any other dtype.
     """
-    key = dtype if isinstance(dtype, str) else dtype_name(dtype)
+    key = canonical_dtype_name(dtype) if isinstance(dtype, str) else dtype_name(dtype)
     if key not in CACHE_DTYPES:
-        raise arg_error(DTypeError, name, f"one of {list(CACHE_DTYPES)}", key)
+        raise arg_error(DTypeError, name, f"one of {list(CACHE_DTYPES)} (or {list(DTYPE_ALIASES)})", key)
     return CACHE_DTYPES[key]
 
 

@@ -19,7 +19,7 @@ from .files import jsonable
 
 #: Bytes per dump row, widest first: the text view shows the widest that fits the terminal (every
 #: dump line of 32 bytes is split into rows of that many bytes, each with its own offset).
-ROW_BYTES = (32, 16, 8)
+ROW_BYTES = (32, 16, 8, 4)
 
 
 def _err(msg: str) -> None:
@@ -64,10 +64,21 @@ def _byte_range(text: str) -> tuple[int, int | None]:
         raise argparse.ArgumentTypeError(f"expected START or START:STOP byte offsets, got {text!r}")
 
 
+def _span(text: str) -> tuple[int | None, int | None]:
+    """``START:STOP`` (either end may be left out: ``:64``, ``128:``) or one index ``I`` (``I:I+1``)."""
+    try:
+        lo, sep, hi = text.partition(":")
+        if not sep:
+            return int(lo), int(lo) + 1
+        return (int(lo) if lo.strip() else None), (int(hi) if hi.strip() else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:STOP (either may be left out) or one index, got {text!r}")
+
+
 # ---------------------------------------------------------------------------------------- cache arguments
 def _add_geometry(p: argparse.ArgumentParser, *, file: str | None) -> None:
     from ..layouts import CACHE_MODE_ALIASES, CACHE_MODES
-    from .cache import CACHE_DTYPES
+    from .cache import CACHE_DTYPES, DTYPE_ALIASES, canonical_dtype_name
 
     if file == "one":
         p.add_argument("file", nargs="?", help="cache file: .npz (ascend_emu.inspect.save_cache), .pt (torch.save "
@@ -76,11 +87,12 @@ def _add_geometry(p: argparse.ArgumentParser, *, file: str | None) -> None:
         p.add_argument("file_a", help="first cache file")
         p.add_argument("file_b", help="second cache file")
     p.add_argument("--cache-mode", choices=list(CACHE_MODES) + list(CACHE_MODE_ALIASES),
-                   help="cache layout (required without an .npz file)")
+                   help="cache layout (required without an .npz file)" if file else "cache layout (required)")
     p.add_argument("--shape", type=parse_shape,
                    help="declared shape (PA_* [BlockNum, BlockSize, Nkv, D]; BSND [B, S, Nkv, D]; TND [T, Nkv, D]; "
                         "Norm [B, 1, cache_length, D]) or NZ storage shape [BlockNum, D/C0, BlockSize, C0]")
-    p.add_argument("--dtype", choices=list(CACHE_DTYPES), help="cache dtype")
+    p.add_argument("--dtype", type=canonical_dtype_name, choices=list(CACHE_DTYPES),
+                   help=f"cache dtype (or the short name {', '.join(DTYPE_ALIASES)})")
     p.add_argument("--combined", action="store_true", default=None,
                    help="cache of 656-byte rows (512 k_nope | 64 bf16 k_rope | 4 fp32 scales; k_nope int8, or "
                         "on the Ascend 950 HiF8 (--dtype uint8) / float8_e4m3fn); automatic for such ND caches "
@@ -98,8 +110,12 @@ def _spec(ns, name: str = "--shape"):
     return CacheSpec.from_shape(ns.cache_mode, ns.shape, ns.dtype, combined=ns.combined, name=name)
 
 
-def _load(ns, path: str):
+def _load(ns, path: str | None):
     from .files import load_cache
+
+    if path is None:  # dump / diff read bytes: the geometry alone is not enough
+        raise _usage("FILE: expected a cache file to read the bytes from (--cache-mode / --shape / --dtype "
+                     "only describe it), got none")
 
     return load_cache(path, cache_mode=ns.cache_mode, shape=ns.shape, dtype=ns.dtype, combined=ns.combined)
 
@@ -239,13 +255,24 @@ def _dump_rows(res, cache, per_row: int, one_slot: bool) -> tuple[list[list[str]
     return rows, sections
 
 
+def _closed(span):
+    """A --slot / --block span for :func:`~ascend_emu.inspect.dump.dump`: one index, or
+    ``(start, stop)`` (an open end: from 0 / one past start)."""
+    if span is None:
+        return None
+    lo, hi = span
+    lo = 0 if lo is None else lo
+    return lo if hi is None or hi == lo + 1 else (lo, hi)
+
+
 def cmd_dump(ns) -> int:
     """``inspect dump``: annotated hexdump."""
     from .dump import dump
 
     cache = _load(ns, ns.file)
     start, stop = ns.bytes if ns.bytes is not None else (None, None)
-    res = dump(cache, slot=ns.slot, block=ns.block, start=start, stop=stop)
+    res = dump(cache, slot=_closed(ns.slot), block=_closed(ns.block), start=start, stop=stop,
+               dims=None if ns.dims is None else (ns.dims[0] or 0, ns.dims[1] if ns.dims[1] is not None else 1 << 62))
     if ns.json:
         _print_json(res.to_dict())
         return 0
@@ -254,13 +281,22 @@ def cmd_dump(ns) -> int:
     combined, nz = cache.spec.row_format is not None, cache.layout.nz
     slots = sorted({(ln.slot, ln.block, ln.row) for ln in res.lines})
     one_slot = len(slots) == 1
+    # values and dequant never fold: each on one line per row. Bytes per row: the most with which
+    # every column fits; if none, the fewest (dequant left out, named) when there is a dequant
+    # column (so a wider terminal never shows fewer bytes per row), else the most with which the
+    # rest fits. So the dump never gets taller as the terminal gets wider.
     cols = ([Col("offset", justify="right")] + ([] if one_slot else [Col("slot (b,r)", wrap=True, min=8)])
-            + [Col("field [elements]", wrap=True, min=16), Col("bytes"), Col("values", wrap=True, min=15)]
-            + ([Col("dequant", wrap=True, drop=1, min=16)] if combined else []))
+            + [Col("field [elements]", wrap=True, min=16), Col("bytes"), Col("values")]
+            + ([Col("dequant", drop=1)] if combined else []))
+    chosen = None
     for per_row in ROW_BYTES:
         rows, sections = _dump_rows(res, cache, per_row, one_slot)
-        if fits(cols, rows, con.width):
+        if fits(cols, rows, con.width, optional=True):
             break
+        if chosen is None and not combined and fits(cols, rows, con.width):
+            chosen = (per_row, rows, sections)
+    else:
+        per_row, rows, sections = chosen if chosen is not None else (per_row, rows, sections)
     where_ = f" of slot {slots[0][0]} (block {slots[0][1]}, row {slots[0][2]})" if one_slot else ""
     print_table(con, f"{res.what}: bytes [{res.start}, {res.stop}){where_}, {len(rows)} row(s) of up to {per_row} "
                      f"bytes", cols, rows, sections=sections)
@@ -275,20 +311,47 @@ def cmd_dump(ns) -> int:
 
 
 # ---------------------------------------------------------------------------------------- grid
+#: A grid of more cells than this is shown through a window unless --rows / --chunks pick one.
+GRID_TEXT_CELLS = 4096
+#: The default window of such a grid: its first rows (4 fractals) and C0 chunks.
+GRID_WINDOW_ROWS, GRID_WINDOW_CHUNKS = 64, 16
+
+
+def _grid_window(ns, extent: tuple[int, int]) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """The (rows, chunks) window of ``inspect grid``: --rows / --chunks as given (``START:STOP``,
+    either end optional), the rest of a grid over :data:`GRID_TEXT_CELLS` cells limited to the
+    default window."""
+    n_chunks, n_rows = extent
+    big = n_chunks * n_rows > GRID_TEXT_CELLS
+
+    def pick(given, total, default):
+        if given is not None:
+            lo, hi = given
+            return (0 if lo is None else lo, total if hi is None else hi)
+        return (0, min(total, default)) if big else None
+
+    return pick(ns.rows, n_rows, GRID_WINDOW_ROWS), pick(ns.chunks, n_chunks, GRID_WINDOW_CHUNKS)
+
+
 def cmd_grid(ns) -> int:
-    """``inspect grid``: NZ fractal grid of a cache block or a weight."""
-    from .grid import grid, weight_grid
+    """``inspect grid``: NZ fractal grid of a cache block or a weight (a window of a large one)."""
+    from .grid import grid, grid_extent, weight_grid
 
     if ns.weight_shape is not None:
         if ns.dtype is None:
             raise _usage("--weight-shape needs --dtype")
-        g = weight_grid(ns.weight_shape, _np_dtype(ns.dtype), batch=ns.batch)
+        rows, chunks = _grid_window(ns, grid_extent(weight_shape=ns.weight_shape, dtype=_np_dtype(ns.dtype)))
+        g = weight_grid(ns.weight_shape, _np_dtype(ns.dtype), batch=ns.batch, rows=rows, chunks=chunks)
     else:
-        g = grid(_cache_or_spec(ns), ns.block)
+        spec = _cache_or_spec(ns)
+        rows, chunks = _grid_window(ns, grid_extent(spec))
+        g = grid(spec, ns.block, rows=rows, chunks=chunks)
     if ns.png:
+        from ..progress import busy
         from .plot import plot_grid
 
-        plot_grid(g, ns.png)
+        with busy(f"drawing {ns.png}"):
+            plot_grid(g, ns.png)
     if ns.json:
         _print_json(g.to_dict())
         return 0
@@ -296,13 +359,13 @@ def cmd_grid(ns) -> int:
     chunks, rows = g.shape
     who = "slot" if g.kind == "cache block" else "m"
     base = int(g.offset.min())
-    cols = [Col("row")] + [Col(f"C0#{j}\n[{int(g.first_col[j, 0])}:{int(g.first_col[j, 0]) + g.c0}]")
+    cols = [Col("row")] + [Col(f"C0#{g.chunk0 + j}\n[{int(g.first_col[j, 0])}:{int(g.first_col[j, 0]) + g.c0}]")
                            for j in range(chunks)]
     table = []
     for r in range(rows):
         held = {int(v) for v in g.logical_row[:, r] if v >= 0}
-        label = f"{r}: " + (f"{who} {held.pop()}" if len(held) == 1 else "pad" if not held else
-                            f"{who} {sorted(held)}")
+        label = f"{g.row0 + r}: " + (f"{who} {held.pop()}" if len(held) == 1 else "pad" if not held else
+                                     f"{who} {sorted(held)}")
         cells = []
         for j in range(chunks):
             cell = "pad" if g.logical_row[j, r] < 0 else f"+{int(g.offset[j, r]) - base}"
@@ -310,10 +373,15 @@ def cmd_grid(ns) -> int:
                 cell += f" ({int(g.valid_cols[j, r])} cols)"
             cells.append(cell)
         table.append([label, *cells])
+    window = ""
+    if not g.whole:
+        n_chunks, n_rows = g.extent
+        window = (f"\nwindow: rows [{g.row0}, {g.row0 + rows}) of {n_rows}, C0 chunks [{g.chunk0}, {g.chunk0 + chunks})"
+                  f" of {n_chunks}; --rows START:STOP / --chunks START:STOP pick another")
     print_table(con, f"{g.title}\ncell = the {g.c0 * g.itemsize} bytes of one row's C0 chunk, shown as its byte "
-                     f"offset from {base}; memory runs down each C0 column, then on to the next",
+                     f"offset from {base}; memory runs down each C0 column, then on to the next{window}",
                 [Col(f"row: {who}")] + cols[1:], table,
-                sections=range(g.fractal_rows, rows, g.fractal_rows))
+                sections=[r for r in range(1, rows) if (g.row0 + r) % g.fractal_rows == 0])
     if ns.png:
         con.print(f"picture: {ns.png}")
     return 0
@@ -335,9 +403,11 @@ def cmd_diff(ns) -> int:
     a, b = _load(ns, ns.file_a), _load(ns, ns.file_b)
     res = diff(a, b, expect_slots=ns.expect_slots)
     if ns.png:
+        from ..progress import busy
         from .plot import plot_diff
 
-        plot_diff(res, ns.png)
+        with busy(f"drawing {ns.png}"):
+            plot_diff(res, ns.png)
     s = res.summary
     bad = s["bytes"] if s["outside_expected_bytes"] is None else s["outside_expected_bytes"]
     if ns.json:
@@ -363,9 +433,10 @@ def cmd_diff(ns) -> int:
         con.print(f"... {len(res.slots) - ns.max_slots} more slot(s) (--max-slots, or --json for all)")
     lines = [f"summary: {s['bytes']} bytes, slots {', '.join(map(str, s['slots'][:32]))}"
              f"{' ...' if len(s['slots']) > 32 else ''}",
-             f"  max ulp (bf16): {s['max_ulp_bf16']}, max int8 delta: {s['max_int8_delta']}, "
-             f"scale bytes: {s['scale_bytes']}, NaN on one side: {s['nan_mismatch']}, "
-             f"NaN on both (equal): {res.nan_equal}"]
+             "  " + ", ".join(f"{name}: {value}" for name, value in (
+                 ("max ulp (bf16)", s["max_ulp_bf16"]), ("max int8 delta", s["max_int8_delta"]),
+                 ("scale bytes", s["scale_bytes"]), ("NaN on one side", s["nan_mismatch"]),
+                 ("NaN on both (equal)", res.nan_equal)) if value is not None)]  # none that does not apply
     if s["outside_expected_bytes"] is not None:
         lines.append(f"  outside the expected slots: {s['outside_expected_bytes']} bytes in slots "
                      f"{s['outside_expected_slots']}")
@@ -510,9 +581,10 @@ def add_inspect_parser(sub) -> None:
     p = cmds.add_parser("dump", help="annotated hexdump of a slot, a block or a byte range")
     _add_geometry(p, file="one")
     sel = p.add_mutually_exclusive_group(required=True)
-    sel.add_argument("--slot", type=int, help="one slot, all fields")
-    sel.add_argument("--block", type=int, help="one block, in memory order")
+    sel.add_argument("--slot", type=_span, metavar="SLOT[:STOP]", help="one slot (or a range), all fields")
+    sel.add_argument("--block", type=_span, metavar="BLOCK[:STOP]", help="one block (or a range), in memory order")
     sel.add_argument("--bytes", type=_byte_range, help="START[:STOP] byte range (STOP default START+32)")
+    p.add_argument("--dims", type=_span, metavar="START:STOP", help="only these elements of each field")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_guard(cmd_dump, "inspect dump"))
 
@@ -521,7 +593,13 @@ def add_inspect_parser(sub) -> None:
     p.add_argument("--block", type=int, default=0, help="block id (default 0)")
     p.add_argument("--weight-shape", type=parse_shape, help="instead: FRACTAL_NZ weight of this ND shape [.., M, N]")
     p.add_argument("--batch", type=int, default=0, help="with --weight-shape: flat batch matrix index")
-    p.add_argument("--png", metavar="PATH", help="write a picture")
+    p.add_argument("--rows", type=_span, metavar="START:STOP",
+                   help=f"rows (m / block rows) shown; default all, or the first {GRID_WINDOW_ROWS} of a grid over "
+                        f"{GRID_TEXT_CELLS} cells")
+    p.add_argument("--chunks", type=_span, metavar="START:STOP",
+                   help=f"C0 chunks (column groups) shown; default all, or the first {GRID_WINDOW_CHUNKS} of a grid "
+                        f"over {GRID_TEXT_CELLS} cells")
+    p.add_argument("--png", metavar="PATH", help="write a picture (of the window shown)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_guard(cmd_grid, "inspect grid"))
 

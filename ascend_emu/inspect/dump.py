@@ -72,24 +72,44 @@ class Dump:
         return asdict(self)
 
 
-def dump(cache: Cache, *, slot: int | None = None, block: int | None = None, start: int | None = None,
-         stop: int | None = None) -> Dump:
-    """Annotated hexdump of exactly one of: a slot, a block, or a byte range.
+#: Most bytes one dump covers (slot / block ranges); pick narrower ranges (or --dims) for more.
+MAX_DUMP_BYTES = 1 << 20
+
+
+def _span(value, total: int, name: str) -> tuple[int, int]:
+    """``(start, stop)`` of an index or a ``(start, stop)`` pair, checked against ``[0, total)``."""
+    if isinstance(value, (tuple, list)):
+        start, stop = (int(v) for v in value)
+    else:
+        start = int(value)
+        stop = start + 1
+    if not 0 <= start < stop <= total:
+        what = f"a {name} in [0, {total})" if stop == start + 1 else f"a {name} range start:stop within [0, {total}]"
+        raise arg_error(IndexRangeError, name, what, start if stop == start + 1 else f"{start}:{stop}")
+    return start, stop
+
+
+def dump(cache: Cache, *, slot: int | tuple[int, int] | None = None, block: int | tuple[int, int] | None = None,
+         start: int | None = None, stop: int | None = None, dims: tuple[int, int] | None = None) -> Dump:
+    """Annotated hexdump of exactly one of: slots, blocks, or a byte range.
 
     Args:
         cache: the cache with its bytes.
-        slot: every byte of this slot (all heads, all fields), in element order.
+        slot: every byte of this slot (all heads, all fields), in element order; or a
+            ``(start, stop)`` range of slots, one after the other.
         block: every byte of this block, in memory order (NZ: C0 chunk by chunk, 16-row
-            fractals marked).
+            fractals marked); or a ``(start, stop)`` range of blocks.
         start, stop: bytes ``[start, stop)`` in memory order, widened to whole elements; ``stop``
             defaults to ``start + 32``.
+        dims: only elements ``[dims[0], dims[1])`` of each field (the columns of a row).
 
     Returns:
         A :class:`Dump`; ``tiles`` lists the per-tile scales and dequantised k_nope range of
         every combined row the dump touches.
 
     Raises:
-        ShapeError: not exactly one of slot / block / start given.
+        ShapeError: not exactly one of slot / block / start given; more than
+            :data:`MAX_DUMP_BYTES` bytes; ``dims`` leaving no byte.
         IndexRangeError: slot, block or bytes outside the cache.
     """
     spec, lay = cache.spec, cache.layout
@@ -97,16 +117,21 @@ def dump(cache: Cache, *, slot: int | None = None, block: int | None = None, sta
     if len(chosen) != 1:
         raise arg_error(ShapeError, "slot/block/start", "exactly one of them", chosen or None)
     if slot is not None:
-        ranges = where(spec, slot).ranges
-        offsets = np.concatenate([np.arange(r.start, r.stop) for r in ranges])  # [row bytes]
-        title = f"slot {int(slot)}"
+        s0, s1 = _span(slot, lay.num_blocks * lay.block_size, "slot")
+        if (s1 - s0) * lay.heads * lay.row_bytes > MAX_DUMP_BYTES:
+            raise arg_error(ShapeError, "slot", f"at most {MAX_DUMP_BYTES} bytes of slots",
+                            f"{s1 - s0} slots of {lay.heads * lay.row_bytes} bytes")
+        offsets = np.concatenate([np.arange(r.start, r.stop) for s in range(s0, s1)
+                                  for r in where(spec, s).ranges])  # [row bytes]
+        title = f"slot {s0}" if s1 == s0 + 1 else f"slots {s0}-{s1 - 1}"
     elif block is not None:
-        block = int(block)
-        if not 0 <= block < lay.num_blocks:
-            raise arg_error(IndexRangeError, "block", f"a block in [0, {lay.num_blocks})", block)
+        b0, b1 = _span(block, lay.num_blocks, "block")
         span = lay.block_size * lay.row_bytes  # a block is contiguous in every mode
-        offsets = np.arange(block * span, (block + 1) * span)
-        title = f"block {block}"
+        if (b1 - b0) * span > MAX_DUMP_BYTES:
+            raise arg_error(ShapeError, "block", f"at most {MAX_DUMP_BYTES} bytes of blocks",
+                            f"{b1 - b0} blocks of {span} bytes")
+        offsets = np.arange(b0 * span, b1 * span)
+        title = f"block {b0}" if b1 == b0 + 1 else f"blocks {b0}-{b1 - 1}"
     else:
         start = int(start)
         stop = start + LINE_BYTES if stop is None else int(stop)
@@ -115,8 +140,18 @@ def dump(cache: Cache, *, slot: int | None = None, block: int | None = None, sta
         lo = start - int(map_bytes(spec, start).byte)
         last = map_bytes(spec, stop - 1)
         hi = stop - 1 - int(last.byte) + spec.fields[int(last.field)].size
+        if hi - lo > MAX_DUMP_BYTES:
+            raise arg_error(ShapeError, "start/stop", f"at most {MAX_DUMP_BYTES} bytes", f"{hi - lo} bytes")
         offsets = np.arange(lo, hi)
         title = f"bytes [{lo}, {hi})"
+    if dims is not None:
+        d0, d1 = (int(v) for v in dims)
+        element = map_bytes(spec, offsets).element  # [bytes]
+        keep = offsets[(element >= d0) & (element < d1)]
+        if not 0 <= d0 < d1 or keep.size == 0:
+            raise arg_error(ShapeError, "dims", "a range start:stop of elements the dump holds", f"{d0}:{d1}")
+        offsets = keep
+        title += f", elements [{d0}, {d1}) of each field"
     lines = _lines(cache, offsets)
     slots = sorted({ln.slot for ln in lines})
     tiles = _tiles(cache, slots) if spec.row_format is not None else []

@@ -66,27 +66,33 @@ def plot_grid(g: Grid, path) -> str:
 
 
 def grid_figure(g: Grid):
-    """The fractal grid ``g`` as a matplotlib Figure.
+    """The fractal grid ``g`` (or the window of it that ``g`` holds) as a matplotlib Figure.
 
-    Each cell is one row's C0 chunk (``c0 * itemsize`` bytes), coloured by the slot (cache) or ND
-    row m (weight) it holds, padding grey, 16-row fractals and C0 columns outlined. Grids of at
-    most :data:`GRID_LABEL_CELLS` cells carry the slot and byte offset in each cell; larger ones
-    (a 512-wide cache has 32 C0 chunks) are colour only, with every ``k``-th tick labelled.
+    Each cell is one row's C0 chunk (``c0 * itemsize`` bytes). Cells are coloured by the fractal
+    they belong to (16 rows x one C0 chunk, the unit the NZ layout stores contiguously), the
+    colours following the fractals' order in memory, so the tiling shows at any size; padding is
+    grey, fractal and C0 boundaries are white lines. Grids of at most :data:`GRID_LABEL_CELLS`
+    cells carry the slot / row and byte offset in each cell; larger ones label each fractal with
+    its first byte offset while there are at most :data:`GRID_LABEL_CELLS` fractals, and thin
+    the ticks. Axis ticks are the grid's own row and chunk numbers (a window keeps them).
 
     Raises:
         ModuleNotFoundError: matplotlib missing.
     """
     plt = _pyplot()
     chunks, rows = g.shape
-    data = np.ma.masked_less(g.logical_row.astype(float), 0)  # [chunks, rows]
+    # a fractal (16 rows x C0) is contiguous in memory: its number in memory order colours it
+    tile = g.offset // (g.fractal_rows * g.c0 * g.itemsize)  # [chunks, rows]
+    data = np.ma.masked_where(g.logical_row < 0, (tile % 20).astype(float))  # [chunks, rows]
     labelled = chunks * rows <= GRID_LABEL_CELLS
     cell_w = 0.75 if labelled else 0.3
     fig, ax = plt.subplots(figsize=(min(3 + cell_w * chunks, 16), min(2 + (0.28 if labelled else 0.12) * rows, 14)))
-    cmap = plt.get_cmap("viridis").with_extremes(bad="#d0d0d0")
-    im = ax.imshow(data.T, cmap=cmap, aspect="auto", interpolation="nearest",
+    cmap = plt.get_cmap("tab20").with_extremes(bad="#d0d0d0")
+    im = ax.imshow(data.T, cmap=cmap, vmin=0, vmax=20, aspect="auto", interpolation="nearest",
                    extent=(-0.5, chunks - 0.5, rows - 0.5, -0.5))
-    for r in range(g.fractal_rows, rows, g.fractal_rows):
-        ax.axhline(r - 0.5, color="white", lw=1.5)
+    for r in range(1, rows):
+        if (g.row0 + r) % g.fractal_rows == 0:
+            ax.axhline(r - 0.5, color="white", lw=1.5)
     for j in range(1, chunks):
         ax.axvline(j - 0.5, color="white", lw=0.8 if labelled or chunks <= 64 else 0.3)
     base = int(g.offset.min())
@@ -98,24 +104,32 @@ def grid_figure(g: Grid):
                 label = ("pad" if lr < 0 else f"{who} {lr}") + f"\n+{int(g.offset[j, r]) - base}"
                 if 0 < g.valid_cols[j, r] < g.c0:
                     label += f"\n({int(g.valid_cols[j, r])} cols)"
-                ink = "black" if lr < 0 else _ink(im.cmap(im.norm(lr)))
+                ink = "black" if lr < 0 else _ink(im.cmap(im.norm(data[j, r])))
                 ax.text(j, r, label, ha="center", va="center", fontsize=6, color=ink)
+    else:
+        starts = [r for r in range(rows) if (g.row0 + r) % g.fractal_rows == 0 or r == 0]
+        if chunks * len(starts) <= GRID_LABEL_CELLS:
+            for j in range(chunks):
+                for r in starts:
+                    end = min(r + g.fractal_rows - (g.row0 + r) % g.fractal_rows, rows)
+                    ax.text(j, (r + end - 1) / 2, f"+{int(g.offset[j, r]) - base}", ha="center", va="center",
+                            fontsize=6 if chunks > 8 else 7, rotation=90 if chunks > 8 else 0, color="black")
     xt = range(chunks) if labelled else _ticks(chunks)
     ax.set_xticks(list(xt), [f"{int(g.first_col[j, 0])}-{int(g.first_col[j, 0]) + g.c0 - 1}" for j in xt],
                   rotation=90, fontsize=7)
     yt = range(rows) if rows <= 32 else _ticks(rows)
-    ax.set_yticks(list(yt), [str(r) for r in yt], fontsize=7)
-    ax.set_xlabel(f"C0 chunk (its dims / columns); {chunks} chunks")
+    ax.set_yticks(list(yt), [str(g.row0 + r) for r in yt], fontsize=7)
+    ax.set_xlabel(f"C0 chunk (its dims / columns); chunks {g.chunk0}-{g.chunk0 + chunks - 1}")
     ax.set_ylabel(f"row of the block (fractals of {g.fractal_rows} rows)" if g.kind == "cache block"
                   else f"row m (fractals of {g.fractal_rows} rows)")
     cell = (f"one cell = one row's C0 chunk, {g.c0} elements = {g.c0 * g.itemsize} bytes; memory runs down each "
-            f"C0 column, then on to the next")
+            f"C0 column, then on to the next; one colour = one fractal ({g.fractal_rows} rows x C0), in memory order")
     where = (f"cells show {who} and +byte offset from {base}" if labelled else
-             f"{chunks} x {rows} cells: colour only; `ascend-emu inspect grid` (text / --json) lists every offset;"
-             f" column j starts at +{g.offset[1, 0] - g.offset[0, 0] if chunks > 1 else 0}*j bytes from {base}")
-    ax.set_title(f"{g.title}\n{cell}\n{where}", fontsize=8)
-    fig.colorbar(im, ax=ax, label=f"{'slot' if g.kind == 'cache block' else 'ND row m'} held by the cell "
-                                  f"(grey: padding)")
+             f"{chunks} x {rows} cells; fractals labelled with their +byte offset from {base}; "
+             "`ascend-emu inspect grid` (text / --json) lists every offset")
+    window = "" if g.whole else (f"\nwindow: rows {g.row0}-{g.row0 + rows - 1} of {g.extent[1]}, C0 chunks "
+                                 f"{g.chunk0}-{g.chunk0 + chunks - 1} of {g.extent[0]} (--rows / --chunks)")
+    ax.set_title(f"{g.title}\n{cell}\n{where}{window}", fontsize=8)
     return fig
 
 
@@ -128,13 +142,24 @@ def plot_diff(d: Diff, path, *, title: str | None = None) -> str:
     return _save(diff_figure(d, title=title), path)
 
 
-def diff_figure(d: Diff, *, title: str | None = None):
+#: Most blocks a diff heat map shows when it crops to the blocks that differ.
+DIFF_CROP_BLOCKS = 64
+#: Most differing slots outlined one by one in a diff heat map.
+DIFF_OUTLINED_SLOTS = 512
+
+
+def diff_figure(d: Diff, *, title: str | None = None, crop: bool = True):
     """The blocks x rows heat map of ``d`` (differing bytes per slot) as a matplotlib Figure.
 
     The colour scale is fixed and logarithmic, from 1 byte to a whole slot (so one flipped byte
     and a fully rewritten slot are both plainly visible, whatever else changed); unchanged slots
     are light grey. With ``expect_slots`` the expected slots are outlined green and every slot
     that changed outside them red. ``title`` (e.g. the call and tensor) heads the picture.
+    Every differing slot is outlined (up to :data:`DIFF_OUTLINED_SLOTS`) and every differing
+    block marked with a red ``<`` beside the picture, so one byte in a large cache is seen; with
+    ``crop`` (default) a cache of more than :data:`DIFF_CROP_BLOCKS` blocks, or one where at most
+    that many differ, is shown as only the blocks that differ (at most that many), labelled by
+    their block ids.
 
     Raises:
         ModuleNotFoundError: matplotlib missing.
@@ -146,37 +171,62 @@ def diff_figure(d: Diff, *, title: str | None = None):
     heat = d.heat  # [BlockNum, BlockSize]
     nb, bs = heat.shape
     slot_bytes = max(int(d.cache["nbytes"]) // max(nb * bs, 1), 1)
-    fig, ax = plt.subplots(figsize=(min(4 + 0.3 * bs, 16), min(2.5 + 0.3 * nb, 14)))
-    data = np.ma.masked_equal(heat.astype(float), 0)
+    differing = np.flatnonzero(heat.any(axis=1))  # blocks with a differing byte
+    shown = np.arange(nb)
+    if crop and 0 < differing.size < nb and (nb > DIFF_CROP_BLOCKS or differing.size <= DIFF_CROP_BLOCKS):
+        shown = differing[:DIFF_CROP_BLOCKS]  # only the blocks that differ
+    row_of = {int(b): i for i, b in enumerate(shown)}  # block -> picture row
+    sub = heat[shown]  # [shown blocks, BlockSize]
+    n = len(shown)
+    fig, ax = plt.subplots(figsize=(min(4 + 0.3 * bs, 16), min(2.5 + 0.3 * n, 14)))
+    data = np.ma.masked_equal(sub.astype(float), 0)
     cmap = ListedColormap(plt.get_cmap("magma_r")(np.linspace(0.22, 1.0, 256))).with_extremes(bad="#f0f0f0")
     im = ax.imshow(data, cmap=cmap, norm=LogNorm(vmin=1, vmax=max(slot_bytes, int(heat.max()), 2)), aspect="auto",
                    interpolation="nearest")
     ax.set_xlabel("row inside the block")
-    ax.set_ylabel("block")
+    ax.set_ylabel("block" + ("" if n == nb else " (only those that differ)"))
     xt = range(bs) if bs <= 32 else _ticks(bs)
     ax.set_xticks(list(xt), [str(r) for r in xt], fontsize=7)
-    yt = range(nb) if nb <= 64 else _ticks(nb)
-    ax.set_yticks(list(yt), [str(b) for b in yt], fontsize=7)
+    yt = range(n) if n <= 64 else _ticks(n)
+    ax.set_yticks(list(yt), [str(int(shown[i])) for i in yt], fontsize=7)
+    # every differing slot outlined (so one byte in a large cache is seen), and each differing
+    # block marked beside the picture
+    cells = np.argwhere(sub > 0)  # [k, 2] (picture row, row in block)
+    if len(cells) <= DIFF_OUTLINED_SLOTS:
+        for i, r in cells:
+            ax.add_patch(Rectangle((r - 0.5, i - 0.5), 1, 1, fill=False, ec="#2b2b2b", lw=0.8))
+    marked = [row_of[int(b)] for b in differing if int(b) in row_of]
+    from matplotlib.transforms import blended_transform_factory
+
+    ax.plot([1.02] * len(marked), marked, ls="", marker="<", color="#d62728", markersize=6, clip_on=False,
+            transform=blended_transform_factory(ax.transAxes, ax.transData))  # right of the picture
+    ax.set_xlim(-0.5, bs - 0.5)
+    ax.set_ylim(n - 0.5, -0.5)
     s = d.summary
     handles = []
     if s["outside_expected_bytes"] is not None:
         for slot in d.expect_slots or ():
-            if 0 <= slot < nb * bs:
-                b, r = divmod(slot, bs)
-                ax.add_patch(Rectangle((r - 0.5, b - 0.5), 1, 1, fill=False, ec="#1a9850", lw=1.5, ls="--"))
+            b, r = divmod(slot, bs)
+            if 0 <= slot < nb * bs and b in row_of:
+                ax.add_patch(Rectangle((r - 0.5, row_of[b] - 0.5), 1, 1, fill=False, ec="#1a9850", lw=1.5, ls="--"))
         for slot in s["outside_expected_slots"]:
             b, r = divmod(slot, bs)
-            ax.add_patch(Rectangle((r - 0.45, b - 0.45), 0.9, 0.9, fill=False, ec="red", lw=2.5))
-            ax.text(r, b, "!", ha="center", va="center", color="red", fontsize=9, fontweight="bold")
+            if b in row_of:
+                ax.add_patch(Rectangle((r - 0.45, row_of[b] - 0.45), 0.9, 0.9, fill=False, ec="red", lw=2.5))
+                ax.text(r, row_of[b], "!", ha="center", va="center", color="red", fontsize=9, fontweight="bold")
         handles = [Rectangle((0, 0), 1, 1, fill=False, ec="#1a9850", lw=1.5, ls="--",
                              label="expected slot (--expect-slots)"),
                    Rectangle((0, 0), 1, 1, fill=False, ec="red", lw=2.5,
                              label=f"changed outside them ({len(s['outside_expected_slots'])} slot(s))")]
-        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.12 - 0.02 * (nb <= 8)),
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.12 - 0.02 * (n <= 8)),
                   ncol=2, frameon=False)
-    what = (f"{s['bytes']} differing bytes in {len(s['slots'])} slot(s)"
+    what = (f"{s['bytes']} differing bytes in {len(s['slots'])} slot(s) of {differing.size} block(s)"
             + (f"; {s['outside_expected_bytes']} bytes in {len(s['outside_expected_slots'])} slot(s) outside the "
                f"expected ones" if s["outside_expected_bytes"] is not None else ""))
+    if n < nb:
+        what += (f"\nshowing the {n} block(s) that differ, of {nb}" +
+                 (f" (the first {n}; --json lists all)" if n < differing.size else "")
+                 + "; differing blocks marked < and slots outlined")
     ax.set_title((f"{title}\n" if title else "") + what, fontsize=9)
     cb = fig.colorbar(im, ax=ax)
     cb.set_label(f"differing bytes per slot (log scale; a slot is {slot_bytes} bytes)")

@@ -44,3 +44,14 @@ __all__ += ["npu_rms_norm_dynamic_quant", "inplace_partial_rotary_mul", "compres
             "compressor_metadata_out"]
 __all__ += ["npu_hc_pre_v2", "npu_hc_pre_v3", "npu_hc_pre", "npu_hc_pre_inv_rms", "npu_hc_pre_sinkhorn",
             "npu_hc_post"]
+
+
+def __getattr__(name: str):
+    """``ascend_emu.ops.<op>`` for an op the emulator does not have: an ``AttributeError`` saying
+    so, where the emulated ops are listed and how to mock it (:func:`ascend_emu.errors.not_emulated`)."""
+    if name.startswith("_"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}", name=name)
+    from ..errors import not_emulated
+
+    raise not_emulated("ascend_emu.ops", name, [n for n in __all__ if n.startswith("npu_")],
+                       listed_in="ascend_emu.ops.__all__ and docs/ops.md", mock="ascend_emu.ops")

@@ -60,6 +60,43 @@ __version__ = f"{TORCH_NPU_VERSION}+ascend_emu.{_emu_version}"
 version = __version__
 
 _NPU_OPS = sorted({spec.name for spec in SCHEMAS if spec.namespace == "npu"})
+
+
+def _explain_missing_ops() -> None:
+    """``torch.ops.<namespace>.<op>`` of a namespace the emulator registers, for an op it does not
+    have: the not-emulated ``AttributeError`` (:func:`ascend_emu.errors.not_emulated`) instead of
+    torch's "'_OpNamespace' object has no attribute". The namespace objects keep their class's
+    behaviour for every registered op (a subclass that only rewrites that error)."""
+    from torch._ops import _OpNamespace
+
+    from ..errors import not_emulated
+
+    registered: dict[str, set[str]] = {}
+    for spec in SCHEMAS:
+        registered.setdefault(spec.namespace, set()).add(spec.name)
+    done = namespaces.report()
+    for spec in namespaces.NAMESPACE_SCHEMAS:
+        if done.get(f"{spec.namespace}::{spec.qualified}") == "registered":
+            registered.setdefault(spec.namespace, set()).add(spec.name)
+
+    class _EmulatedNamespace(_OpNamespace):
+        def __getattr__(self, op_name):
+            try:
+                return super().__getattr__(op_name)
+            except AttributeError:
+                if op_name.startswith("_"):
+                    raise
+                raise not_emulated(f"torch.ops.{self.name}", op_name, registered.get(self.name, ()),
+                                   listed_in="docs/torch_npu.md", mock=f"torch.ops.{self.name}") from None
+
+    for ns_name in registered:
+        ns = getattr(torch.ops, ns_name)
+        if type(ns) is _OpNamespace:
+            ns.__class__ = _EmulatedNamespace
+
+
+_explain_missing_ops()
+
 for _name in _NPU_OPS:  # torch_npu.<op>: the registered op, through a thin argument-kind check
     globals()[_name] = _registry.public_op("npu", _name)
 del _name
@@ -82,5 +119,16 @@ def install() -> None:
 
 
 from . import atb, testing  # noqa: E402
+
+
+def __getattr__(name: str):
+    """``torch_npu.<op>`` for an op the emulator does not have: an ``AttributeError`` saying so,
+    where the emulated ops are listed and how to mock it (:func:`ascend_emu.errors.not_emulated`)."""
+    if name.startswith("_"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}", name=name)
+    from ..errors import not_emulated
+
+    raise not_emulated("torch_npu", name, _NPU_OPS, listed_in="torch_npu.__all__ and docs/torch_npu.md",
+                       mock="torch_npu")
 
 __all__ = ["atb", "npu", "testing", "install", "__version__", *_NPU_OPS, *NPU_DTYPE_CODES]
