@@ -259,9 +259,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "            mp = np.float32(np.float32(_exp_f64(lm - mnf)) + eps)",
            "            mp = np.float32(_exp_f64(lm - mnf))",
            C8, "C8 P quant: maxP without FLOAT_EPS (127 / 0 in a block whose exp underflows)"),
-    Mutant("fia_c8_eps_changed", "ascend_emu/ops/fused_infer_attention_score.py",
-           "C8_FLOAT_EPS = 2.220446049250313e-16", "C8_FLOAT_EPS = 1e-12",
-           C8, "C8 P quant: FLOAT_EPS 1e-12 instead of 2.2e-16"),
+    # (FLOAT_EPS changed to another small value, 1e-12, survives these tests: no input found tells
+    # it apart, see test_c8_online_softmax_across_blocks_is_bit_exact's docstring; not listed)
     Mutant("fia_c8_dequant_order", "ascend_emu/emu/fused_infer_attention_score.py",
            "    d1 = ((qs.astype(np.float32) * ks).astype(np.float32) * np.float32(args.scale)).astype(np.float32)",
            "    d1 = (qs.astype(np.float32) * np.float32(ks * np.float32(args.scale))).astype(np.float32)",

@@ -452,13 +452,16 @@ def test_c8_online_softmax_across_blocks_is_bit_exact(rng):
     tiny maxP: output and lse bit for bit against the reference, lse included (the fp32 exp of
     both is of a float64 exp within a few float64 ulps, so it rounds alike).
 
-    FLOAT_EPS: in a block whose every ``exp(S - m)`` underflows, ``maxP = 0 + FLOAT_EPS`` keeps
-    the P quant's ``127 / maxP`` finite. Its value is not observable otherwise: eps changes the
-    fp32 ``maxP`` only where ``exp(local max - m) < 2**24 * eps`` (~3.7e-9), and there
-    ``fp16(maxP)`` is 0, so that block's staged P @ V is 0 whatever P holds (its exps still enter
-    the sum through ``l``, which does not involve eps). Dropping eps is therefore equivalent too in
-    this kernel as long as the NaN P of an underflowed block converts to a finite int8 (it is
-    scaled by fp16(maxP) = 0); the check here is that the output stays finite and exact."""
+    FLOAT_EPS: in a block whose every ``exp(S - m)`` underflows (head 2's blocks 1 and 2),
+    ``maxP = 0 + FLOAT_EPS`` keeps the P quant's ``127 / maxP`` finite; without eps it is
+    ``0 * inf`` there, and this test fails. Another small eps (1e-12, say) is not told apart by
+    any input found: eps moves the fp32 ``maxP`` only where ``exp(local max - m) < 2**24 * eps``,
+    so that block's staged ``P @ V`` is scaled by ``fp16(maxP)``, at most a few fp16 subnormal
+    steps, while the block holding the max stages with ``maxP >= 1``; a P code that eps flips
+    moves the small block's staged value by about ``127 / 1024 * fp16(maxP)``, below the fp16
+    spacing of the accumulator it is added to (and ``l``, the sum of the exps, has no eps). Not
+    strictly equivalent: a row whose max block stages near 0 (a separate value cache with zero
+    rows there) might show it; not constructed here."""
     q, cache, kw = _c8_multi_block_case(rng)
     out, lse = ops.npu_fused_infer_attention_score_v2(q, cache, cache, **kw, return_softmax_lse=True)
     want_out, want_lse = _ref_c8(q, cache, kw)

@@ -43,6 +43,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
 from .. import __version__ as _emu_version
 from . import _device, _format, _registry, namespaces, npu
 from ._dtypes import NPU_DTYPE_CODES
+from ._format import Format
 from ._dtypes import patch_torch as _patch_version
 from ._convert import nz_of, tag_nz, to_numpy, to_torch
 from .schemas import SCHEMAS
@@ -83,4 +84,4 @@ def install() -> None:
 
 from . import atb, testing  # noqa: E402
 
-__all__ = ["atb", "npu", "testing", "install", "__version__", *_NPU_OPS, *NPU_DTYPE_CODES]
+__all__ = ["atb", "npu", "testing", "install", "__version__", "Format", *_NPU_OPS, *NPU_DTYPE_CODES]
