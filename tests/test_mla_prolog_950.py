@@ -247,7 +247,7 @@ def test_950_per_tensor_kv_quant_saturates(a950, modes):
     slots = ref_a2.slots_paged(cache_index)
     live = [s for s in slots if s >= 0]
     got = ref_a2.read_rows(kv.view(np.uint8), live, nz=False, block_size=16)  # [2, 512] codes
-    want = np.asarray([r for r, s in zip(c.gold["kv"], slots) if s >= 0]).view(np.uint8)
+    want = np.asarray([r for r, s in zip(c.gold["kv"], slots, strict=True) if s >= 0]).view(np.uint8)
     top = ref.MAX_VALUE[c.element]
     saturated = np.abs(ref.decode(want, c.element).astype(np.float64)) == top
     assert saturated.mean() > 0.5  # the data reaches the saturation
