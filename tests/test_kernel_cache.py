@@ -44,9 +44,10 @@ print(json.dumps(dict(package=ascend_emu.__file__, cache=str(kernel_cache_dir())
                       hits=sum(k.stats.cache_hits.values()), misses=sum(k.stats.cache_misses.values()))))
 """
 
-# The helper's rounding: round to nearest even -> truncate.
+# The helper's rounding: round to nearest even -> truncate (u + 0 * lsb), an edit of the same
+# length: a cache key built on the files' lengths (or sizes / line counts) alone would miss it.
 _RNE = "np.uint16((u + np.uint32(0x7FFF) + lsb) >> np.uint32(16))"
-_TRUNCATE = "np.uint16(u >> np.uint32(16))"
+_TRUNCATE = "np.uint16((u + np.uint32(0x0000) * lsb) >> np.uint32(16))"
 
 
 def _bf16(values) -> list[float]:
@@ -86,8 +87,9 @@ def test_editing_an_inlined_helper_recompiles_the_kernel(tmp_path):
 
     helper = root / "ascend_emu" / "quant" / "rounding.py"
     text = helper.read_text()
-    assert text.count(_RNE) == 1
+    assert text.count(_RNE) == 1 and len(_RNE) == len(_TRUNCATE)
     helper.write_text(text.replace(_RNE, _TRUNCATE))
+    assert len(helper.read_bytes()) == len(text.encode())
     edited = _probe(root, parent)
     assert edited["out"] == _truncated(_VALUES) and edited["misses"] == 1 and edited["hits"] == 0
     assert Path(edited["cache"]).parent == parent / "ascend_emu" and edited["cache"] != cold["cache"]

@@ -72,7 +72,7 @@ def nz(c, element):
 class Case:
     """Inputs of one scenario (codes and scales) and the reference results."""
 
-    def __init__(self, modes, *, hcq=1536, d=128, n=N, smooth=False, seed=5):
+    def __init__(self, modes, *, hcq=1536, d=128, n=N, smooth=False, seed=5, ckv_scale=3.0):
         rng = np.random.default_rng(seed)
         self.modes, self.hcq, self.d, self.n = modes, hcq, d, n
         mode, kvq, _ = modes
@@ -97,7 +97,7 @@ class Case:
             if smooth:
                 self.scales["smooth_scales_cq"] = rng.uniform(0.5, 1.5, (1, hcq)).astype(np.float32)
         if kvq == 1:
-            self.scales["quant_scale_ckv"] = np.array([3.0], np.float32)
+            self.scales["quant_scale_ckv"] = np.array([ckv_scale], np.float32)
         if kvq == 3:  # required in fp8 / hif8 per-tile; optional in mxfp8 (vllm-ascend passes it)
             self.scales["k_nope_clip_alpha"] = np.array([0.5], np.float32)  # not applied to 8-bit tiles
         self.gold = ref.mla_prolog_950(self.x, self.w["weight_dq"], self.w["weight_uq_qr"], self.w_uk,
@@ -232,6 +232,29 @@ def test_950_modes_match_reference(a950, modes, cache_mode):
         assert kr.size == 0
     else:
         assert_cache(kr, kr_before, g["kr"], slots, nz_layout=nz_layout, block_size=16, what="kr_cache")
+
+
+@pytest.mark.parametrize("modes", [(4, 1, 1), (5, 1, 1)], ids=["fp8", "hif8"])
+def test_950_per_tensor_kv_quant_saturates(a950, modes):
+    """kv_cache_quant_mode 1 with a quant_scale_ckv that takes most ``|kv * scale|`` past the
+    element's largest value (E4M3FN 448; HiF8 32768, and past 40960, where a cast without
+    saturation rounds to Inf): the cache holds the +-max codes (``SatMode::SAT``), never a NaN or
+    Inf code, and every code equals the reference's."""
+    c = case(modes, smooth=modes[0] == 4, ckv_scale=1e7)
+    kv, kr = c.caches()
+    cache_index = np.array([5, -1, 20], np.int64)
+    npu_mla_prolog_v3(*c.inputs(), kv, kr, cache_index=cache_index, cache_mode="PA_BSND", **c.kwargs())
+    slots = ref_a2.slots_paged(cache_index)
+    live = [s for s in slots if s >= 0]
+    got = ref_a2.read_rows(kv.view(np.uint8), live, nz=False, block_size=16)  # [2, 512] codes
+    want = np.asarray([r for r, s in zip(c.gold["kv"], slots, strict=True) if s >= 0]).view(np.uint8)
+    top = ref.MAX_VALUE[c.element]
+    saturated = np.abs(ref.decode(want, c.element).astype(np.float64)) == top
+    assert saturated.mean() > 0.5  # the data reaches the saturation
+    values = ref.decode(got, c.element).astype(np.float64)
+    assert np.isfinite(values).all(), "kv_cache holds NaN / Inf codes"
+    np.testing.assert_array_equal(got[saturated], want[saturated])
+    assert_codes(got, want, c.element, "kv_cache")
 
 
 def test_950_widened_shapes(a950):

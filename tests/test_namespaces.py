@@ -361,6 +361,45 @@ def test_custom_mla_prolog_v3_and_functional(prolog):
         CUSTOM.npu_mla_prolog_v3(*args, kv, kr, **kw, token_x_dtype=None)
 
 
+# ---------------------------------------------------------------------- defaults pinned to the sources
+def test_defaults_pinned_to_the_upstream_schemas(sfa, li, prolog):
+    """The defaults a framework's call leaves out, pinned to the upstream registrations (written
+    here, not read from this package's schema strings) on data where the value shows:
+    vllm-ascend ``csrc/torch_binding.cpp``: ``_C_ascend.npu_sparse_flash_attention`` ``int
+    sparse_mode=3``, ``_C_ascend.npu_lightning_indexer`` ``int sparse_count=2048``;
+    cann-recipes-infer ``ops_def_registration.cpp``: ``custom.npu_lightning_indexer`` ``int
+    sparse_count=2048``, ``custom.npu_mla_prolog_v3_functional`` ``str cache_mode='PA_BSND'``."""
+    # sparse_mode 3 (causal: request 0's first query token sees kv positions 0 .. kv_len - 3)
+    # against 0: that token picks the last kv position, which only mode 0 lets it see
+    full = {k: v for k, v in _vllm_sfa_kwargs(sfa, attention_mode=2).items() if k != "sparse_mode"}
+    picks = full["sparse_indices"].clone()
+    last = int(full["actual_seq_lengths_kv"][0]) - 1
+    if last not in picks[0, 0].tolist():
+        picks[0, 0, 0] = last
+    full["sparse_indices"] = picks
+    default = C.npu_sparse_flash_attention(**full)[0]
+    causal = C.npu_sparse_flash_attention(**full, sparse_mode=3)[0]
+    plain = C.npu_sparse_flash_attention(**full, sparse_mode=0)[0]
+    assert _bytes(causal) != _bytes(plain)
+    _same(default, causal, "attention_out, sparse_mode left at _C_ascend's default 3")
+
+    kwargs, _ = li  # the indexer's output has sparse_count columns (-1 past the visible positions)
+    rest = {k: v for k, v in kwargs.items() if k != "sparse_count"}
+    want = torch_npu.npu_lightning_indexer(**rest, sparse_count=2048)[0]
+    assert want.shape[-1] == 2048
+    _same(C.npu_lightning_indexer(**rest)[0], want, "_C_ascend sparse_indices, sparse_count left at 2048")
+    _same(CUSTOM.npu_lightning_indexer(**rest), want, "custom sparse_indices, sparse_count left at 2048")
+
+    args, caches, kw = prolog  # PA_BSND and PA_NZ lay the same rows out differently
+    rest = {k: v for k, v in kw.items() if k != "cache_mode"}
+    outs = {mode: CUSTOM.npu_mla_prolog_v3_functional(*args, *caches(), **rest, cache_mode=mode)
+            for mode in ("PA_BSND", "PA_NZ")}
+    assert _bytes(outs["PA_BSND"][5]) != _bytes(outs["PA_NZ"][5])
+    got = CUSTOM.npu_mla_prolog_v3_functional(*args, *caches(), **rest)
+    _same(got[5], outs["PA_BSND"][5], "kv_cache copy, cache_mode left at 'PA_BSND'")
+    _same(got[6], outs["PA_BSND"][6], "kr_cache copy, cache_mode left at 'PA_BSND'")
+
+
 # ---------------------------------------------------------------------- torch_npu.<op> = torch.ops.custom.<op>
 def test_recipes_mount_custom_ops_onto_torch_npu(monkeypatch, li, sfa):
     """cann-recipes-infer's custom_ops/__init__.py (and so sglang, which imports it) assigns every

@@ -60,11 +60,13 @@ def test_scatter_default_mode_is_pa_nz_and_none_is_norm(rng):
     key, value, kc, vc, slots = _scatter_case(rng, "PA_NZ", "float16")
     want = ref.scatter(key, value, kc, vc, slots, "PA_NZ")
     ops.npu_scatter_pa_kv_cache(key, value, kc, vc, slots)
-    assert_same_bytes(kc, want[0]) and assert_same_bytes(vc, want[1])
+    assert_same_bytes(kc, want[0], "key_cache")
+    assert_same_bytes(vc, want[1], "value_cache")
     key, value, kc, vc, slots = _scatter_case(rng, "Norm", "bfloat16")
     want = ref.scatter(key, value, kc, vc, slots, "Norm")
     ops.npu_scatter_pa_kv_cache(key, value, kc, vc, slots, cache_mode=None)
-    assert_same_bytes(kc, want[0]) and assert_same_bytes(vc, want[1])
+    assert_same_bytes(kc, want[0], "key_cache")
+    assert_same_bytes(vc, want[1], "value_cache")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
@@ -90,7 +92,8 @@ def test_scatter_duplicate_slots_warn_and_last_token_wins(rng):
     want_k, want_v = ref.scatter(key, value, kc, vc, slots, "Norm")
     with pytest.warns(DuplicateSlotWarning, match="slot_mapping"):
         ops.npu_scatter_pa_kv_cache(key, value, kc, vc, slots, cache_mode="Norm")
-    assert_same_bytes(kc, want_k) and assert_same_bytes(vc, want_v)
+    assert_same_bytes(kc, want_k, "key_cache")
+    assert_same_bytes(vc, want_v, "value_cache")
 
 
 def _reject(call, arrays, err, match):

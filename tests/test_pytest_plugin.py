@@ -79,6 +79,8 @@ def test_torch_npu_is_the_emulator_for_the_session():
     assert torch_npu.npu.utils.get_cann_version() == torch.version.cann
     # the codes vllm-ascend's tests/ut conftest sets by hand (op-plugin _meta_registrations.py: 290, 293, 296)
     assert (torch_npu.hifloat8, torch_npu.float8_e8m0fnu, torch_npu.float4_e2m1fn_x2) == (290, 293, 296)
+    # and the other two codes without a torch dtype (op-plugin _meta_registrations.py: 285, 297)
+    assert (torch_npu.int4, torch_npu.float4_e1m2fn_x2) == (285, 297)
 
 
 def test_npu_generator_is_seeded(npu_generator):
@@ -117,6 +119,8 @@ def test_block_table_from_seq_lens(block_table):
     t = block_table(seq_lens, 16, num_blocks=9)
     table = t.block_table.cpu().numpy()
     assert t.block_table.dtype == torch.int32 and table.shape == (4, 3) and t.num_blocks == 9
+    for b, n in enumerate(seq_lens):  # vLLM pads a row past its blocks with 0, never -1
+        assert (table[b, -(-n // 16):] == 0).all(), table
     used = [int(v) for b, n in enumerate(seq_lens) for v in table[b, :-(-n // 16)]]
     assert len(set(used)) == len(used) == 1 + 3 + 0 + 2 and all(0 <= v < 9 for v in used)
     want = ref.slots_block_table(table, seq_lens, 16)
@@ -156,7 +160,9 @@ def test_a_conftest_mock_replacing_the_emulator_stops_the_session(tmp_path):
     (tmp_path / "test_mocked.py").write_text("def test_never_runs():\n    raise AssertionError('ran')\n")
     proc = _pytest(tmp_path, "-p", "ascend_emu.pytest_plugin")
     assert proc.returncode == 4, proc.stdout + proc.stderr
-    assert "torch_npu: expected the emulator" in proc.stderr + proc.stdout and "ran" not in proc.stdout
+    out = proc.stderr + proc.stdout
+    assert "torch_npu: expected the emulator" in out and "after the conftest files loaded" in out
+    assert "ran" not in proc.stdout
 
 
 #: A test calling an emulated op with a wrong argument (cos 63 wide), one whose fixture call is
@@ -205,3 +211,20 @@ def test_errors_through_the_plugin_stop_at_the_call_into_the_emulator(tmp_path):
     for full in (run(ASCEND_EMU_TRACEBACK="1"), run("--fulltrace")):
         assert "ascend_emu/ops/rope.py" in full and "inside ascend_emu hidden" not in full
         assert len(full.splitlines()) > len(short.splitlines()) + 40
+
+
+
+@pytest.mark.slow
+def test_a_test_module_mocking_torch_npu_at_import_stops_the_session(tmp_path):
+    """A test module (not a conftest) that swaps a mock in for torch_npu when it is imported is
+    caught once collection ends, before any test runs (its own or another module's)."""
+    pytest.importorskip("torch")
+    (tmp_path / "test_a_first.py").write_text("def test_never_runs():\n    raise AssertionError('a test ran')\n")
+    (tmp_path / "test_b_mocks.py").write_text(
+        "import sys\nfrom unittest.mock import MagicMock\nsys.modules['torch_npu'] = MagicMock()\n\n"
+        "def test_never_runs_either():\n    raise AssertionError('a test ran')\n")
+    proc = _pytest(tmp_path, "-p", "ascend_emu.pytest_plugin")
+    out = proc.stderr + proc.stdout
+    assert proc.returncode == 4, out
+    assert "torch_npu: expected the emulator" in out and "after collection" in out and "MagicMock" in out
+    assert "a test ran" not in out and "passed" not in out

@@ -110,6 +110,21 @@ def test_no_fp16_staging_on_the_float_path(soc950):
     assert not np.array_equal(out, golden)
 
 
+@pytest.mark.parametrize("weights_dtype", [BF16, np.dtype(np.float16)], ids=["bf16", "fp16"])
+def test_weight_product_rounding_decides_the_indices(soc950, weights_dtype):
+    """``w * qs`` rounded to fp16 for fp16 weights only (bf16 weights with fp32 scales stay fp32):
+    1024 positions and half of them kept, so scores near the cut are close enough that the other
+    rounding picks other indices (checked on the reference, then the op must give its own)."""
+    rng = np.random.default_rng(31)
+    inputs, kw = make_case(rng, "float8_e4m3fn", weights_dtype, "TND", "TND", [2, 2], [1024, 1024], n1=8)
+    out = ops.npu_quant_lightning_indexer(*inputs, 0, 0, sparse_count=512, sparse_mode=0, **kw)
+    want, _ = qli_ref(*inputs, sparse_count=512, sparse_mode=0, element="float8_e4m3fn", **kw)
+    other, _ = qli_ref(*inputs, sparse_count=512, sparse_mode=0, element="float8_e4m3fn",
+                       stage_ws=weights_dtype == BF16, **kw)
+    assert not np.array_equal(want, other)  # the data tells the two roundings apart
+    np.testing.assert_array_equal(out, want)
+
+
 @pytest.mark.parametrize("soc", ["Ascend910B2", "Ascend910_9391"])
 @pytest.mark.parametrize("element, argument", [("float8_e4m3fn", "query"), ("hifloat8", "query_dtype")])
 def test_950_inputs_rejected_on_a2_a3(monkeypatch, soc, element, argument):

@@ -103,6 +103,55 @@ def test_exact_inputs_bit_identical(soc950, element, with_sinks):
         assert raw(plain).tobytes() != raw(out).tobytes()
 
 
+def _softmax_stats(monkeypatch) -> dict:
+    """Have npu_kv_quant_sparse_flash_attention's backend also return softmax_max / softmax_sum
+    (the quant op returns only attention_out; the non-quant op returns both with
+    ``return_softmax_lse``): they land in the returned dict as ``"max"`` / ``"sum"``."""
+    import dataclasses
+
+    from ascend_emu.ops import sparse_flash_attention as sfa
+
+    got: dict = {}
+    real = sfa.get_backend
+
+    class Spy:
+        def sparse_flash_attention(self, args):
+            result = real().sparse_flash_attention(dataclasses.replace(args, return_softmax_lse=True))
+            got["max"], got["sum"] = result.softmax_max, result.softmax_sum
+            return result
+
+    monkeypatch.setattr(sfa, "get_backend", Spy)
+    return got
+
+
+@pytest.mark.parametrize("element", ["int8", "float8_e4m3fn"])
+def test_sinks_above_the_max_score_many_picks(soc950, monkeypatch, element):
+    """Sinks above every score of their head (so the sink is the max, and ``exp(sink - m) = 1``
+    starts the sum, the kv exps added to it one by one), three tokens, 200 picks each: the
+    softmax max and sum bit for bit against the golden softmax of the reference, and the output
+    too (the scores are exact in fp32; so is ``P @ V`` here: P has 8 significant bits and 200
+    terms, V at most 4 bits times a power of two, with the sum's few binades). A sink left out of
+    the max changes every max; one added after the kv sum rounds the sum differently."""
+    rng = np.random.default_rng(23)
+    b, s2, picks = 3, 256, 200
+    query, key, _ = _exact_case(rng, element, b=b, s2=s2, picks=2)
+    idx = _indices(rng, (b, 1), [s2] * b, picks, s2)
+    kw = dict(attention_mode=2, sparse_mode=0)
+    _, plain_max, _, _ = reference(query, key, key, idx, 2.0 ** -12, quant=True, sparse_mode=0, element=element)
+    top = plain_max.max(axis=0).reshape(-1)  # [48] each head's largest score over the tokens
+    sinks = (top + rng.uniform(0.25, 3.0, 48)).astype(np.float32)
+    sinks[::8] = top[::8] - 0.5  # and a few heads whose sink is below their max
+    stats = _softmax_stats(monkeypatch)
+    out = ops.npu_kv_quant_sparse_flash_attention(query, key, key, idx, 2.0 ** -12, 2, 2, sinks=sinks, **kw)
+    gold, smax, ssum, valid = reference(query, key, key, idx, 2.0 ** -12, quant=True, sparse_mode=0,
+                                        element=element, sinks=sinks)
+    assert valid.all() and (smax.reshape(b, 48) >= sinks).all()
+    assert (smax.reshape(b, 48)[:, 1:8] == sinks[1:8]).all()  # the sink is the max where above
+    np.testing.assert_array_equal(stats["max"].reshape(-1).view(np.uint32), smax.reshape(-1).view(np.uint32))
+    np.testing.assert_array_equal(stats["sum"].reshape(-1).view(np.uint32), ssum.reshape(-1).view(np.uint32))
+    np.testing.assert_array_equal(raw(out), raw(gold))
+
+
 @pytest.mark.parametrize("layout", [("BSND", "BSND"), ("TND", "PA_BSND")])
 @pytest.mark.parametrize("element", ["hifloat8", "float8_e4m3fn"])
 def test_golden_style_inputs(soc950, element, layout):

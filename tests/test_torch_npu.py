@@ -134,6 +134,16 @@ def test_format_cast_2_gives_untagged_copy():
     assert torch.equal(w_nd, w_nz) and w_nd.data_ptr() != w_nz.data_ptr()
 
 
+def test_format_enum_holds_the_acl_codes():
+    """``torch_npu.Format`` (callers cast with ``torch_npu.Format.FRACTAL_NZ``; msprobe's dump
+    compares ``get_npu_format(t)`` with it): CANN ``acl_base.h``'s ``aclFormat`` values."""
+    acl = dict(UNDEFINED=-1, NCHW=0, NHWC=1, ND=2, NC1HWC0=3, FRACTAL_Z=4, NC1HWC0_C04=12, HWCN=16, NDHWC=27,
+               FRACTAL_NZ=29, NCDHW=30, NDC1HWC0=32, FRACTAL_Z_3D=33, NC=35, NCL=47)
+    assert {f.name: int(f) for f in torch_npu.Format} == acl
+    w_nz = torch_npu.npu_format_cast(torch.randn(32, 16).to(torch.bfloat16), torch_npu.Format.FRACTAL_NZ)
+    assert torch_npu.get_npu_format(w_nz) == torch_npu.Format.FRACTAL_NZ == 29
+
+
 def test_format_cast_rejects_unknown_format():
     with pytest.raises(ModeError, match="acl_format"):
         torch_npu.npu_format_cast(torch.randn(16, 16), 5)

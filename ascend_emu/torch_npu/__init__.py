@@ -43,6 +43,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
 from .._version import __version__ as _emu_version
 from . import _device, _format, _registry, namespaces, npu
 from ._dtypes import NPU_DTYPE_CODES
+from ._format import Format
 from ._dtypes import patch_torch as _patch_version
 from ._convert import nz_of, tag_nz, to_numpy, to_torch
 from .schemas import SCHEMAS
@@ -131,4 +132,4 @@ def __getattr__(name: str):
     raise not_emulated("torch_npu", name, _NPU_OPS, listed_in="torch_npu.__all__ and docs/torch_npu.md",
                        mock="torch_npu")
 
-__all__ = ["atb", "npu", "testing", "install", "__version__", *_NPU_OPS, *NPU_DTYPE_CODES]
+__all__ = ["atb", "npu", "testing", "install", "__version__", "Format", *_NPU_OPS, *NPU_DTYPE_CODES]

@@ -36,6 +36,7 @@ metadata and its re-application) and ``test/npu/test_serialization.py``.
 
 from __future__ import annotations
 
+import enum
 import functools
 import threading
 
@@ -56,6 +57,30 @@ KEPT_FORMATS = {0: "NCHW", 3: "NC1HWC0", 4: "FRACTAL_Z", 30: "NCDHW", 32: "NDC1H
 
 #: Every format ``npu_format_cast`` accepts.
 ACCEPTED_FORMATS = {ND: "ND", FRACTAL_NZ: "FRACTAL_NZ", **KEPT_FORMATS}
+
+class Format(enum.IntEnum):
+    """``torch_npu.Format``: the ACL storage-format codes (CANN ``acl_base.h`` ``aclFormat``), ints
+    that ``npu_format_cast`` and ``get_npu_format`` take and give. Callers write
+    ``npu_format_cast(w, torch_npu.Format.FRACTAL_NZ)`` (vllm-ascend, cann-recipes-infer) and
+    msprobe's dump compares ``get_npu_format(t) == torch_npu.Format.FRACTAL_NZ``. Only the codes of
+    :data:`ACCEPTED_FORMATS` are emulated; the others name what the enum holds."""
+
+    UNDEFINED = -1
+    NCHW = 0
+    NHWC = 1
+    ND = 2
+    NC1HWC0 = 3
+    FRACTAL_Z = 4
+    NC1HWC0_C04 = 12
+    HWCN = 16
+    NDHWC = 27
+    FRACTAL_NZ = 29
+    NCDHW = 30
+    NDC1HWC0 = 32
+    FRACTAL_Z_3D = 33
+    NC = 35
+    NCL = 47
+
 
 #: A cast to ND (2) of a 4-D tensor in one of these formats gives NCHW (0), as torch_npu does
 #: (their base format is NCHW; op-plugin's test_format_cast expects 3 -> 2 to report 0).

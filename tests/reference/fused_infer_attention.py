@@ -155,7 +155,8 @@ def reference_c8(query, key, value, query_rope, key_rope, dequant_scale_query, d
     (``incre_flash_attention_preload_mla.h`` / ``ifa_service_matmul_full_quant.h``):
     ``raw = (q . k as an int, through the fp32 bias 2**23 + 2**21) + q_rope . k_rope`` (float64 dot
     rounded to fp32), ``S = raw * fp32(fp32(qs * ks) * scale)``; per block: running max ``m``,
-    ``e = fp32(exp(S - m))``, ``l = l * exp(m_old - m) + sum e``, ``maxP = exp(local max - m) +
+    ``e = fp32(exp(S - m))`` (each difference of fp32 values taken in fp32, as the vector unit
+    subtracts, its exp in float64), ``l = l * exp(m_old - m) + sum e``, ``maxP = exp(local max - m) +
     2.2e-16``, ``P = int8(fp16(e * fp32(127 / maxP)))``, ``pv = fp16(int(P . V) / 1024)``,
     ``pv = fp16(pv * fp16(maxP))``, ``acc = fp16(fp16(acc * fp16(exp(m_old - m))) + pv)``; at the
     end ``out = bf16(fp32(fp32(acc) * 1024 / l) * fp32(vs / 127))``, ``lse = m + ln l``.
@@ -202,13 +203,13 @@ def reference_c8(query, key, value, query_rope, key_rope, dequant_scale_query, d
                     blk_s = scores[lo:min(lo + kv_block, limit)]
                     local = np.float32(max(blk_s))
                     m_new = max(m, local)
-                    resc = np.float32(np.exp(np.float64(m) - np.float64(m_new))) if acc is not None else np.float32(0)
-                    e = [np.float32(np.exp(np.float64(x) - np.float64(m_new))) for x in blk_s]
+                    resc = np.float32(np.exp(np.float64(np.float32(m - m_new)))) if acc is not None else np.float32(0)
+                    e = [np.float32(np.exp(np.float64(np.float32(x - m_new)))) for x in blk_s]  # fp32 S - m
                     ssum = np.float32(0)
                     for x in e:
                         ssum = np.float32(ssum + x)
                     total = np.float32(np.float32(resc * total) + ssum)
-                    max_p = np.float32(np.float32(np.exp(np.float64(local) - np.float64(m_new)))
+                    max_p = np.float32(np.float32(np.exp(np.float64(np.float32(local - m_new))))
                                        + np.float32(2.220446049250313e-16))
                     qscale = np.float32(np.float32(127.0) / max_p)
                     p = [int(np.rint(_f16(np.float32(x * qscale)))) for x in e]

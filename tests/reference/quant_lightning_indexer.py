@@ -82,10 +82,11 @@ def row_scores(q_row, w_row, qs_row, keys, ks, *, stage_ws=True, stage_s=True, e
 def quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale, *,
                             actual_seq_lengths_query=None, actual_seq_lengths_key=None, block_table=None,
                             layout_query="BSND", layout_key="BSND", sparse_count=2048, sparse_mode=3,
-                            stage_ws=True, stage_s=None, element="int8"):
+                            stage_ws=None, stage_s=None, element="int8"):
     """Reference of ``npu_quant_lightning_indexer`` (key heads N2 = 1). ``element``: ``int8``, or
-    the Ascend 950's ``float8_e4m3fn`` / ``hifloat8`` (codes as uint8); for those ``ws`` is rounded
-    to fp16 only when weights are fp16. ``stage_s`` (default: True for int8, False otherwise).
+    the Ascend 950's ``float8_e4m3fn`` / ``hifloat8`` (codes as uint8). ``stage_ws`` (default: True
+    for int8; for the others True only when weights are fp16) rounds ``w * qs`` to fp16;
+    ``stage_s`` (default: True for int8, False otherwise).
 
     Returns:
         ``(indices, scores)``: int32 indices of the op's output shape (-1 past the selected
@@ -104,8 +105,8 @@ def quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequan
         q_batches = _batch_rows(None, list(actual_seq_lengths_query), prefix=True)
         b_count = len(q_batches)
     w_rows = weights.reshape(-1, n1)
-    if element != "int8":
-        stage_ws = weights.dtype == np.float16
+    if stage_ws is None:
+        stage_ws = element == "int8" or weights.dtype == np.float16
     if stage_s is None:
         stage_s = element == "int8"
     qs_rows = query_dequant_scale.reshape(-1, n1)

@@ -28,6 +28,9 @@ _POSITIONAL_INDEX = {"npu_kv_rmsnorm_rope_cache": 4, "npu_mla_prolog": 9, "npu_m
                      "npu_mla_preprocess": 15}
 
 
+Format = _emu.Format
+
+
 def get_npu_format(t) -> int:
     return _emu.get_npu_format(t)
 
