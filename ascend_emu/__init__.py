@@ -11,4 +11,4 @@ from . import _threads
 
 _threads.configure()  # before any Numba kernel or torch loads an OpenMP runtime
 
-from .checked_mode import checked, mark_written, poison  # noqa: E402
+from .checked_mode import checked, mark_written, poison  # noqa: E402, F401  (public)

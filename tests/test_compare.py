@@ -374,7 +374,12 @@ def test_heatmap_png(tmp_path, monkeypatch):
                              tensors=[compare.compare_tensor("kr_cache", a, e, role="cache", cache_mode="PA_BSND")])
     titles = []
     figure = plot.diff_figure
-    monkeypatch.setattr(plot, "diff_figure", lambda d, **kw: titles.append(kw["title"]) or figure(d, **kw))
+
+    def recording(d, **kw):
+        titles.append(kw["title"])
+        return figure(d, **kw)
+
+    monkeypatch.setattr(plot, "diff_figure", recording)
     (png,) = compare.Report([rep]).heatmaps(tmp_path)
     assert pathlib.Path(png).read_bytes()[:4] == b"\x89PNG"
     (title,) = titles

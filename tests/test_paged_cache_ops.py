@@ -51,7 +51,8 @@ def _scatter_case(rng, mode, dtype, t=7, n=2, dk=64, dv=32, nb=3, bs=16, index="
 def test_scatter_matches_reference(rng, mode, dtype, index):
     key, value, kc, vc, slots = _scatter_case(rng, mode, dtype, index=index)
     want_k, want_v = ref.scatter(key, value, kc, vc, slots, mode)
-    assert ops.npu_scatter_pa_kv_cache(key, value, kc, vc, slots, cache_mode=mode) is None
+    # returns None, as torch_npu's does (in place)
+    assert ops.npu_scatter_pa_kv_cache(key, value, kc, vc, slots, cache_mode=mode) is None  # type: ignore[func-returns-value]
     assert_same_bytes(kc, want_k, "key_cache")
     assert_same_bytes(vc, want_v, "value_cache")
 
@@ -60,11 +61,13 @@ def test_scatter_default_mode_is_pa_nz_and_none_is_norm(rng):
     key, value, kc, vc, slots = _scatter_case(rng, "PA_NZ", "float16")
     want = ref.scatter(key, value, kc, vc, slots, "PA_NZ")
     ops.npu_scatter_pa_kv_cache(key, value, kc, vc, slots)
-    assert_same_bytes(kc, want[0]) and assert_same_bytes(vc, want[1])
+    assert_same_bytes(kc, want[0], "key_cache")
+    assert_same_bytes(vc, want[1], "value_cache")
     key, value, kc, vc, slots = _scatter_case(rng, "Norm", "bfloat16")
     want = ref.scatter(key, value, kc, vc, slots, "Norm")
     ops.npu_scatter_pa_kv_cache(key, value, kc, vc, slots, cache_mode=None)
-    assert_same_bytes(kc, want[0]) and assert_same_bytes(vc, want[1])
+    assert_same_bytes(kc, want[0], "key_cache")
+    assert_same_bytes(vc, want[1], "value_cache")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
@@ -90,7 +93,8 @@ def test_scatter_duplicate_slots_warn_and_last_token_wins(rng):
     want_k, want_v = ref.scatter(key, value, kc, vc, slots, "Norm")
     with pytest.warns(DuplicateSlotWarning, match="slot_mapping"):
         ops.npu_scatter_pa_kv_cache(key, value, kc, vc, slots, cache_mode="Norm")
-    assert_same_bytes(kc, want_k) and assert_same_bytes(vc, want_v)
+    assert_same_bytes(kc, want_k, "key_cache")
+    assert_same_bytes(vc, want_v, "value_cache")
 
 
 def _reject(call, arrays, err, match):
@@ -175,7 +179,8 @@ def test_gather_matches_reference(rng, mode, dtype, offsets, cumsum):
     if mode == "PA_NZ":
         kc = kc.view(NZArray)
         key = key.reshape(ks[0], -1)  # the aclnn doc's [T, N*D]
-    assert ops.npu_gather_pa_kv_cache(kc, vc, table, seq_lens, key, value, seq_offset=seq_offset,
+    # returns None, as torch_npu's does (writes key and value)
+    assert ops.npu_gather_pa_kv_cache(kc, vc, table, seq_lens, key, value, seq_offset=seq_offset,  # type: ignore[func-returns-value]
                                       is_seq_lens_cumsum=cumsum) is None
     assert_same_bytes(key, want_k, "key")
     assert_same_bytes(value, want_v, "value")

@@ -84,7 +84,12 @@ def _spy(monkeypatch, op_name):
     for key, binding in _registry._BINDINGS.items():
         if key.split("::")[1].split(".")[0] == op_name:
             body = binding.body
-            monkeypatch.setattr(binding, "body", lambda params, body=body: seen.append(1) or body(params))
+
+            def counting(params, body=body):
+                seen.append(1)
+                return body(params)
+
+            monkeypatch.setattr(binding, "body", counting)
     return seen
 
 

@@ -99,7 +99,6 @@ from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_err
 from ..layouts import slots_from_block_table
 from ..mla import D_QK, D_ROPE, HCKV, NKV, TILE_SIZE
 from ..quant import MLA_ROW
-from ..quant.combined import NOPE_CACHE_DTYPES
 from ..quant.fp8 import TORCH_NPU_DTYPE_CODES
 from ..soc import is_ascend950, require_ascend950
 from .. import checked_mode
