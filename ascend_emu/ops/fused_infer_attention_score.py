@@ -720,7 +720,7 @@ def _c8_mode(query, quant) -> bool:
         if qqm != 0:
             raise arg_error(ModeError, "query_quant_mode", "0 with a float query (3 only with an int8 query: the C8 "
                             "decode)", qqm)
-        for name, x in zip(("dequant_scale_query", "dequant_scale_key", "dequant_scale_value"), quant[1:]):
+        for name, x in zip(("dequant_scale_query", "dequant_scale_key", "dequant_scale_value"), quant[1:], strict=True):
             if x is not None:
                 raise arg_error(ModeError, name, "None with a float query (the dequant scales belong to the int8 C8 "
                                 "decode)", describe(x))

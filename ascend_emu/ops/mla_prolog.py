@@ -745,7 +745,7 @@ def _select_scenario(version: int, modes: dict, tile_size, reason: str) -> Quant
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
             raise arg_error(ModeError, name, f"one of {list(allowed)}", describe(value))
     key = tuple(int(modes[n]) for n in _MODE_NAMES)
-    shown = ", ".join(f"{n}={v}" for n, v in zip(_MODE_NAMES, key))
+    shown = ", ".join(f"{n}={v}" for n, v in zip(_MODE_NAMES, key, strict=True))
     if version == 3 and key[0] in ASCEND950_WEIGHT_MODES:
         require_ascend950("weight_quant_mode", key[0], ASCEND950_WEIGHT_MODES[key[0]])
     legal = version_limits(version).quant_modes
@@ -994,7 +994,7 @@ def _normalise_full(version: int, values: dict, modes: dict, *, reason: str) -> 
             raise arg_error(DTypeError, name, "a NumPy array (updated in place)", type(values[name]).__name__)
     t = {name: required(values[name], name) for name in names}
     key = tuple(int(modes[n]) for n in _MODE_NAMES)
-    shown = ", ".join(f"{n}={v}" for n, v in zip(_MODE_NAMES, key))
+    shown = ", ".join(f"{n}={v}" for n, v in zip(_MODE_NAMES, key, strict=True))
     for name in names:  # before the scales: a bf16 weight in a quant mode is a dtype error
         want = scenario.dtypes[name]
         if dtype_name(t[name].dtype) != want:

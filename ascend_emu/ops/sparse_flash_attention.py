@@ -320,7 +320,7 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
     op = "npu_sparse_flash_attention"
     checked_mode.read_sparse_attention(op, args, key, key_rope, value, sparse_indices, sparse_block_size, layout_kv)
     result = get_backend().sparse_flash_attention(args)
-    checked_mode.check_finite(op, zip(result._fields, result))
+    checked_mode.check_finite(op, zip(result._fields, result, strict=True))
     return tuple(result)
 
 
@@ -448,7 +448,7 @@ def _int(value, name: str) -> int:
 def _tensor(x, name: str, dtypes, shape, what: str) -> np.ndarray:
     x = required(x, name)
     check_dtype(x, name, dtypes)
-    ok = x.ndim == len(shape) and all(e is None or e == s for e, s in zip(shape, x.shape))
+    ok = x.ndim == len(shape) and all(e is None or e == s for e, s in zip(shape, x.shape, strict=True))
     if not ok:
         shown = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
         raise arg_error(ShapeError, name, f"shape {shown} {what}", list(x.shape))
