@@ -101,7 +101,7 @@ def _reject(call, arrays, err, match):
     before = [a.copy() for a in arrays]
     with pytest.raises(err, match=match):
         call()
-    for a, b in zip(arrays, before):
+    for a, b in zip(arrays, before, strict=True):
         assert_same_bytes(a, b, "array of a rejected call")
 
 
@@ -147,7 +147,7 @@ def test_scatter_rejects_bad_arguments(rng):
     for change, err, match in cases:
         kw = dict(base, **change)
         arrays = [a for a in (kw["key_cache"], kw["value_cache"]) if a.flags.writeable]
-        _reject(lambda: ops.npu_scatter_pa_kv_cache(**kw), arrays, err, match)
+        _reject(lambda kw=kw: ops.npu_scatter_pa_kv_cache(**kw), arrays, err, match)
 
 
 @pytest.mark.parametrize("bs", [8, 24, 65536])
@@ -234,7 +234,7 @@ def test_gather_rejects_before_writing(rng):
     ]
     for change, err, match in cases:
         kw = dict(base, **change)
-        _reject(lambda: ops.npu_gather_pa_kv_cache(**kw), (kw["key"], kw["value"]), err, match)
+        _reject(lambda kw=kw: ops.npu_gather_pa_kv_cache(**kw), (kw["key"], kw["value"]), err, match)
     ok = dict(base, block_tables=unused)
     ops.npu_gather_pa_kv_cache(**ok)  # padding rows the tokens do not read are not validated
 
