@@ -82,7 +82,6 @@ HEAD_NUMS = (1, 2, 4, 8, 16, 32, 64, 128)
 #: Legal per-tile quant tile sizes.
 TILE_SIZES = (128,)
 
-Version = Literal[1, 2, 3]
 CacheModeV3 = Literal["PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND"]
 _OP_NAMES = {1: "npu_mla_prolog", 2: "npu_mla_prolog_v2", 3: "npu_mla_prolog_v3"}
 

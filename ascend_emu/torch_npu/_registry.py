@@ -360,7 +360,6 @@ class _Binding:
 
 _REFUSED = object()
 _Tensor, _strided = torch.Tensor, torch.strided
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
 
