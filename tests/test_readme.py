@@ -166,4 +166,5 @@ def test_readme_test_command_is_what_ci_runs():
           if line.strip() and not line.startswith(("#", "set ", "cd "))]
     install, tests = TEST_COMMAND.split(" && ")
     assert [ci[0], ci[-1]] == [install, tests]
-    assert ci[1:-1] == ["ruff check ascend_emu tests benchmarks examples", "mypy"]
+    gate = ci[1:-1]  # the checks between install and tests (any finding fails the run: set -e)
+    assert "ruff check ascend_emu tests benchmarks examples" in gate and "mypy" in gate, gate
