@@ -10,4 +10,4 @@ from ._version import __version__  # noqa: F401
 
 _threads.configure()  # before any Numba kernel or torch loads an OpenMP runtime
 
-from .checked_mode import checked, mark_written, poison  # noqa: E402
+from .checked_mode import checked, mark_written, poison  # noqa: E402, F401  (public)

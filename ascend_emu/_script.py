@@ -13,14 +13,14 @@ import io
 import sys
 import types
 
-from .tracebacks import ENV_TRACEBACK, full_traceback_wanted, hidden_frames_hint, is_emulator_file
+from .tracebacks import full_traceback_wanted, hidden_frames_hint, is_emulator_file
 
 
 def show_script_exception(script: str, exc: BaseException, *, full: bool | None = None) -> None:
     """Report ``exc`` as Python reports an uncaught exception of a script: traceback from the
     script's first frame on (the launcher's frames dropped), through ``sys.excepthook``.
 
-    Unless ``full`` (default: env :data:`ENV_TRACEBACK` = ``1``), the traceback stops at the
+    Unless ``full`` (default: env ``ASCEND_EMU_TRACEBACK`` = ``1``, :mod:`.tracebacks`), the traceback stops at the
     last frame before the first one inside ``ascend_emu`` (the user's call of an op; the
     emulator's validation frames below it are noise to the script's author), and one line on
     stderr after it says how many frames were hidden and how to see them. The user's frames and

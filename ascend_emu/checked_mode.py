@@ -50,8 +50,6 @@ ENV_CHECKED = "ASCEND_EMU_CHECKED"
 ENV_POISON = "ASCEND_EMU_POISON"
 #: Byte written by poisoning: 0xFF is NaN in every float cache dtype and -1 in int8.
 POISON_BYTE = 0xFF
-#: Coordinates listed in a message before "+N more".
-SHOWN_COORDS = 1
 
 
 @dataclass

@@ -97,7 +97,7 @@ def _allot(natural: list[int], minimum: list[int], width: int) -> list[int]:
     not fit (one page of a single too-wide column), the widest columns give way (they fold)."""
     widths = list(minimum)
     room = width - need(widths)
-    lack = [n - m for n, m in zip(natural, minimum)]
+    lack = [n - m for n, m in zip(natural, minimum, strict=True)]
     if room >= sum(lack):
         return list(natural)
     if room > 0:  # water-filling: the columns that lack least are made whole first
@@ -122,7 +122,7 @@ def fits(cols: Sequence[Col], rows: Sequence[Sequence], width: int, *, optional:
     """Whether the always-shown columns (``drop == 0``; every column with ``optional``) fit
     ``width`` unpaged (wrapped columns at their minimum)."""
     _, minimum = _widths(cols, rows)
-    return need(m for m, c in zip(minimum, cols) if optional or not c.drop) <= width
+    return need(m for m, c in zip(minimum, cols, strict=True) if optional or not c.drop) <= width
 
 
 def print_table(con, title: str | None, cols: Sequence[Col], rows: Sequence[Sequence], *,
@@ -174,7 +174,7 @@ def print_table(con, title: str | None, cols: Sequence[Col], rows: Sequence[Sequ
             con.print(_text(f"columns {names[0]}" + (f" to {names[-1]}" if len(names) > 1 else "")
                             + f" (page {p + 1} of {len(pages)})"))
         table = Table(show_edge=False, pad_edge=False)
-        for i, w in zip(page, _allot([natural[i] for i in page], [minimum[i] for i in page], width)):
+        for i, w in zip(page, _allot([natural[i] for i in page], [minimum[i] for i in page], width), strict=True):
             table.add_column(_text(cols[i].name), overflow="fold", width=w, justify=cols[i].justify)
         for k, r in enumerate(rows):
             if k in starts and k:

@@ -166,7 +166,7 @@ def _preprocess_calls(rng) -> Iterator[Call]:
                                           (BF16, "nzcache", "per_tensor_quant_asymm")):
         fp16 = dtype == np.float16
 
-        def descale(size):
+        def descale(size, fp16=fp16):
             d = np.full(size, 1e-3, np.float32)
             return d.view(np.int32).astype(np.int64) if fp16 else d  # fp16: fp32 bits in an int64
 

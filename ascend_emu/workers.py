@@ -176,7 +176,7 @@ class ProcessPool:
                                                                  f"{slot['proc'].exitcode})")
                             else:
                                 raise RuntimeError("a replay worker process died before taking any call (exit "
-                                                   f"code {slot['proc'].exitcode})")
+                                                   f"code {slot['proc'].exitcode})") from None
                             continue
                         if msg == "ready":
                             slot["ready"] = True

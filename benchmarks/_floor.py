@@ -142,7 +142,7 @@ def product(label: str, a: np.ndarray, w: np.ndarray, *, trials: int = TRIALS) -
         ValueError: as :func:`candidates`.
     """
     fns = candidates(a, w)
-    times = dict(zip(fns, best_times(list(fns.values()), trials)))
+    times = dict(zip(fns, best_times(list(fns.values()), trials), strict=True))
     name = min(times, key=times.get)
     return Part(label, name, fns[name], times[name], times)
 

@@ -83,7 +83,7 @@ def main() -> None:
                 np.matmul(a, b)
 
         t = rounds({"one": one, "all": all_}, args.rounds, pause=5e-4)
-        ratio = statistics.median(y / x for x, y in zip(t["one"], t["all"]))
+        ratio = statistics.median(y / x for x, y in zip(t["one"], t["all"], strict=True))
         print(f"  [{m}, {k}] x [{k}, {n}]  M*N*K = {m * k * n / 1e6:6.2f}M: one thread "
               f"{statistics.median(t['one']) / reps * 1e6:8.1f} us, all {statistics.median(t['all']) / reps * 1e6:8.1f} us"
               f", all / one {ratio:.2f}", flush=True)
@@ -136,7 +136,7 @@ def main() -> None:
             got_on, got_off = [np.asarray(o).tobytes() for o in on()], [np.asarray(o).tobytes() for o in off()]
             same = "same bytes" if got_on == got_off else "BYTES DIFFER"
             tm = rounds({"on": on, "off": off}, args.rounds)
-            ratio = statistics.median(x / y for x, y in zip(tm["on"], tm["off"]))
+            ratio = statistics.median(x / y for x, y in zip(tm["on"], tm["off"], strict=True))
             print(f"  T={t:2d} {label:7s} quant: rule on {statistics.median(tm['on']) * 1e3:7.2f} ms, off "
                   f"{statistics.median(tm['off']) * 1e3:7.2f} ms, on / off {ratio:.2f} ({same})", flush=True)
 

@@ -62,7 +62,7 @@ def rounds_median(fns: dict[str, callable], rounds: int, base: str) -> tuple[dic
             if r:
                 times[name].append(dt)
     med = {k: statistics.median(v) for k, v in times.items()}
-    ratio = {k: statistics.median(b / x for b, x in zip(times[base], times[k])) for k in fns if k != base}
+    ratio = {k: statistics.median(b / x for b, x in zip(times[base], times[k], strict=True)) for k in fns if k != base}
     return med, ratio
 
 

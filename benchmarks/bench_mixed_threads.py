@@ -41,7 +41,7 @@ def child(order: str, rounds: int, calls: int) -> None:
 
         import ascend_emu
     else:
-        import ascend_emu
+        import ascend_emu  # noqa: F401  (the import order is what this measures)
         import torch
     import ml_dtypes
     import numpy as np
@@ -88,7 +88,7 @@ def child(order: str, rounds: int, calls: int) -> None:
             fn()
             if i:
                 times[name].append((time.perf_counter() - t0) / calls)
-    ratio = statistics.median(m / (t + p) for t, p, m in zip(times["torch"], times["prolog"], times["mixed"]))
+    ratio = statistics.median(m / (t + p) for t, p, m in zip(times["torch"], times["prolog"], times["mixed"], strict=True))
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     import numba
 

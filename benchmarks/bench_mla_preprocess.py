@@ -85,7 +85,7 @@ def main() -> None:
         x8, q8 = int8((t, he)), int8((t, hcq))
         q_nope = rng.standard_normal((n, t, d), dtype=np.float32)  # [N, T, 128]
 
-        def floor():
+        def floor(x8=x8, q8=q8, q_nope=q_nope):
             matmul_int8(x8, wdqkv, w_nk=True)  # [T, 2112]
             matmul_int8(q8, wuq, w_nk=True)  # [T, N*192]
             matmul_f32(q_nope, wuk32)  # [N, T, 512]
@@ -94,12 +94,12 @@ def main() -> None:
                                 product("q@wuq", q8, wuq.T),
                                 product("q_nope@wuk", q_nope.astype(bf16), wuk)])
         cands = {"floor (int8 x@wdqkv, q@wuq; fp32 q_nope@wuk)": floor, "machine": machine,
-                 "npu_mla_preprocess (ops)": lambda: npu_mla_preprocess(*pre, **kw)}
+                 "npu_mla_preprocess (ops)": lambda pre=pre, kw=kw: npu_mla_preprocess(*pre, **kw)}
         if torch_ok:
             from ascend_emu.warmup import Call
 
             cands["npu_mla_preprocess (drop-in)"] = Call("", "npu_mla_preprocess", pre, kw).through_drop_in()
-        times = dict(zip(cands, best_times(list(cands.values()), args.repeat)))
+        times = dict(zip(cands, best_times(list(cands.values()), args.repeat), strict=True))
         base = times[next(iter(cands))]
         t_machine = times.pop("machine")
         print(f"  T={t}", flush=True)

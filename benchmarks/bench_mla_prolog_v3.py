@@ -271,10 +271,10 @@ def main() -> None:
     for name, a, w in cases:
         set_int8_engine("float64")  # the float64 copy is cached on the NZ weight, as in the op
         a32, w32 = a.astype(np.int32), np.asarray(w).astype(np.int32)
-        fns = [lambda: matmul_int8(a, w), lambda: np.matmul(a32, w32)]
+        fns = [lambda a=a, w=w: matmul_int8(a, w), lambda a32=a32, w32=w32: np.matmul(a32, w32)]
         if torch is not None:
             ta, tw = torch.from_numpy(a32), torch.from_numpy(w32)
-            fns.append(lambda: torch.matmul(ta, tw))
+            fns.append(lambda ta=ta, tw=tw: torch.matmul(ta, tw))
         exact = matmul_int8(a, w)
         assert np.array_equal(exact.astype(np.int64), np.matmul(a32, w32).astype(np.int64)), name
         times = best_times(fns, max(3, args.repeat // 4))

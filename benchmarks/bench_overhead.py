@@ -235,9 +235,9 @@ def measure(rounds: int, seconds_per_round: float) -> dict:
                "ops_stub_us": _median(samples["ops_stub"]) * 1e6}
         if drop is not None:
             row.update(drop_us=_median(samples["drop"]) * 1e6, drop_stub_us=_median(samples["drop_stub"]) * 1e6,
-                       ratio=_median([d / o for d, o in zip(samples["drop"], samples["ops"])]),
-                       added_us=_median([d - o for d, o in zip(samples["drop"], samples["ops"])]) * 1e6,
-                       stub_added_us=_median([d - o for d, o in zip(samples["drop_stub"], samples["ops_stub"])]) * 1e6)
+                       ratio=_median([d / o for d, o in zip(samples["drop"], samples["ops"], strict=True)]),
+                       added_us=_median([d - o for d, o in zip(samples["drop"], samples["ops"], strict=True)]) * 1e6,
+                       stub_added_us=_median([d - o for d, o in zip(samples["drop_stub"], samples["ops_stub"], strict=True)]) * 1e6)
         table[op] = row
     return table
 

@@ -166,7 +166,7 @@ def main() -> None:
     for name in first["after"]:
         before = statistics.median(r[name] for r in rounds["before"])
         after = statistics.median(r[name] for r in rounds["after"])
-        ratio = statistics.median(a[name] / b[name] for a, b in zip(rounds["after"], rounds["before"]))
+        ratio = statistics.median(a[name] / b[name] for a, b in zip(rounds["after"], rounds["before"], strict=True))
         print(f"  {name:34s} before {before * 1e3:8.2f} ms  after {after * 1e3:8.2f} ms  ratio {ratio:.3f}"
               f"  {'same bytes' if same[name] else 'BYTES DIFFER'}")
     print(f"  peak RSS of the worker (every case's weights held at once): before {rss['before']:.0f} MiB, "

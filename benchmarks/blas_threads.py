@@ -81,7 +81,7 @@ def child() -> None:
         out = list(out) if isinstance(out, tuple) else [out]
         if call.op == "npu_mla_prolog_v3":
             out += [call.args[9], call.args[10]]  # the caches, written in place
-        for name, value in zip(NAMES[call.op], out):
+        for name, value in zip(NAMES[call.op], out, strict=True):
             raw = np.ascontiguousarray(np.asarray(value)).view(np.uint8)
             result[f"{call.name}: {name}"] = hashlib.sha256(raw.tobytes()).hexdigest()
     json.dump(result, sys.stdout)

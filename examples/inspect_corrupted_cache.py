@@ -70,7 +70,7 @@ print(f"first bad byte {first.byte_offset}: block {first.block}, row {first.row}
 
 # ---- explain it: the dump lines of that slot whose bytes differ, clean vs broken
 print(f"\ndump of slot {slot} (token {token}), lines that differ:")
-for good, bad in zip(inspect.dump(clean, slot=slot).lines, inspect.dump(broken, slot=slot).lines):
+for good, bad in zip(inspect.dump(clean, slot=slot).lines, inspect.dump(broken, slot=slot).lines, strict=True):
     if good.hex != bad.hex:
         print(f"  @{bad.offset} {bad.field}[{bad.first}:{bad.last}] (C0 chunk {bad.c0_chunk})")
         print(f"    clean  {good.hex}\n           {[round(v, 4) for v in good.values]}")

@@ -91,7 +91,7 @@ outs = torch_npu.atb.npu_mla_preprocess(
     kv_cache_out1=kv_cache_out1,
 )
 print("int8_nzcache / per_tensor_quant_asymm (out= form):")
-returned = all(a is b for a, b in zip(outs, (q_out0, kv_cache_out0, q_out1, kv_cache_out1)))
+returned = all(a is b for a, b in zip(outs, (q_out0, kv_cache_out0, q_out1, kv_cache_out1), strict=True))
 print("  returned the out= tensors:", returned)
 if not returned:
     raise SystemExit("the out= form must return the out= tensors themselves")

@@ -12,7 +12,6 @@ cache row 0: the hardware leaves that undefined, and the emulator keeps the last
 
 import torch
 import torch_npu
-import math
 # 生成随机数据, 并发送到npu
 B = 8
 He = 7168

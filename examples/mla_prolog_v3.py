@@ -12,7 +12,6 @@ cache row 0: the hardware leaves that undefined, and the emulator keeps the last
 
 import torch
 import torch_npu
-import math
 torch.npu.config.allow_internal_format = True
 # 生成随机数据, 并发送到npu
 B = 8

@@ -27,14 +27,14 @@ def ref_msprobe(n, b):
     n = [float(x) for x in np.asarray(n, np.float64).ravel()]
     b = [float(x) for x in np.asarray(b, np.float64).ravel()]
     eps = float(np.finfo(np.float32).eps)
-    dot = sum(x * y for x, y in zip(n, b))
+    dot = sum(x * y for x, y in zip(n, b, strict=True))
     nn, nb = math.sqrt(sum(x * x for x in n)), math.sqrt(sum(y * y for y in b))
     rel = []
-    for x, y in zip(n, b):
+    for x, y in zip(n, b, strict=True):
         if y == 0:
             x, y = x + eps, y + eps
         rel.append(abs((x - y) / y))
-    return {"cosine": dot / (nn * nb), "max_abs_err": max(abs(x - y) for x, y in zip(n, b)),
+    return {"cosine": dot / (nn * nb), "max_abs_err": max(abs(x - y) for x, y in zip(n, b, strict=True)),
             "max_rel_err": max(rel), "one_thousandth_ratio": sum(r < 0.001 for r in rel) / len(rel),
             "five_thousandths_ratio": sum(r < 0.005 for r in rel) / len(rel)}
 
@@ -43,7 +43,7 @@ def ref_rtol_fails(x, y, prec=0.005):
     """assertRtolEqual's dual threshold (docs/sources.md#assert_rtol_equal), with loops."""
     x, y = list(np.asarray(x, np.float64).ravel()), list(np.asarray(y, np.float64).ravel())
     n_rel = n_abs = 0
-    for a, b in zip(x, y):
+    for a, b in zip(x, y, strict=True):
         err = abs(a - b)
         n_abs += err > prec
         n_rel += err / (max(abs(a), abs(b)) + 1e-9) > prec
@@ -374,7 +374,12 @@ def test_heatmap_png(tmp_path, monkeypatch):
                              tensors=[compare.compare_tensor("kr_cache", a, e, role="cache", cache_mode="PA_BSND")])
     titles = []
     figure = plot.diff_figure
-    monkeypatch.setattr(plot, "diff_figure", lambda d, **kw: titles.append(kw["title"]) or figure(d, **kw))
+
+    def recording(d, **kw):
+        titles.append(kw["title"])
+        return figure(d, **kw)
+
+    monkeypatch.setattr(plot, "diff_figure", recording)
     (png,) = compare.Report([rep]).heatmaps(tmp_path)
     assert pathlib.Path(png).read_bytes()[:4] == b"\x89PNG"
     (title,) = titles
@@ -573,7 +578,7 @@ def test_wrapped_module_attribute_does_not_change_the_op(monkeypatch):
                                                              is_output_kv=True)):
         k2, c2 = caches()
         got = call(k2, c2)
-        for x, y in zip(want, got):
+        for x, y in zip(want, got, strict=True):
             assert torch.equal(x.view(torch.int16), y.view(torch.int16))
         assert torch.equal(k2.view(torch.int16), kc.view(torch.int16))
         assert torch.equal(c2.view(torch.int16), cc.view(torch.int16))

@@ -85,7 +85,7 @@ def test_scatter_recorded_replays_identical_and_a_corrupt_byte_fails_at_its_slot
     (call,) = _record(lambda t: got.append(getattr(t, name)(key, value, kc, vc, sm, cache_mode=mode)))
     want = ref_pc.scatter(_np(key), _np(value), _as4(before[0], mode), _as4(before[1], mode), SLOTS, mode)
     device = [_np(x) for x in got[0]] if functional else [_np(kc), _np(vc)]
-    for d, w in zip(device, want):
+    for d, w in zip(device, want, strict=True):
         assert d.view(np.uint16).reshape(-1).tolist() == w.view(np.uint16).reshape(-1).tolist()
     (call,) = _round_trip([call], tmp_path / "rec")
     assert cache_mode_of(call) == {"Norm": "PA_BSND", "PA_NZ": "PA_NZ"}[mode]
@@ -145,7 +145,7 @@ def test_gather_recorded_replays_identical_and_exactly(functional, tmp_path):
     (call,) = _record(lambda t: got.append(getattr(t, name)(kc, vc, bt, sl, k, v)))
     want = ref_pc.gather(_np(kc), _np(vc), bt.numpy(), sl.numpy(), (20, N, DK), (20, N, DV), None, False, "Norm")
     device = [_np(x) for x in got[0]] if functional else [_np(k), _np(v)]
-    for d, w in zip(device, want):
+    for d, w in zip(device, want, strict=True):
         assert d.view(np.uint16).tolist() == w.view(np.uint16).tolist()
     (call,) = _round_trip([call], tmp_path / "rec")
     rep = compare.compare_call(call)
@@ -184,7 +184,7 @@ def test_plain_output_ops_recorded_replay_identical_and_a_wrong_output_fails(op,
     run, reference, names = _plain_cases(torch, np.random.default_rng(4))[op]
     (call,) = _round_trip(_record(run), tmp_path / "rec")
     assert call.op == op
-    for out, want in zip(call.outputs, reference()):
+    for out, want in zip(call.outputs, reference(), strict=True):
         assert np.array_equal(np.asarray(out.array).view(np.uint8), np.asarray(want).view(np.uint8))
     rep = compare.compare_call(call)
     assert rep.status == "identical" and [t.name for t in rep.tensors] == list(names)

@@ -46,7 +46,7 @@ def assert_rejected(call, arrays, error, match):
     before = [raw(a).copy() for a in arrays]
     with pytest.raises(error, match=match):
         call()
-    for a, b in zip(arrays, before):
+    for a, b in zip(arrays, before, strict=True):
         assert_same_bytes(a, b, "array after a rejected call")
 
 
@@ -62,7 +62,7 @@ def test_kv_v_split_input_inside_a_cache_rejected(rng, name, cache, memoised):
     if memoised:
         vsplit.call(inputs, index, k_cache.copy(), ckv_cache.copy(), cache_mode="PA_BNSD")
         assert len(kv_contract._VALIDATED) == 1
-    args = dict(zip(("kv", "gamma", "cos", "sin", "v"), inputs), index=index)
+    args = dict(zip(("kv", "gamma", "cos", "sin", "v"), inputs, strict=True), index=index)
     caches = {"k_cache": k_cache, "ckv_cache": ckv_cache}
     alias = inside(caches[cache], args[name])
     alias[...] = args[name]
@@ -71,7 +71,7 @@ def test_kv_v_split_input_inside_a_cache_rejected(rng, name, cache, memoised):
     with pytest.raises(ShapeError, match=f"^{name}: expected memory separate from {cache} "):
         vsplit.call([args[k] for k in ("kv", "gamma", "cos", "sin", "v")], args["index"], k_cache, ckv_cache,
                     cache_mode="PA_BNSD", is_output_kv=True)
-    for c, b in zip(caches.values(), before):
+    for c, b in zip(caches.values(), before, strict=True):
         assert_same_bytes(c, b, "cache after a rejected call")
 
 
@@ -292,6 +292,6 @@ def test_read_only_indexer_key_same_result_no_new_kernel_signature(rng):
     first = ops.npu_lightning_indexer(query, key, weights, sparse_count=8, return_value=True, **kw)
     compiled = _signatures(li_kernels)
     again = ops.npu_lightning_indexer(query, _read_only(key), weights, sparse_count=8, return_value=True, **kw)
-    for a, b in zip(again, first):
+    for a, b in zip(again, first, strict=True):
         assert_same_bytes(a, b, "indexer output with a read-only key")
     assert _signatures(li_kernels) == compiled

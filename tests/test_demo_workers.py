@@ -125,7 +125,12 @@ def test_cold_cache_compiles_in_workers_and_the_results_do_not_change(monkeypatc
             build_parser().parse_args(["demo", "--jobs", bad])
         assert exc.value.code == 2
     given = []
-    monkeypatch.setattr(demo, "run_decode_step", lambda config, on_step, jobs: given.append((config, jobs)) or rep)
+
+    def recording(config, on_step, jobs):
+        given.append((config, jobs))
+        return rep
+
+    monkeypatch.setattr(demo, "run_decode_step", recording)
     argv = ["demo", "--context", "40", "--sparse-count", "16", "--heads", "1", "--block-size", "16", "-j", "2"]
     assert main(argv) == 0
     captured = capsys.readouterr()
@@ -140,8 +145,12 @@ def test_cold_cache_compiles_in_workers_and_the_results_do_not_change(monkeypatc
 
 def test_warm_cache_or_one_job_starts_no_worker(monkeypatch, in_process_workers):
     given = []
-    monkeypatch.setattr(demo, "_run_decode_step",
-                        lambda c, on_step, watch, workers: given.append(workers) or demo.DecodeStepReport(config=c))
+
+    def recording(c, on_step, watch, workers):
+        given.append(workers)
+        return demo.DecodeStepReport(config=c)
+
+    monkeypatch.setattr(demo, "_run_decode_step", recording)
     config = demo.DecodeStepConfig(**SMALL)
     monkeypatch.setattr(demo, "cold_families", lambda: ())
     demo.run_decode_step(config, jobs=4)

@@ -21,7 +21,7 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 def _assert_same(got, want) -> None:
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, g.dtype, w.shape, w.dtype)
         np.testing.assert_array_equal(_bits(g), _bits(w))
 
@@ -210,7 +210,7 @@ def test_feeds_the_full_quant_prolog():
         kv, kr = np.zeros((1, 16, 1, HCKV), ml_dtypes.bfloat16), np.zeros((1, 16, 1, DR), ml_dtypes.bfloat16)
         out = call_quant(qdata, modes, token_x, sin, cos, kv, kr, np.arange(t, dtype=np.int64), dequant_scale_x=dq)
         outs.append([*out, kv, kr])
-    for a, b in zip(*outs):
+    for a, b in zip(*outs, strict=True):
         np.testing.assert_array_equal(_bits(a), _bits(b))
     assert np.isfinite(outs[0][0].astype(np.float32)).all() and outs[0][0].any()
 

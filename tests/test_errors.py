@@ -39,7 +39,7 @@ def assert_rejected(call, arrays, error, match):
         call()
     msg = str(exc.value)
     assert "\n" not in msg and len(msg) <= MAX_MESSAGE_CHARS, msg
-    for a, b in zip(arrays, before):
+    for a, b in zip(arrays, before, strict=True):
         assert_same_bytes(a, b, "array after a rejected call")
     return msg
 
@@ -99,7 +99,7 @@ def _assert_summarised(call, arrays):
     msg = str(exc.value)
     assert "[4, 1, 2, 576] float32 array (0.0, 1.0, 2.0, 3.0, ...)" in msg, msg
     assert "array(" not in msg and "\n" not in msg and len(msg) <= MAX_MESSAGE_CHARS, msg
-    for a, b in zip(arrays, before):
+    for a, b in zip(arrays, before, strict=True):
         assert_same_bytes(a, b, "array after a rejected call")
 
 
@@ -192,7 +192,7 @@ def test_read_only_and_strided_inputs_reuse_the_compiled_kernel(rng, quant):
             a.flags.writeable = False
         kw = {**kw, **scales}
     for o in over:
-        for got, want in zip(run(**o), base):
+        for got, want in zip(run(**o), base, strict=True):
             assert_same_bytes(got, want, "read-only / strided input")
     assert _signature_count(emu_kv, emu_kernels) == count, "a new Numba specialisation was compiled"
 
@@ -344,7 +344,7 @@ def test_read_only_scales_reuse_the_compiled_kernels(prolog, rng):
     wide = np.zeros((1, 2 * 192), np.float32)
     wide[:, ::2] = prolog["dequant_scale_w_uq_qr"]
     for s in (scale, wide[:, ::2]):
-        for got, want in zip(run(dequant_scale_w_uq_qr=s), base):
+        for got, want in zip(run(dequant_scale_w_uq_qr=s), base, strict=True):
             assert_same_bytes(got, want, "read-only / strided scale")
     assert _signature_count(emu_prolog, emu_kernels) == count, "a new Numba specialisation was compiled"
 
@@ -387,7 +387,7 @@ def test_mla_preprocess_valid_out_form_runs(rng):
     """The base case of the overlap tests is valid."""
     args, outs = preprocess_case(rng)
     got = preprocess_call(args, **outs)
-    assert all(g is o for g, o in zip(got, outs.values()))
+    assert all(g is o for g, o in zip(got, outs.values(), strict=True))
 
 
 def _alias(base: np.ndarray, shape, dtype=BF16) -> np.ndarray:

@@ -354,8 +354,12 @@ def _at_1_and_2_threads(monkeypatch, call):
         pytest.skip("one Numba thread available")
     splits, got = [], []
     side_by_side = fia.side_by_side
-    monkeypatch.setattr(fia, "side_by_side", lambda fn, items, threads, costs: (
-        splits.append((len(items), threads)), side_by_side(fn, items, threads, costs)))
+
+    def recording(fn, items, threads, costs):
+        splits.append((len(items), threads))
+        side_by_side(fn, items, threads, costs)
+
+    monkeypatch.setattr(fia, "side_by_side", recording)
     before = numba.get_num_threads()
     try:
         for threads in (1, 2):

@@ -90,10 +90,10 @@ def convention_checked(seen: list):
     mp = pytest.MonkeyPatch()
     for impl in (emu.BACKEND, hw.BACKEND):
         for family in FAMILIES:
-            def wrapped(args, _real=getattr(impl, family), _family=family, _name=impl.name):
+            def wrapped(args, _real=getattr(impl, family), _family=family, _name=impl.name):  # noqa: B008
                 result = _real(args)
                 assert type(result) is _outputs_type(_family), (_name, _family, type(result))
-                for field, value in zip(result._fields, result):
+                for field, value in zip(result._fields, result, strict=True):
                     assert isinstance(value, np.ndarray) or (value is None and _family in ("mla_prolog", "quant_950")), (
                         _name, _family, field)
                 if _family == "paged_cache":  # the caches (scatter) or key / value (gather)
@@ -202,8 +202,8 @@ def assert_backends_agree(fn, args, kwargs):
     # one family; emu, then hw (whose stand-in device runs emu inside)
     assert seen[0][0] == "emu" and seen[-1][0] == "hw" and len({f for _, f in seen}) == 1, seen
     (oe, ae, ke), (oh, ah, kh) = got["emu"], got["hw"]
-    pairs = [(f"out[{i}]", x, y) for i, (x, y) in enumerate(zip(oe, oh))]
-    pairs += [(f"args[{i}]", x, y) for i, (x, y) in enumerate(zip(ae, ah))]
+    pairs = [(f"out[{i}]", x, y) for i, (x, y) in enumerate(zip(oe, oh, strict=True))]
+    pairs += [(f"args[{i}]", x, y) for i, (x, y) in enumerate(zip(ae, ah, strict=True))]
     pairs += [(k, ke[k], kh[k]) for k in ke]
     checked = 0
     for name, x, y in pairs:

@@ -461,7 +461,7 @@ def test_caches_written_by_kv_rmsnorm_rope_cache(nz_mode, nd_mode, quant, rng):
         k_cache, ckv_cache = np.zeros((nb, bs, 1, 64), dtype), np.zeros((nb, bs, 1, 512), dtype)
         ops.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, cache_mode=mode, **scales)
         out[mode] = [inspect.Cache.from_array(c, mode) for c in (k_cache, ckv_cache)]
-    for nz, nd in zip(out[nz_mode], out[nd_mode]):
+    for nz, nd in zip(out[nz_mode], out[nd_mode], strict=True):
         assert nz.rows().view(np.uint8).tobytes() == nd.rows().view(np.uint8).tobytes()
         written = np.flatnonzero(nd.rows().view(np.uint8).reshape(nd.layout.num_rows, -1).any(axis=1))
         assert written.size == b * s

@@ -18,7 +18,6 @@ from pathlib import Path
 import ml_dtypes
 import numba
 import numpy as np
-import pytest
 from numba.core.caching import FunctionCache
 
 import ascend_emu

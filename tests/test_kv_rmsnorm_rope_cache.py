@@ -186,7 +186,7 @@ def test_is_output_kv_false_gives_zeros_and_same_caches(rng, mode, quant):
     off = call(inputs, index, *without, scales, cache_mode=mode)
     assert_same_bytes(without[0], with_kv[0])
     assert_same_bytes(without[1], with_kv[1])
-    for o_on, o_off in zip(on[2:], off[2:]):
+    for o_on, o_off in zip(on[2:], off[2:], strict=True):
         assert o_off.shape == o_on.shape and o_off.dtype == o_on.dtype == BF16
         assert not np.any(o_off.astype(np.float32))
         assert np.any(o_on.astype(np.float32))
@@ -339,7 +339,7 @@ def test_one_vs_two_threads_identical(rng, quant):
             results.append([raw(x).copy() for x in out])
     finally:
         numba.set_num_threads(old)
-    for one, two in zip(*results):
+    for one, two in zip(*results, strict=True):
         assert np.array_equal(one, two)
 
     k_cache, ckv_cache, k_out, y_out = out

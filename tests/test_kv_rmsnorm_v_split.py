@@ -219,7 +219,7 @@ def test_rejected_calls_write_nothing(rng, what, error, message):
     before = [raw(a).copy() for a in args[5:7]]
     with pytest.raises(error, match=message):
         npu_kv_rmsnorm_rope_cache(*args, **kw)
-    for a, b in zip(args[5:7], before):
+    for a, b in zip(args[5:7], before, strict=True):
         assert_same_bytes(a, b)
 
 

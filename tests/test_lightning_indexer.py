@@ -284,7 +284,7 @@ def test_thread_count_does_not_change_bytes(monkeypatch):
     finally:
         numba.set_num_threads(old)
     for other in results[1:]:
-        for one, two in zip(results[0], other):
+        for one, two in zip(results[0], other, strict=True):
             assert np.array_equal(one, two)
 
 
@@ -425,7 +425,7 @@ def test_query_chunks_do_not_change_bytes(monkeypatch):
     whole = ops.npu_lightning_indexer(query, key, weights, sparse_count=16, return_value=True, **kw)
     monkeypatch.setattr(emu_indexer, "CHUNK_BYTES", 1)
     chunked = ops.npu_lightning_indexer(query, key, weights, sparse_count=16, return_value=True, **kw)
-    for one, two in zip(whole, chunked):
+    for one, two in zip(whole, chunked, strict=True):
         assert np.array_equal(raw(one), raw(two))
 
 

@@ -186,7 +186,7 @@ def test_matches_reference_in_place(rng, dtype_name, cache_mode, quant_mode):
                 assert_same_bytes(cache, before[name], f"{name} cache after a rejected call")
         return
     got = run(case, **outs)
-    assert all(g is o for g, o in zip(got, outs.values())), "the out= arrays are returned"
+    assert all(g is o for g, o in zip(got, outs.values(), strict=True)), "the out= arrays are returned"
     want = reference(case)
     live = case["args"]["slotmapping"] >= 0
     check_close(got[0], want["q_out0"], "q_out0", exact=False)
@@ -206,7 +206,7 @@ def test_functional_form_returns_copies(rng, cache_mode):
     assert got[1] is not case["args"]["kv_cache"]
     check_caches(case, got, reference(case), before)  # copies of the caches plus the rows
     in_place = run(case, **_in_place_outs(case))
-    for a, b, name in zip(got, in_place, ("q_out0", "kv_cache_out0", "q_out1", "kv_cache_out1")):
+    for a, b, name in zip(got, in_place, ("q_out0", "kv_cache_out0", "q_out1", "kv_cache_out1"), strict=True):
         assert_same_bytes(a, b, f"{name}: functional == out= form")
 
 
@@ -216,7 +216,7 @@ def test_out_form_into_separate_tensors_leaves_caches(rng):
     before = _snapshot(case)
     outs = {k: (poisoned(v.shape, v.dtype) if k.startswith("kv") else v) for k, v in _in_place_outs(case).items()}
     got = run(case, **outs)
-    assert all(g is o for g, o in zip(got, outs.values()))
+    assert all(g is o for g, o in zip(got, outs.values(), strict=True))
     assert_same_bytes(case["args"]["kv_cache"], before["kv"], "kv_cache untouched in the out= form")
     assert_same_bytes(case["args"]["kv_cache_rope"], before["rope"], "kv_cache_rope untouched")
     check_caches(case, got, reference(case), {"kv": poisoned(before["kv"].shape, before["kv"].dtype),
@@ -399,7 +399,7 @@ def test_weight_forms_give_identical_bytes(rng, wuk_form):
     assert wdqkv.shape == (1, HIDDEN // 32, 2112, 32) and wuq.shape == (1, 1536 // 32, N * 192, 32)
     for _ in range(2):  # the second call reuses the weights read back on the first
         got = run(case, wdqkv=wdqkv, wuq=wuq, wuk=wuk)
-        for a, b in zip(base, got):
+        for a, b in zip(base, got, strict=True):
             assert_same_bytes(b, a, f"wuk {wuk_form}, storage-shaped wdqkv / wuq")
 
 
@@ -421,7 +421,7 @@ def test_nz_cache_declarations_hold_the_same_bytes(rng, cache_mode, declared):
             shape_kv = _cache_shape(kv_dim, kv_dt, True, declared=form, blocks=blocks)
             shape_kr = _cache_shape(64, BF16, True, declared=form, blocks=blocks)
         caches[form] = run(case, kv_cache=poisoned(shape_kv, kv_dt), kv_cache_rope=poisoned(shape_kr, BF16))
-    for a, b in zip(caches["storage"], caches[declared]):
+    for a, b in zip(caches["storage"], caches[declared], strict=True):
         assert_same_bytes(b, a, f"{declared} declaration")
 
 
@@ -555,7 +555,7 @@ def test_one_and_two_numba_threads_identical(rng, monkeypatch, quant_mode):
             results.append([np.array(a, copy=True) for a in run(case)])
     finally:
         numba.set_num_threads(saved)
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         assert_same_bytes(a, b, "1 vs 2 threads")
 
 
@@ -574,8 +574,8 @@ def test_int8_engine_does_not_change_results(quant_mode):
             results.append([np.array(a, copy=True) for a in run(case)])
         finally:
             matmul.set_int8_engine(before)
-    for engine, got in zip(engines[1:], results[1:]):
-        for a, b in zip(results[0], got):
+    for engine, got in zip(engines[1:], results[1:], strict=True):
+        for a, b in zip(results[0], got, strict=True):
             assert_same_bytes(b, a, f"{engine} vs float64 int8 engine")
 
 
@@ -598,7 +598,7 @@ def test_torch_atb_out_form_updates_tensors_in_place(rng):
         cache_mode="nzcache", quant_mode="per_tensor_quant_asymm",
         q_out0=q_out0, kv_cache_out0=kv, q_out1=q_out1, kv_cache_out1=kr)
     assert got[0] is q_out0 and got[1] is kv and got[2] is q_out1 and got[3] is kr
-    for t, e in zip(got, expected):
+    for t, e in zip(got, expected, strict=True):
         assert_same_bytes(to_numpy(t), e, "torch out= form == numpy op")
 
 

@@ -269,7 +269,7 @@ def order_case(data):
         w[:ORDER_TOKENS, :h] = rows.astype(BF16)
         q = np.array([kernel_rms(r, 1e-5, "mla_prolog") for r in rows], np.float32)
         for scale in rng.uniform(0.5, 2.0, 200).astype(np.float32):
-            finish = (lambda s: lambda q, g: (rows[:, :, None] / q * g * s).astype(BF16).view(np.uint16))(scale)
+            finish = (lambda s, x: lambda q, g: (x[:, :, None] / q * g * s).astype(BF16).view(np.uint16))(scale, rows)
             edged = edge_gamma(q, finish, candidates(), gamma.astype(np.float32))
             if edged is not None:
                 break
@@ -380,7 +380,7 @@ def test_non_contiguous_inputs(data, rng):
     out_b = npu_mla_prolog_v3(_strided(x), data.w_dq_nz, w_uq_qr, w_uk, data.w_dkv_kr_nz, _strided(data.gamma_cq),
                               _strided(data.gamma_ckv), _strided(sin), _strided(cos), *caches_b,
                               cache_index=_strided(ci), query_norm_flag=True)
-    for a, b in zip(out_a + caches_a, out_b + caches_b):
+    for a, b in zip(out_a + caches_a, out_b + caches_b, strict=True):
         assert_same_bytes(b, a, "strided inputs' result")
 
 
@@ -419,7 +419,7 @@ def test_thread_count_does_not_change_results(data, rng):
             results.append([out[0], out[1], out[3], kv_cache, kr_cache])
     finally:
         numba.set_num_threads(before)
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         assert_same_bytes(b, a, "2-thread vs 1-thread result")
 
 
@@ -867,7 +867,7 @@ def test_v2_per_tensor_scale_as_documented(qdata, rng):
         out = call_quant(qdata, modes, x, sin, cos, *caches, np.array([3, 9], np.int64), version=2,
                          quant_scale_ckv=scale)
         results.append((out[0], out[1], out[4]) + caches)
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         assert_same_bytes(a, b, "v2 [1, Hckv] vs [1] quant_scale_ckv")
 
 
@@ -913,7 +913,7 @@ def test_quant_non_contiguous_token_x(qdata, rng):
         caches = qdata.caches(modes, (1, 16))
         out = call_quant(qdata, modes, tokens, sin, cos, *caches, np.array([4, 0, 9], np.int64))
         results.append(list(out) + list(caches))
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         assert_same_bytes(b, a, "strided int8 token_x result")
 
 
@@ -931,7 +931,7 @@ def test_quant_thread_count_does_not_change_results(qdata, rng, modes):
             results.append(list(out) + list(caches))
     finally:
         numba.set_num_threads(before)
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         assert_same_bytes(b, a, "2-thread vs 1-thread result")
 
 
@@ -953,8 +953,8 @@ def test_quant_int8_engine_does_not_change_results(qdata, rng, modes):
             results.append([np.array(a, copy=True) for a in list(out) + list(caches) if a is not None])
         finally:
             matmul.set_int8_engine(before)
-    for engine, got in zip(engines[1:], results[1:]):
-        for a, b in zip(results[0], got):
+    for engine, got in zip(engines[1:], results[1:], strict=True):
+        for a, b in zip(results[0], got, strict=True):
             assert_same_bytes(b, a, f"{engine} vs float64 int8 engine")
 
 
@@ -964,7 +964,7 @@ def assert_rejected(call, caches, error, match):
     before = [c.copy() for c in caches]
     with pytest.raises(error, match=match):
         call()
-    for c, b in zip(caches, before):
+    for c, b in zip(caches, before, strict=True):
         assert_same_bytes(c, b, "cache after a rejected call")
 
 
@@ -1041,7 +1041,7 @@ BAD_V3 = [
      "weight_uq_qr: expected dtype int8 with weight_quant_mode=1, kv_cache_quant_mode=3"),
     ("non-contiguous cache", lambda w: _case(kv_cache=poisoned((2, 16, 1, 2 * HCKV), BF16)[..., ::2]), ShapeError,
      "C-contiguous"),
-    ("kr_cache inside kv_cache", lambda w: _case(**dict(zip(("kv_cache", "kr_cache"), _overlapping_caches()))),
+    ("kr_cache inside kv_cache", lambda w: _case(**dict(zip(("kv_cache", "kr_cache"), _overlapping_caches(), strict=True))),
      ShapeError, "kr_cache: expected memory separate from kv_cache"),
 ]
 
@@ -1083,7 +1083,7 @@ def test_illegal_mode_combinations(data, rng, modes):
     w_uq_qr, w_uk, _, _ = data.heads(1)
     x, sin, cos = make_tokens(data, (1,))
     caches = paged_caches(1, 16)
-    modes_kw = dict(zip(("weight_quant_mode", "kv_cache_quant_mode", "query_quant_mode"), modes))
+    modes_kw = dict(zip(("weight_quant_mode", "kv_cache_quant_mode", "query_quant_mode"), modes, strict=True))
     assert_rejected(lambda: npu_mla_prolog_v3(x, data.w_dq_nz, w_uq_qr, w_uk, data.w_dkv_kr_nz, data.gamma_cq,
                                               data.gamma_ckv, sin, cos, *caches, cache_index=np.zeros(1, np.int64),
                                               **modes_kw),

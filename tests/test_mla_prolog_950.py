@@ -171,7 +171,7 @@ def assert_scales(got, want, rtol, what):
 def assert_cache(cache, before, rows, slots, *, nz_layout, block_size, what, element=None):
     """Bytes outside the written rows unchanged (byte-exact); written rows against ``rows``."""
     live = [s for s in slots if s >= 0]
-    live_rows = np.asarray([r for r, s in zip(rows, slots) if s >= 0])
+    live_rows = np.asarray([r for r, s in zip(rows, slots, strict=True) if s >= 0])
     got = ref_a2.read_rows(cache.view(np.uint8) if element else cache, live, nz=nz_layout, block_size=block_size)
     rest, want_rest = cache.copy(), before.copy()
     for c in (rest, want_rest):  # the written rows set equal on both sides: the rest must match byte for byte
@@ -378,7 +378,7 @@ def test_950_drop_in(a950, modes):
     kv_t, kr_t = tt(poisoned(kv.shape, kv.dtype)), tt(poisoned(kr.shape, BF16))
     got = torch_npu.npu_mla_prolog_v3(*args, kv_t, kr_t, cache_index=torch.tensor([1, 2, 3]), **kw)
     for name, g, w in zip(("query", "query_rope", "dequant_scale_q_nope", "query_norm", "dequant_scale_q_norm"),
-                          got, want):
+                          got, want, strict=True):
         assert_same_bytes(g.contiguous().view(torch.uint8).numpy(), w, name)
     assert_same_bytes(kv_t.view(torch.uint8).numpy(), kv, "kv_cache")
     kv_f = tt(poisoned(kv.shape, kv.dtype))

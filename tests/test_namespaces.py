@@ -198,7 +198,7 @@ def test_c_ascend_sparse_flash_attention_as_vllm_calls_it(sfa):
     kwargs = _vllm_sfa_kwargs(sfa, attention_mode=2, return_softmax_lse=False)
     got = C.npu_sparse_flash_attention(**kwargs)
     assert isinstance(got, tuple) and len(got) == 3
-    for g, w, what in zip(got, want, ("attention_out", "softmax_max", "softmax_sum")):
+    for g, w, what in zip(got, want, ("attention_out", "softmax_max", "softmax_sum"), strict=True):
         _same(g, w, what)
     assert got[1].shape == (0,) and got[1].dtype == torch.float32 and got[0].is_npu
     # attention_mode defaults to 2 in _C_ascend (0 in torch_npu): the same call without it
@@ -345,7 +345,7 @@ def test_custom_mla_prolog_v3_and_functional(prolog):
     want = torch_npu.npu_mla_prolog_v3(*args, kv_want, kr_want, **kw)
     kv, kr = caches()
     got = CUSTOM.npu_mla_prolog_v3(*args, kv, kr, **kw)
-    for g, w, what in zip(got, want, ("query", "query_rope", "dequant_scale_q_nope", "query_norm", "scale_q_norm")):
+    for g, w, what in zip(got, want, ("query", "query_rope", "dequant_scale_q_nope", "query_norm", "scale_q_norm"), strict=True):
         _same(g, w, what)
     _same(kv, kv_want, "kv_cache (in place)")
     _same(kr, kr_want, "kr_cache (in place)")

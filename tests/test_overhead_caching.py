@@ -237,7 +237,7 @@ def test_preprocess_memoised_signature_same_outputs_and_still_checks_values(rng)
     assert len(pre_contract._VALIDATED) == 1
     second = _pre_call(fresh)  # the memoised path
     assert len(pre_contract._VALIDATED) == 1
-    for i, (a, b) in enumerate(zip(first, second)):
+    for i, (a, b) in enumerate(zip(first, second, strict=True)):
         assert_same_bytes(b, a, f"output {i}")
     out = dict(q_out0=np.zeros_like(first[0]), q_out1=np.zeros_like(first[2]),
                kv_cache_out0=c["args"]["kv_cache"], kv_cache_out1=c["args"]["kv_cache_rope"])
@@ -253,7 +253,7 @@ def test_preprocess_memoised_signature_same_outputs_and_still_checks_values(rng)
         _pre_call(dict(c, args=dict(c["args"], descale0=descale)), **out)
     with pytest.raises(ShapeError, match="q_out1: expected memory separate from q_out0"):
         _pre_call(c, **dict(out, q_out1=out["q_out0"].reshape(-1)[:out["q_out1"].size].reshape(out["q_out1"].shape)))
-    for k, b in zip(("kv_cache", "kv_cache_rope"), before):
+    for k, b in zip(("kv_cache", "kv_cache_rope"), before, strict=True):
         assert_same_bytes(c["args"][k], b, k)
 
 
@@ -305,7 +305,7 @@ def test_prolog_parallel_split_gives_the_serial_bytes(rng, monkeypatch):
         outs.append(_prolog_call(case, query_norm_flag=True))
     finally:
         numba.set_num_threads(saved)
-    for a, b in zip(*outs):
+    for a, b in zip(*outs, strict=True):
         assert_same_bytes(b, a, "parallel vs serial")
     assert_same_bytes(case["kv_cache"], serial["kv_cache"], "kv_cache")
     assert_same_bytes(case["kr_cache"], serial["kr_cache"], "kr_cache")

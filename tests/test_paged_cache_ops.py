@@ -51,7 +51,8 @@ def _scatter_case(rng, mode, dtype, t=7, n=2, dk=64, dv=32, nb=3, bs=16, index="
 def test_scatter_matches_reference(rng, mode, dtype, index):
     key, value, kc, vc, slots = _scatter_case(rng, mode, dtype, index=index)
     want_k, want_v = ref.scatter(key, value, kc, vc, slots, mode)
-    assert ops.npu_scatter_pa_kv_cache(key, value, kc, vc, slots, cache_mode=mode) is None
+    # returns None, as torch_npu's does (in place)
+    assert ops.npu_scatter_pa_kv_cache(key, value, kc, vc, slots, cache_mode=mode) is None  # type: ignore[func-returns-value]
     assert_same_bytes(kc, want_k, "key_cache")
     assert_same_bytes(vc, want_v, "value_cache")
 
@@ -100,7 +101,7 @@ def _reject(call, arrays, err, match):
     before = [a.copy() for a in arrays]
     with pytest.raises(err, match=match):
         call()
-    for a, b in zip(arrays, before):
+    for a, b in zip(arrays, before, strict=True):
         assert_same_bytes(a, b, "array of a rejected call")
 
 
@@ -146,7 +147,7 @@ def test_scatter_rejects_bad_arguments(rng):
     for change, err, match in cases:
         kw = dict(base, **change)
         arrays = [a for a in (kw["key_cache"], kw["value_cache"]) if a.flags.writeable]
-        _reject(lambda: ops.npu_scatter_pa_kv_cache(**kw), arrays, err, match)
+        _reject(lambda kw=kw: ops.npu_scatter_pa_kv_cache(**kw), arrays, err, match)
 
 
 @pytest.mark.parametrize("bs", [8, 24, 65536])
@@ -178,7 +179,8 @@ def test_gather_matches_reference(rng, mode, dtype, offsets, cumsum):
     if mode == "PA_NZ":
         kc = kc.view(NZArray)
         key = key.reshape(ks[0], -1)  # the aclnn doc's [T, N*D]
-    assert ops.npu_gather_pa_kv_cache(kc, vc, table, seq_lens, key, value, seq_offset=seq_offset,
+    # returns None, as torch_npu's does (writes key and value)
+    assert ops.npu_gather_pa_kv_cache(kc, vc, table, seq_lens, key, value, seq_offset=seq_offset,  # type: ignore[func-returns-value]
                                       is_seq_lens_cumsum=cumsum) is None
     assert_same_bytes(key, want_k, "key")
     assert_same_bytes(value, want_v, "value")
@@ -232,7 +234,7 @@ def test_gather_rejects_before_writing(rng):
     ]
     for change, err, match in cases:
         kw = dict(base, **change)
-        _reject(lambda: ops.npu_gather_pa_kv_cache(**kw), (kw["key"], kw["value"]), err, match)
+        _reject(lambda kw=kw: ops.npu_gather_pa_kv_cache(**kw), (kw["key"], kw["value"]), err, match)
     ok = dict(base, block_tables=unused)
     ops.npu_gather_pa_kv_cache(**ok)  # padding rows the tokens do not read are not validated
 

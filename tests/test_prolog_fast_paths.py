@@ -91,14 +91,14 @@ def test_prolog_memoised_call_equals_first_call(rng, version):
     second = [c.copy() for c in caches]
     out2 = call(index, *second)
     assert len(prolog_contract._VALIDATED) == 1
-    for a, b in zip(out1 + tuple(first), out2 + tuple(second)):
+    for a, b in zip(out1 + tuple(first), out2 + tuple(second), strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
     bad = index.copy()
     bad[1] = 64  # BlockNum * BlockSize
     kept = [c.copy() for c in second]
     with pytest.raises(IndexRangeError, match=r"cache_index\[1\] = 64"):
         call(bad, *second)
-    assert all(a.tobytes() == b.tobytes() for a, b in zip(second, kept))
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(second, kept, strict=True))
 
 
 def test_trusted_argument_object_needs_every_field():

@@ -445,7 +445,7 @@ def test_boundary_bytes_change_only_their_field(byte, rng):
     bumped.view(np.uint8)[byte] ^= 0x01
     field, elem, _ = MLA_ROW.field_of_byte(byte)
     before, after = MLA_ROW.unpack(row), MLA_ROW.unpack(bumped)
-    for name, a, b in zip(("k_nope", "k_rope", "scale"), before, after):
+    for name, a, b in zip(("k_nope", "k_rope", "scale"), before, after, strict=True):
         changed = np.flatnonzero(a.view(np.uint8 if a.itemsize == 1 else f"u{a.itemsize}") !=
                                  b.view(np.uint8 if b.itemsize == 1 else f"u{b.itemsize}"))
         assert changed.tolist() == ([elem] if name == field else [])
@@ -562,9 +562,9 @@ def test_ulp_distance_counts_representable_values_between(dtype):
         values = codes.view(dtype).astype(np.float64)
     finite = codes[np.isfinite(values)]
     distinct = np.unique(values[np.isfinite(values)])  # sorted; -0 and +0 are one value
-    rank = dict(zip(distinct.tolist(), range(distinct.size)))
+    rank = dict(zip(distinct.tolist(), range(distinct.size), strict=True))
     rng = np.random.default_rng(5)
     a, b = rng.choice(finite, 4000), rng.choice(finite, 4000)
     expected = [abs(rank[float(x)] - rank[float(y)]) for x, y in
-                zip(a.view(dtype).astype(np.float64), b.view(dtype).astype(np.float64))]
+                zip(a.view(dtype).astype(np.float64), b.view(dtype).astype(np.float64), strict=True)]
     assert ulp_distance(a.view(dtype), b.view(dtype)).tolist() == expected

@@ -228,7 +228,7 @@ def _good():
     rng = np.random.default_rng(9)
     inputs, kw = make_case(rng, "BSND", "PA_BSND", [2, 1], [20, 40], s1=2)
     names = ("query", "key", "weights", "query_dequant_scale", "key_dequant_scale")
-    return dict(zip(names, inputs), query_quant_mode=0, key_quant_mode=0, sparse_count=16, **kw)
+    return dict(zip(names, inputs, strict=True), query_quant_mode=0, key_quant_mode=0, sparse_count=16, **kw)
 
 
 def _with(**changes):
@@ -335,7 +335,7 @@ def test_torch_npu_drop_in_matches_numpy_op_and_meta():
         torch_npu.npu_quant_lightning_indexer(*t, 1, 0, block_table=torch.from_numpy(kw["block_table"]),
                                               actual_seq_lengths_key=torch.from_numpy(kw["actual_seq_lengths_key"]),
                                               layout_key="PA_BSND")
-    meta = [torch.empty(a.shape, dtype=x.dtype, device="meta") for a, x in zip(inputs, t)]
+    meta = [torch.empty(a.shape, dtype=x.dtype, device="meta") for a, x in zip(inputs, t, strict=True)]
     for lq, shape in (("BSND", (2, 3, 1, 7)), ("TND", (2, 1, 7))):
         q = torch.empty((2, 3, 64, D) if lq == "BSND" else (2, 64, D), dtype=torch.int8, device="meta")
         out = torch.ops.npu.npu_quant_lightning_indexer(q, *meta[1:], 0, 0, layout_query=lq, layout_key="PA_BSND",

@@ -93,7 +93,7 @@ def test_matches_reference(soc950, element, weights_dtype, layout):
     assert out.dtype == np.int32 and out.shape == want.shape
     np.testing.assert_array_equal(out, want)
     assert any(s is not None and len(s) > 16 for s in scores)  # the top-k had to choose
-    for a, b in zip(inputs, before):
+    for a, b in zip(inputs, before, strict=True):
         assert a.view(np.uint8).tobytes() == b.view(np.uint8).tobytes()
 
 
@@ -133,7 +133,7 @@ def test_950_inputs_rejected_on_a2_a3(monkeypatch, soc, element, argument):
     before = [a.copy() for a in inputs]
     with pytest.raises(ModeError, match=rf"^{argument}: When {argument} is .*not support on this soc version {soc}"):
         ops.npu_quant_lightning_indexer(*inputs, 0, 0, sparse_count=8, **kw)
-    for a, b in zip(inputs, before):
+    for a, b in zip(inputs, before, strict=True):
         assert a.view(np.uint8).tobytes() == b.view(np.uint8).tobytes()
 
 
@@ -158,7 +158,7 @@ def test_950_argument_errors(soc950, element, weights_dtype, change, error, frag
     before = [a.copy() for a in inputs]
     with pytest.raises(error, match=fragment):
         ops.npu_quant_lightning_indexer(*inputs, 0, 0, sparse_count=8, **kw)
-    for a, b in zip(inputs, before):
+    for a, b in zip(inputs, before, strict=True):
         assert a.view(np.uint8).tobytes() == b.view(np.uint8).tobytes()
 
 

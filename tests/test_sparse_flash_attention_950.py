@@ -61,7 +61,7 @@ def _indices(rng, lead, act_kv, picks, k):
     """int32 ``[*lead, 1, k]``: ``picks`` distinct positions per token, then -1."""
     idx = np.full((*lead, 1, k), -1, np.int32)
     flat = idx.reshape(-1, k)
-    for row, kv in zip(flat, act_kv):
+    for row, kv in zip(flat, act_kv, strict=True):
         row[:picks] = rng.permutation(kv)[:picks]
     return idx
 

@@ -51,7 +51,7 @@ def _tables(out: str, key: str) -> list[dict]:
     for line in out.splitlines():
         if "┃" in line:
             cells = _cells(line)
-            header = [f"{h} {c}".strip() for h, c in zip(header, cells)] if header and rows is None else cells
+            header = [f"{h} {c}".strip() for h, c in zip(header, cells, strict=True)] if header and rows is None else cells
             continue
         if line.startswith("━"):
             rows = []
@@ -62,7 +62,7 @@ def _tables(out: str, key: str) -> list[dict]:
         if "│" not in line:
             header, rows = [], None
             continue
-        cells = dict(zip(header, _cells(line)))
+        cells = dict(zip(header, _cells(line), strict=True))
         if cells.get(key) or not rows:
             rows.append(cells)
         else:

@@ -71,7 +71,7 @@ def _train(device, steps=3):
 def test_module_to_npu_trains_like_the_host_and_round_trips_through_save():
     model, opt = _train("npu")
     ref, _ = _train("cpu")
-    for p, q in zip(model.parameters(), ref.parameters()):
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         assert p.device == NPU0
         torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
     buf = io.BytesIO()
@@ -81,7 +81,7 @@ def test_module_to_npu_trains_like_the_host_and_round_trips_through_save():
     model2, opt2 = _train("npu", steps=0)
     model2.load_state_dict(ckpt["model"])
     opt2.load_state_dict(ckpt["opt"])
-    for p, q in zip(model2.parameters(), model.parameters()):
+    for p, q in zip(model2.parameters(), model.parameters(), strict=True):
         assert p.device == NPU0 and torch.equal(p, q)
 
 

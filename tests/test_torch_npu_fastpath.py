@@ -33,7 +33,7 @@ def test_kind_table_follows_schema_types(spec):
     schema = _schema(spec)
     table = _registry._kind_table(schema)
     assert [row[0] for row in table] == [a.name for a in schema.arguments]
-    for (name, kind, optional), arg in zip(table, schema.arguments):
+    for (_, kind, optional), arg in zip(table, schema.arguments, strict=True):
         assert str(arg.type) == (f"Optional[{kind}]" if optional else kind)
 
 
@@ -84,7 +84,12 @@ def _spy(monkeypatch, op_name):
     for key, binding in _registry._BINDINGS.items():
         if key.split("::")[1].split(".")[0] == op_name:
             body = binding.body
-            monkeypatch.setattr(binding, "body", lambda params, body=body: seen.append(1) or body(params))
+
+            def counting(params, body=body):
+                seen.append(1)
+                return body(params)
+
+            monkeypatch.setattr(binding, "body", counting)
     return seen
 
 
@@ -159,14 +164,14 @@ def test_fast_path_is_taken_and_matches_the_dispatcher(monkeypatch, index, label
     assert len(got) == len(want)
     fast_in = [*fast.args, *fast.keywords.values()]
     slow_in = [*slow.args, *slow.keywords.values()]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         if isinstance(g, int):
             assert g == w
             continue
         _assert_same(g, w)
         # an output that is a caller's tensor is the same caller's tensor on both paths
         assert [g is x for x in fast_in] == [w is x for x in slow_in]
-    for x, y in zip(fast_in, slow_in):  # caches written alike, version counters bumped alike
+    for x, y in zip(fast_in, slow_in, strict=True):  # caches written alike, version counters bumped alike
         if isinstance(x, torch.Tensor):
             _assert_same(x, y)
             assert x._version == y._version
@@ -255,7 +260,7 @@ def test_fast_path_not_taken_under_modes(monkeypatch):
     with Function():
         torch_npu.npu_kv_rmsnorm_rope_cache_v2(*_kv(), cache_mode="PA_NZ")
     assert seen == [1]
-    for a, b in zip(plain, under_mode):
+    for a, b in zip(plain, under_mode, strict=True):
         _assert_same(a, b)
 
 
@@ -286,7 +291,7 @@ def test_fast_path_not_taken_when_compiled(monkeypatch):
     assert seen == []  # traced and run through torch.ops
     want = step(*_kv())
     assert seen == [1]
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
@@ -325,7 +330,7 @@ def test_scalars_reach_the_kernel_as_the_dispatcher_passes_them(monkeypatch):
     args = _kv()
     got = torch_npu.npu_kv_rmsnorm_rope_cache_v2(*args, epsilon=1, cache_mode="PA_NZ")
     want = torch_npu.npu_kv_rmsnorm_rope_cache_v2(*_kv(), epsilon=1.0, cache_mode="PA_NZ")
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         _assert_same(a, b)
 
 

@@ -267,7 +267,7 @@ def test_mla_prolog_v3_functional_returns_caches_and_leaves_inputs(rng):
     assert _shapes(outs) == _shapes(torch.ops.npu.npu_mla_prolog_v3_functional(
         *_on_meta(args), kv.to("meta"), kr.to("meta"), cache_index=index.to("meta")))
     inplace = torch_npu.npu_mla_prolog_v3(*args, kv, kr, cache_index=index)
-    for a, b in zip(inplace, outs[:5]):
+    for a, b in zip(inplace, outs[:5], strict=True):
         assert torch.equal(a.view(torch.uint8) if a.numel() else a, b.view(torch.uint8) if b.numel() else b)
     assert torch.equal(outs[5].view(torch.int16), kv.view(torch.int16))
     assert torch.equal(outs[6].view(torch.int16), kr.view(torch.int16))
@@ -294,5 +294,5 @@ def test_compile_fullgraph_runs_on_cpu(rng):
     compiled = torch.compile(Cache(), backend="aot_eager", fullgraph=True)
     got = compiled(*args)
     want = Cache()(*args)
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))

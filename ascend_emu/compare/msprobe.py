@@ -93,37 +93,6 @@ def _value(node, data_dir: Path, nz: dict | None = None):
     return {"unsupported": str(kind)}
 
 
-def read_dump(rank_dir: str | os.PathLike) -> tuple[dict, list[tuple[str, Call | None, str | None]]]:
-    """Read one msprobe rank directory.
-
-    Returns:
-        ``(dump_json, entries)``: entries are ``(key, call, note)`` for every forward entry;
-        ``call`` is None (``note`` the reason) for APIs the emulator does not model; else
-        ``note`` names in-place arguments whose final state is not in the dump.
-
-    Raises:
-        FileNotFoundError: no ``dump.json``.
-        ValueError: not a ``task: "tensor"`` dump.
-    """
-    rank_dir = Path(rank_dir)
-    with open(rank_dir / "dump.json") as f:
-        dump = json.load(f)
-    if dump.get("task") != "tensor":
-        raise ValueError(f"{rank_dir / 'dump.json'}: task {dump.get('task')!r}, expected 'tensor' (tensor data is "
-                         "needed to replay; set \"task\": \"tensor\" in msprobe's config.json)")
-    data_dir = rank_dir / DATA_DIR
-    entries = []
-    for i, (key, rec) in enumerate(dump.get("data", {}).items()):
-        api = forward_api(key)
-        if api is None:
-            continue
-        if api not in OPS:
-            entries.append((key, None, f"{api} is not an emulated op"))
-            continue
-        entries.append((key, *load_call(i, key, rec, data_dir)))
-    return dump, entries
-
-
 def forward_api(key: str) -> str | None:
     """The API name of a forward entry's key (``"NPU.npu_mla_prolog_v3.0.forward"`` ->
     ``"npu_mla_prolog_v3"``; ``atb.`` prefixes dropped), None for other keys."""

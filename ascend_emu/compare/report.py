@@ -97,7 +97,7 @@ class Report:
         for c in self.calls:
             names = OPS[c.op].outputs if c.op in OPS else ()
 
-            def api(name: str) -> str:  # out[i]: an op whose outputs OPS does not name
+            def api(name: str, names=names, c=c) -> str:  # out[i]: an op whose outputs OPS does not name
                 i = names.index(name) if name in names else name.removeprefix("out[").removesuffix("]")
                 return f"{c.api}.output.{i}"
 

@@ -11,8 +11,8 @@ from the paged cache through ``args.slots``:
 3. softmax (Numba, :func:`_softmax_rows`, rows in parallel where there are enough): ``S * scale`` in fp32, ``m`` = max over the
    row's first ``limit`` entries, ``e = fp32(exp(S - m))`` with exp evaluated in float64
    (:func:`ascend_emu.emu.sparse_flash_attention._exp_f64`, the sparse attention ops' one
-   definition), ``l = sum e`` in kv order, ``P = qdt(e)`` RNE (unnormalised:
-   :data:`ascend_emu.ops.fused_infer_attention_score.P_ROUNDING`), 0 past the limit;
+   definition), ``l = sum e`` in kv order, ``P = qdt(e)`` RNE (unnormalised, as the kernel's:
+   divided by ``l`` after ``P @ V``), 0 past the limit;
 4. ``O = P @ V`` by fp32 BLAS, ``fp32(O / l)``, one RNE rounding to the query dtype;
    ``lse = fp32(m + fp32(ln l))``.
 

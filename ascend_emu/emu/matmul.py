@@ -59,6 +59,7 @@ import sys
 import threading
 import warnings
 import weakref
+from itertools import pairwise
 
 import numpy as np
 from numba import njit, prange
@@ -262,13 +263,13 @@ class _OneBlasThread:
     def __enter__(self):
         pairs = _threads.BLAS_THREADS
         self.saved = saved = [get() for get, _ in pairs]
-        for (_, put), n in zip(pairs, saved):
+        for (_, put), n in zip(pairs, saved, strict=True):
             if n > 1:
                 put(1)
         return self
 
     def __exit__(self, *exc):
-        for (_, put), n in zip(_threads.BLAS_THREADS, self.saved):
+        for (_, put), n in zip(_threads.BLAS_THREADS, self.saved, strict=True):
             if n > 1:
                 put(n)
 
@@ -354,7 +355,7 @@ def matmul_weight_heads(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     with _blas_threads(m * w.shape[1] * w.shape[2]) as ctx:  # once for all heads, not per head
         parts = _head_parts(ctx, n)
         cuts = [n * i // parts for i in range(parts + 1)]
-        side_by_side(lambda r: _heads_range(a, w, out, r[0], r[1]), list(zip(cuts, cuts[1:])), parts)
+        side_by_side(lambda r: _heads_range(a, w, out, r[0], r[1]), list(pairwise(cuts)), parts)
     return out
 
 

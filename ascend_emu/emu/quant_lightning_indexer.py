@@ -19,7 +19,7 @@ Numerics, step by step as the A2 / A3 kernel does them (ops-transformer
 4. ``acc[p] = sum_h fp32(ws[h]) * fp32(s[h, p])``: the second cube matmul, fp16 operands into an
    fp32 L0C (``ComputeWs``, ``Mmad`` with ``k = gSize``), written out unrounded
    (``FixpResToGm``, ``NoQuant``). Each product is exact in fp32; the sum runs in head order in
-   fp32 (:data:`HEAD_SUM_ORDER`: the cube's internal order is not public, so the last fp32 bit
+   fp32 (the cube's internal order is not public, so the last fp32 bit
    of a sum may differ from the hardware's).
 5. ``score[p] = acc[p] * fp32(ks[p])`` in fp32 (``ProcessVec1``: ``Cast`` of the fp16 key scale,
    ``Mul``), then the sort on the fp32 scores: the shared top-k of
@@ -36,13 +36,13 @@ op_kernel/arch35/``; the contract gates them on the SoC) differ in steps 1-3:
 1. ``ws[h] = w[h] * qs[h]``: fp16 weights with fp16 scales rounded to fp16 as in step 1 (the
    golden's fp16 ``now_weights * now_query_scale``); bf16 weights with fp32 scales multiplied in
    fp32 (arch35 ``vf/quant_lightning_indexer_vector1.h`` ``MulWeightAndReduceSum``: ``Cast`` to
-   float, ``Mul``; the golden's promotion to fp32 gives the same) (:data:`WEIGHT_PRODUCT`).
+   float, ``Mul``; the golden's promotion to fp32 gives the same).
 2. ``dot[h, p] = q[h] . k[p]`` of the decoded elements (exact fp32 values) as an fp32 matmul
    (BLAS order; the cube's order is not public).
 3. ``s[h, p] = relu(dot)`` in fp32, with no 2**-10 scaling and no fp16 staging: arch35
    ``ReduceSumLoopBody`` applies ``CastFP32ToFP16ToFP32`` (the 1/1024 and the fp16 round trip)
    only to an int32 QK. op-plugin's golden divides by 1024 and rounds to fp16 on the 950 too;
-   the emulator follows the kernel (:data:`FLOAT_QK_STAGING`).
+   the emulator follows the kernel.
 
 Steps 4-5 as above: the head sum in head order in fp32 (the arch35 kernel accumulates even and
 odd heads in two registers and adds them; not emulated), the key scale in fp32, the top-k on the
@@ -63,12 +63,6 @@ from .matmul import matmul_f32, matmul_int8
 
 #: The fixpipe's dequant scale before the fp16 staging (``SetFixpipePreQuantFlag(0x3a800000)``).
 DEQ_SCALE = np.float32(2.0 ** -10)
-#: Order of the fp32 head sum (step 4).
-HEAD_SUM_ORDER = "head order, fp32 accumulation"
-#: FP8 / HiF8 (Ascend 950): how ``w * qs`` is formed (step 1 of the 950 paths).
-WEIGHT_PRODUCT = "fp16 x fp16 rounded to fp16; bf16 x fp32 in fp32"
-#: FP8 / HiF8 (Ascend 950): the fp32 QK is used as it is (step 3 of the 950 paths).
-FLOAT_QK_STAGING = "none (relu only)"
 
 
 @njit(cache=True, inline="always")

@@ -417,7 +417,7 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
                opd.key_rope, opd.value, args.v_from_key, is_bf16, kv)
         q = np.empty((u1 - u0, group, D_QK), dtype=np.float32)  # [U', G, 576]
         widen_query(query, pass_units, is_bf16, q)
-        spans = list(zip(offsets.tolist(), lens.tolist()))  # (first row, rows) per unit
+        spans = list(zip(offsets.tolist(), lens.tolist(), strict=True))  # (first row, rows) per unit
         for i, (off, length) in enumerate(spans):
             scores[off:off + length] = matmul_f32(kv[off:off + length, :D_QK], q[i].T)  # [L, G]
         if dense:  # units u0..u1-1 are rows u0..u1-1: the kernels write them in place

@@ -42,7 +42,7 @@ def parse_shape(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(v) for v in text.replace("x", ",").split(",") if v.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 4,16,1,64, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 4,16,1,64, got {text!r}") from None
     if not shape or any(v <= 0 for v in shape):
         raise argparse.ArgumentTypeError(f"expected positive sizes, got {text!r}")
     return shape
@@ -52,7 +52,7 @@ def _int_list(text: str) -> list[int]:
     try:
         return [int(v) for v in text.replace(" ", "").split(",") if v]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def _byte_range(text: str) -> tuple[int, int | None]:
@@ -61,7 +61,7 @@ def _byte_range(text: str) -> tuple[int, int | None]:
         lo, _, hi = text.partition(":")
         return int(lo), (int(hi) if hi else None)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected START or START:STOP byte offsets, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected START or START:STOP byte offsets, got {text!r}") from None
 
 
 def _span(text: str) -> tuple[int | None, int | None]:
@@ -72,7 +72,7 @@ def _span(text: str) -> tuple[int | None, int | None]:
             return int(lo), int(lo) + 1
         return (int(lo) if lo.strip() else None), (int(hi) if hi.strip() else None)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected START:STOP (either may be left out) or one index, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected START:STOP (either may be left out) or one index, got {text!r}") from None
 
 
 # ---------------------------------------------------------------------------------------- cache arguments
@@ -278,7 +278,7 @@ def cmd_dump(ns) -> int:
         return 0
     con = _console()
     con.print(_describe(res.cache))
-    combined, nz = cache.spec.row_format is not None, cache.layout.nz
+    combined = cache.spec.row_format is not None
     slots = sorted({(ln.slot, ln.block, ln.row) for ln in res.lines})
     one_slot = len(slots) == 1
     # values and dequant never fold: each on one line per row. Bytes per row: the most with which

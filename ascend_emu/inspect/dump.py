@@ -172,7 +172,7 @@ def _lines(cache: Cache, offsets: np.ndarray) -> list[DumpLine]:
     ends = np.append(starts[1:], n)
     scales = _row_scales(cache, np.unique(m.slot)) if spec.row_format is not None else {}
     out = []
-    for s, e in zip(starts, ends):
+    for s, e in zip(starts, ends, strict=True):
         f = spec.fields[int(m.field[s])]
         raw = cache.raw[offsets[s]: offsets[s] + (e - s)]
         vals = f.values(raw)

@@ -285,7 +285,7 @@ def nz_offset(shape: Sequence[int], dtype, index: Sequence[int]) -> int:
     """
     shape = tuple(int(s) for s in shape)
     index = tuple(int(i) for i in index)
-    if len(index) != len(shape) or any(not 0 <= i < s for i, s in zip(index, shape)):
+    if len(index) != len(shape) or any(not 0 <= i < s for i, s in zip(index, shape, strict=True)):
         raise arg_error(ShapeError, "index", f"coordinates inside {shape}", index)
     st = nz_shape(shape, dtype)
     mat_index = index + (0,) * (len(_as_matrix_shape(shape)) - len(index))

@@ -737,4 +737,4 @@ def duplicate_slots(slots: np.ndarray) -> dict[int, list[int]]:
     starts = np.flatnonzero(np.concatenate(([True], sorted_slots[1:] != sorted_slots[:-1])))
     counts = np.diff(np.append(starts, sorted_slots.size))
     multi = counts > 1  # only repeated slots reach the Python loop
-    return {int(sorted_slots[s]): order[s:s + c].tolist() for s, c in zip(starts[multi], counts[multi])}
+    return {int(sorted_slots[s]): order[s:s + c].tolist() for s, c in zip(starts[multi], counts[multi], strict=True)}

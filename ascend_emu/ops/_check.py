@@ -82,7 +82,7 @@ def check_shape(x: np.ndarray, name: str, expected: Sequence[int | None], what: 
     Raises:
         ShapeError: rank or a size differs; the message says when ``x`` looks transposed.
     """
-    ok = x.ndim == len(expected) and all(e is None or e == s for e, s in zip(expected, x.shape))
+    ok = x.ndim == len(expected) and all(e is None or e == s for e, s in zip(expected, x.shape, strict=True))
     if not ok:
         shown = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
         raise arg_error(ShapeError, name, f"shape {shown}{' ' + what if what else ''}",
@@ -96,7 +96,7 @@ def transposed_hint(shape: Sequence[int], expected: Sequence[int | None], name: 
     if len(shape) < 2 or len(shape) != len(expected) or None in expected[-2:] or expected[-1] == expected[-2]:
         return ""
     swapped = expected[:-2] + (expected[-1], expected[-2])
-    if all(e is None or e == s for e, s in zip(swapped, shape)):
+    if all(e is None or e == s for e, s in zip(swapped, shape, strict=True)):
         return (f" (it looks transposed: pass {name} transposed; for a FRACTAL_NZ weight, transpose the ND "
                 f"tensor, make it contiguous, then npu_format_cast it)")
     return ""

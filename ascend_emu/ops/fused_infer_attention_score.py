@@ -66,7 +66,7 @@ Choices where the sources leave room (each in one named constant below):
 - :data:`EMPTY_ROW_OUTPUT` (0: the kernel's ``InitAllZeroOutput`` for a request with kv length 0,
   ``incre_flash_attention_preload_mla.h`` lines 638-676) and :data:`EMPTY_ROW_LSE` (+inf: the
   FlashAttention convention, ``exp(S - lse) = 0``; unverified on hardware) for empty rows.
-- :data:`QUERY_DTYPE_ROUNDING`: P and the output are rounded RNE. The kernel casts P with
+- P and the output are rounded RNE to the query dtype. The kernel casts P with
   CAST_ROUND (ties away from zero, line 2520) and an fp16 output with CAST_ROUND (bf16: CAST_RINT,
   lines 2389-2392); the two differ only on exact ties.
 - The kernel processes kv in blocks of ``singleProcessSInnerSize`` (tiling) with the online
@@ -74,7 +74,7 @@ Choices where the sources leave room (each in one named constant below):
   cores (flash decode, combined through the lse); the emulation takes one max over the whole row
   (the two agree when the row fits one block; otherwise they differ in the last bits).
 - ``exp`` is evaluated in float64 and rounded once to fp32, as the sparse attention ops
-  (:data:`ascend_emu.ops.sparse_flash_attention.EXP_EVALUATION`).
+  (:func:`ascend_emu.emu.sparse_flash_attention._exp_f64`).
 - Without query_rope / key_rope only vllm-ascend's prefill form with ``head_padding > 0`` (N not
   a power of 2): TND without block_table, query / key D = 192 (:data:`HEAD_DIM_NO_ROPE`, nope and
   rope concatenated by the caller), value / output D = 128, N up to 128 (``mla_v1.py``
@@ -156,10 +156,6 @@ MAX_BLOCK_SIZE = 512
 #: Output of an empty row and its lse.
 EMPTY_ROW_OUTPUT = 0.0
 EMPTY_ROW_LSE = float("inf")
-#: Rounding of P and of the output to the query dtype.
-QUERY_DTYPE_ROUNDING = "half_even"
-#: Which exp P rounds: the kernel's (unnormalised, divided by the sum after P @ V).
-P_ROUNDING = "unnormalised"
 #: Paged cache layouts: 3-D ``[nb, bs, KV_N*D]``, 4-D ``[nb, KV_N, bs, D]``, 5-D NZ ``[nb, KV_N, D/C0, bs, C0]``.
 CACHE_LAYOUTS = {3: "PA_BSH", 4: "PA_BNSD", 5: "PA_NZ"}
 
@@ -733,7 +729,7 @@ def _c8_mode(query, quant) -> bool:
         if qqm != 0:
             raise arg_error(ModeError, "query_quant_mode", "0 with a float query (3 only with an int8 query: the C8 "
                             "decode)", qqm)
-        for name, x in zip(("dequant_scale_query", "dequant_scale_key", "dequant_scale_value"), quant[1:]):
+        for name, x in zip(("dequant_scale_query", "dequant_scale_key", "dequant_scale_value"), quant[1:], strict=True):
             if x is not None:
                 raise arg_error(ModeError, name, "None with a float query (the dequant scales belong to the int8 C8 "
                                 "decode)", describe(x))

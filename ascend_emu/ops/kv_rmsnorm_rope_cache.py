@@ -41,7 +41,7 @@ Choices where the sources leave room (each lives in one named constant below):
 - :data:`UNWRITTEN_OUTPUT_FILL`: with ``is_output_kv=False`` the hardware returns uninitialised
   ``[B, 1, S, 64]`` / ``[B, 1, S, 512]`` tensors (the meta function always allocates them); the
   emulator returns them filled with zeros, deterministically.
-- :data:`SCALE_SHAPES`: ``k_rope_scale`` / ``c_kv_scale`` may be ``[D]``, ``[1, D]`` (the aclnn
+- ``k_rope_scale`` / ``c_kv_scale`` may be ``[D]``, ``[1, D]`` (the aclnn
   ``[N, D]`` with N = 1) or ``[1]`` (per-tensor; listed by the aclnn doc, broadcast here).
   Offsets are rejected: the seed says they are not supported, and the kernel has no offset add.
 - Scales must be given both or neither (seed: "k_rope_scale和c_kv_scale必须同时非空"), even
@@ -91,8 +91,6 @@ KV_DTYPES = ("bfloat16", "float16")
 from ..mla import D_QK as HIDDEN_SIZE  # noqa: E402
 from ..mla import D_ROPE as ROPE_SIZE
 from ..mla import HCKV as RMS_SIZE
-#: Accepted scale shapes as functions of the row width D.
-SCALE_SHAPES = ("[D]", "[1, D]", "[1]")
 #: K/V-split mode (``v`` given): kv / k_cache row width Dk and v / ckv_cache row width Dv
 #: (ops-nn ``kv_rms_norm_rope_cache_ds_tiling.cpp``: ``RMS_NORM_LENGTHS = {512, 192}``,
 #: ``V_LENGTH = 128``; ``kv_rms_norm_rope_cache_comm.h`` ``K_CACHE_SIZES`` / ``V_CACHE_SIZES``).
@@ -100,8 +98,6 @@ V_SPLIT_K_SIZE = 192
 V_SPLIT_V_SIZE = 128
 #: K/V-split heads N accepted here (the kernel: 1, 2, 4, 8).
 V_SPLIT_HEADS = (1,)
-#: K/V-split scale shapes (the tiling's CheckScaleValid for method mode 1: ``[D]`` or ``[N, D]``).
-V_SPLIT_SCALE_SHAPES = ("[D]", "[1, D]")
 #: Modes with an int8 quant kernel in K/V-split mode (Norm: tiling keys 1010 / 3010).
 V_SPLIT_QUANT_CACHE_MODES: tuple[str, ...] = CACHE_MODES
 #: BlockSize of a PA cache must fill whole 32-byte rows: 16 for bf16 / fp16, 32 for int8.
@@ -443,7 +439,7 @@ def _layout(mode: str, shape: tuple[int, ...], itemsize: int, name: str) -> Cach
 
 def _check_scale(scale: np.ndarray, name: str, dim: int, *, per_tensor: bool) -> None:
     """Validate a static multiplier scale: fp32 ``[dim]``, ``[1, dim]``, or with ``per_tensor`` ``[1]``
-    (:data:`SCALE_SHAPES`, :data:`V_SPLIT_SCALE_SHAPES`)."""
+    (K/V-split mode: ``[D]`` or ``[1, D]``, the tiling's CheckScaleValid for method mode 1)."""
     check_dtype(scale, name, ("float32",))
     shapes = ((dim,), (1, dim), (1,)) if per_tensor else ((dim,), (1, dim))
     if tuple(scale.shape) not in shapes:

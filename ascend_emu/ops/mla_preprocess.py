@@ -57,7 +57,7 @@ Choices where the sources are silent or disagree (each in one named constant bel
 - :data:`EPSILON`: the RmsNorm epsilon is **1e-6**. torch_npu passes ``epsilon=1e-5`` to ATB, but
   the kernel ignores it: ``RmsNormQuant::Init`` and ``MLAOperation`` hard-code ``epsilon_ = 1e-6``
   (the ATB kernel test's golden uses 1e-6 too).
-- cacheMode 2 quant (:data:`CTKV_SCALE_IS_DIVISOR`): the kernel computes
+- cacheMode 2 quant: the kernel computes
   ``scale3 = 1 / (float)ctkv_scale`` and multiplies the **fp32** RmsNorm output by it (before any
   rounding to the input dtype), while ``q_nope_scale`` is a multiplier on the einsum output already
   rounded to the input dtype (``EinSumQuant``). Both then go fp32 -> fp16 -> int8 like step 1.
@@ -118,8 +118,6 @@ DEFAULT_CACHE_MODE = "krope_ctkv"
 DEFAULT_QUANT_MODE = "per_token_quant_symm"
 #: RmsNorm epsilon the kernel hard-codes (torch_npu's ``epsilon=1e-5`` is not read).
 EPSILON = 1e-6
-#: cacheMode 2: the ckv is multiplied by ``1 / ctkv_scale``; ``q_nope_scale`` multiplies.
-CTKV_SCALE_IS_DIVISOR = True
 
 #: Fixed widths: wdqkv output ``[ckv 512 | krope 64 | q_a 1536]``, per-head ``[nope 128 | rope 64]``.
 from ..mla import D_QK as KV_A_DIM  # noqa: E402  (576)

@@ -68,7 +68,6 @@ from .mla_prolog_scenarios import (  # noqa: F401  (the tables are re-exported: 
     V3_ASCEND950_LIMITS, VERSION_LIMITS, QuantScenario, VersionLimits, check_alpha, check_dtype_tags,
     check_scale_shapes, check_scales, expected_scale_shapes, infer_legacy_modes, select_scenario, version_limits)
 
-Version = Literal[1, 2, 3]
 CacheModeV3 = Literal["PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND"]
 
 #: Shape of an output the scenario does not produce: v3 (torch_npu meta, CANN >= 8.5.0) gives an

@@ -49,15 +49,15 @@ Choices where the sources leave room (each in one named constant below):
   length to 0, docs/sources.md#npu_kv_quant_sparse_flash_attention; the goldens leave rows past ``act_q`` at 0), softmax_max =
   the lowest fp32 (the initial max Ascend's attention kernels use, NEGATIVE_MIN_VALUE_FP32) and
   softmax_sum = 0. Unverified on hardware.
-- :data:`QUERY_DTYPE_ROUNDING`: every rounding to the query dtype (dequantized k_nope, P,
+- Every rounding to the query dtype (dequantized k_nope, P,
   output) is RNE, as the goldens' ``.to(query_type)``. docs/sources.md#npu_kv_quant_sparse_flash_attention reads the A2/A3 fp16
   dequant cast as CAST_ROUND (ties away); the two differ only on exact ties.
-- :data:`EXP_EVALUATION`: ``exp`` is evaluated in float64 and rounded once to fp32 (the
+- ``exp`` is evaluated in float64 and rounded once to fp32 (the
   correctly rounded fp32 exp in practice); the NPU's vector exp is not documented.
-- :data:`SFA_VALUE_SOURCE`: npu_sparse_flash_attention reads V from ``value`` (same slots as the
+- npu_sparse_flash_attention reads V from ``value`` (same slots as the
   key); ``value=None`` (CANN >= 9.2) reads V from ``key``. The doc says key and value share one
   tensor in attention_mode 2; the official golden passes ``key.clone()``.
-- :data:`KVQ_VALUE_SOURCE`: npu_kv_quant_sparse_flash_attention reads V from the k_nope bytes
+- npu_kv_quant_sparse_flash_attention reads V from the k_nope bytes
   of ``key``'s 656-byte rows (attention_mode 2, MLA absorb). ``value`` must be an int8 tensor of
   key's shape (key itself, or a copy) or of key's leading dims and a last dim of 512 (the doc's example and
   op-plugin's ``test_sfa_eager`` pass ``key.clone()`` taken before the rope and scale bytes are
@@ -99,7 +99,6 @@ from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_err
 from ..layouts import slots_from_block_table
 from ..mla import D_QK, D_ROPE, HCKV, NKV, TILE_SIZE
 from ..quant import MLA_ROW
-from ..quant.combined import NOPE_CACHE_DTYPES
 from ..quant.fp8 import TORCH_NPU_DTYPE_CODES
 from ..soc import is_ascend950, require_ascend950
 from .. import checked_mode
@@ -146,14 +145,6 @@ QUANT_SCALE_REPO_MODE = 1
 EMPTY_ROW_OUTPUT = 0.0
 EMPTY_ROW_SOFTMAX_MAX = float(np.finfo(np.float32).min)
 EMPTY_ROW_SOFTMAX_SUM = 0.0
-#: Rounding of every fp32 -> query-dtype step.
-QUERY_DTYPE_ROUNDING = "half_even"
-#: How exp is evaluated: float64 exp rounded once to fp32.
-EXP_EVALUATION = "float64_then_fp32"
-#: npu_sparse_flash_attention: where V comes from.
-SFA_VALUE_SOURCE = "value (key when value is None)"
-#: npu_kv_quant_sparse_flash_attention: where V comes from (``value``: key itself or its [.., 512] k_nope).
-KVQ_VALUE_SOURCE = "k_nope bytes of key's rows"
 #: Smallest K of sparse_indices (the current doc: sparse_size > 0).
 MIN_SPARSE_K = 1
 #: Largest K of sparse_indices: the largest ``sparse_count`` npu_lightning_indexer produces (its doc:
@@ -321,7 +312,7 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
     op = "npu_sparse_flash_attention"
     checked_mode.read_sparse_attention(op, args, key, key_rope, value, sparse_indices, sparse_block_size, layout_kv)
     result = get_backend().sparse_flash_attention(args)
-    checked_mode.check_finite(op, zip(result._fields, result))
+    checked_mode.check_finite(op, zip(result._fields, result, strict=True))
     return tuple(result)
 
 
@@ -346,7 +337,7 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
             4 fp32 scales]``; elem int8 (int8 key), or on the Ascend 950 HiF8 (uint8 key with
             ``key_dtype=290``) or FP8 E4M3 (ml_dtypes ``float8_e4m3fn`` key).
         value: key's dtype, key's shape (key itself or a copy), or ``[.., 512]`` with key's leading
-            dims (not read: V is key's k_nope; :data:`KVQ_VALUE_SOURCE`).
+            dims (not read: V is key's k_nope).
         sparse_indices, scale_value, block_table, actual_seq_lengths_query,
         actual_seq_lengths_kv, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens:
             as :func:`npu_sparse_flash_attention`.
@@ -449,7 +440,7 @@ def _int(value, name: str) -> int:
 def _tensor(x, name: str, dtypes, shape, what: str) -> np.ndarray:
     x = required(x, name)
     check_dtype(x, name, dtypes)
-    ok = x.ndim == len(shape) and all(e is None or e == s for e, s in zip(shape, x.shape))
+    ok = x.ndim == len(shape) and all(e is None or e == s for e, s in zip(shape, x.shape, strict=True))
     if not ok:
         shown = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
         raise arg_error(ShapeError, name, f"shape {shown} {what}", list(x.shape))

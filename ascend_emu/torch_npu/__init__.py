@@ -36,7 +36,7 @@ import sys
 from ..install_hints import TORCH_HINT, TORCH_NPU_VERSION
 
 try:
-    import torch
+    import torch  # noqa: F401  (the error below when torch is missing)
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
     raise ModuleNotFoundError(f"ascend_emu.torch_npu needs torch; {TORCH_HINT}", name=exc.name) from exc
 
@@ -45,7 +45,7 @@ from . import _device, _format, _registry, namespaces, npu
 from ._dtypes import NPU_DTYPE_CODES
 from ._format import Format
 from ._dtypes import patch_torch as _patch_version
-from ._convert import nz_of, tag_nz, to_numpy, to_torch
+from ._convert import nz_of, tag_nz, to_numpy, to_torch  # noqa: F401  (public)
 from .schemas import SCHEMAS
 
 npu.patch_torch()

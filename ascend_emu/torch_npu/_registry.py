@@ -56,7 +56,7 @@ def _bind(schema: torch._C.FunctionSchema, args: tuple, kwargs: dict,
     params = dict(defaults) if defaults is not None else _defaults(schema)
     if names is None:
         names = tuple(a.name for a in schema.arguments)
-    params.update(zip(names, args))
+    params.update(zip(names, args, strict=False))  # args: the schema's leading arguments
     params.update(kwargs)
     return params
 
@@ -286,7 +286,7 @@ class _Binding:
         def strided_only(*args, **kwargs):
             # a sparse / mkldnn / nested / quantized tensor among the arguments: the dispatcher
             # picked that tensor's key; the conversion step's check names it
-            for name, value in zip(names, args):
+            for name, value in zip(names, args, strict=False):  # args: the leading arguments
                 if isinstance(value, torch.Tensor):
                     check_strided(value, name)
             for name, value in kwargs.items():
@@ -336,7 +336,7 @@ class _Binding:
             return None
         params = self.defaults.copy()
         slots = self.slots
-        for name, value in zip(self.names, args):
+        for name, value in zip(self.names, args, strict=False):  # args: the leading arguments
             slot = slots[name]
             if not (type(value) is _Tensor and slot[1] == "Tensor" and value.is_cpu  # the common case inline
                     and value.layout is _strided and not (grad and value.requires_grad)):
@@ -365,7 +365,6 @@ class _Binding:
 
 _REFUSED = object()
 _Tensor, _strided = torch.Tensor, torch.strided
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
 
@@ -630,7 +629,7 @@ def _explain(qualified: str, args: tuple, kwargs: dict) -> AscendEmuError | None
         return None
     try:
         binding = check(args, kwargs)
-        for name, value in (*zip(binding.names, args), *kwargs.items()):
+        for name, value in (*zip(binding.names, args, strict=False), *kwargs.items()):  # args: the leading ones
             if isinstance(value, torch.Tensor):
                 check_strided(value, name)
     except AscendEmuError as error:
@@ -876,7 +875,7 @@ def _out_form(packet, spec: OpSchema, public: str) -> Callable:
             if not isinstance(out, (list, tuple)) or len(out) != len(names):
                 raise arg_error(ArgumentError, "out", f"a list of {len(names)} tensors ({', '.join(names)})",
                                 describe(out))
-            kwargs.update(zip(names, out))
+            kwargs.update(zip(names, out, strict=True))
         problem = binding.mismatch(args, kwargs, f"{public}.out")  # the argument check torch_npu.<op> makes
         if problem is not None:
             raise problem[1]

@@ -235,8 +235,8 @@ def rope_tables(positions):
 
 def metadata(table, query_lens, kv_lens):
     """``AscendSFAMetadata`` of a step: each request's last ``query_lens[b]`` of ``kv_lens[b]`` tokens."""
-    positions = torch.cat([torch.arange(k - q, k) for q, k in zip(query_lens, kv_lens)])
-    slot_mapping = torch.cat([table.slots[b, k - q:k] for b, (q, k) in enumerate(zip(query_lens, kv_lens))])
+    positions = torch.cat([torch.arange(k - q, k) for q, k in zip(query_lens, kv_lens, strict=True)])
+    slot_mapping = torch.cat([table.slots[b, k - q:k] for b, (q, k) in enumerate(zip(query_lens, kv_lens, strict=True))])
     cos, sin = rope_tables(positions)
     return SimpleNamespace(
         slot_mapping=slot_mapping.npu(), block_table=table.block_table, cos=cos, sin=sin, positions=positions,
@@ -330,7 +330,7 @@ def selections(layer, table, query_lens, kv_lens):
     followed by -1 padding."""
     topk = layer.record.topk_indices.cpu().view(sum(query_lens), -1)  # [T, sparse_count] (N2 = 1)
     t = 0
-    for b, (q_len, kv_len) in enumerate(zip(query_lens, kv_lens)):
+    for b, (q_len, kv_len) in enumerate(zip(query_lens, kv_lens, strict=True)):
         for s in range(q_len):
             visible = kv_len - q_len + s + 1
             row = topk[t]

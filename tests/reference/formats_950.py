@@ -254,7 +254,7 @@ def mx_quantize(x32: np.ndarray, name: str, axis: int, block_size: int, scale_al
             byte = mx_scale_byte(amax, name, scale_alg)
             sidx = tuple(list(outer[:ax]) + [j // 2] + list(outer[ax:]) + [j % 2])
             scales[sidx] = byte
-            for i, v in zip(idx, vals):
+            for i, v in zip(idx, vals, strict=True):
                 if byte == 0xFF:
                     codes[tuple(i)] = fp8_encode(np.float32(np.nan), name, True)
                 else:

@@ -222,7 +222,7 @@ def reference_c8(query, key, value, query_rope, key_rope, dequant_scale_query, d
                         acc = pv16
                     else:
                         r16 = _f16(resc)
-                        acc = np.array([_f16(_f16(a * r16) + y) for a, y in zip(acc, pv16)], dtype=np.float32)
+                        acc = np.array([_f16(_f16(a * r16) + y) for a, y in zip(acc, pv16, strict=True)], dtype=np.float32)
                     m = m_new
                 o = (acc * np.float32(1024.0)).astype(np.float32)
                 o = (o / total).astype(np.float32)

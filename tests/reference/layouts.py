@@ -91,7 +91,7 @@ def nz_flat_offset(shape: tuple[int, ...], itemsize: int, index: tuple[int, ...]
     *b, m, n = full
     coords = (*b, n // c0, m // FRACTAL_ROWS, m % FRACTAL_ROWS, n % c0)
     off = 0
-    for c, s in zip(coords, st):
+    for c, s in zip(coords, st, strict=True):
         off = off * s + c
     return off
 

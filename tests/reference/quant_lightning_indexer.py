@@ -67,7 +67,7 @@ def row_scores(q_row, w_row, qs_row, keys, ks, *, stage_ws=True, stage_s=True, e
     for p, k in enumerate(keys):
         acc = np.float32(0.0)
         for h in range(n1):
-            dot = sum(a * c for a, c in zip(q[h], k))
+            dot = sum(a * c for a, c in zip(q[h], k, strict=True))
             if element != "int8" and not stage_s:
                 s = np.float32(max(dot, 0))
             else:

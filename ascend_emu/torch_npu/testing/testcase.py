@@ -77,7 +77,8 @@ class TestCase(unittest.TestCase):
     def assertRtolEqual(self, x, y, prec=1.e-4, prec16=1.e-3, auto_trans_dtype=False, message=None):
         """Dual-threshold comparison (module doc); sequences are compared pairwise."""
         if isinstance(x, Sequence) and isinstance(y, Sequence) and not isinstance(x, str):
-            for x_, y_ in zip(x, y):
+            super().assertEqual(len(x), len(y), message or None)
+            for x_, y_ in zip(x, y, strict=True):
                 self.assertRtolEqual(x_, y_, prec, prec16, auto_trans_dtype, message)
             return
         if isinstance(x, torch.Tensor) and isinstance(y, Sequence):
@@ -143,7 +144,7 @@ class TestCase(unittest.TestCase):
             return super().assertEqual(x, y, message or None)
         if isinstance(x, Sequence) and isinstance(y, Sequence):
             super().assertEqual(len(x), len(y), message or None)
-            for x_, y_ in zip(x, y):
+            for x_, y_ in zip(x, y, strict=True):
                 self.assertEqual(x_, y_, prec, message, allow_inf, exact_dtype)
             return None
         if isinstance(x, Number) and isinstance(y, Number) and not isinstance(x, bool) and not isinstance(y, bool):

@@ -122,4 +122,4 @@ for _name in ("npu_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention
         globals()[_name] = _op(_name, getattr(_emu, _name))
 
 npu = _emu.npu
-from . import atb  # noqa: E402
+from . import atb  # noqa: E402, F401  (torch_npu.atb)
