@@ -7,11 +7,22 @@ A cache is raw memory. Whatever shape it is declared with, the op writes bytes w
 would. Tokens are first mapped to a **slot** (a global row number ``block * BlockSize + row``),
 then a slot and an element to a byte offset:
 
-- ND modes (``PA_BSND``, ``PA_BLK_BSND``, ``BSND``, ``TND``, ``Norm``): row ``slot`` is
-  contiguous, at ``slot * Nkv * D`` elements (``[..., BlockSize, Nkv, D]`` order).
-- NZ modes (``PA_NZ``, ``PA_BLK_NZ``): each block is stored ``[D / C0, BlockSize, C0]`` with
-  ``C0 = 32 bytes / itemsize`` (16 for bf16 / fp16, 32 for int8); element ``d`` of slot
-  ``blk * bs + r`` sits at ``blk*bs*D + (d // C0)*bs*C0 + r*C0 + d % C0``.
+- ND token-major modes (``PA_BSND``, ``PA_BLK_BSND``, ``BSND``, ``TND``, ``Norm``): row ``slot``
+  is contiguous, at ``slot * Nkv * D`` elements (``[..., BlockSize, Nkv, D]`` order).
+- ND head-major modes (``PA_BNSD``, ``PA_BLK_BNSD``; torch_npu's meaning): each block is stored
+  ``[Nkv, BlockSize, D]``; head ``h`` of slot ``blk * bs + r`` at ``((blk*Nkv + h)*bs + r)*D``.
+  With Nkv = 1 (every MLA writer) the bytes are PA_BSND's.
+- NZ modes (``PA_NZ``, ``PA_BLK_NZ``): each block (and head, when head-major) is stored
+  ``[D / C0, BlockSize, C0]`` with ``C0 = 32 bytes / itemsize`` (16 for bf16 / fp16, 32 for
+  int8); element ``d`` of slot ``blk * bs + r`` sits at ``blk*bs*D + (d // C0)*bs*C0 + r*C0 + d % C0``
+  (Nkv = 1); a head-major NZ cache ``[nb, Nkv, D/C0, bs, C0]`` adds ``h*bs*D`` inside block
+  ``blk`` (``blk*Nkv*bs*D``).
+
+:class:`CacheLayout` is the one description of a cache for the ops that write it and the ops that
+read it (fused_infer_attention_score's three paged layouts, the sparse attention and indexer
+caches): offsets, the blocks and slots a block table reads (:meth:`CacheLayout.read_blocks`,
+:meth:`CacheLayout.read_rows`, :meth:`CacheLayout.slots_of_blocks`) and the words that name a
+slot (:meth:`CacheLayout.place`) all come from it.
 
 How an op's index tensor becomes slots differs between ops (ops_reference §6 gotcha 5):
 
@@ -37,12 +48,19 @@ from numba import njit
 from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error
 from .nz import M0
 
-CacheMode = Literal["PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND", "Norm"]
+CacheMode = Literal["PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "PA_BNSD", "PA_BLK_BNSD", "BSND", "TND", "Norm"]
 
 #: Canonical cache-mode names.
-CACHE_MODES: tuple[str, ...] = ("PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND", "Norm")
+CACHE_MODES: tuple[str, ...] = ("PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "PA_BNSD", "PA_BLK_BNSD", "BSND",
+                                "TND", "Norm")
 #: Other spellings the seeds use for the same layouts.
-CACHE_MODE_ALIASES = {"PA": "PA_BSND", "PA_BNSD": "PA_BSND", "PA_BLK_BNSD": "PA_BLK_BSND"}
+CACHE_MODE_ALIASES = {"PA": "PA_BSND"}
+#: Head-major ND modes: each block ``[Nkv, BlockSize, D]`` (torch_npu's PA_BNSD).
+HEAD_MAJOR_MODES = ("PA_BNSD", "PA_BLK_BNSD")
+#: Paged modes (a slot is ``block * BlockSize + row`` of a block pool); the PA_BLK_* ones index
+#: whole pages (:func:`slots_from_pages`).
+PAGED_MODES = ("PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "PA_BNSD", "PA_BLK_BNSD")
+PAGE_INDEXED_MODES = ("PA_BLK_BSND", "PA_BLK_NZ", "PA_BLK_BNSD")
 #: npu_scatter_pa_kv_cache / npu_gather_pa_kv_cache cache modes (None: the op's Norm) -> the
 #: CacheLayout mode of their caches: a Norm cache [num_blocks, block_size, N, D] is PA_BSND with N
 #: heads; a PA_NZ cache holds each token's N*D elements as one NZ row (ops.paged_cache module doc).
@@ -87,8 +105,8 @@ def check_block_size(mode: str, block_size: int, *, name: str = "BlockSize") -> 
 
 def canonical_cache_mode(mode: str, *, allowed: Sequence[str] | None = None,
                          name: str = "cache_mode") -> str:
-    """Canonical name of ``mode`` (aliases resolved: PA, PA_BNSD -> PA_BSND; PA_BLK_BNSD ->
-    PA_BLK_BSND).
+    """Canonical name of ``mode`` (the alias PA resolved to PA_BSND; PA_BNSD and PA_BLK_BNSD are
+    head-major modes of their own).
 
     Args:
         mode: a cache-mode string as a seed spells it.
@@ -129,7 +147,8 @@ class CacheLocation(NamedTuple):
 
 @dataclass(frozen=True, kw_only=True)
 class CacheLayout:
-    """Geometry of one KV cache tensor in one cache mode.
+    """Geometry of one KV cache tensor in one cache mode: the one description of a cache for the
+    ops that write it and the ops that read it.
 
     A **slot** is a global row number ``block * block_size + row``: the PA_BSND / PA_NZ
     ``cache_index`` value, ``b * S + s`` for BSND, ``t`` for TND, ``b * cache_length + pos``
@@ -137,19 +156,38 @@ class CacheLayout:
     shape (a PA_NZ cache declared ``[BlockNum, BlockSize, 1, D]`` holds
     ``[BlockNum, D/C0, BlockSize, C0]``, ops_reference §1.4, §2.3).
 
+    The caches it describes (memory order; ``N`` = :attr:`heads`, ``C0 = 32 / itemsize``):
+
+    - ``[nb, bs, N*D]`` / ``[nb, bs, N, D]``: PA_BSND (token-major; fused_infer_attention_score's
+      3-D cache, the Norm caches of npu_scatter_pa_kv_cache);
+    - ``[nb, N, bs, D]``: PA_BNSD, ``head_major`` (torch_npu's meaning; N = 1 gives PA_BSND's bytes);
+    - ``[nb, N, D/C0, bs, C0]``: PA_NZ with ``head_major`` (N = 1: the MLA writers' PA_NZ,
+      ``[nb, D/C0, bs, C0]``);
+    - rows of bytes: an int8 cache with ``dim`` the row's bytes (the V3.2 656-byte combined rows,
+      :data:`ascend_emu.quant.MLA_ROW`; DeepSeek-V4's 640-byte fp8 rows fit the same way);
+    - fp32 state caches ``[blocks, state_block_size, 1, 2*coff*D]``: PA_BSND, itemsize 4,
+      ``dim = 2*coff*D``;
+    - compressed caches whose block holds ``block_size`` rows of ``ratio`` tokens each: ``ratio``
+      (:attr:`tokens_per_block`). Offsets, slots and block reads count rows; the token -> row
+      rule of a compressed cache belongs to the op that compresses it.
+
     Attributes:
-        mode: canonical cache mode (aliases PA / PA_BNSD / PA_BLK_BNSD are resolved; with
-            Nkv = 1, the only value the MLA ops allow, BNSD and BSND orders are the same bytes).
+        mode: canonical cache mode (the alias PA resolved to PA_BSND).
         num_blocks: blocks (PA_*: BlockNum; BSND / Norm: B; TND: 1).
         block_size: rows per block (PA_*: BlockSize; BSND: S; Norm: cache_length; TND: T).
         dim: elements per row and head, D (512, 64, 576; 656 for int8 combined rows).
         itemsize: bytes per element: 1 (int8), 2 (bf16 / fp16) or 4.
-        heads: kv heads Nkv (must be 1 for NZ and Norm modes).
+        heads: kv heads Nkv (must be 1 for Norm, and for NZ unless head-major).
+        head_major: each block stores its heads one after the other (``[N, bs, D]``, NZ
+            ``[N, D/C0, bs, C0]``) rather than each row's heads together. Always True for
+            PA_BNSD / PA_BLK_BNSD; may be set for NZ modes; False for every other mode.
+        ratio: tokens per row (1; a compressed cache's compression ratio).
 
     Raises:
-        ModeError: unknown mode.
-        ShapeError: negative sizes (D and Nkv must be >= 1), an itemsize other than 1 / 2 / 4, or an NZ cache whose D
-            is not a multiple of C0 or whose Nkv is not 1.
+        ModeError: unknown mode, or ``head_major`` for a mode that has no head-major form.
+        ShapeError: negative sizes (D, Nkv and ratio must be >= 1), an itemsize other than
+            1 / 2 / 4, or an NZ cache whose D is not a multiple of C0 or that has several heads
+            without being head-major.
     """
 
     mode: str
@@ -158,20 +196,28 @@ class CacheLayout:
     dim: int
     itemsize: int
     heads: int = 1
+    head_major: bool = False
+    ratio: int = 1
 
     def __post_init__(self):
         object.__setattr__(self, "mode", canonical_cache_mode(self.mode))
         for name, value, low in (("num_blocks", self.num_blocks, 0), ("block_size", self.block_size, 0),
-                                 ("D", self.dim, 1), ("Nkv", self.heads, 1)):
+                                 ("D", self.dim, 1), ("Nkv", self.heads, 1), ("ratio", self.ratio, 1)):
             if not isinstance(value, (int, np.integer)) or value < low:
                 raise arg_error(ShapeError, name, f"an integer >= {low}", value)
         if self.itemsize not in (1, 2, 4):
             raise arg_error(ShapeError, "itemsize", "1, 2 or 4 bytes", self.itemsize)
+        if self.mode in HEAD_MAJOR_MODES:
+            object.__setattr__(self, "head_major", True)
+        elif self.head_major and not self.nz:
+            raise arg_error(ModeError, "head_major", f"False for cache_mode {self.mode} (head-major ND caches are "
+                            f"{' / '.join(HEAD_MAJOR_MODES)}; NZ modes may be head-major)", True)
+        object.__setattr__(self, "head_major", bool(self.head_major))
         if self.nz:
             if self.dim % self.c0:
                 raise arg_error(ShapeError, "D", f"a multiple of C0={self.c0} for an NZ cache", self.dim)
-            if self.heads != 1:
-                raise arg_error(ShapeError, "Nkv", "1 for an NZ cache", self.heads)
+            if self.heads != 1 and not self.head_major:
+                raise arg_error(ShapeError, "Nkv", "1 for an NZ cache that is not head-major", self.heads)
         if self.mode == "Norm" and self.heads != 1:
             raise arg_error(ShapeError, "N", "1 for a Norm cache [B, 1, cache_length, D]", self.heads)
 
@@ -181,9 +227,10 @@ class CacheLayout:
                       name: str = "cache") -> "CacheLayout":
         """Layout of a cache from its declared shape.
 
-        Declared shapes (ops_reference §2.3, §4): PA modes ``[BlockNum, BlockSize, Nkv, D]``
-        (NZ modes too: the declared shape stays ND); ``BSND`` ``[B, S, Nkv, D]``; ``TND``
-        ``[T, Nkv, D]``; ``Norm`` ``[B, 1, cache_length, D]``. An NZ cache declared by its memory
+        Declared shapes (ops_reference §2.3, §4): PA token-major modes ``[BlockNum, BlockSize,
+        Nkv, D]`` (NZ modes too: the declared shape stays ND); PA_BNSD / PA_BLK_BNSD
+        ``[BlockNum, Nkv, BlockSize, D]``; ``BSND`` ``[B, S, Nkv, D]``; ``TND`` ``[T, Nkv, D]``;
+        ``Norm`` ``[B, 1, cache_length, D]``. An NZ cache declared by its memory
         shape ``[BlockNum, D/C0, BlockSize, C0]`` (MlaPreprocess cacheMode 2 / 3) is not
         recognised here; :meth:`from_shape` recognises both.
 
@@ -205,13 +252,30 @@ class CacheLayout:
             t, n, d = shape
             return cls(mode=mode, num_blocks=1, block_size=t, dim=d, itemsize=itemsize, heads=n)
         if len(shape) != 4:
-            want = "[B, 1, cache_length, D]" if mode == "Norm" else "[BlockNum, BlockSize, Nkv, D]"
+            want = {"Norm": "[B, 1, cache_length, D]", "PA_BNSD": "[BlockNum, Nkv, BlockSize, D]",
+                    "PA_BLK_BNSD": "[BlockNum, Nkv, BlockSize, D]"}.get(mode, "[BlockNum, BlockSize, Nkv, D]")
             raise arg_error(ShapeError, name, f"a 4-D {want} tensor for cache_mode {mode}", shape)
-        if mode == "Norm":
-            b, n, length, d = shape
-            return cls(mode=mode, num_blocks=b, block_size=length, dim=d, itemsize=itemsize, heads=n)
+        if mode == "Norm" or mode in HEAD_MAJOR_MODES:
+            nb, n, bs, d = shape
+            return cls(mode=mode, num_blocks=nb, block_size=bs, dim=d, itemsize=itemsize, heads=n)
         nb, bs, n, d = shape
         return cls(mode=mode, num_blocks=nb, block_size=bs, dim=d, itemsize=itemsize, heads=n)
+
+    @classmethod
+    def from_single_head(cls, mode: str, shape: Sequence[int], itemsize: int, *,
+                         name: str = "cache") -> "CacheLayout":
+        """Layout of a one-kv-head cache declared ``[BlockNum, BlockSize, 1, D]`` in every PA mode,
+        as the MLA writers declare theirs (npu_kv_rmsnorm_rope_cache): in PA_BNSD / PA_BLK_BNSD
+        that is head-major ``[BlockNum, 1, BlockSize, D]``, the same bytes. Other shapes and modes:
+        :meth:`from_declared`.
+
+        Raises:
+            As :meth:`from_declared`.
+        """
+        shape = tuple(int(s) for s in shape)
+        if canonical_cache_mode(mode) in HEAD_MAJOR_MODES and len(shape) == 4 and shape[2] == 1:
+            shape = (shape[0], 1, shape[1], shape[3])
+        return cls.from_declared(mode, shape, itemsize, name=name)
 
     @classmethod
     def from_shape(cls, mode: str, shape: Sequence[int], itemsize: int, *,
@@ -258,7 +322,7 @@ class CacheLayout:
                 check_block_size(mode, bs, name=f"{name} BlockSize (storage shape dim {at})")
                 return cls(mode=mode, num_blocks=nb, block_size=bs, dim=d1 * c0, itemsize=itemsize)
         layout = cls.from_declared(mode, shape, itemsize, name=name)
-        if layout.mode.startswith("PA"):
+        if layout.paged:
             check_block_size(mode, layout.block_size, name=f"{name} BlockSize (shape[1])")
         return layout
 
@@ -269,6 +333,29 @@ class CacheLayout:
         return self.mode in ("PA_NZ", "PA_BLK_NZ")
 
     @property
+    def paged(self) -> bool:
+        """True for the PA_* modes (a pool of blocks read through a block table or written at
+        slots ``block * block_size + row``)."""
+        return self.mode in PAGED_MODES
+
+    @property
+    def page_indexed(self) -> bool:
+        """True for PA_BLK_* modes: the writer's index lists whole pages (:func:`slots_from_pages`)."""
+        return self.mode in PAGE_INDEXED_MODES
+
+    @property
+    def index_kind(self) -> str:
+        """What a writer's index tensor holds for this mode (module docstring): ``"slot"``
+        (PA_BSND / PA_BNSD / PA_NZ: :func:`slots_from_cache_index`), ``"pages"`` (PA_BLK_*:
+        :func:`slots_from_pages`), ``"position"`` (Norm: :func:`slots_from_positions`) or
+        ``"own"`` (BSND / TND: tokens sit at their own position)."""
+        if self.page_indexed:
+            return "pages"
+        if self.paged:
+            return "slot"
+        return "position" if self.mode == "Norm" else "own"
+
+    @property
     def c0(self) -> int:
         """Elements per NZ fractal row: 32 bytes / itemsize."""
         return NZ_ROW_BYTES // self.itemsize
@@ -277,6 +364,11 @@ class CacheLayout:
     def num_rows(self) -> int:
         """Total slots: num_blocks * block_size."""
         return self.num_blocks * self.block_size
+
+    @property
+    def tokens_per_block(self) -> int:
+        """Tokens one block covers: block_size * ratio."""
+        return self.block_size * self.ratio
 
     @property
     def row_bytes(self) -> int:
@@ -290,22 +382,30 @@ class CacheLayout:
 
     @property
     def chunk_bytes(self) -> int:
-        """Bytes that stay contiguous when one row is written: the row (ND) or 32 (NZ)."""
-        return NZ_ROW_BYTES if self.nz else self.row_bytes
+        """Bytes that stay contiguous when one row is written: the row (ND token-major), one
+        head's row (head-major ND) or 32 (NZ)."""
+        if self.nz:
+            return NZ_ROW_BYTES
+        return self.dim * self.itemsize if self.head_major else self.row_bytes
 
     def storage_shape(self) -> tuple[int, ...]:
-        """Shape that shows the memory order: ``[BlockNum, D/C0, BlockSize, C0]`` (NZ) or
-        ``[num_blocks, block_size, Nkv, D]`` (ND)."""
+        """Shape that shows the memory order: ``[BlockNum, D/C0, BlockSize, C0]`` (NZ),
+        ``[BlockNum, Nkv, D/C0, BlockSize, C0]`` (head-major NZ), ``[num_blocks, Nkv, block_size,
+        D]`` (head-major ND) or ``[num_blocks, block_size, Nkv, D]`` (ND)."""
         if self.nz:
-            return (self.num_blocks, self.dim // self.c0, self.block_size, self.c0)
+            inner = (self.dim // self.c0, self.block_size, self.c0)
+            return (self.num_blocks, self.heads, *inner) if self.head_major else (self.num_blocks, *inner)
+        if self.head_major:
+            return (self.num_blocks, self.heads, self.block_size, self.dim)
         return (self.num_blocks, self.block_size, self.heads, self.dim)
 
     def to_rows(self, buffer) -> np.ndarray:
         """The cache's rows in logical order, whatever the mode: ``[num_rows, Nkv, D]``.
 
         NZ modes re-order each block ``[D/C0, BlockSize, C0]`` to ``[BlockSize, D]`` (ops_reference
-        §1.4); ND modes are a reshape. The bytes are not interpreted: element ``[slot, h, d]`` of
-        the result is element ``d`` of head ``h`` of ``slot``, in ``buffer``'s dtype.
+        §1.4), head-major ones each block ``[Nkv, BlockSize, ..]`` to ``[BlockSize, Nkv, ..]``;
+        ND token-major modes are a reshape. The bytes are not interpreted: element ``[slot, h, d]``
+        of the result is element ``d`` of head ``h`` of ``slot``, in ``buffer``'s dtype.
 
         Args:
             buffer: NumPy array holding exactly the cache's bytes (any shape, e.g. the declared
@@ -324,11 +424,15 @@ class CacheLayout:
             raise arg_error(ShapeError, "buffer", f"a C-contiguous array of {self.nbytes} bytes",
                             f"{arr.nbytes} bytes, shape {list(arr.shape)}")
         raw = arr.reshape(-1).view(np.uint8)  # [nbytes]
+        head_bytes = self.dim * self.itemsize
         if self.nz:
-            blocks = raw.reshape(self.num_blocks, self.dim // self.c0, self.block_size, NZ_ROW_BYTES)
-            rows = blocks.transpose(0, 2, 1, 3).reshape(self.num_rows, 1, self.row_bytes)  # [rows, 1, D*s]
+            blocks = raw.reshape(self.num_blocks, self.heads, self.dim // self.c0, self.block_size, NZ_ROW_BYTES)
+            rows = blocks.transpose(0, 3, 1, 2, 4).reshape(self.num_rows, self.heads, head_bytes)
+        elif self.head_major:
+            blocks = raw.reshape(self.num_blocks, self.heads, self.block_size, head_bytes)
+            rows = blocks.transpose(0, 2, 1, 3).reshape(self.num_rows, self.heads, head_bytes)
         else:
-            rows = raw.reshape(self.num_rows, self.heads, self.dim * self.itemsize)  # [rows, Nkv, D*s]
+            rows = raw.reshape(self.num_rows, self.heads, head_bytes)  # [rows, Nkv, D*s]
         rows = np.ascontiguousarray(rows)
         return rows if arr.dtype == np.uint8 else rows.view(arr.dtype)
 
@@ -336,17 +440,21 @@ class CacheLayout:
     def element_offset(self, slot: int, d: int, head: int = 0) -> int:
         """Offset in elements of element ``d`` of ``head`` of ``slot``.
 
-        ND modes: ``(slot * Nkv + head) * D + d``. NZ modes (§1.4):
-        ``blk*bs*D + (d // C0)*bs*C0 + r*C0 + d % C0`` with ``blk, r = divmod(slot, bs)``.
+        ND modes: ``(slot * Nkv + head) * D + d``; head-major ND: ``((blk*Nkv + head)*bs + r)*D +
+        d``. NZ modes (§1.4): ``blk*bs*Nkv*D + head*bs*D + (d // C0)*bs*C0 + r*C0 + d % C0``
+        (``blk, r = divmod(slot, bs)``).
 
         Raises:
             IndexRangeError: slot, head or d out of range.
         """
         self._check_coords(slot, d, head)
+        blk, r = divmod(slot, self.block_size)
+        bs = self.block_size
         if self.nz:
-            blk, r = divmod(slot, self.block_size)
             c0 = self.c0
-            return blk * self.block_size * self.dim + (d // c0) * self.block_size * c0 + r * c0 + d % c0
+            return (blk * self.heads + head) * bs * self.dim + (d // c0) * bs * c0 + r * c0 + d % c0
+        if self.head_major:
+            return ((blk * self.heads + head) * bs + r) * self.dim + d
         return (slot * self.heads + head) * self.dim + d
 
     def byte_offset(self, slot: int, d: int, head: int = 0) -> int:
@@ -360,7 +468,8 @@ class CacheLayout:
 
     def chunk_offsets(self, slots: np.ndarray) -> np.ndarray:
         """Byte offsets of every contiguous chunk of each slot's row (what scatter / gather
-        kernels copy: one whole row for ND modes, ``D / C0`` 32-byte fractal rows for NZ).
+        kernels copy: one whole row for ND token-major modes, one per head for head-major ND,
+        ``Nkv * D / C0`` 32-byte fractal rows for NZ).
 
         Args:
             slots: integer ``[T]`` slots, each in ``[0, num_rows)``; not checked here (validate
@@ -368,15 +477,72 @@ class CacheLayout:
 
         Returns:
             int64 ``[T, row_bytes // chunk_bytes]``; chunk ``j`` of row ``t`` holds row bytes
-            ``[j*chunk_bytes, (j+1)*chunk_bytes)`` and starts at ``out[t, j]`` in the cache.
+            ``[j*chunk_bytes, (j+1)*chunk_bytes)`` (the row's bytes in head, element order) and
+            starts at ``out[t, j]`` in the cache.
         """
         slots = np.asarray(slots, dtype=np.int64)
-        if not self.nz:
+        if not self.nz and not self.head_major:
             return (slots * self.row_bytes)[:, None]  # [T, 1]
         blk, r = np.divmod(slots, self.block_size)  # [T], [T]
-        nchunk = self.row_bytes // NZ_ROW_BYTES
-        base = blk * (self.block_size * self.row_bytes) + r * NZ_ROW_BYTES  # [T]
-        return base[:, None] + np.arange(nchunk, dtype=np.int64)[None, :] * (self.block_size * NZ_ROW_BYTES)
+        nchunk = self.row_bytes // self.chunk_bytes
+        base = blk * (self.block_size * self.row_bytes) + r * self.chunk_bytes  # [T]
+        return base[:, None] + np.arange(nchunk, dtype=np.int64)[None, :] * (self.block_size * self.chunk_bytes)
+
+    # ------------------------------------------------------------------ reads
+    def read_blocks(self, cache: np.ndarray, blocks: np.ndarray, head: int = 0) -> np.ndarray:
+        """Head ``head`` of every row of the blocks ``blocks``, in order: ``[len(blocks) *
+        block_size, D]`` in the cache's dtype (a new array). What a block table's reader gathers.
+
+        Args:
+            cache: the cache's elements (any shape holding this layout's ``nbytes``, C-contiguous
+                for a view; another array is copied by the reshape), dtype of this itemsize.
+            blocks: integer ``[n]`` block ids in ``[0, num_blocks)``; not checked here (the
+                contract validates them, e.g. :func:`blocks_from_block_table`).
+            head: kv head in ``[0, Nkv)``.
+        """
+        a = np.asarray(cache).reshape(self.storage_shape())
+        if self.nz:
+            tiles = a[blocks, head] if self.head_major else a[blocks]  # [n, D/C0, bs, C0]
+            return tiles.transpose(0, 2, 1, 3).reshape(-1, self.dim)
+        rows = a[blocks, head] if self.head_major else a[blocks, :, head]  # [n, bs, D]
+        return rows.reshape(-1, self.dim)
+
+    def read_rows(self, cache: np.ndarray, slots: np.ndarray, head: int = 0) -> np.ndarray:
+        """Head ``head`` of the rows ``slots``: ``[len(slots), D]`` in the cache's dtype (a new
+        array). ``slots`` int ``[L]`` in ``[0, num_rows)`` (not checked here); ``cache`` as
+        :meth:`read_blocks`."""
+        slots = np.asarray(slots, dtype=np.int64)
+        if not self.nz and not self.head_major:
+            return np.asarray(cache).reshape(self.num_rows, self.heads, self.dim)[slots, head]
+        blk, r = np.divmod(slots, self.block_size)
+        a = np.asarray(cache).reshape(self.storage_shape())
+        if self.nz:
+            tiles = a[blk, head] if self.head_major else a[blk]  # [L, D/C0, bs, C0]
+            return tiles[np.arange(slots.size), :, r].reshape(slots.size, self.dim)
+        return a[blk, head, r]
+
+    def slots_of_blocks(self, blocks: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """The slots ``block * block_size + row`` of the first ``lengths[b]`` rows read through
+        ``blocks[b]``: int64 ``[B, max(lengths)]``, -1 past each length.
+
+        Args:
+            blocks: integer ``[B, max_blocks]`` block ids (the entries ``lengths`` need valid).
+            lengths: rows read per batch ``[B]``, each <= ``max_blocks * block_size``.
+        """
+        lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        width = int(lengths.max()) if lengths.size else 0
+        pos = np.arange(width, dtype=np.int64)  # [W]
+        bs = self.block_size
+        blk = np.asarray(blocks, dtype=np.int64)[:, pos // bs] if width else np.zeros((lengths.size, 0), np.int64)
+        return np.where(pos[None, :] < lengths[:, None], blk * bs + pos % bs, SKIP_INDEX)
+
+    def place(self, slot: int) -> str:
+        """Words for where ``slot`` is: ``block b, row r (slot s)`` in a paged cache, else
+        ``slot s`` (the uninitialised-read messages of checked mode)."""
+        if not self.paged:
+            return f"slot {slot}"
+        blk, r = divmod(int(slot), self.block_size)
+        return f"block {blk}, row {r} (slot {slot})"
 
     # ------------------------------------------------------------------ reverse map
     def locate(self, byte_offset: int) -> CacheLocation:
@@ -398,12 +564,15 @@ class CacheLayout:
         if not 0 <= off < self.nbytes:
             raise arg_error(IndexRangeError, "byte_offset", f"a byte in [0, {self.nbytes})", off)
         elem, byte = divmod(off, self.itemsize)
-        if self.nz:
-            blk_elems = self.block_size * self.dim
-            blk, rem = divmod(elem, blk_elems)
-            d1, rem = divmod(rem, self.block_size * self.c0)
-            r, d0 = divmod(rem, self.c0)
-            return CacheLocation(blk, r, 0, d1 * self.c0 + d0, byte)
+        if self.nz or self.head_major:
+            blk, rem = divmod(elem, self.block_size * self.heads * self.dim)
+            head, rem = divmod(rem, self.block_size * self.dim)
+            if self.nz:
+                d1, rem = divmod(rem, self.block_size * self.c0)
+                r, d0 = divmod(rem, self.c0)
+                return CacheLocation(blk, r, head, d1 * self.c0 + d0, byte)
+            r, d = divmod(rem, self.dim)
+            return CacheLocation(blk, r, head, d, byte)
         slot, rem = divmod(elem, self.heads * self.dim)
         head, d = divmod(rem, self.dim)
         blk, r = divmod(slot, self.block_size)
@@ -412,6 +581,14 @@ class CacheLayout:
     def slot_of(self, loc: CacheLocation) -> int:
         """Global slot ``block * block_size + row`` of a location."""
         return loc.block * self.block_size + loc.row
+
+    def slot(self, block: int, row: int) -> int:
+        """Global slot ``block * block_size + row`` of row ``row`` of block ``block``."""
+        return int(block) * self.block_size + int(row)
+
+    def block_row(self, slot: int) -> tuple[int, int]:
+        """``(block, row)`` of a global slot (``divmod(slot, block_size)``)."""
+        return divmod(int(slot), self.block_size)
 
     def _check_coords(self, slot: int, d: int, head: int) -> None:
         if not 0 <= slot < self.num_rows:
@@ -617,6 +794,45 @@ def slots_from_block_table(block_table: np.ndarray, kv_lens: Sequence[int], bloc
         if ok:
             return slots
     return _block_table_slots_checked(table, kv_lens, block_size, num_blocks, name)
+
+
+def blocks_from_block_table(block_table: np.ndarray, kv_lens: Sequence[int], block_size: int, num_blocks: int, *,
+                            name: str = "block_table") -> np.ndarray:
+    """The blocks a block-table reader reads: the entries of ``block_table`` that cover each
+    batch's ``kv_lens[b]`` rows, checked (the map of :func:`slots_from_block_table`, one entry per
+    block instead of one per row).
+
+    Args:
+        block_table: integer ``[B, max_blocks]``.
+        kv_lens: rows per batch ``[B]`` (lengths, not prefix sums), each >= 0.
+        block_size: rows per block, >= 1.
+        num_blocks: blocks in the cache.
+        name: argument name for errors.
+
+    Returns:
+        int64 ``[B, max(ceil(kv_lens / block_size))]``: block ids in ``[0, num_blocks)``, -1 past
+        the blocks batch ``b`` needs.
+
+    Raises:
+        As :func:`slots_from_block_table` (the same checks and messages).
+    """
+    table = np.asarray(block_table)
+    lens = np.asarray(kv_lens, dtype=np.int64).reshape(-1)  # [B]
+    bs = int(block_size) if isinstance(block_size, (int, np.integer)) else 0
+    ok = table.ndim == 2 and table.dtype.kind in "iu" and bs >= 1 and not (lens < 0).any() \
+        and table.shape[0] == lens.size
+    if ok:
+        need = -(-lens // bs)  # [B]
+        max_need = int(need.max()) if lens.size else 0
+        ok = table.shape[1] >= max_need
+    if ok:
+        used = np.arange(max_need)[None, :] < need[:, None]  # [B, max_need]
+        blocks = table[:, :max_need].astype(np.int64)
+        ok = not (used & ((blocks < 0) | (blocks >= num_blocks))).any()
+    if not ok:
+        _block_table_slots_checked(table, kv_lens, block_size, num_blocks, name)  # raises, naming the entry
+        raise arg_error(ShapeError, name, "a valid block table", f"shape {list(table.shape)}")
+    return np.where(used, blocks, SKIP_INDEX)
 
 
 #: block_table dtypes the one-pass kernel takes (every value compares exactly with int64); others
