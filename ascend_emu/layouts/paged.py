@@ -290,7 +290,9 @@ class CacheLayout:
         BlockSize, C0]``: a token's ``N*Dh`` elements are one row, D = N*Dh, Nkv 1), with
         ``C0 = 32 bytes / itemsize``. A 4-D shape is
         read as declared ``[BlockNum, BlockSize, 1, D]`` when it fits that reading under
-        :func:`check_block_size`, else as storage. Unlike :meth:`from_declared` the BlockSize
+        :func:`check_block_size`, else as storage. A PA_BNSD / PA_BLK_BNSD shape ``[BlockNum,
+        BlockSize, 1, D]`` is the one-head cache the writers declare (:meth:`from_single_head`),
+        any other ``[BlockNum, N, BlockSize, D]``. Unlike :meth:`from_declared` the BlockSize
         rule of :func:`check_block_size` is applied.
 
         Args:
@@ -321,7 +323,7 @@ class CacheLayout:
                 at = 3 if len(shape) == 5 and shape[3] != 1 else 2
                 check_block_size(mode, bs, name=f"{name} BlockSize (storage shape dim {at})")
                 return cls(mode=mode, num_blocks=nb, block_size=bs, dim=d1 * c0, itemsize=itemsize)
-        layout = cls.from_declared(mode, shape, itemsize, name=name)
+        layout = cls.from_single_head(mode, shape, itemsize, name=name)
         if layout.paged:
             check_block_size(mode, layout.block_size, name=f"{name} BlockSize (shape[1])")
         return layout
