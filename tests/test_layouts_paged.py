@@ -483,3 +483,30 @@ def test_v4_geometries_fit():
     assert state.row_bytes == 2 * 2 * 512 * 4
     with pytest.raises(ShapeError, match="ratio"):
         CacheLayout(mode="PA_BSND", num_blocks=1, block_size=1, dim=1, itemsize=1, ratio=0)
+
+
+@pytest.mark.parametrize("mode,shape,itemsize", LAYOUT_CASES, ids=CASE_IDS)
+def test_locate_many_is_locate(mode, shape, itemsize):
+    lay = CacheLayout.from_declared(mode, shape, itemsize)
+    offs = np.arange(lay.nbytes)
+    many = lay.locate_many(offs)
+    assert [tuple(int(a[o]) for a in many) for o in offs] == [tuple(lay.locate(int(o))) for o in offs]
+    assert np.array_equal(lay.slots_at(many[0], many[1]), many[0] * lay.block_size + many[1])
+
+
+def test_locate_many_head_major_nz():
+    _, lay = _nz_head_major(2, 3, 32, 16, 2)
+    offs = np.arange(0, lay.nbytes, 7)
+    many = lay.locate_many(offs)
+    assert [tuple(int(a[i]) for a in many) for i in range(offs.size)] == [tuple(lay.locate(int(o))) for o in offs]
+
+
+@pytest.mark.parametrize("mode,shape,itemsize", LAYOUT_CASES, ids=CASE_IDS)
+def test_from_rows_inverts_to_rows_and_declared_shape_reads_back(mode, shape, itemsize, rng):
+    lay = CacheLayout.from_declared(mode, shape, itemsize)
+    assert lay.declared_shape() == shape
+    raw = rng.integers(0, 256, lay.nbytes).astype(np.uint8)
+    assert np.array_equal(lay.from_rows(lay.to_rows(raw)), raw)
+    _, hm = _nz_head_major(2, 3, 32, 16, 2)
+    raw = rng.integers(0, 256, hm.nbytes).astype(np.uint8)
+    assert np.array_equal(hm.from_rows(hm.to_rows(raw)), raw) and hm.declared_shape() == hm.storage_shape()

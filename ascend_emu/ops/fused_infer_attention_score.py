@@ -86,7 +86,10 @@ Choices where the sources leave room (each in one named constant, defined with t
   the query's. N in :data:`QUERY_HEADS`.
 - Paged caches (``block_table`` given): ``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]`` and
   FRACTAL_NZ ``[nb, KV_N, D/C0, bs, C0]`` (C0 = 32 bytes / itemsize, the paged NZ tile rule of
-  :mod:`ascend_emu.layouts.paged`); key, value and key_rope in one of them, ``block_size`` the
+  :mod:`ascend_emu.layouts.paged`), each described by a :class:`~ascend_emu.layouts.CacheLayout`
+  (PA_BSND with KV_N heads, head-major PA_BNSD, head-major PA_NZ: the object the writers' caches
+  use); a request reads whole blocks, the block_table entries its length needs; key, value and
+  key_rope in one of them, ``block_size`` the
   cache's block dim, a multiple of 16 in [16, 512]. ``actual_seq_lengths_kv`` required: per
   request lengths (a list of ints or a 1-D int32 / int64 array); a length above
   ``block_table.shape[1] * block_size`` names the length argument; a block id the lengths need
