@@ -322,14 +322,14 @@ def test_generic_read_hook_over_cache_layout_and_slots():
 
     checked_mode.read("op", reads)
     assert calls == []  # off: one global test
-    checked_mode.mark_written(cache, [3, 41, 63])
+    checked_mode.mark_written(cache, [3, 41, 63], num_slots=64)
     checked_mode.mark_written(other, [3, 40, 41])
     with ascend_emu.checked():
         with pytest.raises(UninitializedReadError) as err:
             checked_mode.read("op", reads)
         assert str(err.value).startswith("op: key read before written: read 1 at block 2, row 8 (slot 40); "
                                          "1 unwritten reads")
-        checked_mode.mark_written(cache, [40])
+        checked_mode.mark_written(cache, [40], num_slots=64)
         with pytest.raises(UninitializedReadError, match=r"^op: value read before written: read 3 at slot 63; 1 "):
             checked_mode.read("op", reads)
         checked_mode.mark_written(other, [63])

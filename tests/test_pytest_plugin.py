@@ -158,7 +158,7 @@ def test_plugin_installs_the_drop_in_and_its_fixtures_build_the_reference_layout
     pytest.importorskip("torch")
     (tmp_path / "test_with_plugin.py").write_text(PLUGIN_CHECKS)
     proc = _pytest(tmp_path, "-v", "-p", "ascend_emu.pytest_plugin")  # -q -v: the header, one dot per test
-    _passed(proc, 9)
+    _passed(proc, 10)
     assert "ascend_emu: torch_npu is the CPU emulator" in proc.stdout
 
 

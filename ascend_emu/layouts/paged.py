@@ -539,7 +539,7 @@ class CacheLayout:
                 contract validates them, e.g. :func:`blocks_from_block_table`).
             head: kv head in ``[0, Nkv)``.
         """
-        a = np.asarray(cache).reshape(self.storage_shape())
+        a = self._storage_view(cache)
         if self.nz:
             tiles = a[blocks, head] if self.head_major else a[blocks]  # [n, D/C0, bs, C0]
             return tiles.transpose(0, 2, 1, 3).reshape(-1, self.dim)
@@ -554,11 +554,18 @@ class CacheLayout:
         if not self.nz and not self.head_major:
             return np.asarray(cache).reshape(self.num_rows, self.heads, self.dim)[slots, head]
         blk, r = np.divmod(slots, self.block_size)
-        a = np.asarray(cache).reshape(self.storage_shape())
+        a = self._storage_view(cache)
         if self.nz:
             tiles = a[blk, head] if self.head_major else a[blk]  # [L, D/C0, bs, C0]
             return tiles[np.arange(slots.size), :, r].reshape(slots.size, self.dim)
         return a[blk, head, r]
+
+    def _storage_view(self, cache) -> np.ndarray:
+        """``cache`` in :meth:`storage_shape` (as given when it already has that shape: a strided
+        view is not copied)."""
+        a = np.asarray(cache)
+        shape = self.storage_shape()
+        return a if a.shape == shape else a.reshape(shape)
 
     def slots_of_blocks(self, blocks: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """The slots ``block * block_size + row`` of the first ``lengths[b]`` rows read through
