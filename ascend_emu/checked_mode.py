@@ -17,10 +17,13 @@ When on:
   writer op first sees it, before the op writes, so a read that escapes the check still shows;
   :func:`poison` does the same explicitly and resets the cache's map.
 - The readers (``npu_sparse_flash_attention``, ``npu_kv_quant_sparse_flash_attention``,
-  ``npu_lightning_indexer``) raise :class:`~ascend_emu.errors.UninitializedReadError` before
+  ``npu_lightning_indexer``, ``npu_quant_lightning_indexer``, ``npu_fused_infer_attention_score``)
+  raise :class:`~ascend_emu.errors.UninitializedReadError` before
   the kernel runs when a kv slot they would read was never written, naming the op, the argument
   and the coordinates (batch, query token, head, sparse index entry, kv token, slot, block,
-  row). The read slots come from the normalised argument objects (what the kernels read).
+  row). One hook serves them all (:func:`read`): each contract states the rows it reads
+  (:class:`CacheReads`: the caches with their :class:`~ascend_emu.layouts.CacheLayout`, the
+  slots, the words for each read's coordinates), as the writers state the slots they write.
 - Duplicate destination slots raise :class:`~ascend_emu.errors.DuplicateSlotError` instead of
   warning :class:`~ascend_emu.errors.DuplicateSlotWarning`.
 - A NaN / Inf in an op's floating outputs raises :class:`~ascend_emu.errors.NonFiniteOutputError`
@@ -273,117 +276,49 @@ def check_finite(op: str, outputs) -> None:
                                        f"({int(bad.sum())} non-finite values in {name}, shape {list(out.shape)})")
 
 
-def _unwritten(op: str, arg: str, cache: np.ndarray, num_slots: int, slots: np.ndarray) -> np.ndarray:
-    m = _map(cache, num_slots, create=False)
-    if m is None:
-        return np.ones(slots.shape, bool)
-    return ~m.written[slots]
+@dataclass(frozen=True)
+class CacheReads:
+    """The cache rows one call reads, as its contract states them (each reader's args expose
+    ``cache_reads()``): checked mode's one read hook, :func:`read`, checks them.
+
+    Attributes:
+        caches: ``(name, cache, layout)`` per cache read at those rows: the argument name, the
+            caller's array and its :class:`~ascend_emu.layouts.CacheLayout` (whose ``num_rows``
+            is the slot count and whose ``place`` names a slot); a None cache is skipped.
+        slots: int64 ``[R]``: the slot of every read, in the order the kernel reads them.
+        where: ``where(i)``: the op's coordinates of read ``i`` in words (batch, query token,
+            head, index entry, kv token, ...).
+    """
+
+    caches: tuple
+    slots: np.ndarray
+    where: Callable[[int], str]
 
 
-def read_sparse_attention(op: str, args, key, key_rope, value, sparse_indices, sparse_block_size, layout_kv) -> None:
-    """Reader hook of both sparse attention ops (after validation, before the kernel): raise
-    :class:`UninitializedReadError` at the first (token, head, entry, kv token) whose slot in
-    ``key`` (and ``key_rope`` / a separate ``value``) was never written.
+def read(op: str, reads: Callable[[], CacheReads | None]) -> None:
+    """Reader hook (after validation, before the kernel): raise :class:`UninitializedReadError`
+    at the first read whose slot was never written, naming the op, the cache argument, the
+    read's coordinates (``reads().where``) and the slot's place in the cache
+    (:meth:`~ascend_emu.layouts.CacheLayout.place`), and the count of unwritten reads.
 
-    ``args``: :class:`~ascend_emu.ops.sparse_flash_attention.SparseFlashAttentionArgs` (its
-    ``starts`` / ``counts`` are the kernel's reads); the other arguments are the caller's, used
-    for the coordinates only."""
+    ``reads``: the contract's ``cache_reads`` method, called only when checked mode is on (off,
+    the hook is one global test)."""
     if not _STATE.enabled:
         return
-    n2, sbs = args.num_kv_heads, int(sparse_block_size)
-    t_idx, h_idx, j_idx = np.nonzero(args.counts > 0)
-    if t_idx.size == 0:
+    r = reads()
+    if r is None or r.slots.size == 0:
         return
-    counts = args.counts[t_idx, h_idx, j_idx].astype(np.int64)
-    rep = np.repeat(np.arange(t_idx.size), counts)  # one entry per (entry, kept kv token)
-    within = np.arange(rep.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    rows = args.starts[t_idx, h_idx, j_idx][rep] + within
-    slots = rows // n2
-    num_slots = args.num_key_slots
-    caches = (("key", key),) if args.quant else (("key", key), ("key_rope", key_rope), ("value", value))
-    for arg, cache in caches:
-        if cache is None or (arg == "value" and args.v_from_key):
+    for name, cache, layout in r.caches:
+        if cache is None:
             continue
-        bad = _unwritten(op, arg, np.asarray(cache), num_slots, slots)
-        if not bad.any():
-            continue
-        i = int(np.argmax(bad))
-        e, slot = int(rep[i]), int(slots[i])
-        t, h, j = int(t_idx[e]), int(h_idx[e]), int(j_idx[e])
-        if args.layout_query == "BSND":
-            q_at, idx_at = f"batch {t // args.seq_q}, query token {t % args.seq_q}", (t // args.seq_q, t % args.seq_q)
-        else:
-            q_at, idx_at = f"query token {t} (TND)", (t,)
-        si = np.asarray(sparse_indices)[idx_at + (h, j)]
-        kv_token = int(si) * sbs + int(within[i])
-        raise UninitializedReadError(
-            f"{op}: {arg} read before written: {q_at}, kv head {h}, "
-            f"sparse_indices[{', '.join(map(str, idx_at + (h, j)))}]"
-            f" = {int(si)} -> kv token {kv_token} at {_cache_place(cache, slot, layout_kv)}; "
-            f"{int(bad.sum())} {_UNWRITTEN_TAIL}")
-
-
-def read_lightning_indexer(op: str, args, key, layout_key) -> None:
-    """Reader hook of ``npu_lightning_indexer``: raise :class:`UninitializedReadError` at the
-    first (query token, kv token) whose ``key`` slot was never written. ``args``:
-    :class:`~ascend_emu.ops.lightning_indexer.LightningIndexerArgs` (``slots`` / ``limit`` /
-    ``token_batch``: the rows each token scores)."""
-    if not _STATE.enabled:
-        return
-    limit = np.where(args.limit > 0, args.limit, 0)  # SKIPPED_ROW < 0
-    t_idx = np.repeat(np.arange(limit.size), limit)
-    pos = np.arange(t_idx.size) - np.repeat(np.cumsum(limit) - limit, limit)
-    if t_idx.size == 0:
-        return
-    slots = args.slots[args.token_batch[t_idx], pos]
-    bad = _unwritten(op, "key", np.asarray(key), args.num_key_slots, slots)
-    if not bad.any():
-        return
-    i = int(np.argmax(bad))
-    t, p, slot, b = int(t_idx[i]), int(pos[i]), int(slots[i]), int(args.token_batch[t_idx[i]])
-    q_at = f"query token {t % args.out_shape[1]}" if args.layout_query == "BSND" else f"query token {t} (TND)"
-    raise UninitializedReadError(
-        f"{op}: key read before written: batch {b}, {q_at}, kv token {p} at "
-        f"{_cache_place(key, slot, layout_key)}; {int(bad.sum())} {_UNWRITTEN_TAIL}")
-
-
-def read_fused_infer_attention(op: str, args) -> None:
-    """Reader hook of ``npu_fused_infer_attention_score`` / ``_v2``: raise
-    :class:`UninitializedReadError` at the first (request, kv position) whose slot (``block * bs +
-    row``, of ``nb * bs`` slots) in ``key``, ``key_rope`` or a separate ``value`` was never written.
-    ``args``: :class:`~ascend_emu.ops.fused_infer_attention_score.FusedInferAttentionArgs` (its
-    ``slots`` / ``act_kv`` are the kernel's reads)."""
-    if not _STATE.enabled:
-        return
-    lens = np.asarray(args.act_kv, dtype=np.int64)
-    b_idx = np.repeat(np.arange(lens.size), lens)
-    if b_idx.size == 0:
-        return
-    pos = np.arange(b_idx.size) - np.repeat(np.cumsum(lens) - lens, lens)
-    slots = args.slots[b_idx, pos]
-    num_slots = int(args.key.shape[0]) * max(args.block_size, 1)  # non-paged TND: one slot per token row
-    caches = [("key", args.key)] + ([("key_rope", args.key_rope)] if args.key_rope is not None else [])
-    if args.value is not args.key:
-        caches.append(("value", args.value))
-    for arg, cache in caches:
-        bad = _unwritten(op, arg, np.asarray(cache), num_slots, slots)
+        m = _map(np.asarray(cache), layout.num_rows, create=False)
+        bad = np.ones(r.slots.shape, bool) if m is None else ~m.written[r.slots]
         if bad.any():
             i = int(np.argmax(bad))
-            slot = int(slots[i])
-            raise UninitializedReadError(
-                f"{op}: {arg} read before written: request {int(b_idx[i])}, kv token {int(pos[i])} at "
-                + (f"block {slot // args.block_size}, row {slot % args.block_size} (slot {slot})" if args.block_size
-                   else f"token row {slot}") + f"; {int(bad.sum())} {_UNWRITTEN_TAIL}")
+            raise UninitializedReadError(f"{op}: {name} read before written: {r.where(i)} at "
+                                         f"{layout.place(int(r.slots[i]))}; {int(bad.sum())} {_UNWRITTEN_TAIL}")
 
 
 #: The end of every uninitialised-read message.
 _UNWRITTEN_TAIL = ("unwritten reads in this call (checked mode: slot never written by an op since the cache was "
                    "created / poisoned; declare outside writes with ascend_emu.mark_written)")
-
-
-def _cache_place(cache, slot: int, layout: str) -> str:
-    """Where ``slot`` is: ``block b, row r (slot s)`` in a PA_BSND cache, else ``slot s``."""
-    if layout != "PA_BSND":
-        return f"slot {slot}"
-    bs = int(np.asarray(cache).shape[1])
-    return f"block {slot // bs}, row {slot % bs} (slot {slot})"

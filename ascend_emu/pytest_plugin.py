@@ -40,7 +40,7 @@ import numpy as np
 import pytest
 
 from . import torch_npu as _drop_in
-from .layouts import CacheLayout, nd_to_nz, slots_from_block_table
+from .layouts import CacheLayout, slots_from_block_table
 from .mla import D_ROPE, HCKV
 from .torch_npu._convert import to_numpy
 from .tracebacks import full_traceback_wanted, hidden_frames_hint, is_emulator_file
@@ -193,10 +193,12 @@ def make_block_table(seq_lens: Sequence[int], block_size: int, *, num_blocks: in
 def make_paged_cache(num_blocks: int, block_size: int, dim: int, *, dtype: torch.dtype = torch.bfloat16,
                      mode: str = "PA_BSND", heads: int = 1, rows: torch.Tensor | str | None = None,
                      generator: torch.Generator | None = None) -> torch.Tensor:
-    """A paged KV cache ``[num_blocks, block_size, heads, dim]`` (the declared shape of every PA
-    mode) on the NPU, its bytes laid out as ``mode`` stores them.
+    """A paged KV cache in its declared shape (``[num_blocks, block_size, heads, dim]``; head-major
+    PA_BNSD / PA_BLK_BNSD ``[num_blocks, heads, block_size, dim]``) on the NPU, its bytes laid out
+    as ``mode`` stores them (:meth:`ascend_emu.layouts.CacheLayout.from_rows`).
 
     ``PA_BSND`` / ``PA_BLK_BSND``: slot ``s`` is the contiguous row ``cache.view(-1, heads, dim)[s]``.
+    ``PA_BNSD`` / ``PA_BLK_BNSD``: head ``h`` of slot ``s`` is ``cache[s // block_size, h, s % block_size]``.
     ``PA_NZ`` / ``PA_BLK_NZ``: each block holds ``[dim / C0, block_size, C0]`` with
     ``C0 = 32 bytes / itemsize`` (:class:`ascend_emu.layouts.CacheLayout`, docs/sources.md#paged_nz),
     so the tensor's own indexing does not show the rows: read them with :func:`cache_rows`.
@@ -218,8 +220,11 @@ def make_paged_cache(num_blocks: int, block_size: int, dim: int, *, dtype: torch
         ascend_emu.errors.ShapeError / ModeError: a geometry or mode the layout rejects.
         ValueError: ``rows`` of the wrong shape or dtype.
     """
-    shape = (int(num_blocks), int(block_size), int(heads), int(dim))
-    layout = CacheLayout.from_shape(mode, shape, torch.empty(0, dtype=dtype).element_size(), name="cache")
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    layout = CacheLayout(mode=mode, num_blocks=int(num_blocks), block_size=int(block_size), dim=int(dim),
+                         itemsize=itemsize, heads=int(heads))
+    shape = layout.declared_shape()
+    layout = CacheLayout.from_shape(mode, shape, itemsize, name="cache")  # the BlockSize rule, as before
     want = (layout.num_rows, layout.heads, layout.dim)
     if rows is None:
         values = torch.zeros(want, dtype=dtype)
@@ -236,9 +241,7 @@ def make_paged_cache(num_blocks: int, block_size: int, dim: int, *, dtype: torch
             raise ValueError(f"rows: expected {dtype} {list(want)}, got {values.dtype} {list(values.shape)}")
     cache = torch.empty(shape, dtype=dtype)
     src = to_numpy(values.contiguous(), "rows")
-    if layout.nz:  # a block's [block_size, dim] rows as one FRACTAL_NZ matrix: [dim/C0, block_size, C0]
-        src = nd_to_nz(src.reshape(layout.num_blocks, layout.block_size, layout.dim))
-    to_numpy(cache, "cache").reshape(-1)[:] = src.reshape(-1)
+    to_numpy(cache, "cache").reshape(-1).view(np.uint8)[:] = layout.from_rows(src)  # the mode's memory order
     return cache.npu()
 
 

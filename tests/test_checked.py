@@ -325,3 +325,39 @@ def test_checked_mode_does_not_import_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=os.getcwd()))
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_generic_read_hook_over_cache_layout_and_slots():
+    """The one read hook: any (cache, CacheLayout, slots) a contract states; the message names the
+    argument, the contract's coordinates and the slot's block / row from the layout; off, the
+    contract's reads are never computed."""
+    from ascend_emu.layouts import CacheLayout
+
+    cache = np.zeros((4, 2, 16, 8), BF16)  # head-major PA_BNSD [nb, N=2, bs, D]: 64 slots
+    layout = CacheLayout.from_declared("PA_BNSD", cache.shape, 2)
+    other = np.zeros((64, 1, 8), BF16)  # a TND cache of the same slot count
+    tnd = CacheLayout.from_declared("TND", other.shape, 2)
+    slots = np.array([3, 40, 41, 63], np.int64)
+    calls = []
+
+    def reads():
+        calls.append(1)
+        return checked_mode.CacheReads((("key", cache, layout), ("rope", None, layout), ("value", other, tnd)),
+                                       slots, lambda i: f"read {i}")
+
+    checked_mode.read("op", reads)
+    assert calls == []  # off: one global test
+    checked_mode.mark_written(cache, [3, 41, 63], num_slots=64)
+    checked_mode.mark_written(other, [3, 40, 41])
+    with ascend_emu.checked():
+        with pytest.raises(UninitializedReadError) as err:
+            checked_mode.read("op", reads)
+        assert str(err.value).startswith("op: key read before written: read 1 at block 2, row 8 (slot 40); "
+                                         "1 unwritten reads")
+        checked_mode.mark_written(cache, [40], num_slots=64)
+        with pytest.raises(UninitializedReadError, match=r"^op: value read before written: read 3 at slot 63; 1 "):
+            checked_mode.read("op", reads)
+        checked_mode.mark_written(other, [63])
+        checked_mode.read("op", reads)  # every read slot written
+        checked_mode.read("op", lambda: checked_mode.CacheReads(((("key", cache, layout)),), np.zeros(0, np.int64),
+                                                                  lambda i: ""))

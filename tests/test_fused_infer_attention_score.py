@@ -689,31 +689,33 @@ def test_no_rope_form_is_tnd_prefill_only(rng):
 
 
 @pytest.mark.parametrize("layout", ["PA_BSH", "PA_BNSD", "PA_NZ"])
-def test_gather_by_blocks_reads_the_rows_of_a_row_by_row_gather(rng, layout):
-    """The emu gather reads block-table slots a block at a time; slots that do not run through
-    whole blocks (a block entered mid-way, a row skipped) are read row by row, with the rows
-    plain indexing gives."""
-    from ascend_emu.emu.fused_infer_attention_score import _block_rows, _gather
+def test_contract_describes_the_caches_and_the_blocks_read(rng, layout):
+    """The contract describes each paged cache with a CacheLayout (torch_npu's PA_BNSD is head-major)
+    and hands the backend the block ids the lengths need; the emu gather reads, through them, the
+    rows that plain indexing of the cache by (block, head, row) gives."""
+    from ascend_emu.emu.fused_infer_attention_score import _gather
+    from ascend_emu.ops._fused_infer_attention_args import _cache_layout
 
     nb, bs, kv_n, d = 6, 16, 2, 32
     shape = {"PA_BSH": (nb, bs, kv_n * d), "PA_BNSD": (nb, kv_n, bs, d), "PA_NZ": (nb, kv_n, d // 16, bs, 16)}[layout]
     cache = rng.standard_normal(shape).astype(BF16)
     if layout == "PA_BSH":
-        plain = cache.reshape(nb, bs, kv_n, d).transpose(2, 0, 1, 3).reshape(kv_n, nb * bs, d)  # [KV_N, slots, D]
+        plain = cache.reshape(nb, bs, kv_n, d).transpose(2, 0, 1, 3)  # [KV_N, nb, bs, D]
     elif layout == "PA_BNSD":
-        plain = cache.transpose(1, 0, 2, 3).reshape(kv_n, nb * bs, d)
+        plain = cache.transpose(1, 0, 2, 3)
     else:
-        plain = cache.transpose(1, 0, 3, 2, 4).reshape(kv_n, nb * bs, d)
+        plain = cache.transpose(1, 0, 3, 2, 4).reshape(kv_n, nb, bs, d)
+    lay = _cache_layout(cache, "key", None, kv_n)
+    assert (lay.num_blocks, lay.block_size, lay.heads, lay.dim) == (nb, bs, kv_n, d)
+    assert lay.head_major == (layout != "PA_BSH") and lay.mode == {"PA_BSH": "PA_BSND"}.get(layout, layout)
+
+    class Args:  # the one field _gather reads: paged
+        kv_blocks = np.zeros((1, 1))
+
     table = np.array([4, 1, 5])
-    block_slots = (table[np.arange(40) // bs] * bs + np.arange(40) % bs).astype(np.int64)  # 40 tokens, 3 blocks
-    skipped = np.delete(block_slots, 20)  # a row skipped
-    shifted = block_slots[3:]  # the first block entered mid-way
     for h in range(kv_n):
-        assert _block_rows(cache, layout, kv_n, block_slots, bs, h) is not None
-        for slots in (block_slots, skipped, shifted):
-            got = _gather(cache, layout, kv_n, slots, bs, h)
-            assert got.dtype == np.float32 and np.array_equal(got, plain[h, slots].astype(np.float32))
-            assert np.array_equal(_gather(cache, layout, kv_n, slots, bs, h, widen=False).view(np.uint16),
-                                  plain[h, slots].view(np.uint16))
-        assert _block_rows(cache, layout, kv_n, skipped, bs, h) is None
-        assert _block_rows(cache, layout, kv_n, shifted, bs, h) is None
+        want = plain[h, table].reshape(-1, d)[:40]  # 40 kv tokens through 3 blocks
+        got = _gather(Args, cache, lay, table, 40, h)
+        assert got.dtype == np.float32 and np.array_equal(got, want.astype(np.float32))
+        assert np.array_equal(_gather(Args, cache, lay, table, 40, h, widen=False).view(np.uint16),
+                              want.view(np.uint16))

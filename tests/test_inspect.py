@@ -739,3 +739,34 @@ def test_busy_speaks_only_for_work_over_its_threshold():
     assert quick.getvalue() == "" and b.shown
     first, last = slow.getvalue().splitlines()
     assert first == "drawing b.png ... (over 0.05 s)" and re.fullmatch(r"drawing b\.png: done in 0\.\d s", last)
+
+
+@pytest.mark.parametrize("cache_ndim", [3, 4, 5])
+def test_read_caches_described_by_the_readers_contract(cache_ndim, rng):
+    """A cache fused_infer_attention_score reads is inspected through the CacheLayout its contract
+    describes it with (the object the writers' caches use): the rows per kv head are the caller's
+    logical ``[nb, KV_N, bs, D]`` values, whatever the layout (PA_BSH, head-major PA_BNSD, NZ)."""
+    from ascend_emu.ops.fused_infer_attention_score import FusedInferAttentionCall, normalise
+    from tests.test_fused_infer_attention_score import _cache
+
+    nb, kv_n, bs = 5, 2, 16
+    logical = rng.standard_normal((nb, kv_n, bs, 128)).astype(BF16)
+    rope = rng.standard_normal((nb, kv_n, bs, 64)).astype(BF16)
+    key, key_rope = _cache(logical, cache_ndim), _cache(rope, cache_ndim)
+    query = rng.standard_normal((1, 1, 4, 128)).astype(BF16)
+    args = normalise(FusedInferAttentionCall(
+        op="npu_fused_infer_attention_score", query=query, key=key, value=key, query_rope=query[..., :64].copy(),
+        key_rope=key_rope, atten_mask=None, act_q=None, act_q_name="actual_seq_lengths", act_kv=[20],
+        act_kv_name="actual_seq_lengths_kv", block_table=np.array([[3, 1]], np.int32), num_heads=4,
+        heads_name="num_heads", num_key_value_heads=kv_n, scale=0.1, scale_name="scale", pre_tokens=0,
+        next_tokens=0, input_layout="BSND", sparse_mode=0, block_size=bs, lse_flag=False,
+        lse_name="softmax_lse_flag"))
+    for arr, lay, want in ((key, args.key_layout, logical), (key_rope, args.rope_layout, rope)):
+        cache = inspect.Cache.from_array(arr, lay, name="key")
+        assert cache.layout is lay and cache.layout.heads == kv_n
+        rows = cache.rows()  # [nb*bs, KV_N, D]
+        assert rows.view(np.uint16).tolist() == want.transpose(0, 2, 1, 3).reshape(nb * bs, kv_n, -1).view(
+            np.uint16).tolist()
+    assert args.kv_blocks.tolist() == [[3, 1]]
+    with pytest.raises(ShapeError, match="bytes"):
+        inspect.Cache.from_array(key[:2], args.key_layout)

@@ -20,13 +20,16 @@ LAYOUT_CASES = [
     ("PA_BSND", (3, 4, 1, 8), 2),
     ("PA_BSND", (2, 16, 2, 6), 1),
     ("PA", (2, 4, 1, 5), 4),
-    ("PA_BNSD", (2, 3, 1, 4), 2),
+    ("PA_BNSD", (2, 3, 1, 4), 2),  # head-major [nb=2, N=3, bs=1, D=4]
+    ("PA_BNSD", (2, 3, 4, 5), 2),
+    ("PA_BNSD", (3, 1, 4, 6), 1),
     ("PA_NZ", (2, 4, 1, 32), 2),
     ("PA_NZ", (3, 16, 1, 64), 1),
     ("PA_NZ", (2, 2, 1, 16), 4),
     ("PA_BLK_NZ", (2, 8, 1, 48), 2),
     ("PA_BLK_BSND", (2, 4, 1, 10), 2),
     ("PA_BLK_BNSD", (3, 2, 1, 3), 1),
+    ("PA_BLK_BNSD", (2, 2, 3, 5), 4),
     ("BSND", (2, 5, 1, 7), 2),
     ("BSND", (2, 3, 2, 4), 1),
     ("TND", (6, 1, 9), 2),
@@ -51,7 +54,7 @@ def logical_elements(mode, shape):
 def test_canonical_cache_mode():
     for mode in CACHE_MODES:
         assert canonical_cache_mode(mode) == mode
-    assert CACHE_MODE_ALIASES == {"PA": "PA_BSND", "PA_BNSD": "PA_BSND", "PA_BLK_BNSD": "PA_BLK_BSND"}
+    assert CACHE_MODE_ALIASES == {"PA": "PA_BSND"}  # PA_BNSD is head-major, no alias of PA_BSND
     for alias, mode in CACHE_MODE_ALIASES.items():
         assert canonical_cache_mode(alias) == mode
     assert canonical_cache_mode("PA", allowed=("PA", "PA_NZ")) == "PA_BSND"
@@ -78,6 +81,9 @@ def test_from_declared_geometry(mode, shape, itemsize):
         c0 = ref.cache_c0(itemsize)
         assert lay.c0 == c0 and lay.chunk_bytes == 32
         assert lay.storage_shape() == (nb, dim // c0, bs, c0)
+    elif lay.head_major:
+        assert lay.chunk_bytes == dim * itemsize
+        assert lay.storage_shape() == (nb, nkv, bs, dim) == shape
     else:
         assert lay.chunk_bytes == lay.row_bytes
         assert lay.storage_shape() == (nb, bs, nkv, dim)
@@ -93,7 +99,7 @@ def test_forward_map_matches_reference_formula(mode, shape, itemsize):
         assert lay.element_offset(slot, d, h) == want
         assert lay.byte_offset(slot, d, h) == want * itemsize
         # storage_shape shows the memory order
-        at = (blk, d // lay.c0, r, d % lay.c0) if lay.nz else (blk, r, h, d)
+        at = (blk, d // lay.c0, r, d % lay.c0) if lay.nz else (blk, h, r, d) if lay.head_major else (blk, r, h, d)
         assert storage[at] == want
 
 
@@ -147,7 +153,8 @@ def test_round_trip_property(data):
     c0 = 32 // itemsize
     dim = c0 * data.draw(st.integers(1, 4)) if nz else data.draw(st.integers(1, 40))
     nb, bs = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 20))
-    shape = {"TND": (bs, nkv, dim), "Norm": (nb, 1, bs, dim)}.get(mode, (nb, bs, nkv, dim))
+    shape = {"TND": (bs, nkv, dim), "Norm": (nb, 1, bs, dim), "PA_BNSD": (nb, nkv, bs, dim),
+             "PA_BLK_BNSD": (nb, nkv, bs, dim)}.get(mode, (nb, bs, nkv, dim))
     lay = CacheLayout.from_declared(mode, shape, itemsize)
     nb_ref, bs_ref, _, _ = ref.declared_geometry(mode, shape)
     blk, r = data.draw(st.integers(0, nb_ref - 1)), data.draw(st.integers(0, bs_ref - 1))
@@ -164,6 +171,7 @@ def test_round_trip_property(data):
     ("PA_NZ", (2, 4, 1, 40), 2, "D: expected a multiple of C0=16"),
     ("PA_BLK_NZ", (2, 4, 1, 48), 1, "C0=32"),
     ("PA_NZ", (2, 4, 2, 32), 2, "Nkv: expected 1"),
+    ("PA_BNSD", (2, 4, 8), 2, r"4-D \[BlockNum, Nkv, BlockSize, D\]"),
     ("Norm", (2, 2, 4, 8), 2, "N: expected 1"),
     ("PA_BSND", (2, 4, 8), 2, "4-D"),
     ("TND", (2, 4, 1, 8), 2, "3-D"),
@@ -369,3 +377,136 @@ def test_slots_from_block_table_first_bad_entry(dtype):
         with pytest.raises(IndexRangeError, match=r"^block_table\[1, 1\] = 7: expected a block id in \[0, 4\) "
                            r"\(the entry covers kv tokens \[4, 8\) of batch 1\); 4 needed entries out of range$"):
             slots_from_block_table(t, [12, 9, 15], 4, 4)
+
+
+# ---------------------------------------------------------------------- head-major caches and reads
+def test_pa_bnsd_is_head_major_and_equals_pa_bsnd_with_one_head(rng):
+    # N > 1: [nb, N, bs, D] in torch_npu's order, against the reference formula
+    shape = (3, 4, 16, 8)
+    lay = CacheLayout.from_declared("PA_BNSD", shape, 2)
+    assert lay.head_major and lay.heads == 4 and lay.block_size == 16
+    cache = rng.integers(0, 2 ** 15, size=shape).astype(np.uint16)
+    flat = cache.reshape(-1)
+    rows = lay.to_rows(cache)  # [nb*bs, N, D]
+    for slot in rng.permutation(lay.num_rows)[:10]:
+        blk, r = divmod(int(slot), 16)
+        for h in range(4):
+            want = [flat[ref.element_offset("PA_BNSD", shape, 2, blk, r, h, d)] for d in range(8)]
+            assert rows[slot, h].tolist() == want == cache[blk, h, r].tolist()
+    # N = 1: the same bytes as PA_BSND [nb, bs, 1, D]
+    one = CacheLayout.from_declared("PA_BNSD", (3, 1, 16, 8), 2)
+    bsnd = CacheLayout.from_declared("PA_BSND", (3, 16, 1, 8), 2)
+    for slot in range(0, one.num_rows, 7):
+        for d in range(8):
+            assert one.byte_offset(slot, d) == bsnd.byte_offset(slot, d)
+    with pytest.raises(ModeError, match="head_major"):
+        CacheLayout(mode="PA_BSND", num_blocks=1, block_size=1, dim=1, itemsize=1, head_major=True)
+
+
+def _nz_head_major(nb, n, dim, bs, itemsize):
+    c0 = 32 // itemsize
+    return (nb, n, dim // c0, bs, c0), CacheLayout(mode="PA_NZ", num_blocks=nb, block_size=bs, dim=dim,
+                                                  itemsize=itemsize, heads=n, head_major=True)
+
+
+def test_head_major_nz_offsets_match_reference():
+    shape, lay = _nz_head_major(2, 3, 32, 16, 2)
+    assert lay.storage_shape() == shape
+    hits = np.zeros(lay.nbytes // 2, np.int64)
+    for blk in range(2):
+        for r in range(16):
+            for h in range(3):
+                for d in range(32):
+                    want = ref.head_major_nz_offset(shape, blk, r, h, d)
+                    assert lay.element_offset(blk * 16 + r, d, h) == want
+                    assert lay.locate(want * 2 + 1) == CacheLocation(blk, r, h, d, 1)
+                    hits[want] += 1
+    assert (hits == 1).all()
+    with pytest.raises(ShapeError, match="not head-major"):
+        CacheLayout(mode="PA_NZ", num_blocks=1, block_size=16, dim=16, itemsize=2, heads=2)
+
+
+@pytest.mark.parametrize("kind", ["bsh", "bnsd", "nz", "nz1", "tnd"])
+def test_read_blocks_and_rows_match_reference_offsets(kind, rng):
+    nb, n, bs, dim = 5, 2, 16, 32
+    if kind == "bsh":
+        shape, lay = (nb, bs, n * dim), CacheLayout(mode="PA_BSND", num_blocks=nb, block_size=bs, dim=dim,
+                                                    itemsize=2, heads=n)
+        off = lambda b, r, h, d: ref.element_offset("PA_BSND", (nb, bs, n, dim), 2, b, r, h, d)  # noqa: E731
+    elif kind == "bnsd":
+        shape = (nb, n, bs, dim)
+        lay = CacheLayout.from_declared("PA_BNSD", shape, 2)
+        off = lambda b, r, h, d: ref.element_offset("PA_BNSD", shape, 2, b, r, h, d)  # noqa: E731
+    elif kind == "nz":
+        shape, lay = _nz_head_major(nb, n, dim, bs, 2)
+        off = lambda b, r, h, d: ref.head_major_nz_offset(shape, b, r, h, d)  # noqa: E731
+    elif kind == "nz1":
+        n = 1
+        shape, lay = (nb, bs, 1, dim), CacheLayout.from_declared("PA_NZ", (nb, bs, 1, dim), 2)
+        off = lambda b, r, h, d: ref.element_offset("PA_NZ", shape, 2, b, r, h, d)  # noqa: E731
+    else:
+        shape, lay = (nb * bs, n, dim), CacheLayout.from_declared("TND", (nb * bs, n, dim), 2)
+        off = lambda b, r, h, d: ref.element_offset("TND", shape, 2, 0, b * bs + r, h, d)  # noqa: E731
+    cache = rng.integers(0, 2 ** 15, size=shape).astype(np.uint16)
+    flat = cache.reshape(-1)
+    blocks = np.array([3, 0, 4])
+    for h in range(n):
+        if lay.paged:
+            got = lay.read_blocks(cache, blocks, h)  # [3*bs, D]
+            want = [[flat[off(b, r, h, d)] for d in range(dim)] for b in blocks for r in range(bs)]
+            assert got.tolist() == want
+        slots = rng.permutation(lay.num_rows)[:7]
+        want = [[flat[off(*divmod(int(s), bs), h, d)] for d in range(dim)] for s in slots]
+        assert lay.read_rows(cache, slots, h).tolist() == want
+
+
+def test_blocks_from_block_table_and_slots_of_blocks():
+    from ascend_emu.layouts import blocks_from_block_table
+    table = np.array([[2, 0, 9], [1, 7, 7]], np.int32)
+    blocks = blocks_from_block_table(table, [20, 5], 16, 4)
+    assert blocks.tolist() == [[2, 0], [1, -1]]  # entries past the lengths' need are never read
+    lay = CacheLayout.from_declared("PA_BSND", (4, 16, 1, 8), 2)
+    assert np.array_equal(lay.slots_of_blocks(blocks, [20, 5]), slots_from_block_table(table, [20, 5], 16, 4))
+    with pytest.raises(IndexRangeError, match=r"block_table\[0, 2\] = 9"):
+        blocks_from_block_table(table, [40, 5], 16, 4)
+    assert lay.place(37) == "block 2, row 5 (slot 37)"
+    assert CacheLayout.from_declared("TND", (8, 1, 8), 2).place(5) == "slot 5"
+
+
+def test_v4_geometries_fit():
+    # 640-byte fp8 rows, compressed rows of `ratio` tokens, fp32 state caches [blocks, sbs, 1, 2*coff*D]
+    fp8 = CacheLayout.from_declared("PA_BSND", (4, 64, 1, 640), 1)
+    assert fp8.row_bytes == 640 and fp8.byte_offset(65, 3) == 65 * 640 + 3
+    comp = CacheLayout(mode="PA_BSND", num_blocks=4, block_size=64, dim=512, itemsize=2, ratio=4)
+    assert comp.tokens_per_block == 256 and comp.num_rows == 256
+    state = CacheLayout.from_declared("PA_BSND", (8, 4, 1, 2 * 2 * 512), 4)
+    assert state.row_bytes == 2 * 2 * 512 * 4
+    with pytest.raises(ShapeError, match="ratio"):
+        CacheLayout(mode="PA_BSND", num_blocks=1, block_size=1, dim=1, itemsize=1, ratio=0)
+
+
+@pytest.mark.parametrize("mode,shape,itemsize", LAYOUT_CASES, ids=CASE_IDS)
+def test_locate_many_is_locate(mode, shape, itemsize):
+    lay = CacheLayout.from_declared(mode, shape, itemsize)
+    offs = np.arange(lay.nbytes)
+    many = lay.locate_many(offs)
+    assert [tuple(int(a[o]) for a in many) for o in offs] == [tuple(lay.locate(int(o))) for o in offs]
+    assert np.array_equal(lay.slots_at(many[0], many[1]), many[0] * lay.block_size + many[1])
+
+
+def test_locate_many_head_major_nz():
+    _, lay = _nz_head_major(2, 3, 32, 16, 2)
+    offs = np.arange(0, lay.nbytes, 7)
+    many = lay.locate_many(offs)
+    assert [tuple(int(a[i]) for a in many) for i in range(offs.size)] == [tuple(lay.locate(int(o))) for o in offs]
+
+
+@pytest.mark.parametrize("mode,shape,itemsize", LAYOUT_CASES, ids=CASE_IDS)
+def test_from_rows_inverts_to_rows_and_declared_shape_reads_back(mode, shape, itemsize, rng):
+    lay = CacheLayout.from_declared(mode, shape, itemsize)
+    assert lay.declared_shape() == shape
+    raw = rng.integers(0, 256, lay.nbytes).astype(np.uint8)
+    assert np.array_equal(lay.from_rows(lay.to_rows(raw)), raw)
+    _, hm = _nz_head_major(2, 3, 32, 16, 2)
+    raw = rng.integers(0, 256, hm.nbytes).astype(np.uint8)
+    assert np.array_equal(hm.from_rows(hm.to_rows(raw)), raw) and hm.declared_shape() == hm.storage_shape()

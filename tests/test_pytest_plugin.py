@@ -108,6 +108,21 @@ def test_paged_cache_bytes_follow_the_mode(paged_cache, mode, dtype):
     assert cache_rows(random, mode).float().std() > 0.5
 
 
+def test_paged_cache_head_major_pa_bnsd(paged_cache):
+    """PA_BNSD is torch_npu's head-major [blocks, N, block_size, D]: with N = 2 the factory lays each
+    block out head after head, where the reference puts every element, and cache_rows reads back."""
+    from ascend_emu.pytest_plugin import cache_rows
+    nb, bs, n, dim = 3, 16, 2, 8
+    rows = (torch.arange(nb * bs * n * dim) % 251 - 125).to(torch.bfloat16).view(nb * bs, n, dim)
+    cache = paged_cache(nb, bs, dim, mode="PA_BNSD", heads=n, rows=rows)
+    assert tuple(cache.shape) == (nb, n, bs, dim)
+    offsets = [ref.element_offset("PA_BNSD", (nb, n, bs, dim), 2, blk, r, h, d)
+               for blk in range(nb) for r in range(bs) for h in range(n) for d in range(dim)]  # logical order
+    assert sorted(offsets) == list(range(nb * bs * n * dim))
+    assert torch.equal(cache.cpu().reshape(-1)[torch.tensor(offsets)], rows.reshape(-1))
+    assert torch.equal(cache_rows(cache, "PA_BNSD"), rows)
+
+
 def test_mla_caches(mla_caches):
     ckv, krope = mla_caches(2, 16, dtype=torch.int8, mode="PA_NZ")
     assert tuple(ckv.shape) == (2, 16, 1, 512) and tuple(krope.shape) == (2, 16, 1, 64)
@@ -147,7 +162,7 @@ def test_plugin_installs_the_drop_in_and_its_fixtures_build_the_reference_layout
     pytest.importorskip("torch")
     (tmp_path / "test_with_plugin.py").write_text(PLUGIN_CHECKS)
     proc = _pytest(tmp_path, "-v", "-p", "ascend_emu.pytest_plugin")  # -q -v: the header, one dot per test
-    _passed(proc, 9)
+    _passed(proc, 10)
     assert "ascend_emu: torch_npu is the CPU emulator" in proc.stdout
 
 

@@ -2,7 +2,10 @@
 
 Work units are (request ``b``, kv head ``h``) pairs: the unit's query rows (its tokens x the G
 query heads of ``h``, token-major) attend the unit's kv positions ``0 .. max limit - 1``, read
-from the paged cache through ``args.slots``:
+from the cache a block at a time through the block ids the contract checked (``args.kv_blocks``;
+non-paged TND: the token rows ``args.kv_rows``), each cache read through its
+:class:`~ascend_emu.layouts.CacheLayout` (``args.key_layout`` / ``value_layout`` /
+``rope_layout``: :meth:`~ascend_emu.layouts.CacheLayout.read_blocks`):
 
 1. gather (NumPy fancy indexing, any of the three cache layouts, NZ included): K ``[L, D + 64]``
    = key | key_rope rows and V ``[L, D]``, widened exactly to fp32; the query rows
@@ -207,9 +210,10 @@ def _c8_stage(pv, max_p16, exp16, acc, first) -> None:
 
 
 def _requests(args: FusedInferAttentionArgs, group: int):
-    """Per request with rows to compute: ``(nq, tokens, width, slots, row_limits, live)``: its query
-    tokens (int64 ``[nq]``, token-major indices), the kv positions any row sees (``width``) and
-    their cache slots ``[width]``, each row's limit (``[nq * group]``, token-major) and whether it
+    """Per request with rows to compute: ``(nq, tokens, width, kv, row_limits, live)``: its query
+    tokens (int64 ``[nq]``, token-major indices), the kv positions any row sees (``width``), where
+    they are (``kv``: the ``ceil(width / bs)`` block ids it reads, or the non-paged TND token rows
+    ``[width]``; :func:`_gather`), each row's limit (``[nq * group]``, token-major) and whether it
     is > 0 (step 1 of the op module)."""
     for b in range(args.batch):
         nq, kv_len = int(args.act_q[b]), int(args.act_kv[b])
@@ -221,7 +225,11 @@ def _requests(args: FusedInferAttentionArgs, group: int):
         if width == 0:
             continue
         row_limits = np.repeat(limits, group).astype(np.int64)  # [nq*G]
-        yield nq, int(args.q_start[b]) + s, width, args.slots[b, :width], row_limits, row_limits > 0
+        if args.kv_blocks is None:
+            kv = args.kv_rows[b, :width]
+        else:
+            kv = args.kv_blocks[b, :-(-width // args.block_size)]
+        yield nq, int(args.q_start[b]) + s, width, kv, row_limits, row_limits > 0
 
 
 def _store(out, lse, tokens, heads, o, m, total, live) -> None:
@@ -256,10 +264,10 @@ def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
     block = C8_KV_BLOCK
 
     def one(request) -> None:
-        nq, tokens, width, slots, row_limits, live = request
-        k = _gather(args.key, args.cache_layout, 1, slots, args.block_size, 0, widen=False)  # [L, 512] int8
-        kr = _gather(args.key_rope, args.cache_layout, 1, slots, args.block_size, 0)  # [L, 64] fp32
-        v = k if args.value is args.key else _gather(args.value, args.cache_layout, 1, slots, args.block_size, 0,
+        nq, tokens, width, kv, row_limits, live = request
+        k = _gather(args, args.key, args.key_layout, kv, width, 0, widen=False)  # [L, 512] int8
+        kr = _gather(args, args.key_rope, args.rope_layout, kv, width, 0)  # [L, 64] fp32
+        v = k if args.value is args.key else _gather(args, args.value, args.value_layout, kv, width, 0,
                                                      widen=False)  # [L, 512] int8
         qrows = q[tokens].reshape(-1, d)  # [R, 512] int8
         # C1: exact int dot (read through the biased fp32 accumulator in the kernel), rope in fp32
@@ -324,47 +332,19 @@ def _tokens_first(x: np.ndarray, layout: str) -> np.ndarray:
     return x
 
 
-def _gather(cache: np.ndarray, layout: str, kv_n: int, slots: np.ndarray, block_size: int, h: int,
+def _gather(args: FusedInferAttentionArgs, cache: np.ndarray, layout, kv: np.ndarray, width: int, h: int,
             widen: bool = True) -> np.ndarray:
-    """fp32 ``[L, D]``: kv head ``h`` of the cache rows ``slots`` (``block * bs + row``; non-paged TND:
-    the token rows), widened exactly (``widen=False``: in the cache's dtype). Paged slots that
-    run through whole blocks in order (kv positions ``0 .. L-1`` through a block table, as the
-    contract makes them) are read a block at a time (:func:`_block_rows`), others row by row."""
-    if layout == "TND":
-        rows = cache[slots, h]  # [L, D]
+    """fp32 ``[width, D]``: kv head ``h`` of a request's first ``width`` kv positions in ``cache``
+    (described by ``layout``), widened exactly (``widen=False``: in the cache's dtype). ``kv``: the
+    request's block ids (paged: whole blocks read, :meth:`~ascend_emu.layouts.CacheLayout.read_blocks`)
+    or token rows (non-paged TND, :meth:`~ascend_emu.layouts.CacheLayout.read_rows`)."""
+    if args.kv_blocks is None:
+        rows = layout.read_rows(cache, kv, h)  # [L, D]
     else:
-        rows = _block_rows(cache, layout, kv_n, slots, block_size, h)
-        if rows is None:
-            blk, row = slots // block_size, slots % block_size
-            if layout == "PA_BSH":
-                rows = cache.reshape(cache.shape[0], cache.shape[1], kv_n, -1)[blk, row, h]  # [L, D]
-            elif layout == "PA_BNSD":
-                rows = cache[blk, h, row]  # [L, D]
-            else:  # PA_NZ [nb, KV_N, D/C0, bs, C0]
-                rows = cache[blk, h, :, row, :].reshape(slots.size, -1)  # [L, D/C0, C0] -> [L, D]
+        rows = layout.read_blocks(cache, kv, h)[:width]  # [L, D]
     if not widen:
         return np.ascontiguousarray(rows)
     return widen_f32(rows)
-
-
-def _block_rows(cache: np.ndarray, layout: str, kv_n: int, slots: np.ndarray, block_size: int,
-                h: int) -> np.ndarray | None:
-    """``[L, D]`` in the cache's dtype: kv head ``h`` of the rows ``slots`` read as whole blocks,
-    where ``slots[j] == slots[j - j % bs] + j % bs`` with ``slots[j - j % bs]`` a block's first row
-    (checked here); else None."""
-    n = slots.size
-    firsts = slots[::block_size]  # [ceil(L / bs)] first slot of each block
-    if n == 0 or np.any(firsts % block_size) or not np.array_equal(
-            slots, np.repeat(firsts, block_size)[:n] + np.arange(n) % block_size):
-        return None
-    blocks = firsts // block_size
-    if layout == "PA_BSH":
-        rows = cache.reshape(cache.shape[0], cache.shape[1], kv_n, -1)[blocks, :, h]  # [nblk, bs, D]
-    elif layout == "PA_BNSD":
-        rows = cache[blocks, h]  # [nblk, bs, D]
-    else:  # PA_NZ [nb, KV_N, D/C0, bs, C0]
-        rows = cache[blocks, h].transpose(0, 2, 1, 3)  # [nblk, bs, D/C0, C0]
-    return rows.reshape(blocks.size * block_size, -1)[:n]
 
 
 def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAttentionOutputs:
@@ -391,7 +371,7 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
     scale = np.float32(args.scale)
     # buffers reused by every (request, kv head) a thread takes: fresh large arrays cost page
     # faults per call
-    width_max = int(args.slots.shape[1])
+    width_max = max(args.kv_width, 1)
     rows_max = int(args.act_q.max()) * group
     buffers = {}
 
@@ -407,18 +387,18 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
         q = np.concatenate([q, _tokens_first(args.query_rope, args.query_layout)], axis=-1)  # [T, N, D+64]
 
     def one(unit) -> None:
-        (nq, tokens, width, slots, row_limits, live), h = unit
+        (nq, tokens, width, kv, row_limits, live), h = unit
         k_buf, v_buf, s_buf = thread_buffers()
         heads = slice(h * group, (h + 1) * group)
         k = k_buf[:width]  # [L, D+64], widened exactly on assignment
-        k[:, :d] = _gather(args.key, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
+        k[:, :d] = _gather(args, args.key, args.key_layout, kv, width, h, widen=False)
         if dr:
-            k[:, d:] = _gather(args.key_rope, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
+            k[:, d:] = _gather(args, args.key_rope, args.rope_layout, kv, width, h, widen=False)
         if v_buf is None:
             v = k[:, :d]  # [L, D]: the ckv cache is key and value
         else:
             v = v_buf[:width]
-            v[...] = _gather(args.value, args.cache_layout, kv_n, slots, args.block_size, h, widen=False)
+            v[...] = _gather(args, args.value, args.value_layout, kv, width, h, widen=False)
         qrows = q[tokens, heads].reshape(-1, d + dr)
         scores = matmul_f32(qrows.astype(np.float32), k.T,
                             out=s_buf[:nq * group * width].reshape(nq * group, width))  # [nq*G, L]

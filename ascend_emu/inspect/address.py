@@ -193,17 +193,17 @@ def token_slot(cache: Cache | CacheSpec, token: int, *, index=None, seq_lens=Non
     from ..layouts import slots_from_cache_index, slots_from_pages, slots_from_positions
 
     lay = _spec(cache).layout
-    mode = lay.mode
-    if mode in ("BSND", "TND"):
+    mode, kind = lay.mode, lay.index_kind
+    if kind == "own":
         if index is not None:
             raise arg_error(ShapeError, "index", f"None for cache_mode {mode} (tokens sit at their own position)",
                             "an index")
         slots = np.arange(lay.num_rows, dtype=np.int64)
     elif index is None:
         raise arg_error(ShapeError, "index", f"the op's index tensor for cache_mode {mode}", None)
-    elif mode in ("PA_BSND", "PA_NZ"):
+    elif kind == "slot":
         slots = slots_from_cache_index(np.asarray(index), lay.num_rows, name="index")
-    elif mode == "Norm":
+    elif kind == "position":
         slots = slots_from_positions(np.asarray(index), lay.block_size, name="index")
     else:
         if page_index not in PAGE_INDEX_KINDS:

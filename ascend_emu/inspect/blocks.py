@@ -24,12 +24,13 @@ SHARED = -2
 @dataclass(frozen=True)
 class BlockRun:
     """Tokens ``[first_token, last_token)`` of one sequence, in rows ``[0, last_token - first_token)``
-    of a block."""
+    of a block: slots ``[first_slot, first_slot + last_token - first_token)``."""
 
     block: int
     column: int        #: block_table column
     first_token: int
     last_token: int
+    first_slot: int = 0  #: the slot of the block's row 0 (:func:`ascend_emu.layouts.slots_from_block_table`)
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,8 @@ def blocks(block_table, seq_lens: Sequence[int], block_size: int, num_blocks: in
         runs = []
         for j in range(-(-length // bs)):
             blk = int(table[b, j])
-            runs.append(BlockRun(block=blk, column=j, first_token=j * bs, last_token=min((j + 1) * bs, length)))
+            runs.append(BlockRun(block=blk, column=j, first_token=j * bs, last_token=min((j + 1) * bs, length),
+                                 first_slot=int(slots[b, j * bs])))
             readers.setdefault(blk, []).append(b)
         sequences.append(SequenceBlocks(seq=b, length=int(length), runs=runs))
         s = slots[b, :length]  # [length]

@@ -134,7 +134,28 @@ class CacheSpec:
                 cannot hold combined rows.
         """
         dt = resolve_dtype(dtype)
-        layout = CacheLayout.from_shape(cache_mode, shape, dt.itemsize, name=name)
+        return cls.from_layout(CacheLayout.from_shape(cache_mode, shape, dt.itemsize, name=name), dt,
+                               combined=combined)
+
+    @classmethod
+    def from_layout(cls, layout: CacheLayout, dtype, *, combined: bool | None = None) -> "CacheSpec":
+        """Spec of a cache an op describes with its :class:`CacheLayout`: a written cache's (the
+        writers' contracts) or a read one's (e.g. ``FusedInferAttentionArgs.key_layout``, a
+        head-major PA_BNSD ``[nb, N, bs, D]`` or NZ ``[nb, N, D/C0, bs, C0]`` cache), the same object.
+
+        Args:
+            layout: the cache's layout.
+            dtype: cache dtype (name or dtype) of ``layout.itemsize`` bytes.
+            combined: see :meth:`from_shape`.
+
+        Raises:
+            DTypeError: unsupported dtype, or one whose itemsize is not the layout's.
+            ShapeError: ``combined=True`` on a cache that cannot hold combined rows.
+        """
+        dt = resolve_dtype(dtype)
+        if dt.itemsize != layout.itemsize:
+            raise arg_error(DTypeError, "dtype", f"a {layout.itemsize}-byte dtype (the layout's itemsize)",
+                            dtype_name(dt))
         element = ROW_ELEMENTS.get(dtype_name(dt))
         fits = (element is not None and layout.dim == MLA_ROW.row_bytes and not layout.nz
                 and layout.heads == 1)
@@ -197,14 +218,16 @@ class Cache:
     shape: tuple[int, ...]
 
     @classmethod
-    def from_array(cls, array, cache_mode: str, *, combined: bool | None = None,
+    def from_array(cls, array, cache_mode: str | CacheLayout, *, combined: bool | None = None,
                    name: str = "cache") -> "Cache":
         """Wrap a cache array (NumPy, or a CPU torch tensor) for inspection.
 
         Args:
             array: the cache, in its declared or storage shape, C-contiguous; bf16 as
                 ``ml_dtypes.bfloat16`` (torch bf16 tensors are viewed, not converted).
-            cache_mode: cache mode (aliases accepted).
+            cache_mode: cache mode (aliases accepted), or the :class:`CacheLayout` an op's contract
+                describes the cache with (read or written; :meth:`CacheSpec.from_layout`), whatever
+                the array's shape (its bytes must be the layout's).
             combined: see :meth:`CacheSpec.from_shape`.
             name: argument name for errors.
 
@@ -216,7 +239,13 @@ class Cache:
                 non-contiguous array.
         """
         arr = _as_numpy(array, name)
-        spec = CacheSpec.from_shape(cache_mode, arr.shape, arr.dtype, combined=combined, name=name)
+        if isinstance(cache_mode, CacheLayout):
+            spec = CacheSpec.from_layout(cache_mode, arr.dtype, combined=combined)
+            if arr.nbytes != cache_mode.nbytes:
+                raise arg_error(ShapeError, name, f"{cache_mode.nbytes} bytes (the layout's)",
+                                f"{arr.nbytes} bytes, shape {list(arr.shape)}")
+        else:
+            spec = CacheSpec.from_shape(cache_mode, arr.shape, arr.dtype, combined=combined, name=name)
         if not arr.flags.c_contiguous:
             raise arg_error(ShapeError, name, "a C-contiguous cache (raw memory)", f"strides {arr.strides}")
         raw = arr.reshape(-1).view(np.uint8).copy()  # [nbytes]
@@ -277,17 +306,8 @@ def map_bytes(spec: CacheSpec, offsets) -> ByteMap:
     lay = spec.layout
     off = np.asarray(offsets, dtype=np.int64)
     check_index_range(off, 0, lay.nbytes, name="byte_offset", what="byte", allow_skip=False)
-    elem, byte = np.divmod(off, lay.itemsize)
-    if lay.nz:
-        blk, rem = np.divmod(elem, lay.block_size * lay.dim)
-        d1, rem = np.divmod(rem, lay.block_size * lay.c0)
-        row, d0 = np.divmod(rem, lay.c0)
-        dim, head = d1 * lay.c0 + d0, np.zeros_like(off)
-    else:
-        slot, rem = np.divmod(elem, lay.heads * lay.dim)
-        head, dim = np.divmod(rem, lay.dim)
-        blk, row = np.divmod(slot, lay.block_size) if lay.block_size else (slot, slot)
-    slot = blk * lay.block_size + row
+    blk, row, head, dim, byte = lay.locate_many(off)
+    slot = lay.slots_at(blk, row)
     rowbyte = dim * lay.itemsize + byte  # byte inside the head's row
     field = np.zeros_like(off)
     for i, f in enumerate(spec.fields[1:], start=1):

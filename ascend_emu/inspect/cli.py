@@ -519,8 +519,7 @@ def cmd_blocks(ns) -> int:
             n = run.last_token - run.first_token
             others = [s for s in res.owners[run.block] if s != seq.seq]
             rows.append([str(seq.seq) if k == 0 else "", f"[{run.first_token}, {run.last_token})", str(run.block),
-                         str(run.column), f"[0, {n})", f"[{run.block * res.block_size}, "
-                         f"{run.block * res.block_size + n})",
+                         str(run.column), f"[0, {n})", f"[{run.first_slot}, {run.first_slot + n})",
                          (f"shared with {', '.join(map(str, others))}" if others else "read twice")
                          if run.block in shared else ""])
         if not seq.runs:

@@ -61,12 +61,13 @@ with flash decode, and flash decode splits long rows across cores, combining the
 lse: not reproduced), the fp32 sum order inside SoftmaxFlashV2, fp16 overflow of ``acc`` (kept:
 inf, as fp16 arithmetic gives). Rows with no kv token: as above.
 
-Choices where the sources leave room (each in one named constant below):
+Choices where the sources leave room (each in one named constant, defined with the validation in
+:mod:`ascend_emu.ops._fused_infer_attention_args` and re-exported here):
 
 - :data:`EMPTY_ROW_OUTPUT` (0: the kernel's ``InitAllZeroOutput`` for a request with kv length 0,
   ``incre_flash_attention_preload_mla.h`` lines 638-676) and :data:`EMPTY_ROW_LSE` (+inf: the
   FlashAttention convention, ``exp(S - lse) = 0``; unverified on hardware) for empty rows.
-- P and the output are rounded RNE to the query dtype. The kernel casts P with
+- :data:`QUERY_DTYPE_ROUNDING`: P and the output are rounded RNE. The kernel casts P with
   CAST_ROUND (ties away from zero, line 2520) and an fp16 output with CAST_ROUND (bf16: CAST_RINT,
   lines 2389-2392); the two differ only on exact ties.
 - The kernel processes kv in blocks of ``singleProcessSInnerSize`` (tiling) with the online
@@ -74,7 +75,7 @@ Choices where the sources leave room (each in one named constant below):
   cores (flash decode, combined through the lse); the emulation takes one max over the whole row
   (the two agree when the row fits one block; otherwise they differ in the last bits).
 - ``exp`` is evaluated in float64 and rounded once to fp32, as the sparse attention ops
-  (:func:`ascend_emu.emu.sparse_flash_attention._exp_f64`).
+  (:data:`ascend_emu.ops.sparse_flash_attention.EXP_EVALUATION`).
 - Without query_rope / key_rope only vllm-ascend's prefill form with ``head_padding > 0`` (N not
   a power of 2): TND without block_table, query / key D = 192 (:data:`HEAD_DIM_NO_ROPE`, nope and
   rope concatenated by the caller), value / output D = 128, N up to 128 (``mla_v1.py``
@@ -85,7 +86,10 @@ Choices where the sources leave room (each in one named constant below):
   the query's. N in :data:`QUERY_HEADS`.
 - Paged caches (``block_table`` given): ``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]`` and
   FRACTAL_NZ ``[nb, KV_N, D/C0, bs, C0]`` (C0 = 32 bytes / itemsize, the paged NZ tile rule of
-  :mod:`ascend_emu.layouts.paged`); key, value and key_rope in one of them, ``block_size`` the
+  :mod:`ascend_emu.layouts.paged`), each described by a :class:`~ascend_emu.layouts.CacheLayout`
+  (PA_BSND with KV_N heads, head-major PA_BNSD, head-major PA_NZ: the object the writers' caches
+  use); a request reads whole blocks, the block_table entries its length needs; key, value and
+  key_rope in one of them, ``block_size`` the
   cache's block dim, a multiple of 16 in [16, 512]. ``actual_seq_lengths_kv`` required: per
   request lengths (a list of ints or a 1-D int32 / int64 array); a length above
   ``block_table.shape[1] * block_size`` names the length argument; a block id the lengths need
@@ -113,196 +117,34 @@ Choices where the sources leave room (each in one named constant below):
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from .. import checked_mode
-from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
-from ..layouts.paged import NZ_ROW_BYTES, slots_from_block_table
-from ..mla import D_ROPE, HCKV, NKV
+from ..errors import ModeError, ShapeError, arg_error, describe
 from ._backend import get_backend
-from ._check import MAX_BATCH, check_disjoint, check_dtype, check_float, dtype_name, prefix_lengths, required
+from ._check import check_disjoint, required
+from ._fused_infer_attention_args import (LAYOUTS, QUERY_DTYPES, QUERY_HEADS, HEAD_DIM_ABSORBED, HEAD_DIM_PREFILL,
+                                          HEAD_DIMS, HEAD_DIM_NO_ROPE, VALUE_DIM_NO_ROPE, MAX_QUERY_HEADS_NO_ROPE,
+                                          SPARSE_MODES, CAUSAL_MASK_SIZE, MASK_DTYPES, DEFAULT_TOKENS,
+                                          BLOCK_SIZE_ALIGN, MAX_BLOCK_SIZE, EMPTY_ROW_OUTPUT, EMPTY_ROW_LSE,
+                                          QUERY_DTYPE_ROUNDING, P_ROUNDING, CACHE_LAYOUTS, V1_REJECTED, V2_REJECTED,
+                                          QUERY_QUANT_MODE_C8, C8_DTYPE, C8_ROPE_DTYPES, C8_SCALE_DTYPE, C8_KV_BLOCK,
+                                          C8_P_RANGE, C8_PV_STAGE_SCALE, C8_FLOAT_EPS, C8_DOT_BIAS_BITS, C8_DOT_BIAS,
+                                          FusedInferAttentionArgs, FusedInferAttentionCall,
+                                          FusedInferAttentionOutputs, normalise, reject)
 
-#: input_layout values of the MLA callers -> (query layout, attention_out layout) (the meta
-#: function's ``get_query_and_attention_out_layout`` map, restricted).
-LAYOUTS = {"BSND": ("BSND", "BSND"), "BNSD": ("BNSD", "BNSD"), "TND": ("TND", "TND"),
-           "BSND_NBSD": ("BSND", "NBSD"), "BNSD_NBSD": ("BNSD", "NBSD"), "TND_NTD": ("TND", "NTD")}
-#: Query dtypes (key / value / rope in the same dtype).
-QUERY_DTYPES = ("bfloat16", "float16")
-#: Query head counts of the MLA path (a power of 2 up to 128, as the sparse attention ops).
-QUERY_HEADS = (1, 2, 4, 8, 16, 32, 64, 128)
-#: Head dims: absorbed decode (value = ckv) and the non-absorbed prefill / chunked form.
-HEAD_DIM_ABSORBED = HCKV
-HEAD_DIM_PREFILL = 128
-HEAD_DIMS = (HEAD_DIM_ABSORBED, HEAD_DIM_PREFILL)
-#: The form without rope arguments: query / key D = 128 + 64 concatenated, value D = 128, TND
-#: without block_table, any N (vllm-ascend ``_forward_prefill`` / ``_compute_prefill_context`` with
-#: ``head_padding > 0``; the v2 doc's MHA row "Q_D and K_D 192 with V_D 128").
-HEAD_DIM_NO_ROPE = HEAD_DIM_PREFILL + D_ROPE
-VALUE_DIM_NO_ROPE = HEAD_DIM_PREFILL
-MAX_QUERY_HEADS_NO_ROPE = 128
-#: sparse_mode values: 0 (all tokens), 3 (causal, bottom-right aligned).
-SPARSE_MODES = (0, 3)
-#: The optimised causal mask the callers pass with sparse_mode 3: ``[2048, 2048]``, 1 above the diagonal.
-CAUSAL_MASK_SIZE = 2048
-MASK_DTYPES = ("bool", "int8", "uint8")
-#: pre_tokens / next_tokens: the schemas' default (any int is taken; the emulated modes ignore them).
-DEFAULT_TOKENS = 2147483647
-#: block_size: a multiple of 16 in [16, 512].
-BLOCK_SIZE_ALIGN = 16
-MAX_BLOCK_SIZE = 512
-#: Output of an empty row and its lse.
-EMPTY_ROW_OUTPUT = 0.0
-EMPTY_ROW_LSE = float("inf")
-#: Paged cache layouts: 3-D ``[nb, bs, KV_N*D]``, 4-D ``[nb, KV_N, bs, D]``, 5-D NZ ``[nb, KV_N, D/C0, bs, C0]``.
-CACHE_LAYOUTS = {3: "PA_BSH", 4: "PA_BNSD", 5: "PA_NZ"}
-
-#: v1 arguments not emulated: name -> the only value taken.
-V1_REJECTED = {name: None for name in (
-    "pse_shift", "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2",
-    "antiquant_scale", "antiquant_offset", "key_antiquant_scale", "key_antiquant_offset", "value_antiquant_scale",
-    "value_antiquant_offset", "query_padding_size", "kv_padding_size", "key_shared_prefix", "value_shared_prefix",
-    "actual_shared_prefix_len", "key_rope_antiquant_scale")}
-V1_REJECTED.update(antiquant_mode=0, key_antiquant_mode=0, value_antiquant_mode=0, inner_precise=0)
-#: v2 arguments not emulated: name -> the only value taken.
-V2_REJECTED = {name: None for name in (
-    "pse_shift", "dequant_offset_key", "dequant_offset_value", "dequant_scale_key_rope", "quant_scale_out",
-    "quant_offset_out", "quant_scale_p",
-    "learnable_sink", "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
-    "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype", "dequant_scale_key_dtype",
-    "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype", "out_dtype")}
-V2_REJECTED.update(key_quant_mode=0, value_quant_mode=0, inner_precise=0)
-
-#: v2 C8 decode (full quant, A2 / A3): int8 query / key / value, ``query_quant_mode`` 3
-#: (per-token-head ``dequant_scale_query``), ``key_quant_mode`` / ``value_quant_mode`` 0 (per-tensor
-#: fp32 ``dequant_scale_key`` / ``dequant_scale_value``), bf16 rope, bf16 output (the v2 doc's MLA
-#: constraints, D = 512).
-QUERY_QUANT_MODE_C8 = 3
-C8_DTYPE = "int8"
-C8_ROPE_DTYPES = ("bfloat16",)
-C8_SCALE_DTYPE = "float32"
-#: C8 kv block of the kernel's online softmax (``CalcInnerSize``: ``sInnerSize_ = 512`` with rope,
-#: ``incre_flash_attention_tiling.cpp`` line 2306): P is quantised per block against its max.
-C8_KV_BLOCK = 512
-#: The kernel's P quantisation range (``scaleP1`` = 127, ``scaleP2`` = 1 / 127) and the fp16
-#: staging of P @ V (fixpipe ``DEQF16`` scale 2**-10, undone by ``Muls(.., 1024)``).
-C8_P_RANGE = 127.0
-C8_PV_STAGE_SCALE = 2.0 ** -10
-#: ``FLOAT_EPS`` added to the block's P max (``ifa_public_define.h`` line 158), as fp32.
-C8_FLOAT_EPS = 2.220446049250313e-16
-#: The int32 -> fp32 reinterpretation of the nope dot (``ifa_service_matmul_full_quant.h`` lines
-#: 758-895): the int8 matmul accumulates onto the bias 0x4B200000 (fp32 2**23 + 2**21), the cube
-#: then adds -2**21 * 5 in fp32 before the rope products: exact for |q . k| < 2**21.
-C8_DOT_BIAS_BITS = 0x4B200000
-C8_DOT_BIAS = 10485760.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class FusedInferAttentionArgs:
-    """Normalised, validated arguments of both FIA names.
-
-    Attributes:
-        op: ``npu_fused_infer_attention_score`` or ``npu_fused_infer_attention_score_v2``.
-        query, query_rope: the caller's arrays, ``[B, S1, N, D]`` / ``[B, N, S1, D]`` / ``[T, N, D]``
-            (rope: D = 64).
-        key, value, key_rope: the caller's caches (paged or non-paged TND: :attr:`cache_layout`).
-        atten_mask: the caller's mask (sparse_mode 3) or None.
-        block_table: the caller's int32 table, or None (non-paged TND).
-        actual_seq_lengths, actual_seq_lengths_kv: as passed (lists or arrays, or None).
-        num_heads, num_kv_heads: N and KV_N; scale: the score scale (finite).
-        input_layout: as passed; query_layout (BSND / BNSD / TND) and out_layout (BSND, BNSD,
-            TND, NBSD, NTD) derived from it.
-        cache_layout: ``PA_BSH`` / ``PA_BNSD`` / ``PA_NZ``, or ``TND`` (non-paged); block_size: rows
-            per block (0 for TND).
-        sparse_mode: 0 or 3; softmax_lse_flag: return the lse.
-        batch, seq_q: B and S1 (TND: the longest request).
-        head_dim: D of query / key / value.
-        act_q, act_kv: int64 ``[B]`` query / kv tokens per request.
-        q_start: int64 ``[B]`` first token of each request in token-major order (``b * S1``,
-            TND: the prefix sums' starts).
-        slots: int64 ``[B, W]`` cache slot (``block * bs + row``; TND: token row) of kv position
-            ``p`` of request ``b`` (-1 past its length; W = max act_kv).
-        out_shape, lse_shape: output shapes (lse ``[0]`` without the flag).
-        dequant_scale_query: C8 only: fp32 per-token-head scales as passed (``[B, S1, N]`` BSND,
-            ``[B, N, S1]`` BNSD, ``[T, N]`` TND), else None; dequant_scale_key /
-            dequant_scale_value: C8: the fp32 one-element per-tensor scales; query_quant_mode: 3
-            under C8, else 0.
-        value_dim: D of value and attention_out (= head_dim except the no-rope form's 128).
-    """
-
-    op: str
-    query: np.ndarray
-    query_rope: np.ndarray
-    key: np.ndarray
-    value: np.ndarray
-    key_rope: np.ndarray
-    atten_mask: np.ndarray | None
-    block_table: np.ndarray | None
-    actual_seq_lengths: object
-    actual_seq_lengths_kv: object
-    num_heads: int
-    num_kv_heads: int
-    scale: float
-    input_layout: str
-    query_layout: str
-    out_layout: str
-    cache_layout: str
-    block_size: int
-    sparse_mode: int
-    softmax_lse_flag: bool
-    batch: int
-    seq_q: int
-    head_dim: int
-    act_q: np.ndarray
-    act_kv: np.ndarray
-    q_start: np.ndarray
-    slots: np.ndarray
-    out_shape: tuple[int, ...]
-    lse_shape: tuple[int, ...]
-    dequant_scale_query: np.ndarray | None = None
-    dequant_scale_key: np.ndarray | None = None
-    dequant_scale_value: np.ndarray | None = None
-    query_quant_mode: int = 0
-    value_dim: int = 0
-
-    @property
-    def rope(self) -> bool:
-        """query_rope / key_rope given (every form but the no-rope D = 192 prefill)."""
-        return self.query_rope is not None
-
-    @property
-    def quantised(self) -> bool:
-        """The v2 C8 decode (int8 query / caches with their dequant scales)."""
-        return self.dequant_scale_query is not None
-
-    @property
-    def out_dtype(self) -> np.dtype:
-        """attention_out's dtype: query_rope's (bf16 / fp16; bf16 under C8), query's without rope."""
-        return self.query.dtype if self.query_rope is None else self.query_rope.dtype
-
-    @property
-    def group(self) -> int:
-        """G = N / KV_N query heads per kv head."""
-        return self.num_heads // self.num_kv_heads
-
-    @property
-    def query_dtype(self) -> np.dtype:
-        """bf16 or fp16 (int8 under C8)."""
-        return self.query.dtype
-
-
-class FusedInferAttentionOutputs(NamedTuple):
-    """What a backend returns (:mod:`ascend_emu.ops._backend`), torch_npu's order.
-
-    Attributes:
-        attention_out: ``args.out_shape``, ``args.out_dtype`` (query_rope's dtype).
-        softmax_lse: fp32 ``args.lse_shape`` (``[0]`` without the lse flag).
-    """
-
-    attention_out: np.ndarray
-    softmax_lse: np.ndarray
+#: The public ops, and the limits, choices and argument types defined beside the validation.
+__all__ = ["npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2",
+           "_npu_fused_infer_attention_score_get_max_workspace",
+           "_npu_fused_infer_attention_score_v2_get_max_workspace", "WORKSPACE", "LAYOUTS", "QUERY_DTYPES",
+           "QUERY_HEADS", "HEAD_DIM_ABSORBED", "HEAD_DIM_PREFILL", "HEAD_DIMS", "HEAD_DIM_NO_ROPE",
+           "VALUE_DIM_NO_ROPE", "MAX_QUERY_HEADS_NO_ROPE", "SPARSE_MODES", "CAUSAL_MASK_SIZE", "MASK_DTYPES",
+           "DEFAULT_TOKENS", "BLOCK_SIZE_ALIGN", "MAX_BLOCK_SIZE", "EMPTY_ROW_OUTPUT", "EMPTY_ROW_LSE",
+           "QUERY_DTYPE_ROUNDING", "P_ROUNDING", "CACHE_LAYOUTS", "V1_REJECTED", "V2_REJECTED",
+           "QUERY_QUANT_MODE_C8", "C8_DTYPE", "C8_ROPE_DTYPES", "C8_SCALE_DTYPE", "C8_KV_BLOCK", "C8_P_RANGE",
+           "C8_PV_STAGE_SCALE", "C8_FLOAT_EPS", "C8_DOT_BIAS_BITS", "C8_DOT_BIAS", "FusedInferAttentionArgs",
+           "FusedInferAttentionCall", "FusedInferAttentionOutputs", "normalise", "reject"]
 
 
 # ---------------------------------------------------------------------- public ops
@@ -380,14 +222,17 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
                  actual_shared_prefix_len=actual_shared_prefix_len, key_rope_antiquant_scale=key_rope_antiquant_scale,
                  antiquant_mode=antiquant_mode, key_antiquant_mode=key_antiquant_mode,
                  value_antiquant_mode=value_antiquant_mode, inner_precise=inner_precise)
-    _reject(given, V1_REJECTED, "npu_fused_infer_attention_score")
+    reject(given, V1_REJECTED, "npu_fused_infer_attention_score")
     read = dict(query=query, key=key, value=value, query_rope=query_rope, key_rope=key_rope, atten_mask=atten_mask,
                 actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
                 block_table=block_table)
-    args = _normalise("npu_fused_infer_attention_score", query, key, value, query_rope, key_rope, atten_mask,
-                      actual_seq_lengths, "actual_seq_lengths", actual_seq_lengths_kv, "actual_seq_lengths_kv",
-                      block_table, num_heads, "num_heads", num_key_value_heads, scale, "scale", pre_tokens,
-                      next_tokens, input_layout, sparse_mode, block_size, softmax_lse_flag, "softmax_lse_flag")
+    args = normalise(FusedInferAttentionCall(
+        op="npu_fused_infer_attention_score", query=query, key=key, value=value, query_rope=query_rope,
+        key_rope=key_rope, atten_mask=atten_mask, act_q=actual_seq_lengths, act_q_name="actual_seq_lengths",
+        act_kv=actual_seq_lengths_kv, act_kv_name="actual_seq_lengths_kv", block_table=block_table,
+        num_heads=num_heads, heads_name="num_heads", num_key_value_heads=num_key_value_heads, scale=scale,
+        scale_name="scale", pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
+        sparse_mode=sparse_mode, block_size=block_size, lse_flag=softmax_lse_flag, lse_name="softmax_lse_flag"))
     return _run(args, attention_out, softmax_lse, read)
 
 
@@ -441,17 +286,19 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
                  dequant_scale_value_dtype=dequant_scale_value_dtype,
                  dequant_scale_key_rope_dtype=dequant_scale_key_rope_dtype, out_dtype=out_dtype,
                  key_quant_mode=key_quant_mode, value_quant_mode=value_quant_mode, inner_precise=inner_precise)
-    _reject(given, V2_REJECTED, "npu_fused_infer_attention_score_v2")
+    reject(given, V2_REJECTED, "npu_fused_infer_attention_score_v2")
     read = dict(query=query, key=key, value=value, query_rope=query_rope, key_rope=key_rope, atten_mask=atten_mask,
                 actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, block_table=block_table,
                 dequant_scale_query=dequant_scale_query, dequant_scale_key=dequant_scale_key,
                 dequant_scale_value=dequant_scale_value)
-    args = _normalise("npu_fused_infer_attention_score_v2", query, key, value, query_rope, key_rope, atten_mask,
-                      actual_seq_qlen, "actual_seq_qlen", actual_seq_kvlen, "actual_seq_kvlen", block_table,
-                      num_query_heads, "num_query_heads", num_key_value_heads, softmax_scale, "softmax_scale",
-                      pre_tokens, next_tokens, input_layout, sparse_mode, block_size, return_softmax_lse,
-                      "return_softmax_lse",
-                      quant=(query_quant_mode, dequant_scale_query, dequant_scale_key, dequant_scale_value))
+    args = normalise(FusedInferAttentionCall(
+        op="npu_fused_infer_attention_score_v2", query=query, key=key, value=value, query_rope=query_rope,
+        key_rope=key_rope, atten_mask=atten_mask, act_q=actual_seq_qlen, act_q_name="actual_seq_qlen",
+        act_kv=actual_seq_kvlen, act_kv_name="actual_seq_kvlen", block_table=block_table, num_heads=num_query_heads,
+        heads_name="num_query_heads", num_key_value_heads=num_key_value_heads, scale=softmax_scale,
+        scale_name="softmax_scale", pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
+        sparse_mode=sparse_mode, block_size=block_size, lse_flag=return_softmax_lse, lse_name="return_softmax_lse",
+        quant=(query_quant_mode, dequant_scale_query, dequant_scale_key, dequant_scale_value)))
     return _run(args, attention_out, softmax_lse, read)
 
 
@@ -482,326 +329,6 @@ _npu_fused_infer_attention_score_get_max_workspace.__name__ = "_npu_fused_infer_
 _npu_fused_infer_attention_score_v2_get_max_workspace.__name__ = "_npu_fused_infer_attention_score_v2_get_max_workspace"
 
 
-# ---------------------------------------------------------------------- validation
-def _reject(given: dict, allowed: dict, op: str) -> None:
-    for name, value in given.items():
-        want = allowed[name]
-        if value is None and want is None:
-            continue
-        if want is not None and not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, np.integer)) \
-                and int(value) == want:
-            continue
-        raise arg_error(ModeError, name, f"{want!r} ({op} in ascend_emu emulates the MLA subset without "
-                        f"{name}; not emulated yet)", value if not hasattr(value, "shape") else describe(value))
-
-
-def _int(value, name: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise arg_error(DTypeError, name, "an int", repr(value))
-    return int(value)
-
-
-def _lengths(x, name: str) -> np.ndarray:
-    """A SymInt[] length argument (list / tuple of ints, or a 1-D int32 / int64 array) as int64 ``[B]``."""
-    if isinstance(x, np.ndarray):
-        check_dtype(x, name, ("int32", "int64"))
-        if x.ndim != 1 or not 1 <= x.size <= MAX_BATCH:  # counted before the int64 copy is made
-            raise arg_error(ShapeError, name, f"a 1-D array of 1 to {MAX_BATCH} lengths", list(x.shape))
-        return x.astype(np.int64)
-    if not isinstance(x, (list, tuple)) or not 1 <= len(x) <= MAX_BATCH:
-        raise arg_error(DTypeError, name, f"a list of 1 to {MAX_BATCH} ints or a 1-D int32 / int64 array",
-                        describe(x))
-    for i, v in enumerate(x):
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise arg_error(DTypeError, f"{name}[{i}]", "an int", repr(v))
-        if not -(1 << 63) <= int(v) < 1 << 63:
-            raise arg_error(DTypeError, f"{name}[{i}]", "an int in int64's range", repr(v))
-    return np.array([int(v) for v in x], dtype=np.int64)
-
-
-def _cache_dims(x: np.ndarray, name: str, layout_ndim: int | None, kv_n: int | None) -> tuple[str, int, int, int, int]:
-    """``(layout, nb, KV_N, bs, D)`` of a paged cache (3-D ``[nb, bs, KV_N*D]`` needs ``kv_n``)."""
-    if x.ndim not in CACHE_LAYOUTS or x.size == 0:
-        raise arg_error(ShapeError, name, "a non-empty paged cache [nb, bs, KV_N*D], [nb, KV_N, bs, D] or FRACTAL_NZ "
-                        "[nb, KV_N, D/C0, bs, C0]", list(x.shape))
-    if layout_ndim is not None and x.ndim != layout_ndim:
-        raise arg_error(ShapeError, name, f"key's cache layout {CACHE_LAYOUTS[layout_ndim]} ({layout_ndim}-D)",
-                        list(x.shape))
-    if x.ndim == 3:
-        nb, bs, hd = x.shape
-        if hd % kv_n:
-            raise arg_error(ShapeError, name, f"last dim KV_N*D a multiple of KV_N={kv_n}", list(x.shape))
-        return "PA_BSH", nb, kv_n, bs, hd // kv_n
-    if x.ndim == 4:
-        nb, n, bs, d = x.shape
-        return "PA_BNSD", nb, n, bs, d
-    nb, n, d1, bs, c0 = x.shape
-    want_c0 = NZ_ROW_BYTES // x.dtype.itemsize
-    if c0 != want_c0:
-        raise arg_error(ShapeError, name, f"FRACTAL_NZ [nb, KV_N, D/C0, bs, C0] with C0 = {want_c0} (32 bytes of "
-                        f"{x.dtype.name})", list(x.shape))
-    return "PA_NZ", nb, n, bs, d1 * c0
-
-
-def _normalise(op, query, key, value, query_rope, key_rope, atten_mask, act_q_in, act_q_name, act_kv_in,
-               act_kv_name, block_table, num_heads, heads_name, num_key_value_heads, scale, scale_name, pre_tokens,
-               next_tokens, input_layout, sparse_mode, block_size, lse_flag, lse_name,
-               quant=None) -> FusedInferAttentionArgs:
-    """Validate every argument of either name (nothing is read from a cache before all pass).
-    ``quant``: v2's ``(query_quant_mode, dequant_scale_query, dequant_scale_key,
-    dequant_scale_value)``, None for v1."""
-    # ---- modes and scalars
-    if input_layout not in LAYOUTS:
-        raise arg_error(ModeError, "input_layout", f"one of {list(LAYOUTS)} (the MLA callers' layouts)",
-                        repr(input_layout))
-    q_layout, out_layout = LAYOUTS[input_layout]
-    sm = _int(sparse_mode, "sparse_mode")
-    if sm not in SPARSE_MODES:
-        raise arg_error(ModeError, "sparse_mode", "0 (no mask) or 3 (causal, bottom-right aligned)", sparse_mode)
-    for name, got in (("pre_tokens", pre_tokens), ("next_tokens", next_tokens)):
-        _int(got, name)  # an int; its value is ignored by both emulated modes (module docstring)
-    if not isinstance(lse_flag, (bool, np.bool_)):
-        raise arg_error(DTypeError, lse_name, "a bool", type(lse_flag).__name__)
-    scale_f = check_float(scale, scale_name)
-    n = _int(num_heads, heads_name)
-    kv_n = _int(num_key_value_heads, "num_key_value_heads")
-    kv_n = n if kv_n == 0 else kv_n
-
-    # ---- query, query_rope
-    query = required(query, "query")
-    c8 = _c8_mode(query, quant)
-    check_dtype(query, "query", (C8_DTYPE,) if c8 else QUERY_DTYPES)
-    q_nd = 3 if q_layout == "TND" else 4
-    shown = {"BSND": "[B, S1, N, D]", "BNSD": "[B, N, S1, D]", "TND": "[T, N, D]"}[q_layout]
-    if query.ndim != q_nd or query.size == 0:
-        raise arg_error(ShapeError, "query", f"a non-empty {shown} for input_layout={input_layout}",
-                        list(query.shape))
-    q_n = query.shape[2] if q_layout == "BSND" else query.shape[1]
-    d = int(query.shape[-1])
-    if q_n != n:
-        raise arg_error(ShapeError, heads_name, f"query's N = {q_n} ({shown})", n)
-    no_rope = query_rope is None and key_rope is None and not c8
-    if no_rope:
-        if d != HEAD_DIM_NO_ROPE or q_layout != "TND" or block_table is not None:
-            raise arg_error(ShapeError, "query_rope", f"a [.., {D_ROPE}] tensor (without rope arguments only the "
-                            f"TND prefill form with query D = {HEAD_DIM_NO_ROPE} and no block_table is emulated)",
-                            None)
-        if not 1 <= n <= MAX_QUERY_HEADS_NO_ROPE:
-            raise arg_error(ShapeError, heads_name, f"1 .. {MAX_QUERY_HEADS_NO_ROPE}", n)
-    elif n not in QUERY_HEADS:
-        raise arg_error(ShapeError, heads_name, f"one of {list(QUERY_HEADS)} (MLA)", n)
-    elif d not in HEAD_DIMS:
-        raise arg_error(ShapeError, "query", f"D in {list(HEAD_DIMS)} (absorbed MLA 512, prefill 128 + 64 rope)",
-                        list(query.shape))
-    if kv_n < 1 or n % kv_n or (d == HEAD_DIM_ABSORBED and kv_n != NKV):
-        want = f"{NKV} (D = {HEAD_DIM_ABSORBED}: absorbed MLA)" if d == HEAD_DIM_ABSORBED else f"a divisor of N={n}"
-        raise arg_error(ShapeError, "num_key_value_heads", want, num_key_value_heads)
-    if c8 and (d != HEAD_DIM_ABSORBED or kv_n != NKV):
-        raise arg_error(ShapeError, "query", f"D = {HEAD_DIM_ABSORBED} with num_key_value_heads = {NKV} (the C8 "
-                        "decode is absorbed MLA only)", list(query.shape))
-    if no_rope:
-        qdt, dv = dtype_name(query.dtype), VALUE_DIM_NO_ROPE
-    else:
-        query_rope = required(query_rope, "query_rope")
-        check_dtype(query_rope, "query_rope", C8_ROPE_DTYPES if c8 else (dtype_name(query.dtype),))
-        qdt, dv = dtype_name(query_rope.dtype), d  # the rope / output dtype
-        if query_rope.shape != (*query.shape[:-1], D_ROPE):
-            raise arg_error(ShapeError, "query_rope", f"query's shape with D = {D_ROPE} "
-                            f"{[*query.shape[:-1], D_ROPE]}", list(query_rope.shape))
-
-    # ---- caches
-    key, value = required(key, "key"), required(value, "value")
-    key_rope = None if no_rope else required(key_rope, "key_rope")
-    for name, x in (("key", key), ("value", value), ("key_rope", key_rope)):
-        if x is not None:
-            check_dtype(x, name, (C8_DTYPE if c8 and name != "key_rope" else qdt,))
-    bsz = _int(block_size, "block_size")
-    if c8 and block_table is None:
-        raise arg_error(ModeError, "block_table", "a table (the C8 decode reads paged caches)", None)
-    if block_table is None:  # non-paged: TND key / value / key_rope [T2, KV_N, D]
-        if q_layout != "TND":
-            raise arg_error(ModeError, "block_table", f"a table for input_layout={input_layout} (without "
-                            "PageAttention only TND is emulated)", None)
-        for name, x, want_d in (("key", key, d), ("value", value, dv), ("key_rope", key_rope, D_ROPE)):
-            if x is None:
-                continue
-            if x.ndim != 3 or x.shape[1:] != (kv_n, want_d) or x.shape[0] != key.shape[0]:
-                raise arg_error(ShapeError, name, f"[T2, KV_N={kv_n}, {want_d}] (TND without block_table; T2 of "
-                                "key)", list(x.shape))
-        if bsz != 0:
-            raise arg_error(ModeError, "block_size", "0 without block_table", bsz)
-        layout, nb, bs = "TND", 0, 0
-    else:
-        layout, nb, k_n, bs, k_d = _cache_dims(key, "key", None, kv_n)
-        if k_n != kv_n or k_d != d:
-            raise arg_error(ShapeError, "key", f"KV_N = {kv_n} kv heads of D = {d} (query's D)", list(key.shape))
-        for name, x, want_d in (("value", value, d), ("key_rope", key_rope, D_ROPE)):
-            _, x_nb, x_n, x_bs, x_d = _cache_dims(x, name, key.ndim, kv_n)
-            if (x_nb, x_n, x_bs, x_d) != (nb, kv_n, bs, want_d):
-                raise arg_error(ShapeError, name, f"key's cache layout with nb={nb}, KV_N={kv_n}, bs={bs}, "
-                                f"D={want_d}", list(x.shape))
-        if bsz != bs:
-            raise arg_error(ShapeError, "block_size", f"the caches' block dim bs = {bs}", bsz)
-        if bs % BLOCK_SIZE_ALIGN or not BLOCK_SIZE_ALIGN <= bs <= MAX_BLOCK_SIZE:
-            raise arg_error(ShapeError, "block_size", f"a multiple of {BLOCK_SIZE_ALIGN} in [{BLOCK_SIZE_ALIGN}, "
-                            f"{MAX_BLOCK_SIZE}]", bs)
-
-    # ---- mask
-    if atten_mask is not None:
-        if sm == 0:
-            raise arg_error(ModeError, "atten_mask", "None with sparse_mode=0 (masks other than sparse_mode 3's "
-                            "causal one are not emulated)", describe(atten_mask))
-        if not isinstance(atten_mask, np.ndarray):
-            raise arg_error(DTypeError, "atten_mask", "None or a bool / int8 / uint8 array", describe(atten_mask))
-        check_dtype(atten_mask, "atten_mask", MASK_DTYPES)
-        size = CAUSAL_MASK_SIZE
-        if atten_mask.shape != (size, size):
-            raise arg_error(ShapeError, "atten_mask", f"the optimised causal mask [{size}, {size}] (sparse_mode 3)",
-                            list(atten_mask.shape))
-        if not np.array_equal(atten_mask.astype(bool), _causal_mask()):
-            raise arg_error(ModeError, "atten_mask", "1 strictly above the diagonal, 0 elsewhere (sparse_mode 3's "
-                            "causal mask)", describe(atten_mask))
-
-    c8_fields = _c8_scales(query, q_layout, quant) if c8 else {}
-
-    # ---- lengths, block_table
-    if q_layout == "TND":
-        if act_q_in is None:
-            raise arg_error(ShapeError, act_q_name, "prefix sums [B] (required for TND)", None)
-        q_sums = _lengths(act_q_in, act_q_name)
-        too_big = np.abs(q_sums) > np.iinfo(np.int32).max
-        if too_big.any():
-            i = int(np.argmax(too_big))
-            raise arg_error(ShapeError, f"{act_q_name}[{i}]", f"a prefix sum <= T={query.shape[0]}", int(q_sums[i]))
-        act_q = prefix_lengths(q_sums.astype(np.int32), act_q_name, int(query.shape[0]))
-        b = int(act_q.size)
-        s1 = int(act_q.max())
-        q_start = np.cumsum(act_q) - act_q
-    else:
-        b, s1 = int(query.shape[0]), int(query.shape[2] if q_layout == "BNSD" else query.shape[1])
-        if act_q_in is None:
-            act_q = np.full(b, s1, np.int64)
-        else:
-            act_q = _lengths(act_q_in, act_q_name)
-            if act_q.size != b:
-                raise arg_error(ShapeError, act_q_name, f"{b} lengths (query's B)", act_q.size)
-            bad = (act_q < 0) | (act_q > s1)
-            if bad.any():
-                i = int(np.argmax(bad))
-                raise arg_error(ShapeError, f"{act_q_name}[{i}]", f"a query length in [0, S1={s1}]", int(act_q[i]))
-        q_start = np.arange(b, dtype=np.int64) * s1
-    if act_kv_in is None:
-        raise arg_error(ShapeError, act_kv_name, "per-request kv lengths [B] (required)", None)
-    act_kv = _lengths(act_kv_in, act_kv_name)
-    if act_kv.size != b:
-        raise arg_error(ShapeError, act_kv_name, f"{b} lengths (one per request)", act_kv.size)
-    if layout == "TND":
-        return _args(op, query, query_rope, key, value, key_rope, atten_mask, None, act_q_in, act_kv_in, n, kv_n,
-                     scale_f, input_layout, q_layout, out_layout, layout, 0, sm, lse_flag, b, s1, d, act_q,
-                     _tnd_kv(act_kv, act_kv_name, int(key.shape[0])), q_start, value_dim=dv)
-    table = required(block_table, "block_table")
-    check_dtype(table, "block_table", ("int32",))
-    if table.ndim != 2 or table.shape[0] != b or table.shape[1] == 0:
-        raise arg_error(ShapeError, "block_table", f"[B={b}, max_blocks >= 1]", list(table.shape))
-    cap = int(table.shape[1]) * bs
-    bad = (act_kv < 0) | (act_kv > cap)
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise arg_error(ShapeError, f"{act_kv_name}[{i}]", f"a kv length in [0, {cap}] (block_table's "
-                        f"{table.shape[1]} blocks of {bs})", int(act_kv[i]))
-    slots = slots_from_block_table(table, act_kv, bs, nb, name="block_table")  # IndexRangeError naming block_table
-    return _args(op, query, query_rope, key, value, key_rope, atten_mask, table, act_q_in, act_kv_in, n, kv_n, scale_f,
-                 input_layout, q_layout, out_layout, layout, bs, sm, lse_flag, b, s1, d, act_q, (act_kv, slots),
-                 q_start, value_dim=dv, **c8_fields)
-
-
-def _c8_mode(query, quant) -> bool:
-    """Whether a v2 call is the C8 decode: an int8 query, which needs query_quant_mode 3 (and mode 3
-    needs an int8 query); v1 (``quant`` None) and float queries keep the plain path."""
-    if quant is None:
-        return False
-    qqm = _int(quant[0], "query_quant_mode")
-    is_int8 = isinstance(query, np.ndarray) and query.dtype == np.int8
-    if is_int8 and qqm != QUERY_QUANT_MODE_C8:
-        raise arg_error(ModeError, "query_quant_mode", f"{QUERY_QUANT_MODE_C8} (per-token-head) with an int8 query "
-                        "(the C8 decode)", qqm)
-    if not is_int8:
-        if qqm != 0:
-            raise arg_error(ModeError, "query_quant_mode", "0 with a float query (3 only with an int8 query: the C8 "
-                            "decode)", qqm)
-        for name, x in zip(("dequant_scale_query", "dequant_scale_key", "dequant_scale_value"), quant[1:], strict=True):
-            if x is not None:
-                raise arg_error(ModeError, name, "None with a float query (the dequant scales belong to the int8 C8 "
-                                "decode)", describe(x))
-    return is_int8
-
-
-def _c8_scales(query: np.ndarray, q_layout: str, quant) -> dict:
-    """The C8 scales checked: dequant_scale_query fp32 of query's shape without D, key / value fp32
-    with one element (per-tensor)."""
-    _, dq, dk, dv = quant
-    dq = required(dq, "dequant_scale_query")
-    check_dtype(dq, "dequant_scale_query", (C8_SCALE_DTYPE,))
-    want = query.shape[:-1]
-    if dq.shape != want:
-        shown = {"BSND": "[B, S1, N]", "BNSD": "[B, N, S1]", "TND": "[T, N]"}[q_layout]
-        raise arg_error(ShapeError, "dequant_scale_query", f"{shown} = {list(want)} (per token and head, query's "
-                        "shape without D)", list(dq.shape))
-    for name, x in (("dequant_scale_key", dk), ("dequant_scale_value", dv)):
-        x = required(x, name)
-        check_dtype(x, name, (C8_SCALE_DTYPE,))
-        if x.size != 1 or x.ndim not in (1, 2):
-            raise arg_error(ShapeError, name, "one fp32 value, [1] or [1, 1] (per-tensor: key_quant_mode / "
-                            "value_quant_mode 0)", list(x.shape))
-    for name, x in (("dequant_scale_query", dq), ("dequant_scale_key", dk), ("dequant_scale_value", dv)):
-        if not np.isfinite(x).all():
-            raise arg_error(DTypeError, name, "finite scales", describe(x))
-    return dict(dequant_scale_query=dq, dequant_scale_key=np.asarray(dk), dequant_scale_value=np.asarray(dv),
-                query_quant_mode=QUERY_QUANT_MODE_C8)
-
-
-def _tnd_kv(sums: np.ndarray, name: str, t2: int) -> tuple[np.ndarray, np.ndarray]:
-    """Non-paged TND kv: prefix sums ``[B]`` (last = T2) -> (lengths ``[B]``, rows ``[B, W]``, -1 past each length)."""
-    too_big = np.abs(sums) > np.iinfo(np.int32).max
-    if too_big.any():
-        i = int(np.argmax(too_big))
-        raise arg_error(ShapeError, f"{name}[{i}]", f"a prefix sum <= T2={t2}", int(sums[i]))
-    lens = prefix_lengths(sums.astype(np.int32), name, t2)
-    width = max(int(lens.max()), 1)
-    pos = np.arange(width)[None, :]
-    rows = np.where(pos < lens[:, None], (np.cumsum(lens) - lens)[:, None] + pos, -1)
-    return lens, rows.astype(np.int64)
-
-
-def _args(op, query, query_rope, key, value, key_rope, atten_mask, table, act_q_in, act_kv_in, n, kv_n, scale_f,
-          input_layout, q_layout, out_layout, layout, bs, sm, lse_flag, b, s1, d, act_q, kv, q_start, value_dim,
-          **c8_fields):
-    """:class:`FusedInferAttentionArgs` with the output shapes (``c8_fields``: the C8 scales)."""
-    act_kv, slots = kv
-    t = int(query.shape[0]) if q_layout == "TND" else b * s1
-    dv = value_dim
-    out_shape = {"BSND": (b, s1, n, dv), "BNSD": (b, n, s1, dv), "TND": (t, n, dv), "NBSD": (n, b, s1, dv),
-                 "NTD": (n, t, dv)}[out_layout]
-    lse_shape = ((t, n, 1) if q_layout == "TND" else (b, n, s1, 1)) if lse_flag else (0,)
-    return FusedInferAttentionArgs(
-        op=op, query=query, query_rope=query_rope, key=key, value=value, key_rope=key_rope, atten_mask=atten_mask,
-        block_table=table, actual_seq_lengths=act_q_in, actual_seq_lengths_kv=act_kv_in, num_heads=n,
-        num_kv_heads=kv_n, scale=scale_f, input_layout=input_layout, query_layout=q_layout, out_layout=out_layout,
-        cache_layout=layout, block_size=bs, sparse_mode=sm, softmax_lse_flag=bool(lse_flag), batch=b, seq_q=s1,
-        head_dim=d, act_q=act_q, act_kv=act_kv, q_start=q_start.astype(np.int64), slots=slots,
-        out_shape=out_shape, lse_shape=lse_shape, value_dim=dv, **c8_fields)
-
-
-_CAUSAL: list[np.ndarray] = []
-
-
-def _causal_mask() -> np.ndarray:
-    """The sparse_mode 3 mask: bool ``[2048, 2048]``, True strictly above the diagonal (built once)."""
-    if not _CAUSAL:
-        _CAUSAL.append(np.triu(np.ones((CAUSAL_MASK_SIZE, CAUSAL_MASK_SIZE), dtype=bool), k=1))
-    return _CAUSAL[0]
-
-
 def _check_out(x, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     x = required(x, name)
     if x.dtype != dtype or x.shape != shape:
@@ -827,7 +354,7 @@ def _run(args: FusedInferAttentionArgs, attention_out, softmax_lse, read: dict):
             softmax_lse = required(softmax_lse, "softmax_lse")
         check_disjoint((("attention_out", attention_out), ("softmax_lse", softmax_lse)),
                        [(name, x) for name, x in read.items() if isinstance(x, np.ndarray)])
-    checked_mode.read_fused_infer_attention(args.op, args)
+    checked_mode.read(args.op, args.cache_reads)
     result = get_backend().fused_infer_attention_score(args)
     checked_mode.check_finite(args.op, (("attention_out", result.attention_out),))  # lse is +inf on empty rows
     if attention_out is None:

@@ -433,8 +433,9 @@ def _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_sc
 
 @functools.lru_cache(maxsize=64)
 def _layout(mode: str, shape: tuple[int, ...], itemsize: int, name: str) -> CacheLayout:
-    """:meth:`CacheLayout.from_declared`, memoised (decode loops pass the same caches every step)."""
-    return CacheLayout.from_declared(mode, shape, itemsize, name=name)
+    """:meth:`CacheLayout.from_single_head` (the op's PA caches are ``[block_num, block_size, 1, D]``
+    in every mode, PA_BNSD included), memoised (decode loops pass the same caches every step)."""
+    return CacheLayout.from_single_head(mode, shape, itemsize, name=name)
 
 
 def _check_scale(scale: np.ndarray, name: str, dim: int, *, per_tensor: bool) -> None:
@@ -451,10 +452,11 @@ def _slots(index, mode: str, cache_mode: str, b: int, s: int, layout: CacheLayou
     """Validated destination slot per token, int64 ``[B*S]`` (-1 = skip)."""
     index = required(index, "index")
     check_dtype(index, "index", ("int64",))
-    if mode == "Norm":
+    kind = layout.index_kind
+    if kind == "position":
         check_shape(index, "index", [b, s], "[B, S] for cache_mode Norm")
         return slots_from_positions(index, layout.block_size, name="index")
-    if mode in ("PA_BSND", "PA_NZ"):
+    if kind == "slot":
         check_shape(index, "index", [b * s], f"[B*S] for cache_mode {cache_mode}")
         return slots_from_cache_index(index, layout.num_rows, name="index")
     pages = -(-s // layout.block_size)

@@ -56,7 +56,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import DTypeError, ModeError, ShapeError, arg_error
-from ..layouts import SKIP_INDEX, slots_from_block_table
+from ..layouts import SKIP_INDEX, CacheLayout, slots_from_block_table
 from ..mla import INDEXER_HEAD_DIM, INDEXER_KEY_HEADS
 from .. import checked_mode
 from ._backend import get_backend
@@ -172,6 +172,24 @@ class LightningIndexerArgs:
         """R: key rows (every key dim but N2 and D)."""
         return math.prod(self.key.shape[:-2])
 
+    def cache_reads(self) -> checked_mode.CacheReads:
+        """The key rows the kernel scores (checked mode's read hook): for every query token its
+        first ``limit`` kv tokens' slots (:attr:`slots` of its batch), ``key`` described by its
+        :class:`~ascend_emu.layouts.CacheLayout` in ``layout_key``."""
+        limit = np.where(self.limit > 0, self.limit, 0)  # SKIPPED_ROW < 0
+        t_idx = np.repeat(np.arange(limit.size), limit)
+        pos = np.arange(t_idx.size) - np.repeat(np.cumsum(limit) - limit, limit)
+        batch = self.token_batch[t_idx]
+        slots = self.slots[batch, pos].astype(np.int64)
+
+        def where(i: int) -> str:
+            t = int(t_idx[i])
+            q_at = f"query token {t % self.out_shape[1]}" if self.layout_query == "BSND" else f"query token {t} (TND)"
+            return f"batch {int(batch[i])}, {q_at}, kv token {int(pos[i])}"
+
+        layout = CacheLayout.from_declared(self.layout_key, self.key.shape, self.key.dtype.itemsize, name="key")
+        return checked_mode.CacheReads((("key", self.key, layout),), slots, where)
+
 
 class LightningIndexerOutputs(NamedTuple):
     """What a backend returns (:mod:`ascend_emu.ops._backend`), torch_npu's order.
@@ -235,7 +253,7 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
     """
     args = _normalise(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
                       layout_query, layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens, return_value)
-    checked_mode.read_lightning_indexer("npu_lightning_indexer", args, key, layout_key)
+    checked_mode.read("npu_lightning_indexer", args.cache_reads)
     return tuple(get_backend().lightning_indexer(args))
 
 

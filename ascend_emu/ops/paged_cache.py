@@ -295,8 +295,7 @@ def _gather_lengths(seq_lens: np.ndarray, batch: int, cumsum: bool) -> np.ndarra
     return v
 
 
-def _gather_slots(table: np.ndarray, lens: np.ndarray, starts: np.ndarray, block_size: int,
-                  num_blocks: int) -> np.ndarray:
+def _gather_slots(table: np.ndarray, lens: np.ndarray, starts: np.ndarray, layout: CacheLayout) -> np.ndarray:
     """Source slot of every output token, batch-major: token ``j`` of batch ``b`` reads block
     ``table[b, starts[b] + j // bs]``, row ``j % bs``. Every column used and every block id is
     checked.
@@ -305,6 +304,7 @@ def _gather_slots(table: np.ndarray, lens: np.ndarray, starts: np.ndarray, block
         ShapeError: a sequence needs more columns than the table has.
         IndexRangeError: a block id used is outside ``[0, num_blocks)``.
     """
+    block_size, num_blocks = layout.block_size, layout.num_blocks
     b_of = np.repeat(np.arange(lens.size, dtype=np.int64), lens)  # [T]
     first = np.concatenate(([0], np.cumsum(lens)[:-1])) if lens.size else np.zeros(0, np.int64)  # [B]
     j = np.arange(b_of.size, dtype=np.int64) - first[b_of]  # [T] position inside its batch
@@ -323,7 +323,7 @@ def _gather_slots(table: np.ndarray, lens: np.ndarray, starts: np.ndarray, block
         raise IndexRangeError(f"block_tables[{int(b_of[t])}, {int(col[t])}] = {int(blk[t])}: expected a block id in "
                               f"[0, {num_blocks}) (read for token {int(j[t])} of batch {int(b_of[t])}); "
                               f"{int(bad.sum())} token(s) read out-of-range block ids")
-    return blk * block_size + j % block_size
+    return layout.slots_at(blk, j % block_size)
 
 
 def npu_gather_pa_kv_cache(key_cache, value_cache, block_tables, seq_lens, key, value, *, seq_offset=None,
@@ -421,7 +421,7 @@ def npu_gather_pa_kv_cache(key_cache, value_cache, block_tables, seq_lens, key, 
     check_disjoint((("key", key), ("value", value)),
                    (("key_cache", key_cache), ("value_cache", value_cache), ("block_tables", block_tables),
                     ("seq_lens", seq_lens), ("seq_offset", seq_offset)))
-    slots = _gather_slots(block_tables, lens, starts, k_layout.block_size, k_layout.num_blocks)
+    slots = _gather_slots(block_tables, lens, starts, k_layout)
     args = PagedCacheArgs(GATHER, mode, key, value, key_cache, value_cache, k_layout, v_layout, slots,
                           block_tables=block_tables, seq_lens=seq_lens, seq_offset=seq_offset,
                           is_seq_lens_cumsum=bool(is_seq_lens_cumsum))

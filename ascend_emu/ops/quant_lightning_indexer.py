@@ -186,7 +186,7 @@ def npu_quant_lightning_indexer(query, key, weights, query_dequant_scale, key_de
                 "key's shape without D ([B, S2, N2] / [T2, N2] / [blocks, block_size, N2])", scale_dtype)
     _check_weight_scale_range(indexer.weights, qs)
     args = QuantLightningIndexerArgs(indexer=indexer, query_dequant_scale=qs, key_dequant_scale=ks, element=element)
-    checked_mode.read_lightning_indexer("npu_quant_lightning_indexer", indexer, key, layout_key)
+    checked_mode.read("npu_quant_lightning_indexer", indexer.cache_reads)
     return get_backend().quant_lightning_indexer(args).sparse_indices
 
 

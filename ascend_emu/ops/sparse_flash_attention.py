@@ -96,7 +96,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error, describe
-from ..layouts import slots_from_block_table
+from ..layouts import CacheLayout, slots_from_block_table
 from ..mla import D_QK, D_ROPE, HCKV, NKV, TILE_SIZE
 from ..quant import MLA_ROW
 from ..quant.fp8 import TORCH_NPU_DTYPE_CODES
@@ -238,6 +238,35 @@ class SparseFlashAttentionArgs:
         """bf16 or fp16."""
         return self.query.dtype
 
+    def cache_reads(self) -> checked_mode.CacheReads:
+        """The cache rows the kernel reads (checked mode's read hook): one per (query token, kv
+        head, sparse index entry, kept kv token), from :attr:`starts` / :attr:`counts`, in
+        ``key`` (and ``key_rope`` / a separate ``value``), each described by its
+        :class:`~ascend_emu.layouts.CacheLayout` in ``layout_kv``."""
+        n2, sbs = self.num_kv_heads, int(self.sparse_block_size)
+        t_idx, h_idx, j_idx = np.nonzero(self.counts > 0)
+        counts = self.counts[t_idx, h_idx, j_idx].astype(np.int64)
+        rep = np.repeat(np.arange(t_idx.size), counts)  # one entry per (entry, kept kv token)
+        within = np.arange(rep.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        slots = (self.starts[t_idx, h_idx, j_idx][rep] + within) // n2
+
+        def where(i: int) -> str:
+            e = int(rep[i])
+            t, h, j = int(t_idx[e]), int(h_idx[e]), int(j_idx[e])
+            if self.layout_query == "BSND":
+                q_at, idx_at = f"batch {t // self.seq_q}, query token {t % self.seq_q}", (t // self.seq_q, t % self.seq_q)
+            else:
+                q_at, idx_at = f"query token {t} (TND)", (t,)
+            si = int(np.asarray(self.sparse_indices)[idx_at + (h, j)])
+            return (f"{q_at}, kv head {h}, sparse_indices[{', '.join(map(str, idx_at + (h, j)))}] = {si} -> kv token "
+                    f"{si * sbs + int(within[i])}")
+
+        named = (("key", self.key),) if self.quant else (("key", self.key), ("key_rope", self.key_rope),
+                                                         ("value", None if self.v_from_key else self.value))
+        caches = tuple((name, c, CacheLayout.from_declared(self.layout_kv, c.shape, c.dtype.itemsize, name=name))
+                       for name, c in named if c is not None)
+        return checked_mode.CacheReads(caches, slots.astype(np.int64), where)
+
 
 class SparseFlashAttentionOutputs(NamedTuple):
     """What a backend returns (:mod:`ascend_emu.ops._backend`), torch_npu's order (the KV-quant op
@@ -310,7 +339,7 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
                       actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv,
                       sparse_mode, pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks=sinks)
     op = "npu_sparse_flash_attention"
-    checked_mode.read_sparse_attention(op, args, key, key_rope, value, sparse_indices, sparse_block_size, layout_kv)
+    checked_mode.read(op, args.cache_reads)
     result = get_backend().sparse_flash_attention(args)
     checked_mode.check_finite(op, zip(result._fields, result, strict=True))
     return tuple(result)
@@ -381,7 +410,7 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
                       actual_seq_lengths_kv, None, None, sparse_block_size, layout_query, layout_kv, sparse_mode,
                       pre_tokens, next_tokens, attention_mode, False, sinks=sinks, element=element)
     op = "npu_kv_quant_sparse_flash_attention"
-    checked_mode.read_sparse_attention(op, args, key, None, None, sparse_indices, sparse_block_size, layout_kv)
+    checked_mode.read(op, args.cache_reads)
     out = get_backend().sparse_flash_attention(args).attention_out
     checked_mode.check_finite(op, (("attention_out", out),))
     return out

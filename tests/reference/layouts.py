@@ -107,13 +107,18 @@ def element_offset(mode: str, shape: tuple[int, ...], itemsize: int, block: int,
     """Element offset of (block, row, head, d) in a cache of declared ``shape``.
 
     ``block``/``row`` mean: PA modes block id / row in block; BSND b / s; TND 0 / t; Norm b / pos.
+    PA_BNSD / PA_BLK_BNSD are torch_npu's head-major caches, declared ``[BlockNum, N, BlockSize, D]``:
+    block ``block`` holds head 0's ``BlockSize`` rows, then head 1's, ...
     """
+    if mode in ("PA_BNSD", "PA_BLK_BNSD"):
+        _, nkv, bs, dim = shape
+        return ((block * nkv + head) * bs + row) * dim + d
     if mode in ("PA_NZ", "PA_BLK_NZ"):
         _, bs, _, dim = shape
         c0 = cache_c0(itemsize)
         # memory [BlockNum, D/C0, BlockSize, C0]
         return block * bs * dim + (d // c0) * bs * c0 + row * c0 + d % c0
-    if mode in ("PA_BSND", "PA", "PA_BNSD", "PA_BLK_BSND", "PA_BLK_BNSD", "BSND"):
+    if mode in ("PA_BSND", "PA", "PA_BLK_BSND", "BSND"):
         _, bs, nkv, dim = shape
         return ((block * bs + row) * nkv + head) * dim + d
     if mode == "TND":
@@ -135,6 +140,9 @@ def declared_geometry(mode: str, shape: tuple[int, ...]) -> tuple[int, int, int,
     if mode == "Norm":
         b, one, length, dim = shape
         return b, length, one, dim
+    if mode in ("PA_BNSD", "PA_BLK_BNSD"):
+        nb, nkv, bs, dim = shape
+        return nb, bs, nkv, dim
     nb, bs, nkv, dim = shape
     return nb, bs, nkv, dim
 
@@ -188,3 +196,11 @@ def kv_position_to_row(layout_kv, b, p, *, s2=None, kv_starts=None, block_table=
     if layout_kv == "BSND":
         return b * s2 + p
     return int(kv_starts[b]) + p
+
+
+def head_major_nz_offset(shape: tuple[int, ...], block: int, row: int, head: int, d: int) -> int:
+    """Element offset of (block, row, head, d) in a head-major FRACTAL_NZ paged cache of shape
+    ``[BlockNum, N, D/C0, BlockSize, C0]`` (fused_infer_attention_score's 5-D cache): C-order
+    index of ``[block, head, d // C0, row, d % C0]``."""
+    _, n, d1, bs, c0 = shape
+    return (((block * n + head) * d1 + d // c0) * bs + row) * c0 + d % c0
