@@ -17,6 +17,7 @@ import numpy as np
 from ..ops.v4_small import (SLOT_FORMAT_FLAT, CompressorMetadataArgs, CompressorMetadataOutputs, PartialRotaryArgs,
                             PartialRotaryOutputs, RmsNormDynamicQuantArgs, RmsNormDynamicQuantOutputs)
 from ..quant import INT8_MAX, quantize_per_token_multiplier
+from ..layouts import slot_of_block_row
 from .kernels import MLA_PROLOG_RMS
 from .kernels import rms_norm as _rms_norm
 from .rope import _rotated as rotated
@@ -79,7 +80,7 @@ def compressor_metadata(args: CompressorMetadataArgs) -> CompressorMetadataOutpu
     sin[valid] = args.rope_sin[rope_row[valid]]
     offset = cpos % bs
     if args.slot_format == SLOT_FORMAT_FLAT:
-        slot = np.where(valid, block * bs + offset, -1).astype(np.int32)
+        slot = np.where(valid, slot_of_block_row(block, offset, bs), -1).astype(np.int32)
     else:
         slot = np.stack([np.where(valid, block, -1), np.where(valid, offset, bs - 1)], axis=1).astype(np.int32)
     cos, sin = cos.reshape(n, 1, 1, d), sin.reshape(n, 1, 1, d)

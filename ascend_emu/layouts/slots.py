@@ -332,6 +332,22 @@ def _block_table_slots_checked(table: np.ndarray, kv_lens, block_size, num_block
     return np.where(pos[None, :] < kv_lens[:, None], slots, SKIP_INDEX)
 
 
+def slot_of_block_row(block, row, block_size: int):
+    """The flat slot of row ``row`` of block ``block``: ``block * block_size + row`` (the one place
+    outside :class:`~.paged.CacheLayout` this is computed, for callers holding (block, row) pairs
+    without a cache, e.g. ``compressor_metadata``'s flat ``slot_mapping`` output).
+
+    Args:
+        block, row: ints or int64 arrays of one shape; not checked here (the caller checks them
+            against its block table and block size first).
+        block_size: rows per block, >= 1.
+
+    Returns:
+        An int64 array (or int) of ``block``'s shape.
+    """
+    return np.asarray(block, dtype=np.int64) * int(block_size) + np.asarray(row, dtype=np.int64)
+
+
 def slots_from_positions(index: np.ndarray, cache_length: int, *, name: str = "index") -> np.ndarray:
     """Norm mode of npu_kv_rmsnorm_rope_cache: ``index[b, s]`` is a position inside batch b.
 

@@ -62,6 +62,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import IndexRangeError, ModeError, ShapeError, arg_error, describe
+from ..layouts import slot_of_block_row
 from ._backend import get_backend
 from ._check import check_cache, check_disjoint, check_dtype, check_float, check_ndim, dtype_name, optional, required
 
@@ -292,7 +293,7 @@ def _metadata_inputs(rope_cos, rope_sin, cu_seqlens, start_pos, kv_block_table, 
                         "reads past the end of memory on hardware)", describe(cu[:num_reqs + 1]))
     table64 = table[:num_reqs].astype(np.int64)
     top_block = int(table64.max()) if table64.size else 0
-    if slot_format == SLOT_FORMAT_FLAT and top_block * block_size + block_size - 1 > INT32_MAX:
+    if slot_format == SLOT_FORMAT_FLAT and int(slot_of_block_row(top_block, block_size - 1, block_size)) > INT32_MAX:
         raise arg_error(IndexRangeError, "kv_block_table", f"block ids whose flat slots (block * {block_size} + "
                         f"offset) fit int32", top_block)
     return (rope_cos, rope_sin, cu64, sp[:num_reqs].astype(np.int64), table64,
