@@ -27,6 +27,8 @@ Commands:
 - ``ascend-emu inspect where|what|dump|grid|diff|blocks``: bit-level cache debugging
   (:mod:`ascend_emu.inspect`, rendered by :mod:`ascend_emu.inspect.cli`); ``ascend-emu locate``
   is an alias of ``inspect where`` (``--slot``) / ``inspect what`` (``--byte``).
+- ``ascend-emu fidelity``: per op and output, exact / bounded / known to differ / unverified, and
+  against what (:mod:`ascend_emu.fidelity`; docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -400,6 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .compare.cli import add_compare_parsers
 
     add_compare_parsers(sub)
+    from .fidelity import add_fidelity_parser
+
+    add_fidelity_parser(sub)
     return parser
 
 
