@@ -118,7 +118,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import checked_mode
+from .. import checked_mode, input_contracts
 from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ..layouts.paged import NZ_ROW_BYTES, slots_from_block_table
 from ..mla import D_ROPE, HCKV, NKV
@@ -813,6 +813,7 @@ def _run(args: FusedInferAttentionArgs, attention_out, softmax_lse):
         if args.softmax_lse_flag:
             _check_out(softmax_lse, "softmax_lse", args.lse_shape, np.dtype(np.float32))
     checked_mode.read_fused_infer_attention(args.op, args)
+    input_contracts.paged_read(args.op, args.block_table, args.act_kv, args.block_size)
     result = get_backend().fused_infer_attention_score(args)
     checked_mode.check_finite(args.op, (("attention_out", result.attention_out),))  # lse is +inf on empty rows
     if attention_out is None:

@@ -102,7 +102,7 @@ from ..quant import MLA_ROW
 from ..quant.combined import NOPE_CACHE_DTYPES
 from ..quant.fp8 import TORCH_NPU_DTYPE_CODES
 from ..soc import is_ascend950, require_ascend950
-from .. import checked_mode
+from .. import checked_mode, input_contracts
 from ._backend import get_backend
 from .lightning_indexer import SPARSE_COUNTS_LARGE
 from ._check import (ValidatedSignatures, check_dtype, check_float, dtype_name, known_per_batch_lengths,
@@ -320,6 +320,8 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
                       sparse_mode, pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks=sinks)
     op = "npu_sparse_flash_attention"
     checked_mode.read_sparse_attention(op, args, key, key_rope, value, sparse_indices, sparse_block_size, layout_kv)
+    if layout_kv == "PA_BSND":
+        input_contracts.paged_read(op, block_table, args.actual_seq_lengths_kv, int(key.shape[1]))
     result = get_backend().sparse_flash_attention(args)
     checked_mode.check_finite(op, zip(result._fields, result))
     return tuple(result)
@@ -391,6 +393,8 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
                       pre_tokens, next_tokens, attention_mode, False, sinks=sinks, element=element)
     op = "npu_kv_quant_sparse_flash_attention"
     checked_mode.read_sparse_attention(op, args, key, None, None, sparse_indices, sparse_block_size, layout_kv)
+    if layout_kv == "PA_BSND":
+        input_contracts.paged_read(op, block_table, args.actual_seq_lengths_kv, int(key.shape[1]))
     out = get_backend().sparse_flash_attention(args).attention_out
     checked_mode.check_finite(op, (("attention_out", out),))
     return out
