@@ -270,12 +270,13 @@ def check_block_permutation(step: Callable, caches, block_table=None, slot_mappi
     nb = int(leaves[0][1].shape[0])
     perms = [block_permutation(nb, reserved=reserved, seed=None), block_permutation(nb, reserved=reserved, seed=seed)]
     runs = [(perm, permute_blocks(caches, block_table, slot_mapping, perm, block_size=block_size),
-             tuple(_copy(a) if hasattr(a, "shape") else a for a in args)) for perm in perms]
+             tuple(_copy(a) if hasattr(a, "shape") else a for a in args),
+             {k: _copy(a) if hasattr(a, "shape") else a for k, a in kwargs.items()}) for perm in perms]
     want = step(caches, block_table, slot_mapping, *args, **kwargs)
     want_out = _flatten(want, "output")
     tables = [(n, _np_int(t, n)) for n, t in _flatten(block_table, "block_table")]
-    for perm, moved, moved_args in runs:
-        got = step(*moved, *moved_args, **kwargs)
+    for perm, moved, moved_args, moved_kwargs in runs:  # arrays copied: out= buffers are not shared
+        got = step(*moved, *moved_args, **moved_kwargs)
         _compare(want_out, _flatten(got, "output"), leaves, _flatten(moved[0], "caches"), perm, tables, reserved)
     return want
 

@@ -226,7 +226,7 @@ def check_step(op: str = "step", *, block_size: int | None = None, block_table=N
         query_start_loc = None  # no request boundaries to check the rest against
     if num_tokens is None and query_start_loc is not None:
         num_tokens = int(_ints(query_start_loc, "query_start_loc").reshape(-1)[-1])
-    writers = None
+    writers: dict[int, int] | None = None
     if slot_mapping is not None and num_tokens is not None:
         found += slot_padding(slot_mapping, num_tokens)
         if query_start_loc is not None and block_size:

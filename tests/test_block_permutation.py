@@ -192,3 +192,15 @@ def test_pytest_fixture_with_the_drop_in_ops(tmp_path):
                            "ascend_emu.pytest_plugin", "test_user.py"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_out_buffers_are_not_shared_between_runs():
+    """A step writing into an out= buffer it returns: each run gets its own copy, so the broken
+    step is still caught (a shared buffer would compare with itself)."""
+    def step(caches, block_table, slot_mapping, *, out):
+        out[:] = caches[np.sort(block_table[0])].reshape(-1)
+        return out
+
+    cache = np.arange(5 * 2, dtype=np.float32).reshape(5, 2)
+    with pytest.raises(BlockPermutationError):
+        check_block_permutation(step, cache, np.array([[4, 1]], np.int32), None, out=np.zeros(4, np.float32))
