@@ -4,6 +4,7 @@ on a small call, and ``ascend-emu fidelity`` prints it."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -58,6 +59,26 @@ def test_every_named_test_is_collected():
     collected = {line.split("[")[0] for line in proc.stdout.splitlines() if "::" in line}
     missing = [t for t in ids if "::" in t and t not in collected]
     assert not missing, f"named in ascend_emu/fidelity.py but not collected: {missing}"
+
+
+#: What a test that asserts byte equality calls: the helpers' byte comparisons, NumPy's exact
+#: equality, or a module helper run with ``exact=True``.
+EQUALITY = ("assert_same_bytes", "_same(", "assert_array_equal", "array_equal", "exact=True", "check(")
+
+
+def _test_source(node_id: str) -> str:
+    path, _, name = node_id.partition("::")
+    src = (ROOT / path).read_text()
+    fn = [n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == name]
+    assert fn, f"{node_id}: no such test function"
+    return ast.get_source_segment(src, fn[0]) or ""
+
+
+def test_exact_rows_name_tests_that_assert_equality():
+    """Each test an exact row names compares for equality (not a share or a tolerance)."""
+    weak = [t for r in fidelity.rows("exact") for t in r.tests
+            if not any(m in _test_source(t) for m in EQUALITY) or "allclose" in _test_source(t)]
+    assert not weak, f"exact rows name tests without an equality assertion: {weak}"
 
 
 # ------------------------------------------------------------------ exact rows: a small call each
