@@ -114,18 +114,28 @@ def block_table_tails(block_table, seq_lens, block_size: int, written_by=None,
         return []
     need = _needed_blocks(lens[:table.shape[0]], block_size)
     cols = np.arange(table.shape[1])[None, :]
+    tail = (cols >= need[:, None]) & (table > 0)
+    if not tail.any():  # the usual case: padding past every length
+        return []
     rows = np.broadcast_to(np.arange(table.shape[0])[:, None], table.shape)
-    own = np.full(int(max(table.max(), 0)) + 1, -1, np.int64)
-    if written_by is None:  # the first request holding each block within its length
+    if written_by is None:  # the requests holding each block within their lengths
         held = (cols < need[:, None]) & (table >= 0)
-        blocks, first = np.unique(table[held], return_index=True)
-        own[blocks] = rows[held][first]
+        blocks, holders = table[held], rows[held]
     else:
-        for blk, r in written_by.items():
-            if blk < own.size:
-                own[blk] = r
-    owner = np.where(table >= 0, own[np.clip(table, 0, None)], -1)
-    bad = np.argwhere((cols >= need[:, None]) & (table > 0) & (owner >= 0) & (owner != rows))
+        blocks = np.fromiter(written_by.keys(), np.int64, len(written_by))
+        holders = np.fromiter(written_by.values(), np.int64, len(written_by))
+    size = int(max(table.max(), blocks.max(initial=0))) + 1
+    first, last = np.full(size, -1, np.int64), np.full(size, -1, np.int64)
+    last[blocks] = holders  # two holders of a block, from both ends: another request than i is seen
+    first[blocks[::-1]] = holders[::-1]
+    t_blocks, t_rows = table[tail], rows[tail]
+    other = np.where(first[t_blocks] != t_rows, first[t_blocks], last[t_blocks])
+    hit = (other >= 0) & (other != t_rows)
+    if not hit.any():
+        return []
+    owner = np.full(table.shape, -1, np.int64)
+    owner[tail] = np.where(hit, other, -1)
+    bad = np.argwhere(owner >= 0)
     out = []
     for i, j in bad[:SHOWN]:
         i, j, blk = int(i), int(j), int(table[i, j])

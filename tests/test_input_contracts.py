@@ -102,3 +102,15 @@ def test_attention_op_reports_a_tail_entry_on_another_requests_block():
         checked_mode.mark_written(cache, num_slots=k.shape[0] * 16)
     with checked_mode.checked(), pytest.raises(InputContractError, match="rule block_table_tail"):
         ops.npu_fused_infer_attention_score(q, k, v, **kw)
+
+
+def test_shared_prefix_blocks_are_not_a_violation_but_a_tail_on_one_is():
+    """Prefix caching: two requests hold block 3 within their lengths (sound); a tail entry of
+    one of them pointing at it is still reported (the other request holds it too)."""
+    table, lens = np.array([[3, 5, 0], [3, 7, 0]], np.int32), np.array([6, 8], np.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_step("prefill", block_size=BS, block_table=table, seq_lens=lens) == []
+    table[0, 2] = 3
+    with pytest.warns(InputContractWarning, match=r"block_table\[0, 2\] = 3: .* block 3 is request 1's"):
+        check_step("prefill", block_size=BS, block_table=table, seq_lens=lens)
