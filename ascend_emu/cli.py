@@ -2,7 +2,7 @@
 
 Commands:
 
-- ``ascend-emu run [--force] [--checked] [--poison] [--traceback] SCRIPT [ARGS...]``: run SCRIPT
+- ``ascend-emu run [--force] [--checked] [--poison] [--permute-blocks] [--traceback] SCRIPT [ARGS...]``: run SCRIPT
   as ``__main__`` with ``import torch_npu`` resolving to :mod:`ascend_emu.torch_npu`, as ``python
   SCRIPT ARGS...`` would: ``sys.argv``, an absolute ``__file__`` (and traceback paths), the
   script's directory in place of the launcher's ``sys.path[0]``, its exit status. An uncaught
@@ -27,6 +27,8 @@ Commands:
 - ``ascend-emu inspect where|what|dump|grid|diff|blocks``: bit-level cache debugging
   (:mod:`ascend_emu.inspect`, rendered by :mod:`ascend_emu.inspect.cli`); ``ascend-emu locate``
   is an alias of ``inspect where`` (``--slot``) / ``inspect what`` (``--byte``).
+- ``ascend-emu fidelity``: per op and output, exact / bounded / known to differ / unverified, and
+  against what (:mod:`ascend_emu.fidelity`; docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -80,6 +82,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
             return 2
     path = os.path.join(os.getcwd(), script)  # absolute, not normalised (as Python does)
     sys.argv = [script, *ns.args]
+    if ns.permute_blocks:  # steps decorated with ascend_emu.block_permutation.permutation_checked
+        from .block_permutation import ENV_PERMUTE_BLOCKS
+        os.environ[ENV_PERMUTE_BLOCKS] = "1"
     if ns.checked or ns.poison:  # checked mode for the whole script
         from .checked_mode import enable
         enable(True, poison=ns.poison)
@@ -348,6 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--poison", action="store_true",
                      help="with --checked (implied): fill each cache a writer op first sees with 0xFF bytes "
                           "(NaN / -1) before it writes (env ASCEND_EMU_POISON=1)")
+    run.add_argument("--permute-blocks", action="store_true",
+                     help="run every step decorated with ascend_emu.block_permutation.permutation_checked twice, "
+                          "the second time with the paged caches' physical blocks permuted, and fail at the first "
+                          "output that differs (env ASCEND_EMU_PERMUTE_BLOCKS=1)")
     run.add_argument("--traceback", action="store_true",
                      help="on an uncaught exception show the emulator's own frames too (by default the "
                           f"traceback stops at the script's call into ascend_emu; env {ENV_TRACEBACK}=1)")
@@ -402,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .compare.cli import add_compare_parsers
 
     add_compare_parsers(sub)
+    from .fidelity import add_fidelity_parser
+
+    add_fidelity_parser(sub)
     return parser
 
 

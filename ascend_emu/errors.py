@@ -62,6 +62,16 @@ class NonFiniteOutputError(AscendEmuError, ValueError):
     """Checked mode: an op's output holds a NaN or an Inf."""
 
 
+class InputContractWarning(UserWarning):
+    """A serving step's inputs break a contract the kernels rely on (non-decreasing prefix sums,
+    block-table tails, slot padding, V4 state block 0, one block per request);
+    :mod:`ascend_emu.input_contracts`."""
+
+
+class InputContractError(AscendEmuError, ValueError):
+    """Checked mode: an :class:`InputContractWarning` made an error."""
+
+
 class NonFiniteInputError(AscendEmuError, ValueError):
     """An input the op quantizes holds a NaN or an Inf where the sources define no bytes for it
     (the DeepSeek-V4 fp8 / int8 cache quants, docs/v4.md)."""

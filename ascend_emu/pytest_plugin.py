@@ -29,6 +29,8 @@ Fixtures (factories: functions taking sizes; every random value comes from :func
   given logical rows; :func:`cache_rows` reads one back whatever its mode.
 - :func:`mla_caches`: the MLA pair (c_kv 512, k_rope 64) of one layer.
 - :func:`nz_weight`: a random weight cast to FRACTAL_NZ with ``npu_format_cast``.
+- :func:`block_permutation`: re-run a step with every paged cache's physical blocks permuted and
+  fail at the first output that changed (:mod:`ascend_emu.block_permutation`).
 """
 
 from __future__ import annotations
@@ -330,3 +332,17 @@ def nz_weight(npu_generator):
     def factory(shape: Sequence[int], *, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         return make_nz_weight(shape, dtype=dtype, generator=npu_generator)
     return factory
+
+
+@pytest.fixture
+def block_permutation():
+    """``block_permutation(step, caches, block_table, slot_mapping, *args, block_size=None,
+    reserved=(0,), seed=0, **kwargs)``: run the user's step on its arguments and again with the
+    physical blocks of every paged cache permuted (tables and slot mappings moved to match, block 0
+    kept), and fail with the first output or cache element that differs and its logical
+    coordinates (:func:`ascend_emu.block_permutation.check_block_permutation`; returns the first
+    run's outputs). Catches a step that reads blocks in physical order instead of through the
+    block table (docs/pytest_plugin.md#block-permutation)."""
+    from .block_permutation import check_block_permutation
+
+    return check_block_permutation

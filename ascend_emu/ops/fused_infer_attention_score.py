@@ -120,7 +120,7 @@ import functools
 
 import numpy as np
 
-from .. import checked_mode
+from .. import checked_mode, input_contracts
 from ..errors import ModeError, ShapeError, arg_error, describe
 from ._backend import get_backend
 from ._check import check_disjoint, required
@@ -355,6 +355,7 @@ def _run(args: FusedInferAttentionArgs, attention_out, softmax_lse, read: dict):
         check_disjoint((("attention_out", attention_out), ("softmax_lse", softmax_lse)),
                        [(name, x) for name, x in read.items() if isinstance(x, np.ndarray)])
     checked_mode.read(args.op, args.cache_reads)
+    input_contracts.paged_read(args.op, args.block_table, args.act_kv, args.block_size)
     result = get_backend().fused_infer_attention_score(args)
     checked_mode.check_finite(args.op, (("attention_out", result.attention_out),))  # lse is +inf on empty rows
     if attention_out is None:

@@ -99,7 +99,7 @@ from ..mla import D_QK, D_ROPE, HCKV, NKV, TILE_SIZE
 from ..quant import MLA_ROW
 from ..quant.fp8 import TORCH_NPU_DTYPE_CODES
 from ..soc import is_ascend950, require_ascend950
-from .. import checked_mode
+from .. import checked_mode, input_contracts
 from ._backend import get_backend
 from ._sparse_rows import _bsnd_tokens, _raise_bad_index, sparse_rows
 from .lightning_indexer import SPARSE_COUNTS_LARGE
@@ -339,6 +339,8 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
                       sparse_mode, pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks=sinks)
     op = "npu_sparse_flash_attention"
     checked_mode.read(op, args.cache_reads)
+    if layout_kv == "PA_BSND":
+        input_contracts.paged_read(op, block_table, args.actual_seq_lengths_kv, int(key.shape[1]))
     result = get_backend().sparse_flash_attention(args)
     checked_mode.check_finite(op, zip(result._fields, result, strict=True))
     return tuple(result)
@@ -410,6 +412,8 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
                       pre_tokens, next_tokens, attention_mode, False, sinks=sinks, element=element)
     op = "npu_kv_quant_sparse_flash_attention"
     checked_mode.read(op, args.cache_reads)
+    if layout_kv == "PA_BSND":
+        input_contracts.paged_read(op, block_table, args.actual_seq_lengths_kv, int(key.shape[1]))
     out = get_backend().sparse_flash_attention(args).attention_out
     checked_mode.check_finite(op, (("attention_out", out),))
     return out
