@@ -523,6 +523,7 @@ class HwBackend:
     # DeepSeek-V4 mHC: not torch_npu ops
     hc_pre = staticmethod(_not_in_torch_npu("hc_pre"))
     hc_post = staticmethod(_not_in_torch_npu("hc_post"))
+    sparse_attn_sharedkv = staticmethod(_not_in_torch_npu("npu_sparse_attn_sharedkv"))
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.

@@ -464,6 +464,20 @@ def hc_post(x, residual, post, comb, **_):
     return _new(x, residual.shape, x.dtype)
 
 
+# ---------------------------------------- DeepSeek-V4 shared-KV attention (ops.sparse_attn_sharedkv)
+def sparse_attn_sharedkv(q, *_, **__):
+    """``(out like q, softmax_lse fp32 [0])`` (the adapter's ``construct_output_tensor`` without
+    ``return_softmax_lse``, the only mode the op takes)."""
+    return _new(q, q.shape, q.dtype), _new(q, [0], torch.float32)
+
+
+def sparse_attn_sharedkv_metadata(*_, cu_seqlens_q=None, seqused_kv=None, **__):
+    """int32 ``[1024]`` on the device of the first length tensor given (the adapter's rule)."""
+    like = cu_seqlens_q if cu_seqlens_q is not None else seqused_kv
+    device = like.device if like is not None else "meta"
+    return torch.empty([1024], dtype=torch.int32, device=device)
+
+
 #: Fakes of the framework-namespace ops that have no torch_npu counterpart, by their
 #: :mod:`ascend_emu.ops` function (:func:`._registry.namespace_fake`).
 NAMESPACE_FAKES = {
@@ -477,4 +491,6 @@ NAMESPACE_FAKES = {
     "npu_hc_pre_inv_rms": hc_pre_inv_rms,
     "npu_hc_pre_sinkhorn": hc_pre_sinkhorn,
     "npu_hc_post": hc_post,
+    "npu_sparse_attn_sharedkv": sparse_attn_sharedkv,
+    "npu_sparse_attn_sharedkv_metadata": sparse_attn_sharedkv_metadata,
 }

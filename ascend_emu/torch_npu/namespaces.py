@@ -279,6 +279,46 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         "npu_hc_post(Tensor x, Tensor residual, Tensor post, Tensor comb) -> Tensor",
         f"{RECIPES_HEAD}:44", op="npu_hc_post",
         caller="ops/ascendc/examples/test_npu_hc_post.py; the V4 model through the custom_ops package"),
+    # ------------------------- DeepSeek-V4 shared-KV attention (ops.sparse_attn_sharedkv), both namespaces
+    NamespaceSchema("_C_ascend",
+        "npu_sparse_attn_sharedkv(Tensor q, *, Tensor? ori_kv=None, Tensor? cmp_kv=None, "
+        "Tensor? ori_sparse_indices=None, Tensor? cmp_sparse_indices=None, Tensor? ori_block_table=None, "
+        "Tensor? cmp_block_table=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, "
+        "Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, Tensor? seqused_kv=None, Tensor? sinks=None, "
+        "Tensor? metadata=None, float softmax_scale=0, int cmp_ratio=0, int ori_mask_mode=4, "
+        "int cmp_mask_mode=3, int ori_win_left=128, int ori_win_right=0, str layout_q=\"BSND\", "
+        "str layout_kv=\"PA_ND\", bool return_softmax_lse=False) -> (Tensor out, Tensor softmax_lse)",
+        f"{VLLM_ASCEND}:2277", op="npu_sparse_attn_sharedkv",
+        caller="vllm_ascend/attention/dsa_v1.py (the V4 attention, ori_win_left=127 passed explicitly)"),
+    NamespaceSchema("_C_ascend",
+        "npu_sparse_attn_sharedkv_metadata(int num_heads_q, int num_heads_kv, int head_dim, "
+        "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, Tensor? cu_seqlens_cmp_kv=None, "
+        "Tensor? seqused_q=None, Tensor? seqused_kv=None, int batch_size=0, int max_seqlen_q=0, "
+        "int max_seqlen_kv=0, int ori_topk=0, int cmp_topk=0, int cmp_ratio=4, int ori_mask_mode=4, "
+        "int cmp_mask_mode=3, int ori_win_left=128, int ori_win_right=0, str layout_q=\"BSND\", "
+        "str layout_kv=\"PA_ND\", bool has_ori_kv=True, bool has_cmp_kv=True, str device=\"npu\""
+        ") -> (Tensor metadata)",
+        f"{VLLM_ASCEND}:2306", op="npu_sparse_attn_sharedkv_metadata",
+        caller="vllm_ascend/attention/dsa_v1.py (_build_sas_metadata)"),
+    NamespaceSchema("custom",
+        "npu_sparse_attn_sharedkv(Tensor q, *, Tensor? ori_kv=None, Tensor? cmp_kv=None, "
+        "Tensor? ori_sparse_indices=None, Tensor? cmp_sparse_indices=None, Tensor? ori_block_table=None, "
+        "Tensor? cmp_block_table=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, "
+        "Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, Tensor? seqused_kv=None, Tensor? sinks=None, "
+        "Tensor? metadata=None, float softmax_scale=0, int cmp_ratio=0, int ori_mask_mode=4, "
+        "int cmp_mask_mode=3, int ori_win_left=127, int ori_win_right=0, str layout_q='BSND', "
+        "str layout_kv='PA_ND', bool return_softmax_lse=False) -> (Tensor, Tensor)",
+        f"{RECIPES_HEAD}:98", op="npu_sparse_attn_sharedkv",
+        caller="cann-recipes-infer ops/ascendc/docs/custom-npu_sparse_attn_sharedkv.md (example)"),
+    NamespaceSchema("custom",
+        "npu_sparse_attn_sharedkv_metadata(int num_heads_q, int num_heads_kv, int head_dim, *, "
+        "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, Tensor? cu_seqlens_cmp_kv=None, "
+        "Tensor? seqused_q=None, Tensor? seqused_kv=None, int batch_size=0, int max_seqlen_q=0, "
+        "int max_seqlen_kv=0, int ori_topk=0, int cmp_topk=0, int cmp_ratio=-1, int ori_mask_mode=4, "
+        "int cmp_mask_mode=3, int ori_win_left=127, int ori_win_right=0, str layout_q='BSND', "
+        "str layout_kv='PA_ND', bool has_ori_kv=True, bool has_cmp_kv=True, str device='npu:0') -> Tensor",
+        f"{RECIPES_HEAD}:90", op="npu_sparse_attn_sharedkv_metadata",
+        caller="cann-recipes-infer ops/ascendc/docs/custom-npu_sparse_attn_sharedkv_metadata.md"),
 )
 
 
