@@ -156,6 +156,19 @@ def test_output_does_not_depend_on_the_physical_block_order():
         assert_same_bytes(ops.npu_sparse_attn_sharedkv(q, **a)[0], ops.npu_sparse_attn_sharedkv(q, **b)[0], name)
 
 
+def test_table_entries_before_every_window_are_not_read():
+    """Blocks no window reaches (freed SWA blocks) may hold any id; the ones a window reads are checked."""
+    c = _case(**CASES["swa"])  # request 0: kv 200, 3 queries: positions 70.. read, blocks 0 and 1 not
+    q, kw = _call_args(c)
+    base = ops.npu_sparse_attn_sharedkv(q, **kw)[0]
+    table = kw["ori_block_table"].copy()
+    table[0, :2] = -1
+    assert_same_bytes(ops.npu_sparse_attn_sharedkv(q, **{**kw, "ori_block_table": table})[0], base)
+    table[0, 2] = -1
+    with pytest.raises(IndexRangeError, match=r"^ori_block_table\[0, 2\] = -1"):
+        ops.npu_sparse_attn_sharedkv(q, **{**kw, "ori_block_table": table})
+
+
 def test_window_is_127_back_and_compressed_rows_are_causal():
     """Changing a row just outside the window changes nothing; changing the oldest window row, the
     newest, or the last visible compressed row does; (p + 1) // 128 rows are visible."""

@@ -46,7 +46,8 @@ def sparse_attn_sharedkv(args: SharedKvArgs) -> SharedKvOutputs:
     for i in range(t):
         b, p = int(args.token_batch[i]), int(args.token_pos[i])
         lo, hi = max(0, p - args.win_left), p + args.win_right
-        tiles = [args.ori_rows[args.ori_slots[b, lo:hi + 1]]]
+        base = int(args.ori_base[b])
+        tiles = [args.ori_rows[args.ori_slots[b, lo - base:hi + 1 - base]]]
         if args.cmp_rows is not None:
             if args.cmp_indices is None:
                 pos = np.arange((p + 1) // args.cmp_ratio)

@@ -116,7 +116,9 @@ class SharedKvArgs:
         out_shape: the output's shape (q's).
         token_batch, token_pos: int64 ``[T]``: each token's request and position ``p``.
         ori_rows: ``[ori_blocks * ori_block_size, 512]`` view of ori_kv.
-        ori_slots: int64 ``[B, max S2]``: the ori row of each request's kv position (-1 past it).
+        ori_slots: int64 ``[B, W]``: the ori row of request b's position ``ori_base[b] + w`` (-1
+            past it; positions before ``ori_base[b]`` are not read: no window reaches them).
+        ori_base: int64 ``[B]``: the position of column 0 of ``ori_slots``.
         cmp_rows: ``[cmp_rows, 512]`` view of cmp_kv, or None (SWA).
         cmp_slots: int64 ``[B, max S3]``: the cmp row of each compressed position, or None.
         cmp_indices: int64 ``[T, 512]`` compressed positions (-1 skip) for CSA, else None.
@@ -132,6 +134,7 @@ class SharedKvArgs:
     token_pos: np.ndarray
     ori_rows: np.ndarray
     ori_slots: np.ndarray
+    ori_base: np.ndarray
     cmp_rows: np.ndarray | None
     cmp_slots: np.ndarray | None
     cmp_indices: np.ndarray | None
@@ -341,19 +344,22 @@ def _check_plan(metadata, expect: dict, q_max: int, kv_max: int) -> None:
 
 
 # ---------------------------------------------------------------------------- cache addressing
-def _cache_slots(cache: np.ndarray, name: str, table, table_name: str, lens: np.ndarray):
+def _cache_slots(cache: np.ndarray, name: str, table, table_name: str, lens: np.ndarray, first: np.ndarray):
     """The one place this module addresses a paged cache: PA_ND ``[blocks, block_size, 1, 512]``
     read through ``table`` (:class:`~ascend_emu.layouts.paged.CacheLayout`,
-    :func:`~ascend_emu.layouts.paged.slots_from_block_table`).
+    :func:`~ascend_emu.layouts.paged.slots_from_block_table`). Request ``b`` reads positions
+    ``first[b] .. lens[b] - 1``: only the table entries covering them are read and checked (the
+    entries before are not read: a window's old blocks may have been freed).
 
     Returns:
-        ``(rows, slots)``: the cache as ``[blocks * block_size, 512]`` rows (a view), and int64
-        ``[B, max(lens)]`` row numbers of each request's positions (-1 past ``lens[b]``).
+        ``(rows, slots, base)``: the cache as ``[blocks * block_size, 512]`` rows (a view); int64
+        ``[B, W]`` row numbers of positions ``base[b] .. base[b] + W - 1`` (-1 past ``lens[b]``);
+        int64 ``[B]`` ``base`` (``first`` rounded down to a block start).
 
     Raises:
         ShapeError: not 4-D ``[*, bs, 1, 512]``, a block size not a multiple of 16 in [16, 1024],
-        not C-contiguous; a table too narrow. IndexRangeError: a needed entry out of range.
-        DTypeError: a table not int32.
+        not C-contiguous; a table too narrow. IndexRangeError: a needed entry out of range (named by
+        its coordinates in ``table``). DTypeError: a table not int32.
     """
     if cache.ndim != 4 or cache.shape[2] != NUM_HEADS_KV or cache.shape[3] != HEAD_DIM:
         raise arg_error(ShapeError, name, f"shape [blocks, block_size, 1, {HEAD_DIM}] (PA_ND)",
@@ -367,8 +373,17 @@ def _cache_slots(cache: np.ndarray, name: str, table, table_name: str, lens: np.
     layout = CacheLayout.from_declared("PA_BSND", cache.shape, cache.dtype.itemsize, name=name)
     tab = required(table, table_name)
     check_dtype(tab, table_name, ("int32",))
+    first_block = first // layout.block_size  # [B]
+    if tab.ndim == 2 and tab.shape[0] == lens.size and layout.num_blocks and first_block.any():
+        cols = np.arange(tab.shape[1])[None, :]
+        tab = np.where(cols < first_block[:, None], 0, tab).astype(np.int32)  # unread entries: not checked
     slots = slots_from_block_table(tab, lens, layout.block_size, layout.num_blocks, name=table_name)
-    return cache.reshape(layout.num_rows, layout.dim), slots
+    base = first_block * layout.block_size
+    width = int((lens - base).max(initial=0))
+    cols = np.minimum(base[:, None] + np.arange(width)[None, :], max(slots.shape[1] - 1, 0))  # [B, W]
+    inside = base[:, None] + np.arange(width)[None, :] < lens[:, None]
+    window = np.where(inside, np.take_along_axis(slots, cols, axis=1) if slots.size else -1, -1)
+    return cache.reshape(layout.num_rows, layout.dim), window.astype(np.int64), base
 
 
 # ------------------------------------------------------------------------------- attention
@@ -483,13 +498,16 @@ def npu_sparse_attn_sharedkv(q, ori_kv=None, cmp_kv=None, ori_sparse_indices=Non
         if osi.shape[:-1] != (*lead, NUM_HEADS_KV):
             raise arg_error(ShapeError, "ori_sparse_indices", f"shape [{', '.join(map(str, lead))}, 1, K1]",
                             f"shape {list(osi.shape)}")
-    ori_rows, ori_slots = _cache_slots(ori, "ori_kv", ori_block_table, "ori_block_table", kv_lens)
+    ori_first = np.maximum(kv_lens - q_lens - ORI_WIN_LEFT, 0)  # [B] the oldest position a window reads
+    ori_rows, ori_slots, ori_base = _cache_slots(ori, "ori_kv", ori_block_table, "ori_block_table", kv_lens,
+                                                 ori_first)
     cmp_rows = cmp_slots = idx = None
     cmp_lens = kv_lens // max(ratio, 1)
     if cmp is not None:
         if cmp_block_table is None:
             raise arg_error(ShapeError, "cmp_block_table", "an int32 [B, W] table with cmp_kv", None)
-        cmp_rows, cmp_slots = _cache_slots(cmp, "cmp_kv", cmp_block_table, "cmp_block_table", cmp_lens)
+        cmp_rows, cmp_slots, _ = _cache_slots(cmp, "cmp_kv", cmp_block_table, "cmp_block_table", cmp_lens,
+                                              np.zeros(b, np.int64))
     if cmp_sparse_indices is not None:
         raw_idx = required(cmp_sparse_indices, "cmp_sparse_indices")
         check_dtype(raw_idx, "cmp_sparse_indices", ("int32",))
@@ -519,8 +537,8 @@ def npu_sparse_attn_sharedkv(q, ori_kv=None, cmp_kv=None, ori_sparse_indices=Non
         expect["crc_cu_seqlens_q"] = _crc(cu_seqlens_q)
     _check_plan(metadata, expect, int(q_lens.max()), int(kv_lens.max()))
     args = SharedKvArgs(q=q.reshape(t, NUM_HEADS_Q, HEAD_DIM), out_shape=q.shape, token_batch=token_batch,
-                        token_pos=token_pos, ori_rows=ori_rows, ori_slots=ori_slots, cmp_rows=cmp_rows,
-                        cmp_slots=cmp_slots, cmp_indices=idx, sinks=sk, softmax_scale=scale,
+                        token_pos=token_pos, ori_rows=ori_rows, ori_slots=ori_slots, ori_base=ori_base,
+                        cmp_rows=cmp_rows, cmp_slots=cmp_slots, cmp_indices=idx, sinks=sk, softmax_scale=scale,
                         cmp_ratio=ratio if cmp is not None else 1)
     out = get_backend().sparse_attn_sharedkv(args).out
     return out.reshape(q.shape), _EMPTY_LSE.copy()
