@@ -52,6 +52,8 @@ class EmuBackend:
     hc_post = staticmethod(_hc.hc_post)
     # DeepSeek-V4 shared-KV attention
     sparse_attn_sharedkv = staticmethod(_sparse_attn_sharedkv.sparse_attn_sharedkv)
+    # DeepSeek-V4 indexer over compressed keys: the quant indexer's kernel (the contract set the limits)
+    vllm_quant_lightning_indexer = staticmethod(_quant_lightning_indexer.quant_lightning_indexer)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.

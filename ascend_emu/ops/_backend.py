@@ -112,6 +112,9 @@ class Backend(Protocol):
     def sparse_attn_sharedkv(self, args: SharedKvArgs) -> SharedKvOutputs:
         """``npu_sparse_attn_sharedkv`` (A2 / A3)."""
 
+    def vllm_quant_lightning_indexer(self, args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
+        """``_C_ascend.npu_vllm_quant_lightning_indexer`` (compressed keys; the quant indexer's numerics)."""
+
 
 #: Registered backends: name -> package exposing ``BACKEND``.
 BACKENDS: dict[str, str] = {"emu": "ascend_emu.emu", "hw": "ascend_emu.hw"}

@@ -319,6 +319,25 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         "str layout_kv='PA_ND', bool has_ori_kv=True, bool has_cmp_kv=True, str device='npu:0') -> Tensor",
         f"{RECIPES_HEAD}:90", op="npu_sparse_attn_sharedkv_metadata",
         caller="cann-recipes-infer ops/ascendc/docs/custom-npu_sparse_attn_sharedkv_metadata.md"),
+    # ----------------- DeepSeek-V4 indexer over compressed keys (ops.vllm_quant_lightning_indexer), _C_ascend
+    NamespaceSchema("_C_ascend",
+        "npu_vllm_quant_lightning_indexer(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, "
+        "Tensor key_dequant_scale, int query_quant_mode=0, int key_quant_mode=0, "
+        "Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, Tensor? block_table=None, "
+        "Tensor? metadata=None, str layout_query=\"BSND\", str layout_key=\"BSND\", int sparse_count=2048, "
+        "int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, "
+        "int cmp_ratio=1, bool return_value=False) -> (Tensor sparse_indices, Tensor sparse_values)",
+        f"{VLLM_ASCEND}:2259", op="npu_vllm_quant_lightning_indexer",
+        caller="vllm_ascend/models/deepseek_v4/indexer.py (select_topk: TND, PA_BSND, cmp_ratio 4)"),
+    NamespaceSchema("_C_ascend",
+        "npu_vllm_quant_lightning_indexer_metadata(int num_heads_q, int num_heads_k, int head_dim, "
+        "int query_quant_mode, int key_quant_mode, Tensor? actual_seq_lengths_query=None, "
+        "Tensor? actual_seq_lengths_key=None, int batch_size=0, int max_seqlen_q=0, int max_seqlen_k=0, "
+        "str layout_query=\"BSND\", str layout_key=\"BSND\", int sparse_count=2048, int sparse_mode=3, "
+        "int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int cmp_ratio=1, "
+        "str device=\"npu\") -> (Tensor metadata)",
+        f"{VLLM_ASCEND}:2335", op="npu_vllm_quant_lightning_indexer_metadata",
+        caller="vllm_ascend/attention/dsa_v1.py (_build_qli_metadata)"),
 )
 
 
