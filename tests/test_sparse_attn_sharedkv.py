@@ -135,6 +135,17 @@ def test_within_the_dual_criterion_with_the_measured_bit_identical_share(run):
         assert SHARE_RANGE[0] <= share <= SHARE_RANGE[1], (name, share)
 
 
+def test_fp16_query_and_caches():
+    c = _case(**CASES["hca"])
+    c = {**c, "q": c["q"].astype(np.float16), "ori": [r.astype(np.float16) for r in c["ori"]],
+         "cmp": [r.astype(np.float16) for r in c["cmp"]]}
+    q, kw = _call_args(c)
+    kw["ori_kv"], kw["cmp_kv"] = kw["ori_kv"].astype(np.float16), kw["cmp_kv"].astype(np.float16)
+    out = ops.npu_sparse_attn_sharedkv(q, **kw)[0]
+    assert out.dtype == np.float16
+    assert dual_threshold_ok(out, _golden(c), 0.005)
+
+
 def test_sinks_above_the_max_score_shrink_the_output():
     c = _case(**CASES["swa_sinks_above_max"])
     q, kw = _call_args(c)
@@ -372,6 +383,9 @@ def test_namespaces_run_the_op(tnpu):
     tk.pop("ori_win_left")
     with pytest.raises(ModeError, match="^ori_win_left: expected 127"):  # _C_ascend's default is 128
         tnpu._C_ascend.npu_sparse_attn_sharedkv(_t(q), **tk)
+    with pytest.raises(ModeError, match="^ori_win_left: expected 127"):
+        tnpu._C_ascend.npu_sparse_attn_sharedkv_metadata(64, 1, 512, seqused_kv=tk["seqused_kv"], batch_size=2,
+                                                         max_seqlen_q=4, max_seqlen_kv=260, cmp_topk=512)
     assert tnpu.custom.npu_sparse_attn_sharedkv.default._schema.arguments[-5].default_value == 127
 
 
