@@ -154,12 +154,14 @@ def test_skips_an_existing_op_and_an_op_ascend_emu_lacks(fresh):
 
 
 def test_quant_indexer_entries_light_up_when_the_op_exists(fresh):
-    """With the stand-in quant indexer the three quant-indexer entries register, each call
+    """With the stand-in quant indexer the three quant-indexer entries register (besides the V4
+    compressed-key indexer's two, which have their own op), each call
     reaches the op with the namespace's defaults by torch_npu's argument names, the outputs are
     mapped (the V4 schema's second output an fp32 ``[0]``), and an argument the op lacks is
     accepted at the schema's default only."""
     out = fresh
-    assert ("REPORT ['_C_ascend::npu_lightning_indexer_quant', 'custom::npu_lightning_indexer_quant', "
+    assert ("REPORT ['_C_ascend::npu_lightning_indexer_quant', '_C_ascend::npu_vllm_quant_lightning_indexer', "
+            "'_C_ascend::npu_vllm_quant_lightning_indexer_metadata', 'custom::npu_lightning_indexer_quant', "
             "'custom::npu_quant_lightning_indexer']") in out
     assert "A (3, 1, 8) torch.int32 7" in out
     assert "B Tensor (3, 1, 8)" in out

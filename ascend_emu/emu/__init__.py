@@ -25,6 +25,7 @@ from . import rope as _rope
 from . import sparse_flash_attention as _sparse_flash_attention
 from . import v4_small as _v4_small
 from . import hc as _hc  # DeepSeek-V4 mHC
+from . import sparse_attn_sharedkv as _sparse_attn_sharedkv  # DeepSeek-V4 shared-KV attention
 
 
 class EmuBackend:
@@ -49,6 +50,10 @@ class EmuBackend:
     # DeepSeek-V4 mHC
     hc_pre = staticmethod(_hc.hc_pre)
     hc_post = staticmethod(_hc.hc_post)
+    # DeepSeek-V4 shared-KV attention
+    sparse_attn_sharedkv = staticmethod(_sparse_attn_sharedkv.sparse_attn_sharedkv)
+    # DeepSeek-V4 indexer over compressed keys: the quant indexer's kernel (the contract set the limits)
+    vllm_quant_lightning_indexer = staticmethod(_quant_lightning_indexer.quant_lightning_indexer)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.

@@ -523,6 +523,8 @@ class HwBackend:
     # DeepSeek-V4 mHC: not torch_npu ops
     hc_pre = staticmethod(_not_in_torch_npu("hc_pre"))
     hc_post = staticmethod(_not_in_torch_npu("hc_post"))
+    sparse_attn_sharedkv = staticmethod(_not_in_torch_npu("npu_sparse_attn_sharedkv"))
+    vllm_quant_lightning_indexer = staticmethod(_not_in_torch_npu("npu_vllm_quant_lightning_indexer"))
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.

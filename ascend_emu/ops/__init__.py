@@ -27,6 +27,9 @@ from .v4_small import (compressor_metadata, compressor_metadata_out, inplace_par
                        npu_rms_norm_dynamic_quant)
 from .hc import (npu_hc_post, npu_hc_pre, npu_hc_pre_inv_rms, npu_hc_pre_sinkhorn,  # DeepSeek-V4 mHC
                  npu_hc_pre_v2, npu_hc_pre_v3)
+from .sparse_attn_sharedkv import npu_sparse_attn_sharedkv, npu_sparse_attn_sharedkv_metadata  # DeepSeek-V4
+from .vllm_quant_lightning_indexer import (npu_vllm_quant_lightning_indexer,  # DeepSeek-V4
+                                           npu_vllm_quant_lightning_indexer_metadata)
 
 __all__ = ["backend", "backend_name", "get_backend", "set_backend", "get_npu_format", "npu_format_cast"]
 __all__ += ["npu_kv_rmsnorm_rope_cache"]
@@ -44,6 +47,8 @@ __all__ += ["npu_rms_norm_dynamic_quant", "inplace_partial_rotary_mul", "compres
             "compressor_metadata_out"]
 __all__ += ["npu_hc_pre_v2", "npu_hc_pre_v3", "npu_hc_pre", "npu_hc_pre_inv_rms", "npu_hc_pre_sinkhorn",
             "npu_hc_post"]
+__all__ += ["npu_sparse_attn_sharedkv", "npu_sparse_attn_sharedkv_metadata"]
+__all__ += ["npu_vllm_quant_lightning_indexer", "npu_vllm_quant_lightning_indexer_metadata"]
 
 
 def __getattr__(name: str):

@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # the families' modules import this one
     from .quant_lightning_indexer import QuantLightningIndexerArgs, QuantLightningIndexerOutputs
     from .quant_950 import Quant950Args, Quant950Outputs
     from .rope import RopeArgs, RopeOutputs
+    from .sparse_attn_sharedkv import SharedKvArgs, SharedKvOutputs
     from .sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
     from .v4_small import (CompressorMetadataArgs, CompressorMetadataOutputs, PartialRotaryArgs, PartialRotaryOutputs,
                            RmsNormDynamicQuantArgs, RmsNormDynamicQuantOutputs)
@@ -107,6 +108,12 @@ class Backend(Protocol):
 
     def hc_post(self, args: HcPostArgs) -> HcPostOutputs:
         """``npu_hc_post``."""
+    # ---- DeepSeek-V4 shared-KV attention (ops.sparse_attn_sharedkv)
+    def sparse_attn_sharedkv(self, args: SharedKvArgs) -> SharedKvOutputs:
+        """``npu_sparse_attn_sharedkv`` (A2 / A3)."""
+
+    def vllm_quant_lightning_indexer(self, args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
+        """``_C_ascend.npu_vllm_quant_lightning_indexer`` (compressed keys; the quant indexer's numerics)."""
 
 
 #: Registered backends: name -> package exposing ``BACKEND``.

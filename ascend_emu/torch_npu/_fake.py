@@ -464,6 +464,32 @@ def hc_post(x, residual, post, comb, **_):
     return _new(x, residual.shape, x.dtype)
 
 
+# ---------------------------------------- DeepSeek-V4 shared-KV attention (ops.sparse_attn_sharedkv)
+def sparse_attn_sharedkv(q, *_, **__):
+    """``(out like q, softmax_lse fp32 [0])`` (the adapter's ``construct_output_tensor`` without
+    ``return_softmax_lse``, the only mode the op takes)."""
+    return _new(q, q.shape, q.dtype), _new(q, [0], torch.float32)
+
+
+def sparse_attn_sharedkv_metadata(*_, cu_seqlens_q=None, seqused_kv=None, **__):
+    """int32 ``[1024]`` on the device of the first length tensor given (the adapter's rule)."""
+    like = cu_seqlens_q if cu_seqlens_q is not None else seqused_kv
+    device = like.device if like is not None else "meta"
+    return torch.empty([1024], dtype=torch.int32, device=device)
+
+
+def vllm_quant_lightning_indexer(query, key, weights, *_, sparse_count=2048, layout_query="BSND", **__):
+    """``(sparse_indices int32 [*lead, 1, sparse_count], sparse_values fp32 [0])``."""
+    lead = list(query.shape[:-2])
+    return _new(query, [*lead, 1, sparse_count], torch.int32), _new(query, [0], torch.float32)
+
+
+def vllm_quant_lightning_indexer_metadata(*_, actual_seq_lengths_query=None, actual_seq_lengths_key=None, **__):
+    """int32 ``[1024]`` on the device of a length tensor given."""
+    like = actual_seq_lengths_query if actual_seq_lengths_query is not None else actual_seq_lengths_key
+    return torch.empty([1024], dtype=torch.int32, device=like.device if like is not None else "meta")
+
+
 #: Fakes of the framework-namespace ops that have no torch_npu counterpart, by their
 #: :mod:`ascend_emu.ops` function (:func:`._registry.namespace_fake`).
 NAMESPACE_FAKES = {
@@ -477,4 +503,8 @@ NAMESPACE_FAKES = {
     "npu_hc_pre_inv_rms": hc_pre_inv_rms,
     "npu_hc_pre_sinkhorn": hc_pre_sinkhorn,
     "npu_hc_post": hc_post,
+    "npu_sparse_attn_sharedkv": sparse_attn_sharedkv,
+    "npu_sparse_attn_sharedkv_metadata": sparse_attn_sharedkv_metadata,
+    "npu_vllm_quant_lightning_indexer": vllm_quant_lightning_indexer,
+    "npu_vllm_quant_lightning_indexer_metadata": vllm_quant_lightning_indexer_metadata,
 }

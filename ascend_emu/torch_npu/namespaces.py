@@ -279,6 +279,65 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         "npu_hc_post(Tensor x, Tensor residual, Tensor post, Tensor comb) -> Tensor",
         f"{RECIPES_HEAD}:44", op="npu_hc_post",
         caller="ops/ascendc/examples/test_npu_hc_post.py; the V4 model through the custom_ops package"),
+    # ------------------------- DeepSeek-V4 shared-KV attention (ops.sparse_attn_sharedkv), both namespaces
+    NamespaceSchema("_C_ascend",
+        "npu_sparse_attn_sharedkv(Tensor q, *, Tensor? ori_kv=None, Tensor? cmp_kv=None, "
+        "Tensor? ori_sparse_indices=None, Tensor? cmp_sparse_indices=None, Tensor? ori_block_table=None, "
+        "Tensor? cmp_block_table=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, "
+        "Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, Tensor? seqused_kv=None, Tensor? sinks=None, "
+        "Tensor? metadata=None, float softmax_scale=0, int cmp_ratio=0, int ori_mask_mode=4, "
+        "int cmp_mask_mode=3, int ori_win_left=128, int ori_win_right=0, str layout_q=\"BSND\", "
+        "str layout_kv=\"PA_ND\", bool return_softmax_lse=False) -> (Tensor out, Tensor softmax_lse)",
+        f"{VLLM_ASCEND}:2277", op="npu_sparse_attn_sharedkv",
+        caller="vllm_ascend/attention/dsa_v1.py (the V4 attention, ori_win_left=127 passed explicitly)"),
+    NamespaceSchema("_C_ascend",
+        "npu_sparse_attn_sharedkv_metadata(int num_heads_q, int num_heads_kv, int head_dim, "
+        "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, Tensor? cu_seqlens_cmp_kv=None, "
+        "Tensor? seqused_q=None, Tensor? seqused_kv=None, int batch_size=0, int max_seqlen_q=0, "
+        "int max_seqlen_kv=0, int ori_topk=0, int cmp_topk=0, int cmp_ratio=4, int ori_mask_mode=4, "
+        "int cmp_mask_mode=3, int ori_win_left=128, int ori_win_right=0, str layout_q=\"BSND\", "
+        "str layout_kv=\"PA_ND\", bool has_ori_kv=True, bool has_cmp_kv=True, str device=\"npu\""
+        ") -> (Tensor metadata)",
+        f"{VLLM_ASCEND}:2306", op="npu_sparse_attn_sharedkv_metadata",
+        caller="vllm_ascend/attention/dsa_v1.py (_build_sas_metadata)"),
+    NamespaceSchema("custom",
+        "npu_sparse_attn_sharedkv(Tensor q, *, Tensor? ori_kv=None, Tensor? cmp_kv=None, "
+        "Tensor? ori_sparse_indices=None, Tensor? cmp_sparse_indices=None, Tensor? ori_block_table=None, "
+        "Tensor? cmp_block_table=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, "
+        "Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, Tensor? seqused_kv=None, Tensor? sinks=None, "
+        "Tensor? metadata=None, float softmax_scale=0, int cmp_ratio=0, int ori_mask_mode=4, "
+        "int cmp_mask_mode=3, int ori_win_left=127, int ori_win_right=0, str layout_q='BSND', "
+        "str layout_kv='PA_ND', bool return_softmax_lse=False) -> (Tensor, Tensor)",
+        f"{RECIPES_HEAD}:98", op="npu_sparse_attn_sharedkv",
+        caller="cann-recipes-infer ops/ascendc/docs/custom-npu_sparse_attn_sharedkv.md (example)"),
+    NamespaceSchema("custom",
+        "npu_sparse_attn_sharedkv_metadata(int num_heads_q, int num_heads_kv, int head_dim, *, "
+        "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, Tensor? cu_seqlens_cmp_kv=None, "
+        "Tensor? seqused_q=None, Tensor? seqused_kv=None, int batch_size=0, int max_seqlen_q=0, "
+        "int max_seqlen_kv=0, int ori_topk=0, int cmp_topk=0, int cmp_ratio=-1, int ori_mask_mode=4, "
+        "int cmp_mask_mode=3, int ori_win_left=127, int ori_win_right=0, str layout_q='BSND', "
+        "str layout_kv='PA_ND', bool has_ori_kv=True, bool has_cmp_kv=True, str device='npu:0') -> Tensor",
+        f"{RECIPES_HEAD}:90", op="npu_sparse_attn_sharedkv_metadata",
+        caller="cann-recipes-infer ops/ascendc/docs/custom-npu_sparse_attn_sharedkv_metadata.md"),
+    # ----------------- DeepSeek-V4 indexer over compressed keys (ops.vllm_quant_lightning_indexer), _C_ascend
+    NamespaceSchema("_C_ascend",
+        "npu_vllm_quant_lightning_indexer(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, "
+        "Tensor key_dequant_scale, int query_quant_mode=0, int key_quant_mode=0, "
+        "Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, Tensor? block_table=None, "
+        "Tensor? metadata=None, str layout_query=\"BSND\", str layout_key=\"BSND\", int sparse_count=2048, "
+        "int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, "
+        "int cmp_ratio=1, bool return_value=False) -> (Tensor sparse_indices, Tensor sparse_values)",
+        f"{VLLM_ASCEND}:2259", op="npu_vllm_quant_lightning_indexer",
+        caller="vllm_ascend/models/deepseek_v4/indexer.py (select_topk: TND, PA_BSND, cmp_ratio 4)"),
+    NamespaceSchema("_C_ascend",
+        "npu_vllm_quant_lightning_indexer_metadata(int num_heads_q, int num_heads_k, int head_dim, "
+        "int query_quant_mode, int key_quant_mode, Tensor? actual_seq_lengths_query=None, "
+        "Tensor? actual_seq_lengths_key=None, int batch_size=0, int max_seqlen_q=0, int max_seqlen_k=0, "
+        "str layout_query=\"BSND\", str layout_key=\"BSND\", int sparse_count=2048, int sparse_mode=3, "
+        "int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int cmp_ratio=1, "
+        "str device=\"npu\") -> (Tensor metadata)",
+        f"{VLLM_ASCEND}:2335", op="npu_vllm_quant_lightning_indexer_metadata",
+        caller="vllm_ascend/attention/dsa_v1.py (_build_qli_metadata)"),
 )
 
 
