@@ -57,7 +57,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error, describe
-from ..layouts.paged import CacheLayout, slots_from_block_table
+from ..layouts import CacheLayout, slots_from_block_table
 from ._backend import get_backend
 from ._check import check_call_bytes, check_dtype, check_float, dtype_name, optional, required, seq_lengths
 
@@ -347,7 +347,7 @@ def _check_plan(metadata, expect: dict, q_max: int, kv_max: int) -> None:
 def _cache_slots(cache: np.ndarray, name: str, table, table_name: str, lens: np.ndarray, first: np.ndarray):
     """The one place this module addresses a paged cache: PA_ND ``[blocks, block_size, 1, 512]``
     read through ``table`` (:class:`~ascend_emu.layouts.paged.CacheLayout`,
-    :func:`~ascend_emu.layouts.paged.slots_from_block_table`). Request ``b`` reads positions
+    :func:`~ascend_emu.layouts.slots.slots_from_block_table`). Request ``b`` reads positions
     ``first[b] .. lens[b] - 1``: only the table entries covering them are read and checked (the
     entries before are not read: a window's old blocks may have been freed).
 
