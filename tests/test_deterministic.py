@@ -195,3 +195,13 @@ def test_drop_in_honours_use_deterministic_algorithms(monkeypatch):
     numpy_det = call()
     for got, want in zip(drop_in_det, numpy_det, strict=True):
         assert_same_bytes(got.contiguous().view(torch.uint8).numpy(), want)  # the raw bytes
+
+
+def test_scope_reaches_side_by_side_workers():
+    """The drop-in's scope holds in the Python worker threads ops split their work across."""
+    from ascend_emu.emu.kernels import side_by_side
+
+    seen = []
+    with _deterministic.scope(True):
+        side_by_side(lambda i: seen.append((i, _deterministic.enabled())), [0, 1, 2, 3], 4)
+    assert sorted(seen) == [(i, True) for i in range(4)]
