@@ -1,4 +1,10 @@
 """Matmuls of the emu backend: exact widening to fp32, fp32 BLAS accumulation; exact int8 products.
+Every product of every op goes through this module, so one switch covers them all: in the
+deterministic mode (:func:`ascend_emu._deterministic.enabled`, docs/numerics.md#deterministic)
+:func:`matmul_f32`, :func:`matmul_weight` and :func:`matmul_weight_heads` run
+:func:`fixed_matmul` (fp32 sums in the fixed order of :data:`K_STEP`-deep steps, a compiled loop,
+the same bits on every host) and :func:`matmul_int8` a compiled exact int32 loop
+(:func:`_int8_fixed`), no BLAS, oneDNN or torch call; the rest of this doc is the default, fast mode.
 
 Numerics (docs/numerics.md#accumulation): bf16 / fp16 inputs are widened exactly to fp32 and
 multiplied with fp32 accumulation (sgemm); the caller rounds the result where the kernel does.
