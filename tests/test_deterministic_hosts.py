@@ -7,7 +7,8 @@ cache) and NumPy without its AVX-512 code paths (``NPY_DISABLE_CPU_FEATURES``); 
 every cache written must hash the same in all of them and in this process.
 
 One subprocess per configuration; a configuration whose OpenBLAS kernel this CPU cannot run is left
-out (the rest still run).
+out (the rest still run). About 25 s with warm kernel caches; the first run compiles the generic
+CPU's kernels (about 3 minutes on 2 cores), kept beside the other kernels for later runs.
 """
 
 from __future__ import annotations
@@ -111,9 +112,22 @@ def _avx512_features() -> str:
     return " ".join(f for f in umath.__cpu_dispatch__ if "512" in f or f == "X86_V4")
 
 
+def _generic_cache_parent(tmp: Path) -> Path:
+    """Where the ``NUMBA_CPU_NAME=generic`` kernels are cached, kept between runs (compiling them
+    takes minutes, loading them seconds): beside the other kernels (``NUMBA_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME`` or ``~/.cache``), or ``tmp`` where that is not writable."""
+    parent = Path(os.environ.get("NUMBA_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME")
+                  or Path.home() / ".cache")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return tmp
+    return parent if os.access(parent, os.W_OK) else tmp
+
+
 def configurations(tmp: Path) -> dict[str, dict[str, str]]:
     flags = _cpu_flags()
-    generic_cache = Path(os.environ.get("NUMBA_CACHE_DIR") or tmp) / "numba-cpu-generic"
+    generic_cache = _generic_cache_parent(tmp) / "numba-cpu-generic"
     configs = {}
     for core, threads in (("Haswell", "1"), ("SkylakeX", "2"), ("Zen", "2")):
         if flags and not CORETYPE_FLAGS[core] <= flags:
