@@ -35,7 +35,7 @@ FAMILY_CALLS = (
     "npu_quant_lightning_indexer int8 PA_BSND",
 )
 #: Products up to this many multiply-adds are checked against the plain-loop reference.
-REFERENCE_MACS = 300_000
+REFERENCE_MACS = 600_000
 
 
 def family_calls() -> dict:
@@ -166,12 +166,15 @@ def test_every_op_makes_no_library_product(name, monkeypatch):
         emu_matmul.set_int8_engine(None)
     checked = 0
     for a, b, res in seen:
-        if a.ndim != 2 or b.ndim != 2 or a.shape[0] * a.shape[1] * b.shape[1] > REFERENCE_MACS:
+        a3, b3 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])  # the ops' products: 2-D or [H, M, K]
+        if a.ndim != b.ndim or a3.shape[0] * a3.shape[1] * a3.shape[2] * b3.shape[2] > REFERENCE_MACS:
             continue
-        assert_same_bytes(res, fixed_order_matmul(a, b), f"{name}: {a.shape} x {b.shape}")
+        for h in range(a3.shape[0]):
+            assert_same_bytes(res.reshape(a3.shape[0], a3.shape[1], -1)[h], fixed_order_matmul(a3[h], b3[h]),
+                              f"{name}: {a.shape} x {b.shape}, batch {h}")
         checked += 1
-    if "int8" not in name and "C8" not in name and "full quant" not in name:
-        assert seen, f"{name}: no fp32 product went through the fixed-order engine"
+    if name != "npu_quant_lightning_indexer int8 PA_BSND":  # int8 products only
+        assert checked, f"{name}: no fp32 product checked against the reference ({len(seen)} seen)"
 
 
 def test_drop_in_honours_use_deterministic_algorithms(monkeypatch):
