@@ -5,7 +5,9 @@ BLAS, thread count and CPU feature set; off (the default), products run on the f
 Two ways in, read at every call:
 
 - :data:`ENV` (``ASCEND_EMU_DETERMINISTIC``): ``1`` on, ``0`` or unset off; the NumPy API, the
-  CLI and the drop-in all read it.
+  CLI and the drop-in all read it. Every op checks it when it picks its backend
+  (:func:`ascend_emu.ops._backend.get_backend`), so another value is rejected before the op
+  writes anything.
 - :func:`scope`: the torch_npu drop-in runs each op inside ``scope(True)`` when
   ``torch.are_deterministic_algorithms_enabled()`` (``torch.use_deterministic_algorithms(True)``),
   which turns the mode on for that call whatever :data:`ENV` says (per thread / async context).
@@ -16,7 +18,7 @@ from __future__ import annotations
 import contextvars
 
 from ._env import getenv
-from .errors import ModeError
+from .errors import ModeError, arg_error
 
 #: Environment variable of the mode: ``1`` on, ``0`` or unset off (module doc).
 ENV = "ASCEND_EMU_DETERMINISTIC"
@@ -37,7 +39,7 @@ def enabled() -> bool:
         return False
     if text == "1":
         return True
-    raise ModeError(f"{ENV}: expected '1' (deterministic) or '0' / unset (fast), got {text!r}")
+    raise arg_error(ModeError, ENV, "'1' (deterministic) or '0' / unset (fast)", repr(text))
 
 
 class scope:  # noqa: N801 (used as a context manager, like contextlib's)

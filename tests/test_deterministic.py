@@ -112,8 +112,20 @@ def test_env_switch(text, on, monkeypatch):
 
 def test_bad_env_value_names_the_variable(monkeypatch):
     monkeypatch.setenv(_deterministic.ENV, "yes")
-    with pytest.raises(ModeError, match="ASCEND_EMU_DETERMINISTIC.*'yes'"):
+    with pytest.raises(ModeError, match="ASCEND_EMU_DETERMINISTIC: expected .*got 'yes'"):
         _deterministic.enabled()
+
+
+def test_bad_env_value_is_rejected_before_an_op_writes(monkeypatch):
+    """An op without products rejects a bad value too, before it writes its caches."""
+    call = {c.name: c for c in warmup._calls()}["npu_kv_rmsnorm_rope_cache bfloat16 PA_NZ"]
+    arrays = [v for v in (*call.args, *call.kwargs.values()) if isinstance(v, np.ndarray)]
+    before = [a.copy() for a in arrays]
+    monkeypatch.setenv(_deterministic.ENV, "true")
+    with pytest.raises(ModeError, match="ASCEND_EMU_DETERMINISTIC: expected '1'"):
+        call()
+    for got, want in zip(arrays, before, strict=True):
+        assert_same_bytes(got, want)
 
 
 # ---------------------------------------------------------------------- no BLAS, every op
