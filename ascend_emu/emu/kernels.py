@@ -8,6 +8,7 @@ are in range.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import sys
 import threading
@@ -110,7 +111,9 @@ def side_by_side(fn, items: list, threads: int, costs: list | None = None) -> No
                 torch.set_num_threads(torch_threads)
 
     pool = _worker_pool(parts - 1)
-    futures = [pool.submit(run, cuts[i], cuts[i + 1]) for i in range(1, parts) if cuts[i] < cuts[i + 1]]
+    # each worker runs in a copy of the caller's context (the deterministic mode's scope, the backend)
+    futures = [pool.submit(contextvars.copy_context().run, run, cuts[i], cuts[i + 1])
+               for i in range(1, parts) if cuts[i] < cuts[i + 1]]
     try:
         run(cuts[0], cuts[1])
     finally:

@@ -1,4 +1,10 @@
 """Matmuls of the emu backend: exact widening to fp32, fp32 BLAS accumulation; exact int8 products.
+Every product of every op goes through this module, so one switch covers them all: in the
+deterministic mode (:func:`ascend_emu._deterministic.enabled`, docs/numerics.md#deterministic)
+:func:`matmul_f32`, :func:`matmul_weight` and :func:`matmul_weight_heads` run
+:func:`fixed_matmul` (fp32 sums in the fixed order of :data:`K_STEP`-deep steps, a compiled loop,
+the same bits on every host) and :func:`matmul_int8` a compiled exact int32 loop
+(:func:`_int8_fixed`), no BLAS, oneDNN or torch call; the rest of this doc is the default, fast mode.
 
 Numerics (docs/numerics.md#accumulation): bf16 / fp16 inputs are widened exactly to fp32 and
 multiplied with fp32 accumulation (sgemm); the caller rounds the result where the kernel does.
@@ -64,7 +70,7 @@ from itertools import pairwise
 import numpy as np
 from numba import njit, prange
 
-from .. import _threads
+from .. import _deterministic, _threads
 from .._env import getenv
 from ..errors import ModeError
 from ..layouts import NZArray
@@ -306,15 +312,16 @@ def matmul_weight(a: np.ndarray, w: np.ndarray, *, widen=None, out: np.ndarray |
         fp32 ``[M, N]``.
     """
     m, k, n = a.shape[0], w.shape[0], w.shape[1]
+    mm = fixed_matmul if _deterministic.enabled() else np.matmul
     if widen is None:
         kept = _kept(w, np.float32)
         if kept is not None:
             with _blas_threads(m * k * n):
-                return np.matmul(a, kept, out=out)
+                return mm(a, kept, out=out)
     w = np.asarray(w)
     if w.dtype == np.float32 and widen is None:
         with _blas_threads(m * k * n):
-            return np.matmul(a, w, out=out)
+            return mm(a, w, out=out)
     if out is None:
         out = np.empty((m, n), dtype=np.float32)
     if not (m and n and k):
@@ -326,7 +333,7 @@ def matmul_weight(a: np.ndarray, w: np.ndarray, *, widen=None, out: np.ndarray |
     with _blas_threads(m * k * n):
         for lo in range(0, n, width):
             fill(lo, lo + width, block)
-            np.matmul(a, block, out=out[:, lo:lo + width])
+            mm(a, block, out=out[:, lo:lo + width])
     return out
 
 
@@ -352,6 +359,9 @@ def matmul_weight_heads(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     product, the same bits."""
     n, m = a.shape[0], a.shape[1]
     out = np.empty((n, m, w.shape[2]), dtype=np.float32)
+    if _deterministic.enabled():  # one compiled call per run of heads (its own threads), no BLAS
+        _heads_range(a, w, out, 0, n, fixed_matmul)
+        return out
     with _blas_threads(m * w.shape[1] * w.shape[2]) as ctx:  # once for all heads, not per head
         parts = _head_parts(ctx, n)
         cuts = [n * i // parts for i in range(parts + 1)]
@@ -359,13 +369,14 @@ def matmul_weight_heads(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     return out
 
 
-def _heads_range(a, w, out, lo: int, hi: int) -> None:
-    """Heads ``lo:hi`` of :func:`matmul_weight_heads`, a run of heads at a time."""
+def _heads_range(a, w, out, lo: int, hi: int, mm=np.matmul) -> None:
+    """Heads ``lo:hi`` of :func:`matmul_weight_heads`, a run of heads at a time, each run one
+    ``mm`` call (``np.matmul``, or :func:`fixed_matmul` in the deterministic mode)."""
     k, d = w.shape[1], w.shape[2]
     run = max(1, HEAD_RUN_BYTES // max(1, k * d * 4))
     for h0 in range(lo, hi, run):
         h1 = min(hi, h0 + run)
-        np.matmul(a[h0:h1], _heads_f32(w, h0, h1), out=out[h0:h1])
+        mm(a[h0:h1], _heads_f32(w, h0, h1), out=out[h0:h1])
 
 
 def _heads_f32(w: np.ndarray, h0: int, h1: int) -> np.ndarray:
@@ -405,6 +416,8 @@ def matmul_f32(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> n
     ``out``: an fp32 C-contiguous array of the result's shape to write into (a reused buffer).
     Products of at most :data:`SMALL_PRODUCT_MACS` multiply-adds each run on one OpenBLAS thread."""
     a, b = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
+    if _deterministic.enabled():
+        return fixed_matmul(a, b, out=out)
     macs = a.shape[-1] * (a.shape[-2] if a.ndim > 1 else 1) * (b.shape[-1] if b.ndim > 1 else 1)
     with _blas_threads(macs):
         return np.matmul(a, b, out=out)
@@ -595,7 +608,168 @@ def matmul_int8(a: np.ndarray, w: np.ndarray, *, w_nk: bool = False) -> np.ndarr
         raise ValueError(f"matmul_int8: a.shape[1] must equal the weight's K ({where}), got {a.shape[1]} and {k_w}")
     if a.shape[1] > INT8_MAX_K:
         raise ValueError(f"matmul_int8: K must be at most {INT8_MAX_K} (int32 sums exact), got {a.shape[1]}")
+    if _deterministic.enabled():
+        return _int8_fixed(a, w, w_nk)
     engine = int8_engine()
     if engine == "onednn":
         return _int8_onednn(a, w, w_nk)
     return _int8_blocked(a, w, w_nk, np.float32 if engine == "sgemm" else np.float64)
+
+
+# ---------------------------------------------------------------------- deterministic mode
+#: Depth of one Cube step of the fixed order (docs/numerics.md#deterministic): the products of
+#: ``K_STEP`` consecutive ``k`` are summed in fp32 in ``k`` order from 0, and each step's sum is
+#: added to the fp32 accumulator in step order, as the Cube adds one 16-deep fractal (C0 = 16
+#: bf16 / fp16 elements, 32 bytes) into L0C per step. With every Mmad's K a multiple of 16,
+#: the kernel's K-blocking between Mmad calls gives this same order.
+K_STEP = 16
+#: Output columns and rows one task of the fixed-order kernel computes (the order of each
+#: element's sum does not depend on them: they only let a task reuse each loaded row of ``b``).
+FIXED_TILE_N = 128
+FIXED_TILE_M = 8
+
+
+@njit(cache=True, nogil=True)
+def _fixed_tasks(t0, t1, a, b, out):
+    """Tasks ``t0:t1`` of :func:`fixed_matmul`: task ``t`` is batch ``t // (row blocks * tiles)``,
+    rows ``FIXED_TILE_M * (t // tiles % row blocks)`` on, columns ``FIXED_TILE_N * (t % tiles)`` on.
+    Per output element: ``acc = 0``; per step of :data:`K_STEP` ``k``: ``part = 0``,
+    ``part = fp32(part + fp32(a[k] * b[k]))`` in ``k`` order, ``acc = fp32(acc + part)``. No
+    fastmath: every product and sum rounded once (no fused multiply-add, no reassociation);
+    vectorised only across columns."""
+    m, k, n = a.shape[1], a.shape[2], b.shape[2]
+    tiles = (n + FIXED_TILE_N - 1) // FIXED_TILE_N
+    blocks = (m + FIXED_TILE_M - 1) // FIXED_TILE_M
+    part = np.empty((FIXED_TILE_M, FIXED_TILE_N), dtype=np.float32)
+    acc = np.empty((FIXED_TILE_M, FIXED_TILE_N), dtype=np.float32)
+    for t in range(t0, t1):
+        tile = t % tiles
+        blk = t // tiles
+        i0 = (blk % blocks) * FIXED_TILE_M
+        g = blk // blocks
+        h = min(m, i0 + FIXED_TILE_M) - i0
+        j0 = tile * FIXED_TILE_N
+        w = min(n, j0 + FIXED_TILE_N) - j0
+        for r in range(h):
+            for j in range(w):
+                acc[r, j] = np.float32(0.0)
+        for k0 in range(0, k, K_STEP):
+            for r in range(h):
+                for j in range(w):
+                    part[r, j] = np.float32(0.0)
+            for kk in range(k0, min(k, k0 + K_STEP)):
+                brow = b[g, kk, j0:j0 + w]
+                for r in range(h):
+                    x = a[g, i0 + r, kk]
+                    pr = part[r]
+                    for j in range(w):
+                        pr[j] = pr[j] + x * brow[j]
+            for r in range(h):
+                for j in range(w):
+                    acc[r, j] = acc[r, j] + part[r, j]
+        for r in range(h):
+            for j in range(w):
+                out[g, i0 + r, j0 + j] = acc[r, j]
+
+
+@njit(cache=True, parallel=True)
+def _fixed_parts(parts, a, b, out):
+    blocks = (a.shape[1] + FIXED_TILE_M - 1) // FIXED_TILE_M
+    tasks = a.shape[0] * blocks * ((b.shape[2] + FIXED_TILE_N - 1) // FIXED_TILE_N)
+    for p in prange(parts):
+        _fixed_tasks(p * tasks // parts, (p + 1) * tasks // parts, a, b, out)
+
+
+def fixed_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``a @ b`` in fp32 in the fixed order of the deterministic mode (:data:`K_STEP`,
+    docs/numerics.md#deterministic): the same bits on every host, any thread count (each output
+    element is summed by one thread), no BLAS call. Shapes as ``np.matmul`` (1-D operands, batch
+    dims broadcast); the operands are converted to fp32 (exact for bf16 / fp16 / int8 values).
+
+    Args:
+        a: ``[..., M, K]`` or ``[K]``.
+        b: ``[..., K, N]`` or ``[K]``.
+        out: fp32 array of the result's shape to write into (default a new array).
+
+    Returns:
+        fp32 ``[..., M, N]`` (``out`` where given).
+
+    Raises:
+        ValueError: inner dimensions that differ, or batch dims that do not broadcast.
+    """
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    m, k = a2.shape[-2], a2.shape[-1]
+    if b2.shape[-2] != k:
+        raise ValueError(f"fixed_matmul: a's last dim must equal b's K, got {a.shape} and {b.shape}")
+    n = b2.shape[-1]
+    batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    shape = batch + ((m,) if a.ndim > 1 else ()) + ((n,) if b.ndim > 1 else ())
+    a3 = np.ascontiguousarray(np.broadcast_to(a2, batch + (m, k))).reshape(-1, m, k)
+    b3 = np.ascontiguousarray(np.broadcast_to(b2, batch + (k, n))).reshape(-1, k, n)
+    res = np.empty((a3.shape[0], m, n), dtype=np.float32)
+    tasks = a3.shape[0] * -(-m // FIXED_TILE_M) * -(-n // FIXED_TILE_N)
+    if tasks:
+        work = max(1, min(m, FIXED_TILE_M) * min(n, FIXED_TILE_N) * k)
+        launch_rows(_fixed_tasks, _fixed_parts, tasks, work, a3, b3, res)
+    res = res.reshape(shape)
+    if out is None:
+        return res
+    out[...] = res
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _int8_fixed_rows(r0, r1, a, w, out):
+    """Rows ``r0:r1`` of ``out = a @ w`` (int8 ``[M, K]`` x int8 ``[K, N]``), int32 sums (exact)."""
+    k, n = a.shape[1], w.shape[1]
+    for i in range(r0, r1):
+        for j in range(n):
+            out[i, j] = 0
+        for kk in range(k):
+            x = np.int32(a[i, kk])
+            for j in range(n):
+                out[i, j] += x * np.int32(w[kk, j])
+
+
+@njit(cache=True, parallel=True)
+def _int8_fixed_parts(parts, a, w, out):
+    m = a.shape[0]
+    for p in prange(parts):
+        _int8_fixed_rows(p * m // parts, (p + 1) * m // parts, a, w, out)
+
+
+@njit(cache=True, nogil=True)
+def _int8_fixed_nk_rows(r0, r1, a, w, out):
+    """Rows ``r0:r1`` of ``out = a @ w.T`` (int8 ``[M, K]`` x int8 ``[N, K]``), int32 sums (exact)."""
+    k, n = a.shape[1], w.shape[0]
+    for i in range(r0, r1):
+        for j in range(n):
+            s = np.int32(0)
+            for kk in range(k):
+                s += np.int32(a[i, kk]) * np.int32(w[j, kk])
+            out[i, j] = s
+
+
+@njit(cache=True, parallel=True)
+def _int8_fixed_nk_parts(parts, a, w, out):
+    m = a.shape[0]
+    for p in prange(parts):
+        _int8_fixed_nk_rows(p * m // parts, (p + 1) * m // parts, a, w, out)
+
+
+def _int8_fixed(a: np.ndarray, w: np.ndarray, w_nk: bool) -> np.ndarray:
+    """The deterministic mode's int8 engine: int32 sums in a compiled loop, no BLAS or oneDNN
+    (exact, so the same int32 as every other engine)."""
+    a = kernel_input(np.asarray(a))
+    w = kernel_input(np.asarray(w))
+    m, k = a.shape
+    n = w.shape[0] if w_nk else w.shape[1]
+    out = np.empty((m, n), dtype=np.int32)
+    if w_nk:
+        launch_rows(_int8_fixed_nk_rows, _int8_fixed_nk_parts, m, max(1, n * k), a, w, out)
+    else:
+        launch_rows(_int8_fixed_rows, _int8_fixed_parts, m, max(1, n * k), a, w, out)
+    return out

@@ -34,6 +34,7 @@ import contextvars
 import importlib
 from typing import TYPE_CHECKING, Iterator, Protocol, runtime_checkable
 
+from .. import _deterministic
 from .._env import getenv
 from ..errors import ModeError, arg_error, describe
 
@@ -145,7 +146,13 @@ def backend_name() -> str:
 
 
 def get_backend() -> Backend:
-    """The selected backend (its package's ``BACKEND``; the package is imported on first use)."""
+    """The selected backend (its package's ``BACKEND``; the package is imported on first use).
+
+    Raises:
+        ModeError: ``ASCEND_EMU_BACKEND`` or ``ASCEND_EMU_DETERMINISTIC`` set to a value that is
+            not one of theirs (checked here, before the backend writes anything).
+    """
+    _deterministic.enabled()  # a bad ASCEND_EMU_DETERMINISTIC rejected before any write
     name = backend_name()
     impl = _loaded.get(name)
     if impl is None:

@@ -30,7 +30,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from .. import checked_mode
+from .. import _deterministic, checked_mode
 from ..errors import DTypeError, FormatError, arg_error
 from ..layouts import NZArray
 from .npu import mark_npu
@@ -301,7 +301,9 @@ def call_op(fn: Callable, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | 
         names = _param_names(fn)  # names only label positional arguments in errors
         np_args = [_down(v, names[i] if i < len(names) else f"args[{i}]", originals) for i, v in enumerate(args)]
     np_kwargs = {k: _down(v, k, originals) for k, v in kwargs.items()} if kwargs else {}
-    return _up(fn(*np_args, **np_kwargs), originals)
+    with _deterministic.scope(torch.are_deterministic_algorithms_enabled()):  # read at every call
+        result = fn(*np_args, **np_kwargs)
+    return _up(result, originals)
 
 
 def _is_default(value, default) -> bool:

@@ -33,6 +33,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .. import _deterministic
 from ..errors import ArgumentError, AscendEmuError, DTypeError, ModeError, arg_error, describe
 from . import _fake, _format
 from ._convert import _is_default, _param_names, _signature, _up, check_strided, resolve_op, to_numpy
@@ -120,7 +121,8 @@ def emulate(op_name: str, params: dict[str, Any], defaults: dict[str, Any], publ
             continue
         kwargs[key] = array = to_numpy(value, key)
         originals[id(array)] = (array, value)
-    result = fn(**kwargs)
+    with _deterministic.scope(torch.are_deterministic_algorithms_enabled()):  # read at every call
+        result = fn(**kwargs)
     if outputs:
         result = _map_outputs(result, outputs)
     return _up(result, originals)
