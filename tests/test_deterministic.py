@@ -220,3 +220,34 @@ def test_scope_reaches_side_by_side_workers():
     with _deterministic.scope(True):
         side_by_side(lambda i: seen.append((i, _deterministic.enabled())), [0, 1, 2, 3], 4)
     assert sorted(seen) == [(i, True) for i in range(4)]
+
+
+def test_hc_pre_products_take_the_fixed_order(monkeypatch):
+    """DeepSeek-V4's hc_pre: with the mode on, its two products (the sum of squares and the HF32
+    mixes) run through :func:`fixed_matmul` and equal the plain-loop reference's bytes; with the
+    mode off they are float64 BLAS / einsum sums (so the spy can tell)."""
+    from ascend_emu import ops
+    from ascend_emu.quant.rounding import hf32_truncate
+    from tests.test_hc import _inputs
+
+    x, hc_fn, scale, base = _inputs(t=3, d=4096, seed=5)
+    seen = []
+    real = emu_matmul.fixed_matmul
+
+    def spy(a, b, out=None):
+        res = real(a, b, out=out)
+        seen.append((np.array(a, np.float32), np.array(b, np.float32), np.array(res)))
+        return res
+
+    monkeypatch.setattr(emu_matmul, "fixed_matmul", spy)
+    monkeypatch.setenv(_deterministic.ENV, "0")
+    fast = ops.npu_hc_pre_v2(x, hc_fn, scale, base, 4, 20, 1e-6, 1e-6)
+    assert not seen
+    monkeypatch.setenv(_deterministic.ENV, "1")
+    fixed = ops.npu_hc_pre_v2(x, hc_fn, scale, base, 4, 20, 1e-6, 1e-6)
+    flat = x.astype(np.float32).reshape(3, -1)
+    squares, mixes = seen  # the order hc_pre computes them in
+    assert_same_bytes(mixes[2], fixed_order_matmul(hf32_truncate(flat), hf32_truncate(hc_fn).T))
+    for t in range(3):
+        assert_same_bytes(squares[2][t].reshape(-1), fixed_order_matmul(flat[t][None, :], flat[t][:, None]).reshape(-1))
+    assert fast[0].shape == fixed[0].shape

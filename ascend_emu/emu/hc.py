@@ -10,7 +10,8 @@ kernel's order (vllm-ascend ``csrc/moe/hc_pre/op_kernel/hc_pre_base.h``,
 - ``inv_rms``: ``Muls`` by ``fp32(1/K)``, ``Adds`` eps, ``Sqrt``, ``Div`` 1 by it;
 - mixes: HF32 operands (:func:`ascend_emu.quant.rounding.hf32_truncate`; exact products in fp32)
   summed in float64 (BLAS), rounded once to fp32 (the cube's fp32 K-tile order is not
-  reproduced);
+  reproduced); in the deterministic mode (docs/numerics.md#deterministic) both sums are fp32
+  in the mode's fixed order instead;
 - gates: ``mix * inv_rms``, ``* scale``, ``+ base``; ``sigmoid(z) = 1 / (1 + exp(-z))`` as the
   kernel's ``Muls -1, Exp, Adds 1, Div``, with NumPy's fp32 ``exp`` (the vector unit's ``Exp``
   is an approximation: the emulator's ``exp`` is near correctly rounded, so gates may differ
@@ -32,7 +33,8 @@ from numba import njit, prange
 
 from ..ops.hc import HcPostArgs, HcPostOutputs, HcPreArgs, HcPreOutputs
 from ..quant.rounding import BF16, hf32_truncate, to_bf16, to_f32
-from .matmul import SMALL_PRODUCT_MACS, one_blas_thread
+from .. import _deterministic
+from .matmul import SMALL_PRODUCT_MACS, matmul_f32, one_blas_thread
 
 #: Tokens per chunk: bounds the float64 copies of x (CHUNK_TOKENS * 4 * 7168 * 8 bytes).
 CHUNK_TOKENS = 64
@@ -52,8 +54,12 @@ def _rows_f64(x_rows: np.ndarray, hf32: bool) -> np.ndarray:
 def inv_rms(x_rows: np.ndarray, eps: float) -> np.ndarray:
     """fp32 ``[n]``: ``1 / sqrt(fp32(sum x^2) * fp32(1/K) + eps)`` of ``x_rows [n, K]`` (any
     real dtype; squares summed in float64, then the kernel's fp32 steps)."""
-    x64 = to_f32(x_rows).astype(np.float64)
-    ss = np.einsum("ij,ij->i", x64, x64).astype(np.float32)
+    if _deterministic.enabled():  # squares of bf16 / HF32 values are exact in fp32: the fixed order
+        x32 = to_f32(x_rows)
+        ss = matmul_f32(x32[:, None, :], x32[:, :, None]).reshape(-1)
+    else:
+        x64 = to_f32(x_rows).astype(np.float64)
+        ss = np.einsum("ij,ij->i", x64, x64).astype(np.float32)
     k = x_rows.shape[-1]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         r = ss * np.float32(1.0 / np.float32(k))
@@ -138,7 +144,9 @@ def hc_pre(args: HcPreArgs) -> HcPreOutputs:
             flat = rows.reshape(-1, hc * d)
             rsqrt = inv_rms(flat, args.norm_eps)
             a64 = _rows_f64(flat, args.stage == "fused")
-            if a64.shape[0] * a64.shape[1] * w64.shape[1] <= SMALL_PRODUCT_MACS:  # the project's BLAS policy
+            if _deterministic.enabled():  # fp32 products (exact for HF32 operands) in the fixed order
+                mixes = matmul_f32(a64.astype(np.float32), w64.astype(np.float32))
+            elif a64.shape[0] * a64.shape[1] * w64.shape[1] <= SMALL_PRODUCT_MACS:  # the project's BLAS policy
                 with one_blas_thread():
                     mixes = (a64 @ w64).astype(np.float32)
             else:
