@@ -22,7 +22,10 @@ then a slot and an element to a byte offset:
 read it (fused_infer_attention_score's three paged layouts, the sparse attention and indexer
 caches): offsets, the blocks and slots a block table reads (:meth:`CacheLayout.read_blocks`,
 :meth:`CacheLayout.read_rows`, :meth:`CacheLayout.slots_of_blocks`) and the words that name a
-slot (:meth:`CacheLayout.place`) all come from it.
+slot (:meth:`CacheLayout.place`) all come from it. What a mode name means (paged, NZ,
+head-major, how a batch's tokens sit, the declared rank, the index kind) is stated once, in
+:func:`cache_mode_traits`; no module outside this package compares a cache layout with a mode
+name (docs/layouts.md, "Layout names").
 
 How an op's index tensor becomes slots differs between ops (docs/sources.md#cache_index):
 
