@@ -29,7 +29,8 @@ When on:
 - A NaN / Inf in an op's floating outputs raises :class:`~ascend_emu.errors.NonFiniteOutputError`
   naming the op, the output and the first coordinates.
 
-Off, every hook is one global test and a return (measured in ``benchmarks/bench_checked.py``).
+Off (and nothing collecting with :func:`observe`), every hook is a global test or two and a return
+(measured in ``benchmarks/bench_checked.py``).
 Source: docs/inspect.md#checked-mode; the ops' contracts in :mod:`ascend_emu.ops`. This module sits beside the
 ops rather than in :mod:`ascend_emu.inspect` (which docs/architecture.md places above the ops): the ops call
 its hooks, and importing it must not load the inspector.

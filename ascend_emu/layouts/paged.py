@@ -96,9 +96,9 @@ class CacheModeTraits:
     page_indexed: bool
     nz: bool
     head_major: bool
-    sequences: Literal["blocks", "per_batch", "packed"]
+    sequences: str
     declared_rank: int
-    index_kind: Literal["slot", "pages", "position", "own"]
+    index_kind: str
 
 
 def _traits(mode: str) -> CacheModeTraits:
@@ -107,8 +107,8 @@ def _traits(mode: str) -> CacheModeTraits:
     sequences = "blocks" if paged else ("packed" if mode == "TND" else "per_batch")
     kind = "pages" if page_indexed else "slot" if paged else "position" if mode == "Norm" else "own"
     return CacheModeTraits(paged=paged, page_indexed=page_indexed, nz=mode in ("PA_NZ", "PA_BLK_NZ"),
-                           head_major=mode in HEAD_MAJOR_MODES, sequences=sequences,  # type: ignore[arg-type]
-                           declared_rank=3 if mode == "TND" else 4, index_kind=kind)  # type: ignore[arg-type]
+                           head_major=mode in HEAD_MAJOR_MODES, sequences=sequences,
+                           declared_rank=3 if mode == "TND" else 4, index_kind=kind)
 
 
 #: :class:`CacheModeTraits` of every canonical mode.
