@@ -29,7 +29,8 @@ When on:
 - A NaN / Inf in an op's floating outputs raises :class:`~ascend_emu.errors.NonFiniteOutputError`
   naming the op, the output and the first coordinates.
 
-Off, every hook is one global test and a return (measured in ``benchmarks/bench_checked.py``).
+Off (and nothing collecting with :func:`observe`), every hook is a global test or two and a return
+(measured in ``benchmarks/bench_checked.py``).
 Source: docs/inspect.md#checked-mode; the ops' contracts in :mod:`ascend_emu.ops`. This module sits beside the
 ops rather than in :mod:`ascend_emu.inspect` (which docs/architecture.md places above the ops): the ops call
 its hooks, and importing it must not load the inspector.
@@ -60,6 +61,7 @@ class _State:
     enabled: bool = False
     poison: bool = False
     maps: dict = field(default_factory=dict)  # (ptr, nbytes) -> _Map
+    watchers: list = field(default_factory=list)  # the lists :func:`observe` collects into
 
 
 @dataclass
@@ -226,6 +228,8 @@ def will_write(*caches) -> None:
     ``num_rows`` is the slot count; a None layout or cache is skipped), or ``(cache, layout,
     source)`` when the op writes into a copy of ``source`` (a functional form): the copy
     inherits ``source``'s map."""
+    if _STATE.watchers:
+        _tell(CacheUse("write", tuple((None, c, lay, *src) for c, lay, *src in caches)))
     if not _STATE.enabled:
         return
     for cache, layout, *source in caches:
@@ -301,11 +305,15 @@ def read(op: str, reads: Callable[[], CacheReads | None]) -> None:
     read's coordinates (``reads().where``) and the slot's place in the cache
     (:meth:`~ascend_emu.layouts.CacheLayout.place`), and the count of unwritten reads.
 
-    ``reads``: the contract's ``cache_reads`` method, called only when checked mode is on (off,
-    the hook is one global test)."""
-    if not _STATE.enabled:
+    ``reads``: the contract's ``cache_reads`` method, called only when checked mode is on or
+    :func:`observe` collects (otherwise the hook is one global test)."""
+    if not (_STATE.enabled or _STATE.watchers):
         return
     r = reads()
+    if _STATE.watchers and r is not None:
+        _tell(CacheUse("read", tuple((name, cache, layout) for name, cache, layout in r.caches)))
+    if not _STATE.enabled:
+        return
     if r is None or r.slots.size == 0:
         return
     for name, cache, layout in r.caches:
@@ -317,6 +325,41 @@ def read(op: str, reads: Callable[[], CacheReads | None]) -> None:
             i = int(np.argmax(bad))
             raise UninitializedReadError(f"{op}: {name} read before written: {r.where(i)} at "
                                          f"{layout.place(int(r.slots[i]))}; {int(bad.sum())} {_UNWRITTEN_TAIL}")
+
+
+@dataclass(frozen=True)
+class CacheUse:
+    """The caches one hook call named, as :func:`observe` collects them.
+
+    Attributes:
+        kind: ``"read"`` (:func:`read`) or ``"write"`` (:func:`will_write`).
+        caches: ``(name, cache, layout, *source)`` per cache: the argument name (None for a
+            written cache: the writers' hooks name none), the array, its
+            :class:`~ascend_emu.layouts.CacheLayout` (the contract's object) and, for a functional
+            form's copy, the caller's array it copies.
+    """
+
+    kind: str
+    caches: tuple
+
+
+def _tell(use: CacheUse) -> None:
+    for w in _STATE.watchers:
+        w.append(use)
+
+
+@contextlib.contextmanager
+def observe():
+    """Collect the caches every op reads and writes inside the block (a list of
+    :class:`CacheUse`, yielded), whether checked mode is on or off: how replay describes each
+    cache with the layout its op's contract gives it (:func:`ascend_emu.compare.replay`). Readers
+    build their :class:`CacheReads` for it."""
+    uses: list[CacheUse] = []
+    _STATE.watchers.append(uses)
+    try:
+        yield uses
+    finally:
+        _STATE.watchers.remove(uses)
 
 
 #: The end of every uninitialised-read message.

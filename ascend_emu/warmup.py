@@ -33,6 +33,8 @@ import numpy as np
 
 from . import ops
 from ._kernel_cache import kernel_cache_dir
+from .layouts import CacheLayout, cache_mode_traits
+from .ops.kv_rmsnorm_rope_cache import OUTPUT_KV_CACHE_MODES
 from .ops.mla_prolog import QUANT_SCENARIOS
 from .quant import BF16
 
@@ -104,21 +106,24 @@ def _int8(rng: np.random.Generator, shape) -> np.ndarray:
 
 # ---------------------------------------------------------------------- one call per scenario
 def _kv_calls(rng) -> Iterator[Call]:
-    for dtype, mode, quant in ((BF16, "PA_NZ", False), (np.dtype(np.float16), "Norm", False), (BF16, "PA", True)):
-        b = TOKENS
+    b = TOKENS
+    # (dtype, cache_mode, int8 quant, num_blocks, block_size): Norm caches are [B, 1, cache_length, D]
+    for dtype, mode, quant, nb, bs in ((BF16, "PA_NZ", False, 2, 32), (np.dtype(np.float16), "Norm", False, b, 4),
+                                       (BF16, "PA", True, 2, 32)):
         kv = _rand(rng, (b, 1, 1, 576), dtype)  # [B, 1, S, 576]
         gamma, cos, sin = _rand(rng, (512,), dtype), _rand(rng, (b, 1, 1, 64), dtype), _rand(rng, (b, 1, 1, 64), dtype)
-        cache_dtype = np.int8 if quant else dtype
-        if mode == "Norm":
-            k_cache, ckv_cache = np.zeros((b, 1, 4, 64), cache_dtype), np.zeros((b, 1, 4, 512), cache_dtype)
+        cache_dtype = np.dtype(np.int8) if quant else np.dtype(dtype)
+        k_cache, ckv_cache = (np.zeros(CacheLayout(mode=mode, num_blocks=nb, block_size=bs, dim=d,
+                                                   itemsize=cache_dtype.itemsize).declared_shape(), cache_dtype)
+                              for d in (64, 512))
+        if cache_mode_traits(mode).index_kind == "position":
             index = np.zeros((b, 1), np.int64)  # [B, S] positions
         else:
-            k_cache, ckv_cache = np.zeros((2, 32, 1, 64), cache_dtype), np.zeros((2, 32, 1, 512), cache_dtype)
             index = np.arange(b, dtype=np.int64)  # [B*S] slots
         scales = dict(k_rope_scale=np.ones(64, np.float32), c_kv_scale=np.ones(512, np.float32)) if quant else {}
         name = f"npu_kv_rmsnorm_rope_cache {np.dtype(dtype).name} {mode}{' int8' if quant else ''}"
         yield Call(name, "npu_kv_rmsnorm_rope_cache", (kv, gamma, cos, sin, index, k_cache, ckv_cache),
-                   dict(scales, cache_mode=mode, is_output_kv=mode != "Norm"))
+                   dict(scales, cache_mode=mode, is_output_kv=mode in OUTPUT_KV_CACHE_MODES))
 
 
 def _prolog_calls(rng) -> Iterator[Call]:
@@ -195,7 +200,7 @@ def _indexer_calls(rng) -> Iterator[Call]:
         query = _rand(rng, (b, TOKENS, n1, d), dtype)  # [B, S1, N1, D]
         weights = _rand(rng, (b, TOKENS, n1), dtype)  # [B, S1, N1]
         kw = dict(layout_query="BSND", layout_key=layout_key, sparse_count=8, sparse_mode=3, return_value=True)
-        if layout_key == "PA_BSND":
+        if cache_mode_traits(layout_key).paged:
             key = _rand(rng, (2, bs, 1, d), dtype)  # [blocks, block_size, 1, D]
             kw.update(block_table=np.arange(2, dtype=np.int32).reshape(1, 2),
                       actual_seq_lengths_key=np.array([2 * bs], np.int32))

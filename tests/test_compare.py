@@ -672,3 +672,34 @@ def test_compare_and_replay_take_verbose():
     assert parser.parse_args(["compare", "--replay", "d", "-v"]).verbose
     assert parser.parse_args(["replay", "d", "-o", "o", "--verbose"]).verbose
     assert not parser.parse_args(["replay", "d", "-o", "o"]).verbose
+
+
+def test_replay_describes_read_caches_with_the_contract_layout_and_a_diff_in_block_row_head_dim():
+    """Replay describes each cache an op reads with the CacheLayout its contract's ``cache_reads()``
+    gives it (the object a written cache gets from its writer); a read cache whose emulator copy
+    no longer matches the recorded input is listed with (block, row, head, dim) coordinates."""
+    from ascend_emu.compare.calls import Call, TensorValue
+    from tests.test_sparse_flash_attention import SCALE, make_case
+
+    case = make_case(np.random.default_rng(6), quant=False, layout_query="BSND", layout_kv="PA_BSND",
+                     dtype="bfloat16", sbs=1)
+    kw = dict(case["kw"], sparse_mode=3, attention_mode=2, query_rope=case["query_rope"], key_rope=case["key_rope"])
+    call = Call(index=0, op="npu_sparse_flash_attention", api="torch_npu.npu_sparse_flash_attention",
+                args=[TensorValue(case[n].copy()) for n in ("query", "key", "value", "sparse_indices")] + [SCALE],
+                kwargs={k: TensorValue(v.copy()) if isinstance(v, np.ndarray) else v for k, v in kw.items()})
+    emu = compare.replay(call)
+    assert emu.error is None and emu.unavailable is None
+    nb, bs = case["key"].shape[:2]  # PA_BSND [block_num, block_size, N2=1, D]
+    want = {name: CacheLayout(mode="PA_BSND", num_blocks=nb, block_size=bs, dim=dim, itemsize=2)
+            for name, dim in (("key", 512), ("key_rope", 64), ("value", 512))}
+    assert emu.layouts == want and sorted(emu.reads) == sorted(want)
+    rep = compare.compare_call(call, emu)
+    assert rep.status == "identical" and rep.tensors == []  # read caches unchanged: not listed
+    # the emulator's key_rope copy changed at block 3, row 1, head 0, dim 10: listed as a read cache
+    emu.reads["key_rope"] = emu.reads["key_rope"].copy()
+    emu.reads["key_rope"].view(np.uint16)[3, 1, 0, 10] ^= 1
+    rep = compare.compare_call(call, emu)
+    bad = {t.name: t for t in rep.tensors}["key_rope"]
+    assert (rep.status, bad.role, bad.status) == ("fail", "read cache", "fail")
+    m = bad.mismatches[0]
+    assert (m["block"], m["row"], m["head"], m["elements"], m["slot"]) == (3, 1, 0, [10], 3 * bs + 1)

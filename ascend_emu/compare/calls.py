@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import checked_mode
 from ..errors import BackendUnavailable
-from ..layouts import FRACTAL_NZ
+from ..layouts import FRACTAL_NZ, CacheLayout
 from ..layouts.paged import PAGED_KV_LAYOUT_MODES
 from ..quant import TORCH_NPU_DTYPE_CODES
 from .metrics import TensorComparison, compare_tensor
@@ -269,13 +270,21 @@ def cache_mode_of(call: Call) -> str | None:
 @dataclass
 class EmuResult:
     """What the emulator produced for a call: outputs (same convention as :attr:`Call.outputs`),
-    in-place arguments after the call, or the reason it could not run."""
+    in-place arguments after the call, or the reason it could not run.
+
+    ``layouts``: argument name -> the :class:`~ascend_emu.layouts.CacheLayout` the op's contract
+    describes that cache with, for every cache it read (its ``cache_reads()``) or wrote (its
+    writer hook), the same object for both (:func:`ascend_emu.checked_mode.observe`). ``reads``:
+    argument name -> the emulator's copy of each cache the op read, after the call (a reader
+    leaves it byte-identical)."""
 
     outputs: list = field(default_factory=list)
     after: dict = field(default_factory=dict)
     error: str | None = None
     unavailable: str | None = None
     written: dict = field(default_factory=dict)
+    layouts: dict = field(default_factory=dict)
+    reads: dict = field(default_factory=dict)
 
 
 def _missing(v, path: str) -> str | None:
@@ -344,13 +353,14 @@ def replay(call: Call, backend: str = "emu") -> EmuResult:
     if extra:
         return EmuResult(unavailable=f"argument(s) {extra} not taken by ascend_emu.ops.{function}")
     try:
-        with ops.backend(backend), warnings.catch_warnings():
+        with ops.backend(backend), warnings.catch_warnings(), checked_mode.observe() as uses:
             warnings.simplefilter("ignore")
             result = fn(*args, **kwargs)
     except BackendUnavailable:
         raise
     except Exception as exc:  # noqa: BLE001  (reported per call)
         return EmuResult(error=f"{type(exc).__name__}: {exc}")
+    layouts, read_names = _cache_layouts(uses, copies)
     inplace = info.inplace if info else ()
     ids = {id(a): n for n, a in copies.items() if n in inplace}
     results = result if isinstance(result, (tuple, list)) else [result]
@@ -368,7 +378,33 @@ def replay(call: Call, backend: str = "emu") -> EmuResult:
         if function in _WRITTEN_SLOTS:
             written[name] = _WRITTEN_SLOTS[function](args, kwargs)
     return EmuResult(outputs=outputs, after={n: np.asarray(copies[n]) for n in inplace if n in copies},
-                     written=written)
+                     written=written, layouts=layouts, reads={n: np.asarray(copies[n]) for n in read_names})
+
+
+def _memory(a) -> tuple[int, int] | None:
+    """(data pointer, nbytes) of an array, None for anything else."""
+    return (int(a.__array_interface__["data"][0]), int(a.nbytes)) if isinstance(a, np.ndarray) else None
+
+
+def _cache_layouts(uses, copies: dict) -> tuple[dict[str, CacheLayout], tuple[str, ...]]:
+    """The layouts the op's contract gave the caches it read and wrote (``uses``: the
+    :class:`~ascend_emu.checked_mode.CacheUse` list of one call), by argument name (matched by
+    memory with the replay's arrays ``copies``; a functional form's copy by the array it copies),
+    and the names of the caches it read."""
+    by_memory = {_memory(a): n for n, a in copies.items() if isinstance(a, np.ndarray)}
+    layouts: dict[str, CacheLayout] = {}
+    reads: list[str] = []
+    for use in uses:
+        for _name, cache, layout, *source in use.caches:
+            if cache is None or layout is None:
+                continue
+            arg = by_memory.get(_memory(source[0] if source and source[0] is not None else cache))
+            if arg is None or np.asarray(copies[arg]).nbytes != layout.nbytes:
+                continue
+            layouts.setdefault(arg, layout)
+            if use.kind == "read" and arg not in reads:
+                reads.append(arg)
+    return layouts, tuple(reads)
 
 
 def _kv_rmsnorm_written(args, kwargs) -> list[int]:
@@ -400,7 +436,10 @@ def compare_call(call: Call, emu: EmuResult | None = None) -> CallReport:
     """Replay ``call`` (unless ``emu`` is given) and compare every output and in-place argument.
 
     Outputs that alias an in-place argument are compared once, as that argument. Caches are
-    compared exactly, with mismatches in logical coordinates.
+    compared exactly, with mismatches in logical coordinates, each described by the
+    :class:`~ascend_emu.layouts.CacheLayout` its op's contract gives it (:attr:`EmuResult.layouts`;
+    the op's cache mode where the contract names none). A cache the op only read is listed (role
+    ``read cache``) only when the emulator's copy after the call differs from the recorded input.
     """
     rep = CallReport(call.index, call.op, call.api, "identical")
     if call.error:
@@ -424,7 +463,18 @@ def compare_call(call: Call, emu: EmuResult | None = None) -> CallReport:
         cache = _is_cache_name(name)
         rep.tensors.append(compare_tensor(name, emu.after.get(name), _array(dev),
                                           role="cache" if cache or name in exact else "output",
-                                          cache_mode=mode if cache else None))
+                                          cache_mode=emu.layouts.get(name, mode) if cache else None))
+    named = call.named()
+    for name, mine in emu.reads.items():  # a reader leaves its caches as they were: listed only if not
+        before = _array(named.get(name))
+        if name in call.after or not isinstance(before, np.ndarray) or (
+                mine.dtype == before.dtype and mine.shape == before.shape
+                and np.array_equal(np.ascontiguousarray(mine).view(np.uint8),
+                                   np.ascontiguousarray(before).view(np.uint8))):
+            continue
+        t = compare_tensor(name, mine, before, role="cache", cache_mode=emu.layouts[name])
+        t.role = "read cache"
+        rep.tensors.append(t)
     out_names = info.outputs if info else ()
     for i, dev in enumerate(call.outputs):
         name = out_names[i] if i < len(out_names) else f"out[{i}]"
@@ -446,13 +496,14 @@ def compare_call(call: Call, emu: EmuResult | None = None) -> CallReport:
         if info is not None and info.clones and name in info.functional:  # a clone the op wrote: all defined
             cache = _is_cache_name(name)
             rep.tensors.append(compare_tensor(name, _array(mine), _array(dev), role="cache",
-                                              cache_mode=mode if cache else None,
+                                              cache_mode=emu.layouts.get(name, mode) if cache else None,
                                               expect_slots=emu.written.get(name) if cache else None))
             continue
         written = emu.written[name] if name in emu.written else _written_slots(call, name)
         if written is not None:  # a new cache copy: only the written rows are defined on the device
-            rep.tensors.append(compare_tensor(name, _array(mine), _array(dev), role="cache", cache_mode=mode,
-                                              expect_slots=written, judge_expected_only=True))
+            rep.tensors.append(compare_tensor(name, _array(mine), _array(dev), role="cache",
+                                              cache_mode=emu.layouts.get(name, mode), expect_slots=written,
+                                              judge_expected_only=True))
             continue
         mine, dev = _array(mine), _array(dev)
         hif8 = name in hif8_outputs and all(isinstance(a, np.ndarray) and a.dtype == np.uint8 for a in (mine, dev))

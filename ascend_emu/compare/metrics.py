@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import ModeError, arg_error
+from ..layouts import CacheLayout
 from ..quant import ulp_distance  # noqa: F401  (re-exported: compare.metrics.ulp_distance)
 from ..quant.combined import NOPE_BYTE_ORDINALS, NOPE_BYTE_VALUES
 
@@ -186,7 +187,8 @@ def _float_pairs(actual: np.ndarray, expected: np.ndarray):
     return fa, fe, both, one, inf_bad, finite, differ
 
 
-def compare_tensor(name: str, actual, expected, *, role: str = "output", cache_mode: str | None = None,
+def compare_tensor(name: str, actual, expected, *, role: str = "output",
+                   cache_mode: str | CacheLayout | None = None,
                    expect_slots=None, judge_expected_only: bool = False,
                    element: str | None = None) -> TensorComparison:
     """Compare one emulated tensor with the device's (``expected``).
@@ -198,7 +200,9 @@ def compare_tensor(name: str, actual, expected, *, role: str = "output", cache_m
         role: ``output`` (judged by :func:`rtol_equal` for floats, exactly for integers) or
             ``cache`` (judged exactly; mismatches listed in logical coordinates when
             ``cache_mode`` is given, through :func:`ascend_emu.inspect.diff`).
-        cache_mode: the cache's mode (``PA_NZ``, ...) for caches.
+        cache_mode: for caches, the :class:`~ascend_emu.layouts.CacheLayout` the op's contract
+            describes it with (a read or a written cache alike), or its mode (``PA_NZ``, ...),
+            the geometry then read from the array's shape.
         expect_slots: slots the op writes (listed as ``expected`` in the cache diff).
         judge_expected_only: with ``expect_slots`` and ``cache_mode``: only bytes of those slots
             decide the status (the rest is memory the device leaves uninitialised); differences

@@ -29,6 +29,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from ..layouts import CacheLayout
 from ..ops.kv_rmsnorm_rope_cache import (RMS_SIZE, ROPE_SIZE, UNWRITTEN_OUTPUT_FILL, V_SPLIT_K_SIZE,
                                          KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs)
 from ..quant import BF16, to_f32
@@ -151,11 +152,12 @@ def _parts(tokens: int) -> int:
     return max(1, min(numba.get_num_threads(), tokens // TOKENS_PER_PART))
 
 
-def rms_order(cache_mode: str, quant: bool) -> RmsNormOrder:
-    """The kernel's RmsNorm order for a canonical cache mode: :data:`~ascend_emu.emu.kernels.KV_CACHE_BLK_NZ_RMS`
-    for the non-quant PA_BLK_NZ kernel (tiling key 4000), :data:`~ascend_emu.emu.kernels.KV_CACHE_RMS` for the
-    others (identical on 512-wide rows; they differ on the K/V-split mode's 192)."""
-    return KV_CACHE_BLK_NZ_RMS if cache_mode == "PA_BLK_NZ" and not quant else KV_CACHE_RMS
+def rms_order(layout: CacheLayout, quant: bool) -> RmsNormOrder:
+    """The kernel's RmsNorm order for a cache layout: :data:`~ascend_emu.emu.kernels.KV_CACHE_BLK_NZ_RMS`
+    for the non-quant PA_BLK_NZ kernel (tiling key 4000: an NZ cache written by whole pages),
+    :data:`~ascend_emu.emu.kernels.KV_CACHE_RMS` for the others (identical on 512-wide rows; they
+    differ on the K/V-split mode's 192)."""
+    return KV_CACHE_BLK_NZ_RMS if layout.nz and layout.page_indexed and not quant else KV_CACHE_RMS
 
 
 def fused_rows(kv: np.ndarray, gamma: np.ndarray, cos: np.ndarray, sin: np.ndarray, eps: np.float32,
@@ -227,7 +229,7 @@ def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs) -> KvRmsNormRopeCacheOut
         kv.view(np.uint16), kernel_input(to_f32(args.gamma)), cos.view(np.uint16), sin.view(np.uint16), args.epsilon,
         args.kv_dtype == BF16, _scale(args.k_rope_scale, k_size) if quant else None,
         _scale(args.c_kv_scale, c_size) if quant else None, v=None if v is None else v.view(np.uint16),
-        order=rms_order(args.k_layout.mode, quant))
+        order=rms_order(args.k_layout, quant))
     if split:
         c_rows = v.view(np.uint16)  # [T, 128]: v as it came
     # [T'] tokens to write (the last one per slot), shared by both caches

@@ -367,7 +367,7 @@ def paged_cache(args: PagedCacheArgs) -> PagedCacheOutputs:
     """
     torch, tnpu = runtime()
     dev = lambda a: to_device(a, torch)  # noqa: E731
-    cache = (lambda a: to_nz(a, torch, tnpu)) if args.cache_mode == "PA_NZ" else dev
+    cache = (lambda a: to_nz(a, torch, tnpu)) if args.k_layout.nz else dev
     key_cache, value_cache = cache(args.key_cache), cache(args.value_cache)
     key, value = dev(args.key), dev(args.value)
     if args.op == SCATTER:

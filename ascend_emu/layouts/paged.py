@@ -22,7 +22,10 @@ then a slot and an element to a byte offset:
 read it (fused_infer_attention_score's three paged layouts, the sparse attention and indexer
 caches): offsets, the blocks and slots a block table reads (:meth:`CacheLayout.read_blocks`,
 :meth:`CacheLayout.read_rows`, :meth:`CacheLayout.slots_of_blocks`) and the words that name a
-slot (:meth:`CacheLayout.place`) all come from it.
+slot (:meth:`CacheLayout.place`) all come from it. What a mode name means (paged, NZ,
+head-major, how a batch's tokens sit, the declared rank, the index kind) is stated once, in
+:func:`cache_mode_traits`; no module outside this package compares a cache layout with a mode
+name (docs/layouts.md, "Layout names").
 
 How an op's index tensor becomes slots differs between ops (docs/sources.md#cache_index):
 
@@ -46,7 +49,7 @@ import numpy as np
 
 from ..errors import IndexRangeError, ModeError, ShapeError, arg_error
 from .nz import M0
-from .slots import SKIP_INDEX
+from .slots import SKIP_INDEX, slots_from_block_table
 
 CacheMode = Literal["PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "PA_BNSD", "PA_BLK_BNSD", "BSND", "TND", "Norm"]
 
@@ -65,6 +68,68 @@ PAGE_INDEXED_MODES = ("PA_BLK_BSND", "PA_BLK_NZ", "PA_BLK_BNSD")
 #: CacheLayout mode of their caches: a Norm cache [num_blocks, block_size, N, D] is PA_BSND with N
 #: heads; a PA_NZ cache holds each token's N*D elements as one NZ row (ops.paged_cache module doc).
 PAGED_KV_LAYOUT_MODES = {"Norm": "PA_BSND", "PA_NZ": "PA_NZ", None: "PA_BSND"}
+
+
+@dataclass(frozen=True)
+class CacheModeTraits:
+    """What a cache-mode name means for the geometry: the one place outside which no module
+    interprets a mode name (ops ask :func:`cache_mode_traits` or a :class:`CacheLayout`).
+
+    Attributes:
+        paged: a pool of blocks (PA_*): a slot is ``block * BlockSize + row`` of any block, reached
+            through slots or a block table.
+        page_indexed: PA_BLK_*: a writer's index lists whole pages (:func:`slots_from_pages`).
+        nz: PA_NZ / PA_BLK_NZ: each block stored ``[D/C0, BlockSize, C0]``.
+        head_major: PA_BNSD / PA_BLK_BNSD: each block stored ``[Nkv, BlockSize, D]`` (an NZ cache
+            may be head-major too: :attr:`CacheLayout.head_major`).
+        sequences: how a batch's tokens sit in the cache: ``"blocks"`` (paged: through a block
+            table or slots), ``"per_batch"`` (block ``b`` is batch ``b``, its rows the positions:
+            BSND ``[B, S, Nkv, D]``, Norm ``[B, 1, cache_length, D]``) or ``"packed"`` (one block
+            holding every batch's tokens one after the other, cut by prefix sums: TND
+            ``[T, Nkv, D]``).
+        declared_rank: rank of the declared shape (:meth:`CacheLayout.from_declared`): 3 for TND,
+            else 4.
+        index_kind: what a writer's index holds (:attr:`CacheLayout.index_kind`).
+    """
+
+    paged: bool
+    page_indexed: bool
+    nz: bool
+    head_major: bool
+    sequences: str
+    declared_rank: int
+    index_kind: str
+
+
+def _traits(mode: str) -> CacheModeTraits:
+    paged = mode in PAGED_MODES
+    page_indexed = mode in PAGE_INDEXED_MODES
+    sequences = "blocks" if paged else ("packed" if mode == "TND" else "per_batch")
+    kind = "pages" if page_indexed else "slot" if paged else "position" if mode == "Norm" else "own"
+    return CacheModeTraits(paged=paged, page_indexed=page_indexed, nz=mode in ("PA_NZ", "PA_BLK_NZ"),
+                           head_major=mode in HEAD_MAJOR_MODES, sequences=sequences,
+                           declared_rank=3 if mode == "TND" else 4, index_kind=kind)
+
+
+#: :class:`CacheModeTraits` of every canonical mode.
+CACHE_MODE_TRAITS: dict[str, CacheModeTraits] = {m: _traits(m) for m in CACHE_MODES}
+
+
+def cache_mode_traits(mode: str, *, allowed: Sequence[str] | None = None,
+                      name: str = "cache_mode") -> CacheModeTraits:
+    """What ``mode`` means for the geometry (:class:`CacheModeTraits`), aliases accepted.
+
+    Args:
+        mode: a cache-mode string as a seed spells it.
+        allowed: the spellings the calling op accepts (aliases included); default all.
+        name: argument name for the error message.
+
+    Raises:
+        ModeError: unknown mode, or one ``allowed`` does not list.
+    """
+    return CACHE_MODE_TRAITS[canonical_cache_mode(mode, allowed=allowed, name=name)]
+
+
 #: Bytes in one NZ fractal row; C0 = NZ_ROW_BYTES // itemsize.
 NZ_ROW_BYTES = 32
 #: BlockSize of an NZ paged cache (PA_NZ, PA_BLK_NZ) is a multiple of this many rows: one
@@ -328,20 +393,25 @@ class CacheLayout:
 
     # ------------------------------------------------------------------ geometry
     @property
+    def traits(self) -> CacheModeTraits:
+        """What this layout's mode means (:func:`cache_mode_traits`)."""
+        return CACHE_MODE_TRAITS[self.mode]
+
+    @property
     def nz(self) -> bool:
         """True for PA_NZ / PA_BLK_NZ."""
-        return self.mode in ("PA_NZ", "PA_BLK_NZ")
+        return self.traits.nz
 
     @property
     def paged(self) -> bool:
         """True for the PA_* modes (a pool of blocks read through a block table or written at
         slots ``block * block_size + row``)."""
-        return self.mode in PAGED_MODES
+        return self.traits.paged
 
     @property
     def page_indexed(self) -> bool:
         """True for PA_BLK_* modes: the writer's index lists whole pages (:func:`slots_from_pages`)."""
-        return self.mode in PAGE_INDEXED_MODES
+        return self.traits.page_indexed
 
     @property
     def index_kind(self) -> str:
@@ -349,11 +419,18 @@ class CacheLayout:
         (PA_BSND / PA_BNSD / PA_NZ: :func:`slots_from_cache_index`), ``"pages"`` (PA_BLK_*:
         :func:`slots_from_pages`), ``"position"`` (Norm: :func:`slots_from_positions`) or
         ``"own"`` (BSND / TND: tokens sit at their own position)."""
-        if self.page_indexed:
-            return "pages"
-        if self.paged:
-            return "slot"
-        return "position" if self.mode == "Norm" else "own"
+        return self.traits.index_kind
+
+    @property
+    def sequences(self) -> str:
+        """How a batch's tokens sit in the cache: ``"blocks"``, ``"per_batch"`` or ``"packed"``
+        (:class:`CacheModeTraits`)."""
+        return self.traits.sequences
+
+    @property
+    def declared_rank(self) -> int:
+        """Rank of the declared shape (:meth:`declared_shape`): 3 for TND, else 4."""
+        return self.traits.declared_rank
 
     @property
     def c0(self) -> int:
@@ -580,6 +657,35 @@ class CacheLayout:
         bs = self.block_size
         blk = np.asarray(blocks, dtype=np.int64)[:, pos // bs] if width else np.zeros((lengths.size, 0), np.int64)
         return np.where(pos[None, :] < lengths[:, None], blk * bs + pos % bs, SKIP_INDEX)
+
+    def sequence_slots(self, lengths, block_table=None, *, name: str = "block_table") -> np.ndarray:
+        """The slot of every position of every sequence a reader reads: int64 ``[B, max(lengths)]``,
+        ``-1`` past ``lengths[b]``.
+
+        - paged: kv position ``p`` of batch ``b`` in block ``block_table[b, p // block_size]``, row
+          ``p % block_size`` (:func:`slots_from_block_table`: the entries it needs checked);
+        - per-batch (BSND, Norm): ``b * block_size + p``;
+        - packed (TND): ``sum(lengths[:b]) + p``.
+
+        Args:
+            lengths: rows per batch ``[B]`` (lengths, not prefix sums), each >= 0; per-batch: each
+                <= block_size, packed: their sum <= block_size (the caller checks them).
+            block_table: integer ``[B, max_blocks]`` (paged modes only; not read otherwise).
+            name: the block table's argument name for errors.
+
+        Raises:
+            As :func:`slots_from_block_table` (paged modes).
+        """
+        lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)  # [B]
+        if self.paged:
+            return slots_from_block_table(block_table, lengths, self.block_size, self.num_blocks, name=name)
+        if self.sequences == "per_batch":
+            first = np.arange(lengths.size, dtype=np.int64) * self.block_size  # [B]
+        else:
+            first = np.cumsum(lengths) - lengths  # [B]
+        width = int(lengths.max()) if lengths.size else 0
+        pos = np.arange(width, dtype=np.int64)  # [W]
+        return np.where(pos[None, :] < lengths[:, None], first[:, None] + pos[None, :], SKIP_INDEX)
 
     def place(self, slot: int) -> str:
         """Words for where ``slot`` is: ``block b, row r (slot s)`` in a paged cache, else

@@ -196,6 +196,20 @@ def prefix_lengths(x, name: str, total: int, b: int | None = None) -> np.ndarray
     return lens
 
 
+#: Query / output tensor layouts of the sparse attention and indexer ops (not caches: a cache's
+#: mode is :func:`ascend_emu.layouts.cache_mode_traits`'s; docs/layouts.md, "Layout names") -> the
+#: tensor's rank: BSND ``[B, S, N, D]`` (B batches of S tokens), TND ``[T, N, D]`` (the batches'
+#: tokens packed, cut by prefix sums).
+QUERY_LAYOUT_RANKS = {"BSND": 4, "TND": 3}
+
+
+def batched_query(layout: str) -> bool:
+    """True for a BSND query ``[B, S, N, D]`` (batch, position per token), False for a TND query
+    ``[T, N, D]`` (tokens packed). ``layout`` must be a key of :data:`QUERY_LAYOUT_RANKS` (the op
+    checked it)."""
+    return QUERY_LAYOUT_RANKS[layout] == 4
+
+
 def check_cache(x: np.ndarray, name: str) -> None:
     """A cache is written in place as raw memory: it must be C-contiguous and writable.
 

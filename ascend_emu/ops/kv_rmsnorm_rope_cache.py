@@ -68,7 +68,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
-from ..layouts import (CacheLayout, canonical_cache_mode, slots_from_cache_index, slots_from_pages,
+from ..layouts import (CacheLayout, cache_mode_traits, canonical_cache_mode, slots_from_cache_index, slots_from_pages,
                        slots_from_positions)
 from .. import checked_mode
 from ._backend import get_backend
@@ -399,10 +399,11 @@ def _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_sc
                         f"fp32 multiplier tensors (int8 {' and '.join(int8_caches)}: int8 caches are quantized with "
                         f"k_rope_scale [{k_size}] and c_kv_scale [{c_size}]{mode_note})", "None")
     layouts = []
+    per_batch = cache_mode_traits(mode).sequences == "per_batch"  # Norm: [B, 1, cache_length, D], block b = batch b
     for name, cache, dim in (("k_cache", k_cache, k_size), ("ckv_cache", ckv_cache, c_size)):
         if dtype_name(cache.dtype) != cache_dtype:
             raise arg_error(DTypeError, name, f"dtype {cache_dtype} {why}", dtype_name(cache.dtype))
-        if mode == "Norm":
+        if per_batch:
             check_shape(cache, name, [b, 1, None, dim], f"[B, 1, cache_length, {dim}] for cache_mode Norm{mode_note}")
         else:
             check_shape(cache, name, [None, None, 1, dim],
@@ -411,10 +412,10 @@ def _check_static(kv, gamma, cos, sin, k_cache, ckv_cache, k_rope_scale, c_kv_sc
         layouts.append(_layout(mode, cache.shape, cache.dtype.itemsize, name))
     k_layout, ckv_layout = layouts
     if (k_layout.num_blocks, k_layout.block_size) != (ckv_layout.num_blocks, ckv_layout.block_size):
-        what = "cache_length" if mode == "Norm" else "block_num and block_size"
+        what = "cache_length" if per_batch else "block_num and block_size"
         raise arg_error(ShapeError, "ckv_cache", f"the same {what} as k_cache {list(k_cache.shape)}",
                         list(ckv_cache.shape))
-    if mode == "Norm":
+    if per_batch:
         if k_layout.block_size < s:
             raise arg_error(ShapeError, "k_cache", f"cache_length >= S={s} (cache_mode Norm)", k_layout.block_size)
     else:

@@ -56,11 +56,12 @@ import numpy as np
 from numba import njit
 
 from ..errors import DTypeError, ModeError, ShapeError, arg_error
-from ..layouts import SKIP_INDEX, CacheLayout, slots_from_block_table
+from ..layouts import CacheLayout, cache_mode_traits
 from ..mla import INDEXER_HEAD_DIM, INDEXER_KEY_HEADS
 from .. import checked_mode
 from ._backend import get_backend
-from ._check import (ValidatedSignatures, check_dtype, check_shape, dtype_name, known_per_batch_lengths, optional,
+from ._check import (ValidatedSignatures, batched_query, check_dtype, check_shape, dtype_name, known_per_batch_lengths,
+                     optional,
                      per_batch_lengths, prefix_lengths, required, seq_lengths)
 
 LayoutQuery = Literal["BSND", "TND"]
@@ -184,7 +185,8 @@ class LightningIndexerArgs:
 
         def where(i: int) -> str:
             t = int(t_idx[i])
-            q_at = f"query token {t % self.out_shape[1]}" if self.layout_query == "BSND" else f"query token {t} (TND)"
+            q_at = f"query token {t % self.out_shape[1]}" if batched_query(self.layout_query) else \
+                f"query token {t} (TND)"
             return f"batch {int(batch[i])}, {q_at}, kv token {int(pos[i])}"
 
         layout = CacheLayout.from_declared(self.layout_key, self.key.shape, self.key.dtype.itemsize, name="key")
@@ -287,6 +289,7 @@ class _Static:
     t_rows: int
     batch: int
     out_shape: tuple[int, ...]
+    key_layout: CacheLayout
 
 
 #: Signatures whose static checks passed (:func:`ascend_emu.ops._check.signature`).
@@ -320,7 +323,7 @@ def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, lay
     b_q, s1, t_rows, batch = st.b_q, st.s1, st.t_rows, st.batch
 
     # ---- query lengths
-    if layout_query == "BSND":
+    if batched_query(layout_query):
         if act_q is None:
             q_len = np.full(b_q, s1, np.int64)
         else:
@@ -331,19 +334,18 @@ def _normalise(query, key, weights, act_q, act_k, block_table, layout_query, lay
         q_start = np.cumsum(q_len) - q_len
 
     # ---- key lengths and slots
-    if layout_key == "BSND":
-        s2 = key.shape[1]
+    key_layout = st.key_layout
+    if key_layout.sequences == "per_batch":  # [B, S2, N2, D]
+        s2 = key_layout.block_size
         if act_k is None:
             kv_len = np.full(batch, s2, np.int64)
         else:
             kv_len = lengths_of(act_k, "actual_seq_lengths_key", batch, s2, "a kv token count (BSND)")
-        slots = _contiguous_slots(np.arange(batch, dtype=np.int64) * s2, kv_len)
-    elif layout_key == "TND":
-        kv_len = prefix_lengths(act_k, "actual_seq_lengths_key", key.shape[0], batch)
-        slots = _contiguous_slots(np.cumsum(kv_len) - kv_len, kv_len)
+    elif key_layout.sequences == "packed":  # [T2, N2, D]
+        kv_len = prefix_lengths(act_k, "actual_seq_lengths_key", key_layout.block_size, batch)
     else:
         kv_len = lengths_of(act_k, "actual_seq_lengths_key", batch, None, "a kv token count")
-        slots = slots_from_block_table(block_table, kv_len, key.shape[1], key.shape[0], name="block_table")
+    slots = key_layout.sequence_slots(kv_len, block_table, name="block_table")  # [B, max kv_len]
 
     # ---- per-token batch and visible length
     token_batch = np.zeros(t_rows, np.int64)  # [T]
@@ -372,7 +374,8 @@ def _check_static(query, key, weights, act_q, act_k, block_table, layout_query, 
         raise arg_error(ModeError, "layout_query", f"one of {list(LAYOUTS_QUERY)}", repr(layout_query))
     if layout_key not in LAYOUTS_KEY:
         raise arg_error(ModeError, "layout_key", f"one of {list(LAYOUTS_KEY)}", repr(layout_key))
-    paged = layout_key == "PA_BSND"
+    key_mode = cache_mode_traits(layout_key, allowed=LAYOUTS_KEY, name="layout_key")
+    paged = key_mode.paged
     if not paged and layout_key != layout_query:
         raise arg_error(ModeError, "layout_key", f"layout_query {layout_query!r} or 'PA_BSND' (without paging "
                         "the key layout must equal the query layout)", repr(layout_key))
@@ -394,7 +397,7 @@ def _check_static(query, key, weights, act_q, act_k, block_table, layout_query, 
     # ---- query / weights
     query = _tensor(query, "query", dtypes.query)
     dt = dtype_name(query.dtype)
-    if layout_query == "BSND":
+    if batched_query(layout_query):
         check_shape(query, "query", [None, None, None, INDEXER_HEAD_DIM], "[B, S1, N1, D=128] (BSND)")
         b_q, s1 = query.shape[:2]
     else:
@@ -406,10 +409,10 @@ def _check_static(query, key, weights, act_q, act_k, block_table, layout_query, 
     t_rows = query.shape[0] * (s1 if s1 is not None else 1)
     weights = _tensor(weights, "weights", (dt, WEIGHTS_FP32) if dtypes.weights is None else dtypes.weights)
     w_shape = [*query.shape[:-1]]
-    check_shape(weights, "weights", w_shape, "[B, S1, N1] (BSND)" if layout_query == "BSND" else "[T, N1] (TND)")
+    check_shape(weights, "weights", w_shape, "[B, S1, N1] (BSND)" if batched_query(layout_query) else "[T, N1] (TND)")
 
     act_q = optional(act_q, "actual_seq_lengths_query")
-    if layout_query == "BSND":
+    if batched_query(layout_query):
         batch = b_q
     else:
         if act_q is None:
@@ -419,10 +422,10 @@ def _check_static(query, key, weights, act_q, act_k, block_table, layout_query, 
 
     # ---- key
     key = _tensor(key, "key", dt)
-    if layout_key == "BSND":
+    if key_mode.sequences == "per_batch":
         check_shape(key, "key", [batch, None, INDEXER_KEY_HEADS, INDEXER_HEAD_DIM],
                     f"[B={batch}, S2, N2=1, D=128] (BSND)")
-    elif layout_key == "TND":
+    elif key_mode.sequences == "packed":
         check_shape(key, "key", [None, INDEXER_KEY_HEADS, INDEXER_HEAD_DIM], "[T2, N2=1, D=128] (TND)")
     else:
         check_shape(key, "key", [None, None, INDEXER_KEY_HEADS, INDEXER_HEAD_DIM],
@@ -437,7 +440,7 @@ def _check_static(query, key, weights, act_q, act_k, block_table, layout_query, 
     if block_table is not None and not paged:
         raise arg_error(ModeError, "block_table", f"None for layout_key {layout_key!r} (only PA_BSND is paged)",
                         f"a tensor of shape {list(block_table.shape)}")
-    if act_k is None and layout_key == "TND":
+    if act_k is None and key_mode.sequences == "packed":
         raise arg_error(ModeError, "actual_seq_lengths_key", "a tensor of prefix sums (required for "
                         "layout_key 'TND')", None)
     if paged:
@@ -449,12 +452,13 @@ def _check_static(query, key, weights, act_q, act_k, block_table, layout_query, 
                             "'PA_BSND')", None)
         check_dtype(block_table, "block_table", ("int32",))
 
-    if layout_query == "BSND":
+    if batched_query(layout_query):
         out_shape = (b_q, s1, INDEXER_KEY_HEADS, sparse_count)
     else:
         out_shape = (t_rows, INDEXER_KEY_HEADS, sparse_count)
+    key_layout = CacheLayout.from_declared(layout_key, key.shape, key.dtype.itemsize, name="key")
     return _Static(sparse_count=sparse_count, sparse_mode=sparse_mode, b_q=b_q, s1=s1, t_rows=t_rows, batch=batch,
-                   out_shape=out_shape)
+                   out_shape=out_shape, key_layout=key_layout)
 
 
 @njit(cache=True)
@@ -479,10 +483,3 @@ def _token_limits(q_start, q_len, kv_len, s1, sparse_mode, token_batch, limit):
             continue  # the kernel skips the batch: rows stay SKIPPED_ROW
         for s in range(n_q):
             limit[start + s] = n_k if sparse_mode == 0 else min(max(n_k - n_q + s + 1, 0), n_k)
-
-
-def _contiguous_slots(start: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """int64 ``[B, max(length)]``: ``start[b] + p`` for ``p < length[b]``, else -1."""
-    width = int(length.max()) if length.size else 0
-    pos = np.arange(width, dtype=np.int64)  # [S2]
-    return np.where(pos[None, :] < length[:, None], start[:, None] + pos[None, :], SKIP_INDEX)

@@ -54,7 +54,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from ..errors import DTypeError, FormatError, ModeError, ShapeError, arg_error, describe
-from ..layouts import (FRACTAL_NZ, CacheLayout, canonical_cache_mode, get_npu_format,
+from ..layouts import (FRACTAL_NZ, CacheLayout, cache_mode_traits, canonical_cache_mode, get_npu_format,
                        slots_from_cache_index, slots_from_pages)
 from .. import checked_mode
 from ..mla import D_NOPE, D_ROPE, HCKV, NKV  # noqa: F401  (D_NOPE, D_ROPE, HCKV: re-exported for the backends)
@@ -444,7 +444,7 @@ def _normalise(version: int, values: dict, modes: dict | None = None, *, soc: st
     num_tokens = args.num_tokens
     _VALIDATED.put(key, _Plan(fields={name: getattr(args, name) for name in _STATIC_FIELDS}, num_tokens=num_tokens,
                               max_b=VERSION_LIMITS[version].max_b,
-                              paged_blocks=args.cache_mode in ("PA_BLK_BSND", "PA_BLK_NZ"),
+                              paged_blocks=args.kv_layout.page_indexed,
                               read=tuple(name for name in _READ_TENSORS if values.get(name) is not None)))
     return args
 
@@ -631,13 +631,16 @@ def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, b
             or a non-empty kr_cache with combined rows (the caches' memory: :func:`_check_memory`).
     """
     num_tokens = math.prod(batch_shape)
-    if cache_mode == "BSND":
+    mode = cache_mode_traits(cache_mode)
+    if mode.sequences == "per_batch":  # BSND: the caches are [B, S, Nkv, D] like token_x
         if len(batch_shape) != 2:
-            raise arg_error(ShapeError, "token_x", "3-D [B, S, He] for cache_mode BSND", f"{len(batch_shape) + 1}-D")
+            raise arg_error(ShapeError, "token_x", f"3-D [B, S, He] for cache_mode {cache_mode}",
+                            f"{len(batch_shape) + 1}-D")
         lead, what = batch_shape, "[B, S, Nkv=1, {}]"
-    elif cache_mode == "TND":
+    elif mode.sequences == "packed":  # TND: [T, Nkv, D]
         if len(batch_shape) != 1:
-            raise arg_error(ShapeError, "token_x", "2-D [T, He] for cache_mode TND", f"{len(batch_shape) + 1}-D")
+            raise arg_error(ShapeError, "token_x", f"2-D [T, He] for cache_mode {cache_mode}",
+                            f"{len(batch_shape) + 1}-D")
         lead, what = batch_shape, "[T, Nkv=1, {}]"
     else:
         check_ndim(kv_cache, "kv_cache", (4,), "[BlockNum, BlockSize, Nkv, Dtile]")
@@ -646,7 +649,7 @@ def _check_caches(kv_cache: np.ndarray, kr_cache: np.ndarray, cache_mode: str, b
             shown = (f"a multiple of 16 in [16, {limits.block_sizes[-1]}]" if len(limits.block_sizes) > 2
                      else f"one of {list(limits.block_sizes)}")
             raise arg_error(ShapeError, "kv_cache", f"BlockSize = kv_cache.shape[1] {shown}", lead[1])
-    if cache_mode in ("BSND", "TND") and num_tokens == 0:
+    if not mode.paged and num_tokens == 0:
         raise arg_error(ShapeError, "token_x", f"at least one token for cache_mode {cache_mode} (its caches "
                         "cannot be empty)", list(batch_shape))
     layouts = {}
@@ -677,11 +680,11 @@ def _check_index_args(cache_mode: str, cache_index, actual_seq_len, batch_shape:
     """
     num_tokens = math.prod(batch_shape)
     merged = len(batch_shape) == 1
-    blk = cache_mode in ("PA_BLK_BSND", "PA_BLK_NZ")
+    blk = layout.page_indexed
     if not (blk and merged) and actual_seq_len is not None:
         raise arg_error(ShapeError, "actual_seq_len", "None unless token_x is 2-D and cache_mode is PA_BLK_BSND "
                         "or PA_BLK_NZ", describe(actual_seq_len))
-    if cache_mode in ("BSND", "TND"):
+    if layout.index_kind == "own":
         if cache_index is not None:
             raise arg_error(ShapeError, "cache_index", f"None for cache_mode {cache_mode} (tokens are written at "
                             "their own position)", describe(cache_index))
@@ -732,7 +735,7 @@ def _map_slots(cache_mode: str, cache_index, seq_lens: np.ndarray | None, layout
     """
     if num_tokens == 0 or layout.num_rows == 0:
         return None
-    if cache_mode in ("BSND", "TND"):
+    if layout.index_kind == "own":  # BSND / TND: token t at row t
         slots = np.arange(num_tokens, dtype=np.int64)
     elif seq_lens is not None:  # PA_BLK_BSND / PA_BLK_NZ
         slots = slots_from_pages(cache_index, seq_lens, layout.block_size, layout.num_blocks, page_offsets=False,

@@ -65,7 +65,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import FormatError, IndexRangeError, ModeError, ShapeError, arg_error, describe
-from ..layouts import (FRACTAL_NZ, NZ_ROW_BYTES, CacheLayout, check_block_size, get_npu_format,
+from ..layouts import (FRACTAL_NZ, NZ_ROW_BYTES, CacheLayout, cache_mode_traits, check_block_size, get_npu_format,
                        slots_from_cache_index)
 from ..layouts.paged import PAGED_KV_LAYOUT_MODES
 from ._backend import get_backend
@@ -151,6 +151,12 @@ def _contiguous(a: np.ndarray, name: str) -> None:
                         f"strides {a.strides}")
 
 
+def _nz(mode: str | None) -> bool:
+    """True when the op's cache mode ``mode`` (``'Norm'``, ``'PA_NZ'`` or None) stores FRACTAL_NZ
+    blocks (:data:`~ascend_emu.layouts.paged.PAGED_KV_LAYOUT_MODES` names its cache layout)."""
+    return cache_mode_traits(PAGED_KV_LAYOUT_MODES[mode]).nz
+
+
 def _cache_layout(cache: np.ndarray, name: str, mode: str, heads: int, dim: int) -> CacheLayout:
     """The layout of one cache for ``heads`` x ``dim`` token rows.
 
@@ -163,7 +169,8 @@ def _cache_layout(cache: np.ndarray, name: str, mode: str, heads: int, dim: int)
     """
     shape = tuple(cache.shape)
     itemsize = cache.dtype.itemsize
-    if mode == "Norm":
+    layout_mode = PAGED_KV_LAYOUT_MODES[mode]
+    if not _nz(mode):
         if get_npu_format(cache) == FRACTAL_NZ:
             raise FormatError(f"{name}: expected an ND cache for cache_mode 'Norm' (its memory is addressed as "
                               f"[num_blocks, block_size, N, D]), got a FRACTAL_NZ tensor; pass the cache "
@@ -171,7 +178,7 @@ def _cache_layout(cache: np.ndarray, name: str, mode: str, heads: int, dim: int)
         if len(shape) != 4 or shape[2] != heads or shape[3] != dim or min(shape[1:]) < 1:
             raise arg_error(ShapeError, name, f"a 4-D [num_blocks, block_size, N={heads}, D={dim}] cache, block_size, "
                             "N and D >= 1 (cache_mode 'Norm')", f"shape {list(shape)}")
-        return CacheLayout(mode=PAGED_KV_LAYOUT_MODES["Norm"], num_blocks=shape[0], block_size=shape[1], dim=dim,
+        return CacheLayout(mode=layout_mode, num_blocks=shape[0], block_size=shape[1], dim=dim,
                            itemsize=itemsize, heads=heads)
     c0 = _c0(cache)
     row = heads * dim
@@ -182,11 +189,11 @@ def _cache_layout(cache: np.ndarray, name: str, mode: str, heads: int, dim: int)
                         f"[num_blocks, N={heads}, D/C0={dim / c0:g}, block_size, C0={c0}] (N*D = {row}, a multiple of "
                         f"C0 = 32 bytes / itemsize, at least 1)", f"shape {list(shape)}")
     bs = shape[-2]
-    check_block_size("PA_NZ", bs, name=f"{name} block_size (dim {len(shape) - 2})")
+    check_block_size(layout_mode, bs, name=f"{name} block_size (dim {len(shape) - 2})")
     if bs >= MAX_NZ_BLOCK_SIZE:
         raise arg_error(ShapeError, f"{name} block_size (dim {len(shape) - 2})",
                         f"less than {MAX_NZ_BLOCK_SIZE} (UINT16_MAX) for cache_mode 'PA_NZ'", bs)
-    return CacheLayout(mode=PAGED_KV_LAYOUT_MODES["PA_NZ"], num_blocks=shape[0], block_size=bs, dim=row,
+    return CacheLayout(mode=layout_mode, num_blocks=shape[0], block_size=bs, dim=row,
                        itemsize=itemsize)
 
 
@@ -376,7 +383,8 @@ def npu_gather_pa_kv_cache(key_cache, value_cache, block_tables, seq_lens, key, 
     dt = (dtype_name(key_cache.dtype),)
     for name, a in (("value_cache", value_cache), ("key", key), ("value", value)):
         check_dtype(a, name, dt)
-    if mode == "Norm":
+    nz = _nz(mode)
+    if not nz:
         check_ndim(key_cache, "key_cache", (4,), "[num_blocks, block_size, N, Dk] (cache_mode Norm: key_cache is ND)")
         check_ndim(value_cache, "value_cache", (4,), "[num_blocks, block_size, N, Dv]")
         heads = key_cache.shape[2]
@@ -399,9 +407,9 @@ def npu_gather_pa_kv_cache(key_cache, value_cache, block_tables, seq_lens, key, 
     for name, a in (("key", key), ("value", value)):
         row = want[name]
         ok = a.ndim >= 2 and a.shape[0] == total and (
-            a.shape[1:] == row or (mode == "PA_NZ" and a.ndim == 3 and a.shape[1] * a.shape[2] == row[0]))
+            a.shape[1:] == row or (nz and a.ndim == 3 and a.shape[1] * a.shape[2] == row[0]))
         if not ok:
-            shown = f"[T={total}, N={row[0]}, D={row[1]}]" if mode == "Norm" else \
+            shown = f"[T={total}, N={row[0]}, D={row[1]}]" if not nz else \
                 f"[T={total}, N*D={row[0]}] or [T={total}, N, D] with N*D = {row[0]}"
             raise arg_error(ShapeError, name, f"{shown} (T = the token total of seq_lens)", f"shape {list(a.shape)}")
     starts = np.zeros(batch, np.int64)

@@ -94,7 +94,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
-from ..layouts import CacheLayout, slots_from_block_table
+from ..layouts import CacheLayout, cache_mode_traits
 from ..mla import D_QK, D_ROPE, HCKV, NKV, TILE_SIZE
 from ..quant import MLA_ROW
 from ..quant.fp8 import TORCH_NPU_DTYPE_CODES
@@ -103,8 +103,8 @@ from .. import checked_mode, input_contracts
 from ._backend import get_backend
 from ._sparse_rows import _bsnd_tokens, _raise_bad_index, sparse_rows
 from .lightning_indexer import SPARSE_COUNTS_LARGE
-from ._check import (ValidatedSignatures, check_dtype, check_float, dtype_name, known_per_batch_lengths,
-                     per_batch_lengths, prefix_lengths, required, trusted)
+from ._check import (QUERY_LAYOUT_RANKS, ValidatedSignatures, batched_query, check_dtype, check_float, dtype_name,
+                     known_per_batch_lengths, per_batch_lengths, prefix_lengths, required, trusted)
 
 LayoutQuery = Literal["BSND", "TND"]
 LayoutKv = Literal["BSND", "TND", "PA_BSND"]
@@ -252,7 +252,7 @@ class SparseFlashAttentionArgs:
         def where(i: int) -> str:
             e = int(rep[i])
             t, h, j = int(t_idx[e]), int(h_idx[e]), int(j_idx[e])
-            if self.layout_query == "BSND":
+            if batched_query(self.layout_query):
                 q_at, idx_at = f"batch {t // self.seq_q}, query token {t % self.seq_q}", (t // self.seq_q, t % self.seq_q)
             else:
                 q_at, idx_at = f"query token {t} (TND)", (t,)
@@ -513,7 +513,8 @@ def _check_static(quant, query, key, value, sparse_indices, scale_value, block_t
         raise arg_error(ModeError, "layout_query", f"one of {list(QUERY_LAYOUTS)}", repr(layout_query))
     if layout_kv not in KV_LAYOUTS:
         raise arg_error(ModeError, "layout_kv", f"one of {list(KV_LAYOUTS)}", repr(layout_kv))
-    if layout_kv != "PA_BSND" and layout_kv != layout_query:
+    kv = cache_mode_traits(layout_kv, allowed=KV_LAYOUTS, name="layout_kv")
+    if not kv.paged and layout_kv != layout_query:
         raise arg_error(ModeError, "layout_kv", f"layout_query={layout_query!r} (without PageAttention the two "
                         "layouts must match)", repr(layout_kv))
     if _int(sparse_mode, "sparse_mode") not in SPARSE_MODES:
@@ -528,7 +529,7 @@ def _check_static(quant, query, key, value, sparse_indices, scale_value, block_t
         check_sinks(sinks)
     if not isinstance(return_softmax_lse, (bool, np.bool_)):
         raise arg_error(DTypeError, "return_softmax_lse", "a bool", type(return_softmax_lse).__name__)
-    if return_softmax_lse and layout_kv == "PA_BSND":
+    if return_softmax_lse and kv.paged:
         raise arg_error(ModeError, "return_softmax_lse", "False with layout_kv='PA_BSND' (the doc supports "
                         "softmax_max / softmax_sum only without PageAttention)", True)
     sbs = _int(sparse_block_size, "sparse_block_size")
@@ -542,7 +543,7 @@ def _check_static(quant, query, key, value, sparse_indices, scale_value, block_t
 
     # ---- query
     d_q = D_QK if quant else HCKV
-    q_nd = 4 if layout_query == "BSND" else 3
+    q_nd = QUERY_LAYOUT_RANKS[layout_query]
     query = required(query, "query")
     check_dtype(query, "query", QUERY_DTYPES)
     lead_q = "[B, S1, N1, " if q_nd == 4 else "[T, N1, "
@@ -571,8 +572,8 @@ def _check_static(quant, query, key, value, sparse_indices, scale_value, block_t
         raise arg_error(DTypeError, "key", f"dtype {allowed}", dtype_name(key.dtype))
     if not quant:
         check_dtype(key, "key", (qdt,))
-    k_nd = 3 if layout_kv == "TND" else 4
-    shown = {"BSND": "[B, S2, N2, ", "TND": "[T2, N2, ", "PA_BSND": "[block_num, block_size, N2, "}[layout_kv]
+    k_nd = kv.declared_rank
+    shown = {"per_batch": "[B, S2, N2, ", "packed": "[T2, N2, ", "blocks": "[block_num, block_size, N2, "}[kv.sequences]
     if key.ndim != k_nd or key.shape[-1] != d_k or key.size == 0:
         raise arg_error(ShapeError, "key", f"a non-empty {shown}{d_k}] for layout_kv={layout_kv}", list(key.shape))
     n2 = key.shape[-2]
@@ -595,13 +596,13 @@ def _check_static(quant, query, key, value, sparse_indices, scale_value, block_t
             value = _tensor(value, "value", (qdt,), list(key.shape), "(the shape of key, dtype of query)")
 
     # ---- lengths (static part), block_table presence, sparse_indices shape
-    if layout_query == "TND" and actual_seq_lengths_query is None:
+    if not batched_query(layout_query) and actual_seq_lengths_query is None:
         raise arg_error(ShapeError, "actual_seq_lengths_query", "int32 prefix sums [B] (required for TND)", None)
-    if layout_kv == "TND" and actual_seq_lengths_kv is None:
+    if kv.sequences == "packed" and actual_seq_lengths_kv is None:
         raise arg_error(ShapeError, "actual_seq_lengths_kv", "int32 prefix sums [B] (required for TND)", None)
-    block_num = block_size = 0
-    if layout_kv == "PA_BSND":
-        block_num, block_size = int(key.shape[0]), int(key.shape[1])
+    kv_layout = CacheLayout.from_declared(layout_kv, key.shape, key.dtype.itemsize, name="key")
+    if kv.paged:
+        block_size = kv_layout.block_size
         if block_size % BLOCK_SIZE_ALIGN or block_size > MAX_BLOCK_SIZE:
             raise arg_error(ShapeError, "key", f"block_size a multiple of {BLOCK_SIZE_ALIGN} in "
                             f"[{BLOCK_SIZE_ALIGN}, {MAX_BLOCK_SIZE}] (dim 1 of a PA_BSND cache)", block_size)
@@ -629,7 +630,7 @@ def _check_static(quant, query, key, value, sparse_indices, scale_value, block_t
         raise arg_error(ShapeError, "sparse_indices", f"K = {KVQ_HIF8_SPARSE_K} (the only sparse_size with "
                         "hifloat8 keys)", list(sparse_indices.shape))
     return _Static(sbs=sbs, scale=scale, n1=int(n1), n2=int(n2), lead=tuple(int(x) for x in lead), q_nd=q_nd,
-                   block_num=block_num, block_size=block_size)
+                   kv_layout=kv_layout)
 
 
 @dataclass(frozen=True)
@@ -642,8 +643,7 @@ class _Static:
     n2: int
     lead: tuple[int, ...]
     q_nd: int
-    block_num: int
-    block_size: int
+    kv_layout: CacheLayout  #: the key cache's (and key_rope / value's geometry: same leading dims)
 
 
 #: Signatures whose static checks passed (:func:`ascend_emu.ops._check.signature`).
@@ -686,7 +686,7 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
                             f"sinks[{bad}] = {float(sinks[bad])}")
 
     # ---- batch, lengths
-    if layout_query == "BSND":
+    if batched_query(layout_query):
         b, s1 = lead
         act_q = (np.full(b, s1, np.int64) if actual_seq_lengths_query is None
                  else lengths_of(actual_seq_lengths_query, "actual_seq_lengths_query", b, s1))
@@ -696,23 +696,21 @@ def _normalise(quant, query, key, value, sparse_indices, scale_value, block_tabl
         b, s1 = int(act_q.size), lead[0]
         tok_b = np.repeat(np.arange(b), act_q)  # [T]
         tok_s = np.arange(lead[0]) - np.repeat(np.cumsum(act_q) - act_q, act_q)  # [T]
-    if layout_kv == "BSND":
-        if key.shape[0] != b:
+    kv_layout = st.kv_layout
+    if kv_layout.sequences == "per_batch":  # [B, S2, N2, D]: block b is batch b
+        if kv_layout.num_blocks != b:
             raise arg_error(ShapeError, "key", f"B={b} batches like query", list(key.shape))
-        s2 = int(key.shape[1])
+        s2 = kv_layout.block_size
         act_kv = (np.full(b, s2, np.int64) if actual_seq_lengths_kv is None
                   else lengths_of(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, s2))
-        slot_map = np.arange(b, dtype=np.int64)[:, None] * s2 + np.arange(max(int(act_kv.max()), 0))[None, :]
-    elif layout_kv == "TND":
-        act_kv = prefix_lengths(actual_seq_lengths_kv, "actual_seq_lengths_kv", int(key.shape[0]))
+    elif kv_layout.sequences == "packed":  # [T2, N2, D]
+        act_kv = prefix_lengths(actual_seq_lengths_kv, "actual_seq_lengths_kv", kv_layout.block_size)
         if act_kv.size != b:
             raise arg_error(ShapeError, "actual_seq_lengths_kv", f"[B={b}] like actual_seq_lengths_query",
                             list(act_kv.shape))
-        starts_kv = np.cumsum(act_kv) - act_kv  # [B]
-        slot_map = starts_kv[:, None] + np.arange(max(int(act_kv.max()), 0))[None, :]
     else:
         act_kv = lengths_of(actual_seq_lengths_kv, "actual_seq_lengths_kv", b, None)
-        slot_map = slots_from_block_table(block_table, act_kv, st.block_size, st.block_num, name="block_table")
+    slot_map = kv_layout.sequence_slots(act_kv, block_table, name="block_table")  # [B, max act_kv]
 
     # ---- sparse_indices -> (starts, counts), every read entry checked
     t_total = tok_b.size

@@ -160,7 +160,7 @@ def lightning_indexer(query, key, weights, *, layout_query="BSND", layout_key="B
     if layout_query == "BSND":
         shape = [query.shape[0], query.shape[1], key.shape[2], sparse_count]
     else:
-        shape = [query.shape[0], key.shape[1 if layout_key == "TND" else 2], sparse_count]
+        shape = [query.shape[0], key.shape[-2], sparse_count]  # N2: [.., N2, D] in every key layout
     values = _new(query, shape if return_value else [0], query.dtype)
     return _new(query, shape, torch.int32), values
 
@@ -193,7 +193,7 @@ def quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequan
     if layout_query == "BSND":
         shape = [query.shape[0], query.shape[1], key.shape[2], sparse_count]
     else:
-        shape = [query.shape[0], key.shape[1 if layout_key == "TND" else 2], sparse_count]
+        shape = [query.shape[0], key.shape[-2], sparse_count]  # N2: [.., N2, D] in every key layout
     return _new(query, shape, torch.int32)
 
 
