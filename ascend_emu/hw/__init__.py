@@ -392,11 +392,15 @@ def quant(args: DynamicQuantArgs) -> DynamicQuantOutputs:
     """
     torch, tnpu = runtime()
     x, smooth, groups = (to_device(a, torch) for a in (args.x, args.smooth_scales, args.group_index))
-    y, scale = tnpu.npu_dynamic_quant(x, smooth_scales=smooth, group_index=groups,
-                                      dst_type=torch.quint4x2 if args.dst == "int4" else None)
+    op = tnpu.npu_dynamic_quant_asymmetric if args.asymmetric else tnpu.npu_dynamic_quant
+    outs = op(x, smooth_scales=smooth, group_index=groups, dst_type=torch.quint4x2 if args.dst == "int4" else None,
+              quant_mode=args.mode)
     h = args.x.shape[-1]
     y_shape = (*args.x.shape[:-1], h // INT4_PER_INT32) if args.dst == "int4" else args.x.shape
-    return DynamicQuantOutputs(to_host(y).reshape(y_shape), to_host(scale).reshape(args.x.shape[:-1]))
+    scale_shape = (*args.x.shape[:-2], h) if args.mode == "perchannel" else args.x.shape[:-1]
+    scale = to_host(outs[1]).reshape(scale_shape)
+    offset = to_host(outs[2]).reshape(scale_shape) if args.asymmetric else None
+    return DynamicQuantOutputs(to_host(outs[0]).reshape(y_shape), scale, offset)
 
 
 def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:

@@ -9,7 +9,7 @@ index ranges), then hands a normalised argument object to the selected backend
 
 from .. import _kernel_cache  # noqa: F401  (before any kernel: caches them keyed on the sources)
 from ._backend import backend, backend_name, get_backend, set_backend
-from .dynamic_quant import npu_dynamic_quant
+from .dynamic_quant import npu_dynamic_quant, npu_dynamic_quant_asymmetric
 from .format_cast import get_npu_format, npu_format_cast
 from .fused_infer_attention_score import (_npu_fused_infer_attention_score_get_max_workspace,
                                           _npu_fused_infer_attention_score_v2_get_max_workspace,
@@ -36,7 +36,7 @@ __all__ += ["npu_lightning_indexer"]
 __all__ += ["npu_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention"]
 __all__ += ["npu_interleave_rope", "npu_rotary_mul"]
 __all__ += ["npu_scatter_pa_kv_cache", "npu_gather_pa_kv_cache"]
-__all__ += ["npu_dynamic_quant"]
+__all__ += ["npu_dynamic_quant", "npu_dynamic_quant_asymmetric"]
 __all__ += ["npu_quant_lightning_indexer"]
 __all__ += ["npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2"]
 __all__ += ["npu_dtype_cast", "npu_dynamic_mx_quant"]

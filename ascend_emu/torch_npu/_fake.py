@@ -165,25 +165,43 @@ def lightning_indexer(query, key, weights, *, layout_query="BSND", layout_key="B
     return _new(query, shape, torch.int32), values
 
 
-def dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
-                  dst_type_max=0.0):
-    """``(y, scale)`` (``npu_dynamic_quant`` meta): y int8 like ``input``, or int32 ``[..., H / 8]``
-    for quint4x2 (H a multiple of 8); scale fp32 ``input.shape[:-1]``. The dst_type / quant_mode /
-    dst_type_max the CPU op rejects raise its ModeError (Ascend 950's fp8 / hifloat8 / per-tensor
-    outputs are not emulated)."""
-    from ..ops.dynamic_quant import INT4_PER_INT32, QUANT_MODES, _dst_kind  # ops loads at first use
+def _dynamic_quant_outputs(input, smooth_scales, group_index, dst_type, quant_mode, dst_type_max, count):
+    """y and ``count`` fp32 tensors of the scale's shape (the ``npu_dynamic_quant`` /
+    ``_asymmetric`` metas), after the argument rules the CPU op applies first."""
+    from ..ops.dynamic_quant import INT4_PER_INT32, QUANT_MODES, QUANT_MODES_950, _dst_kind  # ops loads at first use
+    from ..soc import require_ascend950
 
+    if not isinstance(quant_mode, str) or quant_mode not in QUANT_MODES_950:
+        raise arg_error(ModeError, "quant_mode", f"one of {QUANT_MODES} (A2 / A3) or {QUANT_MODES_950} (Ascend 950)",
+                        describe(quant_mode))
     if quant_mode not in QUANT_MODES:
-        raise arg_error(ModeError, "quant_mode", f"one of {QUANT_MODES} (A2 / A3)", describe(quant_mode))
+        require_ascend950("quant_mode", quant_mode, "a scale per column")
     if dst_type_max != 0.0:
         raise arg_error(ModeError, "dst_type_max", "0.0 (the fp8 / hifloat8 maxima are Ascend 950's)",
                         describe(dst_type_max))
     lead = list(input.shape[:-1])
+    scale_shape = lead[:-1] + [input.shape[-1]] if quant_mode == "perchannel" else lead
     if _dst_kind(dst_type) == "int4":
         y = _new(input, lead + [input.shape[-1] // INT4_PER_INT32], torch.int32)
     else:
         y = _new(input, input.shape, torch.int8)
-    return y, _new(input, lead, torch.float32)
+    return (y, *(_new(input, scale_shape, torch.float32) for _ in range(count)))
+
+
+def dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
+                  dst_type_max=0.0):
+    """``(y, scale)`` (``npu_dynamic_quant`` meta): y int8 like ``input``, or int32 ``[..., H / 8]``
+    for quint4x2 (H a multiple of 8); scale fp32 ``input.shape[:-1]`` (per channel
+    ``input.shape[:-2] + [H]``). The dst_type / quant_mode / dst_type_max the CPU op rejects raise
+    its ModeError (Ascend 950's fp8 / hifloat8 / per-tensor outputs are not emulated)."""
+    return _dynamic_quant_outputs(input, smooth_scales, group_index, dst_type, quant_mode, dst_type_max, 1)
+
+
+def dynamic_quant_asymmetric(input, *, smooth_scales=None, group_index=None, dst_type=None,
+                             quant_mode="pertoken", dst_type_max=0.0):
+    """``(y, scale, offset)`` (``npu_dynamic_quant_asymmetric`` meta): as :func:`dynamic_quant`,
+    offset fp32 of scale's shape."""
+    return _dynamic_quant_outputs(input, smooth_scales, group_index, dst_type, quant_mode, dst_type_max, 2)
 
 
 def quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode,
@@ -384,6 +402,7 @@ FAKES = {
     "npu::npu_lightning_indexer": lightning_indexer,
     "npu::npu_interleave_rope": interleave_rope,
     "npu::npu_dynamic_quant": dynamic_quant,
+    "npu::npu_dynamic_quant_asymmetric": dynamic_quant_asymmetric,
     "npu::npu_dtype_cast": dtype_cast,
     "npu::npu_dynamic_mx_quant": dynamic_mx_quant,
     "npu::npu_rotary_mul": rotary_mul,

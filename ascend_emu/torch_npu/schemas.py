@@ -71,6 +71,9 @@ SCHEMAS: tuple[OpSchema, ...] = (
         'npu_dynamic_quant(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, '
         'int? dst_type=None, str quant_mode="pertoken", float dst_type_max=0.0) -> (Tensor, Tensor)'),
     OpSchema("npu",
+        'npu_dynamic_quant_asymmetric(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, '
+        'int? dst_type=None, str quant_mode="pertoken", float dst_type_max=0.0) -> (Tensor, Tensor, Tensor)'),
+    OpSchema("npu",
         'npu_format_cast.Tensor(Tensor self, Tensor dst, *, int? customize_dtype=None, '
         'int? input_dtype=None) -> Tensor'),
     OpSchema("npu",
