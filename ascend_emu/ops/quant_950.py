@@ -225,5 +225,75 @@ def npu_dynamic_mx_quant(input, *, axis: int = -1, round_mode: str = "rint", dst
     return out.y, out.mxscale
 
 
-__all__ = ["npu_dtype_cast", "npu_dynamic_mx_quant", "Quant950Args", "Quant950Outputs", "SCALAR_TYPE_CODES",
-           "DTYPE_CODE_NAMES", "dtype_code"]
+#: Ranks of npu_dynamic_mx_quant_with_dual_axis's input (doc: 2-7 dims).
+DUAL_AXIS_NDIM = (2, 7)
+
+
+def npu_dynamic_mx_quant_with_dual_axis(input, *, round_mode: str = "rint", dst_type: int = 296,  # noqa: A002
+                                        scale_alg=0, dst_type_max=0.0):
+    """``torch_npu.npu_dynamic_mx_quant_with_dual_axis``: MXFP8 quantization of ``input`` along
+    its last axis and, separately, along axis -2, in blocks of 32 (Ascend 950).
+
+    Each half is :func:`npu_dynamic_mx_quant` with ``axis=-1`` / ``axis=-2`` and ``block_size=32``
+    (the doc's formulas are those of the single-axis op, run over both axes): the same fp32
+    block maxima, E8M0 scales and RNE FP8 elements.
+
+    Args:
+        input: fp16 / bf16 ``[..., M, N]``, 2 to 7 dims.
+        round_mode: ``"rint"`` (the only FP8 round mode).
+        dst_type: 292 / 24 (float8_e4m3fn) or 291 / 23 (float8_e5m2); the schema's default 296
+            and 297 (fp4 outputs) are not emulated.
+        scale_alg: 0 (OCP) or 1 (amax / max rounded up); 2 is fp4's.
+        dst_type_max: 0.0 or None (the schema's ``float?``; the doc: FP8 outputs take only the default).
+
+    Returns:
+        ``(y1, mxscale1, y2, mxscale2)``: y1 / y2 the ml_dtypes FP8 elements of ``input``'s
+        shape (blocks along -1 / -2); mxscale1 uint8 E8M0 ``[..., M, ceil(ceil(N / 32) / 2), 2]``,
+        mxscale2 ``[..., ceil(ceil(M / 32) / 2), N, 2]`` (two consecutive blocks of a column
+        side by side: the doc's "every two rows interleaved"; an odd block count padded with 0).
+
+    Raises:
+        ModeError: ``dst_type`` not an FP8 code, ``round_mode`` not ``"rint"``, ``scale_alg`` not
+            0 / 1, ``dst_type_max`` not 0.0, or an emulated SoC other than an Ascend 950 (the
+            message names the SoC and how to set it).
+        DTypeError: ``input`` not fp16 / bf16.
+        ShapeError: fewer than 2 or more than 7 dims; outputs and working copies over
+            :data:`._check.MAX_CALL_BYTES`, before allocating.
+
+    Source: op-plugin ``docs/zh/custom_APIs/torch_npu/torch_npu-npu_dynamic_mx_quant_with_dual_axis.md``
+    (formulas, parameter table, shapes), its golden
+    ``test/test_custom_ops/test_npu_dynamic_mx_quant_with_dual_axis.py``; torch_npu 2.14's schema
+    and ``npu_dynamic_mx_quant_with_dual_axis`` meta function (docs/ops.md).
+    """
+    x = required(input, "input")
+    code = dtype_code(dst_type, "dst_type")
+    dst = DTYPE_CODE_NAMES[code]
+    if dst not in FP8_DTYPES:
+        raise arg_error(ModeError, "dst_type", "an FP8 code: 292 / 24 (float8_e4m3fn) or 291 / 23 (float8_e5m2); "
+                        "fp4 outputs are not emulated", f"{code} ({dst})")
+    if not isinstance(round_mode, str) or round_mode not in MX_ROUND_MODES:
+        raise arg_error(ModeError, "round_mode", f"one of {MX_ROUND_MODES} for FP8 outputs", describe(round_mode))
+    if isinstance(scale_alg, (bool, np.bool_)) or not isinstance(scale_alg, (int, np.integer)) \
+            or int(scale_alg) not in SCALE_ALGS:
+        raise arg_error(ModeError, "scale_alg", f"one of {SCALE_ALGS} for FP8 outputs", describe(scale_alg))
+    if dst_type_max is not None and (isinstance(dst_type_max, bool) or float(dst_type_max) != 0.0
+                                     if isinstance(dst_type_max, (int, float, np.floating, np.integer)) else True):
+        raise arg_error(ModeError, "dst_type_max", "0.0 (FP8 outputs take only the default)", describe(dst_type_max))
+    if dtype_name(x.dtype) not in MX_QUANT_INPUT_DTYPES:
+        raise arg_error(DTypeError, "input", f"one of {MX_QUANT_INPUT_DTYPES}", describe(x))
+    lo, hi = DUAL_AXIS_NDIM
+    if not lo <= x.ndim <= hi:
+        raise arg_error(ShapeError, "input", f"{lo} to {hi} dims", describe(x))
+    require_ascend950("dst_type", code, dst)
+    check_call_bytes(x, "input", 2 * (1 + 4 + 1))  # two of everything npu_dynamic_mx_quant allocates
+    outs = []
+    for axis in (x.ndim - 1, x.ndim - 2):
+        args = Quant950Args("npu_dynamic_mx_quant", x, dtype_name(x.dtype), dst, code, None, axis, MX_BLOCK_SIZE,
+                            int(scale_alg))
+        out = get_backend().quant_950(args)
+        outs += [out.y, out.mxscale]
+    return tuple(outs)
+
+
+__all__ = ["npu_dtype_cast", "npu_dynamic_mx_quant", "npu_dynamic_mx_quant_with_dual_axis", "Quant950Args",
+           "Quant950Outputs", "SCALAR_TYPE_CODES", "DTYPE_CODE_NAMES", "dtype_code"]

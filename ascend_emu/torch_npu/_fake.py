@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ModeError, arg_error, describe
+from ..errors import ModeError, ShapeError, arg_error, describe
 from ..quant.mx import MX_BLOCK_SIZE
 
 #: Block of the MXFP8 dequant scales (v3 weight_quant_mode=3; the meta function's FP8_E4M3_BLOCK_SIZE).
@@ -388,6 +388,22 @@ def dynamic_mx_quant(input, *, axis=-1, round_mode="rint", dst_type=296, block_s
     return _new(input, input.shape, dtype), _new(input, mx_scale_shape(input.shape, axis, block_size), torch.uint8)
 
 
+def dynamic_mx_quant_with_dual_axis(input, *, round_mode="rint", dst_type=296, scale_alg=0,  # noqa: A002
+                                    dst_type_max=0.0):
+    """``(y1, mxscale1, y2, mxscale2)`` (``npu_dynamic_mx_quant_with_dual_axis`` meta): y1 / y2 like
+    input in the FP8 dtype; uint8 scale pairs along -1 and -2 (blocks of 32)."""
+    from ..quant.mx import mx_scale_shape
+
+    dtype = _quant_950_dtype(dst_type, "dst_type", "")
+    if dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise arg_error(ModeError, "dst_type", "an FP8 code: 292 / 24 (float8_e4m3fn) or 291 / 23 (float8_e5m2)",
+                        describe(dst_type))
+    if input.dim() < 2:
+        raise arg_error(ShapeError, "input", "2 to 7 dims", f"shape {tuple(input.shape)}")
+    return (_new(input, input.shape, dtype), _new(input, mx_scale_shape(input.shape, -1), torch.uint8),
+            _new(input, input.shape, dtype), _new(input, mx_scale_shape(input.shape, -2), torch.uint8))
+
+
 #: Fake implementation of each registered overload (``namespace::name[.overload]``).
 FAKES = {
     "npu::npu_mla_prolog": mla_prolog,
@@ -405,6 +421,7 @@ FAKES = {
     "npu::npu_dynamic_quant_asymmetric": dynamic_quant_asymmetric,
     "npu::npu_dtype_cast": dtype_cast,
     "npu::npu_dynamic_mx_quant": dynamic_mx_quant,
+    "npu::npu_dynamic_mx_quant_with_dual_axis": dynamic_mx_quant_with_dual_axis,
     "npu::npu_rotary_mul": rotary_mul,
     "npu::npu_scatter_pa_kv_cache": scatter_pa_kv_cache,
     "npu::npu_scatter_pa_kv_cache_functional": scatter_pa_kv_cache_functional,

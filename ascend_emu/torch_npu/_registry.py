@@ -781,6 +781,7 @@ def eager_allowed() -> bool:
 #: ``torch_npu.npu_dynamic_mx_quant(x, dst_type=torch.float8_e4m3fn)`` reaches the kernel; the
 #: eager path and the argument check convert it the same way (:func:`scalar_type_code`).
 DTYPE_CODE_ARGUMENTS = {"npu_dtype_cast": ("dtype", "input_dtype"), "npu_dynamic_mx_quant": ("dst_type",),
+                        "npu_dynamic_mx_quant_with_dual_axis": ("dst_type",),
                         "npu_format_cast": ("customize_dtype", "input_dtype")}
 
 
