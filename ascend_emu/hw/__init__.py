@@ -353,7 +353,8 @@ def rope(args: RopeArgs) -> RopeOutputs:
     if args.op == "npu_interleave_rope":
         y = tnpu.npu_interleave_rope(x, cos, sin)
     else:
-        y = tnpu.npu_rotary_mul(x, cos, sin, rotary_mode=args.mode)
+        rotate = None if args.rotate is None else to_device(args.rotate, torch)
+        y = tnpu.npu_rotary_mul(x, cos, sin, rotary_mode=args.mode, rotate=rotate)
     return RopeOutputs(to_host(y).reshape(args.x.shape))
 
 
