@@ -102,3 +102,115 @@ def test_dual_axis_drop_in_and_meta(a950):
     meta = torch.empty(3, 40, 70, dtype=torch.bfloat16, device="meta")
     shapes = [tuple(t.shape) for t in torch.ops.npu.npu_dynamic_mx_quant_with_dual_axis(meta, dst_type=23)]
     assert shapes == [(3, 40, 70), (3, 40, 2, 2), (3, 40, 70), (3, 1, 70, 2)]
+
+
+# ------------------------------------------------------------ npu_dtype_cast: general and int4
+from tests.reference import cast as cref  # noqa: E402
+from ascend_emu.errors import IndexRangeError  # noqa: E402
+
+CODES = {"bool": 11, "uint8": 0, "int8": 1, "int16": 2, "int32": 3, "int64": 4, "float16": 5, "float32": 6,
+         "float64": 7, "complex64": 9, "complex128": 10, "bfloat16": 15}
+
+
+def _values(dtype) -> np.ndarray:
+    rng = np.random.default_rng(11)
+    v = [0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.7, 126.9, -128.9, np.nan, 1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11,
+         65504.0, 65520.0, 3.0e-8, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8]
+    with np.errstate(over="ignore"):  # 65520 is Inf in fp16
+        return np.concatenate([np.array(v), rng.standard_normal(40) * 50]).astype(dtype)
+
+
+@pytest.mark.parametrize("src", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("dst", ["float16", "bfloat16", "float32", "int8", "int32", "bool"])
+@pytest.mark.parametrize("soc", [None, A950])
+def test_general_cast_matches_reference(monkeypatch, src, dst, soc):
+    """Every SoC: floats round half to even, to integers truncate with NaN -> 0, to bool != 0."""
+    if soc:
+        monkeypatch.setenv("ASCEND_EMU_SOC_NAME", soc)
+    x = _values(ml_dtypes.bfloat16 if src == "bfloat16" else np.dtype(src))
+    if dst in ("int8", "int32"):
+        x = x[np.isnan(x.astype(np.float64)) | (np.abs(x.astype(np.float64)) < 128)]
+    got = ops.npu_dtype_cast(x, CODES[dst])
+    want = cref.cast(x, dst)
+    assert got.shape == x.shape and got.dtype.name == dst
+    if dst in ("float16", "bfloat16"):
+        got = got.view(np.uint16)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_general_cast_integers_and_complex():
+    x = np.array([-128, -1, 0, 7, 127], np.int32)
+    np.testing.assert_array_equal(ops.npu_dtype_cast(x, 1), x.astype(np.int8))
+    np.testing.assert_array_equal(ops.npu_dtype_cast(x, 6), cref.cast(x, "float32"))
+    np.testing.assert_array_equal(ops.npu_dtype_cast(np.array([1, 0, 2], np.uint8), 11), [True, False, True])
+    c = np.array([1 + 2j, -3.5j], np.complex64)
+    got = ops.npu_dtype_cast(c, 10)
+    assert got.dtype == np.complex128 and (got == c.astype(np.complex128)).all()
+    big = np.array([2 ** 24 + 1, -(2 ** 24) - 3], np.int64)  # through fp32 to bf16 (torch's CPU cast)
+    np.testing.assert_array_equal(ops.npu_dtype_cast(big, 15).view(np.uint16), cref.cast(big, "bfloat16"))
+
+
+@pytest.mark.parametrize("x, code, err, text", [
+    (np.array([1.0, 200.0], np.float32), 1, IndexRangeError, r"^self: expected values that truncate into \[-128, 127\]"),
+    (np.array([1.0, np.inf], np.float32), 3, IndexRangeError, "^self: expected values that truncate"),
+    (np.array([-1.0], np.float32), 0, IndexRangeError, r"^self: expected values that truncate into \[0, 255\]"),
+    (np.array([300], np.int32), 1, IndexRangeError, r"^self: expected values in \[-128, 127\]"),
+    (np.array([1j], np.complex64), 6, ModeError, "^dtype: expected a complex dtype"),
+])
+def test_general_cast_rejects_undefined_values(x, code, err, text):
+    with pytest.raises(err, match=text):
+        ops.npu_dtype_cast(x, code)
+
+
+def test_int4_packing_on_950(a950):
+    rng = np.random.default_rng(5)
+    x = rng.integers(-8, 8, (3, 2, 10)).astype(np.int32)
+    got = ops.npu_dtype_cast(x, 285)
+    assert got.dtype == np.uint8 and got.shape == (3, 2, 5)
+    np.testing.assert_array_equal(got, cref.pack_int4(x))
+    np.testing.assert_array_equal(ops.npu_dtype_cast(np.array([[-8, 7, 1, -1]], np.int32), 285), [[0x78, 0xF1]])
+
+
+@pytest.mark.parametrize("x, err, text", [
+    (np.array([[1, 2, 3]], np.int32), ShapeError, "^self: expected a last dim divisible by 2"),
+    (np.array([[1, 8]], np.int32), IndexRangeError, r"^self: expected int4 values in \[-8, 7\]"),
+    (np.array([[1, 2]], np.int64), DTypeError, "^self: expected an int32 array"),
+])
+def test_int4_rejects(a950, x, err, text):
+    with pytest.raises(err, match=text):
+        ops.npu_dtype_cast(x, 285)
+
+
+@pytest.mark.parametrize("soc", NOT_950)
+def test_int4_rejected_on_a2_a3(monkeypatch, soc):
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", soc)
+    with pytest.raises(ModeError, match=rf"^dtype: When dtype is 285 \(int4\), not support on this soc version {soc} "):
+        ops.npu_dtype_cast(np.zeros((2, 4), np.int32), 285)
+
+
+def test_dtype_cast_drop_in_autograd_and_meta(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import ascend_emu.torch_npu as torch_npu
+
+    x = torch.tensor([[0.5, -1.25, 3.0]], requires_grad=True)
+    y = torch_npu.npu_dtype_cast(x, torch.half)
+    assert y.dtype == torch.float16 and y.requires_grad and "NpuDtypeCastBackward" in str(y.grad_fn)
+    y.backward(torch.tensor([[1.0, 2.0, 65504.0]], dtype=torch.half))
+    assert x.grad.dtype == torch.float32 and x.grad.tolist() == [[1.0, 2.0, 65504.0]]
+    x2 = torch.randn(3, 3, requires_grad=True)
+    y2 = torch_npu.npu_dtype_cast(x2, torch.bfloat16)
+    (g,) = torch.autograd.grad(y2, x2, torch.ones_like(y2))
+    assert g.grad_fn is None and g.dtype == torch.float32
+    (g,) = torch.autograd.grad(y2, x2, torch.ones_like(y2), create_graph=True)
+    assert g.grad_fn is not None
+    i = torch_npu.npu_dtype_cast(torch.tensor([0, 0.5, -1.0]), dtype=torch.int)  # the doc's example
+    assert i.dtype == torch.int32 and i.tolist() == [0, 0, -1]
+    meta = torch.empty(4, 6, dtype=torch.int32, device="meta")
+    assert torch.ops.npu.npu_dtype_cast(meta, 6).dtype == torch.float32
+    with pytest.raises(ModeError, match="^dtype: When dtype is 285"):
+        torch.ops.npu.npu_dtype_cast(meta, 285)
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", A950)
+    out = torch.ops.npu.npu_dtype_cast(meta, 285)
+    assert out.shape == (4, 3) and out.dtype == torch.uint8
+    packed = torch_npu.npu_dtype_cast(torch.tensor([[-8, 7, 1, -1]], dtype=torch.int32), 285)
+    assert packed.dtype == torch.uint8 and packed.cpu().tolist() == [[0x78, 0xF1]]

@@ -487,7 +487,8 @@ def quant_950(args: Quant950Args) -> Quant950Outputs:
 
     if args.op == "npu_dtype_cast":
         kw = {} if args.input_code is None else {"input_dtype": args.input_code}
-        return Quant950Outputs(host(tnpu.npu_dtype_cast(t, args.dtype_code, **kw)).reshape(x.shape))
+        shape = (*x.shape[:-1], x.shape[-1] // 2) if args.dst == "int4" else x.shape
+        return Quant950Outputs(host(tnpu.npu_dtype_cast(t, args.dtype_code, **kw)).reshape(shape))
     y, scale = tnpu.npu_dynamic_mx_quant(t, axis=args.axis, round_mode="rint", dst_type=args.dtype_code,
                                          block_size=args.block_size, scale_alg=args.scale_alg)
     return Quant950Outputs(host(y).reshape(x.shape), host(scale))

@@ -372,7 +372,20 @@ def _quant_950_dtype(code: int, name: str, meaning: str) -> torch.dtype:
 
 
 def dtype_cast(self, dtype, input_dtype=None):
-    """``self``'s shape in the dtype of code ``dtype`` (``npu_dtype_cast_meta``; hifloat8 as uint8)."""
+    """``self``'s shape in the dtype of code ``dtype`` (``npu_dtype_cast_meta``: hifloat8 as
+    uint8; torch_npu.int4 (285) as uint8 with the last dim halved, Ascend 950)."""
+    from ..ops.quant_950 import CAST_950_TYPES, DTYPE_CODE_NAMES, GENERAL_CAST_TYPES, INT4_CODE
+    from ..soc import require_ascend950
+
+    if dtype == INT4_CODE:
+        if self.dim() == 0 or self.shape[-1] % 2:
+            raise arg_error(ShapeError, "self", "a last dim divisible by 2 for int4 output",
+                            f"shape {tuple(self.shape)}")
+        require_ascend950("dtype", dtype, "int4")
+        return _new(self, list(self.shape[:-1]) + [self.shape[-1] // 2], torch.uint8)
+    name = DTYPE_CODE_NAMES.get(dtype) if isinstance(dtype, int) else None
+    if name in GENERAL_CAST_TYPES and name not in CAST_950_TYPES:
+        return _new(self, self.shape, getattr(torch, name))
     return _new(self, self.shape, _quant_950_dtype(dtype, "dtype", ""))
 
 
