@@ -1,5 +1,6 @@
-"""``torch_npu.npu_dtype_cast`` and ``torch_npu.npu_dynamic_mx_quant`` on NumPy arrays, for the
-Ascend 950's 8-bit types: the contract.
+"""``torch_npu.npu_dtype_cast``, ``torch_npu.npu_dynamic_mx_quant`` and
+``torch_npu.npu_dynamic_mx_quant_with_dual_axis`` on NumPy arrays: the contract (the general
+cast on every SoC; the Ascend 950's 8-bit types and int4).
 
 Sources: torch_npu 2.14's schemas (``npu_native_functions_by_codegen.yaml``:
 ``npu_dtype_cast(Tensor self, int dtype, int? input_dtype=None)``, ``npu_dynamic_mx_quant(Tensor
@@ -18,16 +19,22 @@ Dtype codes are plain ints, as torch_npu takes them: a torch dtype crosses the d
 float8_e5m2, 24 float8_e4m3fn), the torch_npu types as ACL enum + 256
 (:data:`ascend_emu.quant.TORCH_NPU_DTYPE_CODES`: 290 hifloat8, 291 float8_e5m2, 292 float8_e4m3fn).
 
-What is emulated, on an emulated Ascend 950 only (:func:`ascend_emu.soc.require_ascend950`:
+On every SoC: ``npu_dtype_cast`` as the general cast of the A2 / A3 doc (op-plugin
+``docs/context/（beta）torch_npu-npu_dtype_cast.md``: a dtype conversion, replaceable by
+``torch.to``) between :data:`GENERAL_CAST_TYPES` (:func:`npu_dtype_cast`; docs/ops.md#npu_dtype_cast).
+
+What is emulated on an emulated Ascend 950 only (:func:`ascend_emu.soc.require_ascend950`:
 elsewhere every call is rejected, naming the SoC and the mode):
 
 - ``npu_dtype_cast``: fp16 / bf16 / fp32 to hifloat8 (:func:`ascend_emu.quant.to_hif8`, codes
   as uint8) or to FP8 E5M2 / E4M3FN (:func:`ascend_emu.quant.to_fp8`, RNE, not saturating: the
   950's INF_NAN mode, E4M3FN overflow is NaN, E5M2 Inf); and back from hifloat8 (uint8 codes with
   ``input_dtype=290``) or FP8 (an fp8 array, or its uint8 bytes with ``input_dtype`` 291 / 292)
-  to fp16 / bf16 / fp32 (exact: every HiF8 / FP8 value is an fp16 and a bf16 value). Other
-  pairs (plain float casts, fp4, int4, fp8 <-> hifloat8) are rejected: torch's ``.to()`` does
-  the plain ones.
+  to fp16 / bf16 / fp32 (exact: every HiF8 / FP8 value is an fp16 and a bf16 value); int32 to
+  ``torch_npu.int4`` (285, two values a uint8 byte, the wheel's ``npu_dtype_cast_meta``). Other
+  pairs with these types (fp4, fp8 <-> hifloat8) are rejected.
+- ``npu_dynamic_mx_quant_with_dual_axis``: ``npu_dynamic_mx_quant`` along -1 and -2 in blocks of
+  32 (:func:`npu_dynamic_mx_quant_with_dual_axis`).
 - ``npu_dynamic_mx_quant``: FP8 E4M3FN / E5M2 elements with E8M0 scale pairs along ``axis``
   (:func:`ascend_emu.quant.mx_quantize`), ``scale_alg`` 0 / 1, ``round_mode`` ``"rint"``;
   fp4 (the schema's default ``dst_type=296``), ``scale_alg`` 2 and the ``dst_type_max`` /
