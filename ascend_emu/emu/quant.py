@@ -64,7 +64,6 @@ def quant(args: DynamicQuantArgs) -> DynamicQuantOutputs:
         int32 ``[..., H / 8]``), scale (and the asymmetric offset) fp32 ``x.shape[:-1]``
         (per channel ``x.shape[:-2] + (H,)``).
     """
-    x = args.x
     v = _smoothed(args)
     per_channel = args.mode == "perchannel"
     if per_channel:  # reduce over axis -2: quantize the transposed columns as rows

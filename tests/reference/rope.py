@@ -61,7 +61,7 @@ def rotary_mul_nd(x: np.ndarray, r1: np.ndarray, r2: np.ndarray, mode: str, rota
     h = d // 2
     out = np.zeros(x.shape, np.float32)
     for idx in np.ndindex(x.shape[:-1]):
-        ri = tuple(i if n > 1 else 0 for i, n in zip(idx, r1.shape[:-1]))
+        ri = tuple(i if n > 1 else 0 for i, n in zip(idx, r1.shape[:-1], strict=True))
         row = [_f(x[idx + (e,)]) for e in range(d)]
         for e in range(d):
             if rotate is not None:
