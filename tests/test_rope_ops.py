@@ -114,8 +114,8 @@ def test_interleave_rope_rejects_non_contiguous(rng):
     ((2, 3, 5, 15), (1, 1, 5, 15), "half", ShapeError, "self"),
     ((1, 1, 2, 896), (1, 1, 2, 896), "half", ShapeError, "self"),
     ((5, 16), (5, 16), "half", ShapeError, "self"),
-    ((3, 5, 16), (1, 5, 16), "half", ShapeError, "r1"),           # TND takes T1D / TND
-    ((3, 5, 16), (3, 5, 16), "interleave", ShapeError, "r1"),     # interleave: T1D only
+    ((3, 5, 16), (1, 5, 16), "half", ShapeError, "r1"),           # TND takes 11D / T1D / TND
+    ((3, 5, 16), (1, 5, 16), "interleave", ShapeError, "r1"),
     ((3, 5, 16), (3, 1, 1, 16), "half", ShapeError, "r1"),
     ((2, 3, 5, 16), (1, 1, 5, 16), "quarter", ModeError, "rotary_mode"),
 ])
@@ -146,7 +146,9 @@ def test_rotary_mul_size_one_dims_fit_either_reading(rng, mode):
 
 # ------------------------------------------------------------------ 3-D (TND) self and rotate
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-@pytest.mark.parametrize("mode, rs", [("half", (3, 1, 16)), ("half", (3, 5, 16)), ("interleave", (3, 1, 16))])
+@pytest.mark.parametrize("mode, rs", [("half", (3, 1, 16)), ("half", (3, 5, 16)), ("half", (1, 1, 16)),
+                                      ("interleave", (3, 1, 16)), ("interleave", (3, 5, 16)),
+                                      ("interleave", (1, 1, 16))])
 def test_rotary_mul_tnd_matches_reference(rng, dtype, mode, rs):
     x, r1, r2 = _data(rng, (3, 5, 16), dtype, 4.0), _data(rng, rs, dtype), _data(rng, rs, dtype)
     _assert_same(ops.npu_rotary_mul(x, r1, r2, mode), ref.rotary_mul_nd(x, r1, r2, mode))

@@ -53,6 +53,17 @@ def _asymmetric(v: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return y, scale[..., 0], offset[..., 0]
 
 
+def _per_channel_symmetric(v: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (last axis) of fp32 ``v``: ``scale = max|v| * fp32(1 / qmax)``, ``y = rint(v /
+    scale)`` (a zero row: scale 0, y 0), as op-plugin's per-channel golden computes it."""
+    amax = np.abs(v).max(axis=-1, keepdims=True)
+    scale = (amax * np.float32(1.0 / qmax)).astype(np.float32)
+    zero = scale == 0
+    y = np.rint(v / np.where(zero, np.float32(1), scale))
+    y = np.where(zero, np.float32(0), np.clip(y, -qmax, qmax)).astype(np.int8)
+    return y, scale[..., 0]
+
+
 def quant(args: DynamicQuantArgs) -> DynamicQuantOutputs:
     """The family's backend method (:class:`ascend_emu.ops._backend.Backend`).
 
@@ -72,6 +83,8 @@ def quant(args: DynamicQuantArgs) -> DynamicQuantOutputs:
     offset = None
     if args.asymmetric:
         q, scale, offset = _asymmetric(v, qmax)
+    elif per_channel:  # the golden's form: scale = amax * fp32(1 / qmax), y = rint(v / scale)
+        q, scale = _per_channel_symmetric(v, qmax)
     else:
         form = "amax_times_inverse" if args.group_index is None else "inverse_of_multiplier"
         q, scale = quantize_per_token_multiplier(v.reshape(-1, v.shape[-1]), qmax, scale_form=form)

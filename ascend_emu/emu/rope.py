@@ -37,11 +37,14 @@ def _rotated(x: np.ndarray, mode: str) -> np.ndarray:
 
 
 def _rotate_by(x: np.ndarray, rotate: np.ndarray) -> np.ndarray:
-    """``x @ rotate`` over the last axis in fp32, each lane's products added in index order
-    (``np.matmul`` would leave the order to BLAS)."""
+    """``x @ rotate`` over the last axis in fp32, each lane's products added in row order; zero
+    entries contribute nothing (a BLAS matmul would leave the order open and turn an Inf lane
+    times 0 into NaN). Work: one pass per non-zero entry's row, over that row's lanes."""
     out = np.zeros(x.shape, np.float32)
-    for i in np.flatnonzero(np.any(rotate != 0, axis=1)):  # zero rows add nothing
-        out += x[..., i:i + 1] * rotate[i]
+    for i in range(rotate.shape[0]):
+        cols = np.flatnonzero(rotate[i])
+        if cols.size:
+            out[..., cols] += x[..., i:i + 1] * rotate[i, cols]
     return out
 
 

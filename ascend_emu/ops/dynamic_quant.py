@@ -44,8 +44,8 @@ Choices where the sources leave room (stricter than the hardware, never looser):
   values for A2 / A3; the 950's fp8 / hifloat8 outputs are not emulated); ``quant_mode``
   ``'pertoken'``, and ``'perchannel'`` on an emulated Ascend 950 (``'pertensor'`` is not
   emulated); ``dst_type_max`` 0.0 only.
-- Per channel (Ascend 950): the symmetric scale is ``max|v| * fp32(1/DTYPE_MAX)`` per column,
-  the per-token kernel's form applied over axis -2 (the 950 kernel's arithmetic is not
+- Per channel (Ascend 950): per column (over axis -2) ``scale = max|v| * fp32(1/DTYPE_MAX)``,
+  ``y = rint(v / scale)``: op-plugin's per-channel golden (the 950 kernel's arithmetic is not
   published; the doc gives ``max / DTYPE_MAX``).
 - ``npu_dynamic_quant_asymmetric`` (:func:`npu_dynamic_quant_asymmetric`): the doc's formula in
   fp32, one rounding per step.

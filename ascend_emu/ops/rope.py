@@ -23,8 +23,9 @@ Choices where the sources leave room (stricter than the doc, never looser):
   non-contiguous tensors).
 - rotary_mul: r1 and r2 of one shape and of ``self``'s dtype; D even and < 896; ``self`` 4-D
   ``[A, B, C, D]`` or 3-D ``[T, N, D]`` (the doc's TND). r1's leading dims are one of the doc's
-  broadcast layouts over ``self``'s (the doc's BNSD / BSND / SBND readings together, and TND's
-  T1D / TND): :data:`HALF_LAYOUTS` / :data:`INTERLEAVE_LAYOUTS` (4-D), :data:`HALF_LAYOUTS_3D`
+  broadcast layouts over ``self``'s (the doc's BNSD / BSND / SBND readings together; over TND
+  11D / T1D / TND in both modes: the doc names T1D / TND, op-plugin's 3-D goldens also 11D and
+  an interleave TND): :data:`HALF_LAYOUTS` / :data:`INTERLEAVE_LAYOUTS` (4-D), :data:`HALF_LAYOUTS_3D`
   / :data:`INTERLEAVE_LAYOUTS_3D` (3-D). The doc's ``B, N < 1000`` limits depend on which
   layout the caller means and are not checked; nor is the ``[-1, 1]`` data range of r1 / r2.
   Only the doc's ``'half'`` and ``'interleave'`` modes (``quarter`` / ``interleave-half`` are
@@ -61,9 +62,10 @@ ROTARY_MAX_D = 896
 HALF_LAYOUTS = frozenset({(False, False, True), (True, False, True), (True, True, True), (False, True, False),
                           (True, True, False), (True, False, False)})
 INTERLEAVE_LAYOUTS = frozenset({(False, False, True), (False, True, False), (True, False, False)})
-#: The same over a 3-D self ``[T, N, D]`` (doc, TND): half T1D / TND, interleave T1D.
-HALF_LAYOUTS_3D = frozenset({(True, False), (True, True)})
-INTERLEAVE_LAYOUTS_3D = frozenset({(True, False)})
+#: The same over a 3-D self ``[T, N, D]``: the doc's TND layouts (half T1D / TND, interleave
+#: T1D) and those op-plugin's 3-D goldens call (11D in both modes, TND in interleave).
+HALF_LAYOUTS_3D = frozenset({(False, False), (True, False), (True, True)})
+INTERLEAVE_LAYOUTS_3D = HALF_LAYOUTS_3D
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,7 @@ def npu_rotary_mul(self, r1, r2, rotary_mode: str = "half", rotate=None) -> np.n
 
     Args:
         self: ``[A, B, C, D]`` or ``[T, N, D]``, bf16 / fp16 / fp32, D even and < 896.
-        r1: self's rank, ``[A|1, B|1, C|1, D]`` / ``[T, N|1, D]`` in one of the doc's layouts
+        r1: self's rank, ``[A|1, B|1, C|1, D]`` / ``[T|1, N|1, D]`` in one of the doc's layouts
             (:data:`HALF_LAYOUTS`, :data:`INTERLEAVE_LAYOUTS`, :data:`HALF_LAYOUTS_3D`,
             :data:`INTERLEAVE_LAYOUTS_3D`), self's dtype.
         r2: r1's shape and dtype.
@@ -187,9 +189,9 @@ def npu_rotary_mul(self, r1, r2, rotary_mode: str = "half", rotate=None) -> np.n
         names = "11SD / 1S1D / S11D" + ("" if rotary_mode == "interleave" else " / B1SD / BS1D / SB1D / full")
     else:
         layouts = HALF_LAYOUTS_3D if rotary_mode == "half" else INTERLEAVE_LAYOUTS_3D
-        names = "T1D" + ("" if rotary_mode == "interleave" else " / TND")
+        names = "11D / T1D / TND"
     for name, a in (("r1", r1), ("r2", r2)):
-        check_ndim(a, name, (x.ndim,), "[A|1, B|1, C|1, D]" if four else "[T, N|1, D]")
+        check_ndim(a, name, (x.ndim,), "[A|1, B|1, C|1, D]" if four else "[T|1, N|1, D]")
         check_dtype(a, name, (dtype_name(x.dtype),))
         if a.shape[-1] != d or not _fits_a_layout(a.shape, x.shape, layouts):
             raise arg_error(ShapeError, name, f"a {rotary_mode}-mode broadcast of self {x.shape} (doc layouts "

@@ -161,12 +161,28 @@ def dynamic_quant_asymmetric(x: np.ndarray, smooth: np.ndarray | None = None, gr
 
 
 def dynamic_quant_per_channel(x: np.ndarray, smooth: np.ndarray | None = None):
-    """``(y, scale)`` of npu_dynamic_quant with ``quant_mode='perchannel'`` (int8): :func:`dynamic_quant`'s
-    arithmetic (``amax * f32(1 / qmax)``) over axis -2, smooth ``[S]`` multiplying the rows."""
+    """``(y, scale)`` of npu_dynamic_quant with ``quant_mode='perchannel'`` (int8), as op-plugin's
+    per-channel golden computes it, per column c of ``v = f32(x) * f32(smooth[row])``:
+    ``scale = f32(max |v| * f32(1 / 127))``, ``y = rint_half_even(f32(v / scale))`` (a zero
+    column: scale 0, y 0)."""
     xf = x.astype(np.float32)
-    if smooth is not None:
-        sf = smooth.astype(np.float32)
-        for idx in np.ndindex(x.shape):
-            xf[idx] = _f(xf[idx]) * _f(sf[idx[-2]])
-    y, scale = dynamic_quant(np.ascontiguousarray(np.swapaxes(xf, -1, -2)))
-    return np.ascontiguousarray(np.swapaxes(y, -1, -2)), scale
+    s_rows, h = x.shape[-2], x.shape[-1]
+    lead = x.shape[:-2]
+    y = np.zeros(x.shape, np.int8)
+    scale = np.zeros(lead + (h,), np.float32)
+    for outer in np.ndindex(*lead):
+        for c in range(h):
+            v = []
+            for r in range(s_rows):
+                e = _f(xf[outer + (r, c)])
+                v.append(_f(e * _f(smooth[r])) if smooth is not None else e)
+            amax = _f(0.0)
+            for e in v:
+                amax = max(amax, _f(abs(e)))
+            sc = _f(amax * _f(1.0 / 127.0))
+            scale[outer + (c,)] = sc
+            if sc == 0:
+                continue
+            for r in range(s_rows):
+                y[outer + (r, c)] = max(-127, min(127, _round_half_even(float(_f(v[r] / sc)))))
+    return y, scale

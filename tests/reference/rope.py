@@ -67,7 +67,7 @@ def rotary_mul_nd(x: np.ndarray, r1: np.ndarray, r2: np.ndarray, mode: str, rota
             if rotate is not None:
                 new = _f(0.0)
                 for i in range(d):
-                    if any(rotate[i, k] != 0 for k in range(d)):  # the emulator skips all-zero rows
+                    if rotate[i, e] != 0:  # zero entries contribute nothing (the emulator's choice)
                         new = _f(new + _f(row[i] * _f(rotate[i, e])))
             elif mode == "half":
                 new = -row[e + h] if e < h else row[e - h]
