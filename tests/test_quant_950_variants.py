@@ -217,3 +217,7 @@ def test_dtype_cast_drop_in_autograd_and_meta(monkeypatch):
     assert out.shape == (4, 3) and out.dtype == torch.uint8
     packed = torch_npu.npu_dtype_cast(torch.tensor([[-8, 7, 1, -1]], dtype=torch.int32), 285)
     assert packed.dtype == torch.uint8 and packed.cpu().tolist() == [[0x78, 0xF1]]
+    # op-plugin's test_dtype_cast.py: torch_npu.int4 with input_dtype=torch.int32, [1, 2, 3, 4] -> [33, 67]
+    packed = torch_npu.npu_dtype_cast(torch.tensor([1, 2, 3, 4], dtype=torch.int32), dtype=torch_npu.int4,
+                                      input_dtype=torch.int32)
+    assert packed.cpu().tolist() == [33, 67]

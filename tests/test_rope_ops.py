@@ -206,3 +206,12 @@ def test_rotary_mul_tnd_and_rotate_drop_in(rng):
     meta = torch.ops.npu.npu_rotary_mul(torch.empty(2, 5, 128, device="meta"), torch.empty(2, 1, 128, device="meta"),
                                         torch.empty(2, 1, 128, device="meta"), rotate=torch.empty(128, 128, device="meta"))
     assert meta.shape == (2, 5, 128)
+
+
+def test_rotary_mode_error_carries_torch_npu_text(rng):
+    """op-plugin's golden matches torch_npu's text "The rotary_mode of npu_rotary_mul should be
+    half or interleave, but got " (as a RuntimeError there)."""
+    x, r = _data(rng, (2, 2, 5, 16), "float32"), _data(rng, (1, 2, 1, 16), "float32")
+    with pytest.raises(ModeError, match=r"^rotary_mode: expected .*The rotary_mode of npu_rotary_mul should be "
+                                        r"half or interleave, but got quarter"):
+        ops.npu_rotary_mul(x, r, r, "quarter")

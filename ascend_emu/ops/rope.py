@@ -176,7 +176,9 @@ def npu_rotary_mul(self, r1, r2, rotary_mode: str = "half", rotate=None) -> np.n
     ``test/test_custom_ops/test_npu_rotary_mul.py`` (golden).
     """
     if not isinstance(rotary_mode, str) or rotary_mode not in ROTARY_MODES:
-        raise arg_error(ModeError, "rotary_mode", f"one of {ROTARY_MODES}", describe(rotary_mode))
+        raise arg_error(ModeError, "rotary_mode", f"one of {ROTARY_MODES} (torch_npu: \"The rotary_mode of "
+                        f"npu_rotary_mul should be half or interleave, but got {rotary_mode}\")",
+                        describe(rotary_mode))
     x, r1, r2 = required(self, "self"), required(r1, "r1"), required(r2, "r2")
     check_ndim(x, "self", (3, 4), "[A, B, C, D] or [T, N, D]")
     check_dtype(x, "self", ROTARY_MUL_DTYPES)
