@@ -221,3 +221,12 @@ def test_dtype_cast_drop_in_autograd_and_meta(monkeypatch):
     packed = torch_npu.npu_dtype_cast(torch.tensor([1, 2, 3, 4], dtype=torch.int32), dtype=torch_npu.int4,
                                       input_dtype=torch.int32)
     assert packed.cpu().tolist() == [33, 67]
+
+
+def test_dtype_names_stand_for_their_codes():
+    """How a recorded call stores a torch dtype: its name."""
+    x = np.array([1.5, -2.5], np.float32)
+    for name in ("float16", "torch.float16"):
+        np.testing.assert_array_equal(ops.npu_dtype_cast(x, name), x.astype(np.float16))
+    with pytest.raises(ModeError, match="^dtype: expected a dtype code"):
+        ops.npu_dtype_cast(x, "torch.nonsense")

@@ -113,7 +113,15 @@ class Quant950Outputs(NamedTuple):
 
 
 def dtype_code(value, name: str) -> int:
-    """``value`` checked as a dtype code of :data:`DTYPE_CODE_NAMES` (ModeError naming ``name``)."""
+    """``value`` checked as a dtype code of :data:`DTYPE_CODE_NAMES` (ModeError naming ``name``).
+    A dtype's name (``'float16'``, ``'torch.float16'``, ``'torch_npu.hifloat8'``: how a recorded
+    call stores a torch dtype) stands for its code."""
+    if isinstance(value, str):
+        npu_name = value.startswith("torch_npu.")
+        key = value.split(".", 1)[1] if npu_name or value.startswith("torch.") else value
+        first, second = (TORCH_NPU_DTYPE_CODES, SCALAR_TYPE_CODES) if npu_name else (SCALAR_TYPE_CODES,
+                                                                                   TORCH_NPU_DTYPE_CODES)
+        value = first.get(key, second.get(key, value))
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise arg_error(ModeError, name, "a dtype code as an int (e.g. 290 hifloat8, 292 float8_e4m3fn, "
                         "15 bfloat16)", describe(value))
