@@ -148,3 +148,26 @@ def test_drop_in_and_meta(rng, monkeypatch):
     s = rng.standard_normal(3).astype(ml_dtypes.bfloat16)
     outs = torch_npu.npu_dynamic_quant_asymmetric(to_torch(x), smooth_scales=to_torch(s), quant_mode="perchannel")
     _same([to_numpy(t) for t in outs], ref.dynamic_quant_asymmetric(x, s, per_channel=True))
+
+
+def test_per_channel_divides_by_the_scale(a950):
+    """The golden's ``round(v / scale)``, not the per-token kernel's ``rint(v * (qmax / amax))``
+    or a reciprocal multiply: on op-plugin's bf16 ``[2, 32, 256]`` shape some values round
+    differently, and the output follows the division."""
+    x = (np.random.default_rng(0).standard_normal((2, 32, 256)) * 3).astype(ml_dtypes.bfloat16)
+    y, scale = ops.npu_dynamic_quant(x, quant_mode="perchannel")
+    _same((y, scale), ref.dynamic_quant_per_channel(x))
+    v = x.astype(np.float32)
+    by_reciprocal = np.rint(v * (np.float32(1) / scale[:, None, :]))
+    assert (by_reciprocal != y).any()  # the data tells the two forms apart
+
+
+def test_asymmetric_divides_by_the_scale():
+    """The doc's ``x / scale + offset``, not a reciprocal multiply: on op-plugin's ``[2, 32, 256]``
+    shape some values round differently, and the output follows the division (the reference)."""
+    x = (np.random.default_rng(1).standard_normal((2, 32, 256)) * 3).astype(np.float16)
+    got = ops.npu_dynamic_quant_asymmetric(x)
+    _same(got, ref.dynamic_quant_asymmetric(x))
+    y, scale, offset = got
+    by_reciprocal = np.rint(x.astype(np.float32) * (np.float32(1) / scale[..., None]) + offset[..., None])
+    assert (by_reciprocal != y).any()  # the data tells the two forms apart
