@@ -323,7 +323,8 @@ def test_replay_of_an_empty_recording_fails_with_the_reason(tmp_path, capsys):
     compare.RecordWriter(tmp_path / "rec").close()  # what a run calling no emulated op leaves
     rc, out, err = _cli(["compare", "--replay", str(tmp_path / "rec")], capsys)
     assert rc == 2 and f"{tmp_path / 'rec'} holds no recorded call" in err
-    assert "called none of the emulated ops (npu_dtype_cast, npu_dynamic_mx_quant, npu_dynamic_quant, " in err
+    assert ("called none of the emulated ops (npu_dtype_cast, npu_dynamic_mx_quant, "
+            "npu_dynamic_mx_quant_with_dual_axis, npu_dynamic_quant, npu_dynamic_quant_asymmetric, ") in err
 
 
 def test_a_run_calling_no_op_records_and_compares_nothing(standin_module, tmp_path, capsys):

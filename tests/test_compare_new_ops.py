@@ -367,3 +367,35 @@ def test_950_casts_recorded_replay_identical_and_hifloat8_outputs_judged_in_hif8
     t = compare.compare_call(cast).tensors[0]
     assert (t.status, t.dtype, t.mismatches[0]["index"]) == ("pass", "hifloat8", [0, 5])  # a float tolerance
     assert t.ulp_hist["1"] == 1 and sum(t.ulp_hist.values()) == 1  # as a uint8 integer: an exact-compare failure
+
+
+def test_quant_and_rope_variants_recorded_replay_identical(tmp_path, monkeypatch):
+    """npu_dynamic_quant_asymmetric (per token, and per channel on the 950),
+    npu_dynamic_mx_quant_with_dual_axis, a TND npu_rotary_mul with rotate and the general
+    npu_dtype_cast: record, replay identical."""
+    torch = pytest.importorskip("torch")
+    from ascend_emu.soc import ASCEND950_EXAMPLE, SOC_NAME_ENV
+
+    rng = np.random.default_rng(9)
+    x = _bf16(torch, rng, (4, 64))
+    xt = _bf16(torch, rng, (3, 2, 64))
+    rt = _bf16(torch, rng, (3, 1, 64))
+    rot = _bf16(torch, rng, (64, 64))
+    def run(t):
+        t.npu_dynamic_quant_asymmetric(x)
+        t.npu_rotary_mul(xt, rt, rt, "half", rot)
+        t.npu_dtype_cast(x, torch.float16)
+        monkeypatch.setenv(SOC_NAME_ENV, ASCEND950_EXAMPLE)
+        t.npu_dynamic_quant_asymmetric(x, quant_mode="perchannel")
+        t.npu_dynamic_mx_quant_with_dual_axis(x, dst_type=292)
+
+    calls = _round_trip(_record(run), tmp_path / "rec")
+    assert [c.op for c in calls] == ["npu_dynamic_quant_asymmetric", "npu_rotary_mul", "npu_dtype_cast",
+                                     "npu_dynamic_quant_asymmetric", "npu_dynamic_mx_quant_with_dual_axis"]
+    for k, call in enumerate(calls):  # replayed on the SoC each was recorded on (rotate: not on a 950)
+        if k < 3:
+            monkeypatch.delenv(SOC_NAME_ENV, raising=False)
+        else:
+            monkeypatch.setenv(SOC_NAME_ENV, ASCEND950_EXAMPLE)
+        rep = compare.compare_call(call)
+        assert rep.status == "identical", (call.op, [(t.name, t.status, t.note) for t in rep.tensors])

@@ -165,7 +165,7 @@ def _reject_cases():
         ("int4 with H % 8", dict(input=np.ones((4, 12), f16), dst_type=16), ShapeError, "input"),
         ("dst_type int32", dict(input=x, dst_type=3), ModeError, "dst_type"),
         ("dst_type float8", dict(input=x, dst_type="float8_e4m3fn"), ModeError, "dst_type"),
-        ("quant_mode", dict(input=x, quant_mode="perchannel"), ModeError, "quant_mode"),
+        ("quant_mode", dict(input=x, quant_mode="pertensor"), ModeError, "quant_mode"),
         ("dst_type_max", dict(input=x, dst_type_max=448.0), ModeError, "dst_type_max"),
         ("smooth dtype", dict(input=x, smooth_scales=np.ones(16, bf16)), DTypeError, "smooth_scales"),
         ("smooth length", dict(input=x, smooth_scales=np.ones(15, f16)), ShapeError, "smooth_scales"),

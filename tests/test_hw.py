@@ -94,7 +94,7 @@ def convention_checked(seen: list):
                 result = _real(args)
                 assert type(result) is _outputs_type(_family), (_name, _family, type(result))
                 for field, value in zip(result._fields, result, strict=True):
-                    assert isinstance(value, np.ndarray) or (value is None and _family in ("mla_prolog", "quant_950")), (
+                    assert isinstance(value, np.ndarray) or (value is None and _family in ("mla_prolog", "quant_950", "quant")), (
                         _name, _family, field)
                 if _family == "paged_cache":  # the caches (scatter) or key / value (gather)
                     assert result.k is args.written[0] and result.v is args.written[1], (_name, _family)
@@ -430,6 +430,10 @@ def test_hw_rope(standin, rng, dtype):
     r1, r2 = (rng.standard_normal((1, 1, 4, 64)).astype(dtype) for _ in range(2))
     for mode in ("half", "interleave"):
         assert_backends_agree(ops.npu_rotary_mul, (x, r1, r2), {"rotary_mode": mode})
+    rotate = rng.standard_normal((64, 64)).astype(dtype)
+    assert_backends_agree(ops.npu_rotary_mul, (x, r1, r2), {"rotary_mode": "half", "rotate": rotate})
+    rt = rng.standard_normal((2, 1, 64)).astype(dtype)  # TND x [2, 3, 64] with T1D r1 / r2
+    assert_backends_agree(ops.npu_rotary_mul, (x[:, :, 0].copy(), rt, rt.copy()), {})
 
 
 @pytest.mark.parametrize("mode", ["Norm", "PA_NZ"])
@@ -459,6 +463,8 @@ def test_hw_dynamic_quant(standin, rng, dtype):
     groups = rng.uniform(0.5, 2.0, (2, 16)).astype(dtype)
     assert_backends_agree(ops.npu_dynamic_quant, (x,), {"smooth_scales": groups,
                                                         "group_index": np.array([2, 6], np.int32)})
+    assert_backends_agree(ops.npu_dynamic_quant_asymmetric, (x,), {"smooth_scales": smooth})
+    assert_backends_agree(ops.npu_dynamic_quant_asymmetric, (x,), {"dst_type": 16})
 
 
 @pytest.mark.parametrize("op,lse", [("npu_fused_infer_attention_score", "softmax_lse_flag"),
@@ -494,3 +500,8 @@ def test_hw_quant_950(standin, rng, monkeypatch, dtype):
     if dtype is not np.float32:
         for axis, alg in ((-1, 0), (0, 1)):
             assert_backends_agree(ops.npu_dynamic_mx_quant, (x,), {"dst_type": 291, "axis": axis, "scale_alg": alg})
+        assert_backends_agree(ops.npu_dynamic_mx_quant_with_dual_axis, (x,), {"dst_type": 292})
+        assert_backends_agree(ops.npu_dynamic_quant, (x,), {"quant_mode": "perchannel"})
+        assert_backends_agree(ops.npu_dynamic_quant_asymmetric, (x,), {"quant_mode": "perchannel"})
+    assert_backends_agree(ops.npu_dtype_cast, (x, 5), {})  # the general cast
+    assert_backends_agree(ops.npu_dtype_cast, (np.arange(-8, 8, dtype=np.int32).reshape(2, 8), 285), {})

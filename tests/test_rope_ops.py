@@ -76,7 +76,7 @@ def test_drop_in(rng):
     meta = torch.ops.npu.npu_interleave_rope(*(torch.empty(s, dtype=torch.float16, device="meta")
                                                for s in ((2, 3, 4, 64), (2, 1, 4, 64), (2, 1, 4, 64))))
     assert meta.shape == (2, 3, 4, 64) and meta.dtype == torch.float16
-    with pytest.raises(ModeError, match="rotate"):
+    with pytest.raises(ShapeError, match="^rotate: expected 2-D"):
         torch_npu.npu_rotary_mul(to_torch(x), to_torch(r1), to_torch(r2), rotate=to_torch(r1))
 
 
@@ -113,7 +113,10 @@ def test_interleave_rope_rejects_non_contiguous(rng):
     ((2, 3, 5, 16), (1, 1, 4, 16), "half", ShapeError, "r1"),
     ((2, 3, 5, 15), (1, 1, 5, 15), "half", ShapeError, "self"),
     ((1, 1, 2, 896), (1, 1, 2, 896), "half", ShapeError, "self"),
-    ((3, 5, 16), (1, 5, 16), "half", ShapeError, "self"),
+    ((5, 16), (5, 16), "half", ShapeError, "self"),
+    ((3, 5, 16), (1, 5, 16), "half", ShapeError, "r1"),           # TND takes 11D / T1D / TND
+    ((3, 5, 16), (1, 5, 16), "interleave", ShapeError, "r1"),
+    ((3, 5, 16), (3, 1, 1, 16), "half", ShapeError, "r1"),
     ((2, 3, 5, 16), (1, 1, 5, 16), "quarter", ModeError, "rotary_mode"),
 ])
 def test_rotary_mul_rejects(rng, xs, rs, mode, err, name):
@@ -139,3 +142,76 @@ def test_rotary_mul_size_one_dims_fit_either_reading(rng, mode):
     x = _data(rng, (1, 3, 5, 16), "float32", 4.0)
     r1, r2 = _data(rng, (1, 1, 5, 16), "float32"), _data(rng, (1, 1, 5, 16), "float32")
     _assert_same(ops.npu_rotary_mul(x, r1, r2, mode), ref.rotary_mul(x, r1, r2, mode))
+
+
+# ------------------------------------------------------------------ 3-D (TND) self and rotate
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("mode, rs", [("half", (3, 1, 16)), ("half", (3, 5, 16)), ("half", (1, 1, 16)),
+                                      ("interleave", (3, 1, 16)), ("interleave", (3, 5, 16)),
+                                      ("interleave", (1, 1, 16))])
+def test_rotary_mul_tnd_matches_reference(rng, dtype, mode, rs):
+    x, r1, r2 = _data(rng, (3, 5, 16), dtype, 4.0), _data(rng, rs, dtype), _data(rng, rs, dtype)
+    _assert_same(ops.npu_rotary_mul(x, r1, r2, mode), ref.rotary_mul_nd(x, r1, r2, mode))
+
+
+def _half_matrix(d: int) -> np.ndarray:
+    """The doc's ``get_half_matrix``: x @ it is rotate_half(x)."""
+    m = np.zeros((d, d), np.float32)
+    m[np.arange(d // 2), np.arange(d // 2) + d // 2] = 1
+    m[np.arange(d // 2) + d // 2, np.arange(d // 2)] = -1
+    return m
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_rotary_mul_rotate_matrix(rng, dtype):
+    """The doc's half matrix gives the half mode's result bit for bit; a block-diagonal one (the
+    doc's split-D use: two halves of 8 rotated separately) and a dense random one match the
+    loop reference."""
+    x, r1, r2 = _data(rng, (2, 3, 4, 16), dtype, 4.0), _data(rng, (1, 1, 4, 16), dtype), _data(rng, (1, 1, 4, 16), dtype)
+    half = _half_matrix(16).astype(DTYPES[dtype])
+    _assert_same(ops.npu_rotary_mul(x, r1, r2, "half", half), ops.npu_rotary_mul(x, r1, r2, "half"))
+    block = np.zeros((16, 16), np.float32)
+    block[:8, :8], block[8:, 8:] = _half_matrix(8), _half_matrix(8)
+    for m in (block.astype(DTYPES[dtype]), _data(rng, (16, 16), dtype)):
+        got = ops.npu_rotary_mul(x, r1, r2, "interleave", m)
+        _assert_same(got, ref.rotary_mul_nd(x, r1, r2, "interleave", m))
+    xt, rt = _data(rng, (3, 2, 16), dtype), _data(rng, (3, 1, 16), dtype)
+    m = _data(rng, (16, 16), dtype)
+    _assert_same(ops.npu_rotary_mul(xt, rt, rt.copy(), "half", m), ref.rotary_mul_nd(xt, rt, rt, "half", m))
+
+
+def test_rotary_mul_rotate_rejects(rng, monkeypatch):
+    x, r = _data(rng, (2, 3, 4, 16), "float16"), _data(rng, (1, 1, 4, 16), "float16")
+    with pytest.raises(ShapeError, match=r"^rotate: expected shape \[16, 16\]"):
+        ops.npu_rotary_mul(x, r, r, "half", np.zeros((8, 8), np.float16))
+    with pytest.raises(DTypeError, match=r"^rotate\b"):
+        ops.npu_rotary_mul(x, r, r, "half", np.zeros((16, 16), np.float32))
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", "Ascend950PR_9599")
+    with pytest.raises(ModeError, match=r"^rotate: expected None on Ascend950PR_9599"):
+        ops.npu_rotary_mul(x, r, r, "half", np.zeros((16, 16), np.float16))
+    ops.npu_rotary_mul(x, r, r, "half")  # without rotate the 950 runs it
+
+
+def test_rotary_mul_tnd_and_rotate_drop_in(rng):
+    torch = pytest.importorskip("torch")
+    import ascend_emu.torch_npu as torch_npu
+    from ascend_emu.torch_npu import to_numpy, to_torch
+
+    x, r1, r2 = _data(rng, (2, 5, 128), "float32"), _data(rng, (2, 1, 128), "float32"), _data(rng, (2, 1, 128), "float32")
+    got = torch_npu.npu_rotary_mul(to_torch(x), to_torch(r1), to_torch(r2), "half")
+    _assert_same(to_numpy(got), ref.rotary_mul_nd(x, r1, r2, "half"))
+    m = _half_matrix(128)
+    got = torch_npu.npu_rotary_mul(to_torch(x), to_torch(r1), to_torch(r2), "interleave", to_torch(m))
+    _assert_same(to_numpy(got), to_numpy(torch_npu.npu_rotary_mul(to_torch(x), to_torch(r1), to_torch(r2))))
+    meta = torch.ops.npu.npu_rotary_mul(torch.empty(2, 5, 128, device="meta"), torch.empty(2, 1, 128, device="meta"),
+                                        torch.empty(2, 1, 128, device="meta"), rotate=torch.empty(128, 128, device="meta"))
+    assert meta.shape == (2, 5, 128)
+
+
+def test_rotary_mode_error_carries_torch_npu_text(rng):
+    """op-plugin's golden matches torch_npu's text "The rotary_mode of npu_rotary_mul should be
+    half or interleave, but got " (as a RuntimeError there)."""
+    x, r = _data(rng, (2, 2, 5, 16), "float32"), _data(rng, (1, 2, 1, 16), "float32")
+    with pytest.raises(ModeError, match=r"^rotary_mode: expected .*The rotary_mode of npu_rotary_mul should be "
+                                        r"half or interleave, but got quarter"):
+        ops.npu_rotary_mul(x, r, r, "quarter")

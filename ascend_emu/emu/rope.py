@@ -4,8 +4,9 @@ fp32 compute, one RNE rounding to the input dtype (``astype``: NumPy / ml_dtypes
 even), exact to what the goldens imply. ``npu_interleave_rope`` is the MLA RoPE itself: the one
 definition, :func:`ascend_emu.emu.kernels.rope` with ``deinterleave=True``, over x's
 ``[B, N, S, 64]`` rows taken as ``[B*S, N, 64]`` tokens (cos / sin shared by the heads).
-``npu_rotary_mul`` multiplies by per-element broadcast r1 / r2 over any even D, which the 64-lane
-kernel does not cover: NumPy, with the same fp32 operation order (two products, then one add or
+``npu_rotary_mul`` multiplies by per-element broadcast r1 / r2 over any even D (4-D or TND
+self; with ``rotate``, the rotation is ``x @ rotate``), which the 64-lane kernel does not
+cover: NumPy, with the same fp32 operation order (two products, then one add or
 subtract, so ``x*r1 + (-b)*r2`` rounds as the kernel's ``a*cos - b*sin``).
 """
 
@@ -35,6 +36,18 @@ def _rotated(x: np.ndarray, mode: str) -> np.ndarray:
     return out
 
 
+def _rotate_by(x: np.ndarray, rotate: np.ndarray) -> np.ndarray:
+    """``x @ rotate`` over the last axis in fp32, each lane's products added in row order; zero
+    entries contribute nothing (a BLAS matmul would leave the order open and turn an Inf lane
+    times 0 into NaN). Work: one pass per non-zero entry's row, over that row's lanes."""
+    out = np.zeros(x.shape, np.float32)
+    for i in range(rotate.shape[0]):
+        cols = np.flatnonzero(rotate[i])
+        if cols.size:
+            out[..., cols] += x[..., i:i + 1] * rotate[i, cols]
+    return out
+
+
 def rope(args: RopeArgs) -> RopeOutputs:
     """The family's backend method (:class:`ascend_emu.ops._backend.Backend`).
 
@@ -52,5 +65,9 @@ def rope(args: RopeArgs) -> RopeOutputs:
         sin = np.broadcast_to(_f32(args.sin)[:, 0], (b, s, d)).reshape(b * s, d)
         y = _rope_kernel(rows, cos, sin, deinterleave=True).reshape(b, s, n, d).transpose(0, 2, 1, 3)
     else:
-        y = x * _f32(args.cos) + _rotated(x, args.mode) * _f32(args.sin)
+        if args.rotate is None:
+            rotated = _rotated(x, args.mode)
+        else:  # x @ rotate: D fp32 products per lane, summed in index order (exact for 0 / +-1 entries)
+            rotated = _rotate_by(x, _f32(args.rotate))
+        y = x * _f32(args.cos) + rotated * _f32(args.sin)
     return RopeOutputs(np.ascontiguousarray(y).astype(args.x.dtype))

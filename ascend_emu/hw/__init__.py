@@ -353,7 +353,8 @@ def rope(args: RopeArgs) -> RopeOutputs:
     if args.op == "npu_interleave_rope":
         y = tnpu.npu_interleave_rope(x, cos, sin)
     else:
-        y = tnpu.npu_rotary_mul(x, cos, sin, rotary_mode=args.mode)
+        rotate = None if args.rotate is None else to_device(args.rotate, torch)
+        y = tnpu.npu_rotary_mul(x, cos, sin, rotary_mode=args.mode, rotate=rotate)
     return RopeOutputs(to_host(y).reshape(args.x.shape))
 
 
@@ -392,11 +393,15 @@ def quant(args: DynamicQuantArgs) -> DynamicQuantOutputs:
     """
     torch, tnpu = runtime()
     x, smooth, groups = (to_device(a, torch) for a in (args.x, args.smooth_scales, args.group_index))
-    y, scale = tnpu.npu_dynamic_quant(x, smooth_scales=smooth, group_index=groups,
-                                      dst_type=torch.quint4x2 if args.dst == "int4" else None)
+    op = tnpu.npu_dynamic_quant_asymmetric if args.asymmetric else tnpu.npu_dynamic_quant
+    outs = op(x, smooth_scales=smooth, group_index=groups, dst_type=torch.quint4x2 if args.dst == "int4" else None,
+              quant_mode=args.mode)
     h = args.x.shape[-1]
     y_shape = (*args.x.shape[:-1], h // INT4_PER_INT32) if args.dst == "int4" else args.x.shape
-    return DynamicQuantOutputs(to_host(y).reshape(y_shape), to_host(scale).reshape(args.x.shape[:-1]))
+    scale_shape = (*args.x.shape[:-2], h) if args.mode == "perchannel" else args.x.shape[:-1]
+    scale = to_host(outs[1]).reshape(scale_shape)
+    offset = to_host(outs[2]).reshape(scale_shape) if args.asymmetric else None
+    return DynamicQuantOutputs(to_host(outs[0]).reshape(y_shape), scale, offset)
 
 
 def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
@@ -482,7 +487,8 @@ def quant_950(args: Quant950Args) -> Quant950Outputs:
 
     if args.op == "npu_dtype_cast":
         kw = {} if args.input_code is None else {"input_dtype": args.input_code}
-        return Quant950Outputs(host(tnpu.npu_dtype_cast(t, args.dtype_code, **kw)).reshape(x.shape))
+        shape = (*x.shape[:-1], x.shape[-1] // 2) if args.dst == "int4" else x.shape
+        return Quant950Outputs(host(tnpu.npu_dtype_cast(t, args.dtype_code, **kw)).reshape(shape))
     y, scale = tnpu.npu_dynamic_mx_quant(t, axis=args.axis, round_mode="rint", dst_type=args.dtype_code,
                                          block_size=args.block_size, scale_alg=args.scale_alg)
     return Quant950Outputs(host(y).reshape(x.shape), host(scale))

@@ -9,7 +9,7 @@ index ranges), then hands a normalised argument object to the selected backend
 
 from .. import _kernel_cache  # noqa: F401  (before any kernel: caches them keyed on the sources)
 from ._backend import backend, backend_name, get_backend, set_backend
-from .dynamic_quant import npu_dynamic_quant
+from .dynamic_quant import npu_dynamic_quant, npu_dynamic_quant_asymmetric
 from .format_cast import get_npu_format, npu_format_cast
 from .fused_infer_attention_score import (_npu_fused_infer_attention_score_get_max_workspace,  # noqa: F401
                                           _npu_fused_infer_attention_score_v2_get_max_workspace,  # noqa: F401
@@ -20,7 +20,7 @@ from .mla_preprocess import npu_mla_preprocess
 from .mla_prolog import npu_mla_prolog, npu_mla_prolog_v2, npu_mla_prolog_v3
 from .paged_cache import npu_gather_pa_kv_cache, npu_scatter_pa_kv_cache
 from .quant_lightning_indexer import npu_quant_lightning_indexer
-from .quant_950 import npu_dtype_cast, npu_dynamic_mx_quant
+from .quant_950 import npu_dtype_cast, npu_dynamic_mx_quant, npu_dynamic_mx_quant_with_dual_axis
 from .rope import npu_interleave_rope, npu_rotary_mul
 from .sparse_flash_attention import npu_kv_quant_sparse_flash_attention, npu_sparse_flash_attention
 from .v4_small import (compressor_metadata, compressor_metadata_out, inplace_partial_rotary_mul,
@@ -39,10 +39,10 @@ __all__ += ["npu_lightning_indexer"]
 __all__ += ["npu_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention"]
 __all__ += ["npu_interleave_rope", "npu_rotary_mul"]
 __all__ += ["npu_scatter_pa_kv_cache", "npu_gather_pa_kv_cache"]
-__all__ += ["npu_dynamic_quant"]
+__all__ += ["npu_dynamic_quant", "npu_dynamic_quant_asymmetric"]
 __all__ += ["npu_quant_lightning_indexer"]
 __all__ += ["npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2"]
-__all__ += ["npu_dtype_cast", "npu_dynamic_mx_quant"]
+__all__ += ["npu_dtype_cast", "npu_dynamic_mx_quant", "npu_dynamic_mx_quant_with_dual_axis"]
 __all__ += ["npu_rms_norm_dynamic_quant", "inplace_partial_rotary_mul", "compressor_metadata",
             "compressor_metadata_out"]
 __all__ += ["npu_hc_pre_v2", "npu_hc_pre_v3", "npu_hc_pre", "npu_hc_pre_inv_rms", "npu_hc_pre_sinkhorn",

@@ -21,13 +21,20 @@ Choices where the sources leave room (stricter than the doc, never looser):
 - interleave_rope: cos / sin ``[B, 1, S or 1, 64]`` with x's B (the doc names the shape
   ``(B, N, S, D)`` with N = 1); cos and sin of one shape; x, cos, sin C-contiguous (the doc: no
   non-contiguous tensors).
-- rotary_mul: r1 and r2 of one shape and of ``self``'s dtype; D even and < 896; r1's leading
-  dims are one of the doc's broadcast layouts over ``self``'s ``[A, B, C]`` (the doc's BNSD /
-  BSND / SBND readings together): :data:`HALF_LAYOUTS` / :data:`INTERLEAVE_LAYOUTS`. The doc's
-  ``B, N < 1000`` limits depend on which layout the caller means and are not checked; nor is
-  the ``[-1, 1]`` data range of r1 / r2. ``rotate`` (torch_npu 2.14's schema, for the
-  ``quarter`` / ``interleave-half`` modes of newer chips) is not taken (the drop-in rejects a
-  non-None value by name); only the doc's ``'half'`` and ``'interleave'`` modes.
+- rotary_mul: r1 and r2 of one shape and of ``self``'s dtype; D even and < 896; ``self`` 4-D
+  ``[A, B, C, D]`` or 3-D ``[T, N, D]`` (the doc's TND). r1's leading dims are one of the doc's
+  broadcast layouts over ``self``'s (the doc's BNSD / BSND / SBND readings together; over TND
+  11D / T1D / TND in both modes: the doc names T1D / TND, op-plugin's 3-D goldens also 11D and
+  an interleave TND): :data:`HALF_LAYOUTS` / :data:`INTERLEAVE_LAYOUTS` (4-D), :data:`HALF_LAYOUTS_3D`
+  / :data:`INTERLEAVE_LAYOUTS_3D` (3-D). The doc's ``B, N < 1000`` limits depend on which
+  layout the caller means and are not checked; nor is the ``[-1, 1]`` data range of r1 / r2.
+  Only the doc's ``'half'`` and ``'interleave'`` modes (``quarter`` / ``interleave-half`` are
+  the 950's and not emulated).
+- rotary_mul's ``rotate`` (A2 / A3; the doc: not supported on the Ascend 950, so rejected
+  there): a ``[D, D]`` matrix of ``self``'s dtype; ``rotate(x) = x @ rotate`` replaces the
+  mode's rotation (the doc's formula ``rotate(x) = x . rotate``; its example builds the
+  matrix for the mode), each output lane the fp32 sum of D fp32 products (in index order; exact
+  for the doc's 0 / +-1 matrices), then ``x * r1 + rotate(x) * r2`` as without it.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import numpy as np
 
 from ..errors import ModeError, ShapeError, arg_error, describe
 from ..mla import D_ROPE
+from ..soc import is_ascend950, soc_name
 from ._backend import get_backend
 from ._check import check_call_bytes, check_dtype, check_ndim, dtype_name, required
 
@@ -54,6 +62,10 @@ ROTARY_MAX_D = 896
 HALF_LAYOUTS = frozenset({(False, False, True), (True, False, True), (True, True, True), (False, True, False),
                           (True, True, False), (True, False, False)})
 INTERLEAVE_LAYOUTS = frozenset({(False, False, True), (False, True, False), (True, False, False)})
+#: The same over a 3-D self ``[T, N, D]``: the doc's TND layouts (half T1D / TND, interleave
+#: T1D) and those op-plugin's 3-D goldens call (11D in both modes, TND in interleave).
+HALF_LAYOUTS_3D = frozenset({(False, False), (True, False), (True, True)})
+INTERLEAVE_LAYOUTS_3D = HALF_LAYOUTS_3D
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,7 @@ class RopeArgs:
         mode: ``'interleave_rope'`` (de-interleave, then rotate_half), ``'half'`` or ``'interleave'``.
         x: the input ``[A, B, C, D]`` as passed.
         cos, sin: interleave_rope's ``[B, 1, S|1, 64]``; rotary_mul's r1 / r2.
+        rotate: rotary_mul's ``[D, D]`` rotation matrix, or None (the mode's rotation).
     """
 
     op: str
@@ -72,6 +85,7 @@ class RopeArgs:
     x: np.ndarray
     cos: np.ndarray
     sin: np.ndarray
+    rotate: np.ndarray | None = None
 
 
 class RopeOutputs(NamedTuple):
@@ -133,48 +147,69 @@ def npu_interleave_rope(x, cos, sin) -> np.ndarray:
     return get_backend().rope(RopeArgs("npu_interleave_rope", "interleave_rope", x, cos, sin)).y
 
 
-def npu_rotary_mul(self, r1, r2, rotary_mode: str = "half") -> np.ndarray:
+def npu_rotary_mul(self, r1, r2, rotary_mode: str = "half", rotate=None) -> np.ndarray:
     """``torch_npu.npu_rotary_mul``: ``self * r1 + rotate(self) * r2`` (module doc).
 
     ``self`` is the doc's ``input`` (torch_npu's schema names it ``self``).
 
     Args:
-        self: ``[A, B, C, D]`` bf16 / fp16 / fp32, D even and < 896.
-        r1: ``[A|1, B|1, C|1, D]`` in one of the doc's layouts (:data:`HALF_LAYOUTS`,
-            :data:`INTERLEAVE_LAYOUTS`), self's dtype.
+        self: ``[A, B, C, D]`` or ``[T, N, D]``, bf16 / fp16 / fp32, D even and < 896.
+        r1: self's rank, ``[A|1, B|1, C|1, D]`` / ``[T|1, N|1, D]`` in one of the doc's layouts
+            (:data:`HALF_LAYOUTS`, :data:`INTERLEAVE_LAYOUTS`, :data:`HALF_LAYOUTS_3D`,
+            :data:`INTERLEAVE_LAYOUTS_3D`), self's dtype.
         r2: r1's shape and dtype.
         rotary_mode: ``'half'`` or ``'interleave'``.
+        rotate: optional ``[D, D]`` of self's dtype: ``rotate(x) = x @ rotate`` instead of the
+            mode's rotation; A2 / A3 only (rejected on an emulated Ascend 950, as the doc says).
 
     Returns:
         self's shape and dtype: fp32 compute, one RNE rounding.
 
     Raises:
-        ModeError: another rotary_mode.
+        ModeError: another rotary_mode; ``rotate`` on an emulated Ascend 950.
         ShapeError: a shape other than the above; outputs and working copies over
             :data:`._check.MAX_CALL_BYTES` (a broadcast view), before allocating.
         DTypeError: a dtype other than the above.
 
-    Source: op-plugin ``docs/context/torch_npu-npu_rotary_mul.md``,
+    Source: op-plugin ``docs/context/torch_npu-npu_rotary_mul.md`` and master's
+    ``docs/zh/custom_APIs/torch_npu/torch_npu-npu_rotary_mul.md`` (TND layouts, ``rotate``),
     ``test/test_custom_ops/test_npu_rotary_mul.py`` (golden).
     """
-    if rotary_mode not in ROTARY_MODES:
-        raise arg_error(ModeError, "rotary_mode", f"one of {ROTARY_MODES}", describe(rotary_mode))
+    if not isinstance(rotary_mode, str) or rotary_mode not in ROTARY_MODES:
+        raise arg_error(ModeError, "rotary_mode", f"one of {ROTARY_MODES} (torch_npu: \"The rotary_mode of "
+                        f"npu_rotary_mul should be half or interleave, but got {rotary_mode}\")",
+                        describe(rotary_mode))
     x, r1, r2 = required(self, "self"), required(r1, "r1"), required(r2, "r2")
-    check_ndim(x, "self", (4,), "[A, B, C, D]")
+    check_ndim(x, "self", (3, 4), "[A, B, C, D] or [T, N, D]")
     check_dtype(x, "self", ROTARY_MUL_DTYPES)
-    d = x.shape[3]
+    d = x.shape[-1]
     if d % 2 or d >= ROTARY_MAX_D:
-        raise arg_error(ShapeError, "self", f"D (dim 3) even and < {ROTARY_MAX_D}", f"shape {x.shape}")
-    layouts = HALF_LAYOUTS if rotary_mode == "half" else INTERLEAVE_LAYOUTS
+        raise arg_error(ShapeError, "self", f"D (the last dim) even and < {ROTARY_MAX_D}", f"shape {x.shape}")
+    four = x.ndim == 4
+    if four:
+        layouts = HALF_LAYOUTS if rotary_mode == "half" else INTERLEAVE_LAYOUTS
+        names = "11SD / 1S1D / S11D" + ("" if rotary_mode == "interleave" else " / B1SD / BS1D / SB1D / full")
+    else:
+        layouts = HALF_LAYOUTS_3D if rotary_mode == "half" else INTERLEAVE_LAYOUTS_3D
+        names = "11D / T1D / TND"
     for name, a in (("r1", r1), ("r2", r2)):
-        check_ndim(a, name, (4,), "[A|1, B|1, C|1, D]")
+        check_ndim(a, name, (x.ndim,), "[A|1, B|1, C|1, D]" if four else "[T|1, N|1, D]")
         check_dtype(a, name, (dtype_name(x.dtype),))
-        if a.shape[3] != d or not _fits_a_layout(a.shape, x.shape, layouts):
+        if a.shape[-1] != d or not _fits_a_layout(a.shape, x.shape, layouts):
             raise arg_error(ShapeError, name, f"a {rotary_mode}-mode broadcast of self {x.shape} (doc layouts "
-                            f"11SD / 1S1D / S11D{'' if rotary_mode == 'interleave' else ' / B1SD / BS1D / SB1D / full'})",
-                            f"shape {a.shape}")
+                            f"{names})", f"shape {a.shape}")
     if r2.shape != r1.shape:
         raise arg_error(ShapeError, "r2", f"r1's shape {r1.shape}", f"shape {r2.shape}")
+    rot = None
+    if rotate is not None:
+        if is_ascend950():
+            raise arg_error(ModeError, "rotate", f"None on {soc_name()} (the Ascend 950 does not take a rotate "
+                            "matrix)", "a tensor")
+        rot = required(rotate, "rotate")
+        check_ndim(rot, "rotate", (2,), "[D, D]")
+        check_dtype(rot, "rotate", (dtype_name(x.dtype),))
+        if rot.shape != (d, d):
+            raise arg_error(ShapeError, "rotate", f"shape [{d}, {d}] (self's D)", f"shape {rot.shape}")
     # the output, and fp32 copies of self, its rotation and r1 / r2 broadcast to self's shape
     check_call_bytes(x, "self", x.dtype.itemsize + 4 * 4)
-    return get_backend().rope(RopeArgs("npu_rotary_mul", rotary_mode, x, r1, r2)).y
+    return get_backend().rope(RopeArgs("npu_rotary_mul", rotary_mode, x, r1, r2, rot)).y

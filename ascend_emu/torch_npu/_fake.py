@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ModeError, arg_error, describe
+from ..errors import ModeError, ShapeError, arg_error, describe
 from ..quant.mx import MX_BLOCK_SIZE
 
 #: Block of the MXFP8 dequant scales (v3 weight_quant_mode=3; the meta function's FP8_E4M3_BLOCK_SIZE).
@@ -165,25 +165,43 @@ def lightning_indexer(query, key, weights, *, layout_query="BSND", layout_key="B
     return _new(query, shape, torch.int32), values
 
 
-def dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
-                  dst_type_max=0.0):
-    """``(y, scale)`` (``npu_dynamic_quant`` meta): y int8 like ``input``, or int32 ``[..., H / 8]``
-    for quint4x2 (H a multiple of 8); scale fp32 ``input.shape[:-1]``. The dst_type / quant_mode /
-    dst_type_max the CPU op rejects raise its ModeError (Ascend 950's fp8 / hifloat8 / per-tensor
-    outputs are not emulated)."""
-    from ..ops.dynamic_quant import INT4_PER_INT32, QUANT_MODES, _dst_kind  # ops loads at first use
+def _dynamic_quant_outputs(input, smooth_scales, group_index, dst_type, quant_mode, dst_type_max, count):
+    """y and ``count`` fp32 tensors of the scale's shape (the ``npu_dynamic_quant`` /
+    ``_asymmetric`` metas), after the argument rules the CPU op applies first."""
+    from ..ops.dynamic_quant import INT4_PER_INT32, QUANT_MODES, QUANT_MODES_950, _dst_kind  # ops loads at first use
+    from ..soc import require_ascend950
 
+    if not isinstance(quant_mode, str) or quant_mode not in QUANT_MODES_950:
+        raise arg_error(ModeError, "quant_mode", f"one of {QUANT_MODES} (A2 / A3) or {QUANT_MODES_950} (Ascend 950)",
+                        describe(quant_mode))
     if quant_mode not in QUANT_MODES:
-        raise arg_error(ModeError, "quant_mode", f"one of {QUANT_MODES} (A2 / A3)", describe(quant_mode))
+        require_ascend950("quant_mode", quant_mode, "a scale per column")
     if dst_type_max != 0.0:
         raise arg_error(ModeError, "dst_type_max", "0.0 (the fp8 / hifloat8 maxima are Ascend 950's)",
                         describe(dst_type_max))
     lead = list(input.shape[:-1])
+    scale_shape = lead[:-1] + [input.shape[-1]] if quant_mode == "perchannel" else lead
     if _dst_kind(dst_type) == "int4":
         y = _new(input, lead + [input.shape[-1] // INT4_PER_INT32], torch.int32)
     else:
         y = _new(input, input.shape, torch.int8)
-    return y, _new(input, lead, torch.float32)
+    return (y, *(_new(input, scale_shape, torch.float32) for _ in range(count)))
+
+
+def dynamic_quant(input, *, smooth_scales=None, group_index=None, dst_type=None, quant_mode="pertoken",
+                  dst_type_max=0.0):
+    """``(y, scale)`` (``npu_dynamic_quant`` meta): y int8 like ``input``, or int32 ``[..., H / 8]``
+    for quint4x2 (H a multiple of 8); scale fp32 ``input.shape[:-1]`` (per channel
+    ``input.shape[:-2] + [H]``). The dst_type / quant_mode / dst_type_max the CPU op rejects raise
+    its ModeError (Ascend 950's fp8 / hifloat8 / per-tensor outputs are not emulated)."""
+    return _dynamic_quant_outputs(input, smooth_scales, group_index, dst_type, quant_mode, dst_type_max, 1)
+
+
+def dynamic_quant_asymmetric(input, *, smooth_scales=None, group_index=None, dst_type=None,
+                             quant_mode="pertoken", dst_type_max=0.0):
+    """``(y, scale, offset)`` (``npu_dynamic_quant_asymmetric`` meta): as :func:`dynamic_quant`,
+    offset fp32 of scale's shape."""
+    return _dynamic_quant_outputs(input, smooth_scales, group_index, dst_type, quant_mode, dst_type_max, 2)
 
 
 def quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode,
@@ -354,7 +372,20 @@ def _quant_950_dtype(code: int, name: str, meaning: str) -> torch.dtype:
 
 
 def dtype_cast(self, dtype, input_dtype=None):
-    """``self``'s shape in the dtype of code ``dtype`` (``npu_dtype_cast_meta``; hifloat8 as uint8)."""
+    """``self``'s shape in the dtype of code ``dtype`` (``npu_dtype_cast_meta``: hifloat8 as
+    uint8; torch_npu.int4 (285) as uint8 with the last dim halved, Ascend 950)."""
+    from ..ops.quant_950 import CAST_950_TYPES, DTYPE_CODE_NAMES, GENERAL_CAST_TYPES, INT4_CODE
+    from ..soc import require_ascend950
+
+    if dtype == INT4_CODE:
+        if self.dim() == 0 or self.shape[-1] % 2:
+            raise arg_error(ShapeError, "self", "a last dim divisible by 2 for int4 output",
+                            f"shape {tuple(self.shape)}")
+        require_ascend950("dtype", dtype, "int4")
+        return _new(self, list(self.shape[:-1]) + [self.shape[-1] // 2], torch.uint8)
+    name = DTYPE_CODE_NAMES.get(dtype) if isinstance(dtype, int) else None
+    if name in GENERAL_CAST_TYPES and name not in CAST_950_TYPES:
+        return _new(self, self.shape, getattr(torch, name))
     return _new(self, self.shape, _quant_950_dtype(dtype, "dtype", ""))
 
 
@@ -368,6 +399,22 @@ def dynamic_mx_quant(input, *, axis=-1, round_mode="rint", dst_type=296, block_s
         raise arg_error(ModeError, "dst_type", "an FP8 code: 292 / 24 (float8_e4m3fn) or 291 / 23 (float8_e5m2)",
                         describe(dst_type))
     return _new(input, input.shape, dtype), _new(input, mx_scale_shape(input.shape, axis, block_size), torch.uint8)
+
+
+def dynamic_mx_quant_with_dual_axis(input, *, round_mode="rint", dst_type=296, scale_alg=0,  # noqa: A002
+                                    dst_type_max=0.0):
+    """``(y1, mxscale1, y2, mxscale2)`` (``npu_dynamic_mx_quant_with_dual_axis`` meta): y1 / y2 like
+    input in the FP8 dtype; uint8 scale pairs along -1 and -2 (blocks of 32)."""
+    from ..quant.mx import mx_scale_shape
+
+    dtype = _quant_950_dtype(dst_type, "dst_type", "")
+    if dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise arg_error(ModeError, "dst_type", "an FP8 code: 292 / 24 (float8_e4m3fn) or 291 / 23 (float8_e5m2)",
+                        describe(dst_type))
+    if input.dim() < 2:
+        raise arg_error(ShapeError, "input", "2 to 7 dims", f"shape {tuple(input.shape)}")
+    return (_new(input, input.shape, dtype), _new(input, mx_scale_shape(input.shape, -1), torch.uint8),
+            _new(input, input.shape, dtype), _new(input, mx_scale_shape(input.shape, -2), torch.uint8))
 
 
 #: Fake implementation of each registered overload (``namespace::name[.overload]``).
@@ -384,8 +431,10 @@ FAKES = {
     "npu::npu_lightning_indexer": lightning_indexer,
     "npu::npu_interleave_rope": interleave_rope,
     "npu::npu_dynamic_quant": dynamic_quant,
+    "npu::npu_dynamic_quant_asymmetric": dynamic_quant_asymmetric,
     "npu::npu_dtype_cast": dtype_cast,
     "npu::npu_dynamic_mx_quant": dynamic_mx_quant,
+    "npu::npu_dynamic_mx_quant_with_dual_axis": dynamic_mx_quant_with_dual_axis,
     "npu::npu_rotary_mul": rotary_mul,
     "npu::npu_scatter_pa_kv_cache": scatter_pa_kv_cache,
     "npu::npu_scatter_pa_kv_cache_functional": scatter_pa_kv_cache_functional,

@@ -12,7 +12,8 @@ For every overload, with ``torch.library``:
   and outputs come back as torch tensors on the emulated NPU;
 - a fake (meta) kernel from :mod:`._fake` (``torch.compile``, meta tensors);
 - an ``Autograd`` kernel: ``npu_format_cast`` passes gradients through (the values are
-  unchanged); every other op runs below autograd, so its outputs and the caller's caches never
+  unchanged), ``npu_dtype_cast`` casts them back to the input's dtype (:func:`_dtype_cast_autograd`);
+  every other op runs below autograd, so its outputs and the caller's caches never
   join a graph (the emulated ops have no backward).
 
 A schema argument :mod:`ascend_emu.ops` does not take is accepted at the schema's default and
@@ -418,6 +419,33 @@ def _format_cast_tensor_backward(ctx, grad):
     return grad, None
 
 
+def _dtype_cast_autograd(overload) -> Callable:
+    """The Autograd kernel of ``npu_dtype_cast``, as torch_npu registers it: the output joins the
+    graph (``grad_fn`` ``NpuDtypeCastBackward``) and the backward casts the gradient back to
+    ``self``'s dtype with ``npu_dtype_cast`` itself, so a ``create_graph=True`` gradient is
+    differentiable again. A non-floating output never requires grad (torch's rule)."""
+
+    class NpuDtypeCast(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, self, dtype, input_dtype):
+            ctx.src = self.dtype
+            with torch._C._AutoDispatchBelowAutograd():
+                return overload(self, dtype, input_dtype)
+
+        @staticmethod
+        def backward(ctx, grad):
+            if torch.is_grad_enabled() and not grad.requires_grad and grad.is_floating_point():
+                # create_graph=True: the gradient is itself an npu_dtype_cast output with a
+                # grad_fn, as torch_npu's (whose backward op has its own derivative)
+                grad = grad.detach().requires_grad_()
+            return torch.ops.npu.npu_dtype_cast(grad, scalar_type_code(ctx.src, "self")), None, None
+
+    def kernel(self, dtype, input_dtype=None):
+        return NpuDtypeCast.apply(self, dtype, input_dtype)
+
+    return kernel
+
+
 def register() -> None:
     """Define and implement every op of :data:`.schemas.SCHEMAS` (once per process)."""
     global _DONE
@@ -465,6 +493,8 @@ def register_spec(spec: OpSchema) -> None:
         torch.library.register_autograd(key, _format_cast_backward, lib=lib)
     elif key == "npu::npu_format_cast.Tensor":
         torch.library.register_autograd(key, _format_cast_tensor_backward, lib=lib)
+    elif key == "npu::npu_dtype_cast":
+        lib.impl(spec.qualified, _dtype_cast_autograd(overload), "Autograd")
     else:
         lib.impl(spec.qualified, _below_autograd(overload), "Autograd")
 
@@ -782,6 +812,7 @@ def eager_allowed() -> bool:
 #: ``torch_npu.npu_dynamic_mx_quant(x, dst_type=torch.float8_e4m3fn)`` reaches the kernel; the
 #: eager path and the argument check convert it the same way (:func:`scalar_type_code`).
 DTYPE_CODE_ARGUMENTS = {"npu_dtype_cast": ("dtype", "input_dtype"), "npu_dynamic_mx_quant": ("dst_type",),
+                        "npu_dynamic_mx_quant_with_dual_axis": ("dst_type",),
                         "npu_format_cast": ("customize_dtype", "input_dtype")}
 
 

@@ -71,6 +71,9 @@ SCHEMAS: tuple[OpSchema, ...] = (
         'npu_dynamic_quant(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, '
         'int? dst_type=None, str quant_mode="pertoken", float dst_type_max=0.0) -> (Tensor, Tensor)'),
     OpSchema("npu",
+        'npu_dynamic_quant_asymmetric(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, '
+        'int? dst_type=None, str quant_mode="pertoken", float dst_type_max=0.0) -> (Tensor, Tensor, Tensor)'),
+    OpSchema("npu",
         'npu_format_cast.Tensor(Tensor self, Tensor dst, *, int? customize_dtype=None, '
         'int? input_dtype=None) -> Tensor'),
     OpSchema("npu",
@@ -224,6 +227,9 @@ SCHEMAS: tuple[OpSchema, ...] = (
     OpSchema("npu",
         'npu_dynamic_mx_quant(Tensor input, *, int axis=-1, str round_mode="rint", int dst_type=296, '
         'int block_size=32, int? scale_alg=0, float dst_type_max=0.0, float max_low_bound=0.0) -> (Tensor, Tensor)'),
+    OpSchema("npu",
+        'npu_dynamic_mx_quant_with_dual_axis(Tensor input, *, str round_mode="rint", int dst_type=296, '
+        'int scale_alg=0, float? dst_type_max=0.0) -> (Tensor, Tensor, Tensor, Tensor)'),
     OpSchema("npu",
         'npu_interleave_rope(Tensor x, Tensor cos, Tensor sin) -> Tensor'),
     OpSchema("npu",

@@ -84,3 +84,105 @@ def dynamic_quant(x: np.ndarray, smooth: np.ndarray | None = None, group_index: 
                 word |= (int(y[r, 8 * w + j]) & 0xF) << (4 * j)
             words[r, w] = word - (1 << 32) if word >= 1 << 31 else word
     return words.astype(np.int32).reshape(lead + (h // 8,)), scale.reshape(lead)
+
+
+def _pack_words(y: np.ndarray) -> np.ndarray:
+    """int4 values ``[n, h]`` -> int32 ``[n, h / 8]``, value j of a word in bits 4j..4j+3."""
+    n, h = y.shape
+    words = np.zeros((n, h // 8), np.int64)
+    for r in range(n):
+        for w in range(h // 8):
+            word = 0
+            for j in range(8):
+                word |= (int(y[r, 8 * w + j]) & 0xF) << (4 * j)
+            words[r, w] = word - (1 << 32) if word >= 1 << 31 else word
+    return words.astype(np.int32)
+
+
+def dynamic_quant_asymmetric(x: np.ndarray, smooth: np.ndarray | None = None, group_index: np.ndarray | None = None,
+                             int4: bool = False, per_channel: bool = False):
+    """``(y, scale, offset)`` as npu_dynamic_quant_asymmetric returns them (op-plugin's doc formula).
+
+    Per row (per token: the last axis; per channel: axis -2, one column at a time) of
+    ``v = f32(x) * f32(smooth)`` (per channel the smooth value of v's row on axis -2):
+    ``scale = f32((max - min) / (qmax - qmin))``, ``offset = f32(qmax - f32(max / scale))``,
+    ``y = clip(rint_half_even(f32(f32(v / scale) + offset)), qmin, qmax)``; qmax / qmin 127 /
+    -128 (int4 7 / -8); a constant row: scale 0, offset 0, y 0. int4 packed as
+    :func:`dynamic_quant`.
+    """
+    qmax = 7 if int4 else 127
+    qmin = -qmax - 1
+    h = x.shape[-1]
+    xf = x.astype(np.float32)
+    if smooth is not None:
+        sf = smooth.astype(np.float32)
+        if per_channel:
+            for idx in np.ndindex(x.shape):
+                xf[idx] = _f(xf[idx]) * _f(sf[idx[-2]])
+        else:
+            flat = xf.reshape(-1, h)
+            for r in range(flat.shape[0]):
+                g = 0
+                if group_index is not None:
+                    while group_index[g] <= r:
+                        g += 1
+                row = sf if group_index is None else sf[g]
+                for j in range(h):
+                    flat[r, j] = _f(flat[r, j]) * _f(row[j])
+    lines = np.swapaxes(xf, -1, -2) if per_channel else xf
+    lead = lines.shape[:-1]
+    flat = lines.reshape(-1, lines.shape[-1])
+    n, width = flat.shape
+    y = np.zeros((n, width), np.int64)
+    scale = np.zeros(n, np.float32)
+    offset = np.zeros(n, np.float32)
+    for r in range(n):
+        hi = lo = _f(flat[r, 0])
+        for e in flat[r]:
+            hi = max(hi, _f(e))
+            lo = min(lo, _f(e))
+        s = _f(_f(hi - lo) / _f(qmax - qmin))
+        if s == 0:
+            continue
+        o = _f(_f(qmax) - _f(hi / s))
+        scale[r], offset[r] = s, o
+        for j in range(width):
+            p = float(_f(_f(flat[r, j] / s) + o))
+            y[r, j] = max(qmin, min(qmax, _round_half_even(p)))
+    y = y.reshape(lead + (width,))
+    if per_channel:
+        y = np.swapaxes(y, -1, -2)
+    y = np.ascontiguousarray(y)
+    if int4:
+        y = _pack_words(y.reshape(-1, h)).reshape(x.shape[:-1] + (h // 8,))
+    else:
+        y = y.astype(np.int8)
+    return y, scale.reshape(lead), offset.reshape(lead)
+
+
+def dynamic_quant_per_channel(x: np.ndarray, smooth: np.ndarray | None = None):
+    """``(y, scale)`` of npu_dynamic_quant with ``quant_mode='perchannel'`` (int8), as op-plugin's
+    per-channel golden computes it, per column c of ``v = f32(x) * f32(smooth[row])``:
+    ``scale = f32(max |v| * f32(1 / 127))``, ``y = rint_half_even(f32(v / scale))`` (a zero
+    column: scale 0, y 0)."""
+    xf = x.astype(np.float32)
+    s_rows, h = x.shape[-2], x.shape[-1]
+    lead = x.shape[:-2]
+    y = np.zeros(x.shape, np.int8)
+    scale = np.zeros(lead + (h,), np.float32)
+    for outer in np.ndindex(*lead):
+        for c in range(h):
+            v = []
+            for r in range(s_rows):
+                e = _f(xf[outer + (r, c)])
+                v.append(_f(e * _f(smooth[r])) if smooth is not None else e)
+            amax = _f(0.0)
+            for e in v:
+                amax = max(amax, _f(abs(e)))
+            sc = _f(amax * _f(1.0 / 127.0))
+            scale[outer + (c,)] = sc
+            if sc == 0:
+                continue
+            for r in range(s_rows):
+                y[outer + (r, c)] = max(-127, min(127, _round_half_even(float(_f(v[r] / sc)))))
+    return y, scale

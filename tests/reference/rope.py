@@ -51,3 +51,27 @@ def rotary_mul(x: np.ndarray, r1: np.ndarray, r2: np.ndarray, mode: str) -> np.n
                         new = -_f(x[i, j, k, e + 1]) if e % 2 == 0 else _f(x[i, j, k, e - 1])
                     out[i, j, k, e] = _f(_f(r1[ri + (e,)]) * v) + _f(_f(r2[ri + (e,)]) * new)
     return out.astype(x.dtype)
+
+
+def rotary_mul_nd(x: np.ndarray, r1: np.ndarray, r2: np.ndarray, mode: str, rotate: np.ndarray | None = None):
+    """:func:`rotary_mul` over a 3-D (TND) or 4-D x, and with a ``rotate`` matrix (op-plugin's doc:
+    ``rotate(x) = x . rotate``): ``x_new[e] = sum_i x[i] * rotate[i, e]``, fp32 products added
+    in index order, in place of the mode's rotation."""
+    d = x.shape[-1]
+    h = d // 2
+    out = np.zeros(x.shape, np.float32)
+    for idx in np.ndindex(x.shape[:-1]):
+        ri = tuple(i if n > 1 else 0 for i, n in zip(idx, r1.shape[:-1], strict=True))
+        row = [_f(x[idx + (e,)]) for e in range(d)]
+        for e in range(d):
+            if rotate is not None:
+                new = _f(0.0)
+                for i in range(d):
+                    if rotate[i, e] != 0:  # zero entries contribute nothing (the emulator's choice)
+                        new = _f(new + _f(row[i] * _f(rotate[i, e])))
+            elif mode == "half":
+                new = -row[e + h] if e < h else row[e - h]
+            else:
+                new = -row[e + 1] if e % 2 == 0 else row[e - 1]
+            out[idx + (e,)] = _f(_f(r1[ri + (e,)]) * row[e]) + _f(_f(r2[ri + (e,)]) * new)
+    return out.astype(x.dtype)

@@ -117,7 +117,8 @@ for _name in ("npu_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention
               "npu_interleave_rope", "npu_rotary_mul", "npu_scatter_pa_kv_cache", "npu_gather_pa_kv_cache",
               "npu_dynamic_quant", "npu_quant_lightning_indexer",
               "npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2",
-              "npu_dtype_cast", "npu_dynamic_mx_quant"):
+              "npu_dtype_cast", "npu_dynamic_mx_quant", "npu_dynamic_quant_asymmetric",
+              "npu_dynamic_mx_quant_with_dual_axis"):
     if hasattr(_emu, _name):
         globals()[_name] = _op(_name, getattr(_emu, _name))
 
