@@ -23,8 +23,9 @@ Importing this module does to torch what the real ``import torch_npu`` does:
   (alias ``float8_e8m0``) / ... are torch_npu's dtype codes and
   ``torch.version.cann`` is the emulated CANN version (:mod:`._dtypes`).
 
-Errors are ascend_emu's (``ValueError`` / ``TypeError`` subclasses naming the argument), not
-the ``RuntimeError`` torch_npu raises. Graph mode (torchair) is not emulated; ``torch.compile``
+Errors are ascend_emu's (``ValueError`` / ``TypeError`` subclasses naming the argument) raised
+as their ``RuntimeError`` variants (:func:`ascend_emu.errors.runtime_error_class`), as torch_npu
+rejects calls with a ``RuntimeError``. Graph mode (torchair) is not emulated; ``torch.compile``
 works through the fake kernels.
 """
 

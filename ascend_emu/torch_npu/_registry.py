@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..errors import ArgumentError, AscendEmuError, DTypeError, ModeError, arg_error, describe
+from ..errors import ArgumentError, AscendEmuError, DTypeError, ModeError, arg_error, as_runtime_error, describe
 from . import _fake, _format
 from ._convert import _is_default, _param_names, _signature, _up, check_strided, resolve_op, to_numpy
 from .schemas import SCHEMAS, TORCH_NPU_VERSION, WRITES_UNANNOTATED, OpSchema
@@ -599,16 +599,21 @@ class CheckedPacket(torch._ops.OpOverloadPacket):
         if _has_sequence(args, kwargs):  # torch's binder takes seconds on a long list given for a tensor
             error = _explain(self._qualified_op_name, args, kwargs)
             if error is not None:
-                raise error
+                raise as_runtime_error(error)
         try:
             return self._op(*args, **kwargs)
-        except AscendEmuError:
-            raise
+        except AscendEmuError as emu_error:  # torch_npu rejects with a RuntimeError
+            error = as_runtime_error(emu_error)
+            error.__context__ = emu_error.__context__
+            explained = False
         except Exception:  # noqa: BLE001  (re-raised unless the check finds the cause)
             error = _explain(self._qualified_op_name, args, kwargs)
             if error is None:
                 raise
-        raise error from None
+            explained = True
+        if explained:
+            raise as_runtime_error(error) from None
+        raise error  # outside the handler: no chained context
 
 
 _SEQUENCES = (list, tuple, np.ndarray)
@@ -838,16 +843,20 @@ def public_op(namespace: str, name: str) -> Callable:
     coded_at = {i: a for i, a in enumerate(bindings[0].names) if a in coded}
 
     def call(*args, **kwargs):
-        if coded:
-            args, kwargs = _with_codes(coded, coded_at, args, kwargs)
-        if eager_allowed():
-            grad = _grad_enabled()
-            for binding in bindings:
-                params = binding.bind_eager(args, kwargs, grad)
-                if params is not None:
-                    return binding.body(params)
-        check(args, kwargs)
-        return packet(*args, **kwargs)
+        try:
+            if coded:
+                args, kwargs = _with_codes(coded, coded_at, args, kwargs)
+            if eager_allowed():
+                grad = _grad_enabled()
+                for binding in bindings:
+                    params = binding.bind_eager(args, kwargs, grad)
+                    if params is not None:
+                        return binding.body(params)
+            check(args, kwargs)
+            return packet(*args, **kwargs)
+        except AscendEmuError as error:  # torch_npu rejects with a RuntimeError
+            converted = as_runtime_error(error)
+        raise converted  # outside the handler: no chained context
 
     call.__name__ = call.__qualname__ = name
     call.__module__ = "torch_npu" + (".atb" if namespace == "atb" else "")
@@ -879,7 +888,7 @@ def _out_form(packet, spec: OpSchema, public: str) -> Callable:
             kwargs.update(zip(names, out))
         problem = binding.mismatch(args, kwargs, f"{public}.out")  # the argument check torch_npu.<op> makes
         if problem is not None:
-            raise problem[1]
+            raise as_runtime_error(problem[1])
         return packet.out(*args, **kwargs)
 
     out_call.__name__ = out_call.__qualname__ = f"{spec.name}.out"
