@@ -77,3 +77,58 @@ def test_save_load_and_compile_keep_the_device():
     out = compiled(n)
     assert isinstance(out, NPUTensor) and out.device == NPU0
     torch.testing.assert_close(out, to_npu(torch.arange(6.0) * 2 + 1))
+
+
+_TENSOR_MODEL_SCRIPT = r"""
+import torch
+import torch_npu
+
+x = torch.arange(12.0).reshape(3, 4)
+torch.testing.assert_close(x.npu() + 1, (x + 1).npu())
+for t in (x.npu(), x.to("npu"), x.to(device="npu:0"), torch.zeros(2, device="npu"), x.npu().abs(),
+          x.npu().to(torch.float16), torch_npu.npu_format_cast(x.bfloat16().npu(), 29)):
+    assert t.device == torch.device("npu", 0), t.device
+assert x.npu().cpu().device.type == "cpu" and x.npu().to("cpu").device.type == "cpu"
+try:
+    x.npu() + x
+except RuntimeError as exc:
+    assert "Expected all tensors to be on the same device" in str(exc)
+else:
+    raise AssertionError("a cpu / npu mix must raise")
+w = x.bfloat16().npu()
+nz = torch_npu.npu_format_cast(w, 29)
+assert torch_npu.get_npu_format(nz) == 29
+try:
+    torch_npu.npu_format_cast(x.bfloat16(), nz)
+except RuntimeError as exc:
+    assert "self: expected a tensor on npu:0" in str(exc), exc
+else:
+    raise AssertionError("a forgotten .npu() must raise")
+q = torch.randn(4, 32).bfloat16()
+y, scale = torch_npu.npu_dynamic_quant(q.npu())
+y_cpu, scale_cpu = torch_npu.npu_dynamic_quant(q)  # an all-CPU call keeps working, on the CPU
+assert y.device.type == "npu" and y_cpu.device.type == "cpu"
+torch.testing.assert_close(y, y_cpu.npu(), rtol=0, atol=0)
+m = torch.nn.Linear(4, 2).npu()
+assert m.weight.device.type == "npu" and m(x.npu()).device.type == "npu"
+print("tensor model ok")
+"""
+
+
+def test_tensor_device_model_through_ascend_emu_run(tmp_path):
+    """``ASCEND_EMU_NPU_DEVICE=tensor``: ``.npu()`` / ``.to("npu")`` / ``device="npu"`` /
+    ``Module.npu()`` give :class:`NPUTensor`\\ s, and an unmodified torch_npu-style script meets a
+    real device (``assert_close(x.npu() + 1, (x + 1).npu())``, a forgotten ``.npu()`` raising)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "tensor_model.py"
+    script.write_text(_TENSOR_MODEL_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(root), "ASCEND_EMU_NPU_DEVICE": "tensor"}
+    proc = subprocess.run([sys.executable, "-m", "ascend_emu", "run", str(script)], capture_output=True,
+                          text=True, env=env, cwd=root, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tensor model ok" in proc.stdout

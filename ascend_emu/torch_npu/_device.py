@@ -85,6 +85,12 @@ def _tensor_to(self, *args, **kwargs):
     """``Tensor.to``: an ``npu`` device becomes the CPU, and the result is on the NPU (a copy for
     a host tensor, as a host-to-device copy is)."""
     args = list(args)
+    if type(self) is _npu.NPUTensor:  # the real device: torch's own .to, npu:0 being a device it knows
+        if args and isinstance(args[0], (str, torch.device)) and is_npu_device(args[0]):
+            args[0] = NPU_DEVICE
+        elif is_npu_device(kwargs.get("device")):
+            kwargs["device"] = NPU_DEVICE
+        return _TORCH_TO(self, *args, **kwargs)
     target = None
     if args and (isinstance(args[0], (str, torch.device))):
         if is_npu_device(args[0]):
@@ -193,6 +199,10 @@ def patch_torch() -> None:
     if torch._C._get_privateuse1_backend_name() != "npu":
         torch.utils.rename_privateuse1_backend("npu")
     NPU_DEVICE = torch.device("npu", 0)
+    if _npu.REAL_DEVICE:
+        from ._npu_tensor import register_device
+
+        register_device()
     for name in FACTORIES:
         if hasattr(torch, name):
             setattr(torch, name, _wrap_factory(getattr(torch, name)))
