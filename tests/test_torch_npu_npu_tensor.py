@@ -111,6 +111,15 @@ assert y.device.type == "npu" and y_cpu.device.type == "cpu"
 torch.testing.assert_close(y, y_cpu.npu(), rtol=0, atol=0)
 m = torch.nn.Linear(4, 2).npu()
 assert m.weight.device.type == "npu" and m(x.npu()).device.type == "npu"
+import io
+buf = io.BytesIO()
+torch.save({"x": x.npu(), "nz": nz}, buf)
+buf.seek(0)
+back = torch.load(buf)  # weights_only: the file holds host values and "npu:0", as torch saves PrivateUse1
+assert back["x"].device.type == "npu" and torch_npu.get_npu_format(back["nz"]) == 29
+torch.testing.assert_close(back["nz"].cpu(), w.cpu(), rtol=0, atol=0)
+buf.seek(0)
+assert torch.load(buf, map_location="cpu")["x"].device.type == "cpu"
 print("tensor model ok")
 """
 

@@ -67,6 +67,17 @@ class NPUTensor(torch.Tensor):
         text = repr(self._elem)
         return text if "device=" in text else f"{text[:-1]}, device='{NPU_DEVICE}')"
 
+    def __reduce_ex__(self, proto):
+        # torch's own form for a PrivateUse1 tensor without storage: the values as a host tensor
+        # and ``.to("npu:0")`` on load (loadable with weights_only=True, and by the real torch_npu)
+        from ._format import share_tags  # the format travels as the host copy's tags (torch_npu's metadata)
+
+        host = torch.Tensor.cpu(self)
+        if self._elem.__dict__:
+            share_tags(self._elem, host)
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                (host, self.dtype, str(self.device), self.requires_grad))
+
     def __tensor_flatten__(self):
         return ["_elem"], None
 
