@@ -24,7 +24,11 @@ on ``torch.Tensor`` (about 0.1 us for an unmarked tensor, against 0.05 us for to
 ``torch.Generator(device="npu")`` is a CPU generator reporting ``npu:0`` (:class:`Generator`;
 ``isinstance(g, torch.Generator)`` holds for every torch generator).
 
-What differs from a real device: a torch function not listed here given ``device="npu"`` fails
+With ``ASCEND_EMU_NPU_DEVICE=tensor`` (:data:`~ascend_emu.torch_npu.npu.REAL_DEVICE`) the marked
+tensors are :class:`~ascend_emu.torch_npu._npu_tensor.NPUTensor`\ s instead, on a real ``npu``
+device (docs/torch_npu.md#the-npu-device); :func:`patch_torch` then registers its device guard.
+
+What differs from a real device (the default ``mark`` model): a torch function not listed here given ``device="npu"`` fails
 with torch's PrivateUse1 error; ``torch.accelerator.is_available()`` answers False (torch would
 otherwise take the named PrivateUse1 backend for a real accelerator and ask it for streams, e.g.
 in ``torch.compile``).

@@ -141,12 +141,45 @@ def _check_devices(func, args, kwargs) -> None:
             items = value if isinstance(value, (list, tuple)) else (value,)
             for item in items:
                 if _host_tensor(item):
-                    raise as_runtime_error(arg_error(
-                        DTypeError, name, f"a tensor on {NPU_DEVICE} like the call's other tensors (Expected all "
-                        f"tensors to be on the same device, but found at least two devices, {NPU_DEVICE} and cpu)",
-                        f"a tensor on cpu: {tuple(item.shape)} {str(item.dtype).replace('torch.', '')}"))
+                    raise _mixed(name, item, f"{func.namespace}::{func._schema.name.split('::')[-1]}")
     raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
                        f"{NPU_DEVICE} and cpu!")
+
+
+def check_same_device(on_npu: dict, params: dict, public: str) -> None:
+    """The eager path's device check of an emulated op called with NPU tensors (``on_npu``: name
+    -> NPUTensor, replaced in ``params`` by their CPU tensors): another tensor argument of one
+    or more dimensions is on the CPU, a cpu / npu mix, rejected naming it (as :func:`_check_devices`).
+
+    Raises:
+        DTypeError (a ``RuntimeError`` too): the first such argument.
+    """
+    for name, value in params.items():
+        if type(value) is _Tensor and value.dim() > 0 and name not in on_npu:
+            raise _mixed(name, value, public)
+
+
+def _mixed(name: str, value: torch.Tensor, public: str):
+    return as_runtime_error(arg_error(
+        DTypeError, name, f"a tensor on {NPU_DEVICE} like the call's other tensors ({public}: Expected all "
+        f"tensors to be on the same device, but found at least two devices, {NPU_DEVICE} and cpu)",
+        f"a tensor on cpu: {tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"))
+
+
+def wrap_outputs(out, on_npu: dict):
+    """An emulated op's outputs from a call on NPU tensors, on the NPU: an output that is an
+    argument's CPU tensor is that argument (in-place ops return their argument), any other a
+    new NPUTensor over its memory."""
+    by_elem = {id(t._elem): t for t in on_npu.values()}
+
+    def wrap(value):
+        if isinstance(value, _Tensor) and type(value) is not NPUTensor:
+            return by_elem.get(id(value)) or NPUTensor(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(wrap(v) for v in value)
+        return value
+
+    return wrap(out)
 
 
 def to_npu(t: torch.Tensor) -> NPUTensor:

@@ -35,6 +35,7 @@ import torch
 
 from ..errors import ArgumentError, AscendEmuError, DTypeError, ModeError, arg_error, as_runtime_error, describe
 from . import _fake, _format
+from ._npu_tensor import NPUTensor, check_same_device, wrap_outputs
 from ._convert import _is_default, _param_names, _signature, _up, check_strided, resolve_op, to_numpy
 from .schemas import SCHEMAS, TORCH_NPU_VERSION, WRITES_UNANNOTATED, OpSchema
 
@@ -343,6 +344,9 @@ class _Binding:
                 value = _admit(value, slot, grad)
                 if value is _REFUSED:
                     return None
+                if type(value) is _OnNPU:
+                    params.setdefault(ON_NPU_KEY, {})[name] = value.wrapper
+                    value = value.elem
             params[name] = value
         for name, value in kwargs.items():
             slot = slots.get(name)
@@ -356,6 +360,9 @@ class _Binding:
                 value = _admit(value, slot, grad)
                 if value is _REFUSED:
                     return None
+                if type(value) is _OnNPU:
+                    params.setdefault(ON_NPU_KEY, {})[name] = value.wrapper
+                    value = value.elem
             params[name] = value
         for name in self.by_keyword[n]:
             if name not in kwargs:
@@ -364,6 +371,17 @@ class _Binding:
 
 
 _REFUSED = object()
+#: Key of :meth:`_Binding.bind_eager`'s result saying an argument was an NPUTensor.
+ON_NPU_KEY = "\0on_npu"
+
+
+class _OnNPU:
+    """:func:`_admit`'s answer for an NPUTensor: its CPU tensor, flagged."""
+
+    __slots__ = ("elem", "wrapper")
+
+    def __init__(self, elem: torch.Tensor, wrapper: torch.Tensor):
+        self.elem, self.wrapper = elem, wrapper
 _Tensor, _strided = torch.Tensor, torch.strided
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
@@ -380,6 +398,10 @@ def _admit(value, slot: tuple[int, str, bool], grad: bool):
         if (cls is torch.Tensor or cls is torch.nn.Parameter) and value.is_cpu and value.layout is torch.strided \
                 and not (grad and value.requires_grad):
             return value
+        if cls is NPUTensor and not (grad and value.requires_grad):  # the real npu device: its CPU memory
+            elem = value._elem
+            if type(elem) is torch.Tensor and elem.layout is torch.strided:
+                return _OnNPU(elem, value)
         return _REFUSED
     if kind == "List[int]":  # int[] (FIA's actual_seq_lengths): a list of Python ints, as the dispatcher passes it
         if isinstance(value, (list, tuple)) and all(type(v) is int and INT64_MIN <= v <= INT64_MAX for v in value):
@@ -851,6 +873,10 @@ def public_op(namespace: str, name: str) -> Callable:
                 for binding in bindings:
                     params = binding.bind_eager(args, kwargs, grad)
                     if params is not None:
+                        if ON_NPU_KEY in params:  # NPUTensors: run on their memory, outputs on the NPU
+                            on_npu = params.pop(ON_NPU_KEY)
+                            check_same_device(on_npu, params, public)
+                            return wrap_outputs(binding.body(params), on_npu)
                         return binding.body(params)
             check(args, kwargs)
             return packet(*args, **kwargs)
