@@ -25,7 +25,7 @@ on ``torch.Tensor`` (about 0.1 us for an unmarked tensor, against 0.05 us for to
 ``isinstance(g, torch.Generator)`` holds for every torch generator).
 
 With ``ASCEND_EMU_NPU_DEVICE=tensor`` (:data:`~ascend_emu.torch_npu.npu.REAL_DEVICE`) the marked
-tensors are :class:`~ascend_emu.torch_npu._npu_tensor.NPUTensor`\ s instead, on a real ``npu``
+tensors are :class:`~ascend_emu.torch_npu._npu_tensor.NPUTensor` objects instead, on a real ``npu``
 device (docs/torch_npu.md#the-npu-device); :func:`patch_torch` then registers its device guard.
 
 What differs from a real device (the default ``mark`` model): a torch function not listed here given ``device="npu"`` fails
