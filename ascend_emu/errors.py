@@ -52,6 +52,11 @@ class DuplicateSlotWarning(UserWarning):
     """Two tokens write the same cache slot; on hardware the result is undefined."""
 
 
+class HostTensorWarning(UserWarning):
+    """Checked mode: an NPU op called with every tensor on the CPU (a forgotten ``.npu()``),
+    which the hardware rejects."""
+
+
 class UninitializedReadError(AscendEmuError, ValueError):
     """Checked mode: an op reads a cache slot never written since the cache was created or
     poisoned (:mod:`ascend_emu.checked_mode`)."""

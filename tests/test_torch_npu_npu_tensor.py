@@ -141,3 +141,22 @@ def test_tensor_device_model_through_ascend_emu_run(tmp_path):
                           text=True, env=env, cwd=root, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tensor model ok" in proc.stdout
+
+
+def test_checked_mode_flags_an_all_cpu_call_of_an_npu_op():
+    import warnings
+
+    from ascend_emu import checked_mode
+    from ascend_emu.errors import HostTensorWarning
+
+    x = torch.randn(4, 32).to(torch.bfloat16)
+    with checked_mode.checked():
+        with pytest.warns(HostTensorWarning, match="npu_dynamic_quant: every tensor argument is on the CPU"):
+            torch_npu.npu_dynamic_quant(x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", HostTensorWarning)
+            torch_npu.npu_dynamic_quant(x.npu())  # on the NPU (either device model): no report
+            torch_npu.npu_dynamic_quant(to_npu(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HostTensorWarning)
+        torch_npu.npu_dynamic_quant(x)  # checked mode off: nothing

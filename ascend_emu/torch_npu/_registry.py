@@ -33,9 +33,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .. import checked_mode
 from ..errors import ArgumentError, AscendEmuError, DTypeError, ModeError, arg_error, as_runtime_error, describe
 from . import _fake, _format
 from ._npu_tensor import NPUTensor, check_same_device, wrap_outputs
+from .npu import is_on_npu
 from ._convert import _is_default, _param_names, _signature, _up, check_strided, resolve_op, to_numpy
 from .schemas import SCHEMAS, TORCH_NPU_VERSION, WRITES_UNANNOTATED, OpSchema
 
@@ -840,6 +842,16 @@ def _with_codes(names: tuple[str, ...], positions: dict[int, str], args: tuple, 
     return args, kwargs
 
 
+_checked_enabled = checked_mode.enabled
+
+
+def _flag_host_call(public: str, params: dict) -> None:
+    """Checked mode: report an eager call whose tensors are all on the CPU (none on the NPU)."""
+    tensors = [v for v in params.values() if isinstance(v, torch.Tensor)]
+    if tensors and not any(is_on_npu(t) for t in tensors):
+        checked_mode.host_call(public)
+
+
 def public_op(namespace: str, name: str) -> Callable:
     """``torch_npu.<name>``: a thin callable of ``torch.ops.<namespace>.<name>`` (its ``op``
     attribute) that checks the arguments against the schemas first (:func:`check_call`:
@@ -877,6 +889,8 @@ def public_op(namespace: str, name: str) -> Callable:
                             on_npu = params.pop(ON_NPU_KEY)
                             check_same_device(on_npu, params, public)
                             return wrap_outputs(binding.body(params), on_npu)
+                        if _checked_enabled():
+                            _flag_host_call(public, params)
                         return binding.body(params)
             check(args, kwargs)
             return packet(*args, **kwargs)
