@@ -41,13 +41,14 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from .errors import DuplicateSlotError, NonFiniteOutputError, UninitializedReadError
+from .errors import DuplicateSlotError, HostTensorWarning, NonFiniteOutputError, UninitializedReadError
 
 #: Environment variables that switch checked mode / poisoning on at import (value ``1``).
 ENV_CHECKED = "ASCEND_EMU_CHECKED"
@@ -263,6 +264,14 @@ def duplicates(name: str, dups: dict) -> None:
         shown = "; ".join(f"slot {s} <- tokens {t}" for s, t in list(dups.items())[:4])
         raise DuplicateSlotError(f"{name}: {len(dups)} cache slot(s) written by more than one token "
                                  f"(checked mode; undefined on hardware): {shown}")
+
+
+def host_call(op: str) -> None:
+    """Warn :class:`~ascend_emu.errors.HostTensorWarning` when checked mode is on: ``op`` (an NPU
+    op) was called with every tensor on the CPU, which runs here and fails on the NPU."""
+    if _STATE.enabled:
+        warnings.warn(f"{op}: every tensor argument is on the CPU (checked mode; the NPU needs them on "
+                      "the npu device: a forgotten .npu()?)", HostTensorWarning, stacklevel=4)
 
 
 def check_finite(op: str, outputs) -> None:

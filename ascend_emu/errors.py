@@ -2,10 +2,14 @@
 
 Every error names the argument, what was expected and what was given, so a rejected call can be
 fixed from the message alone. All errors subclass ``ValueError`` or ``TypeError`` (docs/numerics.md#errors),
-so callers that already catch those keep working.
+so callers that already catch those keep working. The torch_npu drop-in raises them as
+:func:`runtime_error_class` variants, which are ``RuntimeError`` too, as torch_npu's rejections
+are (``assertRaisesRegex(RuntimeError, ...)`` and ``except ValueError`` both catch them).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -48,6 +52,11 @@ class DuplicateSlotWarning(UserWarning):
     """Two tokens write the same cache slot; on hardware the result is undefined."""
 
 
+class HostTensorWarning(UserWarning):
+    """Checked mode: an NPU op called with every tensor on the CPU (a forgotten ``.npu()``),
+    which the hardware rejects."""
+
+
 class UninitializedReadError(AscendEmuError, ValueError):
     """Checked mode: an op reads a cache slot never written since the cache was created or
     poisoned (:mod:`ascend_emu.checked_mode`)."""
@@ -75,6 +84,39 @@ class InputContractError(AscendEmuError, ValueError):
 class NonFiniteInputError(AscendEmuError, ValueError):
     """An input the op quantizes holds a NaN or an Inf where the sources define no bytes for it
     (the DeepSeek-V4 fp8 / int8 cache quants, docs/v4.md)."""
+
+
+class _RuntimeCompatible(RuntimeError):
+    """Mixin of the :func:`runtime_error_class` variants (pickled as the variant of their base)."""
+
+    def __reduce__(self):
+        return _rebuild_runtime, (type(self).__mro__[1], self.args)
+
+
+@functools.cache
+def runtime_error_class(cls: type[AscendEmuError]) -> type[AscendEmuError]:
+    """The variant of ``cls`` that is also a ``RuntimeError`` (same name and message; one class
+    per ``cls``): what the torch_npu drop-in raises, since torch_npu rejects a call with a
+    ``RuntimeError`` (docs/numerics.md#errors). ``cls`` itself when it already is one."""
+    if issubclass(cls, RuntimeError):
+        return cls
+    return type(cls.__name__, (cls, _RuntimeCompatible), {
+        "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        "__doc__": f"{cls.__name__} raised through the torch_npu drop-in: also a RuntimeError."})
+
+
+def as_runtime_error(error: AscendEmuError) -> AscendEmuError:
+    """``error`` as its :func:`runtime_error_class` variant (the same message, traceback and
+    cause; ``error`` itself when it already is a ``RuntimeError``)."""
+    if isinstance(error, RuntimeError):
+        return error
+    new = runtime_error_class(type(error))(*error.args)
+    new.__cause__, new.__suppress_context__ = error.__cause__, error.__suppress_context__
+    return new.with_traceback(error.__traceback__)
+
+
+def _rebuild_runtime(cls: type[AscendEmuError], args: tuple) -> AscendEmuError:
+    return runtime_error_class(cls)(*args)
 
 
 #: Longest value text a message carries; longer text (a tensor's repr) is cut with "...".

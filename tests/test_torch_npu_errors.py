@@ -317,3 +317,34 @@ def test_rejected_prolog_v3_functional_call_copies_nothing_and_raises_the_in_pla
     outs = torch_npu.npu_mla_prolog_v3_functional(*args, kv, kr, cache_index=torch.tensor([3, 20]))
     assert sorted(clones) == [(2, 16, 1, 64), (2, 16, 1, 512)]
     assert (kv == 7).all() and (outs[5][1, 4] != 7).any() and (outs[5][0, 0] == 7).all()
+
+
+# ------------------------------------------------------------------ RuntimeError, as torch_npu
+def test_drop_in_rejections_are_runtime_errors_and_keep_their_class():
+    """torch_npu rejects with a RuntimeError: the drop-in's error is one, and still the
+    ascend_emu class (a ValueError handler keeps working); the NumPy API's stays as it was."""
+    import pickle
+    import unittest
+
+    import numpy as np
+
+    from ascend_emu import ops
+    from ascend_emu.errors import ModeError, runtime_error_class
+
+    calls = (lambda: torch_npu.npu_format_cast(torch.zeros(4, 4), 7),       # eager fast path
+             lambda: torch.ops.npu.npu_format_cast(torch.zeros(4, 4), 7),   # the dispatcher
+             lambda: torch_npu.npu_format_cast(torch.zeros(4, 4), "29"))    # the argument-kind check
+    for call in calls:
+        with pytest.raises(AscendEmuError) as exc:
+            call()
+        assert isinstance(exc.value, RuntimeError) and isinstance(exc.value, (ValueError, TypeError))
+        assert type(exc.value) is runtime_error_class(type(exc.value).__mro__[1])
+        assert exc.value.__context__ is None
+        again = pickle.loads(pickle.dumps(exc.value))
+        assert type(again) is type(exc.value) and again.args == exc.value.args
+    case = unittest.TestCase()
+    with case.assertRaisesRegex(RuntimeError, "acl_format: expected"):
+        calls[0]()
+    with pytest.raises(ModeError) as exc:
+        ops.npu_format_cast(np.zeros((4, 4), np.float32), 7)
+    assert not isinstance(exc.value, RuntimeError)

@@ -19,11 +19,13 @@ Importing this module does to torch what the real ``import torch_npu`` does:
   ``torch.ops.custom.*`` (cann-recipes-infer, sglang), are registered with their schemas as
   bindings to the same ops (:mod:`.namespaces`; :func:`.namespaces.report` says what was
   registered and what was left alone);
-- ``torch_npu.hifloat8`` / ``float8_e8m0fnu`` / ... are torch_npu's dtype codes and
+- ``torch_npu.hifloat8`` / ``float8_e5m2`` (291) / ``float8_e4m3fn`` (292) / ``float8_e8m0fnu``
+  (alias ``float8_e8m0``) / ... are torch_npu's dtype codes and
   ``torch.version.cann`` is the emulated CANN version (:mod:`._dtypes`).
 
-Errors are ascend_emu's (``ValueError`` / ``TypeError`` subclasses naming the argument), not
-the ``RuntimeError`` torch_npu raises. Graph mode (torchair) is not emulated; ``torch.compile``
+Errors are ascend_emu's (``ValueError`` / ``TypeError`` subclasses naming the argument) raised
+as their ``RuntimeError`` variants (:func:`ascend_emu.errors.runtime_error_class`), as torch_npu
+rejects calls with a ``RuntimeError``. Graph mode (torchair) is not emulated; ``torch.compile``
 works through the fake kernels.
 """
 
@@ -42,7 +44,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
 
 from .._version import __version__ as _emu_version
 from . import _device, _format, _registry, namespaces, npu
-from ._dtypes import NPU_DTYPE_CODES
+from ._dtypes import NPU_DTYPE_EXPORTS
 from ._format import Format
 from ._dtypes import patch_torch as _patch_version
 from ._convert import nz_of, tag_nz, to_numpy, to_torch  # noqa: F401  (public)
@@ -54,7 +56,7 @@ _format.patch_torch()
 _registry.register()
 namespaces.register()  # torch.ops._C_ascend.* / torch.ops.custom.*: the frameworks' schemas, the same ops
 _patch_version()
-globals().update(NPU_DTYPE_CODES)  # torch_npu.hifloat8, ... (ints, as torch_npu exports them)
+globals().update(NPU_DTYPE_EXPORTS)  # torch_npu.hifloat8, float8_e5m2, ... (ints, as torch_npu exports them)
 
 #: The emulated torch_npu release; the local label says this is the emulator.
 __version__ = f"{TORCH_NPU_VERSION}+ascend_emu.{_emu_version}"
@@ -132,4 +134,4 @@ def __getattr__(name: str):
     raise not_emulated("torch_npu", name, _NPU_OPS, listed_in="torch_npu.__all__ and docs/torch_npu.md",
                        mock="torch_npu")
 
-__all__ = ["atb", "npu", "testing", "install", "__version__", "Format", *_NPU_OPS, *NPU_DTYPE_CODES]
+__all__ = ["atb", "npu", "testing", "install", "__version__", "Format", *_NPU_OPS, *NPU_DTYPE_EXPORTS]

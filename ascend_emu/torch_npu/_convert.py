@@ -33,7 +33,7 @@ import torch
 from .. import _deterministic, checked_mode
 from ..errors import DTypeError, FormatError, arg_error
 from ..layouts import NZArray
-from .npu import mark_npu
+from .npu import mark_output
 
 #: Attribute of a torch tensor holding its NZArray after ``npu_format_cast(t, 29)``.
 NZ_ATTR = "_ascend_emu_nz"
@@ -273,7 +273,7 @@ def _up(r, originals: dict):
 def _up_array(r: np.ndarray, originals: dict):
     """:func:`_up` of one array."""
     hit = originals.get(id(r))
-    return hit[1] if hit is not None and hit[0] is r else mark_npu(to_torch(r))
+    return hit[1] if hit is not None and hit[0] is r else mark_output(to_torch(r))
 
 
 def call_op(fn: Callable, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Any:

@@ -24,7 +24,11 @@ on ``torch.Tensor`` (about 0.1 us for an unmarked tensor, against 0.05 us for to
 ``torch.Generator(device="npu")`` is a CPU generator reporting ``npu:0`` (:class:`Generator`;
 ``isinstance(g, torch.Generator)`` holds for every torch generator).
 
-What differs from a real device: a torch function not listed here given ``device="npu"`` fails
+With ``ASCEND_EMU_NPU_DEVICE=tensor`` (:data:`~ascend_emu.torch_npu.npu.REAL_DEVICE`) the marked
+tensors are :class:`~ascend_emu.torch_npu._npu_tensor.NPUTensor` objects instead, on a real ``npu``
+device (docs/torch_npu.md#the-npu-device); :func:`patch_torch` then registers its device guard.
+
+What differs from a real device (the default ``mark`` model): a torch function not listed here given ``device="npu"`` fails
 with torch's PrivateUse1 error; ``torch.accelerator.is_available()`` answers False (torch would
 otherwise take the named PrivateUse1 backend for a real accelerator and ask it for streams, e.g.
 in ``torch.compile``).
@@ -85,6 +89,12 @@ def _tensor_to(self, *args, **kwargs):
     """``Tensor.to``: an ``npu`` device becomes the CPU, and the result is on the NPU (a copy for
     a host tensor, as a host-to-device copy is)."""
     args = list(args)
+    if type(self) is _npu.NPUTensor:  # the real device: torch's own .to, npu:0 being a device it knows
+        if args and isinstance(args[0], (str, torch.device)) and is_npu_device(args[0]):
+            args[0] = NPU_DEVICE
+        elif is_npu_device(kwargs.get("device")):
+            kwargs["device"] = NPU_DEVICE
+        return _TORCH_TO(self, *args, **kwargs)
     target = None
     if args and (isinstance(args[0], (str, torch.device))):
         if is_npu_device(args[0]):
@@ -193,6 +203,10 @@ def patch_torch() -> None:
     if torch._C._get_privateuse1_backend_name() != "npu":
         torch.utils.rename_privateuse1_backend("npu")
     NPU_DEVICE = torch.device("npu", 0)
+    if _npu.REAL_DEVICE:
+        from ._npu_tensor import register_device
+
+        register_device()
     for name in FACTORIES:
         if hasattr(torch, name):
             setattr(torch, name, _wrap_factory(getattr(torch, name)))

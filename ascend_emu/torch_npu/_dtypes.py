@@ -20,11 +20,29 @@ import torch
 from ..quant import TORCH_NPU_DTYPE_CODES
 from .npu.utils import CANN_VERSION
 
-#: ``torch_npu.<name>``: the torch_npu dtype codes without a torch dtype (int4, hifloat8 and
+#: Offset of torch_npu's dtype codes over ACL's ``aclDataType`` values (``g_toAclOffset``).
+ACL_OFFSET = 256
+#: ``aclDataType`` value of each torch_npu dtype whose code the quant formats do not define
+#: (CANN ``acl/acl_base_rt.h``, shipped in the torch_npu wheel).
+_ACL_DATA_TYPES = {
+    "float32": 0, "float16": 1, "int8": 2, "int32": 3, "uint8": 4, "int16": 6, "uint16": 7, "uint32": 8,
+    "int64": 9, "uint64": 10, "float64": 11, "bool": 12, "string": 13, "complex64": 16, "complex128": 17,
+    "bfloat16": 27, "uint1": 30, "complex32": 33, "float6_e3m2": 38, "float6_e2m3": 39,
+}
+#: ``torch_npu.<name>``: every member of torch_npu 2.14's ``DType`` (27 names, plain ints; the
+#: low-precision ones from :data:`ascend_emu.quant.TORCH_NPU_DTYPE_CODES`: int4, hifloat8 and
 #: float4 travel as uint8 tensors, float8_e8m0fnu scales as torch.float8_e8m0fnu where torch has
-#: it); the codes are :data:`ascend_emu.quant.TORCH_NPU_DTYPE_CODES`.
-NPU_DTYPE_CODES: dict[str, int] = {name: TORCH_NPU_DTYPE_CODES[name] for name in (
-    "int4", "hifloat8", "float8_e8m0fnu", "float4_e2m1fn_x2", "float4_e1m2fn_x2")}
+#: it). ``tests/reference/torch_npu_2_14_dtypes.txt`` is the list read from the real wheel.
+NPU_DTYPE_CODES: dict[str, int] = {
+    **{name: code + ACL_OFFSET for name, code in _ACL_DATA_TYPES.items()}, **TORCH_NPU_DTYPE_CODES}
+#: Older names of three codes, still exported: the ``DType`` binding of earlier torch_npu releases
+#: (``float8_e8m0``, ``float4_e2m1``, ``float4_e1m2``), which torch_npu's own error messages and
+#: op docs keep using.
+NPU_DTYPE_ALIASES: dict[str, str] = {
+    "float8_e8m0": "float8_e8m0fnu", "float4_e2m1": "float4_e2m1fn_x2", "float4_e1m2": "float4_e1m2fn_x2"}
+#: What ``import torch_npu`` exports: the codes and their aliases.
+NPU_DTYPE_EXPORTS: dict[str, int] = {
+    **NPU_DTYPE_CODES, **{alias: NPU_DTYPE_CODES[name] for alias, name in NPU_DTYPE_ALIASES.items()}}
 
 
 def patch_torch() -> None:

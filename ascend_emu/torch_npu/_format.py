@@ -46,7 +46,8 @@ import torch
 from ..errors import ModeError, arg_error, describe
 from ..layouts import FRACTAL_NZ, ND
 from ._convert import NZ_ATTR, _plain_numpy, nz_of, tag_nz, tag_nz_view, to_numpy, to_torch, untag_nz
-from .npu import ON_NPU_ATTR, mark_npu
+from . import _npu_tensor
+from .npu import ON_NPU_ATTR, mark_npu, mark_output
 
 #: Attribute (in a tensor's ``__dict__``) holding a format code kept as a tag only.
 FORMAT_ATTR = "_ascend_emu_format"
@@ -155,12 +156,12 @@ def npu_format_cast(self: torch.Tensor, acl_format: int, *, customize_dtype=None
     acl_format = _check_cast_args(acl_format, customize_dtype, input_dtype, customizable=True)
     if customize_dtype is not None or input_dtype is not None:
         cast = ops.npu_format_cast(to_numpy(self, "self"), acl_format, customize_dtype, input_dtype)
-        return tag_nz(mark_npu(to_torch(cast)), cast)
+        return tag_nz(mark_output(to_torch(cast)), cast)
     target = _target(get_npu_format(self), acl_format, self.dim())
     if target == FRACTAL_NZ:
         cast = ops.npu_format_cast(to_numpy(self, "self"), FRACTAL_NZ)
-        return tag_nz(mark_npu(to_torch(cast)), cast)
-    out = mark_npu(self.detach().clone(memory_format=torch.contiguous_format))
+        return tag_nz(mark_output(to_torch(cast)), cast)
+    out = mark_output(self.detach().clone(memory_format=torch.contiguous_format))
     untag_nz(out).__dict__.pop(FORMAT_ATTR, None)
     if target != ND:
         out.__dict__[FORMAT_ATTR] = target
@@ -372,3 +373,6 @@ def patch_torch() -> None:
     torch.Tensor.__getstate__ = _getstate
     setattr(torch.Tensor, SAVED_ATTR, property(lambda self: None, _restore_saved))
     torch.load = _load
+
+
+_npu_tensor.register_tag_sharing(share_tags)

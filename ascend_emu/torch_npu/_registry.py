@@ -34,9 +34,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .. import _deterministic
-from ..errors import ArgumentError, AscendEmuError, DTypeError, ModeError, arg_error, describe
+from .. import _deterministic, checked_mode
+from ..errors import ArgumentError, AscendEmuError, DTypeError, ModeError, arg_error, as_runtime_error, describe
 from . import _fake, _format
+from ._npu_tensor import NPUTensor, check_same_device, wrap_outputs
+from .npu import is_on_npu
 from ._convert import _is_default, _param_names, _signature, _up, check_strided, resolve_op, to_numpy
 from .schemas import SCHEMAS, TORCH_NPU_VERSION, WRITES_UNANNOTATED, OpSchema
 
@@ -346,6 +348,9 @@ class _Binding:
                 value = _admit(value, slot, grad)
                 if value is _REFUSED:
                     return None
+                if type(value) is _OnNPU:
+                    params.setdefault(ON_NPU_KEY, {})[name] = value.wrapper
+                    value = value.elem
             params[name] = value
         for name, value in kwargs.items():
             slot = slots.get(name)
@@ -359,6 +364,9 @@ class _Binding:
                 value = _admit(value, slot, grad)
                 if value is _REFUSED:
                     return None
+                if type(value) is _OnNPU:
+                    params.setdefault(ON_NPU_KEY, {})[name] = value.wrapper
+                    value = value.elem
             params[name] = value
         for name in self.by_keyword[n]:
             if name not in kwargs:
@@ -367,6 +375,17 @@ class _Binding:
 
 
 _REFUSED = object()
+#: Key of :meth:`_Binding.bind_eager`'s result saying an argument was an NPUTensor.
+ON_NPU_KEY = "\0on_npu"
+
+
+class _OnNPU:
+    """:func:`_admit`'s answer for an NPUTensor: its CPU tensor, flagged."""
+
+    __slots__ = ("elem", "wrapper")
+
+    def __init__(self, elem: torch.Tensor, wrapper: torch.Tensor):
+        self.elem, self.wrapper = elem, wrapper
 _Tensor, _strided = torch.Tensor, torch.strided
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
@@ -382,6 +401,10 @@ def _admit(value, slot: tuple[int, str, bool], grad: bool):
         if (cls is torch.Tensor or cls is torch.nn.Parameter) and value.is_cpu and value.layout is torch.strided \
                 and not (grad and value.requires_grad):
             return value
+        if cls is NPUTensor and not (grad and value.requires_grad):  # the real npu device: its CPU memory
+            elem = value._elem
+            if type(elem) is torch.Tensor and elem.layout is torch.strided:
+                return _OnNPU(elem, value)
         return _REFUSED
     if kind == "List[int]":  # int[] (FIA's actual_seq_lengths): a list of Python ints, as the dispatcher passes it
         if isinstance(value, (list, tuple)) and all(type(v) is int and INT64_MIN <= v <= INT64_MAX for v in value):
@@ -630,16 +653,21 @@ class CheckedPacket(torch._ops.OpOverloadPacket):
         if _has_sequence(args, kwargs):  # torch's binder takes seconds on a long list given for a tensor
             error = _explain(self._qualified_op_name, args, kwargs)
             if error is not None:
-                raise error
+                raise as_runtime_error(error)
         try:
             return self._op(*args, **kwargs)
-        except AscendEmuError:
-            raise
+        except AscendEmuError as emu_error:  # torch_npu rejects with a RuntimeError
+            error = as_runtime_error(emu_error)
+            error.__context__ = emu_error.__context__
+            explained = False
         except Exception:  # noqa: BLE001  (re-raised unless the check finds the cause)
             error = _explain(self._qualified_op_name, args, kwargs)
             if error is None:
                 raise
-        raise error from None
+            explained = True
+        if explained:
+            raise as_runtime_error(error) from None
+        raise error  # outside the handler: no chained context
 
 
 _SEQUENCES = (list, tuple, np.ndarray)
@@ -845,6 +873,16 @@ def _with_codes(names: tuple[str, ...], positions: dict[int, str], args: tuple, 
     return args, kwargs
 
 
+_checked_enabled = checked_mode.enabled
+
+
+def _flag_host_call(public: str, params: dict) -> None:
+    """Checked mode: report an eager call whose tensors are all on the CPU (none on the NPU)."""
+    tensors = [v for v in params.values() if isinstance(v, torch.Tensor)]
+    if tensors and not any(is_on_npu(t) for t in tensors):
+        checked_mode.host_call(public)
+
+
 def public_op(namespace: str, name: str) -> Callable:
     """``torch_npu.<name>``: a thin callable of ``torch.ops.<namespace>.<name>`` (its ``op``
     attribute) that checks the arguments against the schemas first (:func:`check_call`:
@@ -870,16 +908,26 @@ def public_op(namespace: str, name: str) -> Callable:
     coded_at = {i: a for i, a in enumerate(bindings[0].names) if a in coded}
 
     def call(*args, **kwargs):
-        if coded:
-            args, kwargs = _with_codes(coded, coded_at, args, kwargs)
-        if eager_allowed():
-            grad = _grad_enabled()
-            for binding in bindings:
-                params = binding.bind_eager(args, kwargs, grad)
-                if params is not None:
-                    return binding.body(params)
-        check(args, kwargs)
-        return packet(*args, **kwargs)
+        try:
+            if coded:
+                args, kwargs = _with_codes(coded, coded_at, args, kwargs)
+            if eager_allowed():
+                grad = _grad_enabled()
+                for binding in bindings:
+                    params = binding.bind_eager(args, kwargs, grad)
+                    if params is not None:
+                        if ON_NPU_KEY in params:  # NPUTensors: run on their memory, outputs on the NPU
+                            on_npu = params.pop(ON_NPU_KEY)
+                            check_same_device(on_npu, params, public)
+                            return wrap_outputs(binding.body(params), on_npu)
+                        if _checked_enabled():
+                            _flag_host_call(public, params)
+                        return binding.body(params)
+            check(args, kwargs)
+            return packet(*args, **kwargs)
+        except AscendEmuError as error:  # torch_npu rejects with a RuntimeError
+            converted = as_runtime_error(error)
+        raise converted  # outside the handler: no chained context
 
     call.__name__ = call.__qualname__ = name
     call.__module__ = "torch_npu" + (".atb" if namespace == "atb" else "")
@@ -911,7 +959,7 @@ def _out_form(packet, spec: OpSchema, public: str) -> Callable:
             kwargs.update(zip(names, out, strict=True))
         problem = binding.mismatch(args, kwargs, f"{public}.out")  # the argument check torch_npu.<op> makes
         if problem is not None:
-            raise problem[1]
+            raise as_runtime_error(problem[1])
         return packet.out(*args, **kwargs)
 
     out_call.__name__ = out_call.__qualname__ = f"{spec.name}.out"

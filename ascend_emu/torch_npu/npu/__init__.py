@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 import time
 from types import SimpleNamespace
@@ -39,6 +40,7 @@ from types import SimpleNamespace
 import torch
 
 from ...soc import DEFAULT_SOC_NAME, SOC_NAME_ENV, soc_name  # noqa: F401  (the one SoC setting)
+from .._npu_tensor import NPUTensor, to_npu
 
 #: Devices the emulator offers.
 DEVICE_COUNT = 1
@@ -243,14 +245,36 @@ class Event:
         return (end_event._t - self._t) * 1e3
 
 
+#: Environment variable selecting the device model: ``tensor`` puts NPU tensors on a real ``npu``
+#: device (:class:`~ascend_emu.torch_npu._npu_tensor.NPUTensor`); unset or ``mark``, they are CPU
+#: tensors marked as on the NPU (this module's doc). Read once, when the drop-in is imported.
+DEVICE_MODEL_ENV = "ASCEND_EMU_NPU_DEVICE"
+#: True when NPU tensors are :class:`~ascend_emu.torch_npu._npu_tensor.NPUTensor` (``tensor`` model).
+REAL_DEVICE = os.environ.get(DEVICE_MODEL_ENV, "mark") == "tensor"
+if os.environ.get(DEVICE_MODEL_ENV, "mark") not in ("mark", "tensor"):
+    raise ValueError(f"{DEVICE_MODEL_ENV}: expected 'mark' or 'tensor', got {os.environ[DEVICE_MODEL_ENV]!r}")
+
+
 def is_on_npu(t) -> bool:
     """True for a tensor on the emulated NPU (from ``.npu()``, an op or ``npu_format_cast``)."""
-    return isinstance(t, torch.Tensor) and t.__dict__.get(ON_NPU_ATTR, False)
+    return isinstance(t, torch.Tensor) and (type(t) is NPUTensor or t.__dict__.get(ON_NPU_ATTR, False))
 
 
 def mark_npu(t: torch.Tensor) -> torch.Tensor:
-    """Mark ``t`` (in place) as living on the emulated NPU; returns ``t``."""
+    """``t`` on the emulated NPU: an :class:`NPUTensor` over its memory with the real device
+    (:data:`REAL_DEVICE`), else ``t`` itself, marked in place."""
+    if REAL_DEVICE:
+        return to_npu(t)
     t.__dict__[ON_NPU_ATTR] = True
+    return t
+
+
+def mark_output(t: torch.Tensor) -> torch.Tensor:
+    """An op kernel's new output: marked as on the NPU in the ``mark`` model; as is with the real
+    device, where ``NPUTensor.__torch_dispatch__`` puts it on the device of the call's tensors
+    (an all-CPU call gives CPU outputs)."""
+    if not REAL_DEVICE:
+        t.__dict__[ON_NPU_ATTR] = True
     return t
 
 
@@ -272,9 +296,9 @@ def _tensor_npu(self, device=None, non_blocking: bool = False, memory_format=tor
 def _tensor_cpu(self, memory_format=torch.preserve_format):
     """``Tensor.cpu()``: a copy back to the host for an NPU tensor; torch's own behaviour (the
     tensor itself) for a host tensor."""
-    if is_on_npu(self):
+    if type(self) is not NPUTensor and is_on_npu(self):
         return _TORCH_CLONE(self, memory_format=memory_format)
-    return _TORCH_CPU(self, memory_format=memory_format)
+    return _TORCH_CPU(self, memory_format=memory_format)  # an NPUTensor: the device-to-host copy
 
 
 _tensor_cpu.__wrapped__ = _TORCH_CPU
@@ -284,6 +308,8 @@ def _module_npu(self, device=None):
     """``Module.npu()``: the module itself, its parameters and buffers moved to the NPU in place
     (the same objects, as torch_npu keeps the Parameter objects)."""
     _index(device)
+    if REAL_DEVICE:  # new Parameter objects over NPU tensors (their types differ)
+        return self._apply(lambda t: t if type(t) is NPUTensor else to_npu(t.detach().clone()))
     for t in (*self.parameters(), *self.buffers()):
         mark_npu(t)
     return self

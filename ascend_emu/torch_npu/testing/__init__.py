@@ -2,10 +2,11 @@
 
 :mod:`.testcase` (``TestCase`` with ``assertRtolEqual`` / ``assertEqual(prec=...)``,
 ``run_tests``) and :mod:`.common_utils` (``SupportedDevices``, ``create_common_tensor``,
-``get_npu_device``), written from the documented behaviour of torch_npu's own
+``get_npu_device``) and :mod:`.common_distributed` (``skipIfUnsupportMultiNPU``, ``with_comms``,
+``init_pg``, ``TEST_SKIPS``), written from the documented behaviour of torch_npu's own
 (docs/sources.md#assert_rtol_equal) for the emulated NPU.
 """
 
-from . import common_utils, testcase  # noqa: F401
+from . import common_distributed, common_utils, testcase  # noqa: F401
 
-__all__ = ["common_utils", "testcase"]
+__all__ = ["common_distributed", "common_utils", "testcase"]
