@@ -42,7 +42,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 #: ``tests/test_kernel_cache.py`` checks that this holds every cached kernel and is closed under the
 #: imports.
 KERNEL_SOURCES = ("emu", "layouts", "quant", "ops", "_env.py", "_kernel_cache.py", "_threads.py", "checked_mode.py", "errors.py", "mla.py",
-                  "soc.py", "_version.py")
+                  "soc.py", "_version.py", "_deterministic.py", "input_contracts.py")
 
 
 def source_files() -> list[Path]:

@@ -676,7 +676,7 @@ def test_a_mistyped_option_is_named_with_the_closest_one(capsys, monkeypatch, ar
 
 @pytest.mark.parametrize("argv, error_end", [
     (["dmeo"], "invalid choice: 'dmeo' (choose from 'run', 'demo', 'warmup', 'inspect', 'locate', 'record', "
-               "'compare', 'replay'); did you mean 'demo'?"),
+               "'compare', 'replay', 'fidelity'); did you mean 'demo'?"),
     (["inspect", "wehre"], "did you mean 'where'?"),
     (["inspect", "where", "--cache-mode", "PA_BSDN", "--shape", "4,16,1,64", "--dtype", "bf16", "--slot", "3"],
      "did you mean 'PA_BSND'?"),

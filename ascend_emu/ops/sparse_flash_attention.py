@@ -339,7 +339,7 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
                       sparse_mode, pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks=sinks)
     op = "npu_sparse_flash_attention"
     checked_mode.read(op, args.cache_reads)
-    if layout_kv == "PA_BSND":
+    if cache_mode_traits(layout_kv).paged:
         input_contracts.paged_read(op, block_table, args.actual_seq_lengths_kv, int(key.shape[1]))
     result = get_backend().sparse_flash_attention(args)
     checked_mode.check_finite(op, zip(result._fields, result, strict=True))
@@ -412,7 +412,7 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
                       pre_tokens, next_tokens, attention_mode, False, sinks=sinks, element=element)
     op = "npu_kv_quant_sparse_flash_attention"
     checked_mode.read(op, args.cache_reads)
-    if layout_kv == "PA_BSND":
+    if cache_mode_traits(layout_kv).paged:
         input_contracts.paged_read(op, block_table, args.actual_seq_lengths_kv, int(key.shape[1]))
     out = get_backend().sparse_flash_attention(args).attention_out
     checked_mode.check_finite(op, (("attention_out", out),))

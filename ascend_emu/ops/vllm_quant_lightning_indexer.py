@@ -73,11 +73,14 @@ def _crc(x) -> int:
     return c - (1 << 32) if c >= 1 << 31 else c
 
 
+#: Key cache layouts the README supports.
+KEY_LAYOUTS = ("PA_BSND",)
+
 def _modes(layout_query, layout_key, query_quant_mode, key_quant_mode, sparse_mode, pre_tokens, next_tokens,
            cmp_ratio, sparse_count) -> None:
     if layout_query not in ("BSND", "TND"):
         raise arg_error(ModeError, "layout_query", "one of ['BSND', 'TND']", describe(layout_query))
-    if layout_key != "PA_BSND":
+    if layout_key not in KEY_LAYOUTS:
         raise arg_error(ModeError, "layout_key", "'PA_BSND' (README: the only key layout)", describe(layout_key))
     _int(query_quant_mode, "query_quant_mode", (0,), "per-token-head, the only mode")
     _int(key_quant_mode, "key_quant_mode", (0,), "per-token-head, the only mode")
