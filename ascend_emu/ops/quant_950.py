@@ -258,6 +258,27 @@ def npu_dtype_cast(self, dtype, input_dtype=None) -> np.ndarray:
     return get_backend().quant_950(args).y
 
 
+def _mx_common(input, dst_type, round_mode, scale_alg) -> tuple[np.ndarray, int, str]:  # noqa: A002
+    """The checks both MX quants make of their shared arguments: ``(x, dst code, dst name)``.
+
+    Raises:
+        ModeError: a dst_type that is not FP8 (fp4 outputs are not emulated), a round_mode or
+            scale_alg outside :data:`MX_ROUND_MODES` / :data:`SCALE_ALGS`.
+    """
+    x = required(input, "input")
+    code = dtype_code(dst_type, "dst_type")
+    dst = DTYPE_CODE_NAMES[code]
+    if dst not in FP8_DTYPES:
+        raise arg_error(ModeError, "dst_type", "an FP8 code: 292 / 24 (float8_e4m3fn) or 291 / 23 (float8_e5m2); "
+                        "fp4 outputs are not emulated", f"{code} ({dst})")
+    if not isinstance(round_mode, str) or round_mode not in MX_ROUND_MODES:
+        raise arg_error(ModeError, "round_mode", f"one of {MX_ROUND_MODES} for FP8 outputs", describe(round_mode))
+    if isinstance(scale_alg, (bool, np.bool_)) or not isinstance(scale_alg, (int, np.integer)) \
+            or int(scale_alg) not in SCALE_ALGS:
+        raise arg_error(ModeError, "scale_alg", f"one of {SCALE_ALGS} for FP8 outputs", describe(scale_alg))
+    return x, code, dst
+
+
 def npu_dynamic_mx_quant(input, *, axis: int = -1, round_mode: str = "rint", dst_type: int = 296,  # noqa: A002
                          block_size: int = MX_BLOCK_SIZE, scale_alg=0) -> tuple[np.ndarray, np.ndarray]:
     """``torch_npu.npu_dynamic_mx_quant``: MXFP8 quantization along ``axis`` (Ascend 950).
@@ -288,17 +309,7 @@ def npu_dynamic_mx_quant(input, *, axis: int = -1, round_mode: str = "rint", dst
     ``quant/dynamic_mx_quant/README.md`` and ``docs/aclnnDynamicMxQuant_en.md`` (formulas, scale
     layout); OCP MX v1.0.
     """
-    x = required(input, "input")
-    code = dtype_code(dst_type, "dst_type")
-    dst = DTYPE_CODE_NAMES[code]
-    if dst not in FP8_DTYPES:
-        raise arg_error(ModeError, "dst_type", "an FP8 code: 292 / 24 (float8_e4m3fn) or 291 / 23 (float8_e5m2); "
-                        "fp4 outputs are not emulated", f"{code} ({dst})")
-    if not isinstance(round_mode, str) or round_mode not in MX_ROUND_MODES:
-        raise arg_error(ModeError, "round_mode", f"one of {MX_ROUND_MODES} for FP8 outputs", describe(round_mode))
-    if isinstance(scale_alg, (bool, np.bool_)) or not isinstance(scale_alg, (int, np.integer)) \
-            or int(scale_alg) not in SCALE_ALGS:
-        raise arg_error(ModeError, "scale_alg", f"one of {SCALE_ALGS} for FP8 outputs", describe(scale_alg))
+    x, code, dst = _mx_common(input, dst_type, round_mode, scale_alg)
     if dtype_name(x.dtype) not in MX_QUANT_INPUT_DTYPES:
         raise arg_error(DTypeError, "input", f"one of {MX_QUANT_INPUT_DTYPES}", describe(x))
     if x.ndim == 0:
@@ -352,17 +363,7 @@ def npu_dynamic_mx_quant_with_dual_axis(input, *, round_mode: str = "rint", dst_
     ``test/test_custom_ops/test_npu_dynamic_mx_quant_with_dual_axis.py``; torch_npu 2.14's schema
     and ``npu_dynamic_mx_quant_with_dual_axis`` meta function (docs/ops.md).
     """
-    x = required(input, "input")
-    code = dtype_code(dst_type, "dst_type")
-    dst = DTYPE_CODE_NAMES[code]
-    if dst not in FP8_DTYPES:
-        raise arg_error(ModeError, "dst_type", "an FP8 code: 292 / 24 (float8_e4m3fn) or 291 / 23 (float8_e5m2); "
-                        "fp4 outputs are not emulated", f"{code} ({dst})")
-    if not isinstance(round_mode, str) or round_mode not in MX_ROUND_MODES:
-        raise arg_error(ModeError, "round_mode", f"one of {MX_ROUND_MODES} for FP8 outputs", describe(round_mode))
-    if isinstance(scale_alg, (bool, np.bool_)) or not isinstance(scale_alg, (int, np.integer)) \
-            or int(scale_alg) not in SCALE_ALGS:
-        raise arg_error(ModeError, "scale_alg", f"one of {SCALE_ALGS} for FP8 outputs", describe(scale_alg))
+    x, code, dst = _mx_common(input, dst_type, round_mode, scale_alg)
     if dst_type_max is not None and (isinstance(dst_type_max, bool) or float(dst_type_max) != 0.0
                                      if isinstance(dst_type_max, (int, float, np.floating, np.integer)) else True):
         raise arg_error(ModeError, "dst_type_max", "0.0 (FP8 outputs take only the default)", describe(dst_type_max))
