@@ -50,7 +50,6 @@ the sink) (docs/sources.md).
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -60,6 +59,7 @@ from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_err
 from ..layouts import CacheLayout, slots_from_block_table
 from ._backend import get_backend
 from ._check import check_call_bytes, check_dtype, check_float, dtype_name, optional, required, seq_lengths
+from ._plan import PlanFormat, crc
 
 #: Query heads N1 and kv heads KV_N the kernel takes (README).
 NUM_HEADS_Q = 64
@@ -87,8 +87,6 @@ LAYOUTS_Q = ("TND", "BSND")
 LAYOUT_KV = "PA_ND"
 #: Cache / query dtypes (README: BFLOAT16, FLOAT16; one dtype for q and both caches).
 DTYPES = ("bfloat16", "float16")
-#: Length of the metadata plan.
-METADATA_SIZE = 1024
 #: First word of a plan made by :func:`npu_sparse_attn_sharedkv_metadata` (ASCII "SKV1").
 PLAN_MAGIC = 0x534B5631
 PLAN_VERSION = 1
@@ -97,6 +95,8 @@ PLAN_FIELDS = ("magic", "version", "num_heads_q", "num_heads_kv", "head_dim", "b
                "layout_kv", "has_ori_kv", "has_cmp_kv", "cmp_ratio", "cmp_topk", "ori_win_left",
                "ori_win_right", "ori_mask_mode", "cmp_mask_mode", "max_seqlen_q", "max_seqlen_kv",
                "crc_cu_seqlens_q", "crc_seqused_kv", "checksum")
+PLAN = PlanFormat(PLAN_MAGIC, PLAN_VERSION, PLAN_FIELDS, "npu_sparse_attn_sharedkv_metadata", "README: required",
+                  ("max_seqlen_q", "max_seqlen_kv"))
 #: Codes of the layouts in the plan.
 LAYOUT_CODES = {"TND": 1, "BSND": 2, "PA_ND": 1}
 #: Metadata cmp_ratio values accepted without a compressed cache (ignored then): the custom
@@ -207,19 +207,6 @@ def _cu_seqlens_q(x, total: int) -> np.ndarray:
     return step
 
 
-def _crc(x) -> int:
-    """CRC-32 of an int32 tensor's values (0 when absent), as a signed int32 plan word."""
-    if x is None:
-        return 0
-    c = zlib.crc32(np.ascontiguousarray(x, dtype=np.int32).tobytes())
-    return c - (1 << 32) if c >= 1 << 31 else c
-
-
-def _checksum(words: np.ndarray) -> int:
-    c = zlib.crc32(np.ascontiguousarray(words, dtype=np.int32).tobytes())
-    return c - (1 << 32) if c >= 1 << 31 else c
-
-
 # -------------------------------------------------------------------------------- metadata
 def npu_sparse_attn_sharedkv_metadata(num_heads_q: int, num_heads_kv: int, head_dim: int, cu_seqlens_q=None,
                                       cu_seqlens_ori_kv=None, cu_seqlens_cmp_kv=None, seqused_q=None,
@@ -305,42 +292,8 @@ def npu_sparse_attn_sharedkv_metadata(num_heads_q: int, num_heads_kv: int, head_
     words = [PLAN_MAGIC, PLAN_VERSION, num_heads_q, num_heads_kv, head_dim, b, LAYOUT_CODES[layout_q],
              LAYOUT_CODES[layout_kv], 1, int(bool(has_cmp_kv)), ratio, int(cmp_topk), ori_win_left,
              ori_win_right, ori_mask_mode, cmp_mask_mode, int(max_seqlen_q), int(max_seqlen_kv),
-             _crc(cu), _crc(seqused_kv)]
-    plan = np.zeros(METADATA_SIZE, np.int32)
-    plan[:len(words)] = words
-    plan[len(words)] = _checksum(plan[:len(words)])
-    return plan
-
-
-def _plan_field(name: str) -> int:
-    return PLAN_FIELDS.index(name)
-
-
-def _check_plan(metadata, expect: dict, q_max: int, kv_max: int) -> None:
-    """The attention's check of its plan: present, int32 ``[1024]``, made by the metadata op (magic,
-    version, checksum) for this call (``expect``: field -> value; the maxima bound the call's)."""
-    if metadata is None:
-        raise arg_error(ShapeError, "metadata", "the int32 [1024] plan of npu_sparse_attn_sharedkv_metadata "
-                        "(README: required)", None)
-    plan = required(metadata, "metadata")
-    check_dtype(plan, "metadata", ("int32",))
-    if plan.shape != (METADATA_SIZE,):
-        raise arg_error(ShapeError, "metadata", f"shape [{METADATA_SIZE}]", f"shape {list(plan.shape)}")
-    n = len(PLAN_FIELDS) - 1
-    head = [int(w) for w in plan[:n + 1]]
-    if head[0] != PLAN_MAGIC or head[1] != PLAN_VERSION or head[n] != _checksum(plan[:n]):
-        raise arg_error(ModeError, "metadata", "a plan made by npu_sparse_attn_sharedkv_metadata (magic "
-                        f"{PLAN_MAGIC:#x}, version {PLAN_VERSION}, checksum word {n})",
-                        f"words[0:2] = {head[:2]}, checksum {head[n]}")
-    for field, want in expect.items():
-        got = head[_plan_field(field)]
-        if got != want:
-            raise arg_error(ModeError, "metadata", f"a plan built for this call's {field} = {want}",
-                            f"a plan built for {field} = {got}")
-    if q_max > head[_plan_field("max_seqlen_q")] or kv_max > head[_plan_field("max_seqlen_kv")]:
-        raise arg_error(ModeError, "metadata", f"a plan whose max_seqlen_q / max_seqlen_kv bound this call's "
-                        f"{q_max} / {kv_max}", f"{head[_plan_field('max_seqlen_q')]} / "
-                        f"{head[_plan_field('max_seqlen_kv')]}")
+             crc(cu), crc(seqused_kv)]
+    return PLAN.encode(words)
 
 
 # ---------------------------------------------------------------------------- cache addressing
@@ -532,10 +485,10 @@ def npu_sparse_attn_sharedkv(q, ori_kv=None, cmp_kv=None, ori_sparse_indices=Non
     expect = {"num_heads_q": NUM_HEADS_Q, "num_heads_kv": NUM_HEADS_KV, "head_dim": HEAD_DIM, "batch_size": b,
               "layout_q": LAYOUT_CODES[layout_q], "layout_kv": LAYOUT_CODES[layout_kv],
               "has_cmp_kv": int(cmp is not None), "cmp_ratio": ratio if cmp is not None else 0,
-              "cmp_topk": CMP_TOPK if idx is not None else 0, "crc_seqused_kv": _crc(seqused_kv)}
+              "cmp_topk": CMP_TOPK if idx is not None else 0, "crc_seqused_kv": crc(seqused_kv)}
     if layout_q == "TND":
-        expect["crc_cu_seqlens_q"] = _crc(cu_seqlens_q)
-    _check_plan(metadata, expect, int(q_lens.max()), int(kv_lens.max()))
+        expect["crc_cu_seqlens_q"] = crc(cu_seqlens_q)
+    PLAN.check(metadata, expect, (int(q_lens.max()), int(kv_lens.max())))
     args = SharedKvArgs(q=q.reshape(t, NUM_HEADS_Q, HEAD_DIM), out_shape=q.shape, token_batch=token_batch,
                         token_pos=token_pos, ori_rows=ori_rows, ori_slots=ori_slots, ori_base=ori_base,
                         cmp_rows=cmp_rows, cmp_slots=cmp_slots, cmp_indices=idx, sinks=sk, softmax_scale=scale,

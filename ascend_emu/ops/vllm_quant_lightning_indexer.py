@@ -31,13 +31,13 @@ Sources: vllm-project/vllm-ascend ``csrc/attention/vllm_quant_lightning_indexer/
 from __future__ import annotations
 
 import dataclasses
-import zlib
 
 import numpy as np
 
 from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ._backend import get_backend
-from ._check import ValidatedSignatures, check_dtype, required, seq_lengths
+from ._check import ValidatedSignatures, required, seq_lengths
+from ._plan import PlanFormat, crc
 from .lightning_indexer import SKIPPED_ROW, UNBOUNDED_TOKENS, _int_arg, _normalise
 from .quant_lightning_indexer import (QUANT_DTYPES, SCALE_DTYPE, QuantLightningIndexerArgs, _check_weight_scale_range,
                                       _scale)
@@ -46,8 +46,7 @@ from .quant_lightning_indexer import (QUANT_DTYPES, SCALE_DTYPE, QuantLightningI
 CMP_RATIOS = (1, 2, 4, 8, 16, 32, 64, 128)
 #: Query heads, key heads, head dim (README).
 NUM_HEADS_Q, NUM_HEADS_K, HEAD_DIM = 64, 1, 128
-#: Length and first word of the plan (ASCII "VQL1").
-METADATA_SIZE = 1024
+#: First word of the plan (ASCII "VQL1").
 PLAN_MAGIC = 0x56514C31
 PLAN_VERSION = 1
 #: The plan's words, in order (docs/ops.md); the rest of the 1024 words are 0.
@@ -55,6 +54,8 @@ PLAN_FIELDS = ("magic", "version", "num_heads_q", "num_heads_k", "head_dim", "qu
                "batch_size", "layout_query", "layout_key", "sparse_count", "sparse_mode", "cmp_ratio",
                "max_seqlen_q", "max_seqlen_k", "crc_actual_seq_lengths_query", "crc_actual_seq_lengths_key",
                "checksum")
+PLAN = PlanFormat(PLAN_MAGIC, PLAN_VERSION, PLAN_FIELDS, "npu_vllm_quant_lightning_indexer_metadata",
+                  "README: it cannot be empty", ("max_seqlen_q", "max_seqlen_k"))
 LAYOUT_CODES = {"BSND": 1, "TND": 2, "PA_BSND": 3}
 _VALIDATED = ValidatedSignatures()
 
@@ -64,13 +65,6 @@ def _int(value, name: str, allowed=None, why: str = "") -> int:
     if allowed is not None and v not in allowed:
         raise arg_error(ModeError, name, f"one of {list(allowed)}{' (' + why + ')' if why else ''}", v)
     return v
-
-
-def _crc(x) -> int:
-    if x is None:
-        return 0
-    c = zlib.crc32(np.ascontiguousarray(x, dtype=np.int32).tobytes())
-    return c - (1 << 32) if c >= 1 << 31 else c
 
 
 #: Key cache layouts the README supports.
@@ -154,36 +148,8 @@ def npu_vllm_quant_lightning_indexer_metadata(num_heads_q: int, num_heads_k: int
                         max_seqlen_k)
     words = [PLAN_MAGIC, PLAN_VERSION, num_heads_q, num_heads_k, head_dim, query_quant_mode, key_quant_mode, b,
              LAYOUT_CODES[layout_query], LAYOUT_CODES[layout_key], sparse_count, sparse_mode, cmp_ratio,
-             int(max_seqlen_q), int(max_seqlen_k), _crc(actual_seq_lengths_query), _crc(actual_seq_lengths_key)]
-    plan = np.zeros(METADATA_SIZE, np.int32)
-    plan[:len(words)] = words
-    plan[len(words)] = _crc(plan[:len(words)])
-    return plan
-
-
-def _check_plan(metadata, expect: dict, q_max: int, k_max: int) -> None:
-    if metadata is None:
-        raise arg_error(ShapeError, "metadata", "the int32 [1024] plan of npu_vllm_quant_lightning_indexer_metadata "
-                        "(README: it cannot be empty)", None)
-    plan = required(metadata, "metadata")
-    check_dtype(plan, "metadata", ("int32",))
-    if plan.shape != (METADATA_SIZE,):
-        raise arg_error(ShapeError, "metadata", f"shape [{METADATA_SIZE}]", f"shape {list(plan.shape)}")
-    n = len(PLAN_FIELDS) - 1
-    head = [int(w) for w in plan[:n + 1]]
-    if head[0] != PLAN_MAGIC or head[1] != PLAN_VERSION or head[n] != _crc(plan[:n]):
-        raise arg_error(ModeError, "metadata", f"a plan made by npu_vllm_quant_lightning_indexer_metadata (magic "
-                        f"{PLAN_MAGIC:#x}, version {PLAN_VERSION}, checksum word {n})",
-                        f"words[0:2] = {head[:2]}, checksum {head[n]}")
-    for field, want in expect.items():
-        got = head[PLAN_FIELDS.index(field)]
-        if got != want:
-            raise arg_error(ModeError, "metadata", f"a plan built for this call's {field} = {want}",
-                            f"a plan built for {field} = {got}")
-    if q_max > head[PLAN_FIELDS.index("max_seqlen_q")] or k_max > head[PLAN_FIELDS.index("max_seqlen_k")]:
-        raise arg_error(ModeError, "metadata", f"a plan whose max_seqlen_q / max_seqlen_k bound this call's {q_max} / "
-                        f"{k_max}", f"{head[PLAN_FIELDS.index('max_seqlen_q')]} / "
-                        f"{head[PLAN_FIELDS.index('max_seqlen_k')]}")
+             int(max_seqlen_q), int(max_seqlen_k), crc(actual_seq_lengths_query), crc(actual_seq_lengths_key)]
+    return PLAN.encode(words)
 
 
 def npu_vllm_quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale,
@@ -259,10 +225,10 @@ def npu_vllm_quant_lightning_indexer(query, key, weights, query_dequant_scale, k
               "key_quant_mode": 0, "batch_size": int(act_k.size), "layout_query": LAYOUT_CODES[layout_query],
               "layout_key": LAYOUT_CODES[layout_key], "sparse_count": int(sparse_count),
               "sparse_mode": int(sparse_mode), "cmp_ratio": int(cmp_ratio),
-              "crc_actual_seq_lengths_key": _crc(actual_seq_lengths_key)}
+              "crc_actual_seq_lengths_key": crc(actual_seq_lengths_key)}
     if layout_query == "TND":
-        expect["crc_actual_seq_lengths_query"] = _crc(actual_seq_lengths_query)
-    _check_plan(metadata, expect, int(q_lens.max(initial=0)), int(act_k.max()))
+        expect["crc_actual_seq_lengths_query"] = crc(actual_seq_lengths_query)
+    PLAN.check(metadata, expect, (int(q_lens.max(initial=0)), int(act_k.max())))
     args = QuantLightningIndexerArgs(indexer=indexer, query_dequant_scale=qs, key_dequant_scale=ks, element="int8")
     idx = get_backend().vllm_quant_lightning_indexer(args).sparse_indices
     return idx, np.empty((0,), np.float32)
