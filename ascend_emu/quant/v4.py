@@ -202,13 +202,20 @@ def kv_e8m0_bytes(amax, dtype="float8_e4m3fn", *, round_scale: bool = True) -> n
     return exp.astype(np.uint8)
 
 
+def _groups(x32: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """fp32 rows ``[T, Q]`` as groups ``[T, ceil(Q / size), size]`` (a short last group padded
+    with zeros, which never raise its amax) and each group's amax ``[T, groups]``."""
+    t, q = x32.shape
+    groups = -(-q // size)
+    padded = np.zeros((t, groups * size), np.float32)
+    padded[:, :q] = x32
+    g = padded.reshape(t, groups, size)
+    return g, (np.max(np.abs(g), axis=-1) if t else np.zeros((0, groups), np.float32))
+
+
 def _kv_mode2(x32: np.ndarray, name: str, round_scale: bool) -> tuple[np.ndarray, np.ndarray]:
     t, q = x32.shape
-    groups = -(-q // KV_MX_GROUP)
-    padded = np.zeros((t, groups * KV_MX_GROUP), np.float32)
-    padded[:, :q] = x32
-    g = padded.reshape(t, groups, KV_MX_GROUP)
-    amax = np.max(np.abs(g), axis=-1) if t else np.zeros((0, groups), np.float32)
+    g, amax = _groups(x32, KV_MX_GROUP)
     byte = kv_e8m0_bytes(amax, name, round_scale=round_scale)
     if round_scale:
         s = np.ldexp(np.float32(1.0), byte.astype(np.int32) - E8M0_BIAS).astype(np.float32)
@@ -221,11 +228,7 @@ def _kv_mode2(x32: np.ndarray, name: str, round_scale: bool) -> tuple[np.ndarray
 
 def _kv_mode1(x32: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
     t, q = x32.shape
-    groups = -(-q // KV_FP32_GROUP)
-    padded = np.zeros((t, groups * KV_FP32_GROUP), np.float32)
-    padded[:, :q] = x32
-    g = padded.reshape(t, groups, KV_FP32_GROUP)
-    amax = np.max(np.abs(g), axis=-1) if t else np.zeros((0, groups), np.float32)
+    g, amax = _groups(x32, KV_FP32_GROUP)
     s = (amax * (np.float32(1.0) / np.float32(FP8_MAX[name]))).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         v = g / s[..., None]
@@ -401,11 +404,7 @@ def indexer_quant_fp8(x) -> tuple[np.ndarray, np.ndarray]:
     x32 = real_to_f32(x, "x")
     _finite(x32, "x", "values")
     t, d = x32.shape
-    groups = -(-d // INDEXER_GROUP)
-    padded = np.zeros((t, groups * INDEXER_GROUP), np.float32)
-    padded[:, :d] = x32
-    g = padded.reshape(t, groups, INDEXER_GROUP)
-    amax = np.max(np.abs(g), axis=-1) if t else np.zeros((0, groups), np.float32)
+    g, amax = _groups(x32, INDEXER_GROUP)
     s = np.where(amax != 0, amax * INDEXER_INV_FP8_MAX, np.float32(0)).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         v = g / s[..., None]
