@@ -58,7 +58,7 @@ import numpy as np
 
 from ..errors import ShapeError, arg_error
 from ._backend import get_backend
-from ._check import check_disjoint, check_dtype, dtype_name, required, write_targets, writer_slots
+from ._check import check_disjoint, check_dtype, dtype_name, required, write_targets, writer_slots_and_duplicates
 
 V2 = "npu_scatter_nd_update_v2"
 SK = "npu_scatter_nd_update_sk"
@@ -89,6 +89,7 @@ class ScatterNdArgs:
         index_dims: ``var.shape[:K]``, the dims the index rows address.
         slots: int64 ``[n]``: row ``i``'s flat position in ``index_dims`` (``block * block_size +
             offset`` for K = 2), -1 for a skipped row.
+        duplicates: two rows name one slot (the contract warned; the last row is written).
     """
 
     op: str
@@ -97,6 +98,7 @@ class ScatterNdArgs:
     update: np.ndarray
     index_dims: tuple[int, ...]
     slots: np.ndarray
+    duplicates: bool = False
 
     @property
     def written(self) -> tuple[np.ndarray]:
@@ -169,8 +171,8 @@ def _scatter_nd(op: str, var, indices, update) -> None:
         raise arg_error(ShapeError, "var", "a writable tensor (updated in place)", "a read-only array")
     check_disjoint((("var", var),), (("indices", indices), ("update", update)))
     dims = tuple(int(d) for d in var.shape[:k])
-    slots = writer_slots(indices, dims, name="indices")
-    args = ScatterNdArgs(op, var, indices, update, dims, slots)
+    slots, duplicates = writer_slots_and_duplicates(indices, dims, name="indices")
+    args = ScatterNdArgs(op, var, indices, update, dims, slots, duplicates)
     get_backend().scatter_nd_update(write_targets(args, ("var",)))
 
 
