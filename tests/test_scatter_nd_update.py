@@ -11,8 +11,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ascend_emu import ops
-from ascend_emu.errors import DTypeError, DuplicateSlotWarning, IndexRangeError, ShapeError
+from ascend_emu import checked_mode, ops
+from ascend_emu.errors import DTypeError, DuplicateSlotError, DuplicateSlotWarning, IndexRangeError, ShapeError
 from ascend_emu.ops._check import writer_slots
 from tests.reference import scatter_nd_update as ref
 
@@ -232,3 +232,14 @@ def test_empty_index_is_a_no_op_in_c_ascend_only():
         warnings.simplefilter("error")
         ops.npu_scatter_nd_update_v2(var, np.zeros((0, 1), np.int32), np.zeros((0, 4), np.float16))
     assert (var == 1).all()
+
+
+def test_checked_mode_marks_written_rows_and_rejects_duplicates():
+    cache = np.zeros((3, 4, 1, 8), np.float16)
+    with checked_mode.checked(poison=True):
+        ops.npu_scatter_nd_update_v2(cache, np.array([[2, 1], [-1, 3], [0, 0]]), np.ones((3, 1, 8), np.float16))
+        written = checked_mode.written_slots(cache)
+        assert np.flatnonzero(written).tolist() == [0, 9]
+        assert np.isnan(cache[1, 0, 0, 0]) and cache[2, 1, 0, 0] == 1  # poisoned, then written
+        with pytest.raises(DuplicateSlotError, match="indices"):
+            ops.scatter_nd_update_asc(np.zeros((4, 128), np.int8), np.array([[1], [1]]), np.ones((2, 128), np.int8))
