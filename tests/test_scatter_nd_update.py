@@ -243,3 +243,13 @@ def test_checked_mode_marks_written_rows_and_rejects_duplicates():
         assert np.isnan(cache[1, 0, 0, 0]) and cache[2, 1, 0, 0] == 1  # poisoned, then written
         with pytest.raises(DuplicateSlotError, match="indices"):
             ops.scatter_nd_update_asc(np.zeros((4, 128), np.int8), np.array([[1], [1]]), np.ones((2, 128), np.int8))
+
+
+def test_broadcast_views_are_bounded_before_allocating():
+    var = np.zeros((4, 1), np.int8)
+    huge = np.broadcast_to(np.zeros((1, 1), np.int64), (1 << 31, 1))
+    with pytest.raises(ShapeError, match="indices: expected at most 16 GiB"):
+        ops.npu_scatter_nd_update_v2(var, huge, np.broadcast_to(np.zeros((1, 1), np.int8), (1 << 31, 1)))
+    with pytest.raises(ShapeError, match="update: expected at most 16 GiB"):
+        ops.npu_scatter_nd_update_v2(np.zeros((4, 1 << 20), np.int8), np.zeros((1 << 14, 1), np.int64),
+                                     np.broadcast_to(np.zeros((1, 1 << 20), np.int8), (1 << 14, 1 << 20)))

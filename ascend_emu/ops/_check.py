@@ -385,7 +385,8 @@ def writer_slots(index, dims: Sequence[int], *, name: str) -> np.ndarray:
 
     Raises:
         DTypeError, ShapeError, IndexRangeError: as
-            :func:`ascend_emu.layouts.slots_from_index_rows`.
+            :func:`ascend_emu.layouts.slots_from_index_rows`; ShapeError also for an index whose
+            working copies would pass :data:`MAX_CALL_BYTES` (a broadcast view), before allocating.
 
     Warns:
         DuplicateSlotWarning: a slot written by two rows (:func:`warn_duplicates`).
@@ -396,8 +397,15 @@ def writer_slots(index, dims: Sequence[int], *, name: str) -> np.ndarray:
 def writer_slots_and_duplicates(index, dims: Sequence[int], *, name: str) -> tuple[np.ndarray, bool]:
     """:func:`writer_slots`, and whether two rows write one slot (so a kernel that writes every
     live row in order may skip looking for the last of each)."""
+    index = np.asarray(index)
+    check_call_bytes(index, name, _INDEX_WORK_BYTES, "index working copies")
     slots = slots_from_index_rows(index, dims, name=name)
     return slots, bool(warn_duplicates(slots, name))
+
+
+#: Bytes of working copies per index element of :func:`writer_slots` (int64 values, range masks,
+#: flat slots, the duplicate search's sort), for the size bound before anything is allocated.
+_INDEX_WORK_BYTES = 64
 
 
 # ---------------------------------------------------------------------- memoised static checks

@@ -60,7 +60,8 @@ from .. import checked_mode
 from ..errors import ShapeError, arg_error
 from ..layouts import CacheLayout
 from ._backend import get_backend
-from ._check import check_disjoint, check_dtype, dtype_name, required, write_targets, writer_slots_and_duplicates
+from ._check import (check_call_bytes, check_disjoint, check_dtype, dtype_name, required, write_targets,
+                     writer_slots_and_duplicates)
 
 V2 = "npu_scatter_nd_update_v2"
 SK = "npu_scatter_nd_update_sk"
@@ -172,6 +173,7 @@ def _scatter_nd(op: str, var, indices, update) -> None:
     if not var.flags.writeable:
         raise arg_error(ShapeError, "var", "a writable tensor (updated in place)", "a read-only array")
     check_disjoint((("var", var),), (("indices", indices), ("update", update)))
+    check_call_bytes(update, "update", 2 * update.itemsize, "update working copies")  # a broadcast view?
     dims = tuple(int(d) for d in var.shape[:k])
     slots, duplicates = writer_slots_and_duplicates(indices, dims, name="indices")
     args = write_targets(ScatterNdArgs(op, var, indices, update, dims, slots, duplicates), ("var",))
