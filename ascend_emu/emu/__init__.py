@@ -26,6 +26,7 @@ from . import sparse_flash_attention as _sparse_flash_attention
 from . import v4_small as _v4_small
 from . import hc as _hc  # DeepSeek-V4 mHC
 from . import sparse_attn_sharedkv as _sparse_attn_sharedkv  # DeepSeek-V4 shared-KV attention
+from . import compressor as _compressor  # DeepSeek-V4 KV compressor
 
 
 class EmuBackend:
@@ -52,6 +53,8 @@ class EmuBackend:
     hc_post = staticmethod(_hc.hc_post)
     # DeepSeek-V4 shared-KV attention
     sparse_attn_sharedkv = staticmethod(_sparse_attn_sharedkv.sparse_attn_sharedkv)
+    # DeepSeek-V4 KV compressor
+    compressor = staticmethod(_compressor.compressor)
     # DeepSeek-V4 indexer over compressed keys: the quant indexer's kernel (the contract set the limits)
     vllm_quant_lightning_indexer = staticmethod(_quant_lightning_indexer.quant_lightning_indexer)
 

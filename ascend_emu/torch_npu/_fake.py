@@ -539,6 +539,16 @@ def vllm_quant_lightning_indexer_metadata(*_, actual_seq_lengths_query=None, act
     return torch.empty([1024], dtype=torch.int32, device=like.device if like is not None else "meta")
 
 
+# ----------------------------------------------------------------- DeepSeek-V4 compressor (ops.compressor)
+def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos, *_, cmp_ratio=4, **__):
+    """cmp_kv in x's dtype: ``[B, ceil(S / cmp_ratio), D]`` for a 3-D x, else ``[rope_sin rows, D]``
+    (vllm-ascend ``construct_compressor_output_tensor``)."""
+    d = norm_weight.shape[0]
+    if x.dim() == 3:
+        return _new(x, [x.shape[0], -(-x.shape[1] // cmp_ratio), d], x.dtype)
+    return _new(x, [rope_sin.shape[0], d], x.dtype)
+
+
 #: Fakes of the framework-namespace ops that have no torch_npu counterpart, by their
 #: :mod:`ascend_emu.ops` function (:func:`._registry.namespace_fake`).
 NAMESPACE_FAKES = {
@@ -556,4 +566,5 @@ NAMESPACE_FAKES = {
     "npu_sparse_attn_sharedkv_metadata": sparse_attn_sharedkv_metadata,
     "npu_vllm_quant_lightning_indexer": vllm_quant_lightning_indexer,
     "npu_vllm_quant_lightning_indexer_metadata": vllm_quant_lightning_indexer_metadata,
+    "compressor": compressor,
 }

@@ -319,6 +319,21 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         "str layout_kv='PA_ND', bool has_ori_kv=True, bool has_cmp_kv=True, str device='npu:0') -> Tensor",
         f"{RECIPES_HEAD}:90", op="npu_sparse_attn_sharedkv_metadata",
         caller="cann-recipes-infer ops/ascendc/docs/custom-npu_sparse_attn_sharedkv_metadata.md"),
+    # ----------------------------------------- DeepSeek-V4 KV compressor (ops.compressor), both namespaces
+    NamespaceSchema("_C_ascend",
+        "compressor(Tensor x, Tensor wkv, Tensor wgate, Tensor(a!) state_cache, Tensor ape, Tensor norm_weight, "
+        "Tensor rope_sin, Tensor rope_cos, Tensor? state_block_table, Tensor? cu_seqlens, Tensor? seqused, "
+        "Tensor? start_pos, int rope_head_dim, int cmp_ratio, int coff, float norm_eps, int rotary_mode, "
+        "int cache_mode) -> Tensor",
+        f"{VLLM_ASCEND}:2226", op="compressor",
+        caller="vllm_ascend/models/deepseek_v4/compressor.py (Compressor.forward: rotary_mode=2, cache_mode=1)"),
+    NamespaceSchema("custom",
+        "compressor(Tensor x, Tensor wkv, Tensor wgate, Tensor(a!) state_cache, Tensor ape, Tensor norm_weight, "
+        "Tensor rope_sin, Tensor rope_cos, int rope_head_dim, int cmp_ratio, *, Tensor? state_block_table=None, "
+        "Tensor? cu_seqlens=None, Tensor? seqused=None, Tensor? start_pos=None, int coff=1, float norm_eps=1e-6, "
+        "int rotary_mode=1, int cache_mode=1) -> (Tensor)",
+        f"{RECIPES_HEAD}:60", op="compressor",
+        caller="cann-recipes-infer ops/ascendc/docs/custom-npu_compressor.md (example)"),
     # ----------------- DeepSeek-V4 indexer over compressed keys (ops.vllm_quant_lightning_indexer), _C_ascend
     NamespaceSchema("_C_ascend",
         "npu_vllm_quant_lightning_indexer(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, "
