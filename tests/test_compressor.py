@@ -29,8 +29,10 @@ SCENARIOS = (("C4A", 512, 2, 4), ("C4Li", 128, 2, 4), ("C128A", 512, 1, 128))
 class Model:
     """One compressor layer's weights, and requests whose tokens are fed in steps."""
 
-    def __init__(self, d, coff, r, *, seed=0, nreq=2, block_size=8, blocks=None, dtype=BF16, rotary_mode=2):
+    def __init__(self, d, coff, r, *, seed=0, nreq=2, block_size=8, blocks=None, dtype=BF16, rotary_mode=2,
+                 cache_mode=1):
         rng = np.random.default_rng(seed)
+        self.cache_mode = cache_mode
         self.d, self.coff, self.r, self.bs, self.dtype, self.rotary = d, coff, r, block_size, dtype, rotary_mode
         self.rng = rng
         self.wkv = (rng.standard_normal((coff * d, H)) / 32).astype(dtype)
@@ -41,7 +43,9 @@ class Model:
         self.max_pos = 400
         cols = -(-self.max_pos // block_size)
         self.table = (1 + np.arange(nreq * cols, dtype=np.int32)).reshape(nreq, cols)
-        nblocks = blocks or nreq * cols + 1
+        if cache_mode == 2:  # the ring: one block per request
+            self.table = np.arange(1, nreq + 1, dtype=np.int32)
+        nblocks = blocks or self.table.size + 1
         self.state = poisoned((nblocks, block_size, 2 * coff * d), np.float32)
 
     def step(self, chunks, *, seqused=None, bsh=False, check=True, table=None):
@@ -82,7 +86,7 @@ class Model:
         out = ops.compressor(x, self.wkv, self.wgate, self.state, self.ape, self.norm_weight, sin, cos,
                              self.table if table is None else table, cu,
                              None if seqused is None else np.array(seqused, np.int32), start, 64, r, self.coff,
-                             1e-6, self.rotary, 1)
+                             1e-6, self.rotary, self.cache_mode)
         expected, written = [], []
         for b in range(nreq):
             hist = np.concatenate([self.hist[b], xs[b][:used[b]]])
@@ -93,7 +97,11 @@ class Model:
                                   rotary_mode=self.rotary)
             expected.append((rows_at[b], rows))
             tb = (self.table if table is None else table)[b]
-            written += [(b, *w) for w in ref.state_rows_written(tb, int(start[b]), used[b], self.bs)]
+            if self.cache_mode == 2:
+                written += [(b, *w) for w in ref.ring_rows_written(int(tb), int(start[b]), used[b], r, self.coff,
+                                                                   self.bs)]
+            else:
+                written += [(b, *w) for w in ref.state_rows_written(tb, int(start[b]), used[b], self.bs)]
             # the history keeps every token given (unused ones were never seen by the op, so the
             # next step's start must come from the caller: here, used tokens only)
             self.hist[b] = hist
@@ -200,6 +208,39 @@ def test_fp16():
     flat = out.reshape(-1, 128)
     for idx, rows in expected:
         assert dual_threshold_ok(flat[idx], rows, 0.005)
+
+
+@pytest.mark.parametrize("name,d,coff,r", SCENARIOS[:2] + (("C8-coff1", 128, 1, 8),))
+def test_ring_state_cache_on_the_950(monkeypatch, name, d, coff, r):
+    """cache_mode 2: one ring block per request (rows ``p % block_size``, a block of twice the rows a
+    group reads: the positions wrap), only the tail rows written; prefill, decode and chunked steps."""
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", "Ascend950PR_9599")
+    m = Model(d, coff, r, seed=11, block_size=2 * coff * r, cache_mode=2)
+    for chunks in ([r + 3, 2 * r - 1], [1, 1], [1, 1], [1, 1], [r + 1, 3], [2, 1]):
+        out, expected = m.step(chunks)
+        if sum(len(i) for i, _ in expected):
+            _check_rows(out, expected, 0.95)
+
+
+def test_ring_is_ascend950_only_and_needs_a_group_per_block(monkeypatch):
+    m = Model(128, 2, 4, cache_mode=2, block_size=8)
+    with pytest.raises(ModeError, match="cache_mode.*Ascend950"):
+        m.step([4, 4], check=False)
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", "Ascend950PR_9599")
+    small = Model(128, 2, 4, cache_mode=2, block_size=7)
+    before = small.state.copy()
+    with pytest.raises(ShapeError, match="block_size >= coff"):
+        small.step([4, 4], check=False)
+    assert_same_bytes(small.state, before, "state after a rejected call")
+    with pytest.raises(ShapeError, match="state_block_table"):
+        m.step([4, 4], table=np.ones((2, 2), np.int32), check=False)
+    # a chunk whose tail would overwrite ring rows its first group still reads
+    ring = Model(128, 1, 8, cache_mode=2, block_size=12)
+    ring.step([14, 1])
+    before = ring.state.copy()
+    with pytest.raises(IndexRangeError, match="both read and written"):
+        ring.step([9, 1], check=False)
+    assert_same_bytes(ring.state, before, "state after a rejected call")
 
 
 # ------------------------------------------------------------------- rejected calls write nothing

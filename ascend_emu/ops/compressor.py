@@ -398,10 +398,17 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
         if table.ndim != 2 or table.shape[0] != nb:
             raise arg_error(ShapeError, "state_block_table", f"a 2-D int32 tensor [B = {nb}, W]",
                             f"shape {list(table.shape)}")
-    elif table.ndim != 1 or table.shape[0] != nb:
-        raise arg_error(ShapeError, "state_block_table", f"a 1-D int32 tensor [B = {nb}] (cache_mode 2: one block "
-                        "per request)", f"shape {list(table.shape)}")
+    elif table.shape not in ((nb,), (nb, 1)):
+        raise arg_error(ShapeError, "state_block_table", f"an int32 tensor [B = {nb}] or [B, 1] (cache_mode 2: one "
+                        "block per request, read at flat index b)", f"shape {list(table.shape)}")
     else:
+        table = table.reshape(nb)
+        if state.shape[0] < nb:
+            raise arg_error(ShapeError, "state_cache", f"at least B = {nb} blocks with cache_mode 2 (one per request)",
+                            f"shape {list(state.shape)}")
+        if state.shape[1] < coff * r:
+            raise arg_error(ShapeError, "state_cache", f"block_size >= coff * cmp_ratio = {coff * r} with cache_mode 2 "
+                            "(the ring holds the rows of a group and of its overlap)", f"shape {list(state.shape)}")
         bad = (table < 0) | (table >= state.shape[0])
         if bad.any():
             i = int(np.argmax(bad))
