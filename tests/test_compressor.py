@@ -15,8 +15,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ascend_emu import ops
-from ascend_emu.errors import DTypeError, IndexRangeError, ModeError, ShapeError
+from ascend_emu import checked_mode, ops
+from ascend_emu.errors import (DTypeError, IndexRangeError, InputContractError, InputContractWarning, ModeError,
+                               ShapeError)
 from tests.helpers import assert_same_bytes, bit_identical_share, dual_threshold_ok, poisoned
 from tests.reference import compressor as ref
 
@@ -192,6 +193,31 @@ def test_block_table_zero_skips_the_state_write():
     table = m.table.copy()
     table[0, 1] = 0  # positions 4..7 of request 0
     m.step([10, 3], table=table)  # check_state compares against the reference's set
+
+
+def test_a_group_read_through_entry_zero_reads_block_zero_and_breaks_the_input_contract():
+    """Request 0's positions 0..3 were written (entry 1); the next call's table has 0 there: the
+    kernel reads block 0 (kept as it is: poison here); the emulator warns (checked mode: an error,
+    nothing written)."""
+    m = Model(128, 2, 4, block_size=4, nreq=1)
+    m.step([2])
+    table = m.table.copy()
+    table[0, 0] = 0
+    before = m.state.copy()
+    with checked_mode.checked(), pytest.raises(InputContractError, match=r"state_block_table\[0, 0\].*state_block_zero"):
+        m.step([2], table=table, check=False)
+    assert_same_bytes(m.state, before, "state after a rejected call")
+    m.hist[0] = m.hist[0][:2]
+    m.state[0] = 0.0  # block 0 as the group reads it: kv 0, score 0
+    with pytest.warns(InputContractWarning, match="state_block_zero"):
+        out, _ = m.step([2], table=table, check=False)
+    hist = m.hist[0]
+    kv, score = ref.projections(hist, m.wkv, m.wgate, m.ape, 4)
+    kv[:2], score[:2] = 0.0, 0.0  # positions 0, 1 read from block 0
+    w = np.exp(score[:4, 128:] - score[:4, 128:].max(0))  # group 0: the overlap half is empty
+    c = (w / w.sum(0) * kv[:4, 128:]).sum(0)
+    y = c / np.sqrt(np.mean(c * c) + 1e-6) * ref.f64(m.norm_weight)
+    assert dual_threshold_ok(out[0, :64], y[:64], 0.005)  # the nope part (no rope)
 
 
 def test_seqused_limits_the_tokens_taken():

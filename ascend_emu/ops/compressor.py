@@ -21,8 +21,10 @@ row per token position ``p`` of a request at block ``state_block_table[b, p // b
 row ``p % block_size``: ``kv_p`` (``coff * D``) then ``score_p`` with ``ape`` added
 (``coff * D``). Every token of the call writes its row (``[start_pos, start_pos + used)``),
 except where the table entry is 0 (block 0 is reserved: "do not update"). Tokens of a completed
-group that precede ``start_pos`` are read back from their state rows (block 0 included: the
-kernel reads it as it is). All reads see the state as it was before the call.
+group that precede ``start_pos`` are read back from their state rows (through an entry 0 too:
+the kernel reads block 0 as it is; the emulator also reports the input contract
+``state_block_zero``, an :class:`~ascend_emu.errors.InputContractWarning`, an error in checked
+mode). All reads see the state as it was before the call.
 
 Output: TH (x ``[T, H]``): ``[min(T, T // r + B), D]``, the completed groups of request 0, then
 of request 1, ..., then padding rows (zero here; the NPU leaves them unwritten); BSH (x
@@ -64,7 +66,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import soc
+from .. import input_contracts, soc
+from ..input_contracts import STATE_SKIP_BLOCK, Violation
 from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error, describe
 from ._backend import get_backend
 from ._check import MAX_CALL_BYTES, check_disjoint, check_dtype, check_float, dtype_name, optional, required
@@ -266,6 +269,7 @@ def _plan(first, used, start, table, state: np.ndarray, r: int, coff: int, cache
     w_tok, w_blk, w_off = [], [], []
     out_row = 0
     rows = coff * r
+    zero_reads: list[Violation] = []
     for b in range(first.size):
         s, u, f = int(start[b]), int(used[b]), int(first[b])
         g0, g1 = s // r, (s + u) // r  # completed groups: g0 .. g1 - 1
@@ -283,7 +287,14 @@ def _plan(first, used, start, table, state: np.ndarray, r: int, coff: int, cache
             if need.any():
                 p = pos[need]
                 if cache_mode == CACHE_CONTINUOUS:
-                    blk[need] = _block_of(table, b, p, bs, blocks, "read")
+                    ids = _block_of(table, b, p, bs, blocks, "read")
+                    blk[need] = ids
+                    if not zero_reads and (ids == STATE_SKIP_BLOCK).any():
+                        q = int(p[np.argmax(ids == STATE_SKIP_BLOCK)])
+                        zero_reads.append(Violation(
+                            f"state_block_table[{b}, {q // bs}]", str(STATE_SKIP_BLOCK), "state_block_zero",
+                            f"request {b} reads the state row of position {q} (a group completed by this call), "
+                            f"but block {STATE_SKIP_BLOCK} is never written: the row read is stale"))
                 else:
                     blk[need] = int(table[b])
                 off[need] = p % bs
@@ -307,7 +318,8 @@ def _plan(first, used, start, table, state: np.ndarray, r: int, coff: int, cache
     empty = np.zeros((0, rows), np.int64)
     cat = (lambda parts, e: np.concatenate(parts) if parts else e)
     return (cat(g_tok, empty), cat(g_blk, empty), cat(g_off, empty), cat(g_out, np.zeros(0, np.int64)),
-            cat(w_tok, np.zeros(0, np.int64)), cat(w_blk, np.zeros(0, np.int64)), cat(w_off, np.zeros(0, np.int64)))
+            cat(w_tok, np.zeros(0, np.int64)), cat(w_blk, np.zeros(0, np.int64)), cat(w_off, np.zeros(0, np.int64)),
+            zero_reads)
 
 
 def _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, bs: int) -> None:
@@ -437,9 +449,10 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
     check_disjoint([("state_cache", state)], [("x", x), ("wkv", wkv), ("wgate", wgate), ("ape", ape),
                                               ("norm_weight", norm_weight), ("rope_sin", rope_sin),
                                               ("rope_cos", rope_cos), ("state_block_table", table)])
-    g_tok, g_blk, g_off, g_out, w_tok, w_blk, w_off = _plan(first, used, start, table, state, r, coff, cache_mode,
+    g_tok, g_blk, g_off, g_out, w_tok, w_blk, w_off, zero_reads = _plan(first, used, start, table, state, r, coff, cache_mode,
                                                             per_batch)
     _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, state.shape[1])
+    input_contracts.report("compressor", zero_reads)  # an error in checked mode: before any write
     token_pos = np.full(tokens, -1, np.int64)
     for b in range(nb):
         f, u = int(first[b]), int(used[b])
