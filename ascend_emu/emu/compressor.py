@@ -4,8 +4,9 @@ NumPy, in the kernel's steps (vllm-ascend ``csrc/attention/compressor/op_kernel/
 ``compressor_block_vec_perf.h``, ``rms_norm.h``, ``rope.h``, ``soft_max.h``), each an fp32
 operation:
 
-1. ``kv = x @ wkv^T``, ``score = x @ wgate^T`` for the call's tokens: exact products, fp32
-   accumulation (BLAS sgemm; the NPU's cube sums K in its own tile order: not bit-identical);
+1. ``kv = x @ wkv^T``, ``score = x @ wgate^T`` for the call's tokens that are read or written:
+   exact products, fp32 accumulation (BLAS sgemm, :func:`ascend_emu.emu.matmul.matmul_weight`;
+   the NPU's cube sums K in its own tile order: not bit-identical);
    ``score += ape[p % r]``;
 2. the state rows the groups read are gathered first (the state as it was before the call), the
    call's rows are written after the outputs are computed (the contract rejects a call whose
@@ -29,7 +30,7 @@ import numpy as np
 
 from ..ops.compressor import ROTARY_HALF, CompressorArgs, CompressorOutputs
 from ..quant.rounding import to_bf16, to_f32
-from .matmul import matmul_f32
+from .matmul import matmul_weight
 
 _ROPE = 64
 
@@ -64,8 +65,8 @@ def compressor(args: CompressorArgs) -> CompressorOutputs:
     sc = np.zeros((a.x.shape[0], width), np.float32)
     if need.size:
         xs = to_f32(a.x[need])
-        kv[need] = matmul_f32(xs, to_f32(a.wkv).T)
-        sc[need] = matmul_f32(xs, to_f32(a.wgate).T) + a.ape[a.token_pos[need] % r]
+        kv[need] = matmul_weight(xs, a.wkv.T)  # the weights widened a block of columns at a time
+        sc[need] = matmul_weight(xs, a.wgate.T) + a.ape[a.token_pos[need] % r]
     # 2. the state rows the groups read, before anything is written
     n = a.group_out.size
     if n:
