@@ -39,7 +39,9 @@ class Model:
         self.wkv = (rng.standard_normal((coff * d, H)) / 32).astype(dtype)
         self.wgate = (rng.standard_normal((coff * d, H)) / 16).astype(dtype)
         self.ape = rng.standard_normal((r, coff * d)).astype(np.float32)
-        self.norm_weight = (1 + rng.standard_normal(d) / 4).astype(dtype)
+        # the 950's tiling takes fp32 norm_weight and rope tables (A2 / A3: x's dtype)
+        self.aux = np.float32 if cache_mode == 2 else dtype
+        self.norm_weight = (1 + rng.standard_normal(d) / 4).astype(self.aux)
         self.hist = [np.zeros((0, H), dtype) for _ in range(nreq)]
         self.max_pos = 400
         cols = -(-self.max_pos // block_size)
@@ -76,13 +78,13 @@ class Model:
             offs = np.concatenate([[0], np.cumsum(ngroups)])
             rows_at = [offs[b] + np.arange(ngroups[b]) for b in range(nreq)]
         # each group's rope row from its first position (pad rows: noise the op must not use)
-        sin = rng.uniform(-1, 1, rope_shape).astype(self.dtype)
-        cos = rng.uniform(-1, 1, rope_shape).astype(self.dtype)
+        sin = rng.uniform(-1, 1, rope_shape).astype(self.aux)
+        cos = rng.uniform(-1, 1, rope_shape).astype(self.aux)
         freq = 1e4 ** (-np.repeat(np.arange(32), 2) / 32)
         for b in range(nreq):
             for i, g in enumerate(ref.completed_groups(int(start[b]), used[b], r)):
-                sin.reshape(-1, 64)[rows_at[b][i]] = np.sin(g * r * freq).astype(self.dtype)
-                cos.reshape(-1, 64)[rows_at[b][i]] = np.cos(g * r * freq).astype(self.dtype)
+                sin.reshape(-1, 64)[rows_at[b][i]] = np.sin(g * r * freq).astype(self.aux)
+                cos.reshape(-1, 64)[rows_at[b][i]] = np.cos(g * r * freq).astype(self.aux)
         before = self.state.copy()
         out = ops.compressor(x, self.wkv, self.wgate, self.state, self.ape, self.norm_weight, sin, cos,
                              self.table if table is None else table, cu,
@@ -225,6 +227,22 @@ def test_seqused_limits_the_tokens_taken():
     out, expected = m.step([9, 6], seqused=[5, 6])
     assert [len(i) for i, _ in expected] == [1, 1]
     _check_rows(out, expected, 0.5)
+
+
+def test_norm_weight_and_rope_dtypes_per_soc(monkeypatch):
+    """A2 / A3 (arch32): norm_weight of x's dtype, rope x's dtype or fp32; the 950 (arch35): fp32."""
+    m = Model(128, 2, 4)
+    with pytest.raises(DTypeError, match="norm_weight"):
+        _call(m, norm_weight=m.norm_weight.astype(np.float32))
+    rope32 = np.zeros((min(8, 8 // 4 + 2), 64), np.float32)
+    _call(m, rope_sin=rope32, rope_cos=rope32)  # fp32 rope on an A2: taken
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", "Ascend950PR_9599")
+    before = m.state.copy()
+    for over, name in ((dict(), "norm_weight"), (dict(norm_weight=m.norm_weight.astype(np.float32)), "rope_sin")):
+        with pytest.raises(DTypeError, match=name):
+            _call(m, **over)
+    assert_same_bytes(m.state, before, "state after a rejected call")
+    _call(m, norm_weight=m.norm_weight.astype(np.float32), rope_sin=rope32, rope_cos=rope32)
 
 
 def test_fp16():

@@ -40,8 +40,8 @@ Checks (stricter than the kernels where their docs are, never looser): x bf16 / 
 length) 128 or 512; ``rope_head_dim`` 64; ``cmp_ratio`` a power of two in 2..128 (the arch35 and
 arch32 tilings; the README's scenarios C4A / C4Li / C128A are among them); ``coff`` 1 or 2;
 ``rotary_mode`` 1 or 2; ``cache_mode`` 1 (2 on the 950); ``norm_eps`` finite and >= 0; ape fp32
-``[cmp_ratio, coff * D]``; norm_weight x's dtype or fp32; rope tables of one dtype (x's or fp32)
-and shape; state fp32 3-D with rows and values contiguous (its block stride may be larger: a
+``[cmp_ratio, coff * D]``; norm_weight of x's dtype (A2 / A3: the arch32 tiling) or fp32 (Ascend
+950: arch35); rope tables of one dtype and shape, x's dtype or fp32 (A2 / A3) or fp32 (950); state fp32 3-D with rows and values contiguous (its block stride may be larger: a
 padded page); ``state_block_table`` int32 (required); ``cu_seqlens`` int32 ``[B + 1]`` (TH:
 required; BSH: must be None) starting at 0, non-decreasing, at most T; ``seqused`` int32 ``[B]``
 within each request's tokens; ``start_pos`` int32 ``[B]`` >= 0 (None: 0); every block-table
@@ -350,9 +350,9 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
         wkv, wgate: ``[coff * D, H]``, x's dtype (for coff 2: the overlap half's D rows first).
         state_cache: fp32 ``[blocks, block_size, 2 * coff * D]``, updated in place.
         ape: fp32 ``[cmp_ratio, coff * D]``: the score's bias by position within the group.
-        norm_weight: ``[D]`` (D 128 or 512), x's dtype or fp32.
+        norm_weight: ``[D]`` (D 128 or 512), x's dtype (A2 / A3) or fp32 (Ascend 950).
         rope_sin, rope_cos: ``[min(T, T // r + B), 64]`` (TH) or ``[B, ceil(S / r), 64]`` (BSH),
-            x's dtype or fp32: one row per output row.
+            x's dtype or fp32 (A2 / A3), fp32 (Ascend 950): one row per output row.
         state_block_table: int32 ``[B, W]`` (cache_mode 1: block of each position's
             ``position // block_size``; 0 = not updated) or ``[B]`` (cache_mode 2).
         cu_seqlens: int32 ``[B + 1]`` prefix sums (TH; None for BSH).
@@ -389,7 +389,10 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
         raise arg_error(ShapeError, "x", f"H (last dim) in {MIN_HIDDEN}..{MAX_HIDDEN}, a multiple of {HIDDEN_ALIGN}",
                         f"shape {list(x.shape)}")
     xd = dtype_name(x.dtype)
-    norm_weight = _array(norm_weight, "norm_weight", (xd, "float32"), 1)
+    a950 = soc.is_ascend950()
+    # the arch35 tiling (950) takes fp32 norm_weight and rope tables only; arch32 (A2 / A3)
+    # norm_weight of x's dtype, rope tables of x's dtype or fp32
+    norm_weight = _array(norm_weight, "norm_weight", ("float32",) if a950 else (xd,), 1)
     d = int(norm_weight.shape[0])
     if d not in HEAD_DIMS:
         raise arg_error(ShapeError, "norm_weight", f"[D] with D one of {HEAD_DIMS}", f"shape {list(norm_weight.shape)}")
@@ -437,7 +440,7 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
         out_shape = (min(t, t // r + nb), d)
         rope_shape = (out_shape[0], ROPE_HEAD_DIM)
         what = "[min(T, T // cmp_ratio + B), 64]"
-    rope_sin = _array(rope_sin, "rope_sin", (xd, "float32"), len(rope_shape))
+    rope_sin = _array(rope_sin, "rope_sin", ("float32",) if a950 else (xd, "float32"), len(rope_shape))
     rope_cos = _array(rope_cos, "rope_cos", (dtype_name(rope_sin.dtype),), len(rope_shape))
     _shape(rope_sin, "rope_sin", rope_shape, what)
     _shape(rope_cos, "rope_cos", rope_shape, what)
