@@ -427,3 +427,19 @@ def test_namespace_fake_kernel_shapes():
                                           state_block_table=args["state_block_table"], cu_seqlens=args["cu_seqlens"],
                                           start_pos=args["start_pos"], coff=2, rotary_mode=2)
         assert list(out.shape) == list(want.shape) and out.dtype == torch.bfloat16
+
+
+def test_deterministic_mode_takes_the_fixed_order_product(monkeypatch):
+    """ASCEND_EMU_DETERMINISTIC=1: the projections run in the project's fixed order (no library
+    product: np.matmul refused) and still match the reference."""
+    from ascend_emu import _deterministic
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("np.matmul called in the deterministic mode")
+
+    m = Model(128, 2, 4, seed=9)
+    monkeypatch.setenv(_deterministic.ENV, "1")
+    monkeypatch.setattr(np, "matmul", refuse)
+    out, expected = m.step([6, 3])
+    monkeypatch.undo()
+    _check_rows(out, expected, 0.95)
