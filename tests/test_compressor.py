@@ -443,3 +443,21 @@ def test_deterministic_mode_takes_the_fixed_order_product(monkeypatch):
     out, expected = m.step([6, 3])
     monkeypatch.undo()
     _check_rows(out, expected, 0.95)
+
+
+def test_checked_mode_tracks_the_state_rows():
+    """Checked mode: steps whose groups read rows the op wrote run; a group reading a row never
+    written (a call starting mid-group on a fresh cache) raises before anything is written."""
+    from ascend_emu.errors import UninitializedReadError
+
+    with checked_mode.checked():
+        m = Model(128, 2, 4, seed=4)
+        for chunks in ([5, 2], [1, 1], [3, 3]):
+            out, expected = m.step(chunks)
+        fresh = Model(128, 2, 4, seed=4)
+        fresh.hist = [np.zeros((2, H), BF16), np.zeros((0, H), BF16)]  # request 0 starts at position 2
+        before = fresh.state.copy()
+        with pytest.raises(UninitializedReadError, match=r"compressor: state_cache read before written: request 0, "
+                                                         r"position 0 .* at block 1, row 0"):
+            fresh.step([2, 1], check=False)
+        assert_same_bytes(fresh.state, before, "state after a rejected call")

@@ -24,7 +24,9 @@ except where the table entry is 0 (block 0 is reserved: "do not update"). Tokens
 group that precede ``start_pos`` are read back from their state rows (through an entry 0 too:
 the kernel reads block 0 as it is; the emulator also reports the input contract
 ``state_block_zero``, an :class:`~ascend_emu.errors.InputContractWarning`, an error in checked
-mode). All reads see the state as it was before the call.
+mode). In checked mode the state rows written are tracked (:mod:`ascend_emu.checked_mode`): a
+read of a row never written raises before anything is written. All reads see the state as it
+was before the call.
 
 Output: TH (x ``[T, H]``): ``[min(T, T // r + B), D]``, the completed groups of request 0, then
 of request 1, ..., then padding rows (zero here; the NPU leaves them unwritten); BSH (x
@@ -66,7 +68,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import input_contracts, soc
+from .. import checked_mode, input_contracts, soc
+from ..layouts import CacheLayout
 from ..input_contracts import STATE_SKIP_BLOCK, Violation
 from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error, describe
 from ._backend import get_backend
@@ -265,7 +268,7 @@ def _block_of(table: np.ndarray, b: int, pos: np.ndarray, bs: int, blocks: int, 
 def _plan(first, used, start, table, state: np.ndarray, r: int, coff: int, cache_mode: int, per_batch: int | None):
     """The rows the call reads and writes (module doc); raises before anything is written."""
     blocks, bs = state.shape[0], state.shape[1]
-    g_tok, g_blk, g_off, g_out = [], [], [], []
+    g_tok, g_blk, g_off, g_out, g_pos, g_req = [], [], [], [], [], []
     w_tok, w_blk, w_off = [], [], []
     out_row = 0
     rows = coff * r
@@ -299,6 +302,8 @@ def _plan(first, used, start, table, state: np.ndarray, r: int, coff: int, cache
                     blk[need] = int(table[b])
                 off[need] = p % bs
             g_tok.append(tok)
+            g_pos.append(np.where(need, pos, -1))
+            g_req.append(np.full(pos.shape, b, np.int64))
             g_blk.append(blk)
             g_off.append(off)
             g_out.append(base + np.arange(g1 - g0, dtype=np.int64))
@@ -319,7 +324,7 @@ def _plan(first, used, start, table, state: np.ndarray, r: int, coff: int, cache
     cat = (lambda parts, e: np.concatenate(parts) if parts else e)
     return (cat(g_tok, empty), cat(g_blk, empty), cat(g_off, empty), cat(g_out, np.zeros(0, np.int64)),
             cat(w_tok, np.zeros(0, np.int64)), cat(w_blk, np.zeros(0, np.int64)), cat(w_off, np.zeros(0, np.int64)),
-            zero_reads)
+            zero_reads, cat(g_req, empty), cat(g_pos, empty))
 
 
 def _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, bs: int) -> None:
@@ -452,10 +457,23 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
     check_disjoint([("state_cache", state)], [("x", x), ("wkv", wkv), ("wgate", wgate), ("ape", ape),
                                               ("norm_weight", norm_weight), ("rope_sin", rope_sin),
                                               ("rope_cos", rope_cos), ("state_block_table", table)])
-    g_tok, g_blk, g_off, g_out, w_tok, w_blk, w_off, zero_reads = _plan(first, used, start, table, state, r, coff, cache_mode,
+    g_tok, g_blk, g_off, g_out, w_tok, w_blk, w_off, zero_reads, g_req, g_pos = _plan(first, used, start, table, state, r, coff, cache_mode,
                                                             per_batch)
     _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, state.shape[1])
     input_contracts.report("compressor", zero_reads)  # an error in checked mode: before any write
+    layout = CacheLayout(mode="PA_BSND", num_blocks=state.shape[0], block_size=state.shape[1],
+                         dim=state.shape[2], itemsize=4)
+    bs = state.shape[1]
+
+    def reads() -> checked_mode.CacheReads:
+        need = g_blk >= 0
+        req, pos = g_req[need], g_pos[need]
+        return checked_mode.CacheReads((("state_cache", state, layout),), g_blk[need] * bs + g_off[need],
+                                       lambda i: f"request {int(req[i])}, position {int(pos[i])} (a group's "
+                                                 f"earlier token)")
+
+    checked_mode.read("compressor", reads)  # rows never written: an error in checked mode
+    checked_mode.will_write((state if state.flags.c_contiguous else None, layout))
     token_pos = np.full(tokens, -1, np.int64)
     for b in range(nb):
         f, u = int(first[b]), int(used[b])
@@ -466,7 +484,9 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
                           out_shape=out_shape, out_dtype=x.dtype, token_pos=token_pos, group_tok=g_tok,
                           group_blk=g_blk, group_off=g_off, group_out=g_out, write_tok=w_tok, write_blk=w_blk,
                           write_off=w_off)
-    return get_backend().compressor(args).cmp_kv
+    out = get_backend().compressor(args).cmp_kv
+    checked_mode.wrote("compressor", w_blk * bs + w_off, [(state, layout)], (("cmp_kv", out),))
+    return out
 
 
 __all__ = ["CompressorArgs", "CompressorOutputs", "compressor"]
