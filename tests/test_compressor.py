@@ -118,7 +118,8 @@ class Model:
         """Rows written: the reference's set exactly, values kv ‖ score + ape; all others untouched."""
         touched = np.zeros(self.state.shape[:2], bool)
         want = np.zeros_like(self.state, dtype=np.float64)
-        proj = {b: ref.projections(self.hist[b], self.wkv, self.wgate, self.ape, self.r) for b in {w[0] for w in written}}
+        proj = {b: ref.projections(self.hist[b], self.wkv, self.wgate, self.ape, self.r)
+                for b in {w[0] for w in written}}
         for b, p, blk, row in written:
             kv, score = proj[b]
             want[blk, row] = np.concatenate([kv[p], score[p]])
@@ -208,7 +209,8 @@ def test_a_group_read_through_entry_zero_reads_block_zero_and_breaks_the_input_c
     table = m.table.copy()
     table[0, 0] = 0
     before = m.state.copy()
-    with checked_mode.checked(), pytest.raises(InputContractError, match=r"state_block_table\[0, 0\].*state_block_zero"):
+    with checked_mode.checked(), pytest.raises(InputContractError,
+                                               match=r"state_block_table\[0, 0\].*state_block_zero"):
         m.step([2], table=table, check=False)
     assert_same_bytes(m.state, before, "state after a rejected call")
     m.hist[0] = m.hist[0][:2]
@@ -331,7 +333,7 @@ REJECTED = [
     (dict(start_pos=np.array([0], np.int32)), ShapeError, "start_pos"),
     (dict(seqused=np.array([5, 1], np.int32)), IndexRangeError, "seqused[0]"),
     (dict(start_pos=np.array([0, 1000], np.int32)), IndexRangeError, "state_block_table"),
-    (dict(state_block_table=np.full((2, 50), 10 ** 6, np.int32)), IndexRangeError, "state_block_table[0][0]"),
+    (dict(state_block_table=np.full((2, 50), 10 ** 6, np.int32)), IndexRangeError, "state_block_table[0, 0]"),
     (dict(state_block_table=None), ShapeError, "state_block_table"),
     (dict(cmp_ratio=3), ModeError, "cmp_ratio"),
     (dict(coff=3), ModeError, "coff"),
