@@ -28,6 +28,8 @@ from .v4_small import (compressor_metadata, compressor_metadata_out, inplace_par
 from .hc import (npu_hc_post, npu_hc_pre, npu_hc_pre_inv_rms, npu_hc_pre_sinkhorn,  # DeepSeek-V4 mHC
                  npu_hc_pre_v2, npu_hc_pre_v3)
 from .sparse_attn_sharedkv import npu_sparse_attn_sharedkv, npu_sparse_attn_sharedkv_metadata  # DeepSeek-V4
+from .kv_quant_sparse_attn_sharedkv import (npu_kv_quant_sparse_attn_sharedkv,  # DeepSeek-V4, Ascend 950
+                                            npu_kv_quant_sparse_attn_sharedkv_metadata)
 from .vllm_quant_lightning_indexer import (npu_vllm_quant_lightning_indexer,  # DeepSeek-V4
                                            npu_vllm_quant_lightning_indexer_metadata)
 
@@ -48,6 +50,7 @@ __all__ += ["npu_rms_norm_dynamic_quant", "inplace_partial_rotary_mul", "compres
 __all__ += ["npu_hc_pre_v2", "npu_hc_pre_v3", "npu_hc_pre", "npu_hc_pre_inv_rms", "npu_hc_pre_sinkhorn",
             "npu_hc_post"]
 __all__ += ["npu_sparse_attn_sharedkv", "npu_sparse_attn_sharedkv_metadata"]
+__all__ += ["npu_kv_quant_sparse_attn_sharedkv", "npu_kv_quant_sparse_attn_sharedkv_metadata"]
 __all__ += ["npu_vllm_quant_lightning_indexer", "npu_vllm_quant_lightning_indexer_metadata"]
 
 

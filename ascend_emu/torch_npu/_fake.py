@@ -554,6 +554,8 @@ NAMESPACE_FAKES = {
     "npu_hc_post": hc_post,
     "npu_sparse_attn_sharedkv": sparse_attn_sharedkv,
     "npu_sparse_attn_sharedkv_metadata": sparse_attn_sharedkv_metadata,
+    "npu_kv_quant_sparse_attn_sharedkv": sparse_attn_sharedkv,
+    "npu_kv_quant_sparse_attn_sharedkv_metadata": sparse_attn_sharedkv_metadata,
     "npu_vllm_quant_lightning_indexer": vllm_quant_lightning_indexer,
     "npu_vllm_quant_lightning_indexer_metadata": vllm_quant_lightning_indexer_metadata,
 }
