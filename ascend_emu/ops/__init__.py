@@ -30,7 +30,8 @@ from .hc import (npu_hc_post, npu_hc_pre, npu_hc_pre_inv_rms, npu_hc_pre_sinkhor
 from .sparse_attn_sharedkv import npu_sparse_attn_sharedkv, npu_sparse_attn_sharedkv_metadata  # DeepSeek-V4
 from .kv_quant_sparse_attn_sharedkv import (npu_kv_quant_sparse_attn_sharedkv,  # DeepSeek-V4, Ascend 950
                                             npu_kv_quant_sparse_attn_sharedkv_metadata)
-from .vllm_quant_lightning_indexer import (npu_vllm_quant_lightning_indexer,  # DeepSeek-V4
+from .vllm_quant_lightning_indexer import (custom_npu_quant_lightning_indexer,  # DeepSeek-V4
+                                           npu_vllm_quant_lightning_indexer,
                                            npu_vllm_quant_lightning_indexer_metadata)
 
 __all__ = ["backend", "backend_name", "get_backend", "set_backend", "get_npu_format", "npu_format_cast"]
@@ -51,7 +52,8 @@ __all__ += ["npu_hc_pre_v2", "npu_hc_pre_v3", "npu_hc_pre", "npu_hc_pre_inv_rms"
             "npu_hc_post"]
 __all__ += ["npu_sparse_attn_sharedkv", "npu_sparse_attn_sharedkv_metadata"]
 __all__ += ["npu_kv_quant_sparse_attn_sharedkv", "npu_kv_quant_sparse_attn_sharedkv_metadata"]
-__all__ += ["npu_vllm_quant_lightning_indexer", "npu_vllm_quant_lightning_indexer_metadata"]
+__all__ += ["npu_vllm_quant_lightning_indexer", "npu_vllm_quant_lightning_indexer_metadata",
+            "custom_npu_quant_lightning_indexer"]
 
 
 def __getattr__(name: str):

@@ -539,6 +539,14 @@ def vllm_quant_lightning_indexer_metadata(*_, actual_seq_lengths_query=None, act
     return torch.empty([1024], dtype=torch.int32, device=like.device if like is not None else "meta")
 
 
+def custom_quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode,
+                                   key_quant_mode, **kw):
+    """``(sparse_indices like torch_npu's op, sparse_values fp32 [0])`` (the recipes' custom op)."""
+    idx = quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode,
+                                  key_quant_mode, **kw)
+    return idx, _new(query, [0], torch.float32)
+
+
 #: Fakes of the framework-namespace ops that have no torch_npu counterpart, by their
 #: :mod:`ascend_emu.ops` function (:func:`._registry.namespace_fake`).
 NAMESPACE_FAKES = {
@@ -557,5 +565,6 @@ NAMESPACE_FAKES = {
     "npu_kv_quant_sparse_attn_sharedkv": sparse_attn_sharedkv,
     "npu_kv_quant_sparse_attn_sharedkv_metadata": sparse_attn_sharedkv_metadata,
     "npu_vllm_quant_lightning_indexer": vllm_quant_lightning_indexer,
+    "custom_npu_quant_lightning_indexer": custom_quant_lightning_indexer,
     "npu_vllm_quant_lightning_indexer_metadata": vllm_quant_lightning_indexer_metadata,
 }

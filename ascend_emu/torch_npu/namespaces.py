@@ -203,9 +203,17 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         "int sparse_count=2048, int sparse_mode=3, int pre_tokens=9223372036854775807, "
         "int next_tokens=9223372036854775807, int cmp_ratio=1, bool return_value=False, "
         "int? query_dtype=None, int? key_dtype=None) -> (Tensor, Tensor)",
-        f"{RECIPES_HEAD}:84", op="npu_quant_lightning_indexer", outputs=(0, EMPTY_F32),
+        f"{RECIPES_HEAD}:84", op="custom_npu_quant_lightning_indexer",
         caller="sglang's DeepSeek-V4 Ascend attention backend (python/sglang/srt/hardware_backend/npu/attention/, "
         "through the recipes' custom_ops package)"),
+    NamespaceSchema("custom",
+        "npu_quant_lightning_indexer_metadata(int num_heads_q, int num_heads_k, int head_dim, int query_quant_mode, "
+        "int key_quant_mode, *, Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, "
+        "int batch_size=0, int max_seqlen_q=0, int max_seqlen_k=0, str layout_query='BSND', "
+        "str layout_key='BSND', int sparse_count=2048, int sparse_mode=3, int pre_tokens=9223372036854775807, "
+        "int next_tokens=9223372036854775807, int cmp_ratio=1, str device='npu:0') -> Tensor",
+        f"{RECIPES_HEAD}:102", op="npu_vllm_quant_lightning_indexer_metadata",
+        caller="cann-recipes-infer ops/ascendc/docs/custom-npu_quant_lightning_indexer.md (example)"),
     # --------------------------------------- DeepSeek-V4 small ops (docs/v4.md), both namespaces
     NamespaceSchema("_C_ascend",
         "npu_rms_norm_dynamic_quant(Tensor x, Tensor gamma, Tensor? smooth_scale=None, Tensor? beta=None, "
