@@ -376,3 +376,13 @@ def test_fake_kernels_give_the_output_shapes(tnpu):
                                                                   seqused_kv=torch.empty(2, dtype=torch.int32,
                                                                                          device="meta"))
     assert tuple(meta.shape) == (1024,) and meta.dtype == torch.int32
+
+
+def test_hw_backend_says_it_is_not_a_torch_npu_op():
+    from ascend_emu.errors import BackendUnavailable
+
+    c = _case(**CASES["swa"])
+    q, kw = _call_args(c)
+    with ops.backend("hw"), pytest.raises(BackendUnavailable, match="npu_kv_quant_sparse_attn_sharedkv is not a "
+                                                                     "torch_npu op"):
+        ops.npu_kv_quant_sparse_attn_sharedkv(q, 1, **kw)
