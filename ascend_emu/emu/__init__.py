@@ -26,6 +26,7 @@ from . import sparse_flash_attention as _sparse_flash_attention
 from . import v4_small as _v4_small
 from . import hc as _hc  # DeepSeek-V4 mHC
 from . import sparse_attn_sharedkv as _sparse_attn_sharedkv  # DeepSeek-V4 shared-KV attention
+from . import v4_writers as _v4_writers  # DeepSeek-V4 cache writers
 
 
 class EmuBackend:
@@ -54,6 +55,8 @@ class EmuBackend:
     sparse_attn_sharedkv = staticmethod(_sparse_attn_sharedkv.sparse_attn_sharedkv)
     # DeepSeek-V4 indexer over compressed keys: the quant indexer's kernel (the contract set the limits)
     vllm_quant_lightning_indexer = staticmethod(_quant_lightning_indexer.quant_lightning_indexer)
+    # DeepSeek-V4 cache writers
+    v4_writer = staticmethod(_v4_writers.v4_writer)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.
