@@ -340,3 +340,19 @@ def test_fake_kernels_write_nothing():
         assert torch.ops.custom.kv_compress_epilog(c, x, s) is None
         p = mode.from_tensor(torch.zeros(3, 4, 1, 132, dtype=torch.uint8))
         assert torch.ops._C_ascend.indexer_compress_epilog_v2(p, x[:, :128], s) is None
+
+
+def test_checked_mode_marks_written_slots_and_rejects_duplicates(a950):
+    from ascend_emu import checked_mode
+    from ascend_emu.errors import DuplicateSlotError
+
+    cache, x, slots = _kv_case()
+    with checked_mode.checked():
+        ops.kv_compress_epilog(cache, x, slots)
+        written = checked_mode.written_slots(cache)
+        assert written is not None
+        np.testing.assert_array_equal(np.flatnonzero(written), np.sort(SLOTS[SLOTS >= 0]))
+        before = _u8(cache).copy()
+        with pytest.raises(DuplicateSlotError):
+            ops.kv_compress_epilog(cache, x, np.where(SLOTS == 11, 5, SLOTS).astype(np.int32))
+        np.testing.assert_array_equal(_u8(cache), before)

@@ -531,7 +531,8 @@ class HwBackend:
     hc_post = staticmethod(_not_in_torch_npu("hc_post"))
     sparse_attn_sharedkv = staticmethod(_not_in_torch_npu("npu_sparse_attn_sharedkv"))
     vllm_quant_lightning_indexer = staticmethod(_not_in_torch_npu("npu_vllm_quant_lightning_indexer"))
-    v4_writer = staticmethod(_not_in_torch_npu("v4_writer"))
+    kv_compress_epilog = staticmethod(_not_in_torch_npu("kv_compress_epilog"))
+    indexer_compress_epilog = staticmethod(_not_in_torch_npu("indexer_compress_epilog"))
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.

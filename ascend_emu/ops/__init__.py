@@ -30,7 +30,8 @@ from .hc import (npu_hc_post, npu_hc_pre, npu_hc_pre_inv_rms, npu_hc_pre_sinkhor
 from .sparse_attn_sharedkv import npu_sparse_attn_sharedkv, npu_sparse_attn_sharedkv_metadata  # DeepSeek-V4
 from .vllm_quant_lightning_indexer import (npu_vllm_quant_lightning_indexer,  # DeepSeek-V4
                                            npu_vllm_quant_lightning_indexer_metadata)
-from .v4_writers import indexer_compress_epilog, indexer_compress_epilog_v2, kv_compress_epilog  # DeepSeek-V4
+from .kv_compress_epilog import kv_compress_epilog  # DeepSeek-V4 cache writers
+from .indexer_compress_epilog import indexer_compress_epilog, indexer_compress_epilog_v2
 
 __all__ = ["backend", "backend_name", "get_backend", "set_backend", "get_npu_format", "npu_format_cast"]
 __all__ += ["npu_kv_rmsnorm_rope_cache"]

@@ -541,7 +541,7 @@ def vllm_quant_lightning_indexer_metadata(*_, actual_seq_lengths_query=None, act
 
 #: Fakes of the framework-namespace ops that have no torch_npu counterpart, by their
 #: :mod:`ascend_emu.ops` function (:func:`._registry.namespace_fake`).
-# ------------------------------------------------ DeepSeek-V4 cache writers (ops.v4_writers): in place, no outputs
+# ------------------------------------------------ DeepSeek-V4 cache writers (kv_compress_epilog, indexer_compress_epilog): in place
 def v4_writer(*_, **__):
     return None
 

@@ -319,7 +319,7 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         "str layout_kv='PA_ND', bool has_ori_kv=True, bool has_cmp_kv=True, str device='npu:0') -> Tensor",
         f"{RECIPES_HEAD}:90", op="npu_sparse_attn_sharedkv_metadata",
         caller="cann-recipes-infer ops/ascendc/docs/custom-npu_sparse_attn_sharedkv_metadata.md"),
-    # ------------------------- DeepSeek-V4 cache writers (ops.v4_writers; Ascend 950), both namespaces
+    # ------------------------- DeepSeek-V4 cache writers (ops.kv_compress_epilog, ops.indexer_compress_epilog; Ascend 950)
     NamespaceSchema("_C_ascend",
         "kv_compress_epilog(Tensor(a!) kv_compress_cache, Tensor x, Tensor slot_mapping, int quant_group_size, "
         "int quant_mode, bool round_scale_flag, int layout) -> ()",

@@ -1,4 +1,5 @@
-"""DeepSeek-V4's cache writers on the CPU: the work behind :mod:`ascend_emu.ops.v4_writers`.
+"""DeepSeek-V4's ``kv_compress_epilog`` on the CPU: the work behind :mod:`ascend_emu.ops.kv_compress_epilog`
+(and the byte scatter :mod:`.indexer_compress_epilog` shares).
 
 The rows to write (their x rows and distinct slots, checked by the contract) are encoded at once
 by the vectorised codecs of :mod:`ascend_emu.quant.v4`, then copied into the cache's bytes with
@@ -11,23 +12,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops.v4_writers import V4WriterArgs, V4WriterOutputs
+from ..ops._v4_writers import V4WriterArgs, V4WriterOutputs
 from ..quant import v4 as codec
 
 
-def _bytes(a: np.ndarray) -> np.ndarray:
+def as_bytes(a: np.ndarray) -> np.ndarray:
     """The caller's C-contiguous array as a flat uint8 view (writes land in it)."""
     return a.reshape(-1).view(np.uint8)
 
 
-def _scatter(flat: np.ndarray, starts: np.ndarray, rows: np.ndarray) -> None:
+def scatter_rows(flat: np.ndarray, starts: np.ndarray, rows: np.ndarray) -> None:
     """``flat[starts[i] : starts[i] + W] = rows[i]`` for every i (distinct, non-overlapping ranges)."""
     if starts.size:
         flat[starts[:, None] + np.arange(rows.shape[1], dtype=np.int64)] = rows
 
 
-def v4_writer(args: V4WriterArgs) -> V4WriterOutputs:
-    """Encode ``x[tokens]`` and write it at ``slots`` (module doc); returns the caches."""
+def kv_compress_epilog(args: V4WriterArgs) -> V4WriterOutputs:
+    """Encode ``x[tokens]`` and write it at ``slots`` (module doc); returns the cache."""
     xs = args.x[args.tokens]
     slots = args.slots
     if args.kind == "kv_rows":
@@ -38,7 +39,7 @@ def v4_writer(args: V4WriterArgs) -> V4WriterOutputs:
                                         quant_group_size=args.group) if slots.size else None
         if rows is not None:
             width = rows.shape[1]
-            _bytes(args.cache).reshape(-1, width)[slots] = rows
+            as_bytes(args.cache).reshape(-1, width)[slots] = rows
         return V4WriterOutputs((args.cache,))
     if args.kind == "kv_layout2":
         if slots.size:
@@ -49,27 +50,8 @@ def v4_writer(args: V4WriterArgs) -> V4WriterOutputs:
             geo = codec.kv_layout2_geometry(d, args.block_size, args.block_stride, args.group)
             blk, off = slots // args.block_size, slots % args.block_size
             base = blk * args.block_stride
-            flat = _bytes(args.cache)
-            _scatter(flat, base + off * geo["value_row"], value)
-            _scatter(flat, base + geo["scale_base"] + off * geo["scale_row"], scale)
+            flat = as_bytes(args.cache)
+            scatter_rows(flat, base + off * geo["value_row"], value)
+            scatter_rows(flat, base + geo["scale_base"] + off * geo["scale_row"], scale)
         return V4WriterOutputs((args.cache,))
-    if args.kind == "indexer":
-        if slots.size:
-            if args.quant_mode == 1:
-                values, scales = codec.indexer_quant_fp8(xs, args.fp8)
-                scale_bytes = scales.astype("<f4").view(np.uint8)
-            else:
-                values, scale_bytes = codec.indexer_quant_mx(xs, args.fp8, round_scale=args.round_scale)
-            _bytes(args.cache).reshape(-1, values.shape[1])[slots] = values
-            _bytes(args.scale_cache).reshape(-1, scale_bytes.shape[1])[slots] = scale_bytes
-        return V4WriterOutputs((args.cache, args.scale_cache))
-    # indexer_v2: the packed uint8 cache
-    if slots.size:
-        d = args.x.shape[1]
-        values, scales = codec.indexer_quant_fp8(xs)
-        row_bytes = args.block_stride // args.block_size
-        voff, soff = codec.indexer_v2_offsets(slots, d, args.block_size, row_bytes, args.block_stride)
-        flat = _bytes(args.cache)
-        _scatter(flat, voff, values)
-        _scatter(flat, soff, np.ascontiguousarray(scales.astype("<f4")).view(np.uint8))
-    return V4WriterOutputs((args.cache,))
+    raise AssertionError(f"kv_compress_epilog backend: unknown kind {args.kind!r}")
