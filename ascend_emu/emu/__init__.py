@@ -28,6 +28,7 @@ from . import hc as _hc  # DeepSeek-V4 mHC
 from . import sparse_attn_sharedkv as _sparse_attn_sharedkv  # DeepSeek-V4 shared-KV attention
 from . import indexer_compress_epilog as _indexer_compress_epilog  # DeepSeek-V4 cache writers
 from . import kv_compress_epilog as _kv_compress_epilog
+from . import scatter_nd_update as _scatter_nd_update  # DeepSeek-V4 row scatters
 
 
 class EmuBackend:
@@ -59,6 +60,8 @@ class EmuBackend:
     # DeepSeek-V4 cache writers
     kv_compress_epilog = staticmethod(_kv_compress_epilog.kv_compress_epilog)
     indexer_compress_epilog = staticmethod(_indexer_compress_epilog.indexer_compress_epilog)
+    # DeepSeek-V4 row scatters (npu_scatter_nd_update_v2 / _sk, custom.scatter_nd_update_asc)
+    scatter_nd_update = staticmethod(_scatter_nd_update.scatter_nd_update)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.

@@ -13,12 +13,14 @@ reference. ``benchmarks/bench_v4_writers.py`` measures them against a copy floor
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit
 
 from ..ops._v4_writers import V4WriterArgs, V4WriterOutputs
 from ..quant import v4 as codec
-from ..quant.fp8 import FP8_MAX
+from ..quant.fp8 import FP8_MAX, to_fp8
 
 
 def as_bytes(a: np.ndarray) -> np.ndarray:
@@ -49,11 +51,8 @@ def f32_to_fp8_bits(x, mant, bias, top, over):
     drop = 23 - mant + (emin - e if e < emin else 0)
     if drop > 25:
         return np.uint8(sign)
-    q = sig >> drop
-    rem = sig & ((np.int64(1) << drop) - 1)
-    half = np.int64(1) << (drop - 1)
-    if rem > half or (rem == half and (q & 1) == 1):
-        q += 1
+    # ties to even without a branch: add half - 1, plus 1 when the kept part is odd, then cut
+    q = (sig + ((np.int64(1) << (drop - 1)) - 1) + ((sig >> drop) & 1)) >> drop
     if e < emin:
         code = q
     else:
@@ -65,11 +64,12 @@ def f32_to_fp8_bits(x, mant, bias, top, over):
 
 @njit(cache=True)
 def mode2_rows(dst, xbits, tokens, value_off, rope_off, scale_off, pad_off, pad_len, q, group, inv, top_f,
-                round_scale, mant, bias, top, over):  # pragma: no cover - compiled
+               round_scale, mant, bias, top, over, bf16_codes):  # pragma: no cover - compiled
     """quant_mode 2 rows (quant/v4.py's arithmetic, one token at a time) written into ``dst``
     (flat uint8): the ``q`` fp8 codes of token ``i`` at ``value_off[i]``, its 64 rope values (bf16
     bits, 128 bytes) at ``rope_off[i]``, its E8M0 bytes at ``scale_off[i]``, then ``pad_len``
-    zeros at ``pad_off[i]``. ``xbits``: x's bf16 bits ``[T, d]``."""
+    zeros at ``pad_off[i]``. ``xbits``: x's bf16 bits ``[T, d]``; ``bf16_codes``: the fp8 code of
+    every bf16 value (:func:`bf16_fp8_codes`)."""
     d = xbits.shape[1]
     groups = (q + group - 1) // group
     row = np.empty(q, np.float32)
@@ -91,11 +91,13 @@ def mode2_rows(dst, xbits, tokens, value_off, rope_off, scale_off, pad_off, pad_
             if round_scale:
                 # the kernel's mask of the exponent field: +1 for every normal s (s >= 1e-4 / 57344
                 # is normal); x / 2**k is x * 2**-k exactly (one rounding of the same value)
+                # x * 2**-k of a bf16 x is a bf16 value (below 2**-126 it rounds to a signed zero
+                # either way): its fp8 code is bf16_codes[its upper 16 bits]
                 mul = np.uint32(np.uint32(253 - exp) << np.uint32(23)).view(np.float32)
                 for c in range(lo, hi):
                     v = np.float32(row[c] * mul)
                     v = min(max(v, -top_f), top_f)
-                    dst[value_off[i] + c] = f32_to_fp8_bits(v, mant, bias, top, over)
+                    dst[value_off[i] + c] = bf16_codes[np.float32(v).view(np.uint32) >> np.uint32(16)]
             else:
                 for c in range(lo, hi):
                     v = np.float32(row[c] / s)
@@ -111,7 +113,7 @@ def mode2_rows(dst, xbits, tokens, value_off, rope_off, scale_off, pad_off, pad_
 
 @njit(cache=True)
 def indexer_fp8_rows(dst, scale_dst, x32, tokens, value_off, scale_off, inv, mant, bias, top, over
-                      ):  # pragma: no cover - compiled
+                     ):  # pragma: no cover - compiled
     """The indexer key quant (quant/v4.py ``indexer_quant_fp8``) of each token: its ``d`` fp8
     codes into ``dst`` at ``value_off[i]``, its fp32 scales (little-endian) into ``scale_dst`` at
     ``scale_off[i]`` (both flat uint8). ``x32``: x as fp32 ``[T, d]``."""
@@ -140,6 +142,16 @@ def indexer_fp8_rows(dst, scale_dst, x32, tokens, value_off, scale_off, inv, man
                 dst[value_off[i] + c] = f32_to_fp8_bits(v, mant, bias, top, over)
 
 
+@functools.lru_cache(maxsize=None)
+def bf16_fp8_codes(name: str) -> np.ndarray:
+    """uint8 ``[65536]``: the fp8 code (``name``) of every bf16 bit pattern, as
+    :func:`ascend_emu.quant.fp8.to_fp8` encodes it (read-only)."""
+    values = (np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)).view(np.float32)
+    codes = to_fp8(values, name).view(np.uint8)
+    codes.flags.writeable = False
+    return codes
+
+
 def _mode2(args: V4WriterArgs, value_off, rope_off, scale_off, pad_off, pad_len: int) -> None:
     """Run :func:`mode2_rows` for the tokens of ``args`` at the given byte offsets."""
     d = args.x.shape[1]
@@ -148,7 +160,8 @@ def _mode2(args: V4WriterArgs, value_off, rope_off, scale_off, pad_off, pad_len:
     inv = np.float32(np.float32(1.0) / top_f)
     xbits = np.ascontiguousarray(args.x).view(np.uint16)
     mode2_rows(as_bytes(args.cache), xbits, args.tokens, value_off, rope_off, scale_off, pad_off, int(pad_len),
-                d - codec.KV_ROPE_DIM, int(args.group), inv, top_f, bool(args.round_scale), mant, bias, top, over)
+                d - codec.KV_ROPE_DIM, int(args.group), inv, top_f, bool(args.round_scale), mant, bias, top, over,
+                bf16_fp8_codes(args.fp8))
 
 
 def kv_compress_epilog(args: V4WriterArgs) -> V4WriterOutputs:

@@ -533,6 +533,7 @@ class HwBackend:
     vllm_quant_lightning_indexer = staticmethod(_not_in_torch_npu("npu_vllm_quant_lightning_indexer"))
     kv_compress_epilog = staticmethod(_not_in_torch_npu("kv_compress_epilog"))
     indexer_compress_epilog = staticmethod(_not_in_torch_npu("indexer_compress_epilog"))
+    scatter_nd_update = staticmethod(_not_in_torch_npu("npu_scatter_nd_update_v2"))
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.

@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import checked_mode
 from ..errors import DTypeError, DuplicateSlotWarning, FormatError, ShapeError, arg_error, describe
-from ..layouts import FRACTAL_NZ, NZArray, duplicate_slots, get_npu_format
+from ..layouts import FRACTAL_NZ, NZArray, duplicate_slots, get_npu_format, slots_from_index_rows
 from ..quant import BF16
 
 #: dtype names as the seeds spell them.
@@ -345,10 +345,11 @@ def _caller_stacklevel() -> int:
     return level
 
 
-def warn_duplicates(slots: np.ndarray, name: str) -> None:
+def warn_duplicates(slots: np.ndarray, name: str) -> dict[int, list[int]]:
     """Warn when two tokens write the same slot (undefined on hardware; here the last wins).
 
-    The warning is attributed to the user's line that called the op."""
+    The warning is attributed to the user's line that called the op. Returns the duplicates
+    (:func:`ascend_emu.layouts.duplicate_slots`: ``{slot: [token, ...]}``, empty when none)."""
     dups = duplicate_slots(slots)
     checked_mode.duplicates(name, dups)  # checked mode: an error instead
     if dups:
@@ -357,6 +358,54 @@ def warn_duplicates(slots: np.ndarray, name: str) -> None:
         warnings.warn(f"{name}: {len(dups)} cache slot(s) written by more than one token, undefined on "
                       f"hardware; the emulator keeps the last token: {shown}{more}",
                       DuplicateSlotWarning, stacklevel=_caller_stacklevel())
+    return dups
+
+
+def writer_slots(index, dims: Sequence[int], *, name: str) -> np.ndarray:
+    """The index policy of every DeepSeek-V4 cache writer, in one place (docs/v4.md, "Index policy
+    of the V4 writers"): ``npu_scatter_nd_update_v2`` / ``_sk``, ``scatter_nd_update_asc`` and the
+    epilog writers' ``slot_mapping``. Call it after the shape / dtype checks and before anything is
+    written.
+
+    - a row whose index is -1 (``-1`` flat, ``[-1, x]`` with x -1 or in range as (block, offset))
+      is skipped: the padding vllm-ascend uses for graph capture;
+    - any other value outside its range is rejected (:class:`IndexRangeError` naming the entry)
+      before anything is written;
+    - two rows writing one slot: :class:`DuplicateSlotWarning` naming the slot and the rows, the
+      last row wins (as ``npu_scatter_pa_kv_cache``; checked mode makes it an error).
+
+    Args:
+        index: integer ``[n]`` or ``[n, 1]`` (flat slots, ``dims = (num_rows,)``) or ``[n, 2]``
+            ((block, offset) rows, ``dims = (num_blocks, block_size)``).
+        dims: the sizes the index columns address.
+        name: the argument's name, for errors and the warning.
+
+    Returns:
+        int64 ``[n]`` flat slots (``block * block_size + offset``), -1 for skipped rows.
+
+    Raises:
+        DTypeError, ShapeError, IndexRangeError: as
+            :func:`ascend_emu.layouts.slots_from_index_rows`; ShapeError also for an index whose
+            working copies would pass :data:`MAX_CALL_BYTES` (a broadcast view), before allocating.
+
+    Warns:
+        DuplicateSlotWarning: a slot written by two rows (:func:`warn_duplicates`).
+    """
+    return writer_slots_and_duplicates(index, dims, name=name)[0]
+
+
+def writer_slots_and_duplicates(index, dims: Sequence[int], *, name: str) -> tuple[np.ndarray, bool]:
+    """:func:`writer_slots`, and whether two rows write one slot (so a kernel that writes every
+    live row in order may skip looking for the last of each)."""
+    index = np.asarray(index)
+    check_call_bytes(index, name, _INDEX_WORK_BYTES, "index working copies")
+    slots = slots_from_index_rows(index, dims, name=name)
+    return slots, bool(warn_duplicates(slots, name))
+
+
+#: Bytes of working copies per index element of :func:`writer_slots` (int64 values, range masks,
+#: flat slots, the duplicate search's sort), for the size bound before anything is allocated.
+_INDEX_WORK_BYTES = 64
 
 
 # ---------------------------------------------------------------------- memoised static checks

@@ -3,11 +3,12 @@ receive, the Ascend 950 gate, the slot policy, the checks every writer makes, an
 checked-mode hooks around the backend call. The writers: :mod:`.kv_compress_epilog`,
 :mod:`.indexer_compress_epilog`; docs/v4.md states the policy.
 
-Slots (the one policy of the V4 writers, :func:`writer_slots`): ``-1`` skips the row (its x
-values are not read: padding rows may hold anything); any other value outside ``[0, rows)`` is
-rejected before anything is written; two rows with one slot: the last row wins, with
-:class:`~ascend_emu.errors.DuplicateSlotWarning` (an error in checked mode), as
-``npu_scatter_pa_kv_cache``.
+Slots: the one index policy of the V4 writers, :func:`._check.writer_slots` (docs/v4.md, "Index
+policy of the V4 writers"), read here as rows of x and their distinct slots (:func:`writer_slots`):
+``-1`` skips the row (its x values are not read: padding rows may hold anything); any other
+value outside ``[0, rows)`` is rejected before anything is written; two rows with one slot: the
+last row wins, with :class:`~ascend_emu.errors.DuplicateSlotWarning` (an error in checked mode),
+as ``npu_scatter_pa_kv_cache``.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import numpy as np
 
 from .. import checked_mode, soc
 from ..errors import ModeError, NonFiniteInputError, ShapeError, arg_error, describe
-from ..layouts import CacheLayout, slots_from_cache_index
+from ..layouts import CacheLayout
 from ._backend import get_backend
-from ._check import check_dtype, required, warn_duplicates, write_targets
+from ._check import check_dtype, required, write_targets, writer_slots_and_duplicates
 
 #: Bytes of working memory per x element a writer may take (fp32 copies, encoded rows).
 WORK_BYTES = 16
@@ -94,7 +95,8 @@ def check_bool(value, name: str) -> bool:
 
 
 def writer_slots(slot_mapping: np.ndarray, rows: int, name: str = "slot_mapping") -> tuple[np.ndarray, np.ndarray]:
-    """The V4 writers' slot policy: which rows of x are written where.
+    """The V4 writers' index policy (:func:`._check.writer_slots`, docs/v4.md "Index policy of the
+    V4 writers") for a flat ``slot_mapping``, as the rows of x to write and where.
 
     ``-1`` skips the row; any other value outside ``[0, rows)`` raises (before anything is
     written); a slot named twice is written by the last row naming it, with a
@@ -111,11 +113,10 @@ def writer_slots(slot_mapping: np.ndarray, rows: int, name: str = "slot_mapping"
     Raises:
         DTypeError: not an integer array. IndexRangeError: a slot out of range (naming it).
     """
-    slots = slots_from_cache_index(slot_mapping, rows, name=name)
-    warn_duplicates(slots, name)
+    slots, dups = writer_slots_and_duplicates(slot_mapping, (rows,), name=name)
     live = np.flatnonzero(slots >= 0)
     s = slots[live]
-    if s.size > 1:
+    if dups:
         _, first_from_end = np.unique(s[::-1], return_index=True)
         keep = np.sort(s.size - 1 - first_from_end)
         live, s = live[keep], s[keep]

@@ -1,0 +1,50 @@
+"""DeepSeek-V4's row scatters on the CPU: ``npu_scatter_nd_update_v2`` / ``_sk`` and
+``scatter_nd_update_asc`` (:mod:`ascend_emu.ops.scatter_nd_update`).
+
+Pure data movement in NumPy, byte-exact: one fancy-indexed assignment of whole rows into ``var``
+as passed (a strided ``var`` is written in place), both sides viewed as unsigned integers of the
+element's size, so the bytes are copied as they are (and faster than through ml_dtypes' bf16).
+Of duplicate rows only the last is written (the contract warned), so the result does not depend
+on NumPy's assignment order. Indices are validated by the contract.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops.scatter_nd_update import ScatterNdArgs, ScatterNdOutputs
+from .paged_cache import _last_writes
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """``a`` viewed as unsigned integers of its itemsize (any strides: same-size view)."""
+    return a.view(np.dtype(f"u{a.dtype.itemsize}"))
+
+
+def scatter_nd_update(args: ScatterNdArgs) -> ScatterNdOutputs:
+    """The family's backend method (:class:`ascend_emu.ops._backend.Backend`).
+
+    Args:
+        args: :class:`ascend_emu.ops.scatter_nd_update.ScatterNdArgs`.
+
+    Returns:
+        :class:`~ascend_emu.ops.scatter_nd_update.ScatterNdOutputs`: var, written in place.
+    """
+    var, k, slots = args.var, len(args.index_dims), args.slots
+    src = _bits(np.asarray(args.update)).reshape(args.update.shape[0], *var.shape[k:])  # [n, ...row]
+    if args.duplicates:
+        rows = _last_writes(slots)  # [t] the rows that write: live, the last of each slot
+    elif (slots >= 0).all():
+        rows = None  # every row writes, each its own slot
+    else:
+        rows = np.flatnonzero(slots >= 0)  # [t]
+    dst = slots if rows is None else slots[rows]  # [t] flat positions
+    if dst.size:
+        out = _bits(var)
+        d0, d1 = args.index_dims[0], args.index_dims[-1]
+        if k == 2 and (d0 == 1 or out.strides[0] == d1 * out.strides[1]):  # the two dims merge: one flat index
+            out = np.lib.stride_tricks.as_strided(out, (d0 * d1, *out.shape[2:]), out.strides[1:])
+            k = 1
+        where = (dst,) if k == 1 else np.divmod(dst, args.index_dims[1])
+        out[tuple(where)] = src if rows is None else src[rows]
+    return ScatterNdOutputs(var)
