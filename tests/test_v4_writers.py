@@ -325,6 +325,12 @@ def test_indexer_writers_through_torch(a950):
     want_c, want_s = ref.indexer_v1(np.zeros((12, 128), np.uint8), np.zeros((12, 4), np.uint8), x, SLOTS)
     np.testing.assert_array_equal(cache.view(torch.uint8).numpy(), want_c)
     np.testing.assert_array_equal(scale.numpy().view(np.uint8), want_s)
+    # quant_mode 0: E8M0 scales in a torch.float8_e8m0fnu tensor
+    mx = torch.zeros(12, 1, dtype=torch.float8_e8m0fnu)
+    torch.ops.custom.indexer_compress_epilog(cache, mx, xt, torch.from_numpy(SLOTS), quant_mode=0, round_scale=True)
+    want_c, want_s = ref.indexer_v1(np.zeros((12, 128), np.uint8), np.zeros((12, 1), np.uint8), x, SLOTS, quant_mode=0)
+    np.testing.assert_array_equal(cache.view(torch.uint8).numpy(), want_c)
+    np.testing.assert_array_equal(mx.view(torch.uint8).numpy(), want_s)
 
 
 def test_fake_kernels_write_nothing():

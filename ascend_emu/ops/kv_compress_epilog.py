@@ -8,7 +8,7 @@ written; a rejected call leaves the cache byte-identical. The indexer writers ar
 :mod:`.indexer_compress_epilog`; the shared pieces (slot policy, SoC gate) :mod:`._v4_writers`.
 docs/v4.md lists the choices below.
 
-Sources (facts):
+Sources (facts; docs/sources.md#kv_compress_epilog):
 
 - vllm-ascend ``csrc/torch_binding.cpp`` (``kv_compress_epilog``: positional ``quant_group_size,
   quant_mode, round_scale_flag, layout``; a 4-D cache's dim 2 must be 1 and is squeezed; the
