@@ -99,6 +99,28 @@ def test_flat_rows_match_reference(op):
     _same(var, ref.scatter_nd_update(before, indices, update))
 
 
+@pytest.mark.parametrize("every", [2, 7])
+def test_interleaved_padding_and_duplicates_match_reference(every):
+    """Padding rows all through the call (every 2nd row: more runs of live rows than the kernel
+    copies slice by slice; every 7th: fewer), with duplicates among the live rows."""
+    rng = np.random.default_rng(every)
+    cache = _random(rng, (16, 16, 1, 8), np.float16)
+    before = cache.copy()
+    slots = rng.choice(256, 300)  # repeats
+    idx = np.stack([slots // 16, slots % 16], axis=1).astype(np.int64)
+    idx[::every] = (-1, 15)
+    upd = _random(rng, (300, 1, 8), np.float16)
+    with pytest.warns(DuplicateSlotWarning):
+        ops.npu_scatter_nd_update_v2(cache, idx, upd)
+    _same(cache, ref.scatter_nd_update(before, idx, upd))
+    flat, kept = _random(rng, (256, 8), np.float16), idx[:, 0] * 16 + idx[:, 1]
+    flat_before = flat.copy()
+    flat_idx = np.where(idx[:, :1] < 0, -1, kept[:, None])
+    with pytest.warns(DuplicateSlotWarning):
+        ops.npu_scatter_nd_update_sk(flat, flat_idx, upd.reshape(300, 8))
+    _same(flat, ref.scatter_nd_update(flat_before, flat_idx, upd.reshape(300, 8)))
+
+
 def test_v2_dtypes_and_update_shapes_the_callers_pass():
     rng = np.random.default_rng(9)
     for dtype in (np.bool_, np.int16, np.int32, np.int64):

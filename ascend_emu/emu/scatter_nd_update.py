@@ -21,6 +21,11 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a.view(np.dtype(f"u{a.dtype.itemsize}"))
 
 
+#: Runs of consecutive written rows copied one slice at a time (no gathered copy of update);
+#: more runs than this (padding rows scattered through the call) take one gather instead.
+MAX_RUNS = 64
+
+
 def scatter_nd_update(args: ScatterNdArgs) -> ScatterNdOutputs:
     """The family's backend method (:class:`ascend_emu.ops._backend.Backend`).
 
@@ -38,13 +43,23 @@ def scatter_nd_update(args: ScatterNdArgs) -> ScatterNdOutputs:
         rows = None  # every row writes, each its own slot
     else:
         rows = np.flatnonzero(slots >= 0)  # [t]
-    dst = slots if rows is None else slots[rows]  # [t] flat positions
-    if dst.size:
-        out = _bits(var)
-        d0, d1 = args.index_dims[0], args.index_dims[-1]
-        if k == 2 and (d0 == 1 or out.strides[0] == d1 * out.strides[1]):  # the two dims merge: one flat index
-            out = np.lib.stride_tricks.as_strided(out, (d0 * d1, *out.shape[2:]), out.strides[1:])
-            k = 1
-        where = (dst,) if k == 1 else np.divmod(dst, args.index_dims[1])
-        out[tuple(where)] = src if rows is None else src[rows]
+    out = _bits(var)
+    d0, d1 = args.index_dims[0], args.index_dims[-1]
+    if k == 2 and (d0 == 1 or out.strides[0] == d1 * out.strides[1]):  # the two dims merge: one flat index
+        out = np.lib.stride_tricks.as_strided(out, (d0 * d1, *out.shape[2:]), out.strides[1:])
+        k = 1
+
+    def put(dst: np.ndarray, rows_src: np.ndarray) -> None:
+        out[(dst,) if k == 1 else np.divmod(dst, d1)] = rows_src
+
+    if rows is None:
+        put(slots, src)
+    elif rows.size:
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1  # starts of runs of consecutive rows
+        if breaks.size < MAX_RUNS:  # slices of update: no gathered copy
+            for a, b in zip(np.concatenate(([0], breaks)), np.concatenate((breaks, [rows.size])), strict=True):
+                lo, hi = int(rows[a]), int(rows[b - 1]) + 1
+                put(slots[lo:hi], src[lo:hi])
+        else:
+            put(slots[rows], src[rows])
     return ScatterNdOutputs(var)
