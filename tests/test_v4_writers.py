@@ -98,6 +98,16 @@ def test_skipped_rows_are_not_read(a950):
     np.testing.assert_array_equal(_u8(cache).reshape(4, 640), want)
 
 
+def test_nan_in_the_rope_part_is_copied(a950):
+    """The rope values are copied as bf16 bits, NaN included; only quantized values must be finite."""
+    x = _x(16, 2, 512)
+    x[0, 500] = np.nan
+    cache = _noise((2, 640), FP8["float8_e4m3fn"])
+    want = ref.kv_layout1(_u8(cache).reshape(2, 640), x, np.array([1, 0]))
+    ops.kv_compress_epilog(cache, x, np.array([1, 0], np.int32))
+    np.testing.assert_array_equal(_u8(cache).reshape(2, 640), want)
+
+
 def test_duplicate_slots_last_row_wins_with_warning(a950):
     x = _x(6, 4, 512)
     slots = np.array([3, 1, 3, -1], np.int32)
@@ -236,6 +246,8 @@ def test_rejected_indexer_calls_leave_both_tensors_untouched(a950):
         (lambda: ops.indexer_compress_epilog(cache, scale, x, SLOTS, scale=2.0), ModeError, "scale"),
         (lambda: ops.indexer_compress_epilog(cache, scale[:, :1], x, SLOTS), ShapeError, "indexer_compress_scale"),
         (lambda: ops.indexer_compress_epilog(cache, scale, x.astype(np.float32), SLOTS), DTypeError, "x"),
+        (lambda: ops.indexer_compress_epilog(cache, scale, np.where(np.arange(256) == 5, np.inf, x.astype(np.float32))
+                                             .astype(np.float16), SLOTS), NonFiniteInputError, r"x\[0, 5\]"),
         (lambda: ops.indexer_compress_epilog_v2(packed, x, bad), IndexRangeError, "slot_mapping"),
         (lambda: ops.indexer_compress_epilog_v2(packed, x, SLOTS, layout=1), ModeError, "layout"),
         (lambda: ops.indexer_compress_epilog_v2(packed.reshape(3, 4, 264), x, SLOTS), ShapeError,

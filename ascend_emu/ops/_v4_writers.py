@@ -22,10 +22,12 @@ from .. import checked_mode, soc
 from ..errors import ModeError, NonFiniteInputError, ShapeError, arg_error, describe
 from ..layouts import CacheLayout
 from ._backend import get_backend
-from ._check import check_dtype, required, write_targets, writer_slots_and_duplicates
+from ._check import check_dtype, dtype_name, required, write_targets, writer_slots_and_duplicates
 
 #: Bytes of working memory per x element a writer may take (fp32 copies, encoded rows).
 WORK_BYTES = 16
+#: The exponent field of bf16 / fp16 bits: all ones in NaN and Inf.
+_EXPONENT_MASKS = {"bfloat16": np.uint16(0x7F80), "float16": np.uint16(0x7C00)}
 
 
 @dataclass(frozen=True)
@@ -135,12 +137,18 @@ def finite_rows(x: np.ndarray, tokens: np.ndarray, cols: int) -> None:
     """NaN / Inf in the quantized columns of the rows written: rejected (quant/v4.py)."""
     if not tokens.size or not cols:
         return
-    part = x[tokens, :cols].astype(np.float32)
-    bad = ~np.isfinite(part)
+    part = x[tokens, :cols]
+    exp_mask = _EXPONENT_MASKS.get(dtype_name(part.dtype))
+    if exp_mask is not None:  # bf16 / fp16: NaN and Inf have every exponent bit set (no fp32 copy)
+        bad = (part.view(np.uint16) & exp_mask) == exp_mask
+    else:
+        bad = ~np.isfinite(part.astype(np.float32))
     if bad.any():
         i, c = (int(v) for v in np.argwhere(bad)[0])
         raise arg_error(NonFiniteInputError, "x", "finite values in the quantized columns of the rows written "
-                        "(NaN / Inf have no defined bytes: docs/v4.md)", f"{part[i, c]!r} at x[{int(tokens[i])}, {c}]")
+                        "(NaN / Inf have no defined bytes: docs/v4.md)",
+                        f"{np.float32(part[i, c])!r} at x[{int(tokens[i])}, {c}]")
+
 
 
 def row_layout(num_rows: int, row_bytes: int) -> CacheLayout:
