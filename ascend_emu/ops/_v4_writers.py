@@ -13,6 +13,7 @@ as ``npu_scatter_pa_kv_cache``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -151,6 +152,7 @@ def finite_rows(x: np.ndarray, tokens: np.ndarray, cols: int) -> None:
 
 
 
+@functools.lru_cache(maxsize=256)
 def row_layout(num_rows: int, row_bytes: int) -> CacheLayout:
     """The checked-mode slot map of a cache written ``num_rows`` rows of ``row_bytes`` bytes
     (the rows of bytes form of :class:`~ascend_emu.layouts.CacheLayout`; slot = row)."""
