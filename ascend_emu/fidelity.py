@@ -197,6 +197,16 @@ ROWS: tuple[Row, ...] = (
     _r("npu_kv_quant_sparse_attn_sharedkv (DeepSeek-V4, Ascend 950)", "out: the sink's place in the online softmax",
        "unverified", "the running max starts at the sink as the 950 kernel's source reads; differs from the A2 / A3 "
        "order in rounding only, which no test here tells apart", "-"),
+    _r("kv_compress_epilog (DeepSeek-V4, Ascend 950)", "kv_compress_cache (in place)", "exact",
+       "every byte of the cache: the rows written (layouts 1 and 2, quant_mode 1 / 2 / 3), the rest untouched",
+       "tests/reference/v4_writers.py", "tests/test_v4_writers.py::test_kv_layout1_mode2",
+       "tests/test_v4_writers.py::test_kv_layout2"),
+    _r("kv_compress_epilog layout 2 (DeepSeek-V4, Ascend 950)", "scale-part padding bytes", "unverified",
+       "the kernel copies them out of unset local memory; written as zeros here", "-"),
+    _r("indexer_compress_epilog / _v2 (DeepSeek-V4, Ascend 950)", "caches (in place)", "exact",
+       "fp8 keys, fp32 / E8M0 scales, the packed v2 offsets; the rest untouched", "tests/reference/v4_writers.py",
+       "tests/test_v4_writers.py::test_indexer_compress_epilog_mode1",
+       "tests/test_v4_writers.py::test_indexer_compress_epilog_v2"),
 )
 
 

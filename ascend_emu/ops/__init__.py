@@ -34,6 +34,8 @@ from .kv_quant_sparse_attn_sharedkv import (npu_kv_quant_sparse_attn_sharedkv,  
 from .vllm_quant_lightning_indexer import (custom_npu_quant_lightning_indexer,  # DeepSeek-V4
                                            npu_vllm_quant_lightning_indexer,
                                            npu_vllm_quant_lightning_indexer_metadata)
+from .kv_compress_epilog import kv_compress_epilog  # DeepSeek-V4 cache writers
+from .indexer_compress_epilog import indexer_compress_epilog, indexer_compress_epilog_v2
 from .scatter_nd_update import (npu_scatter_nd_update_sk, npu_scatter_nd_update_v2,  # DeepSeek-V4
                                 scatter_nd_update_asc)
 
@@ -54,6 +56,7 @@ __all__ += ["npu_rms_norm_dynamic_quant", "inplace_partial_rotary_mul", "compres
 __all__ += ["npu_hc_pre_v2", "npu_hc_pre_v3", "npu_hc_pre", "npu_hc_pre_inv_rms", "npu_hc_pre_sinkhorn",
             "npu_hc_post"]
 __all__ += ["npu_sparse_attn_sharedkv", "npu_sparse_attn_sharedkv_metadata"]
+__all__ += ["kv_compress_epilog", "indexer_compress_epilog", "indexer_compress_epilog_v2"]
 __all__ += ["npu_scatter_nd_update_v2", "npu_scatter_nd_update_sk", "scatter_nd_update_asc"]
 __all__ += ["compressor"]
 __all__ += ["npu_kv_quant_sparse_attn_sharedkv", "npu_kv_quant_sparse_attn_sharedkv_metadata"]
