@@ -104,3 +104,14 @@ def test_cli_v4_row_and_blocks(capsys, tmp_path):
     rc = main(["inspect", "blocks", "--block-table", "[[1]]", "--seq-lens", "2", "--block-size", "4",
                "--state-block-table", "[[1]]"])
     assert rc == 2 and "--v4-ratio" in capsys.readouterr().err
+
+
+def test_cli_v4_blocks_pictures(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "layer.png"
+    assert main(["inspect", "blocks", "--v4-ratio", "4", "--block-table", "[[1,2],[3,0]]", "--seq-lens", "20,5",
+                 "--block-size", "16", "--num-blocks", "4", "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "compressed cache (c4)" in out and "state cache" not in out
+    for name in ("layer_swa.png", "layer_compressed.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

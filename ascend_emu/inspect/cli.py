@@ -567,8 +567,6 @@ def cmd_blocks(ns) -> int:
 def _cmd_v4_blocks(ns) -> int:
     from .v4 import v4_blocks
 
-    if ns.png:
-        raise _usage("inspect blocks --v4-ratio: --png draws one block table; leave it out (text or --json)")
     if ns.block_size is None:
         ns.block_size = 128
     layer = _v4_layer(ns)
@@ -576,6 +574,14 @@ def _cmd_v4_blocks(ns) -> int:
                     cmp_block_table=_int_array(ns.cmp_block_table, "--cmp-block-table") if ns.cmp_block_table else None,
                     state_block_table=_int_array(ns.state_block_table, "--state-block-table")
                     if ns.state_block_table else None)
+    pictures = []
+    if ns.png:
+        from .plot import plot_blocks
+
+        stem, ext = os.path.splitext(ns.png)
+        for name, m in (("swa", res.swa), ("compressed", res.compressed)):
+            if m is not None:
+                pictures.append(plot_blocks(m, f"{stem}_{name}{ext or '.png'}"))
     if ns.json:
         _print_json(res.to_dict())
         return 0
@@ -600,6 +606,8 @@ def _cmd_v4_blocks(ns) -> int:
         print_table(con, f"state cache: {layer.state_block_size} positions per block, {layer.state_num_blocks} "
                     f"block(s); kv state then score state, {2 * layer.coff} x D wide",
                     [Col("seq"), Col("table column", wrap=True), Col("positions"), Col("rows", wrap=True)], rows)
+    for path in pictures:
+        con.print(f"picture: {path}")
     return 0
 
 
@@ -785,7 +793,8 @@ def add_inspect_parser(sub) -> None:
     p.add_argument("--block-size", type=int, help="rows per block (--v4-ratio: SWA tokens per block, default 128)")
     p.add_argument("--num-blocks", type=int, help="blocks in the cache (default: largest entry + 1)")
     _add_v4_layer(p)
-    p.add_argument("--png", metavar="PATH", help="write a picture")
+    p.add_argument("--png", metavar="PATH", help="write a picture (--v4-ratio: PATH_swa.png and "
+                                                 "PATH_compressed.png, one per cache)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_guard(cmd_blocks, "inspect blocks"))
 
