@@ -32,6 +32,7 @@ from .vllm_quant_lightning_indexer import (npu_vllm_quant_lightning_indexer,  # 
                                            npu_vllm_quant_lightning_indexer_metadata)
 from .scatter_nd_update import (npu_scatter_nd_update_sk, npu_scatter_nd_update_v2,  # DeepSeek-V4
                                 scatter_nd_update_asc)
+from .v4_writers import indexer_compress_epilog, indexer_compress_epilog_v2, kv_compress_epilog  # DeepSeek-V4
 
 __all__ = ["backend", "backend_name", "get_backend", "set_backend", "get_npu_format", "npu_format_cast"]
 __all__ += ["npu_kv_rmsnorm_rope_cache"]
@@ -52,6 +53,7 @@ __all__ += ["npu_hc_pre_v2", "npu_hc_pre_v3", "npu_hc_pre", "npu_hc_pre_inv_rms"
 __all__ += ["npu_sparse_attn_sharedkv", "npu_sparse_attn_sharedkv_metadata"]
 __all__ += ["npu_vllm_quant_lightning_indexer", "npu_vllm_quant_lightning_indexer_metadata"]
 __all__ += ["npu_scatter_nd_update_v2", "npu_scatter_nd_update_sk", "scatter_nd_update_asc"]
+__all__ += ["kv_compress_epilog", "indexer_compress_epilog", "indexer_compress_epilog_v2"]
 
 
 def __getattr__(name: str):

@@ -541,7 +541,15 @@ def vllm_quant_lightning_indexer_metadata(*_, actual_seq_lengths_query=None, act
 
 #: Fakes of the framework-namespace ops that have no torch_npu counterpart, by their
 #: :mod:`ascend_emu.ops` function (:func:`._registry.namespace_fake`).
+# ------------------------------------------------ DeepSeek-V4 cache writers (ops.v4_writers): in place, no outputs
+def v4_writer(*_, **__):
+    return None
+
+
 NAMESPACE_FAKES = {
+    "kv_compress_epilog": v4_writer,
+    "indexer_compress_epilog": v4_writer,
+    "indexer_compress_epilog_v2": v4_writer,
     "npu_rms_norm_dynamic_quant": rms_norm_dynamic_quant,
     "inplace_partial_rotary_mul": inplace_partial_rotary_mul,
     "compressor_metadata": compressor_metadata,
