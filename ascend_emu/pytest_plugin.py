@@ -434,7 +434,8 @@ def make_v4_caches(soc: str, ratio: int, seq_lens: Sequence[int], *, block_size:
     def write_latent(name: str, rows: torch.Tensor, slots: torch.Tensor, bs: int) -> None:
         x = to_numpy(rows.contiguous(), name)
         if soc == "950":
-            ops.kv_compress_epilog(arrays[name], x, slots.cpu().numpy().astype(np.int64))
+            ops.kv_compress_epilog(arrays[name].reshape(-1, 1, arrays[name].shape[-1]), x,  # layout 1: [N, 1, 640] rows
+                                   slots.cpu().numpy().astype(np.int32))
         else:
             ops.npu_scatter_nd_update_v2(arrays[name], pairs(slots, bs), x)
 
@@ -444,7 +445,7 @@ def make_v4_caches(soc: str, ratio: int, seq_lens: Sequence[int], *, block_size:
         if ratio == 4:
             k = to_numpy(idx_t.contiguous(), "indexer_k")
             if soc == "950":
-                ops.indexer_compress_epilog_v2(arrays["indexer_packed"], k, cbt.slot_mapping.cpu().numpy().astype(np.int64),
+                ops.indexer_compress_epilog_v2(arrays["indexer_packed"], k, cbt.slot_mapping.cpu().numpy().astype(np.int32),
                                                layout=2)
             else:
                 q, scale = ops.npu_dynamic_quant(k)
@@ -464,7 +465,7 @@ def make_v4_caches(soc: str, ratio: int, seq_lens: Sequence[int], *, block_size:
 
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-                 "uint8": torch.uint8, "int8": torch.int8}
+                 "uint8": torch.uint8, "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}
 
 
 # --------------------------------------------------------------------------------------- fixtures

@@ -41,7 +41,7 @@ def write_tokens(positions):
     kv = rng.standard_normal((len(positions), 512)).astype(bf16)
     slots = swa_table[np.asarray(positions) // 16] * 16 + np.asarray(positions) % 16
     if args.soc == "950":
-        ops.kv_compress_epilog(caches["swa"], kv, slots)  # 640-byte fp8 rows
+        ops.kv_compress_epilog(caches["swa"].reshape(-1, 1, 640), kv, slots.astype(np.int32))  # layout 1: 640-byte fp8 rows
     else:
         ops.npu_scatter_nd_update_v2(caches["swa"], np.stack([slots // 16, slots % 16], 1), kv)
 
@@ -53,8 +53,8 @@ def write_groups(rows):
     slots = cmp_table[np.asarray(rows) // 16] * 16 + np.asarray(rows) % 16
     pairs = np.stack([slots // 16, slots % 16], 1)
     if args.soc == "950":
-        ops.kv_compress_epilog(caches["compressed"], cmp_kv, slots)
-        ops.indexer_compress_epilog_v2(caches["indexer_packed"], key, slots, layout=2)
+        ops.kv_compress_epilog(caches["compressed"].reshape(-1, 1, 640), cmp_kv, slots.astype(np.int32))
+        ops.indexer_compress_epilog_v2(caches["indexer_packed"], key, slots.astype(np.int32), layout=2)
     else:
         ops.npu_scatter_nd_update_v2(caches["compressed"], pairs, cmp_kv)
         q, scale = ops.npu_dynamic_quant(key)                      # per-token int8, as vllm-ascend does

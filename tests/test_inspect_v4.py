@@ -47,6 +47,8 @@ def test_v4_row_reports_dirty_padding_and_rejects_other_widths():
     cache = np.zeros((2, 4, 1, 640), np.uint8)
     cache.reshape(-1, 640)[6] = row
     assert inspect.v4_cache_row(cache, 6).pad == row[583:].tolist()
+    fp8 = cache.view(ml_dtypes.float8_e4m3fn)  # the dtype the 950 caches have
+    assert inspect.v4_cache_row(fp8, 6).scale_bytes == row[576:583].tolist()
     with pytest.raises(IndexRangeError, match="slot"):
         inspect.v4_cache_row(cache, 8)
 
@@ -115,3 +117,21 @@ def test_cli_v4_blocks_pictures(capsys, tmp_path):
     assert "compressed cache (c4)" in out and "state cache" not in out
     for name in ("layer_swa.png", "layer_compressed.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_worked_example_on_the_950(tmp_path):
+    """examples/deepseek_v4_caches.py with its 950 caches: the decode token's row decodes with zero padding."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    env.pop("ASCEND_EMU_SOC_NAME", None)
+    proc = subprocess.run([sys.executable, "-m", "ascend_emu", "run", str(root / "examples" / "deepseek_v4_caches.py"),
+                           "--soc", "950"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "float8_e4m3fn" in proc.stdout and "padding all zero: True" in proc.stdout
+    assert "SWA block 2 row 11 (slot 43)" in proc.stdout and "compressed row 2 at slot 18" in proc.stdout

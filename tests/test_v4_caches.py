@@ -29,7 +29,7 @@ def test_shapes_a2a3_csa():
 def test_shapes_950_hca_and_csa():
     hca = V4LayerCaches("950", 128, block_size=16, num_blocks=2).caches()
     assert {k: (c.shape, c.dtype) for k, c in hca.items()} == {
-        "swa": ((2, 16, 1, 640), "uint8"), "compressed": ((2, 16, 1, 640), "uint8"),
+        "swa": ((2, 16, 1, 640), "float8_e4m3fn"), "compressed": ((2, 16, 1, 640), "float8_e4m3fn"),
         "state": ((2, 16, 1, 1024), "float32")}
     csa = V4LayerCaches("950", 4, block_size=128, num_blocks=2).caches()
     assert csa["indexer_packed"].shape == (2, 128, 1, 132)

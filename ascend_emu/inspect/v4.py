@@ -59,7 +59,7 @@ def v4_row(row) -> V4Row:
     """Decode one 640-byte V4 cache row: rope, fp8 values with their E8M0 scales, padding.
 
     Args:
-        row: 640 bytes (uint8 or float8_e4m3fn, any shape holding 640 elements).
+        row: 640 bytes (float8_e4m3fn, uint8 or another one-byte type; any shape holding 640 elements).
 
     Returns:
         A :class:`V4Row`.
@@ -70,7 +70,7 @@ def v4_row(row) -> V4Row:
     arr = np.asarray(row)
     if arr.size != V4_FP8_ROW_BYTES or arr.dtype.itemsize != 1:
         raise arg_error(ShapeError, "row", f"{V4_FP8_ROW_BYTES} one-byte elements (one V4 fp8 row)", describe(arr))
-    raw = np.ascontiguousarray(arr).reshape(1, V4_FP8_ROW_BYTES).view(np.uint8)
+    raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).reshape(1, V4_FP8_ROW_BYTES)
     rope, values, scales, pad = qv4.split_kv_rows(raw, V4_HEAD_DIM, quant_mode=2)
     decoded = qv4.decode_kv_rows(raw, V4_HEAD_DIM, quant_mode=2)  # [1, 512]
     q = V4_HEAD_DIM - qv4.KV_ROPE_DIM
@@ -87,7 +87,8 @@ def v4_row(row) -> V4Row:
 
 
 def v4_cache_row(cache, slot: int) -> V4Row:
-    """Decode the row at flat ``slot`` of a 950 SWA or compressed cache ``[nb, bs, 1, 640]``.
+    """Decode the row at flat ``slot`` of a 950 SWA or compressed cache ``[nb, bs, 1, 640]``
+    (float8_e4m3fn, or its bytes as uint8).
 
     Raises:
         ShapeError: a cache whose rows are not 640 bytes. IndexRangeError: ``slot`` outside the cache.
@@ -95,7 +96,7 @@ def v4_cache_row(cache, slot: int) -> V4Row:
     arr = np.asarray(cache)
     if arr.dtype.itemsize != 1 or arr.ndim < 1 or arr.shape[-1] != V4_FP8_ROW_BYTES:
         raise arg_error(ShapeError, "cache", f"a one-byte cache of {V4_FP8_ROW_BYTES}-byte rows", describe(arr))
-    rows = arr.reshape(-1, V4_FP8_ROW_BYTES)
+    rows = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).reshape(-1, V4_FP8_ROW_BYTES)
     if not 0 <= int(slot) < rows.shape[0]:
         raise arg_error(IndexRangeError, "slot", f"a slot in [0, {rows.shape[0]})", slot)
     return v4_row(rows[int(slot)])

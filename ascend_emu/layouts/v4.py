@@ -9,7 +9,7 @@ the compressor state blocks 8 for c4 and 32 for c128 on A2 / A3, 8 and 16 on the
 holds ``block_size`` compressed rows, ``block_size * ratio`` original tokens),
 ``csrc/attention/compressor/README.md`` (state block table ``[B, ceil(Smax / state_bs)]`` indexed
 by token position; an entry 0 means "do not update"), and for the Ascend 950
-``kv_compress_epilog`` (640-byte fp8 rows, uint8 cache) and ``indexer_compress_epilog_v2`` (one
+``kv_compress_epilog`` (640-byte fp8 rows, float8_e4m3fn cache) and ``indexer_compress_epilog_v2`` (one
 packed uint8 cache ``[blocks, bs, 1, 132]``: per block all fp8 key rows, then all fp32 scales).
 
 Every cache is a one-head paged ``PA_BSND`` cache ``[num_blocks, block_size, 1, W]`` and so a
@@ -39,7 +39,7 @@ from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_err
 from .paged import CacheLayout
 
 #: The two V4 cache families: Atlas A2 / A3 (bf16 caches, int8 indexer keys with fp16 scales)
-#: and the Ascend 950 (640-byte fp8 rows, one packed uint8 indexer cache).
+#: and the Ascend 950 (640-byte fp8 rows in float8_e4m3fn caches, one packed uint8 indexer cache).
 V4_SOCS = ("a2a3", "950")
 #: Latent width D of the shared K/V (448 nope + 64 rope).
 V4_HEAD_DIM = 512
@@ -108,9 +108,10 @@ class V4Cache:
         name: one of :data:`V4_CACHE_NAMES`.
         soc: ``"a2a3"`` or ``"950"``.
         layout: the geometry; ``layout.ratio`` original tokens per row (1 for SWA and state rows).
-        dtype: NumPy dtype name of the cache tensor (``"bfloat16"``, ``"uint8"``, ``"int8"``,
-            ``"float16"``, ``"float32"``); the 950's fp8 caches are ``uint8`` as the writers take them
-            (a ``float8_e4m3fn`` view of the same bytes is accepted by :meth:`check`).
+        dtype: NumPy dtype name of the cache tensor (``"bfloat16"``, ``"float8_e4m3fn"``, ``"uint8"``,
+            ``"int8"``, ``"float16"``, ``"float32"``): the 950's SWA / compressed caches are
+            float8_e4m3fn (a uint8 view of the same bytes is accepted by :meth:`check`), its packed
+            indexer cache uint8.
         fields: ``(name, first, stop)`` element ranges of a row: the state's ``kv_state`` and
             ``score_state`` halves; empty where the row's meaning is the codec's.
     """
@@ -143,11 +144,11 @@ class V4Cache:
         return self.layout.num_blocks
 
     def np_dtype(self) -> np.dtype:
-        """The cache's NumPy dtype (bfloat16 through ml_dtypes)."""
-        if self.dtype == "bfloat16":
+        """The cache's NumPy dtype (bfloat16 and float8_e4m3fn through ml_dtypes)."""
+        if self.dtype in ("bfloat16", "float8_e4m3fn"):
             import ml_dtypes
 
-            return np.dtype(ml_dtypes.bfloat16)
+            return np.dtype(getattr(ml_dtypes, self.dtype))
         return np.dtype(self.dtype)
 
     def new(self) -> np.ndarray:
@@ -162,8 +163,8 @@ class V4Cache:
             name: the argument name for errors (default :attr:`name`).
 
         Raises:
-            DTypeError: another element type (``uint8`` and ``float8_e4m3fn`` are both accepted for
-                the 950's fp8 caches, ``int8`` and ``uint8`` for the A2 / A3 indexer keys).
+            DTypeError: another element type (any one-byte type for a one-byte cache: the 950's
+                fp8 caches are often handled as uint8 views, and the reverse).
             ShapeError: another shape.
         """
         name = name or self.name
@@ -187,22 +188,23 @@ class V4Cache:
 
 def _cache(name: str, soc: str, num_blocks: int, block_size: int, width: int, dtype: str, ratio: int = 1,
            fields: tuple = ()) -> V4Cache:
-    itemsize = {"bfloat16": 2, "float16": 2, "float32": 4, "uint8": 1, "int8": 1}[dtype]
+    itemsize = {"bfloat16": 2, "float16": 2, "float32": 4, "uint8": 1, "int8": 1, "float8_e4m3fn": 1}[dtype]
     lay = CacheLayout(mode="PA_BSND", num_blocks=num_blocks, block_size=block_size, dim=width, itemsize=itemsize,
                       ratio=ratio)
     return V4Cache(name=name, soc=soc, layout=lay, dtype=dtype, fields=tuple(fields))
 
 
 def latent_cache(name: str, soc: str, num_blocks: int, block_size: int, ratio: int = 1) -> V4Cache:
-    """A SWA (``ratio`` 1) or compressed latent cache: bf16 ``[nb, bs, 1, 512]`` on A2 / A3, uint8
-    ``[nb, bs, 1, 640]`` on the 950.
+    """A SWA (``ratio`` 1) or compressed latent cache: bf16 ``[nb, bs, 1, 512]`` on A2 / A3,
+    float8_e4m3fn ``[nb, bs, 1, 640]`` on the 950 (the dtype vllm-ascend allocates and
+    ``kv_compress_epilog`` takes; each row's bytes are the 640-byte row).
 
     Raises:
         ModeError: unknown ``soc``. ShapeError: sizes below 1 (``num_blocks`` may be 0).
     """
     soc = check_soc(soc)
     if soc == "950":
-        return _cache(name, soc, num_blocks, block_size, V4_FP8_ROW_BYTES, "uint8", ratio)
+        return _cache(name, soc, num_blocks, block_size, V4_FP8_ROW_BYTES, "float8_e4m3fn", ratio)
     return _cache(name, soc, num_blocks, block_size, V4_HEAD_DIM, "bfloat16", ratio)
 
 
