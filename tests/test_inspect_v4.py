@@ -98,6 +98,9 @@ def test_cli_v4_row_and_blocks(capsys, tmp_path):
     assert got["scale_bytes"] == row[576:583].tolist() and got["pad_zero"] is True
     assert main(["inspect", "v4-row", str(tmp_path / "swa.npy"), "--slot", "5"]) == 0
     assert "E8M0" in capsys.readouterr().out
+    inspect.save_cache(tmp_path / "swa", inspect.Cache.from_array(cache.view(ml_dtypes.float8_e4m3fn), "PA_BSND"))
+    assert main(["inspect", "v4-row", str(tmp_path / "swa.npz"), "--slot", "5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["scale_bytes"] == row[576:583].tolist()
     assert main(["inspect", "blocks", "--v4-ratio", "128", "--soc", "950", "--block-table", "[[1,2]]",
                  "--seq-lens", "20", "--block-size", "16", "--state-block-table", "[[0,2]]", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)

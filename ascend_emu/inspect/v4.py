@@ -88,14 +88,15 @@ def v4_row(row) -> V4Row:
 
 def v4_cache_row(cache, slot: int) -> V4Row:
     """Decode the row at flat ``slot`` of a 950 SWA or compressed cache ``[nb, bs, 1, 640]``
-    (float8_e4m3fn, or its bytes as uint8).
+    (float8_e4m3fn, or its bytes as uint8, or those bytes flat as a cache file holds them).
 
     Raises:
         ShapeError: a cache whose rows are not 640 bytes. IndexRangeError: ``slot`` outside the cache.
     """
     arr = np.asarray(cache)
-    if arr.dtype.itemsize != 1 or arr.ndim < 1 or arr.shape[-1] != V4_FP8_ROW_BYTES:
-        raise arg_error(ShapeError, "cache", f"a one-byte cache of {V4_FP8_ROW_BYTES}-byte rows", describe(arr))
+    if arr.dtype.itemsize != 1 or arr.size % V4_FP8_ROW_BYTES or (arr.ndim > 1 and arr.shape[-1] != V4_FP8_ROW_BYTES):
+        raise arg_error(ShapeError, "cache", f"a one-byte cache of {V4_FP8_ROW_BYTES}-byte rows ([nb, bs, 1, "
+                        f"{V4_FP8_ROW_BYTES}], or its bytes flat)", describe(arr))
     rows = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).reshape(-1, V4_FP8_ROW_BYTES)
     if not 0 <= int(slot) < rows.shape[0]:
         raise arg_error(IndexRangeError, "slot", f"a slot in [0, {rows.shape[0]})", slot)
