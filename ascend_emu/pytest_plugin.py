@@ -46,7 +46,7 @@ import pytest
 from . import torch_npu as _drop_in
 from .layouts import CacheLayout, V4LayerCaches, slots_from_block_table
 from .mla import D_ROPE, HCKV
-from .torch_npu._convert import to_numpy
+from .torch_npu._convert import to_numpy, to_torch
 from .tracebacks import full_traceback_wanted, hidden_frames_hint, is_emulator_file
 
 _drop_in.install()
@@ -327,7 +327,7 @@ class V4Caches(NamedTuple):
 def _rows_or_random(given, shape: tuple[int, ...], dtype: torch.dtype, name: str, generator) -> torch.Tensor:
     if given is None:
         return torch.randn(shape, generator=generator).to(dtype)
-    t = given.detach().cpu() if isinstance(given, torch.Tensor) else torch.as_tensor(np.asarray(given))
+    t = given.detach().cpu() if isinstance(given, torch.Tensor) else to_torch(np.array(given))  # bf16 via ml_dtypes
     if tuple(t.shape) != shape:
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
     return t.to(dtype).contiguous()
@@ -368,7 +368,8 @@ def make_v4_caches(soc: str, ratio: int, seq_lens: Sequence[int], *, block_size:
         seq_lens: tokens each request holds, each >= 0.
         block_size: SWA tokens per block (vllm-ascend: 128 or 16).
         cmp_block_size: compressed rows per block (default ``block_size``).
-        kv: ``[sum(seq_lens), 512]`` tokens (default: normal draws), written as bf16.
+        kv: ``[sum(seq_lens), 512]`` tokens, a torch tensor or NumPy array (default: normal draws),
+            written as bf16.
         cmp_kv: ``[sum(seq_lens // ratio), 512]`` compressed rows (default: normal draws).
         indexer_k: ``[sum(seq_lens // 4), 128]`` indexer keys (CSA; default: normal draws).
         state, indexer_state: fp32 state rows of the live positions (default: normal draws).

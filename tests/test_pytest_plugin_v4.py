@@ -93,6 +93,9 @@ def test_swa_only_layer_and_given_tokens(v4_caches):
     assert list(r.caches) == ["swa"] and r.cmp_kv is None and r.state is None
     slots = r.block_table.slot_mapping.cpu()
     assert torch.equal(r.caches["swa"].cpu().reshape(-1, 512)[slots], kv.to(torch.bfloat16))
+    given = ml_dtypes.bfloat16(1.5) * np.ones((3, 512), ml_dtypes.bfloat16)  # NumPy rows work too
+    r2 = v4_caches("a2a3", 1, [3], kv=given)
+    assert (r2.caches["swa"].cpu().float().reshape(-1, 512)[r2.block_table.slot_mapping.cpu()] == 1.5).all()
     with pytest.raises(ValueError, match="kv"):
         v4_caches("a2a3", 1, [3], kv=torch.zeros(2, 512))
 '''
