@@ -36,11 +36,10 @@ import numpy as np
 
 from . import checked_mode
 from .errors import InputContractError, InputContractWarning
+from .layouts.v4 import STATE_SKIP_BLOCK  # the block id a V4 state table reads as "do not update"
 
 #: The pad value of slot mappings (vllm-ascend's PAD_SLOT_ID; the ops skip it).
 PAD_SLOT = -1
-#: The block id a V4 state table reads as "do not update" (reserved).
-STATE_SKIP_BLOCK = 0
 #: Violations listed in one report before "+N more".
 SHOWN = 3
 #: The rules, by name: what each requires.

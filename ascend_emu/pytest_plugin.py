@@ -28,6 +28,8 @@ Fixtures (factories: functions taking sizes; every random value comes from :func
 - :func:`paged_cache`: a paged KV cache in a cache mode (``PA_BSND``, ``PA_NZ``, ...) holding
   given logical rows; :func:`cache_rows` reads one back whatever its mode.
 - :func:`mla_caches`: the MLA pair (c_kv 512, k_rope 64) of one layer.
+- :func:`v4_caches`: the caches of one DeepSeek-V4 layer (SWA, compressed, state, indexer; A2 / A3
+  or Ascend 950), filled by the emulated writers from given tokens (:func:`make_v4_caches`).
 - :func:`nz_weight`: a random weight cast to FRACTAL_NZ with ``npu_format_cast``.
 - :func:`block_permutation`: re-run a step with every paged cache's physical blocks permuted and
   fail at the first output that changed (:mod:`ascend_emu.block_permutation`).
@@ -42,9 +44,9 @@ import numpy as np
 import pytest
 
 from . import torch_npu as _drop_in
-from .layouts import CacheLayout, slots_from_block_table
+from .layouts import CacheLayout, V4LayerCaches, slots_from_block_table
 from .mla import D_ROPE, HCKV
-from .torch_npu._convert import to_numpy
+from .torch_npu._convert import to_numpy, to_torch
 from .tracebacks import full_traceback_wanted, hidden_frames_hint, is_emulator_file
 
 _drop_in.install()
@@ -285,6 +287,188 @@ def make_nz_weight(shape: Sequence[int], *, dtype: torch.dtype = torch.bfloat16,
     return _drop_in.npu_format_cast(w.npu(), ACL_FORMAT_FRACTAL_NZ)
 
 
+class V4Caches(NamedTuple):
+    """The caches of one DeepSeek-V4 layer and how they were filled (:func:`make_v4_caches`).
+
+    Attributes:
+        layer: the geometry (:class:`ascend_emu.layouts.V4LayerCaches`).
+        caches: name -> cache tensor on the NPU (``swa``; ``compressed``, ``state``; CSA also
+            ``indexer_key`` + ``indexer_scale`` (A2 / A3) or ``indexer_packed`` (950), ``indexer_state``).
+        block_table: the SWA :class:`BlockTable` (its ``slot_mapping`` is where ``kv`` went).
+        cmp_block_table: the compressed-cache :class:`BlockTable` over each request's completed rows
+            (``seq_len // ratio``; its ``slot_mapping`` is where ``cmp_kv`` and ``indexer_k`` went);
+            None in a SWA-only layer. The indexer caches share it.
+        state_block_table: int32 ``[B, ceil(max(seq_lens) / state_bs)]`` on the NPU, indexed by
+            position; 0 (block 0 is reserved: "do not update") except the columns holding live
+            state (below); the indexer state shares it. None in a SWA-only layer.
+        kv: bf16 ``[T, 512]`` host tensor, every request's tokens in order (what the SWA holds).
+        cmp_kv: bf16 ``[n, 512]`` host tensor, the compressed rows, requests in order (None: SWA layer).
+        indexer_k: bf16 ``[n, 128]`` host tensor, the indexer keys of those rows (CSA only).
+        state_positions: int64 ``[m, 2]`` host tensor of ``(request, position)``: the positions
+            whose state rows were written (each request's unfinished group, and with ``coff`` 2 the
+            group before it).
+        state: fp32 ``[m, 2 * coff * 512]`` host tensor, those rows (kv state then score state).
+        indexer_state: fp32 ``[m, 2 * 2 * 128]`` host tensor (CSA only), the indexer state rows.
+    """
+
+    layer: V4LayerCaches
+    caches: dict
+    block_table: BlockTable
+    cmp_block_table: BlockTable | None
+    state_block_table: torch.Tensor | None
+    kv: torch.Tensor
+    cmp_kv: torch.Tensor | None
+    indexer_k: torch.Tensor | None
+    state_positions: torch.Tensor | None
+    state: torch.Tensor | None
+    indexer_state: torch.Tensor | None
+
+
+def _rows_or_random(given, shape: tuple[int, ...], dtype: torch.dtype, name: str, generator) -> torch.Tensor:
+    if given is None:
+        return torch.randn(shape, generator=generator).to(dtype)
+    t = given.detach().cpu() if isinstance(given, torch.Tensor) else to_torch(np.array(given))  # bf16 via ml_dtypes
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
+    return t.to(dtype).contiguous()
+
+
+def _live_state(seq_lens: Sequence[int], ratio: int, coff: int) -> list[tuple[int, int]]:
+    """Per request, the positions ``[lo, hi)`` whose state the compressor still needs: the
+    unfinished group, and with ``coff`` 2 the complete group before it."""
+    out = []
+    for n in seq_lens:
+        done = (n // ratio) * ratio
+        lo = max(0, done - ratio) if coff == 2 else done
+        out.append((lo, n))
+    return out
+
+
+def make_v4_caches(soc: str, ratio: int, seq_lens: Sequence[int], *, block_size: int = 16,
+                   cmp_block_size: int | None = None, kv=None, cmp_kv=None, indexer_k=None, state=None,
+                   indexer_state=None, generator: torch.Generator | None = None) -> V4Caches:
+    """The caches of one DeepSeek-V4 layer holding ``seq_lens`` tokens per request, written by the
+    emulated writers as vllm-ascend writes them (docs/pytest_plugin.md, "DeepSeek-V4 caches").
+
+    - SWA and compressed caches: A2 / A3 ``npu_scatter_nd_update_v2`` with ``[n, 2]`` (block,
+      offset) rows; Ascend 950 ``kv_compress_epilog`` (layout 1, quant_mode 2) with flat slots.
+    - Indexer (CSA): A2 / A3 ``npu_dynamic_quant`` of the keys (per-token int8), then two
+      ``npu_scatter_nd_update_v2`` (int8 keys, scales as fp16); 950 ``indexer_compress_epilog_v2``
+      (layout 2) into the packed cache.
+    - State rows: ``npu_scatter_nd_update_v2`` of the fp32 rows at each request's live positions
+      (the rows ``compressor`` resumes from).
+
+    Blocks are drawn shuffled from ``generator`` (:func:`make_block_table`); block 0 of the state
+    caches is never handed out (it means "do not update").
+
+    Args:
+        soc: ``"a2a3"`` or ``"950"`` (the 950 writers need the emulated SoC to be an Ascend 950:
+            the :func:`v4_caches` fixture sets it).
+        ratio: 1 (SWA-only layer), 4 (CSA) or 128 (HCA).
+        seq_lens: tokens each request holds, each >= 0.
+        block_size: SWA tokens per block (vllm-ascend: 128 or 16).
+        cmp_block_size: compressed rows per block (default ``block_size``).
+        kv: ``[sum(seq_lens), 512]`` tokens, a torch tensor or NumPy array (default: normal draws),
+            written as bf16.
+        cmp_kv: ``[sum(seq_lens // ratio), 512]`` compressed rows (default: normal draws).
+        indexer_k: ``[sum(seq_lens // 4), 128]`` indexer keys (CSA; default: normal draws).
+        state, indexer_state: fp32 state rows of the live positions (default: normal draws).
+        generator: for the draws and the block order.
+
+    Returns:
+        :class:`V4Caches`.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, a negative length.
+        ascend_emu.errors.ModeError: unknown ``soc`` / ``ratio``; a 950 writer on another SoC.
+    """
+    from . import ops
+    from .layouts import V4_COFF, V4_HEAD_DIM, V4_INDEXER_DIM, state_block_size
+
+    lens = [int(n) for n in seq_lens]
+    probe = V4LayerCaches(soc, ratio, block_size=block_size, num_blocks=1)  # checks soc / ratio first
+    bt = make_block_table(lens, block_size, num_blocks=max(sum(-(-n // block_size) for n in lens), 1),
+                          generator=generator)
+    total = sum(lens)
+    kv_t = _rows_or_random(kv, (total, V4_HEAD_DIM), torch.bfloat16, "kv", generator)
+    cbt = st_table = cmp_t = idx_t = st_pos = st_rows = ist_rows = None
+    cmp_nb = state_nb = 1
+    cbs = block_size if cmp_block_size is None else int(cmp_block_size)
+    if ratio > 1:
+        cmp_lens = [n // ratio for n in lens]
+        cbt = make_block_table(cmp_lens, cbs, num_blocks=max(sum(-(-n // cbs) for n in cmp_lens), 1),
+                               generator=generator)
+        cmp_nb = cbt.num_blocks
+        n_cmp = sum(cmp_lens)
+        cmp_t = _rows_or_random(cmp_kv, (n_cmp, V4_HEAD_DIM), torch.bfloat16, "cmp_kv", generator)
+        if ratio == 4:
+            idx_t = _rows_or_random(indexer_k, (n_cmp, V4_INDEXER_DIM), torch.bfloat16, "indexer_k", generator)
+        sbs, coff = state_block_size(soc, ratio), V4_COFF[ratio]
+        live = _live_state(lens, ratio, coff)
+        cols = [list(range(lo // sbs, -(-hi // sbs))) if hi > lo else [] for lo, hi in live]
+        need = sum(len(c) for c in cols)
+        order = (torch.randperm(need, generator=generator) + 1).tolist()  # blocks 1..need; 0 reserved
+        width = max((-(-n // sbs) for n in lens), default=0) or 1
+        table = torch.zeros(len(lens), width, dtype=torch.int32)
+        for b, cs in enumerate(cols):
+            for c in cs:
+                table[b, c] = order.pop()
+        state_nb = need + 1
+        st_table = table
+        st_pos = torch.tensor([(b, p) for b, (lo, hi) in enumerate(live) for p in range(lo, hi)],
+                              dtype=torch.int64).reshape(-1, 2)
+        m = st_pos.shape[0]
+        st_rows = _rows_or_random(state, (m, 2 * coff * V4_HEAD_DIM), torch.float32, "state", generator)
+        if ratio == 4:
+            ist_rows = _rows_or_random(indexer_state, (m, 2 * 2 * V4_INDEXER_DIM), torch.float32, "indexer_state",
+                                       generator)
+    layer = V4LayerCaches(probe.soc, ratio, block_size=block_size, num_blocks=bt.num_blocks, cmp_block_size=cbs,
+                          cmp_num_blocks=cmp_nb, state_num_blocks=state_nb)
+    specs = layer.caches()
+    tensors = {k: torch.zeros(c.shape, dtype=_TORCH_DTYPES[c.dtype]) for k, c in specs.items()}
+    arrays = {k: to_numpy(t, k) for k, t in tensors.items()}  # views: the writers fill the tensors
+
+    def pairs(slots: torch.Tensor, bs: int) -> np.ndarray:
+        s = slots.cpu().numpy().astype(np.int64)
+        return np.stack([s // bs, s % bs], axis=1) if s.size else np.zeros((0, 2), np.int64)
+
+    def write_latent(name: str, rows: torch.Tensor, slots: torch.Tensor, bs: int) -> None:
+        x = to_numpy(rows.contiguous(), name)
+        if soc == "950":
+            ops.kv_compress_epilog(arrays[name].reshape(-1, 1, arrays[name].shape[-1]), x,  # layout 1: [N, 1, 640] rows
+                                   slots.cpu().numpy().astype(np.int32))
+        else:
+            ops.npu_scatter_nd_update_v2(arrays[name], pairs(slots, bs), x)
+
+    write_latent("swa", kv_t, bt.slot_mapping, block_size)
+    if ratio > 1:
+        write_latent("compressed", cmp_t, cbt.slot_mapping, cbs)
+        if ratio == 4:
+            k = to_numpy(idx_t.contiguous(), "indexer_k")
+            if soc == "950":
+                ops.indexer_compress_epilog_v2(arrays["indexer_packed"], k, cbt.slot_mapping.cpu().numpy().astype(np.int32),
+                                               layout=2)
+            else:
+                q, scale = ops.npu_dynamic_quant(k)
+                idx = pairs(cbt.slot_mapping, cbs)
+                ops.npu_scatter_nd_update_v2(arrays["indexer_key"], idx, np.ascontiguousarray(q))
+                ops.npu_scatter_nd_update_v2(arrays["indexer_scale"], idx,
+                                             np.asarray(scale, np.float32).astype(np.float16).reshape(-1, 1))
+        sbs = layer.state_block_size
+        pos = st_pos.numpy()
+        blk = st_table.numpy()[pos[:, 0], pos[:, 1] // sbs].astype(np.int64) if pos.size else np.zeros(0, np.int64)
+        idx = np.stack([blk, pos[:, 1] % sbs], axis=1) if pos.size else np.zeros((0, 2), np.int64)
+        ops.npu_scatter_nd_update_v2(arrays["state"], idx, to_numpy(st_rows, "state"))
+        if ratio == 4:
+            ops.npu_scatter_nd_update_v2(arrays["indexer_state"], idx, to_numpy(ist_rows, "indexer_state"))
+    return V4Caches(layer, {k: t.npu() for k, t in tensors.items()}, bt, cbt,
+                    st_table.npu() if st_table is not None else None, kv_t, cmp_t, idx_t, st_pos, st_rows, ist_rows)
+
+
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                 "uint8": torch.uint8, "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}
+
+
 # --------------------------------------------------------------------------------------- fixtures
 @pytest.fixture
 def npu_generator() -> torch.Generator:
@@ -322,6 +506,22 @@ def mla_caches(paged_cache):
                 mode: str = "PA_BSND") -> tuple[torch.Tensor, torch.Tensor]:
         return (paged_cache(num_blocks, block_size, HCKV, dtype=dtype, mode=mode),
                 paged_cache(num_blocks, block_size, D_ROPE, dtype=dtype, mode=mode))
+    return factory
+
+
+@pytest.fixture
+def v4_caches(npu_generator, monkeypatch):
+    """Factory ``v4_caches(soc, ratio, seq_lens, *, block_size=16, cmp_block_size=None, kv=None,
+    cmp_kv=None, indexer_k=None, state=None, indexer_state=None) -> V4Caches``: one DeepSeek-V4
+    layer's caches filled by the emulated writers from the given (or drawn) tokens
+    (:func:`make_v4_caches`). ``soc="950"`` sets the emulated SoC to an Ascend 950 for the test
+    (``ASCEND_EMU_SOC_NAME``), as the 950 writers and readers need."""
+    from .soc import ASCEND950_EXAMPLE, SOC_NAME_ENV, is_ascend950
+
+    def factory(soc: str, ratio: int, seq_lens: Sequence[int], **kwargs) -> V4Caches:
+        if soc == "950" and not is_ascend950():
+            monkeypatch.setenv(SOC_NAME_ENV, ASCEND950_EXAMPLE)
+        return make_v4_caches(soc, ratio, seq_lens, generator=npu_generator, **kwargs)
     return factory
 
 

@@ -1,5 +1,6 @@
 """Bit-level cache inspection: where a logical element lives, what a byte means, annotated
-dumps, NZ fractal grids, cache diffs and block-table views, plus cache files.
+dumps, NZ fractal grids, cache diffs and block-table views, plus cache files; the DeepSeek-V4
+caches' views (:mod:`.v4`).
 
 Everything here is pure (no printing) and returns plain dataclasses with ``to_dict()``; the
 ``ascend-emu inspect`` command (:mod:`.cli`) renders them as text, JSON or PNG (:mod:`.plot`,
@@ -24,6 +25,7 @@ from .diff import Diff, FieldDiff, SlotDiff, diff
 from .dump import Dump, DumpLine, TileInfo, dump
 from .files import FILE_FORMAT, FILE_VERSION, load_cache, save_cache
 from .grid import Grid, grid, weight_grid
+from .v4 import StateRun, V4Blocks, V4Row, v4_blocks, v4_cache_row, v4_row, v4_token
 
 __all__ = [
     "PAGE_INDEX_KINDS", "ByteRange", "WeightByte", "What", "Where", "claimed_bytes", "token_slot", "what",
@@ -34,4 +36,5 @@ __all__ = [
     "Dump", "DumpLine", "TileInfo", "dump",
     "FILE_FORMAT", "FILE_VERSION", "load_cache", "save_cache",
     "Grid", "grid", "weight_grid",
+    "StateRun", "V4Blocks", "V4Row", "v4_blocks", "v4_cache_row", "v4_row", "v4_token",
 ]

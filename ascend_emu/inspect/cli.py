@@ -499,19 +499,7 @@ def _torch_load(path: str, what: str):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def cmd_blocks(ns) -> int:
-    """``inspect blocks``: block-table view."""
-    from .blocks import blocks
-
-    res = blocks(_int_array(ns.block_table, "--block-table"), ns.seq_lens, ns.block_size, ns.num_blocks)
-    if ns.png:
-        from .plot import plot_blocks
-
-        plot_blocks(res, ns.png)
-    if ns.json:
-        _print_json(res.to_dict())
-        return 0
-    con = _console()
+def _block_map_rows(res) -> list[list[str]]:
     rows = []
     shared = set(res.shared_blocks)
     for seq in res.sequences:
@@ -524,15 +512,189 @@ def cmd_blocks(ns) -> int:
                          if run.block in shared else ""])
         if not seq.runs:
             rows.append([str(seq.seq), "(empty)", "", "", "", "", ""])
-    print_table(con, f"block table: BlockSize {res.block_size}, {res.num_blocks} block(s)",
-                [Col("seq"), Col("tokens"), Col("block"), Col("table column", wrap=True), Col("rows"), Col("slots"),
-                 Col("note", wrap=True)], rows)
+    return rows
+
+
+def _print_block_map(con, res, title: str, unit: str = "tokens") -> None:
     from rich.text import Text
 
+    print_table(con, title, [Col("seq"), Col(unit), Col("block"), Col("table column", wrap=True), Col("rows"),
+                             Col("slots"), Col("note", wrap=True)], _block_map_rows(res))
     con.print(Text(f"unused blocks: {', '.join(map(str, res.unused_blocks)) or 'none'}\n"
                    f"shared blocks: {', '.join(map(str, res.shared_blocks)) or 'none'}"))
+
+
+def _v4_layer(ns):
+    from ..layouts import V4LayerCaches
+
+    return V4LayerCaches(ns.soc, ns.v4_ratio, block_size=ns.block_size,
+                         num_blocks=ns.num_blocks if ns.num_blocks is not None else 1 + _max_entry(ns.block_table),
+                         cmp_block_size=ns.cmp_block_size, cmp_num_blocks=ns.cmp_num_blocks,
+                         state_num_blocks=ns.state_num_blocks)
+
+
+def _max_entry(text: str) -> int:
+    arr = _int_array(text, "--block-table")
+    return int(arr.max()) if arr.size else 0
+
+
+def cmd_blocks(ns) -> int:
+    """``inspect blocks``: block-table view (with ``--v4-ratio``: the SWA, compressed and state caches
+    of one DeepSeek-V4 layer)."""
+    if ns.v4_ratio is not None:
+        return _cmd_v4_blocks(ns)
+    if ns.cmp_block_table or ns.state_block_table:
+        raise _usage("inspect blocks: --cmp-block-table / --state-block-table go with --v4-ratio")
+    from .blocks import blocks
+
+    if ns.block_size is None:
+        raise _usage("inspect blocks: --block-size: expected rows per block, got none")
+    res = blocks(_int_array(ns.block_table, "--block-table"), ns.seq_lens, ns.block_size, ns.num_blocks)
+    if ns.png:
+        from .plot import plot_blocks
+
+        plot_blocks(res, ns.png)
+    if ns.json:
+        _print_json(res.to_dict())
+        return 0
+    con = _console()
+    _print_block_map(con, res, f"block table: BlockSize {res.block_size}, {res.num_blocks} block(s)")
     if ns.png:
         con.print(f"picture: {ns.png}")
+    return 0
+
+
+def _cmd_v4_blocks(ns) -> int:
+    from .v4 import v4_blocks
+
+    if ns.block_size is None:
+        ns.block_size = 128
+    layer = _v4_layer(ns)
+    res = v4_blocks(layer, _int_array(ns.block_table, "--block-table"), ns.seq_lens,
+                    cmp_block_table=_int_array(ns.cmp_block_table, "--cmp-block-table") if ns.cmp_block_table else None,
+                    state_block_table=_int_array(ns.state_block_table, "--state-block-table")
+                    if ns.state_block_table else None)
+    pictures = []
+    if ns.png:
+        from .plot import plot_blocks
+
+        stem, ext = os.path.splitext(ns.png)
+        for name, m in (("swa", res.swa), ("compressed", res.compressed)):
+            if m is not None:
+                pictures.append(plot_blocks(m, f"{stem}_{name}{ext or '.png'}"))
+    if ns.json:
+        _print_json(res.to_dict())
+        return 0
+    con = _console()
+    caches = layer.caches()
+    desc = "; ".join(f"{k} {list(c.shape)} {c.dtype}" for k, c in caches.items())
+    con.print(f"DeepSeek-V4 {layer.kind} layer ({layer.soc}, ratio {layer.ratio}): {desc}")
+    _print_block_map(con, res.swa, f"SWA cache: {layer.block_size} tokens per block, {layer.num_blocks} block(s)")
+    if res.compressed is not None:
+        _print_block_map(con, res.compressed, f"compressed cache (c{layer.ratio}): {layer.cmp_block_size} rows of "
+                         f"{layer.ratio} tokens per block ({layer.cmp_block_size * layer.ratio} tokens), "
+                         f"{layer.cmp_num_blocks} block(s); rows = completed groups",
+                         unit="compressed rows")
+    if res.state is not None:
+        rows = []
+        for b, runs in enumerate(res.state):
+            for k, run in enumerate(runs):
+                n = run.stop - run.first
+                where_ = "not updated (entry 0)" if run.block is None else \
+                    f"block {run.block}, rows [{run.row}, {run.row + n})"
+                rows.append([str(b) if k == 0 else "", str(run.column), f"[{run.first}, {run.stop})", where_])
+        print_table(con, f"state cache: {layer.state_block_size} positions per block, {layer.state_num_blocks} "
+                    f"block(s); kv state then score state, {2 * layer.coff} x D wide",
+                    [Col("seq"), Col("table column", wrap=True), Col("positions"), Col("rows", wrap=True)], rows)
+    for path in pictures:
+        con.print(f"picture: {path}")
+    return 0
+
+
+def _v4_table_row(text: str | None, option: str):
+    if text is None:
+        return None
+    arr = _int_array(text, option)
+    if arr.ndim != 1:
+        from ..errors import ShapeError, arg_error
+
+        raise arg_error(ShapeError, option, "one request's block-table row (a 1-D list)", list(arr.shape))
+    return arr
+
+
+def cmd_v4_token(ns) -> int:
+    """``inspect v4-token``: where a request's token lives in each cache of a V4 layer."""
+    layer = _v4_layer(ns)
+    res = layer.token_places(ns.position, _v4_table_row(ns.block_table, "--block-table"),
+                             cmp_block_table_row=_v4_table_row(ns.cmp_block_table, "--cmp-block-table"),
+                             state_block_table_row=_v4_table_row(ns.state_block_table, "--state-block-table"),
+                             seq_len=ns.seq_len)
+    if ns.json:
+        _print_json({"layer": layer.to_dict(), "token": res.to_dict()})
+        return 0
+    con = _console()
+
+    def at(p):
+        return "beyond the block table given" if p is None else \
+            f"block {p.block}, row {p.row} (slot {p.slot}; table column {p.column})"
+
+    rows = [["SWA", at(res.swa)]]
+    if res.compressed_row is not None:
+        held = ns.seq_len if ns.seq_len is not None else ns.position + 1
+        covers = f"tokens [{res.covers[0]}, {res.covers[1]})"
+        if res.overlap is not None:
+            covers += f", overlapping [{res.overlap[0]}, {res.overlap[1]})"
+        state = "not updated (state block-table entry 0)" if res.state_skipped else \
+            ("no --state-block-table" if res.state is None else at(res.state))
+        rows += [[f"compressed row {res.compressed_row}", f"{at(res.compressed)}; {covers}; "
+                  + ("written" if res.complete else f"not written yet (needs token {res.covers[1] - 1}, holds {held})")]]
+        if res.indexer is not None:
+            rows.append(["indexer key", at(res.indexer)])
+        rows.append(["state", state])
+    print_table(con, f"token {ns.position} of a DeepSeek-V4 {layer.kind} layer ({layer.soc})",
+                [Col("cache"), Col("where", wrap=True)], rows)
+    return 0
+
+
+def _load_v4_array(path: str):
+    import numpy as np
+
+    kind = os.path.splitext(path)[1].lower()
+    if kind == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            return z["data"]
+    if kind == ".npy":
+        return np.load(path, allow_pickle=False)
+    if kind in (".pt", ".pth"):
+        t = _torch_load(path, "FILE")
+        import torch
+
+        return t.view(torch.uint8).numpy() if t.element_size() == 1 else t.numpy()
+    return np.fromfile(path, dtype=np.uint8)
+
+
+def cmd_v4_row(ns) -> int:
+    """``inspect v4-row``: decode one 640-byte row of a 950 SWA / compressed cache."""
+    from .v4 import v4_cache_row
+
+    res = v4_cache_row(_load_v4_array(ns.file), ns.slot)
+    if ns.json:
+        _print_json(res.to_dict())
+        return 0
+    con = _console()
+    print_table(con, f"slot {ns.slot}: one 640-byte DeepSeek-V4 row",
+                [Col("bytes"), Col("field"), Col("what", wrap=True)],
+                [[f"[{a}, {b})", name, {"rope": "64 rope values, bf16", "values": "448 fp8 E4M3FN values, 7 groups of 64",
+                                        "scales": "one E8M0 scale per group", "pad": "zero padding"}[name]]
+                 for name, a, b in res.fields])
+    rows = []
+    for g, (byte, exp) in enumerate(zip(res.scale_bytes, res.scale_exponents, strict=True)):
+        vals = res.values[g * 64:(g + 1) * 64]
+        rows.append([str(g), f"{byte} (2^{exp})", ", ".join(_fmt(v) for v in vals[:ns.show]) + (" ..." if len(vals) > ns.show else "")])
+    print_table(con, "values dequantized (fp8 * 2^(byte - 127))", [Col("group"), Col("scale"), Col("values", wrap=True)],
+                rows)
+    con.print("rope: " + ", ".join(_fmt(v) for v in res.rope[:ns.show]) + (" ..." if len(res.rope) > ns.show else ""))
+    con.print(f"pad: {len(res.pad)} byte(s), " + ("all zero" if res.pad_zero else "NOT all zero"))
     return 0
 
 
@@ -560,9 +722,22 @@ def _add_where_what(p: argparse.ArgumentParser, *, which: str) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _add_v4_layer(p: argparse.ArgumentParser, *, ratio_required: bool = False) -> None:
+    from ..layouts import V4_LAYER_KINDS, V4_SOCS
+
+    p.add_argument("--v4-ratio", type=int, choices=sorted(V4_LAYER_KINDS), required=ratio_required,
+                   help="DeepSeek-V4 layer: 1 SWA, 4 CSA (c4 + indexer), 128 HCA (c128)")
+    p.add_argument("--soc", choices=list(V4_SOCS), default="a2a3", help="V4 cache family (default a2a3)")
+    p.add_argument("--cmp-block-table", help="compressed-cache block table (default: the SWA one)")
+    p.add_argument("--state-block-table", help="state block table (entry 0: not updated)")
+    p.add_argument("--cmp-block-size", type=int, help="compressed rows per block (default: --block-size)")
+    p.add_argument("--cmp-num-blocks", type=int, help="compressed blocks (default: --num-blocks)")
+    p.add_argument("--state-num-blocks", type=int, help="state blocks (default: --num-blocks)")
+
+
 def add_inspect_parser(sub) -> None:
-    """Register ``inspect`` (with its six commands) on the ``ascend-emu`` subparsers ``sub``."""
-    ins = sub.add_parser("inspect", help="bit-level cache debugging: where, what, dump, grid, diff, blocks",
+    """Register ``inspect`` (with its eight commands) on the ``ascend-emu`` subparsers ``sub``."""
+    ins = sub.add_parser("inspect", help="bit-level cache debugging: where, what, dump, grid, diff, blocks, v4-token, v4-row",
                          description="Inspect KV caches byte by byte (ascend_emu.inspect). Caches come from "
                                      "--cache-mode/--shape/--dtype (address maps only) or a file: .npz written "
                                      "by ascend_emu.inspect.save_cache, a torch.save .pt dump, .npy, or raw .bin "
@@ -610,15 +785,36 @@ def add_inspect_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_guard(cmd_diff, "inspect diff"))
 
-    p = cmds.add_parser("blocks", help="block table: which block and row each token lives in")
+    p = cmds.add_parser("blocks", help="block table: which block and row each token lives in (--v4-ratio: the "
+                                       "SWA, compressed and state caches of one DeepSeek-V4 layer)")
     p.add_argument("--block-table", required=True,
                    help="JSON [[...], ...] or a .json / .npy / .pt file holding it, [B, max_blocks]")
     p.add_argument("--seq-lens", type=_int_list, required=True, help="tokens per sequence, e.g. 20,5")
-    p.add_argument("--block-size", type=int, required=True, help="rows per block")
+    p.add_argument("--block-size", type=int, help="rows per block (--v4-ratio: SWA tokens per block, default 128)")
     p.add_argument("--num-blocks", type=int, help="blocks in the cache (default: largest entry + 1)")
-    p.add_argument("--png", metavar="PATH", help="write a picture")
+    _add_v4_layer(p)
+    p.add_argument("--png", metavar="PATH", help="write a picture (--v4-ratio: PATH_swa.png and "
+                                                 "PATH_compressed.png, one per cache)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_guard(cmd_blocks, "inspect blocks"))
+
+    p = cmds.add_parser("v4-token", help="DeepSeek-V4: a request's token -> its SWA slot, compressed row (and "
+                                         "the tokens it covers), indexer row, state row")
+    p.add_argument("--position", type=int, required=True, help="the token's position in its request")
+    p.add_argument("--block-table", required=True, help="the request's SWA block-table row, JSON [..] or a file")
+    p.add_argument("--block-size", type=int, default=128, help="SWA tokens per block (default 128)")
+    p.add_argument("--num-blocks", type=int, help="SWA blocks (default: largest entry + 1)")
+    p.add_argument("--seq-len", type=int, help="tokens the request holds (default position + 1)")
+    _add_v4_layer(p, ratio_required=True)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_guard(cmd_v4_token, "inspect v4-token"))
+
+    p = cmds.add_parser("v4-row", help="DeepSeek-V4: decode one 640-byte row (rope, fp8 * E8M0 scale, pad)")
+    p.add_argument("file", help="a 950 SWA / compressed cache [nb, bs, 1, 640]: .npz (save_cache), .npy, .pt or raw")
+    p.add_argument("--slot", type=int, required=True, help="flat slot block * block_size + row")
+    p.add_argument("--show", type=int, default=8, help="values shown per group (default 8)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (every value)")
+    p.set_defaults(func=_guard(cmd_v4_row, "inspect v4-row"))
 
 
 def add_locate_parser(sub) -> None:

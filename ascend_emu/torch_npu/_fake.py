@@ -552,6 +552,8 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
     if x.dim() == 3:
         return _new(x, [x.shape[0], -(-x.shape[1] // cmp_ratio), d], x.dtype)
     return _new(x, [rope_sin.shape[0], d], x.dtype)
+
+
 def custom_quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode,
                                    key_quant_mode, **kw):
     """``(sparse_indices like torch_npu's op, sparse_values fp32 [0])`` (the recipes' custom op)."""
@@ -560,13 +562,13 @@ def custom_quant_lightning_indexer(query, key, weights, query_dequant_scale, key
     return idx, _new(query, [0], torch.float32)
 
 
-#: Fakes of the framework-namespace ops that have no torch_npu counterpart, by their
-#: :mod:`ascend_emu.ops` function (:func:`._registry.namespace_fake`).
 # ------------------------------------------------ DeepSeek-V4 cache writers (kv_compress_epilog, indexer_compress_epilog): in place
 def v4_writer(*_, **__):
     return None
 
 
+#: Fakes of the framework-namespace ops that have no torch_npu counterpart, by their
+#: :mod:`ascend_emu.ops` function (:func:`._registry.namespace_fake`).
 NAMESPACE_FAKES = {
     "kv_compress_epilog": v4_writer,
     "indexer_compress_epilog": v4_writer,
