@@ -1,0 +1,88 @@
+"""The DeepSeek-V4 attention layer on the emulated ops (ascend_emu.demo_v4) against the float64
+reference model (tests/reference/deepseek_v4_attention.py): a prefill chunk, then decode tokens
+one by one across compression boundaries (the state cache carries over), for SWA, CSA and HCA.
+
+Cost: the hidden size, q rank and o rank are reduced (256 / 128 / 64: only the projections see
+them); the attention's own shapes (64 heads x 512, window 128, indexer 64 x 128, top-512) are the
+model's. The context stays below 512 compressed rows, so the CSA top-512 selects every visible
+row and the comparison does not hinge on the indexer's int8 ranking.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ascend_emu import demo_v4, ops
+from ascend_emu.errors import ModeError, ShapeError
+from tests.helpers import bit_identical_share, dual_threshold_ok
+from tests.reference.deepseek_v4_attention import V4AttentionRef
+
+PREC = 0.005
+CFG = demo_v4.V4Config(hidden=256, q_rank=128, o_rank=64, max_tokens=160, block_size=16)
+PREFILL = 124
+DECODE = 8  # positions 124 .. 131: crosses the c128 boundary at 127 and two c4 boundaries
+
+
+def _run(ratio: int):
+    rng = np.random.default_rng(7 + ratio)
+    w = demo_v4.make_weights(CFG, ratio, rng)
+    layer = demo_v4.V4AttentionLayer(CFG, ratio, w, seed=ratio)
+    ref = V4AttentionRef(w, ratio, theta=CFG.theta, cmp_theta=CFG.cmp_theta)
+    x = demo_v4._bf16(rng.standard_normal((PREFILL + DECODE, CFG.hidden), dtype=np.float32))
+    chunks = [x[:PREFILL]] + [x[PREFILL + i:PREFILL + i + 1] for i in range(DECODE)]
+    results = []
+    for chunk in chunks:
+        out = layer.step(chunk)
+        want = ref.forward(chunk).numpy()
+        results.append((out, want))
+    return layer, ref, results
+
+
+@pytest.fixture(scope="module", params=[0] + [pytest.param(r, marks=pytest.mark.skipif(
+    not hasattr(ops, "compressor"), reason="ops.compressor is not in this build")) for r in (4, 128)],
+    ids=["swa", "csa", "hca"])
+def run(request):
+    return request.param, _run(request.param)
+
+
+def test_output_within_dual_criterion(run):
+    ratio, (layer, ref, results) = run
+    shares = []
+    for k, (out, want) in enumerate(results):
+        assert out.shape == want.shape
+        assert dual_threshold_ok(out, want, PREC), (
+            f"ratio {ratio} call {k}: max abs err {np.abs(out.astype(np.float64) - want).max():.3g}")
+        shares.append(bit_identical_share(out, demo_v4._bf16(want)))
+    print(f"ratio {ratio}: bit-identical share vs float64 rounded to bf16 per call: "
+          + " ".join(f"{s:.3f}" for s in shares))
+
+
+def test_swa_cache_rows(run):
+    """Each written SWA row is the reference's roped kv row: bf16 after three roundings (the
+    projection, the RMSNorm, the RoPE), so within 2 ** -6 relative (absolute below 1)."""
+    ratio, (layer, ref, _) = run
+    n = layer.pos
+    bs = CFG.block_size
+    pos = np.arange(n)
+    rows = layer.swa_cache[layer.swa_table[0, pos // bs], pos % bs, 0].astype(np.float32)
+    want = np.stack([r.numpy() for r in ref.kv_rows])
+    err = np.abs(rows - want) / np.maximum(np.abs(want), 1.0)  # rows have RMS ~1 (RMSNorm)
+    assert err.max() < 2 ** -6, f"max error {err.max():.3g}"
+
+
+def test_step_rejects_bad_x():
+    w = demo_v4.make_weights(CFG, 0, np.random.default_rng(0))
+    layer = demo_v4.V4AttentionLayer(CFG, 0, w)
+    with pytest.raises(ShapeError, match="x"):
+        layer.step(np.zeros((1, CFG.hidden + 1), np.float32))
+    with pytest.raises(ShapeError, match="max_tokens"):
+        layer.step(np.zeros((CFG.max_tokens + 1, CFG.hidden), np.float32))
+    assert layer.pos == 0 and not layer.swa_cache.view(np.uint16).any()
+
+
+def test_config_rejects():
+    with pytest.raises(ShapeError, match="block_size"):
+        demo_v4.V4Config(block_size=100)
+    with pytest.raises(ModeError, match="ratio"):
+        demo_v4.make_weights(CFG, 8, np.random.default_rng(0))
