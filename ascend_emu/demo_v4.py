@@ -51,6 +51,8 @@ INDEX_DIM = 128
 INDEX_TOPK = 512
 #: Layer kinds by compress ratio: 0 SWA, 4 CSA (overlapping groups, coff 2), 128 HCA.
 RATIOS = (0, 4, 128)
+#: State-cache rows per block on A2 / A3 by ratio (vllm-ascend ``DSV4_BLOCK_SIZES``, block size 128).
+STATE_BLOCK_SIZES = {4: 8, 128: 32}
 EPS = 1e-6
 
 
@@ -187,7 +189,12 @@ class V4AttentionLayer:
             nc = -(-(cfg.max_tokens // ratio) // bs) or 1
             self.cmp_table = _paged(nc, rng)
             self.cmp_cache = np.zeros((nc + 1, bs, 1, HEAD_DIM), BF16)
+            state_bs = STATE_BLOCK_SIZES[ratio]
+            ns = -(-cfg.max_tokens // state_bs)
+            self.state_table = _paged(ns, rng)
+            self.state = {"cmp": np.zeros((ns + 1, state_bs, 2 * (2 if ratio == 4 else 1) * HEAD_DIM), np.float32)}
         if ratio == 4:
+            self.state["idx_cmp"] = np.zeros((ns + 1, state_bs, 2 * 2 * INDEX_DIM), np.float32)
             self.idx_cache = np.zeros((nc + 1, bs, 1, INDEX_DIM), np.int8)
             self.idx_scale = np.zeros((nc + 1, bs, 1), np.float16)
         self._hadamard = hadamard(INDEX_DIM)
@@ -248,6 +255,7 @@ class V4AttentionLayer:
             self._compress(x, p0, cu)
         if ratio == 4:
             indices = self._indexer(x, qr, positions, cu, seqused)
+            self.last_indices = indices[-1, 0]
         # 4. attention
         meta = self._timed("npu_sparse_attn_sharedkv_metadata", ops.npu_sparse_attn_sharedkv_metadata,
                            HEADS, 1, HEAD_DIM, cu_seqlens_q=cu, seqused_kv=seqused, batch_size=1,
@@ -270,13 +278,189 @@ class V4AttentionLayer:
             return _linear(og.reshape(t, g * cfg.o_rank), w["wo_b"])
         return self._timed("projections", out_proj)
 
+    def _compressor(self, key: str, x: np.ndarray, p0: int, cu: np.ndarray, d: int):
+        """One ``compressor`` call of weights ``w[key]`` (d 512 or 128): ``(rows, slots)`` of the
+        compressed rows this call completes (``compressor_metadata``'s ``[n, 2]`` slots, -1 invalid)."""
+        w, ratio, bs = self.w[key], self.ratio, self.cfg.block_size
+        t = x.shape[0]
+        n = min(t, t // ratio + 1)
+        start = np.array([p0], np.int32)
+        cos, sin, slots = self._timed("compressor_metadata", ops.compressor_metadata, self.cos, self.sin, cu, start,
+                                      self.cmp_table, bs, 2, ratio, n, 1)
+        state = self.state[key]
+        rows = self._timed("compressor", ops.compressor, x, w["wkv"], w["wgate"], state, w["ape"], w["norm"],
+                           sin.reshape(n, ROPE_DIM), cos.reshape(n, ROPE_DIM), self.state_table, cu, None, start,
+                           ROPE_DIM, ratio, 2 if ratio == 4 else 1, EPS, 2, 1)
+        return np.asarray(rows).reshape(n, d), slots
+
+    def _write_slots(self, cache: np.ndarray, slots: np.ndarray, values: np.ndarray) -> None:
+        """Rows ``values [n, ...]`` at ``(block, offset)`` slots ``[n, 2]``; block -1 rows skipped."""
+        keep = slots[:, 0] >= 0
+        b, o = slots[keep, 0], slots[keep, 1]
+        cache[b, o] = values[keep].reshape(cache[b, o].shape)
+
     def _compress(self, x: np.ndarray, p0: int, cu: np.ndarray) -> None:
-        """ratio > 1: the compressor's new rows into the compressed cache (needs ``ops.compressor``)."""
-        compressor = getattr(ops, "compressor", None)
-        if compressor is None:
+        """ratio > 1: the compressor's new rows into the compressed cache (and the indexer's keys)."""
+        if getattr(ops, "compressor", None) is None:
             raise arg_error(ModeError, "ratio", "0 (SWA): this build has no ops.compressor for CSA / HCA layers",
                             self.ratio)
-        raise NotImplementedError("compressor wiring lands with ops.compressor")
+        rows, slots = self._compressor("cmp", x, p0, cu, HEAD_DIM)
+        self._timed("cmp cache write", self._write_slots, self.cmp_cache, slots, rows)
+        if self.ratio == 4:
+            keys, slots = self._compressor("idx_cmp", x, p0, cu, INDEX_DIM)
+            keys = _bf16(_f32(keys) @ self._hadamard.T)
+            kq, ks = indexer_quant_int8(keys)
+            self._timed("indexer cache write", self._write_slots, self.idx_cache, slots, kq)
+            self._timed("indexer cache write", self._write_slots, self.idx_scale, slots, ks)
 
     def _indexer(self, x, qr, positions, cu, seqused) -> np.ndarray:
-        raise NotImplementedError("indexer wiring lands with ops.compressor")
+        """CSA: the top-512 compressed rows per token, int32 ``[T, 1, 512]`` (-1 padded)."""
+        w, t = self.w, x.shape[0]
+        iq = self._timed("projections", _linear, qr, w["idx_wq_b"]).reshape(t, 1, INDEX_HEADS, INDEX_DIM)
+        iq = np.ascontiguousarray(iq)
+        self._rope(iq, positions, INDEX_DIM - ROPE_DIM)
+        iq = _bf16(_f32(iq).reshape(t * INDEX_HEADS, INDEX_DIM) @ self._hadamard.T)
+        qv, qs = indexer_quant_int8(iq)
+        weights = self._timed("projections", _linear, x, w["idx_weights"])
+        weights = (_f32(weights) * np.float32(INDEX_DIM ** -0.5 * INDEX_HEADS ** -0.5)).astype(np.float16)
+        meta = self._timed("npu_vllm_quant_lightning_indexer_metadata", ops.npu_vllm_quant_lightning_indexer_metadata,
+                           INDEX_HEADS, 1, INDEX_DIM, 0, 0, actual_seq_lengths_query=cu[1:],
+                           actual_seq_lengths_key=seqused, batch_size=1, max_seqlen_q=t, max_seqlen_k=self.pos,
+                           layout_query="TND", layout_key="PA_BSND", sparse_count=INDEX_TOPK, sparse_mode=3,
+                           cmp_ratio=self.ratio)
+        idx, _ = self._timed("npu_vllm_quant_lightning_indexer", ops.npu_vllm_quant_lightning_indexer,
+                             qv.reshape(t, INDEX_HEADS, INDEX_DIM), self.idx_cache, weights,
+                             qs.reshape(t, INDEX_HEADS), self.idx_scale, 0, 0, cu[1:], seqused, self.cmp_table, meta,
+                             "TND", "PA_BSND", INDEX_TOPK, 3, cmp_ratio=self.ratio)
+        return idx
+
+
+# ------------------------------------------------------------------------------ the block (mHC)
+#: mHC: copies of the residual stream and Sinkhorn iterations (DeepSeek-V4).
+HC_MULT = 4
+HC_ITERS = 20
+
+
+def make_hc_weights(cfg: V4Config, rng: np.random.Generator) -> dict:
+    """Random mHC weights of one block's attention half: ``hc_fn`` fp32 ``[24, 4 * hidden]``,
+    ``hc_scale`` fp32 ``[3]``, ``hc_base`` fp32 ``[24]``, ``attn_norm`` bf16 ``[hidden]``."""
+    mix = (2 + HC_MULT) * HC_MULT
+    return {"hc_fn": rng.standard_normal((mix, HC_MULT * cfg.hidden), dtype=np.float32)
+            / np.float32(np.sqrt(HC_MULT * cfg.hidden)),
+            "hc_scale": np.array([1.0, 1.0, 1.0], np.float32) + np.float32(0.1) * rng.standard_normal(3, np.float32),
+            "hc_base": np.float32(0.1) * rng.standard_normal(mix, np.float32),
+            "attn_norm": _bf16(1.0 + 0.1 * rng.standard_normal(cfg.hidden, dtype=np.float32))}
+
+
+class V4Block:
+    """The attention half of a V4 decoder block: ``npu_hc_pre_v2`` -> RMSNorm -> the attention
+    layer -> ``npu_hc_post`` on the 4-copy residual stream ``h`` bf16 ``[T, 4, hidden]``
+    (vllm-ascend ``models/deepseek_v4/model.py``; the FFN / MoE half is not run here)."""
+
+    def __init__(self, cfg: V4Config, ratio: int, weights: dict, hc_weights: dict, seed: int = 0):
+        self.attn = V4AttentionLayer(cfg, ratio, weights, seed)
+        self.hc = hc_weights
+
+    @property
+    def times(self) -> dict[str, float]:
+        return self.attn.times
+
+    def step(self, h: np.ndarray) -> np.ndarray:
+        """``h`` bf16 ``[T, 4, hidden]`` -> the stream after the attention half, same shape."""
+        hc, timed = self.hc, self.attn._timed
+        y, post, comb = timed("npu_hc_pre_v2", ops.npu_hc_pre_v2, h, hc["hc_fn"], hc["hc_scale"], hc["hc_base"],
+                              HC_MULT, HC_ITERS, EPS, EPS)
+        a = self.attn.step(timed("projections", _rms, y, hc["attn_norm"]))
+        return timed("npu_hc_post", ops.npu_hc_post, a, h, post, comb)
+
+
+@dataclass
+class V4StepReport:
+    """What :func:`run_v4_decode_step` measured.
+
+    Attributes:
+        config, ratios, context, decode_steps: what ran (one block per ratio).
+        prefill_times, decode_times: ``{op: seconds}`` summed over the layers; decode: the mean per
+            decoded token. Times of the first calls include Numba compiling (see ``first_call``).
+        caches: ``[(layer, cache, shape, dtype, bytes)]``.
+        swa_row: ``(layer, position, block, offset, first values)`` of the last decoded token.
+        cmp_rows: ``{ratio: compressed rows written}``; selected: the CSA indexer's rows for the
+            last token (``-1`` excluded).
+        out: the stream after the last step, bf16 ``[1, 4, hidden]``.
+    """
+
+    config: V4Config
+    ratios: tuple
+    context: int
+    decode_steps: int
+    prefill_times: dict
+    decode_times: dict
+    caches: list
+    swa_row: tuple
+    cmp_rows: dict
+    selected: int
+    out: np.ndarray
+
+
+def run_v4_decode_step(cfg: V4Config | None = None, *, ratios: tuple = (4, 128), context: int = 508,
+                       decode_steps: int = 8) -> V4StepReport:
+    """Prefill ``context`` tokens through one block per ratio, then decode ``decode_steps`` tokens.
+
+    Args:
+        cfg: shapes (default :class:`V4Config`: DeepSeek-V4-Flash). ratios: the layers (0 SWA, 4
+            CSA, 128 HCA). context: >= 1 tokens before decoding. decode_steps: >= 1.
+
+    Raises:
+        ShapeError: context + decode_steps above ``cfg.max_tokens``, or either below 1.
+        ModeError: a ratio not in :data:`RATIOS`.
+    """
+    cfg = cfg or V4Config()
+    for name, v in (("context", context), ("decode_steps", decode_steps)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise arg_error(ShapeError, name, "an int >= 1", v)
+    if context + decode_steps > cfg.max_tokens:
+        raise arg_error(ShapeError, "context", f"at most max_tokens - decode_steps = {cfg.max_tokens - decode_steps}",
+                        context)
+    for r in ratios:
+        if r not in RATIOS:
+            raise arg_error(ModeError, "ratios", f"values in {RATIOS}", list(ratios))
+    rng = np.random.default_rng(cfg.seed)
+    blocks = [V4Block(cfg, r, make_weights(cfg, r, rng), make_hc_weights(cfg, rng), seed=cfg.seed + i)
+              for i, r in enumerate(ratios)]
+
+    def run(h):
+        for b in blocks:
+            h = b.step(h)
+        return h
+
+    def totals():
+        out: dict[str, float] = {}
+        for b in blocks:
+            for k, v in b.times.items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    run(_bf16(rng.standard_normal((context, HC_MULT, cfg.hidden), dtype=np.float32)))
+    prefill = totals()
+    for _ in range(decode_steps):
+        h = run(_bf16(rng.standard_normal((1, HC_MULT, cfg.hidden), dtype=np.float32)))
+    after = totals()
+    decode = {k: (after[k] - prefill.get(k, 0.0)) / decode_steps for k in after}
+    caches, cmp_rows = [], {}
+    for i, b in enumerate(blocks):
+        a = b.attn
+        named = [("swa", a.swa_cache)]
+        if a.ratio:
+            named += [("compressed", a.cmp_cache)] + [(f"state ({k})", v) for k, v in a.state.items()]
+            cmp_rows[a.ratio] = a.pos // a.ratio
+        if a.ratio == 4:
+            named += [("indexer keys", a.idx_cache), ("indexer scales", a.idx_scale)]
+        caches += [(i, n, tuple(c.shape), str(c.dtype), c.nbytes) for n, c in named]
+    last = blocks[-1].attn
+    p = last.pos - 1
+    blk, off = int(last.swa_table[0, p // cfg.block_size]), p % cfg.block_size
+    swa_row = (len(blocks) - 1, p, blk, off, last.swa_cache[blk, off, 0, :6].astype(np.float32))
+    csa = [b.attn for b in blocks if b.attn.ratio == 4]
+    selected = int((csa[0].last_indices >= 0).sum()) if csa else 0
+    return V4StepReport(cfg, tuple(ratios), context, decode_steps, prefill, decode, caches, swa_row, cmp_rows,
+                        selected, h)
