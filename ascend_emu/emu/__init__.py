@@ -26,6 +26,7 @@ from . import sparse_flash_attention as _sparse_flash_attention
 from . import v4_small as _v4_small
 from . import hc as _hc  # DeepSeek-V4 mHC
 from . import sparse_attn_sharedkv as _sparse_attn_sharedkv  # DeepSeek-V4 shared-KV attention
+from . import scatter_nd_update as _scatter_nd_update  # DeepSeek-V4 row scatters
 
 
 class EmuBackend:
@@ -54,6 +55,8 @@ class EmuBackend:
     sparse_attn_sharedkv = staticmethod(_sparse_attn_sharedkv.sparse_attn_sharedkv)
     # DeepSeek-V4 indexer over compressed keys: the quant indexer's kernel (the contract set the limits)
     vllm_quant_lightning_indexer = staticmethod(_quant_lightning_indexer.quant_lightning_indexer)
+    # DeepSeek-V4 row scatters (npu_scatter_nd_update_v2 / _sk, custom.scatter_nd_update_asc)
+    scatter_nd_update = staticmethod(_scatter_nd_update.scatter_nd_update)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.

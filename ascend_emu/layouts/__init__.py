@@ -7,7 +7,8 @@ from .paged import (CACHE_MODE_ALIASES, CACHE_MODE_TRAITS, CACHE_MODES, HEAD_MAJ
                     CacheLocation, CacheMode, CacheModeTraits, cache_mode_traits, canonical_cache_mode,
                     check_block_size, is_nz_mode)
 from .slots import (SKIP_INDEX, blocks_from_block_table, check_index_range, duplicate_slots, slot_of_block_row,
-                    slots_from_block_table, slots_from_cache_index, slots_from_pages, slots_from_positions)
+                    slots_from_block_table, slots_from_cache_index, slots_from_index_rows, slots_from_pages,
+                    slots_from_positions)
 
 __all__ = [
     "ACL_FORMAT_NAMES", "FRACTAL_NZ", "ND", "NZ_950_DTYPES", "NZ_DTYPES", "NZArray", "as_nz", "c0_for", "get_npu_format", "nd_to_nz",
@@ -15,5 +16,5 @@ __all__ = [
     "CACHE_MODE_ALIASES", "CACHE_MODE_TRAITS", "CACHE_MODES", "HEAD_MAJOR_MODES", "NZ_BLOCK_ROWS", "NZ_ROW_BYTES", "SKIP_INDEX", "CacheLayout",
     "CacheLocation", "CacheMode", "CacheModeTraits", "cache_mode_traits", "canonical_cache_mode", "check_block_size", "check_index_range",
     "duplicate_slots", "is_nz_mode", "blocks_from_block_table", "slot_of_block_row",
-    "slots_from_block_table", "slots_from_cache_index", "slots_from_pages", "slots_from_positions",
+    "slots_from_block_table", "slots_from_cache_index", "slots_from_index_rows", "slots_from_pages", "slots_from_positions",
 ]

@@ -115,6 +115,71 @@ def _index_slots(idx, num_rows, allow_skip):
     return True, out
 
 
+def slots_from_index_rows(index: np.ndarray, dims: Sequence[int], *, name: str) -> np.ndarray:
+    """The DeepSeek-V4 writers' index rows (``npu_scatter_nd_update_v2`` / ``_sk``,
+    ``scatter_nd_update_asc``, the epilog writers' ``slot_mapping``) as flat rows of the table
+    they address, every value validated: the one reading of the index policy of docs/v4.md
+    (section "Index policy of the V4 writers"). Duplicates are not looked at here (see
+    :func:`ascend_emu.ops._check.writer_slots`).
+
+    The table has ``dims`` as its leading dims: ``(num_rows,)`` for a flat slot (``[n]`` or
+    ``[n, 1]``), ``(num_blocks, block_size)`` for ``[n, 2]`` (block, offset) rows. A row whose
+    first column is :data:`SKIP_INDEX` (-1) is skipped when each other column is -1 or in its
+    range (vllm-ascend pads with ``[-1, block_size - 1]``, tests with ``[-1, -1]``); every other
+    value outside ``[0, dims[k])`` is rejected, including a -1 in a later column of a live row
+    (the kernels disagree on it: ScatterNdUpdateV2 folds it into the previous block's last row,
+    ScatterNdUpdateAsc skips the row) and ``[-1, x]`` with ``x`` past its range (which
+    ScatterNdUpdateV2 would write).
+
+    Args:
+        index: integer ``[n]`` (one column), ``[n, 1]`` or ``[n, 2]``; the column count must be
+            ``len(dims)``.
+        dims: the sizes the columns address, 1 or 2 ints, each >= 1.
+        name: argument name for errors.
+
+    Returns:
+        int64 ``[n]``: ``index[i, 0] * dims[1] + index[i, 1]`` (2 columns) or ``index[i]``;
+        -1 for a skipped row.
+
+    Raises:
+        DTypeError: not an integer tensor.
+        ShapeError: not ``[n]`` / ``[n, len(dims)]``.
+        IndexRangeError: a value out of range; the message names ``name[i, k]``, the value, the
+            range and the count of bad rows.
+    """
+    idx = np.asarray(index)
+    _check_integer(idx, name)
+    dims = tuple(int(d) for d in dims)
+    k = len(dims)
+    if k not in (1, 2) or min(dims) < 1:
+        raise arg_error(ShapeError, f"{name} (the table it addresses)", "1 or 2 dims, each >= 1", list(dims))
+    cols = idx.reshape(-1, 1) if idx.ndim == 1 and k == 1 else idx
+    if cols.ndim != 2 or cols.shape[1] != k:
+        want = "[n] or [n, 1] (flat slots)" if k == 1 else "[n, 2] ((block, offset) rows)"
+        raise arg_error(ShapeError, name, f"a {want} index tensor", f"shape {list(idx.shape)}")
+    v = cols.astype(np.int64)  # [n, K]
+    hi = np.asarray(dims, dtype=np.int64)[None, :]  # [1, K]
+    inside = (v >= 0) & (v < hi)  # [n, K]
+    skip = v[:, 0] == SKIP_INDEX  # [n]
+    if k == 2:
+        skip &= inside[:, 1] | (v[:, 1] == SKIP_INDEX)
+    bad = ~(inside.all(axis=1) | skip)  # [n]
+    if bad.any():
+        i = int(np.argmax(bad))
+        what = ("a slot",) if k == 1 else ("a block id", "an offset in its block")
+        if v[i, 0] == SKIP_INDEX:  # a skipped row with a bad offset
+            j, expected = 1, f"{SKIP_INDEX} or {what[1]} in [0, {dims[1]}) (the row's block is {SKIP_INDEX}: skipped)"
+        else:
+            j = int(np.argmax(~inside[i]))
+            skip_ok = f"{SKIP_INDEX} (skip the row) or " if j == 0 else ""
+            expected = f"{skip_ok}{what[j]} in [0, {dims[j]})"
+        coord = (i, j) if idx.ndim == 2 else (i,)
+        raise IndexRangeError(f"{_at(name, coord)} = {int(v[i, j])}: expected {expected}; "
+                              f"{int(bad.sum())} row(s) out of range")
+    flat = v[:, 0] if k == 1 else v[:, 0] * dims[1] + v[:, 1]
+    return np.where(skip, SKIP_INDEX, flat).astype(np.int64, copy=False)
+
+
 def slots_from_pages(pages: np.ndarray, seq_lens: Sequence[int], block_size: int, num_blocks: int, *,
                      page_offsets: bool, name: str) -> np.ndarray:
     """PA_BLK_BSND / PA_BLK_NZ: every batch's tokens fill its listed blocks from row 0.

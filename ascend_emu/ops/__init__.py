@@ -30,6 +30,8 @@ from .hc import (npu_hc_post, npu_hc_pre, npu_hc_pre_inv_rms, npu_hc_pre_sinkhor
 from .sparse_attn_sharedkv import npu_sparse_attn_sharedkv, npu_sparse_attn_sharedkv_metadata  # DeepSeek-V4
 from .vllm_quant_lightning_indexer import (npu_vllm_quant_lightning_indexer,  # DeepSeek-V4
                                            npu_vllm_quant_lightning_indexer_metadata)
+from .scatter_nd_update import (npu_scatter_nd_update_sk, npu_scatter_nd_update_v2,  # DeepSeek-V4
+                                scatter_nd_update_asc)
 
 __all__ = ["backend", "backend_name", "get_backend", "set_backend", "get_npu_format", "npu_format_cast"]
 __all__ += ["npu_kv_rmsnorm_rope_cache"]
@@ -49,6 +51,7 @@ __all__ += ["npu_hc_pre_v2", "npu_hc_pre_v3", "npu_hc_pre", "npu_hc_pre_inv_rms"
             "npu_hc_post"]
 __all__ += ["npu_sparse_attn_sharedkv", "npu_sparse_attn_sharedkv_metadata"]
 __all__ += ["npu_vllm_quant_lightning_indexer", "npu_vllm_quant_lightning_indexer_metadata"]
+__all__ += ["npu_scatter_nd_update_v2", "npu_scatter_nd_update_sk", "scatter_nd_update_asc"]
 
 
 def __getattr__(name: str):

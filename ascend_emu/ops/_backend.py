@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # the families' modules import this one
     from .quant_lightning_indexer import QuantLightningIndexerArgs, QuantLightningIndexerOutputs
     from .quant_950 import Quant950Args, Quant950Outputs
     from .rope import RopeArgs, RopeOutputs
+    from .scatter_nd_update import ScatterNdArgs, ScatterNdOutputs
     from .sparse_attn_sharedkv import SharedKvArgs, SharedKvOutputs
     from .sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
     from .v4_small import (CompressorMetadataArgs, CompressorMetadataOutputs, PartialRotaryArgs, PartialRotaryOutputs,
@@ -115,6 +116,9 @@ class Backend(Protocol):
 
     def vllm_quant_lightning_indexer(self, args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
         """``_C_ascend.npu_vllm_quant_lightning_indexer`` (compressed keys; the quant indexer's numerics)."""
+    # ---- DeepSeek-V4 row scatters (ops.scatter_nd_update)
+    def scatter_nd_update(self, args: ScatterNdArgs) -> ScatterNdOutputs:
+        """``npu_scatter_nd_update_v2`` / ``_sk`` and ``custom.scatter_nd_update_asc``; var written in place."""
 
 
 #: Registered backends: name -> package exposing ``BACKEND``.

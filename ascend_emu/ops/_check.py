@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import checked_mode
 from ..errors import DTypeError, DuplicateSlotWarning, FormatError, ShapeError, arg_error, describe
-from ..layouts import FRACTAL_NZ, NZArray, duplicate_slots, get_npu_format
+from ..layouts import FRACTAL_NZ, NZArray, duplicate_slots, get_npu_format, slots_from_index_rows
 from ..quant import BF16
 
 #: dtype names as the seeds spell them.
@@ -357,6 +357,40 @@ def warn_duplicates(slots: np.ndarray, name: str) -> None:
         warnings.warn(f"{name}: {len(dups)} cache slot(s) written by more than one token, undefined on "
                       f"hardware; the emulator keeps the last token: {shown}{more}",
                       DuplicateSlotWarning, stacklevel=_caller_stacklevel())
+
+
+def writer_slots(index, dims: Sequence[int], *, name: str) -> np.ndarray:
+    """The index policy of every DeepSeek-V4 cache writer, in one place (docs/v4.md, "Index policy
+    of the V4 writers"): ``npu_scatter_nd_update_v2`` / ``_sk``, ``scatter_nd_update_asc`` and the
+    epilog writers' ``slot_mapping``. Call it after the shape / dtype checks and before anything is
+    written.
+
+    - a row whose index is -1 (``-1`` flat, ``[-1, x]`` with x -1 or in range as (block, offset))
+      is skipped: the padding vllm-ascend uses for graph capture;
+    - any other value outside its range is rejected (:class:`IndexRangeError` naming the entry)
+      before anything is written;
+    - two rows writing one slot: :class:`DuplicateSlotWarning` naming the slot and the rows, the
+      last row wins (as ``npu_scatter_pa_kv_cache``; checked mode makes it an error).
+
+    Args:
+        index: integer ``[n]`` or ``[n, 1]`` (flat slots, ``dims = (num_rows,)``) or ``[n, 2]``
+            ((block, offset) rows, ``dims = (num_blocks, block_size)``).
+        dims: the sizes the index columns address.
+        name: the argument's name, for errors and the warning.
+
+    Returns:
+        int64 ``[n]`` flat slots (``block * block_size + offset``), -1 for skipped rows.
+
+    Raises:
+        DTypeError, ShapeError, IndexRangeError: as
+            :func:`ascend_emu.layouts.slots_from_index_rows`.
+
+    Warns:
+        DuplicateSlotWarning: a slot written by two rows (:func:`warn_duplicates`).
+    """
+    slots = slots_from_index_rows(index, dims, name=name)
+    warn_duplicates(slots, name)
+    return slots
 
 
 # ---------------------------------------------------------------------- memoised static checks
