@@ -214,11 +214,16 @@ class V4AttentionLayer:
         self._timed("inplace_partial_rotary_mul", ops.inplace_partial_rotary_mul, x4, cos, sin, "interleave",
                     [lo, lo + ROPE_DIM], negate_sin=inverse)
 
-    def _write(self, cache: np.ndarray, table: np.ndarray, rows_at: np.ndarray, values: np.ndarray) -> None:
-        """Write ``values [n, ...]`` at logical rows ``rows_at [n]`` of the request's paged cache."""
-        bs = cache.shape[1]
-        blocks = table[0, rows_at // bs]
-        cache[blocks, rows_at % bs] = values.reshape(cache[blocks, rows_at % bs].shape)
+    def _slots(self, table: np.ndarray, rows_at: np.ndarray) -> np.ndarray:
+        """``(block, offset)`` int32 ``[n, 2]`` of the request's logical rows ``rows_at`` (vllm-ascend's
+        ``slot_mapping`` for ``npu_scatter_nd_update_v2``)."""
+        bs = self.cfg.block_size
+        return np.stack([table[0, rows_at // bs], rows_at % bs], axis=1).astype(np.int32)
+
+    def _scatter(self, what: str, cache: np.ndarray, slots: np.ndarray, values: np.ndarray) -> None:
+        """``npu_scatter_nd_update_v2(cache, slots [n, 2], values [n, ...])`` (rows with block -1 skipped)."""
+        self._timed(f"npu_scatter_nd_update_v2 ({what})", ops.npu_scatter_nd_update_v2, cache, slots,
+                    np.ascontiguousarray(values).reshape(slots.shape[0], *cache.shape[2:]))
 
     # ------------------------------------------------------------------ the step
     def step(self, x: np.ndarray) -> np.ndarray:
@@ -245,7 +250,7 @@ class V4AttentionLayer:
         kv4 = np.ascontiguousarray(kv.reshape(t, 1, 1, HEAD_DIM))
         self._rope(q4, positions, NOPE_DIM)
         self._rope(kv4, positions, NOPE_DIM)
-        self._timed("swa cache write", self._write, self.swa_cache, self.swa_table, positions, kv4)
+        self._scatter("swa", self.swa_cache, self._slots(self.swa_table, positions), kv4)
         self.pos = p0 + t
         cu = np.array([0, t], np.int32)
         seqused = np.array([self.pos], np.int32)
@@ -293,25 +298,19 @@ class V4AttentionLayer:
                            ROPE_DIM, ratio, 2 if ratio == 4 else 1, EPS, 2, 1)
         return np.asarray(rows).reshape(n, d), slots
 
-    def _write_slots(self, cache: np.ndarray, slots: np.ndarray, values: np.ndarray) -> None:
-        """Rows ``values [n, ...]`` at ``(block, offset)`` slots ``[n, 2]``; block -1 rows skipped."""
-        keep = slots[:, 0] >= 0
-        b, o = slots[keep, 0], slots[keep, 1]
-        cache[b, o] = values[keep].reshape(cache[b, o].shape)
-
     def _compress(self, x: np.ndarray, p0: int, cu: np.ndarray) -> None:
         """ratio > 1: the compressor's new rows into the compressed cache (and the indexer's keys)."""
         if getattr(ops, "compressor", None) is None:
             raise arg_error(ModeError, "ratio", "0 (SWA): this build has no ops.compressor for CSA / HCA layers",
                             self.ratio)
         rows, slots = self._compressor("cmp", x, p0, cu, HEAD_DIM)
-        self._timed("cmp cache write", self._write_slots, self.cmp_cache, slots, rows)
+        self._scatter("compressed", self.cmp_cache, slots, rows)
         if self.ratio == 4:
             keys, slots = self._compressor("idx_cmp", x, p0, cu, INDEX_DIM)
             keys = _bf16(_f32(keys) @ self._hadamard.T)
             kq, ks = indexer_quant_int8(keys)
-            self._timed("indexer cache write", self._write_slots, self.idx_cache, slots, kq)
-            self._timed("indexer cache write", self._write_slots, self.idx_scale, slots, ks)
+            self._scatter("indexer keys", self.idx_cache, slots, kq)
+            self._scatter("indexer scales", self.idx_scale, slots, ks)
 
     def _indexer(self, x, qr, positions, cu, seqused) -> np.ndarray:
         """CSA: the top-512 compressed rows per token, int32 ``[T, 1, 512]`` (-1 padded)."""
