@@ -226,3 +226,48 @@ class V4AttentionRef:
             og = torch.einsum("gd,grd->gr", o.reshape(g, -1), wo_a)
             outs.append(og.reshape(-1) @ w["wo_b"].T)
         return torch.stack(outs)
+
+
+def hc_pre(h: torch.Tensor, hc_fn, hc_scale, hc_base, *, iters: int = 20, eps: float = EPS,
+           hc_eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The model's ``Block.hc_pre`` (with ``hc_split_sinkhorn``) in float64: ``h [T, 4, D]`` ->
+    ``(y [T, D], post [T, 4], comb [T, 4, 4])``.
+
+    ``m = (flat(h) @ hc_fn^T) * rsqrt(mean(flat(h)^2) + eps)``; ``pre = sigmoid(m[:4] * s0 + b[:4])
+    + hc_eps``; ``post = 2 sigmoid(m[4:8] * s1 + b[4:8])``; ``comb = softmax_rows(m[8:] * s2 +
+    b[8:]) + hc_eps``, divided by its column sums (+ hc_eps), then ``iters - 1`` times by its row
+    and column sums (+ hc_eps); ``y = sum_j pre[j] h[j]``.
+    """
+    h = t64(h)
+    t, hc, d = h.shape
+    flat = h.reshape(t, hc * d)
+    m = (flat @ t64(hc_fn).T) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps)
+    s, b = t64(hc_scale), t64(hc_base)
+    pre = torch.sigmoid(m[:, :hc] * s[0] + b[:hc]) + hc_eps
+    post = 2 * torch.sigmoid(m[:, hc:2 * hc] * s[1] + b[hc:2 * hc])
+    c = torch.softmax((m[:, 2 * hc:] * s[2] + b[2 * hc:]).reshape(t, hc, hc), dim=-1) + hc_eps
+    c = c / (c.sum(-2, keepdim=True) + hc_eps)
+    for _ in range(iters - 1):
+        c = c / (c.sum(-1, keepdim=True) + hc_eps)
+        c = c / (c.sum(-2, keepdim=True) + hc_eps)
+    return (pre[..., None] * h).sum(1), post, c
+
+
+def hc_post(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """The model's ``Block.hc_post``: ``out[i] = post[i] * x + sum_j comb[j, i] * residual[j]``."""
+    return post[..., None] * x[:, None, :] + torch.einsum("tji,tjd->tid", comb, t64(residual))
+
+
+class V4BlockRef:
+    """The attention half of a V4 block: ``hc_pre`` -> RMSNorm (``attn_norm``) -> the attention layer
+    -> ``hc_post``, on ``h [T, 4, hidden]`` (the model's ``Block.forward`` without the FFN half)."""
+
+    def __init__(self, w: dict, hc: dict, ratio: int, **kwargs):
+        self.attn = V4AttentionRef(w, ratio, **kwargs)
+        self.hc = {k: t64(v) for k, v in hc.items()}
+
+    def forward(self, h) -> torch.Tensor:
+        h = t64(h)
+        y, post, comb = hc_pre(h, self.hc["hc_fn"], self.hc["hc_scale"], self.hc["hc_base"])
+        a = self.attn.forward(rms_norm(y, self.hc["attn_norm"]))
+        return hc_post(a, h, post, comb)
