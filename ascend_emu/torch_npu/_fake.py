@@ -539,6 +539,11 @@ def vllm_quant_lightning_indexer_metadata(*_, actual_seq_lengths_query=None, act
     return torch.empty([1024], dtype=torch.int32, device=like.device if like is not None else "meta")
 
 
+def scatter_nd_update(var, indices, update, **_):
+    """Nothing: var is written in place (the schemas return ())."""
+    return None
+
+
 #: Fakes of the framework-namespace ops that have no torch_npu counterpart, by their
 #: :mod:`ascend_emu.ops` function (:func:`._registry.namespace_fake`).
 NAMESPACE_FAKES = {
@@ -556,4 +561,7 @@ NAMESPACE_FAKES = {
     "npu_sparse_attn_sharedkv_metadata": sparse_attn_sharedkv_metadata,
     "npu_vllm_quant_lightning_indexer": vllm_quant_lightning_indexer,
     "npu_vllm_quant_lightning_indexer_metadata": vllm_quant_lightning_indexer_metadata,
+    "npu_scatter_nd_update_v2": scatter_nd_update,
+    "npu_scatter_nd_update_sk": scatter_nd_update,
+    "scatter_nd_update_asc": scatter_nd_update,
 }

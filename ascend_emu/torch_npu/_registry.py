@@ -243,7 +243,16 @@ def _namespace_run(spec, defaults: dict[str, Any], public: str,
         defaults = {**defaults, **fixed}
     splits: dict = {}
 
+    untagged = spec.untagged_uint8
+    public_name = f"torch.ops.{spec.namespace}.{spec.name}"
+
     def run(params: dict[str, Any]) -> Any:
+        for name in untagged:  # 8-bit data the op tells apart by *_dtype tags this schema lacks
+            value = params.get(name)
+            if isinstance(value, torch.Tensor) and value.dtype == torch.uint8:
+                raise arg_error(DTypeError, name, f"a dtype other than uint8 ({public_name} has no {name}_dtype "
+                                "argument, so uint8 data (HiFloat8 on the Ascend 950) cannot be told apart; call "
+                                f"torch_npu.{spec.op} with {name}_dtype=torch_npu.hifloat8)", "uint8")
         if fixed:
             params.update(fixed)
         if functional:

@@ -79,6 +79,9 @@ class NamespaceSchema(OpSchema):
         fixed: ``(argument, value)`` pairs the op gets for arguments the namespace's schema does
             not have (what its kernel call implies).
         caller: where the framework calls it.
+        untagged_uint8: tensor arguments whose 8-bit data the op tells apart by ``*_dtype`` tags
+            this schema lacks (``_C_ascend.npu_mla_prolog_v3``): a uint8 tensor there (HiFloat8
+            on the Ascend 950) is rejected with that reason (DTypeError naming the argument).
     """
 
     op: str = ""
@@ -86,6 +89,7 @@ class NamespaceSchema(OpSchema):
     functional: tuple[str, ...] = ()
     fixed: tuple[tuple[str, object], ...] = ()
     caller: str = ""
+    untagged_uint8: tuple[str, ...] = ()
 
 
 NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
@@ -319,6 +323,44 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         "str layout_kv='PA_ND', bool has_ori_kv=True, bool has_cmp_kv=True, str device='npu:0') -> Tensor",
         f"{RECIPES_HEAD}:90", op="npu_sparse_attn_sharedkv_metadata",
         caller="cann-recipes-infer ops/ascendc/docs/custom-npu_sparse_attn_sharedkv_metadata.md"),
+    # ------------------------------- DeepSeek-V4 row scatters (ops.scatter_nd_update), both namespaces
+    NamespaceSchema("_C_ascend",
+        "npu_scatter_nd_update_v2(Tensor(a!) var, Tensor indices, Tensor update) -> ()",
+        f"{VLLM_ASCEND}:2515", op="npu_scatter_nd_update_v2",
+        caller="vllm_ascend/device/device_op.py:694 (dsa_kv_compress_scatter: [n, 2] (block, offset) rows); "
+        ":720-721 (the indexer's int8 key and fp16 scale caches)"),
+    NamespaceSchema("_C_ascend",
+        "npu_scatter_nd_update_sk(Tensor(a!) var, Tensor indices, Tensor update) -> ()",
+        f"{VLLM_ASCEND_V41}:char~180700", op="npu_scatter_nd_update_sk",
+        caller="DeepSeek-V4.1's cache writers (npu_scatter_nd_update_sk(cache, slot_mapping, x) on A2 / A3); "
+        "tests/e2e/nightly/single_node/ops/singlecard_ops/test_scatter_nd_update_sk.py"),
+    NamespaceSchema("custom",
+        "scatter_nd_update_asc(Tensor(a!) var, Tensor indices, Tensor update) -> ()",
+        f"{RECIPES_HEAD}:71", op="scatter_nd_update_asc",
+        caller="cann-recipes-infer models/deepseek_v4 (update_win_kv: the bf16 / int8 window cache as "
+        "[rows, D] with slot_mapping.view(-1, 1); the indexer's int8 keys and fp16 scales)"),
+    # ------------------------- torch_npu ops that vllm-ascend's later torch_binding.cpp also declares
+    NamespaceSchema("_C_ascend",
+        "npu_scatter_pa_kv_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+        "Tensor slot_mapping, *, str cache_mode='Norm', str scatter_mode='None') -> ()",
+        f"{VLLM_ASCEND_V41}:char~165800", op="npu_scatter_pa_kv_cache",
+        caller="vllm-ascend's V4.1-era cache writes (cache_mode 'Norm' by default, where torch_npu's is 'PA_NZ'; "
+        "scatter_mode only 'None', torch_npu's adapter's one value)"),
+    NamespaceSchema("_C_ascend",
+        "npu_mla_prolog_v3(Tensor token_x, Tensor weight_dq, Tensor weight_uq_qr, Tensor weight_uk, "
+        "Tensor weight_dkv_kr, Tensor rmsnorm_gamma_cq, Tensor rmsnorm_gamma_ckv, Tensor rope_sin, "
+        "Tensor rope_cos, Tensor(a!) kv_cache, Tensor(b!) kr_cache, *, Tensor? cache_index=None, "
+        "Tensor? dequant_scale_x=None, Tensor? dequant_scale_w_dq=None, Tensor? dequant_scale_w_uq_qr=None, "
+        "Tensor? dequant_scale_w_dkv_kr=None, Tensor? quant_scale_ckv=None, Tensor? quant_scale_ckr=None, "
+        "Tensor? smooth_scales_cq=None, Tensor? actual_seq_len=None, Tensor? k_nope_clip_alpha=None, "
+        "float rmsnorm_epsilon_cq=1e-05, float rmsnorm_epsilon_ckv=1e-05, str cache_mode=\"PA_BSND\", "
+        "bool query_norm_flag=False, int weight_quant_mode=0, int kv_cache_quant_mode=0, "
+        "int query_quant_mode=0, int ckvkr_repo_mode=0, int quant_scale_repo_mode=0, int tile_size=128, "
+        "float qc_qr_scale=1.0, float kc_scale=1.0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+        f"{VLLM_ASCEND_V41}:char~145900", op="npu_mla_prolog_v3",
+        untagged_uint8=("token_x", "weight_dq", "weight_uq_qr", "weight_dkv_kr", "kv_cache"),
+        caller="torch_npu's schema without the five *_dtype tags (the binding's comment: aligned with "
+        "torch_npu, the underlying aclnn op MlaPrologV3 of the Ascend 950)"),
     # ----------------- DeepSeek-V4 indexer over compressed keys (ops.vllm_quant_lightning_indexer), _C_ascend
     NamespaceSchema("_C_ascend",
         "npu_vllm_quant_lightning_indexer(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, "
