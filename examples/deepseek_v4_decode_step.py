@@ -161,7 +161,7 @@ class Block:
         o = o.view(t, 1, HEADS, HEAD_DIM).contiguous()
         C.inplace_partial_rotary_mul(o, cos, -sin, "interleave", [HEAD_DIM - ROPE, HEAD_DIM])
         og = torch.einsum("tgd,grd->tgr", o.view(t, O_GROUPS, -1).float(), self.wo_a.float()).to(bf)
-        a = (og.view(t, -1) @ self.wo_b.T).to(bf)
+        a = (og.reshape(t, -1) @ self.wo_b.T).to(bf)
         return C.npu_hc_post(a.unsqueeze(0), h.unsqueeze(0), post.unsqueeze(0), comb.unsqueeze(0))[0]
 
 

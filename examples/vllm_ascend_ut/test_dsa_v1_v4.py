@@ -162,7 +162,7 @@ class DSAV4Layer:
         o = o.view(t, 1, HEADS, HEAD_DIM).contiguous()
         C().inplace_partial_rotary_mul(o, cos, -sin, "interleave", [HEAD_DIM - ROPE, HEAD_DIM])  # inverse rope
         og = torch.einsum("tgd,grd->tgr", o.view(t, O_GROUPS, -1).float(), self.wo_a.float()).to(bf)
-        return (og.view(t, -1).float() @ self.wo_b.float().T).to(bf)
+        return (og.reshape(t, -1).float() @ self.wo_b.float().T).to(bf)
 
 
 def expected_attention(layer, seq_lens, q_lens):
