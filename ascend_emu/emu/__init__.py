@@ -27,6 +27,7 @@ from . import v4_small as _v4_small
 from . import hc as _hc  # DeepSeek-V4 mHC
 from . import sparse_attn_sharedkv as _sparse_attn_sharedkv  # DeepSeek-V4 shared-KV attention
 from . import scatter_nd_update as _scatter_nd_update  # DeepSeek-V4 row scatters
+from . import compressor as _compressor  # DeepSeek-V4 KV compressor
 
 
 class EmuBackend:
@@ -53,6 +54,8 @@ class EmuBackend:
     hc_post = staticmethod(_hc.hc_post)
     # DeepSeek-V4 shared-KV attention
     sparse_attn_sharedkv = staticmethod(_sparse_attn_sharedkv.sparse_attn_sharedkv)
+    # DeepSeek-V4 KV compressor
+    compressor = staticmethod(_compressor.compressor)
     # DeepSeek-V4 indexer over compressed keys: the quant indexer's kernel (the contract set the limits)
     vllm_quant_lightning_indexer = staticmethod(_quant_lightning_indexer.quant_lightning_indexer)
     # DeepSeek-V4 row scatters (npu_scatter_nd_update_v2 / _sk, custom.scatter_nd_update_asc)

@@ -532,6 +532,7 @@ class HwBackend:
     sparse_attn_sharedkv = staticmethod(_not_in_torch_npu("npu_sparse_attn_sharedkv"))
     vllm_quant_lightning_indexer = staticmethod(_not_in_torch_npu("npu_vllm_quant_lightning_indexer"))
     scatter_nd_update = staticmethod(_not_in_torch_npu("npu_scatter_nd_update_v2"))
+    compressor = staticmethod(_not_in_torch_npu("compressor"))
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.

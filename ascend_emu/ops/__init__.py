@@ -28,6 +28,7 @@ from .v4_small import (compressor_metadata, compressor_metadata_out, inplace_par
 from .hc import (npu_hc_post, npu_hc_pre, npu_hc_pre_inv_rms, npu_hc_pre_sinkhorn,  # DeepSeek-V4 mHC
                  npu_hc_pre_v2, npu_hc_pre_v3)
 from .sparse_attn_sharedkv import npu_sparse_attn_sharedkv, npu_sparse_attn_sharedkv_metadata  # DeepSeek-V4
+from .compressor import compressor  # DeepSeek-V4
 from .vllm_quant_lightning_indexer import (npu_vllm_quant_lightning_indexer,  # DeepSeek-V4
                                            npu_vllm_quant_lightning_indexer_metadata)
 from .scatter_nd_update import (npu_scatter_nd_update_sk, npu_scatter_nd_update_v2,  # DeepSeek-V4
@@ -52,6 +53,7 @@ __all__ += ["npu_hc_pre_v2", "npu_hc_pre_v3", "npu_hc_pre", "npu_hc_pre_inv_rms"
 __all__ += ["npu_sparse_attn_sharedkv", "npu_sparse_attn_sharedkv_metadata"]
 __all__ += ["npu_vllm_quant_lightning_indexer", "npu_vllm_quant_lightning_indexer_metadata"]
 __all__ += ["npu_scatter_nd_update_v2", "npu_scatter_nd_update_sk", "scatter_nd_update_asc"]
+__all__ += ["compressor"]
 
 
 def __getattr__(name: str):

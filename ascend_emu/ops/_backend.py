@@ -39,6 +39,7 @@ from .._env import getenv
 from ..errors import ModeError, arg_error, describe
 
 if TYPE_CHECKING:  # the families' modules import this one
+    from .compressor import CompressorArgs, CompressorOutputs
     from .dynamic_quant import DynamicQuantArgs, DynamicQuantOutputs
     from .fused_infer_attention_score import FusedInferAttentionArgs, FusedInferAttentionOutputs
     from .hc import HcPostArgs, HcPostOutputs, HcPreArgs, HcPreOutputs
@@ -113,6 +114,9 @@ class Backend(Protocol):
     # ---- DeepSeek-V4 shared-KV attention (ops.sparse_attn_sharedkv)
     def sparse_attn_sharedkv(self, args: SharedKvArgs) -> SharedKvOutputs:
         """``npu_sparse_attn_sharedkv`` (A2 / A3)."""
+
+    def compressor(self, args: CompressorArgs) -> CompressorOutputs:
+        """DeepSeek-V4's ``compressor`` (the state cache written in place)."""
 
     def vllm_quant_lightning_indexer(self, args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
         """``_C_ascend.npu_vllm_quant_lightning_indexer`` (compressed keys; the quant indexer's numerics)."""

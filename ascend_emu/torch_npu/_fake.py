@@ -542,6 +542,14 @@ def vllm_quant_lightning_indexer_metadata(*_, actual_seq_lengths_query=None, act
 def scatter_nd_update(var, indices, update, **_):
     """Nothing: var is written in place (the schemas return ())."""
     return None
+# ----------------------------------------------------------------- DeepSeek-V4 compressor (ops.compressor)
+def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos, *_, cmp_ratio=4, **__):
+    """cmp_kv in x's dtype: ``[B, ceil(S / cmp_ratio), D]`` for a 3-D x, else ``[rope_sin rows, D]``
+    (vllm-ascend ``construct_compressor_output_tensor``)."""
+    d = norm_weight.shape[0]
+    if x.dim() == 3:
+        return _new(x, [x.shape[0], -(-x.shape[1] // cmp_ratio), d], x.dtype)
+    return _new(x, [rope_sin.shape[0], d], x.dtype)
 
 
 #: Fakes of the framework-namespace ops that have no torch_npu counterpart, by their
@@ -564,4 +572,5 @@ NAMESPACE_FAKES = {
     "npu_scatter_nd_update_v2": scatter_nd_update,
     "npu_scatter_nd_update_sk": scatter_nd_update,
     "scatter_nd_update_asc": scatter_nd_update,
+    "compressor": compressor,
 }

@@ -361,6 +361,21 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         untagged_uint8=("token_x", "weight_dq", "weight_uq_qr", "weight_dkv_kr", "kv_cache"),
         caller="torch_npu's schema without the five *_dtype tags (the binding's comment: aligned with "
         "torch_npu, the underlying aclnn op MlaPrologV3 of the Ascend 950)"),
+    # ----------------------------------------- DeepSeek-V4 KV compressor (ops.compressor), both namespaces
+    NamespaceSchema("_C_ascend",
+        "compressor(Tensor x, Tensor wkv, Tensor wgate, Tensor(a!) state_cache, Tensor ape, Tensor norm_weight, "
+        "Tensor rope_sin, Tensor rope_cos, Tensor? state_block_table, Tensor? cu_seqlens, Tensor? seqused, "
+        "Tensor? start_pos, int rope_head_dim, int cmp_ratio, int coff, float norm_eps, int rotary_mode, "
+        "int cache_mode) -> Tensor",
+        f"{VLLM_ASCEND}:2226", op="compressor",
+        caller="vllm_ascend/models/deepseek_v4/compressor.py (Compressor.forward: rotary_mode=2, cache_mode=1)"),
+    NamespaceSchema("custom",
+        "compressor(Tensor x, Tensor wkv, Tensor wgate, Tensor(a!) state_cache, Tensor ape, Tensor norm_weight, "
+        "Tensor rope_sin, Tensor rope_cos, int rope_head_dim, int cmp_ratio, *, Tensor? state_block_table=None, "
+        "Tensor? cu_seqlens=None, Tensor? seqused=None, Tensor? start_pos=None, int coff=1, float norm_eps=1e-6, "
+        "int rotary_mode=1, int cache_mode=1) -> (Tensor)",
+        f"{RECIPES_HEAD}:60", op="compressor",
+        caller="cann-recipes-infer ops/ascendc/docs/custom-npu_compressor.md (example)"),
     # ----------------- DeepSeek-V4 indexer over compressed keys (ops.vllm_quant_lightning_indexer), _C_ascend
     NamespaceSchema("_C_ascend",
         "npu_vllm_quant_lightning_indexer(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, "
