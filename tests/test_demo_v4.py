@@ -19,7 +19,7 @@ from tests.helpers import bit_identical_share, dual_threshold_ok
 from tests.reference.deepseek_v4_attention import V4AttentionRef, V4BlockRef
 
 PREC = 0.005
-CFG = demo_v4.V4Config(hidden=256, q_rank=128, o_rank=64, max_tokens=160, block_size=16)
+CFG = demo_v4.V4Config(hidden=1024, q_rank=128, o_rank=64, max_tokens=160, block_size=16)
 PREFILL = 124
 DECODE = 8  # positions 124 .. 131: crosses the c128 boundary at 127 and two c4 boundaries
 

@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch_npu
 
-HIDDEN, Q_RANK, O_GROUPS, O_RANK = 256, 128, 8, 64
+HIDDEN, Q_RANK, O_GROUPS, O_RANK = 1024, 128, 8, 64  # the compressor takes H >= 1024
 HEADS, HEAD_DIM, ROPE, WINDOW = 64, 512, 64, 128
 IDX_HEADS, IDX_DIM, TOPK = 64, 128, 512
 BLOCK_SIZE, EPS, MAX_LEN = 16, 1e-6, 160
