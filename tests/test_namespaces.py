@@ -157,18 +157,19 @@ def test_quant_indexer_entries_light_up_when_the_op_exists(fresh):
     """With the stand-in quant indexer the three quant-indexer entries register (besides the V4
     compressed-key indexer's two, which have their own op), each call
     reaches the op with the namespace's defaults by torch_npu's argument names, the outputs are
-    mapped (the V4 schema's second output an fp32 ``[0]``), and an argument the op lacks is
-    accepted at the schema's default only."""
+    mapped (the V4 schema's second output an fp32 ``[0]``); the custom V4 op runs torch_npu's op
+    (the stand-in) at cmp_ratio 1 and the compressed-key indexer above it."""
     out = fresh
     assert ("REPORT ['_C_ascend::npu_lightning_indexer_quant', '_C_ascend::npu_vllm_quant_lightning_indexer', "
             "'_C_ascend::npu_vllm_quant_lightning_indexer_metadata', 'custom::npu_lightning_indexer_quant', "
-            "'custom::npu_quant_lightning_indexer']") in out
+            "'custom::npu_quant_lightning_indexer', 'custom::npu_quant_lightning_indexer_metadata']") in out
     assert "A (3, 1, 8) torch.int32 7" in out
     assert "B Tensor (3, 1, 8)" in out
     assert "C 2 (3, 1, 8) (0,) torch.float32" in out
     # _C_ascend / custom V3.2: quant modes keyword defaults 0, layout_key given; V4: layout_key's default PA_BSND
     assert "SEEN [(0, 0, 'TND', 'PA_BSND', 8, 3), (0, 0, 'TND', 'PA_BSND', 8, 3), (0, 0, 'TND', 'PA_BSND', 8, 3)]" in out
-    assert "CMP ModeError cmp_ratio: expected the default 1" in out
+    # the custom op with cmp_ratio > 1 is the compressed-key indexer (int8, N1 64), not torch_npu's op
+    assert "CMP ShapeError query: expected N1 = 64, D = 128" in out
 
 
 # ---------------------------------------------------------------------- sparse attention

@@ -162,3 +162,54 @@ def test_c_ascend_binding_and_fakes():
         m, m, m, m, m, sparse_count=512, layout_query="TND", layout_key="PA_BSND", cmp_ratio=4)
     assert tuple(fi.shape) == (4, 1, 512) and fi.dtype == torch.int32 and tuple(fv.shape) == (0,)
     assert vq.PLAN_FIELDS[0] == "magic"
+
+
+# --------------------------------------- the recipes' custom.npu_quant_lightning_indexer, cmp_ratio > 1
+@pytest.mark.parametrize("q_lens,kv_lens,ratio,layout,with_plan", [
+    ([3, 1], [70, 33], 4, "TND", True),
+    ([2, 2], [300, 129], 128, "BSND", False),   # the doc makes metadata optional
+    ([2], [50], 2, "TND", False),
+])
+def test_custom_op_with_cmp_ratio_is_the_compressed_key_indexer(q_lens, kv_lens, ratio, layout, with_plan):
+    args, kw, gold = _case(q_lens, kv_lens, ratio, layout=layout)
+    qm, km = kw.pop("query_quant_mode"), kw.pop("key_quant_mode")
+    if not with_plan:
+        kw["metadata"] = None
+    idx, values = ops.custom_npu_quant_lightning_indexer(*args, qm, km, **kw)
+    np.testing.assert_array_equal(idx.reshape(gold.shape), gold)
+    assert values.shape == (0,) and values.dtype == np.float32
+
+
+def test_custom_op_apart_from_torch_npus():
+    """cmp_ratio 1 without a plan is torch_npu's op (the same bytes); a plan given is checked;
+    query_dtype with cmp_ratio > 1 is rejected by name; a zero plan fails."""
+    args, kw, gold = _case([3, 1], [70, 33], 1)
+    kw.pop("query_quant_mode"), kw.pop("key_quant_mode")
+    plan = kw.pop("metadata")
+    kw.pop("cmp_ratio")
+    want = ops.npu_quant_lightning_indexer(*args, 0, 0, **kw)
+    got, _ = ops.custom_npu_quant_lightning_indexer(*args, 0, 0, **kw)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(ops.custom_npu_quant_lightning_indexer(*args, 0, 0, metadata=plan, **kw)[0]
+                                  .reshape(gold.shape), gold)
+    with pytest.raises(ModeError, match="^metadata: expected a plan made by"):
+        ops.custom_npu_quant_lightning_indexer(*args, 0, 0, metadata=np.zeros(1024, np.int32), **kw)
+    with pytest.raises(ModeError, match="^query_dtype: expected None with cmp_ratio 4"):
+        ops.custom_npu_quant_lightning_indexer(*args, 0, 0, cmp_ratio=4, query_dtype=290, **kw)
+    with pytest.raises(ModeError, match=r"^cmp_ratio: expected one of \[1, 2, 4"):
+        ops.custom_npu_quant_lightning_indexer(*args, 0, 0, cmp_ratio=256, **kw)
+
+
+def test_custom_binding_and_its_metadata_op():
+    import ascend_emu.torch_npu  # noqa: F401  (registers the namespaces)
+
+    args, kw, gold = _case([3, 1], [70, 33], 4)
+    t = lambda a: torch.from_numpy(a) if isinstance(a, np.ndarray) else a  # noqa: E731
+    tk = {k: t(v) for k, v in kw.items() if k not in ("query_quant_mode", "key_quant_mode")}
+    tk["metadata"] = torch.ops.custom.npu_quant_lightning_indexer_metadata(
+        64, 1, 128, 0, 0, actual_seq_lengths_query=tk["actual_seq_lengths_query"],
+        actual_seq_lengths_key=tk["actual_seq_lengths_key"], batch_size=2, max_seqlen_q=3, max_seqlen_k=70,
+        layout_query="TND", layout_key="PA_BSND", sparse_count=8, cmp_ratio=4)
+    idx, vals = torch.ops.custom.npu_quant_lightning_indexer(*(t(a) for a in args), 0, 0, **tk)
+    np.testing.assert_array_equal(idx.numpy().reshape(gold.shape), gold)
+    assert tuple(vals.shape) == (0,) and vals.dtype == torch.float32

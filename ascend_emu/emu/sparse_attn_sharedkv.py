@@ -16,8 +16,13 @@ token's request, position and the cache rows it reads):
    ``round(P)`` is P rounded (RNE) to the cache dtype before the second product (the reading of
    the reference model's kernel, which copies P to the half-precision buffer before its P @ V;
    the README does not say), while ``l`` sums the unrounded P;
-5. the sink: ``l += exp(sink - m)`` (the denominator only);
+5. the sink: ``l += exp(sink - m)`` after the last tile (the denominator only; A2 / A3), or,
+   with ``args.sink_init`` (the Ascend 950 kernel, ``kv_quant_sparse_attn_sharedkv``: "maxUb
+   initialised from sinks, sumUb to 1.0"), ``m = sink`` and ``l = 1`` before the first tile;
 6. ``out = acc / l``, rounded once (RNE) to q's dtype.
+
+The Ascend 950 op reaches this with its 640-byte rows already decoded by its contract to the
+bf16 values its vector unit feeds the cube (:mod:`ascend_emu.ops.kv_quant_sparse_attn_sharedkv`).
 """
 
 from __future__ import annotations
@@ -56,8 +61,12 @@ def sparse_attn_sharedkv(args: SharedKvArgs) -> SharedKvOutputs:
             rows = args.cmp_rows[args.cmp_slots[b, pos]]
             tiles += [rows[k:k + TILE_ROWS] for k in range(0, rows.shape[0], TILE_ROWS)]
         qf = _f32(q[i])  # [N, D]
-        m = np.full(n, -np.inf, np.float32)
-        l_sum = np.zeros(n, np.float32)
+        if args.sink_init:
+            m = sinks.copy()
+            l_sum = np.ones(n, np.float32)
+        else:
+            m = np.full(n, -np.inf, np.float32)
+            l_sum = np.zeros(n, np.float32)
         acc = np.zeros((n, d), np.float32)
         for kv in tiles:
             k32 = _f32(kv)  # [L, D]
@@ -69,7 +78,7 @@ def sparse_attn_sharedkv(args: SharedKvArgs) -> SharedKvOutputs:
             l_sum = l_sum * alpha + pexp.sum(axis=1, dtype=np.float32)
             acc = acc * alpha[:, None] + matmul_f32(pexp.astype(dtype).astype(np.float32), k32)
             m = m_new
-        if sinks is not None:
+        if sinks is not None and not args.sink_init:
             l_sum = l_sum + np.exp(sinks - m)
         out[i] = (acc / l_sum[:, None]).astype(dtype)
     return SharedKvOutputs(out)

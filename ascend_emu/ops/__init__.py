@@ -29,7 +29,10 @@ from .hc import (npu_hc_post, npu_hc_pre, npu_hc_pre_inv_rms, npu_hc_pre_sinkhor
                  npu_hc_pre_v2, npu_hc_pre_v3)
 from .sparse_attn_sharedkv import npu_sparse_attn_sharedkv, npu_sparse_attn_sharedkv_metadata  # DeepSeek-V4
 from .compressor import compressor  # DeepSeek-V4
-from .vllm_quant_lightning_indexer import (npu_vllm_quant_lightning_indexer,  # DeepSeek-V4
+from .kv_quant_sparse_attn_sharedkv import (npu_kv_quant_sparse_attn_sharedkv,  # DeepSeek-V4, Ascend 950
+                                            npu_kv_quant_sparse_attn_sharedkv_metadata)
+from .vllm_quant_lightning_indexer import (custom_npu_quant_lightning_indexer,  # DeepSeek-V4
+                                           npu_vllm_quant_lightning_indexer,
                                            npu_vllm_quant_lightning_indexer_metadata)
 from .scatter_nd_update import (npu_scatter_nd_update_sk, npu_scatter_nd_update_v2,  # DeepSeek-V4
                                 scatter_nd_update_asc)
@@ -51,7 +54,9 @@ __all__ += ["npu_rms_norm_dynamic_quant", "inplace_partial_rotary_mul", "compres
 __all__ += ["npu_hc_pre_v2", "npu_hc_pre_v3", "npu_hc_pre", "npu_hc_pre_inv_rms", "npu_hc_pre_sinkhorn",
             "npu_hc_post"]
 __all__ += ["npu_sparse_attn_sharedkv", "npu_sparse_attn_sharedkv_metadata"]
-__all__ += ["npu_vllm_quant_lightning_indexer", "npu_vllm_quant_lightning_indexer_metadata"]
+__all__ += ["npu_kv_quant_sparse_attn_sharedkv", "npu_kv_quant_sparse_attn_sharedkv_metadata"]
+__all__ += ["npu_vllm_quant_lightning_indexer", "npu_vllm_quant_lightning_indexer_metadata",
+            "custom_npu_quant_lightning_indexer"]
 __all__ += ["npu_scatter_nd_update_v2", "npu_scatter_nd_update_sk", "scatter_nd_update_asc"]
 __all__ += ["compressor"]
 

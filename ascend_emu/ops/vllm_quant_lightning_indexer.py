@@ -54,7 +54,8 @@ PLAN_FIELDS = ("magic", "version", "num_heads_q", "num_heads_k", "head_dim", "qu
                "batch_size", "layout_query", "layout_key", "sparse_count", "sparse_mode", "cmp_ratio",
                "max_seqlen_q", "max_seqlen_k", "crc_actual_seq_lengths_query", "crc_actual_seq_lengths_key",
                "checksum")
-PLAN = PlanFormat(PLAN_MAGIC, PLAN_VERSION, PLAN_FIELDS, "npu_vllm_quant_lightning_indexer_metadata",
+PLAN = PlanFormat(PLAN_MAGIC, PLAN_VERSION, PLAN_FIELDS,
+                  "npu_vllm_quant_lightning_indexer_metadata (custom: npu_quant_lightning_indexer_metadata)",
                   "README: it cannot be empty", ("max_seqlen_q", "max_seqlen_k"))
 LAYOUT_CODES = {"BSND": 1, "TND": 2, "PA_BSND": 3}
 _VALIDATED = ValidatedSignatures()
@@ -181,6 +182,16 @@ def npu_vllm_quant_lightning_indexer(query, key, weights, query_dequant_scale, k
     Raises:
         ModeError, ShapeError, DTypeError, IndexRangeError: naming the argument.
     """
+    return _compressed(query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode, key_quant_mode,
+                       actual_seq_lengths_query, actual_seq_lengths_key, block_table, metadata, layout_query,
+                       layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens, cmp_ratio, return_value, True)
+
+
+def _compressed(query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode, key_quant_mode,
+                actual_seq_lengths_query, actual_seq_lengths_key, block_table, metadata, layout_query, layout_key,
+                sparse_count, sparse_mode, pre_tokens, next_tokens, cmp_ratio, return_value, metadata_required: bool):
+    """The compressed-key indexer of both namespaces (module doc); ``metadata_required``: False for
+    the custom binding, whose doc makes the plan optional (checked when given)."""
     _modes(layout_query, layout_key, query_quant_mode, key_quant_mode, sparse_mode, pre_tokens, next_tokens,
            cmp_ratio, sparse_count)
     if not isinstance(return_value, (bool, np.bool_)) or return_value:
@@ -228,7 +239,61 @@ def npu_vllm_quant_lightning_indexer(query, key, weights, query_dequant_scale, k
               "crc_actual_seq_lengths_key": crc(actual_seq_lengths_key)}
     if layout_query == "TND":
         expect["crc_actual_seq_lengths_query"] = crc(actual_seq_lengths_query)
-    PLAN.check(metadata, expect, (int(q_lens.max(initial=0)), int(act_k.max())))
+    if metadata_required or metadata is not None:
+        PLAN.check(metadata, expect, (int(q_lens.max(initial=0)), int(act_k.max())))
     args = QuantLightningIndexerArgs(indexer=indexer, query_dequant_scale=qs, key_dequant_scale=ks, element="int8")
     idx = get_backend().vllm_quant_lightning_indexer(args).sparse_indices
     return idx, np.empty((0,), np.float32)
+
+
+def custom_npu_quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale,
+                                       query_quant_mode: int, key_quant_mode: int, *, actual_seq_lengths_query=None,
+                                       actual_seq_lengths_key=None, block_table=None, metadata=None,
+                                       layout_query: str = "BSND", layout_key: str = "PA_BSND",
+                                       sparse_count: int = 2048, sparse_mode: int = 3,
+                                       pre_tokens: int = UNBOUNDED_TOKENS, next_tokens: int = UNBOUNDED_TOKENS,
+                                       cmp_ratio: int = 1, return_value: bool = False, query_dtype=None,
+                                       key_dtype=None):
+    """cann-recipes-infer's ``torch.ops.custom.npu_quant_lightning_indexer`` (the DeepSeek-V4 set):
+    the same name as torch_npu's op, another schema and more behaviour, kept apart from it.
+
+    - ``cmp_ratio`` 1 without ``metadata``: torch_npu's op,
+      :func:`ascend_emu.ops.npu_quant_lightning_indexer` (the package's, looked up at the call:
+      a mock of it applies here too), with ``query_dtype`` / ``key_dtype`` (its Ascend 950 FP8 /
+      HiF8 keys) and the outputs ``(indices, fp32 [0])``.
+    - ``cmp_ratio`` > 1, or a ``metadata`` plan given: the compressed-key indexer of
+      :func:`npu_vllm_quant_lightning_indexer` (the recipes' doc gives the same contract: int8,
+      N1 64, D 128, PA_BSND keys, fp16 weights and scales, ``cmp_ratio`` 1, 2, 4, .., 128,
+      ``actual_seq_lengths_key`` the original token counts, the causal limit ``(p + 1) //
+      cmp_ratio``), except that ``metadata`` is optional (doc: "可选参数"; checked when given, a
+      plan of ``npu_quant_lightning_indexer_metadata``); ``query_dtype`` / ``key_dtype`` None only.
+
+    Args / Returns: as the two functions above (``sparse_values`` fp32 ``[0]``).
+
+    Raises:
+        ModeError, ShapeError, DTypeError, IndexRangeError: naming the argument.
+
+    Source: hicann/cann-recipes-infer ``ops/ascendc/docs/custom-npu_quant_lightning_indexer.md``,
+    ``ops/ascendc/torch_ops_extension/custom_ops/csrc/ops_def_registration.cpp`` (docs/sources.md).
+    """
+    ratio = _int(cmp_ratio, "cmp_ratio", CMP_RATIOS, "the recipes' doc: 1/2/4/8/16/32/64/128")
+    if ratio == 1 and metadata is None:
+        from . import npu_quant_lightning_indexer  # the package's (a mock of it included)
+
+        if not isinstance(return_value, (bool, np.bool_)) or return_value:
+            raise arg_error(ModeError, "return_value", "False (the doc: only the default)", describe(return_value))
+        idx = npu_quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale,
+                                          query_quant_mode, key_quant_mode,
+                                          actual_seq_lengths_query=actual_seq_lengths_query,
+                                          actual_seq_lengths_key=actual_seq_lengths_key, block_table=block_table,
+                                          layout_query=layout_query, layout_key=layout_key,
+                                          sparse_count=sparse_count, sparse_mode=sparse_mode, pre_tokens=pre_tokens,
+                                          next_tokens=next_tokens, query_dtype=query_dtype, key_dtype=key_dtype)
+        return idx, np.empty((0,), np.float32)
+    for name, v in (("query_dtype", query_dtype), ("key_dtype", key_dtype)):
+        if v is not None:
+            raise arg_error(ModeError, name, f"None with cmp_ratio {ratio} or a metadata plan (the compressed-key "
+                            "indexer is int8: the recipes' doc)", describe(v))
+    return _compressed(query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode, key_quant_mode,
+                       actual_seq_lengths_query, actual_seq_lengths_key, block_table, metadata, layout_query,
+                       layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens, ratio, return_value, False)

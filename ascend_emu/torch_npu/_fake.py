@@ -542,6 +542,8 @@ def vllm_quant_lightning_indexer_metadata(*_, actual_seq_lengths_query=None, act
 def scatter_nd_update(var, indices, update, **_):
     """Nothing: var is written in place (the schemas return ())."""
     return None
+
+
 # ----------------------------------------------------------------- DeepSeek-V4 compressor (ops.compressor)
 def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos, *_, cmp_ratio=4, **__):
     """cmp_kv in x's dtype: ``[B, ceil(S / cmp_ratio), D]`` for a 3-D x, else ``[rope_sin rows, D]``
@@ -550,6 +552,14 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
     if x.dim() == 3:
         return _new(x, [x.shape[0], -(-x.shape[1] // cmp_ratio), d], x.dtype)
     return _new(x, [rope_sin.shape[0], d], x.dtype)
+
+
+def custom_quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode,
+                                   key_quant_mode, **kw):
+    """``(sparse_indices like torch_npu's op, sparse_values fp32 [0])`` (the recipes' custom op)."""
+    idx = quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode,
+                                  key_quant_mode, **kw)
+    return idx, _new(query, [0], torch.float32)
 
 
 #: Fakes of the framework-namespace ops that have no torch_npu counterpart, by their
@@ -567,7 +577,10 @@ NAMESPACE_FAKES = {
     "npu_hc_post": hc_post,
     "npu_sparse_attn_sharedkv": sparse_attn_sharedkv,
     "npu_sparse_attn_sharedkv_metadata": sparse_attn_sharedkv_metadata,
+    "npu_kv_quant_sparse_attn_sharedkv": sparse_attn_sharedkv,
+    "npu_kv_quant_sparse_attn_sharedkv_metadata": sparse_attn_sharedkv_metadata,
     "npu_vllm_quant_lightning_indexer": vllm_quant_lightning_indexer,
+    "custom_npu_quant_lightning_indexer": custom_quant_lightning_indexer,
     "npu_vllm_quant_lightning_indexer_metadata": vllm_quant_lightning_indexer_metadata,
     "npu_scatter_nd_update_v2": scatter_nd_update,
     "npu_scatter_nd_update_sk": scatter_nd_update,

@@ -207,9 +207,17 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         "int sparse_count=2048, int sparse_mode=3, int pre_tokens=9223372036854775807, "
         "int next_tokens=9223372036854775807, int cmp_ratio=1, bool return_value=False, "
         "int? query_dtype=None, int? key_dtype=None) -> (Tensor, Tensor)",
-        f"{RECIPES_HEAD}:84", op="npu_quant_lightning_indexer", outputs=(0, EMPTY_F32),
+        f"{RECIPES_HEAD}:84", op="custom_npu_quant_lightning_indexer",
         caller="sglang's DeepSeek-V4 Ascend attention backend (python/sglang/srt/hardware_backend/npu/attention/, "
         "through the recipes' custom_ops package)"),
+    NamespaceSchema("custom",
+        "npu_quant_lightning_indexer_metadata(int num_heads_q, int num_heads_k, int head_dim, int query_quant_mode, "
+        "int key_quant_mode, *, Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, "
+        "int batch_size=0, int max_seqlen_q=0, int max_seqlen_k=0, str layout_query='BSND', "
+        "str layout_key='BSND', int sparse_count=2048, int sparse_mode=3, int pre_tokens=9223372036854775807, "
+        "int next_tokens=9223372036854775807, int cmp_ratio=1, str device='npu:0') -> Tensor",
+        f"{RECIPES_HEAD}:102", op="npu_vllm_quant_lightning_indexer_metadata",
+        caller="cann-recipes-infer ops/ascendc/docs/custom-npu_quant_lightning_indexer.md (example)"),
     # --------------------------------------- DeepSeek-V4 small ops (docs/v4.md), both namespaces
     NamespaceSchema("_C_ascend",
         "npu_rms_norm_dynamic_quant(Tensor x, Tensor gamma, Tensor? smooth_scale=None, Tensor? beta=None, "
@@ -376,6 +384,51 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         "int rotary_mode=1, int cache_mode=1) -> (Tensor)",
         f"{RECIPES_HEAD}:60", op="compressor",
         caller="cann-recipes-infer ops/ascendc/docs/custom-npu_compressor.md (example)"),
+    # ------- DeepSeek-V4 shared-KV attention, Ascend 950 (ops.kv_quant_sparse_attn_sharedkv), both namespaces
+    NamespaceSchema("_C_ascend",
+        # not keyword-only after kv_quant_mode (the torch_npu-style custom schema is)
+        "npu_kv_quant_sparse_attn_sharedkv(Tensor q, int kv_quant_mode, Tensor? ori_kv=None, Tensor? cmp_kv=None, "
+        "Tensor? ori_sparse_indices=None, Tensor? cmp_sparse_indices=None, Tensor? ori_block_table=None, "
+        "Tensor? cmp_block_table=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, "
+        "Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, Tensor? seqused_kv=None, Tensor? sinks=None, "
+        "Tensor? metadata=None, int tile_size=0, int rope_head_dim=0, float softmax_scale=0.0, int cmp_ratio=0, "
+        "int ori_mask_mode=4, int cmp_mask_mode=3, int ori_win_left=127, int ori_win_right=0, "
+        "str layout_q='BSND', str layout_kv='PA_ND', bool return_softmax_lse=False"
+        ") -> (Tensor out, Tensor softmax_lse)",
+        f"{VLLM_ASCEND}:2409", op="npu_kv_quant_sparse_attn_sharedkv",
+        caller="vllm_ascend/device/device_op.py (A5: kv_quant_mode=1, tile_size=64, rope_head_dim=64) through "
+        "vllm_ascend/attention/dsa_v1.py"),
+    NamespaceSchema("_C_ascend",
+        "npu_kv_quant_sparse_attn_sharedkv_metadata(int num_heads_q, int num_heads_kv, int head_dim, "
+        "int kv_quant_mode, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, "
+        "Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, Tensor? seqused_kv=None, int batch_size=0, "
+        "int max_seqlen_q=0, int max_seqlen_kv=0, int ori_topk=0, int cmp_topk=0, int tile_size=0, "
+        "int rope_head_dim=0, int cmp_ratio=-1, int ori_mask_mode=4, int cmp_mask_mode=3, int ori_win_left=127, "
+        "int ori_win_right=0, str layout_q='BSND', str layout_kv='PA_ND', bool has_ori_kv=True, "
+        "bool has_cmp_kv=True, str device='npu') -> Tensor",
+        f"{VLLM_ASCEND}:2442", op="npu_kv_quant_sparse_attn_sharedkv_metadata",
+        caller="vllm_ascend/attention/dsa_v1.py (_build_sas_metadata; A5 passes kv_quant_mode=1 only)"),
+    NamespaceSchema("custom",
+        "npu_kv_quant_sparse_attn_sharedkv(Tensor q, int kv_quant_mode, *, Tensor? ori_kv=None, "
+        "Tensor? cmp_kv=None, Tensor? ori_sparse_indices=None, Tensor? cmp_sparse_indices=None, "
+        "Tensor? ori_block_table=None, Tensor? cmp_block_table=None, Tensor? cu_seqlens_q=None, "
+        "Tensor? cu_seqlens_ori_kv=None, Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, "
+        "Tensor? seqused_kv=None, Tensor? sinks=None, Tensor? metadata=None, int tile_size=0, "
+        "int rope_head_dim=0, float softmax_scale=0, int cmp_ratio=0, int ori_mask_mode=4, int cmp_mask_mode=3, "
+        "int ori_win_left=127, int ori_win_right=0, str layout_q='BSND', str layout_kv='PA_ND', "
+        "bool return_softmax_lse=False) -> (Tensor, Tensor)",
+        f"{RECIPES_HEAD}:106", op="npu_kv_quant_sparse_attn_sharedkv",
+        caller="cann-recipes-infer's DeepSeek-V4 Ascend 950 path through the custom_ops package"),
+    NamespaceSchema("custom",
+        "npu_kv_quant_sparse_attn_sharedkv_metadata(int num_heads_q, int num_heads_kv, int head_dim, "
+        "int kv_quant_mode, *, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, "
+        "Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, Tensor? seqused_kv=None, int batch_size=0, "
+        "int max_seqlen_q=0, int max_seqlen_kv=0, int ori_topk=0, int cmp_topk=0, int tile_size=0, "
+        "int rope_head_dim=0, int cmp_ratio=-1, int ori_mask_mode=4, int cmp_mask_mode=3, int ori_win_left=127, "
+        "int ori_win_right=0, str layout_q='BSND', str layout_kv='PA_ND', bool has_ori_kv=True, "
+        "bool has_cmp_kv=True, str device='npu:0') -> Tensor",
+        f"{RECIPES_HEAD}:113", op="npu_kv_quant_sparse_attn_sharedkv_metadata",
+        caller="cann-recipes-infer's DeepSeek-V4 Ascend 950 path through the custom_ops package"),
     # ----------------- DeepSeek-V4 indexer over compressed keys (ops.vllm_quant_lightning_indexer), _C_ascend
     NamespaceSchema("_C_ascend",
         "npu_vllm_quant_lightning_indexer(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, "

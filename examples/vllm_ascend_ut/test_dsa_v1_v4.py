@@ -21,7 +21,6 @@ Run: ``python -m pytest examples/vllm_ascend_ut -q`` (a few seconds).
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch_npu
 
