@@ -139,9 +139,21 @@ def test_mode2_nan_policy():
 
 def test_mode2_rejects_other_group_sizes():
     x = _rows(5, 1, 512)
-    with pytest.raises(ModeError, match="quant_group_size"):
-        v4.encode_kv_rows(x, quant_group_size=128)
+    for bad in (32, 256, 96):
+        with pytest.raises(ModeError, match="quant_group_size"):
+            v4.encode_kv_rows(x, quant_group_size=bad)
     np.testing.assert_array_equal(v4.encode_kv_rows(x, quant_group_size=64), v4.encode_kv_rows(x))
+
+
+@pytest.mark.parametrize("d", [512, 256, 200])
+def test_mode2_group_128_matches_reference(d):
+    """vllm-ascend's quant_group_size 128 (one E8M0 byte per 128 values; a short last group)."""
+    x = _rows(6, 5, d)
+    got = v4.encode_kv_rows(x, quant_group_size=128)
+    assert got.shape[1] == ref.row_width(d, 2, 128) == v4.kv_row_bytes(d, 2, 128)
+    np.testing.assert_array_equal(got, _ref_rows(x, ref.kv_row_mode2, group=128))
+    back = v4.decode_kv_rows(got, d, quant_group_size=128)
+    np.testing.assert_allclose(back, x.astype(np.float32), rtol=0.07, atol=1e-30)
 
 
 # ----------------------------------------------------------------------------- quant_mode 1 / 3

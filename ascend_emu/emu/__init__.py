@@ -28,6 +28,7 @@ from . import hc as _hc  # DeepSeek-V4 mHC
 from . import sparse_attn_sharedkv as _sparse_attn_sharedkv  # DeepSeek-V4 shared-KV attention
 from . import scatter_nd_update as _scatter_nd_update  # DeepSeek-V4 row scatters
 from . import compressor as _compressor  # DeepSeek-V4 KV compressor
+from . import v4_writers as _v4_writers  # DeepSeek-V4 cache writers
 
 
 class EmuBackend:
@@ -60,6 +61,8 @@ class EmuBackend:
     vllm_quant_lightning_indexer = staticmethod(_quant_lightning_indexer.quant_lightning_indexer)
     # DeepSeek-V4 row scatters (npu_scatter_nd_update_v2 / _sk, custom.scatter_nd_update_asc)
     scatter_nd_update = staticmethod(_scatter_nd_update.scatter_nd_update)
+    # DeepSeek-V4 cache writers
+    v4_writer = staticmethod(_v4_writers.v4_writer)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.

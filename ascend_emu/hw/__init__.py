@@ -533,6 +533,7 @@ class HwBackend:
     vllm_quant_lightning_indexer = staticmethod(_not_in_torch_npu("npu_vllm_quant_lightning_indexer"))
     scatter_nd_update = staticmethod(_not_in_torch_npu("npu_scatter_nd_update_v2"))
     compressor = staticmethod(_not_in_torch_npu("compressor"))
+    v4_writer = staticmethod(_not_in_torch_npu("v4_writer"))
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.

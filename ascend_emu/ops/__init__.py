@@ -36,6 +36,7 @@ from .vllm_quant_lightning_indexer import (custom_npu_quant_lightning_indexer,  
                                            npu_vllm_quant_lightning_indexer_metadata)
 from .scatter_nd_update import (npu_scatter_nd_update_sk, npu_scatter_nd_update_v2,  # DeepSeek-V4
                                 scatter_nd_update_asc)
+from .v4_writers import indexer_compress_epilog, indexer_compress_epilog_v2, kv_compress_epilog  # DeepSeek-V4
 
 __all__ = ["backend", "backend_name", "get_backend", "set_backend", "get_npu_format", "npu_format_cast"]
 __all__ += ["npu_kv_rmsnorm_rope_cache"]
@@ -59,6 +60,7 @@ __all__ += ["npu_vllm_quant_lightning_indexer", "npu_vllm_quant_lightning_indexe
             "custom_npu_quant_lightning_indexer"]
 __all__ += ["npu_scatter_nd_update_v2", "npu_scatter_nd_update_sk", "scatter_nd_update_asc"]
 __all__ += ["compressor"]
+__all__ += ["kv_compress_epilog", "indexer_compress_epilog", "indexer_compress_epilog_v2"]
 
 
 def __getattr__(name: str):

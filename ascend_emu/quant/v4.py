@@ -23,6 +23,20 @@ bytes 128-575 (fp8); bytes 576-582 hold the 7 E8M0 scale bytes (group j at 576 +
 583-639 are zero. For other ``d`` (the golden also runs 256 and 768): ``q = d - 64`` fp8 bytes
 after the rope, ``ceil(q / 64)`` scale bytes, zero padding to a multiple of 128.
 
+``quant_group_size`` 128 with quant_mode 2 (vllm-ascend's kernel only: its tiling accepts 64 or
+128 for MXFP8, the recipes' doc fixes 64): one E8M0 scale per 128 values (the kernel's "fold-two"
+path pairs two 64-lane registers; the last group may be short), ``ceil((d - 64) / 128)`` scale
+bytes, the same row otherwise.
+
+Layout 2 (vllm-ascend ``kv_compress_epilog.h`` ``Process`` and ``VFProcessDynamicMxFP8QuantLayout2``,
+quant_mode 2 only): each token has a *value part* of ``q + 128`` bytes -- the ``q`` fp8 values
+first, then the 64 rope values as bf16 (the reverse of the 640-byte row) -- and a *scale part*
+of ``roundup(ceil(q / group), 8)`` bytes (the E8M0 bytes, then bytes the kernel copies out of
+unset local memory: this codec writes them as zeros, a documented reading). A paged cache block
+``b`` starts at ``b * block_stride``; row ``o`` of the block has its value part at
+``o * (q + 128)`` and its scale part at ``block_size * (q + 128) + o * scale_part`` (all value
+parts of a block first, then all its scale parts: 576 + 8 bytes a token for d 512).
+
 The E8M0 scale of quant_mode 2 (``round_scale_flag`` True): ``amax = max(max |x_g|, 1e-4)``,
 ``s = fl32(amax * fl32(1 / fp8_max))``, then the kernel takes the biased exponent ``e`` of ``s``
 and adds one where ``(e & 0x7FFFFF) != 0``: it masks the *exponent* field with the mantissa mask,
@@ -50,7 +64,8 @@ row of ``d`` values, the row ``d`` HiF8 bytes (no rope split, no scales), HiF8's
 (:func:`~.hifloat8.to_hif8`).
 
 The indexer key quant (950; ``indexer_compress_epilog`` / ``_v2``): per group of 128,
-``amax = max |x_g|`` over the finite values, ``s = amax * fl32(1/448)`` (``0x3b124925``) where
+``amax = max |x_g|`` over the finite values, ``s = amax * fl32(1/448)`` (``0x3b124925``; an
+E5M2 cache of the recipes' ``indexer_compress_epilog``: ``fl32(1/57344)``, ``0x37924925``) where
 ``amax != 0``, else ``s = 0``; values ``fp8_e4m3fn_rne(x / s)`` (``Div``, no clip), and where the
 quotient is not finite (``s = 0``) the value is ``x`` itself (the kernel's ``Select``), so a group
 of zeros stores its zeros with their signs. The v2 packed cache (one uint8 tensor ``[blocks, bs,
@@ -59,6 +74,11 @@ starts at byte ``b * block_stride`` (default ``bs * D'``); the fp8 values of in-
 at ``o * d`` within the block; the fp32 scales (little-endian, ``ceil(d / 128)`` of them) of row
 ``o`` at ``bs * d + o * 4 * ceil(d / 128)``. So a block holds all its value rows first, then all
 its scale rows; ``bs * (d + 4 * ceil(d / 128)) <= block_stride`` is required.
+
+The recipes' ``indexer_compress_epilog`` quant_mode 0 (MX, cann-recipes-infer
+``indexer_compress_epilog_base.h`` ``VFProcessDynamicMxFp8Quant``): quant_mode 2's arithmetic of
+the kv rows (1e-4 clamp, the kernel's E8M0 rounding, clip, RNE) on groups of 128 of the whole row
+(no rope part), one E8M0 byte per group.
 
 The A2 / A3 indexer key cache is int8 with an fp16 scale cache: vllm-ascend quantizes the key
 with ``npu_dynamic_quant`` (per-token symmetric int8, :func:`~.schemes.quantize_per_token_multiplier`,
@@ -90,6 +110,10 @@ KV_ROPE_DIM = 64
 KV_ROPE_BYTES = 2 * KV_ROPE_DIM
 #: Values per E8M0 scale (quant_mode 2) and per fp32 scale (quant_mode 1).
 KV_MX_GROUP = 64
+#: quant_group_size values of quant_mode 2 (vllm-ascend's tiling: 64 or 128; the recipes' doc: 64).
+KV_MX_GROUPS = (64, 128)
+#: Layout 2: the scale part of a token is its E8M0 bytes rounded up to this many bytes.
+KV_LAYOUT2_SCALE_ALIGN = 8
 KV_FP32_GROUP = 128
 #: Rows are padded with zeros to a multiple of this many bytes.
 KV_ROW_ALIGN = 128
@@ -132,7 +156,27 @@ def _finite(v: np.ndarray, name: str, what: str) -> None:
                         f"{v[t, c]!r} at [{t}, {c}]")
 
 
-def kv_row_bytes(d: int, quant_mode: int = 2) -> int:
+def kv_group_size(quant_mode: int, quant_group_size: int | None = None) -> int:
+    """The values per scale of a quant_mode: quant_mode 2: ``quant_group_size`` (None: 64; 64 or
+    128, :data:`KV_MX_GROUPS`); quant_mode 1: 128 (the kernel's only size: None or 128 accepted);
+    quant_mode 3: no groups (0, ``quant_group_size`` ignored).
+
+    Raises:
+        ModeError: a ``quant_group_size`` the mode does not have, or not an int.
+    """
+    if quant_mode == 3:
+        return 0
+    if quant_group_size is None:
+        return KV_MX_GROUP if quant_mode == 2 else KV_FP32_GROUP
+    g = _check_int("quant_group_size", quant_group_size)
+    allowed = KV_MX_GROUPS if quant_mode == 2 else (KV_FP32_GROUP,)
+    if g not in allowed:
+        raise arg_error(ModeError, "quant_group_size", f"one of {allowed} for quant_mode {quant_mode} (the "
+                        "kernel's group sizes)", g)
+    return g
+
+
+def kv_row_bytes(d: int, quant_mode: int = 2, quant_group_size: int | None = None) -> int:
     """Bytes of one ``kv_compress_epilog`` row for x rows of ``d`` values.
 
     Source: cann-recipes-infer ``custom-npu_kv_compress_epilog.md`` (``d'``) and the golden
@@ -141,9 +185,11 @@ def kv_row_bytes(d: int, quant_mode: int = 2) -> int:
     Args:
         d: values per x row (512 for DeepSeek-V4); > 64 for quant_mode 1 / 2, >= 1 for 3.
         quant_mode: 1, 2 or 3.
+        quant_group_size: quant_mode 2's group (None: 64; or 128); checked by
+            :func:`kv_group_size`.
 
     Returns:
-        quant_mode 2: ``ceil((d - 64 + 128 + ceil((d - 64) / 64)) / 128) * 128`` (640 for 512);
+        quant_mode 2: ``ceil((d - 64 + 128 + ceil((d - 64) / group)) / 128) * 128`` (640 for 512);
         quant_mode 1: ``ceil((d - 64 + 128 + 4 * ceil((d - 64) / 128)) / 128) * 128`` (640);
         quant_mode 3: ``d``.
 
@@ -161,7 +207,8 @@ def kv_row_bytes(d: int, quant_mode: int = 2) -> int:
     if d <= KV_ROPE_DIM:
         raise arg_error(ShapeError, "d", f"more than the {KV_ROPE_DIM} rope values per row", d)
     q = d - KV_ROPE_DIM
-    scales = -(-q // KV_MX_GROUP) if quant_mode == 2 else 4 * -(-q // KV_FP32_GROUP)
+    group = kv_group_size(quant_mode, quant_group_size)
+    scales = -(-q // group) if quant_mode == 2 else 4 * -(-q // group)
     used = q + KV_ROPE_BYTES + scales
     return -(-used // KV_ROW_ALIGN) * KV_ROW_ALIGN
 
@@ -213,9 +260,10 @@ def _groups(x32: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     return g, (np.max(np.abs(g), axis=-1) if t else np.zeros((0, groups), np.float32))
 
 
-def _kv_mode2(x32: np.ndarray, name: str, round_scale: bool) -> tuple[np.ndarray, np.ndarray]:
+def _kv_mode2(x32: np.ndarray, name: str, round_scale: bool, group: int = KV_MX_GROUP
+              ) -> tuple[np.ndarray, np.ndarray]:
     t, q = x32.shape
-    g, amax = _groups(x32, KV_MX_GROUP)
+    g, amax = _groups(x32, group)
     byte = kv_e8m0_bytes(amax, name, round_scale=round_scale)
     if round_scale:
         s = np.ldexp(np.float32(1.0), byte.astype(np.int32) - E8M0_BIAS).astype(np.float32)
@@ -247,7 +295,8 @@ def encode_kv_rows(x, *, quant_mode: int = 2, dtype="float8_e4m3fn", round_scale
         quant_mode: 2 (E8M0 scales, the 640-byte row for d 512), 1 (fp32 scales) or 3 (HiF8).
         dtype: the fp8 element type for quant_mode 1 / 2 (``"float8_e4m3fn"``, ``"float8_e5m2"``).
         round_scale: quant_mode 2's ``round_scale_flag``.
-        quant_group_size: None or the group size the mode has (64 for 2, 128 for 1; 3 ignores it).
+        quant_group_size: None or a group size the mode has (:func:`kv_group_size`: 64 or 128
+            for 2, 128 for 1; 3 ignores it).
         scale: quant_mode 3's multiplier (fp32).
 
     Returns:
@@ -269,10 +318,7 @@ def encode_kv_rows(x, *, quant_mode: int = 2, dtype="float8_e4m3fn", round_scale
         if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not np.isfinite(scale):
             raise arg_error(ModeError, "scale", "a finite float", describe(scale))
         return to_hif8(x32 * np.float32(scale))
-    group = KV_MX_GROUP if quant_mode == 2 else KV_FP32_GROUP
-    if quant_group_size is not None and _check_int("quant_group_size", quant_group_size) != group:
-        raise arg_error(ModeError, "quant_group_size", f"{group} for quant_mode {quant_mode} (the kernel's only "
-                        "group size)", quant_group_size)
+    group = kv_group_size(quant_mode, quant_group_size)
     name = fp8_name(dtype)
     q = d - KV_ROPE_DIM
     _finite(x32[:, :q], "x", "values in the quantized columns")
@@ -280,7 +326,7 @@ def encode_kv_rows(x, *, quant_mode: int = 2, dtype="float8_e4m3fn", round_scale
     rope_bytes = rope.view(np.uint8).reshape(t, KV_ROPE_BYTES)
     out = np.zeros((t, width), np.uint8)
     if quant_mode == 2:
-        values, scales = _kv_mode2(x32[:, :q], name, bool(round_scale))
+        values, scales = _kv_mode2(x32[:, :q], name, bool(round_scale), group)
         out[:, :KV_ROPE_BYTES] = rope_bytes
         out[:, KV_ROPE_BYTES:KV_ROPE_BYTES + q] = values
         out[:, KV_ROPE_BYTES + q:KV_ROPE_BYTES + q + scales.shape[1]] = scales
@@ -293,7 +339,8 @@ def encode_kv_rows(x, *, quant_mode: int = 2, dtype="float8_e4m3fn", round_scale
     return out
 
 
-def split_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m3fn"):
+def split_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m3fn",
+                  quant_group_size: int | None = None):
     """The parts of ``kv_compress_epilog`` rows: ``(rope, values, scales, pad)``.
 
     Args:
@@ -302,10 +349,11 @@ def split_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m3
         d: values per x row the rows were encoded from.
         quant_mode: 1 or 2 (quant_mode 3 rows are plain HiF8 codes: :func:`decode_kv_rows`).
         dtype: the fp8 element type.
+        quant_group_size: quant_mode 2's group the rows were encoded with (None: 64).
 
     Returns:
         ``rope`` bf16 ``[T, 64]``; ``values`` ml_dtypes fp8 ``[T, d - 64]``; ``scales`` uint8
-        E8M0 bytes ``[T, ceil((d - 64) / 64)]`` (mode 2) or fp32 ``[T, ceil((d - 64) / 128)]``
+        E8M0 bytes ``[T, ceil((d - 64) / group)]`` (mode 2) or fp32 ``[T, ceil((d - 64) / 128)]``
         (mode 1); ``pad`` uint8 ``[T, W - used]`` (zeros in rows this codec wrote).
 
     Raises:
@@ -314,7 +362,8 @@ def split_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m3
     quant_mode = _check_int("quant_mode", quant_mode)
     if quant_mode not in (1, 2):
         raise arg_error(ModeError, "quant_mode", "1 or 2 (quant_mode 3 rows hold only HiF8 codes)", quant_mode)
-    width = kv_row_bytes(d, quant_mode)
+    width = kv_row_bytes(d, quant_mode, quant_group_size)
+    group = kv_group_size(quant_mode, quant_group_size)
     name = fp8_name(dtype)
     rows = np.asarray(rows)
     if rows.dtype != np.uint8 and rows.dtype not in FP8_DTYPES.values():
@@ -325,7 +374,7 @@ def split_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m3
     t = rows.shape[0]
     q = d - KV_ROPE_DIM
     if quant_mode == 2:
-        n = -(-q // KV_MX_GROUP)
+        n = -(-q // group)
         rope = rows[:, :KV_ROPE_BYTES]
         values = rows[:, KV_ROPE_BYTES:KV_ROPE_BYTES + q]
         scales = rows[:, KV_ROPE_BYTES + q:KV_ROPE_BYTES + q + n].copy()
@@ -343,7 +392,7 @@ def split_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m3
 
 
 def decode_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m3fn",
-                   scale: float = 1.0) -> np.ndarray:
+                   scale: float = 1.0, quant_group_size: int | None = None) -> np.ndarray:
     """Dequantize ``kv_compress_epilog`` rows back to x's layout, as fp32 ``[T, d]``.
 
     quant_mode 2: ``value * 2**(byte - 127)`` per group (``0xFF`` gives NaN); quant_mode 1:
@@ -364,11 +413,12 @@ def decode_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m
         if not np.isfinite(scale) or scale == 0:
             raise arg_error(ModeError, "scale", "a finite non-zero float", describe(scale))
         return (hif8_to_f32(rows.view(np.uint8)) / np.float32(scale)).astype(np.float32)
-    rope, values, scales, _ = split_kv_rows(rows, d, quant_mode=quant_mode, dtype=dtype)
+    rope, values, scales, _ = split_kv_rows(rows, d, quant_mode=quant_mode, dtype=dtype,
+                                            quant_group_size=quant_group_size)
     t = rope.shape[0]
     q = d - KV_ROPE_DIM
     v = values.astype(np.float32)
-    group = KV_MX_GROUP if quant_mode == 2 else KV_FP32_GROUP
+    group = kv_group_size(quant_mode, quant_group_size)
     factor = e8m0_to_f32(scales) if quant_mode == 2 else scales
     per_value = np.repeat(factor, group, axis=1)[:, :q]
     out = np.empty((t, d), np.float32)
@@ -380,18 +430,111 @@ def decode_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m
     return out
 
 
+# ---------------------------------------------------------------------------- layout 2 (paged split)
+def kv_layout2_geometry(d: int, block_size: int, block_stride: int, quant_group_size: int | None = None
+                        ) -> dict[str, int]:
+    """Byte geometry of a layout-2 ``kv_compress_epilog`` cache (quant_mode 2; module docstring).
+
+    Source: vllm-ascend ``op_host/kv_compress_epilog_tiling_arch35.cpp`` (``valuePerToken``,
+    ``scalePerToken``, ``blockStride >= blockSize * (valuePerToken + scalePerToken)``) and
+    ``op_kernel/kv_compress_epilog.h`` (``valueGmOff`` / ``scaleGmOff``).
+
+    Args:
+        d: values per x row (> 64).
+        block_size: rows per cache block (the cache's dim 1).
+        block_stride: bytes between blocks (the cache's ``stride(0)``).
+        quant_group_size: None (64) or 128.
+
+    Returns:
+        ``{"value_row", "scale_row", "scale_count", "scale_base", "block_stride"}``: value-part
+        bytes a token (``d - 64`` fp8 + 128 rope), scale-part bytes a token, E8M0 bytes used of
+        it, in-block offset of the scale parts (``block_size * value_row``), the stride.
+
+    Raises:
+        ShapeError: a block of ``block_stride`` bytes cannot hold ``block_size`` tokens, or
+        ``d <= 64``. ModeError: a bad group.
+    """
+    d, bs, stride = (_check_int(n, v) for n, v in (("d", d), ("block_size", block_size), ("block_stride", block_stride)))
+    if d <= KV_ROPE_DIM or bs < 1:
+        raise arg_error(ShapeError, "d/block_size", f"d > {KV_ROPE_DIM} and block_size >= 1", f"{d}/{bs}")
+    group = kv_group_size(2, quant_group_size)
+    q = d - KV_ROPE_DIM
+    count = -(-q // group)
+    value_row = q + KV_ROPE_BYTES
+    scale_row = -(-count // KV_LAYOUT2_SCALE_ALIGN) * KV_LAYOUT2_SCALE_ALIGN
+    need = bs * (value_row + scale_row)
+    if stride < need:
+        raise arg_error(ShapeError, "kv_compress_cache", f"blocks of at least block_size * ({value_row} + {scale_row}) "
+                        f"= {need} bytes (layout 2)", f"{stride} bytes a block")
+    return {"value_row": value_row, "scale_row": scale_row, "scale_count": count, "scale_base": bs * value_row,
+            "block_stride": stride}
+
+
+def kv_layout2_parts(rows, d: int, quant_group_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The layout-2 value and scale parts of quant_mode 2 rows (the bytes of
+    :func:`encode_kv_rows` rearranged: fp8 values then rope; E8M0 bytes then zeros).
+
+    Args:
+        rows: uint8 ``[T, kv_row_bytes(d, 2, quant_group_size)]``.
+        d, quant_group_size: what the rows were encoded with.
+
+    Returns:
+        ``(value, scale)``: new uint8 ``[T, d - 64 + 128]`` and ``[T, roundup(scales, 8)]``.
+    """
+    rope, values, scales, _ = split_kv_rows(rows, d, quant_mode=2, quant_group_size=quant_group_size)
+    t, q = values.shape
+    count = scales.shape[1]
+    value = np.empty((t, q + KV_ROPE_BYTES), np.uint8)
+    value[:, :q] = values.view(np.uint8)
+    value[:, q:] = rope.view(np.uint8).reshape(t, KV_ROPE_BYTES)
+    scale = np.zeros((t, -(-count // KV_LAYOUT2_SCALE_ALIGN) * KV_LAYOUT2_SCALE_ALIGN), np.uint8)
+    scale[:, :count] = scales
+    return value, scale
+
+
 # ---------------------------------------------------------------------------- indexer key quant
-def indexer_quant_fp8(x) -> tuple[np.ndarray, np.ndarray]:
+#: fp8 element types of the recipes' indexer cache (``indexer_compress_epilog``); the vllm-ascend
+#: ``_v2`` packed cache holds E4M3FN.
+INDEXER_FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+
+
+def indexer_quant_mx(x, dtype="float8_e4m3fn", *, round_scale: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The recipes' indexer key MX quant (``indexer_compress_epilog`` quant_mode 0): fp8 values
+    and one E8M0 byte per 128 values, quant_mode 2's arithmetic (module docstring).
+
+    Source: cann-recipes-infer ``indexer_compress_epilog_base.h`` ``VFProcessDynamicMxFp8Quant``.
+
+    Args:
+        x: ``[T, d]`` bf16 / fp16 (fp32 read as is).
+        dtype: ``"float8_e4m3fn"`` or ``"float8_e5m2"``.
+        round_scale: the op's ``round_scale``.
+
+    Returns:
+        ``(values, scales)``: uint8 fp8 bytes ``[T, d]``, uint8 E8M0 ``[T, ceil(d / 128)]``.
+
+    Raises:
+        DTypeError / ShapeError: bad ``x``. ModeError: bad ``dtype``. NonFiniteInputError: NaN / Inf.
+    """
+    x = _rows(x, "x", min_width=1)
+    name = fp8_name(dtype)
+    x32 = real_to_f32(x, "x")
+    _finite(x32, "x", "values")
+    return _kv_mode2(x32, name, bool(round_scale), INDEXER_GROUP)
+
+
+def indexer_quant_fp8(x, dtype="float8_e4m3fn") -> tuple[np.ndarray, np.ndarray]:
     """The 950 indexer key quant: fp8 E4M3FN values and one fp32 scale per 128 values.
 
     Per group of 128 (the last short): ``amax = max |x_g|``; ``s = fl32(amax * fl32(1/448))``
     where ``amax != 0``, else 0; values ``fp8_rne(x / s)``, or ``x`` itself where the quotient is
     not finite (a zero group keeps its signed zeros). No clip, no clamp, no rounding of ``s``.
 
-    Source: vllm-ascend ``indexer_compress_epilog_v2_base.h`` ``VFProcessDynamicBlockQuant``.
+    Source: vllm-ascend ``indexer_compress_epilog_v2_base.h`` ``VFProcessDynamicBlockQuant``
+    (E4M3FN); cann-recipes-infer ``indexer_compress_epilog_base.h`` (E5M2: ``fl32(1/57344)``).
 
     Args:
         x: ``[T, d]`` bf16 (fp16 / fp32 read as their fp32 values).
+        dtype: ``"float8_e4m3fn"`` (default) or ``"float8_e5m2"``.
 
     Returns:
         ``(values, scales)``: uint8 fp8 bytes ``[T, d]``, fp32 ``[T, ceil(d / 128)]``.
@@ -401,15 +544,20 @@ def indexer_quant_fp8(x) -> tuple[np.ndarray, np.ndarray]:
         docstring).
     """
     x = _rows(x, "x", min_width=1)
+    name = fp8_name(dtype)
+    if name not in INDEXER_FP8_DTYPES:
+        raise arg_error(ModeError, "dtype", f"one of {INDEXER_FP8_DTYPES}", name)
     x32 = real_to_f32(x, "x")
     _finite(x32, "x", "values")
     t, d = x32.shape
     g, amax = _groups(x32, INDEXER_GROUP)
-    s = np.where(amax != 0, amax * INDEXER_INV_FP8_MAX, np.float32(0)).astype(np.float32)
+    # fl32(1 / max) is the kernels' constant: 0x3b124925 (E4M3FN), 0x37924925 (E5M2)
+    inv = INDEXER_INV_FP8_MAX if name == "float8_e4m3fn" else np.float32(1.0) / np.float32(FP8_MAX[name])
+    s = np.where(amax != 0, amax * inv, np.float32(0)).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         v = g / s[..., None]
     v = np.where(np.isfinite(v), v, g).reshape(t, -1)[:, :d]
-    return to_fp8(v, "float8_e4m3fn").view(np.uint8), s
+    return to_fp8(v, name).view(np.uint8), s
 
 
 def indexer_quant_int8(x) -> tuple[np.ndarray, np.ndarray]:

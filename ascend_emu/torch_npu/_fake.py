@@ -564,7 +564,15 @@ def custom_quant_lightning_indexer(query, key, weights, query_dequant_scale, key
 
 #: Fakes of the framework-namespace ops that have no torch_npu counterpart, by their
 #: :mod:`ascend_emu.ops` function (:func:`._registry.namespace_fake`).
+# ------------------------------------------------ DeepSeek-V4 cache writers (ops.v4_writers): in place, no outputs
+def v4_writer(*_, **__):
+    return None
+
+
 NAMESPACE_FAKES = {
+    "kv_compress_epilog": v4_writer,
+    "indexer_compress_epilog": v4_writer,
+    "indexer_compress_epilog_v2": v4_writer,
     "npu_rms_norm_dynamic_quant": rms_norm_dynamic_quant,
     "inplace_partial_rotary_mul": inplace_partial_rotary_mul,
     "compressor_metadata": compressor_metadata,

@@ -45,11 +45,12 @@ def bits_f32(u: int) -> np.float32:
     return np.float32(struct.unpack("<f", struct.pack("<I", u & 0xFFFFFFFF))[0])
 
 
-def row_width(d: int, quant_mode: int) -> int:
-    """The golden's ``kv_cache_col`` (quant_mode 1 with group 128)."""
+def row_width(d: int, quant_mode: int, group: int = 64) -> int:
+    """The golden's ``kv_cache_col`` (quant_mode 1 with group 128; quant_mode 2 with ``group``,
+    vllm-ascend's tiling ``scaleCol = ceil((d - 64) / quant_group_size)``)."""
     q = d - ROPE
     if quant_mode == 2:
-        used = q + 2 * ROPE + math.ceil(q / 64)
+        used = q + 2 * ROPE + math.ceil(q / group)
     else:
         used = q + 2 * ROPE + 4 * math.ceil(q / 128)
     return math.ceil(used / 128) * 128
@@ -72,14 +73,15 @@ def e8m0_byte(amax, name: str, round_scale: bool, rule: str = "kernel") -> tuple
 
 
 def kv_row_mode2(x_row_bf16: np.ndarray, name: str = "float8_e4m3fn", round_scale: bool = True,
-                 rule: str = "kernel") -> np.ndarray:
+                 rule: str = "kernel", group: int = 64) -> np.ndarray:
+    """``group`` 128: vllm-ascend's "fold-two" path (two 64-lane halves share one scale)."""
     d = x_row_bf16.shape[0]
     q = d - ROPE
-    out = np.zeros(row_width(d, 2), np.uint8)
+    out = np.zeros(row_width(d, 2, group), np.uint8)
     out[:2 * ROPE] = np.frombuffer(np.ascontiguousarray(x_row_bf16[q:]).tobytes(), np.uint8)
     top = f32(fp8_max(name))
-    for j, start in enumerate(range(0, q, 64)):
-        grp = [f32(float(v)) for v in x_row_bf16[start:min(start + 64, q)]]
+    for j, start in enumerate(range(0, q, group)):
+        grp = [f32(float(v)) for v in x_row_bf16[start:min(start + group, q)]]
         amax = f32(0.0)
         for v in grp:
             amax = max(amax, f32(abs(v)))

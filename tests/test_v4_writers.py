@@ -1,0 +1,342 @@
+"""DeepSeek-V4 cache writers (ascend_emu.ops.v4_writers) against tests/reference/v4_writers.py,
+byte for byte over whole caches (bytes not written must stay as they were); the slot policy
+(-1 skips, out of range rejected, duplicates: last wins with a warning); rejected calls leave
+every cache byte-identical; SoC gating; both namespaces' schemas through torch."""
+
+from __future__ import annotations
+
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ascend_emu import ops
+from ascend_emu.errors import (DTypeError, DuplicateSlotWarning, IndexRangeError, ModeError, NonFiniteInputError,
+                               ShapeError)
+from tests.reference import v4_writers as ref
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+FP8 = {"float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn), "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2)}
+A950 = "Ascend950PR_9599"
+
+
+@pytest.fixture
+def a950(monkeypatch):
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", A950)
+
+
+def _x(seed: int, t: int, d: int, dtype=BF16) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-10, 10, (t, d)).astype(np.float32)
+    x *= np.float32(2.0) ** rng.integers(-12, 12, (t, 1)).astype(np.float32)
+    x[0, :64] = 0  # a zero group (amax clamp / scale 0)
+    return x.astype(dtype)
+
+
+def _noise(shape, dtype, seed: int = 99) -> np.ndarray:
+    """A cache full of random bytes: bytes the writer must not touch are visible."""
+    raw = np.random.default_rng(seed).integers(0, 256, int(np.prod(shape)) * np.dtype(dtype).itemsize, dtype=np.uint8)
+    return raw.view(np.dtype(dtype)).reshape(shape)
+
+
+def _u8(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+SLOTS = np.array([5, -1, 0, 11, 3, -1, 7, 2, 9], np.int32)  # shuffled, with skips, several blocks
+
+
+# ------------------------------------------------------------------------ kv_compress_epilog layout 1
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("group", [64, 128])
+@pytest.mark.parametrize("round_scale", [True, False])
+def test_kv_layout1_mode2(a950, name, group, round_scale):
+    x = _x(1, SLOTS.size, 512)
+    cache = _noise((12, 1, 640), FP8[name])
+    want = ref.kv_layout1(_u8(cache).reshape(12, 640), x, SLOTS, name=name, group=group, round_scale=round_scale)
+    ops.kv_compress_epilog(cache, x, SLOTS.astype(np.int64), quant_group_size=group, round_scale_flag=round_scale)
+    np.testing.assert_array_equal(_u8(cache).reshape(12, 640), want)
+
+
+@pytest.mark.parametrize("d", [256, 768])
+def test_kv_layout1_other_widths(a950, d):
+    """The golden's other head dims: rows of ceil((d - 64 + 128 + scales) / 128) * 128 bytes."""
+    x = _x(2, SLOTS.size, d)
+    w = {256: 384, 768: 896}[d]
+    cache = _noise((12, w), FP8["float8_e4m3fn"])
+    want = ref.kv_layout1(_u8(cache).reshape(12, w), x, SLOTS)
+    ops.kv_compress_epilog(cache, x, SLOTS)
+    np.testing.assert_array_equal(_u8(cache).reshape(12, w), want)
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+def test_kv_layout1_mode1(a950, name):
+    x = _x(3, SLOTS.size, 512)
+    cache = _noise((12, 640), FP8[name])
+    want = ref.kv_layout1(_u8(cache).reshape(12, 640), x, SLOTS, quant_mode=1, name=name)
+    ops.kv_compress_epilog(cache, x, SLOTS, quant_group_size=128, quant_mode=1)
+    np.testing.assert_array_equal(_u8(cache).reshape(12, 640), want)
+
+
+def test_kv_layout1_mode3_hifloat8(a950):
+    x = _x(4, SLOTS.size, 512)
+    cache = _noise((12, 512), np.uint8)
+    want = ref.kv_layout1(cache, x, SLOTS, quant_mode=3, scale=0.5)
+    ops.kv_compress_epilog(cache, x, SLOTS, quant_group_size=128, quant_mode=3, scale=0.5)
+    np.testing.assert_array_equal(cache, want)
+
+
+def test_skipped_rows_are_not_read(a950):
+    """A -1 row may hold anything (graph-capture padding): NaN there is not an error."""
+    x = _x(5, 3, 512)
+    x[1] = np.nan
+    cache = _noise((4, 1, 640), FP8["float8_e4m3fn"])
+    slots = np.array([2, -1, 0], np.int32)
+    want = ref.kv_layout1(_u8(cache).reshape(4, 640), x, slots)
+    ops.kv_compress_epilog(cache, x, slots)
+    np.testing.assert_array_equal(_u8(cache).reshape(4, 640), want)
+
+
+def test_duplicate_slots_last_row_wins_with_warning(a950):
+    x = _x(6, 4, 512)
+    slots = np.array([3, 1, 3, -1], np.int32)
+    cache = _noise((4, 1, 640), FP8["float8_e4m3fn"])
+    want = ref.kv_layout1(_u8(cache).reshape(4, 640), x, slots)  # in order: row 2 ends in slot 3
+    with pytest.warns(DuplicateSlotWarning, match="slot 3"):
+        ops.kv_compress_epilog(cache, x, slots)
+    np.testing.assert_array_equal(_u8(cache).reshape(4, 640), want)
+
+
+def test_all_rows_skipped_writes_nothing(a950):
+    x = _x(7, 2, 512)
+    cache = _noise((3, 640), FP8["float8_e4m3fn"])
+    before = cache.copy()
+    ops.kv_compress_epilog(cache, x, np.array([-1, -1], np.int32))
+    np.testing.assert_array_equal(_u8(cache), _u8(before))
+
+
+# ------------------------------------------------------------------------ kv_compress_epilog layout 2
+@pytest.mark.parametrize("shape", [(3, 4, 1, 640), (3, 4, 584), (2, 8, 1, 600)])
+@pytest.mark.parametrize("group", [64, 128])
+def test_kv_layout2(a950, shape, group):
+    blocks, bs = shape[0], shape[1]
+    slots = np.array([s for s in (5, -1, 0, 11, 3, -1, 7, 2, 9) if s < blocks * bs or s == -1], np.int32)
+    x = _x(8, slots.size, 512)
+    cache = _noise(shape, FP8["float8_e4m3fn"])
+    want = ref.kv_layout2(_u8(cache), x, slots, block_size=bs, block_stride=bs * shape[-1], group=group)
+    ops.kv_compress_epilog(cache, x, slots, quant_group_size=group, layout=2)
+    np.testing.assert_array_equal(_u8(cache), want)
+
+
+# ------------------------------------------------------------------------ indexer writers
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("d", [128, 4096, 200])
+def test_indexer_compress_epilog_mode1(a950, name, d):
+    x = _x(9, SLOTS.size, d, np.float16 if d == 200 else BF16)
+    n = -(-d // 128)
+    cache, scale = _noise((12, d), FP8[name]), _noise((12, n), np.float32, 3)
+    want_c, want_s = ref.indexer_v1(_u8(cache).reshape(12, d), _u8(scale).reshape(12, 4 * n), x, SLOTS, name=name)
+    ops.indexer_compress_epilog(cache, scale, x, SLOTS)
+    np.testing.assert_array_equal(_u8(cache).reshape(12, d), want_c)
+    np.testing.assert_array_equal(_u8(scale).reshape(12, 4 * n), want_s)
+
+
+@pytest.mark.parametrize("round_scale", [True, False])
+def test_indexer_compress_epilog_mode0_mx(a950, round_scale):
+    x = _x(10, SLOTS.size, 512)
+    cache, scale = _noise((12, 512), FP8["float8_e4m3fn"]), _noise((12, 4), ml_dtypes.float8_e8m0fnu, 4)
+    want_c, want_s = ref.indexer_v1(_u8(cache).reshape(12, 512), _u8(scale).reshape(12, 4), x, SLOTS, quant_mode=0,
+                                    round_scale=round_scale)
+    ops.indexer_compress_epilog(cache, scale, x, SLOTS, quant_mode=0, round_scale=round_scale)
+    np.testing.assert_array_equal(_u8(cache).reshape(12, 512), want_c)
+    np.testing.assert_array_equal(_u8(scale).reshape(12, 4), want_s)
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 1, 132), (2, 8, 1, 160)])
+def test_indexer_compress_epilog_v2(a950, shape):
+    blocks, bs = shape[0], shape[1]
+    slots = np.array([s for s in SLOTS if s < blocks * bs or s == -1], np.int32)
+    x = _x(11, slots.size, 128)
+    cache = _noise(shape, np.uint8)
+    want = ref.indexer_v2(_u8(cache), x, slots, block_size=bs, row_bytes=shape[-1])
+    ops.indexer_compress_epilog_v2(cache, x.reshape(-1, 1, 128), slots)
+    np.testing.assert_array_equal(_u8(cache), want)
+
+
+# ------------------------------------------------------------------------ rejected calls
+def _kv_case():
+    return _noise((12, 1, 640), FP8["float8_e4m3fn"]), _x(12, SLOTS.size, 512), SLOTS.copy()
+
+
+REJECTED_KV = [
+    ("slot past the cache", lambda c, x, s: ops.kv_compress_epilog(c, x, np.where(s == 11, 12, s).astype(np.int32)),
+     IndexRangeError, r"slot_mapping\[3\] = 12"),
+    ("slot -2", lambda c, x, s: ops.kv_compress_epilog(c, x, np.where(s == 3, -2, s).astype(np.int32)),
+     IndexRangeError, "-2"),
+    ("x fp16", lambda c, x, s: ops.kv_compress_epilog(c, x.astype(np.float16), s), DTypeError, "x"),
+    ("cache bf16", lambda c, x, s: ops.kv_compress_epilog(np.zeros((12, 1, 640), BF16), x, s), DTypeError,
+     "kv_compress_cache"),
+    ("row width 512", lambda c, x, s: ops.kv_compress_epilog(c.reshape(-1)[:12 * 512].reshape(12, 512), x, s),
+     ShapeError, "kv_compress_cache"),
+    ("paged cache in layout 1", lambda c, x, s: ops.kv_compress_epilog(c.reshape(3, 4, 1, 640), x, s), ShapeError,
+     "view it"),
+    ("slot_mapping length", lambda c, x, s: ops.kv_compress_epilog(c, x, s[:-1]), ShapeError, "slot_mapping"),
+    ("slot_mapping float", lambda c, x, s: ops.kv_compress_epilog(c, x, s.astype(np.float32)), DTypeError,
+     "slot_mapping"),
+    ("group 32", lambda c, x, s: ops.kv_compress_epilog(c, x, s, quant_group_size=32), ModeError, "quant_group_size"),
+    ("mode 1 group 64", lambda c, x, s: ops.kv_compress_epilog(c, x, s, quant_mode=1), ModeError, "quant_group_size"),
+    ("mode 4", lambda c, x, s: ops.kv_compress_epilog(c, x, s, quant_mode=4), ModeError, "quant_mode"),
+    ("layout 3", lambda c, x, s: ops.kv_compress_epilog(c, x, s, layout=3), ModeError, "layout"),
+    ("layout 2 mode 1", lambda c, x, s: ops.kv_compress_epilog(c.reshape(3, 4, 1, 640), x, s, quant_mode=1,
+                                                               quant_group_size=128, layout=2), ModeError, "layout"),
+    ("round flag int", lambda c, x, s: ops.kv_compress_epilog(c, x, s, round_scale_flag=1), ModeError,
+     "round_scale_flag"),
+    ("scale outside mode 3", lambda c, x, s: ops.kv_compress_epilog(c, x, s, scale=0.5), ModeError, "scale"),
+    ("mode 3 without scale", lambda c, x, s: ops.kv_compress_epilog(c, x, s, quant_mode=3, scale=None), ModeError,
+     "quant_mode"),
+    ("NaN in a written row", lambda c, x, s: ops.kv_compress_epilog(c, np.where(np.arange(512) == 17, np.nan,
+                                                                                  x.astype(np.float32)).astype(BF16), s),
+     NonFiniteInputError, "x"),
+    ("x inside the cache", lambda c, x, s: ops.kv_compress_epilog(c, c.reshape(-1)[:3 * 1024].view(BF16)
+                                                                  .reshape(3, 512), s[:3]), ShapeError, "x"),
+    ("layout 2 block too small", lambda c, x, s: ops.kv_compress_epilog(
+        c.reshape(-1)[:12 * 500].reshape(3, 4, 500), x, np.where(s > 11, -1, s).astype(np.int32), layout=2),
+     ShapeError, "kv_compress_cache"),
+]
+
+
+@pytest.mark.parametrize("what,call,exc,match", REJECTED_KV, ids=[r[0] for r in REJECTED_KV])
+def test_rejected_kv_calls_leave_the_cache_untouched(a950, what, call, exc, match):
+    cache, x, slots = _kv_case()
+    before = _u8(cache).copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(exc, match=match):
+            call(cache, x, slots)
+    np.testing.assert_array_equal(_u8(cache), before)
+
+
+def test_rejected_indexer_calls_leave_both_tensors_untouched(a950):
+    x = _x(13, SLOTS.size, 256)
+    cache, scale = _noise((12, 256), FP8["float8_e4m3fn"]), _noise((12, 2), np.float32, 5)
+    packed = _noise((3, 4, 1, 264), np.uint8)
+    saved = [_u8(a).copy() for a in (cache, scale, packed)]
+    bad = np.where(SLOTS == 11, 12, SLOTS).astype(np.int32)
+    cases = [
+        (lambda: ops.indexer_compress_epilog(cache, scale, x, bad), IndexRangeError, "slot_mapping"),
+        (lambda: ops.indexer_compress_epilog(cache, scale, x, SLOTS.astype(np.int64)), DTypeError, "slot_mapping"),
+        (lambda: ops.indexer_compress_epilog(cache, scale, x, SLOTS, quant_mode=0), DTypeError,
+         "indexer_compress_scale"),
+        (lambda: ops.indexer_compress_epilog(cache, scale, x, SLOTS, quant_mode=2), ModeError, "quant_mode"),
+        (lambda: ops.indexer_compress_epilog(cache, scale, x, SLOTS, scale=2.0), ModeError, "scale"),
+        (lambda: ops.indexer_compress_epilog(cache, scale[:, :1], x, SLOTS), ShapeError, "indexer_compress_scale"),
+        (lambda: ops.indexer_compress_epilog(cache, scale, x.astype(np.float32), SLOTS), DTypeError, "x"),
+        (lambda: ops.indexer_compress_epilog_v2(packed, x, bad), IndexRangeError, "slot_mapping"),
+        (lambda: ops.indexer_compress_epilog_v2(packed, x, SLOTS, layout=1), ModeError, "layout"),
+        (lambda: ops.indexer_compress_epilog_v2(packed.reshape(3, 4, 264), x, SLOTS), ShapeError,
+         "indexer_compress_cache"),
+        (lambda: ops.indexer_compress_epilog_v2(packed.reshape(-1)[:3 * 4 * 250].reshape(3, 4, 1, 250), x, SLOTS),
+         ShapeError, "row_bytes"),
+    ]
+    for call, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            call()
+        for a, b in zip((cache, scale, packed), saved, strict=True):
+            np.testing.assert_array_equal(_u8(a), b)
+
+
+@pytest.mark.parametrize("soc", ["Ascend910B2", "Ascend910_9391"])
+def test_950_writers_rejected_on_a2_a3_before_any_write(monkeypatch, soc):
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", soc)
+    cache, x, slots = _kv_case()
+    icache, iscale = _noise((12, 128), FP8["float8_e4m3fn"]), _noise((12, 1), np.float32)
+    packed = _noise((3, 4, 1, 132), np.uint8)
+    saved = [_u8(a).copy() for a in (cache, icache, iscale, packed)]
+    for op, call in (("kv_compress_epilog", lambda: ops.kv_compress_epilog(cache, x, slots)),
+                     ("indexer_compress_epilog", lambda: ops.indexer_compress_epilog(icache, iscale, x[:, :128], slots)),
+                     ("indexer_compress_epilog_v2", lambda: ops.indexer_compress_epilog_v2(packed, x[:, :128], slots))):
+        with pytest.raises(ModeError, match=rf"{op}: .*{soc}.*ASCEND_EMU_SOC_NAME=Ascend950"):
+            call()
+    for a, b in zip((cache, icache, iscale, packed), saved, strict=True):
+        np.testing.assert_array_equal(_u8(a), b)
+
+
+# ------------------------------------------------------------------------ through torch (both namespaces)
+def _torch():
+    torch = pytest.importorskip("torch")
+    import ascend_emu.torch_npu  # noqa: F401  (registers the namespaces)
+    return torch
+
+
+def test_namespaces_registered():
+    _torch()
+    from ascend_emu.torch_npu import namespaces
+
+    report = namespaces.report()
+    for key in ("_C_ascend::kv_compress_epilog", "_C_ascend::indexer_compress_epilog_v2",
+                "custom::kv_compress_epilog", "custom::indexer_compress_epilog"):
+        assert report[key] == "registered", key
+
+
+def test_kv_compress_epilog_as_vllm_ascend_and_the_recipes_call_it(a950):
+    torch = _torch()
+    x = _x(14, SLOTS.size, 512)
+    xt = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+    start = _noise((12, 640), np.uint8)
+    want = ref.kv_layout1(start, x, SLOTS)
+    swa = torch.from_numpy(start.copy()).view(torch.float8_e4m3fn).reshape(12, 1, 1, 640)
+    # vllm-ascend's A5 dsa_kv_compress_scatter: cache.view(-1, 1, D'), keywords, layout 1
+    torch.ops._C_ascend.kv_compress_epilog(kv_compress_cache=swa.view(-1, 1, swa.shape[-1]), x=xt,
+                                           slot_mapping=torch.from_numpy(SLOTS), quant_group_size=64, quant_mode=2,
+                                           round_scale_flag=True, layout=1)
+    np.testing.assert_array_equal(swa.view(torch.uint8).reshape(12, 640).numpy(), want)
+    # the recipes' golden: a 2-D cache, keyword-only ints
+    c2 = torch.from_numpy(start.copy()).view(torch.float8_e4m3fn)
+    torch.ops.custom.kv_compress_epilog(c2, xt, torch.from_numpy(SLOTS.astype(np.int64)), quant_group_size=64,
+                                        quant_mode=2, round_scale_flag=True)
+    np.testing.assert_array_equal(c2.view(torch.uint8).numpy(), want)
+    with pytest.raises(Exception, match="positional"):  # custom's ints are keyword-only
+        torch.ops.custom.kv_compress_epilog(c2, xt, torch.from_numpy(SLOTS), 64)
+    # HiF8 (quant_mode 3, with scale) is the custom binding's only
+    h = torch.zeros(12, 512, dtype=torch.uint8)
+    torch.ops.custom.kv_compress_epilog(h, xt, torch.from_numpy(SLOTS), quant_group_size=128, quant_mode=3, scale=0.5)
+    np.testing.assert_array_equal(h.numpy(), ref.kv_layout1(np.zeros((12, 512), np.uint8), x, SLOTS, quant_mode=3,
+                                                              scale=0.5))
+    before = h.clone()
+    with pytest.raises(ModeError, match="quant_mode"):
+        torch.ops._C_ascend.kv_compress_epilog(h, xt, torch.from_numpy(SLOTS), 128, 3, True, 1)
+    assert torch.equal(h, before)
+
+
+def test_indexer_writers_through_torch(a950):
+    torch = _torch()
+    x = _x(15, SLOTS.size, 128)
+    xt = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+    start = _noise((3, 4, 1, 132), np.uint8)
+    full = torch.from_numpy(start.copy())
+    torch.ops._C_ascend.indexer_compress_epilog_v2(indexer_compress_cache=full.view(torch.uint8), x=xt,
+                                                   slot_mapping=torch.from_numpy(SLOTS), layout=2)
+    np.testing.assert_array_equal(full.numpy().reshape(-1), ref.indexer_v2(start.reshape(-1), x, SLOTS, block_size=4,
+                                                                            row_bytes=132))
+    cache, scale = torch.zeros(12, 128, dtype=torch.float8_e4m3fn), torch.zeros(12, 1)
+    torch.ops.custom.indexer_compress_epilog(cache, scale, xt, torch.from_numpy(SLOTS), quant_mode=1,
+                                             round_scale=True)
+    want_c, want_s = ref.indexer_v1(np.zeros((12, 128), np.uint8), np.zeros((12, 4), np.uint8), x, SLOTS)
+    np.testing.assert_array_equal(cache.view(torch.uint8).numpy(), want_c)
+    np.testing.assert_array_equal(scale.numpy().view(np.uint8), want_s)
+
+
+def test_fake_kernels_write_nothing():
+    torch = _torch()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    with mode:
+        c = mode.from_tensor(torch.zeros(12, 1, 640, dtype=torch.float8_e4m3fn))
+        x = mode.from_tensor(torch.zeros(9, 512, dtype=torch.bfloat16))
+        s = mode.from_tensor(torch.zeros(9, dtype=torch.int32))
+        assert torch.ops._C_ascend.kv_compress_epilog(c, x, s, 64, 2, True, 1) is None
+        assert torch.ops.custom.kv_compress_epilog(c, x, s) is None
+        p = mode.from_tensor(torch.zeros(3, 4, 1, 132, dtype=torch.uint8))
+        assert torch.ops._C_ascend.indexer_compress_epilog_v2(p, x[:, :128], s) is None
