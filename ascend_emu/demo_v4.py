@@ -36,8 +36,9 @@ import numpy as np
 
 from . import ops
 from .errors import ModeError, ShapeError, arg_error
-from .quant import BF16
-from .quant.v4 import indexer_quant_int8
+from . import soc
+from .quant import BF16, fp8_dtype
+from .quant.v4 import decode_kv_rows, indexer_quant_int8
 
 #: The attention's fixed shapes (npu_sparse_attn_sharedkv: N1 64, D 512; the model's rope part).
 HEADS = 64
@@ -51,8 +52,13 @@ INDEX_DIM = 128
 INDEX_TOPK = 512
 #: Layer kinds by compress ratio: 0 SWA, 4 CSA (overlapping groups, coff 2), 128 HCA.
 RATIOS = (0, 4, 128)
-#: State-cache rows per block on A2 / A3 by ratio (vllm-ascend ``DSV4_BLOCK_SIZES``, block size 128).
-STATE_BLOCK_SIZES = {4: 8, 128: 32}
+#: State-cache rows per block by path and ratio (vllm-ascend ``DSV4_BLOCK_SIZES``, block size 128).
+STATE_BLOCK_SIZES = {"a3": {4: 8, 128: 32}, "950": {4: 8, 128: 16}}
+#: The two cache paths: ``a3`` (Atlas A2 / A3: bf16 caches, npu_sparse_attn_sharedkv) and ``950``
+#: (Ascend 950: 640-byte fp8 rows written by kv_compress_epilog, npu_kv_quant_sparse_attn_sharedkv).
+PATHS = ("a3", "950")
+#: The 950 path's row: kv_compress_epilog quant_mode 2 (rope bf16, 448 fp8, 7 E8M0 scales, pad).
+ROW_950 = 640
 EPS = 1e-6
 
 
@@ -174,22 +180,31 @@ class V4AttentionLayer:
         compressed keys (ratio 4). times: seconds per op name, summed over calls.
     """
 
-    def __init__(self, cfg: V4Config, ratio: int, weights: dict, seed: int = 0):
-        self.cfg, self.ratio, self.w = cfg, ratio, weights
+    def __init__(self, cfg: V4Config, ratio: int, weights: dict, seed: int = 0, path: str = "a3"):
+        if path not in PATHS:
+            raise arg_error(ModeError, "path", f"one of {PATHS}", path)
+        if path == "950":
+            soc.require_ascend950("path", path, "the Ascend 950's fp8 caches")
+            if ratio == 4:
+                raise arg_error(ModeError, "ratio", "0 or 128 on the 950 path: its CSA indexer reads fp8 keys from "
+                                "the packed indexer_compress_epilog_v2 cache, and no emulated indexer op takes them "
+                                "(npu_vllm_quant_lightning_indexer is the A2 / A3 int8 path)", ratio)
+        self.cfg, self.ratio, self.w, self.path = cfg, ratio, weights, path
         rng = np.random.default_rng(seed)
+        row, cdt = (ROW_950, fp8_dtype("float8_e4m3fn")) if path == "950" else (HEAD_DIM, BF16)
         bs = cfg.block_size
         self.theta = cfg.cmp_theta if ratio else cfg.theta
         self.cos, self.sin = rope_tables(cfg.max_tokens, self.theta)
         n = -(-cfg.max_tokens // bs)
         self.swa_table = _paged(n, rng)
-        self.swa_cache = np.zeros((n + 1, bs, 1, HEAD_DIM), BF16)
+        self.swa_cache = np.zeros((n + 1, bs, 1, row), cdt)
         self.pos = 0
         self.times: dict[str, float] = {}
         if ratio:
             nc = -(-(cfg.max_tokens // ratio) // bs) or 1
             self.cmp_table = _paged(nc, rng)
-            self.cmp_cache = np.zeros((nc + 1, bs, 1, HEAD_DIM), BF16)
-            state_bs = STATE_BLOCK_SIZES[ratio]
+            self.cmp_cache = np.zeros((nc + 1, bs, 1, row), cdt)
+            state_bs = STATE_BLOCK_SIZES[path][ratio]
             ns = -(-cfg.max_tokens // state_bs)
             self.state_table = _paged(ns, rng)
             self.state = {"cmp": np.zeros((ns + 1, state_bs, 2 * (2 if ratio == 4 else 1) * HEAD_DIM), np.float32)}
@@ -221,7 +236,15 @@ class V4AttentionLayer:
         return np.stack([table[0, rows_at // bs], rows_at % bs], axis=1).astype(np.int32)
 
     def _scatter(self, what: str, cache: np.ndarray, slots: np.ndarray, values: np.ndarray) -> None:
-        """``npu_scatter_nd_update_v2(cache, slots [n, 2], values [n, ...])`` (rows with block -1 skipped)."""
+        """``npu_scatter_nd_update_v2(cache, slots [n, 2], values [n, ...])`` (rows with block -1 skipped);
+        on the 950 path the kv rows go through ``kv_compress_epilog`` (layout 1, quant_mode 2) at the
+        flat slots ``block * bs + offset`` (-1 skipped), as vllm-ascend's A5 branch writes them."""
+        if self.path == "950" and what in ("swa", "compressed"):
+            flat = np.where(slots[:, 0] >= 0, slots[:, 0] * cache.shape[1] + slots[:, 1], -1).astype(np.int32)
+            rows = cache.reshape(-1, 1, cache.shape[-1])  # a view: [blocks * bs, 1, 640]
+            self._timed(f"kv_compress_epilog ({what})", ops.kv_compress_epilog, rows,
+                        _bf16(values).reshape(slots.shape[0], HEAD_DIM), flat, 64, 2, True, 1)
+            return
         self._timed(f"npu_scatter_nd_update_v2 ({what})", ops.npu_scatter_nd_update_v2, cache, slots,
                     np.ascontiguousarray(values).reshape(slots.shape[0], *cache.shape[2:]))
 
@@ -262,16 +285,7 @@ class V4AttentionLayer:
             indices = self._indexer(x, qr, positions, cu, seqused)
             self.last_indices = indices[-1, 0]
         # 4. attention
-        meta = self._timed("npu_sparse_attn_sharedkv_metadata", ops.npu_sparse_attn_sharedkv_metadata,
-                           HEADS, 1, HEAD_DIM, cu_seqlens_q=cu, seqused_kv=seqused, batch_size=1,
-                           max_seqlen_q=t, max_seqlen_kv=self.pos, cmp_topk=INDEX_TOPK if ratio == 4 else 0,
-                           cmp_ratio=ratio if ratio else -1, layout_q="TND", has_cmp_kv=bool(ratio))
-        o, _ = self._timed("npu_sparse_attn_sharedkv", ops.npu_sparse_attn_sharedkv, q4.reshape(t, HEADS, HEAD_DIM),
-                           ori_kv=self.swa_cache, cmp_kv=self.cmp_cache if ratio else None,
-                           cmp_sparse_indices=indices, ori_block_table=self.swa_table,
-                           cmp_block_table=self.cmp_table if ratio else None, cu_seqlens_q=cu, seqused_kv=seqused,
-                           sinks=w["sink"], metadata=meta, softmax_scale=HEAD_DIM ** -0.5,
-                           cmp_ratio=ratio, layout_q="TND")
+        o = self._attention(q4.reshape(t, HEADS, HEAD_DIM), indices, cu, seqused, t)
         # 5. inverse RoPE, grouped output projection
         o4 = np.ascontiguousarray(o.reshape(t, 1, HEADS, HEAD_DIM))
         self._rope(o4, positions, NOPE_DIM, inverse=True)
@@ -282,6 +296,28 @@ class V4AttentionLayer:
             og = _bf16(np.einsum("tgd,grd->tgr", _f32(o4).reshape(t, g, -1), wo_a))
             return _linear(og.reshape(t, g * cfg.o_rank), w["wo_b"])
         return self._timed("projections", out_proj)
+
+    def _attention(self, q: np.ndarray, indices, cu: np.ndarray, seqused: np.ndarray, t: int) -> np.ndarray:
+        """The shared-KV attention of the path (with its ``_metadata`` plan): bf16 ``[T, 64, 512]``."""
+        ratio = self.ratio
+        common = dict(cu_seqlens_q=cu, seqused_kv=seqused, batch_size=1, max_seqlen_q=t, max_seqlen_kv=self.pos,
+                      cmp_topk=INDEX_TOPK if ratio == 4 else 0, cmp_ratio=ratio if ratio else -1, layout_q="TND",
+                      has_cmp_kv=bool(ratio))
+        call = dict(ori_kv=self.swa_cache, cmp_kv=self.cmp_cache if ratio else None, cmp_sparse_indices=indices,
+                    ori_block_table=self.swa_table, cmp_block_table=self.cmp_table if ratio else None,
+                    cu_seqlens_q=cu, seqused_kv=seqused, sinks=self.w["sink"], softmax_scale=HEAD_DIM ** -0.5,
+                    cmp_ratio=ratio if ratio else 1, layout_q="TND")
+        if self.path == "950":
+            meta = self._timed("npu_kv_quant_sparse_attn_sharedkv_metadata",
+                               ops.npu_kv_quant_sparse_attn_sharedkv_metadata, HEADS, 1, HEAD_DIM, 1,
+                               tile_size=64, rope_head_dim=ROPE_DIM, **common)
+            o, _ = self._timed("npu_kv_quant_sparse_attn_sharedkv", ops.npu_kv_quant_sparse_attn_sharedkv, q, 1,
+                               metadata=meta, tile_size=64, rope_head_dim=ROPE_DIM, **call)
+            return o
+        meta = self._timed("npu_sparse_attn_sharedkv_metadata", ops.npu_sparse_attn_sharedkv_metadata,
+                           HEADS, 1, HEAD_DIM, **common)
+        o, _ = self._timed("npu_sparse_attn_sharedkv", ops.npu_sparse_attn_sharedkv, q, metadata=meta, **call)
+        return o
 
     def _compressor(self, key: str, x: np.ndarray, p0: int, cu: np.ndarray, d: int):
         """One ``compressor`` call of weights ``w[key]`` (d 512 or 128): ``(rows, slots)`` of the
@@ -356,8 +392,9 @@ class V4Block:
     layer -> ``npu_hc_post`` on the 4-copy residual stream ``h`` bf16 ``[T, 4, hidden]``
     (vllm-ascend ``models/deepseek_v4/model.py``; the FFN / MoE half is not run here)."""
 
-    def __init__(self, cfg: V4Config, ratio: int, weights: dict, hc_weights: dict, seed: int = 0):
-        self.attn = V4AttentionLayer(cfg, ratio, weights, seed)
+    def __init__(self, cfg: V4Config, ratio: int, weights: dict, hc_weights: dict, seed: int = 0,
+                 path: str = "a3"):
+        self.attn = V4AttentionLayer(cfg, ratio, weights, seed, path)
         self.hc = hc_weights
 
     @property
@@ -402,12 +439,13 @@ class V4StepReport:
 
 
 def run_v4_decode_step(cfg: V4Config | None = None, *, ratios: tuple = (4, 128), context: int = 508,
-                       decode_steps: int = 8) -> V4StepReport:
+                       decode_steps: int = 8, path: str = "a3") -> V4StepReport:
     """Prefill ``context`` tokens through one block per ratio, then decode ``decode_steps`` tokens.
 
     Args:
         cfg: shapes (default :class:`V4Config`: DeepSeek-V4-Flash). ratios: the layers (0 SWA, 4
-            CSA, 128 HCA). context: >= 1 tokens before decoding. decode_steps: >= 1.
+            CSA, 128 HCA). context: >= 1 tokens before decoding. decode_steps: >= 1. path: ``"a3"``
+            or ``"950"`` (:data:`PATHS`; the SoC must then be an Ascend 950, and CSA is rejected).
 
     Raises:
         ShapeError: context + decode_steps above ``cfg.max_tokens``, or either below 1.
@@ -424,7 +462,7 @@ def run_v4_decode_step(cfg: V4Config | None = None, *, ratios: tuple = (4, 128),
         if r not in RATIOS:
             raise arg_error(ModeError, "ratios", f"values in {RATIOS}", list(ratios))
     rng = np.random.default_rng(cfg.seed)
-    blocks = [V4Block(cfg, r, make_weights(cfg, r, rng), make_hc_weights(cfg, rng), seed=cfg.seed + i)
+    blocks = [V4Block(cfg, r, make_weights(cfg, r, rng), make_hc_weights(cfg, rng), seed=cfg.seed + i, path=path)
               for i, r in enumerate(ratios)]
 
     def run(h):
@@ -458,7 +496,10 @@ def run_v4_decode_step(cfg: V4Config | None = None, *, ratios: tuple = (4, 128),
     last = blocks[-1].attn
     p = last.pos - 1
     blk, off = int(last.swa_table[0, p // cfg.block_size]), p % cfg.block_size
-    swa_row = (len(blocks) - 1, p, blk, off, last.swa_cache[blk, off, 0, :6].astype(np.float32))
+    row = last.swa_cache[blk, off, 0]
+    if path == "950":  # the row's values back: the rope bf16 bytes and the fp8 values times their E8M0 scales
+        row = decode_kv_rows(row.reshape(1, ROW_950))[0]
+    swa_row = (len(blocks) - 1, p, blk, off, row[:6].astype(np.float32))
     csa = [b.attn for b in blocks if b.attn.ratio == 4]
     selected = int((csa[0].last_indices >= 0).sum()) if csa else 0
     return V4StepReport(cfg, tuple(ratios), context, decode_steps, prefill, decode, caches, swa_row, cmp_rows,

@@ -23,7 +23,8 @@ between :meth:`V4AttentionRef.forward` calls. Per token at position ``p`` (all i
 
 What this reference leaves out, as the A2 / A3 path does: the model's quantization-aware
 simulations (``act_quant`` fp8 of the kv rows, ``fp4_act_quant`` in the indexer) and the bf16
-casts between its steps. RoPE uses ``theta ** (-2i / 64)`` without YaRN; the tables are built
+casts between its steps. With ``fp8_kv`` (the Ascend 950 path, whose caches hold 640-byte fp8
+rows) it keeps the model's fp8 simulation of the window and compressed kv rows (:func:`fp8_nope`). RoPE uses ``theta ** (-2i / 64)`` without YaRN; the tables are built
 here from ``theta``. The Hadamard rotation of the indexer is the normalized Sylvester
 Walsh-Hadamard matrix (``scale = 128 ** -0.5``).
 """
@@ -77,6 +78,21 @@ def rope(x: torch.Tensor, pos: int, theta: float, inverse: bool = False) -> torc
     return out
 
 
+def fp8_nope(row: torch.Tensor) -> torch.Tensor:
+    """The model's fp8 simulation of a kv row (``act_quant(kv[..., :-64], 64, "ue8m0")``) on the row
+    rounded to bf16 (the model's kv dtype; the rope part is kept as that bf16): each group of 64
+    non-rope values divided by ``s = 2 ** ceil(log2(max(amax, 1e-4) / 448))``, rounded to
+    float8_e4m3fn (RNE) and multiplied back; the rope part unchanged. New tensor."""
+    row = row.to(torch.bfloat16).to(F64)  # the model's kv rows are bf16 when act_quant reads them
+    out = row.clone()
+    g = row[..., :-ROPE_DIM].reshape(*row.shape[:-1], -1, 64)
+    amax = g.abs().amax(-1, keepdim=True).clamp_min(1e-4)
+    s = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
+    q = (g / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(F64) * s
+    out[..., :-ROPE_DIM] = q.reshape(*row.shape[:-1], -1)
+    return out
+
+
 def hadamard(n: int) -> torch.Tensor:
     """Normalized Sylvester Walsh-Hadamard matrix ``[n, n]`` (n a power of two)."""
     h = torch.ones(1, 1, dtype=F64)
@@ -98,7 +114,8 @@ class CompressorRef:
     state starts as kv 0, score -inf (the first group's missing predecessor weighs nothing).
     """
 
-    def __init__(self, w: dict, ratio: int, d: int, theta: float, rotate: bool = False):
+    def __init__(self, w: dict, ratio: int, d: int, theta: float, rotate: bool = False, fp8: bool = False):
+        self.fp8 = fp8
         self.wkv, self.wgate = t64(w["wkv"]), t64(w["wgate"])
         self.ape, self.norm = t64(w["ape"]), t64(w["norm"])
         self.ratio, self.d, self.theta, self.rotate = ratio, d, theta, rotate
@@ -131,7 +148,7 @@ class CompressorRef:
         out = rope(rms_norm(out, self.norm), pos + 1 - r, self.theta)
         if self.rotate:
             out = out @ hadamard(d).T
-        return out
+        return fp8_nope(out) if self.fp8 else out
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x @ wkv^T, x @ wgate^T)`` for tokens ``x [S, hidden]``."""
@@ -151,7 +168,7 @@ class V4AttentionRef:
     """
 
     def __init__(self, w: dict, ratio: int, *, heads: int = 64, groups: int = 8, theta: float = 10000.0,
-                 cmp_theta: float = 40000.0):
+                 cmp_theta: float = 40000.0, fp8_kv: bool = False):
         if ratio not in (0, 4, 128):
             raise ValueError(f"ratio: expected 0, 4 or 128, got {ratio}")
         self.ratio, self.heads, self.groups = ratio, heads, groups
@@ -160,7 +177,8 @@ class V4AttentionRef:
         self.kv_rows: list[torch.Tensor] = []
         self.cmp_rows: list[torch.Tensor] = []
         self.idx_rows: list[torch.Tensor] = []
-        self.compressor = CompressorRef(w["cmp"], ratio, HEAD_DIM, self.theta) if ratio else None
+        self.fp8_kv = fp8_kv
+        self.compressor = CompressorRef(w["cmp"], ratio, HEAD_DIM, self.theta, fp8=fp8_kv) if ratio else None
         self.idx_compressor = (CompressorRef(w["idx_cmp"], ratio, INDEX_DIM, self.theta, rotate=True)
                                if ratio == 4 else None)
         self.selected: list[torch.Tensor] = []  # CSA: each token's selected compressed rows, in order
@@ -197,7 +215,8 @@ class V4AttentionRef:
         outs = []
         for s in range(x.shape[0]):
             p = self.pos
-            self.kv_rows.append(rope(kv[s], p, self.theta))
+            row = rope(kv[s], p, self.theta)
+            self.kv_rows.append(fp8_nope(row) if self.fp8_kv else row)
             if self.compressor is not None:
                 row = self.compressor.step(ckv[s], cscore[s], p)
                 if row is not None:
