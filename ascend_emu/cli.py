@@ -113,6 +113,7 @@ DEMO_CACHE_FILE = "kv_int8.npz"
 #: ``ascend-emu demo --model v4``: its context when --context is not given, and its blocks (CSA, HCA).
 V4_DEMO_CONTEXT = 508
 V4_DEMO_RATIOS = (4, 128)
+V4_DEMO_RATIOS_950 = (0, 128)
 
 
 def _demo_value(name: str):
@@ -255,16 +256,26 @@ def _v4_demo(ns: argparse.Namespace) -> int:
     from .demo_v4 import HEAD_DIM, HEADS, INDEX_TOPK, NOPE_DIM, ROPE_DIM, WINDOW, V4Config, run_v4_decode_step
     from .textview import console as text_console
 
+    from . import soc
+
     context = V4_DEMO_CONTEXT if ns.context == DecodeStepConfig().context else ns.context
     cfg = V4Config(max_tokens=context + ns.decode_steps, block_size=ns.block_size)
     console = text_console()
-    console.print(f"[bold]DeepSeek-V4-Flash decode step[/bold] (A2 / A3 path, bf16 caches): hidden {cfg.hidden}, "
+    if ns.path == "950":
+        if not soc.is_ascend950():
+            os.environ[soc.SOC_NAME_ENV] = soc.ASCEND950_EXAMPLE
+            console.print(f"{soc.SOC_NAME_ENV}={soc.ASCEND950_EXAMPLE} for this run (the 950 path's ops)")
+        ratios, what = V4_DEMO_RATIOS_950, ("Ascend 950 path, 640-byte fp8 caches", "one SWA block and one HCA block "
+                                            "(CSA: the 950's fp8 compressed-key indexer is not emulated)")
+    else:
+        ratios, what = V4_DEMO_RATIOS, ("A2 / A3 path, bf16 caches",
+                                        f"one CSA block (indexer top-{INDEX_TOPK}) and one HCA block")
+    console.print(f"[bold]DeepSeek-V4-Flash decode step[/bold] ({what[0]}): hidden {cfg.hidden}, "
                   f"{HEADS} query heads, head dim {HEAD_DIM} = {NOPE_DIM} + {ROPE_DIM}, window {WINDOW}, mHC 4 copies; "
-                  f"one CSA block (indexer top-{INDEX_TOPK}) and one HCA block (the model has 43 layers; the "
-                  f"FFN / MoE half of each block is not run), context {context} tokens then {ns.decode_steps} "
-                  f"decoded one by one; blocks of {cfg.block_size}")
+                  f"{what[1]} (the model has 43 layers; the FFN / MoE half of each block is not run), context "
+                  f"{context} tokens then {ns.decode_steps} decoded one by one; blocks of {cfg.block_size}")
     try:
-        report = run_v4_decode_step(cfg, ratios=V4_DEMO_RATIOS, context=context, decode_steps=ns.decode_steps)
+        report = run_v4_decode_step(cfg, ratios=ratios, context=context, decode_steps=ns.decode_steps, path=ns.path)
     except AscendEmuError as exc:
         _err(str(exc))
         return 1
@@ -281,12 +292,13 @@ def _v4_demo(ns: argparse.Namespace) -> int:
     for col in ("block", "cache", "shape", "dtype", "MiB"):
         caches.add_column(col)
     for layer, name, shape, dtype, nbytes in report.caches:
-        caches.add_row(f"{layer} ({'CSA' if report.ratios[layer] == 4 else 'HCA' if report.ratios[layer] else 'SWA'})",
-                       name, str(list(shape)), dtype, f"{nbytes / 2**20:.2f}")
+        kind = {4: "CSA", 128: "HCA"}.get(report.ratios[layer], "SWA")
+        caches.add_row(f"{layer} ({kind})", name, str(list(shape)), dtype, f"{nbytes / 2**20:.2f}")
     console.print(caches)
     layer, pos, block, offset, values = report.swa_row
-    console.print(f"the last token (position {pos}) in block {layer}'s SWA cache: block {block}, row {offset}: "
-                  f"{[round(float(v), 4) for v in values]} ...")
+    decoded = " (its 640-byte fp8 row decoded)" if ns.path == "950" else ""
+    console.print(f"the last token (position {pos}) in block {layer}'s SWA cache: block {block}, row {offset}"
+                  f"{decoded}: {[round(float(v), 4) for v in values]} ...")
     console.print("compressed rows written: " + ", ".join(f"ratio {r}: {n}" for r, n in report.cmp_rows.items())
                   + (f"; the CSA indexer selected {report.selected} rows for the last token" if 4 in report.ratios
                      else ""))
@@ -440,6 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
                            f"context {V4_DEMO_CONTEXT} unless --context is given)")
     demo.add_argument("--decode-steps", type=int, default=8, metavar="N",
                       help="--model v4: tokens decoded one by one after the context (default 8)")
+    demo.add_argument("--path", choices=("a3", "950"), default="a3",
+                      help="--model v4: a3 (Atlas A2 / A3, bf16 caches; default) or 950 (Ascend 950, 640-byte fp8 "
+                           "caches; an SWA and an HCA block)")
     demo.add_argument("--save-cache", metavar="PATH", type=_writable_file,
                       help="write the int8 kv_cache to PATH (.npz, for ascend-emu inspect)")
     from .warmup import _jobs
