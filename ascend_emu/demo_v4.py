@@ -1,4 +1,4 @@
-"""A DeepSeek-V4-Flash attention layer on the NumPy API, as vllm-ascend's A2 / A3 path calls the ops.
+"""DeepSeek-V4-Flash attention layers on the NumPy API, as vllm-ascend calls the ops (A2 / A3 and 950).
 
 What ``ascend-emu demo --model v4`` runs and what ``tests/test_demo_v4.py`` checks against the
 float64 reference model (``tests/reference/deepseek_v4_attention.py``). One request; a call of
@@ -19,6 +19,12 @@ decode step"):
    the selected ones (CSA), with the per-head sink;
 5. the inverse RoPE (``inplace_partial_rotary_mul`` with ``negate_sin``) and the grouped output
    projection.
+
+The Ascend 950 path (``path="950"``, vllm-ascend's A5 branch) keeps 640-byte fp8 rows in the SWA
+and compressed caches, written by ``kv_compress_epilog`` (layout 1, quant_mode 2), and attends with
+``npu_kv_quant_sparse_attn_sharedkv``; it has no CSA layer (module constant :data:`PATHS`,
+docs/v4.md "The V4 decode step"). :class:`V4Block` adds the mHC ops around a layer and
+:func:`run_v4_decode_step` is what ``ascend-emu demo --model v4`` runs.
 
 Scale (:class:`V4Config`): DeepSeek-V4-Flash's dimensions (hidden 4096, 64 query heads, head dim
 512 = 448 + 64, window 128, q rank 1024, 8 output groups of rank 1024, indexer 64 x 128, top-512);
@@ -173,8 +179,9 @@ class V4AttentionLayer:
     """One attention layer of one request on the emulated ops (module doc), its caches and state.
 
     Attributes:
-        ratio: 0 (SWA), 4 (CSA) or 128 (HCA). pos: tokens written so far.
-        swa_cache: bf16 ``[blocks + 1, bs, 1, 512]`` PA_ND (block 0 unused), ``swa_table``.
+        ratio: 0 (SWA), 4 (CSA) or 128 (HCA). pos: tokens written so far. path: ``"a3"`` / ``"950"``.
+        swa_cache: bf16 ``[blocks + 1, bs, 1, 512]`` PA_ND (block 0 unused; 950: float8_e4m3fn
+        ``[.., 640]`` rows), ``swa_table``.
         cmp_cache, cmp_table: the compressed rows (ratio > 1), one row per ``ratio`` tokens.
         idx_cache (int8 ``[.., bs, 1, 128]``), idx_scale (fp16 ``[.., bs, 1]``): the indexer's
         compressed keys (ratio 4). times: seconds per op name, summed over calls.

@@ -143,14 +143,14 @@ def test_950_path_needs_the_soc_and_has_no_csa(monkeypatch):
 
 def test_run_v4_decode_step_reports_times_and_caches():
     """The demo's runner on a small config: every op timed, caches listed, rows counted."""
-    cfg = demo_v4.V4Config(hidden=4096, q_rank=64, o_rank=64, max_tokens=140, block_size=16)
-    rep = demo_v4.run_v4_decode_step(cfg, ratios=(4, 128), context=126, decode_steps=3)
+    cfg = demo_v4.V4Config(hidden=4096, q_rank=64, o_rank=64, max_tokens=16, block_size=16)
+    rep = demo_v4.run_v4_decode_step(cfg, ratios=(4, 128), context=10, decode_steps=3)
     for op in ("npu_hc_pre_v2", "npu_hc_post", "compressor", "npu_vllm_quant_lightning_indexer",
                "npu_sparse_attn_sharedkv", "npu_scatter_nd_update_v2 (swa)"):
         assert op in rep.decode_times and rep.decode_times[op] >= 0
-    assert rep.cmp_rows == {4: 129 // 4, 128: 1}
-    assert rep.selected == 129 // 4  # below 512 rows the top-512 is every visible row
+    assert rep.cmp_rows == {4: 13 // 4, 128: 0}
+    assert rep.selected == 13 // 4  # below 512 rows the top-512 is every visible row
     assert {c[1] for c in rep.caches} >= {"swa", "compressed", "state (cmp)", "indexer keys"}
     assert rep.out.shape == (1, demo_v4.HC_MULT, cfg.hidden) and np.isfinite(rep.out.astype(np.float32)).all()
     with pytest.raises(ShapeError, match="context"):
-        demo_v4.run_v4_decode_step(cfg, context=139, decode_steps=2)
+        demo_v4.run_v4_decode_step(cfg, context=15, decode_steps=2)
