@@ -185,6 +185,10 @@ class V4AttentionLayer:
         cmp_cache, cmp_table: the compressed rows (ratio > 1), one row per ``ratio`` tokens.
         idx_cache (int8 ``[.., bs, 1, 128]``), idx_scale (fp16 ``[.., bs, 1]``): the indexer's
         compressed keys (ratio 4). times: seconds per op name, summed over calls.
+
+    Raises (construction):
+        ModeError: a path not in :data:`PATHS`; the 950 path on a SoC that is not an Ascend 950,
+        or with ratio 4 (no emulated fp8 compressed-key indexer).
     """
 
     def __init__(self, cfg: V4Config, ratio: int, weights: dict, seed: int = 0, path: str = "a3"):
