@@ -14,9 +14,12 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from ascend_emu import ops
-from ascend_emu.errors import DTypeError, IndexRangeError, ModeError, ShapeError
+from ascend_emu import checked_mode, ops
+from ascend_emu.errors import (DTypeError, IndexRangeError, InputContractError, InputContractWarning, ModeError,
+                               ShapeError)
 from tests.helpers import assert_same_bytes, bit_identical_share, dual_threshold_ok, poisoned
 from tests.reference import compressor as ref
 
@@ -29,19 +32,25 @@ SCENARIOS = (("C4A", 512, 2, 4), ("C4Li", 128, 2, 4), ("C128A", 512, 1, 128))
 class Model:
     """One compressor layer's weights, and requests whose tokens are fed in steps."""
 
-    def __init__(self, d, coff, r, *, seed=0, nreq=2, block_size=8, blocks=None, dtype=BF16, rotary_mode=2):
+    def __init__(self, d, coff, r, *, seed=0, nreq=2, block_size=8, blocks=None, dtype=BF16, rotary_mode=2,
+                 cache_mode=1):
         rng = np.random.default_rng(seed)
+        self.cache_mode = cache_mode
         self.d, self.coff, self.r, self.bs, self.dtype, self.rotary = d, coff, r, block_size, dtype, rotary_mode
         self.rng = rng
         self.wkv = (rng.standard_normal((coff * d, H)) / 32).astype(dtype)
         self.wgate = (rng.standard_normal((coff * d, H)) / 16).astype(dtype)
         self.ape = rng.standard_normal((r, coff * d)).astype(np.float32)
-        self.norm_weight = (1 + rng.standard_normal(d) / 4).astype(dtype)
+        # the 950's tiling takes fp32 norm_weight and rope tables (A2 / A3: x's dtype)
+        self.aux = np.float32 if cache_mode == 2 else dtype
+        self.norm_weight = (1 + rng.standard_normal(d) / 4).astype(self.aux)
         self.hist = [np.zeros((0, H), dtype) for _ in range(nreq)]
         self.max_pos = 400
         cols = -(-self.max_pos // block_size)
         self.table = (1 + np.arange(nreq * cols, dtype=np.int32)).reshape(nreq, cols)
-        nblocks = blocks or nreq * cols + 1
+        if cache_mode == 2:  # the ring: one block per request
+            self.table = np.arange(1, nreq + 1, dtype=np.int32)
+        nblocks = blocks or self.table.size + 1
         self.state = poisoned((nblocks, block_size, 2 * coff * d), np.float32)
 
     def step(self, chunks, *, seqused=None, bsh=False, check=True, table=None):
@@ -71,18 +80,18 @@ class Model:
             offs = np.concatenate([[0], np.cumsum(ngroups)])
             rows_at = [offs[b] + np.arange(ngroups[b]) for b in range(nreq)]
         # each group's rope row from its first position (pad rows: noise the op must not use)
-        sin = rng.uniform(-1, 1, rope_shape).astype(self.dtype)
-        cos = rng.uniform(-1, 1, rope_shape).astype(self.dtype)
+        sin = rng.uniform(-1, 1, rope_shape).astype(self.aux)
+        cos = rng.uniform(-1, 1, rope_shape).astype(self.aux)
         freq = 1e4 ** (-np.repeat(np.arange(32), 2) / 32)
         for b in range(nreq):
             for i, g in enumerate(ref.completed_groups(int(start[b]), used[b], r)):
-                sin.reshape(-1, 64)[rows_at[b][i]] = np.sin(g * r * freq).astype(self.dtype)
-                cos.reshape(-1, 64)[rows_at[b][i]] = np.cos(g * r * freq).astype(self.dtype)
+                sin.reshape(-1, 64)[rows_at[b][i]] = np.sin(g * r * freq).astype(self.aux)
+                cos.reshape(-1, 64)[rows_at[b][i]] = np.cos(g * r * freq).astype(self.aux)
         before = self.state.copy()
         out = ops.compressor(x, self.wkv, self.wgate, self.state, self.ape, self.norm_weight, sin, cos,
                              self.table if table is None else table, cu,
                              None if seqused is None else np.array(seqused, np.int32), start, 64, r, self.coff,
-                             1e-6, self.rotary, 1)
+                             1e-6, self.rotary, self.cache_mode)
         expected, written = [], []
         for b in range(nreq):
             hist = np.concatenate([self.hist[b], xs[b][:used[b]]])
@@ -93,7 +102,11 @@ class Model:
                                   rotary_mode=self.rotary)
             expected.append((rows_at[b], rows))
             tb = (self.table if table is None else table)[b]
-            written += [(b, *w) for w in ref.state_rows_written(tb, int(start[b]), used[b], self.bs)]
+            if self.cache_mode == 2:
+                written += [(b, *w) for w in ref.ring_rows_written(int(tb), int(start[b]), used[b], r, self.coff,
+                                                                   self.bs)]
+            else:
+                written += [(b, *w) for w in ref.state_rows_written(tb, int(start[b]), used[b], self.bs)]
             # the history keeps every token given (unused ones were never seen by the op, so the
             # next step's start must come from the caller: here, used tokens only)
             self.hist[b] = hist
@@ -186,11 +199,52 @@ def test_block_table_zero_skips_the_state_write():
     m.step([10, 3], table=table)  # check_state compares against the reference's set
 
 
+def test_a_group_read_through_entry_zero_reads_block_zero_and_breaks_the_input_contract():
+    """Request 0's positions 0..3 were written (entry 1); the next call's table has 0 there: the
+    kernel reads block 0 (kept as it is: poison here); the emulator warns (checked mode: an error,
+    nothing written)."""
+    m = Model(128, 2, 4, block_size=4, nreq=1)
+    m.step([2])
+    table = m.table.copy()
+    table[0, 0] = 0
+    before = m.state.copy()
+    with checked_mode.checked(), pytest.raises(InputContractError, match=r"state_block_table\[0, 0\].*state_block_zero"):
+        m.step([2], table=table, check=False)
+    assert_same_bytes(m.state, before, "state after a rejected call")
+    m.hist[0] = m.hist[0][:2]
+    m.state[0] = 0.0  # block 0 as the group reads it: kv 0, score 0
+    with pytest.warns(InputContractWarning, match="state_block_zero"):
+        out, _ = m.step([2], table=table, check=False)
+    hist = m.hist[0]
+    kv, score = ref.projections(hist, m.wkv, m.wgate, m.ape, 4)
+    kv[:2], score[:2] = 0.0, 0.0  # positions 0, 1 read from block 0
+    w = np.exp(score[:4, 128:] - score[:4, 128:].max(0))  # group 0: the overlap half is empty
+    c = (w / w.sum(0) * kv[:4, 128:]).sum(0)
+    y = c / np.sqrt(np.mean(c * c) + 1e-6) * ref.f64(m.norm_weight)
+    assert dual_threshold_ok(out[0, :64], y[:64], 0.005)  # the nope part (no rope)
+
+
 def test_seqused_limits_the_tokens_taken():
     m = Model(128, 2, 4)
     out, expected = m.step([9, 6], seqused=[5, 6])
     assert [len(i) for i, _ in expected] == [1, 1]
     _check_rows(out, expected, 0.5)
+
+
+def test_norm_weight_and_rope_dtypes_per_soc(monkeypatch):
+    """A2 / A3 (arch32): norm_weight of x's dtype, rope x's dtype or fp32; the 950 (arch35): fp32."""
+    m = Model(128, 2, 4)
+    with pytest.raises(DTypeError, match="norm_weight"):
+        _call(m, norm_weight=m.norm_weight.astype(np.float32))
+    rope32 = np.zeros((min(8, 8 // 4 + 2), 64), np.float32)
+    _call(m, rope_sin=rope32, rope_cos=rope32)  # fp32 rope on an A2: taken
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", "Ascend950PR_9599")
+    before = m.state.copy()
+    for over, name in ((dict(), "norm_weight"), (dict(norm_weight=m.norm_weight.astype(np.float32)), "rope_sin")):
+        with pytest.raises(DTypeError, match=name):
+            _call(m, **over)
+    assert_same_bytes(m.state, before, "state after a rejected call")
+    _call(m, norm_weight=m.norm_weight.astype(np.float32), rope_sin=rope32, rope_cos=rope32)
 
 
 def test_fp16():
@@ -200,6 +254,60 @@ def test_fp16():
     flat = out.reshape(-1, 128)
     for idx, rows in expected:
         assert dual_threshold_ok(flat[idx], rows, 0.005)
+
+
+@pytest.mark.parametrize("name,d,coff,r", SCENARIOS[:2] + (("C8-coff1", 128, 1, 8),))
+def test_ring_state_cache_on_the_950(monkeypatch, name, d, coff, r):
+    """cache_mode 2: one ring block per request (rows ``p % block_size``, a block of twice the rows a
+    group reads: the positions wrap), only the tail rows written; prefill, decode and chunked steps."""
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", "Ascend950PR_9599")
+    m = Model(d, coff, r, seed=11, block_size=2 * coff * r, cache_mode=2)
+    for chunks in ([r + 3, 2 * r - 1], [1, 1], [1, 1], [1, 1], [r + 1, 3], [2, 1]):
+        out, expected = m.step(chunks)
+        if sum(len(i) for i, _ in expected):
+            _check_rows(out, expected, 0.95)
+
+
+def test_ring_is_ascend950_only_and_needs_a_group_per_block(monkeypatch):
+    m = Model(128, 2, 4, cache_mode=2, block_size=8)
+    with pytest.raises(ModeError, match="cache_mode.*Ascend950"):
+        m.step([4, 4], check=False)
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", "Ascend950PR_9599")
+    small = Model(128, 2, 4, cache_mode=2, block_size=7)
+    before = small.state.copy()
+    with pytest.raises(ShapeError, match="block_size >= coff"):
+        small.step([4, 4], check=False)
+    assert_same_bytes(small.state, before, "state after a rejected call")
+    with pytest.raises(ShapeError, match="state_block_table"):
+        m.step([4, 4], table=np.ones((2, 2), np.int32), check=False)
+    # a chunk whose tail would overwrite ring rows its first group still reads
+    ring = Model(128, 1, 8, cache_mode=2, block_size=12)
+    ring.step([14, 1])
+    before = ring.state.copy()
+    with pytest.raises(IndexRangeError, match="both read and written"):
+        ring.step([9, 1], check=False)
+    assert_same_bytes(ring.state, before, "state after a rejected call")
+
+
+@settings(max_examples=12, deadline=None)
+@given(coff=st.sampled_from([1, 2]), r=st.sampled_from([2, 4, 8]), bs=st.sampled_from([2, 4, 8, 16]),
+       steps=st.lists(st.lists(st.tuples(st.integers(0, 19), st.integers(0, 3)), min_size=1, max_size=3),
+                      min_size=1, max_size=3).map(lambda s: [row + [row[-1]] * (3 - len(row)) for row in s]))
+def test_random_steps_against_the_reference(coff, r, bs, steps):
+    """Random chunk sizes, seqused (up to 3 tokens short) and block sizes: the state rows written
+    are exactly the reference's, every completed group's row within the dual criterion, the
+    padding rows zero."""
+    m = Model(128, coff, r, nreq=3, block_size=bs, seed=r * bs + coff)
+    for row in steps:
+        chunks = [n for n, _ in row]
+        used = [max(n - short, 0) for n, short in row]
+        out, expected = m.step(chunks, seqused=used)
+        flat = out.reshape(-1, 128)
+        seen = np.zeros(flat.shape[0], bool)
+        for idx, rows in expected:
+            assert dual_threshold_ok(flat[idx], rows, 0.005)
+            seen[idx] = True
+        assert not flat[~seen].astype(np.float32).any()
 
 
 # ------------------------------------------------------------------- rejected calls write nothing
@@ -319,3 +427,37 @@ def test_namespace_fake_kernel_shapes():
                                           state_block_table=args["state_block_table"], cu_seqlens=args["cu_seqlens"],
                                           start_pos=args["start_pos"], coff=2, rotary_mode=2)
         assert list(out.shape) == list(want.shape) and out.dtype == torch.bfloat16
+
+
+def test_deterministic_mode_takes_the_fixed_order_product(monkeypatch):
+    """ASCEND_EMU_DETERMINISTIC=1: the projections run in the project's fixed order (no library
+    product: np.matmul refused) and still match the reference."""
+    from ascend_emu import _deterministic
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("np.matmul called in the deterministic mode")
+
+    m = Model(128, 2, 4, seed=9)
+    monkeypatch.setenv(_deterministic.ENV, "1")
+    monkeypatch.setattr(np, "matmul", refuse)
+    out, expected = m.step([6, 3])
+    monkeypatch.undo()
+    _check_rows(out, expected, 0.95)
+
+
+def test_checked_mode_tracks_the_state_rows():
+    """Checked mode: steps whose groups read rows the op wrote run; a group reading a row never
+    written (a call starting mid-group on a fresh cache) raises before anything is written."""
+    from ascend_emu.errors import UninitializedReadError
+
+    with checked_mode.checked():
+        m = Model(128, 2, 4, seed=4)
+        for chunks in ([5, 2], [1, 1], [3, 3]):
+            out, expected = m.step(chunks)
+        fresh = Model(128, 2, 4, seed=4)
+        fresh.hist = [np.zeros((2, H), BF16), np.zeros((0, H), BF16)]  # request 0 starts at position 2
+        before = fresh.state.copy()
+        with pytest.raises(UninitializedReadError, match=r"compressor: state_cache read before written: request 0, "
+                                                         r"position 0 .* at block 1, row 0"):
+            fresh.step([2, 1], check=False)
+        assert_same_bytes(fresh.state, before, "state after a rejected call")

@@ -4,8 +4,9 @@ NumPy, in the kernel's steps (vllm-ascend ``csrc/attention/compressor/op_kernel/
 ``compressor_block_vec_perf.h``, ``rms_norm.h``, ``rope.h``, ``soft_max.h``), each an fp32
 operation:
 
-1. ``kv = x @ wkv^T``, ``score = x @ wgate^T`` for the call's tokens: exact products, fp32
-   accumulation (BLAS sgemm; the NPU's cube sums K in its own tile order: not bit-identical);
+1. ``kv = x @ wkv^T``, ``score = x @ wgate^T`` for the call's tokens that are read or written:
+   exact products, fp32 accumulation (BLAS sgemm on blocks of weight rows widened exactly,
+   :func:`_project`; the NPU's cube sums K in its own tile order: not bit-identical);
    ``score += ape[p % r]``;
 2. the state rows the groups read are gathered first (the state as it was before the call), the
    call's rows are written after the outputs are computed (the contract rejects a call whose
@@ -29,7 +30,8 @@ import numpy as np
 
 from ..ops.compressor import ROTARY_HALF, CompressorArgs, CompressorOutputs
 from ..quant.rounding import to_bf16, to_f32
-from .matmul import matmul_f32
+from .. import _deterministic
+from .matmul import _blas_threads, matmul_weight
 
 _ROPE = 64
 
@@ -52,6 +54,23 @@ def _rotate(y: np.ndarray, mode: int) -> np.ndarray:
     return out
 
 
+#: Weight rows widened to fp32 at a time (32 x H=4096 x 4 bytes: 512 KiB, within L2).
+BLOCK_ROWS = 32
+
+
+def _project(xs: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """fp32 ``xs [M, H] @ w^T`` for a bf16 / fp16 weight ``w [N, H]``: each block of
+    :data:`BLOCK_ROWS` weight rows widened exactly (contiguous rows), then one sgemm per block; in
+    the deterministic mode the project's fixed-order product (:func:`matmul_weight`)."""
+    if _deterministic.enabled():
+        return matmul_weight(xs, w.T)
+    out = np.empty((xs.shape[0], w.shape[0]), np.float32)
+    with _blas_threads(xs.shape[0] * w.shape[0] * w.shape[1]):
+        for lo in range(0, w.shape[0], BLOCK_ROWS):
+            np.matmul(xs, to_f32(w[lo:lo + BLOCK_ROWS]).T, out=out[:, lo:lo + BLOCK_ROWS])
+    return out
+
+
 def compressor(args: CompressorArgs) -> CompressorOutputs:
     """The ``compressor`` family (module doc): cmp_kv, and the state rows written in place."""
     a = args
@@ -64,8 +83,8 @@ def compressor(args: CompressorArgs) -> CompressorOutputs:
     sc = np.zeros((a.x.shape[0], width), np.float32)
     if need.size:
         xs = to_f32(a.x[need])
-        kv[need] = matmul_f32(xs, to_f32(a.wkv).T)
-        sc[need] = matmul_f32(xs, to_f32(a.wgate).T) + a.ape[a.token_pos[need] % r]
+        kv[need] = _project(xs, a.wkv)
+        sc[need] = _project(xs, a.wgate) + a.ape[a.token_pos[need] % r]
     # 2. the state rows the groups read, before anything is written
     n = a.group_out.size
     if n:

@@ -21,8 +21,12 @@ row per token position ``p`` of a request at block ``state_block_table[b, p // b
 row ``p % block_size``: ``kv_p`` (``coff * D``) then ``score_p`` with ``ape`` added
 (``coff * D``). Every token of the call writes its row (``[start_pos, start_pos + used)``),
 except where the table entry is 0 (block 0 is reserved: "do not update"). Tokens of a completed
-group that precede ``start_pos`` are read back from their state rows (block 0 included: the
-kernel reads it as it is). All reads see the state as it was before the call.
+group that precede ``start_pos`` are read back from their state rows (through an entry 0 too:
+the kernel reads block 0 as it is; the emulator also reports the input contract
+``state_block_zero``, an :class:`~ascend_emu.errors.InputContractWarning`, an error in checked
+mode). In checked mode the state rows written are tracked (:mod:`ascend_emu.checked_mode`): a
+read of a row never written raises before anything is written. All reads see the state as it
+was before the call.
 
 Output: TH (x ``[T, H]``): ``[min(T, T // r + B), D]``, the completed groups of request 0, then
 of request 1, ..., then padding rows (zero here; the NPU leaves them unwritten); BSH (x
@@ -38,8 +42,8 @@ Checks (stricter than the kernels where their docs are, never looser): x bf16 / 
 length) 128 or 512; ``rope_head_dim`` 64; ``cmp_ratio`` a power of two in 2..128 (the arch35 and
 arch32 tilings; the README's scenarios C4A / C4Li / C128A are among them); ``coff`` 1 or 2;
 ``rotary_mode`` 1 or 2; ``cache_mode`` 1 (2 on the 950); ``norm_eps`` finite and >= 0; ape fp32
-``[cmp_ratio, coff * D]``; norm_weight x's dtype or fp32; rope tables of one dtype (x's or fp32)
-and shape; state fp32 3-D with rows and values contiguous (its block stride may be larger: a
+``[cmp_ratio, coff * D]``; norm_weight of x's dtype (A2 / A3: the arch32 tiling) or fp32 (Ascend
+950: arch35); rope tables of one dtype and shape, x's dtype or fp32 (A2 / A3) or fp32 (950); state fp32 3-D with rows and values contiguous (its block stride may be larger: a
 padded page); ``state_block_table`` int32 (required); ``cu_seqlens`` int32 ``[B + 1]`` (TH:
 required; BSH: must be None) starting at 0, non-decreasing, at most T; ``seqused`` int32 ``[B]``
 within each request's tokens; ``start_pos`` int32 ``[B]`` >= 0 (None: 0); every block-table
@@ -64,7 +68,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import soc
+from .. import checked_mode, input_contracts, soc
+from ..layouts import CacheLayout
+from ..input_contracts import STATE_SKIP_BLOCK, Violation
 from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error, describe
 from ._backend import get_backend
 from ._check import MAX_CALL_BYTES, check_disjoint, check_dtype, check_float, dtype_name, optional, required
@@ -262,10 +268,11 @@ def _block_of(table: np.ndarray, b: int, pos: np.ndarray, bs: int, blocks: int, 
 def _plan(first, used, start, table, state: np.ndarray, r: int, coff: int, cache_mode: int, per_batch: int | None):
     """The rows the call reads and writes (module doc); raises before anything is written."""
     blocks, bs = state.shape[0], state.shape[1]
-    g_tok, g_blk, g_off, g_out = [], [], [], []
+    g_tok, g_blk, g_off, g_out, g_pos, g_req = [], [], [], [], [], []
     w_tok, w_blk, w_off = [], [], []
     out_row = 0
     rows = coff * r
+    zero_reads: list[Violation] = []
     for b in range(first.size):
         s, u, f = int(start[b]), int(used[b]), int(first[b])
         g0, g1 = s // r, (s + u) // r  # completed groups: g0 .. g1 - 1
@@ -283,11 +290,20 @@ def _plan(first, used, start, table, state: np.ndarray, r: int, coff: int, cache
             if need.any():
                 p = pos[need]
                 if cache_mode == CACHE_CONTINUOUS:
-                    blk[need] = _block_of(table, b, p, bs, blocks, "read")
+                    ids = _block_of(table, b, p, bs, blocks, "read")
+                    blk[need] = ids
+                    if not zero_reads and (ids == STATE_SKIP_BLOCK).any():
+                        q = int(p[np.argmax(ids == STATE_SKIP_BLOCK)])
+                        zero_reads.append(Violation(
+                            f"state_block_table[{b}, {q // bs}]", str(STATE_SKIP_BLOCK), "state_block_zero",
+                            f"request {b} reads the state row of position {q} (a group completed by this call), "
+                            f"but block {STATE_SKIP_BLOCK} is never written: the row read is stale"))
                 else:
                     blk[need] = int(table[b])
                 off[need] = p % bs
             g_tok.append(tok)
+            g_pos.append(np.where(need, pos, -1))
+            g_req.append(np.full(pos.shape, b, np.int64))
             g_blk.append(blk)
             g_off.append(off)
             g_out.append(base + np.arange(g1 - g0, dtype=np.int64))
@@ -307,7 +323,8 @@ def _plan(first, used, start, table, state: np.ndarray, r: int, coff: int, cache
     empty = np.zeros((0, rows), np.int64)
     cat = (lambda parts, e: np.concatenate(parts) if parts else e)
     return (cat(g_tok, empty), cat(g_blk, empty), cat(g_off, empty), cat(g_out, np.zeros(0, np.int64)),
-            cat(w_tok, np.zeros(0, np.int64)), cat(w_blk, np.zeros(0, np.int64)), cat(w_off, np.zeros(0, np.int64)))
+            cat(w_tok, np.zeros(0, np.int64)), cat(w_blk, np.zeros(0, np.int64)), cat(w_off, np.zeros(0, np.int64)),
+            zero_reads, cat(g_req, empty), cat(g_pos, empty))
 
 
 def _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, bs: int) -> None:
@@ -338,9 +355,9 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
         wkv, wgate: ``[coff * D, H]``, x's dtype (for coff 2: the overlap half's D rows first).
         state_cache: fp32 ``[blocks, block_size, 2 * coff * D]``, updated in place.
         ape: fp32 ``[cmp_ratio, coff * D]``: the score's bias by position within the group.
-        norm_weight: ``[D]`` (D 128 or 512), x's dtype or fp32.
+        norm_weight: ``[D]`` (D 128 or 512), x's dtype (A2 / A3) or fp32 (Ascend 950).
         rope_sin, rope_cos: ``[min(T, T // r + B), 64]`` (TH) or ``[B, ceil(S / r), 64]`` (BSH),
-            x's dtype or fp32: one row per output row.
+            x's dtype or fp32 (A2 / A3), fp32 (Ascend 950): one row per output row.
         state_block_table: int32 ``[B, W]`` (cache_mode 1: block of each position's
             ``position // block_size``; 0 = not updated) or ``[B]`` (cache_mode 2).
         cu_seqlens: int32 ``[B + 1]`` prefix sums (TH; None for BSH).
@@ -377,7 +394,10 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
         raise arg_error(ShapeError, "x", f"H (last dim) in {MIN_HIDDEN}..{MAX_HIDDEN}, a multiple of {HIDDEN_ALIGN}",
                         f"shape {list(x.shape)}")
     xd = dtype_name(x.dtype)
-    norm_weight = _array(norm_weight, "norm_weight", (xd, "float32"), 1)
+    a950 = soc.is_ascend950()
+    # the arch35 tiling (950) takes fp32 norm_weight and rope tables only; arch32 (A2 / A3)
+    # norm_weight of x's dtype, rope tables of x's dtype or fp32
+    norm_weight = _array(norm_weight, "norm_weight", ("float32",) if a950 else (xd,), 1)
     d = int(norm_weight.shape[0])
     if d not in HEAD_DIMS:
         raise arg_error(ShapeError, "norm_weight", f"[D] with D one of {HEAD_DIMS}", f"shape {list(norm_weight.shape)}")
@@ -398,10 +418,17 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
         if table.ndim != 2 or table.shape[0] != nb:
             raise arg_error(ShapeError, "state_block_table", f"a 2-D int32 tensor [B = {nb}, W]",
                             f"shape {list(table.shape)}")
-    elif table.ndim != 1 or table.shape[0] != nb:
-        raise arg_error(ShapeError, "state_block_table", f"a 1-D int32 tensor [B = {nb}] (cache_mode 2: one block "
-                        "per request)", f"shape {list(table.shape)}")
+    elif table.shape not in ((nb,), (nb, 1)):
+        raise arg_error(ShapeError, "state_block_table", f"an int32 tensor [B = {nb}] or [B, 1] (cache_mode 2: one "
+                        "block per request, read at flat index b)", f"shape {list(table.shape)}")
     else:
+        table = table.reshape(nb)
+        if state.shape[0] < nb:
+            raise arg_error(ShapeError, "state_cache", f"at least B = {nb} blocks with cache_mode 2 (one per request)",
+                            f"shape {list(state.shape)}")
+        if state.shape[1] < coff * r:
+            raise arg_error(ShapeError, "state_cache", f"block_size >= coff * cmp_ratio = {coff * r} with cache_mode 2 "
+                            "(the ring holds the rows of a group and of its overlap)", f"shape {list(state.shape)}")
         bad = (table < 0) | (table >= state.shape[0])
         if bad.any():
             i = int(np.argmax(bad))
@@ -418,7 +445,7 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
         out_shape = (min(t, t // r + nb), d)
         rope_shape = (out_shape[0], ROPE_HEAD_DIM)
         what = "[min(T, T // cmp_ratio + B), 64]"
-    rope_sin = _array(rope_sin, "rope_sin", (xd, "float32"), len(rope_shape))
+    rope_sin = _array(rope_sin, "rope_sin", ("float32",) if a950 else (xd, "float32"), len(rope_shape))
     rope_cos = _array(rope_cos, "rope_cos", (dtype_name(rope_sin.dtype),), len(rope_shape))
     _shape(rope_sin, "rope_sin", rope_shape, what)
     _shape(rope_cos, "rope_cos", rope_shape, what)
@@ -430,9 +457,23 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
     check_disjoint([("state_cache", state)], [("x", x), ("wkv", wkv), ("wgate", wgate), ("ape", ape),
                                               ("norm_weight", norm_weight), ("rope_sin", rope_sin),
                                               ("rope_cos", rope_cos), ("state_block_table", table)])
-    g_tok, g_blk, g_off, g_out, w_tok, w_blk, w_off = _plan(first, used, start, table, state, r, coff, cache_mode,
+    g_tok, g_blk, g_off, g_out, w_tok, w_blk, w_off, zero_reads, g_req, g_pos = _plan(first, used, start, table, state, r, coff, cache_mode,
                                                             per_batch)
     _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, state.shape[1])
+    input_contracts.report("compressor", zero_reads)  # an error in checked mode: before any write
+    layout = CacheLayout(mode="PA_BSND", num_blocks=state.shape[0], block_size=state.shape[1],
+                         dim=state.shape[2], itemsize=4)
+    bs = state.shape[1]
+
+    def reads() -> checked_mode.CacheReads:
+        need = g_blk >= 0
+        req, pos = g_req[need], g_pos[need]
+        return checked_mode.CacheReads((("state_cache", state, layout),), g_blk[need] * bs + g_off[need],
+                                       lambda i: f"request {int(req[i])}, position {int(pos[i])} (a group's "
+                                                 f"earlier token)")
+
+    checked_mode.read("compressor", reads)  # rows never written: an error in checked mode
+    checked_mode.will_write((state if state.flags.c_contiguous else None, layout))
     token_pos = np.full(tokens, -1, np.int64)
     for b in range(nb):
         f, u = int(first[b]), int(used[b])
@@ -443,7 +484,9 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
                           out_shape=out_shape, out_dtype=x.dtype, token_pos=token_pos, group_tok=g_tok,
                           group_blk=g_blk, group_off=g_off, group_out=g_out, write_tok=w_tok, write_blk=w_blk,
                           write_off=w_off)
-    return get_backend().compressor(args).cmp_kv
+    out = get_backend().compressor(args).cmp_kv
+    checked_mode.wrote("compressor", w_blk * bs + w_off, [(state, layout)], (("cmp_kv", out),))
+    return out
 
 
 __all__ = ["CompressorArgs", "CompressorOutputs", "compressor"]

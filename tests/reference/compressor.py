@@ -82,3 +82,12 @@ def state_rows_written(table_row, start: int, used: int, block_size: int) -> lis
         if blk != 0:
             rows.append((p, blk, p % block_size))
     return rows
+
+
+def ring_rows_written(block: int, start: int, used: int, r: int, coff: int, block_size: int) -> list[tuple[int, int, int]]:
+    """``(position, block, row)`` of each state row a cache_mode 2 call writes (the 950's ring,
+    vllm-ascend ``op_kernel/arch35/compressor_block_vec.h`` ``SaveState``): one block per request,
+    row ``position % block_size``, only the positions from the last group boundary reached,
+    less one group for coff 2 (what the next call may read)."""
+    first = max((start + used) // r * r - (coff - 1) * r, 0)
+    return [(p, block, p % block_size) for p in range(max(start, first), start + used)]

@@ -1,0 +1,83 @@
+"""DeepSeek-V4's ``compressor`` against the machine floor, in one run.
+
+For the README's three scenarios (C4A: D 512, coff 2, ratio 4; C4Li: D 128, coff 2, ratio 4;
+C128A: D 512, coff 1, ratio 128; H 4096 as DeepSeek-V4-Flash, bf16) and two steps (``decode``:
+``--batch`` requests of one token each, every one completing a group, so every call pools and
+reads the state; ``prefill``: one request of ``--prefill`` tokens from position 0) it prints the
+op's time per call and its ratio to the machine floor (``benchmarks/_floor.py``): the product
+``x [T, H] @ [wkv; wgate]^T [H, 2 * coff * D]`` on the fastest engine this machine has for bf16
+operands, plus the bytes the op moves otherwise at the copy bandwidth (x and the two weights
+read, the state rows written and read, the output written). Time per call: the best average over
+``--rounds`` alternating rounds of ``--calls`` calls after a warm-up round
+(``benchmarks/_timing.py``).
+
+Usage: ``python benchmarks/bench_compressor.py [--batch 16] [--prefill 512] [--calls 3] [--rounds 5]``
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import ascend_emu  # noqa: F401  (before torch, as the other benchmarks: docs/performance.md "Threads")
+import ml_dtypes
+import numpy as np
+from _floor import MachineFloor, floor_line, movement, product, ratio_line
+from _timing import best_times
+
+from ascend_emu.ops import compressor
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+H = 4096
+SCENARIOS = (("C4A", 512, 2, 4), ("C4Li", 128, 2, 4), ("C128A", 512, 1, 128))
+
+
+def _case(d, coff, r, lens, starts, rng):
+    """Arguments of one call: requests of ``lens`` tokens from positions ``starts``."""
+    b, t = len(lens), int(sum(lens))
+    bs = 8 if r == 4 else 32
+    cols = -(-(max(s + n for s, n in zip(starts, lens, strict=True))) // bs)
+    table = (1 + np.arange(b * cols, dtype=np.int32)).reshape(b, cols)
+    state = np.zeros((b * cols + 1, bs, 2 * coff * d), np.float32)
+    rows = min(t, t // r + b)
+    return dict(x=(rng.standard_normal((t, H))).astype(BF16),
+                wkv=(rng.standard_normal((coff * d, H)) / 64).astype(BF16),
+                wgate=(rng.standard_normal((coff * d, H)) / 64).astype(BF16), state_cache=state,
+                ape=rng.standard_normal((r, coff * d)).astype(np.float32), norm_weight=np.ones(d, BF16),
+                rope_sin=rng.uniform(-1, 1, (rows, 64)).astype(BF16), rope_cos=rng.uniform(-1, 1, (rows, 64)).astype(BF16),
+                state_block_table=table, cu_seqlens=np.concatenate([[0], np.cumsum(lens)]).astype(np.int32),
+                seqused=None, start_pos=np.array(starts, np.int32), rope_head_dim=64, cmp_ratio=r, coff=coff,
+                norm_eps=1e-6, rotary_mode=2, cache_mode=1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=16, help="decode requests (one token each)")
+    parser.add_argument("--prefill", type=int, default=512, help="prefill tokens (one request)")
+    parser.add_argument("--calls", type=int, default=3, help="calls per timed round")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    print(f"compressor  H={H} bf16")
+    for name, d, coff, r in SCENARIOS:
+        for step, lens, starts in (("decode", [1] * args.batch, [8 * r - 1] * args.batch),
+                                   ("prefill", [args.prefill], [0])):
+            kw = _case(d, coff, r, lens, starts, rng)
+            out = compressor(**kw)
+            t = kw["x"].shape[0]
+            w = np.concatenate([kw["wkv"], kw["wgate"]]).T
+            groups = sum((s + n) // r - s // r for s, n in zip(starts, lens, strict=True))
+            state_bytes = 4 * 2 * coff * d * (t + groups * coff * r)  # rows written, rows a group reads
+            floor = MachineFloor([product("x@[wkv;wgate]^T", kw["x"], w),
+                                  movement("x, weights, state, out", kw["x"].nbytes + w.nbytes + state_bytes // 2,
+                                           out.nbytes + state_bytes // 2)])
+
+            def op(kw=kw):
+                compressor(**kw)
+
+            t_op, t_floor = best_times([op, floor], args.rounds, number=args.calls)
+            print(f"{name:6s} {step:8s} T={t:4d}  {t_op * 1e3:8.2f} ms/call  {floor_line(floor, t_floor, 'ms')}  "
+                  f"{ratio_line(name + ' ' + step, t_op, t_floor)}")
+
+
+if __name__ == "__main__":
+    main()
