@@ -89,6 +89,13 @@ ROWS: tuple[Row, ...] = (
     _r("npu_scatter_pa_kv_cache", "a slot written by two tokens", "unverified", "undefined on hardware; "
        "DuplicateSlotWarning, the last token wins", "-",
        "tests/test_paged_cache_ops.py::test_scatter_duplicate_slots_warn_and_last_token_wins"),
+    _r("npu_scatter_nd_update_v2 (also _sk, custom.scatter_nd_update_asc; DeepSeek-V4)", "var (in place)", "exact",
+       "row copies of any dtype's bytes; padding rows skipped; strided caches written in place",
+       "tests/reference/scatter_nd_update.py", "tests/test_scatter_nd_update.py::test_block_offset_rows_match_reference",
+       "tests/test_scatter_nd_update.py::test_strided_var_is_written_in_place_padding_untouched"),
+    _r("npu_scatter_nd_update_v2 (also _sk, custom.scatter_nd_update_asc; DeepSeek-V4)", "a row of var named twice",
+       "unverified", "undefined on hardware unless the updates are identical; DuplicateSlotWarning, the last row wins",
+       "-", "tests/test_scatter_nd_update.py::test_duplicates_warn_and_last_row_wins"),
     _r("npu_gather_pa_kv_cache", "key, value", "exact", "byte copies by block table and seq_offset",
        "tests/reference/paged_cache.py (op-plugin golden)", "tests/test_paged_cache_ops.py::test_gather_matches_reference"),
     _r("npu_dynamic_quant", "y, scale", "exact", "int8 / int4 codes and fp32 scales of the A2 / A3 kernel chain "

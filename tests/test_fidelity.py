@@ -21,6 +21,7 @@ from tests.reference import dynamic_quant as ref_dq
 from tests.reference import layouts as ref_layouts
 from tests.reference import paged_cache as ref_paged
 from tests.reference import rope as ref_rope
+from tests.reference import scatter_nd_update as ref_scatter_nd
 from tests.reference import v4_small as ref_v4
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,11 +132,20 @@ def _partial_rotary(rng):
     assert_same_bytes(x, want, "inplace_partial_rotary_mul")
 
 
+def _scatter_nd(rng):
+    cache = rng.standard_normal((3, 8, 1, 16)).astype(BF16)
+    idx, update = np.array([[2, 7], [-1, 7], [0, 0]], np.int32), rng.standard_normal((3, 1, 16)).astype(BF16)
+    want = ref_scatter_nd.scatter_nd_update(cache, idx, update)
+    ops.npu_scatter_nd_update_v2(cache, idx, update)
+    assert_same_bytes(cache, want, "var")
+
+
 #: One small byte-exact call per op with an exact row (the heavier exact rows are checked by the
 #: tests they name; listed in HEAVY).
 SMOKE = {"npu_format_cast": _format_cast, "npu_scatter_pa_kv_cache": _scatter, "npu_dynamic_quant": _dynamic_quant,
          "npu_interleave_rope": _interleave_rope, "npu_rotary_mul": _rotary_mul,
          "npu_rms_norm_dynamic_quant": _rms_norm_dynamic_quant, "inplace_partial_rotary_mul": _partial_rotary}
+SMOKE["npu_scatter_nd_update_v2"] = _scatter_nd
 HEAVY = {"npu_gather_pa_kv_cache", "npu_kv_rmsnorm_rope_cache", "npu_lightning_indexer", "npu_quant_lightning_indexer",
          "npu_fused_infer_attention_score_v2", "npu_dtype_cast", "npu_dynamic_mx_quant", "compressor_metadata",
          "quant.v4.encode_kv_rows"}

@@ -11,8 +11,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ascend_emu import ops
-from ascend_emu.errors import DTypeError, DuplicateSlotWarning, IndexRangeError, ShapeError
+from ascend_emu import checked_mode, ops
+from ascend_emu.errors import DTypeError, DuplicateSlotError, DuplicateSlotWarning, IndexRangeError, ShapeError
 from ascend_emu.ops._check import writer_slots
 from tests.reference import scatter_nd_update as ref
 
@@ -97,6 +97,28 @@ def test_flat_rows_match_reference(op):
     update = _random(rng, (5, 128), np.float16)
     op(var, indices, update)
     _same(var, ref.scatter_nd_update(before, indices, update))
+
+
+@pytest.mark.parametrize("every", [2, 7])
+def test_interleaved_padding_and_duplicates_match_reference(every):
+    """Padding rows all through the call (every 2nd row: more runs of live rows than the kernel
+    copies slice by slice; every 7th: fewer), with duplicates among the live rows."""
+    rng = np.random.default_rng(every)
+    cache = _random(rng, (16, 16, 1, 8), np.float16)
+    before = cache.copy()
+    slots = rng.choice(256, 300)  # repeats
+    idx = np.stack([slots // 16, slots % 16], axis=1).astype(np.int64)
+    idx[::every] = (-1, 15)
+    upd = _random(rng, (300, 1, 8), np.float16)
+    with pytest.warns(DuplicateSlotWarning):
+        ops.npu_scatter_nd_update_v2(cache, idx, upd)
+    _same(cache, ref.scatter_nd_update(before, idx, upd))
+    flat, kept = _random(rng, (256, 8), np.float16), idx[:, 0] * 16 + idx[:, 1]
+    flat_before = flat.copy()
+    flat_idx = np.where(idx[:, :1] < 0, -1, kept[:, None])
+    with pytest.warns(DuplicateSlotWarning):
+        ops.npu_scatter_nd_update_sk(flat, flat_idx, upd.reshape(300, 8))
+    _same(flat, ref.scatter_nd_update(flat_before, flat_idx, upd.reshape(300, 8)))
 
 
 def test_v2_dtypes_and_update_shapes_the_callers_pass():
@@ -232,3 +254,24 @@ def test_empty_index_is_a_no_op_in_c_ascend_only():
         warnings.simplefilter("error")
         ops.npu_scatter_nd_update_v2(var, np.zeros((0, 1), np.int32), np.zeros((0, 4), np.float16))
     assert (var == 1).all()
+
+
+def test_checked_mode_marks_written_rows_and_rejects_duplicates():
+    cache = np.zeros((3, 4, 1, 8), np.float16)
+    with checked_mode.checked(poison=True):
+        ops.npu_scatter_nd_update_v2(cache, np.array([[2, 1], [-1, 3], [0, 0]]), np.ones((3, 1, 8), np.float16))
+        written = checked_mode.written_slots(cache)
+        assert np.flatnonzero(written).tolist() == [0, 9]
+        assert np.isnan(cache[1, 0, 0, 0]) and cache[2, 1, 0, 0] == 1  # poisoned, then written
+        with pytest.raises(DuplicateSlotError, match="indices"):
+            ops.scatter_nd_update_asc(np.zeros((4, 128), np.int8), np.array([[1], [1]]), np.ones((2, 128), np.int8))
+
+
+def test_broadcast_views_are_bounded_before_allocating():
+    var = np.zeros((4, 1), np.int8)
+    huge = np.broadcast_to(np.zeros((1, 1), np.int64), (1 << 31, 1))
+    with pytest.raises(ShapeError, match="indices: expected at most 16 GiB"):
+        ops.npu_scatter_nd_update_v2(var, huge, np.broadcast_to(np.zeros((1, 1), np.int8), (1 << 31, 1)))
+    with pytest.raises(ShapeError, match="update: expected at most 16 GiB"):
+        ops.npu_scatter_nd_update_v2(np.zeros((4, 1 << 20), np.int8), np.zeros((1 << 14, 1), np.int64),
+                                     np.broadcast_to(np.zeros((1, 1 << 20), np.int8), (1 << 14, 1 << 20)))

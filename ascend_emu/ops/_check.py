@@ -345,10 +345,11 @@ def _caller_stacklevel() -> int:
     return level
 
 
-def warn_duplicates(slots: np.ndarray, name: str) -> None:
+def warn_duplicates(slots: np.ndarray, name: str) -> dict[int, list[int]]:
     """Warn when two tokens write the same slot (undefined on hardware; here the last wins).
 
-    The warning is attributed to the user's line that called the op."""
+    The warning is attributed to the user's line that called the op. Returns the duplicates
+    (:func:`ascend_emu.layouts.duplicate_slots`: ``{slot: [token, ...]}``, empty when none)."""
     dups = duplicate_slots(slots)
     checked_mode.duplicates(name, dups)  # checked mode: an error instead
     if dups:
@@ -357,6 +358,7 @@ def warn_duplicates(slots: np.ndarray, name: str) -> None:
         warnings.warn(f"{name}: {len(dups)} cache slot(s) written by more than one token, undefined on "
                       f"hardware; the emulator keeps the last token: {shown}{more}",
                       DuplicateSlotWarning, stacklevel=_caller_stacklevel())
+    return dups
 
 
 def writer_slots(index, dims: Sequence[int], *, name: str) -> np.ndarray:
@@ -383,14 +385,27 @@ def writer_slots(index, dims: Sequence[int], *, name: str) -> np.ndarray:
 
     Raises:
         DTypeError, ShapeError, IndexRangeError: as
-            :func:`ascend_emu.layouts.slots_from_index_rows`.
+            :func:`ascend_emu.layouts.slots_from_index_rows`; ShapeError also for an index whose
+            working copies would pass :data:`MAX_CALL_BYTES` (a broadcast view), before allocating.
 
     Warns:
         DuplicateSlotWarning: a slot written by two rows (:func:`warn_duplicates`).
     """
+    return writer_slots_and_duplicates(index, dims, name=name)[0]
+
+
+def writer_slots_and_duplicates(index, dims: Sequence[int], *, name: str) -> tuple[np.ndarray, bool]:
+    """:func:`writer_slots`, and whether two rows write one slot (so a kernel that writes every
+    live row in order may skip looking for the last of each)."""
+    index = np.asarray(index)
+    check_call_bytes(index, name, _INDEX_WORK_BYTES, "index working copies")
     slots = slots_from_index_rows(index, dims, name=name)
-    warn_duplicates(slots, name)
-    return slots
+    return slots, bool(warn_duplicates(slots, name))
+
+
+#: Bytes of working copies per index element of :func:`writer_slots` (int64 values, range masks,
+#: flat slots, the duplicate search's sort), for the size bound before anything is allocated.
+_INDEX_WORK_BYTES = 64
 
 
 # ---------------------------------------------------------------------- memoised static checks

@@ -56,9 +56,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import checked_mode
 from ..errors import ShapeError, arg_error
+from ..layouts import CacheLayout
 from ._backend import get_backend
-from ._check import check_disjoint, check_dtype, dtype_name, required, write_targets, writer_slots
+from ._check import (check_call_bytes, check_disjoint, check_dtype, dtype_name, required, write_targets,
+                     writer_slots_and_duplicates)
 
 V2 = "npu_scatter_nd_update_v2"
 SK = "npu_scatter_nd_update_sk"
@@ -89,6 +92,7 @@ class ScatterNdArgs:
         index_dims: ``var.shape[:K]``, the dims the index rows address.
         slots: int64 ``[n]``: row ``i``'s flat position in ``index_dims`` (``block * block_size +
             offset`` for K = 2), -1 for a skipped row.
+        duplicates: two rows name one slot (the contract warned; the last row is written).
     """
 
     op: str
@@ -97,6 +101,7 @@ class ScatterNdArgs:
     update: np.ndarray
     index_dims: tuple[int, ...]
     slots: np.ndarray
+    duplicates: bool = False
 
     @property
     def written(self) -> tuple[np.ndarray]:
@@ -168,10 +173,28 @@ def _scatter_nd(op: str, var, indices, update) -> None:
     if not var.flags.writeable:
         raise arg_error(ShapeError, "var", "a writable tensor (updated in place)", "a read-only array")
     check_disjoint((("var", var),), (("indices", indices), ("update", update)))
+    check_call_bytes(update, "update", 2 * update.itemsize, "update working copies")  # a broadcast view?
     dims = tuple(int(d) for d in var.shape[:k])
-    slots = writer_slots(indices, dims, name="indices")
-    args = ScatterNdArgs(op, var, indices, update, dims, slots)
-    get_backend().scatter_nd_update(write_targets(args, ("var",)))
+    slots, duplicates = writer_slots_and_duplicates(indices, dims, name="indices")
+    args = write_targets(ScatterNdArgs(op, var, indices, update, dims, slots, duplicates), ("var",))
+    caches = ((args.var, _rows_layout(var, dims), var),)
+    checked_mode.will_write(*caches)
+    get_backend().scatter_nd_update(args)
+    checked_mode.wrote(op, slots, caches)
+
+
+def _rows_layout(var: np.ndarray, dims: tuple[int, ...]) -> CacheLayout | None:
+    """var as checked mode's written-slot map and replay see it: a PA_BSND cache of
+    ``prod(dims)`` rows (``[num_blocks, block_size]`` for K = 2, blocks of one row for K = 1),
+    rows of bytes where the itemsize is not 1, 2 or 4. None for a strided var (the map and
+    poisoning address a cache's whole contiguous memory)."""
+    if not var.flags.c_contiguous:
+        return None
+    row = math.prod(var.shape[len(dims):])
+    nb, bs = (dims[0], dims[1]) if len(dims) == 2 else (dims[0], 1)
+    size = var.itemsize if var.itemsize in (1, 2, 4) else 1
+    return CacheLayout(mode="PA_BSND", num_blocks=nb, block_size=bs, dim=row * var.itemsize // size,
+                       itemsize=size, heads=1)
 
 
 def npu_scatter_nd_update_v2(var, indices, update) -> None:
