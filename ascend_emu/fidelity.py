@@ -189,6 +189,16 @@ ROWS: tuple[Row, ...] = (
        "fp8 codes, E8M0 scales as the kernel's exponent masking", "tests/reference/v4_quant.py",
        "tests/test_v4_quant.py::test_mode2_matches_reference",
        "tests/test_v4_quant.py::test_mode2_exact_powers_of_two_follow_the_kernel"),
+    _r("kv_compress_epilog (DeepSeek-V4, Ascend 950)", "kv_compress_cache (in place)", "exact",
+       "every byte of the cache: the rows written (layouts 1 and 2, quant_mode 1 / 2 / 3), the rest untouched",
+       "tests/reference/v4_writers.py", "tests/test_v4_writers.py::test_kv_layout1_mode2",
+       "tests/test_v4_writers.py::test_kv_layout2"),
+    _r("kv_compress_epilog layout 2 (DeepSeek-V4, Ascend 950)", "scale-part padding bytes", "unverified",
+       "the kernel copies them out of unset local memory; written as zeros here", "-"),
+    _r("indexer_compress_epilog / _v2 (DeepSeek-V4, Ascend 950)", "caches (in place)", "exact",
+       "fp8 keys, fp32 / E8M0 scales, the packed v2 offsets; the rest untouched", "tests/reference/v4_writers.py",
+       "tests/test_v4_writers.py::test_indexer_compress_epilog_mode1",
+       "tests/test_v4_writers.py::test_indexer_compress_epilog_v2"),
 )
 
 

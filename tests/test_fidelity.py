@@ -148,7 +148,7 @@ SMOKE = {"npu_format_cast": _format_cast, "npu_scatter_pa_kv_cache": _scatter, "
 SMOKE["npu_scatter_nd_update_v2"] = _scatter_nd
 HEAVY = {"npu_gather_pa_kv_cache", "npu_kv_rmsnorm_rope_cache", "npu_lightning_indexer", "npu_quant_lightning_indexer",
          "npu_fused_infer_attention_score_v2", "npu_dtype_cast", "npu_dynamic_mx_quant", "compressor_metadata",
-         "quant.v4.encode_kv_rows"}
+         "quant.v4.encode_kv_rows", "kv_compress_epilog", "indexer_compress_epilog"}
 
 
 def test_every_exact_op_has_a_small_call_or_named_tests():

@@ -340,3 +340,44 @@ def test_fake_kernels_write_nothing():
         assert torch.ops.custom.kv_compress_epilog(c, x, s) is None
         p = mode.from_tensor(torch.zeros(3, 4, 1, 132, dtype=torch.uint8))
         assert torch.ops._C_ascend.indexer_compress_epilog_v2(p, x[:, :128], s) is None
+
+
+def test_checked_mode_marks_written_slots_and_rejects_duplicates(a950):
+    from ascend_emu import checked_mode
+    from ascend_emu.errors import DuplicateSlotError
+
+    cache, x, slots = _kv_case()
+    with checked_mode.checked():
+        ops.kv_compress_epilog(cache, x, slots)
+        written = checked_mode.written_slots(cache)
+        assert written is not None
+        np.testing.assert_array_equal(np.flatnonzero(written), np.sort(SLOTS[SLOTS >= 0]))
+        before = _u8(cache).copy()
+        with pytest.raises(DuplicateSlotError):
+            ops.kv_compress_epilog(cache, x, np.where(SLOTS == 11, 5, SLOTS).astype(np.int32))
+        np.testing.assert_array_equal(_u8(cache), before)
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+def test_numba_fp8_encoder_matches_the_codec(name):
+    """The writers' compiled fp8 rounding against quant.fp8.to_fp8 (ml_dtypes): every bf16 value,
+    random fp32 bit patterns, and every midpoint between neighbouring fp8 values (the ties)."""
+    from ascend_emu.emu.kv_compress_epilog import FP8_FORMATS, f32_to_fp8_bits
+    from ascend_emu.quant.fp8 import to_fp8
+    from numba import njit
+
+    @njit(cache=False)
+    def encode(v, mant, bias, top, over):
+        out = np.empty(v.shape[0], np.uint8)
+        for i in range(v.shape[0]):
+            out[i] = f32_to_fp8_bits(v[i], mant, bias, top, over)
+        return out
+
+    bf16 = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)
+    rand = np.random.default_rng(3).integers(0, 1 << 32, 1 << 18, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    grid = np.arange(256, dtype=np.uint8).view(FP8[name]).astype(np.float32)
+    grid = np.unique(np.abs(grid[np.isfinite(grid)]))
+    mids = (grid[:-1] + grid[1:]) / 2
+    v = np.concatenate([bf16, rand, mids, -mids, np.nextafter(mids, 0), np.nextafter(mids, np.inf)]).astype(np.float32)
+    v = v[np.isfinite(v)]
+    np.testing.assert_array_equal(encode(v, *FP8_FORMATS[name]), to_fp8(v, name).view(np.uint8))

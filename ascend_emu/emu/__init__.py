@@ -26,9 +26,10 @@ from . import sparse_flash_attention as _sparse_flash_attention
 from . import v4_small as _v4_small
 from . import hc as _hc  # DeepSeek-V4 mHC
 from . import sparse_attn_sharedkv as _sparse_attn_sharedkv  # DeepSeek-V4 shared-KV attention
-from . import scatter_nd_update as _scatter_nd_update  # DeepSeek-V4 row scatters
 from . import compressor as _compressor  # DeepSeek-V4 KV compressor
-from . import v4_writers as _v4_writers  # DeepSeek-V4 cache writers
+from . import indexer_compress_epilog as _indexer_compress_epilog  # DeepSeek-V4 cache writers
+from . import kv_compress_epilog as _kv_compress_epilog
+from . import scatter_nd_update as _scatter_nd_update  # DeepSeek-V4 row scatters
 
 
 class EmuBackend:
@@ -59,10 +60,11 @@ class EmuBackend:
     compressor = staticmethod(_compressor.compressor)
     # DeepSeek-V4 indexer over compressed keys: the quant indexer's kernel (the contract set the limits)
     vllm_quant_lightning_indexer = staticmethod(_quant_lightning_indexer.quant_lightning_indexer)
+    # DeepSeek-V4 cache writers
+    kv_compress_epilog = staticmethod(_kv_compress_epilog.kv_compress_epilog)
+    indexer_compress_epilog = staticmethod(_indexer_compress_epilog.indexer_compress_epilog)
     # DeepSeek-V4 row scatters (npu_scatter_nd_update_v2 / _sk, custom.scatter_nd_update_asc)
     scatter_nd_update = staticmethod(_scatter_nd_update.scatter_nd_update)
-    # DeepSeek-V4 cache writers
-    v4_writer = staticmethod(_v4_writers.v4_writer)
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``emu``.

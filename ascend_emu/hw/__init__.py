@@ -531,9 +531,10 @@ class HwBackend:
     hc_post = staticmethod(_not_in_torch_npu("hc_post"))
     sparse_attn_sharedkv = staticmethod(_not_in_torch_npu("npu_sparse_attn_sharedkv"))
     vllm_quant_lightning_indexer = staticmethod(_not_in_torch_npu("npu_vllm_quant_lightning_indexer"))
-    scatter_nd_update = staticmethod(_not_in_torch_npu("npu_scatter_nd_update_v2"))
     compressor = staticmethod(_not_in_torch_npu("compressor"))
-    v4_writer = staticmethod(_not_in_torch_npu("v4_writer"))
+    kv_compress_epilog = staticmethod(_not_in_torch_npu("kv_compress_epilog"))
+    indexer_compress_epilog = staticmethod(_not_in_torch_npu("indexer_compress_epilog"))
+    scatter_nd_update = staticmethod(_not_in_torch_npu("npu_scatter_nd_update_v2"))
 
 
 #: The backend object :func:`ascend_emu.ops.get_backend` returns for ``hw``.

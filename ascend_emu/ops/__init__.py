@@ -34,9 +34,10 @@ from .kv_quant_sparse_attn_sharedkv import (npu_kv_quant_sparse_attn_sharedkv,  
 from .vllm_quant_lightning_indexer import (custom_npu_quant_lightning_indexer,  # DeepSeek-V4
                                            npu_vllm_quant_lightning_indexer,
                                            npu_vllm_quant_lightning_indexer_metadata)
+from .kv_compress_epilog import kv_compress_epilog  # DeepSeek-V4 cache writers
+from .indexer_compress_epilog import indexer_compress_epilog, indexer_compress_epilog_v2
 from .scatter_nd_update import (npu_scatter_nd_update_sk, npu_scatter_nd_update_v2,  # DeepSeek-V4
                                 scatter_nd_update_asc)
-from .v4_writers import indexer_compress_epilog, indexer_compress_epilog_v2, kv_compress_epilog  # DeepSeek-V4
 
 __all__ = ["backend", "backend_name", "get_backend", "set_backend", "get_npu_format", "npu_format_cast"]
 __all__ += ["npu_kv_rmsnorm_rope_cache"]
@@ -58,9 +59,9 @@ __all__ += ["npu_sparse_attn_sharedkv", "npu_sparse_attn_sharedkv_metadata"]
 __all__ += ["npu_kv_quant_sparse_attn_sharedkv", "npu_kv_quant_sparse_attn_sharedkv_metadata"]
 __all__ += ["npu_vllm_quant_lightning_indexer", "npu_vllm_quant_lightning_indexer_metadata",
             "custom_npu_quant_lightning_indexer"]
-__all__ += ["npu_scatter_nd_update_v2", "npu_scatter_nd_update_sk", "scatter_nd_update_asc"]
 __all__ += ["compressor"]
 __all__ += ["kv_compress_epilog", "indexer_compress_epilog", "indexer_compress_epilog_v2"]
+__all__ += ["npu_scatter_nd_update_v2", "npu_scatter_nd_update_sk", "scatter_nd_update_asc"]
 
 
 def __getattr__(name: str):

@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # the families' modules import this one
     from .scatter_nd_update import ScatterNdArgs, ScatterNdOutputs
     from .sparse_attn_sharedkv import SharedKvArgs, SharedKvOutputs
     from .sparse_flash_attention import SparseFlashAttentionArgs, SparseFlashAttentionOutputs
-    from .v4_writers import V4WriterArgs, V4WriterOutputs
+    from ._v4_writers import V4WriterArgs, V4WriterOutputs
     from .v4_small import (CompressorMetadataArgs, CompressorMetadataOutputs, PartialRotaryArgs, PartialRotaryOutputs,
                            RmsNormDynamicQuantArgs, RmsNormDynamicQuantOutputs)
 
@@ -121,13 +121,15 @@ class Backend(Protocol):
 
     def vllm_quant_lightning_indexer(self, args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
         """``_C_ascend.npu_vllm_quant_lightning_indexer`` (compressed keys; the quant indexer's numerics)."""
+    # ---- DeepSeek-V4 cache writers (ops.kv_compress_epilog, ops.indexer_compress_epilog)
+    def kv_compress_epilog(self, args: V4WriterArgs) -> V4WriterOutputs:
+        """``kv_compress_epilog`` (Ascend 950); the cache written in place."""
+
+    def indexer_compress_epilog(self, args: V4WriterArgs) -> V4WriterOutputs:
+        """``indexer_compress_epilog`` / ``_v2`` (Ascend 950); caches written in place."""
     # ---- DeepSeek-V4 row scatters (ops.scatter_nd_update)
     def scatter_nd_update(self, args: ScatterNdArgs) -> ScatterNdOutputs:
         """``npu_scatter_nd_update_v2`` / ``_sk`` and ``custom.scatter_nd_update_asc``; var written in place."""
-
-    # ---- DeepSeek-V4 cache writers (ops.v4_writers)
-    def v4_writer(self, args: V4WriterArgs) -> V4WriterOutputs:
-        """``kv_compress_epilog``, ``indexer_compress_epilog`` / ``_v2`` (Ascend 950); caches written in place."""
 
 
 #: Registered backends: name -> package exposing ``BACKEND``.

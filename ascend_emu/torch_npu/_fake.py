@@ -564,7 +564,7 @@ def custom_quant_lightning_indexer(query, key, weights, query_dequant_scale, key
 
 #: Fakes of the framework-namespace ops that have no torch_npu counterpart, by their
 #: :mod:`ascend_emu.ops` function (:func:`._registry.namespace_fake`).
-# ------------------------------------------------ DeepSeek-V4 cache writers (ops.v4_writers): in place, no outputs
+# ------------------------------------------------ DeepSeek-V4 cache writers (kv_compress_epilog, indexer_compress_epilog): in place
 def v4_writer(*_, **__):
     return None
 

@@ -331,6 +331,30 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         "str layout_kv='PA_ND', bool has_ori_kv=True, bool has_cmp_kv=True, str device='npu:0') -> Tensor",
         f"{RECIPES_HEAD}:90", op="npu_sparse_attn_sharedkv_metadata",
         caller="cann-recipes-infer ops/ascendc/docs/custom-npu_sparse_attn_sharedkv_metadata.md"),
+    # ------------------------- DeepSeek-V4 cache writers (ops.kv_compress_epilog, ops.indexer_compress_epilog; Ascend 950)
+    NamespaceSchema("_C_ascend",
+        "kv_compress_epilog(Tensor(a!) kv_compress_cache, Tensor x, Tensor slot_mapping, int quant_group_size, "
+        "int quant_mode, bool round_scale_flag, int layout) -> ()",
+        f"{VLLM_ASCEND}:2396", op="kv_compress_epilog",
+        # no scale in this schema: None tells the op (quant_mode 3, HiF8, is not vllm-ascend's)
+        fixed=(("scale", None),),
+        caller="vllm_ascend/device/device_op.py (A5 dsa_kv_compress_scatter: cache.view(-1, 1, 640), layout=1)"),
+    NamespaceSchema("_C_ascend",
+        "indexer_compress_epilog_v2(Tensor(a!) indexer_compress_cache, Tensor x, Tensor slot_mapping, "
+        "int layout=2) -> ()",
+        f"{VLLM_ASCEND}:2485", op="indexer_compress_epilog_v2",
+        caller="vllm_ascend/device/device_op.py (A5 indexer_quant_scatter: indexer_full_cache.view(torch.uint8))"),
+    NamespaceSchema("custom",
+        "kv_compress_epilog(Tensor(a!) kv_compress_cache, Tensor x, Tensor slot_mapping, "
+        " *, int quant_group_size=64, int quant_mode = 2, bool round_scale_flag=True, float scale=1.0) -> ()",
+        f"{RECIPES_HEAD}:95", op="kv_compress_epilog",
+        fixed=(("layout", 1),),  # the recipes' kernel has layout 1 only (rows at slot * row width)
+        caller="cann-recipes-infer ops/ascendc/examples/test_npu_kv_compress_epilog.py"),
+    NamespaceSchema("custom",
+        "indexer_compress_epilog(Tensor(a!) indexer_compress_cache, Tensor(b!) indexer_compress_scale, Tensor x, "
+        "Tensor slot_mapping, *, int quant_mode=1, bool round_scale=True, float scale=1.0) -> ()",
+        f"{RECIPES_HEAD}:45", op="indexer_compress_epilog",
+        caller="cann-recipes-infer ops/ascendc/examples/test_npu_indexer_compress_epilog.py"),
     # ------------------------------- DeepSeek-V4 row scatters (ops.scatter_nd_update), both namespaces
     NamespaceSchema("_C_ascend",
         "npu_scatter_nd_update_v2(Tensor(a!) var, Tensor indices, Tensor update) -> ()",
@@ -429,30 +453,6 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         "bool has_cmp_kv=True, str device='npu:0') -> Tensor",
         f"{RECIPES_HEAD}:113", op="npu_kv_quant_sparse_attn_sharedkv_metadata",
         caller="cann-recipes-infer's DeepSeek-V4 Ascend 950 path through the custom_ops package"),
-    # ------------------------- DeepSeek-V4 cache writers (ops.v4_writers; Ascend 950), both namespaces
-    NamespaceSchema("_C_ascend",
-        "kv_compress_epilog(Tensor(a!) kv_compress_cache, Tensor x, Tensor slot_mapping, int quant_group_size, "
-        "int quant_mode, bool round_scale_flag, int layout) -> ()",
-        f"{VLLM_ASCEND}:2396", op="kv_compress_epilog",
-        # no scale in this schema: None tells the op (quant_mode 3, HiF8, is not vllm-ascend's)
-        fixed=(("scale", None),),
-        caller="vllm_ascend/device/device_op.py (A5 dsa_kv_compress_scatter: cache.view(-1, 1, 640), layout=1)"),
-    NamespaceSchema("_C_ascend",
-        "indexer_compress_epilog_v2(Tensor(a!) indexer_compress_cache, Tensor x, Tensor slot_mapping, "
-        "int layout=2) -> ()",
-        f"{VLLM_ASCEND}:2485", op="indexer_compress_epilog_v2",
-        caller="vllm_ascend/device/device_op.py (A5 indexer_quant_scatter: indexer_full_cache.view(torch.uint8))"),
-    NamespaceSchema("custom",
-        "kv_compress_epilog(Tensor(a!) kv_compress_cache, Tensor x, Tensor slot_mapping, "
-        " *, int quant_group_size=64, int quant_mode = 2, bool round_scale_flag=True, float scale=1.0) -> ()",
-        f"{RECIPES_HEAD}:95", op="kv_compress_epilog",
-        fixed=(("layout", 1),),  # the recipes' kernel has layout 1 only (rows at slot * row width)
-        caller="cann-recipes-infer ops/ascendc/examples/test_npu_kv_compress_epilog.py"),
-    NamespaceSchema("custom",
-        "indexer_compress_epilog(Tensor(a!) indexer_compress_cache, Tensor(b!) indexer_compress_scale, Tensor x, "
-        "Tensor slot_mapping, *, int quant_mode=1, bool round_scale=True, float scale=1.0) -> ()",
-        f"{RECIPES_HEAD}:45", op="indexer_compress_epilog",
-        caller="cann-recipes-infer ops/ascendc/examples/test_npu_indexer_compress_epilog.py"),
     # ----------------- DeepSeek-V4 indexer over compressed keys (ops.vllm_quant_lightning_indexer), _C_ascend
     NamespaceSchema("_C_ascend",
         "npu_vllm_quant_lightning_indexer(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, "

@@ -1,0 +1,160 @@
+"""The DeepSeek-V4 cache writers' shared contract pieces: the argument object their backends
+receive, the Ascend 950 gate, the slot policy, the checks every writer makes, and the
+checked-mode hooks around the backend call. The writers: :mod:`.kv_compress_epilog`,
+:mod:`.indexer_compress_epilog`; docs/v4.md states the policy.
+
+Slots: the one index policy of the V4 writers, :func:`._check.writer_slots` (docs/v4.md, "Index
+policy of the V4 writers"), read here as rows of x and their distinct slots (:func:`writer_slots`):
+``-1`` skips the row (its x values are not read: padding rows may hold anything); any other
+value outside ``[0, rows)`` is rejected before anything is written; two rows with one slot: the
+last row wins, with :class:`~ascend_emu.errors.DuplicateSlotWarning` (an error in checked mode),
+as ``npu_scatter_pa_kv_cache``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import checked_mode, soc
+from ..errors import ModeError, NonFiniteInputError, ShapeError, arg_error, describe
+from ..layouts import CacheLayout
+from ._backend import get_backend
+from ._check import check_dtype, required, write_targets, writer_slots_and_duplicates
+
+#: Bytes of working memory per x element a writer may take (fp32 copies, encoded rows).
+WORK_BYTES = 16
+
+
+@dataclass(frozen=True)
+class V4WriterArgs:
+    """Validated arguments of one V4 cache writer call.
+
+    Attributes:
+        kind: ``"kv_rows"`` (kv_compress_epilog layout 1 / quant_mode 3), ``"kv_layout2"``,
+            ``"indexer"`` (custom: values + scales) or ``"indexer_v2"`` (packed uint8).
+        x: ``[T, d]`` (a 2-D view of the caller's x).
+        tokens: int64 ``[L]`` rows of x to write (slot not -1; of duplicates the last).
+        slots: int64 ``[L]`` their slots, all distinct and in range.
+        cache: the caller's cache, written in place.
+        scale_cache: the custom indexer's scale tensor, else None.
+        quant_mode, group, round_scale, scale, fp8: the quant (``fp8``: the element type name).
+        block_size, block_stride: layout 2 / v2 geometry (bytes), else 0.
+    """
+
+    kind: str
+    x: np.ndarray
+    tokens: np.ndarray
+    slots: np.ndarray
+    cache: np.ndarray
+    scale_cache: np.ndarray | None
+    quant_mode: int
+    group: int
+    round_scale: bool
+    scale: float
+    fp8: str
+    block_size: int = 0
+    block_stride: int = 0
+
+
+class V4WriterOutputs(NamedTuple):
+    """The caches written (the caller's arrays)."""
+
+    caches: tuple
+
+
+# ------------------------------------------------------------------------ shared checks
+def require_ascend950_op(op: str) -> None:
+    """Reject an Ascend 950-only op on another emulated SoC (first, before anything is read).
+
+    Raises:
+        ModeError: ``"<op>: an Ascend 950 op (...), not supported on this soc version <SoC>: set
+            ASCEND_EMU_SOC_NAME=Ascend950PR_9599 to emulate one"``.
+    """
+    name = soc.soc_name()
+    if not soc.is_ascend950(name):
+        raise ModeError(f"{op}: an Ascend 950 op (its kernel is built for ascend950 only), not supported on this "
+                        f"soc version {name}: set {soc.SOC_NAME_ENV}={soc.ASCEND950_EXAMPLE} to emulate one")
+
+
+def check_int(value, name: str, allowed: tuple) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise arg_error(ModeError, name, f"an int, one of {allowed}", describe(value))
+    v = int(value)
+    if v not in allowed:
+        raise arg_error(ModeError, name, f"one of {allowed}", v)
+    return v
+
+
+def check_bool(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise arg_error(ModeError, name, "a bool", describe(value))
+    return bool(value)
+
+
+def writer_slots(slot_mapping: np.ndarray, rows: int, name: str = "slot_mapping") -> tuple[np.ndarray, np.ndarray]:
+    """The V4 writers' index policy (:func:`._check.writer_slots`, docs/v4.md "Index policy of the
+    V4 writers") for a flat ``slot_mapping``, as the rows of x to write and where.
+
+    ``-1`` skips the row; any other value outside ``[0, rows)`` raises (before anything is
+    written); a slot named twice is written by the last row naming it, with a
+    :class:`~ascend_emu.errors.DuplicateSlotWarning` (checked mode: an error).
+
+    Args:
+        slot_mapping: integer ``[T]``.
+        rows: slots the cache has.
+        name: the argument's name for messages.
+
+    Returns:
+        ``(tokens, slots)``: int64 ``[L]`` row indices of x (increasing) and their distinct slots.
+
+    Raises:
+        DTypeError: not an integer array. IndexRangeError: a slot out of range (naming it).
+    """
+    slots, dups = writer_slots_and_duplicates(slot_mapping, (rows,), name=name)
+    live = np.flatnonzero(slots >= 0)
+    s = slots[live]
+    if dups:
+        _, first_from_end = np.unique(s[::-1], return_index=True)
+        keep = np.sort(s.size - 1 - first_from_end)
+        live, s = live[keep], s[keep]
+    return live.astype(np.int64), s.astype(np.int64)
+
+
+def slot_vector(slot_mapping, t: int, dtypes: tuple[str, ...]) -> np.ndarray:
+    slot_mapping = required(slot_mapping, "slot_mapping")
+    check_dtype(slot_mapping, "slot_mapping", dtypes)
+    if slot_mapping.shape != (t,):
+        raise arg_error(ShapeError, "slot_mapping", f"1-D [T] with T = {t} (x's rows)", f"shape {list(slot_mapping.shape)}")
+    return slot_mapping
+
+
+def finite_rows(x: np.ndarray, tokens: np.ndarray, cols: int) -> None:
+    """NaN / Inf in the quantized columns of the rows written: rejected (quant/v4.py)."""
+    if not tokens.size or not cols:
+        return
+    part = x[tokens, :cols].astype(np.float32)
+    bad = ~np.isfinite(part)
+    if bad.any():
+        i, c = (int(v) for v in np.argwhere(bad)[0])
+        raise arg_error(NonFiniteInputError, "x", "finite values in the quantized columns of the rows written "
+                        "(NaN / Inf have no defined bytes: docs/v4.md)", f"{part[i, c]!r} at x[{int(tokens[i])}, {c}]")
+
+
+def row_layout(num_rows: int, row_bytes: int) -> CacheLayout:
+    """The checked-mode slot map of a cache written ``num_rows`` rows of ``row_bytes`` bytes
+    (the rows of bytes form of :class:`~ascend_emu.layouts.CacheLayout`; slot = row)."""
+    return CacheLayout(mode="PA_BSND", num_blocks=num_rows, block_size=1, dim=row_bytes, itemsize=1)
+
+
+def run_writer(op: str, method: str, args: V4WriterArgs, names: tuple[str, ...], layouts: tuple) -> None:
+    """The backend call of a validated writer, between checked mode's write hooks: ``names``
+    are the cache fields of ``args`` (a functional form's copies, :func:`write_targets`),
+    ``layouts`` their slot maps (:func:`row_layout`)."""
+    args = write_targets(args, names)
+    caches = tuple((getattr(args, n), lay) for n, lay in zip(names, layouts, strict=True))
+    checked_mode.will_write(*caches)
+    getattr(get_backend(), method)(args)
+    checked_mode.wrote(op, args.slots, caches)
