@@ -340,7 +340,8 @@ class V4AttentionLayer:
         cos, sin, slots = self._timed("compressor_metadata", ops.compressor_metadata, self.cos, self.sin, cu, start,
                                       self.cmp_table, bs, 2, ratio, n, 1)
         state = self.state[key]
-        rows = self._timed("compressor", ops.compressor, x, w["wkv"], w["wgate"], state, w["ape"], w["norm"],
+        norm = _f32(w["norm"]) if self.path == "950" else w["norm"]  # the 950 kernel takes an fp32 norm weight
+        rows = self._timed("compressor", ops.compressor, x, w["wkv"], w["wgate"], state, w["ape"], norm,
                            sin.reshape(n, ROPE_DIM), cos.reshape(n, ROPE_DIM), self.state_table, cu, None, start,
                            ROPE_DIM, ratio, 2 if ratio == 4 else 1, EPS, 2, 1)
         return np.asarray(rows).reshape(n, d), slots
