@@ -86,6 +86,12 @@ class NonFiniteInputError(AscendEmuError, ValueError):
     (the DeepSeek-V4 fp8 / int8 cache quants, docs/v4.md)."""
 
 
+class NotEmulatedError(AscendEmuError, NotImplementedError):
+    """A framework-namespace op whose schema is registered (so code that looks it up finds it)
+    but whose behaviour the public sources do not define well enough to emulate; the message
+    names the op and what is missing (docs/v4.md)."""
+
+
 class _RuntimeCompatible(RuntimeError):
     """Mixin of the :func:`runtime_error_class` variants (pickled as the variant of their base)."""
 

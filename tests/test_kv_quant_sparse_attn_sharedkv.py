@@ -196,6 +196,27 @@ def test_each_part_of_a_row_is_read():
         assert (not np.array_equal(out, base)) == changes, byte
 
 
+def test_rows_no_query_reads_are_not_decoded():
+    """Rows outside every window and compressed rows no index names may hold any bytes (a 0xFF
+    scale decodes to NaN): the output keeps its bytes."""
+    c = _case(**CASES["sparse4"])
+    q, kw = _call_args(c)
+    base = ops.npu_kv_quant_sparse_attn_sharedkv(q, 1, **kw)[0]
+    ori = kw["ori_kv"].view(np.uint8).copy()
+    # request 0 (queries at 256..259): position 128, in the window's first block but before 256 - 127
+    ori[int(kw["ori_block_table"][0, 4]), 0, 0, 576:583] = 0xFF
+    cmp = kw["cmp_kv"].view(np.uint8).copy()
+    named = {int(j) for j in c["idx"][:4].ravel() if j >= 0}
+    unnamed = sorted(set(range(65)) - named)[:5]
+    for j in unnamed:
+        cmp[int(kw["cmp_block_table"][0, j // 16]), j % 16, 0, 576:583] = 0xFF
+    got = ops.npu_kv_quant_sparse_attn_sharedkv(q, 1, **{**kw, "ori_kv": ori.view(FP8), "cmp_kv": cmp.view(FP8)})[0]
+    assert_same_bytes(got, base)
+    cmp[int(kw["cmp_block_table"][0, min(named) // 16]), min(named) % 16, 0, 576] = 0xFF  # a named row: NaN
+    got = ops.npu_kv_quant_sparse_attn_sharedkv(q, 1, **{**kw, "ori_kv": ori.view(FP8), "cmp_kv": cmp.view(FP8)})[0]
+    assert np.isnan(got.astype(np.float32)).any()
+
+
 def _rejects(change, exc, match, name="sparse4"):
     c = _case(**CASES[name])
     q, kw = _call_args(c)
@@ -355,3 +376,13 @@ def test_fake_kernels_give_the_output_shapes(tnpu):
                                                                   seqused_kv=torch.empty(2, dtype=torch.int32,
                                                                                          device="meta"))
     assert tuple(meta.shape) == (1024,) and meta.dtype == torch.int32
+
+
+def test_hw_backend_says_it_is_not_a_torch_npu_op():
+    from ascend_emu.errors import BackendUnavailable
+
+    c = _case(**CASES["swa"])
+    q, kw = _call_args(c)
+    with ops.backend("hw"), pytest.raises(BackendUnavailable, match="npu_kv_quant_sparse_attn_sharedkv is not a "
+                                                                     "torch_npu op"):
+        ops.npu_kv_quant_sparse_attn_sharedkv(q, 1, **kw)

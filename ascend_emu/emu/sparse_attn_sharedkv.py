@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops.sparse_attn_sharedkv import SharedKvArgs, SharedKvOutputs
-from .matmul import matmul_f32
+from .matmul import matmul_f32, one_blas_thread
 
 #: Compressed rows per online-softmax tile (the window, <= 128 rows, is one tile).
 TILE_ROWS = 128
@@ -41,7 +41,16 @@ def _f32(rows: np.ndarray) -> np.ndarray:
 
 
 def sparse_attn_sharedkv(args: SharedKvArgs) -> SharedKvOutputs:
-    """The emu backend's ``sparse_attn_sharedkv`` (module doc). Returns ``out`` ``[T, 64, 512]``."""
+    """The emu backend's ``sparse_attn_sharedkv`` (module doc). Returns ``out`` ``[T, N1, 512]``.
+
+    The per-token products (``[N1, 512] @ [512, <= 128]``) run on one OpenBLAS thread
+    (:func:`~ascend_emu.emu.matmul.one_blas_thread`: the same bits; OpenBLAS's threads cost more
+    than such a product, about 100 times more on a loaded 2-core machine)."""
+    with one_blas_thread():
+        return _attend(args)
+
+
+def _attend(args: SharedKvArgs) -> SharedKvOutputs:
     q = args.q
     t, n, d = q.shape
     dtype = q.dtype

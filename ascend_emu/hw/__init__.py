@@ -529,7 +529,7 @@ class HwBackend:
     # DeepSeek-V4 mHC: not torch_npu ops
     hc_pre = staticmethod(_not_in_torch_npu("hc_pre"))
     hc_post = staticmethod(_not_in_torch_npu("hc_post"))
-    sparse_attn_sharedkv = staticmethod(_not_in_torch_npu("npu_sparse_attn_sharedkv"))
+    sparse_attn_sharedkv = staticmethod(_not_in_torch_npu("npu_sparse_attn_sharedkv / npu_kv_quant_sparse_attn_sharedkv"))
     vllm_quant_lightning_indexer = staticmethod(_not_in_torch_npu("npu_vllm_quant_lightning_indexer"))
     compressor = staticmethod(_not_in_torch_npu("compressor"))
     kv_compress_epilog = staticmethod(_not_in_torch_npu("kv_compress_epilog"))

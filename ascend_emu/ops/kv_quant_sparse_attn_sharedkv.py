@@ -50,7 +50,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..quant import BF16
+from ..quant.rounding import to_bf16
 from ..quant.v4 import decode_kv_rows, kv_row_bytes
 from ..soc import require_ascend950
 from ._backend import get_backend
@@ -93,20 +93,37 @@ def _modes(kv_quant_mode, tile_size, rope_head_dim, *, allow_unset: bool) -> Non
     _only(rope_head_dim, "rope_head_dim", (ROPE_HEAD_DIM, *unset), "README: only 64")
 
 
-def _decoded(rows: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rows ``slots`` names (``-1``: none), decoded to bf16 ``[n, 512]`` (module doc), and
-    ``slots`` renumbered into them. Only rows a call may read are decoded."""
-    used = np.unique(slots[slots >= 0])
-    values = decode_kv_rows(rows[used].view(np.uint8), HEAD_DIM, quant_mode=2).astype(BF16)
-    renum = np.where(slots >= 0, np.searchsorted(used, np.maximum(slots, 0)), -1)
+def _decoded(rows: np.ndarray, slots: np.ndarray, read: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows ``slots[read]`` names, decoded to bf16 ``[n, 512]`` (module doc: the fp32
+    product is exact in bf16 but for values past bf16's range or below its subnormals, rounded
+    RNE as the kernel's cast), and ``slots`` renumbered into them (-1 where not read)."""
+    used = np.unique(slots[read & (slots >= 0)])
+    values = to_bf16(decode_kv_rows(rows[used].view(np.uint8), HEAD_DIM, quant_mode=2))
+    renum = np.where(read & (slots >= 0), np.searchsorted(used, np.maximum(slots, 0)), -1)
     return values, renum.astype(np.int64)
 
 
 def _decode_args(args: SharedKvArgs) -> SharedKvArgs:
-    ori_rows, ori_slots = _decoded(args.ori_rows, args.ori_slots)
+    """``args`` with the rows the attention reads decoded: each request's window rows (from its
+    first token's ``p - 127`` to its last token's ``p``), and its compressed rows (HCA: all
+    visible ones; CSA: those its tokens' indices name)."""
+    b, width = args.ori_slots.shape
+    last = np.full(b, -1, np.int64)
+    np.maximum.at(last, args.token_batch, args.token_pos)
+    first = np.full(b, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, args.token_batch, args.token_pos)
+    pos = args.ori_base[:, None] + np.arange(width)[None, :]  # [B, W]
+    read = (pos >= (first - args.win_left)[:, None]) & (pos <= last[:, None])
+    ori_rows, ori_slots = _decoded(args.ori_rows, args.ori_slots, read)
     cmp_rows, cmp_slots = args.cmp_rows, args.cmp_slots
     if cmp_rows is not None:
-        cmp_rows, cmp_slots = _decoded(cmp_rows, cmp_slots)
+        if args.cmp_indices is None:
+            read = np.arange(cmp_slots.shape[1])[None, :] < ((last + 1) // args.cmp_ratio)[:, None]
+        else:
+            read = np.zeros(cmp_slots.shape, bool)
+            tok, k = np.nonzero(args.cmp_indices >= 0)
+            read[args.token_batch[tok], args.cmp_indices[tok, k]] = True
+        cmp_rows, cmp_slots = _decoded(cmp_rows, cmp_slots, read)
     return replace(args, ori_rows=ori_rows, ori_slots=ori_slots, cmp_rows=cmp_rows, cmp_slots=cmp_slots)
 
 

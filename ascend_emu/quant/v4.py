@@ -391,6 +391,19 @@ def split_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m3
     return rope, values, scales, rows[:, used:].copy()
 
 
+#: fp32 value of each of the 256 codes of an fp8 dtype, by dtype (ml_dtypes' own cast of each
+#: code, made once: a table lookup gives the same values about ten times faster than the cast).
+_FP8_TABLES: dict = {}
+
+
+def _fp8_f32(values: np.ndarray) -> np.ndarray:
+    """fp32 values of an ml_dtypes fp8 array (exact; ml_dtypes' cast, through a 256-entry table)."""
+    table = _FP8_TABLES.get(values.dtype)
+    if table is None:
+        table = _FP8_TABLES[values.dtype] = np.arange(256, dtype=np.uint8).view(values.dtype).astype(np.float32)
+    return table[np.ascontiguousarray(values).view(np.uint8)]
+
+
 def decode_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m3fn",
                    scale: float = 1.0, quant_group_size: int | None = None) -> np.ndarray:
     """Dequantize ``kv_compress_epilog`` rows back to x's layout, as fp32 ``[T, d]``.
@@ -417,7 +430,7 @@ def decode_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m
                                             quant_group_size=quant_group_size)
     t = rope.shape[0]
     q = d - KV_ROPE_DIM
-    v = values.astype(np.float32)
+    v = _fp8_f32(values)
     group = kv_group_size(quant_mode, quant_group_size)
     factor = e8m0_to_f32(scales) if quant_mode == 2 else scales
     per_value = np.repeat(factor, group, axis=1)[:, :q]

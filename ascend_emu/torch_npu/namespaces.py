@@ -475,6 +475,110 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class PendingSchema:
+    """A framework-namespace op registered with its schema and a kernel that raises
+    :class:`~ascend_emu.errors.NotEmulatedError` naming what is missing (no
+    :mod:`ascend_emu.ops` function; listed as not emulated in docs/v4.md).
+
+    Attributes:
+        namespace, schema, source: as :class:`NamespaceSchema`.
+        missing: what the public sources do not define (the error's text).
+        caller: where the framework calls it.
+    """
+
+    namespace: str
+    schema: str
+    source: str
+    missing: str
+    caller: str = ""
+
+    @property
+    def name(self) -> str:
+        """The op's name (the schema up to its argument list)."""
+        return self.schema.split("(", 1)[0]
+
+
+_V41_GAP = ("no public README, golden or kernel source of it was found (only the schema in "
+            "csrc/torch_binding.cpp), so the emulator does not know ")
+#: DeepSeek-V4.1 ops of a later vllm-ascend (:data:`VLLM_ASCEND_V41`): registered to fail by name.
+PENDING_SCHEMAS: tuple[PendingSchema, ...] = (
+    PendingSchema("_C_ascend",
+        "npu_quant_lightning_indexer_v2(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, "
+        "Tensor key_dequant_scale, int topk, int quant_mode, *, Tensor? cu_seqlens_q=None, "
+        "Tensor? cu_seqlens_k=None, Tensor? seqused_q=None, Tensor? seqused_k=None, Tensor? cmp_residual_k=None, "
+        "Tensor? block_table=None, Tensor? output_idx_offset=None, Tensor? metadata=None, int max_seqlen_q=-1, "
+        "str layout_q=\"TND\", str layout_k=\"PA_BBND\", int mask_mode=3, int cmp_ratio=4, int return_value=0"
+        ") -> (Tensor sparse_indices, Tensor sparse_values)",
+        f"{VLLM_ASCEND_V41}:char~170500",
+        _V41_GAP + "the PA_BBND key layout, what cmp_residual_k (the unfinished compression group's keys) and "
+        "output_idx_offset add to the indices, nor the quant_mode values (the V4 indexer with compressed keys "
+        "is emulated as _C_ascend.npu_vllm_quant_lightning_indexer)",
+        caller="DeepSeek-V4.1 serving in vllm-ascend (indexer keys derived from the compressor latent)"),
+    PendingSchema("_C_ascend",
+        "npu_quant_lightning_indexer_v2_metadata(int num_heads_q, int num_heads_k, int head_dim, int topk, "
+        "int quant_mode, *, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? seqused_q=None, "
+        "Tensor? seqused_k=None, Tensor? cmp_residual_k=None, int batch_size=0, int max_seqlen_q=0, "
+        "int max_seqlen_k=0, str layout_q='TND', str layout_k='PA_BBND', int mask_mode=3, int cmp_ratio=1, "
+        "str device='npu') -> Tensor",
+        f"{VLLM_ASCEND_V41}:char~158000",
+        _V41_GAP + "the checks of the indexer this plan is for (npu_quant_lightning_indexer_v2 / _v3 are not "
+        "emulated either)",
+        caller="DeepSeek-V4.1 serving in vllm-ascend (the v2 / v3 indexers' plan)"),
+    PendingSchema("_C_ascend",
+        "npu_quant_lightning_indexer_v3(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, "
+        "Tensor key_dequant_scale, int topk, int quant_mode, *, Tensor? candidate_topk_index=None, "
+        "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? seqused_q=None, Tensor? seqused_k=None, "
+        "Tensor? cmp_residual_k=None, Tensor? block_table=None, Tensor? output_idx_offset=None, "
+        "Tensor? metadata=None, int max_seqlen_q=-1, str layout_q='TND', str layout_k='PA_BBND', int mask_mode=3, "
+        "int cmp_ratio=1, int candidate_mode=3, int candidate_topk_blocks=2048, int candidate_block_size=8"
+        ") -> (Tensor, Tensor, Tensor)",
+        f"{VLLM_ASCEND_V41}:char~158600",
+        _V41_GAP + "the two-level top-k (how candidate_topk_index, candidate_mode, candidate_topk_blocks and "
+        "candidate_block_size select the candidate blocks), what its three outputs hold, nor the v2 indexer's "
+        "PA_BBND keys, cmp_residual_k and output_idx_offset",
+        caller="DeepSeek-V4.1 serving in vllm-ascend (two-level top-k)"),
+    PendingSchema("_C_ascend",
+        "npu_sparse_flash_mla_metadata(int num_heads_q, int num_heads_kv, int head_dim, *, "
+        "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, Tensor? cu_seqlens_cmp_kv=None, "
+        "Tensor? seqused_q=None, Tensor? seqused_ori_kv=None, Tensor? seqused_cmp_kv=None, "
+        "Tensor? cmp_residual_kv=None, Tensor? ori_topk_length=None, Tensor? cmp_topk_length=None, "
+        "int batch_size=0, int max_seqlen_q=0, int max_seqlen_ori_kv=0, int max_seqlen_cmp_kv=0, int ori_topk=0, "
+        "int cmp_topk=0, int cmp_ratio=0, int ori_mask_mode=0, int cmp_mask_mode=0, int ori_win_left=-1, "
+        "int ori_win_right=-1, str layout_q='BSND', str layout_kv='BSND', bool has_ori_kv=True, "
+        "bool has_cmp_kv=True) -> Tensor",
+        f"{VLLM_ASCEND_V41}:char~159500",
+        _V41_GAP + "the checks of the attention this plan is for (npu_sparse_flash_mla is not emulated either)",
+        caller="DeepSeek-V4.1 serving in vllm-ascend (the sparse flash MLA's plan)"),
+    PendingSchema("_C_ascend",
+        "npu_sparse_flash_mla(Tensor q, *, Tensor? ori_kv=None, Tensor? cmp_kv=None, "
+        "Tensor? ori_sparse_indices=None, Tensor? cmp_sparse_indices=None, Tensor? ori_block_table=None, "
+        "Tensor? cmp_block_table=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, "
+        "Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, Tensor? seqused_ori_kv=None, "
+        "Tensor? seqused_cmp_kv=None, Tensor? cmp_residual_kv=None, Tensor? ori_topk_length=None, "
+        "Tensor? cmp_topk_length=None, Tensor? sinks=None, Tensor? metadata=None, float softmax_scale=1.0, "
+        "int cmp_ratio=0, int ori_mask_mode=0, int cmp_mask_mode=0, int ori_win_left=-1, int ori_win_right=-1, "
+        "str layout_q='BSND', str layout_kv='BSND', int topk_value_mode=1, bool return_softmax_lse=False"
+        ") -> (Tensor, Tensor)",
+        f"{VLLM_ASCEND_V41}:char~160300",
+        _V41_GAP + "its mask modes (defaults 0 here, where the shared-KV attentions take 4 / 3), what "
+        "ori_topk_length / cmp_topk_length, cmp_residual_kv and topk_value_mode do, nor its cache layouts "
+        "(the V4 shared-KV attentions are emulated as npu_sparse_attn_sharedkv / npu_kv_quant_sparse_attn_sharedkv)",
+        caller="DeepSeek-V4.1 serving in vllm-ascend (ori / cmp kv with per-token top-k lengths)"),
+)
+
+
+def _pending_kernel(spec: PendingSchema):
+    from ..errors import NotEmulatedError
+
+    def kernel(*_args, **_kwargs):
+        raise NotEmulatedError(f"torch.ops.{spec.namespace}.{spec.name} is registered but not emulated by "
+                               f"ascend_emu: {spec.missing} (source: {spec.source}; docs/v4.md)")
+
+    kernel.__name__ = f"{spec.namespace}_{spec.name}_not_emulated"
+    return kernel
+
+
 class NamespaceWarning(UserWarning):
     """A framework-namespace op was not registered: it already exists in this process (the
     framework's own library is loaded), so the emulator leaves it alone."""
@@ -505,6 +609,8 @@ def register() -> dict[str, str]:
     :func:`report`: an entry whose op :mod:`ascend_emu.ops` does not have; an op the process
     already has (warns :class:`NamespaceWarning`: a real ``_C_ascend`` / ``custom`` library is
     loaded and is left as it is). Returns :func:`report`."""
+    import torch
+
     from .. import ops
     from . import _registry
 
@@ -523,4 +629,17 @@ def register() -> dict[str, str]:
             _REPORT[key] = "registered"
     _registry.check_packets({(s.namespace, s.name) for s in NAMESPACE_SCHEMAS
                              if _REPORT[f"{s.namespace}::{s.qualified}"] == "registered"})
+    for spec in PENDING_SCHEMAS:
+        key = f"{spec.namespace}::{spec.name}"
+        if key in _REPORT:
+            continue
+        if _exists(spec):
+            _REPORT[key] = "skipped: already defined in this process (left as it is)"
+            continue
+        lib = _registry._LIBS.get(spec.namespace)
+        if lib is None:
+            lib = _registry._LIBS[spec.namespace] = torch.library.Library(spec.namespace, "FRAGMENT")
+        lib.define(spec.schema)
+        lib.impl(spec.name, _pending_kernel(spec), "CompositeExplicitAutograd")
+        _REPORT[key] = "not emulated: registered to raise NotEmulatedError"
     return report()
