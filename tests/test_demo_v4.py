@@ -154,3 +154,25 @@ def test_run_v4_decode_step_reports_times_and_caches():
     assert rep.out.shape == (1, demo_v4.HC_MULT, cfg.hidden) and np.isfinite(rep.out.astype(np.float32)).all()
     with pytest.raises(ShapeError, match="context"):
         demo_v4.run_v4_decode_step(cfg, context=15, decode_steps=2)
+
+
+def test_cli_demo_model_v4_path_950(monkeypatch, capsys):
+    """``ascend-emu demo --model v4 --path 950`` end to end (q / o ranks reduced for CI: the CLI's
+    config is built at the call, so the test narrows it), SoC set for the run."""
+    import functools
+
+    from ascend_emu import soc
+    from ascend_emu.cli import main
+
+    monkeypatch.setattr(demo_v4, "V4Config", functools.partial(demo_v4.V4Config, q_rank=64, o_rank=64))
+    monkeypatch.delenv(soc.SOC_NAME_ENV, raising=False)
+    monkeypatch.setenv("COLUMNS", "160")
+    try:
+        assert main(["demo", "--model", "v4", "--path", "950", "--context", "3", "--decode-steps", "1",
+                     "--block-size", "16"]) == 0
+    finally:
+        monkeypatch.delenv(soc.SOC_NAME_ENV, raising=False)  # the CLI set it for its run
+    out = capsys.readouterr().out
+    for text in ("DeepSeek-V4-Flash decode step", "npu_kv_quant_sparse_attn_sharedkv", "kv_compress_epilog (swa)",
+                 "float8_e4m3fn", "640-byte fp8 row decoded", "ratio 128: 0"):
+        assert text in out, text
