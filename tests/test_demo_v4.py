@@ -57,6 +57,10 @@ def test_output_within_dual_criterion(run):
         shares.append(bit_identical_share(out, demo_v4._bf16(want)))
     print(f"ratio {ratio}: bit-identical share vs float64 rounded to bf16 per call: "
           + " ".join(f"{s:.3f}" for s in shares))
+    # measured 0.25-0.33 for the three layer kinds: the bf16 roundings between the steps
+    # (projections, norms, q, kv rows, attention output) leave about 3 in 10 outputs on the
+    # correctly rounded value; far lower means a systematic error, far higher a changed path
+    assert 0.2 <= min(shares) and max(shares) <= 0.45, shares
 
 
 def test_swa_cache_rows(run):
