@@ -43,7 +43,8 @@ def _case(d, coff, r, lens, starts, rng):
                 wkv=(rng.standard_normal((coff * d, H)) / 64).astype(BF16),
                 wgate=(rng.standard_normal((coff * d, H)) / 64).astype(BF16), state_cache=state,
                 ape=rng.standard_normal((r, coff * d)).astype(np.float32), norm_weight=np.ones(d, BF16),
-                rope_sin=rng.uniform(-1, 1, (rows, 64)).astype(BF16), rope_cos=rng.uniform(-1, 1, (rows, 64)).astype(BF16),
+                rope_sin=rng.uniform(-1, 1, (rows, 64)).astype(BF16),
+                rope_cos=rng.uniform(-1, 1, (rows, 64)).astype(BF16),
                 state_block_table=table, cu_seqlens=np.concatenate([[0], np.cumsum(lens)]).astype(np.int32),
                 seqused=None, start_pos=np.array(starts, np.int32), rope_head_dim=64, cmp_ratio=r, coff=coff,
                 norm_eps=1e-6, rotary_mode=2, cache_mode=1)

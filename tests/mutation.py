@@ -65,6 +65,9 @@ SINKS = "tests/test_sparse_flash_attention_950.py::test_sinks_above_the_max_scor
 #: The 950 quant lightning indexer test whose indices depend on the weight product's rounding.
 QLI_WS = "tests/test_quant_lightning_indexer_950.py::test_weight_product_rounding_decides_the_indices"
 
+#: The compressor's steps (prefill, decode, chunked prefill) against the float64 reference.
+COMPRESSOR_STEPS = "tests/test_compressor.py::test_prefill_then_decode_across_group_boundaries"
+
 #: The 950 mla prolog v3 test of per-tensor kv quant saturation.
 PROLOG_SAT = "tests/test_mla_prolog_950.py::test_950_per_tensor_kv_quant_saturates"
 
@@ -323,6 +326,25 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("prolog_v3_hif8_kv_not_saturated", "ascend_emu/emu/mla_prolog.py",
            "        return to_hif8(np.clip(y, -HIF8_MAX, HIF8_MAX))", "        return to_hif8(y)",
            (PROLOG_SAT,), "mla prolog v3 (950): HiF8 kv quant without saturation (Inf past 40960)"),
+    # ------------------------------------------------------------------ DeepSeek-V4 compressor
+    Mutant("cmp_overlap_halves_swapped", "ascend_emu/emu/compressor.py",
+           "cols = slice(0, d) if coff == 1 or k < r else slice(d, 2 * d)",
+           "cols = slice(0, d) if coff == 1 or k >= r else slice(d, 2 * d)",
+           (COMPRESSOR_STEPS,), "compressor: coff 2 takes the own group's first half, the previous group's last"),
+    Mutant("cmp_ape_off_by_one", "ascend_emu/emu/compressor.py",
+           "a.ape[a.token_pos[need] % r]", "a.ape[(a.token_pos[need] + 1) % r]",
+           (COMPRESSOR_STEPS,), "compressor: ape of the next position in the group"),
+    Mutant("cmp_block_zero_written", "ascend_emu/ops/compressor.py",
+           "keep = ids != 0", "keep = ids >= 0",
+           ("tests/test_compressor.py::test_block_table_zero_skips_the_state_write",),
+           "compressor: a state block-table entry 0 written (block 0 is 'do not update')"),
+    Mutant("cmp_state_not_read", "ascend_emu/emu/compressor.py",
+           "                gkv[st, k] = rowv[:, cols]\n", "                gkv[st, k] = 0\n",
+           (COMPRESSOR_STEPS,), "compressor: a group's earlier tokens' kv not read back from the state"),
+    Mutant("cmp_ring_writes_every_token", "ascend_emu/ops/compressor.py",
+           "pos = pos[pos >= max(g1 * r - (coff - 1) * r, 0)]", "pos = pos[pos >= 0]",
+           ("tests/test_compressor.py::test_ring_state_cache_on_the_950",),
+           "compressor: cache_mode 2 writes every token's row, not only the tail the next call reads"),
     # ------------------------------------------------------------------ kernel cache, namespaces, plugin
     Mutant("kernel_cache_key_lengths_only", "ascend_emu/_kernel_cache.py",
            "        h.update(data)\n", "",

@@ -118,7 +118,8 @@ class Model:
         """Rows written: the reference's set exactly, values kv ‖ score + ape; all others untouched."""
         touched = np.zeros(self.state.shape[:2], bool)
         want = np.zeros_like(self.state, dtype=np.float64)
-        proj = {b: ref.projections(self.hist[b], self.wkv, self.wgate, self.ape, self.r) for b in {w[0] for w in written}}
+        proj = {b: ref.projections(self.hist[b], self.wkv, self.wgate, self.ape, self.r)
+                for b in {w[0] for w in written}}
         for b, p, blk, row in written:
             kv, score = proj[b]
             want[blk, row] = np.concatenate([kv[p], score[p]])
@@ -208,7 +209,8 @@ def test_a_group_read_through_entry_zero_reads_block_zero_and_breaks_the_input_c
     table = m.table.copy()
     table[0, 0] = 0
     before = m.state.copy()
-    with checked_mode.checked(), pytest.raises(InputContractError, match=r"state_block_table\[0, 0\].*state_block_zero"):
+    with checked_mode.checked(), pytest.raises(InputContractError,
+                                               match=r"state_block_table\[0, 0\].*state_block_zero"):
         m.step([2], table=table, check=False)
     assert_same_bytes(m.state, before, "state after a rejected call")
     m.hist[0] = m.hist[0][:2]
@@ -331,7 +333,7 @@ REJECTED = [
     (dict(start_pos=np.array([0], np.int32)), ShapeError, "start_pos"),
     (dict(seqused=np.array([5, 1], np.int32)), IndexRangeError, "seqused[0]"),
     (dict(start_pos=np.array([0, 1000], np.int32)), IndexRangeError, "state_block_table"),
-    (dict(state_block_table=np.full((2, 50), 10 ** 6, np.int32)), IndexRangeError, "state_block_table[0][0]"),
+    (dict(state_block_table=np.full((2, 50), 10 ** 6, np.int32)), IndexRangeError, "state_block_table[0, 0]"),
     (dict(state_block_table=None), ShapeError, "state_block_table"),
     (dict(cmp_ratio=3), ModeError, "cmp_ratio"),
     (dict(coff=3), ModeError, "coff"),
@@ -461,3 +463,35 @@ def test_checked_mode_tracks_the_state_rows():
                                                          r"position 0 .* at block 1, row 0"):
             fresh.step([2, 1], check=False)
         assert_same_bytes(fresh.state, before, "state after a rejected call")
+
+
+def test_with_compressor_metadata_as_vllm_ascend_chains_them():
+    """vllm-ascend's Compressor.forward: compressor_metadata gives each compressed row its rope row
+    (the group's first position) in the compressor's packed order; the rows match the reference
+    roped at ``g * r``."""
+    r, d = 4, 128
+    m = Model(d, 2, r, nreq=2, seed=12)
+    freq = 1e4 ** (-np.repeat(np.arange(32), 2) / 32)
+    table_cos = np.cos(np.arange(64)[:, None] * freq).astype(BF16)
+    table_sin = np.sin(np.arange(64)[:, None] * freq).astype(BF16)
+    m.step([3, 6])  # positions 0..2 and 0..5
+    chunks = [6, 3]
+    start = np.array([h.shape[0] for h in m.hist], np.int32)
+    rng = np.random.default_rng(13)
+    xs = [rng.standard_normal((n, H)).astype(BF16) for n in chunks]
+    x = np.concatenate(xs)
+    cu = np.array([0, 6, 9], np.int32)
+    n = min(9, 9 // r + 2)
+    cos, sin, _ = ops.compressor_metadata(table_cos, table_sin, cu, start, np.ones((2, 4), np.int32), 16, 2, r, n, 2)
+    out = ops.compressor(x, m.wkv, m.wgate, m.state, m.ape, m.norm_weight, sin.reshape(n, 64), cos.reshape(n, 64),
+                         m.table, cu, None, start, 64, r, 2, 1e-6, 2, 1)
+    row = 0
+    for b in range(2):
+        hist = np.concatenate([m.hist[b], xs[b]])
+        groups = ref.completed_groups(int(start[b]), chunks[b], r)
+        want = ref.group_rows(hist, m.wkv, m.wgate, m.ape, m.norm_weight, groups,
+                              table_sin[[g * r for g in groups]], table_cos[[g * r for g in groups]],
+                              r=r, coff=2, eps=1e-6, rotary_mode=2)
+        assert dual_threshold_ok(out[row:row + len(groups)], want, 0.005)
+        row += len(groups)
+    assert row == 3  # request 0: groups 0 (at 3) and 1 (at 7); request 1: group 1 (at 7)

@@ -43,10 +43,12 @@ length) 128 or 512; ``rope_head_dim`` 64; ``cmp_ratio`` a power of two in 2..128
 arch32 tilings; the README's scenarios C4A / C4Li / C128A are among them); ``coff`` 1 or 2;
 ``rotary_mode`` 1 or 2; ``cache_mode`` 1 (2 on the 950); ``norm_eps`` finite and >= 0; ape fp32
 ``[cmp_ratio, coff * D]``; norm_weight of x's dtype (A2 / A3: the arch32 tiling) or fp32 (Ascend
-950: arch35); rope tables of one dtype and shape, x's dtype or fp32 (A2 / A3) or fp32 (950); state fp32 3-D with rows and values contiguous (its block stride may be larger: a
-padded page); ``state_block_table`` int32 (required); ``cu_seqlens`` int32 ``[B + 1]`` (TH:
-required; BSH: must be None) starting at 0, non-decreasing, at most T; ``seqused`` int32 ``[B]``
-within each request's tokens; ``start_pos`` int32 ``[B]`` >= 0 (None: 0); every block-table
+950: arch35); rope tables of one dtype and shape, x's dtype or fp32 (A2 / A3) or fp32 (950);
+state fp32 3-D with rows and values contiguous (its block stride may be larger: a padded page);
+with cache_mode 2 a block of at least ``coff * cmp_ratio`` rows and at least B blocks;
+``state_block_table`` int32 (required); ``cu_seqlens`` int32 ``[B + 1]`` (TH: required; BSH:
+must be None) starting at 0, non-decreasing, at most T; ``seqused`` int32 ``[B]`` within each
+request's tokens; ``start_pos`` int32 ``[B]`` >= 0 (None: 0); every block-table
 column a touched position needs exists and every entry read or written names a block of the
 cache. All of it before anything is written.
 
@@ -106,8 +108,8 @@ class CompressorArgs:
         x: ``[T, H]`` token rows (a BSH x reshaped ``[B * S, H]``), bf16 / fp16.
         wkv, wgate: ``[coff * D, H]``, x's dtype.
         ape: fp32 ``[r, coff * D]``.
-        norm_weight: ``[D]``, x's dtype or fp32.
-        rope_sin, rope_cos: ``[R, 64]`` (R = output rows), x's dtype or fp32.
+        norm_weight: ``[D]``, x's dtype (A2 / A3) or fp32 (Ascend 950).
+        rope_sin, rope_cos: ``[R, 64]`` (R = output rows), x's dtype or fp32 (A2 / A3), fp32 (950).
         state_cache: the caller's fp32 ``[blocks, block_size, 2 * coff * D]`` (written in place).
         cmp_ratio, coff, head_dim, rotary_mode: ints as checked. norm_eps: Python float.
         out_shape: the output's shape (``[R, D]`` or ``[B, ceil(S / r), D]``); out_dtype: x's.
@@ -260,12 +262,31 @@ def _block_of(table: np.ndarray, b: int, pos: np.ndarray, bs: int, blocks: int, 
     bad = (ids < 0) | (ids >= blocks)
     if bad.any():
         j = int(np.argmax(bad))
-        raise arg_error(IndexRangeError, f"state_block_table[{b}][{int(cols[j])}]",
+        raise arg_error(IndexRangeError, f"state_block_table[{b}, {int(cols[j])}]",
                         f"a block id in [0, {blocks}) ({what} position {int(pos[j])}; 0: not updated)", int(ids[j]))
     return ids
 
 
-def _plan(first, used, start, table, state: np.ndarray, r: int, coff: int, cache_mode: int, per_batch: int | None):
+class _Plan(NamedTuple):
+    """The rows one call reads and writes (:class:`CompressorArgs` for the ``group_*`` and
+    ``write_*`` arrays); ``group_req`` / ``group_pos``: request and position of each group row
+    (position -1: not read from the state); ``zero_reads``: the input-contract violation of a
+    row read through a table entry 0 (at most one)."""
+
+    group_tok: np.ndarray
+    group_blk: np.ndarray
+    group_off: np.ndarray
+    group_out: np.ndarray
+    write_tok: np.ndarray
+    write_blk: np.ndarray
+    write_off: np.ndarray
+    zero_reads: list
+    group_req: np.ndarray
+    group_pos: np.ndarray
+
+
+def _plan(first, used, start, table, state: np.ndarray, r: int, coff: int, cache_mode: int,
+          per_batch: int | None) -> _Plan:
     """The rows the call reads and writes (module doc); raises before anything is written."""
     blocks, bs = state.shape[0], state.shape[1]
     g_tok, g_blk, g_off, g_out, g_pos, g_req = [], [], [], [], [], []
@@ -322,9 +343,9 @@ def _plan(first, used, start, table, state: np.ndarray, r: int, coff: int, cache
             w_off.append(pos[keep] % bs)
     empty = np.zeros((0, rows), np.int64)
     cat = (lambda parts, e: np.concatenate(parts) if parts else e)
-    return (cat(g_tok, empty), cat(g_blk, empty), cat(g_off, empty), cat(g_out, np.zeros(0, np.int64)),
-            cat(w_tok, np.zeros(0, np.int64)), cat(w_blk, np.zeros(0, np.int64)), cat(w_off, np.zeros(0, np.int64)),
-            zero_reads, cat(g_req, empty), cat(g_pos, empty))
+    none = np.zeros(0, np.int64)
+    return _Plan(cat(g_tok, empty), cat(g_blk, empty), cat(g_off, empty), cat(g_out, none), cat(w_tok, none),
+                 cat(w_blk, none), cat(w_off, none), zero_reads, cat(g_req, empty), cat(g_pos, empty))
 
 
 def _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, bs: int) -> None:
@@ -457,10 +478,11 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
     check_disjoint([("state_cache", state)], [("x", x), ("wkv", wkv), ("wgate", wgate), ("ape", ape),
                                               ("norm_weight", norm_weight), ("rope_sin", rope_sin),
                                               ("rope_cos", rope_cos), ("state_block_table", table)])
-    g_tok, g_blk, g_off, g_out, w_tok, w_blk, w_off, zero_reads, g_req, g_pos = _plan(first, used, start, table, state, r, coff, cache_mode,
-                                                            per_batch)
+    plan = _plan(first, used, start, table, state, r, coff, cache_mode, per_batch)
+    g_blk, g_off, w_blk, w_off = plan.group_blk, plan.group_off, plan.write_blk, plan.write_off
+    g_req, g_pos = plan.group_req, plan.group_pos
     _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, state.shape[1])
-    input_contracts.report("compressor", zero_reads)  # an error in checked mode: before any write
+    input_contracts.report("compressor", plan.zero_reads)  # an error in checked mode: before any write
     layout = CacheLayout(mode="PA_BSND", num_blocks=state.shape[0], block_size=state.shape[1],
                          dim=state.shape[2], itemsize=4)
     bs = state.shape[1]
@@ -481,9 +503,9 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
     args = CompressorArgs(x=x.reshape(tokens, h), wkv=wkv, wgate=wgate, ape=ape, norm_weight=norm_weight,
                           rope_sin=rope_sin.reshape(-1, ROPE_HEAD_DIM), rope_cos=rope_cos.reshape(-1, ROPE_HEAD_DIM),
                           state_cache=state, cmp_ratio=r, coff=coff, head_dim=d, rotary_mode=rotary, norm_eps=eps,
-                          out_shape=out_shape, out_dtype=x.dtype, token_pos=token_pos, group_tok=g_tok,
-                          group_blk=g_blk, group_off=g_off, group_out=g_out, write_tok=w_tok, write_blk=w_blk,
-                          write_off=w_off)
+                          out_shape=out_shape, out_dtype=x.dtype, token_pos=token_pos, group_tok=plan.group_tok,
+                          group_blk=g_blk, group_off=g_off, group_out=plan.group_out, write_tok=plan.write_tok,
+                          write_blk=w_blk, write_off=w_off)
     out = get_backend().compressor(args).cmp_kv
     checked_mode.wrote("compressor", w_blk * bs + w_off, [(state, layout)], (("cmp_kv", out),))
     return out

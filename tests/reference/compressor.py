@@ -84,7 +84,8 @@ def state_rows_written(table_row, start: int, used: int, block_size: int) -> lis
     return rows
 
 
-def ring_rows_written(block: int, start: int, used: int, r: int, coff: int, block_size: int) -> list[tuple[int, int, int]]:
+def ring_rows_written(block: int, start: int, used: int, r: int, coff: int,
+                      block_size: int) -> list[tuple[int, int, int]]:
     """``(position, block, row)`` of each state row a cache_mode 2 call writes (the 950's ring,
     vllm-ascend ``op_kernel/arch35/compressor_block_vec.h`` ``SaveState``): one block per request,
     row ``position % block_size``, only the positions from the last group boundary reached,
