@@ -193,8 +193,12 @@ REJECTED_KV = [
     ("round flag int", lambda c, x, s: ops.kv_compress_epilog(c, x, s, round_scale_flag=1), ModeError,
      "round_scale_flag"),
     ("scale outside mode 3", lambda c, x, s: ops.kv_compress_epilog(c, x, s, scale=0.5), ModeError, "scale"),
-    ("mode 3 without scale", lambda c, x, s: ops.kv_compress_epilog(c, x, s, quant_mode=3, scale=None), ModeError,
+    ("mode 3 without scale", lambda c, x, s: ops.kv_compress_epilog(c, x, s, quant_mode=3), ModeError,
      "quant_mode"),
+    ("group 128 with scale", lambda c, x, s: ops.kv_compress_epilog(c, x, s, quant_group_size=128, scale=1.0),
+     ModeError, "quant_group_size"),
+    ("layout 2 with scale", lambda c, x, s: ops.kv_compress_epilog(c.reshape(3, 4, 1, 640), x, s, layout=2,
+                                                                   scale=1.0), ModeError, "layout"),
     ("NaN in a written row", lambda c, x, s: ops.kv_compress_epilog(c, np.where(np.arange(512) == 17, np.nan,
                                                                                   x.astype(np.float32)).astype(BF16), s),
      NonFiniteInputError, "x"),
@@ -298,6 +302,10 @@ def test_kv_compress_epilog_as_vllm_ascend_and_the_recipes_call_it(a950):
     np.testing.assert_array_equal(c2.view(torch.uint8).numpy(), want)
     with pytest.raises(Exception, match="positional"):  # custom's ints are keyword-only
         torch.ops.custom.kv_compress_epilog(c2, xt, torch.from_numpy(SLOTS), 64)
+    before = c2.clone()
+    with pytest.raises(ModeError, match="quant_group_size"):  # the recipes' kernel groups by 64 only
+        torch.ops.custom.kv_compress_epilog(c2, xt, torch.from_numpy(SLOTS), quant_group_size=128)
+    assert torch.equal(c2.view(torch.uint8), before.view(torch.uint8))
     # HiF8 (quant_mode 3, with scale) is the custom binding's only
     h = torch.zeros(12, 512, dtype=torch.uint8)
     torch.ops.custom.kv_compress_epilog(h, xt, torch.from_numpy(SLOTS), quant_group_size=128, quant_mode=3, scale=0.5)
@@ -325,6 +333,12 @@ def test_indexer_writers_through_torch(a950):
     want_c, want_s = ref.indexer_v1(np.zeros((12, 128), np.uint8), np.zeros((12, 4), np.uint8), x, SLOTS)
     np.testing.assert_array_equal(cache.view(torch.uint8).numpy(), want_c)
     np.testing.assert_array_equal(scale.numpy().view(np.uint8), want_s)
+    # quant_mode 0: E8M0 scales in a torch.float8_e8m0fnu tensor
+    mx = torch.zeros(12, 1, dtype=torch.float8_e8m0fnu)
+    torch.ops.custom.indexer_compress_epilog(cache, mx, xt, torch.from_numpy(SLOTS), quant_mode=0, round_scale=True)
+    want_c, want_s = ref.indexer_v1(np.zeros((12, 128), np.uint8), np.zeros((12, 1), np.uint8), x, SLOTS, quant_mode=0)
+    np.testing.assert_array_equal(cache.view(torch.uint8).numpy(), want_c)
+    np.testing.assert_array_equal(mx.view(torch.uint8).numpy(), want_s)
 
 
 def test_fake_kernels_write_nothing():

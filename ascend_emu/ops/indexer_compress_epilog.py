@@ -6,7 +6,7 @@ their fp32 or E8M0 scales into another) and ``indexer_compress_epilog_v2`` (vllm
 the rows of ``x`` whose slot is not -1 (:mod:`ascend_emu.quant.v4`) and writes them in place;
 every check runs before the first byte is written. Shared pieces: :mod:`._v4_writers`.
 
-Sources (facts):
+Sources (facts; docs/sources.md#kv_compress_epilog):
 
 - cann-recipes-infer ``ops/ascendc/docs/custom-npu_indexer_compress_epilog.md`` (Ascend 950PR /
   950DT only; quant_mode 1: fp32 scales, 0: E8M0 scales; cache fp8 E4M3FN / E5M2 ``[T, d]``;

@@ -8,7 +8,7 @@ written; a rejected call leaves the cache byte-identical. The indexer writers ar
 :mod:`.indexer_compress_epilog`; the shared pieces (slot policy, SoC gate) :mod:`._v4_writers`.
 docs/v4.md lists the choices below.
 
-Sources (facts):
+Sources (facts; docs/sources.md#kv_compress_epilog):
 
 - vllm-ascend ``csrc/torch_binding.cpp`` (``kv_compress_epilog``: positional ``quant_group_size,
   quant_mode, round_scale_flag, layout``; a 4-D cache's dim 2 must be 1 and is squeezed; the
@@ -38,13 +38,15 @@ Choices where the sources leave room (stricter than the hardware, never looser):
   does). Layout 2 (quant_mode 2 only; the kernel writes quant_mode 1 rows at ``slot * W`` into
   a layout-2 cache, which is no layout-2 cache: rejected): a 3-D ``[blocks, bs, D']`` or 4-D
   ``[blocks, bs, 1, D']`` fp8 cache whose blocks of ``bs * D'`` bytes hold ``bs`` tokens.
-- ``quant_group_size``: quant_mode 2: 64 or 128 (vllm-ascend's kernel; the custom binding passes
-  what it is given, its doc fixes 64); quant_mode 1: 128 (the kernel's only size); quant_mode 3
-  has no groups: 64 or 128 (the schema default and the golden's value) accepted and ignored.
+- Two kernels, told apart by ``scale``: None is vllm-ascend's (what the ``_C_ascend`` binding
+  passes: its schema has no ``scale``), a float the recipes' (the ``custom`` schema's default is
+  1.0). ``quant_group_size``: quant_mode 2: 64, or 128 with vllm-ascend's kernel (its tiling takes
+  64 or 128; the recipes' kernel groups by 64 whatever it is given and its doc fixes 64, so 128
+  with a scale is rejected); quant_mode 1: 128 (the kernels' only size); quant_mode 3 has no
+  groups: 64 or 128 (the schema default and the golden's value) accepted and ignored.
+  Layout 2 is vllm-ascend's only; quant_mode 3 the recipes' only.
 - ``round_scale_flag`` False: the kernel's ``roundScale = false`` template (quant/v4.py).
-- ``scale``: quant_mode 3's multiplier; ``None`` (what the ``_C_ascend`` binding passes: its
-  schema has no ``scale``) rejects quant_mode 3, which the vllm-ascend kernel does not have.
-  Other quant_modes take only the default 1.0.
+- ``scale``: quant_mode 3's multiplier; other quant_modes take only 1.0.
 - NaN / Inf in the values quantized: rejected (quant/v4.py); the bf16 rope part is copied.
 """
 
@@ -80,7 +82,7 @@ def _row_cache(cache: np.ndarray, width: int, what: str) -> int:
 
 
 def kv_compress_epilog(kv_compress_cache, x, slot_mapping, quant_group_size: int = 64, quant_mode: int = 2,
-                       round_scale_flag: bool = True, layout: int = 1, scale: float | None = 1.0) -> None:
+                       round_scale_flag: bool = True, layout: int = 1, scale: float | None = None) -> None:
     """``kv_compress_epilog``: quantize x's rows and write them into the 950 kv cache, in place.
 
     For each row ``i`` with ``slot_mapping[i] != -1``: quant_mode 2 (E8M0 scales, the 640-byte
@@ -98,11 +100,15 @@ def kv_compress_epilog(kv_compress_cache, x, slot_mapping, quant_group_size: int
         x: bf16 ``[T, d]``, d > 64 (quant_mode 1 / 2; the last 64 values are the rope part).
         slot_mapping: int32 / int64 ``[T]``: row (layout 1) or ``block * bs + offset``
             (layout 2); -1 skips.
-        quant_group_size: quant_mode 2: 64 or 128; quant_mode 1: 128; quant_mode 3: 64 / 128 (ignored).
+        quant_group_size: quant_mode 2: 64, or 128 without ``scale``; quant_mode 1: 128;
+            quant_mode 3: 64 / 128 (ignored).
         quant_mode: 1, 2 or 3 (3: ``scale`` required, layout 1).
         round_scale_flag: quant_mode 2's E8M0 rounding (False: the kernel's unrounded template).
-        layout: 1 or 2 (2: quant_mode 2 only).
-        scale: quant_mode 3's fp32 multiplier; None: the ``_C_ascend`` form (no quant_mode 3).
+        layout: 1 or 2 (2: quant_mode 2, without ``scale``).
+        scale: None: vllm-ascend's kernel (the ``_C_ascend`` form: quant_mode 1 / 2, groups 64 /
+            128, layouts 1 / 2); a float: cann-recipes-infer's (the ``custom`` form, whose schema
+            default is 1.0: quant_mode 1 / 2 / 3, group 64, layout 1), the fp32 multiplier of
+            quant_mode 3 and 1.0 otherwise.
 
     Returns:
         None (the cache holds the result).
@@ -118,9 +124,12 @@ def kv_compress_epilog(kv_compress_cache, x, slot_mapping, quant_group_size: int
     require_ascend950_op("kv_compress_epilog")
     mode = check_int(quant_mode, "quant_mode", codec.KV_QUANT_MODES)
     if mode == 3 and scale is None:
-        raise arg_error(ModeError, "quant_mode", "1 or 2 (quant_mode 3, HiF8 with a scale, is the custom binding's; "
-                        "this schema has no scale)", mode)
+        raise arg_error(ModeError, "quant_mode", "1 or 2 (quant_mode 3, HiF8 with a scale, is the recipes' kernel: "
+                        "custom.kv_compress_epilog; vllm-ascend's has no scale)", mode)
     lay = check_int(layout, "layout", KV_LAYOUTS)
+    if lay == 2 and scale is not None:
+        raise arg_error(ModeError, "layout", "1 with scale (the recipes' kernel, custom.kv_compress_epilog, writes "
+                        "layout 1 only; layout 2 is vllm-ascend's, without scale)", lay)
     round_scale = check_bool(round_scale_flag, "round_scale_flag")
     if mode == 3:
         check_int(quant_group_size, "quant_group_size", codec.KV_MX_GROUPS)  # no groups: accepted, ignored
@@ -129,6 +138,10 @@ def kv_compress_epilog(kv_compress_cache, x, slot_mapping, quant_group_size: int
             raise arg_error(ModeError, "layout", "1 for quant_mode 3 (HiF8 rows of d bytes)", lay)
     else:
         group = codec.kv_group_size(mode, quant_group_size)
+        if group != codec.KV_MX_GROUP and mode == 2 and scale is not None:
+            raise arg_error(ModeError, "quant_group_size", f"{codec.KV_MX_GROUP} with scale (the recipes' kernel, "
+                            "custom.kv_compress_epilog, groups quant_mode 2 by 64 whatever it is given; 128 is "
+                            "vllm-ascend's, without scale)", group)
         if lay == 2 and mode != 2:
             raise arg_error(ModeError, "layout", "1 for quant_mode 1 (the kernel writes layout 2 for quant_mode 2 "
                             "only)", lay)

@@ -336,7 +336,7 @@ NAMESPACE_SCHEMAS: tuple[NamespaceSchema, ...] = (
         "kv_compress_epilog(Tensor(a!) kv_compress_cache, Tensor x, Tensor slot_mapping, int quant_group_size, "
         "int quant_mode, bool round_scale_flag, int layout) -> ()",
         f"{VLLM_ASCEND}:2396", op="kv_compress_epilog",
-        # no scale in this schema: None tells the op (quant_mode 3, HiF8, is not vllm-ascend's)
+        # no scale in this schema: None selects vllm-ascend's kernel (no HiF8; groups 64 / 128; layouts 1 / 2)
         fixed=(("scale", None),),
         caller="vllm_ascend/device/device_op.py (A5 dsa_kv_compress_scatter: cache.view(-1, 1, 640), layout=1)"),
     NamespaceSchema("_C_ascend",
