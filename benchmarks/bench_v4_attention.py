@@ -52,6 +52,14 @@ def _paged(rows: int, width: int, dtype, rng, batch: int):
     return cache, np.arange(batch * per, dtype=np.int32).reshape(batch, per)
 
 
+def _set_soc(name: str | None) -> None:
+    """Restore ``ASCEND_EMU_SOC_NAME`` (unset when it was)."""
+    if name is None:
+        os.environ.pop("ASCEND_EMU_SOC_NAME", None)
+    else:
+        os.environ["ASCEND_EMU_SOC_NAME"] = name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=4, help="requests (one decode token each)")
@@ -105,18 +113,24 @@ def main() -> None:
     kw16 = dict(common, ori_kv=ori16, ori_block_table=otab, cmp_kv=cmp16, cmp_block_table=ctab, metadata=meta16)
     ori8, _ = _paged(s, 640, FP8, rng, b)
     cmp8, _ = _paged(s3, 640, FP8, rng, b)
-    os.environ["ASCEND_EMU_SOC_NAME"] = "Ascend950PR_9599"
+    soc = os.environ.get("ASCEND_EMU_SOC_NAME")
+    os.environ["ASCEND_EMU_SOC_NAME"] = "Ascend950PR_9599"  # the 950 op's calls only (the indexer runs int8)
     meta8 = ops.npu_kv_quant_sparse_attn_sharedkv_metadata(N1, 1, D, 1, cu_seqlens_q=cu, seqused_kv=seq, batch_size=b,
                                                           max_seqlen_q=1, max_seqlen_kv=s, cmp_topk=TOPK,
                                                           cmp_ratio=RATIO, layout_q="TND")
     kw8 = dict(common, ori_kv=ori8, ori_block_table=otab, cmp_kv=cmp8, cmp_block_table=ctab, metadata=meta8,
                tile_size=64, rope_head_dim=64)
+    _set_soc(soc)
 
     def a2a3():
         return ops.npu_sparse_attn_sharedkv(q, **kw16)
 
     def a950():
-        return ops.npu_kv_quant_sparse_attn_sharedkv(q, 1, **kw8)
+        os.environ["ASCEND_EMU_SOC_NAME"] = "Ascend950PR_9599"
+        try:
+            return ops.npu_kv_quant_sparse_attn_sharedkv(q, 1, **kw8)
+        finally:
+            _set_soc(soc)
 
     rows = WINDOW + TOPK
     kv = rng.uniform(-1, 1, (rows, D)).astype(BF16)

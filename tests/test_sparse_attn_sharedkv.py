@@ -342,6 +342,15 @@ def test_metadata_rejects_by_name(kw, exc, match):
         ops.npu_sparse_attn_sharedkv_metadata(**{**base, **kw})
 
 
+def test_rejected_on_the_ascend950(monkeypatch):
+    """README: Atlas A2 / A3 only; the 950 has npu_kv_quant_sparse_attn_sharedkv."""
+    c = _case(**CASES["swa"])
+    q, kw = _call_args(c)
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", "Ascend950PR_9599")
+    with pytest.raises(ModeError, match="not supported on the Ascend 950 .*npu_kv_quant_sparse_attn_sharedkv"):
+        ops.npu_sparse_attn_sharedkv(q, **kw)
+
+
 def test_hw_backend_says_it_is_not_a_torch_npu_op():
     c = _case(**CASES["swa"])
     q, kw = _call_args(c)

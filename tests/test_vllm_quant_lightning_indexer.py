@@ -213,3 +213,62 @@ def test_custom_binding_and_its_metadata_op():
     idx, vals = torch.ops.custom.npu_quant_lightning_indexer(*(t(a) for a in args), 0, 0, **tk)
     np.testing.assert_array_equal(idx.numpy().reshape(gold.shape), gold)
     assert tuple(vals.shape) == (0,) and vals.dtype == torch.float32
+
+
+# ------------------------------------------------------------------ the Ascend 950: FP8 keys, fp32 scales
+def _case950(q_lens, kv_lens, ratio, *, seed=3):
+    """FP8 query / keys of small dyadic values (every dot exact in fp32), fp32 weights and scales."""
+    import ml_dtypes
+
+    fp8 = ml_dtypes.float8_e4m3fn
+    rng = np.random.default_rng(seed)
+    t = sum(q_lens)
+    q = (rng.integers(-8, 9, (t, N1, D)) / 4).astype(fp8)
+    w = rng.uniform(0, 0.5, (t, N1)).astype(np.float32)
+    qs = rng.uniform(0, 2, (t, N1)).astype(np.float32)
+    keys = [(rng.integers(-8, 9, (s // ratio, D)) / 4).astype(fp8) for s in kv_lens]
+    kscales = [rng.uniform(0, 2, s // ratio).astype(np.float32) for s in kv_lens]
+    need = [max(1, -(-len(kr) // BS)) for kr in keys]
+    key = np.zeros((sum(need), BS, 1, D), fp8)
+    kscale = np.zeros((sum(need), BS, 1), np.float32)
+    table = np.zeros((len(kv_lens), max(need)), np.int32)
+    blk = 0
+    for b, (kr, ksr) in enumerate(zip(keys, kscales, strict=True)):
+        for c in range(need[b]):
+            table[b, c] = blk
+            part = slice(c * BS, (c + 1) * BS)
+            key[blk, :len(kr[part]), 0] = kr[part]
+            kscale[blk, :len(ksr[part]), 0] = ksr[part]
+            blk += 1
+    act_q, act_k = np.cumsum(q_lens).astype(np.int32), np.array(kv_lens, np.int32)
+    meta = ops.npu_vllm_quant_lightning_indexer_metadata(
+        N1, 1, D, 0, 0, actual_seq_lengths_query=act_q, actual_seq_lengths_key=act_k, batch_size=len(kv_lens),
+        max_seqlen_q=max(q_lens), max_seqlen_k=max(kv_lens), layout_query="TND", layout_key="PA_BSND",
+        sparse_count=512, cmp_ratio=ratio)
+    kw = dict(actual_seq_lengths_query=act_q, actual_seq_lengths_key=act_k, block_table=table, metadata=meta,
+              layout_query="TND", layout_key="PA_BSND", sparse_count=512, sparse_mode=3, cmp_ratio=ratio)
+    gold = ref.vllm_quant_lightning_indexer(q, w, qs, keys, kscales, q_lens, kv_lens, ratio, 512, 3,
+                                            element="float8_e4m3fn")
+    return (q, key, w, qs, kscale), kw, gold
+
+
+def test_ascend950_fp8_path(monkeypatch):
+    """FP8 keys with fp32 weights and scales on an emulated Ascend 950: request 0 sees 525 rows
+    (the top 512 by score), request 1 sees 15 (listed in row order, as the 950 kernel does);
+    int8 / sparse_count other than 512 / cmp_ratio 2 rejected there; FP8 rejected on A2."""
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", "Ascend950PR_9599")
+    args, kw, gold = _case950([1, 2], [2100, 60], 4)
+    idx, _ = ops.npu_vllm_quant_lightning_indexer(*args, **kw)
+    np.testing.assert_array_equal(idx.reshape(gold.shape), gold)
+    assert list(gold[1, :16]) == list(range(14)) + [-1, -1]  # position 58 sees 59 // 4 = 14 rows
+    with pytest.raises(ModeError, match="^sparse_count: expected one of \\[512\\]"):
+        ops.npu_vllm_quant_lightning_indexer(*args, **{**kw, "sparse_count": 256})
+    with pytest.raises(ModeError, match="^cmp_ratio: expected one of \\[1, 4, 128\\]"):
+        ops.npu_vllm_quant_lightning_indexer(*args, **{**kw, "cmp_ratio": 2})
+    with pytest.raises(DTypeError, match="^query: expected dtype float8_e4m3fn"):
+        ops.npu_vllm_quant_lightning_indexer(args[0].view(np.int8), *args[1:], **kw)
+    with pytest.raises(DTypeError, match="^query_dequant_scale: expected dtype float32"):
+        ops.npu_vllm_quant_lightning_indexer(*args[:3], args[3].astype(np.float16), args[4], **kw)
+    monkeypatch.setenv("ASCEND_EMU_SOC_NAME", "Ascend910B2")
+    with pytest.raises(DTypeError, match="^query: expected dtype int8 .*Ascend910B2"):
+        ops.npu_vllm_quant_lightning_indexer(*args, **{**kw, "sparse_count": 8})

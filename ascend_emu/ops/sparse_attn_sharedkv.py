@@ -57,6 +57,7 @@ import numpy as np
 
 from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error, describe
 from ..layouts import CacheLayout, slots_from_block_table
+from ..soc import is_ascend950, soc_name
 from ._backend import get_backend
 from ._check import check_call_bytes, check_dtype, check_float, dtype_name, optional, required, seq_lengths
 from ._plan import PlanFormat, crc
@@ -602,10 +603,15 @@ def npu_sparse_attn_sharedkv(q, ori_kv=None, cmp_kv=None, ori_sparse_indices=Non
 
     Raises:
         ModeError, ShapeError, DTypeError, IndexRangeError: as the module doc lists, naming the
-        argument; nothing is written (the outputs are new arrays).
+        argument; nothing is written (the outputs are new arrays). ModeError on an emulated Ascend
+        950 (the README's A2 / A3 only; :func:`ascend_emu.ops.npu_kv_quant_sparse_attn_sharedkv`).
 
     Source: vllm-ascend ``csrc/attention/sparse_attn_sharedkv/README.md`` (docs/sources.md).
     """
+    if is_ascend950():
+        raise ModeError(f"npu_sparse_attn_sharedkv: not supported on the Ascend 950 (README: Atlas A2 / A3 only; "
+                        f"the emulated SoC is {soc_name()}): its 950 form is npu_kv_quant_sparse_attn_sharedkv over "
+                        f"640-byte FP8 rows")
     args = prepare(A2A3, q, ori_kv, cmp_kv, ori_sparse_indices, cmp_sparse_indices, ori_block_table, cmp_block_table,
                    cu_seqlens_q, cu_seqlens_ori_kv, cu_seqlens_cmp_kv, seqused_q, seqused_kv, sinks, metadata,
                    softmax_scale, cmp_ratio, ori_mask_mode, cmp_mask_mode, ori_win_left, ori_win_right, layout_q,

@@ -14,8 +14,17 @@ the top-``sparse_count`` compressed rows. What ``cmp_ratio`` changes (the A2 / A
   ``p = S2 - S1 + i`` and sees compressed rows ``[0, (p + 1) // cmp_ratio)``; a row that sees none
   is all -1. sparse_mode 0: every token sees all ``S2 // cmp_ratio`` rows.
 
+The Ascend 950 (an emulated ``Ascend950*`` SoC; README: "query, key: no INT8; weights, scales:
+no FLOAT16" there): FP8 E4M3FN query and key with fp32 weights and scales, scored by the FP8 chain
+of :mod:`ascend_emu.emu.quant_lightning_indexer` (``ws = fp32(w * qs)``, ``s = relu(q . k)`` in fp32,
+no fp16 staging); ``cmp_ratio`` 1, 4 or 128 and ``sparse_count`` 512 only; ``weights *
+query_dequant_scale`` within fp32. A query that sees fewer than ``sparse_count`` rows gets them in
+row order, then -1 (the arch35 kernel's ``CreateVecIndex``: no scoring); one that sees more gets
+its top rows by score in the A2 / A3 order (the arch35 histogram top-k's own order is not
+reproduced: **unverified**).
+
 Checks (never looser than the README, ``csrc/attention/vllm_quant_lightning_indexer/README.md``):
-int8 query / key, fp16 weights and scales (the 950's fp8 path is not this op's A2 / A3 path);
+int8 query / key, fp16 weights and scales on Atlas A2 / A3 (the 950: above);
 N1 64, N2 1, D 128; ``layout_key`` PA_BSND only, ``actual_seq_lengths_key`` required;
 ``cmp_ratio`` in 1, 2, 4, ..., 128; ``return_value`` False only (README: not supported);
 ``metadata`` required, the plan of :func:`npu_vllm_quant_lightning_indexer_metadata` for this
@@ -35,15 +44,22 @@ import dataclasses
 import numpy as np
 
 from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
+from ..soc import is_ascend950, soc_name
 from ._backend import get_backend
-from ._check import ValidatedSignatures, required, seq_lengths
+from ._check import ValidatedSignatures, dtype_name, required, seq_lengths
 from ._plan import PlanFormat, crc
-from .lightning_indexer import SKIPPED_ROW, UNBOUNDED_TOKENS, _int_arg, _normalise
+from .lightning_indexer import SKIPPED_ROW, UNBOUNDED_TOKENS, IndexerDtypes, _int_arg, _normalise
 from .quant_lightning_indexer import (QUANT_DTYPES, SCALE_DTYPE, QuantLightningIndexerArgs, _check_weight_scale_range,
                                       _scale)
 
 #: cmp_ratio values on Atlas A3 (README).
 CMP_RATIOS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: cmp_ratio values and the only sparse_count on the Ascend 950 (README).
+CMP_RATIOS_950 = (1, 4, 128)
+SPARSE_COUNT_950 = 512
+#: The Ascend 950's element types: FP8 E4M3FN query and key, fp32 weights and scales (README:
+#: "query, key: no INT8; weights, scales: no FLOAT16" on the 950, the opposite on A2 / A3).
+FP8_DTYPES_950 = IndexerDtypes(query=("float8_e4m3fn",), weights=("float32",), sparse_counts_large=())
 #: Query heads, key heads, head dim (README).
 NUM_HEADS_Q, NUM_HEADS_K, HEAD_DIM = 64, 1, 128
 #: First word of the plan (ASCII "VQL1").
@@ -82,6 +98,10 @@ def _modes(layout_query, layout_key, query_quant_mode, key_quant_mode, sparse_mo
     _int(sparse_mode, "sparse_mode", (0, 3), "0 no mask, 3 right-down causal")
     for name, v in (("pre_tokens", pre_tokens), ("next_tokens", next_tokens)):
         _int(v, name, (UNBOUNDED_TOKENS,), "README: only the default")
+    if is_ascend950():
+        _int(cmp_ratio, "cmp_ratio", CMP_RATIOS_950, "README: the Ascend 950's values")
+        _int(sparse_count, "sparse_count", (SPARSE_COUNT_950,), "README: the Ascend 950 supports 512")
+        return
     _int(cmp_ratio, "cmp_ratio", CMP_RATIOS, "README: Atlas A3's values")
     _int(sparse_count, "sparse_count")
     if not 1 <= sparse_count <= 2048:
@@ -198,9 +218,11 @@ def _compressed(query, key, weights, query_dequant_scale, key_dequant_scale, que
         raise arg_error(ModeError, "return_value", "False (README: returning sparse_values is not supported yet)",
                         describe(return_value))
     q = required(query, "query")
-    if q.dtype != np.int8:
-        raise arg_error(DTypeError, "query", "dtype int8 (the A2 / A3 path; the 950's fp8 path is not this op's)",
-                        str(q.dtype))
+    fp8 = is_ascend950()
+    want = "float8_e4m3fn" if fp8 else "int8"
+    if dtype_name(q.dtype) != want:
+        raise arg_error(DTypeError, "query", f"dtype {want} (README: the Ascend 950 takes FP8 E4M3FN only, Atlas "
+                        f"A2 / A3 int8 only; the emulated SoC is {soc_name()})", dtype_name(q.dtype))
     if q.ndim < 2 or q.shape[-2:] != (NUM_HEADS_Q, HEAD_DIM):
         raise arg_error(ShapeError, "query", f"N1 = {NUM_HEADS_Q}, D = {HEAD_DIM} in the last two dims (README)",
                         f"shape {list(q.shape)}")
@@ -210,7 +232,8 @@ def _compressed(query, key, weights, query_dequant_scale, key_dequant_scale, que
         raise arg_error(ShapeError, f"actual_seq_lengths_key[{i}]", "a token count >= 0", int(act_k[i]))
     cmp_lens = (act_k // cmp_ratio).astype(np.int32)  # compressed rows per request
     indexer = _normalise(q, key, weights, actual_seq_lengths_query, cmp_lens, block_table, layout_query, layout_key,
-                         sparse_count, 0, pre_tokens, next_tokens, False, dtypes=QUANT_DTYPES, validated=_VALIDATED)
+                         sparse_count, 0, pre_tokens, next_tokens, False,
+                         dtypes=FP8_DTYPES_950 if fp8 else QUANT_DTYPES, validated=_VALIDATED)
     # right-down causal in original positions: query i of S1 at p = S2 - S1 + i sees (p + 1) // cmp_ratio rows
     tb = indexer.token_batch
     t = tb.size
@@ -227,11 +250,15 @@ def _compressed(query, key, weights, query_dequant_scale, key_dequant_scale, que
         causal = np.where(p1 > 0, p1 // cmp_ratio, 0)
         limit = np.where(indexer.limit == SKIPPED_ROW, SKIPPED_ROW, causal)
     indexer = dataclasses.replace(indexer, limit=limit, sparse_mode=int(sparse_mode))
+    scale_dtype = "float32" if fp8 else SCALE_DTYPE
     qs = _scale(query_dequant_scale, "query_dequant_scale", indexer.weights.shape,
-                "weights' shape [B, S1, N1] (BSND) / [T, N1] (TND)", SCALE_DTYPE)
+                "weights' shape [B, S1, N1] (BSND) / [T, N1] (TND)", scale_dtype)
     ks = _scale(key_dequant_scale, "key_dequant_scale", indexer.key.shape[:-1],
-                "key's shape without D ([blocks, block_size, 1])", SCALE_DTYPE)
-    _check_weight_scale_range(indexer.weights, qs)
+                "key's shape without D ([blocks, block_size, 1])", scale_dtype)
+    if fp8:
+        _check_fp32_product(indexer.weights, qs)
+    else:
+        _check_weight_scale_range(indexer.weights, qs)
     expect = {"num_heads_q": NUM_HEADS_Q, "num_heads_k": NUM_HEADS_K, "head_dim": HEAD_DIM, "query_quant_mode": 0,
               "key_quant_mode": 0, "batch_size": int(act_k.size), "layout_query": LAYOUT_CODES[layout_query],
               "layout_key": LAYOUT_CODES[layout_key], "sparse_count": int(sparse_count),
@@ -241,9 +268,33 @@ def _compressed(query, key, weights, query_dequant_scale, key_dequant_scale, que
         expect["crc_actual_seq_lengths_query"] = crc(actual_seq_lengths_query)
     if metadata_required or metadata is not None:
         PLAN.check(metadata, expect, (int(q_lens.max(initial=0)), int(act_k.max())))
-    args = QuantLightningIndexerArgs(indexer=indexer, query_dequant_scale=qs, key_dequant_scale=ks, element="int8")
+    args = QuantLightningIndexerArgs(indexer=indexer, query_dequant_scale=qs, key_dequant_scale=ks,
+                                     element="float8_e4m3fn" if fp8 else "int8")
     idx = get_backend().vllm_quant_lightning_indexer(args).sparse_indices
+    if fp8:  # the 950 kernel lists a query's rows in row order when it sees fewer than sparse_count (module doc)
+        flat = idx.reshape(t, -1)
+        short = (limit >= 0) & (limit < flat.shape[1])
+        if short.any():
+            cols = np.arange(flat.shape[1])[None, :]
+            flat[short] = np.where(cols < limit[short, None], cols, -1)
+        idx = flat.reshape(idx.shape)
     return idx, np.empty((0,), np.float32)
+
+
+def _check_fp32_product(weights: np.ndarray, qs: np.ndarray) -> None:
+    """The README's 950 constraint: ``weights * query_dequant_scale`` within the fp32 range.
+
+    Raises:
+        ModeError: a product of finite factors is +-inf in fp32.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        prod = weights.astype(np.float32) * qs.astype(np.float32)
+    bad = np.isinf(prod) & np.isfinite(weights) & np.isfinite(qs)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise arg_error(ModeError, "weights", "weights * query_dequant_scale within the fp32 range (README, Ascend "
+                        "950)", f"weights{list(at)} = {float(weights[at]):.6g} times query_dequant_scale{list(at)} = "
+                        f"{float(qs[at]):.6g}")
 
 
 def custom_npu_quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale,
