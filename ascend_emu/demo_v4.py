@@ -254,7 +254,7 @@ class V4AttentionLayer:
             flat = np.where(slots[:, 0] >= 0, slots[:, 0] * cache.shape[1] + slots[:, 1], -1).astype(np.int32)
             rows = cache.reshape(-1, 1, cache.shape[-1])  # a view: [blocks * bs, 1, 640]
             self._timed(f"kv_compress_epilog ({what})", ops.kv_compress_epilog, rows,
-                        _bf16(values).reshape(slots.shape[0], HEAD_DIM), flat, 64, 2, True, 1)
+                        _bf16(values).reshape(slots.shape[0], HEAD_DIM), flat, 64, 2, True, 1, None)
             return
         self._timed(f"npu_scatter_nd_update_v2 ({what})", ops.npu_scatter_nd_update_v2, cache, slots,
                     np.ascontiguousarray(values).reshape(slots.shape[0], *cache.shape[2:]))
