@@ -113,7 +113,6 @@ DEMO_CACHE_FILE = "kv_int8.npz"
 #: ``ascend-emu demo --model v4``: its context when --context is not given, and its blocks (CSA, HCA).
 V4_DEMO_CONTEXT = 508
 V4_DEMO_RATIOS = (4, 128)
-V4_DEMO_RATIOS_950 = (0, 128)
 
 
 def _demo_value(name: str):
@@ -265,17 +264,17 @@ def _v4_demo(ns: argparse.Namespace) -> int:
         if not soc.is_ascend950():
             os.environ[soc.SOC_NAME_ENV] = soc.ASCEND950_EXAMPLE
             console.print(f"{soc.SOC_NAME_ENV}={soc.ASCEND950_EXAMPLE} for this run (the 950 path's ops)")
-        ratios, what = V4_DEMO_RATIOS_950, ("Ascend 950 path, 640-byte fp8 caches", "one SWA block and one HCA block "
-                                            "(CSA: the 950's fp8 compressed-key indexer is not emulated)")
+        what = "Ascend 950 path, 640-byte fp8 caches, fp8 indexer keys"
     else:
-        ratios, what = V4_DEMO_RATIOS, ("A2 / A3 path, bf16 caches",
-                                        f"one CSA block (indexer top-{INDEX_TOPK}) and one HCA block")
-    console.print(f"[bold]DeepSeek-V4-Flash decode step[/bold] ({what[0]}): hidden {cfg.hidden}, "
+        what = "A2 / A3 path, bf16 caches, int8 indexer keys"
+    console.print(f"[bold]DeepSeek-V4-Flash decode step[/bold] ({what}): hidden {cfg.hidden}, "
                   f"{HEADS} query heads, head dim {HEAD_DIM} = {NOPE_DIM} + {ROPE_DIM}, window {WINDOW}, mHC 4 copies; "
-                  f"{what[1]} (the model has 43 layers; the FFN / MoE half of each block is not run), context "
-                  f"{context} tokens then {ns.decode_steps} decoded one by one; blocks of {cfg.block_size}")
+                  f"one CSA block (indexer top-{INDEX_TOPK}) and one HCA block (the model has 43 layers; the FFN / "
+                  f"MoE half of each block is not run), context {context} tokens then {ns.decode_steps} decoded one "
+                  f"by one; blocks of {cfg.block_size}")
     try:
-        report = run_v4_decode_step(cfg, ratios=ratios, context=context, decode_steps=ns.decode_steps, path=ns.path)
+        report = run_v4_decode_step(cfg, ratios=V4_DEMO_RATIOS, context=context, decode_steps=ns.decode_steps,
+                                    path=ns.path)
     except AscendEmuError as exc:
         _err(str(exc))
         return 1
@@ -454,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="--model v4: tokens decoded one by one after the context (default 8)")
     demo.add_argument("--path", choices=("a3", "950"), default="a3",
                       help="--model v4: a3 (Atlas A2 / A3, bf16 caches; default) or 950 (Ascend 950, 640-byte fp8 "
-                           "caches; an SWA and an HCA block)")
+                           "caches)")
     demo.add_argument("--save-cache", metavar="PATH", type=_writable_file,
                       help="write the int8 kv_cache to PATH (.npz, for ascend-emu inspect)")
     from .warmup import _jobs

@@ -22,7 +22,8 @@ decode step"):
 
 The Ascend 950 path (``path="950"``, vllm-ascend's A5 branch) keeps 640-byte fp8 rows in the SWA
 and compressed caches, written by ``kv_compress_epilog`` (layout 1, quant_mode 2), and attends with
-``npu_kv_quant_sparse_attn_sharedkv``; it has no CSA layer (module constant :data:`PATHS`,
+``npu_kv_quant_sparse_attn_sharedkv``; its indexer keys are fp8 with fp32 scales in the packed
+``indexer_compress_epilog_v2`` cache, its query fp8, its weights fp32 (module constant :data:`PATHS`,
 docs/v4.md "The V4 decode step"). :class:`V4Block` adds the mHC ops around a layer and
 :func:`run_v4_decode_step` is what ``ascend-emu demo --model v4`` runs.
 
@@ -44,7 +45,7 @@ from . import ops
 from .errors import ModeError, ShapeError, arg_error
 from . import soc
 from .quant import BF16, fp8_dtype
-from .quant.v4 import decode_kv_rows, indexer_quant_int8
+from .quant.v4 import decode_kv_rows, indexer_quant_fp8, indexer_quant_int8
 
 #: The attention's fixed shapes (npu_sparse_attn_sharedkv: N1 64, D 512; the model's rope part).
 HEADS = 64
@@ -65,6 +66,9 @@ STATE_BLOCK_SIZES = {"a3": {4: 8, 128: 32}, "950": {4: 8, 128: 16}}
 PATHS = ("a3", "950")
 #: The 950 path's row: kv_compress_epilog quant_mode 2 (rope bf16, 448 fp8, 7 E8M0 scales, pad).
 ROW_950 = 640
+#: The 950 path's packed indexer cache row ``D'``: 128 fp8 key bytes and one fp32 scale
+#: (indexer_compress_epilog_v2, layout 2: a block holds its value rows, then its scale rows).
+IDX_ROW_950 = INDEX_DIM + 4
 EPS = 1e-6
 
 
@@ -184,11 +188,11 @@ class V4AttentionLayer:
         ``[.., 640]`` rows), ``swa_table``.
         cmp_cache, cmp_table: the compressed rows (ratio > 1), one row per ``ratio`` tokens.
         idx_cache (int8 ``[.., bs, 1, 128]``), idx_scale (fp16 ``[.., bs, 1]``): the indexer's
-        compressed keys (ratio 4). times: seconds per op name, summed over calls.
+        compressed keys (ratio 4; the 950 path: one packed uint8 ``[.., bs, 1, 132]`` cache, no
+        idx_scale). times: seconds per op name, summed over calls.
 
     Raises (construction):
-        ModeError: a path not in :data:`PATHS`; the 950 path on a SoC that is not an Ascend 950,
-        or with ratio 4 (no emulated fp8 compressed-key indexer).
+        ModeError: a path not in :data:`PATHS`; the 950 path on a SoC that is not an Ascend 950.
     """
 
     def __init__(self, cfg: V4Config, ratio: int, weights: dict, seed: int = 0, path: str = "a3"):
@@ -196,10 +200,6 @@ class V4AttentionLayer:
             raise arg_error(ModeError, "path", f"one of {PATHS}", path)
         if path == "950":
             soc.require_ascend950("path", path, "the Ascend 950's fp8 caches")
-            if ratio == 4:
-                raise arg_error(ModeError, "ratio", "0 or 128 on the 950 path: its CSA indexer reads fp8 keys from "
-                                "the packed indexer_compress_epilog_v2 cache, and no emulated indexer op takes them "
-                                "(npu_vllm_quant_lightning_indexer is the A2 / A3 int8 path)", ratio)
         self.cfg, self.ratio, self.w, self.path = cfg, ratio, weights, path
         rng = np.random.default_rng(seed)
         row, cdt = (ROW_950, fp8_dtype("float8_e4m3fn")) if path == "950" else (HEAD_DIM, BF16)
@@ -221,8 +221,11 @@ class V4AttentionLayer:
             self.state = {"cmp": np.zeros((ns + 1, state_bs, 2 * (2 if ratio == 4 else 1) * HEAD_DIM), np.float32)}
         if ratio == 4:
             self.state["idx_cmp"] = np.zeros((ns + 1, state_bs, 2 * 2 * INDEX_DIM), np.float32)
-            self.idx_cache = np.zeros((nc + 1, bs, 1, INDEX_DIM), np.int8)
-            self.idx_scale = np.zeros((nc + 1, bs, 1), np.float16)
+            if path == "950":  # one packed uint8 cache: a block's fp8 key rows, then its fp32 scales
+                self.idx_cache = np.zeros((nc + 1, bs, 1, IDX_ROW_950), np.uint8)
+            else:
+                self.idx_cache = np.zeros((nc + 1, bs, 1, INDEX_DIM), np.int8)
+                self.idx_scale = np.zeros((nc + 1, bs, 1), np.float16)
         self._hadamard = hadamard(INDEX_DIM)
 
     # ------------------------------------------------------------------ helpers
@@ -356,9 +359,23 @@ class V4AttentionLayer:
         if self.ratio == 4:
             keys, slots = self._compressor("idx_cmp", x, p0, cu, INDEX_DIM)
             keys = _bf16(_f32(keys) @ self._hadamard.T)
-            kq, ks = indexer_quant_int8(keys)
-            self._scatter("indexer keys", self.idx_cache, slots, kq)
-            self._scatter("indexer scales", self.idx_scale, slots, ks)
+            if self.path == "950":
+                flat = np.where(slots[:, 0] >= 0, slots[:, 0] * self.cfg.block_size + slots[:, 1], -1)
+                self._timed("indexer_compress_epilog_v2", ops.indexer_compress_epilog_v2, self.idx_cache, keys,
+                            flat.astype(np.int32), 2)
+            else:
+                kq, ks = indexer_quant_int8(keys)
+                self._scatter("indexer keys", self.idx_cache, slots, kq)
+                self._scatter("indexer scales", self.idx_scale, slots, ks)
+
+    def _packed_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """The 950 path: the packed indexer cache read as fp8 keys ``[blocks, bs, 1, 128]`` and fp32
+        scales ``[blocks, bs, 1]`` (copies; offsets of :func:`ascend_emu.quant.v4.indexer_v2_offsets`)."""
+        c, bs = self.idx_cache, self.cfg.block_size
+        flat = c.reshape(c.shape[0], bs * IDX_ROW_950)
+        keys = np.ascontiguousarray(flat[:, :bs * INDEX_DIM]).view(fp8_dtype("float8_e4m3fn"))
+        scales = np.ascontiguousarray(flat[:, bs * INDEX_DIM:bs * IDX_ROW_950]).view(np.float32)
+        return keys.reshape(c.shape[0], bs, 1, INDEX_DIM), scales.reshape(c.shape[0], bs, 1)
 
     def _indexer(self, x, qr, positions, cu, seqused) -> np.ndarray:
         """CSA: the top-512 compressed rows per token, int32 ``[T, 1, 512]`` (-1 padded)."""
@@ -367,17 +384,23 @@ class V4AttentionLayer:
         iq = np.ascontiguousarray(iq)
         self._rope(iq, positions, INDEX_DIM - ROPE_DIM)
         iq = _bf16(_f32(iq).reshape(t * INDEX_HEADS, INDEX_DIM) @ self._hadamard.T)
-        qv, qs = indexer_quant_int8(iq)
         weights = self._timed("projections", _linear, x, w["idx_weights"])
-        weights = (_f32(weights) * np.float32(INDEX_DIM ** -0.5 * INDEX_HEADS ** -0.5)).astype(np.float16)
+        weights = _f32(weights) * np.float32(INDEX_DIM ** -0.5 * INDEX_HEADS ** -0.5)
+        if self.path == "950":  # fp8 query and keys, fp32 weights and scales
+            qv, qs = indexer_quant_fp8(iq)
+            qv = qv.view(fp8_dtype("float8_e4m3fn"))  # the codes as E4M3FN
+            keys, key_scales = self._packed_keys()
+        else:  # int8 query and keys, fp16 weights and scales
+            qv, qs = indexer_quant_int8(iq)
+            weights, keys, key_scales = weights.astype(np.float16), self.idx_cache, self.idx_scale
         meta = self._timed("npu_vllm_quant_lightning_indexer_metadata", ops.npu_vllm_quant_lightning_indexer_metadata,
                            INDEX_HEADS, 1, INDEX_DIM, 0, 0, actual_seq_lengths_query=cu[1:],
                            actual_seq_lengths_key=seqused, batch_size=1, max_seqlen_q=t, max_seqlen_k=self.pos,
                            layout_query="TND", layout_key="PA_BSND", sparse_count=INDEX_TOPK, sparse_mode=3,
                            cmp_ratio=self.ratio)
         idx, _ = self._timed("npu_vllm_quant_lightning_indexer", ops.npu_vllm_quant_lightning_indexer,
-                             qv.reshape(t, INDEX_HEADS, INDEX_DIM), self.idx_cache, weights,
-                             qs.reshape(t, INDEX_HEADS), self.idx_scale, 0, 0, cu[1:], seqused, self.cmp_table, meta,
+                             qv.reshape(t, INDEX_HEADS, INDEX_DIM), keys, weights,
+                             qs.reshape(t, INDEX_HEADS), key_scales, 0, 0, cu[1:], seqused, self.cmp_table, meta,
                              "TND", "PA_BSND", INDEX_TOPK, 3, cmp_ratio=self.ratio)
         return idx
 
@@ -457,7 +480,7 @@ def run_v4_decode_step(cfg: V4Config | None = None, *, ratios: tuple = (4, 128),
     Args:
         cfg: shapes (default :class:`V4Config`: DeepSeek-V4-Flash). ratios: the layers (0 SWA, 4
             CSA, 128 HCA). context: >= 1 tokens before decoding. decode_steps: >= 1. path: ``"a3"``
-            or ``"950"`` (:data:`PATHS`; the SoC must then be an Ascend 950, and CSA is rejected).
+            or ``"950"`` (:data:`PATHS`; the SoC must then be an Ascend 950).
 
     Raises:
         ShapeError: context + decode_steps above ``cfg.max_tokens``, or either below 1.
@@ -502,7 +525,9 @@ def run_v4_decode_step(cfg: V4Config | None = None, *, ratios: tuple = (4, 128),
         if a.ratio:
             named += [("compressed", a.cmp_cache)] + [(f"state ({k})", v) for k, v in a.state.items()]
             cmp_rows[a.ratio] = a.pos // a.ratio
-        if a.ratio == 4:
+        if a.ratio == 4 and a.path == "950":
+            named += [("indexer keys + scales (packed)", a.idx_cache)]
+        elif a.ratio == 4:
             named += [("indexer keys", a.idx_cache), ("indexer scales", a.idx_scale)]
         caches += [(i, n, tuple(c.shape), str(c.dtype), c.nbytes) for n, c in named]
     last = blocks[-1].attn
