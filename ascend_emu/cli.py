@@ -20,6 +20,8 @@ Commands:
   the cores) sharing the on-disk cache, and the demo loads them from there.
   ``ascend-emu demo --layout``: ``npu_mla_prolog_v3`` through the drop-in, then where one token's
   k_rope landed in a PA_NZ cache, checked byte by byte against a PA_BSND run.
+  ``ascend-emu demo --model v4``: the DeepSeek-V4-Flash decode step (:mod:`ascend_emu.demo_v4`):
+  a CSA and an HCA block with mHC on the A2 / A3 ops, per-op times and the caches.
 - ``ascend-emu record | compare | replay``: the real NPU against the emulator (recordings, shadow
   runs, msprobe dumps; :mod:`ascend_emu.compare.cli`).
 - ``ascend-emu warmup``: run every op once on tiny inputs, so its Numba kernels are compiled into
@@ -108,6 +110,9 @@ DEMO_MIN_COSINE = 0.99
 DEMO_OPTIONS = ("context", "heads", "sparse_count", "block_size")
 #: The file ``--save-cache`` is shown with in the closing hint when it was not given.
 DEMO_CACHE_FILE = "kv_int8.npz"
+#: ``ascend-emu demo --model v4``: its context when --context is not given, and its blocks (CSA, HCA).
+V4_DEMO_CONTEXT = 508
+V4_DEMO_RATIOS = (4, 128)
 
 
 def _demo_value(name: str):
@@ -150,6 +155,8 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     """``ascend-emu demo``: the decode step (:mod:`ascend_emu.demo`), or ``--layout``."""
     if ns.layout:
         return _layout_demo()
+    if ns.model == "v4":
+        return _v4_demo(ns)
     from rich.table import Table
 
     from .demo import DECODE_REPEATS, DecodeStepConfig, family_names, heads_share, run_decode_step
@@ -236,6 +243,64 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         _err(f"the int8 path's cosine {report.cosine:.6f} to the bf16 path is below {DEMO_MIN_COSINE}: "
              "a wrong cache row or index was read")
         return 1
+    return 0
+
+
+def _v4_demo(ns: argparse.Namespace) -> int:
+    """``ascend-emu demo --model v4``: the DeepSeek-V4-Flash decode step (:mod:`ascend_emu.demo_v4`)."""
+    from rich.table import Table
+
+    from .demo import DecodeStepConfig
+    from .errors import AscendEmuError
+    from .demo_v4 import HEAD_DIM, HEADS, INDEX_TOPK, NOPE_DIM, ROPE_DIM, WINDOW, V4Config, run_v4_decode_step
+    from .textview import console as text_console
+
+    from . import soc
+
+    context = V4_DEMO_CONTEXT if ns.context == DecodeStepConfig().context else ns.context
+    cfg = V4Config(max_tokens=context + ns.decode_steps, block_size=ns.block_size)
+    console = text_console()
+    if ns.path == "950":
+        if not soc.is_ascend950():
+            os.environ[soc.SOC_NAME_ENV] = soc.ASCEND950_EXAMPLE
+            console.print(f"{soc.SOC_NAME_ENV}={soc.ASCEND950_EXAMPLE} for this run (the 950 path's ops)")
+        what = "Ascend 950 path, 640-byte fp8 caches, fp8 indexer keys"
+    else:
+        what = "A2 / A3 path, bf16 caches, int8 indexer keys"
+    console.print(f"[bold]DeepSeek-V4-Flash decode step[/bold] ({what}): hidden {cfg.hidden}, "
+                  f"{HEADS} query heads, head dim {HEAD_DIM} = {NOPE_DIM} + {ROPE_DIM}, window {WINDOW}, mHC 4 copies; "
+                  f"one CSA block (indexer top-{INDEX_TOPK}) and one HCA block (the model has 43 layers; the FFN / "
+                  f"MoE half of each block is not run), context {context} tokens then {ns.decode_steps} decoded one "
+                  f"by one; blocks of {cfg.block_size}")
+    try:
+        report = run_v4_decode_step(cfg, ratios=V4_DEMO_RATIOS, context=context, decode_steps=ns.decode_steps,
+                                    path=ns.path)
+    except AscendEmuError as exc:
+        _err(str(exc))
+        return 1
+    steps = Table(title="ops (NumPy API, emu backend), summed over the blocks", title_justify="left")
+    for col in ("op", "prefill ms", "decode ms / token"):
+        steps.add_column(col, justify="left" if col == "op" else "right")
+    for name in report.decode_times:
+        steps.add_row(name, f"{report.prefill_times.get(name, 0.0) * 1e3:.1f}", f"{report.decode_times[name] * 1e3:.2f}")
+    steps.caption = ("prefill includes the ops' first calls (Numba compiles or loads their kernels); "
+                     "'projections' are plain NumPy matmuls standing in for npu_quant_matmul")
+    steps.caption_justify = "left"
+    console.print(steps)
+    caches = Table(title="caches", title_justify="left")
+    for col in ("block", "cache", "shape", "dtype", "MiB"):
+        caches.add_column(col)
+    for layer, name, shape, dtype, nbytes in report.caches:
+        kind = {4: "CSA", 128: "HCA"}.get(report.ratios[layer], "SWA")
+        caches.add_row(f"{layer} ({kind})", name, str(list(shape)), dtype, f"{nbytes / 2**20:.2f}")
+    console.print(caches)
+    layer, pos, block, offset, values = report.swa_row
+    decoded = " (its 640-byte fp8 row decoded)" if ns.path == "950" else ""
+    console.print(f"the last token (position {pos}) in block {layer}'s SWA cache: block {block}, row {offset}"
+                  f"{decoded}: {[round(float(v), 4) for v in values]} ...")
+    console.print("compressed rows written: " + ", ".join(f"ratio {r}: {n}" for r, n in report.cmp_rows.items())
+                  + (f"; the CSA indexer selected {report.selected} rows for the last token" if 4 in report.ratios
+                     else ""))
     return 0
 
 
@@ -381,6 +446,14 @@ def build_parser() -> argparse.ArgumentParser:
                             ("sparse_count", "indexer top-k"), ("block_size", "cache block size")):
         demo.add_argument(f"--{name.replace('_', '-')}", type=_demo_value(name), default=getattr(default, name),
                           help=f"{help_text} (default {getattr(default, name)})")
+    demo.add_argument("--model", choices=("v3.2", "v4"), default="v3.2",
+                      help="v4: the DeepSeek-V4-Flash decode step (a CSA and an HCA block, mHC, A2 / A3 path; "
+                           f"context {V4_DEMO_CONTEXT} unless --context is given)")
+    demo.add_argument("--decode-steps", type=int, default=8, metavar="N",
+                      help="--model v4: tokens decoded one by one after the context (default 8)")
+    demo.add_argument("--path", choices=("a3", "950"), default="a3",
+                      help="--model v4: a3 (Atlas A2 / A3, bf16 caches; default) or 950 (Ascend 950, 640-byte fp8 "
+                           "caches)")
     demo.add_argument("--save-cache", metavar="PATH", type=_writable_file,
                       help="write the int8 kv_cache to PATH (.npz, for ascend-emu inspect)")
     from .warmup import _jobs

@@ -70,13 +70,14 @@ def test_inspect_corrupted_cache_prints_commands_that_work(tmp_path):
 
 @pytest.mark.slow
 def test_vllm_ascend_ut_example_passes_under_the_pytest_plugin():
-    """``examples/vllm_ascend_ut`` (vllm-ascend's SFA forward as a unit test, its conftest loading
+    """``examples/vllm_ascend_ut`` (vllm-ascend's SFA and V4 DSA forwards as unit tests, its conftest loading
     ``ascend_emu.pytest_plugin``) passes as CI runs it, every test run, none skipped."""
     pytest.importorskip("torch")
     proc = subprocess.run([sys.executable, "-m", "pytest", "examples/vllm_ascend_ut", "-q", "-p", "no:cacheprovider"],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"exited {proc.returncode}\n{out[-4000:]}"
-    want = len(re.findall(r"^    def test_", (EXAMPLES_DIR / "vllm_ascend_ut" / "test_sfa_v1.py").read_text(), re.M))
+    want = sum(len(re.findall(r"^    def test_", f.read_text(), re.M))
+               for f in (EXAMPLES_DIR / "vllm_ascend_ut").glob("test_*.py"))
     assert want >= 3 and re.search(rf"\b{want} passed\b", out), out[-4000:]
     assert not re.search(r"\b(failed|error|skipped|warnings?)\b", out), out[-4000:]
