@@ -28,6 +28,9 @@ measured cost).
 
 from __future__ import annotations
 
+import collections
+import copy
+
 import torch
 
 from ..errors import DTypeError, arg_error, as_runtime_error
@@ -79,12 +82,34 @@ class NPUTensor(torch.Tensor):
 
     def __reduce_ex__(self, proto):
         # torch's own form for a PrivateUse1 tensor without storage: the values as a host tensor
-        # and ``.to("npu:0")`` on load (loadable with weights_only=True, and by the real torch_npu)
+        # and ``.to("npu:0")`` on load (loadable with weights_only=True, and by the real torch_npu);
+        # a Parameter (``Parameter(npu_tensor)`` is this class flagged ``_is_param``) in torch's
+        # Parameter form around that
+        if getattr(self, "_is_param", False):
+            return (torch._utils._rebuild_parameter,
+                    (NPUTensor(self._elem), self.requires_grad, collections.OrderedDict()))
         host = torch.Tensor.cpu(self)
         if self._elem.__dict__ and _TAG_SHARING:  # the format travels as the host copy's tags (torch_npu's metadata)
             _TAG_SHARING[0](self._elem, host)
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
                 (host, self.dtype, str(self.device), self.requires_grad))
+
+    def __deepcopy__(self, memo):
+        # torch's Tensor.__deepcopy__ would copy a storage this wrapper does not have: copy the
+        # values (and their format tags) instead, keeping requires_grad and the Parameter flag
+        if id(self) in memo:
+            return memo[id(self)]
+        out = NPUTensor(copy.deepcopy(self._elem, memo))
+        if getattr(self, "_is_param", False):
+            out = torch.nn.Parameter(out, self.requires_grad)
+        elif self.requires_grad:
+            out.requires_grad_(True)
+        memo[id(self)] = out
+        return out
+
+    def data_ptr(self) -> int:
+        """The address of the values (the CPU tensor's memory), as a device pointer would be."""
+        return self._elem.data_ptr()
 
     def __tensor_flatten__(self):
         return ["_elem"], None
@@ -105,7 +130,29 @@ class NPUTensor(torch.Tensor):
         if func not in _COPY:
             _check_devices(func, args, kwargs)
         out = func(*[_unwrap_any(a) for a in args], **{k: _unwrap_any(v) for k, v in kwargs.items()})
+        mutable = _MUTABLE.get(func)
+        if mutable is None:
+            mutable = _MUTABLE[func] = func._schema.is_mutable
+        if mutable:
+            _bump_versions(args, kwargs)
         return _wrap_any(out)
+
+
+#: op -> whether its schema writes an argument (cached).
+_MUTABLE: dict = {}
+
+
+def _bump_versions(args, kwargs) -> None:
+    """After an op that writes its arguments: bump the version counters of the NPU tensors'
+    CPU tensors too (torch bumps the wrappers' only), so what is cached on the memory (the
+    FRACTAL_NZ view and its widening, :func:`~ascend_emu.torch_npu._convert.nz_of`) sees the write."""
+    for value in (*args, *kwargs.values()):
+        for item in (value if isinstance(value, (list, tuple)) else (value,)):
+            if type(item) is NPUTensor:
+                try:
+                    torch.autograd.graph.increment_version(item._elem)
+                except RuntimeError:  # inference tensors have no version counter
+                    pass
 
 
 def _unwrap(t):

@@ -250,8 +250,8 @@ class Event:
 #: tensors marked as on the NPU (this module's doc). Read once, when the drop-in is imported.
 DEVICE_MODEL_ENV = "ASCEND_EMU_NPU_DEVICE"
 #: True when NPU tensors are :class:`~ascend_emu.torch_npu._npu_tensor.NPUTensor` (``tensor`` model).
-REAL_DEVICE = os.environ.get(DEVICE_MODEL_ENV, "mark") == "tensor"
-if os.environ.get(DEVICE_MODEL_ENV, "mark") not in ("mark", "tensor"):
+REAL_DEVICE = os.environ.get(DEVICE_MODEL_ENV, "tensor") == "tensor"
+if os.environ.get(DEVICE_MODEL_ENV, "tensor") not in ("mark", "tensor"):
     raise ValueError(f"{DEVICE_MODEL_ENV}: expected 'mark' or 'tensor', got {os.environ[DEVICE_MODEL_ENV]!r}")
 
 
