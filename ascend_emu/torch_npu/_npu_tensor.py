@@ -107,6 +107,15 @@ class NPUTensor(torch.Tensor):
         memo[id(self)] = out
         return out
 
+    def tolist(self):
+        """The values as nested Python lists (torch_npu copies them to the host first)."""
+        return self._elem.tolist()
+
+    def numpy(self, *, force: bool = False):
+        """Refused as torch refuses it for a device tensor (``.cpu().numpy()`` is the way)."""
+        raise TypeError(f"can't convert {NPU_DEVICE} device type tensor to numpy. Use Tensor.cpu() to copy the "
+                        "tensor to host memory first.")
+
     def data_ptr(self) -> int:
         """The address of the values (the CPU tensor's memory), as a device pointer would be."""
         return self._elem.data_ptr()
@@ -229,7 +238,8 @@ def wrap_outputs(out, on_npu: dict):
 
     def wrap(value):
         if isinstance(value, _Tensor) and type(value) is not NPUTensor:
-            return by_elem.get(id(value)) or NPUTensor(value)
+            same = by_elem.get(id(value))
+            return NPUTensor(value) if same is None else same
         if isinstance(value, (list, tuple)):
             return type(value)(wrap(v) for v in value)
         return value
@@ -252,4 +262,33 @@ def register_device() -> None:
     NPU_DEVICE = torch.device("npu", 0)
     torch._C._acc.register_python_privateuseone_hook(backend_registration._DummyPrivateUse1Hook())
     torch._C._acc.register_python_privateuseone_device_guard(backend_registration._DummyDeviceGuard())
+    # what torch's C++ side allocates on the device of a call's tensors (the 0-dim tensor of a
+    # Python scalar in ``x[0] = 1.0``, ``torch.where(c, x, 0.0)``): NPU tensors over CPU memory
+    _ALLOCATORS.impl("empty.memory_format", _empty, "PrivateUse1")
+    _ALLOCATORS.impl("empty_strided", _empty_strided, "PrivateUse1")
+    _ALLOCATORS.impl("_copy_from", _copy_from, "PrivateUse1")
+    _ALLOCATORS.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     _registered = True
+
+
+#: ``aten`` kernels registered for the npu (PrivateUse1) device by :func:`register_device`.
+_ALLOCATORS = torch.library.Library("aten", "IMPL")
+
+
+def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return NPUTensor(torch.empty(size, dtype=dtype, layout=layout, device="cpu", memory_format=memory_format))
+
+
+def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return NPUTensor(torch.empty_strided(size, stride, dtype=dtype, layout=layout, device="cpu"))
+
+
+def _copy_from(self, dst, non_blocking=False):
+    """The host <-> device copy torch's ``copy_`` asks the device for (into ``dst``)."""
+    _unwrap(dst).copy_(_unwrap(self))
+    return dst
+
+
+def _copy_from_and_resize(self, dst):
+    _unwrap(dst).resize_(self.shape).copy_(_unwrap(self))
+    return dst
