@@ -189,8 +189,19 @@ def _host_tensor(value) -> bool:
         and value.device.type == "cpu"
 
 
+#: Indexing ops whose index tensors may be on the CPU, as torch lets them for a device tensor.
+_HOST_INDICES = frozenset(getattr(torch.ops.aten, op).default if "." not in op else
+                          getattr(getattr(torch.ops.aten, op.split(".")[0]), op.split(".")[1])
+                          for op in ("index.Tensor", "index_put", "index_put_", "_index_put_impl_",
+                                     "_unsafe_index.Tensor", "_unsafe_index_put"))
+
+
 def _check_devices(func, args, kwargs) -> None:
-    """Reject a CPU tensor of one or more dimensions among NPU tensors (module doc)."""
+    """Reject a CPU tensor of one or more dimensions among NPU tensors (module doc); the indices
+    of an indexing op may be on the CPU."""
+    if func in _HOST_INDICES:
+        args = (args[0], *args[2:])
+        kwargs = {k: v for k, v in kwargs.items() if k != "indices"}
     flat = [*args, *kwargs.values()]
     for value in flat:
         if isinstance(value, (list, tuple)):
