@@ -116,6 +116,14 @@ class NPUTensor(torch.Tensor):
         raise TypeError(f"can't convert {NPU_DEVICE} device type tensor to numpy. Use Tensor.cpu() to copy the "
                         "tensor to host memory first.")
 
+    def untyped_storage(self):
+        """The storage of the values (the CPU tensor's; its ``device`` says ``cpu``): what tools
+        that read a tensor's storage (msprobe's dump, ``data_ptr`` checks) need; torch's own
+        (storage-less) answer inside a ``torch.compile`` session, whose fake tensors need it."""
+        if getattr(torch.compiler, "_is_compiling_flag", False):
+            return _Tensor.untyped_storage(self)
+        return self._elem.untyped_storage()
+
     def data_ptr(self) -> int:
         """The address of the values (the CPU tensor's memory), as a device pointer would be."""
         return self._elem.data_ptr()
