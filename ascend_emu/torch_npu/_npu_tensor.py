@@ -43,6 +43,8 @@ _TO_COPY = torch.ops.aten._to_copy.default
 _COPY = frozenset({torch.ops.aten.copy_.default, torch.ops.aten._copy_from.default,
                    torch.ops.aten._copy_from_and_resize.default})
 _Tensor = torch.Tensor
+_strided = torch.strided
+_MAKE_WRAPPER = torch.Tensor._make_wrapper_subclass
 _registered = False
 
 
@@ -70,9 +72,12 @@ class NPUTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor):
-        out = torch.Tensor._make_wrapper_subclass(
-            cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
-            layout=elem.layout, device=NPU_DEVICE, requires_grad=elem.requires_grad)
+        if elem.layout is _strided and not elem.requires_grad and not elem.storage_offset():  # fewer keywords: faster
+            out = _MAKE_WRAPPER(cls, elem.shape, strides=elem.stride(), dtype=elem.dtype, device=NPU_DEVICE)
+        else:
+            out = _MAKE_WRAPPER(cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(),
+                                dtype=elem.dtype, layout=elem.layout, device=NPU_DEVICE,
+                                requires_grad=elem.requires_grad)
         out._elem = elem
         return out
 
@@ -253,6 +258,11 @@ def wrap_outputs(out, on_npu: dict):
     """An emulated op's outputs from a call on NPU tensors, on the NPU: an output that is an
     argument's CPU tensor is that argument (in-place ops return their argument), any other a
     new NPUTensor over its memory."""
+    if type(out) is _Tensor:  # the common case: one new output
+        for t in on_npu.values():
+            if t._elem is out:
+                return t
+        return NPUTensor(out)
     by_elem = {id(t._elem): t for t in on_npu.values()}
 
     def wrap(value):
