@@ -160,3 +160,33 @@ def test_checked_mode_flags_an_all_cpu_call_of_an_npu_op():
     with warnings.catch_warnings():
         warnings.simplefilter("error", HostTensorWarning)
         torch_npu.npu_dynamic_quant(x)  # checked mode off: nothing
+
+
+_REAL_TORCH_NPU_SCRIPT = r"""
+import sys, types
+import torch
+fake = types.ModuleType("torch_npu")  # stands for the real package: it brings its own device
+torch.npu = types.SimpleNamespace(is_available=lambda: True)
+sys.modules["torch_npu"] = fake
+from ascend_emu.hw import runtime
+_, mod = runtime()
+assert mod is fake
+assert "ascend_emu.torch_npu" not in sys.modules, "the drop-in was imported"
+assert torch._C._get_privateuse1_backend_name() == "privateuseone", torch._C._get_privateuse1_backend_name()
+print("real torch_npu left alone")
+"""
+
+
+def test_emulated_device_not_installed_with_the_real_torch_npu(tmp_path):
+    """The ``hw`` backend takes the real torch_npu: nothing of the emulated device (no drop-in
+    import, PrivateUse1 not renamed) is installed beside it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", _REAL_TORCH_NPU_SCRIPT], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(root)}, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "real torch_npu left alone" in proc.stdout

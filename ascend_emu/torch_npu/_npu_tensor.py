@@ -1,4 +1,5 @@
-"""A real ``npu`` device for the emulated NPU: :class:`NPUTensor`, a tensor on ``npu:0`` over CPU memory.
+"""A real ``npu`` device for the emulated NPU (the default device model): :class:`NPUTensor`, a
+tensor on ``npu:0`` over CPU memory.
 
 An :class:`NPUTensor` is a wrapper subclass (``torch.Tensor._make_wrapper_subclass``) whose
 ``device`` is ``npu:0`` (torch's PrivateUse1 backend, named ``npu`` by
@@ -17,7 +18,11 @@ without storage: a host copy) and ``torch.load`` puts them back with ``.to("npu"
 
 :func:`register_device` registers the Python device guard and hooks torch needs for a
 PrivateUse1 tensor (indexing, device guards; ``torch.utils.backend_registration``): called once
-when the drop-in installs, never when the real torch_npu is loaded.
+when the drop-in installs, never when the real torch_npu is loaded. It also registers ``npu``
+kernels for ``empty.memory_format``, ``empty_strided``, ``_copy_from`` and
+``_copy_from_and_resize``: what torch's C++ side calls for the device of a call's tensors (the
+0-dim tensor of a Python scalar in ``x[0] = 1.0``, ``Tensor.new_tensor``), giving NPU tensors
+over CPU memory and the host / device copy.
 
 Why a wrapper subclass rather than a CPU-backed PrivateUse1 allocator plus a fallback kernel:
 the allocator needs a C++ extension built against the exact torch (a compiler at install time),
