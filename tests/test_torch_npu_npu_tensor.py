@@ -125,7 +125,7 @@ print("tensor model ok")
 
 
 def test_tensor_device_model_through_ascend_emu_run(tmp_path):
-    """``ASCEND_EMU_NPU_DEVICE=tensor``: ``.npu()`` / ``.to("npu")`` / ``device="npu"`` /
+    """The default device model (``ASCEND_EMU_NPU_DEVICE`` unset): ``.npu()`` / ``.to("npu")`` / ``device="npu"`` /
     ``Module.npu()`` give :class:`NPUTensor`\\ s, and an unmodified torch_npu-style script meets a
     real device (``assert_close(x.npu() + 1, (x + 1).npu())``, a forgotten ``.npu()`` raising)."""
     import os
@@ -136,11 +136,33 @@ def test_tensor_device_model_through_ascend_emu_run(tmp_path):
     root = Path(__file__).resolve().parents[1]
     script = tmp_path / "tensor_model.py"
     script.write_text(_TENSOR_MODEL_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(root), "ASCEND_EMU_NPU_DEVICE": "tensor"}
+    env = {k: v for k, v in os.environ.items() if k != "ASCEND_EMU_NPU_DEVICE"}
+    env["PYTHONPATH"] = str(root)
     proc = subprocess.run([sys.executable, "-m", "ascend_emu", "run", str(script)], capture_output=True,
                           text=True, env=env, cwd=root, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tensor model ok" in proc.stdout
+
+
+def test_mark_model_is_still_selectable(tmp_path):
+    """``ASCEND_EMU_NPU_DEVICE=mark``: the earlier model (CPU tensors marked as on the NPU; torch
+    ops give host tensors; no mix rejected)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "mark_model.py"
+    script.write_text("import torch, torch_npu\nx = torch.arange(4.0).npu()\n"
+                      "assert type(x) is torch.Tensor and x.device.type == 'npu'\n"
+                      "assert (x + 1).device.type == 'cpu' and (x + torch.ones(4)).device.type == 'cpu'\n"
+                      "print('mark model ok')\n")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "ASCEND_EMU_NPU_DEVICE": "mark"}
+    proc = subprocess.run([sys.executable, "-m", "ascend_emu", "run", str(script)], capture_output=True,
+                          text=True, env=env, cwd=root, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "mark model ok" in proc.stdout
 
 
 def test_checked_mode_flags_an_all_cpu_call_of_an_npu_op():
