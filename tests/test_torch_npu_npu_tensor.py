@@ -79,6 +79,19 @@ def test_save_load_and_compile_keep_the_device():
     torch.testing.assert_close(out, to_npu(torch.arange(6.0) * 2 + 1))
 
 
+def test_compiled_emulated_op_on_npu_tensors_matches_eager():
+    """``torch.compile`` (fake tensors through ``__tensor_flatten__``, the op's fake kernel) of an
+    emulated op on NPU tensors: outputs on the npu device, equal to the eager call's."""
+    x = to_npu(torch.randn(4, 32).to(torch.bfloat16))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: torch_npu.npu_dynamic_quant(t * 2), backend="aot_eager", fullgraph=True)
+    y, scale = compiled(x)
+    y_eager, scale_eager = torch_npu.npu_dynamic_quant(x * 2)
+    assert isinstance(y, NPUTensor) and y.device == NPU0 and scale.device == NPU0
+    torch.testing.assert_close(y, y_eager, rtol=0, atol=0)
+    torch.testing.assert_close(scale, scale_eager, rtol=0, atol=0)
+
+
 _TENSOR_MODEL_SCRIPT = r"""
 import torch
 import torch_npu
