@@ -24,6 +24,12 @@ bf16 PA_NZ; ``npu_mla_prolog`` / ``_v2`` / ``_v3`` non-quant PA_NZ, N = 1 (He = 
 PA_BSND, 256 kv tokens, sparse_count 64; ``npu_sparse_flash_attention`` bf16 PA_BSND and
 ``npu_kv_quant_sparse_flash_attention`` per-tile int8, N = 16, 64 selected of 256 kv tokens.
 
+Device pass (same process, taking turns with the two above): the drop-in call with every tensor on
+the ``npu`` device (:class:`~ascend_emu.torch_npu._npu_tensor.NPUTensor`\ s over the same memory,
+what ``.npu()`` gives by default) against the same call with the tensors as the ``mark`` device
+model gave them (CPU tensors marked as on the NPU, the old default): ``npu/mark`` is the median of
+each round's ratio, target <= 1.05 (docs/performance.md#per-call-cost).
+
 Usage: ``python benchmarks/bench_overhead.py [--rounds 9] [--seconds 0.03] [--threads 1 2]
 [--order torch-first emu-first]``.
 """
@@ -43,6 +49,8 @@ ORDERS = ("torch-first", "emu-first")
 #: Targets (docs/performance.md#per-call-cost): us outside the compiled work through ops / the drop-in; drop-in / ops per
 #: call; us the drop-in adds (1.1x of ~30 us).
 TARGET_OPS_US, TARGET_DROP_IN_US, TARGET_RATIO, TARGET_ADDED_US = 30.0, 60.0, 1.1, 6.0
+#: Drop-in per call with tensors on the npu device / with CPU tensors marked as on the NPU.
+TARGET_DEVICE_RATIO = 1.05
 #: First call with a warm Numba cache, ms (docs/performance.md#first-calls-and-warm-up).
 TARGET_FIRST_MS = 150.0
 #: emu modules whose Numba dispatchers and matmul helpers count as compiled work.
@@ -205,6 +213,27 @@ def _median(values) -> float:
     return statistics.median(values)
 
 
+def _on_device(drop):
+    """``drop`` (a drop-in call on CPU tensors) twice: with its tensors marked as on the NPU (what
+    ``.npu()`` gave in the ``mark`` model; marked in place, so ``drop`` itself is that call) and
+    with each tensor an NPUTensor over the same memory (and format tags)."""
+    import functools
+
+    import torch
+
+    from ascend_emu.torch_npu._npu_tensor import to_npu
+    from ascend_emu.torch_npu.npu import ON_NPU_ATTR
+
+    def move(v):
+        if isinstance(v, torch.Tensor):
+            v.__dict__[ON_NPU_ATTR] = True
+            return to_npu(v)
+        return v
+
+    args = tuple(move(v) for v in drop.args)
+    return functools.partial(drop.func, *args, **{k: move(v) for k, v in drop.keywords.items()})
+
+
 def measure(rounds: int, seconds_per_round: float) -> dict:
     """This process's table: ``{op: {ops_us, drop_us, ratio, added_us, ops_stub_us, drop_stub_us,
     stub_added_us}}`` (medians over rounds; ratio and added from each round's pair)."""
@@ -218,7 +247,7 @@ def measure(rounds: int, seconds_per_round: float) -> dict:
     table = {}
     for op, call in cases.items():
         drop = call.through_drop_in() if have_torch else None
-        pair = [("ops", call)] + ([("drop", drop)] if drop is not None else [])
+        pair = [("ops", call)] + ([("drop", drop), ("npu", _on_device(drop))] if drop is not None else [])
         for _, fn in pair:  # warm-up: kernels loaded, weights widened, signatures memoised
             fn()
             fn()
@@ -237,7 +266,9 @@ def measure(rounds: int, seconds_per_round: float) -> dict:
             row.update(drop_us=_median(samples["drop"]) * 1e6, drop_stub_us=_median(samples["drop_stub"]) * 1e6,
                        ratio=_median([d / o for d, o in zip(samples["drop"], samples["ops"], strict=True)]),
                        added_us=_median([d - o for d, o in zip(samples["drop"], samples["ops"], strict=True)]) * 1e6,
-                       stub_added_us=_median([d - o for d, o in zip(samples["drop_stub"], samples["ops_stub"], strict=True)]) * 1e6)
+                       stub_added_us=_median([d - o for d, o in zip(samples["drop_stub"], samples["ops_stub"], strict=True)]) * 1e6,
+                       npu_us=_median(samples["npu"]) * 1e6,
+                       npu_ratio=_median([n / d for n, d in zip(samples["npu"], samples["drop"], strict=True)]))
         table[op] = row
     return table
 
@@ -249,19 +280,21 @@ def _print(order: str, info: dict) -> None:
     print("  us per call, medians of alternating rounds; 'outside' = time outside Numba kernels with the matmuls"
           " stubbed; added = drop-in - ops")
     print(f"  {'op (B=1)':56s} {'ops':>9s} {'drop-in':>9s} {'drop/ops':>8s} {'added':>7s} {'ops outside':>11s} "
-          f"{'drop outside':>12s} {'added':>7s}")
+          f"{'drop outside':>12s} {'added':>7s} {'on npu':>8s} {'npu/mark':>8s}")
     for op, r in table.items():
         line = f"  {op:56s} {r['ops_us']:9.1f}"
         if "drop_us" in r:
             line += (f" {r['drop_us']:9.1f} {r['ratio']:8.2f} {r['added_us']:7.1f} {r['ops_stub_us']:11.1f}"
-                     f" {r['drop_stub_us']:12.1f} {r['stub_added_us']:7.1f}")
+                     f" {r['drop_stub_us']:12.1f} {r['stub_added_us']:7.1f} {r['npu_us']:8.1f} {r['npu_ratio']:8.3f}")
         print(line)
     rows = [r for r in table.values() if "drop_us" in r]
     if rows:
         print(f"  worst: drop/ops {max(r['ratio'] for r in rows):.2f} (target <= {TARGET_RATIO}), added outside "
               f"{max(r['stub_added_us'] for r in rows):.1f} us (target <= {TARGET_ADDED_US:.0f}), drop-in outside "
               f"{max(r['drop_stub_us'] for r in rows):.1f} us (target <= {TARGET_DROP_IN_US:.0f}), ops outside "
-              f"{max(r['ops_stub_us'] for r in rows):.1f} us (target <= {TARGET_OPS_US:.0f})")
+              f"{max(r['ops_stub_us'] for r in rows):.1f} us (target <= {TARGET_OPS_US:.0f}); npu device / mark "
+              f"{max(r['npu_ratio'] for r in rows):.3f} worst, {statistics.median(r['npu_ratio'] for r in rows):.3f} "
+              f"median (target <= {TARGET_DEVICE_RATIO})")
 
 
 def first_calls() -> dict:

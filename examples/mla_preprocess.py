@@ -110,13 +110,13 @@ print(f"  token 0 -> slot {slot}: k_rope {kv_cache_out1.dtype} (first 4 of 64):"
 # caches passed in are left as they were).
 dtype = torch.bfloat16
 hidden = 2048
-w_dqkv = torch_npu.npu_format_cast(torch.randint(-8, 8, (2112, hidden), dtype=torch.int8), 29)
-w_uq = torch_npu.npu_format_cast(torch.randint(-8, 8, (head_num * 192, 1536), dtype=torch.int8), 29)
-common = (torch.randn((token_num, hidden), dtype=dtype), torch.rand(hidden, dtype=dtype),
+w_dqkv = torch_npu.npu_format_cast(torch.randint(-8, 8, (2112, hidden), dtype=torch.int8).npu(), 29)
+w_uq = torch_npu.npu_format_cast(torch.randint(-8, 8, (head_num * 192, 1536), dtype=torch.int8).npu(), 29)
+common = tuple(t.npu() for t in (torch.randn((token_num, hidden), dtype=dtype), torch.rand(hidden, dtype=dtype),
           torch.zeros(hidden, dtype=dtype), w_dqkv, torch.rand(2112) / 1000, torch.rand(1536, dtype=dtype),
           torch.zeros(1536, dtype=dtype), w_uq, torch.rand(head_num * 192) / 1000, torch.rand(512, dtype=dtype),
           torch.rand((token_num, 64), dtype=dtype), torch.rand((token_num, 64), dtype=dtype),
-          torch.randn((head_num, 128, 512), dtype=dtype) / 8)
+          torch.randn((head_num, 128, 512), dtype=dtype) / 8))
 caches = {  # (kv_cache, kv_cache_rope) as each mode declares them
     "krope_ctkv": lambda: (torch.zeros((block_num, block_size, 1, 512), dtype=dtype),
                            torch.zeros((block_num, block_size, 1, 64), dtype=dtype)),
@@ -125,13 +125,15 @@ caches = {  # (kv_cache, kv_cache_rope) as each mode declares them
     "nzcache": lambda: (torch.zeros((block_num, 512 // 16, block_size, 16), dtype=dtype),
                         torch.zeros((block_num, 64 // 16, block_size, 16), dtype=dtype)),
 }
-per_tensor = dict(quant_scale0=torch.tensor([0.03], dtype=dtype), quant_offset0=torch.tensor([0], dtype=torch.int8),
-                  quant_scale1=torch.tensor([0.05], dtype=dtype), quant_offset1=torch.tensor([0], dtype=torch.int8))
-int8_scales = dict(ctkv_scale=torch.tensor([0.02], dtype=dtype),
-                   q_nope_scale=torch.full((head_num,), 32.0, dtype=dtype))
+per_tensor = dict(quant_scale0=torch.tensor([0.03], dtype=dtype, device="npu"),
+                  quant_offset0=torch.tensor([0], dtype=torch.int8, device="npu"),
+                  quant_scale1=torch.tensor([0.05], dtype=dtype, device="npu"),
+                  quant_offset1=torch.tensor([0], dtype=torch.int8, device="npu"))
+int8_scales = dict(ctkv_scale=torch.tensor([0.02], dtype=dtype, device="npu"),
+                   q_nope_scale=torch.full((head_num,), 32.0, dtype=dtype, device="npu"))
 for mode, make_caches in caches.items():
     for quant_mode in ("per_tensor_quant_asymm", "per_token_quant_symm"):
-        kv, kr = make_caches()
+        kv, kr = (c.npu() for c in make_caches())
         kwargs = {**(per_tensor if quant_mode == "per_tensor_quant_asymm" else {}),
                   **(int8_scales if mode == "int8_nzcache" else {})}
         q0, kv_out, q1, kr_out = torch_npu.atb.npu_mla_preprocess(*common, kv, kr, slotmapping, cache_mode=mode,

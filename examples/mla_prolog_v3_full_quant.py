@@ -29,7 +29,7 @@ def quant_per_channel(w):
     return torch.round(w / scale).to(torch.int8).npu(), scale.to(torch.float32).npu()
 
 
-x = torch.randn(T, He)
+x = torch.randn(T, He).npu()
 dequant_scale_x = (x.abs().amax(dim=-1, keepdim=True) / 127).npu()  # [T, 1] per token
 token_x = torch.round(x / dequant_scale_x).to(torch.int8).view(B, S, He).npu()
 w_dq, dequant_scale_w_dq = quant_per_channel(torch.randn(He, Hcq) * He ** -0.5)

@@ -66,13 +66,13 @@ print("partial quant, kv_cache per-tile (PA_BSND)")
 print("  query:", tuple(query.shape), query.dtype, " query_norm:", tuple(query_norm.shape), query_norm.dtype)
 slot = int(cache_index[1, 0])  # token (b=1, s=0)
 row = kv_cache.view(-1, Dtile)[slot]
-k_nope, k_rope, scales = read_combined_cache(kv_cache.numpy(), slot=slot)  # dequantized k_nope, bf16 k_rope
+k_nope, k_rope, scales = read_combined_cache(kv_cache.cpu().numpy(), slot=slot)  # dequantized k_nope, bf16 k_rope
 print(f"  token (b=1, s=0) -> slot {slot}: 656 bytes = 512 int8 | 64 bf16 | 4 fp32")
 print("    int8 k_nope[:6]:      ", row[:6].tolist())
 print("    dequantized k_nope[:6]:", [round(float(v), 4) for v in k_nope[0, :6]])
 print("    k_rope[:4] (bf16):    ", [float(v) for v in k_rope[0, :4]])
 print("    tile scales:          ", [float(v) for v in scales[0]])
-print("    raw scale bytes 640..655:", bytes(row[640:].numpy().view("uint8")).hex())
+print("    raw scale bytes 640..655:", bytes(row[640:].cpu().numpy().view("uint8")).hex())
 
 # ---- 2. full quant, kv_cache per-tile, BSND, int8 query
 x_scale = token_x.float().abs().amax(dim=-1, keepdim=True) / 127  # per token
@@ -92,7 +92,7 @@ print("full quant, kv_cache per-tile (BSND)")
 print("  query:", tuple(query.shape), query.dtype, " dequant_scale_q_nope:", tuple(dequant_scale_q_nope.shape))
 print("  query_norm:", tuple(query_norm.shape), query_norm.dtype, " dequant_scale_q_norm:",
       tuple(dequant_scale_q_norm.shape))
-k_nope_full, _, scales_full = read_combined_cache(kv_cache_bsnd.numpy(), slot=1 * S + 0)  # BSND: slot b*S + s
+k_nope_full, _, scales_full = read_combined_cache(kv_cache_bsnd.cpu().numpy(), slot=1 * S + 0)  # BSND: slot b*S + s
 print("  token (b=1, s=0) tile scales:", [float(v) for v in scales_full[0]])
 print("  k_nope[:6] full vs partial quant:", [round(float(v), 3) for v in k_nope_full[0, :6]], "vs",
       [round(float(v), 3) for v in k_nope[0, :6]])

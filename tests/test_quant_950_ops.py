@@ -199,21 +199,21 @@ def tnpu():
 def test_drop_in_takes_torch_dtypes_and_codes(a950, tnpu):
     torch, torch_npu = tnpu
     x = torch.tensor(specials(np.float32)[:64]).to(torch.bfloat16).npu()
-    want = ref.hif8_encode(x.float().numpy())
+    want = ref.hif8_encode(x.float().cpu().numpy())
     for call in (lambda: torch_npu.npu_dtype_cast(x, torch_npu.hifloat8),
                  lambda: torch.ops.npu.npu_dtype_cast(x, 290)):
         y = call()
         assert y.dtype == torch.uint8 and y.device.type == "npu"
-        np.testing.assert_array_equal(y.numpy(), want)
+        np.testing.assert_array_equal(y.cpu().numpy(), want)
     back = torch_npu.npu_dtype_cast(y, torch.float32, input_dtype=290)
-    np.testing.assert_array_equal(back.numpy(), ref.HIF8_TABLE[want].astype(np.float32))
+    np.testing.assert_array_equal(back.cpu().numpy(), ref.HIF8_TABLE[want].astype(np.float32))
     f = torch_npu.npu_dtype_cast(x, dtype=torch.float8_e5m2)
     assert f.dtype == torch.float8_e5m2
     q, s = torch_npu.npu_dynamic_mx_quant(x.reshape(2, 32), dst_type=torch.float8_e4m3fn, scale_alg=1)
-    want_codes, want_scale = ref.mx_quantize(x.reshape(2, 32).float().numpy(), "float8_e4m3fn", -1, 32, 1)
+    want_codes, want_scale = ref.mx_quantize(x.reshape(2, 32).float().cpu().numpy(), "float8_e4m3fn", -1, 32, 1)
     assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.uint8 and tuple(s.shape) == (2, 1, 2)
-    np.testing.assert_array_equal(q.view(torch.uint8).numpy(), want_codes)
-    np.testing.assert_array_equal(s.numpy(), want_scale)
+    np.testing.assert_array_equal(q.view(torch.uint8).cpu().numpy(), want_codes)
+    np.testing.assert_array_equal(s.cpu().numpy(), want_scale)
 
 
 def test_drop_in_rejects_options_and_a2(monkeypatch, tnpu):
@@ -292,7 +292,7 @@ def test_format_cast_950_drop_in(a950, tnpu):
     z = torch_npu.npu_format_cast(w, 29, customize_dtype=torch.float8_e4m3fn)
     assert torch_npu.get_npu_format(z) == 29 and z.dtype == torch.float8_e4m3fn
     np.testing.assert_array_equal(to_numpy(z).storage().view(np.uint8),
-                                  ref_layouts.nd_to_nz_transdata(w.view(torch.uint8).numpy()))
+                                  ref_layouts.nd_to_nz_transdata(w.view(torch.uint8).cpu().numpy()))
     h = torch.ops.npu.npu_format_cast(torch.zeros(16, 32, dtype=torch.uint8), 29, customize_dtype=290, input_dtype=290)
     assert torch_npu.get_npu_format(h) == 29
     with pytest.raises(ModeError, match="customize_dtype"):

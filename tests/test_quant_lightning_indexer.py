@@ -332,8 +332,8 @@ def test_torch_npu_drop_in_matches_numpy_op_and_meta():
     assert got.dtype == torch.int32
     np.testing.assert_array_equal(got.cpu().numpy(), want)
     with pytest.raises(ModeError, match="query_quant_mode"):
-        torch_npu.npu_quant_lightning_indexer(*t, 1, 0, block_table=torch.from_numpy(kw["block_table"]),
-                                              actual_seq_lengths_key=torch.from_numpy(kw["actual_seq_lengths_key"]),
+        torch_npu.npu_quant_lightning_indexer(*t, 1, 0, block_table=torch.from_numpy(kw["block_table"]).npu(),
+                                              actual_seq_lengths_key=torch.from_numpy(kw["actual_seq_lengths_key"]).npu(),
                                               layout_key="PA_BSND")
     meta = [torch.empty(a.shape, dtype=x.dtype, device="meta") for a, x in zip(inputs, t, strict=True)]
     for lq, shape in (("BSND", (2, 3, 1, 7)), ("TND", (2, 1, 7))):

@@ -38,12 +38,12 @@ def test_npu_copies_host_tensors_and_cpu_copies_back():
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     for dev in ((), (0,), ("npu:0",)):
         d = t.npu(*dev)
-        assert d is not t and d.data_ptr() != t.data_ptr() and torch.equal(d, t)
+        assert d is not t and d.data_ptr() != t.data_ptr() and torch.equal(d.cpu(), t) and d.device.type == "npu"
         assert d.npu() is d
     d[0, 0] = 100.0
     assert t[0, 0].item() == 0.0  # the host tensor does not see device writes
     h = d.cpu()
-    assert h.data_ptr() != d.data_ptr() and torch.equal(h, d)
+    assert h.data_ptr() != d.data_ptr() and torch.equal(h, d.cpu()) and h.device.type == "cpu"
     d[0, 1] = 200.0
     assert h[0, 1].item() == 1.0  # nor does a host copy taken before them
     assert t.cpu() is t  # torch's own behaviour for host tensors
@@ -113,13 +113,15 @@ def test_version_names_the_emulator():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.int8])
 def test_format_cast_29_tags_and_keeps_nd_values(dtype):
     w = (torch.randn(40, 70) * 50).to(dtype)  # [M, N], neither a multiple of 16
-    w_nz = torch_npu.npu_format_cast(w, 29)
+    w_nz = torch_npu.npu_format_cast(w.npu(), 29)
     assert torch_npu.get_npu_format(w) == 2
     assert torch_npu.get_npu_format(w_nz) == 29
     assert w_nz.npu() is w_nz  # already on the NPU: still tagged
     assert torch_npu.get_npu_format(w_nz.cpu()) == 2  # the host copy is ND, as torch_npu's .cpu()
     assert w_nz.shape == w.shape and w_nz.dtype == w.dtype
-    assert torch.equal(w_nz, w)  # logical ND values visible, like torch_npu's .cpu()
+    assert torch.equal(w_nz.cpu(), w)  # logical ND values visible, like torch_npu's .cpu()
+    host_nz = torch_npu.npu_format_cast(w, 29)  # an all-CPU call: tagged too, on the host
+    assert torch_npu.get_npu_format(host_nz) == 29 and host_nz.device.type == "cpu"
     assert w_nz.data_ptr() != w.data_ptr()  # a new tensor
     a = to_numpy(w_nz)
     assert isinstance(a, NZArray) and a.ctypes.data == w_nz.data_ptr()
@@ -256,7 +258,8 @@ def test_registered_op_passes_keywords_and_rejects_unsupported_arguments(monkeyp
     monkeypatch.setattr(ops, "npu_mla_prolog_v3", fake_v3)
     tensors = [torch.zeros(2) for _ in range(11)]
     outs = torch_npu.npu_mla_prolog_v3(*tensors, cache_index=torch.tensor([1]), cache_mode="PA_NZ", kc_scale=2)
-    assert [o.item() for o in outs] == [0.0, 1.0, 2.0, 3.0, 4.0] and all(o.npu() is o for o in outs)
+    assert [o.item() for o in outs] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert all(o.device.type == "cpu" for o in outs)  # an all-CPU call's outputs stay on the host
     assert tensors[9][0].item() == 7.0
     assert seen["cache_mode"] == "PA_NZ" and seen["kc_scale"] == 2
     assert isinstance(seen["cache_index"], np.ndarray)
@@ -287,7 +290,7 @@ def test_kv_rmsnorm_rope_cache_updates_callers_caches(rng):
                                               cache_mode="PA_BNSD", is_output_kv=True)
     assert out[0] is k_cache and out[1] is ckv_cache
     k_rope, c_kv = out[2], out[3]
-    assert k_rope.npu() is k_rope and c_kv.npu() is c_kv  # op outputs live on the NPU
+    assert k_rope.device.type == c_kv.device.type == "cpu"  # an all-CPU call's outputs stay on the host
     assert isinstance(k_rope, torch.Tensor) and k_rope.dtype == torch.bfloat16 and k_rope.shape == (B, 1, S, 64)
     assert isinstance(c_kv, torch.Tensor) and c_kv.dtype == torch.bfloat16 and c_kv.shape == (B, 1, S, 512)
     # the torch wrapper writes exactly what the NumPy op writes, into the caller's own tensors

@@ -79,6 +79,19 @@ def test_save_load_and_compile_keep_the_device():
     torch.testing.assert_close(out, to_npu(torch.arange(6.0) * 2 + 1))
 
 
+def test_compiled_emulated_op_on_npu_tensors_matches_eager():
+    """``torch.compile`` (fake tensors through ``__tensor_flatten__``, the op's fake kernel) of an
+    emulated op on NPU tensors: outputs on the npu device, equal to the eager call's."""
+    x = to_npu(torch.randn(4, 32).to(torch.bfloat16))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: torch_npu.npu_dynamic_quant(t * 2), backend="aot_eager", fullgraph=True)
+    y, scale = compiled(x)
+    y_eager, scale_eager = torch_npu.npu_dynamic_quant(x * 2)
+    assert isinstance(y, NPUTensor) and y.device == NPU0 and scale.device == NPU0
+    torch.testing.assert_close(y, y_eager, rtol=0, atol=0)
+    torch.testing.assert_close(scale, scale_eager, rtol=0, atol=0)
+
+
 _TENSOR_MODEL_SCRIPT = r"""
 import torch
 import torch_npu
@@ -125,7 +138,7 @@ print("tensor model ok")
 
 
 def test_tensor_device_model_through_ascend_emu_run(tmp_path):
-    """``ASCEND_EMU_NPU_DEVICE=tensor``: ``.npu()`` / ``.to("npu")`` / ``device="npu"`` /
+    """The default device model (``ASCEND_EMU_NPU_DEVICE`` unset): ``.npu()`` / ``.to("npu")`` / ``device="npu"`` /
     ``Module.npu()`` give :class:`NPUTensor`\\ s, and an unmodified torch_npu-style script meets a
     real device (``assert_close(x.npu() + 1, (x + 1).npu())``, a forgotten ``.npu()`` raising)."""
     import os
@@ -136,11 +149,33 @@ def test_tensor_device_model_through_ascend_emu_run(tmp_path):
     root = Path(__file__).resolve().parents[1]
     script = tmp_path / "tensor_model.py"
     script.write_text(_TENSOR_MODEL_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(root), "ASCEND_EMU_NPU_DEVICE": "tensor"}
+    env = {k: v for k, v in os.environ.items() if k != "ASCEND_EMU_NPU_DEVICE"}
+    env["PYTHONPATH"] = str(root)
     proc = subprocess.run([sys.executable, "-m", "ascend_emu", "run", str(script)], capture_output=True,
                           text=True, env=env, cwd=root, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tensor model ok" in proc.stdout
+
+
+def test_mark_model_is_still_selectable(tmp_path):
+    """``ASCEND_EMU_NPU_DEVICE=mark``: the earlier model (CPU tensors marked as on the NPU; torch
+    ops give host tensors; no mix rejected)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "mark_model.py"
+    script.write_text("import torch, torch_npu\nx = torch.arange(4.0).npu()\n"
+                      "assert type(x) is torch.Tensor and x.device.type == 'npu'\n"
+                      "assert (x + 1).device.type == 'cpu' and (x + torch.ones(4)).device.type == 'cpu'\n"
+                      "print('mark model ok')\n")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "ASCEND_EMU_NPU_DEVICE": "mark"}
+    proc = subprocess.run([sys.executable, "-m", "ascend_emu", "run", str(script)], capture_output=True,
+                          text=True, env=env, cwd=root, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "mark model ok" in proc.stdout
 
 
 def test_checked_mode_flags_an_all_cpu_call_of_an_npu_op():
@@ -160,3 +195,33 @@ def test_checked_mode_flags_an_all_cpu_call_of_an_npu_op():
     with warnings.catch_warnings():
         warnings.simplefilter("error", HostTensorWarning)
         torch_npu.npu_dynamic_quant(x)  # checked mode off: nothing
+
+
+_REAL_TORCH_NPU_SCRIPT = r"""
+import sys, types
+import torch
+fake = types.ModuleType("torch_npu")  # stands for the real package: it brings its own device
+torch.npu = types.SimpleNamespace(is_available=lambda: True)
+sys.modules["torch_npu"] = fake
+from ascend_emu.hw import runtime
+_, mod = runtime()
+assert mod is fake
+assert "ascend_emu.torch_npu" not in sys.modules, "the drop-in was imported"
+assert torch._C._get_privateuse1_backend_name() == "privateuseone", torch._C._get_privateuse1_backend_name()
+print("real torch_npu left alone")
+"""
+
+
+def test_emulated_device_not_installed_with_the_real_torch_npu(tmp_path):
+    """The ``hw`` backend takes the real torch_npu: nothing of the emulated device (no drop-in
+    import, PrivateUse1 not renamed) is installed beside it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", _REAL_TORCH_NPU_SCRIPT], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(root)}, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "real torch_npu left alone" in proc.stdout

@@ -83,7 +83,7 @@ def test_manual_seed_does_not_recurse():
 def test_npu_device_strings():
     for dev in ("npu", "npu:0", torch.device("npu:0")):
         z = torch.zeros(2, 3, device=dev)
-        assert z.is_npu and torch.equal(z, torch.zeros(2, 3))
+        assert z.is_npu and torch.equal(z.cpu(), torch.zeros(2, 3))
     assert torch.randn(4, device="npu").is_npu and torch.arange(3, device="npu").is_npu
     assert torch.ones(2).new_zeros(3, device="npu").is_npu
     host = torch.arange(4.0)
@@ -106,13 +106,16 @@ def test_format_cast_codes_tensor_form_and_in_place():
         x = torch_npu.npu_format_cast(x, code)
         assert torch_npu.get_npu_format(x) == code
     assert torch_npu.get_npu_format(torch_npu.npu_format_cast(torch_npu.npu_format_cast(x, 3), 2)) == 0  # NCHW base
-    dst = torch_npu.npu_format_cast(torch.rand(2, 2, 2, 4, 4), 30)
+    dst = torch_npu.npu_format_cast(torch.rand(2, 2, 2, 4, 4).npu(), 30)
     assert torch_npu.get_npu_format(torch_npu.npu_format_cast(x, dst)) == 30
     y = torch.rand(32, 16)
     assert torch_npu.npu_format_cast_(y, 29) is y and torch_npu.get_npu_format(y) == 29
     assert to_numpy(y).ctypes.data == y.data_ptr()  # in place: the NZ view is y's own memory
-    torch_npu.npu_format_cast_(y, dst)
-    assert torch_npu.get_npu_format(y) == 30
+    torch_npu.npu_format_cast_(y, dst.cpu())  # the host copy is ND (a format of 2)
+    assert torch_npu.get_npu_format(y) == 2
+    y_npu = y.npu()
+    torch_npu.npu_format_cast_(y_npu, dst)
+    assert torch_npu.get_npu_format(y_npu) == 30
     with pytest.raises(ModeError, match="acl_format"):
         torch_npu.npu_format_cast(y, 7)
     with pytest.raises(ModeError, match="customize_dtype"):

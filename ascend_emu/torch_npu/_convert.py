@@ -33,6 +33,7 @@ import torch
 from .. import _deterministic, checked_mode
 from ..errors import DTypeError, FormatError, arg_error
 from ..layouts import NZArray
+from ._npu_tensor import NPUTensor
 from .npu import mark_output
 
 #: Attribute of a torch tensor holding its NZArray after ``npu_format_cast(t, 29)``.
@@ -72,6 +73,8 @@ def to_numpy(t, name: str = "tensor") -> np.ndarray | None:
         return None
     if not isinstance(t, torch.Tensor):
         raise arg_error(DTypeError, name, "a torch.Tensor", type(t).__name__)
+    if type(t) is NPUTensor:  # a tensor on the npu device: its CPU memory
+        t = t._elem
     if NZ_ATTR in t.__dict__:
         nz = nz_of(t)
         if nz is not None:
@@ -190,7 +193,10 @@ def _version(t: torch.Tensor) -> int:
 
 def tag_nz(t: torch.Tensor, nz: NZArray) -> torch.Tensor:
     """Mark ``t`` as FRACTAL_NZ: :func:`to_numpy` will return ``nz`` (which must view ``t``'s
-    memory) until ``t`` is written in place."""
+    memory) until ``t`` is written in place; on the npu device the mark is its CPU tensor's)."""
+    if type(t) is NPUTensor:
+        t._elem.__dict__[NZ_ATTR] = (nz, _version(t._elem), _layout(nz))
+        return t
     t.__dict__[NZ_ATTR] = (nz, _version(t), _layout(nz))
     return t
 
@@ -204,12 +210,12 @@ def _layout(a: np.ndarray) -> tuple:
 
 def tag_nz_view(t: torch.Tensor) -> torch.Tensor:
     """Mark ``t`` as FRACTAL_NZ over its own memory (a new NZArray view, no copy)."""
-    return tag_nz(t, _plain_numpy(t).view(NZArray))
+    return tag_nz(t, _plain_numpy(t._elem if type(t) is NPUTensor else t).view(NZArray))
 
 
 def untag_nz(t: torch.Tensor) -> torch.Tensor:
     """Drop ``t``'s FRACTAL_NZ mark (no-op for an untagged tensor)."""
-    t.__dict__.pop(NZ_ATTR, None)
+    (t._elem if type(t) is NPUTensor else t).__dict__.pop(NZ_ATTR, None)
     return t
 
 
@@ -222,6 +228,8 @@ def nz_of(t) -> NZArray | None:
     """
     if not isinstance(t, torch.Tensor):
         return None
+    if type(t) is NPUTensor:
+        t = t._elem
     rec = t.__dict__.get(NZ_ATTR)
     if rec is None:
         return None

@@ -24,11 +24,13 @@ on ``torch.Tensor`` (about 0.1 us for an unmarked tensor, against 0.05 us for to
 ``torch.Generator(device="npu")`` is a CPU generator reporting ``npu:0`` (:class:`Generator`;
 ``isinstance(g, torch.Generator)`` holds for every torch generator).
 
-With ``ASCEND_EMU_NPU_DEVICE=tensor`` (:data:`~ascend_emu.torch_npu.npu.REAL_DEVICE`) the marked
-tensors are :class:`~ascend_emu.torch_npu._npu_tensor.NPUTensor` objects instead, on a real ``npu``
-device (docs/torch_npu.md#the-npu-device); :func:`patch_torch` then registers its device guard.
+By default (:data:`~ascend_emu.torch_npu.npu.REAL_DEVICE`, ``ASCEND_EMU_NPU_DEVICE`` unset or
+``tensor``) the tensors put on the NPU are :class:`~ascend_emu.torch_npu._npu_tensor.NPUTensor`
+objects, on a real ``npu`` device (docs/torch_npu.md#the-npu-device), and :func:`patch_torch`
+registers its device guard; what this doc says of marks is the ``mark`` model
+(``ASCEND_EMU_NPU_DEVICE=mark``).
 
-What differs from a real device (the default ``mark`` model): a torch function not listed here given ``device="npu"`` fails
+What differs from a real device in the ``mark`` model: a torch function not listed here given ``device="npu"`` fails
 with torch's PrivateUse1 error; ``torch.accelerator.is_available()`` answers False (torch would
 otherwise take the named PrivateUse1 backend for a real accelerator and ask it for streams, e.g.
 in ``torch.compile``).

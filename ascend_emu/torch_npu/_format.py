@@ -47,7 +47,7 @@ from ..errors import ModeError, arg_error, describe
 from ..layouts import FRACTAL_NZ, ND
 from ._convert import NZ_ATTR, _plain_numpy, nz_of, tag_nz, tag_nz_view, to_numpy, to_torch, untag_nz
 from . import _npu_tensor
-from .npu import ON_NPU_ATTR, mark_npu, mark_output
+from .npu import ON_NPU_ATTR, REAL_DEVICE, mark_npu, mark_output
 
 #: Attribute (in a tensor's ``__dict__``) holding a format code kept as a tag only.
 FORMAT_ATTR = "_ascend_emu_format"
@@ -95,7 +95,7 @@ def get_npu_format(t) -> int:
     if nz_of(t) is not None:
         return FRACTAL_NZ
     if isinstance(t, torch.Tensor):
-        return t.__dict__.get(FORMAT_ATTR, ND)
+        return (t._elem if type(t) is _npu_tensor.NPUTensor else t).__dict__.get(FORMAT_ATTR, ND)
     from ..ops import get_npu_format as np_format
     return np_format(t)
 
@@ -203,10 +203,16 @@ def npu_format_cast_src_(self: torch.Tensor, src: torch.Tensor, *, customize_dty
 # ----------------------------------------------------------------------------- tags that follow
 def share_tags(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     """Give ``dst`` (which shows ``src``'s memory) ``src``'s format and NPU tags; ``dst``'s own
-    format tags are dropped first."""
+    format tags are dropped first. Tensors on the npu device keep their tags on their CPU
+    tensor (:class:`~ascend_emu.torch_npu._npu_tensor.NPUTensor`)."""
+    out = dst
+    if type(dst) is _npu_tensor.NPUTensor:
+        dst = dst._elem
     untag_nz(dst).__dict__.pop(FORMAT_ATTR, None)
     if not isinstance(src, torch.Tensor):
-        return dst
+        return out
+    if type(src) is _npu_tensor.NPUTensor:
+        src = src._elem
     nz = nz_of(src)
     if nz is not None:
         if dst.data_ptr() == src.data_ptr() and dst.shape == src.shape and dst.stride() == src.stride():
@@ -216,11 +222,11 @@ def share_tags(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     for key in _TAGS:
         if key in src.__dict__:
             dst.__dict__[key] = src.__dict__[key]
-    return dst
+    return out
 
 
 def _has_tags(t) -> bool:
-    d = t.__dict__
+    d = (t._elem if type(t) is _npu_tensor.NPUTensor else t).__dict__
     return bool(d) and any(k in d for k in (*_TAGS, NZ_ATTR))
 
 
@@ -241,6 +247,14 @@ def _get_data(self):
 
 
 def _set_data(self, value):
+    if type(self) is _npu_tensor.NPUTensor:  # the real device: the wrapper's values follow (its CPU tensor)
+        if type(value) is not _npu_tensor.NPUTensor:
+            raise RuntimeError("Attempted to call `variable.set_data(tensor)`, but `variable` and `tensor` have "
+                               f"incompatible tensor type: `variable` is on {self.device}, `tensor` a "
+                               f"{type(value).__name__} on {getattr(value, 'device', None)} (move it with .npu())")
+        _TORCH_DATA.__set__(self, value)
+        self._elem = value._elem
+        return
     _TORCH_DATA.__set__(self, value)
     if _has_tags(self) or (isinstance(value, torch.Tensor) and _has_tags(value)):
         share_tags(value, self)  # the NPU mark of ``self`` stays: the parameter lives where it lived
@@ -334,18 +348,22 @@ def _device_is_npu(value) -> bool:
 
 def _mark_loaded(obj):
     """Put every tensor of a loaded container (dict / list / tuple / set values, modules'
-    parameters and buffers) on the emulated NPU, in place, as ``torch.load(map_location="npu")``
-    restores every storage there."""
+    parameters and buffers) on the emulated NPU, as ``torch.load(map_location="npu")`` restores
+    every storage there: dicts and lists in place, tuples and sets rebuilt, a tensor as
+    :func:`~ascend_emu.torch_npu.npu.mark_npu` gives it (a Parameter stays one)."""
     if isinstance(obj, torch.Tensor):
-        mark_npu(obj)
-    elif isinstance(obj, torch.nn.Module):
-        obj.npu()
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            _mark_loaded(value)
-    elif isinstance(obj, (list, tuple, set)):
-        for value in obj:
-            _mark_loaded(value)
+        if type(obj) is torch.nn.Parameter and REAL_DEVICE:
+            return torch.nn.Parameter(mark_npu(obj.detach()), obj.requires_grad)
+        return mark_npu(obj)
+    if isinstance(obj, torch.nn.Module):
+        return obj.npu()
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            obj[key] = _mark_loaded(value)
+    elif isinstance(obj, list):
+        obj[:] = [_mark_loaded(value) for value in obj]
+    elif type(obj) in (tuple, set):
+        return type(obj)(_mark_loaded(value) for value in obj)
     return obj
 
 

@@ -1,4 +1,5 @@
-"""A real ``npu`` device for the emulated NPU: :class:`NPUTensor`, a tensor on ``npu:0`` over CPU memory.
+"""A real ``npu`` device for the emulated NPU (the default device model): :class:`NPUTensor`, a
+tensor on ``npu:0`` over CPU memory.
 
 An :class:`NPUTensor` is a wrapper subclass (``torch.Tensor._make_wrapper_subclass``) whose
 ``device`` is ``npu:0`` (torch's PrivateUse1 backend, named ``npu`` by
@@ -17,7 +18,11 @@ without storage: a host copy) and ``torch.load`` puts them back with ``.to("npu"
 
 :func:`register_device` registers the Python device guard and hooks torch needs for a
 PrivateUse1 tensor (indexing, device guards; ``torch.utils.backend_registration``): called once
-when the drop-in installs, never when the real torch_npu is loaded.
+when the drop-in installs, never when the real torch_npu is loaded. It also registers ``npu``
+kernels for ``empty.memory_format``, ``empty_strided``, ``_copy_from`` and
+``_copy_from_and_resize``: what torch's C++ side calls for the device of a call's tensors (the
+0-dim tensor of a Python scalar in ``x[0] = 1.0``, ``Tensor.new_tensor``), giving NPU tensors
+over CPU memory and the host / device copy.
 
 Why a wrapper subclass rather than a CPU-backed PrivateUse1 allocator plus a fallback kernel:
 the allocator needs a C++ extension built against the exact torch (a compiler at install time),
@@ -27,6 +32,9 @@ measured cost).
 """
 
 from __future__ import annotations
+
+import collections
+import copy
 
 import torch
 
@@ -40,6 +48,8 @@ _TO_COPY = torch.ops.aten._to_copy.default
 _COPY = frozenset({torch.ops.aten.copy_.default, torch.ops.aten._copy_from.default,
                    torch.ops.aten._copy_from_and_resize.default})
 _Tensor = torch.Tensor
+_strided = torch.strided
+_MAKE_WRAPPER = torch.Tensor._make_wrapper_subclass
 _registered = False
 
 
@@ -67,9 +77,12 @@ class NPUTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor):
-        out = torch.Tensor._make_wrapper_subclass(
-            cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
-            layout=elem.layout, device=NPU_DEVICE, requires_grad=elem.requires_grad)
+        if elem.layout is _strided and not elem.requires_grad and not elem.storage_offset():  # fewer keywords: faster
+            out = _MAKE_WRAPPER(cls, elem.shape, strides=elem.stride(), dtype=elem.dtype, device=NPU_DEVICE)
+        else:
+            out = _MAKE_WRAPPER(cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(),
+                                dtype=elem.dtype, layout=elem.layout, device=NPU_DEVICE,
+                                requires_grad=elem.requires_grad)
         out._elem = elem
         return out
 
@@ -79,12 +92,51 @@ class NPUTensor(torch.Tensor):
 
     def __reduce_ex__(self, proto):
         # torch's own form for a PrivateUse1 tensor without storage: the values as a host tensor
-        # and ``.to("npu:0")`` on load (loadable with weights_only=True, and by the real torch_npu)
+        # and ``.to("npu:0")`` on load (loadable with weights_only=True, and by the real torch_npu);
+        # a Parameter (``Parameter(npu_tensor)`` is this class flagged ``_is_param``) in torch's
+        # Parameter form around that
+        if getattr(self, "_is_param", False):
+            return (torch._utils._rebuild_parameter,
+                    (NPUTensor(self._elem), self.requires_grad, collections.OrderedDict()))
         host = torch.Tensor.cpu(self)
         if self._elem.__dict__ and _TAG_SHARING:  # the format travels as the host copy's tags (torch_npu's metadata)
             _TAG_SHARING[0](self._elem, host)
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
                 (host, self.dtype, str(self.device), self.requires_grad))
+
+    def __deepcopy__(self, memo):
+        # torch's Tensor.__deepcopy__ would copy a storage this wrapper does not have: copy the
+        # values (and their format tags) instead, keeping requires_grad and the Parameter flag
+        if id(self) in memo:
+            return memo[id(self)]
+        out = NPUTensor(copy.deepcopy(self._elem, memo))
+        if getattr(self, "_is_param", False):
+            out = torch.nn.Parameter(out, self.requires_grad)
+        elif self.requires_grad:
+            out.requires_grad_(True)
+        memo[id(self)] = out
+        return out
+
+    def tolist(self):
+        """The values as nested Python lists (torch_npu copies them to the host first)."""
+        return self._elem.tolist()
+
+    def numpy(self, *, force: bool = False):
+        """Refused as torch refuses it for a device tensor (``.cpu().numpy()`` is the way)."""
+        raise TypeError(f"can't convert {NPU_DEVICE} device type tensor to numpy. Use Tensor.cpu() to copy the "
+                        "tensor to host memory first.")
+
+    def untyped_storage(self):
+        """The storage of the values (the CPU tensor's; its ``device`` says ``cpu``): what tools
+        that read a tensor's storage (msprobe's dump, ``data_ptr`` checks) need; torch's own
+        (storage-less) answer inside a ``torch.compile`` session, whose fake tensors need it."""
+        if getattr(torch.compiler, "_is_compiling_flag", False):
+            return _Tensor.untyped_storage(self)
+        return self._elem.untyped_storage()
+
+    def data_ptr(self) -> int:
+        """The address of the values (the CPU tensor's memory), as a device pointer would be."""
+        return self._elem.data_ptr()
 
     def __tensor_flatten__(self):
         return ["_elem"], None
@@ -105,7 +157,29 @@ class NPUTensor(torch.Tensor):
         if func not in _COPY:
             _check_devices(func, args, kwargs)
         out = func(*[_unwrap_any(a) for a in args], **{k: _unwrap_any(v) for k, v in kwargs.items()})
+        mutable = _MUTABLE.get(func)
+        if mutable is None:
+            mutable = _MUTABLE[func] = func._schema.is_mutable
+        if mutable:
+            _bump_versions(args, kwargs)
         return _wrap_any(out)
+
+
+#: op -> whether its schema writes an argument (cached).
+_MUTABLE: dict = {}
+
+
+def _bump_versions(args, kwargs) -> None:
+    """After an op that writes its arguments: bump the version counters of the NPU tensors'
+    CPU tensors too (torch bumps the wrappers' only), so what is cached on the memory (the
+    FRACTAL_NZ view and its widening, :func:`~ascend_emu.torch_npu._convert.nz_of`) sees the write."""
+    for value in (*args, *kwargs.values()):
+        for item in (value if isinstance(value, (list, tuple)) else (value,)):
+            if type(item) is NPUTensor:
+                try:
+                    torch.autograd.graph.increment_version(item._elem)
+                except RuntimeError:  # inference tensors have no version counter
+                    pass
 
 
 def _unwrap(t):
@@ -133,8 +207,19 @@ def _host_tensor(value) -> bool:
         and value.device.type == "cpu"
 
 
+#: Indexing ops whose index tensors may be on the CPU, as torch lets them for a device tensor.
+_HOST_INDICES = frozenset(getattr(torch.ops.aten, op).default if "." not in op else
+                          getattr(getattr(torch.ops.aten, op.split(".")[0]), op.split(".")[1])
+                          for op in ("index.Tensor", "index_put", "index_put_", "_index_put_impl_",
+                                     "_unsafe_index.Tensor", "_unsafe_index_put"))
+
+
 def _check_devices(func, args, kwargs) -> None:
-    """Reject a CPU tensor of one or more dimensions among NPU tensors (module doc)."""
+    """Reject a CPU tensor of one or more dimensions among NPU tensors (module doc); the indices
+    of an indexing op may be on the CPU."""
+    if func in _HOST_INDICES:
+        args = (args[0], *args[2:])
+        kwargs = {k: v for k, v in kwargs.items() if k != "indices"}
     flat = [*args, *kwargs.values()]
     for value in flat:
         if isinstance(value, (list, tuple)):
@@ -178,11 +263,17 @@ def wrap_outputs(out, on_npu: dict):
     """An emulated op's outputs from a call on NPU tensors, on the NPU: an output that is an
     argument's CPU tensor is that argument (in-place ops return their argument), any other a
     new NPUTensor over its memory."""
+    if type(out) is _Tensor:  # the common case: one new output
+        for t in on_npu.values():
+            if t._elem is out:
+                return t
+        return NPUTensor(out)
     by_elem = {id(t._elem): t for t in on_npu.values()}
 
     def wrap(value):
         if isinstance(value, _Tensor) and type(value) is not NPUTensor:
-            return by_elem.get(id(value)) or NPUTensor(value)
+            same = by_elem.get(id(value))
+            return NPUTensor(value) if same is None else same
         if isinstance(value, (list, tuple)):
             return type(value)(wrap(v) for v in value)
         return value
@@ -205,4 +296,33 @@ def register_device() -> None:
     NPU_DEVICE = torch.device("npu", 0)
     torch._C._acc.register_python_privateuseone_hook(backend_registration._DummyPrivateUse1Hook())
     torch._C._acc.register_python_privateuseone_device_guard(backend_registration._DummyDeviceGuard())
+    # what torch's C++ side allocates on the device of a call's tensors (the 0-dim tensor of a
+    # Python scalar in ``x[0] = 1.0``, ``torch.where(c, x, 0.0)``): NPU tensors over CPU memory
+    _ALLOCATORS.impl("empty.memory_format", _empty, "PrivateUse1")
+    _ALLOCATORS.impl("empty_strided", _empty_strided, "PrivateUse1")
+    _ALLOCATORS.impl("_copy_from", _copy_from, "PrivateUse1")
+    _ALLOCATORS.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     _registered = True
+
+
+#: ``aten`` kernels registered for the npu (PrivateUse1) device by :func:`register_device`.
+_ALLOCATORS = torch.library.Library("aten", "IMPL")
+
+
+def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return NPUTensor(torch.empty(size, dtype=dtype, layout=layout, device="cpu", memory_format=memory_format))
+
+
+def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return NPUTensor(torch.empty_strided(size, stride, dtype=dtype, layout=layout, device="cpu"))
+
+
+def _copy_from(self, dst, non_blocking=False):
+    """The host <-> device copy torch's ``copy_`` asks the device for (into ``dst``)."""
+    _unwrap(dst).copy_(_unwrap(self))
+    return dst
+
+
+def _copy_from_and_resize(self, dst):
+    _unwrap(dst).resize_(self.shape).copy_(_unwrap(self))
+    return dst

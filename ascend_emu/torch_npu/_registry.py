@@ -357,12 +357,17 @@ class _Binding:
             slot = slots[name]
             if not (type(value) is _Tensor and slot[1] == "Tensor" and value.is_cpu  # the common case inline
                     and value.layout is _strided and not (grad and value.requires_grad)):
-                value = _admit(value, slot, grad)
-                if value is _REFUSED:
-                    return None
-                if type(value) is _OnNPU:
-                    params.setdefault(ON_NPU_KEY, {})[name] = value.wrapper
-                    value = value.elem
+                if type(value) is NPUTensor and slot[1] == "Tensor" and not (grad and value.requires_grad) \
+                        and type(value._elem) is _Tensor and value._elem.layout is _strided:  # the npu device
+                    params.setdefault(ON_NPU_KEY, {})[name] = value
+                    value = value._elem
+                else:
+                    value = _admit(value, slot, grad)
+                    if value is _REFUSED:
+                        return None
+                    if type(value) is _OnNPU:
+                        params.setdefault(ON_NPU_KEY, {})[name] = value.wrapper
+                        value = value.elem
             params[name] = value
         for name, value in kwargs.items():
             slot = slots.get(name)

@@ -87,7 +87,7 @@ class SFALayer:
         # indexer (vllm_ascend's Indexer module): wq_b, wk_weights_proj = [wk | weights_proj], k_norm
         self.wq_b = nz_weight([Q_LORA_RANK, INDEX_N_HEADS * INDEX_HEAD_DIM])
         self.wk_weights_proj = nz_weight([HIDDEN, INDEX_HEAD_DIM + INDEX_N_HEADS])
-        self.k_norm = (torch.ones(INDEX_HEAD_DIM), torch.zeros(INDEX_HEAD_DIM))  # LayerNorm weight, bias
+        self.k_norm = (torch.ones(INDEX_HEAD_DIM).npu(), torch.zeros(INDEX_HEAD_DIM).npu())  # LayerNorm weight, bias
         self.record = SimpleNamespace()  # the intermediate tensors, for the assertions
         self.process_weights_after_loading()
 

@@ -6,7 +6,9 @@ Importing :mod:`ascend_emu.torch_npu` installs this module as ``torch.npu`` and 
 tensor, every call is synchronous, and there is exactly one device, index 0.
 
 Host and device memory stay separate, as on hardware: ``t.npu()`` of a host tensor is a copy
-marked as living on the NPU, and ``.cpu()`` of such a tensor is a copy back. So an op that updates
+on the NPU (an :class:`~ascend_emu.torch_npu._npu_tensor.NPUTensor` on the ``npu`` device,
+docs/torch_npu.md#the-npu-device; with ``ASCEND_EMU_NPU_DEVICE=mark``, a CPU tensor marked as
+living on the NPU), and ``.cpu()`` of such a tensor is a copy back. So an op that updates
 a cache in place (``k_cache_npu = k_cache.npu()``) leaves the host ``k_cache`` as it was, and a
 script comparing ``k_cache_npu.cpu()`` with a golden computed from ``k_cache`` compares two
 different tensors, as it does on an Atlas machine. Tensors the ops and ``npu_format_cast`` return
@@ -14,12 +16,11 @@ are on the NPU too; ``.npu()`` of an NPU tensor returns it unchanged.
 
 Device strings: ``device="npu"`` / ``"npu:0"`` in factory functions, ``.to("npu")`` and
 ``Module.to("npu")`` work (:mod:`ascend_emu.torch_npu._device`): the tensor is created on the
-CPU and marked as on the NPU, and ``tensor.device`` reports ``npu:0`` for it (``tensor.is_npu``
+CPU and put on the NPU, and ``tensor.device`` reports ``npu:0`` for it (``tensor.is_npu``
 is True).
 
-Not emulated: the NPU mark does not follow views and results of torch ops (they report
-``cpu``), so ``.cpu()`` of those is torch's own (the tensor itself), not a copy; memory
-statistics, multi-device placement.
+Not emulated: memory statistics, multi-device placement; in the ``mark`` model, the NPU mark
+does not follow views and results of torch ops (they report ``cpu``).
 
 The SoC name (:func:`get_device_name`) is ``Ascend910B2`` (Atlas A2) unless the environment
 variable ``ASCEND_EMU_SOC_NAME`` names another (``Ascend910_9391`` for Atlas A3,
@@ -245,13 +246,14 @@ class Event:
         return (end_event._t - self._t) * 1e3
 
 
-#: Environment variable selecting the device model: ``tensor`` puts NPU tensors on a real ``npu``
-#: device (:class:`~ascend_emu.torch_npu._npu_tensor.NPUTensor`); unset or ``mark``, they are CPU
-#: tensors marked as on the NPU (this module's doc). Read once, when the drop-in is imported.
+#: Environment variable selecting the device model: unset or ``tensor`` (the default), NPU tensors
+#: are on a real ``npu`` device (:class:`~ascend_emu.torch_npu._npu_tensor.NPUTensor`); ``mark``,
+#: they are CPU tensors marked as on the NPU (this module's doc). Read once, when the drop-in is
+#: imported.
 DEVICE_MODEL_ENV = "ASCEND_EMU_NPU_DEVICE"
 #: True when NPU tensors are :class:`~ascend_emu.torch_npu._npu_tensor.NPUTensor` (``tensor`` model).
-REAL_DEVICE = os.environ.get(DEVICE_MODEL_ENV, "mark") == "tensor"
-if os.environ.get(DEVICE_MODEL_ENV, "mark") not in ("mark", "tensor"):
+REAL_DEVICE = os.environ.get(DEVICE_MODEL_ENV, "tensor") == "tensor"
+if os.environ.get(DEVICE_MODEL_ENV, "tensor") not in ("mark", "tensor"):
     raise ValueError(f"{DEVICE_MODEL_ENV}: expected 'mark' or 'tensor', got {os.environ[DEVICE_MODEL_ENV]!r}")
 
 

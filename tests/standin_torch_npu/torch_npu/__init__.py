@@ -53,7 +53,8 @@ def _as_device_nz(w):
     storage = np.zeros(int(np.prod(nz_shape(shape, a.dtype))), a.dtype)
     storage[: a.size] = a.reshape(-1)
     logical = nz_to_nd(storage.reshape(nz_shape(shape, a.dtype)), shape)
-    return _emu.npu_format_cast(to_torch(np.ascontiguousarray(logical)), FRACTAL_NZ)
+    out = to_torch(np.ascontiguousarray(logical))
+    return _emu.npu_format_cast(out.npu() if w.device.type == "npu" else out, FRACTAL_NZ)
 
 
 def _fault_inputs(name, args, kwargs):
