@@ -279,7 +279,7 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
     given = dict(pse_shift=pse_shift, dequant_offset_key=dequant_offset_key,
                  dequant_offset_value=dequant_offset_value, dequant_scale_key_rope=dequant_scale_key_rope,
                  quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out, quant_scale_p=quant_scale_p,
-                 learnable_sink=learnable_sink, query_dtype=query_dtype, key_dtype=key_dtype, value_dtype=value_dtype,
+                 query_dtype=query_dtype, key_dtype=key_dtype, value_dtype=value_dtype,
                  query_rope_dtype=query_rope_dtype, key_rope_dtype=key_rope_dtype,
                  key_shared_prefix_dtype=key_shared_prefix_dtype, value_shared_prefix_dtype=value_shared_prefix_dtype,
                  dequant_scale_query_dtype=dequant_scale_query_dtype, dequant_scale_key_dtype=dequant_scale_key_dtype,
@@ -290,7 +290,7 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
     read = dict(query=query, key=key, value=value, query_rope=query_rope, key_rope=key_rope, atten_mask=atten_mask,
                 actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, block_table=block_table,
                 dequant_scale_query=dequant_scale_query, dequant_scale_key=dequant_scale_key,
-                dequant_scale_value=dequant_scale_value)
+                dequant_scale_value=dequant_scale_value, learnable_sink=learnable_sink)
     args = normalise(FusedInferAttentionCall(
         op="npu_fused_infer_attention_score_v2", query=query, key=key, value=value, query_rope=query_rope,
         key_rope=key_rope, atten_mask=atten_mask, act_q=actual_seq_qlen, act_q_name="actual_seq_qlen",
@@ -298,7 +298,7 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
         heads_name="num_query_heads", num_key_value_heads=num_key_value_heads, scale=softmax_scale,
         scale_name="softmax_scale", pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
         sparse_mode=sparse_mode, block_size=block_size, lse_flag=return_softmax_lse, lse_name="return_softmax_lse",
-        quant=(query_quant_mode, dequant_scale_query, dequant_scale_key, dequant_scale_value)))
+        quant=(query_quant_mode, dequant_scale_query, dequant_scale_key, dequant_scale_value), sink=learnable_sink))
     return _run(args, attention_out, softmax_lse, read)
 
 
