@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ascend_emu import ops
-from ascend_emu.errors import AscendEmuError, IndexRangeError, ModeError, ShapeError
+from ascend_emu.errors import AscendEmuError, IndexRangeError, InputContractWarning, ModeError, ShapeError
 from tests.reference.fused_infer_attention import reference_mha
 
 BF16 = ml_dtypes.bfloat16
@@ -367,8 +367,9 @@ def test_drop_in_as_op_plugin_calls_it(rng):
     assert o.shape == (32, 2, 128) and bool((o == 1).all())
     qp = torch.ones(2, 1, 256, 128, dtype=torch.float16)
     kc = torch.ones(4, 1, 128, 128, dtype=torch.float16)
-    o = torch_npu.npu_fused_infer_attention_score(qp, kc, kc, num_heads=1, input_layout="BNSD",
-                                                  block_table=torch.ones(2, 4, dtype=torch.int32), block_size=128,
-                                                  actual_seq_lengths=[256], actual_seq_lengths_kv=[256],
-                                                  scale=128.0)[0]
+    with pytest.warns(InputContractWarning, match="block_table"):  # both requests read block 1, as upstream's
+        o = torch_npu.npu_fused_infer_attention_score(qp, kc, kc, num_heads=1, input_layout="BNSD",
+                                                      block_table=torch.ones(2, 4, dtype=torch.int32),
+                                                      block_size=128, actual_seq_lengths=[256],
+                                                      actual_seq_lengths_kv=[256], scale=128.0)[0]
     assert o.shape == (2, 1, 256, 128) and bool((o == 1).all())

@@ -1,5 +1,8 @@
 """``torch_npu.npu_fused_infer_attention_score`` (FIA) and ``npu_fused_infer_attention_score_v2`` on
-NumPy arrays, the MLA subset: one contract for both names and their ``.out`` forms.
+NumPy arrays, the MLA subset and the MHA / GQA form (no rope): one contract for both names and
+their ``.out`` forms. The MHA / GQA form's layouts, caches, masks, lengths and ``learnable_sink``
+are validated in :mod:`ascend_emu.ops._fused_infer_attention_mha` (its module docstring gives its
+row rules and sources); it computes the numerics below (steps 1-4, with its row rule in step 1).
 
 Sources: torch_npu 2.14's schemas (``npu_native_functions_by_codegen.yaml`` lines 349-370: v1,
 v1 ``.out``, ``_npu_fused_infer_attention_score_get_max_workspace``, v2, v2 ``.out``, the v2
@@ -76,12 +79,10 @@ Choices where the sources leave room (each in one named constant, defined with t
   (the two agree when the row fits one block; otherwise they differ in the last bits).
 - ``exp`` is evaluated in float64 and rounded once to fp32, as the sparse attention ops
   (:data:`ascend_emu.ops.sparse_flash_attention.EXP_EVALUATION`).
-- Without query_rope / key_rope only vllm-ascend's prefill form with ``head_padding > 0`` (N not
-  a power of 2): TND without block_table, query / key D = 192 (:data:`HEAD_DIM_NO_ROPE`, nope and
-  rope concatenated by the caller), value / output D = 128, N up to 128 (``mla_v1.py``
-  ``_forward_prefill`` / ``_compute_prefill_context``; the v2 doc's MHA constraint "Q_D, K_D 192
-  with V_D 128"); other calls without rope name ``query_rope``.
-- MLA otherwise: query_rope / key_rope (64-d) required; D = 512 with ``num_key_value_heads = 1``
+- Without query_rope and key_rope: the MHA / GQA form (:mod:`ascend_emu.ops._fused_infer_attention_mha`),
+  vllm-ascend's TND prefill with ``head_padding > 0`` (query / key D = 192 = nope | rope
+  concatenated by the caller, value D = 128) among its calls.
+- MLA (one of query_rope / key_rope given: both required, 64-d): D = 512 with ``num_key_value_heads = 1``
   (absorbed decode, value = the ckv cache) or D = 128 with KV_N dividing N; value's D equals
   the query's. N in :data:`QUERY_HEADS`.
 - Paged caches (``block_table`` given): ``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]`` and
@@ -107,8 +108,8 @@ Choices where the sources leave room (each in one named constant, defined with t
   pass 65535 / 65535.
 - Rejected, naming the argument (not emulated): ``pse_shift``, every quant / antiquant / dequant
   tensor and mode outside v2's C8 decode, ``query_padding_size`` / ``kv_padding_size`` (left
-  padding), the shared prefix, ``key_rope_antiquant_scale``, ``learnable_sink``, ``inner_precise``
-  other than 0 and the v2 dtype tags.
+  padding), the shared prefix, ``key_rope_antiquant_scale``, ``learnable_sink`` outside the MHA
+  form's TND / NTD_TND, ``inner_precise`` other than 0 and the v2 dtype tags.
 - The ``.out`` forms write ``attention_out`` (and ``softmax_lse`` with the lse flag) after every
   check passed; ``workspace`` is not read. The workspace query returns uint8 ``[0]``: the
   emulation needs none (the real size comes from the device tiling).
@@ -162,10 +163,13 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
                                     block_size: int = 0, antiquant_mode: int = 0, key_antiquant_mode: int = 0,
                                     value_antiquant_mode: int = 0, softmax_lse_flag: bool = False,
                                     workspace=None, attention_out=None, softmax_lse=None):
-    """Fused infer attention (MLA subset) over a paged cache; the schema of torch_npu 2.14 (the
-    ``.out`` form: ``workspace``, ``attention_out``, ``softmax_lse``).
+    """Fused infer attention: the MLA subset over a paged cache, and the MHA / GQA form (no rope,
+    :mod:`ascend_emu.ops._fused_infer_attention_mha`: BSH / BSND / BNSD / TND / NTD queries and the
+    layout transforms, dense or paged key / value, sparse_mode 0-3 with explicit masks); the
+    schema of torch_npu 2.14 (the ``.out`` form: ``workspace``, ``attention_out``, ``softmax_lse``).
 
-    Args:
+    Args (the MLA subset; the MHA / GQA form's shapes: the op-plugin layout table, in the MHA
+    module's docstring):
         query: bf16 / fp16 ``[B, S1, N, D]`` (BSND), ``[B, N, S1, D]`` (BNSD) or ``[T, N, D]``
             (TND); D = 512 (absorbed, KV_N = 1) or 128; N in 1, 2, 4, ..., 128.
         key, value: paged caches of query's dtype, ``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]`` or
@@ -268,8 +272,10 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
     docstring's C8 chain. The v2 doc lists TND without full quant while vllm-ascend calls TND_NTD
     with it (spec decode) and the kernel indexes the scale for TND; TND is taken.
 
-    The other v2-only arguments (offsets, quant_scale_out / p, ``learnable_sink``, the dtype tags,
-    ``out_dtype``) take only their defaults (:data:`V2_REJECTED`).
+    ``learnable_sink``: the MHA / GQA form's bf16 ``[N]`` sink (TND / NTD_TND, value D <= 128;
+    numerics in :mod:`ascend_emu.ops._fused_infer_attention_mha`). The other v2-only arguments
+    (offsets, quant_scale_out / p, the dtype tags, ``out_dtype``) take only their defaults
+    (:data:`V2_REJECTED`).
 
     Raises:
         As :func:`npu_fused_infer_attention_score`; C8: ModeError naming ``query_quant_mode`` (an
