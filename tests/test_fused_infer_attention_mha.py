@@ -373,3 +373,36 @@ def test_drop_in_as_op_plugin_calls_it(rng):
                                                       block_size=128, actual_seq_lengths=[256],
                                                       actual_seq_lengths_kv=[256], scale=128.0)[0]
     assert o.shape == (2, 1, 256, 128) and bool((o == 1).all())
+
+
+def test_infer_output_forms_give_the_out_arrays_of_the_out_call(rng):
+    """``_npu_fused_infer_attention_score(_v2)_infer_output(query, value, ...)``: zero-filled arrays
+    of the shapes and dtypes the .out call then fills (op-plugin's workspace-test flow)."""
+    torch = pytest.importorskip("torch")
+    import ascend_emu.torch_npu as torch_npu
+
+    q = torch.randn(1, 4, 1, 32, dtype=torch.float16)
+    k = torch.randn(1, 4, 40, 32, dtype=torch.float16)
+    for v2 in (False, True):
+        names = dict(num_query_heads=4, return_softmax_lse=True) if v2 else dict(num_heads=4, softmax_lse_flag=True)
+        infer = torch_npu._npu_fused_infer_attention_score_v2_infer_output if v2 else \
+            torch_npu._npu_fused_infer_attention_score_infer_output
+        out, lse = infer(q, k, input_layout="BNSD", **names)
+        assert (out.shape, out.dtype, lse.shape, lse.dtype) == ((1, 4, 1, 32), torch.float16, (1, 4, 1, 1),
+                                                                torch.float32)
+        op = torch_npu.npu_fused_infer_attention_score_v2 if v2 else torch_npu.npu_fused_infer_attention_score
+        scale = dict(softmax_scale=0.125) if v2 else dict(scale=0.125)
+        got = op.out(q, k, k, input_layout="BNSD", **names, **scale, out=[out, lse])
+        want = op(q, k, k, input_layout="BNSD", **names, **scale)
+        assert got[0] is out and torch.equal(out, want[0]) and torch.equal(lse, want[1])
+    bsh, _ = ops._npu_fused_infer_attention_score_infer_output(np.zeros((2, 3, 64), np.float16),
+                                                               np.zeros((2, 9, 2 * 16), np.float16),
+                                                               input_layout="BSH_NBSD", num_heads=4,
+                                                               num_key_value_heads=2)
+    assert bsh.shape == (4, 2, 3, 16) and _.shape == (0,)
+    with pytest.raises(ModeError, match="input_layout"):
+        ops._npu_fused_infer_attention_score_infer_output(np.zeros((2, 3, 64), np.float16),
+                                                          np.zeros((2, 9, 32), np.float16), input_layout="BNSD")
+    with pytest.raises(ModeError, match="out_dtype"):
+        ops._npu_fused_infer_attention_score_v2_infer_output(np.zeros((2, 3, 64), np.float16),
+                                                             np.zeros((2, 9, 32), np.float16), out_dtype=1)

@@ -434,3 +434,58 @@ def normalise_mha(call, sink=None):
         act_kv=act_kv.astype(np.int64), q_start=q_start.astype(np.int64), kv_blocks=kv_blocks, kv_rows=kv_rows,
         out_shape=tuple(int(x) for x in out_shape), lse_shape=tuple(int(x) for x in lse_shape), value_dim=int(dv),
         row_rule=rule, mask=m3, sink=sink_f, pre_tokens=pre, next_tokens=nxt)
+
+
+# ---------------------------------------------------------------------- output shapes (infer_output, fakes)
+#: input_layout -> (query layout, attention_out layout, query dims) of the meta function's map
+#: (``get_query_and_attention_out_layout``; the MLA layouts included).
+OUTPUT_LAYOUTS = {name: (q, o, 3 if q in ("BSH", "TND", "NTD", "NSD") else 4)
+                  for name, (q, o) in MHA_LAYOUTS.items()}
+
+
+def output_shapes(query_shape, value_shape, paged: bool, input_layout: str, num_heads: int,
+                  num_key_value_heads: int, lse_flag: bool, *, name: str = "input_layout"):
+    """``(attention_out shape, softmax_lse shape)`` as the meta functions infer them
+    (``npu_fused_infer_attention_score_forward`` / ``_v2_forward``: ``get_value_d``,
+    ``infer_attention_out_shape``, ``infer_lse_out_shape``) from the query's and value's shapes:
+    value D from the paged cache (``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]``, NZ ``[nb, KV_N,
+    D/C0, bs, C0]``) or the value in the query's layout; lse ``[T, N, 1]`` (TND / NTD queries),
+    ``[B, N, S1, 1]`` or ``[0]`` without the flag.
+
+    Raises:
+        ModeError: an input_layout outside the map or not matching the query's dims (named ``name``).
+        ShapeError: ``num_heads`` < 1.
+    """
+    if input_layout not in OUTPUT_LAYOUTS or len(query_shape) != OUTPUT_LAYOUTS[input_layout][2]:
+        raise arg_error(ModeError, name, f"one of {list(OUTPUT_LAYOUTS)} matching query's dims",
+                        f"{input_layout!r} with a {len(query_shape)}-D query")
+    if num_heads < 1:
+        raise arg_error(ShapeError, "num_heads", ">= 1", num_heads)
+    q_layout, out_layout, _ = OUTPUT_LAYOUTS[input_layout]
+    kv_n = num_heads if num_key_value_heads == 0 else num_key_value_heads
+    v = tuple(value_shape)
+    if paged:
+        value_d = {3: lambda: v[2] // kv_n, 4: lambda: v[3], 5: lambda: v[2] * v[4]}.get(len(v), lambda: 0)()
+    elif q_layout == "BSH":
+        value_d = v[2] // kv_n
+    else:
+        value_d = v[3] if q_layout in ("BNSD", "BSND") else v[2]
+    q = tuple(query_shape)
+    if q_layout in PACKED_LAYOUTS:
+        t, n1, d1 = (q[0], q[1], q[2]) if q_layout == "TND" else (q[1], q[0], q[2])
+        b = s1 = 0
+    else:
+        b, s1, n1, d1 = {"BSH": lambda: (q[0], q[1], num_heads, q[2] // num_heads), "BSND": lambda: q,
+                         "BNSD": lambda: (q[0], q[2], q[1], q[3]), "NSD": lambda: (1, q[1], q[0], q[2])}[q_layout]()
+        t = 0
+    out_d = d1 if (value_d == 0 or d1 == 0) else value_d
+    out = {"BSH": lambda: [b, s1, n1 * value_d if n1 * value_d and q[2] else q[2]],
+           "BSND": lambda: [b, s1, n1, out_d], "BNSD": lambda: [b, n1, s1, out_d], "NBSD": lambda: [n1, b, s1, out_d],
+           "TND": lambda: [t, n1, out_d], "NTD": lambda: [n1, t, out_d], "NSD": lambda: [n1, s1, out_d]}[out_layout]()
+    if not lse_flag:
+        lse = [0]
+    elif q_layout in PACKED_LAYOUTS:
+        lse = [t, n1, 1]
+    else:
+        lse = [b, n1, s1, 1]
+    return [int(x) for x in out], [int(x) for x in lse]

@@ -122,9 +122,10 @@ import functools
 import numpy as np
 
 from .. import checked_mode, input_contracts
-from ..errors import ModeError, ShapeError, arg_error, describe
+from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ._backend import get_backend
 from ._check import check_disjoint, required
+from ._fused_infer_attention_mha import output_shapes
 from ._fused_infer_attention_args import (LAYOUTS, QUERY_DTYPES, QUERY_HEADS, HEAD_DIM_ABSORBED, HEAD_DIM_PREFILL,
                                           HEAD_DIMS, HEAD_DIM_NO_ROPE, VALUE_DIM_NO_ROPE, MAX_QUERY_HEADS_NO_ROPE,
                                           SPARSE_MODES, CAUSAL_MASK_SIZE, MASK_DTYPES, DEFAULT_TOKENS,
@@ -133,12 +134,13 @@ from ._fused_infer_attention_args import (LAYOUTS, QUERY_DTYPES, QUERY_HEADS, HE
                                           QUERY_QUANT_MODE_C8, C8_DTYPE, C8_ROPE_DTYPES, C8_SCALE_DTYPE, C8_KV_BLOCK,
                                           C8_P_RANGE, C8_PV_STAGE_SCALE, C8_FLOAT_EPS, C8_DOT_BIAS_BITS, C8_DOT_BIAS,
                                           FusedInferAttentionArgs, FusedInferAttentionCall,
-                                          FusedInferAttentionOutputs, normalise, reject)
+                                          FusedInferAttentionOutputs, _int, normalise, reject)
 
 #: The public ops, and the limits, choices and argument types defined beside the validation.
 __all__ = ["npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2",
            "_npu_fused_infer_attention_score_get_max_workspace",
-           "_npu_fused_infer_attention_score_v2_get_max_workspace", "WORKSPACE", "LAYOUTS", "QUERY_DTYPES",
+           "_npu_fused_infer_attention_score_v2_get_max_workspace", "_npu_fused_infer_attention_score_infer_output",
+           "_npu_fused_infer_attention_score_v2_infer_output", "WORKSPACE", "LAYOUTS", "QUERY_DTYPES",
            "QUERY_HEADS", "HEAD_DIM_ABSORBED", "HEAD_DIM_PREFILL", "HEAD_DIMS", "HEAD_DIM_NO_ROPE",
            "VALUE_DIM_NO_ROPE", "MAX_QUERY_HEADS_NO_ROPE", "SPARSE_MODES", "CAUSAL_MASK_SIZE", "MASK_DTYPES",
            "DEFAULT_TOKENS", "BLOCK_SIZE_ALIGN", "MAX_BLOCK_SIZE", "EMPTY_ROW_OUTPUT", "EMPTY_ROW_LSE",
@@ -333,6 +335,66 @@ _npu_fused_infer_attention_score_get_max_workspace = _workspace_query(npu_fused_
 _npu_fused_infer_attention_score_v2_get_max_workspace = _workspace_query(npu_fused_infer_attention_score_v2)
 _npu_fused_infer_attention_score_get_max_workspace.__name__ = "_npu_fused_infer_attention_score_get_max_workspace"
 _npu_fused_infer_attention_score_v2_get_max_workspace.__name__ = "_npu_fused_infer_attention_score_v2_get_max_workspace"
+
+
+def _infer_output(query, value, quant_out, block_table, input_layout, num_heads, num_key_value_heads, lse_flag,
+                  query_rope, names):
+    """The infer_output ops' shared body: shapes by :func:`._fused_infer_attention_mha.output_shapes`,
+    dtype int8 with a quant output scale, else query_rope's (fp16 without) for an int8 query, else
+    query's; zero-filled arrays (the device returns uninitialised memory)."""
+    query, value = required(query, "query"), required(value, "value")
+    heads = _int(num_heads, names[0])
+    kv_heads = _int(num_key_value_heads, "num_key_value_heads")
+    if not isinstance(lse_flag, (bool, np.bool_)):
+        raise arg_error(DTypeError, names[1], "a bool", type(lse_flag).__name__)
+    if not isinstance(input_layout, str):
+        raise arg_error(DTypeError, "input_layout", "a str", type(input_layout).__name__)
+    out_shape, lse_shape = output_shapes(query.shape, value.shape, block_table is not None, input_layout, heads,
+                                         kv_heads, bool(lse_flag))
+    if quant_out is not None:
+        dtype = np.dtype(np.int8)
+    elif query.dtype == np.int8:
+        dtype = np.float16 if query_rope is None else required(query_rope, "query_rope").dtype
+    else:
+        dtype = query.dtype
+    return np.zeros(out_shape, dtype=dtype), np.zeros(lse_shape, dtype=np.float32)
+
+
+def _npu_fused_infer_attention_score_infer_output(query, value, *, input_layout: str = "BSH", quant_scale2=None,
+                                                  block_table=None, num_heads: int = 1, num_key_value_heads: int = 0,
+                                                  softmax_lse_flag: bool = False, query_rope=None):
+    """``torch_npu._npu_fused_infer_attention_score_infer_output``: the out= arrays of a later
+    ``npu_fused_infer_attention_score.out`` call (op-plugin ``op_plugin_functions.yaml`` line 6190;
+    ``construct_fia_output_tensor``), zero-filled: attention_out of the meta function's shape
+    (query's leading dims in the output layout, value's D) in query's dtype (int8 with
+    ``quant_scale2``; an int8 query: query_rope's, fp16 without), softmax_lse fp32 ``[B, N, S1, 1]``
+    / ``[T, N, 1]`` with the flag, ``[0]`` without.
+
+    Raises:
+        ModeError: an unknown input_layout or one not matching query's dims. ShapeError:
+        ``num_heads`` < 1. DTypeError: an argument of the wrong type.
+    """
+    return _infer_output(query, value, quant_scale2, block_table, input_layout, num_heads, num_key_value_heads,
+                         softmax_lse_flag, query_rope, ("num_heads", "softmax_lse_flag"))
+
+
+def _npu_fused_infer_attention_score_v2_infer_output(query, value, *, query_dtype=None, value_dtype=None,
+                                                     input_layout: str = "BSH", quant_scale_out=None,
+                                                     block_table=None, num_query_heads: int = 1,
+                                                     num_key_value_heads: int = 0, return_softmax_lse: bool = False,
+                                                     query_rope=None, out_dtype=None):
+    """``torch_npu._npu_fused_infer_attention_score_v2_infer_output`` (op-plugin
+    ``op_plugin_functions.yaml`` line 6207; ``construct_fia_output_tensor_v2``): as the v1 form
+    under the v2 names; the dtype tags (``query_dtype``, ``value_dtype``, ``out_dtype``) take only
+    None (not emulated).
+
+    Raises:
+        As the v1 form; ModeError naming a dtype tag given.
+    """
+    reject(dict(query_dtype=query_dtype, value_dtype=value_dtype, out_dtype=out_dtype),
+           dict(query_dtype=None, value_dtype=None, out_dtype=None), "_npu_fused_infer_attention_score_v2_infer_output")
+    return _infer_output(query, value, quant_scale_out, block_table, input_layout, num_query_heads,
+                         num_key_value_heads, return_softmax_lse, query_rope, ("num_query_heads", "return_softmax_lse"))
 
 
 def _check_out(x, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
