@@ -406,3 +406,20 @@ def test_infer_output_forms_give_the_out_arrays_of_the_out_call(rng):
     with pytest.raises(ModeError, match="out_dtype"):
         ops._npu_fused_infer_attention_score_v2_infer_output(np.zeros((2, 3, 64), np.float16),
                                                              np.zeros((2, 9, 32), np.float16), out_dtype=1)
+
+
+def test_checked_mode_reads_paged_caches_not_dense_key_value(rng):
+    """Checked mode: a paged MHA cache row never written names ``key``; dense key / value (the
+    form's activations, in any layout) are not caches and pass."""
+    from ascend_emu import checked_mode
+    from ascend_emu.errors import UninitializedReadError
+
+    q, k, v, kw = make_dense(rng, "BNSD", s1=1, s2=9)
+    qt, kt, vt, kwt = make_dense(rng, "NTD_TND", d=128)
+    with checked_mode.checked():
+        ops.npu_fused_infer_attention_score(q, k, v, **kw)
+        ops.npu_fused_infer_attention_score(qt, kt, vt, **kwt)
+        kc = np.zeros((4, 16, 2 * 32), np.float16)
+        with pytest.raises(UninitializedReadError, match="key"):
+            ops.npu_fused_infer_attention_score(q, kc, kc, **kw, block_table=np.array([[0], [1]], np.int32),
+                                                block_size=16, actual_seq_lengths_kv=[3, 3])

@@ -235,8 +235,8 @@ class FusedInferAttentionArgs:
         """The cache rows the kernel reads (checked mode's read hook): for every request its first
         ``act_kv`` kv positions, through :attr:`kv_blocks` (paged) or :attr:`kv_rows`, in
         ``key``, ``key_rope`` and a separate ``value``."""
-        if self.kv_blocks is None and self.query_layout != "TND":
-            return None  # dense B-first / NTD key and value: no cache the writers fill
+        if self.kv_blocks is None and not self.rope:
+            return None  # the MHA / GQA form's dense key and value: activations, no cache the writers fill
         lens = self.act_kv
         b_idx = np.repeat(np.arange(lens.size), lens)
         pos = np.arange(b_idx.size) - np.repeat(np.cumsum(lens) - lens, lens)
