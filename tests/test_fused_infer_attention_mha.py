@@ -423,3 +423,66 @@ def test_checked_mode_reads_paged_caches_not_dense_key_value(rng):
         with pytest.raises(UninitializedReadError, match="key"):
             ops.npu_fused_infer_attention_score(q, kc, kc, **kw, block_table=np.array([[0], [1]], np.int32),
                                                 block_size=16, actual_seq_lengths_kv=[3, 3])
+
+
+@pytest.mark.parametrize("input_layout", ["BSH", "BNSD", "BSND_NBSD"])
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+@pytest.mark.parametrize("kv_dtype", ["int8", "int32"])
+def test_kv_antiquant_matches_the_reference(rng, input_layout, dtype, kv_dtype):
+    """Separated kv antiquant (v1 key / value_antiquant_scale and _offset, per channel; v2
+    dequant_scale_key / _value, per tensor): int8 or int4 packed 8 to an int32."""
+    from ascend_emu.quant import pack_int4_to_int32
+
+    b, s1, s2, n, kv_n, d = 2, 3, 7, 4, 2, 128
+    q_layout = input_layout.split("_")[0]
+    q = _lay(rng.standard_normal((b, s1, n, d)).astype(dtype), q_layout)
+    lo, hi = (-8, 8) if kv_dtype == "int32" else (-128, 128)
+    ki, vi = (rng.integers(lo, hi, (b, s2, kv_n, d)).astype(np.int8) for _ in range(2))
+    if kv_dtype == "int32":
+        ki, vi = pack_int4_to_int32(ki), pack_int4_to_int32(vi)
+    k, v = _lay(ki, q_layout), _lay(vi, q_layout)
+    ks, vs = ((rng.random((kv_n, 1, d)) * 0.05 + 0.01).astype(dtype) for _ in range(2))
+    ko, vo = (rng.integers(-3, 4, (kv_n, 1, d)).astype(dtype) for _ in range(2))
+    kw = dict(num_heads=n, num_key_value_heads=kv_n, scale=d ** -0.5, input_layout=input_layout)
+    out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, key_antiquant_scale=ks, key_antiquant_offset=ko,
+                                                   value_antiquant_scale=vs, value_antiquant_offset=vo,
+                                                   softmax_lse_flag=True)
+    want, want_lse = _ref(q, k, v, kw, key_antiquant=(ks, ko), value_antiquant=(vs, vo))
+    _close(out, want, dtype)
+    _close_lse(lse, want_lse)
+    one = np.array([0.03], dtype)
+    v2 = {V2.get(a, a): y for a, y in kw.items()}
+    out2 = ops.npu_fused_infer_attention_score_v2(q, k, v, **v2, dequant_scale_key=one, dequant_scale_value=one)[0]
+    _close(out2, _ref(q, k, v, kw, key_antiquant=(one, None), value_antiquant=(one, None))[0], dtype)
+
+
+def test_kv_antiquant_as_op_plugin_calls_it_and_its_rejections(rng):
+    """op-plugin's 950 int32 antiquant call (int4 ones / 0x11111111 values, unit scales: output
+    ones), and the rejected forms, each naming its argument."""
+    q = np.ones((2, 1, 1, 128), np.float16)
+    k = np.ones((2, 1, 256, 16), np.int32)
+    v = np.full((2, 1, 256, 16), 286331153, np.int32)
+    s = np.ones((1, 128), np.float16)
+    kw = dict(num_heads=1, input_layout="BNSD", scale=128.0, pre_tokens=65535, next_tokens=65535)
+    out, _ = ops.npu_fused_infer_attention_score(q, k, v, **kw, key_antiquant_scale=s, value_antiquant_scale=s,
+                                                 antiquant_mode=0)
+    assert out.shape == (2, 1, 1, 128) and (out == 1).all()
+    aq = dict(key_antiquant_scale=s, value_antiquant_scale=s)
+    with pytest.raises(ModeError, match="value_antiquant_scale"):
+        ops.npu_fused_infer_attention_score(q, k, v, **kw, key_antiquant_scale=s)
+    with pytest.raises(ModeError, match="key_antiquant_mode"):
+        ops.npu_fused_infer_attention_score(q, k, v, **kw, **aq, key_antiquant_mode=1)
+    with pytest.raises(ShapeError, match="key_antiquant_scale"):
+        ops.npu_fused_infer_attention_score(q, k, v, **kw, **dict(aq, key_antiquant_scale=np.ones(64, np.float16)))
+    with pytest.raises(AscendEmuError, match="key_antiquant_scale"):
+        ops.npu_fused_infer_attention_score(q, k, v, **kw, **dict(aq, key_antiquant_scale=s.astype(np.float32)))
+    with pytest.raises(ModeError, match="key_antiquant_scale"):
+        qf = np.ones((2, 1, 1, 128), np.float16)
+        ops.npu_fused_infer_attention_score(qf, qf, qf, **kw, key_antiquant_scale=s)
+    with pytest.raises(ModeError, match="key_antiquant_scale"):  # paged: not emulated
+        kc = np.ones((4, 128, 16), np.int32)
+        ops.npu_fused_infer_attention_score(q, kc, kc, **kw, **aq, block_table=np.zeros((2, 1), np.int32),
+                                            block_size=128, actual_seq_lengths_kv=[5, 5])
+    with pytest.raises(ModeError, match="dequant_offset_key"):  # with rope: the MLA subset takes none
+        ops.npu_fused_infer_attention_score_v2(q, q, q, query_rope=q[..., :64], key_rope=q[..., :64],
+                                               input_layout="BNSD", dequant_offset_key=s)

@@ -48,7 +48,7 @@ from ..mla import D_ROPE
 from ..ops.fused_infer_attention_score import (C8_DOT_BIAS, C8_DOT_BIAS_BITS, C8_FLOAT_EPS, C8_KV_BLOCK, C8_P_RANGE,
                                                C8_PV_STAGE_SCALE, EMPTY_ROW_LSE, EMPTY_ROW_OUTPUT,
                                                FusedInferAttentionArgs, FusedInferAttentionOutputs)
-from ..quant import BF16
+from ..quant import BF16, unpack_int4_from_int32
 from ..quant.rounding import bf16_bits_to_f32, f32_bits_to_bf16_bits
 from ..quant.rounding import f32_round_f16 as _f16
 from .kernels import launch_rows, side_by_side
@@ -360,12 +360,33 @@ def _dense_tokens(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
     """The key and value a ``_gather`` reads: the caches themselves (paged, or TND), else the MHA
     form's dense key / value as C-contiguous token-major ``[T2, KV_N, D]`` (one copy per call where
     the layout is not already so: BNSD, NTD, NSD), the rows of ``args.kv_rows``."""
-    if args.kv_blocks is not None or args.query_layout == "TND":
+    if args.kv_antiquant is None and (args.kv_blocks is not None or args.query_layout == "TND"):
         return args.key, args.value
     key = np.ascontiguousarray(_tokens_first(args.key, args.query_layout, args.num_kv_heads))
     value = key if args.value is args.key else \
         np.ascontiguousarray(_tokens_first(args.value, args.query_layout, args.num_kv_heads))
+    if args.kv_antiquant is not None:
+        k_scale, k_offset, v_scale, v_offset = args.kv_antiquant
+        key, value = (_antiquant(x, scale, offset, args.query_dtype)
+                      for x, scale, offset in ((key, k_scale, k_offset), (value, v_scale, v_offset)))
     return key, value
+
+
+def _antiquant(x: np.ndarray, scale: np.ndarray, offset, qdt) -> np.ndarray:
+    """int8 / int32 (8 int4 each) ``[T2, KV_N, D']`` -> ``qdt(scale * (x + offset))`` ``[T2, KV_N, D]``
+    (Ascend C's AscendAntiQuant: an fp16 result computed in fp16 step by step, a bf16 one in fp32
+    and rounded once); scale / offset fp32 ``[KV_N, D]`` holding query-dtype values."""
+    if x.dtype == np.int32:
+        x = unpack_int4_from_int32(x)
+    if qdt == BF16:
+        v = x.astype(np.float32)
+        if offset is not None:
+            v = v + offset
+        return (v * scale).astype(BF16)
+    v = x.astype(np.float16)
+    if offset is not None:
+        v = v + offset.astype(np.float16)
+    return v * scale.astype(np.float16)
 
 
 def _gather(args: FusedInferAttentionArgs, cache: np.ndarray, layout, kv: np.ndarray, width: int, h: int,

@@ -63,13 +63,12 @@ CACHE_LAYOUTS = {3: "PA_BSH", 4: "PA_BNSD", 5: "PA_NZ"}
 #: v1 arguments not emulated: name -> the only value taken.
 V1_REJECTED = {name: None for name in (
     "pse_shift", "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2",
-    "antiquant_scale", "antiquant_offset", "key_antiquant_scale", "key_antiquant_offset", "value_antiquant_scale",
-    "value_antiquant_offset", "query_padding_size", "kv_padding_size", "key_shared_prefix", "value_shared_prefix",
+    "antiquant_scale", "antiquant_offset", "query_padding_size", "kv_padding_size", "key_shared_prefix", "value_shared_prefix",
     "actual_shared_prefix_len", "key_rope_antiquant_scale")}
-V1_REJECTED.update(antiquant_mode=0, key_antiquant_mode=0, value_antiquant_mode=0, inner_precise=0)
+V1_REJECTED.update(antiquant_mode=0, inner_precise=0)
 #: v2 arguments not emulated: name -> the only value taken.
 V2_REJECTED = {name: None for name in (
-    "pse_shift", "dequant_offset_key", "dequant_offset_value", "dequant_scale_key_rope", "quant_scale_out",
+    "pse_shift", "dequant_scale_key_rope", "quant_scale_out",
     "quant_offset_out", "quant_scale_p", "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
     "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype", "dequant_scale_key_dtype",
     "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype", "out_dtype")}
@@ -139,6 +138,9 @@ class FusedInferAttentionArgs:
             (Bm 1 or B, True masks a position out), else None.
         sink: v2's learnable_sink as fp32 ``[N]``, else None.
         pre_tokens, next_tokens: as passed (checked ints).
+        kv_antiquant: the MHA form's separated kv antiquant, ``(key scale, key offset, value
+            scale, value offset)`` fp32 ``[KV_N, D]`` (offsets None when absent), int8 / int32
+            (8 int4 each) key and value; else None.
     """
 
     op: str
@@ -183,6 +185,7 @@ class FusedInferAttentionArgs:
     sink: np.ndarray | None = None
     pre_tokens: int = DEFAULT_TOKENS
     next_tokens: int = DEFAULT_TOKENS
+    kv_antiquant: tuple | None = None
 
     @property
     def rule(self) -> str:
@@ -283,6 +286,9 @@ class FusedInferAttentionCall:
         quant: v2's ``(query_quant_mode, dequant_scale_query, dequant_scale_key,
             dequant_scale_value)``; None for v1.
         sink: v2's ``learnable_sink`` as passed (None for v1).
+        antiquant: the separated kv antiquant arguments by name as passed (v1
+            ``key_antiquant_scale`` / ``_offset`` / ``_mode`` and the value ones; v2
+            ``dequant_scale_key`` / ``dequant_offset_key`` and the value ones).
     """
 
     op: str
@@ -311,6 +317,7 @@ class FusedInferAttentionCall:
     lse_name: str
     quant: tuple | None = None
     sink: object = None
+    antiquant: dict | None = None
 
 # ---------------------------------------------------------------------- validation
 def reject(given: dict, allowed: dict, op: str) -> None:
@@ -396,6 +403,13 @@ def normalise(call: FusedInferAttentionCall) -> FusedInferAttentionArgs:
     if call.sink is not None:
         raise arg_error(ModeError, "learnable_sink", "None with query_rope / key_rope (the sink belongs to the "
                         "MHA / GQA form's TND layouts)", describe(call.sink))
+    for name, x in (call.antiquant or {}).items():  # v2's C8 reads dequant_scale_key / _value from call.quant
+        if name in ("dequant_scale_key", "dequant_scale_value") or x is None or (
+                "mode" in name and not isinstance(x, (bool, np.bool_)) and isinstance(x, (int, np.integer))
+                and int(x) == 0):
+            continue
+        raise arg_error(ModeError, name, f"{'0' if 'mode' in name else 'None'} with query_rope / key_rope (kv "
+                        "antiquant is emulated in the MHA / GQA form)", describe(x) if hasattr(x, "shape") else x)
     # ---- modes and scalars
     if input_layout not in LAYOUTS:
         raise arg_error(ModeError, "input_layout", f"one of {list(LAYOUTS)} (the MLA callers' layouts)",

@@ -76,6 +76,12 @@ PREFILL_BLOCK_ALIGN = 128
 SINK_DTYPE = "bfloat16"
 SINK_LAYOUTS = ("TND", "NTD_TND")
 SINK_MAX_VALUE_DIM = 128
+#: Separated kv antiquant (int8 or int4 packed 8 to an int32 key / value, a float query):
+#: ``kv = qdt(scale * (kv_int + offset))`` per tensor or per channel (``[KV_N, D]``), Ascend C's
+#: AscendAntiQuant (fp16: each step in fp16; bf16: in fp32, one bf16 rounding); modes 0 only.
+ANTIQUANT_DTYPES = ("int8", "int32")
+#: Logical D alignment of antiquant keys: int8 32 bytes, int4 64 bytes (the doc's D row).
+ANTIQUANT_D_ALIGN = {"int8": 32, "int32": 128}
 #: Dense key / value shapes by query layout, as errors name them.
 DENSE_KV_SHAPES = {"BSH": "[B, KV_S, KV_N*D]", "BSND": "[B, KV_S, KV_N, D]", "BNSD": "[B, KV_N, KV_S, D]",
                    "TND": "[T2, KV_N, D]", "NTD": "[KV_N, T2, D]", "NSD": "[KV_N, KV_S, D]"}
@@ -238,7 +244,7 @@ def normalise_mha(call, sink=None):
         ShapeError, DTypeError, ModeError, IndexRangeError: as the op's docstring states, naming
         the argument.
     """
-    from ._fused_infer_attention_args import (BLOCK_SIZE_ALIGN, MAX_BLOCK_SIZE, FusedInferAttentionArgs, _c8_mode,
+    from ._fused_infer_attention_args import (BLOCK_SIZE_ALIGN, MAX_BLOCK_SIZE, FusedInferAttentionArgs,
                                               _causal_mask, _int, CAUSAL_MASK_SIZE, MASK_DTYPES)
     input_layout, heads_name = call.input_layout, call.heads_name
     if input_layout not in MHA_LAYOUTS:
@@ -267,14 +273,29 @@ def normalise_mha(call, sink=None):
 
     # ---- query, key, value
     query = required(call.query, "query")
-    if call.quant is not None:
-        _c8_mode(query, call.quant)  # a float query: query_quant_mode 0, no dequant scales
+    if call.quant is not None:  # v2 on a float query: query_quant_mode 0, no query scale
+        if _int(call.quant[0], "query_quant_mode") != 0:
+            raise arg_error(ModeError, "query_quant_mode", "0 with a float query", call.quant[0])
+        if call.quant[1] is not None:
+            raise arg_error(ModeError, "dequant_scale_query", "None with a float query", describe(call.quant[1]))
     check_dtype(query, "query", MHA_DTYPES)
     qdt = dtype_name(query.dtype)
     lead, s1, d = _query_dims(query, q_layout, n, heads_name)
     key, value = required(call.key, "key"), required(call.value, "value")
-    check_dtype(key, "key", (qdt,))
-    check_dtype(value, "value", (qdt,))
+    kv_dt = dtype_name(key.dtype)
+    quantised = kv_dt in ANTIQUANT_DTYPES
+    check_dtype(key, "key", (qdt, *ANTIQUANT_DTYPES))
+    check_dtype(value, "value", (kv_dt,))
+    aq = dict(call.antiquant or {})
+    for name in [k for k in aq if "mode" in k]:
+        if _int(aq.pop(name), name) != 0:
+            raise arg_error(ModeError, name, "0 (per channel / per tensor; the other antiquant modes are not "
+                            "emulated)", aq.get(name))
+    if not quantised:
+        for name, x in aq.items():
+            if x is not None:
+                raise arg_error(ModeError, name, f"None with {kv_dt} key / value (antiquant takes int8 or int4 "
+                                "packed in int32)", describe(x))
     block_table = call.block_table
     paged = block_table is not None
     b_hint = 1 if q_layout == "NSD" else lead
@@ -295,8 +316,12 @@ def normalise_mha(call, sink=None):
         s2v, dv = _dense_kv(value, "value", q_layout, b_hint, kv_n)
         if s2v != s2:
             raise arg_error(ShapeError, "value", f"key's KV_S = {s2}", list(value.shape))
+    if quantised:
+        per = 8 if kv_dt == "int32" else 1  # int4 values per element
+        kd, dv = kd * per, dv * per
     if kd != d:
-        raise arg_error(ShapeError, "key", f"query's D = {d}", list(key.shape))
+        raise arg_error(ShapeError, "key", f"query's D = {d}" + (" (8 int4 per int32)" if quantised and
+                                                                     kv_dt == "int32" else ""), list(key.shape))
     if packed:
         pairs = [p for p in PACKED_HEAD_DIMS if not (q_layout == "NTD" and p == (192, 192))]
         if (d, dv) not in pairs:
@@ -312,6 +337,8 @@ def normalise_mha(call, sink=None):
                 raise arg_error(ShapeError, "value", f"query's D = {d} (value's D differs only as "
                                 f"{list(UNEQUAL_HEAD_DIMS_950)} on the Ascend 950)", f"V_D = {dv}")
             soc.require_ascend950("value", f"V_D = {dv} with Q_D = {d}", "an Ascend 950 head-dim pair")
+
+    antiquant = _antiquant(aq, kv_dt, qdt, kv_n, d, dv, paged, packed) if quantised else None
 
     # ---- lengths
     act_q_in, act_kv_in = call.act_q, call.act_kv
@@ -433,7 +460,45 @@ def normalise_mha(call, sink=None):
         softmax_lse_flag=bool(call.lse_flag), batch=b, seq_q=int(s1), head_dim=int(d), act_q=act_q.astype(np.int64),
         act_kv=act_kv.astype(np.int64), q_start=q_start.astype(np.int64), kv_blocks=kv_blocks, kv_rows=kv_rows,
         out_shape=tuple(int(x) for x in out_shape), lse_shape=tuple(int(x) for x in lse_shape), value_dim=int(dv),
-        row_rule=rule, mask=m3, sink=sink_f, pre_tokens=pre, next_tokens=nxt)
+        row_rule=rule, mask=m3, sink=sink_f, pre_tokens=pre, next_tokens=nxt, kv_antiquant=antiquant)
+
+
+def _antiquant(aq: dict, kv_dt: str, qdt: str, kv_n: int, d: int, dv: int, paged: bool, packed: bool):
+    """The separated kv antiquant of an int8 / int32 key and value: ``(key scale, key offset,
+    value scale, value offset)`` as fp32 ``[KV_N, D]`` (offsets None when not given)."""
+    names = list(aq)  # key scale, key offset, value scale, value offset (v1 or v2 names)
+    if paged or packed:
+        raise arg_error(ModeError, names[0], "None with a paged cache or a TND / NTD layout (antiquant is "
+                        "emulated for dense B-first key / value)", describe(aq[names[0]]))
+    if d != dv:
+        raise arg_error(ShapeError, "value", f"key's D = {d} with antiquant", f"V_D = {dv}")
+    align = ANTIQUANT_D_ALIGN[kv_dt]
+    if d % align:
+        raise arg_error(ShapeError, "key", f"D a multiple of {align} ({kv_dt} antiquant)", f"D = {d}")
+    out = []
+    for i, name in enumerate(names):
+        x = aq[name]
+        if x is None:
+            if i % 2 == 0:
+                raise arg_error(ModeError, name, f"a scale (the {kv_dt} key / value need both scales)", None)
+            out.append(None)
+            continue
+        x = required(x, name)
+        check_dtype(x, name, (qdt,))
+        if x.size not in (1, kv_n * d) or (x.size > 1 and x.shape not in (
+                (kv_n * d,), (1, kv_n * d), (kv_n, d), (kv_n, 1, d), (1, kv_n, 1, d))):
+            raise arg_error(ShapeError, name, f"per tensor (one value) or per channel: [{kv_n * d}], [1, {kv_n * d}], "
+                            f"[{kv_n}, {d}], [{kv_n}, 1, {d}] or [1, {kv_n}, 1, {d}]", list(x.shape))
+        f = np.broadcast_to(x.astype(np.float32).reshape(kv_n, d) if x.size > 1 else x.astype(np.float32).reshape(1, 1),
+                            (kv_n, d))
+        if not np.isfinite(f).all():
+            raise arg_error(DTypeError, name, "finite values", describe(x))
+        out.append(np.ascontiguousarray(f))
+    for i in (1, 3):
+        if out[i] is not None and (aq[names[i]].size == 1) != (aq[names[i - 1]].size == 1):
+            raise arg_error(ShapeError, names[i], f"{names[i - 1]}'s granularity (per tensor or per channel)",
+                            list(aq[names[i]].shape))
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------- output shapes (infer_output, fakes)

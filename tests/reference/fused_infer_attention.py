@@ -275,7 +275,8 @@ MHA_IO = {"BSH": ("BSH", "BSH"), "BSND": ("BSND", "BSND"), "BNSD": ("BNSD", "BNS
 
 def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_heads=0, scale=1.0,
                   actual_seq_lengths=None, actual_seq_lengths_kv=None, block_table=None, sparse_mode=0,
-                  atten_mask=None, learnable_sink=None, p_rounding="unnormalised"):
+                  atten_mask=None, learnable_sink=None, p_rounding="unnormalised", key_antiquant=None,
+                  value_antiquant=None):
     """The MHA / GQA form (no rope), a plain loop per request, query token, head and kv position,
     from the doc's formula ``softmax(scale * q . k + mask) . v`` with its layout table, its
     ``actual_seq_lengths`` rules (B-first: per request, one value for all, None = the S dims; TND /
@@ -284,6 +285,10 @@ def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_h
     :func:`reference` (float64 dots rounded to fp32, fp32 scale, exp in float64 rounded to fp32,
     sequential fp32 sum, P rounded to the query dtype). ``learnable_sink``: per head, one more
     softmax entry (max over the scores and the sink, its exp added to the sum last).
+    ``key_antiquant`` / ``value_antiquant``: ``(scale, offset or None)`` of an int8 or int32 key /
+    value (int32: 8 int4 nibbles, the lowest first, two's complement): each element
+    ``scale * (x + offset)``, step by step in fp16 for an fp16 query, in fp32 then bf16 for bf16
+    (Ascend C's AscendAntiQuant); scale one value or ``KV_N * D`` values (channel ``h * D + d``).
 
     Returns ``(attention_out, softmax_lse)`` laid out as the op (lse always computed; +inf for
     rows without kv tokens, output 0 there)."""
@@ -293,6 +298,9 @@ def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_h
     g = n // kv_n
     q_layout, out_layout = MHA_IO[input_layout]
     packed = q_layout in ("TND", "NTD")
+    if key_antiquant is not None:
+        key = _dequant(key, key_antiquant, kv_n, q_layout, qdt)
+        value = _dequant(value, value_antiquant, kv_n, q_layout, qdt)
     if packed:
         q_tnd = query if q_layout == "TND" else query.transpose(1, 0, 2)
         sums = [0] + [int(x) for x in actual_seq_lengths]
@@ -418,3 +426,47 @@ def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_h
         elif out_layout == "NSD":
             o = o[0].transpose(1, 0, 2)
     return np.ascontiguousarray(o), np.ascontiguousarray(lse_out)
+
+
+def _unpack_int4(words):
+    """int32 ``[..., W]`` -> int ``[..., 8 W]``, nibble ``j`` of each word the value ``8 w + j``."""
+    out = np.zeros(words.shape[:-1] + (words.shape[-1] * 8,), dtype=np.int64)
+    u = words.astype(np.int64) & 0xFFFFFFFF
+    for j in range(8):
+        nib = (u >> (4 * j)) & 0xF
+        out[..., j::8] = np.where(nib >= 8, nib - 16, nib)
+    return out
+
+
+def _dequant(x, antiquant, kv_n, q_layout, qdt):
+    """An int8 / int32 key or value in its layout -> qdt values of the same layout (D unpacked)."""
+    scale, offset = antiquant
+    ints = _unpack_int4(x) if x.dtype == np.int32 else x.astype(np.int64)
+    d_total = ints.shape[-1] * (1 if q_layout == "BSH" else kv_n)  # channels: KV_N * D
+    sc = np.broadcast_to(np.asarray(scale).reshape(-1), (d_total,)) if np.asarray(scale).size == 1 else \
+        np.asarray(scale).reshape(-1)
+    of = None if offset is None else (np.broadcast_to(np.asarray(offset).reshape(-1), (d_total,))
+                                      if np.asarray(offset).size == 1 else np.asarray(offset).reshape(-1))
+    out = np.empty(ints.shape, dtype=qdt)
+    d = d_total // kv_n
+    for idx in np.ndindex(*ints.shape):
+        if q_layout == "BSH":
+            ch = idx[-1]
+        elif q_layout == "BNSD":
+            ch = idx[1] * d + idx[-1]
+        elif q_layout == "BSND":
+            ch = idx[2] * d + idx[-1]
+        else:  # NSD
+            ch = idx[0] * d + idx[-1]
+        v = int(ints[idx])
+        if qdt == np.float16:
+            r = np.float16(v)
+            if of is not None:
+                r = np.float16(r + np.float16(of[ch]))
+            out[idx] = np.float16(r * np.float16(sc[ch]))
+        else:
+            r = np.float32(v)
+            if of is not None:
+                r = np.float32(r + np.float32(of[ch]))
+            out[idx] = np.float32(r * np.float32(sc[ch]))
+    return out
