@@ -446,6 +446,8 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
     common = dict(input_layout=args.input_layout, num_key_value_heads=args.num_kv_heads,
                   sparse_mode=args.sparse_mode, block_size=args.block_size, pre_tokens=args.pre_tokens,
                   next_tokens=args.next_tokens)
+    if args.kv_antiquant_given:  # the caller's kv antiquant scales / offsets, by the op's own names
+        common.update(_on_device(dict(args.kv_antiquant_given), torch))
     q_lens, kv_lens = _int_list(args.actual_seq_lengths), _int_list(args.actual_seq_lengths_kv)
     if args.op == "npu_fused_infer_attention_score":
         out, lse = tnpu.npu_fused_infer_attention_score(

@@ -140,7 +140,8 @@ class FusedInferAttentionArgs:
         pre_tokens, next_tokens: as passed (checked ints).
         kv_antiquant: the MHA form's separated kv antiquant, ``(key scale, key offset, value
             scale, value offset)`` fp32 ``[KV_N, D]`` (offsets None when absent), int8 / int32
-            (8 int4 each) key and value; else None.
+            (8 int4 each) key and value; else None. kv_antiquant_given: those arguments as the
+            caller passed them, by name (the hw backend passes them on).
     """
 
     op: str
@@ -186,6 +187,7 @@ class FusedInferAttentionArgs:
     pre_tokens: int = DEFAULT_TOKENS
     next_tokens: int = DEFAULT_TOKENS
     kv_antiquant: tuple | None = None
+    kv_antiquant_given: dict | None = None
 
     @property
     def rule(self) -> str:

@@ -27,6 +27,12 @@ the request's ``act_kv`` tokens; ``act_q`` its query tokens):
   empty is rejected naming ``atten_mask`` (the value of such a row under ``inner_precise`` 0 is
   the hardware's and not emulated).
 
+Separated kv antiquant (:data:`ANTIQUANT_DTYPES` key / value, dense B-first layouts, modes 0):
+each element ``scale * (x + offset)`` with the per-tensor or per-channel ``[KV_N, D]`` scale and
+offset in the query's dtype (Ascend C's AscendAntiQuant, hiascend.com API page
+``atlasascendc_api_07_0822``: fp16 step by step, bf16 via fp32 and one rounding; that FIA's
+kernels use it is unverified), int4 unpacked as :func:`ascend_emu.quant.unpack_int4_from_int32`.
+
 ``learnable_sink`` (v2): bf16 ``[N]``, TND / NTD_TND with value D <= 128 (the v2 doc's
 constraints): one more softmax entry per head, ``sink[n]`` as is (not scaled): ``m = max(max S,
 sink)``, ``l = sum e + fp32(exp(sink - m))`` (the sink term added last), P and the output as without
@@ -460,7 +466,8 @@ def normalise_mha(call, sink=None):
         softmax_lse_flag=bool(call.lse_flag), batch=b, seq_q=int(s1), head_dim=int(d), act_q=act_q.astype(np.int64),
         act_kv=act_kv.astype(np.int64), q_start=q_start.astype(np.int64), kv_blocks=kv_blocks, kv_rows=kv_rows,
         out_shape=tuple(int(x) for x in out_shape), lse_shape=tuple(int(x) for x in lse_shape), value_dim=int(dv),
-        row_rule=rule, mask=m3, sink=sink_f, pre_tokens=pre, next_tokens=nxt, kv_antiquant=antiquant)
+        row_rule=rule, mask=m3, sink=sink_f, pre_tokens=pre, next_tokens=nxt, kv_antiquant=antiquant,
+        kv_antiquant_given={k: v for k, v in aq.items() if v is not None} if quantised else None)
 
 
 def _antiquant(aq: dict, kv_dt: str, qdt: str, kv_n: int, d: int, dv: int, paged: bool, packed: bool):
