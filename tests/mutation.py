@@ -274,9 +274,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "    ln = np.log(total[live].astype(np.float64))\n",
            C8, "lse = fp32(m + ln l) in one rounding, not fp32(m + fp32(ln l)) (1 ulp)"),
     Mutant("fia_rejection_python_type_error", "ascend_emu/ops/_fused_infer_attention_args.py",
-           '        raise arg_error(ModeError, name, f"{want!r} ({op} in ascend_emu emulates the MLA subset without "',
+           '        raise arg_error(ModeError, name, f"{want!r} ({op} in ascend_emu takes only {want!r} for "',
            '        raise TypeError(f"{op}() got an unexpected keyword argument \'{name}\'")\n'
-           '        raise arg_error(ModeError, name, f"{want!r} ({op} in ascend_emu emulates the MLA subset without "',
+           '        raise arg_error(ModeError, name, f"{want!r} ({op} in ascend_emu takes only {want!r} for "',
            ("tests/test_fused_infer_attention_score.py::test_rejected_arguments_are_named",),
            "FIA: a not-emulated argument rejected with Python's own unexpected-keyword TypeError"),
     # ------------------------------------------------------------------ FIA MHA / GQA form

@@ -332,8 +332,8 @@ def reject(given: dict, allowed: dict, op: str) -> None:
         if want is not None and not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, np.integer)) \
                 and int(value) == want:
             continue
-        raise arg_error(ModeError, name, f"{want!r} ({op} in ascend_emu emulates the MLA subset without "
-                        f"{name}; not emulated yet)", value if not hasattr(value, "shape") else describe(value))
+        raise arg_error(ModeError, name, f"{want!r} ({op} in ascend_emu takes only {want!r} for "
+                        f"{name}: not emulated yet)", value if not hasattr(value, "shape") else describe(value))
 
 
 def _int(value, name: str) -> int:
