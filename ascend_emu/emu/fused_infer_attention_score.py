@@ -1,4 +1,6 @@
-"""emu backend of ``npu_fused_infer_attention_score`` / ``_v2`` (the MLA subset).
+"""emu backend of ``npu_fused_infer_attention_score`` / ``_v2`` (the MLA subset and the MHA / GQA
+form: its dense key / value become token-major rows once per call, :func:`_dense_tokens`, its
+kv antiquant is applied there; its explicit masks and sinks enter :func:`_softmax_rows`).
 
 Work units are (request ``b``, kv head ``h``) pairs: the unit's query rows (its tokens x the G
 query heads of ``h``, token-major) attend the unit's kv positions ``0 .. max limit - 1``, read
