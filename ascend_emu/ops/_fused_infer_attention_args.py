@@ -19,6 +19,7 @@ from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ..layouts import NZ_ROW_BYTES, CacheLayout, blocks_from_block_table
 from ..mla import D_ROPE, HCKV, NKV
 from ._check import MAX_BATCH, check_dtype, check_float, dtype_name, prefix_lengths, required
+from ._fused_infer_attention_mha import MAX_HEADS as MAX_QUERY_HEADS_NO_ROPE  # noqa: F401  (re-exported)
 
 #: input_layout values of the MLA callers -> (query layout, attention_out layout) (the meta
 #: function's ``get_query_and_attention_out_layout`` map, restricted).
@@ -32,12 +33,12 @@ QUERY_HEADS = (1, 2, 4, 8, 16, 32, 64, 128)
 HEAD_DIM_ABSORBED = HCKV
 HEAD_DIM_PREFILL = 128
 HEAD_DIMS = (HEAD_DIM_ABSORBED, HEAD_DIM_PREFILL)
-#: The form without rope arguments: query / key D = 128 + 64 concatenated, value D = 128, TND
-#: without block_table, any N (vllm-ascend ``_forward_prefill`` / ``_compute_prefill_context`` with
-#: ``head_padding > 0``; the v2 doc's MHA row "Q_D and K_D 192 with V_D 128").
+#: vllm-ascend's call without rope arguments (``_forward_prefill`` / ``_compute_prefill_context``
+#: with ``head_padding > 0``): query / key D = 128 + 64 concatenated, value D = 128, TND; one of
+#: the MHA / GQA form's TND head-dim pairs (:mod:`._fused_infer_attention_mha`), which validates it
+#: (N up to its MAX_HEADS, re-exported as MAX_QUERY_HEADS_NO_ROPE).
 HEAD_DIM_NO_ROPE = HEAD_DIM_PREFILL + D_ROPE
 VALUE_DIM_NO_ROPE = HEAD_DIM_PREFILL
-MAX_QUERY_HEADS_NO_ROPE = 128
 #: sparse_mode values: 0 (all tokens), 3 (causal, bottom-right aligned).
 SPARSE_MODES = (0, 3)
 #: The optimised causal mask the callers pass with sparse_mode 3: ``[2048, 2048]``, 1 above the diagonal.
