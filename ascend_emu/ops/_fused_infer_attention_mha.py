@@ -55,6 +55,9 @@ MHA_LAYOUTS = {"BSH": ("BSH", "BSH"), "BSND": ("BSND", "BSND"), "BNSD": ("BNSD",
                "BSND_BNSD": ("BSND", "BNSD"), "BSH_NBSD": ("BSH", "NBSD"), "BSND_NBSD": ("BSND", "NBSD"),
                "BNSD_NBSD": ("BNSD", "NBSD"), "TND_NTD": ("TND", "NTD"), "NTD_TND": ("NTD", "TND"),
                "NSD": ("NSD", "NSD")}
+#: Layouts the A2 / A3 table limits to a query length range (BNSD_BSND: Q_S > 1; BNSD_NBSD:
+#: 1 < Q_S <= 16); op-plugin's 950 tests call BNSD_BSND with Q_S = 1, so not gated there.
+QS_LIMITED_LAYOUTS = {"BNSD_BSND": (2, 2 ** 31 - 1), "BNSD_NBSD": (2, 16)}
 #: Layouts only the Ascend 950 has (rejected on A2 / A3 with the hint to set the SoC).
 MHA_LAYOUTS_950 = ("NSD",)
 #: Query layouts whose tokens are packed (``actual_seq_*`` prefix sums, required).
@@ -345,6 +348,12 @@ def normalise_mha(call, sink=None):
             soc.require_ascend950("value", f"V_D = {dv} with Q_D = {d}", "an Ascend 950 head-dim pair")
 
     antiquant = _antiquant(aq, kv_dt, qdt, kv_n, d, dv, paged, packed) if quantised else None
+
+    if input_layout in QS_LIMITED_LAYOUTS and not soc.is_ascend950():
+        lo, hi = QS_LIMITED_LAYOUTS[input_layout]
+        if not lo <= s1 <= hi:
+            raise arg_error(ShapeError, "query", f"Q_S in [{lo}, {hi}] for input_layout={input_layout} (the A2 / A3 "
+                            "layout table)", f"Q_S = {s1}")
 
     # ---- lengths
     act_q_in, act_kv_in = call.act_q, call.act_kv
