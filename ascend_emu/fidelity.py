@@ -70,6 +70,7 @@ def _r(op, output, status, claim, reference, *tests) -> Row:
 _PROLOG = "tests/test_mla_prolog.py::"
 _SFA = "tests/test_sparse_flash_attention.py::"
 _FIA = "tests/test_fused_infer_attention_score.py::"
+_FIA_MHA = "tests/test_fused_infer_attention_mha.py::"
 _LI = "tests/test_lightning_indexer.py::"
 _QLI = "tests/test_quant_lightning_indexer.py::"
 _KV = "tests/test_kv_rmsnorm_rope_cache.py::"
@@ -164,6 +165,11 @@ ROWS: tuple[Row, ...] = (
        "bit-identical where the sums are exact, within one query-dtype rounding elsewhere",
        "tests/reference/fused_infer_attention.py", _FIA + "test_matches_reference",
        _FIA + "test_exact_inputs_match_bit_for_bit_and_p_is_rounded_unnormalised"),
+    _r("npu_fused_infer_attention_score (also _v2)", "attention_out, softmax_lse (MHA / GQA form)", "bounded",
+       "bit-identical where the sums are exact, within one query-dtype rounding elsewhere (every layout, masks, "
+       "learnable_sink)", "tests/reference/fused_infer_attention.py (reference_mha)",
+       _FIA_MHA + "test_b_first_layouts_match_the_reference_bit_for_bit",
+       _FIA_MHA + "test_packed_layouts_match_the_reference"),
     _r("npu_fused_infer_attention_score (also _v2)", "attention_out (rows longer than one tiling block)",
        "differs", "the kernel's per-block online softmax rescale and flash-decode kv split are not reproduced "
        "(last-bit differences)", "-"),

@@ -668,13 +668,14 @@ def test_branch_free_f16_rounding_matches_numpy():
     np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
 
 
-def test_no_rope_form_is_tnd_prefill_only(rng):
-    """Without query_rope / key_rope only the TND form with D = 192 and no block_table is taken
-    (vllm-ascend's prefill with head padding); everything else names the missing rope argument."""
+def test_one_rope_argument_alone_names_the_other_and_the_no_rope_tnd_form_is_mha(rng):
+    """query_rope without key_rope (or the reverse) names the missing one; without both the call
+    is the MHA / GQA form: vllm-ascend's TND prefill with D = 192 (nope and rope concatenated by
+    the caller) gives the attention of the rope form."""
     q, k, v, kw = _base(rng)  # BNSD decode over a paged cache
-    with pytest.raises(ShapeError, match="query_rope"):
-        ops.npu_fused_infer_attention_score(q, k, v, **dict(kw, query_rope=None, key_rope=None))
-    with pytest.raises(ShapeError, match="key_rope"):
+    with pytest.raises(AscendEmuError, match="query_rope"):
+        ops.npu_fused_infer_attention_score(q, k, v, **dict(kw, query_rope=None))
+    with pytest.raises(AscendEmuError, match="key_rope"):
         ops.npu_fused_infer_attention_score(q, k, v, **dict(kw, key_rope=None))
     tq, tk, tv, tkw = make_case(rng, "TND", 4, BF16, d=128, kv_n=4, q_lens=(2, 1), kv_lens=(2, 3), paged=False)
     q192 = np.concatenate([tq, tkw["query_rope"]], axis=-1)  # [T, N, 192]
@@ -684,8 +685,8 @@ def test_no_rope_form_is_tnd_prefill_only(rng):
     want, _ = ops.npu_fused_infer_attention_score(tq, tk, tv, **tkw)
     assert out.shape == want.shape == (3, 4, 128)
     _assert_close(out, want, BF16)  # the same attention, the rope part concatenated by the caller
-    with pytest.raises(ShapeError, match="value"):
-        ops.npu_fused_infer_attention_score(q192, k192, k192, **no_rope)
+    with pytest.raises(ShapeError, match="value"):  # (Q_D, V_D) = (192, 64): not a TND pair
+        ops.npu_fused_infer_attention_score(q192, k192, np.ascontiguousarray(tv[..., :64]), **no_rope)
 
 
 @pytest.mark.parametrize("layout", ["PA_BSH", "PA_BNSD", "PA_NZ"])

@@ -480,6 +480,28 @@ def test_hw_fused_infer_attention_score(standin, rng, op, lse):
     assert_backends_agree(getattr(ops, op), (q, key, value), dict(kw, **{lse: True}))
 
 
+def test_hw_fused_infer_attention_score_mha_forms(standin, rng):
+    """The MHA / GQA form through the hw backend: an explicit mask with its pre / next tokens, kv
+    antiquant by the v1 names, and v2's learnable_sink on TND."""
+    from tests.test_fused_infer_attention_mha import make_dense
+
+    q, k, v, kw = make_dense(rng, "BNSD", s1=3, s2=8, dtype=ml_dtypes.bfloat16)
+    mask = np.zeros((3, 8), bool)
+    mask[:, 5:] = True
+    assert_backends_agree(ops.npu_fused_infer_attention_score, (q, k, v),
+                          dict(kw, atten_mask=mask, pre_tokens=100, next_tokens=100, softmax_lse_flag=True))
+    ki = rng.integers(-128, 128, (2, 2, 8, 32)).astype(np.int8)
+    scale = np.full((2, 1, 32), 0.02, ml_dtypes.bfloat16)
+    assert_backends_agree(ops.npu_fused_infer_attention_score, (q, ki, ki),
+                          dict(kw, key_antiquant_scale=scale, value_antiquant_scale=scale))
+    q, k, v, kw = make_dense(rng, "TND", d=128, dtype=ml_dtypes.bfloat16, q_lens=[2, 1], kv_lens=[3, 5])
+    v2 = {"actual_seq_qlen" if a == "actual_seq_lengths" else "actual_seq_kvlen" if a == "actual_seq_lengths_kv"
+          else "num_query_heads" if a == "num_heads" else "softmax_scale" if a == "scale" else a: x
+          for a, x in kw.items()}
+    assert_backends_agree(ops.npu_fused_infer_attention_score_v2, (q, k, v),
+                          dict(v2, learnable_sink=np.ones(4, ml_dtypes.bfloat16)))
+
+
 def test_hw_fused_infer_attention_score_c8(standin, rng):
     from tests.test_fused_infer_attention_score import make_c8_case
 

@@ -12,7 +12,7 @@ import ascend_emu.ops as ops  # noqa: E402
 import ascend_emu.torch_npu as torch_npu  # noqa: E402
 from ascend_emu.errors import DTypeError, ModeError, ShapeError  # noqa: E402
 from ascend_emu.torch_npu import _registry  # noqa: E402
-from ascend_emu.torch_npu.schemas import OP_PLUGIN_SOURCE, SCHEMAS  # noqa: E402
+from ascend_emu.torch_npu.schemas import FIA_INFER_OUTPUT_SOURCE, OP_PLUGIN_SOURCE, SCHEMAS  # noqa: E402
 
 BF16, F32, I8, I32 = torch.bfloat16, torch.float32, torch.int8, torch.int32
 
@@ -32,6 +32,7 @@ EXPECTED_OVERLOADS = {
     "npu::npu_fused_infer_attention_score", "npu::npu_fused_infer_attention_score.out",
     "npu::_npu_fused_infer_attention_score_get_max_workspace", "npu::npu_fused_infer_attention_score_v2",
     "npu::npu_fused_infer_attention_score_v2.out", "npu::_npu_fused_infer_attention_score_v2_get_max_workspace",
+    "npu::_npu_fused_infer_attention_score_infer_output", "npu::_npu_fused_infer_attention_score_v2_infer_output",
 }
 
 
@@ -40,7 +41,8 @@ def test_every_emulated_op_is_registered_with_its_2_14_schema():
     for spec in SCHEMAS:
         stored = str(torch._C.parse_schema(f"{spec.namespace}::{spec.schema}"))
         assert _registry.registered_schema(spec) == stored, spec.qualified
-        assert spec.source.startswith("torch_npu/") or spec.source == OP_PLUGIN_SOURCE, spec.qualified
+        assert spec.source.startswith("torch_npu/") or spec.source in (OP_PLUGIN_SOURCE, FIA_INFER_OUTPUT_SOURCE), \
+            spec.qualified
 
 
 def test_alias_annotations_are_kept():

@@ -1,4 +1,6 @@
-"""emu backend of ``npu_fused_infer_attention_score`` / ``_v2`` (the MLA subset).
+"""emu backend of ``npu_fused_infer_attention_score`` / ``_v2`` (the MLA subset and the MHA / GQA
+form: its dense key / value become token-major rows once per call, :func:`_dense_tokens`, its
+kv antiquant is applied there; its explicit masks and sinks enter :func:`_softmax_rows`).
 
 Work units are (request ``b``, kv head ``h``) pairs: the unit's query rows (its tokens x the G
 query heads of ``h``, token-major) attend the unit's kv positions ``0 .. max limit - 1``, read
@@ -48,7 +50,7 @@ from ..mla import D_ROPE
 from ..ops.fused_infer_attention_score import (C8_DOT_BIAS, C8_DOT_BIAS_BITS, C8_FLOAT_EPS, C8_KV_BLOCK, C8_P_RANGE,
                                                C8_PV_STAGE_SCALE, EMPTY_ROW_LSE, EMPTY_ROW_OUTPUT,
                                                FusedInferAttentionArgs, FusedInferAttentionOutputs)
-from ..quant import BF16
+from ..quant import BF16, unpack_int4_from_int32
 from ..quant.rounding import bf16_bits_to_f32, f32_bits_to_bf16_bits
 from ..quant.rounding import f32_round_f16 as _f16
 from .kernels import launch_rows, side_by_side
@@ -57,11 +59,16 @@ from .sparse_flash_attention import _exp_f64
 
 
 @njit(cache=True, nogil=True)
-def _softmax_rows(lo, hi, scores, limits, scale, is_bf16, m, total):
+def _softmax_rows(lo, hi, scores, limits, scale, is_bf16, m, total, masked, group, sinks):
     """In place, rows ``lo:hi``: fp32 scores ``[R, L]`` -> P (query-dtype values as fp32, unnormalised
     exp) over the first ``limits[r]`` entries (the rest set to 0); ``m`` / ``total``: out, fp32
-    ``[R]`` the row max and exp sum (rows with limit 0 are left untouched). Within a row the
-    scale / exp / rounding passes vectorize and the sum runs in kv order."""
+    ``[R]`` the row max and exp sum (rows with limit 0 are left untouched). ``masked``: uint8
+    ``[R / group, L]`` (row ``r`` reads row ``r // group``; 1 drops the entry: exp 0), or ``[0, 0]``
+    for none; ``sinks``: fp32 ``[R]`` each row's learnable sink (one more softmax entry, its exp
+    added to the sum last), or ``[0]``. Within a row the scale / exp / rounding passes vectorize
+    and the sum runs in kv order."""
+    has_mask = masked.shape[0] > 0
+    has_sink = sinks.shape[0] > 0
     for r in range(lo, hi):
         n = limits[r]
         row = scores[r]
@@ -71,16 +78,25 @@ def _softmax_rows(lo, hi, scores, limits, scale, is_bf16, m, total):
         seg = row[:n]  # a slice and fresh locals: the loops vectorize
         for i in range(n):
             seg[i] = np.float32(seg[i] * scale)
+        if has_mask:
+            mrow = masked[r // group]
+            for i in range(n):
+                if mrow[i]:
+                    seg[i] = -np.inf
         mx = np.float32(-np.inf)
         for i in range(n):
             if seg[i] > mx:
                 mx = seg[i]
+        if has_sink and sinks[r] > mx:
+            mx = sinks[r]
         mxf = np.float32(mx)
         for i in range(n):
             seg[i] = np.float32(_exp_f64(seg[i] - mxf))
         tot = np.float32(0.0)
         for i in range(n):
             tot = np.float32(tot + seg[i])
+        if has_sink:
+            tot = np.float32(tot + np.float32(_exp_f64(sinks[r] - mxf)))
         bits = seg.view(np.uint32)
         if is_bf16:
             for i in range(n):
@@ -94,11 +110,12 @@ def _softmax_rows(lo, hi, scores, limits, scale, is_bf16, m, total):
 
 
 @njit(cache=True, parallel=True)
-def _softmax_parts(parts, scores, limits, scale, is_bf16, m, total):
+def _softmax_parts(parts, scores, limits, scale, is_bf16, m, total, masked, group, sinks):
     """:func:`_softmax_rows` over ``parts`` contiguous row ranges in parallel."""
     rows = scores.shape[0]
     for i in prange(parts):
-        _softmax_rows(rows * i // parts, rows * (i + 1) // parts, scores, limits, scale, is_bf16, m, total)
+        _softmax_rows(rows * i // parts, rows * (i + 1) // parts, scores, limits, scale, is_bf16, m, total, masked,
+                      group, sinks)
 
 
 @njit(cache=True, nogil=True)
@@ -209,18 +226,22 @@ def _c8_stage(pv, max_p16, exp16, acc, first) -> None:
     launch_rows(_c8_stage_rows, _c8_stage_parts, pv.shape[0], pv.shape[1], pv, max_p16, exp16, acc, first)
 
 
+_NO_MASK = np.zeros((0, 0), np.uint8)
+_NO_SINK = np.zeros(0, np.float32)
+
+
 def _requests(args: FusedInferAttentionArgs, group: int):
-    """Per request with rows to compute: ``(nq, tokens, width, kv, row_limits, live)``: its query
+    """Per request with rows to compute: ``(b, nq, tokens, width, kv, row_limits, live)``: its index, its query
     tokens (int64 ``[nq]``, token-major indices), the kv positions any row sees (``width``), where
     they are (``kv``: the ``ceil(width / bs)`` block ids it reads, or the non-paged TND token rows
     ``[width]``; :func:`_gather`), each row's limit (``[nq * group]``, token-major) and whether it
-    is > 0 (step 1 of the op module)."""
+    is > 0 (step 1 of the op module; :meth:`FusedInferAttentionArgs.row_limits`)."""
     for b in range(args.batch):
         nq, kv_len = int(args.act_q[b]), int(args.act_kv[b])
         if nq == 0 or kv_len == 0:
             continue
         s = np.arange(nq)
-        limits = np.full(nq, kv_len) if args.sparse_mode == 0 else np.clip(kv_len - nq + s + 1, 0, kv_len)
+        limits = args.row_limits(nq, kv_len)
         width = int(limits.max())
         if width == 0:
             continue
@@ -229,7 +250,7 @@ def _requests(args: FusedInferAttentionArgs, group: int):
             kv = args.kv_rows[b, :width]
         else:
             kv = args.kv_blocks[b, :-(-width // args.block_size)]
-        yield nq, int(args.q_start[b]) + s, width, kv, row_limits, row_limits > 0
+        yield b, nq, int(args.q_start[b]) + s, width, kv, row_limits, row_limits > 0
 
 
 def _store(out, lse, tokens, heads, o, m, total, live) -> None:
@@ -264,7 +285,7 @@ def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
     block = C8_KV_BLOCK
 
     def one(request) -> None:
-        nq, tokens, width, kv, row_limits, live = request
+        _, nq, tokens, width, kv, row_limits, live = request
         k = _gather(args, args.key, args.key_layout, kv, width, 0, widen=False)  # [L, 512] int8
         kr = _gather(args, args.key_rope, args.rope_layout, kv, width, 0)  # [L, 64] fp32
         v = k if args.value is args.key else _gather(args, args.value, args.value_layout, kv, width, 0,
@@ -293,7 +314,7 @@ def _c8_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
         _store(out, lse, tokens, slice(None), (o * v_scale).astype(np.float32), m, total, live)
 
     requests = list(_requests(args, n))
-    costs = [nq * n * width for nq, _, width, *_ in requests]  # [requests] rows x kv positions
+    costs = [nq * n * width for _, nq, _, width, *_ in requests]  # [requests] rows x kv positions
     threads = _request_threads(costs, d, SMALL_INT8_MACS)
     with one_blas_thread() if threads > 1 else contextlib.nullcontext():
         side_by_side(one, requests, threads, costs)
@@ -323,13 +344,51 @@ def _request_threads(costs: list, macs_per_cost: int, small_macs: int) -> int:
     return 1
 
 
-def _tokens_first(x: np.ndarray, layout: str) -> np.ndarray:
-    """Query-like ``x`` as ``[T, N, D]`` (token-major: request after request)."""
+def _tokens_first(x: np.ndarray, layout: str, heads: int = 0) -> np.ndarray:
+    """Query-like ``x`` as ``[T, N, D]`` (token-major: request after request); ``heads``: N of a BSH
+    ``[B, S, N*D]`` array (a key / value: KV_N)."""
     if layout == "BSND":
         return x.reshape(-1, x.shape[2], x.shape[3])
     if layout == "BNSD":
         return x.transpose(0, 2, 1, 3).reshape(-1, x.shape[1], x.shape[3])
+    if layout == "BSH":
+        return x.reshape(x.shape[0] * x.shape[1], heads, x.shape[2] // heads)
+    if layout in ("NTD", "NSD"):
+        return x.transpose(1, 0, 2)
     return x
+
+
+def _dense_tokens(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray]:
+    """The key and value a ``_gather`` reads: the caches themselves (paged, or TND), else the MHA
+    form's dense key / value as C-contiguous token-major ``[T2, KV_N, D]`` (one copy per call where
+    the layout is not already so: BNSD, NTD, NSD), the rows of ``args.kv_rows``."""
+    if args.kv_antiquant is None and (args.kv_blocks is not None or args.query_layout == "TND"):
+        return args.key, args.value
+    key = np.ascontiguousarray(_tokens_first(args.key, args.query_layout, args.num_kv_heads))
+    value = key if args.value is args.key else \
+        np.ascontiguousarray(_tokens_first(args.value, args.query_layout, args.num_kv_heads))
+    if args.kv_antiquant is not None:
+        k_scale, k_offset, v_scale, v_offset = args.kv_antiquant
+        key, value = (_antiquant(x, scale, offset, args.query_dtype)
+                      for x, scale, offset in ((key, k_scale, k_offset), (value, v_scale, v_offset)))
+    return key, value
+
+
+def _antiquant(x: np.ndarray, scale: np.ndarray, offset, qdt) -> np.ndarray:
+    """int8 / int32 (8 int4 each) ``[T2, KV_N, D']`` -> ``qdt(scale * (x + offset))`` ``[T2, KV_N, D]``
+    (Ascend C's AscendAntiQuant: an fp16 result computed in fp16 step by step, a bf16 one in fp32
+    and rounded once); scale / offset fp32 ``[KV_N, D]`` holding query-dtype values."""
+    if x.dtype == np.int32:
+        x = unpack_int4_from_int32(x)
+    if qdt == BF16:
+        v = x.astype(np.float32)
+        if offset is not None:
+            v = v + offset
+        return (v * scale).astype(BF16)
+    v = x.astype(np.float16)
+    if offset is not None:
+        v = v + offset.astype(np.float16)
+    return v * scale.astype(np.float16)
 
 
 def _gather(args: FusedInferAttentionArgs, cache: np.ndarray, layout, kv: np.ndarray, width: int, h: int,
@@ -361,7 +420,8 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
         return _finish(args, *_c8_attention(args))
     qdt = args.query_dtype
     is_bf16 = qdt == BF16
-    q = _tokens_first(args.query, args.query_layout)  # [T, N, D]
+    q = _tokens_first(args.query, args.query_layout, args.num_heads)  # [T, N, D]
+    key, value = _dense_tokens(args)
     t_size, n, d = q.shape
     dr = D_ROPE if args.rope else 0  # the no-rope form: D = 192 (nope | rope concatenated by the caller)
     dv = args.value_dim
@@ -379,7 +439,7 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
         key = threading.get_ident()
         if key not in buffers:
             buffers[key] = (np.empty((width_max, d + dr), np.float32),  # [W, D+64] keys
-                            None if args.value is args.key else np.empty((width_max, dv), np.float32),  # [W, Dv]
+                            None if value is key else np.empty((width_max, dv), np.float32),  # [W, Dv]
                             np.empty(max(rows_max * width_max, 1), np.float32))  # scores
         return buffers[key]
 
@@ -387,31 +447,36 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
         q = np.concatenate([q, _tokens_first(args.query_rope, args.query_layout)], axis=-1)  # [T, N, D+64]
 
     def one(unit) -> None:
-        (nq, tokens, width, kv, row_limits, live), h = unit
+        (b, nq, tokens, width, kv, row_limits, live), h = unit
         k_buf, v_buf, s_buf = thread_buffers()
         heads = slice(h * group, (h + 1) * group)
         k = k_buf[:width]  # [L, D+64], widened exactly on assignment
-        k[:, :d] = _gather(args, args.key, args.key_layout, kv, width, h, widen=False)
+        k[:, :d] = _gather(args, key, args.key_layout, kv, width, h, widen=False)
         if dr:
             k[:, d:] = _gather(args, args.key_rope, args.rope_layout, kv, width, h, widen=False)
         if v_buf is None:
             v = k[:, :d]  # [L, D]: the ckv cache is key and value
         else:
             v = v_buf[:width]
-            v[...] = _gather(args, args.value, args.value_layout, kv, width, h, widen=False)
+            v[...] = _gather(args, value, args.value_layout, kv, width, h, widen=False)
         qrows = q[tokens, heads].reshape(-1, d + dr)
         scores = matmul_f32(qrows.astype(np.float32), k.T,
                             out=s_buf[:nq * group * width].reshape(nq * group, width))  # [nq*G, L]
         m = np.empty(scores.shape[0], np.float32)  # [nq*G]
         total = np.empty(scores.shape[0], np.float32)  # [nq*G]
+        if args.mask is None:
+            masked = _NO_MASK
+        else:  # [nq, L]: the request's rows of the explicit mask (token-major rows read row // G)
+            masked = np.ascontiguousarray(args.mask[b if args.mask.shape[0] > 1 else 0, :nq, :width]).view(np.uint8)
+        sinks = _NO_SINK if args.sink is None else np.tile(args.sink[heads], nq)  # [nq*G]
         launch_rows(_softmax_rows, _softmax_parts, scores.shape[0], scores.shape[1], scores, row_limits, scale,
-                    is_bf16, m, total)
+                    is_bf16, m, total, masked, group, sinks)
         o = matmul_f32(scores, v)  # [nq*G, D]
         o = (o / np.where(live, total, np.float32(1))[:, None]).astype(np.float32)
         _store(out, lse, tokens, heads, o, m, total, live)
 
     units = [(request, h) for request in _requests(args, group) for h in range(kv_n)]
-    costs = [request[0] * group * request[2] for request, _ in units]  # rows x kv positions
+    costs = [request[1] * group * request[3] for request, _ in units]  # rows x kv positions
     threads = _request_threads(costs, d + dr, SMALL_PRODUCT_MACS)
     with one_blas_thread() if threads > 1 else contextlib.nullcontext():
         side_by_side(one, units, threads, costs)
@@ -423,7 +488,8 @@ def _finish(args: FusedInferAttentionArgs, out: np.ndarray, lse: np.ndarray) -> 
     rounding to ``args.out_dtype``, the output / lse layouts."""
     t_size, n, d = out.shape
     rounded = out.astype(args.out_dtype)  # one RNE rounding, [T, N, D]
-    if args.query_layout != "TND":
+    packed = args.query_layout in ("TND", "NTD")
+    if not packed:
         rounded = rounded.reshape(args.batch, args.seq_q, n, d)  # [B, S1, N, D]
     layout = args.out_layout
     if layout == "BNSD":
@@ -432,10 +498,12 @@ def _finish(args: FusedInferAttentionArgs, out: np.ndarray, lse: np.ndarray) -> 
         rounded = rounded.transpose(2, 0, 1, 3)
     elif layout == "NTD":
         rounded = rounded.transpose(1, 0, 2)
+    elif layout == "NSD":  # B = 1
+        rounded = rounded[0].transpose(1, 0, 2)
     attention_out = np.ascontiguousarray(rounded).reshape(args.out_shape)
     if not args.softmax_lse_flag:
         return FusedInferAttentionOutputs(attention_out, np.empty(0, dtype=np.float32))
-    if args.query_layout == "TND":
+    if packed:
         lse_out = lse.reshape(t_size, n, 1)
     else:
         lse_out = lse.reshape(args.batch, args.seq_q, n).transpose(0, 2, 1)[..., None]  # [B, N, S1, 1]

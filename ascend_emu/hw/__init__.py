@@ -444,7 +444,10 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
                               key_rope=args.key_rope, atten_mask=args.atten_mask, block_table=args.block_table),
                          torch)
     common = dict(input_layout=args.input_layout, num_key_value_heads=args.num_kv_heads,
-                  sparse_mode=args.sparse_mode, block_size=args.block_size)
+                  sparse_mode=args.sparse_mode, block_size=args.block_size, pre_tokens=args.pre_tokens,
+                  next_tokens=args.next_tokens)
+    if args.kv_antiquant_given:  # the caller's kv antiquant scales / offsets, by the op's own names
+        common.update(_on_device(dict(args.kv_antiquant_given), torch))
     q_lens, kv_lens = _int_list(args.actual_seq_lengths), _int_list(args.actual_seq_lengths_kv)
     if args.op == "npu_fused_infer_attention_score":
         out, lse = tnpu.npu_fused_infer_attention_score(
@@ -456,6 +459,8 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
             c8 = _on_device(dict(dequant_scale_query=args.dequant_scale_query, dequant_scale_key=args.dequant_scale_key,
                                  dequant_scale_value=args.dequant_scale_value), torch)
             c8.update(query_quant_mode=args.query_quant_mode, key_quant_mode=0, value_quant_mode=0)
+        if args.sink is not None:  # the caller's bf16 [N] learnable_sink
+            c8.update(_on_device(dict(learnable_sink=args.sink.astype(BF16)), torch))
         out, lse = tnpu.npu_fused_infer_attention_score_v2(
             **tensors, **common, **c8, actual_seq_qlen=q_lens, actual_seq_kvlen=kv_lens,
             num_query_heads=args.num_heads, softmax_scale=float(args.scale), return_softmax_lse=args.softmax_lse_flag)

@@ -12,7 +12,9 @@ from ._backend import backend, backend_name, get_backend, set_backend
 from .dynamic_quant import npu_dynamic_quant, npu_dynamic_quant_asymmetric
 from .format_cast import get_npu_format, npu_format_cast
 from .fused_infer_attention_score import (_npu_fused_infer_attention_score_get_max_workspace,  # noqa: F401
+                                          _npu_fused_infer_attention_score_infer_output,  # noqa: F401
                                           _npu_fused_infer_attention_score_v2_get_max_workspace,  # noqa: F401
+                                          _npu_fused_infer_attention_score_v2_infer_output,  # noqa: F401
                                           npu_fused_infer_attention_score, npu_fused_infer_attention_score_v2)
 from .kv_rmsnorm_rope_cache import npu_kv_rmsnorm_rope_cache
 from .lightning_indexer import npu_lightning_indexer

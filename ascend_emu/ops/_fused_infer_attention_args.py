@@ -19,6 +19,7 @@ from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ..layouts import NZ_ROW_BYTES, CacheLayout, blocks_from_block_table
 from ..mla import D_ROPE, HCKV, NKV
 from ._check import MAX_BATCH, check_dtype, check_float, dtype_name, prefix_lengths, required
+from ._fused_infer_attention_mha import MAX_HEADS as MAX_QUERY_HEADS_NO_ROPE  # noqa: F401  (re-exported)
 
 #: input_layout values of the MLA callers -> (query layout, attention_out layout) (the meta
 #: function's ``get_query_and_attention_out_layout`` map, restricted).
@@ -32,12 +33,12 @@ QUERY_HEADS = (1, 2, 4, 8, 16, 32, 64, 128)
 HEAD_DIM_ABSORBED = HCKV
 HEAD_DIM_PREFILL = 128
 HEAD_DIMS = (HEAD_DIM_ABSORBED, HEAD_DIM_PREFILL)
-#: The form without rope arguments: query / key D = 128 + 64 concatenated, value D = 128, TND
-#: without block_table, any N (vllm-ascend ``_forward_prefill`` / ``_compute_prefill_context`` with
-#: ``head_padding > 0``; the v2 doc's MHA row "Q_D and K_D 192 with V_D 128").
+#: vllm-ascend's call without rope arguments (``_forward_prefill`` / ``_compute_prefill_context``
+#: with ``head_padding > 0``): query / key D = 128 + 64 concatenated, value D = 128, TND; one of
+#: the MHA / GQA form's TND head-dim pairs (:mod:`._fused_infer_attention_mha`), which validates it
+#: (N up to its MAX_HEADS, re-exported as MAX_QUERY_HEADS_NO_ROPE).
 HEAD_DIM_NO_ROPE = HEAD_DIM_PREFILL + D_ROPE
 VALUE_DIM_NO_ROPE = HEAD_DIM_PREFILL
-MAX_QUERY_HEADS_NO_ROPE = 128
 #: sparse_mode values: 0 (all tokens), 3 (causal, bottom-right aligned).
 SPARSE_MODES = (0, 3)
 #: The optimised causal mask the callers pass with sparse_mode 3: ``[2048, 2048]``, 1 above the diagonal.
@@ -63,15 +64,13 @@ CACHE_LAYOUTS = {3: "PA_BSH", 4: "PA_BNSD", 5: "PA_NZ"}
 #: v1 arguments not emulated: name -> the only value taken.
 V1_REJECTED = {name: None for name in (
     "pse_shift", "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2",
-    "antiquant_scale", "antiquant_offset", "key_antiquant_scale", "key_antiquant_offset", "value_antiquant_scale",
-    "value_antiquant_offset", "query_padding_size", "kv_padding_size", "key_shared_prefix", "value_shared_prefix",
+    "antiquant_scale", "antiquant_offset", "query_padding_size", "kv_padding_size", "key_shared_prefix", "value_shared_prefix",
     "actual_shared_prefix_len", "key_rope_antiquant_scale")}
-V1_REJECTED.update(antiquant_mode=0, key_antiquant_mode=0, value_antiquant_mode=0, inner_precise=0)
+V1_REJECTED.update(antiquant_mode=0, inner_precise=0)
 #: v2 arguments not emulated: name -> the only value taken.
 V2_REJECTED = {name: None for name in (
-    "pse_shift", "dequant_offset_key", "dequant_offset_value", "dequant_scale_key_rope", "quant_scale_out",
-    "quant_offset_out", "quant_scale_p",
-    "learnable_sink", "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
+    "pse_shift", "dequant_scale_key_rope", "quant_scale_out",
+    "quant_offset_out", "quant_scale_p", "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
     "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype", "dequant_scale_key_dtype",
     "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype", "out_dtype")}
 V2_REJECTED.update(key_quant_mode=0, value_quant_mode=0, inner_precise=0)
@@ -135,6 +134,15 @@ class FusedInferAttentionArgs:
             dequant_scale_value: C8: the fp32 one-element per-tensor scales; query_quant_mode: 3
             under C8, else 0.
         value_dim: D of value and attention_out (= head_dim except the no-rope form's 128).
+        row_rule: the MHA form's row rule (:attr:`rule`), "" for the MLA subset.
+        mask: the MHA form's explicit mask (sparse_mode 0 / 1) as a bool view ``[Bm, S1, KV_S]``
+            (Bm 1 or B, True masks a position out), else None.
+        sink: v2's learnable_sink as fp32 ``[N]``, else None.
+        pre_tokens, next_tokens: as passed (checked ints).
+        kv_antiquant: the MHA form's separated kv antiquant, ``(key scale, key offset, value
+            scale, value offset)`` fp32 ``[KV_N, D]`` (offsets None when absent), int8 / int32
+            (8 int4 each) key and value; else None. kv_antiquant_given: those arguments as the
+            caller passed them, by name (the hw backend passes them on).
     """
 
     op: str
@@ -174,6 +182,30 @@ class FusedInferAttentionArgs:
     dequant_scale_value: np.ndarray | None = None
     query_quant_mode: int = 0
     value_dim: int = 0
+    row_rule: str = ""
+    mask: np.ndarray | None = None
+    sink: np.ndarray | None = None
+    pre_tokens: int = DEFAULT_TOKENS
+    next_tokens: int = DEFAULT_TOKENS
+    kv_antiquant: tuple | None = None
+    kv_antiquant_given: dict | None = None
+
+    @property
+    def rule(self) -> str:
+        """Which kv positions a row sees (:meth:`row_limits`): ``all``, ``top_left`` (causal,
+        sparse_mode 2) or ``bottom_right`` (causal, sparse_mode 3); the MLA subset derives it from
+        sparse_mode (0 or 3), the MHA form sets it (decode ignores the causal modes)."""
+        return self.row_rule or ("bottom_right" if self.sparse_mode == 3 else "all")
+
+    def row_limits(self, nq: int, kv_len: int) -> np.ndarray:
+        """int64 ``[nq]``: the kv positions ``0 .. limit - 1`` query token ``s`` of a request with
+        ``nq`` query and ``kv_len`` kv tokens may see (before an explicit mask: :attr:`mask`)."""
+        s = np.arange(nq, dtype=np.int64)
+        if self.rule == "top_left":
+            return np.minimum(s + 1, kv_len)
+        if self.rule == "bottom_right":
+            return np.clip(kv_len - nq + s + 1, 0, kv_len)
+        return np.full(nq, kv_len, np.int64)
 
     @property
     def rope(self) -> bool:
@@ -209,6 +241,8 @@ class FusedInferAttentionArgs:
         """The cache rows the kernel reads (checked mode's read hook): for every request its first
         ``act_kv`` kv positions, through :attr:`kv_blocks` (paged) or :attr:`kv_rows`, in
         ``key``, ``key_rope`` and a separate ``value``."""
+        if self.kv_blocks is None and not self.rope:
+            return None  # the MHA / GQA form's dense key and value: activations, no cache the writers fill
         lens = self.act_kv
         b_idx = np.repeat(np.arange(lens.size), lens)
         pos = np.arange(b_idx.size) - np.repeat(np.cumsum(lens) - lens, lens)
@@ -254,6 +288,10 @@ class FusedInferAttentionCall:
         lse_flag, lse_name: the lse flag and its name (v2 ``return_softmax_lse``).
         quant: v2's ``(query_quant_mode, dequant_scale_query, dequant_scale_key,
             dequant_scale_value)``; None for v1.
+        sink: v2's ``learnable_sink`` as passed (None for v1).
+        antiquant: the separated kv antiquant arguments by name as passed (v1
+            ``key_antiquant_scale`` / ``_offset`` / ``_mode`` and the value ones; v2
+            ``dequant_scale_key`` / ``dequant_offset_key`` and the value ones).
     """
 
     op: str
@@ -281,6 +319,8 @@ class FusedInferAttentionCall:
     lse_flag: object
     lse_name: str
     quant: tuple | None = None
+    sink: object = None
+    antiquant: dict | None = None
 
 # ---------------------------------------------------------------------- validation
 def reject(given: dict, allowed: dict, op: str) -> None:
@@ -293,8 +333,8 @@ def reject(given: dict, allowed: dict, op: str) -> None:
         if want is not None and not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, np.integer)) \
                 and int(value) == want:
             continue
-        raise arg_error(ModeError, name, f"{want!r} ({op} in ascend_emu emulates the MLA subset without "
-                        f"{name}; not emulated yet)", value if not hasattr(value, "shape") else describe(value))
+        raise arg_error(ModeError, name, f"{want!r} ({op} in ascend_emu takes only {want!r} for "
+                        f"{name}: not emulated yet)", value if not hasattr(value, "shape") else describe(value))
 
 
 def _int(value, name: str) -> int:
@@ -360,6 +400,19 @@ def normalise(call: FusedInferAttentionCall) -> FusedInferAttentionArgs:
         call.input_layout, call.lse_flag
     act_q_in, act_q_name, act_kv_in, act_kv_name = call.act_q, call.act_q_name, call.act_kv, call.act_kv_name
     heads_name = call.heads_name
+    if query_rope is None and key_rope is None and not (isinstance(query, np.ndarray) and query.dtype == np.int8):
+        from ._fused_infer_attention_mha import normalise_mha  # the MHA / GQA form (it imports this module)
+        return normalise_mha(call, call.sink)
+    if call.sink is not None:
+        raise arg_error(ModeError, "learnable_sink", "None with query_rope / key_rope (the sink belongs to the "
+                        "MHA / GQA form's TND layouts)", describe(call.sink))
+    for name, x in (call.antiquant or {}).items():  # v2's C8 reads dequant_scale_key / _value from call.quant
+        if name in ("dequant_scale_key", "dequant_scale_value") or x is None or (
+                "mode" in name and not isinstance(x, (bool, np.bool_)) and isinstance(x, (int, np.integer))
+                and int(x) == 0):
+            continue
+        raise arg_error(ModeError, name, f"{'0' if 'mode' in name else 'None'} with query_rope / key_rope (kv "
+                        "antiquant is emulated in the MHA / GQA form)", describe(x) if hasattr(x, "shape") else x)
     # ---- modes and scalars
     if input_layout not in LAYOUTS:
         raise arg_error(ModeError, "input_layout", f"one of {list(LAYOUTS)} (the MLA callers' layouts)",
@@ -390,15 +443,7 @@ def normalise(call: FusedInferAttentionCall) -> FusedInferAttentionArgs:
     d = int(query.shape[-1])
     if q_n != n:
         raise arg_error(ShapeError, heads_name, f"query's N = {q_n} ({shown})", n)
-    no_rope = query_rope is None and key_rope is None and not c8
-    if no_rope:
-        if d != HEAD_DIM_NO_ROPE or q_layout != "TND" or block_table is not None:
-            raise arg_error(ShapeError, "query_rope", f"a [.., {D_ROPE}] tensor (without rope arguments only the "
-                            f"TND prefill form with query D = {HEAD_DIM_NO_ROPE} and no block_table is emulated)",
-                            None)
-        if not 1 <= n <= MAX_QUERY_HEADS_NO_ROPE:
-            raise arg_error(ShapeError, heads_name, f"1 .. {MAX_QUERY_HEADS_NO_ROPE}", n)
-    elif n not in QUERY_HEADS:
+    if n not in QUERY_HEADS:
         raise arg_error(ShapeError, heads_name, f"one of {list(QUERY_HEADS)} (MLA)", n)
     elif d not in HEAD_DIMS:
         raise arg_error(ShapeError, "query", f"D in {list(HEAD_DIMS)} (absorbed MLA 512, prefill 128 + 64 rope)",
@@ -409,19 +454,16 @@ def normalise(call: FusedInferAttentionCall) -> FusedInferAttentionArgs:
     if c8 and (d != HEAD_DIM_ABSORBED or kv_n != NKV):
         raise arg_error(ShapeError, "query", f"D = {HEAD_DIM_ABSORBED} with num_key_value_heads = {NKV} (the C8 "
                         "decode is absorbed MLA only)", list(query.shape))
-    if no_rope:
-        qdt, dv = dtype_name(query.dtype), VALUE_DIM_NO_ROPE
-    else:
-        query_rope = required(query_rope, "query_rope")
-        check_dtype(query_rope, "query_rope", C8_ROPE_DTYPES if c8 else (dtype_name(query.dtype),))
-        qdt, dv = dtype_name(query_rope.dtype), d  # the rope / output dtype
-        if query_rope.shape != (*query.shape[:-1], D_ROPE):
-            raise arg_error(ShapeError, "query_rope", f"query's shape with D = {D_ROPE} "
-                            f"{[*query.shape[:-1], D_ROPE]}", list(query_rope.shape))
+    query_rope = required(query_rope, "query_rope")
+    check_dtype(query_rope, "query_rope", C8_ROPE_DTYPES if c8 else (dtype_name(query.dtype),))
+    qdt, dv = dtype_name(query_rope.dtype), d  # the rope / output dtype
+    if query_rope.shape != (*query.shape[:-1], D_ROPE):
+        raise arg_error(ShapeError, "query_rope", f"query's shape with D = {D_ROPE} "
+                        f"{[*query.shape[:-1], D_ROPE]}", list(query_rope.shape))
 
     # ---- caches
     key, value = required(key, "key"), required(value, "value")
-    key_rope = None if no_rope else required(key_rope, "key_rope")
+    key_rope = required(key_rope, "key_rope")
     for name, x in (("key", key), ("value", value), ("key_rope", key_rope)):
         if x is not None:
             check_dtype(x, name, (C8_DTYPE if c8 and name != "key_rope" else qdt,))

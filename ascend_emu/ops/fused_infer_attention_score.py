@@ -1,5 +1,8 @@
 """``torch_npu.npu_fused_infer_attention_score`` (FIA) and ``npu_fused_infer_attention_score_v2`` on
-NumPy arrays, the MLA subset: one contract for both names and their ``.out`` forms.
+NumPy arrays, the MLA subset and the MHA / GQA form (no rope): one contract for both names and
+their ``.out`` forms. The MHA / GQA form's layouts, caches, masks, lengths and ``learnable_sink``
+are validated in :mod:`ascend_emu.ops._fused_infer_attention_mha` (its module docstring gives its
+row rules and sources); it computes the numerics below (steps 1-4, with its row rule in step 1).
 
 Sources: torch_npu 2.14's schemas (``npu_native_functions_by_codegen.yaml`` lines 349-370: v1,
 v1 ``.out``, ``_npu_fused_infer_attention_score_get_max_workspace``, v2, v2 ``.out``, the v2
@@ -76,12 +79,10 @@ Choices where the sources leave room (each in one named constant, defined with t
   (the two agree when the row fits one block; otherwise they differ in the last bits).
 - ``exp`` is evaluated in float64 and rounded once to fp32, as the sparse attention ops
   (:data:`ascend_emu.ops.sparse_flash_attention.EXP_EVALUATION`).
-- Without query_rope / key_rope only vllm-ascend's prefill form with ``head_padding > 0`` (N not
-  a power of 2): TND without block_table, query / key D = 192 (:data:`HEAD_DIM_NO_ROPE`, nope and
-  rope concatenated by the caller), value / output D = 128, N up to 128 (``mla_v1.py``
-  ``_forward_prefill`` / ``_compute_prefill_context``; the v2 doc's MHA constraint "Q_D, K_D 192
-  with V_D 128"); other calls without rope name ``query_rope``.
-- MLA otherwise: query_rope / key_rope (64-d) required; D = 512 with ``num_key_value_heads = 1``
+- Without query_rope and key_rope: the MHA / GQA form (:mod:`ascend_emu.ops._fused_infer_attention_mha`),
+  vllm-ascend's TND prefill with ``head_padding > 0`` (query / key D = 192 = nope | rope
+  concatenated by the caller, value D = 128) among its calls.
+- MLA (one of query_rope / key_rope given: both required, 64-d): D = 512 with ``num_key_value_heads = 1``
   (absorbed decode, value = the ckv cache) or D = 128 with KV_N dividing N; value's D equals
   the query's. N in :data:`QUERY_HEADS`.
 - Paged caches (``block_table`` given): ``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]`` and
@@ -107,8 +108,8 @@ Choices where the sources leave room (each in one named constant, defined with t
   pass 65535 / 65535.
 - Rejected, naming the argument (not emulated): ``pse_shift``, every quant / antiquant / dequant
   tensor and mode outside v2's C8 decode, ``query_padding_size`` / ``kv_padding_size`` (left
-  padding), the shared prefix, ``key_rope_antiquant_scale``, ``learnable_sink``, ``inner_precise``
-  other than 0 and the v2 dtype tags.
+  padding), the shared prefix, ``key_rope_antiquant_scale``, ``learnable_sink`` outside the MHA
+  form's TND / NTD_TND, ``inner_precise`` other than 0 and the v2 dtype tags.
 - The ``.out`` forms write ``attention_out`` (and ``softmax_lse`` with the lse flag) after every
   check passed; ``workspace`` is not read. The workspace query returns uint8 ``[0]``: the
   emulation needs none (the real size comes from the device tiling).
@@ -121,9 +122,10 @@ import functools
 import numpy as np
 
 from .. import checked_mode, input_contracts
-from ..errors import ModeError, ShapeError, arg_error, describe
+from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ._backend import get_backend
 from ._check import check_disjoint, required
+from ._fused_infer_attention_mha import output_shapes
 from ._fused_infer_attention_args import (LAYOUTS, QUERY_DTYPES, QUERY_HEADS, HEAD_DIM_ABSORBED, HEAD_DIM_PREFILL,
                                           HEAD_DIMS, HEAD_DIM_NO_ROPE, VALUE_DIM_NO_ROPE, MAX_QUERY_HEADS_NO_ROPE,
                                           SPARSE_MODES, CAUSAL_MASK_SIZE, MASK_DTYPES, DEFAULT_TOKENS,
@@ -132,12 +134,13 @@ from ._fused_infer_attention_args import (LAYOUTS, QUERY_DTYPES, QUERY_HEADS, HE
                                           QUERY_QUANT_MODE_C8, C8_DTYPE, C8_ROPE_DTYPES, C8_SCALE_DTYPE, C8_KV_BLOCK,
                                           C8_P_RANGE, C8_PV_STAGE_SCALE, C8_FLOAT_EPS, C8_DOT_BIAS_BITS, C8_DOT_BIAS,
                                           FusedInferAttentionArgs, FusedInferAttentionCall,
-                                          FusedInferAttentionOutputs, normalise, reject)
+                                          FusedInferAttentionOutputs, _int, normalise, reject)
 
 #: The public ops, and the limits, choices and argument types defined beside the validation.
 __all__ = ["npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2",
            "_npu_fused_infer_attention_score_get_max_workspace",
-           "_npu_fused_infer_attention_score_v2_get_max_workspace", "WORKSPACE", "LAYOUTS", "QUERY_DTYPES",
+           "_npu_fused_infer_attention_score_v2_get_max_workspace", "_npu_fused_infer_attention_score_infer_output",
+           "_npu_fused_infer_attention_score_v2_infer_output", "WORKSPACE", "LAYOUTS", "QUERY_DTYPES",
            "QUERY_HEADS", "HEAD_DIM_ABSORBED", "HEAD_DIM_PREFILL", "HEAD_DIMS", "HEAD_DIM_NO_ROPE",
            "VALUE_DIM_NO_ROPE", "MAX_QUERY_HEADS_NO_ROPE", "SPARSE_MODES", "CAUSAL_MASK_SIZE", "MASK_DTYPES",
            "DEFAULT_TOKENS", "BLOCK_SIZE_ALIGN", "MAX_BLOCK_SIZE", "EMPTY_ROW_OUTPUT", "EMPTY_ROW_LSE",
@@ -162,10 +165,13 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
                                     block_size: int = 0, antiquant_mode: int = 0, key_antiquant_mode: int = 0,
                                     value_antiquant_mode: int = 0, softmax_lse_flag: bool = False,
                                     workspace=None, attention_out=None, softmax_lse=None):
-    """Fused infer attention (MLA subset) over a paged cache; the schema of torch_npu 2.14 (the
-    ``.out`` form: ``workspace``, ``attention_out``, ``softmax_lse``).
+    """Fused infer attention: the MLA subset over a paged cache, and the MHA / GQA form (no rope,
+    :mod:`ascend_emu.ops._fused_infer_attention_mha`: BSH / BSND / BNSD / TND / NTD queries and the
+    layout transforms, dense or paged key / value, sparse_mode 0-3 with explicit masks); the
+    schema of torch_npu 2.14 (the ``.out`` form: ``workspace``, ``attention_out``, ``softmax_lse``).
 
-    Args:
+    Args (the MLA subset; the MHA / GQA form's shapes: the op-plugin layout table, in the MHA
+    module's docstring):
         query: bf16 / fp16 ``[B, S1, N, D]`` (BSND), ``[B, N, S1, D]`` (BNSD) or ``[T, N, D]``
             (TND); D = 512 (absorbed, KV_N = 1) or 128; N in 1, 2, 4, ..., 128.
         key, value: paged caches of query's dtype, ``[nb, bs, KV_N*D]``, ``[nb, KV_N, bs, D]`` or
@@ -215,24 +221,25 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
     given = dict(pse_shift=pse_shift, dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
                  dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2,
                  antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
-                 key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
-                 value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
                  query_padding_size=query_padding_size, kv_padding_size=kv_padding_size,
                  key_shared_prefix=key_shared_prefix, value_shared_prefix=value_shared_prefix,
                  actual_shared_prefix_len=actual_shared_prefix_len, key_rope_antiquant_scale=key_rope_antiquant_scale,
-                 antiquant_mode=antiquant_mode, key_antiquant_mode=key_antiquant_mode,
-                 value_antiquant_mode=value_antiquant_mode, inner_precise=inner_precise)
+                 antiquant_mode=antiquant_mode, inner_precise=inner_precise)
     reject(given, V1_REJECTED, "npu_fused_infer_attention_score")
+    antiquant = dict(key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
+                     value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
+                     key_antiquant_mode=key_antiquant_mode, value_antiquant_mode=value_antiquant_mode)
     read = dict(query=query, key=key, value=value, query_rope=query_rope, key_rope=key_rope, atten_mask=atten_mask,
                 actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
-                block_table=block_table)
+                block_table=block_table, **{k: v for k, v in antiquant.items() if "mode" not in k})
     args = normalise(FusedInferAttentionCall(
         op="npu_fused_infer_attention_score", query=query, key=key, value=value, query_rope=query_rope,
         key_rope=key_rope, atten_mask=atten_mask, act_q=actual_seq_lengths, act_q_name="actual_seq_lengths",
         act_kv=actual_seq_lengths_kv, act_kv_name="actual_seq_lengths_kv", block_table=block_table,
         num_heads=num_heads, heads_name="num_heads", num_key_value_heads=num_key_value_heads, scale=scale,
         scale_name="scale", pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
-        sparse_mode=sparse_mode, block_size=block_size, lse_flag=softmax_lse_flag, lse_name="softmax_lse_flag"))
+        sparse_mode=sparse_mode, block_size=block_size, lse_flag=softmax_lse_flag, lse_name="softmax_lse_flag",
+        antiquant=antiquant))
     return _run(args, attention_out, softmax_lse, read)
 
 
@@ -268,18 +275,19 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
     docstring's C8 chain. The v2 doc lists TND without full quant while vllm-ascend calls TND_NTD
     with it (spec decode) and the kernel indexes the scale for TND; TND is taken.
 
-    The other v2-only arguments (offsets, quant_scale_out / p, ``learnable_sink``, the dtype tags,
-    ``out_dtype``) take only their defaults (:data:`V2_REJECTED`).
+    ``learnable_sink``: the MHA / GQA form's bf16 ``[N]`` sink (TND / NTD_TND, value D <= 128;
+    numerics in :mod:`ascend_emu.ops._fused_infer_attention_mha`). The other v2-only arguments
+    (offsets, quant_scale_out / p, the dtype tags, ``out_dtype``) take only their defaults
+    (:data:`V2_REJECTED`).
 
     Raises:
         As :func:`npu_fused_infer_attention_score`; C8: ModeError naming ``query_quant_mode`` (an
         int8 query without mode 3, or mode 3 with a float query), DTypeError / ShapeError naming
         the scale or cache that does not fit.
     """
-    given = dict(pse_shift=pse_shift, dequant_offset_key=dequant_offset_key,
-                 dequant_offset_value=dequant_offset_value, dequant_scale_key_rope=dequant_scale_key_rope,
+    given = dict(pse_shift=pse_shift, dequant_scale_key_rope=dequant_scale_key_rope,
                  quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out, quant_scale_p=quant_scale_p,
-                 learnable_sink=learnable_sink, query_dtype=query_dtype, key_dtype=key_dtype, value_dtype=value_dtype,
+                 query_dtype=query_dtype, key_dtype=key_dtype, value_dtype=value_dtype,
                  query_rope_dtype=query_rope_dtype, key_rope_dtype=key_rope_dtype,
                  key_shared_prefix_dtype=key_shared_prefix_dtype, value_shared_prefix_dtype=value_shared_prefix_dtype,
                  dequant_scale_query_dtype=dequant_scale_query_dtype, dequant_scale_key_dtype=dequant_scale_key_dtype,
@@ -290,7 +298,8 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
     read = dict(query=query, key=key, value=value, query_rope=query_rope, key_rope=key_rope, atten_mask=atten_mask,
                 actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, block_table=block_table,
                 dequant_scale_query=dequant_scale_query, dequant_scale_key=dequant_scale_key,
-                dequant_scale_value=dequant_scale_value)
+                dequant_scale_value=dequant_scale_value, learnable_sink=learnable_sink,
+                dequant_offset_key=dequant_offset_key, dequant_offset_value=dequant_offset_value)
     args = normalise(FusedInferAttentionCall(
         op="npu_fused_infer_attention_score_v2", query=query, key=key, value=value, query_rope=query_rope,
         key_rope=key_rope, atten_mask=atten_mask, act_q=actual_seq_qlen, act_q_name="actual_seq_qlen",
@@ -298,7 +307,9 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
         heads_name="num_query_heads", num_key_value_heads=num_key_value_heads, scale=softmax_scale,
         scale_name="softmax_scale", pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
         sparse_mode=sparse_mode, block_size=block_size, lse_flag=return_softmax_lse, lse_name="return_softmax_lse",
-        quant=(query_quant_mode, dequant_scale_query, dequant_scale_key, dequant_scale_value)))
+        quant=(query_quant_mode, dequant_scale_query, dequant_scale_key, dequant_scale_value), sink=learnable_sink,
+        antiquant=dict(dequant_scale_key=dequant_scale_key, dequant_offset_key=dequant_offset_key,
+                       dequant_scale_value=dequant_scale_value, dequant_offset_value=dequant_offset_value)))
     return _run(args, attention_out, softmax_lse, read)
 
 
@@ -327,6 +338,66 @@ _npu_fused_infer_attention_score_get_max_workspace = _workspace_query(npu_fused_
 _npu_fused_infer_attention_score_v2_get_max_workspace = _workspace_query(npu_fused_infer_attention_score_v2)
 _npu_fused_infer_attention_score_get_max_workspace.__name__ = "_npu_fused_infer_attention_score_get_max_workspace"
 _npu_fused_infer_attention_score_v2_get_max_workspace.__name__ = "_npu_fused_infer_attention_score_v2_get_max_workspace"
+
+
+def _infer_output(query, value, quant_out, block_table, input_layout, num_heads, num_key_value_heads, lse_flag,
+                  query_rope, names):
+    """The infer_output ops' shared body: shapes by :func:`._fused_infer_attention_mha.output_shapes`,
+    dtype int8 with a quant output scale, else query_rope's (fp16 without) for an int8 query, else
+    query's; zero-filled arrays (the device returns uninitialised memory)."""
+    query, value = required(query, "query"), required(value, "value")
+    heads = _int(num_heads, names[0])
+    kv_heads = _int(num_key_value_heads, "num_key_value_heads")
+    if not isinstance(lse_flag, (bool, np.bool_)):
+        raise arg_error(DTypeError, names[1], "a bool", type(lse_flag).__name__)
+    if not isinstance(input_layout, str):
+        raise arg_error(DTypeError, "input_layout", "a str", type(input_layout).__name__)
+    out_shape, lse_shape = output_shapes(query.shape, value.shape, block_table is not None, input_layout, heads,
+                                         kv_heads, bool(lse_flag))
+    if quant_out is not None:
+        dtype = np.dtype(np.int8)
+    elif query.dtype == np.int8:
+        dtype = np.float16 if query_rope is None else required(query_rope, "query_rope").dtype
+    else:
+        dtype = query.dtype
+    return np.zeros(out_shape, dtype=dtype), np.zeros(lse_shape, dtype=np.float32)
+
+
+def _npu_fused_infer_attention_score_infer_output(query, value, *, input_layout: str = "BSH", quant_scale2=None,
+                                                  block_table=None, num_heads: int = 1, num_key_value_heads: int = 0,
+                                                  softmax_lse_flag: bool = False, query_rope=None):
+    """``torch_npu._npu_fused_infer_attention_score_infer_output``: the out= arrays of a later
+    ``npu_fused_infer_attention_score.out`` call (op-plugin ``op_plugin_functions.yaml`` line 6190;
+    ``construct_fia_output_tensor``), zero-filled: attention_out of the meta function's shape
+    (query's leading dims in the output layout, value's D) in query's dtype (int8 with
+    ``quant_scale2``; an int8 query: query_rope's, fp16 without), softmax_lse fp32 ``[B, N, S1, 1]``
+    / ``[T, N, 1]`` with the flag, ``[0]`` without.
+
+    Raises:
+        ModeError: an unknown input_layout or one not matching query's dims. ShapeError:
+        ``num_heads`` < 1. DTypeError: an argument of the wrong type.
+    """
+    return _infer_output(query, value, quant_scale2, block_table, input_layout, num_heads, num_key_value_heads,
+                         softmax_lse_flag, query_rope, ("num_heads", "softmax_lse_flag"))
+
+
+def _npu_fused_infer_attention_score_v2_infer_output(query, value, *, query_dtype=None, value_dtype=None,
+                                                     input_layout: str = "BSH", quant_scale_out=None,
+                                                     block_table=None, num_query_heads: int = 1,
+                                                     num_key_value_heads: int = 0, return_softmax_lse: bool = False,
+                                                     query_rope=None, out_dtype=None):
+    """``torch_npu._npu_fused_infer_attention_score_v2_infer_output`` (op-plugin
+    ``op_plugin_functions.yaml`` line 6207; ``construct_fia_output_tensor_v2``): as the v1 form
+    under the v2 names; the dtype tags (``query_dtype``, ``value_dtype``, ``out_dtype``) take only
+    None (not emulated).
+
+    Raises:
+        As the v1 form; ModeError naming a dtype tag given.
+    """
+    reject(dict(query_dtype=query_dtype, value_dtype=value_dtype, out_dtype=out_dtype),
+           dict(query_dtype=None, value_dtype=None, out_dtype=None), "_npu_fused_infer_attention_score_v2_infer_output")
+    return _infer_output(query, value, quant_scale_out, block_table, input_layout, num_query_heads,
+                         num_key_value_heads, return_softmax_lse, query_rope, ("num_query_heads", "return_softmax_lse"))
 
 
 def _check_out(x, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

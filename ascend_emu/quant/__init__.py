@@ -16,7 +16,7 @@ from .rounding import (BF16, INT8_MAX, INT8_MIN, bf16_bits_to_f32, bf16_to_f32, 
 from .schemes import (GRANULARITIES, RECIPROCAL_127_GRANULARITIES, ZERO_GROUP_POLICY, dequantize,
                       dynamic_scale, group_amax, inverse_scale, quantize_dynamic, quantize_static,
                       quantize_with_dequant_scale)
-from .schemes import (INT4_MAX, INT4_PER_INT32, TOKEN_SCALE_FORMS, pack_int4_to_int32,
+from .schemes import (INT4_MAX, INT4_PER_INT32, TOKEN_SCALE_FORMS, pack_int4_to_int32, unpack_int4_from_int32,
                       quantize_per_token_multiplier)
 
 __all__ = [
@@ -34,5 +34,6 @@ __all__ = [
     "GRANULARITIES", "RECIPROCAL_127_GRANULARITIES", "ZERO_GROUP_POLICY", "dequantize",
     "dynamic_scale", "group_amax", "inverse_scale", "quantize_dynamic", "quantize_static",
     "quantize_with_dequant_scale",
-    "INT4_MAX", "INT4_PER_INT32", "TOKEN_SCALE_FORMS", "pack_int4_to_int32", "quantize_per_token_multiplier",
+    "INT4_MAX", "INT4_PER_INT32", "TOKEN_SCALE_FORMS", "pack_int4_to_int32", "unpack_int4_from_int32",
+    "quantize_per_token_multiplier",
 ]

@@ -343,6 +343,16 @@ def quantize_per_token_multiplier(x, qmax: int, *, scale_form: str) -> tuple[np.
     return saturate_int8(np.rint(prod)), scale[..., 0]
 
 
+def unpack_int4_from_int32(words) -> np.ndarray:
+    """The inverse of :func:`pack_int4_to_int32`: int32 ``[..., W]`` -> int8 ``[..., 8 W]`` in
+    ``[-8, 7]``, value ``8 w + j`` from bits ``4 j .. 4 j + 3`` of word ``w`` (two's complement)."""
+    w = np.asarray(words).view(np.uint32)
+    nib = np.stack([(w >> np.uint32(4 * j)) & np.uint32(0xF) for j in range(INT4_PER_INT32)], axis=-1)
+    q = nib.astype(np.int8)
+    q[q > 7] -= 16
+    return q.reshape(*w.shape[:-1], w.shape[-1] * INT4_PER_INT32)
+
+
 def pack_int4_to_int32(q) -> np.ndarray:
     """Pack int4 values (int8 holding ``[-8, 7]``) into int32 words, 8 per word, the first value
     in the lowest 4 bits (two's-complement nibbles, little-endian): npu_dynamic_quant's

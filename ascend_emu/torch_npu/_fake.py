@@ -247,50 +247,13 @@ def gather_pa_kv_cache_functional(key_cache, value_cache, block_tables, seq_lens
 
 #: input_layout -> (query layout, attention_out layout, query dims) (the meta function's
 #: ``get_query_and_attention_out_layout`` map).
-_FIA_LAYOUTS = {"BSH": ("BSH", "BSH", 3), "BSND": ("BSND", "BSND", 4), "BNSD": ("BNSD", "BNSD", 4),
-                "TND": ("TND", "TND", 3), "NTD": ("NTD", "NTD", 3), "BNSD_BSND": ("BNSD", "BSND", 4),
-                "BSH_BNSD": ("BSH", "BNSD", 3), "BSND_BNSD": ("BSND", "BNSD", 4), "NTD_TND": ("NTD", "TND", 3),
-                "BSH_NBSD": ("BSH", "NBSD", 3), "BSND_NBSD": ("BSND", "NBSD", 4), "BNSD_NBSD": ("BNSD", "NBSD", 4),
-                "TND_NTD": ("TND", "NTD", 3), "NSD": ("NSD", "NSD", 3)}
-
-
 def _fia_shapes(query, value, block_table, input_layout, num_heads, num_key_value_heads, lse_flag):
     """``(attention_out shape, lse shape)`` as ``npu_fused_infer_attention_score_forward`` /
-    ``_v2_forward`` infer them (``get_value_d``, ``infer_attention_out_shape``,
-    ``infer_lse_out_shape``; int4 / fp4 packed values are not emulated)."""
-    if input_layout not in _FIA_LAYOUTS or query.dim() != _FIA_LAYOUTS[input_layout][2]:
-        raise arg_error(ModeError, "input_layout", f"one of {list(_FIA_LAYOUTS)} matching query's dims",
-                        f"{input_layout!r} with a {query.dim()}-D query")
-    q_layout, out_layout, _ = _FIA_LAYOUTS[input_layout]
-    kv_n = num_heads if num_key_value_heads == 0 else num_key_value_heads
-    if block_table is not None:
-        value_d = {3: lambda: value.shape[2] // kv_n, 4: lambda: value.shape[3],
-                   5: lambda: value.shape[2] * value.shape[4]}[value.dim()]()
-    elif q_layout == "BSH":
-        value_d = value.shape[2] // kv_n
-    else:
-        value_d = value.shape[3] if q_layout in ("BNSD", "BSND") else value.shape[2]
-    if q_layout in ("TND", "NTD"):
-        t, n1, d1 = (query.shape[0], query.shape[1], query.shape[2]) if q_layout == "TND" else \
-            (query.shape[1], query.shape[0], query.shape[2])
-        b = s1 = None
-    else:
-        b, s1, n1, d1 = {"BSH": lambda: (query.shape[0], query.shape[1], num_heads, query.shape[2] // num_heads),
-                         "BSND": lambda: tuple(query.shape),
-                         "BNSD": lambda: (query.shape[0], query.shape[2], query.shape[1], query.shape[3]),
-                         "NSD": lambda: (1, query.shape[1], query.shape[0], query.shape[2])}[q_layout]()
-    out_d = d1 if (value_d == 0 or d1 == 0) else value_d
-    out_shape = {"BSH": lambda: [b, s1, n1 * value_d if n1 * value_d and query.shape[2] else query.shape[2]],
-                 "BSND": lambda: [b, s1, n1, out_d], "BNSD": lambda: [b, n1, s1, out_d],
-                 "NBSD": lambda: [n1, b, s1, out_d], "TND": lambda: [t, n1, out_d], "NTD": lambda: [n1, t, out_d],
-                 "NSD": lambda: [n1, s1, out_d]}[out_layout]()
-    if not lse_flag:
-        lse_shape = [0]
-    elif input_layout in ("TND", "NTD", "TND_NTD", "NTD_TND"):
-        lse_shape = [t, n1, 1]
-    else:
-        lse_shape = [b, n1, s1, 1]
-    return out_shape, lse_shape
+    ``_v2_forward`` infer them (:func:`ascend_emu.ops._fused_infer_attention_mha.output_shapes`,
+    the one definition; int4 / fp4 packed values are not emulated)."""
+    from ..ops._fused_infer_attention_mha import output_shapes
+    return output_shapes(tuple(query.shape), tuple(value.shape), block_table is not None, input_layout, num_heads,
+                         num_key_value_heads, lse_flag)
 
 
 def fused_infer_attention_score(query, key, value, *, quant_scale2=None, query_rope=None, block_table=None,
@@ -322,6 +285,20 @@ def fused_infer_attention_score_v2(query, key, value, *, quant_scale_out=None, q
 def fused_infer_attention_score_out(*args, attention_out, softmax_lse, **_):
     """The out= tensors themselves."""
     return attention_out, softmax_lse
+
+
+def fused_infer_attention_score_infer_output(query, value, *, input_layout="BSH", quant_scale2=None,
+                                             quant_scale_out=None, block_table=None, num_heads=None,
+                                             num_query_heads=None, num_key_value_heads=0, softmax_lse_flag=False,
+                                             return_softmax_lse=False, query_rope=None, **_):
+    """``(attention_out, softmax_lse)`` of both infer_output ops: the forward fakes' shapes and dtypes."""
+    heads = num_heads if num_heads is not None else (num_query_heads if num_query_heads is not None else 1)
+    out_shape, lse_shape = _fia_shapes(query, value, block_table, input_layout, heads, num_key_value_heads,
+                                       softmax_lse_flag or return_softmax_lse)
+    quant = quant_scale2 if quant_scale2 is not None else quant_scale_out
+    dtype = torch.int8 if quant is not None else (
+        (query_rope.dtype if query_rope is not None else torch.half) if query.dtype == torch.int8 else query.dtype)
+    return _new(query, out_shape, dtype), _new(query, lse_shape, torch.float32)
 
 
 def fused_infer_attention_score_workspace(query, *args, **_):
@@ -447,6 +424,8 @@ FAKES = {
     "npu::npu_fused_infer_attention_score_v2": fused_infer_attention_score_v2,
     "npu::npu_fused_infer_attention_score_v2.out": fused_infer_attention_score_out,
     "npu::_npu_fused_infer_attention_score_v2_get_max_workspace": fused_infer_attention_score_workspace,
+    "npu::_npu_fused_infer_attention_score_infer_output": fused_infer_attention_score_infer_output,
+    "npu::_npu_fused_infer_attention_score_v2_infer_output": fused_infer_attention_score_infer_output,
     "atb::npu_mla_preprocess": mla_preprocess,
     "atb::npu_mla_preprocess.out": mla_preprocess_out,
     "npu::npu_format_cast": format_cast,

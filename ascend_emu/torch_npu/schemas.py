@@ -28,6 +28,8 @@ YAML_SOURCE = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
 #: ``Tensor? sinks=None`` (the Ascend 950's attention sinks).
 OP_PLUGIN_SOURCE = "Ascend/op-plugin@517f2e7d op_plugin/config/op_plugin_functions.yaml:6406"
 ATB_SOURCE = "torch_npu/lib/libop_plugin_atb.so (registration string)"
+#: The FIA infer_output ops' schemas (lines 6190 and 6207 of the same yaml).
+FIA_INFER_OUTPUT_SOURCE = "Ascend/op-plugin@517f2e7d op_plugin/config/op_plugin_functions.yaml:6190"
 
 #: Ops that write caches in place although torch_npu declares them without alias annotations:
 #: qualified name -> the arguments written (the ``(a!)`` ones of the annotated ops are read from
@@ -189,6 +191,15 @@ SCHEMAS: tuple[OpSchema, ...] = (
         'int? dequant_scale_query_dtype=None, int? dequant_scale_key_dtype=None, '
         'int? dequant_scale_value_dtype=None, int? dequant_scale_key_rope_dtype=None, '
         'int? out_dtype=None) -> Tensor'),
+    OpSchema("npu",
+        '_npu_fused_infer_attention_score_infer_output(Tensor query, Tensor value, *, str input_layout="BSH", '
+        'Tensor? quant_scale2=None, Tensor? block_table=None, int num_heads=1, int num_key_value_heads=0, '
+        'bool softmax_lse_flag=False, Tensor? query_rope=None) -> (Tensor, Tensor)', FIA_INFER_OUTPUT_SOURCE),
+    OpSchema("npu",
+        '_npu_fused_infer_attention_score_v2_infer_output(Tensor query, Tensor value, *, int? query_dtype=None, '
+        'int? value_dtype=None, str input_layout="BSH", Tensor? quant_scale_out=None, Tensor? block_table=None, '
+        'int num_query_heads=1, int num_key_value_heads=0, bool return_softmax_lse=False, '
+        'Tensor? query_rope=None, int? out_dtype=None) -> (Tensor, Tensor)', FIA_INFER_OUTPUT_SOURCE),
     OpSchema("npu",
         'npu_kv_rmsnorm_rope_cache(Tensor kv, Tensor gamma, Tensor cos, Tensor sin, Tensor index, '
         'Tensor k_cache, Tensor ckv_cache, *, Tensor? k_rope_scale=None, Tensor? c_kv_scale=None, '

@@ -229,3 +229,242 @@ def reference_c8(query, key, value, query_rope, key_rope, dequant_scale_query, d
                 out[t, head] = (o * np.float32(vs * np.float32(1.0 / 127.0))).astype(np.float32)
                 lse[t, head] = np.float32(m + np.float32(np.log(np.float64(total))))
     return lay_out(out, lse, input_layout, len(reqs), s1, out_dt)
+
+
+# ---------------------------------------------------------------------- the MHA / GQA form (no rope)
+def _q_rows(query, layout, n):
+    """Query as a dict ``(request, position) -> [N, D]`` rows source: returns a function
+    ``row(b, s, head)`` and ``(B or None, S1)`` read straight from the given layout."""
+    if layout == "BSH":
+        d = query.shape[2] // n
+        return lambda b, s, h: query[b, s, h * d:(h + 1) * d]
+    if layout == "BSND":
+        return lambda b, s, h: query[b, s, h]
+    if layout == "BNSD":
+        return lambda b, s, h: query[b, h, s]
+    if layout == "NSD":
+        return lambda b, s, h: query[h, s]
+    raise ValueError(layout)
+
+
+def _kv_row(x, layout, kv_n, b, j, h, block_table, bs):
+    """Row of kv position ``j`` of request ``b``, head ``h`` (dense in the query's layout, or paged)."""
+    if block_table is not None:
+        blk, r = int(block_table[b, j // bs]), j % bs
+        if x.ndim == 3:
+            d = x.shape[2] // kv_n
+            return x[blk, r, h * d:(h + 1) * d]
+        return x[blk, h, r]
+    if layout == "BSH":
+        d = x.shape[2] // kv_n
+        return x[b, j, h * d:(h + 1) * d]
+    if layout == "BSND":
+        return x[b, j, h]
+    if layout == "BNSD":
+        return x[b, h, j]
+    if layout == "NSD":
+        return x[h, j]
+    raise ValueError(layout)
+
+
+MHA_IO = {"BSH": ("BSH", "BSH"), "BSND": ("BSND", "BSND"), "BNSD": ("BNSD", "BNSD"), "TND": ("TND", "TND"),
+          "NTD": ("NTD", "NTD"), "BNSD_BSND": ("BNSD", "BSND"), "BSH_BNSD": ("BSH", "BNSD"),
+          "BSND_BNSD": ("BSND", "BNSD"), "BSH_NBSD": ("BSH", "NBSD"), "BSND_NBSD": ("BSND", "NBSD"),
+          "BNSD_NBSD": ("BNSD", "NBSD"), "TND_NTD": ("TND", "NTD"), "NTD_TND": ("NTD", "TND"), "NSD": ("NSD", "NSD")}
+
+
+def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_heads=0, scale=1.0,
+                  actual_seq_lengths=None, actual_seq_lengths_kv=None, block_table=None, sparse_mode=0,
+                  atten_mask=None, learnable_sink=None, p_rounding="unnormalised", key_antiquant=None,
+                  value_antiquant=None):
+    """The MHA / GQA form (no rope), a plain loop per request, query token, head and kv position,
+    from the doc's formula ``softmax(scale * q . k + mask) . v`` with its layout table, its
+    ``actual_seq_lengths`` rules (B-first: per request, one value for all, None = the S dims; TND /
+    NTD: prefix sums; paged: per-request kv lengths) and sparse modes (0 / 1: the mask, 1 masks out;
+    2: ``j <= s``; 3: ``j <= kv - q + s``; a decode (Q_S = 1, B-first) ignores 2 / 3). Evaluation as
+    :func:`reference` (float64 dots rounded to fp32, fp32 scale, exp in float64 rounded to fp32,
+    sequential fp32 sum, P rounded to the query dtype). ``learnable_sink``: per head, one more
+    softmax entry (max over the scores and the sink, its exp added to the sum last).
+    ``key_antiquant`` / ``value_antiquant``: ``(scale, offset or None)`` of an int8 or int32 key /
+    value (int32: 8 int4 nibbles, the lowest first, two's complement): each element
+    ``scale * (x + offset)``, step by step in fp16 for an fp16 query, in fp32 then bf16 for bf16
+    (Ascend C's AscendAntiQuant); scale one value or ``KV_N * D`` values (channel ``h * D + d``).
+
+    Returns ``(attention_out, softmax_lse)`` laid out as the op (lse always computed; +inf for
+    rows without kv tokens, output 0 there)."""
+    qdt = query.dtype
+    n = num_heads
+    kv_n = num_key_value_heads or n
+    g = n // kv_n
+    q_layout, out_layout = MHA_IO[input_layout]
+    packed = q_layout in ("TND", "NTD")
+    if key_antiquant is not None:
+        key = _dequant(key, key_antiquant, kv_n, q_layout, qdt)
+        value = _dequant(value, value_antiquant, kv_n, q_layout, qdt)
+    if packed:
+        q_tnd = query if q_layout == "TND" else query.transpose(1, 0, 2)
+        sums = [0] + [int(x) for x in actual_seq_lengths]
+        reqs = [list(range(sums[i], sums[i + 1])) for i in range(len(sums) - 1)]
+        b = len(reqs)
+        t_total = q_tnd.shape[0]
+        if block_table is None:
+            k_tnd = key if q_layout == "TND" else key.transpose(1, 0, 2)
+            v_tnd = value if q_layout == "TND" else value.transpose(1, 0, 2)
+            ksums = [0] + [int(x) for x in actual_seq_lengths_kv]
+            kv_lens = [ksums[i + 1] - ksums[i] for i in range(b)]
+        else:
+            kv_lens = [int(x) for x in actual_seq_lengths_kv]
+        s1 = None
+    else:
+        if q_layout == "NSD":
+            b, s1 = 1, query.shape[1]
+        elif q_layout == "BNSD":
+            b, s1 = query.shape[0], query.shape[2]
+        else:
+            b, s1 = query.shape[0], query.shape[1]
+
+        def per_req(lens, full):
+            if lens is None:
+                return [full] * b
+            lens = [int(x) for x in lens]
+            return lens * b if len(lens) == 1 else lens[:b]
+        q_lens = per_req(actual_seq_lengths, s1)
+        if block_table is None:
+            s2 = key.shape[{"BSH": 1, "BSND": 1, "BNSD": 2, "NSD": 1}[q_layout]]
+        else:
+            s2 = block_table.shape[1] * (key.shape[1] if key.ndim == 3 else key.shape[2])
+        kv_lens = per_req(actual_seq_lengths_kv, s2)
+        reqs = [[bi * s1 + s for s in range(q_lens[bi])] for bi in range(b)]
+        t_total = b * s1
+        qrow = _q_rows(query, q_layout, n)
+    bs = None if block_table is None else (key.shape[1] if key.ndim == 3 else key.shape[2])
+    dv = None
+    out = None
+    lse = np.full((t_total, n), np.inf, dtype=np.float32)
+    rule = {0: "all", 1: "all", 2: "top_left", 3: "bottom_right"}[sparse_mode]
+    if not packed and s1 == 1:
+        rule = "all"
+    mask = None if (atten_mask is None or sparse_mode in (2, 3)) else np.asarray(atten_mask).astype(bool)
+    for bi, toks in enumerate(reqs):
+        kv_len, nq = kv_lens[bi], len(toks)
+        for s, t in enumerate(toks):
+            lim = {"all": kv_len, "top_left": min(kv_len, s + 1),
+                   "bottom_right": min(kv_len, kv_len - nq + s + 1)}[rule]
+            for head in range(n):
+                h = head // g
+                if packed:
+                    q = q_tnd[t, head]
+                else:
+                    q = qrow(bi, s, head)
+                scores, vrows = [], []
+                for j in range(max(lim, 0)):
+                    if mask is not None:
+                        if mask.ndim == 2 and mask.shape[0] == b and s1 == 1 and mask.shape[0] != s1:
+                            mv = mask[bi, j]
+                        elif mask.ndim == 2:
+                            mv = mask[s, j]
+                        elif mask.ndim == 3:
+                            mv = mask[0, s, j]
+                        else:
+                            mv = mask[bi if mask.shape[0] > 1 else 0, 0, s, j]
+                        if mv:
+                            continue
+                    if packed and block_table is None:
+                        k, vr = k_tnd[ksums[bi] + j, h], v_tnd[ksums[bi] + j, h]
+                    else:
+                        k = _kv_row(key, q_layout, kv_n, bi, j, h, block_table, bs)
+                        vr = _kv_row(value, q_layout, kv_n, bi, j, h, block_table, bs)
+                    dot = float(np.dot(q.astype(np.float64), k.astype(np.float64)))
+                    scores.append(np.float32(np.float32(dot) * np.float32(scale)))
+                    vrows.append(vr.astype(np.float64))
+                if out is None:
+                    dv = (value.shape[-1] // kv_n) if (q_layout == "BSH" or (block_table is not None
+                                                                              and value.ndim == 3)) \
+                        else value.shape[-1]
+                    out = np.zeros((t_total, n, dv), dtype=np.float32)
+                if not scores:
+                    continue
+                scores = np.asarray(scores, dtype=np.float32)
+                m = scores.max()
+                sink = None
+                if learnable_sink is not None:
+                    sink = np.float32(np.asarray(learnable_sink[head]).astype(np.float32))
+                    m = max(m, sink)
+                e = np.exp((scores - m).astype(np.float64)).astype(np.float32)
+                total = np.float32(0)
+                for x in e:
+                    total = np.float32(total + x)
+                if sink is not None:
+                    total = np.float32(total + np.float32(np.exp(np.float64(np.float32(sink - m)))))
+                if p_rounding == "unnormalised":
+                    p = e.astype(qdt).astype(np.float64)
+                    o = (np.asarray(vrows).T @ p).astype(np.float32)
+                    out[t, head] = (o / total).astype(np.float32)
+                else:
+                    p = (e / total).astype(np.float32).astype(qdt).astype(np.float64)
+                    out[t, head] = (np.asarray(vrows).T @ p).astype(np.float32)
+                lse[t, head] = np.float32(m + np.float32(np.log(np.float64(total))))
+    if out is None:  # no row computed at all
+        dv = value.shape[-1] // kv_n if (q_layout == "BSH" or (block_table is not None and value.ndim == 3)) \
+            else value.shape[-1]
+        out = np.zeros((t_total, n, dv), dtype=np.float32)
+    o = out.astype(qdt)
+    if packed:
+        lse_out = lse[..., None]
+        o = o.transpose(1, 0, 2) if out_layout == "NTD" else o
+    else:
+        o = o.reshape(b, s1, n, dv)
+        lse_out = lse.reshape(b, s1, n).transpose(0, 2, 1)[..., None]
+        if out_layout == "BSH":
+            o = o.reshape(b, s1, n * dv)
+        elif out_layout == "BNSD":
+            o = o.transpose(0, 2, 1, 3)
+        elif out_layout == "NBSD":
+            o = o.transpose(2, 0, 1, 3)
+        elif out_layout == "NSD":
+            o = o[0].transpose(1, 0, 2)
+    return np.ascontiguousarray(o), np.ascontiguousarray(lse_out)
+
+
+def _unpack_int4(words):
+    """int32 ``[..., W]`` -> int ``[..., 8 W]``, nibble ``j`` of each word the value ``8 w + j``."""
+    out = np.zeros(words.shape[:-1] + (words.shape[-1] * 8,), dtype=np.int64)
+    u = words.astype(np.int64) & 0xFFFFFFFF
+    for j in range(8):
+        nib = (u >> (4 * j)) & 0xF
+        out[..., j::8] = np.where(nib >= 8, nib - 16, nib)
+    return out
+
+
+def _dequant(x, antiquant, kv_n, q_layout, qdt):
+    """An int8 / int32 key or value in its layout -> qdt values of the same layout (D unpacked)."""
+    scale, offset = antiquant
+    ints = _unpack_int4(x) if x.dtype == np.int32 else x.astype(np.int64)
+    d_total = ints.shape[-1] * (1 if q_layout == "BSH" else kv_n)  # channels: KV_N * D
+    sc = np.broadcast_to(np.asarray(scale).reshape(-1), (d_total,)) if np.asarray(scale).size == 1 else \
+        np.asarray(scale).reshape(-1)
+    of = None if offset is None else (np.broadcast_to(np.asarray(offset).reshape(-1), (d_total,))
+                                      if np.asarray(offset).size == 1 else np.asarray(offset).reshape(-1))
+    out = np.empty(ints.shape, dtype=qdt)
+    d = d_total // kv_n
+    for idx in np.ndindex(*ints.shape):
+        if q_layout == "BSH":
+            ch = idx[-1]
+        elif q_layout == "BNSD":
+            ch = idx[1] * d + idx[-1]
+        elif q_layout == "BSND":
+            ch = idx[2] * d + idx[-1]
+        else:  # NSD
+            ch = idx[0] * d + idx[-1]
+        v = int(ints[idx])
+        if qdt == np.float16:
+            r = np.float16(v)
+            if of is not None:
+                r = np.float16(r + np.float16(of[ch]))
+            out[idx] = np.float16(r * np.float16(sc[ch]))
+        else:
+            r = np.float32(v)
+            if of is not None:
+                r = np.float32(r + np.float32(of[ch]))
+            out[idx] = np.float32(r * np.float32(sc[ch]))
+    return out
