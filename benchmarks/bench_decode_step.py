@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import resource
 
 import numpy as np
@@ -46,6 +47,7 @@ from _timing import best_times
 
 from ascend_emu import demo
 from ascend_emu.demo import DecodeStepConfig, run_decode_step
+from ascend_emu.emu.matmul import kept_bytes
 
 
 class DropInOps:
@@ -120,6 +122,50 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def vm_hwm_mib() -> float | None:
+    """This process's peak resident set since the last :func:`reset_peak`, MiB (Linux
+    ``VmHWM``; None where unreadable)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak() -> bool:
+    """Restart the peak resident set at the current one (Linux ``clear_refs`` 5); False where
+    the kernel refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
+            refs.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def trim_heap() -> None:
+    """Hand freed heap memory back to the kernel (glibc ``malloc_trim``; nothing elsewhere), so
+    the resident set counts what is alive, not what an earlier step freed."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def step_peak_mib(fn) -> tuple[float, float | None]:
+    """``(resident MiB before, MiB the peak rose above it while fn() ran)``: what the process
+    held alive before the step (freed heap handed back first) and the step's working set on
+    top of it (None where not measurable)."""
+    trim_heap()
+    before = rss_mib()
+    if not reset_peak():
+        return None
+    fn()
+    peak = vm_hwm_mib()
+    return before, None if peak is None else max(peak - before, 0.0)
+
+
 def machine_floor(rep, sparse_count: int) -> MachineFloor:
     """The decode step's machine floor for one layer (module doc), from ``rep``'s floor operands."""
     ops_ = rep.floor_operands
@@ -168,6 +214,9 @@ def main() -> None:
             candidates.append(layers(via_drop_in))
     times = best_times(candidates, ns.repeat)
     t_emu, t_floor, t_machine = times[:3]
+    step_peaks = [("emulator", step_peak_mib(candidates[0]))]
+    if len(candidates) > 3:
+        step_peaks.append(("drop-in", step_peak_mib(candidates[3])))
     print(f"decode step, {ns.layers} layers, context {ns.context}, top-{ns.sparse_count}, N={ns.heads}:")
     print(f"  emulator {t_emu * 1e3:8.1f} ms per step ({t_emu / ns.layers * 1e3:.2f} ms per layer), ascend_emu.ops")
     if len(times) > 3:
@@ -176,9 +225,13 @@ def main() -> None:
               f"ascend_emu.torch_npu: {t_drop / t_emu:.3f}x the ops path")
     print(f"  floor    {t_floor * 1e3:8.1f} ms per step ({t_floor / ns.layers * 1e3:.2f} ms per layer)")
     print(f"  ratio    {t_emu / t_floor:8.2f}x" + (f" (drop-in {times[3] / t_floor:.2f}x)" if len(times) > 3 else ""))
+    if t_emu < t_floor:
+        print(f"  WARNING: the floor is slower than the emulator ({t_emu / t_floor:.2f}x): a bug in the floor")
     print(f"  {floor_line(machine, t_machine, per=f'per step, {t_machine / ns.layers * 1e3:.2f} ms per layer')}")
     print(f"  {ratio_line('emulator', t_emu, t_machine)}"
           + (f"; {ratio_line('drop-in', times[3], t_machine)}" if len(times) > 3 else ""))
+    if t_emu < t_machine:
+        print(f"  WARNING: the machine floor is slower than the emulator ({t_emu / t_machine:.2f}x): a bug in the floor")
     inputs = getattr(rep, "input_bytes", {})
     total = sum(inputs.values()) / 2**20
     peak = peak_rss_mib()
@@ -186,6 +239,14 @@ def main() -> None:
           f"{peak - base_rss:.0f} MiB for the run; inputs {total:.0f} MiB ("
           + ", ".join(f"{k} {v / 2**20:.0f}" for k, v in inputs.items())
           + (f"): the run takes {(peak - base_rss) / total:.2f}x its inputs" if total else ")"))
+    kept = kept_bytes() / 2**20
+    for what, (before, rise) in step_peaks:
+        if rise is None:
+            print(f"  per step ({what}): peak not measurable here (/proc/self/clear_refs)")
+        elif total:
+            print(f"  per step ({what}): {before - base_rss:.0f} MiB alive above the imports before it (inputs, "
+                  f"{kept:.0f} MiB of kept widened weights, the floors' operands), peak {rise:.0f} MiB above "
+                  f"that: (inputs + kept + peak) / inputs = {(total + kept + rise) / total:.2f}x")
 
 
 if __name__ == "__main__":
