@@ -3,9 +3,10 @@
 One decode step of the int8 path per layer: ``npu_mla_prolog_v3`` (partial quant, per-tile kv
 cache) -> ``npu_lightning_indexer`` -> ``npu_kv_quant_sparse_flash_attention``, at the demo's
 shapes (:mod:`ascend_emu.demo`: He 7168, 16 query heads of one TP-8 rank, top-2048 of a 4096-token
-context by default). The floor of a layer is the bare work the step contains
-(``DecodeStepReport.floor_int8``: the prolog's four fp32 BLAS products on pre-widened weights,
-the indexer's q . k product and top-k (``np.partition`` and a sort of the kept values), the
+context by default). The floor of a layer is the bare work the step contains, each product on
+the engine the op uses for it (``DecodeStepReport.floor_int8``: the prolog's three bf16 products
+as fp32 BLAS on pre-widened weights, its int8 ``cq @ W_uq_qr`` on the op's int8 engine, the
+indexer's q . k product and top-k (``np.partition`` and a sort of the kept values), the
 gather of the selected 656-byte rows and the attention's two products). One layer's weights and caches serve every layer (61 layers'
 weights widened to fp32 would take about 5 GB), so the figures are those of a model whose layers
 all hit warm CPU caches equally. Printed: ms per step (L layers) for the emulator and the floor,
@@ -15,7 +16,8 @@ Beside it, the machine floor (``benchmarks/_floor.py``): the same step's product
 (``DecodeStepReport.floor_operands``, in the dtypes the ops multiply) each on the fastest engine
 this machine has for it (sgemm, oneDNN bf16 or the int8 engine, chosen by timing at set-up), the
 indexer's ReLU, head sum and top-k as in the floor, and the gather of the selected rows
-at copy bandwidth; printed with the engine each took and the emulator's ratio to it. Its oneDNN
+at copy bandwidth; printed with the engine each took and the emulator's ratio to it. A floor
+slower than the emulator is a bug in the floor: the script prints a WARNING line then. Its oneDNN
 candidates import torch where installed, after the step's first run (so with ``--no-drop-in`` the
 emulator's int8 engine is still the one a process without torch picks).
 
@@ -27,7 +29,11 @@ converted on every call, and outputs viewed back as NumPy, which the drop-in fig
 
 Memory: the process's peak resident set (``getrusage`` maxrss, the prefill and the run through the
 drop-in included) and its resident set after the imports, against the step's inputs (one layer's
-weights, the caches, the hidden states; ``DecodeStepReport.input_bytes``). The ops keep no widened
+weights, the caches, the hidden states; ``DecodeStepReport.input_bytes``). Then per step (one
+run of the L layers, ops and drop-in): freed heap handed back (``malloc_trim``), the peak
+resident set restarted (Linux ``/proc/self/clear_refs``) and read after the step (``VmHWM``):
+the step's working set above what the process held, printed as
+``(inputs + kept widened weights + that peak) / inputs`` (goal: at most 2x). The ops keep no widened
 copy of a weight (docs/performance.md#widened-weights-and-memory); the floor keeps fp32 copies of one layer's four prolog weights, and
 the machine floor its own (its sgemm candidates).
 
