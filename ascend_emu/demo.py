@@ -207,7 +207,8 @@ class DecodeStepReport:
         decode_int8: runs the int8 path's decode step again (prolog -> indexer -> KV-quant sparse
             attention, the new token's row rewritten in place); returns its attention output.
         floor_int8: the bare work of that step, for benchmarks, each product on the engine the
-            op uses for it: the prolog's bf16 matmuls as fp32 BLAS on pre-widened weights, its
+            op uses for it: the prolog's bf16 matmuls as fp32 BLAS on the weights' widening the
+            ops keep (``emu.matmul.weight_f32``: no second copy), its
             int8 ``cq @ W_uq_qr`` on the op's int8 engine (``emu.matmul.matmul_int8``: an fp32
             product there would bound the op by a slower engine than its own), every fp32
             product through ``emu.matmul.matmul_f32`` (the ops' rule: a small one on one BLAS
@@ -547,7 +548,7 @@ def run_decode_step(config: DecodeStepConfig = DecodeStepConfig(), *,
 
 
 def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch, workers: _Workers | None) -> DecodeStepReport:
-    from .emu.matmul import matmul_f32, matmul_int8
+    from .emu.matmul import matmul_f32, matmul_int8, weight_f32
     from .workers import TaskFailure
 
     rep = DecodeStepReport(config=c)
@@ -650,7 +651,7 @@ def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch, workers:
         idx, _ = _indexer_call(c, q_idx, k_indexer, w_idx, block_table, seq_q, seq_kv)
         return _kv_quant_attention_call(np.concatenate([q, qr], axis=-1), kv_int8, idx, block_table, seq_q, seq_kv)
 
-    f32 = {name: np.asarray(w[name], np.float32) for name in ("weight_dq", "weight_dkv_kr")}
+    f32 = {name: weight_f32(w[name]) for name in ("weight_dq", "weight_dkv_kr")}  # the ops' kept widening
     w_uq_qr8 = np.asarray(w["weight_uq_qr_int8"])  # [Hcq, N*192] int8, ND view of the NZ bytes
     cq8 = np.ones((1, c.hcq), np.int8)  # stand-in for the quantized query latent
     w_uk32 = w["weight_uk"].astype(np.float32)  # [N, D, Hckv]

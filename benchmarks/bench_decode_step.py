@@ -34,8 +34,9 @@ run of the L layers, ops and drop-in): freed heap handed back (``malloc_trim``),
 resident set restarted (Linux ``/proc/self/clear_refs``) and read after the step (``VmHWM``):
 the step's working set above what the process held, printed as
 ``(inputs + kept widened weights + that peak) / inputs`` (goal: at most 2x). The ops keep no widened
-copy of a weight (docs/performance.md#widened-weights-and-memory); the floor keeps fp32 copies of one layer's four prolog weights, and
-the machine floor its own (its sgemm candidates).
+copy of a weight (docs/performance.md#widened-weights-and-memory); the floor reads the ops' kept widening of the two bf16 NZ
+weights (no copy of its own) and keeps fp32 copies of ``W_uk`` and the indexer keys; the machine
+floor keeps its own (its sgemm candidates).
 
 Usage: ``python benchmarks/bench_decode_step.py [--layers 61] [--context 4096] [--repeat 3] [--no-drop-in]``
 """
