@@ -33,8 +33,9 @@ weights, the caches, the hidden states; ``DecodeStepReport.input_bytes``). Then 
 run of the L layers, ops and drop-in): freed heap handed back (``malloc_trim``), the peak
 resident set restarted (Linux ``/proc/self/clear_refs``) and read after the step (``VmHWM``):
 the step's working set above what the process held, printed as
-``(inputs + kept widened weights + that peak) / inputs`` (goal: at most 2x). The ops keep no widened
-copy of a weight (docs/performance.md#widened-weights-and-memory); the floor reads the ops' kept widening of the two bf16 NZ
+``(inputs + kept widened weights + that peak) / inputs`` (goal: at most 2x). The ops keep a widened
+copy of a FRACTAL_NZ weight only within ``ASCEND_EMU_WEIGHT_KEEP_MIB``
+(docs/performance.md#widened-weights-and-memory; 0 keeps none); the floor reads the ops' kept widening of the two bf16 NZ
 weights (no copy of its own) and keeps fp32 copies of ``W_uk`` and the indexer keys; the machine
 floor keeps its own (its sgemm candidates).
 
