@@ -212,5 +212,7 @@ def floor_line(floor: MachineFloor, seconds: float, unit: str = "ms", per: str =
 
 
 def ratio_line(what: str, seconds: float, floor_seconds: float) -> str:
-    """``op / machine floor: 1.85`` (``what`` names the candidate)."""
-    return f"{what} / machine floor: {seconds / floor_seconds:.2f}"
+    """``op / machine floor: 1.85`` (``what`` names the candidate); a ratio below 1 says so: a
+    floor slower than the code it bounds is a bug in the floor."""
+    ratio = seconds / floor_seconds
+    return f"{what} / machine floor: {ratio:.2f}" + (" (below 1: a bug in the floor)" if ratio < 1 else "")
