@@ -252,8 +252,6 @@ def main() -> None:
     print(f"  {floor_line(machine, t_machine, per=f'per step, {t_machine / ns.layers * 1e3:.2f} ms per layer')}")
     print(f"  {ratio_line('emulator', t_emu, t_machine)}"
           + (f"; {ratio_line('drop-in', times[3], t_machine)}" if len(times) > 3 else ""))
-    if t_emu < t_machine:
-        print(f"  WARNING: the machine floor is slower than the emulator ({t_emu / t_machine:.2f}x): a bug in the floor")
     inputs = getattr(rep, "input_bytes", {})
     total = sum(inputs.values()) / 2**20
     peak = peak_rss_mib()
