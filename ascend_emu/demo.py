@@ -206,9 +206,13 @@ class DecodeStepReport:
         max_abs, cosine: their difference.
         decode_int8: runs the int8 path's decode step again (prolog -> indexer -> KV-quant sparse
             attention, the new token's row rewritten in place); returns its attention output.
-        floor_int8: the bare work of that step, for benchmarks: fp32 BLAS products of the prolog's
-            four matmuls on pre-widened weights, the indexer's q . k product over the context and
-            its top-k (``np.partition``, then a sort of the kept values), the gather of the
+        floor_int8: the bare work of that step, for benchmarks, each product on the engine the
+            op uses for it: the prolog's bf16 matmuls as fp32 BLAS on the weights' widening the
+            ops keep (``emu.matmul.weight_f32``: no second copy), its
+            int8 ``cq @ W_uq_qr`` on the op's int8 engine (``emu.matmul.matmul_int8``: an fp32
+            product there would bound the op by a slower engine than its own), every fp32
+            product through ``emu.matmul.matmul_f32`` (the ops' rule: a small one on one BLAS
+            thread); the indexer's q . k product over the context and its top-k (``np.partition``, then a sort of the kept values), the gather of the
             selected 656-byte rows and the attention's two fp32 products.
         floor_operands: the operands of that step's products in the dtypes its ops multiply
             (``{label: (a, w)}`` with ``a @ w`` the product: bf16 x bf16, the partial-quant
@@ -544,6 +548,7 @@ def run_decode_step(config: DecodeStepConfig = DecodeStepConfig(), *,
 
 
 def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch, workers: _Workers | None) -> DecodeStepReport:
+    from .emu.matmul import matmul_f32, matmul_int8, weight_f32
     from .workers import TaskFailure
 
     rep = DecodeStepReport(config=c)
@@ -646,7 +651,9 @@ def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch, workers:
         idx, _ = _indexer_call(c, q_idx, k_indexer, w_idx, block_table, seq_q, seq_kv)
         return _kv_quant_attention_call(np.concatenate([q, qr], axis=-1), kv_int8, idx, block_table, seq_q, seq_kv)
 
-    f32 = {name: np.asarray(w[name], np.float32) for name in ("weight_dq", "weight_uq_qr_int8", "weight_dkv_kr")}
+    f32 = {name: weight_f32(w[name]) for name in ("weight_dq", "weight_dkv_kr")}  # the ops' kept widening
+    w_uq_qr8 = np.asarray(w["weight_uq_qr_int8"])  # [Hcq, N*192] int8, ND view of the NZ bytes
+    cq8 = np.ones((1, c.hcq), np.int8)  # stand-in for the quantized query latent
     w_uk32 = w["weight_uk"].astype(np.float32)  # [N, D, Hckv]
     q_idx32 = q_idx.reshape(c.indexer_heads, c.indexer_dim).astype(np.float32)  # [64, 128]
     k_idx32 = k_indexer.reshape(-1, c.indexer_dim)[slots].astype(np.float32)  # [context + 1, 128]
@@ -655,16 +662,17 @@ def _run_decode_step(c: DecodeStepConfig, on_step, watch: CompileWatch, workers:
     picked = slots[sparse_indices.reshape(-1)[sparse_indices.reshape(-1) >= 0]]  # [K] slots
 
     def floor_int8():
-        cq = xt @ f32["weight_dq"]  # [1, Hcq]
-        qcqr = (cq @ f32["weight_uq_qr_int8"]).reshape(n, D_NOPE + D_ROPE)  # [N, 192]
-        np.matmul(qcqr[:, None, :D_NOPE], w_uk32)  # [N, 1, Hckv]
-        xt @ f32["weight_dkv_kr"]  # [1, Hckv + Dr]
-        score = np.maximum(q_idx32 @ k_idx32.T, 0).sum(0)  # [context + 1]
+        # fp32 products through matmul_f32: the ops' BLAS thread rule (a small product on one thread)
+        matmul_f32(xt, f32["weight_dq"])  # [1, Hcq]
+        qcqr = matmul_int8(cq8, w_uq_qr8).reshape(n, D_NOPE + D_ROPE)  # [N, 192] int32: the op's int8 engine
+        matmul_f32(qcqr[:, None, :D_NOPE], w_uk32)  # [N, 1, Hckv]
+        matmul_f32(xt, f32["weight_dkv_kr"])  # [1, Hckv + Dr]
+        score = np.maximum(matmul_f32(q_idx32, k_idx32.T), 0).sum(0)  # [context + 1]
         kept = min(c.sparse_count, score.size)
         np.sort(np.partition(-score, kept - 1)[:kept])  # the top-k, sorted (the op returns them so)
         k = rows_flat[picked].astype(np.float32)  # [K, 656]: the gather
-        p = q576_32 @ k[:, :HCKV + D_ROPE].T  # [N, K]
-        return p @ k[:, :HCKV]  # [N, Hckv]
+        p = matmul_f32(q576_32, k[:, :HCKV + D_ROPE].T)  # [N, K]
+        return matmul_f32(p, k[:, :HCKV])  # [N, Hckv]
 
     rep.decode_int8, rep.floor_int8 = decode_int8, floor_int8
     x16 = np.ascontiguousarray(x[0, decode])  # [1, He] bf16

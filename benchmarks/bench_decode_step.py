@@ -3,9 +3,10 @@
 One decode step of the int8 path per layer: ``npu_mla_prolog_v3`` (partial quant, per-tile kv
 cache) -> ``npu_lightning_indexer`` -> ``npu_kv_quant_sparse_flash_attention``, at the demo's
 shapes (:mod:`ascend_emu.demo`: He 7168, 16 query heads of one TP-8 rank, top-2048 of a 4096-token
-context by default). The floor of a layer is the bare work the step contains
-(``DecodeStepReport.floor_int8``: the prolog's four fp32 BLAS products on pre-widened weights,
-the indexer's q . k product and top-k (``np.partition`` and a sort of the kept values), the
+context by default). The floor of a layer is the bare work the step contains, each product on
+the engine the op uses for it (``DecodeStepReport.floor_int8``: the prolog's three bf16 products
+as fp32 BLAS on pre-widened weights, its int8 ``cq @ W_uq_qr`` on the op's int8 engine, the
+indexer's q . k product and top-k (``np.partition`` and a sort of the kept values), the
 gather of the selected 656-byte rows and the attention's two products). One layer's weights and caches serve every layer (61 layers'
 weights widened to fp32 would take about 5 GB), so the figures are those of a model whose layers
 all hit warm CPU caches equally. Printed: ms per step (L layers) for the emulator and the floor,
@@ -15,7 +16,11 @@ Beside it, the machine floor (``benchmarks/_floor.py``): the same step's product
 (``DecodeStepReport.floor_operands``, in the dtypes the ops multiply) each on the fastest engine
 this machine has for it (sgemm, oneDNN bf16 or the int8 engine, chosen by timing at set-up), the
 indexer's ReLU, head sum and top-k as in the floor, and the gather of the selected rows
-at copy bandwidth; printed with the engine each took and the emulator's ratio to it. Its oneDNN
+at copy bandwidth; printed with the engine each took and the emulator's ratio to it. A floor
+slower than the emulator is a bug in the floor: the script prints a WARNING line then. The own
+floor runs both on OpenBLAS's thread count and inside ``one_blas_thread()``, and the faster of
+the two is the floor (both printed): on a busy machine a product split over two OpenBLAS threads
+waits for the second core, and a floor made almost only of such products fell behind the step. Its oneDNN
 candidates import torch where installed, after the step's first run (so with ``--no-drop-in`` the
 emulator's int8 engine is still the one a process without torch picks).
 
@@ -27,9 +32,15 @@ converted on every call, and outputs viewed back as NumPy, which the drop-in fig
 
 Memory: the process's peak resident set (``getrusage`` maxrss, the prefill and the run through the
 drop-in included) and its resident set after the imports, against the step's inputs (one layer's
-weights, the caches, the hidden states; ``DecodeStepReport.input_bytes``). The ops keep no widened
-copy of a weight (docs/performance.md#widened-weights-and-memory); the floor keeps fp32 copies of one layer's four prolog weights, and
-the machine floor its own (its sgemm candidates).
+weights, the caches, the hidden states; ``DecodeStepReport.input_bytes``). Then per step (one
+run of the L layers, ops and drop-in): freed heap handed back (``malloc_trim``), the peak
+resident set restarted (Linux ``/proc/self/clear_refs``) and read after the step (``VmHWM``):
+the step's working set above what the process held, printed as
+``(inputs + kept widened weights + that peak) / inputs`` (goal: at most 2x). The ops keep a widened
+copy of a FRACTAL_NZ weight only within ``ASCEND_EMU_WEIGHT_KEEP_MIB``
+(docs/performance.md#widened-weights-and-memory; 0 keeps none); the floor reads the ops' kept widening of the two bf16 NZ
+weights (no copy of its own) and keeps fp32 copies of ``W_uk`` and the indexer keys; the machine
+floor keeps its own (its sgemm candidates).
 
 Usage: ``python benchmarks/bench_decode_step.py [--layers 61] [--context 4096] [--repeat 3] [--no-drop-in]``
 """
@@ -38,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import resource
 
 import numpy as np
@@ -46,6 +58,7 @@ from _timing import best_times
 
 from ascend_emu import demo
 from ascend_emu.demo import DecodeStepConfig, run_decode_step
+from ascend_emu.emu.matmul import kept_bytes, one_blas_thread
 
 
 class DropInOps:
@@ -120,6 +133,50 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def vm_hwm_mib() -> float | None:
+    """This process's peak resident set since the last :func:`reset_peak`, MiB (Linux
+    ``VmHWM``; None where unreadable)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak() -> bool:
+    """Restart the peak resident set at the current one (Linux ``clear_refs`` 5); False where
+    the kernel refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
+            refs.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def trim_heap() -> None:
+    """Hand freed heap memory back to the kernel (glibc ``malloc_trim``; nothing elsewhere), so
+    the resident set counts what is alive, not what an earlier step freed."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def step_peak_mib(fn) -> tuple[float, float | None]:
+    """``(resident MiB before, MiB the peak rose above it while fn() ran)``: what the process
+    held alive before the step (freed heap handed back first) and the step's working set on
+    top of it (None where not measurable)."""
+    trim_heap()
+    before = rss_mib()
+    if not reset_peak():
+        return None
+    fn()
+    peak = vm_hwm_mib()
+    return before, None if peak is None else max(peak - before, 0.0)
+
+
 def machine_floor(rep, sparse_count: int) -> MachineFloor:
     """The decode step's machine floor for one layer (module doc), from ``rep``'s floor operands."""
     ops_ = rep.floor_operands
@@ -155,7 +212,14 @@ def main() -> None:
         return lambda: [fn() for _ in range(ns.layers)]
 
     machine = machine_floor(rep, ns.sparse_count)
-    candidates = [layers(rep.decode_int8), layers(rep.floor_int8), layers(machine)]
+
+    def floor_one_thread():
+        with one_blas_thread():
+            rep.floor_int8()
+
+    # the floor on OpenBLAS's own thread count and on one thread: the faster bounds the step (on a
+    # busy machine a two-thread product can wait many times its length for the second core)
+    candidates = [layers(rep.decode_int8), layers(rep.floor_int8), layers(machine), layers(floor_one_thread)]
     if not ns.no_drop_in:
         try:
             drop_in = DropInOps()
@@ -167,15 +231,24 @@ def main() -> None:
                     rep.decode_int8()
             candidates.append(layers(via_drop_in))
     times = best_times(candidates, ns.repeat)
-    t_emu, t_floor, t_machine = times[:3]
+    t_emu, t_floor_n, t_machine, t_floor_1 = times[:4]
+    t_floor = min(t_floor_n, t_floor_1)
+    del times[1:4]  # [emulator, drop-in]
+    times[1:1] = [t_floor, t_machine]  # [emulator, floor, machine floor, drop-in]
+    step_peaks = [("emulator", step_peak_mib(candidates[0]))]
+    if len(candidates) > 4:
+        step_peaks.append(("drop-in", step_peak_mib(candidates[4])))
     print(f"decode step, {ns.layers} layers, context {ns.context}, top-{ns.sparse_count}, N={ns.heads}:")
     print(f"  emulator {t_emu * 1e3:8.1f} ms per step ({t_emu / ns.layers * 1e3:.2f} ms per layer), ascend_emu.ops")
     if len(times) > 3:
         t_drop = times[3]
         print(f"  drop-in  {t_drop * 1e3:8.1f} ms per step ({t_drop / ns.layers * 1e3:.2f} ms per layer), "
               f"ascend_emu.torch_npu: {t_drop / t_emu:.3f}x the ops path")
-    print(f"  floor    {t_floor * 1e3:8.1f} ms per step ({t_floor / ns.layers * 1e3:.2f} ms per layer)")
+    print(f"  floor    {t_floor * 1e3:8.1f} ms per step ({t_floor / ns.layers * 1e3:.2f} ms per layer; OpenBLAS's "
+          f"threads {t_floor_n * 1e3:.1f} ms, one thread {t_floor_1 * 1e3:.1f} ms: the faster)")
     print(f"  ratio    {t_emu / t_floor:8.2f}x" + (f" (drop-in {times[3] / t_floor:.2f}x)" if len(times) > 3 else ""))
+    if t_emu < t_floor:
+        print(f"  WARNING: the floor is slower than the emulator ({t_emu / t_floor:.2f}x): a bug in the floor")
     print(f"  {floor_line(machine, t_machine, per=f'per step, {t_machine / ns.layers * 1e3:.2f} ms per layer')}")
     print(f"  {ratio_line('emulator', t_emu, t_machine)}"
           + (f"; {ratio_line('drop-in', times[3], t_machine)}" if len(times) > 3 else ""))
@@ -186,6 +259,14 @@ def main() -> None:
           f"{peak - base_rss:.0f} MiB for the run; inputs {total:.0f} MiB ("
           + ", ".join(f"{k} {v / 2**20:.0f}" for k, v in inputs.items())
           + (f"): the run takes {(peak - base_rss) / total:.2f}x its inputs" if total else ")"))
+    kept = kept_bytes() / 2**20
+    for what, (before, rise) in step_peaks:
+        if rise is None:
+            print(f"  per step ({what}): peak not measurable here (/proc/self/clear_refs)")
+        elif total:
+            print(f"  per step ({what}): {before - base_rss:.0f} MiB alive above the imports before it (inputs, "
+                  f"{kept:.0f} MiB of kept widened weights, the floors' operands), peak {rise:.0f} MiB above "
+                  f"that: (inputs + kept + peak) / inputs = {(total + kept + rise) / total:.2f}x")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ without validation and scatters), the golden / emu ratio and the op's time relat
 thread, and the machine floor of the data it moves (``benchmarks/_floor.py``: the bytes the op
 reads, kv, gamma, cos, sin and the slots, and writes, the two caches' rows, as a copy of half their
 sum at the machine's copy bandwidth; ``np.copyto`` runs on one thread) with the op's ratio to it.
+Also in the same rounds: the op through the torch_npu drop-in (``ascend_emu.torch_npu``, torch
+tensors over the same inputs, its own caches; checked byte-identical to the ops call first) and
+its time over the golden's (target 0.15 at B = 1: ``--batch 1``).
 Targets (docs/performance.md#against-the-floors): golden / emu > 1 at every thread count, fused pass <= 0.2 us per token
 at B=1024, and no thread count slower than a smaller one.
 
@@ -35,6 +38,7 @@ import torch
 from _floor import MachineFloor, floor_line, movement
 from _timing import best_times
 
+import ascend_emu.torch_npu as torch_npu
 from ascend_emu.ops import npu_kv_rmsnorm_rope_cache
 from ascend_emu.torch_npu._convert import to_torch
 
@@ -74,6 +78,11 @@ def main() -> None:
     kv_t, gamma_t, cos_t, sin_t, index_t = (to_torch(a) for a in (kv, gamma, cos, sin, index))
     k_cache_t = torch.zeros((nb, bs, 1, ROPE), dtype=torch.bfloat16)
     ckv_cache_t = torch.zeros((nb, bs, 1, RMS), dtype=torch.bfloat16)
+    k_cache_d, ckv_cache_d = torch.zeros_like(k_cache_t), torch.zeros_like(ckv_cache_t)  # the drop-in's caches
+
+    def drop_in():
+        torch_npu.npu_kv_rmsnorm_rope_cache(kv_t, gamma_t, cos_t, sin_t, index_t, k_cache_d, ckv_cache_d,
+                                            epsilon=EPS, cache_mode="PA_NZ")
     blk, row = index_t // bs, index_t % bs
 
     def golden():
@@ -89,6 +98,9 @@ def main() -> None:
 
     emu()
     golden()
+    drop_in()
+    for mine, dropped in ((k_cache, k_cache_d), (ckv_cache, ckv_cache_d)):
+        assert mine.view(np.uint16).tobytes() == dropped.view(torch.int16).numpy().tobytes(), "drop-in != ops"
     for mine, theirs in ((k_cache, k_cache_t), (ckv_cache, ckv_cache_t)):
         a, g = mine.astype(np.float32), theirs.float().numpy()
         assert np.allclose(a, g, rtol=0.04, atol=0.04), "emu and torch golden caches disagree"
@@ -108,17 +120,18 @@ def main() -> None:
     torch_threads, numba_threads = torch.get_num_threads(), numba.get_num_threads()
     print(f"npu_kv_rmsnorm_rope_cache PA_NZ bf16  B={b} S={s} block_size={bs} block_num={nb}")
     print("threads   emu us/call  emu us/token  fused us/token  golden us/call  golden/emu  emu vs 1 thread"
-          "  machine floor us  emu/machine")
+          "  machine floor us  emu/machine  drop-in us/call  drop-in/golden")
     first, machine_best = None, float("inf")
     try:
         for n in counts:
             numba.set_num_threads(n)
             torch.set_num_threads(n)
-            t_emu, t_fused, t_gold, t_machine = best_times([emu, fused, golden, machine], 15, number=args.calls)
+            t_emu, t_fused, t_gold, t_machine, t_drop = best_times([emu, fused, golden, machine, drop_in], 15,
+                                                                   number=args.calls)
             first = first or t_emu
             print(f"{n:7d} {t_emu * 1e6:13.1f} {t_emu * 1e6 / t:13.3f} {t_fused * 1e6 / t:15.3f} "
                   f"{t_gold * 1e6:15.1f} {t_gold / t_emu:11.2f}x {t_emu / first:15.2f}x "
-                  f"{t_machine * 1e6:17.1f} {t_emu / t_machine:11.2f}x")
+                  f"{t_machine * 1e6:17.1f} {t_emu / t_machine:11.2f}x {t_drop * 1e6:16.1f} {t_drop / t_gold:15.2f}")
             machine_best = min(machine_best, t_machine)
     finally:
         torch.set_num_threads(torch_threads)

@@ -34,7 +34,7 @@ from ..ops.kv_rmsnorm_rope_cache import (RMS_SIZE, ROPE_SIZE, UNWRITTEN_OUTPUT_F
                                          KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs)
 from ..quant import BF16, to_f32
 from .kernels import (KV_CACHE_BLK_NZ_RMS, KV_CACHE_RMS, LANES, LANES_IN_ORDER, LANES_PAIRWISE, LANES_PAIRWISE_EIGHTHS,
-                      RmsNormOrder, kernel_input, last_writer, narrow_row, rms_norm_row, rope_row, round_to_int8,
+                      SCATTER_BYTES_PER_THREAD, RmsNormOrder, kernel_input, last_writer, narrow_row, rms_norm_row, rope_row, round_to_int8,
                       scatter_rows, widen_row)
 #: Fewest tokens per parallel range: a range must outlast the wake-up of its thread (tens of
 #: microseconds; a token takes about 0.2 us), so small batches run on one thread.
@@ -149,6 +149,8 @@ def _filled(shape: tuple, dtype: np.dtype) -> np.ndarray:
 def _parts(tokens: int) -> int:
     """Token ranges to run in parallel: one per thread, each at least :data:`TOKENS_PER_PART`
     tokens (1 = run serially), so adding threads never makes a call slower."""
+    if tokens < 2 * TOKENS_PER_PART:  # one part whatever the thread count (skips asking Numba)
+        return 1
     return max(1, min(numba.get_num_threads(), tokens // TOKENS_PER_PART))
 
 
@@ -232,10 +234,13 @@ def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs) -> KvRmsNormRopeCacheOut
         order=rms_order(args.k_layout, quant))
     if split:
         c_rows = v.view(np.uint16)  # [T, 128]: v as it came
-    # [T'] tokens to write (the last one per slot), shared by both caches
-    keep = np.flatnonzero(args.slots >= 0) if args.unique_slots else last_writer(args.slots)
-    scatter_rows(args.k_cache, k_int8 if quant else k_rows, args.slots, args.k_layout, keep=keep)
-    scatter_rows(args.ckv_cache, c_int8 if quant else c_rows, args.slots, args.ckv_layout, keep=keep)
+    k_src, c_src = (k_int8, c_int8) if quant else (k_rows, c_rows)
+    if max(k_src.nbytes, c_src.nbytes) < 2 * SCATTER_BYTES_PER_THREAD:
+        keep = None  # both scatters copy in token order (the last writer wins, -1 skipped): no index pass
+    else:  # [T'] tokens to write (the last one per slot), shared by both caches
+        keep = np.flatnonzero(args.slots >= 0) if args.unique_slots else last_writer(args.slots)
+    scatter_rows(args.k_cache, k_src, args.slots, args.k_layout, keep=keep)
+    scatter_rows(args.ckv_cache, c_src, args.slots, args.ckv_layout, keep=keep)
 
     b, s, dtype = args.batch, args.seq_len, args.kv_dtype
     if args.is_output_kv:

@@ -1,0 +1,105 @@
+"""A bf16-output engine for the products whose fp32 result the kernel rounds straight to bf16:
+speed and bits against the emulator's fp32 BLAS path, measured in one run.
+
+The non-quant MLA prolog rounds each of its four products to bf16 right after the matmul (the
+Cube's fixpipe output): ``x @ W_dq`` ``[T, 7168] x [7168, 1536]``, ``cq @ W_uq_qr``
+``[T, 1536] x [1536, N*192]``, ``q_nope @ W_uk`` (per head ``[T, 128] x [128, 512]``, here as one
+``[T, 128] x [128, 512]`` product) and ``x @ W_dkv_kr`` ``[T, 7168] x [7168, 576]``. A product of
+two bf16 values is exact in fp32, so engines that accumulate in fp32 differ only in the order of
+the sums. Two candidates per product, in alternating rounds:
+
+- ``sgemm``: the emulator's path (``ascend_emu.emu.matmul.matmul_weight`` on a FRACTAL_NZ weight:
+  fp32 BLAS on the kept fp32 widening), then round to bf16 (RNE);
+- ``torch-bf16``: ``torch.matmul`` on the bf16 tensors (oneDNN: bf16 multiplies, fp32
+  accumulation, one rounding to bf16), no widened copy of the weight.
+
+Printed per product and T: the median time of each, the median per-round ratio sgemm / torch
+(above 1: the bf16 engine is faster), the share of output elements whose bf16 bits are equal,
+and the largest difference in bf16 ulps. Operands are ``randn / sqrt(fan_in)``, no subnormals
+(the bf16 dot-product instructions flush subnormal operands to zero: such operands must stay on
+the exact path). Thread counts from the environment.
+
+Usage: ``python benchmarks/bench_bf16_engine.py [--tokens 1,16] [--heads 32] [--rounds 9]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import ascend_emu  # noqa: F401  (before torch: its OpenMP workers sleep when idle, docs/performance.md#threads)
+import ml_dtypes
+import numpy as np
+import torch
+
+from ascend_emu import ops
+from ascend_emu.emu.matmul import matmul_weight
+from ascend_emu.quant.rounding import to_bf16
+from ascend_emu.torch_npu._convert import to_torch
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _per_call(fn, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def _ulps(a: np.ndarray, b: np.ndarray) -> int:
+    """Largest distance in bf16 ulps between two bf16 arrays of finite values (ordered bits)."""
+    def ordered(x):
+        bits = x.view(np.uint16).astype(np.int32)
+        return np.where(bits & 0x8000, 0x8000 - bits, bits)
+    return int(np.abs(ordered(a) - ordered(b)).max())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", default="1,16", help="T values, comma-separated")
+    parser.add_argument("--heads", type=int, default=32, help="N (W_uq_qr is [1536, N*192])")
+    parser.add_argument("--rounds", type=int, default=9, help="alternating rounds")
+    ns = parser.parse_args()
+    rng = np.random.default_rng(0)
+
+    def randn(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(BF16)
+
+    shapes = {"x@Wdq": (7168, 1536), "cq@Wuq_qr": (1536, ns.heads * 192), "q@Wuk (one head)": (128, 512),
+              "x@Wdkv_kr": (7168, 576)}
+    print(f"bf16 x bf16 -> bf16 products, sgemm + rounding against torch.matmul bf16; "
+          f"torch {torch.__version__}, {torch.get_num_threads()} torch threads")
+    print(f"{'product':18} {'T':>3} {'sgemm ms':>9} {'torch ms':>9} {'sgemm/torch':>12} {'equal bits':>11} {'max ulps':>9}")
+    for label, (k, n) in shapes.items():
+        w = randn(k, n, scale=k ** -0.5)
+        w_nz = ops.npu_format_cast(w, 29)  # as the op gets it: the kept fp32 widening is reused
+        w_t = to_torch(w)
+        for t in (int(v) for v in ns.tokens.split(",")):
+            a = randn(t, k)
+            a32, a_t = a.astype(np.float32), to_torch(a)
+
+            def old(a32=a32, w_nz=w_nz):
+                return to_bf16(matmul_weight(a32, w_nz))
+
+            def new(a_t=a_t, w_t=w_t):
+                return torch.matmul(a_t, w_t)
+
+            ref, got = old(), new().view(torch.int16).numpy().view(BF16)
+            equal = float((ref.view(np.uint16) == got.view(np.uint16)).mean())
+            ulps = _ulps(ref, got)
+            calls = 20 if t * k * n < 1 << 24 else 5
+            old_s, new_s, ratios = [], [], []
+            for _ in range(ns.rounds + 1):
+                o, g = _per_call(old, calls), _per_call(new, calls)
+                old_s.append(o)
+                new_s.append(g)
+                ratios.append(o / g)
+            old_s, new_s, ratios = old_s[1:], new_s[1:], ratios[1:]  # the first round warms up
+            print(f"{label:18} {t:3d} {statistics.median(old_s) * 1e3:9.3f} {statistics.median(new_s) * 1e3:9.3f} "
+                  f"{statistics.median(ratios):11.2f}x {equal:10.1%} {ulps:9d}")
+
+
+if __name__ == "__main__":
+    main()
