@@ -19,7 +19,6 @@ from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ..layouts import NZ_ROW_BYTES, CacheLayout, blocks_from_block_table
 from ..mla import D_ROPE, HCKV, NKV
 from ._check import MAX_BATCH, check_dtype, check_float, dtype_name, prefix_lengths, required
-from ._fused_infer_attention_mha import MAX_HEADS as MAX_QUERY_HEADS_NO_ROPE  # noqa: F401  (re-exported)
 
 #: input_layout values of the MLA callers -> (query layout, attention_out layout) (the meta
 #: function's ``get_query_and_attention_out_layout`` map, restricted).
@@ -36,7 +35,7 @@ HEAD_DIMS = (HEAD_DIM_ABSORBED, HEAD_DIM_PREFILL)
 #: vllm-ascend's call without rope arguments (``_forward_prefill`` / ``_compute_prefill_context``
 #: with ``head_padding > 0``): query / key D = 128 + 64 concatenated, value D = 128, TND; one of
 #: the MHA / GQA form's TND head-dim pairs (:mod:`._fused_infer_attention_mha`), which validates it
-#: (N up to its MAX_HEADS, re-exported as MAX_QUERY_HEADS_NO_ROPE).
+#: (N up to its MAX_HEADS, exported by the op module as MAX_QUERY_HEADS_NO_ROPE).
 HEAD_DIM_NO_ROPE = HEAD_DIM_PREFILL + D_ROPE
 VALUE_DIM_NO_ROPE = HEAD_DIM_PREFILL
 #: sparse_mode values: 0 (all tokens), 3 (causal, bottom-right aligned).
@@ -388,7 +387,7 @@ def _cache_layout(x: np.ndarray, name: str, layout_ndim: int | None, kv_n: int) 
                        head_major=True)
 
 
-def normalise(call: FusedInferAttentionCall) -> FusedInferAttentionArgs:
+def normalise_mla(call: FusedInferAttentionCall) -> FusedInferAttentionArgs:
     """Validate every argument of either name (nothing is read from a cache before all pass).
 
     Raises:
@@ -400,9 +399,6 @@ def normalise(call: FusedInferAttentionCall) -> FusedInferAttentionArgs:
         call.input_layout, call.lse_flag
     act_q_in, act_q_name, act_kv_in, act_kv_name = call.act_q, call.act_q_name, call.act_kv, call.act_kv_name
     heads_name = call.heads_name
-    if query_rope is None and key_rope is None and not (isinstance(query, np.ndarray) and query.dtype == np.int8):
-        from ._fused_infer_attention_mha import normalise_mha  # the MHA / GQA form (it imports this module)
-        return normalise_mha(call, call.sink)
     if call.sink is not None:
         raise arg_error(ModeError, "learnable_sink", "None with query_rope / key_rope (the sink belongs to the "
                         "MHA / GQA form's TND layouts)", describe(call.sink))

@@ -125,16 +125,17 @@ from .. import checked_mode, input_contracts
 from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ._backend import get_backend
 from ._check import check_disjoint, required
-from ._fused_infer_attention_mha import output_shapes
+from ._fused_infer_attention_mha import MAX_HEADS as MAX_QUERY_HEADS_NO_ROPE
+from ._fused_infer_attention_mha import normalise_mha, output_shapes
 from ._fused_infer_attention_args import (LAYOUTS, QUERY_DTYPES, QUERY_HEADS, HEAD_DIM_ABSORBED, HEAD_DIM_PREFILL,
-                                          HEAD_DIMS, HEAD_DIM_NO_ROPE, VALUE_DIM_NO_ROPE, MAX_QUERY_HEADS_NO_ROPE,
+                                          HEAD_DIMS, HEAD_DIM_NO_ROPE, VALUE_DIM_NO_ROPE,
                                           SPARSE_MODES, CAUSAL_MASK_SIZE, MASK_DTYPES, DEFAULT_TOKENS,
                                           BLOCK_SIZE_ALIGN, MAX_BLOCK_SIZE, EMPTY_ROW_OUTPUT, EMPTY_ROW_LSE,
                                           QUERY_DTYPE_ROUNDING, P_ROUNDING, CACHE_LAYOUTS, V1_REJECTED, V2_REJECTED,
                                           QUERY_QUANT_MODE_C8, C8_DTYPE, C8_ROPE_DTYPES, C8_SCALE_DTYPE, C8_KV_BLOCK,
                                           C8_P_RANGE, C8_PV_STAGE_SCALE, C8_FLOAT_EPS, C8_DOT_BIAS_BITS, C8_DOT_BIAS,
                                           FusedInferAttentionArgs, FusedInferAttentionCall,
-                                          FusedInferAttentionOutputs, _int, normalise, reject)
+                                          FusedInferAttentionOutputs, _int, normalise_mla, reject)
 
 #: The public ops, and the limits, choices and argument types defined beside the validation.
 __all__ = ["npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2",
@@ -151,6 +152,21 @@ __all__ = ["npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v
 
 
 # ---------------------------------------------------------------------- public ops
+def normalise(call: FusedInferAttentionCall) -> FusedInferAttentionArgs:
+    """Validate a call (nothing is read from a cache before every check passes): without
+    ``query_rope`` / ``key_rope`` and with a non-int8 query, the MHA / GQA form
+    (:func:`._fused_infer_attention_mha.normalise_mha`); otherwise the MLA form
+    (:func:`._fused_infer_attention_args.normalise_mla`).
+
+    Raises:
+        As :func:`npu_fused_infer_attention_score`.
+    """
+    if call.query_rope is None and call.key_rope is None and not (
+            isinstance(call.query, np.ndarray) and call.query.dtype == np.int8):
+        return normalise_mha(call, call.sink)
+    return normalise_mla(call)
+
+
 def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None,
                                     actual_seq_lengths_kv=None, dequant_scale1=None, quant_scale1=None,
                                     dequant_scale2=None, quant_scale2=None, quant_offset2=None, antiquant_scale=None,
