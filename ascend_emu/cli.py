@@ -260,6 +260,7 @@ def _v4_demo(ns: argparse.Namespace) -> int:
     context = V4_DEMO_CONTEXT if ns.context == DecodeStepConfig().context else ns.context
     cfg = V4Config(max_tokens=context + ns.decode_steps, block_size=ns.block_size)
     console = text_console()
+    soc_before = os.environ.get(soc.SOC_NAME_ENV)  # restored after the run: main() may run in a caller's process
     if ns.path == "950":
         if not soc.is_ascend950():
             os.environ[soc.SOC_NAME_ENV] = soc.ASCEND950_EXAMPLE
@@ -278,6 +279,11 @@ def _v4_demo(ns: argparse.Namespace) -> int:
     except AscendEmuError as exc:
         _err(str(exc))
         return 1
+    finally:
+        if soc_before is None:
+            os.environ.pop(soc.SOC_NAME_ENV, None)
+        else:
+            os.environ[soc.SOC_NAME_ENV] = soc_before
     steps = Table(title="ops (NumPy API, emu backend), summed over the blocks", title_justify="left")
     for col in ("op", "prefill ms", "decode ms / token"):
         steps.add_column(col, justify="left" if col == "op" else "right")

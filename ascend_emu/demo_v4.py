@@ -43,6 +43,7 @@ import numpy as np
 
 from . import ops
 from .errors import ModeError, ShapeError, arg_error
+from .layouts import slot_of_block_row
 from . import soc
 from .quant import BF16, fp8_dtype
 from .quant.v4 import decode_kv_rows, indexer_quant_fp8, indexer_quant_int8
@@ -360,7 +361,7 @@ class V4AttentionLayer:
             keys, slots = self._compressor("idx_cmp", x, p0, cu, INDEX_DIM)
             keys = _bf16(_f32(keys) @ self._hadamard.T)
             if self.path == "950":
-                flat = np.where(slots[:, 0] >= 0, slots[:, 0] * self.cfg.block_size + slots[:, 1], -1)
+                flat = np.where(slots[:, 0] >= 0, slot_of_block_row(slots[:, 0], slots[:, 1], self.cfg.block_size), -1)
                 self._timed("indexer_compress_epilog_v2", ops.indexer_compress_epilog_v2, self.idx_cache, keys,
                             flat.astype(np.int32), 2)
             else:
