@@ -75,7 +75,8 @@ from ..layouts import CacheLayout
 from ..input_contracts import STATE_SKIP_BLOCK, Violation
 from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error, describe
 from ._backend import get_backend
-from ._check import MAX_CALL_BYTES, check_disjoint, check_dtype, check_float, dtype_name, optional, required
+from ._check import (MAX_CALL_BYTES, check_cu_seqlens, check_disjoint, check_dtype, check_float, dtype_name,
+                     optional, required)
 
 #: x / wkv / wgate dtypes (the op definition).
 X_DTYPES = ("bfloat16", "float16")
@@ -222,16 +223,7 @@ def _lengths(x: np.ndarray, cu_seqlens, seqused, start_pos) -> tuple:
             raise arg_error(ShapeError, "cu_seqlens", f"a 1-D int32 tensor [B + 1] with 1 <= B <= {MAX_BATCH}",
                             f"shape {list(cu.shape)}")
         cu = cu.astype(np.int64)
-        if cu[0] != 0:
-            raise arg_error(IndexRangeError, "cu_seqlens[0]", "0 (a prefix sum)", int(cu[0]))
-        steps = np.diff(cu)
-        if (steps < 0).any():
-            i = int(np.argmax(steps < 0)) + 1
-            raise arg_error(IndexRangeError, f"cu_seqlens[{i}]", "a non-decreasing prefix sum (the NPU reads out "
-                            "of bounds otherwise)", f"{int(cu[i])} after {int(cu[i - 1])}")
-        if cu[-1] > t:
-            raise arg_error(IndexRangeError, f"cu_seqlens[{cu.size - 1}]", f"at most T = {t} (x's token rows)",
-                            int(cu[-1]))
+        steps = check_cu_seqlens(cu, "cu_seqlens", IndexRangeError, at_most=t)
         b = cu.size - 1
         first, given = cu[:-1], steps
     used = _int32_1d(seqused, "seqused", b, "tokens used per request")
