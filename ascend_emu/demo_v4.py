@@ -46,30 +46,32 @@ from .errors import ModeError, ShapeError, arg_error
 from .layouts import slot_of_block_row
 from . import soc
 from .quant import BF16, fp8_dtype
+from .layouts import (V4_CMP_ROPE_THETA, V4_FP8_ROW_BYTES, V4_HEAD_DIM, V4_INDEXER_DIM, V4_INDEXER_PACKED_ROW,
+                      V4_ROPE_DIM, V4_ROPE_THETA, V4_STATE_BLOCK_SIZES, V4_WINDOW, v4_rope_tables)
 from .quant.v4 import decode_kv_rows, indexer_quant_fp8, indexer_quant_int8
 
 #: The attention's fixed shapes (npu_sparse_attn_sharedkv: N1 64, D 512; the model's rope part).
 HEADS = 64
-HEAD_DIM = 512
-ROPE_DIM = 64
+HEAD_DIM = V4_HEAD_DIM
+ROPE_DIM = V4_ROPE_DIM
 NOPE_DIM = HEAD_DIM - ROPE_DIM
-WINDOW = 128
+WINDOW = V4_WINDOW
 #: The indexer: 64 heads x 128, top-512 (npu_vllm_quant_lightning_indexer's N1 and D).
 INDEX_HEADS = 64
-INDEX_DIM = 128
+INDEX_DIM = V4_INDEXER_DIM
 INDEX_TOPK = 512
 #: Layer kinds by compress ratio: 0 SWA, 4 CSA (overlapping groups, coff 2), 128 HCA.
 RATIOS = (0, 4, 128)
 #: State-cache rows per block by path and ratio (vllm-ascend ``DSV4_BLOCK_SIZES``, block size 128).
-STATE_BLOCK_SIZES = {"a3": {4: 8, 128: 32}, "950": {4: 8, 128: 16}}
+STATE_BLOCK_SIZES = {"a3": V4_STATE_BLOCK_SIZES["a2a3"], "950": V4_STATE_BLOCK_SIZES["950"]}
 #: The two cache paths: ``a3`` (Atlas A2 / A3: bf16 caches, npu_sparse_attn_sharedkv) and ``950``
 #: (Ascend 950: 640-byte fp8 rows written by kv_compress_epilog, npu_kv_quant_sparse_attn_sharedkv).
 PATHS = ("a3", "950")
 #: The 950 path's row: kv_compress_epilog quant_mode 2 (rope bf16, 448 fp8, 7 E8M0 scales, pad).
-ROW_950 = 640
+ROW_950 = V4_FP8_ROW_BYTES
 #: The 950 path's packed indexer cache row ``D'``: 128 fp8 key bytes and one fp32 scale
 #: (indexer_compress_epilog_v2, layout 2: a block holds its value rows, then its scale rows).
-IDX_ROW_950 = INDEX_DIM + 4
+IDX_ROW_950 = V4_INDEXER_PACKED_ROW
 EPS = 1e-6
 
 
@@ -90,8 +92,8 @@ class V4Config:
     o_rank: int = 1024
     max_tokens: int = 1024
     block_size: int = 128
-    theta: float = 10000.0
-    cmp_theta: float = 40000.0
+    theta: float = V4_ROPE_THETA
+    cmp_theta: float = V4_CMP_ROPE_THETA
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -134,11 +136,8 @@ def hadamard(n: int) -> np.ndarray:
     return (h / np.sqrt(n)).astype(np.float32)
 
 
-def rope_tables(positions: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """fp32 cos / sin ``[positions, 64]`` with each frequency twice (``[c0, c0, c1, c1, ...]``)."""
-    inv = 1.0 / theta ** (np.arange(0, ROPE_DIM, 2, dtype=np.float64) / ROPE_DIM)
-    ang = np.repeat(np.arange(positions, dtype=np.float64)[:, None] * inv, 2, axis=1)
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+#: The rope tables (:func:`ascend_emu.layouts.v4_rope_tables`): fp32 cos / sin ``[positions, 64]``.
+rope_tables = v4_rope_tables
 
 
 def make_weights(cfg: V4Config, ratio: int, rng: np.random.Generator) -> dict:

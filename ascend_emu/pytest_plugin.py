@@ -29,7 +29,8 @@ Fixtures (factories: functions taking sizes; every random value comes from :func
   given logical rows; :func:`cache_rows` reads one back whatever its mode.
 - :func:`mla_caches`: the MLA pair (c_kv 512, k_rope 64) of one layer.
 - :func:`v4_caches`: the caches of one DeepSeek-V4 layer (SWA, compressed, state, indexer; A2 / A3
-  or Ascend 950), filled by the emulated writers from given tokens (:func:`make_v4_caches`).
+  or Ascend 950) after a prefill of given tokens: compressed and state rows computed by the
+  emulated ``compressor``, everything written by the emulated writers (:func:`make_v4_caches`).
 - :func:`nz_weight`: a random weight cast to FRACTAL_NZ with ``npu_format_cast``.
 - :func:`block_permutation`: re-run a step with every paged cache's physical blocks permuted and
   fail at the first output that changed (:mod:`ascend_emu.block_permutation`).
@@ -302,12 +303,19 @@ class V4Caches(NamedTuple):
             position; 0 (block 0 is reserved: "do not update") except the columns holding live
             state (below); the indexer state shares it. None in a SWA-only layer.
         kv: bf16 ``[T, 512]`` host tensor, every request's tokens in order (what the SWA holds).
-        cmp_kv: bf16 ``[n, 512]`` host tensor, the compressed rows, requests in order (None: SWA layer).
-        indexer_k: bf16 ``[n, 128]`` host tensor, the indexer keys of those rows (CSA only).
+        hidden: bf16 ``[T, H]`` host tensor, the tokens' hidden states the compressors read (None:
+            SWA layer).
+        weights: the compressor weights used (None: SWA layer): ``{"cmp": {...}}`` and, CSA,
+            ``"idx_cmp"``, each ``{"wkv", "wgate": bf16 [coff * D, H], "ape": fp32 [ratio, coff * D],
+            "norm": [D] (bf16 on A2 / A3, fp32 on the 950)}`` host tensors.
+        cmp_kv: bf16 ``[n, 512]`` host tensor, the compressed rows ``compressor`` returned, requests
+            in order, padding rows dropped (None: SWA layer).
+        indexer_k: bf16 ``[n, 128]`` host tensor, the indexer compressor's rows (CSA only).
         state_positions: int64 ``[m, 2]`` host tensor of ``(request, position)``: the positions
-            whose state rows were written (each request's unfinished group, and with ``coff`` 2 the
-            group before it).
-        state: fp32 ``[m, 2 * coff * 512]`` host tensor, those rows (kv state then score state).
+            whose state rows the compressor wrote (those whose state block-table entry is not 0:
+            the blocks of each request's unfinished group and, with ``coff`` 2, of the group before it).
+        state: fp32 ``[m, 2 * coff * 512]`` host tensor, those rows as the cache holds them (kv
+            state then score state).
         indexer_state: fp32 ``[m, 2 * 2 * 128]`` host tensor (CSA only), the indexer state rows.
     """
 
@@ -317,6 +325,8 @@ class V4Caches(NamedTuple):
     cmp_block_table: BlockTable | None
     state_block_table: torch.Tensor | None
     kv: torch.Tensor
+    hidden: torch.Tensor | None
+    weights: dict | None
     cmp_kv: torch.Tensor | None
     indexer_k: torch.Tensor | None
     state_positions: torch.Tensor | None
@@ -324,42 +334,92 @@ class V4Caches(NamedTuple):
     indexer_state: torch.Tensor | None
 
 
+#: Hidden size of the tokens :func:`make_v4_caches` draws (the compressor's smallest H; the model's is 4096).
+V4_FIXTURE_HIDDEN = 1024
+#: RMSNorm epsilon of the compressors (the reference model's).
+V4_NORM_EPS = 1e-6
+#: ``rotary_mode`` the compressors run with (2: interleaved pairs, the tables of
+#: :func:`ascend_emu.layouts.v4_rope_tables`), as vllm-ascend calls them.
+V4_ROTARY_MODE = 2
+
+
+def _as_torch(given, name: str) -> torch.Tensor:
+    return given.detach().cpu() if isinstance(given, torch.Tensor) else to_torch(np.array(given))  # bf16 via ml_dtypes
+
+
 def _rows_or_random(given, shape: tuple[int, ...], dtype: torch.dtype, name: str, generator) -> torch.Tensor:
     if given is None:
         return torch.randn(shape, generator=generator).to(dtype)
-    t = given.detach().cpu() if isinstance(given, torch.Tensor) else to_torch(np.array(given))  # bf16 via ml_dtypes
+    t = _as_torch(given, name)
     if tuple(t.shape) != shape:
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
     return t.to(dtype).contiguous()
 
 
-def _live_state(seq_lens: Sequence[int], ratio: int, coff: int) -> list[tuple[int, int]]:
-    """Per request, the positions ``[lo, hi)`` whose state the compressor still needs: the
-    unfinished group, and with ``coff`` 2 the complete group before it."""
-    out = []
-    for n in seq_lens:
+def _compressor_weights(given, key: str, ratio: int, coff: int, d: int, h: int, norm_dtype: torch.dtype,
+                        generator) -> dict:
+    """One compressor's weights: the given ``given[key]`` (checked, cast) or drawn (bf16 matrices
+    ``randn / sqrt(H)``, ape ``0.5 randn``, norm ``1 + 0.1 randn``)."""
+    shapes = {"wkv": ((coff * d, h), torch.bfloat16), "wgate": ((coff * d, h), torch.bfloat16),
+              "ape": ((ratio, coff * d), torch.float32), "norm": ((d,), norm_dtype)}
+    if given is not None:
+        if not isinstance(given, dict) or not isinstance(given.get(key), dict):
+            raise ValueError(f"weights: expected a dict with a dict {key!r} of {sorted(shapes)}, got "
+                             f"{type(given).__name__}{' keys ' + str(sorted(given)) if isinstance(given, dict) else ''}")
+        missing = sorted(k for k in shapes if given[key].get(k) is None)
+        if missing:
+            raise ValueError(f"weights[{key!r}]: expected entries {sorted(shapes)}, missing {missing}")
+        return {k: _rows_or_random(given[key][k], shape, dt, f"weights[{key!r}][{k!r}]", generator)
+                for k, (shape, dt) in shapes.items()}
+    w = {k: torch.randn(shape, generator=generator) for k, (shape, _) in shapes.items()}
+    return {"wkv": (w["wkv"] * h ** -0.5).to(torch.bfloat16), "wgate": (w["wgate"] * h ** -0.5).to(torch.bfloat16),
+            "ape": w["ape"] * 0.5, "norm": (1.0 + 0.1 * w["norm"]).to(norm_dtype)}
+
+
+def _state_table(lens: Sequence[int], ratio: int, coff: int, sbs: int, generator) -> torch.Tensor:
+    """int32 ``[B, ceil(max(lens) / sbs)]``: fresh blocks (1.., shuffled) at the columns holding
+    each request's live positions (its unfinished group and, ``coff`` 2, the complete group before
+    it: what the next ``compressor`` call reads), 0 ("do not update") elsewhere."""
+    cols = []
+    for n in lens:
         done = (n // ratio) * ratio
         lo = max(0, done - ratio) if coff == 2 else done
-        out.append((lo, n))
-    return out
+        cols.append(list(range(lo // sbs, -(-n // sbs))) if n > lo else [])
+    need = sum(len(c) for c in cols)
+    order = (torch.randperm(need, generator=generator) + 1).tolist()  # blocks 1..need; 0 reserved
+    table = torch.zeros(len(lens), max((-(-n // sbs) for n in lens), default=0) or 1, dtype=torch.int32)
+    for b, cs in enumerate(cols):
+        for c in cs:
+            table[b, c] = order.pop()
+    return table
 
 
 def make_v4_caches(soc: str, ratio: int, seq_lens: Sequence[int], *, block_size: int = 16,
-                   cmp_block_size: int | None = None, kv=None, cmp_kv=None, indexer_k=None, state=None,
-                   indexer_state=None, generator: torch.Generator | None = None) -> V4Caches:
-    """The caches of one DeepSeek-V4 layer holding ``seq_lens`` tokens per request, written by the
-    emulated writers as vllm-ascend writes them (docs/pytest_plugin.md, "DeepSeek-V4 caches").
+                   cmp_block_size: int | None = None, kv=None, hidden=None, weights=None,
+                   generator: torch.Generator | None = None) -> V4Caches:
+    """The caches of one DeepSeek-V4 layer after a prefill of ``seq_lens`` tokens per request,
+    computed and written by the emulated ops as vllm-ascend chains them (docs/pytest_plugin.md,
+    "DeepSeek-V4 caches"; ``ascend_emu/demo_v4.py`` runs the same chain step by step).
 
-    - SWA and compressed caches: A2 / A3 ``npu_scatter_nd_update_v2`` with ``[n, 2]`` (block,
-      offset) rows; Ascend 950 ``kv_compress_epilog`` (layout 1, quant_mode 2) with flat slots.
-    - Indexer (CSA): A2 / A3 ``npu_dynamic_quant`` of the keys (per-token int8), then two
-      ``npu_scatter_nd_update_v2`` (int8 keys, scales as fp16); 950 ``indexer_compress_epilog_v2``
-      (layout 2) into the packed cache.
-    - State rows: ``npu_scatter_nd_update_v2`` of the fp32 rows at each request's live positions
-      (the rows ``compressor`` resumes from).
+    - SWA: the tokens' latents ``kv`` (given or drawn) at their slots: A2 / A3
+      ``npu_scatter_nd_update_v2`` with ``[n, 2]`` (block, offset) rows; Ascend 950
+      ``kv_compress_epilog`` (layout 1, quant_mode 2) with flat slots.
+    - ratio > 1: ``compressor_metadata`` (rope rows and slots of each compressed row; ``[n, 2]``
+      slots on A2 / A3, flat on the 950; rope tables of
+      :func:`ascend_emu.layouts.v4_rope_tables` with the compressed layers' theta), then
+      ``compressor`` (``cache_mode`` 1, ``rotary_mode`` 2, ``start_pos`` 0, ``coff`` 2 for c4) over
+      ``hidden`` with the ``"cmp"`` weights: it returns the compressed rows and writes the state
+      cache itself, at the positions whose state block-table entry is not 0; its rows go to the
+      compressed cache through the same writer as the SWA (metadata slot -1 rows skipped).
+    - CSA (ratio 4): a second ``compressor`` (D 128, the ``"idx_cmp"`` weights, the
+      ``indexer_state`` cache, the same state table) gives the indexer keys (taken as it returns
+      them: the caller's Hadamard rotation is left out); A2 / A3 ``npu_dynamic_quant`` (per-token
+      int8) and two ``npu_scatter_nd_update_v2`` (int8 keys, fp16 scales); 950
+      ``indexer_compress_epilog_v2`` (layout 2) into the packed cache.
 
-    Blocks are drawn shuffled from ``generator`` (:func:`make_block_table`); block 0 of the state
-    caches is never handed out (it means "do not update").
+    Blocks are drawn shuffled from ``generator``; block 0 of the state caches is never handed out
+    (it means "do not update"): only the state blocks of each request's live positions (the
+    unfinished group, and with ``coff`` 2 the group before it) are given.
 
     Args:
         soc: ``"a2a3"`` or ``"950"`` (the 950 writers need the emulated SoC to be an Ascend 950:
@@ -368,22 +428,25 @@ def make_v4_caches(soc: str, ratio: int, seq_lens: Sequence[int], *, block_size:
         seq_lens: tokens each request holds, each >= 0.
         block_size: SWA tokens per block (vllm-ascend: 128 or 16).
         cmp_block_size: compressed rows per block (default ``block_size``).
-        kv: ``[sum(seq_lens), 512]`` tokens, a torch tensor or NumPy array (default: normal draws),
+        kv: ``[sum(seq_lens), 512]`` latents, a torch tensor or NumPy array (default: normal draws),
             written as bf16.
-        cmp_kv: ``[sum(seq_lens // ratio), 512]`` compressed rows (default: normal draws).
-        indexer_k: ``[sum(seq_lens // 4), 128]`` indexer keys (CSA; default: normal draws).
-        state, indexer_state: fp32 state rows of the live positions (default: normal draws).
+        hidden: ``[sum(seq_lens), H]`` hidden states (ratio > 1; H a multiple of 512 in
+            1024..10240; default: normal draws with H :data:`V4_FIXTURE_HIDDEN`), used as bf16.
+        weights: ``{"cmp": {"wkv", "wgate", "ape", "norm"}}`` and for CSA ``"idx_cmp"`` (shapes as
+            :class:`V4Caches` ``weights``; cast to those dtypes); default: drawn.
         generator: for the draws and the block order.
 
     Returns:
         :class:`V4Caches`.
 
     Raises:
-        ValueError: a tensor of the wrong shape, a negative length.
+        ValueError: a tensor of the wrong shape, a missing weight, a negative length.
         ascend_emu.errors.ModeError: unknown ``soc`` / ``ratio``; a 950 writer on another SoC.
+        ascend_emu.errors.ShapeError: what ``compressor`` rejects (e.g. H out of its range).
     """
     from . import ops
-    from .layouts import V4_COFF, V4_HEAD_DIM, V4_INDEXER_DIM, state_block_size
+    from .layouts import (V4_CMP_ROPE_THETA, V4_COFF, V4_HEAD_DIM, V4_INDEXER_DIM, V4_ROPE_DIM, state_block_size,
+                          v4_rope_tables)
 
     lens = [int(n) for n in seq_lens]
     probe = V4LayerCaches(soc, ratio, block_size=block_size, num_blocks=1)  # checks soc / ratio first
@@ -391,7 +454,7 @@ def make_v4_caches(soc: str, ratio: int, seq_lens: Sequence[int], *, block_size:
                           generator=generator)
     total = sum(lens)
     kv_t = _rows_or_random(kv, (total, V4_HEAD_DIM), torch.bfloat16, "kv", generator)
-    cbt = st_table = cmp_t = idx_t = st_pos = st_rows = ist_rows = None
+    cbt = st_table = x_t = w_t = cmp_t = idx_t = st_pos = None
     cmp_nb = state_nb = 1
     cbs = block_size if cmp_block_size is None else int(cmp_block_size)
     if ratio > 1:
@@ -399,70 +462,85 @@ def make_v4_caches(soc: str, ratio: int, seq_lens: Sequence[int], *, block_size:
         cbt = make_block_table(cmp_lens, cbs, num_blocks=max(sum(-(-n // cbs) for n in cmp_lens), 1),
                                generator=generator)
         cmp_nb = cbt.num_blocks
-        n_cmp = sum(cmp_lens)
-        cmp_t = _rows_or_random(cmp_kv, (n_cmp, V4_HEAD_DIM), torch.bfloat16, "cmp_kv", generator)
+        h = V4_FIXTURE_HIDDEN if hidden is None else int(_as_torch(hidden, "hidden").shape[-1])
+        x_t = _rows_or_random(hidden, (total, h), torch.bfloat16, "hidden", generator)
+        coff, norm_dt = V4_COFF[ratio], torch.float32 if soc == "950" else torch.bfloat16
+        w_t = {"cmp": _compressor_weights(weights, "cmp", ratio, coff, V4_HEAD_DIM, h, norm_dt, generator)}
         if ratio == 4:
-            idx_t = _rows_or_random(indexer_k, (n_cmp, V4_INDEXER_DIM), torch.bfloat16, "indexer_k", generator)
-        sbs, coff = state_block_size(soc, ratio), V4_COFF[ratio]
-        live = _live_state(lens, ratio, coff)
-        cols = [list(range(lo // sbs, -(-hi // sbs))) if hi > lo else [] for lo, hi in live]
-        need = sum(len(c) for c in cols)
-        order = (torch.randperm(need, generator=generator) + 1).tolist()  # blocks 1..need; 0 reserved
-        width = max((-(-n // sbs) for n in lens), default=0) or 1
-        table = torch.zeros(len(lens), width, dtype=torch.int32)
-        for b, cs in enumerate(cols):
-            for c in cs:
-                table[b, c] = order.pop()
-        state_nb = need + 1
-        st_table = table
-        st_pos = torch.tensor([(b, p) for b, (lo, hi) in enumerate(live) for p in range(lo, hi)],
-                              dtype=torch.int64).reshape(-1, 2)
-        m = st_pos.shape[0]
-        st_rows = _rows_or_random(state, (m, 2 * coff * V4_HEAD_DIM), torch.float32, "state", generator)
-        if ratio == 4:
-            ist_rows = _rows_or_random(indexer_state, (m, 2 * 2 * V4_INDEXER_DIM), torch.float32, "indexer_state",
-                                       generator)
+            w_t["idx_cmp"] = _compressor_weights(weights, "idx_cmp", ratio, coff, V4_INDEXER_DIM, h, norm_dt,
+                                                 generator)
+        sbs = state_block_size(soc, ratio)
+        st_table = _state_table(lens, ratio, coff, sbs, generator)
+        state_nb = int(st_table.max()) + 1
+        st_pos = torch.tensor([(b, p) for b, n in enumerate(lens) for p in range(n)
+                               if int(st_table[b, p // sbs]) != 0], dtype=torch.int64).reshape(-1, 2)
     layer = V4LayerCaches(probe.soc, ratio, block_size=block_size, num_blocks=bt.num_blocks, cmp_block_size=cbs,
                           cmp_num_blocks=cmp_nb, state_num_blocks=state_nb)
     specs = layer.caches()
     tensors = {k: torch.zeros(c.shape, dtype=_TORCH_DTYPES[c.dtype]) for k, c in specs.items()}
-    arrays = {k: to_numpy(t, k) for k, t in tensors.items()}  # views: the writers fill the tensors
+    arrays = {k: to_numpy(t, k) for k, t in tensors.items()}  # views: the ops fill the tensors
 
     def pairs(slots: torch.Tensor, bs: int) -> np.ndarray:
         s = slots.cpu().numpy().astype(np.int64)
         return np.stack([s // bs, s % bs], axis=1) if s.size else np.zeros((0, 2), np.int64)
 
-    def write_latent(name: str, rows: torch.Tensor, slots: torch.Tensor, bs: int) -> None:
-        x = to_numpy(rows.contiguous(), name)
+    def write_latent(name: str, rows: np.ndarray, slots: np.ndarray) -> None:
+        """rows at ``slots`` (950: flat int32 ``[n]``; A2 / A3: ``[n, 2]`` (block, offset)); -1 skipped."""
         if soc == "950":
-            ops.kv_compress_epilog(arrays[name].reshape(-1, 1, arrays[name].shape[-1]), x,  # layout 1: [N, 1, 640] rows
-                                   slots.cpu().numpy().astype(np.int32))
+            ops.kv_compress_epilog(arrays[name].reshape(-1, 1, arrays[name].shape[-1]), rows,  # layout 1: [N, 1, 640] rows
+                                   slots)
         else:
-            ops.npu_scatter_nd_update_v2(arrays[name], pairs(slots, bs), x)
+            ops.npu_scatter_nd_update_v2(arrays[name], slots, rows)
 
-    write_latent("swa", kv_t, bt.slot_mapping, block_size)
+    swa_slots = bt.slot_mapping.cpu().numpy().astype(np.int32) if soc == "950" else pairs(bt.slot_mapping, block_size)
+    write_latent("swa", to_numpy(kv_t.contiguous(), "kv"), swa_slots)
+    cmp_rows = idx_rows = None
     if ratio > 1:
-        write_latent("compressed", cmp_t, cbt.slot_mapping, cbs)
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        start = np.zeros(len(lens), np.int32)
+        n_out = min(total, total // ratio + len(lens))
+        cos, sin = v4_rope_tables(max(lens, default=0), V4_CMP_ROPE_THETA)
+        fmt = 1 if soc == "950" else 2  # flat slots for kv_compress_epilog, [block, offset] for the scatter
+        cos_r, sin_r, slots = ops.compressor_metadata(cos, sin, cu, start, to_numpy(cbt.block_table.cpu(), "cmp_table"),
+                                                      cbs, fmt, ratio, n_out, len(lens))
+        valid = (slots >= 0) if fmt == 1 else (slots[:, 0] >= 0)
+        table = to_numpy(st_table, "state_block_table")
+        x = to_numpy(x_t.contiguous(), "hidden")
+
+        def compress(key: str, state_name: str) -> np.ndarray:
+            w = {k: to_numpy(v.contiguous(), k) for k, v in w_t[key].items()}
+            st = arrays[state_name]
+            return ops.compressor(x, w["wkv"], w["wgate"], st.reshape(st.shape[0], st.shape[1], st.shape[3]),
+                                  w["ape"], w["norm"], sin_r.reshape(n_out, V4_ROPE_DIM),
+                                  cos_r.reshape(n_out, V4_ROPE_DIM), table, cu, None, start, V4_ROPE_DIM, ratio,
+                                  V4_COFF[ratio], V4_NORM_EPS, V4_ROTARY_MODE, 1)
+
+        cmp_rows = compress("cmp", "state")
+        write_latent("compressed", cmp_rows, slots)
+        cmp_t = to_torch(np.ascontiguousarray(cmp_rows[valid])).clone()
         if ratio == 4:
-            k = to_numpy(idx_t.contiguous(), "indexer_k")
+            idx_rows = compress("idx_cmp", "indexer_state")
+            idx_t = to_torch(np.ascontiguousarray(idx_rows[valid])).clone()
             if soc == "950":
-                ops.indexer_compress_epilog_v2(arrays["indexer_packed"], k, cbt.slot_mapping.cpu().numpy().astype(np.int32),
-                                               layout=2)
+                ops.indexer_compress_epilog_v2(arrays["indexer_packed"], idx_rows, slots, layout=2)
             else:
-                q, scale = ops.npu_dynamic_quant(k)
-                idx = pairs(cbt.slot_mapping, cbs)
-                ops.npu_scatter_nd_update_v2(arrays["indexer_key"], idx, np.ascontiguousarray(q))
-                ops.npu_scatter_nd_update_v2(arrays["indexer_scale"], idx,
+                q, scale = ops.npu_dynamic_quant(np.ascontiguousarray(idx_rows[valid]))
+                ops.npu_scatter_nd_update_v2(arrays["indexer_key"], slots[valid], np.ascontiguousarray(q))
+                ops.npu_scatter_nd_update_v2(arrays["indexer_scale"], slots[valid],
                                              np.asarray(scale, np.float32).astype(np.float16).reshape(-1, 1))
+
+    def state_rows(name: str):
+        if st_pos is None or name not in tensors:
+            return None
         sbs = layer.state_block_size
         pos = st_pos.numpy()
-        blk = st_table.numpy()[pos[:, 0], pos[:, 1] // sbs].astype(np.int64) if pos.size else np.zeros(0, np.int64)
-        idx = np.stack([blk, pos[:, 1] % sbs], axis=1) if pos.size else np.zeros((0, 2), np.int64)
-        ops.npu_scatter_nd_update_v2(arrays["state"], idx, to_numpy(st_rows, "state"))
-        if ratio == 4:
-            ops.npu_scatter_nd_update_v2(arrays["indexer_state"], idx, to_numpy(ist_rows, "indexer_state"))
+        blk = st_table.numpy()[pos[:, 0], pos[:, 1] // sbs].astype(np.int64)
+        t = tensors[name]
+        return t.reshape(-1, t.shape[-1])[torch.from_numpy(blk * sbs + pos[:, 1] % sbs)].clone()
+
     return V4Caches(layer, {k: t.npu() for k, t in tensors.items()}, bt, cbt,
-                    st_table.npu() if st_table is not None else None, kv_t, cmp_t, idx_t, st_pos, st_rows, ist_rows)
+                    st_table.npu() if st_table is not None else None, kv_t, x_t, w_t, cmp_t, idx_t, st_pos,
+                    state_rows("state"), state_rows("indexer_state"))
 
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
@@ -512,9 +590,9 @@ def mla_caches(paged_cache):
 @pytest.fixture
 def v4_caches(npu_generator, monkeypatch):
     """Factory ``v4_caches(soc, ratio, seq_lens, *, block_size=16, cmp_block_size=None, kv=None,
-    cmp_kv=None, indexer_k=None, state=None, indexer_state=None) -> V4Caches``: one DeepSeek-V4
-    layer's caches filled by the emulated writers from the given (or drawn) tokens
-    (:func:`make_v4_caches`). ``soc="950"`` sets the emulated SoC to an Ascend 950 for the test
+    hidden=None, weights=None) -> V4Caches``: one DeepSeek-V4 layer's caches after a prefill of the
+    given (or drawn) tokens, the compressed and state rows computed by the emulated ``compressor``
+    and everything written by the emulated writers (:func:`make_v4_caches`). ``soc="950"`` sets the emulated SoC to an Ascend 950 for the test
     (``ASCEND_EMU_SOC_NAME``), as the 950 writers and readers need."""
     from .soc import ASCEND950_EXAMPLE, SOC_NAME_ENV, is_ascend950
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -31,12 +32,13 @@ from typing import Callable, Iterator
 import numba
 import numpy as np
 
-from . import ops
+from . import ops, soc
 from ._kernel_cache import kernel_cache_dir
-from .layouts import CacheLayout, cache_mode_traits
+from .layouts import (V4_CMP_ROPE_THETA, V4_FP8_ROW_BYTES, V4_HEAD_DIM, V4_INDEXER_DIM, V4_INDEXER_PACKED_ROW, CacheLayout,
+                      cache_mode_traits, v4_rope_tables)
 from .ops.kv_rmsnorm_rope_cache import OUTPUT_KV_CACHE_MODES
 from .ops.mla_prolog import QUANT_SCENARIOS
-from .quant import BF16
+from .quant import BF16, fp8_dtype
 
 #: Rows of the tiny inputs (tokens, kv positions).
 TOKENS = 2
@@ -64,6 +66,8 @@ class Call:
         op: the op's name in :mod:`ascend_emu.ops` (and in the torch_npu drop-in).
         args, kwargs: its arguments (FRACTAL_NZ weights as :class:`~ascend_emu.layouts.NZArray`).
         then: run on the result (e.g. to compile a kernel the result uses later).
+        soc: the emulated SoC the call needs (``ASCEND_EMU_SOC_NAME`` set for the call only), or
+            None (the process's own).
     """
 
     name: str
@@ -71,10 +75,12 @@ class Call:
     args: tuple
     kwargs: dict
     then: Callable[[object], object] | None = None
+    soc: str | None = None
 
     def __call__(self) -> object:
-        out = getattr(ops, self.op)(*self.args, **self.kwargs)
-        return self.then(out) if self.then is not None else out
+        with _soc_set(self.soc):
+            out = getattr(ops, self.op)(*self.args, **self.kwargs)
+            return self.then(out) if self.then is not None else out
 
     def through_drop_in(self) -> functools.partial:
         """The same call through ``ascend_emu.torch_npu.<op>`` on new torch copies of the inputs
@@ -90,10 +96,37 @@ class Call:
                 return torch_npu.npu_format_cast(to_torch(np.array(np.asarray(v))), 29)
             return to_torch(np.array(v)) if isinstance(v, np.ndarray) else v
 
+        fn = self.drop_in_op()
+        if fn is None:
+            raise AttributeError(f"op: expected a torch_npu op, got {self.op!r} (registered under "
+                                 "torch.ops._C_ascend / torch.ops.custom only)")
         args = tuple(convert(v) for v in self.args)
         kwargs = {k: convert(v) for k, v in self.kwargs.items()}
-        fn = getattr(torch_npu.atb if self.op == "npu_mla_preprocess" else torch_npu, self.op)
         return functools.partial(fn, *args, **kwargs)
+
+    def drop_in_op(self):
+        """``ascend_emu.torch_npu.<op>`` (``torch_npu.atb.<op>`` for MlaPreprocess), or None for an
+        op outside torch_npu's namespace (the V4 ops: ``torch.ops._C_ascend`` / ``custom``). Needs torch."""
+        import ascend_emu.torch_npu as torch_npu
+
+        return getattr(torch_npu.atb if self.op == "npu_mla_preprocess" else torch_npu, self.op, None)
+
+
+@contextlib.contextmanager
+def _soc_set(name: str | None) -> Iterator[None]:
+    """``ASCEND_EMU_SOC_NAME`` = ``name`` inside (None: unchanged), restored after."""
+    if name is None:
+        yield
+        return
+    saved = os.environ.get(soc.SOC_NAME_ENV)
+    os.environ[soc.SOC_NAME_ENV] = name
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(soc.SOC_NAME_ENV, None)
+        else:
+            os.environ[soc.SOC_NAME_ENV] = saved
 
 
 def _rand(rng: np.random.Generator, shape, dtype=BF16, scale: float = 1.0) -> np.ndarray:
@@ -272,12 +305,57 @@ def _format_cast_calls(rng) -> Iterator[Call]:
                    then=lambda nz: nz.storage())
 
 
+def _v4_calls(rng) -> Iterator[Call]:
+    """DeepSeek-V4: the compressor (A2 / A3; the 950's fp32 norm), the row scatter, the 950
+    writers and the 950 shared-KV attention over rows the writer encoded (one small call each)."""
+    a950 = soc.ASCEND950_EXAMPLE
+    h, d = 1024, 128  # the compressor's smallest hidden size, the indexer's D
+    # A2 / A3: c2 without overlap (its products stay small enough for the deterministic-mode
+    # reference check); the 950: c4 with overlapping groups (coff 2) and its fp32 norm weight
+    for name, r, coff, norm_dtype, where in (("A2 / A3 c2", 2, 1, BF16, None), ("Ascend 950 c4", 4, 2, np.float32, a950)):
+        x = _rand(rng, (r, h))
+        w = [_rand(rng, (coff * d, h), scale=h ** -0.5) for _ in range(2)]
+        cos, sin = v4_rope_tables(2, V4_CMP_ROPE_THETA)  # rows: the group, the padding row
+        yield Call(f"compressor {name}", "compressor",
+                   (x, *w, np.zeros((2, 8, 2 * coff * d), np.float32), _rand(rng, (r, coff * d), np.float32),
+                    (1 + 0.1 * _rand(rng, (d,), np.float32)).astype(norm_dtype), sin, cos,
+                    np.array([[1]], np.int32), np.array([0, r], np.int32), None, np.zeros(1, np.int32), 64, r, coff),
+                   {"rotary_mode": 2}, soc=where)
+    slots = np.array([3, -1, 0], np.int32)
+    yield Call("npu_scatter_nd_update_v2 bfloat16 [n, 2]", "npu_scatter_nd_update_v2",
+               (np.zeros((2, 4, 1, 64), BF16), np.array([[1, 3], [-1, 3], [0, 0]], np.int32), _rand(rng, (3, 1, 64))),
+               {})
+    yield Call("kv_compress_epilog layout 1", "kv_compress_epilog",
+               (np.zeros((4, 1, V4_FP8_ROW_BYTES), fp8_dtype("float8_e4m3fn")), _rand(rng, (3, V4_HEAD_DIM)), slots),
+               {}, soc=a950)
+    yield Call("indexer_compress_epilog", "indexer_compress_epilog",
+               (np.zeros((4, V4_INDEXER_DIM), fp8_dtype("float8_e4m3fn")), np.zeros((4, 1), np.float32),
+                _rand(rng, (3, V4_INDEXER_DIM)), slots), {}, soc=a950)
+    yield Call("indexer_compress_epilog_v2 layout 2", "indexer_compress_epilog_v2",
+               (np.zeros((1, 16, 1, V4_INDEXER_PACKED_ROW), np.uint8), _rand(rng, (3, V4_INDEXER_DIM)), slots),
+               {"layout": 2}, soc=a950)
+    kv = np.zeros((2, 16, 1, V4_FP8_ROW_BYTES), fp8_dtype("float8_e4m3fn"))
+    with _soc_set(a950):
+        ops.kv_compress_epilog(kv.reshape(-1, 1, V4_FP8_ROW_BYTES), _rand(rng, (16, V4_HEAD_DIM)),
+                               np.arange(16, 32, dtype=np.int32))
+        plan = ops.npu_kv_quant_sparse_attn_sharedkv_metadata(
+            64, 1, V4_HEAD_DIM, 1, cu_seqlens_q=np.array([0, 1], np.int32), seqused_kv=np.array([16], np.int32),
+            batch_size=1, max_seqlen_q=1, max_seqlen_kv=16, cmp_topk=0, cmp_ratio=1, layout_q="TND",
+            has_cmp_kv=False, tile_size=64, rope_head_dim=64)
+    yield Call("npu_kv_quant_sparse_attn_sharedkv SWA TND", "npu_kv_quant_sparse_attn_sharedkv",
+               (_rand(rng, (1, 64, V4_HEAD_DIM)), 1),
+               dict(ori_kv=kv, ori_block_table=np.array([[1]], np.int32), cu_seqlens_q=np.array([0, 1], np.int32),
+                    seqused_kv=np.array([16], np.int32), sinks=_rand(rng, (64,), np.float32), metadata=plan,
+                    tile_size=64, rope_head_dim=64, softmax_scale=V4_HEAD_DIM ** -0.5, cmp_ratio=1,
+                    layout_q="TND"), soc=a950)
+
+
 #: Every op family's warm-up calls (each yields :class:`Call` objects), the families whose first
 #: call compiles longest first (cold, 2 cores: kv_rmsnorm_rope_cache 55 s, sparse attention 47 s,
 #: MlaPreprocess 26 s, the prolog 30 s, fused_infer_attention_score 14 s, the indexer 13 s, the
 #: rest a few s), so that worker processes (``jobs``) taking them in this order finish together.
 CALLS = (_kv_calls, _sparse_attention_calls, _preprocess_calls, _prolog_calls, _indexer_calls,
-         _fused_infer_attention_calls, _quant_indexer_calls, _format_cast_calls)
+         _fused_infer_attention_calls, _quant_indexer_calls, _format_cast_calls, _v4_calls)
 
 
 # ---------------------------------------------------------------------- running

@@ -1,14 +1,16 @@
 """One DeepSeek-V4 CSA layer's caches written from a prefill and a decode token, then inspected.
 
-A request of 11 tokens is prefilled, then one decode token (position 11) arrives. The writers put
-each token's latent in the SWA cache, each completed group of 4 tokens' compressed row in the c4
-cache and its indexer key in the indexer caches, and the positions the compressor still needs in
-the state caches. The inspector then answers, for the decode token: its SWA slot, its compressed row
-and the tokens that row covers, its state row; and draws the layer's three caches.
+A request of 11 tokens is prefilled, then one decode token (position 11) arrives. Each call runs
+what vllm-ascend runs for a CSA layer's caches: the SWA writer puts each token's latent in the SWA
+cache; ``compressor_metadata`` gives the rope rows and slots of the compressed rows the call
+completes; ``compressor`` (c4, overlapping groups) turns the tokens' hidden states into those rows
+and keeps every token's kv / score state in the fp32 state cache (the decode call reads the
+prefill's state back); a second ``compressor`` (D 128) gives the indexer keys; the writers put the
+rows in the c4 and indexer caches. The inspector then answers, for the decode token: its SWA slot,
+its compressed row and the tokens that row covers, its state row; and draws the layer's three caches.
 
-The compressed rows and state rows stand for the ``compressor`` op's output (drawn here, so the
-example shows the writers and the geometry alone). Run: ``ascend-emu run
-examples/deepseek_v4_caches.py [--soc 950]`` (docs/v4.md, "Worked example").
+Hidden states, latents and weights are random (hidden size 1024, the compressor's smallest). Run:
+``ascend-emu run examples/deepseek_v4_caches.py [--soc 950]`` (docs/v4.md, "Worked example").
 """
 
 import argparse
@@ -18,7 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from ascend_emu import inspect, ops
-from ascend_emu.layouts import V4LayerCaches
+from ascend_emu.layouts import V4_CMP_ROPE_THETA, V4LayerCaches, v4_rope_tables
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--soc", choices=["a2a3", "950"], default="a2a3", help="cache family (default a2a3)")
@@ -27,13 +29,25 @@ if args.soc == "950":
     os.environ.setdefault("ASCEND_EMU_SOC_NAME", "Ascend950PR_9599")  # the 950 writers run on a 950 only
 
 bf16, rng = ml_dtypes.bfloat16, np.random.default_rng(0)
-layer = V4LayerCaches(args.soc, 4, block_size=16, num_blocks=3, cmp_block_size=16, cmp_num_blocks=2,
+H, RATIO, COFF = 1024, 4, 2                   # hidden size; c4 compressor with overlapping groups
+layer = V4LayerCaches(args.soc, RATIO, block_size=16, num_blocks=3, cmp_block_size=16, cmp_num_blocks=2,
                       state_num_blocks=4)
 caches = layer.new()
 swa_table = np.array([2, 0])     # the request's SWA blocks (block 2 holds positions 0..15)
 cmp_table = np.array([1])        # its compressed (and indexer) block
 state_table = np.array([3, 1])   # state blocks of 8 positions; an entry 0 would mean "do not update"
-sbs = layer.state_block_size
+cos_table, sin_table = v4_rope_tables(16, V4_CMP_ROPE_THETA)
+
+
+def weights(d):
+    """One compressor's weights: wkv / wgate bf16 [2 * d, H], ape fp32 [4, 2 * d], norm [d]."""
+    mat = lambda: (rng.standard_normal((COFF * d, H)) / np.sqrt(H)).astype(bf16)  # noqa: E731
+    norm = 1 + 0.1 * rng.standard_normal(d)  # the 950's compressor takes an fp32 norm weight
+    return {"wkv": mat(), "wgate": mat(), "ape": (0.5 * rng.standard_normal((RATIO, COFF * d))).astype(np.float32),
+            "norm": norm.astype(np.float32) if args.soc == "950" else norm.astype(bf16)}
+
+
+w_kv, w_idx = weights(512), weights(128)
 
 
 def write_tokens(positions):
@@ -46,39 +60,39 @@ def write_tokens(positions):
         ops.npu_scatter_nd_update_v2(caches["swa"], np.stack([slots // 16, slots % 16], 1), kv)
 
 
-def write_groups(rows):
-    """The compressed-cache and indexer writers: one row per completed group of 4 tokens."""
-    cmp_kv = rng.standard_normal((len(rows), 512)).astype(bf16)   # stands for the compressor's rows
-    key = rng.standard_normal((len(rows), 128)).astype(bf16)      # and the indexer compressor's keys
-    slots = cmp_table[np.asarray(rows) // 16] * 16 + np.asarray(rows) % 16
-    pairs = np.stack([slots // 16, slots % 16], 1)
+def compress(x, start):
+    """The call's compressed rows: metadata, the two compressors (state carried in the caches), the writers."""
+    t = x.shape[0]
+    cu, sp, n = np.array([0, t], np.int32), np.array([start], np.int32), min(t, t // RATIO + 1)
+    fmt = 1 if args.soc == "950" else 2  # flat slots for the 950 writers, (block, offset) for the scatter
+    cos, sin, slots = ops.compressor_metadata(cos_table, sin_table, cu, sp, cmp_table[None].astype(np.int32), 16,
+                                              fmt, RATIO, n, 1)
+
+    def run(w, state):
+        return ops.compressor(x, w["wkv"], w["wgate"], state.reshape(state.shape[0], state.shape[1], -1), w["ape"],
+                              w["norm"], sin.reshape(n, 64), cos.reshape(n, 64), state_table[None].astype(np.int32),
+                              cu, None, sp, 64, RATIO, COFF, 1e-6, 2, 1)
+    rows, keys = run(w_kv, caches["state"]), run(w_idx, caches["indexer_state"])
     if args.soc == "950":
-        ops.kv_compress_epilog(caches["compressed"].reshape(-1, 1, 640), cmp_kv, slots.astype(np.int32))
-        ops.indexer_compress_epilog_v2(caches["indexer_packed"], key, slots.astype(np.int32), layout=2)
+        ops.kv_compress_epilog(caches["compressed"].reshape(-1, 1, 640), rows, slots)  # slot -1: padding row
+        ops.indexer_compress_epilog_v2(caches["indexer_packed"], keys, slots, layout=2)
     else:
-        ops.npu_scatter_nd_update_v2(caches["compressed"], pairs, cmp_kv)
-        q, scale = ops.npu_dynamic_quant(key)                      # per-token int8, as vllm-ascend does
-        ops.npu_scatter_nd_update_v2(caches["indexer_key"], pairs, q)
-        ops.npu_scatter_nd_update_v2(caches["indexer_scale"], pairs, scale.astype(np.float16).reshape(-1, 1))
+        ops.npu_scatter_nd_update_v2(caches["compressed"], slots, rows)  # [-1, 15]: padding row, skipped
+        valid = slots[:, 0] >= 0
+        q, scale = ops.npu_dynamic_quant(keys[valid])                # per-token int8, as vllm-ascend does
+        ops.npu_scatter_nd_update_v2(caches["indexer_key"], slots[valid], q)
+        ops.npu_scatter_nd_update_v2(caches["indexer_scale"], slots[valid], scale.astype(np.float16).reshape(-1, 1))
+    return rows[(slots >= 0) if fmt == 1 else (slots[:, 0] >= 0)]
 
 
-def write_state(positions):
-    """The state rows the compressor keeps for positions whose groups are not finished."""
-    pos = np.asarray(positions)
-    pairs = np.stack([state_table[pos // sbs], pos % sbs], 1)
-    ops.npu_scatter_nd_update_v2(caches["state"], pairs, rng.standard_normal((len(pos), 2048)).astype(np.float32))
-    ops.npu_scatter_nd_update_v2(caches["indexer_state"], pairs,
-                                 rng.standard_normal((len(pos), 512)).astype(np.float32))
-
-
-# prefill: positions 0..10 -> groups 0 and 1 complete; 8..10 (and, coff 2, group 1: 4..7) stay in the state
+hidden = rng.standard_normal((12, H)).astype(bf16)
+# prefill: positions 0..10 -> groups 0 and 1 complete; every position's state row is kept
 write_tokens(range(11))
-write_groups([0, 1])
-write_state(range(4, 11))
-# decode: position 11 completes group 2 (tokens 8..11); the state now holds 8..11
+print(f"prefill: compressor gave {compress(hidden[:11], 0).shape[0]} compressed rows (groups 0, 1)")
+# decode: position 11 completes group 2 (tokens 8..11, drawing on group 1's state rows 4..7 too)
 write_tokens([11])
-write_groups([2])
-write_state([11])
+row2 = compress(hidden[11:], 11)
+print(f"decode: compressed row 2 starts {row2[0, :3].astype(np.float32)}")
 
 layer.check(caches)
 print(f"{layer.kind} layer, {layer.soc}: " + "; ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in caches.items()))

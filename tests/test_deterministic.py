@@ -33,6 +33,8 @@ FAMILY_CALLS = (
     "npu_fused_infer_attention_score bfloat16 MLA decode",
     "npu_fused_infer_attention_score_v2 C8 MLA decode",
     "npu_quant_lightning_indexer int8 PA_BSND",
+    "compressor A2 / A3 c2",
+    "npu_kv_quant_sparse_attn_sharedkv SWA TND",
 )
 #: Products up to this many multiply-adds are checked against the plain-loop reference.
 REFERENCE_MACS = 600_000

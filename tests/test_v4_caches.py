@@ -112,3 +112,18 @@ def test_check_and_rejections():
         V4LayerCaches("910", 4)
     with pytest.raises(ModeError, match="ratio"):
         V4LayerCaches("a2a3", 8)
+
+
+def test_v4_rope_tables_each_frequency_twice():
+    """cos / sin row p: angles p * theta ** (-2i / 64), each twice (the interleaved tables the
+    compressor with rotary_mode 2 and inplace_partial_rotary_mul read), by hand for p = 3."""
+    from ascend_emu.layouts import v4_rope_tables
+
+    cos, sin = v4_rope_tables(5, 40000.0)
+    assert cos.shape == sin.shape == (5, 64) and cos.dtype == np.float32
+    for i in (0, 1, 17, 31):
+        ang = 3 * 40000.0 ** (-2 * i / 64)
+        assert cos[3, 2 * i] == cos[3, 2 * i + 1] == np.float32(np.cos(ang))
+        assert sin[3, 2 * i] == sin[3, 2 * i + 1] == np.float32(np.sin(ang))
+    with pytest.raises(ShapeError, match="positions"):
+        v4_rope_tables(-1, 1e4)

@@ -4,7 +4,9 @@ threaded kernel variants are compiled too, and the thresholds it lowers are rest
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import os
 import io
 import re
 
@@ -23,7 +25,9 @@ prolog_emu = importlib.import_module("ascend_emu.emu.mla_prolog")
 
 OPS = ("npu_format_cast", "npu_kv_rmsnorm_rope_cache", "npu_mla_prolog_v3", "npu_mla_preprocess",
        "npu_lightning_indexer", "npu_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention",
-       "npu_quant_lightning_indexer", "npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2")
+       "npu_quant_lightning_indexer", "npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2",
+       "compressor", "npu_scatter_nd_update_v2", "kv_compress_epilog", "indexer_compress_epilog",
+       "indexer_compress_epilog_v2", "npu_kv_quant_sparse_attn_sharedkv")
 
 
 def test_warmup_runs_every_op_and_restores_thresholds():
@@ -158,3 +162,22 @@ def test_cli_warmup_piped_shows_each_call_and_what_it_compiles(monkeypatch, caps
     assert lines[2].startswith("compiling Numba kernel 1: ") and lines[2].endswith(".outer")
     assert lines[3].endswith("s  first fresh call") and lines[4].endswith("s  second call")
     assert lines[5].startswith("warmed up 2 op calls")
+
+
+def test_v4_calls_run_on_their_soc_and_restore_it(monkeypatch):
+    """The 950-only V4 calls set the emulated SoC for the call alone: they run in a process whose
+    SoC is an A2, which is an A2 again after each (and the same calls fail without it)."""
+    from ascend_emu import soc
+    from ascend_emu.errors import ModeError
+
+    monkeypatch.setenv(soc.SOC_NAME_ENV, soc.DEFAULT_SOC_NAME)
+    calls = list(warmup_mod._v4_calls(np.random.default_rng(0)))
+    assert {c.op for c in calls} == set(OPS[-6:])
+    for call in calls:
+        call()
+        assert os.environ[soc.SOC_NAME_ENV] == soc.DEFAULT_SOC_NAME, call.name
+    on_950 = [c for c in calls if c.soc is not None]
+    assert {c.op for c in on_950} >= {"kv_compress_epilog", "indexer_compress_epilog_v2",
+                                      "npu_kv_quant_sparse_attn_sharedkv"}
+    with pytest.raises(ModeError, match="950"):
+        dataclasses.replace(next(c for c in on_950 if c.op == "kv_compress_epilog"), soc=None)()

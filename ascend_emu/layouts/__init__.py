@@ -11,7 +11,8 @@ from .slots import (SKIP_INDEX, blocks_from_block_table, check_index_range, dupl
                     slots_from_positions)
 from .v4 import (DSV4_BLOCK_SIZES, STATE_SKIP_BLOCK, V4_CACHE_NAMES, V4_COFF, V4_FP8_ROW_BYTES, V4_HEAD_DIM,
                  V4_INDEXER_DIM, V4_INDEXER_PACKED_ROW, V4_LAYER_KINDS, V4_ROPE_DIM, V4_SOCS, V4_STATE_BLOCK_SIZES,
-                 V4_WINDOW, TokenPlaces, V4Cache, V4LayerCaches, state_block_size)
+                 V4_WINDOW, V4_ROPE_THETA, V4_CMP_ROPE_THETA, TokenPlaces, V4Cache, V4LayerCaches, state_block_size,
+                 v4_rope_tables)
 
 __all__ = [
     "ACL_FORMAT_NAMES", "FRACTAL_NZ", "ND", "NZ_950_DTYPES", "NZ_DTYPES", "NZArray", "as_nz", "c0_for", "get_npu_format", "nd_to_nz",
@@ -22,5 +23,6 @@ __all__ = [
     "slots_from_block_table", "slots_from_cache_index", "slots_from_index_rows", "slots_from_pages", "slots_from_positions",
     "DSV4_BLOCK_SIZES", "STATE_SKIP_BLOCK", "V4_CACHE_NAMES", "V4_COFF", "V4_FP8_ROW_BYTES", "V4_HEAD_DIM",
     "V4_INDEXER_DIM", "V4_INDEXER_PACKED_ROW", "V4_LAYER_KINDS", "V4_ROPE_DIM", "V4_SOCS", "V4_STATE_BLOCK_SIZES",
-    "V4_WINDOW", "TokenPlaces", "V4Cache", "V4LayerCaches", "state_block_size",
+    "V4_WINDOW", "V4_ROPE_THETA", "V4_CMP_ROPE_THETA", "TokenPlaces", "V4Cache", "V4LayerCaches", "state_block_size",
+    "v4_rope_tables",
 ]

@@ -66,6 +66,30 @@ DSV4_BLOCK_SIZES = (128, 16)
 #: The state block-table entry that means "do not update this block".
 STATE_SKIP_BLOCK = 0
 
+#: RoPE bases of the reference model: SWA-only layers, compressed (CSA / HCA) layers.
+V4_ROPE_THETA = 10000.0
+V4_CMP_ROPE_THETA = 40000.0
+
+
+def v4_rope_tables(positions: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """The rope tables V4's ops read (``compressor_metadata``, ``inplace_partial_rotary_mul`` in
+    interleave mode, ``compressor`` with ``rotary_mode`` 2): fp32 cos / sin ``[positions, 64]``,
+    row ``p`` = angles ``p * theta ** (-2i / 64)``, each frequency twice (``[c0, c0, c1, c1, ...]``);
+    no YaRN.
+
+    Raises:
+        ShapeError: positions < 0 or above 2**20.
+
+    Source: the reference model's ``precompute_freqs_cis`` (docs/v4.md "The V4 decode step").
+    """
+    n = _pos_int("positions", positions, 0)
+    if n > 1 << 20:
+        raise arg_error(ShapeError, "positions", "at most 2**20 rope rows", n)
+    inv = 1.0 / float(theta) ** (np.arange(0, V4_ROPE_DIM, 2, dtype=np.float64) / V4_ROPE_DIM)
+    ang = np.repeat(np.arange(n, dtype=np.float64)[:, None] * inv, 2, axis=1)
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
 #: Cache names of one layer, in the order :meth:`V4LayerCaches.caches` lists them.
 V4_CACHE_NAMES = ("swa", "compressed", "state", "indexer_key", "indexer_scale", "indexer_packed", "indexer_state")
 

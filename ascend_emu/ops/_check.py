@@ -137,6 +137,31 @@ def seq_lengths(x, name: str, b: int | None = None) -> np.ndarray:
     return x.astype(np.int64)
 
 
+def check_cu_seqlens(cu: np.ndarray, name: str, error: type, *, total: int | None = None,
+                     at_most: int | None = None) -> np.ndarray:
+    """A ``cu_seqlens``-style prefix sum (int64 ``[B + 1]``, e.g. from :func:`seq_lengths`): it
+    starts at 0, never decreases (a decreasing one makes the NPU read out of bounds), and its last
+    entry equals ``total`` / is at most ``at_most`` where given. Returns the per-request counts
+    ``[B]`` (``np.diff``).
+
+    Raises:
+        ``error`` (the op's documented class): naming the first offending entry ``name[i]``.
+    """
+    if cu[0] != 0:
+        raise arg_error(error, f"{name}[0]", "0 (a prefix sum starts at 0)", int(cu[0]))
+    steps = np.diff(cu)
+    if (steps < 0).any():
+        i = int(np.argmax(steps < 0)) + 1
+        raise arg_error(error, f"{name}[{i}]", "a non-decreasing prefix sum (the NPU reads out of bounds "
+                        "otherwise)", f"{int(cu[i])} after {int(cu[i - 1])}")
+    last = int(cu[-1])
+    if total is not None and last != total:
+        raise arg_error(error, f"{name}[{cu.size - 1}]", f"the token count T={total}", last)
+    if at_most is not None and last > at_most:
+        raise arg_error(error, f"{name}[{cu.size - 1}]", f"at most T = {at_most} (the token rows)", last)
+    return steps
+
+
 def per_batch_lengths(x, name: str, b: int, cap: int | None = None, what: str = "a token count") -> np.ndarray:
     """Per-batch token counts ``[B]`` (BSND / PA_BSND ``actual_seq_lengths_*``), each in ``[0, cap]``.
 

@@ -65,7 +65,7 @@ semantics) (docs/v4.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 import numpy as np
@@ -75,7 +75,8 @@ from ..layouts import CacheLayout
 from ..input_contracts import STATE_SKIP_BLOCK, Violation
 from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error, describe
 from ._backend import get_backend
-from ._check import MAX_CALL_BYTES, check_disjoint, check_dtype, check_float, dtype_name, optional, required
+from ._check import (MAX_CALL_BYTES, check_cu_seqlens, check_disjoint, check_dtype, check_float, dtype_name,
+                     optional, required)
 
 #: x / wkv / wgate dtypes (the op definition).
 X_DTYPES = ("bfloat16", "float16")
@@ -101,8 +102,32 @@ MAX_BATCH = 65536
 
 
 @dataclass(frozen=True)
-class CompressorArgs:
-    """Validated arguments of ``compressor`` and the rows it reads and writes (all derived here).
+class StateRows:
+    """The rows one ``compressor`` call reads and writes (derived by the contract from the
+    lengths and the state block table).
+
+    Attributes:
+        group_tok: int64 ``[n, coff * r]``: per completed group, the token row of each of its
+            rows (-1: not from this call).
+        group_blk, group_off: int64 ``[n, coff * r]``: where rows with ``group_tok == -1`` are read
+            in the state (block -1: the empty rows of group 0's overlap half).
+        group_out: int64 ``[n]``: the output row (flat over the leading dims) of each group.
+        write_tok, write_blk, write_off: int64 ``[m]``: state rows written, from which token row.
+    """
+
+    group_tok: np.ndarray
+    group_blk: np.ndarray
+    group_off: np.ndarray
+    group_out: np.ndarray
+    write_tok: np.ndarray
+    write_blk: np.ndarray
+    write_off: np.ndarray
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompressorArgs(StateRows):
+    """Validated arguments of ``compressor`` and the rows it reads and writes (all derived here;
+    the rows: :class:`StateRows`).
 
     Attributes:
         x: ``[T, H]`` token rows (a BSH x reshaped ``[B * S, H]``), bf16 / fp16.
@@ -114,12 +139,6 @@ class CompressorArgs:
         cmp_ratio, coff, head_dim, rotary_mode: ints as checked. norm_eps: Python float.
         out_shape: the output's shape (``[R, D]`` or ``[B, ceil(S / r), D]``); out_dtype: x's.
         token_pos: int64 ``[T]``: each token row's position (-1: not used by the call).
-        group_tok: int64 ``[n, coff * r]``: per completed group, the token row of each of its
-            rows (-1: not from this call).
-        group_blk, group_off: int64 ``[n, coff * r]``: where rows with ``group_tok == -1`` are read
-            in the state (block -1: the empty rows of group 0's overlap half).
-        group_out: int64 ``[n]``: the output row (flat over the leading dims) of each group.
-        write_tok, write_blk, write_off: int64 ``[m]``: state rows written, from which token row.
     """
 
     x: np.ndarray
@@ -138,13 +157,6 @@ class CompressorArgs:
     out_shape: tuple
     out_dtype: np.dtype
     token_pos: np.ndarray
-    group_tok: np.ndarray
-    group_blk: np.ndarray
-    group_off: np.ndarray
-    group_out: np.ndarray
-    write_tok: np.ndarray
-    write_blk: np.ndarray
-    write_off: np.ndarray
 
 
 class CompressorOutputs(NamedTuple):
@@ -222,16 +234,7 @@ def _lengths(x: np.ndarray, cu_seqlens, seqused, start_pos) -> tuple:
             raise arg_error(ShapeError, "cu_seqlens", f"a 1-D int32 tensor [B + 1] with 1 <= B <= {MAX_BATCH}",
                             f"shape {list(cu.shape)}")
         cu = cu.astype(np.int64)
-        if cu[0] != 0:
-            raise arg_error(IndexRangeError, "cu_seqlens[0]", "0 (a prefix sum)", int(cu[0]))
-        steps = np.diff(cu)
-        if (steps < 0).any():
-            i = int(np.argmax(steps < 0)) + 1
-            raise arg_error(IndexRangeError, f"cu_seqlens[{i}]", "a non-decreasing prefix sum (the NPU reads out "
-                            "of bounds otherwise)", f"{int(cu[i])} after {int(cu[i - 1])}")
-        if cu[-1] > t:
-            raise arg_error(IndexRangeError, f"cu_seqlens[{cu.size - 1}]", f"at most T = {t} (x's token rows)",
-                            int(cu[-1]))
+        steps = check_cu_seqlens(cu, "cu_seqlens", IndexRangeError, at_most=t)
         b = cu.size - 1
         first, given = cu[:-1], steps
     used = _int32_1d(seqused, "seqused", b, "tokens used per request")
@@ -267,19 +270,13 @@ def _block_of(table: np.ndarray, b: int, pos: np.ndarray, bs: int, blocks: int, 
     return ids
 
 
-class _Plan(NamedTuple):
-    """The rows one call reads and writes (:class:`CompressorArgs` for the ``group_*`` and
-    ``write_*`` arrays); ``group_req`` / ``group_pos``: request and position of each group row
-    (position -1: not read from the state); ``zero_reads``: the input-contract violation of a
-    row read through a table entry 0 (at most one)."""
+@dataclass(frozen=True, kw_only=True)
+class _Plan(StateRows):
+    """The rows one call reads and writes (:class:`StateRows`); ``group_req`` / ``group_pos``:
+    request and position of each group row (position -1: not read from the state);
+    ``zero_reads``: the input-contract violation of a row read through a table entry 0 (at most
+    one)."""
 
-    group_tok: np.ndarray
-    group_blk: np.ndarray
-    group_off: np.ndarray
-    group_out: np.ndarray
-    write_tok: np.ndarray
-    write_blk: np.ndarray
-    write_off: np.ndarray
     zero_reads: list
     group_req: np.ndarray
     group_pos: np.ndarray
@@ -344,8 +341,10 @@ def _plan(first, used, start, table, state: np.ndarray, r: int, coff: int, cache
     empty = np.zeros((0, rows), np.int64)
     cat = (lambda parts, e: np.concatenate(parts) if parts else e)
     none = np.zeros(0, np.int64)
-    return _Plan(cat(g_tok, empty), cat(g_blk, empty), cat(g_off, empty), cat(g_out, none), cat(w_tok, none),
-                 cat(w_blk, none), cat(w_off, none), zero_reads, cat(g_req, empty), cat(g_pos, empty))
+    return _Plan(group_tok=cat(g_tok, empty), group_blk=cat(g_blk, empty), group_off=cat(g_off, empty),
+                 group_out=cat(g_out, none), write_tok=cat(w_tok, none), write_blk=cat(w_blk, none),
+                 write_off=cat(w_off, none), zero_reads=zero_reads, group_req=cat(g_req, empty),
+                 group_pos=cat(g_pos, empty))
 
 
 def _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, bs: int) -> None:
@@ -503,12 +502,11 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
     args = CompressorArgs(x=x.reshape(tokens, h), wkv=wkv, wgate=wgate, ape=ape, norm_weight=norm_weight,
                           rope_sin=rope_sin.reshape(-1, ROPE_HEAD_DIM), rope_cos=rope_cos.reshape(-1, ROPE_HEAD_DIM),
                           state_cache=state, cmp_ratio=r, coff=coff, head_dim=d, rotary_mode=rotary, norm_eps=eps,
-                          out_shape=out_shape, out_dtype=x.dtype, token_pos=token_pos, group_tok=plan.group_tok,
-                          group_blk=g_blk, group_off=g_off, group_out=plan.group_out, write_tok=plan.write_tok,
-                          write_blk=w_blk, write_off=w_off)
+                          out_shape=out_shape, out_dtype=x.dtype, token_pos=token_pos,
+                          **{f.name: getattr(plan, f.name) for f in fields(StateRows)})
     out = get_backend().compressor(args).cmp_kv
     checked_mode.wrote("compressor", w_blk * bs + w_off, [(state, layout)], (("cmp_kv", out),))
     return out
 
 
-__all__ = ["CompressorArgs", "CompressorOutputs", "compressor"]
+__all__ = ["CompressorArgs", "CompressorOutputs", "StateRows", "compressor"]

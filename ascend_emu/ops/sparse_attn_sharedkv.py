@@ -59,7 +59,8 @@ from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_err
 from ..layouts import CacheLayout, slots_from_block_table
 from ..soc import is_ascend950, soc_name
 from ._backend import get_backend
-from ._check import check_call_bytes, check_dtype, check_float, dtype_name, optional, required, seq_lengths
+from ._check import (check_call_bytes, check_cu_seqlens, check_dtype, check_float, dtype_name, optional, required,
+                     seq_lengths)
 from ._plan import PlanFormat, crc
 
 #: Query heads N1 and kv heads KV_N the kernel takes (README).
@@ -202,16 +203,7 @@ def _cu_seqlens_q(x, total: int) -> np.ndarray:
     if v.size < 2:
         raise arg_error(ShapeError, "cu_seqlens_q", "a 1-D int32 [B + 1] prefix sum with B >= 1",
                         f"shape {list(np.shape(x))}")
-    if v[0] != 0:
-        raise arg_error(ShapeError, "cu_seqlens_q[0]", "0 (a prefix sum starts at 0)", int(v[0]))
-    step = np.diff(v)
-    if (step < 0).any():
-        i = int(np.argmax(step < 0)) + 1
-        raise arg_error(ShapeError, f"cu_seqlens_q[{i}]", "a non-decreasing prefix sum (the NPU reads out of "
-                        "bounds otherwise)", f"{int(v[i])} after {int(v[i - 1])}")
-    if int(v[-1]) != total:
-        raise arg_error(ShapeError, f"cu_seqlens_q[{v.size - 1}]", f"the query token count T={total}", int(v[-1]))
-    return step
+    return check_cu_seqlens(v, "cu_seqlens_q", ShapeError, total=total)
 
 
 # -------------------------------------------------------------------------------- metadata

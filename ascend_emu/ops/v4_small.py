@@ -64,7 +64,8 @@ import numpy as np
 from ..errors import IndexRangeError, ModeError, ShapeError, arg_error, describe
 from ..layouts import slot_of_block_row
 from ._backend import get_backend
-from ._check import check_cache, check_disjoint, check_dtype, check_float, check_ndim, dtype_name, optional, required
+from ._check import (check_cache, check_cu_seqlens, check_disjoint, check_dtype, check_float, check_ndim, dtype_name,
+                     optional, required)
 
 #: x / gamma / smooth_scale / beta dtypes of npu_rms_norm_dynamic_quant (doc).
 RMS_DQ_DTYPES = ("float16", "bfloat16")
@@ -288,9 +289,7 @@ def _metadata_inputs(rope_cos, rope_sin, cu_seqlens, start_pos, kv_block_table, 
         bad, a = ("start_pos", sp) if sp.shape[0] < num_reqs else ("kv_block_table", table)
         raise arg_error(ShapeError, bad, f"at least num_reqs_actual = {num_reqs} rows", f"shape {list(a.shape)}")
     cu64 = cu[:num_reqs + 1].astype(np.int64)
-    if cu64[0] != 0 or (np.diff(cu64) < 0).any():
-        raise arg_error(IndexRangeError, "cu_seqlens", "a prefix sum from 0, non-decreasing (a non-monotone one "
-                        "reads past the end of memory on hardware)", describe(cu[:num_reqs + 1]))
+    check_cu_seqlens(cu64, "cu_seqlens", IndexRangeError)
     table64 = table[:num_reqs].astype(np.int64)
     top_block = int(table64.max()) if table64.size else 0
     if slot_format == SLOT_FORMAT_FLAT and int(slot_of_block_row(top_block, block_size - 1, block_size)) > INT32_MAX:
