@@ -43,11 +43,11 @@ import numpy as np
 
 from . import ops
 from .errors import ModeError, ShapeError, arg_error
-from .layouts import slot_of_block_row
 from . import soc
 from .quant import BF16, fp8_dtype
 from .layouts import (V4_CMP_ROPE_THETA, V4_FP8_ROW_BYTES, V4_HEAD_DIM, V4_INDEXER_DIM, V4_INDEXER_PACKED_ROW,
-                      V4_ROPE_DIM, V4_ROPE_THETA, V4_STATE_BLOCK_SIZES, V4_WINDOW, v4_rope_tables)
+                      V4_ROPE_DIM, V4_ROPE_THETA, V4_STATE_BLOCK_SIZES, V4_WINDOW, slot_of_block_row,
+                      v4_rope_tables)
 from .quant.v4 import decode_kv_rows, indexer_quant_fp8, indexer_quant_int8
 
 #: The attention's fixed shapes (npu_sparse_attn_sharedkv: N1 64, D 512; the model's rope part).
