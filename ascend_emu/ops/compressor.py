@@ -71,7 +71,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import checked_mode, input_contracts, soc
-from ..layouts import CacheLayout
+from ..layouts import CacheLayout, slot_of_block_row
 from ..input_contracts import STATE_SKIP_BLOCK, Violation
 from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error, describe
 from ._backend import get_backend
@@ -355,8 +355,8 @@ def _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, bs: int) -> None:
     need = g_blk >= 0
     if not need.any() or w_blk.size == 0:
         return
-    read = np.unique(g_blk[need] * bs + g_off[need])
-    both = np.intersect1d(read, w_blk * bs + w_off)
+    read = np.unique(slot_of_block_row(g_blk[need], g_off[need], bs))
+    both = np.intersect1d(read, slot_of_block_row(w_blk, w_off, bs))
     if both.size:
         raise arg_error(IndexRangeError, "state_block_table", "tables whose state rows read by the call (the "
                         "earlier tokens of its groups) are not also written by it (a block id used twice, or a "
@@ -489,7 +489,7 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
     def reads() -> checked_mode.CacheReads:
         need = g_blk >= 0
         req, pos = g_req[need], g_pos[need]
-        return checked_mode.CacheReads((("state_cache", state, layout),), g_blk[need] * bs + g_off[need],
+        return checked_mode.CacheReads((("state_cache", state, layout),), slot_of_block_row(g_blk[need], g_off[need], bs),
                                        lambda i: f"request {int(req[i])}, position {int(pos[i])} (a group's "
                                                  f"earlier token)")
 
@@ -505,7 +505,7 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
                           out_shape=out_shape, out_dtype=x.dtype, token_pos=token_pos,
                           **{f.name: getattr(plan, f.name) for f in fields(StateRows)})
     out = get_backend().compressor(args).cmp_kv
-    checked_mode.wrote("compressor", w_blk * bs + w_off, [(state, layout)], (("cmp_kv", out),))
+    checked_mode.wrote("compressor", slot_of_block_row(w_blk, w_off, bs), [(state, layout)], (("cmp_kv", out),))
     return out
 
 

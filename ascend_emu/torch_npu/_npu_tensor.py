@@ -63,6 +63,11 @@ def register_tag_sharing(share_tags) -> None:
     _TAG_SHARING[:] = [share_tags]
 
 
+def _fake_mode_active() -> bool:
+    """Whether a FakeTensorMode is active (it converts tensors through their storage-less form)."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+
+
 class NPUTensor(torch.Tensor):
     """A tensor on the emulated ``npu:0`` whose values are the CPU tensor ``elem`` (module doc).
 
@@ -129,8 +134,9 @@ class NPUTensor(torch.Tensor):
     def untyped_storage(self):
         """The storage of the values (the CPU tensor's; its ``device`` says ``cpu``): what tools
         that read a tensor's storage (msprobe's dump, ``data_ptr`` checks) need; torch's own
-        (storage-less) answer inside a ``torch.compile`` session, whose fake tensors need it."""
-        if getattr(torch.compiler, "_is_compiling_flag", False):
+        (storage-less) answer inside a ``torch.compile`` session or an active FakeTensorMode, whose
+        fake tensors need it."""
+        if getattr(torch.compiler, "_is_compiling_flag", False) or _fake_mode_active():
             return _Tensor.untyped_storage(self)
         return self._elem.untyped_storage()
 
