@@ -75,3 +75,17 @@ def rotary_mul_nd(x: np.ndarray, r1: np.ndarray, r2: np.ndarray, mode: str, rota
                 new = -row[e + 1] if e % 2 == 0 else row[e - 1]
             out[idx + (e,)] = _f(_f(r1[ri + (e,)]) * row[e]) + _f(_f(r2[ri + (e,)]) * new)
     return out.astype(x.dtype)
+
+
+def rotary_mul_half_bf16_per_op(x: np.ndarray, r1: np.ndarray, r2: np.ndarray) -> np.ndarray:
+    """op-plugin's ``rotary_mul`` golden (``r1 * x + r2 * cat(-x2, x1)``) as torch evaluates it
+    eagerly on bf16 CPU tensors: each of the two products rounded to bf16, then their fp32 sum
+    rounded to bf16 (three roundings; the op rounds once). x ``[..., D]`` bf16 (ml_dtypes),
+    r1 / r2 broadcastable to it. Used to show where the golden and the op part ways."""
+    bf16 = x.dtype
+    xf = x.astype(np.float32)
+    h = x.shape[-1] // 2
+    new = np.concatenate([-xf[..., h:], xf[..., :h]], axis=-1)
+    p1 = (r1.astype(np.float32) * xf).astype(bf16)
+    p2 = (r2.astype(np.float32) * new).astype(bf16)
+    return (p1.astype(np.float32) + p2.astype(np.float32)).astype(bf16)
