@@ -248,6 +248,18 @@ def check_cache(x: np.ndarray, name: str) -> None:
         raise arg_error(ShapeError, name, "a writable cache", "a read-only array")
 
 
+def check_int(value, name: str, *, error: type = DTypeError, expected: str = "an int") -> int:
+    """A Python / NumPy integer (not a bool), as an int: the one kind check of the ops' int
+    arguments (each op keeps the error class its docs give).
+
+    Raises:
+        ``error`` (DTypeError by default): not an integer, naming ``name``, ``expected`` and the value.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise arg_error(error, name, expected, describe(value))
+    return int(value)
+
+
 def check_float(value, name: str, *, nonnegative: bool = False) -> float:
     """A real Python / NumPy number (not a bool) that is finite once rounded to fp32, as the
     kernels use it (1e40 passes a float64 check and becomes inf); with ``nonnegative`` also >= 0

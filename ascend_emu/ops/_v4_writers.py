@@ -22,6 +22,7 @@ import numpy as np
 from .. import checked_mode, soc
 from ..errors import ModeError, NonFiniteInputError, ShapeError, arg_error, describe
 from ..layouts import CacheLayout
+from . import _check
 from ._backend import get_backend
 from ._check import check_dtype, dtype_name, required, write_targets, writer_slots_and_duplicates
 
@@ -83,9 +84,7 @@ def require_ascend950_op(op: str) -> None:
 
 
 def check_int(value, name: str, allowed: tuple) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise arg_error(ModeError, name, f"an int, one of {allowed}", describe(value))
-    v = int(value)
+    v = _check.check_int(value, name, error=ModeError, expected=f"an int, one of {allowed}")
     if v not in allowed:
         raise arg_error(ModeError, name, f"one of {allowed}", v)
     return v

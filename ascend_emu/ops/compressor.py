@@ -73,10 +73,10 @@ import numpy as np
 from .. import checked_mode, input_contracts, soc
 from ..layouts import CacheLayout, slot_of_block_row
 from ..input_contracts import STATE_SKIP_BLOCK, Violation
-from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_error, describe
+from ..errors import IndexRangeError, ModeError, ShapeError, arg_error, describe
 from ._backend import get_backend
-from ._check import (MAX_CALL_BYTES, check_cu_seqlens, check_disjoint, check_dtype, check_float, dtype_name,
-                     optional, required)
+from ._check import (MAX_CALL_BYTES, check_cu_seqlens, check_disjoint, check_dtype, check_float, check_int,
+                     dtype_name, optional, required)
 
 #: x / wkv / wgate dtypes (the op definition).
 X_DTYPES = ("bfloat16", "float16")
@@ -170,11 +170,10 @@ class CompressorOutputs(NamedTuple):
 
 
 def _int(value, name: str, allowed: tuple, why: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise arg_error(DTypeError, name, "an int", describe(value))
-    if int(value) not in allowed:
+    v = check_int(value, name)
+    if v not in allowed:
         raise arg_error(ModeError, name, f"one of {allowed} ({why})", describe(value))
-    return int(value)
+    return v
 
 
 def _array(a, name: str, dtypes: tuple, ndim: int) -> np.ndarray:
@@ -489,7 +488,8 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
     def reads() -> checked_mode.CacheReads:
         need = g_blk >= 0
         req, pos = g_req[need], g_pos[need]
-        return checked_mode.CacheReads((("state_cache", state, layout),), slot_of_block_row(g_blk[need], g_off[need], bs),
+        return checked_mode.CacheReads((("state_cache", state, layout),),
+                                       slot_of_block_row(g_blk[need], g_off[need], bs),
                                        lambda i: f"request {int(req[i])}, position {int(pos[i])} (a group's "
                                                  f"earlier token)")
 

@@ -48,9 +48,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
+from ..errors import ModeError, ShapeError, arg_error, describe
 from ._backend import get_backend
-from ._check import check_dtype, check_float, dtype_name, required
+from ._check import check_dtype, check_float, check_int, dtype_name, required
 
 #: The only hc_mult the kernels take (both adapters check it).
 HC_MULT = 4
@@ -164,11 +164,10 @@ def _array(a, name: str, dtypes: tuple) -> np.ndarray:
 
 
 def _int(value, name: str, lo: int, hi: int, why: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise arg_error(DTypeError, name, "an int", describe(value))
-    if not lo <= int(value) <= hi:
+    v = check_int(value, name)
+    if not lo <= v <= hi:
         raise arg_error(ModeError, name, why, describe(value))
-    return int(value)
+    return v
 
 
 def _scalars(hc_mult, hc_sinkhorn_iters, eps: dict) -> tuple[int, int, dict]:

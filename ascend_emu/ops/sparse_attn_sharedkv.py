@@ -59,8 +59,8 @@ from ..errors import DTypeError, IndexRangeError, ModeError, ShapeError, arg_err
 from ..layouts import CacheLayout, slots_from_block_table
 from ..soc import is_ascend950, soc_name
 from ._backend import get_backend
-from ._check import (check_call_bytes, check_cu_seqlens, check_dtype, check_float, dtype_name, optional, required,
-                     seq_lengths)
+from ._check import (check_call_bytes, check_cu_seqlens, check_dtype, check_float, check_int, dtype_name, optional,
+                     required, seq_lengths)
 from ._plan import PlanFormat, crc
 
 #: Query heads N1 and kv heads KV_N the kernel takes (README).
@@ -161,9 +161,7 @@ class SharedKvOutputs(NamedTuple):
 
 # ------------------------------------------------------------------------------ small checks
 def _int(value, name: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise arg_error(ModeError, name, "an int", describe(value))
-    return int(value)
+    return check_int(value, name, error=ModeError)
 
 
 def _only(value, name: str, allowed: tuple, why: str) -> int:

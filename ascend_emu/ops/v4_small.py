@@ -64,8 +64,8 @@ import numpy as np
 from ..errors import IndexRangeError, ModeError, ShapeError, arg_error, describe
 from ..layouts import slot_of_block_row
 from ._backend import get_backend
-from ._check import (check_cache, check_cu_seqlens, check_disjoint, check_dtype, check_float, check_ndim, dtype_name,
-                     optional, required)
+from ._check import (check_cache, check_cu_seqlens, check_disjoint, check_dtype, check_float, check_int, check_ndim,
+                     dtype_name, optional, required)
 
 #: x / gamma / smooth_scale / beta dtypes of npu_rms_norm_dynamic_quant (doc).
 RMS_DQ_DTYPES = ("float16", "bfloat16")
@@ -154,9 +154,7 @@ class CompressorMetadataOutputs(NamedTuple):
 
 
 def _int(value, name: str, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise arg_error(ModeError, name, "an int", describe(value))
-    v = int(value)
+    v = check_int(value, name, error=ModeError)
     if v < lo or (hi is not None and v > hi):
         raise arg_error(ModeError, name, f"an int in [{lo}, {hi if hi is not None else 'inf'}]", v)
     return v

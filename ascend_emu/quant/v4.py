@@ -101,7 +101,7 @@ import numpy as np
 from ..errors import DTypeError, ModeError, NonFiniteInputError, ShapeError, arg_error, describe
 from .fp8 import FP8_DTYPES, FP8_MAX, fp8_name, to_fp8
 from .hifloat8 import to_hif8
-from .mx import E8M0_BIAS, E8M0_NAN, e8m0_to_f32
+from .mx import E8M0_BIAS, E8M0_NAN, _check_int, e8m0_to_f32
 from .rounding import BF16, INT8_MAX, f32_to_f16, real_to_f32
 from .schemes import quantize_per_token_multiplier
 
@@ -131,12 +131,6 @@ INDEXER_INV_FP8_MAX = np.array([0x3B124925], np.uint32).view(np.float32)[0]
 
 _F32_EXP_MASK = np.uint32(0xFF)
 _F32_MANT_MASK = np.uint32(0x7FFFFF)
-
-
-def _check_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise arg_error(ModeError, name, "an int", describe(value))
-    return int(value)
 
 
 def _rows(x, name: str, *, min_width: int) -> np.ndarray:
