@@ -72,5 +72,18 @@ def require_ascend950(argument: str, value: object, meaning: str = "") -> None:
                         f"(Ascend 950 only: set {SOC_NAME_ENV}={ASCEND950_EXAMPLE} to emulate one)")
 
 
+def require_ascend950_op(op: str) -> None:
+    """Reject an Ascend 950-only op on another emulated SoC (first, before anything is read).
+
+    Raises:
+        ModeError: ``"<op>: an Ascend 950 op (...), not supported on this soc version <SoC>: set
+            ASCEND_EMU_SOC_NAME=Ascend950PR_9599 to emulate one"``.
+    """
+    name = soc_name()
+    if not is_ascend950(name):
+        raise ModeError(f"{op}: an Ascend 950 op (its kernel is built for ascend950 only), not supported on this "
+                        f"soc version {name}: set {SOC_NAME_ENV}={ASCEND950_EXAMPLE} to emulate one")
+
+
 __all__ = ["ASCEND950_EXAMPLE", "ASCEND950_PREFIX", "DEFAULT_SOC_NAME", "SOC_NAME_ENV", "device_family",
-           "is_ascend950", "require_ascend950", "soc_name"]
+           "is_ascend950", "require_ascend950", "require_ascend950_op", "soc_name"]

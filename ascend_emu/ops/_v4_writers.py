@@ -1,6 +1,6 @@
 """The DeepSeek-V4 cache writers' shared contract pieces: the argument object their backends
-receive, the Ascend 950 gate, the slot policy, the checks every writer makes, and the
-checked-mode hooks around the backend call. The writers: :mod:`.kv_compress_epilog`,
+receive, the slot policy, the checks every writer makes (the Ascend 950 gate is
+:func:`ascend_emu.soc.require_ascend950_op`), and the checked-mode hooks around the backend call. The writers: :mod:`.kv_compress_epilog`,
 :mod:`.indexer_compress_epilog`; docs/v4.md states the policy.
 
 Slots: the one index policy of the V4 writers, :func:`._check.writer_slots` (docs/v4.md, "Index
@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import checked_mode, soc
+from .. import checked_mode
 from ..errors import ModeError, NonFiniteInputError, ShapeError, arg_error, describe
 from ..layouts import CacheLayout
 from . import _check
@@ -70,19 +70,6 @@ class V4WriterOutputs(NamedTuple):
 
 
 # ------------------------------------------------------------------------ shared checks
-def require_ascend950_op(op: str) -> None:
-    """Reject an Ascend 950-only op on another emulated SoC (first, before anything is read).
-
-    Raises:
-        ModeError: ``"<op>: an Ascend 950 op (...), not supported on this soc version <SoC>: set
-            ASCEND_EMU_SOC_NAME=Ascend950PR_9599 to emulate one"``.
-    """
-    name = soc.soc_name()
-    if not soc.is_ascend950(name):
-        raise ModeError(f"{op}: an Ascend 950 op (its kernel is built for ascend950 only), not supported on this "
-                        f"soc version {name}: set {soc.SOC_NAME_ENV}={soc.ASCEND950_EXAMPLE} to emulate one")
-
-
 def check_int(value, name: str, allowed: tuple) -> int:
     v = _check.check_int(value, name, error=ModeError, expected=f"an int, one of {allowed}")
     if v not in allowed:

@@ -31,8 +31,9 @@ import math
 
 from ..errors import ModeError, ShapeError, arg_error
 from ..quant import v4 as codec
+from ..soc import require_ascend950_op
 from ._check import check_cache, check_call_bytes, check_disjoint, check_dtype, check_float, dtype_name, required
-from ._v4_writers import (WORK_BYTES, V4WriterArgs, check_bool, check_int, finite_rows, require_ascend950_op,
+from ._v4_writers import (WORK_BYTES, V4WriterArgs, check_bool, check_int, finite_rows,
                           row_layout, run_writer, slot_vector, writer_slots)
 
 #: x dtypes (fp16 / bf16) and slot_mapping dtype (int32) of both indexer writers.

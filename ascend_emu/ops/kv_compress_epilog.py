@@ -56,8 +56,9 @@ import numpy as np
 
 from ..errors import ModeError, ShapeError, arg_error
 from ..quant import v4 as codec
+from ..soc import require_ascend950_op
 from ._check import check_cache, check_call_bytes, check_disjoint, check_dtype, check_float, dtype_name, required
-from ._v4_writers import (WORK_BYTES, V4WriterArgs, check_bool, check_int, finite_rows, require_ascend950_op,
+from ._v4_writers import (WORK_BYTES, V4WriterArgs, check_bool, check_int, finite_rows,
                           row_layout, run_writer, slot_vector, writer_slots)
 
 #: Element types of a kv_compress_epilog cache for quant_mode 1 / 2 (fp8) and 3 (HiF8 codes).
