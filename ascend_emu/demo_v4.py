@@ -44,7 +44,7 @@ import numpy as np
 from . import ops
 from .errors import ModeError, ShapeError, arg_error
 from . import soc
-from .quant import BF16, fp8_dtype
+from .quant import BF16, fp8_dtype, to_bf16, to_f32
 from .layouts import (V4_CMP_ROPE_THETA, V4_FP8_ROW_BYTES, V4_HEAD_DIM, V4_INDEXER_DIM, V4_INDEXER_PACKED_ROW,
                       V4_ROPE_DIM, V4_ROPE_THETA, V4_STATE_BLOCK_SIZES, V4_WINDOW, slot_of_block_row,
                       v4_rope_tables)
@@ -108,24 +108,16 @@ class V4Config:
                             self.block_size)
 
 
-def _bf16(a: np.ndarray) -> np.ndarray:
-    return np.asarray(a, np.float32).astype(BF16)
-
-
-def _f32(a: np.ndarray) -> np.ndarray:
-    return np.asarray(a).astype(np.float32)
-
-
 def _linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """bf16 ``x [.., in] @ w[out, in]^T`` accumulated in fp32, rounded once to bf16."""
-    return _bf16(_f32(x) @ _f32(w).T)
+    return to_bf16(to_f32(x) @ to_f32(w).T)
 
 
 def _rms(x: np.ndarray, weight: np.ndarray | None) -> np.ndarray:
     """RMSNorm over the last dim in fp32 (``x * rsqrt(mean(x^2) + eps) * weight``), rounded to bf16."""
-    x32 = _f32(x)
+    x32 = to_f32(x)
     y = x32 / np.sqrt((x32 * x32).mean(-1, keepdims=True) + np.float32(EPS))
-    return _bf16(y if weight is None else y * _f32(weight))
+    return to_bf16(y if weight is None else y * to_f32(weight))
 
 
 def hadamard(n: int) -> np.ndarray:
@@ -151,10 +143,10 @@ def make_weights(cfg: V4Config, ratio: int, rng: np.random.Generator) -> dict:
         raise arg_error(ModeError, "ratio", f"one of {RATIOS} (SWA, CSA, HCA)", ratio)
 
     def mat(out: int, inp: int) -> np.ndarray:
-        return _bf16(rng.standard_normal((out, inp), dtype=np.float32) / np.float32(np.sqrt(inp)))
+        return to_bf16(rng.standard_normal((out, inp), dtype=np.float32) / np.float32(np.sqrt(inp)))
 
     def norm(n: int) -> np.ndarray:
-        return _bf16(1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32))
+        return to_bf16(1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32))
 
     def compressor(d: int) -> dict:
         coff = 2 if ratio == 4 else 1
@@ -257,7 +249,7 @@ class V4AttentionLayer:
             flat = np.where(slots[:, 0] >= 0, slots[:, 0] * cache.shape[1] + slots[:, 1], -1).astype(np.int32)
             rows = cache.reshape(-1, 1, cache.shape[-1])  # a view: [blocks * bs, 1, 640]
             self._timed(f"kv_compress_epilog ({what})", ops.kv_compress_epilog, rows,
-                        _bf16(values).reshape(slots.shape[0], HEAD_DIM), flat, 64, 2, True, 1, None)
+                        to_bf16(values).reshape(slots.shape[0], HEAD_DIM), flat, 64, 2, True, 1, None)
             return
         self._timed(f"npu_scatter_nd_update_v2 ({what})", ops.npu_scatter_nd_update_v2, cache, slots,
                     np.ascontiguousarray(values).reshape(slots.shape[0], *cache.shape[2:]))
@@ -276,7 +268,7 @@ class V4AttentionLayer:
         t, p0 = x.shape[0], self.pos
         if p0 + t > cfg.max_tokens:
             raise arg_error(ShapeError, "x", f"at most {cfg.max_tokens - p0} more tokens (max_tokens)", t)
-        x = _bf16(x)
+        x = to_bf16(x)
         positions = np.arange(p0, p0 + t)
         # 1. projections
         qr = self._timed("projections", lambda: _rms(_linear(x, w["wq_a"]), w["q_norm"]))
@@ -306,8 +298,8 @@ class V4AttentionLayer:
         g = cfg.o_groups
 
         def out_proj():
-            wo_a = _f32(w["wo_a"]).reshape(g, cfg.o_rank, -1)
-            og = _bf16(np.einsum("tgd,grd->tgr", _f32(o4).reshape(t, g, -1), wo_a))
+            wo_a = to_f32(w["wo_a"]).reshape(g, cfg.o_rank, -1)
+            og = to_bf16(np.einsum("tgd,grd->tgr", to_f32(o4).reshape(t, g, -1), wo_a))
             return _linear(og.reshape(t, g * cfg.o_rank), w["wo_b"])
         return self._timed("projections", out_proj)
 
@@ -343,7 +335,7 @@ class V4AttentionLayer:
         cos, sin, slots = self._timed("compressor_metadata", ops.compressor_metadata, self.cos, self.sin, cu, start,
                                       self.cmp_table, bs, 2, ratio, n, 1)
         state = self.state[key]
-        norm = _f32(w["norm"]) if self.path == "950" else w["norm"]  # the 950 kernel takes an fp32 norm weight
+        norm = to_f32(w["norm"]) if self.path == "950" else w["norm"]  # the 950 kernel takes an fp32 norm weight
         rows = self._timed("compressor", ops.compressor, x, w["wkv"], w["wgate"], state, w["ape"], norm,
                            sin.reshape(n, ROPE_DIM), cos.reshape(n, ROPE_DIM), self.state_table, cu, None, start,
                            ROPE_DIM, ratio, 2 if ratio == 4 else 1, EPS, 2, 1)
@@ -358,7 +350,7 @@ class V4AttentionLayer:
         self._scatter("compressed", self.cmp_cache, slots, rows)
         if self.ratio == 4:
             keys, slots = self._compressor("idx_cmp", x, p0, cu, INDEX_DIM)
-            keys = _bf16(_f32(keys) @ self._hadamard.T)
+            keys = to_bf16(to_f32(keys) @ self._hadamard.T)
             if self.path == "950":
                 flat = np.where(slots[:, 0] >= 0, slot_of_block_row(slots[:, 0], slots[:, 1], self.cfg.block_size), -1)
                 self._timed("indexer_compress_epilog_v2", ops.indexer_compress_epilog_v2, self.idx_cache, keys,
@@ -383,9 +375,9 @@ class V4AttentionLayer:
         iq = self._timed("projections", _linear, qr, w["idx_wq_b"]).reshape(t, 1, INDEX_HEADS, INDEX_DIM)
         iq = np.ascontiguousarray(iq)
         self._rope(iq, positions, INDEX_DIM - ROPE_DIM)
-        iq = _bf16(_f32(iq).reshape(t * INDEX_HEADS, INDEX_DIM) @ self._hadamard.T)
+        iq = to_bf16(to_f32(iq).reshape(t * INDEX_HEADS, INDEX_DIM) @ self._hadamard.T)
         weights = self._timed("projections", _linear, x, w["idx_weights"])
-        weights = _f32(weights) * np.float32(INDEX_DIM ** -0.5 * INDEX_HEADS ** -0.5)
+        weights = to_f32(weights) * np.float32(INDEX_DIM ** -0.5 * INDEX_HEADS ** -0.5)
         if self.path == "950":  # fp8 query and keys, fp32 weights and scales
             qv, qs = indexer_quant_fp8(iq)
             qv = qv.view(fp8_dtype("float8_e4m3fn"))  # the codes as E4M3FN
@@ -419,7 +411,7 @@ def make_hc_weights(cfg: V4Config, rng: np.random.Generator) -> dict:
             / np.float32(np.sqrt(HC_MULT * cfg.hidden)),
             "hc_scale": np.array([1.0, 1.0, 1.0], np.float32) + np.float32(0.1) * rng.standard_normal(3, np.float32),
             "hc_base": np.float32(0.1) * rng.standard_normal(mix, np.float32),
-            "attn_norm": _bf16(1.0 + 0.1 * rng.standard_normal(cfg.hidden, dtype=np.float32))}
+            "attn_norm": to_bf16(1.0 + 0.1 * rng.standard_normal(cfg.hidden, dtype=np.float32))}
 
 
 class V4Block:
@@ -512,10 +504,10 @@ def run_v4_decode_step(cfg: V4Config | None = None, *, ratios: tuple = (4, 128),
                 out[k] = out.get(k, 0.0) + v
         return out
 
-    run(_bf16(rng.standard_normal((context, HC_MULT, cfg.hidden), dtype=np.float32)))
+    run(to_bf16(rng.standard_normal((context, HC_MULT, cfg.hidden), dtype=np.float32)))
     prefill = totals()
     for _ in range(decode_steps):
-        h = run(_bf16(rng.standard_normal((1, HC_MULT, cfg.hidden), dtype=np.float32)))
+        h = run(to_bf16(rng.standard_normal((1, HC_MULT, cfg.hidden), dtype=np.float32)))
     after = totals()
     decode = {k: (after[k] - prefill.get(k, 0.0)) / decode_steps for k in after}
     caches, cmp_rows = [], {}

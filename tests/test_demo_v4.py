@@ -17,6 +17,7 @@ import pytest
 
 from ascend_emu import demo_v4, ops
 from ascend_emu.errors import ModeError, ShapeError
+from ascend_emu.quant import to_bf16
 from tests.helpers import bit_identical_share, dual_threshold_ok
 from tests.reference.deepseek_v4_attention import V4AttentionRef, V4BlockRef
 
@@ -32,7 +33,7 @@ def _run(ratio: int):
     w = demo_v4.make_weights(CFG, ratio, rng)
     layer = demo_v4.V4AttentionLayer(CFG, ratio, w, seed=ratio)
     ref = V4AttentionRef(w, ratio, theta=CFG.theta, cmp_theta=CFG.cmp_theta)
-    x = demo_v4._bf16(rng.standard_normal((PREFILL + DECODE, CFG.hidden), dtype=np.float32))
+    x = to_bf16(rng.standard_normal((PREFILL + DECODE, CFG.hidden), dtype=np.float32))
     chunks = [x[:PREFILL]] + [x[PREFILL + i:PREFILL + i + 1] for i in range(DECODE)]
     results = []
     for chunk in chunks:
@@ -56,7 +57,7 @@ def test_output_within_dual_criterion(run):
         assert out.shape == want.shape
         assert dual_threshold_ok(out, want, PREC), (
             f"ratio {ratio} call {k}: max abs err {np.abs(out.astype(np.float64) - want).max():.3g}")
-        shares.append(bit_identical_share(out, demo_v4._bf16(want)))
+        shares.append(bit_identical_share(out, to_bf16(want)))
     print(f"ratio {ratio}: bit-identical share vs float64 rounded to bf16 per call: "
           + " ".join(f"{s:.3f}" for s in shares))
     # measured 0.25-0.33 for the three layer kinds: the bf16 roundings between the steps
@@ -108,7 +109,7 @@ def test_block_with_mhc_against_reference():
     w, hc = demo_v4.make_weights(cfg, 0, rng), demo_v4.make_hc_weights(cfg, rng)
     block = demo_v4.V4Block(cfg, 0, w, hc)
     ref = V4BlockRef(w, hc, 0, theta=cfg.theta)
-    h = demo_v4._bf16(rng.standard_normal((40, demo_v4.HC_MULT, cfg.hidden), dtype=np.float32))
+    h = to_bf16(rng.standard_normal((40, demo_v4.HC_MULT, cfg.hidden), dtype=np.float32))
     for chunk in (h[:37], h[37:38], h[38:39], h[39:40]):
         out, want = block.step(chunk), ref.forward(chunk).numpy()
         assert out.shape == want.shape
@@ -130,7 +131,7 @@ def test_950_path_against_reference_with_fp8_rows(ratio, monkeypatch):
     w = demo_v4.make_weights(CFG, ratio, rng)
     layer = demo_v4.V4AttentionLayer(CFG, ratio, w, seed=ratio, path="950")
     ref = V4AttentionRef(w, ratio, theta=CFG.theta, cmp_theta=CFG.cmp_theta, fp8_kv=True)
-    x = demo_v4._bf16(rng.standard_normal((PREFILL + DECODE, CFG.hidden), dtype=np.float32))
+    x = to_bf16(rng.standard_normal((PREFILL + DECODE, CFG.hidden), dtype=np.float32))
     for chunk in [x[:PREFILL]] + [x[PREFILL + i:PREFILL + i + 1] for i in range(DECODE)]:
         out, want = layer.step(chunk), ref.forward(chunk).numpy()
         assert dual_threshold_ok(out, want, PREC_950), np.abs(out.astype(np.float64) - want).max()
