@@ -53,6 +53,7 @@ from ..ops.fused_infer_attention_score import (C8_DOT_BIAS, C8_DOT_BIAS_BITS, C8
 from ..quant import BF16, unpack_int4_from_int32
 from ..quant.rounding import bf16_bits_to_f32, f32_bits_to_bf16_bits
 from ..quant.rounding import f32_round_f16 as _f16
+from ..quant.rounding import f32_to_f16, round_half_even, saturate_int8
 from .kernels import launch_rows, side_by_side
 from .matmul import SMALL_INT8_MACS, SMALL_PRODUCT_MACS, matmul_f32, matmul_int8, one_blas_thread, widen_f32
 from .sparse_flash_attention import _exp_f64
@@ -418,6 +419,8 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
     """
     if args.quantised:
         return _finish(args, *_c8_attention(args))
+    if args.full_quant is not None:
+        return _finish(args, *_full_quant_attention(args))
     qdt = args.query_dtype
     is_bf16 = qdt == BF16
     q = _tokens_first(args.query, args.query_layout, args.num_heads)  # [T, N, D]
@@ -483,11 +486,81 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
     return _finish(args, out, lse)
 
 
+def _full_quant_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray]:
+    """v1's int8 full quant (steps Q1-Q8 of the op module), per request and query head in NumPy:
+    fp32 ``out`` ``[T, N, D]`` holding fp16 values and ``lse`` ``[T, N]`` (empty rows as
+    :func:`_store` leaves them). The int8 products are summed exactly (float64 BLAS: every partial
+    sum of an int8 dot with D <= 512 is an integer below 2**53)."""
+    ds1, qs1, ds2 = args.full_quant
+    q = _tokens_first(args.query, args.query_layout, args.num_heads)  # [T, N, D] int8
+    key, value = _dense_tokens(args)  # [T2, KV_N, D] int8
+    t_size, n, d = q.shape
+    out = np.full((t_size, n, d), EMPTY_ROW_OUTPUT, dtype=np.float32)
+    lse = np.full((t_size, n), EMPTY_ROW_LSE, dtype=np.float32)
+    scale16 = np.float64(np.float16(args.scale))  # Q3: the score scale in fp16
+    qs1_16 = np.float64(np.float16(qs1))  # Q6: AscendQuant's fp16 scale
+    group = args.group
+    for b, nq, tokens, width, kv, row_limits, live in _requests(args, group):
+        limits = row_limits[::group]  # [nq]
+        visible = np.arange(width)[None, :] < limits[:, None]  # [nq, L]
+        if args.mask is not None:
+            visible &= ~args.mask[b if args.mask.shape[0] > 1 else 0, :nq, :width]
+        for h in range(args.num_kv_heads):
+            k = key[kv, h].astype(np.float64)  # [L, D] exact
+            v = value[kv, h].astype(np.float64)
+            for n_i in range(h * group, (h + 1) * group):
+                dots = q[tokens, n_i].astype(np.float64) @ k.T  # Q1: exact int32 dots [nq, L]
+                with np.errstate(over="ignore", invalid="ignore"):
+                    s16 = (dots * ds1).astype(np.float16)  # Q2: fixpipe dequant, one RNE rounding
+                    s = (s16.astype(np.float64) * scale16).astype(np.float16).astype(np.float32)  # Q3
+                    s = np.where(visible, s, np.float32(-np.inf))
+                    m = s.max(axis=1)  # [nq] fp32
+                    e = _exp_rows(s - m[:, None])  # Q5: fp32 exp, 0 where not visible
+                    total = np.cumsum(e, axis=1, dtype=np.float32)[:, -1]  # fp32, kv order
+                    p16 = (e.astype(np.float16).astype(np.float64) * qs1_16).astype(np.float16)  # Q6
+                    p8 = saturate_int8(round_half_even(p16.astype(np.float32)))
+                    o16 = ((p8.astype(np.float64) @ v) * ds2).astype(np.float16)  # Q7
+                    l16 = f32_to_f16(total, "half_away").astype(np.float64)  # Q8: the sum in fp16, CAST_ROUND
+                    o = (o16.astype(np.float64) / l16[:, None]).astype(np.float16).astype(np.float32)
+                row_live = live[::group]
+                _store(out, lse, tokens, slice(n_i, n_i + 1), o, m, total, row_live)
+    return out, lse
+
+
+def _exp_rows(x: np.ndarray) -> np.ndarray:
+    """fp32 ``exp(x)`` (x fp32, -inf -> 0), evaluated in float64 and rounded once, as
+    :func:`~ascend_emu.emu.sparse_flash_attention._exp_f64`."""
+    return np.exp(x.astype(np.float64)).astype(np.float32)
+
+
+def output_quant(out: np.ndarray, scale: np.ndarray, offset) -> np.ndarray:
+    """Step Q9, Ascend C's AscendQuant of the op's output: ``int8(fp16(fp16(fp16(x) * fp16(scale))
+    + fp16(offset)))``, each fp16 step RNE, the last cast RNE saturating to [-128, 127].
+
+    Args:
+        out: fp32 ``[T, N, D]`` before the output rounding; scale, offset: fp32 ``[N, D]``
+            (offset None: 0).
+
+    Returns:
+        int8 ``[T, N, D]``.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = out.astype(np.float16).astype(np.float32)
+        y = (x * scale.astype(np.float16).astype(np.float32)).astype(np.float16)  # exact fp32 product, one rounding
+        if offset is not None:
+            y = (y.astype(np.float32) + offset.astype(np.float16).astype(np.float32)).astype(np.float16)
+        return saturate_int8(round_half_even(y.astype(np.float32)))
+
+
 def _finish(args: FusedInferAttentionArgs, out: np.ndarray, lse: np.ndarray) -> FusedInferAttentionOutputs:
     """fp32 ``out`` ``[T, N, D]`` and ``lse`` ``[T, N]`` (token-major) -> the op's outputs: one RNE
-    rounding to ``args.out_dtype``, the output / lse layouts."""
+    rounding to ``args.out_dtype`` (with an output quant: :func:`output_quant`), the output / lse
+    layouts."""
     t_size, n, d = out.shape
-    rounded = out.astype(args.out_dtype)  # one RNE rounding, [T, N, D]
+    if args.quant_out is not None:
+        rounded = output_quant(out, *args.quant_out)  # [T, N, D] int8
+    else:
+        rounded = out.astype(args.out_dtype)  # one RNE rounding, [T, N, D]
     packed = args.query_layout in ("TND", "NTD")
     if not packed:
         rounded = rounded.reshape(args.batch, args.seq_q, n, d)  # [B, S1, N, D]

@@ -47,6 +47,7 @@ from .. import soc
 from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ..layouts import CacheLayout, blocks_from_block_table
 from ._check import MAX_BATCH, check_dtype, check_float, dtype_name, prefix_lengths, required
+from ._fused_infer_attention_quant import FULL_QUANT_DTYPE, check_offset_rows, check_quant
 
 #: input_layout -> (query layout, attention_out layout) of the MHA / GQA form (the doc's table and
 #: the meta function's map). NSD (B = 1, ``[N, S, D]``) is an Ascend 950 layout.
@@ -254,7 +255,7 @@ def normalise_mha(call, sink=None):
         the argument.
     """
     from ._fused_infer_attention_args import (BLOCK_SIZE_ALIGN, MAX_BLOCK_SIZE, FusedInferAttentionArgs,
-                                              _causal_mask, _int, CAUSAL_MASK_SIZE, MASK_DTYPES)
+                                              _causal_mask, _int, CAUSAL_MASK_SIZE, MASK_DTYPES, row_limits)
     input_layout, heads_name = call.input_layout, call.heads_name
     if input_layout not in MHA_LAYOUTS:
         raise arg_error(ModeError, "input_layout", f"one of {list(MHA_LAYOUTS)} (without query_rope / key_rope)",
@@ -287,12 +288,12 @@ def normalise_mha(call, sink=None):
             raise arg_error(ModeError, "query_quant_mode", "0 with a float query", call.quant[0])
         if call.quant[1] is not None:
             raise arg_error(ModeError, "dequant_scale_query", "None with a float query", describe(call.quant[1]))
-    check_dtype(query, "query", MHA_DTYPES)
+    check_dtype(query, "query", MHA_DTYPES + ((FULL_QUANT_DTYPE,) if call.quant is None else ()))
     qdt = dtype_name(query.dtype)
     lead, s1, d = _query_dims(query, q_layout, n, heads_name)
     key, value = required(call.key, "key"), required(call.value, "value")
     kv_dt = dtype_name(key.dtype)
-    quantised = kv_dt in ANTIQUANT_DTYPES
+    quantised = kv_dt in ANTIQUANT_DTYPES and qdt != FULL_QUANT_DTYPE  # kv antiquant (an int8 query: full quant)
     check_dtype(key, "key", (qdt, *ANTIQUANT_DTYPES))
     check_dtype(value, "value", (kv_dt,))
     aq = dict(call.antiquant or {})
@@ -348,6 +349,8 @@ def normalise_mha(call, sink=None):
             soc.require_ascend950("value", f"V_D = {dv} with Q_D = {d}", "an Ascend 950 head-dim pair")
 
     antiquant = _antiquant(aq, kv_dt, qdt, kv_n, d, dv, paged, packed) if quantised else None
+    quant = check_quant(call, qdt=qdt, kv_dt=kv_dt, input_layout=input_layout, s1=int(s1), n=n, d=int(d),
+                        dv=int(dv), paged=paged, packed=packed, lse_flag=bool(call.lse_flag))
 
     if input_layout in QS_LIMITED_LAYOUTS and not soc.is_ascend950():
         lo, hi = QS_LIMITED_LAYOUTS[input_layout]
@@ -448,6 +451,10 @@ def normalise_mha(call, sink=None):
                                     "narrower band is not emulated)", got)
         _check_live_rows(m3, act_q, act_kv)
 
+    if quant.get("quant_out") is not None:
+        check_offset_rows(quant["quant_out"], list(call.quant_out)[1], act_q, act_kv, int(s1),
+                          lambda nq, kv: row_limits(rule, nq, kv))
+
     # ---- learnable_sink
     sink_f = None
     if sink is not None:
@@ -476,7 +483,7 @@ def normalise_mha(call, sink=None):
         act_kv=act_kv.astype(np.int64), q_start=q_start.astype(np.int64), kv_blocks=kv_blocks, kv_rows=kv_rows,
         out_shape=tuple(int(x) for x in out_shape), lse_shape=tuple(int(x) for x in lse_shape), value_dim=int(dv),
         row_rule=rule, mask=m3, sink=sink_f, pre_tokens=pre, next_tokens=nxt, kv_antiquant=antiquant,
-        kv_antiquant_given={k: v for k, v in aq.items() if v is not None} if quantised else None)
+        kv_antiquant_given={k: v for k, v in aq.items() if v is not None} if quantised else None, **quant)
 
 
 def _antiquant(aq: dict, kv_dt: str, qdt: str, kv_n: int, d: int, dv: int, paged: bool, packed: bool):

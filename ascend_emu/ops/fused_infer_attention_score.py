@@ -154,15 +154,15 @@ __all__ = ["npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v
 # ---------------------------------------------------------------------- public ops
 def normalise(call: FusedInferAttentionCall) -> FusedInferAttentionArgs:
     """Validate a call (nothing is read from a cache before every check passes): without
-    ``query_rope`` / ``key_rope`` and with a non-int8 query, the MHA / GQA form
+    ``query_rope`` / ``key_rope``, the MHA / GQA form (an int8 query there only under v1: full quant)
     (:func:`._fused_infer_attention_mha.normalise_mha`); otherwise the MLA form
     (:func:`._fused_infer_attention_args.normalise_mla`).
 
     Raises:
         As :func:`npu_fused_infer_attention_score`.
     """
-    if call.query_rope is None and call.key_rope is None and not (
-            isinstance(call.query, np.ndarray) and call.query.dtype == np.int8):
+    if call.query_rope is None and call.key_rope is None and (call.quant is None or not (
+            isinstance(call.query, np.ndarray) and call.query.dtype == np.int8)):
         return normalise_mha(call, call.sink)
     return normalise_mla(call)
 
@@ -234,9 +234,7 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
         ModeError: an unsupported layout, mode, mask or argument (naming it).
         IndexRangeError: a block_table entry the lengths need outside the cache.
     """
-    given = dict(pse_shift=pse_shift, dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
-                 dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2,
-                 antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
+    given = dict(pse_shift=pse_shift, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
                  query_padding_size=query_padding_size, kv_padding_size=kv_padding_size,
                  key_shared_prefix=key_shared_prefix, value_shared_prefix=value_shared_prefix,
                  actual_shared_prefix_len=actual_shared_prefix_len, key_rope_antiquant_scale=key_rope_antiquant_scale,
@@ -245,9 +243,12 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
     antiquant = dict(key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
                      value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
                      key_antiquant_mode=key_antiquant_mode, value_antiquant_mode=value_antiquant_mode)
+    full_quant = dict(dequant_scale1=dequant_scale1, quant_scale1=quant_scale1, dequant_scale2=dequant_scale2)
+    quant_out = dict(quant_scale2=quant_scale2, quant_offset2=quant_offset2)
     read = dict(query=query, key=key, value=value, query_rope=query_rope, key_rope=key_rope, atten_mask=atten_mask,
                 actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
-                block_table=block_table, **{k: v for k, v in antiquant.items() if "mode" not in k})
+                block_table=block_table, **{k: v for k, v in antiquant.items() if "mode" not in k}, **full_quant,
+                **quant_out)
     args = normalise(FusedInferAttentionCall(
         op="npu_fused_infer_attention_score", query=query, key=key, value=value, query_rope=query_rope,
         key_rope=key_rope, atten_mask=atten_mask, act_q=actual_seq_lengths, act_q_name="actual_seq_lengths",
@@ -255,7 +256,7 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
         num_heads=num_heads, heads_name="num_heads", num_key_value_heads=num_key_value_heads, scale=scale,
         scale_name="scale", pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
         sparse_mode=sparse_mode, block_size=block_size, lse_flag=softmax_lse_flag, lse_name="softmax_lse_flag",
-        antiquant=antiquant))
+        antiquant=antiquant, full_quant=full_quant, quant_out=quant_out))
     return _run(args, attention_out, softmax_lse, read)
 
 
@@ -301,8 +302,7 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
         int8 query without mode 3, or mode 3 with a float query), DTypeError / ShapeError naming
         the scale or cache that does not fit.
     """
-    given = dict(pse_shift=pse_shift, dequant_scale_key_rope=dequant_scale_key_rope,
-                 quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out, quant_scale_p=quant_scale_p,
+    given = dict(pse_shift=pse_shift, dequant_scale_key_rope=dequant_scale_key_rope, quant_scale_p=quant_scale_p,
                  query_dtype=query_dtype, key_dtype=key_dtype, value_dtype=value_dtype,
                  query_rope_dtype=query_rope_dtype, key_rope_dtype=key_rope_dtype,
                  key_shared_prefix_dtype=key_shared_prefix_dtype, value_shared_prefix_dtype=value_shared_prefix_dtype,
@@ -315,7 +315,8 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
                 actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, block_table=block_table,
                 dequant_scale_query=dequant_scale_query, dequant_scale_key=dequant_scale_key,
                 dequant_scale_value=dequant_scale_value, learnable_sink=learnable_sink,
-                dequant_offset_key=dequant_offset_key, dequant_offset_value=dequant_offset_value)
+                dequant_offset_key=dequant_offset_key, dequant_offset_value=dequant_offset_value,
+                quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out)
     args = normalise(FusedInferAttentionCall(
         op="npu_fused_infer_attention_score_v2", query=query, key=key, value=value, query_rope=query_rope,
         key_rope=key_rope, atten_mask=atten_mask, act_q=actual_seq_qlen, act_q_name="actual_seq_qlen",
@@ -325,7 +326,8 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
         sparse_mode=sparse_mode, block_size=block_size, lse_flag=return_softmax_lse, lse_name="return_softmax_lse",
         quant=(query_quant_mode, dequant_scale_query, dequant_scale_key, dequant_scale_value), sink=learnable_sink,
         antiquant=dict(dequant_scale_key=dequant_scale_key, dequant_offset_key=dequant_offset_key,
-                       dequant_scale_value=dequant_scale_value, dequant_offset_value=dequant_offset_value)))
+                       dequant_scale_value=dequant_scale_value, dequant_offset_value=dequant_offset_value),
+        quant_out=dict(quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out)))
     return _run(args, attention_out, softmax_lse, read)
 
 
