@@ -186,7 +186,7 @@ def test_full_quant_rejections_name_the_argument_and_write_nothing(rng):
 def test_float_query_rejects_the_bmm_scales(rng):
     q, k, v, kw = make_dense(rng, "BNSD")
     for name in ("dequant_scale1", "quant_scale1", "dequant_scale2"):
-        _rejects(lambda: FIA(q, k, v, **{name: _f32(1)}, **kw), ModeError, name)
+        _rejects(lambda name=name: FIA(q, k, v, **{name: _f32(1)}, **kw), ModeError, name)
     _rejects(lambda: FIA2(q, k, v, quant_offset_out=_f32(1), **{V2.get(a, a): b for a, b in kw.items()}),
              ModeError, "quant_offset_out")
     _rejects(lambda: FIA(q, k, v, quant_scale2=np.ones(1, BF16), **kw), DTypeError, "quant_scale2")

@@ -9,7 +9,8 @@ the PageAttention and TND constraints) and ``torch_npu-npu_fused_infer_attention
 (the same for v2, ``learnable_sink``, its constraints); the meta function's layout map
 (``get_query_and_attention_out_layout``, mirrored in :mod:`ascend_emu.torch_npu._fake`). See the
 op module :mod:`ascend_emu.ops.fused_infer_attention_score` for the numerics (the MLA subset's
-steps 1-4, with the row rules below) and docs/fused_infer_attention_score.md for the emulated set.
+steps 1-4, with the row rules below; its int8 quant: :mod:`ascend_emu.ops._fused_infer_attention_quant`) and
+docs/ops.md for the emulated set.
 
 Row rules (which kv positions ``j`` the query token at position ``s`` of its request sees, among
 the request's ``act_kv`` tokens; ``act_q`` its query tokens):
