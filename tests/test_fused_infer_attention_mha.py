@@ -491,3 +491,38 @@ def test_kv_antiquant_as_op_plugin_calls_it_and_its_rejections(rng):
     with pytest.raises(ModeError, match="dequant_offset_key"):  # with rope: the MLA subset takes none
         ops.npu_fused_infer_attention_score_v2(q, q, q, query_rope=q[..., :64], key_rope=q[..., :64],
                                                input_layout="BNSD", dequant_offset_key=s)
+
+
+@pytest.mark.parametrize("ndim", [3, 4])
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+def test_kv_antiquant_of_paged_int8_caches_in_decode(rng, ndim, dtype):
+    """int8 paged caches read with antiquant (decode, the doc's PageAttention table): each block
+    dequantised as the dense form (per channel with offsets; v2 per tensor); prefill, int4 and a
+    block_size off 32 rejected by name."""
+    b, n, kv_n, d, bs, nb = 2, 4, 2, 64, 32, 5
+    q = rng.standard_normal((b, n, 1, d)).astype(dtype)  # BNSD decode
+    shape = (nb, bs, kv_n * d) if ndim == 3 else (nb, kv_n, bs, d)
+    kc, vc = (rng.integers(-128, 128, shape).astype(np.int8) for _ in range(2))
+    table = np.array([[3, 0, 4], [1, 2, -1]], np.int32)
+    ks, vs = ((rng.random((kv_n, d)) * 0.05 + 0.01).astype(dtype) for _ in range(2))
+    ko, vo = (rng.integers(-3, 4, (kv_n, d)).astype(dtype) for _ in range(2))
+    kw = dict(num_heads=n, num_key_value_heads=kv_n, scale=d ** -0.5, input_layout="BNSD", block_table=table,
+              block_size=bs, actual_seq_lengths_kv=[70, 40])
+    out, lse = ops.npu_fused_infer_attention_score(q, kc, vc, **kw, key_antiquant_scale=ks, key_antiquant_offset=ko,
+                                                   value_antiquant_scale=vs, value_antiquant_offset=vo,
+                                                   softmax_lse_flag=True)
+    rkw = {x: y for x, y in kw.items() if x != "block_size"}
+    want, want_lse = _ref(q, kc, vc, rkw, key_antiquant=(ks, ko), value_antiquant=(vs, vo))
+    _close(out, want, dtype)
+    _close_lse(lse, want_lse)
+    one = np.array([0.02], dtype)
+    v2 = {V2.get(a, a): y for a, y in kw.items()}
+    same = ops.npu_fused_infer_attention_score_v2(q, kc, kc, **v2, dequant_scale_key=one, dequant_scale_value=one * 2)[0]
+    _close(same, _ref(q, kc, kc, rkw, key_antiquant=(one, None), value_antiquant=(one * 2, None))[0], dtype)
+    aq = dict(key_antiquant_scale=ks, value_antiquant_scale=vs)
+    with pytest.raises(ModeError, match="key_antiquant_scale"):  # prefill: the table's Q_S > 1 column
+        ops.npu_fused_infer_attention_score(np.repeat(q, 2, axis=2), kc, vc, **dict(kw, block_size=128), **aq)
+    with pytest.raises(ShapeError, match="block_size"):
+        kc16 = np.zeros((nb, 16, kv_n * d) if ndim == 3 else (nb, kv_n, 16, d), np.int8)
+        ops.npu_fused_infer_attention_score(q, kc16, kc16, **dict(kw, block_size=16, actual_seq_lengths_kv=[16, 16]),
+                                            **aq)

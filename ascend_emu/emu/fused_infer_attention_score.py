@@ -363,8 +363,8 @@ def _dense_tokens(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
     """The key and value a ``_gather`` reads: the caches themselves (paged, or TND), else the MHA
     form's dense key / value as C-contiguous token-major ``[T2, KV_N, D]`` (one copy per call where
     the layout is not already so: BNSD, NTD, NSD), the rows of ``args.kv_rows``."""
-    if args.kv_antiquant is None and (args.kv_blocks is not None or args.query_layout == "TND"):
-        return args.key, args.value
+    if args.kv_blocks is not None or args.query_layout == "TND":
+        return args.key, args.value  # paged antiquant: dequantised per gathered block (:func:`_gather`)
     key = np.ascontiguousarray(_tokens_first(args.key, args.query_layout, args.num_kv_heads))
     value = key if args.value is args.key else \
         np.ascontiguousarray(_tokens_first(args.value, args.query_layout, args.num_kv_heads))
@@ -393,15 +393,21 @@ def _antiquant(x: np.ndarray, scale: np.ndarray, offset, qdt) -> np.ndarray:
 
 
 def _gather(args: FusedInferAttentionArgs, cache: np.ndarray, layout, kv: np.ndarray, width: int, h: int,
-            widen: bool = True) -> np.ndarray:
+            widen: bool = True, antiquant=None) -> np.ndarray:
     """fp32 ``[width, D]``: kv head ``h`` of a request's first ``width`` kv positions in ``cache``
     (described by ``layout``), widened exactly (``widen=False``: in the cache's dtype). ``kv``: the
     request's block ids (paged: whole blocks read, :meth:`~ascend_emu.layouts.CacheLayout.read_blocks`)
-    or token rows (non-paged TND, :meth:`~ascend_emu.layouts.CacheLayout.read_rows`)."""
+    or token rows (non-paged TND, :meth:`~ascend_emu.layouts.CacheLayout.read_rows`). ``antiquant``:
+    ``(scale, offset)`` fp32 ``[KV_N, D]`` of an int8 paged cache: the rows dequantised
+    (:func:`_antiquant`, head ``h``'s channels) to the query dtype."""
     if args.kv_blocks is None:
         rows = layout.read_rows(cache, kv, h)  # [L, D]
     else:
         rows = layout.read_blocks(cache, kv, h)[:width]  # [L, D]
+    if antiquant is not None:
+        scale, offset = antiquant
+        rows = _antiquant(rows[:, None, :], scale[h:h + 1], None if offset is None else offset[h:h + 1],
+                          args.query_dtype)[:, 0, :]
     if not widen:
         return np.ascontiguousarray(rows)
     return widen_f32(rows)
@@ -442,26 +448,29 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
         key = threading.get_ident()
         if key not in buffers:
             buffers[key] = (np.empty((width_max, d + dr), np.float32),  # [W, D+64] keys
-                            None if value is key else np.empty((width_max, dv), np.float32),  # [W, Dv]
+                            None if value is key and not paged_aq else np.empty((width_max, dv), np.float32),
                             np.empty(max(rows_max * width_max, 1), np.float32))  # scores
         return buffers[key]
 
     if dr:
         q = np.concatenate([q, _tokens_first(args.query_rope, args.query_layout)], axis=-1)  # [T, N, D+64]
+    paged_aq = args.kv_antiquant is not None and args.kv_blocks is not None  # int8 paged caches, decode
+    k_aq = args.kv_antiquant[:2] if paged_aq else None
+    v_aq = args.kv_antiquant[2:] if paged_aq else None
 
     def one(unit) -> None:
         (b, nq, tokens, width, kv, row_limits, live), h = unit
         k_buf, v_buf, s_buf = thread_buffers()
         heads = slice(h * group, (h + 1) * group)
         k = k_buf[:width]  # [L, D+64], widened exactly on assignment
-        k[:, :d] = _gather(args, key, args.key_layout, kv, width, h, widen=False)
+        k[:, :d] = _gather(args, key, args.key_layout, kv, width, h, widen=False, antiquant=k_aq)
         if dr:
             k[:, d:] = _gather(args, args.key_rope, args.rope_layout, kv, width, h, widen=False)
         if v_buf is None:
             v = k[:, :d]  # [L, D]: the ckv cache is key and value
         else:
             v = v_buf[:width]
-            v[...] = _gather(args, value, args.value_layout, kv, width, h, widen=False)
+            v[...] = _gather(args, value, args.value_layout, kv, width, h, widen=False, antiquant=v_aq)
         qrows = q[tokens, heads].reshape(-1, d + dr)
         scores = matmul_f32(qrows.astype(np.float32), k.T,
                             out=s_buf[:nq * group * width].reshape(nq * group, width))  # [nq*G, L]

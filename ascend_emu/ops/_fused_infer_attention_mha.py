@@ -28,7 +28,8 @@ the request's ``act_kv`` tokens; ``act_q`` its query tokens):
   empty is rejected naming ``atten_mask`` (the value of such a row under ``inner_precise`` 0 is
   the hardware's and not emulated).
 
-Separated kv antiquant (:data:`ANTIQUANT_DTYPES` key / value, dense B-first layouts, modes 0):
+Separated kv antiquant (:data:`ANTIQUANT_DTYPES` key / value, dense B-first layouts, or int8 paged
+caches with Q_S = 1; modes 0):
 each element ``scale * (x + offset)`` with the per-tensor or per-channel ``[KV_N, D]`` scale and
 offset in the query's dtype (Ascend C's AscendAntiQuant, hiascend.com API page
 ``atlasascendc_api_07_0822``: fp16 step by step, bf16 via fp32 and one rounding; that FIA's
@@ -93,6 +94,8 @@ SINK_MAX_VALUE_DIM = 128
 ANTIQUANT_DTYPES = ("int8", "int32")
 #: Logical D alignment of antiquant keys: int8 32 bytes, int4 64 bytes (the doc's D row).
 ANTIQUANT_D_ALIGN = {"int8": 32, "int32": 128}
+#: block_size of a paged int8 cache read with antiquant: 32 rows (the doc: int8 "32字节对齐").
+ANTIQUANT_PAGED_BLOCK_ALIGN = 32
 #: Dense key / value shapes by query layout, as errors name them.
 DENSE_KV_SHAPES = {"BSH": "[B, KV_S, KV_N*D]", "BSND": "[B, KV_S, KV_N, D]", "BNSD": "[B, KV_N, KV_S, D]",
                    "TND": "[T2, KV_N, D]", "NTD": "[KV_N, T2, D]", "NSD": "[KV_N, KV_S, D]"}
@@ -349,7 +352,7 @@ def normalise_mha(call, sink=None):
                                 f"{list(UNEQUAL_HEAD_DIMS_950)} on the Ascend 950)", f"V_D = {dv}")
             soc.require_ascend950("value", f"V_D = {dv} with Q_D = {d}", "an Ascend 950 head-dim pair")
 
-    antiquant = _antiquant(aq, kv_dt, qdt, kv_n, d, dv, paged, packed) if quantised else None
+    antiquant = _antiquant(aq, kv_dt, qdt, kv_n, d, dv, paged, packed, int(s1)) if quantised else None
     quant = check_quant(call, qdt=qdt, kv_dt=kv_dt, input_layout=input_layout, s1=int(s1), n=n, d=int(d),
                         dv=int(dv), paged=paged, packed=packed, lse_flag=bool(call.lse_flag))
 
@@ -389,7 +392,8 @@ def normalise_mha(call, sink=None):
         bs = k_lay.block_size
         if bsz != bs:
             raise arg_error(ShapeError, "block_size", f"the caches' block dim bs = {bs}", bsz)
-        align = PREFILL_BLOCK_ALIGN if (not packed and s1 > 1) else BLOCK_SIZE_ALIGN
+        align = PREFILL_BLOCK_ALIGN if (not packed and s1 > 1) else \
+            (ANTIQUANT_PAGED_BLOCK_ALIGN if quantised else BLOCK_SIZE_ALIGN)
         if bs % align or not align <= bs <= MAX_BLOCK_SIZE:
             raise arg_error(ShapeError, "block_size", f"a multiple of {align} in [{align}, {MAX_BLOCK_SIZE}]", bs)
         cap = int(table.shape[1]) * bs
@@ -487,13 +491,20 @@ def normalise_mha(call, sink=None):
         kv_antiquant_given={k: v for k, v in aq.items() if v is not None} if quantised else None, **quant)
 
 
-def _antiquant(aq: dict, kv_dt: str, qdt: str, kv_n: int, d: int, dv: int, paged: bool, packed: bool):
+def _antiquant(aq: dict, kv_dt: str, qdt: str, kv_n: int, d: int, dv: int, paged: bool, packed: bool, s1: int):
     """The separated kv antiquant of an int8 / int32 key and value: ``(key scale, key offset,
-    value scale, value offset)`` as fp32 ``[KV_N, D]`` (offsets None when not given)."""
+    value scale, value offset)`` as fp32 ``[KV_N, D]`` (offsets None when not given). Paged
+    caches: int8 only, decode only (the doc's PageAttention table: antiquant with Q_S = 1 and an
+    int8 kv; "int4 kv ... 不支持 page attention"), block_size a multiple of
+    :data:`ANTIQUANT_PAGED_BLOCK_ALIGN`; TND / NTD take none (the doc's TND constraints)."""
     names = list(aq)  # key scale, key offset, value scale, value offset (v1 or v2 names)
-    if paged or packed:
-        raise arg_error(ModeError, names[0], "None with a paged cache or a TND / NTD layout (antiquant is "
-                        "emulated for dense B-first key / value)", describe(aq[names[0]]))
+    if packed:
+        raise arg_error(ModeError, names[0], "None with a TND / NTD layout (the doc's TND constraints take no "
+                        "antiquant)", describe(aq[names[0]]))
+    if paged and (s1 != 1 or kv_dt != "int8"):
+        raise arg_error(ModeError, names[0], "None with a paged cache unless Q_S = 1 with an int8 key / value (the "
+                        "doc's PageAttention table; int4 kv takes no PageAttention)",
+                        f"Q_S = {s1}, {kv_dt} key / value")
     if d != dv:
         raise arg_error(ShapeError, "value", f"key's D = {d} with antiquant", f"V_D = {dv}")
     align = ANTIQUANT_D_ALIGN[kv_dt]

@@ -300,9 +300,10 @@ def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_h
     g = n // kv_n
     q_layout, out_layout = MHA_IO[input_layout]
     packed = q_layout in ("TND", "NTD")
-    if key_antiquant is not None:
-        key = _dequant(key, key_antiquant, kv_n, q_layout, qdt)
-        value = _dequant(value, value_antiquant, kv_n, q_layout, qdt)
+    if key_antiquant is not None:  # a paged cache's channels: [nb, bs, KV_N*D] as BSH, [nb, KV_N, bs, D] as BNSD
+        lay = q_layout if block_table is None else ("BSH" if key.ndim == 3 else "BNSD")
+        key = _dequant(key, key_antiquant, kv_n, lay, qdt)
+        value = _dequant(value, value_antiquant, kv_n, lay, qdt)
     if packed:
         q_tnd = query if q_layout == "TND" else query.transpose(1, 0, 2)
         sums = [0] + [int(x) for x in actual_seq_lengths]
