@@ -165,6 +165,34 @@ def test_causal_modes_and_decode_ignores_them(rng, sparse_mode):
     assert np.array_equal(dec.view(np.uint16), ops.npu_fused_infer_attention_score(q, k, v, **kw)[0].view(np.uint16))
 
 
+@pytest.mark.parametrize("input_layout", ["BNSD", "BSH", "TND"])
+@pytest.mark.parametrize("tokens", [(2, 1), (0, 0), (3, -1), (-2, 4), (100, 100)])
+def test_band_mode_4(rng, input_layout, tokens):
+    """sparse_mode 4: row ``s`` of a request sees ``kv - q + s - pre_tokens <= j <= kv - q + s +
+    next_tokens`` (bottom-right aligned); rows the band misses are empty (output 0, lse +inf); a
+    decode ignores the band."""
+    pre, nxt = tokens
+    mask = np.triu(np.ones((2048, 2048), dtype=bool), k=1)
+    q, k, v, kw = make_dense(rng, input_layout, s1=5, s2=9, q_lens=[5, 3], kv_lens=[9, 4], exact=True)
+    if input_layout == "TND":  # TND takes D 128 / 192
+        q, k, v, kw = make_dense(rng, input_layout, s1=5, s2=9, d=128, q_lens=[5, 3], kv_lens=[9, 4], exact=True)
+    for m in (mask, None):
+        out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, sparse_mode=4, atten_mask=m, pre_tokens=pre,
+                                                       next_tokens=nxt, softmax_lse_flag=True)
+        want, want_lse = _ref(q, k, v, kw, sparse_mode=4, pre_tokens=pre, next_tokens=nxt)
+        _close(out, want, np.float16, exact=True)
+        _close_lse(lse, want_lse)
+    if tokens == (100, 100):
+        np.testing.assert_array_equal(out, ops.npu_fused_infer_attention_score(q, k, v, **kw)[0])
+    if tokens == (0, 0):  # the diagonal only: every row with a position sees exactly one
+        assert np.isfinite(lse).any() and not np.array_equal(out, ops.npu_fused_infer_attention_score(q, k, v, **kw)[0])
+    if input_layout == "BNSD":
+        q, k, v, kw = make_dense(rng, "BNSD", s1=1, s2=9, exact=True)
+        dec = ops.npu_fused_infer_attention_score(q, k, v, **kw, sparse_mode=4, pre_tokens=0, next_tokens=0)[0]
+        np.testing.assert_array_equal(dec.view(np.uint16), ops.npu_fused_infer_attention_score(q, k, v, **kw)[0]
+                                      .view(np.uint16))
+
+
 @pytest.mark.parametrize("shape", ["SK", "1SK", "11SK", "B1SK"])
 @pytest.mark.parametrize("sparse_mode", [0, 1])
 def test_explicit_masks(rng, shape, sparse_mode):
@@ -297,7 +325,7 @@ def test_rejections_name_the_argument_and_write_nothing(rng, monkeypatch):
     monkeypatch.delenv("ASCEND_EMU_SOC_NAME", raising=False)
     assert "input_layout" in call(input_layout="NSD", query=q[0], key=k[0], value=v[0])
     assert "input_layout" in call(input_layout="BSHX")
-    assert "sparse_mode" in call(sparse_mode=4)
+    assert "sparse_mode" in call(sparse_mode=5)
     assert "num_key_value_heads" in call(num_key_value_heads=3)
     assert "value" in call(value=np.ascontiguousarray(v[..., :16]))  # V_D != Q_D off the 950
     full = np.zeros((3, 8), bool)

@@ -54,14 +54,15 @@ def test_full_quant_fp16_output_matches_the_reference_bit_for_bit(rng, input_lay
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
-def test_full_quant_int8_output_with_offset_causal_and_lengths(rng, per_channel):
+@pytest.mark.parametrize("sparse", [dict(sparse_mode=3), dict(sparse_mode=4, pre_tokens=6, next_tokens=2)])
+def test_full_quant_int8_output_with_offset_causal_and_lengths(rng, per_channel, sparse):
     q, k, v, kw = _int8_case(rng, "BNSD", s1=5, actual_seq_lengths=[5, 5], actual_seq_lengths_kv=[40, 23])
     n, d = 4, 32
     shape = (n, d) if per_channel else (1,)
     qs2 = rng.uniform(20, 90, size=shape).astype(np.float32)
     qo2 = rng.uniform(-30, 30, size=shape).astype(np.float32)
-    out, _ = FIA(q, k, v, **SCALES, quant_scale2=qs2, quant_offset2=qo2, sparse_mode=3, **kw)
-    want, _ = reference_full_quant(q, k, v, *SCALES.values(), sparse_mode=3, quant_out=(qs2, qo2), **kw)
+    out, _ = FIA(q, k, v, **SCALES, quant_scale2=qs2, quant_offset2=qo2, **sparse, **kw)
+    want, _ = reference_full_quant(q, k, v, *SCALES.values(), quant_out=(qs2, qo2), **sparse, **kw)
     assert out.dtype == np.int8
     np.testing.assert_array_equal(out, want)
     assert np.abs(out.astype(int)).max() == 127 or len(np.unique(out)) > 20  # saturation or a spread of codes
@@ -175,6 +176,8 @@ def test_full_quant_rejections_name_the_argument_and_write_nothing(rng):
     # the output quant's offset where a row takes no part (padding rows past actual_seq_lengths)
     _rejects(run(quant_scale2=_f32(10), quant_offset2=_f32(1), actual_seq_lengths=[3, 2]), ModeError,
              "quant_offset2", [ao])
+    # sparse_mode 4 with a negative pre_tokens / next_tokens and an int8 output
+    _rejects(run(quant_scale2=_f32(10), sparse_mode=4, pre_tokens=-1, next_tokens=5), ModeError, "pre_tokens", [ao])
     # per-channel output quant with the lse
     _rejects(lambda: FIA(q, k, v, **SCALES, **kw, quant_scale2=np.ones((4, 32), np.float32), softmax_lse_flag=True),
              ModeError, "quant_scale2")

@@ -476,7 +476,9 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
                             out=s_buf[:nq * group * width].reshape(nq * group, width))  # [nq*G, L]
         m = np.empty(scores.shape[0], np.float32)  # [nq*G]
         total = np.empty(scores.shape[0], np.float32)  # [nq*G]
-        if args.mask is None:
+        if args.rule == "band":  # [nq, L]: the positions before each row's band
+            masked = (np.arange(width)[None, :] < args.row_starts(nq, int(args.act_kv[b]))[:, None]).view(np.uint8)
+        elif args.mask is None:
             masked = _NO_MASK
         else:  # [nq, L]: the request's rows of the explicit mask (token-major rows read row // G)
             masked = np.ascontiguousarray(args.mask[b if args.mask.shape[0] > 1 else 0, :nq, :width]).view(np.uint8)
@@ -511,7 +513,8 @@ def _full_quant_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np
     group = args.group
     for b, nq, tokens, width, kv, row_limits, live in _requests(args, group):
         limits = row_limits[::group]  # [nq]
-        visible = np.arange(width)[None, :] < limits[:, None]  # [nq, L]
+        pos = np.arange(width)[None, :]
+        visible = (pos < limits[:, None]) & (pos >= args.row_starts(nq, int(args.act_kv[b]))[:, None])  # [nq, L]
         if args.mask is not None:
             visible &= ~args.mask[b if args.mask.shape[0] > 1 else 0, :nq, :width]
         for h in range(args.num_kv_heads):

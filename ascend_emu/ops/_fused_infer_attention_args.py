@@ -96,15 +96,40 @@ C8_DOT_BIAS_BITS = 0x4B200000
 C8_DOT_BIAS = 10485760.0
 
 
-def row_limits(rule: str, nq: int, kv_len: int) -> np.ndarray:
-    """int64 ``[nq]``: the kv positions ``0 .. limit - 1`` query token ``s`` of a request with
-    ``nq`` query and ``kv_len`` kv tokens sees under ``rule`` (:attr:`FusedInferAttentionArgs.rule`)."""
+#: pre_tokens / next_tokens beyond this reach past any kv length (clipped before the int64 arithmetic).
+TOKENS_CLIP = 1 << 40
+
+
+def row_bounds(rule: str, nq: int, kv_len: int, pre_tokens: int = DEFAULT_TOKENS,
+               next_tokens: int = DEFAULT_TOKENS) -> tuple[np.ndarray, np.ndarray]:
+    """int64 ``([nq], [nq])``: the first and one past the last kv position query token ``s`` of a
+    request with ``nq`` query and ``kv_len`` kv tokens sees under ``rule``
+    (:attr:`FusedInferAttentionArgs.rule`): ``all``; ``top_left`` ``j <= s``; ``bottom_right``
+    ``j <= kv_len - nq + s``; ``band`` (sparse_mode 4, bottom-right aligned) ``kv_len - nq + s -
+    pre_tokens <= j <= kv_len - nq + s + next_tokens``. A row that sees no position gets ``(0, 0)``."""
     s = np.arange(nq, dtype=np.int64)
+    lo = np.zeros(nq, np.int64)
     if rule == "top_left":
-        return np.minimum(s + 1, kv_len)
-    if rule == "bottom_right":
-        return np.clip(kv_len - nq + s + 1, 0, kv_len)
-    return np.full(nq, kv_len, np.int64)
+        hi = np.minimum(s + 1, kv_len)
+    elif rule == "bottom_right":
+        hi = np.clip(kv_len - nq + s + 1, 0, kv_len)
+    elif rule == "band":
+        pre = max(min(int(pre_tokens), TOKENS_CLIP), -TOKENS_CLIP)
+        nxt = max(min(int(next_tokens), TOKENS_CLIP), -TOKENS_CLIP)
+        diag = kv_len - nq + s
+        lo = np.clip(diag - pre, 0, kv_len)
+        hi = np.clip(diag + nxt + 1, 0, kv_len)
+    else:
+        hi = np.full(nq, kv_len, np.int64)
+    empty = hi <= lo
+    return np.where(empty, 0, lo), np.where(empty, 0, hi)
+
+
+def row_limits(rule: str, nq: int, kv_len: int, pre_tokens: int = DEFAULT_TOKENS,
+               next_tokens: int = DEFAULT_TOKENS) -> np.ndarray:
+    """int64 ``[nq]``: one past the last kv position each query token sees (:func:`row_bounds`;
+    0: an empty row)."""
+    return row_bounds(rule, nq, kv_len, pre_tokens, next_tokens)[1]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,14 +236,20 @@ class FusedInferAttentionArgs:
     @property
     def rule(self) -> str:
         """Which kv positions a row sees (:meth:`row_limits`): ``all``, ``top_left`` (causal,
-        sparse_mode 2) or ``bottom_right`` (causal, sparse_mode 3); the MLA subset derives it from
-        sparse_mode (0 or 3), the MHA form sets it (decode ignores the causal modes)."""
+        sparse_mode 2), ``bottom_right`` (causal, sparse_mode 3) or ``band`` (sparse_mode 4, with
+        :attr:`pre_tokens` / :attr:`next_tokens`); the MLA subset derives it from sparse_mode (0 or
+        3), the MHA form sets it (decode ignores the sparse modes)."""
         return self.row_rule or ("bottom_right" if self.sparse_mode == 3 else "all")
 
     def row_limits(self, nq: int, kv_len: int) -> np.ndarray:
         """int64 ``[nq]``: the kv positions ``0 .. limit - 1`` query token ``s`` of a request with
-        ``nq`` query and ``kv_len`` kv tokens may see (before an explicit mask: :attr:`mask`)."""
-        return row_limits(self.rule, nq, kv_len)
+        ``nq`` query and ``kv_len`` kv tokens may see (before an explicit mask: :attr:`mask`; 0:
+        an empty row; the band's first position: :meth:`row_starts`)."""
+        return row_limits(self.rule, nq, kv_len, self.pre_tokens, self.next_tokens)
+
+    def row_starts(self, nq: int, kv_len: int) -> np.ndarray:
+        """int64 ``[nq]``: the first kv position each query token sees (0 but under the band)."""
+        return row_bounds(self.rule, nq, kv_len, self.pre_tokens, self.next_tokens)[0]
 
     @property
     def rope(self) -> bool:

@@ -21,10 +21,13 @@ the request's ``act_kv`` tokens; ``act_q`` its query tokens):
   ``next_tokens`` must leave the band of mode 0 the whole matrix (each >= Q_S + KV_S: narrower
   bands are not emulated).
 - sparse_mode 2 (leftUpCausal): ``j <= s``; 3 (rightDownCausal): ``j <= act_kv - act_q + s``;
-  ``atten_mask`` None or the optimised 2048 x 2048 causal mask.
+  4 (band, bottom-right aligned as the PFA kernel's ``GetSparseParam`` shifts the tokens by
+  ``act_kv - act_q``): ``act_kv - act_q + s - pre_tokens <= j <= act_kv - act_q + s +
+  next_tokens``; ``atten_mask`` None or the optimised 2048 x 2048 causal mask.
 - Q_S = 1 with a B-first layout (decode): the doc's "sparse_mode has no effect when Q_S = 1
-  without rope": modes 2 and 3 see all tokens.
-- A row with no kv position is an empty row (output 0, lse +inf); a row an explicit mask leaves
+  without rope" (and pre_tokens / next_tokens "Q_S=1时无效"): modes 2, 3 and 4 see all tokens.
+- A row with no kv position (a causal row before its first token, a band outside the row) is an
+  empty row (output 0, lse +inf; the doc's invalid-row handling, unverified); a row an explicit mask leaves
   empty is rejected naming ``atten_mask`` (the value of such a row under ``inner_precise`` 0 is
   the hardware's and not emulated).
 
@@ -77,11 +80,11 @@ HEAD_DIM_ALIGN_BYTES = 16
 PACKED_HEAD_DIMS = ((128, 128), (192, 128), (192, 192))
 #: Q_D = K_D = 192 with V_D = 128 in a B-first layout: the Ascend 950 (op-plugin's 950 tests).
 UNEQUAL_HEAD_DIMS_950 = ((192, 128),)
-#: sparse_mode values of the MHA form (4 band and 5-8 are not emulated).
-MHA_SPARSE_MODES = (0, 1, 2, 3)
-#: Explicit-mask modes and causal modes.
+#: sparse_mode values of the MHA form (5-8 are not emulated).
+MHA_SPARSE_MODES = (0, 1, 2, 3, 4)
+#: Explicit-mask modes, and the modes with the optimised 2048 x 2048 mask (their row rules).
 EXPLICIT_MASK_MODES = (0, 1)
-CAUSAL_MODES = {2: "top_left", 3: "bottom_right"}
+CAUSAL_MODES = {2: "top_left", 3: "bottom_right", 4: "band"}
 #: PageAttention: a multiple of 16 in [16, 512]; a B-first prefill (Q_S > 1): of 128 in [128, 512].
 PREFILL_BLOCK_ALIGN = 128
 #: learnable_sink: bf16 [N], TND / NTD_TND, value D <= 128 (the v2 doc).
@@ -270,8 +273,7 @@ def normalise_mha(call, sink=None):
     packed = q_layout in PACKED_LAYOUTS
     sm = _int(call.sparse_mode, "sparse_mode")
     if sm not in MHA_SPARSE_MODES:
-        raise arg_error(ModeError, "sparse_mode", f"one of {list(MHA_SPARSE_MODES)} (4 band and 5-8 are not "
-                        "emulated)", sm)
+        raise arg_error(ModeError, "sparse_mode", f"one of {list(MHA_SPARSE_MODES)} (5-8 are not emulated)", sm)
     pre, nxt = _int(call.pre_tokens, "pre_tokens"), _int(call.next_tokens, "next_tokens")
     if not isinstance(call.lse_flag, (bool, np.bool_)):
         raise arg_error(DTypeError, call.lse_name, "a bool", type(call.lse_flag).__name__)
@@ -457,8 +459,11 @@ def normalise_mha(call, sink=None):
         _check_live_rows(m3, act_q, act_kv)
 
     if quant.get("quant_out") is not None:
+        if rule == "band" and min(pre, nxt) < 0:
+            raise arg_error(ModeError, "pre_tokens" if pre < 0 else "next_tokens", ">= 0 with sparse_mode 4 and an "
+                            "int8 output (the doc's int8 constraints)", min(pre, nxt))
         check_offset_rows(quant["quant_out"], list(call.quant_out)[1], act_q, act_kv, int(s1),
-                          lambda nq, kv: row_limits(rule, nq, kv))
+                          lambda nq, kv: row_limits(rule, nq, kv, pre, nxt))
 
     # ---- learnable_sink
     sink_f = None

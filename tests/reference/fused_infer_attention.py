@@ -276,12 +276,14 @@ MHA_IO = {"BSH": ("BSH", "BSH"), "BSND": ("BSND", "BSND"), "BNSD": ("BNSD", "BNS
 def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_heads=0, scale=1.0,
                   actual_seq_lengths=None, actual_seq_lengths_kv=None, block_table=None, sparse_mode=0,
                   atten_mask=None, learnable_sink=None, p_rounding="unnormalised", key_antiquant=None,
-                  value_antiquant=None, quant_out=None):
+                  value_antiquant=None, quant_out=None, pre_tokens=2147483647, next_tokens=2147483647):
     """The MHA / GQA form (no rope), a plain loop per request, query token, head and kv position,
     from the doc's formula ``softmax(scale * q . k + mask) . v`` with its layout table, its
     ``actual_seq_lengths`` rules (B-first: per request, one value for all, None = the S dims; TND /
     NTD: prefix sums; paged: per-request kv lengths) and sparse modes (0 / 1: the mask, 1 masks out;
-    2: ``j <= s``; 3: ``j <= kv - q + s``; a decode (Q_S = 1, B-first) ignores 2 / 3). Evaluation as
+    2: ``j <= s``; 3: ``j <= kv - q + s``; 4: ``kv - q + s - pre_tokens <= j <= kv - q + s +
+    next_tokens``; a decode (Q_S = 1, B-first) ignores 2 / 3 / 4; a row seeing no position: output 0,
+    lse +inf). Evaluation as
     :func:`reference` (float64 dots rounded to fp32, fp32 scale, exp in float64 rounded to fp32,
     sequential fp32 sum, P rounded to the query dtype). ``learnable_sink``: per head, one more
     softmax entry (max over the scores and the sink, its exp added to the sum last).
@@ -344,15 +346,16 @@ def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_h
     dv = None
     out = None
     lse = np.full((t_total, n), np.inf, dtype=np.float32)
-    rule = {0: "all", 1: "all", 2: "top_left", 3: "bottom_right"}[sparse_mode]
+    rule = {0: "all", 1: "all", 2: "top_left", 3: "bottom_right", 4: "band"}[sparse_mode]
     if not packed and s1 == 1:
         rule = "all"
-    mask = None if (atten_mask is None or sparse_mode in (2, 3)) else np.asarray(atten_mask).astype(bool)
+    mask = None if (atten_mask is None or sparse_mode in (2, 3, 4)) else np.asarray(atten_mask).astype(bool)
     for bi, toks in enumerate(reqs):
         kv_len, nq = kv_lens[bi], len(toks)
         for s, t in enumerate(toks):
-            lim = {"all": kv_len, "top_left": min(kv_len, s + 1),
-                   "bottom_right": min(kv_len, kv_len - nq + s + 1)}[rule]
+            lim = {"all": kv_len, "top_left": min(kv_len, s + 1), "bottom_right": min(kv_len, kv_len - nq + s + 1),
+                   "band": min(kv_len, kv_len - nq + s + next_tokens + 1)}[rule]
+            first = max(0, kv_len - nq + s - pre_tokens) if rule == "band" else 0
             for head in range(n):
                 h = head // g
                 if packed:
@@ -360,7 +363,7 @@ def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_h
                 else:
                     q = qrow(bi, s, head)
                 scores, vrows = [], []
-                for j in range(max(lim, 0)):
+                for j in range(first, max(lim, 0)):
                     if mask is not None:
                         if mask.ndim == 2 and mask.shape[0] == b and s1 == 1 and mask.shape[0] != s1:
                             mv = mask[bi, j]
@@ -524,14 +527,16 @@ def _quant_rows(out, scale, offset):
 
 def reference_full_quant(query, key, value, dequant_scale1, quant_scale1, dequant_scale2, *, input_layout,
                          num_heads, num_key_value_heads=0, scale=1.0, actual_seq_lengths=None,
-                         actual_seq_lengths_kv=None, sparse_mode=0, quant_out=None):
+                         actual_seq_lengths_kv=None, sparse_mode=0, quant_out=None, pre_tokens=2147483647,
+                         next_tokens=2147483647):
     """v1's int8 full quant (int8 query / key / value, dense B-first layouts), a plain loop per
     request, query token, head and kv position, from the PFA kernel's int8 chain
     (``prompt_flash_attention_s1s2_bns1_x910*.h``: compute type fp16): ``s = fp16(int(q . k) *
     fp19(dequant_scale1))``, ``S = fp16(s * fp16(scale))``; ``m = max S``; ``e = fp32(exp(fp32(S - m)))``
     (exp in float64), ``l`` their sequential fp32 sum; ``P = int8(fp16(fp16(e) * fp16(quant_scale1)))``
     (AscendQuant); ``o = fp16(int(P . v) * fp19(dequant_scale2))``; ``out = fp16(o / fp16(l))``, the sum
-    rounded ties away (CAST_ROUND); ``lse = fp32(m + ln l)``. ``quant_out``: ``(scale, offset)`` as
+    rounded ties away (CAST_ROUND); ``lse = fp32(m + ln l)``. sparse_mode 0, 3 or 4 (the rows of
+    :func:`reference_mha`). ``quant_out``: ``(scale, offset)`` as
     in :func:`reference_mha` (int8 output), else fp16. Returns ``(attention_out, softmax_lse)`` laid
     out as the op."""
     n = num_heads
@@ -555,15 +560,17 @@ def reference_full_quant(query, key, value, dequant_scale1, quant_scale1, dequan
     for bi in range(b):
         nq, kv_len = q_lens[bi], kv_lens[bi]
         for s in range(nq):
-            lim = kv_len if sparse_mode == 0 else min(kv_len, kv_len - nq + s + 1)
-            if lim <= 0:
+            diag = kv_len - nq + s
+            lim = {0: kv_len, 3: min(kv_len, diag + 1), 4: min(kv_len, diag + next_tokens + 1)}[sparse_mode]
+            first = max(0, diag - pre_tokens) if sparse_mode == 4 else 0
+            if lim <= first:
                 continue
             t = bi * s1 + s
             for head in range(n):
                 h = head // g
                 q = [int(x) for x in qrow(bi, s, head)]
-                ks = [_kv_row(key, q_layout, kv_n, bi, j, h, None, None) for j in range(lim)]
-                vs = [_kv_row(value, q_layout, kv_n, bi, j, h, None, None) for j in range(lim)]
+                ks = [_kv_row(key, q_layout, kv_n, bi, j, h, None, None) for j in range(first, lim)]
+                vs = [_kv_row(value, q_layout, kv_n, bi, j, h, None, None) for j in range(first, lim)]
                 scores = []
                 for k in ks:
                     dot = sum(a * int(c) for a, c in zip(q, k, strict=True))
