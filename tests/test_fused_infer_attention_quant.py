@@ -193,3 +193,26 @@ def test_float_query_rejects_the_bmm_scales(rng):
     _rejects(lambda: FIA2(q, k, v, quant_offset_out=_f32(1), **{V2.get(a, a): b for a, b in kw.items()}),
              ModeError, "quant_offset_out")
     _rejects(lambda: FIA(q, k, v, quant_scale2=np.ones(1, BF16), **kw), DTypeError, "quant_scale2")
+
+
+def test_full_quant_row_chunks_change_nothing(rng, monkeypatch):
+    """The emu backend takes the query rows in chunks (bounded temporaries): chunks of one row give
+    the same bytes."""
+    from ascend_emu.emu import fused_infer_attention_score as emu_fia
+
+    q, k, v, kw = _int8_case(rng, "BSND", s1=6)
+    whole, lse = FIA(q, k, v, **SCALES, **kw, sparse_mode=3, softmax_lse_flag=True)
+    monkeypatch.setattr(emu_fia, "FULL_QUANT_CHUNK", 1)
+    rows, lse1 = FIA(q, k, v, **SCALES, **kw, sparse_mode=3, softmax_lse_flag=True)
+    np.testing.assert_array_equal(rows.view(np.uint16), whole.view(np.uint16))
+    np.testing.assert_array_equal(lse1, lse)
+
+
+def test_int4_antiquant_takes_no_output_quant(rng):
+    from ascend_emu.quant import pack_int4_to_int32
+
+    q = rng.standard_normal((1, 2, 3, 128)).astype(np.float16)
+    kv = pack_int4_to_int32(rng.integers(-8, 8, (1, 2, 5, 128)).astype(np.int8))
+    s = np.ones((2, 128), np.float16)
+    _rejects(lambda: FIA(q, kv, kv, num_heads=2, input_layout="BNSD", key_antiquant_scale=s, value_antiquant_scale=s,
+                         quant_scale2=_f32(10)), ModeError, "quant_scale2")

@@ -512,31 +512,48 @@ def _full_quant_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np
     qs1_16 = np.float64(np.float16(qs1))  # Q6: AscendQuant's fp16 scale
     group = args.group
     for b, nq, tokens, width, kv, row_limits, live in _requests(args, group):
-        limits = row_limits[::group]  # [nq]
+        limits, starts = row_limits[::group], args.row_starts(nq, int(args.act_kv[b]))  # [nq] each
         pos = np.arange(width)[None, :]
-        visible = (pos < limits[:, None]) & (pos >= args.row_starts(nq, int(args.act_kv[b]))[:, None])  # [nq, L]
+        visible = (pos < limits[:, None]) & (pos >= starts[:, None])  # [nq, L]
         if args.mask is not None:
             visible &= ~args.mask[b if args.mask.shape[0] > 1 else 0, :nq, :width]
+        chunk = max(1, FULL_QUANT_CHUNK // width)  # query rows per pass: each row's chain is its own
         for h in range(args.num_kv_heads):
             k = key[kv, h].astype(np.float64)  # [L, D] exact
             v = value[kv, h].astype(np.float64)
             for n_i in range(h * group, (h + 1) * group):
-                dots = q[tokens, n_i].astype(np.float64) @ k.T  # Q1: exact int32 dots [nq, L]
-                with np.errstate(over="ignore", invalid="ignore"):
-                    s16 = (dots * ds1).astype(np.float16)  # Q2: fixpipe dequant, one RNE rounding
-                    s = (s16.astype(np.float64) * scale16).astype(np.float16).astype(np.float32)  # Q3
-                    s = np.where(visible, s, np.float32(-np.inf))
-                    m = s.max(axis=1)  # [nq] fp32
-                    e = _exp_rows(s - m[:, None])  # Q5: fp32 exp, 0 where not visible
-                    total = np.cumsum(e, axis=1, dtype=np.float32)[:, -1]  # fp32, kv order
-                    p16 = (e.astype(np.float16).astype(np.float64) * qs1_16).astype(np.float16)  # Q6
-                    p8 = saturate_int8(round_half_even(p16.astype(np.float32)))
-                    o16 = ((p8.astype(np.float64) @ v) * ds2).astype(np.float16)  # Q7
-                    l16 = f32_to_f16(total, "half_away").astype(np.float64)  # Q8: the sum in fp16, CAST_ROUND
-                    o = (o16.astype(np.float64) / l16[:, None]).astype(np.float16).astype(np.float32)
-                row_live = live[::group]
-                _store(out, lse, tokens, slice(n_i, n_i + 1), o, m, total, row_live)
+                for r0 in range(0, nq, chunk):
+                    rows = slice(r0, min(r0 + chunk, nq))
+                    o, m, total = _full_quant_rows(q[tokens[rows], n_i], k, v, visible[rows], ds1, scale16, qs1_16,
+                                                   ds2)
+                    _store(out, lse, tokens[rows], slice(n_i, n_i + 1), o, m, total, live[::group][rows])
     return out, lse
+
+
+#: Elements of one query-row chunk of the full quant (``[rows, L]`` float64 temporaries).
+FULL_QUANT_CHUNK = 1 << 20
+
+
+def _full_quant_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray, ds1: float,
+                     scale16: np.float64, qs1_16: np.float64, ds2: float):
+    """Steps Q1-Q8 for query rows ``q`` int8 ``[R, D]`` of one head against ``k`` / ``v`` (float64
+    holding the int8 values, ``[L, D]``), ``visible`` bool ``[R, L]``: ``(o, m, total)``, fp32
+    ``[R, D]`` holding fp16 values, fp32 ``[R]`` each (rows with no visible position: garbage,
+    dropped by the caller)."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        dots = q.astype(np.float64) @ k.T  # Q1: exact int32 dots [R, L]
+        s16 = (dots * ds1).astype(np.float16)  # Q2: fixpipe dequant, one RNE rounding
+        s = (s16.astype(np.float64) * scale16).astype(np.float16).astype(np.float32)  # Q3
+        s = np.where(visible, s, np.float32(-np.inf))
+        m = s.max(axis=1)  # [R] fp32
+        e = _exp_rows(s - m[:, None])  # Q5: fp32 exp, 0 where not visible
+        total = np.cumsum(e, axis=1, dtype=np.float32)[:, -1]  # fp32, kv order
+        p16 = (e.astype(np.float16).astype(np.float64) * qs1_16).astype(np.float16)  # Q6
+        p8 = saturate_int8(round_half_even(p16.astype(np.float32)))
+        o16 = ((p8.astype(np.float64) @ v) * ds2).astype(np.float16)  # Q7
+        l16 = f32_to_f16(total, "half_away").astype(np.float64)  # Q8: the sum in fp16, CAST_ROUND
+        o = (o16.astype(np.float64) / l16[:, None]).astype(np.float16).astype(np.float32)
+    return o, m, total
 
 
 def _exp_rows(x: np.ndarray) -> np.ndarray:

@@ -144,6 +144,9 @@ def check_quant(call, *, qdt: str, kv_dt: str, input_layout: str, s1: int, n: in
             raise arg_error(ModeError, offset_name, f"None without {scale_name} (the offset of the int8 output "
                             "quant)", describe(offset))
     else:
+        if kv_dt == "int32":
+            raise arg_error(ModeError, scale_name, "None with an int4 (int32) key / value (the v2 doc: int4 antiquant "
+                            "takes no output quant)", describe(scale))
         out["quant_out"] = _quant_out(scale, offset, scale_name, offset_name, qdt, n, dv, lse_flag)
     out["quant_given"] = given
     return out
