@@ -71,6 +71,7 @@ _PROLOG = "tests/test_mla_prolog.py::"
 _SFA = "tests/test_sparse_flash_attention.py::"
 _FIA = "tests/test_fused_infer_attention_score.py::"
 _FIA_MHA = "tests/test_fused_infer_attention_mha.py::"
+_FIA_Q = "tests/test_fused_infer_attention_quant.py::"
 _LI = "tests/test_lightning_indexer.py::"
 _QLI = "tests/test_quant_lightning_indexer.py::"
 _KV = "tests/test_kv_rmsnorm_rope_cache.py::"
@@ -170,6 +171,19 @@ ROWS: tuple[Row, ...] = (
        "learnable_sink)", "tests/reference/fused_infer_attention.py (reference_mha)",
        _FIA_MHA + "test_b_first_layouts_match_the_reference_bit_for_bit",
        _FIA_MHA + "test_packed_layouts_match_the_reference"),
+    _r("npu_fused_infer_attention_score (int8 full quant, MHA form)", "attention_out, softmax_lse", "exact",
+       "the PFA int8 chain Q1-Q8 (FP19 BMM dequant to fp16, fp16 scores, AscendQuant of the unnormalised P, "
+       "fp16 division by the sum) over one kv block", "tests/reference/fused_infer_attention.py (reference_full_quant)",
+       _FIA_Q + "test_full_quant_fp16_output_matches_the_reference_bit_for_bit",
+       _FIA_Q + "test_fp19_reading_of_the_dequant_scales_and_the_uint64_form"),
+    _r("npu_fused_infer_attention_score (also _v2)", "attention_out (int8 output quant)", "exact",
+       "AscendQuant of the output (fp16 steps, RNE, saturating), per tensor or per channel",
+       "tests/reference/fused_infer_attention.py (reference_mha quant_out, reference_full_quant)",
+       _FIA_Q + "test_output_quant_of_a_float_query_v1_and_v2",
+       _FIA_Q + "test_full_quant_int8_output_with_offset_causal_and_lengths"),
+    _r("npu_fused_infer_attention_score (int8 full quant, MHA form)", "attention_out (rows longer than one tiling "
+       "block)", "unverified", "the kernel's per-tile online softmax with its fp16 accumulator rescale is not "
+       "reproduced (one block over the row)", "-"),
     _r("npu_fused_infer_attention_score (also _v2)", "attention_out (rows longer than one tiling block)",
        "differs", "the kernel's per-block online softmax rescale and flash-decode kv split are not reproduced "
        "(last-bit differences)", "-"),

@@ -18,6 +18,7 @@ from ascend_emu import fidelity, ops
 from ascend_emu.cli import main
 from tests.helpers import assert_same_bytes
 from tests.reference import dynamic_quant as ref_dq
+from tests.reference import fused_infer_attention as ref_fia
 from tests.reference import layouts as ref_layouts
 from tests.reference import paged_cache as ref_paged
 from tests.reference import rope as ref_rope
@@ -146,6 +147,22 @@ SMOKE = {"npu_format_cast": _format_cast, "npu_scatter_pa_kv_cache": _scatter, "
          "npu_interleave_rope": _interleave_rope, "npu_rotary_mul": _rotary_mul,
          "npu_rms_norm_dynamic_quant": _rms_norm_dynamic_quant, "inplace_partial_rotary_mul": _partial_rotary}
 SMOKE["npu_scatter_nd_update_v2"] = _scatter_nd
+
+
+def _fia_full_quant(rng):
+    q = rng.integers(-9, 10, size=(1, 2, 2, 32)).astype(np.int8)  # BNSD
+    k = rng.integers(-9, 10, size=(1, 2, 12, 32)).astype(np.int8)
+    scales = [np.array([x], np.float32) for x in (0.0123456, 100.3, 0.0041)]
+    qs2, qo2 = np.array([40.0], np.float32), np.array([3.0], np.float32)
+    got = ops.npu_fused_infer_attention_score(q, k, k, dequant_scale1=scales[0], quant_scale1=scales[1],
+                                              dequant_scale2=scales[2], quant_scale2=qs2, quant_offset2=qo2,
+                                              num_heads=2, input_layout="BNSD", scale=0.3)[0]
+    want = ref_fia.reference_full_quant(q, k, k, *scales, input_layout="BNSD", num_heads=2, scale=0.3,
+                                        quant_out=(qs2, qo2))[0]
+    assert_same_bytes(got, want, "npu_fused_infer_attention_score")
+
+
+SMOKE["npu_fused_infer_attention_score"] = _fia_full_quant
 HEAVY = {"npu_gather_pa_kv_cache", "npu_kv_rmsnorm_rope_cache", "npu_lightning_indexer", "npu_quant_lightning_indexer",
          "npu_fused_infer_attention_score_v2", "npu_dtype_cast", "npu_dynamic_mx_quant", "compressor_metadata",
          "quant.v4.encode_kv_rows", "kv_compress_epilog", "indexer_compress_epilog"}

@@ -165,6 +165,34 @@ def test_causal_modes_and_decode_ignores_them(rng, sparse_mode):
     assert np.array_equal(dec.view(np.uint16), ops.npu_fused_infer_attention_score(q, k, v, **kw)[0].view(np.uint16))
 
 
+@pytest.mark.parametrize("input_layout", ["BNSD", "BSH", "TND"])
+@pytest.mark.parametrize("tokens", [(2, 1), (0, 0), (3, -1), (-2, 4), (100, 100)])
+def test_band_mode_4(rng, input_layout, tokens):
+    """sparse_mode 4: row ``s`` of a request sees ``kv - q + s - pre_tokens <= j <= kv - q + s +
+    next_tokens`` (bottom-right aligned); rows the band misses are empty (output 0, lse +inf); a
+    decode ignores the band."""
+    pre, nxt = tokens
+    mask = np.triu(np.ones((2048, 2048), dtype=bool), k=1)
+    q, k, v, kw = make_dense(rng, input_layout, s1=5, s2=9, q_lens=[5, 3], kv_lens=[9, 4], exact=True)
+    if input_layout == "TND":  # TND takes D 128 / 192
+        q, k, v, kw = make_dense(rng, input_layout, s1=5, s2=9, d=128, q_lens=[5, 3], kv_lens=[9, 4], exact=True)
+    for m in (mask, None):
+        out, lse = ops.npu_fused_infer_attention_score(q, k, v, **kw, sparse_mode=4, atten_mask=m, pre_tokens=pre,
+                                                       next_tokens=nxt, softmax_lse_flag=True)
+        want, want_lse = _ref(q, k, v, kw, sparse_mode=4, pre_tokens=pre, next_tokens=nxt)
+        _close(out, want, np.float16, exact=True)
+        _close_lse(lse, want_lse)
+    if tokens == (100, 100):
+        np.testing.assert_array_equal(out, ops.npu_fused_infer_attention_score(q, k, v, **kw)[0])
+    if tokens == (0, 0):  # the diagonal only: every row with a position sees exactly one
+        assert np.isfinite(lse).any() and not np.array_equal(out, ops.npu_fused_infer_attention_score(q, k, v, **kw)[0])
+    if input_layout == "BNSD":
+        q, k, v, kw = make_dense(rng, "BNSD", s1=1, s2=9, exact=True)
+        dec = ops.npu_fused_infer_attention_score(q, k, v, **kw, sparse_mode=4, pre_tokens=0, next_tokens=0)[0]
+        np.testing.assert_array_equal(dec.view(np.uint16), ops.npu_fused_infer_attention_score(q, k, v, **kw)[0]
+                                      .view(np.uint16))
+
+
 @pytest.mark.parametrize("shape", ["SK", "1SK", "11SK", "B1SK"])
 @pytest.mark.parametrize("sparse_mode", [0, 1])
 def test_explicit_masks(rng, shape, sparse_mode):
@@ -297,7 +325,7 @@ def test_rejections_name_the_argument_and_write_nothing(rng, monkeypatch):
     monkeypatch.delenv("ASCEND_EMU_SOC_NAME", raising=False)
     assert "input_layout" in call(input_layout="NSD", query=q[0], key=k[0], value=v[0])
     assert "input_layout" in call(input_layout="BSHX")
-    assert "sparse_mode" in call(sparse_mode=4)
+    assert "sparse_mode" in call(sparse_mode=5)
     assert "num_key_value_heads" in call(num_key_value_heads=3)
     assert "value" in call(value=np.ascontiguousarray(v[..., :16]))  # V_D != Q_D off the 950
     full = np.zeros((3, 8), bool)
@@ -491,3 +519,38 @@ def test_kv_antiquant_as_op_plugin_calls_it_and_its_rejections(rng):
     with pytest.raises(ModeError, match="dequant_offset_key"):  # with rope: the MLA subset takes none
         ops.npu_fused_infer_attention_score_v2(q, q, q, query_rope=q[..., :64], key_rope=q[..., :64],
                                                input_layout="BNSD", dequant_offset_key=s)
+
+
+@pytest.mark.parametrize("ndim", [3, 4])
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+def test_kv_antiquant_of_paged_int8_caches_in_decode(rng, ndim, dtype):
+    """int8 paged caches read with antiquant (decode, the doc's PageAttention table): each block
+    dequantised as the dense form (per channel with offsets; v2 per tensor); prefill, int4 and a
+    block_size off 32 rejected by name."""
+    b, n, kv_n, d, bs, nb = 2, 4, 2, 64, 32, 5
+    q = rng.standard_normal((b, n, 1, d)).astype(dtype)  # BNSD decode
+    shape = (nb, bs, kv_n * d) if ndim == 3 else (nb, kv_n, bs, d)
+    kc, vc = (rng.integers(-128, 128, shape).astype(np.int8) for _ in range(2))
+    table = np.array([[3, 0, 4], [1, 2, -1]], np.int32)
+    ks, vs = ((rng.random((kv_n, d)) * 0.05 + 0.01).astype(dtype) for _ in range(2))
+    ko, vo = (rng.integers(-3, 4, (kv_n, d)).astype(dtype) for _ in range(2))
+    kw = dict(num_heads=n, num_key_value_heads=kv_n, scale=d ** -0.5, input_layout="BNSD", block_table=table,
+              block_size=bs, actual_seq_lengths_kv=[70, 40])
+    out, lse = ops.npu_fused_infer_attention_score(q, kc, vc, **kw, key_antiquant_scale=ks, key_antiquant_offset=ko,
+                                                   value_antiquant_scale=vs, value_antiquant_offset=vo,
+                                                   softmax_lse_flag=True)
+    rkw = {x: y for x, y in kw.items() if x != "block_size"}
+    want, want_lse = _ref(q, kc, vc, rkw, key_antiquant=(ks, ko), value_antiquant=(vs, vo))
+    _close(out, want, dtype)
+    _close_lse(lse, want_lse)
+    one = np.array([0.02], dtype)
+    v2 = {V2.get(a, a): y for a, y in kw.items()}
+    same = ops.npu_fused_infer_attention_score_v2(q, kc, kc, **v2, dequant_scale_key=one, dequant_scale_value=one * 2)[0]
+    _close(same, _ref(q, kc, kc, rkw, key_antiquant=(one, None), value_antiquant=(one * 2, None))[0], dtype)
+    aq = dict(key_antiquant_scale=ks, value_antiquant_scale=vs)
+    with pytest.raises(ModeError, match="key_antiquant_scale"):  # prefill: the table's Q_S > 1 column
+        ops.npu_fused_infer_attention_score(np.repeat(q, 2, axis=2), kc, vc, **dict(kw, block_size=128), **aq)
+    with pytest.raises(ShapeError, match="block_size"):
+        kc16 = np.zeros((nb, 16, kv_n * d) if ndim == 3 else (nb, kv_n, 16, d), np.int8)
+        ops.npu_fused_infer_attention_score(q, kc16, kc16, **dict(kw, block_size=16, actual_seq_lengths_kv=[16, 16]),
+                                            **aq)

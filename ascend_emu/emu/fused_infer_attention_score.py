@@ -53,6 +53,7 @@ from ..ops.fused_infer_attention_score import (C8_DOT_BIAS, C8_DOT_BIAS_BITS, C8
 from ..quant import BF16, unpack_int4_from_int32
 from ..quant.rounding import bf16_bits_to_f32, f32_bits_to_bf16_bits
 from ..quant.rounding import f32_round_f16 as _f16
+from ..quant.rounding import f32_to_f16, round_half_even, saturate_int8
 from .kernels import launch_rows, side_by_side
 from .matmul import SMALL_INT8_MACS, SMALL_PRODUCT_MACS, matmul_f32, matmul_int8, one_blas_thread, widen_f32
 from .sparse_flash_attention import _exp_f64
@@ -362,8 +363,8 @@ def _dense_tokens(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray
     """The key and value a ``_gather`` reads: the caches themselves (paged, or TND), else the MHA
     form's dense key / value as C-contiguous token-major ``[T2, KV_N, D]`` (one copy per call where
     the layout is not already so: BNSD, NTD, NSD), the rows of ``args.kv_rows``."""
-    if args.kv_antiquant is None and (args.kv_blocks is not None or args.query_layout == "TND"):
-        return args.key, args.value
+    if args.kv_blocks is not None or args.query_layout == "TND":
+        return args.key, args.value  # paged antiquant: dequantised per gathered block (:func:`_gather`)
     key = np.ascontiguousarray(_tokens_first(args.key, args.query_layout, args.num_kv_heads))
     value = key if args.value is args.key else \
         np.ascontiguousarray(_tokens_first(args.value, args.query_layout, args.num_kv_heads))
@@ -392,15 +393,21 @@ def _antiquant(x: np.ndarray, scale: np.ndarray, offset, qdt) -> np.ndarray:
 
 
 def _gather(args: FusedInferAttentionArgs, cache: np.ndarray, layout, kv: np.ndarray, width: int, h: int,
-            widen: bool = True) -> np.ndarray:
+            widen: bool = True, antiquant=None) -> np.ndarray:
     """fp32 ``[width, D]``: kv head ``h`` of a request's first ``width`` kv positions in ``cache``
     (described by ``layout``), widened exactly (``widen=False``: in the cache's dtype). ``kv``: the
     request's block ids (paged: whole blocks read, :meth:`~ascend_emu.layouts.CacheLayout.read_blocks`)
-    or token rows (non-paged TND, :meth:`~ascend_emu.layouts.CacheLayout.read_rows`)."""
+    or token rows (non-paged TND, :meth:`~ascend_emu.layouts.CacheLayout.read_rows`). ``antiquant``:
+    ``(scale, offset)`` fp32 ``[KV_N, D]`` of an int8 paged cache: the rows dequantised
+    (:func:`_antiquant`, head ``h``'s channels) to the query dtype."""
     if args.kv_blocks is None:
         rows = layout.read_rows(cache, kv, h)  # [L, D]
     else:
         rows = layout.read_blocks(cache, kv, h)[:width]  # [L, D]
+    if antiquant is not None:
+        scale, offset = antiquant
+        rows = _antiquant(rows[:, None, :], scale[h:h + 1], None if offset is None else offset[h:h + 1],
+                          args.query_dtype)[:, 0, :]
     if not widen:
         return np.ascontiguousarray(rows)
     return widen_f32(rows)
@@ -418,6 +425,8 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
     """
     if args.quantised:
         return _finish(args, *_c8_attention(args))
+    if args.full_quant is not None:
+        return _finish(args, *_full_quant_attention(args))
     qdt = args.query_dtype
     is_bf16 = qdt == BF16
     q = _tokens_first(args.query, args.query_layout, args.num_heads)  # [T, N, D]
@@ -439,32 +448,37 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
         key = threading.get_ident()
         if key not in buffers:
             buffers[key] = (np.empty((width_max, d + dr), np.float32),  # [W, D+64] keys
-                            None if value is key else np.empty((width_max, dv), np.float32),  # [W, Dv]
+                            None if value is key and not paged_aq else np.empty((width_max, dv), np.float32),
                             np.empty(max(rows_max * width_max, 1), np.float32))  # scores
         return buffers[key]
 
     if dr:
         q = np.concatenate([q, _tokens_first(args.query_rope, args.query_layout)], axis=-1)  # [T, N, D+64]
+    paged_aq = args.kv_antiquant is not None and args.kv_blocks is not None  # int8 paged caches, decode
+    k_aq = args.kv_antiquant[:2] if paged_aq else None
+    v_aq = args.kv_antiquant[2:] if paged_aq else None
 
     def one(unit) -> None:
         (b, nq, tokens, width, kv, row_limits, live), h = unit
         k_buf, v_buf, s_buf = thread_buffers()
         heads = slice(h * group, (h + 1) * group)
         k = k_buf[:width]  # [L, D+64], widened exactly on assignment
-        k[:, :d] = _gather(args, key, args.key_layout, kv, width, h, widen=False)
+        k[:, :d] = _gather(args, key, args.key_layout, kv, width, h, widen=False, antiquant=k_aq)
         if dr:
             k[:, d:] = _gather(args, args.key_rope, args.rope_layout, kv, width, h, widen=False)
         if v_buf is None:
             v = k[:, :d]  # [L, D]: the ckv cache is key and value
         else:
             v = v_buf[:width]
-            v[...] = _gather(args, value, args.value_layout, kv, width, h, widen=False)
+            v[...] = _gather(args, value, args.value_layout, kv, width, h, widen=False, antiquant=v_aq)
         qrows = q[tokens, heads].reshape(-1, d + dr)
         scores = matmul_f32(qrows.astype(np.float32), k.T,
                             out=s_buf[:nq * group * width].reshape(nq * group, width))  # [nq*G, L]
         m = np.empty(scores.shape[0], np.float32)  # [nq*G]
         total = np.empty(scores.shape[0], np.float32)  # [nq*G]
-        if args.mask is None:
+        if args.rule == "band":  # [nq, L]: the positions before each row's band
+            masked = (np.arange(width)[None, :] < args.row_starts(nq, int(args.act_kv[b]))[:, None]).view(np.uint8)
+        elif args.mask is None:
             masked = _NO_MASK
         else:  # [nq, L]: the request's rows of the explicit mask (token-major rows read row // G)
             masked = np.ascontiguousarray(args.mask[b if args.mask.shape[0] > 1 else 0, :nq, :width]).view(np.uint8)
@@ -483,11 +497,99 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
     return _finish(args, out, lse)
 
 
+def _full_quant_attention(args: FusedInferAttentionArgs) -> tuple[np.ndarray, np.ndarray]:
+    """v1's int8 full quant (steps Q1-Q8 of the op module), per request and query head in NumPy:
+    fp32 ``out`` ``[T, N, D]`` holding fp16 values and ``lse`` ``[T, N]`` (empty rows as
+    :func:`_store` leaves them). The int8 products are summed exactly (float64 BLAS: every partial
+    sum of an int8 dot with D <= 512 is an integer below 2**53)."""
+    ds1, qs1, ds2 = args.full_quant
+    q = _tokens_first(args.query, args.query_layout, args.num_heads)  # [T, N, D] int8
+    key, value = _dense_tokens(args)  # [T2, KV_N, D] int8
+    t_size, n, d = q.shape
+    out = np.full((t_size, n, d), EMPTY_ROW_OUTPUT, dtype=np.float32)
+    lse = np.full((t_size, n), EMPTY_ROW_LSE, dtype=np.float32)
+    scale16 = np.float64(np.float16(args.scale))  # Q3: the score scale in fp16
+    qs1_16 = np.float64(np.float16(qs1))  # Q6: AscendQuant's fp16 scale
+    group = args.group
+    for b, nq, tokens, width, kv, row_limits, live in _requests(args, group):
+        limits, starts = row_limits[::group], args.row_starts(nq, int(args.act_kv[b]))  # [nq] each
+        pos = np.arange(width)[None, :]
+        visible = (pos < limits[:, None]) & (pos >= starts[:, None])  # [nq, L]
+        if args.mask is not None:
+            visible &= ~args.mask[b if args.mask.shape[0] > 1 else 0, :nq, :width]
+        chunk = max(1, FULL_QUANT_CHUNK // width)  # query rows per pass: each row's chain is its own
+        for h in range(args.num_kv_heads):
+            k = key[kv, h].astype(np.float64)  # [L, D] exact
+            v = value[kv, h].astype(np.float64)
+            for n_i in range(h * group, (h + 1) * group):
+                for r0 in range(0, nq, chunk):
+                    rows = slice(r0, min(r0 + chunk, nq))
+                    o, m, total = _full_quant_rows(q[tokens[rows], n_i], k, v, visible[rows], ds1, scale16, qs1_16,
+                                                   ds2)
+                    _store(out, lse, tokens[rows], slice(n_i, n_i + 1), o, m, total, live[::group][rows])
+    return out, lse
+
+
+#: Elements of one query-row chunk of the full quant (``[rows, L]`` float64 temporaries).
+FULL_QUANT_CHUNK = 1 << 20
+
+
+def _full_quant_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray, ds1: float,
+                     scale16: np.float64, qs1_16: np.float64, ds2: float):
+    """Steps Q1-Q8 for query rows ``q`` int8 ``[R, D]`` of one head against ``k`` / ``v`` (float64
+    holding the int8 values, ``[L, D]``), ``visible`` bool ``[R, L]``: ``(o, m, total)``, fp32
+    ``[R, D]`` holding fp16 values, fp32 ``[R]`` each (rows with no visible position: garbage,
+    dropped by the caller)."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        dots = q.astype(np.float64) @ k.T  # Q1: exact int32 dots [R, L]
+        s16 = (dots * ds1).astype(np.float16)  # Q2: fixpipe dequant, one RNE rounding
+        s = (s16.astype(np.float64) * scale16).astype(np.float16).astype(np.float32)  # Q3
+        s = np.where(visible, s, np.float32(-np.inf))
+        m = s.max(axis=1)  # [R] fp32
+        e = _exp_rows(s - m[:, None])  # Q5: fp32 exp, 0 where not visible
+        total = np.cumsum(e, axis=1, dtype=np.float32)[:, -1]  # fp32, kv order
+        p16 = (e.astype(np.float16).astype(np.float64) * qs1_16).astype(np.float16)  # Q6
+        p8 = saturate_int8(round_half_even(p16.astype(np.float32)))
+        o16 = ((p8.astype(np.float64) @ v) * ds2).astype(np.float16)  # Q7
+        l16 = f32_to_f16(total, "half_away").astype(np.float64)  # Q8: the sum in fp16, CAST_ROUND
+        o = (o16.astype(np.float64) / l16[:, None]).astype(np.float16).astype(np.float32)
+    return o, m, total
+
+
+def _exp_rows(x: np.ndarray) -> np.ndarray:
+    """fp32 ``exp(x)`` (x fp32, -inf -> 0), evaluated in float64 and rounded once, as
+    :func:`~ascend_emu.emu.sparse_flash_attention._exp_f64`."""
+    return np.exp(x.astype(np.float64)).astype(np.float32)
+
+
+def output_quant(out: np.ndarray, scale: np.ndarray, offset) -> np.ndarray:
+    """Step Q9, Ascend C's AscendQuant of the op's output: ``int8(fp16(fp16(fp16(x) * fp16(scale))
+    + fp16(offset)))``, each fp16 step RNE, the last cast RNE saturating to [-128, 127].
+
+    Args:
+        out: fp32 ``[T, N, D]`` before the output rounding; scale, offset: fp32 ``[N, D]``
+            (offset None: 0).
+
+    Returns:
+        int8 ``[T, N, D]``.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = out.astype(np.float16).astype(np.float32)
+        y = (x * scale.astype(np.float16).astype(np.float32)).astype(np.float16)  # exact fp32 product, one rounding
+        if offset is not None:
+            y = (y.astype(np.float32) + offset.astype(np.float16).astype(np.float32)).astype(np.float16)
+        return saturate_int8(round_half_even(y.astype(np.float32)))
+
+
 def _finish(args: FusedInferAttentionArgs, out: np.ndarray, lse: np.ndarray) -> FusedInferAttentionOutputs:
     """fp32 ``out`` ``[T, N, D]`` and ``lse`` ``[T, N]`` (token-major) -> the op's outputs: one RNE
-    rounding to ``args.out_dtype``, the output / lse layouts."""
+    rounding to ``args.out_dtype`` (with an output quant: :func:`output_quant`), the output / lse
+    layouts."""
     t_size, n, d = out.shape
-    rounded = out.astype(args.out_dtype)  # one RNE rounding, [T, N, D]
+    if args.quant_out is not None:
+        rounded = output_quant(out, *args.quant_out)  # [T, N, D] int8
+    else:
+        rounded = out.astype(args.out_dtype)  # one RNE rounding, [T, N, D]
     packed = args.query_layout in ("TND", "NTD")
     if not packed:
         rounded = rounded.reshape(args.batch, args.seq_q, n, d)  # [B, S1, N, D]

@@ -448,6 +448,8 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
                   next_tokens=args.next_tokens)
     if args.kv_antiquant_given:  # the caller's kv antiquant scales / offsets, by the op's own names
         common.update(_on_device(dict(args.kv_antiquant_given), torch))
+    if args.quant_given:  # the caller's int8 (full / output) quant scales and offsets, by the op's own names
+        common.update(_on_device(dict(args.quant_given), torch))
     q_lens, kv_lens = _int_list(args.actual_seq_lengths), _int_list(args.actual_seq_lengths_kv)
     if args.op == "npu_fused_infer_attention_score":
         out, lse = tnpu.npu_fused_infer_attention_score(

@@ -62,14 +62,12 @@ CACHE_LAYOUTS = {3: "PA_BSH", 4: "PA_BNSD", 5: "PA_NZ"}
 
 #: v1 arguments not emulated: name -> the only value taken.
 V1_REJECTED = {name: None for name in (
-    "pse_shift", "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2",
-    "antiquant_scale", "antiquant_offset", "query_padding_size", "kv_padding_size", "key_shared_prefix", "value_shared_prefix",
+    "pse_shift", "antiquant_scale", "antiquant_offset", "query_padding_size", "kv_padding_size", "key_shared_prefix", "value_shared_prefix",
     "actual_shared_prefix_len", "key_rope_antiquant_scale")}
 V1_REJECTED.update(antiquant_mode=0, inner_precise=0)
 #: v2 arguments not emulated: name -> the only value taken.
 V2_REJECTED = {name: None for name in (
-    "pse_shift", "dequant_scale_key_rope", "quant_scale_out",
-    "quant_offset_out", "quant_scale_p", "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
+    "pse_shift", "dequant_scale_key_rope", "quant_scale_p", "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
     "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype", "dequant_scale_key_dtype",
     "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype", "out_dtype")}
 V2_REJECTED.update(key_quant_mode=0, value_quant_mode=0, inner_precise=0)
@@ -96,6 +94,42 @@ C8_FLOAT_EPS = 2.220446049250313e-16
 #: then adds -2**21 * 5 in fp32 before the rope products: exact for |q . k| < 2**21.
 C8_DOT_BIAS_BITS = 0x4B200000
 C8_DOT_BIAS = 10485760.0
+
+
+#: pre_tokens / next_tokens beyond this reach past any kv length (clipped before the int64 arithmetic).
+TOKENS_CLIP = 1 << 40
+
+
+def row_bounds(rule: str, nq: int, kv_len: int, pre_tokens: int = DEFAULT_TOKENS,
+               next_tokens: int = DEFAULT_TOKENS) -> tuple[np.ndarray, np.ndarray]:
+    """int64 ``([nq], [nq])``: the first and one past the last kv position query token ``s`` of a
+    request with ``nq`` query and ``kv_len`` kv tokens sees under ``rule``
+    (:attr:`FusedInferAttentionArgs.rule`): ``all``; ``top_left`` ``j <= s``; ``bottom_right``
+    ``j <= kv_len - nq + s``; ``band`` (sparse_mode 4, bottom-right aligned) ``kv_len - nq + s -
+    pre_tokens <= j <= kv_len - nq + s + next_tokens``. A row that sees no position gets ``(0, 0)``."""
+    s = np.arange(nq, dtype=np.int64)
+    lo = np.zeros(nq, np.int64)
+    if rule == "top_left":
+        hi = np.minimum(s + 1, kv_len)
+    elif rule == "bottom_right":
+        hi = np.clip(kv_len - nq + s + 1, 0, kv_len)
+    elif rule == "band":
+        pre = max(min(int(pre_tokens), TOKENS_CLIP), -TOKENS_CLIP)
+        nxt = max(min(int(next_tokens), TOKENS_CLIP), -TOKENS_CLIP)
+        diag = kv_len - nq + s
+        lo = np.clip(diag - pre, 0, kv_len)
+        hi = np.clip(diag + nxt + 1, 0, kv_len)
+    else:
+        hi = np.full(nq, kv_len, np.int64)
+    empty = hi <= lo
+    return np.where(empty, 0, lo), np.where(empty, 0, hi)
+
+
+def row_limits(rule: str, nq: int, kv_len: int, pre_tokens: int = DEFAULT_TOKENS,
+               next_tokens: int = DEFAULT_TOKENS) -> np.ndarray:
+    """int64 ``[nq]``: one past the last kv position each query token sees (:func:`row_bounds`;
+    0: an empty row)."""
+    return row_bounds(rule, nq, kv_len, pre_tokens, next_tokens)[1]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,6 +176,13 @@ class FusedInferAttentionArgs:
             scale, value offset)`` fp32 ``[KV_N, D]`` (offsets None when absent), int8 / int32
             (8 int4 each) key and value; else None. kv_antiquant_given: those arguments as the
             caller passed them, by name (the hw backend passes them on).
+        full_quant: the MHA form's int8 full quant (v1): ``(dequant_scale1, quant_scale1,
+            dequant_scale2)`` as Python floats, the dequant scales already FP19-truncated
+            (:mod:`._fused_infer_attention_quant`); else None.
+        quant_out: the int8 output quant (v1 ``quant_scale2`` / ``quant_offset2``, v2
+            ``quant_scale_out`` / ``quant_offset_out``): ``(scale, offset)`` fp32 ``[N, Dv]`` (a
+            per-tensor value broadcast; offset None when absent); else None. quant_given: the
+            caller's quant arguments by name (the hw backend passes them on).
     """
 
     op: str
@@ -188,23 +229,27 @@ class FusedInferAttentionArgs:
     next_tokens: int = DEFAULT_TOKENS
     kv_antiquant: tuple | None = None
     kv_antiquant_given: dict | None = None
+    full_quant: tuple | None = None
+    quant_out: tuple | None = None
+    quant_given: dict | None = None
 
     @property
     def rule(self) -> str:
         """Which kv positions a row sees (:meth:`row_limits`): ``all``, ``top_left`` (causal,
-        sparse_mode 2) or ``bottom_right`` (causal, sparse_mode 3); the MLA subset derives it from
-        sparse_mode (0 or 3), the MHA form sets it (decode ignores the causal modes)."""
+        sparse_mode 2), ``bottom_right`` (causal, sparse_mode 3) or ``band`` (sparse_mode 4, with
+        :attr:`pre_tokens` / :attr:`next_tokens`); the MLA subset derives it from sparse_mode (0 or
+        3), the MHA form sets it (decode ignores the sparse modes)."""
         return self.row_rule or ("bottom_right" if self.sparse_mode == 3 else "all")
 
     def row_limits(self, nq: int, kv_len: int) -> np.ndarray:
         """int64 ``[nq]``: the kv positions ``0 .. limit - 1`` query token ``s`` of a request with
-        ``nq`` query and ``kv_len`` kv tokens may see (before an explicit mask: :attr:`mask`)."""
-        s = np.arange(nq, dtype=np.int64)
-        if self.rule == "top_left":
-            return np.minimum(s + 1, kv_len)
-        if self.rule == "bottom_right":
-            return np.clip(kv_len - nq + s + 1, 0, kv_len)
-        return np.full(nq, kv_len, np.int64)
+        ``nq`` query and ``kv_len`` kv tokens may see (before an explicit mask: :attr:`mask`; 0:
+        an empty row; the band's first position: :meth:`row_starts`)."""
+        return row_limits(self.rule, nq, kv_len, self.pre_tokens, self.next_tokens)
+
+    def row_starts(self, nq: int, kv_len: int) -> np.ndarray:
+        """int64 ``[nq]``: the first kv position each query token sees (0 but under the band)."""
+        return row_bounds(self.rule, nq, kv_len, self.pre_tokens, self.next_tokens)[0]
 
     @property
     def rope(self) -> bool:
@@ -218,7 +263,12 @@ class FusedInferAttentionArgs:
 
     @property
     def out_dtype(self) -> np.dtype:
-        """attention_out's dtype: query_rope's (bf16 / fp16; bf16 under C8), query's without rope."""
+        """attention_out's dtype: int8 with an output quant scale; fp16 for an int8 query without
+        one (full quant); query_rope's (bf16 / fp16; bf16 under C8); query's without rope."""
+        if self.quant_out is not None:
+            return np.dtype(np.int8)
+        if self.full_quant is not None:
+            return np.dtype(np.float16)
         return self.query.dtype if self.query_rope is None else self.query_rope.dtype
 
     @property
@@ -291,6 +341,10 @@ class FusedInferAttentionCall:
         antiquant: the separated kv antiquant arguments by name as passed (v1
             ``key_antiquant_scale`` / ``_offset`` / ``_mode`` and the value ones; v2
             ``dequant_scale_key`` / ``dequant_offset_key`` and the value ones).
+        full_quant: v1's ``dequant_scale1`` / ``quant_scale1`` / ``dequant_scale2`` by name as
+            passed (None for v2).
+        quant_out: the output quant scale and offset by name as passed (v1 ``quant_scale2`` /
+            ``quant_offset2``, v2 ``quant_scale_out`` / ``quant_offset_out``).
     """
 
     op: str
@@ -320,6 +374,8 @@ class FusedInferAttentionCall:
     quant: tuple | None = None
     sink: object = None
     antiquant: dict | None = None
+    full_quant: dict | None = None
+    quant_out: dict | None = None
 
 # ---------------------------------------------------------------------- validation
 def reject(given: dict, allowed: dict, op: str) -> None:
@@ -399,6 +455,10 @@ def normalise_mla(call: FusedInferAttentionCall) -> FusedInferAttentionArgs:
         call.input_layout, call.lse_flag
     act_q_in, act_q_name, act_kv_in, act_kv_name = call.act_q, call.act_q_name, call.act_kv, call.act_kv_name
     heads_name = call.heads_name
+    for name, x in {**(call.full_quant or {}), **(call.quant_out or {})}.items():
+        if x is not None:
+            raise arg_error(ModeError, name, "None with query_rope / key_rope (int8 full quant and the int8 output "
+                            "quant are emulated in the MHA / GQA form)", describe(x))
     if call.sink is not None:
         raise arg_error(ModeError, "learnable_sink", "None with query_rope / key_rope (the sink belongs to the "
                         "MHA / GQA form's TND layouts)", describe(call.sink))

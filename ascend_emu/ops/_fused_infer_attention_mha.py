@@ -9,7 +9,8 @@ the PageAttention and TND constraints) and ``torch_npu-npu_fused_infer_attention
 (the same for v2, ``learnable_sink``, its constraints); the meta function's layout map
 (``get_query_and_attention_out_layout``, mirrored in :mod:`ascend_emu.torch_npu._fake`). See the
 op module :mod:`ascend_emu.ops.fused_infer_attention_score` for the numerics (the MLA subset's
-steps 1-4, with the row rules below) and docs/fused_infer_attention_score.md for the emulated set.
+steps 1-4, with the row rules below; its int8 quant: :mod:`ascend_emu.ops._fused_infer_attention_quant`) and
+docs/ops.md for the emulated set.
 
 Row rules (which kv positions ``j`` the query token at position ``s`` of its request sees, among
 the request's ``act_kv`` tokens; ``act_q`` its query tokens):
@@ -20,14 +21,18 @@ the request's ``act_kv`` tokens; ``act_q`` its query tokens):
   ``next_tokens`` must leave the band of mode 0 the whole matrix (each >= Q_S + KV_S: narrower
   bands are not emulated).
 - sparse_mode 2 (leftUpCausal): ``j <= s``; 3 (rightDownCausal): ``j <= act_kv - act_q + s``;
-  ``atten_mask`` None or the optimised 2048 x 2048 causal mask.
+  4 (band, bottom-right aligned as the PFA kernel's ``GetSparseParam`` shifts the tokens by
+  ``act_kv - act_q``): ``act_kv - act_q + s - pre_tokens <= j <= act_kv - act_q + s +
+  next_tokens``; ``atten_mask`` None or the optimised 2048 x 2048 causal mask.
 - Q_S = 1 with a B-first layout (decode): the doc's "sparse_mode has no effect when Q_S = 1
-  without rope": modes 2 and 3 see all tokens.
-- A row with no kv position is an empty row (output 0, lse +inf); a row an explicit mask leaves
+  without rope" (and pre_tokens / next_tokens "Q_S=1时无效"): modes 2, 3 and 4 see all tokens.
+- A row with no kv position (a causal row before its first token, a band outside the row) is an
+  empty row (output 0, lse +inf; the doc's invalid-row handling, unverified); a row an explicit mask leaves
   empty is rejected naming ``atten_mask`` (the value of such a row under ``inner_precise`` 0 is
   the hardware's and not emulated).
 
-Separated kv antiquant (:data:`ANTIQUANT_DTYPES` key / value, dense B-first layouts, modes 0):
+Separated kv antiquant (:data:`ANTIQUANT_DTYPES` key / value, dense B-first layouts, or int8 paged
+caches with Q_S = 1; modes 0):
 each element ``scale * (x + offset)`` with the per-tensor or per-channel ``[KV_N, D]`` scale and
 offset in the query's dtype (Ascend C's AscendAntiQuant, hiascend.com API page
 ``atlasascendc_api_07_0822``: fp16 step by step, bf16 via fp32 and one rounding; that FIA's
@@ -47,6 +52,7 @@ from .. import soc
 from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ..layouts import CacheLayout, blocks_from_block_table
 from ._check import MAX_BATCH, check_dtype, check_float, dtype_name, prefix_lengths, required
+from ._fused_infer_attention_quant import FULL_QUANT_DTYPE, check_offset_rows, check_quant
 
 #: input_layout -> (query layout, attention_out layout) of the MHA / GQA form (the doc's table and
 #: the meta function's map). NSD (B = 1, ``[N, S, D]``) is an Ascend 950 layout.
@@ -74,11 +80,11 @@ HEAD_DIM_ALIGN_BYTES = 16
 PACKED_HEAD_DIMS = ((128, 128), (192, 128), (192, 192))
 #: Q_D = K_D = 192 with V_D = 128 in a B-first layout: the Ascend 950 (op-plugin's 950 tests).
 UNEQUAL_HEAD_DIMS_950 = ((192, 128),)
-#: sparse_mode values of the MHA form (4 band and 5-8 are not emulated).
-MHA_SPARSE_MODES = (0, 1, 2, 3)
-#: Explicit-mask modes and causal modes.
+#: sparse_mode values of the MHA form (5-8 are not emulated).
+MHA_SPARSE_MODES = (0, 1, 2, 3, 4)
+#: Explicit-mask modes, and the modes with the optimised 2048 x 2048 mask (their row rules).
 EXPLICIT_MASK_MODES = (0, 1)
-CAUSAL_MODES = {2: "top_left", 3: "bottom_right"}
+CAUSAL_MODES = {2: "top_left", 3: "bottom_right", 4: "band"}
 #: PageAttention: a multiple of 16 in [16, 512]; a B-first prefill (Q_S > 1): of 128 in [128, 512].
 PREFILL_BLOCK_ALIGN = 128
 #: learnable_sink: bf16 [N], TND / NTD_TND, value D <= 128 (the v2 doc).
@@ -91,6 +97,8 @@ SINK_MAX_VALUE_DIM = 128
 ANTIQUANT_DTYPES = ("int8", "int32")
 #: Logical D alignment of antiquant keys: int8 32 bytes, int4 64 bytes (the doc's D row).
 ANTIQUANT_D_ALIGN = {"int8": 32, "int32": 128}
+#: block_size of a paged int8 cache read with antiquant: 32 rows (the doc: int8 "32字节对齐").
+ANTIQUANT_PAGED_BLOCK_ALIGN = 32
 #: Dense key / value shapes by query layout, as errors name them.
 DENSE_KV_SHAPES = {"BSH": "[B, KV_S, KV_N*D]", "BSND": "[B, KV_S, KV_N, D]", "BNSD": "[B, KV_N, KV_S, D]",
                    "TND": "[T2, KV_N, D]", "NTD": "[KV_N, T2, D]", "NSD": "[KV_N, KV_S, D]"}
@@ -254,7 +262,7 @@ def normalise_mha(call, sink=None):
         the argument.
     """
     from ._fused_infer_attention_args import (BLOCK_SIZE_ALIGN, MAX_BLOCK_SIZE, FusedInferAttentionArgs,
-                                              _causal_mask, _int, CAUSAL_MASK_SIZE, MASK_DTYPES)
+                                              _causal_mask, _int, CAUSAL_MASK_SIZE, MASK_DTYPES, row_limits)
     input_layout, heads_name = call.input_layout, call.heads_name
     if input_layout not in MHA_LAYOUTS:
         raise arg_error(ModeError, "input_layout", f"one of {list(MHA_LAYOUTS)} (without query_rope / key_rope)",
@@ -265,8 +273,7 @@ def normalise_mha(call, sink=None):
     packed = q_layout in PACKED_LAYOUTS
     sm = _int(call.sparse_mode, "sparse_mode")
     if sm not in MHA_SPARSE_MODES:
-        raise arg_error(ModeError, "sparse_mode", f"one of {list(MHA_SPARSE_MODES)} (4 band and 5-8 are not "
-                        "emulated)", sm)
+        raise arg_error(ModeError, "sparse_mode", f"one of {list(MHA_SPARSE_MODES)} (5-8 are not emulated)", sm)
     pre, nxt = _int(call.pre_tokens, "pre_tokens"), _int(call.next_tokens, "next_tokens")
     if not isinstance(call.lse_flag, (bool, np.bool_)):
         raise arg_error(DTypeError, call.lse_name, "a bool", type(call.lse_flag).__name__)
@@ -287,12 +294,12 @@ def normalise_mha(call, sink=None):
             raise arg_error(ModeError, "query_quant_mode", "0 with a float query", call.quant[0])
         if call.quant[1] is not None:
             raise arg_error(ModeError, "dequant_scale_query", "None with a float query", describe(call.quant[1]))
-    check_dtype(query, "query", MHA_DTYPES)
+    check_dtype(query, "query", MHA_DTYPES + ((FULL_QUANT_DTYPE,) if call.quant is None else ()))
     qdt = dtype_name(query.dtype)
     lead, s1, d = _query_dims(query, q_layout, n, heads_name)
     key, value = required(call.key, "key"), required(call.value, "value")
     kv_dt = dtype_name(key.dtype)
-    quantised = kv_dt in ANTIQUANT_DTYPES
+    quantised = kv_dt in ANTIQUANT_DTYPES and qdt != FULL_QUANT_DTYPE  # kv antiquant (an int8 query: full quant)
     check_dtype(key, "key", (qdt, *ANTIQUANT_DTYPES))
     check_dtype(value, "value", (kv_dt,))
     aq = dict(call.antiquant or {})
@@ -347,7 +354,9 @@ def normalise_mha(call, sink=None):
                                 f"{list(UNEQUAL_HEAD_DIMS_950)} on the Ascend 950)", f"V_D = {dv}")
             soc.require_ascend950("value", f"V_D = {dv} with Q_D = {d}", "an Ascend 950 head-dim pair")
 
-    antiquant = _antiquant(aq, kv_dt, qdt, kv_n, d, dv, paged, packed) if quantised else None
+    antiquant = _antiquant(aq, kv_dt, qdt, kv_n, d, dv, paged, packed, int(s1)) if quantised else None
+    quant = check_quant(call, qdt=qdt, kv_dt=kv_dt, input_layout=input_layout, s1=int(s1), n=n, d=int(d),
+                        dv=int(dv), paged=paged, packed=packed, lse_flag=bool(call.lse_flag))
 
     if input_layout in QS_LIMITED_LAYOUTS and not soc.is_ascend950():
         lo, hi = QS_LIMITED_LAYOUTS[input_layout]
@@ -385,7 +394,8 @@ def normalise_mha(call, sink=None):
         bs = k_lay.block_size
         if bsz != bs:
             raise arg_error(ShapeError, "block_size", f"the caches' block dim bs = {bs}", bsz)
-        align = PREFILL_BLOCK_ALIGN if (not packed and s1 > 1) else BLOCK_SIZE_ALIGN
+        align = PREFILL_BLOCK_ALIGN if (not packed and s1 > 1) else \
+            (ANTIQUANT_PAGED_BLOCK_ALIGN if quantised else BLOCK_SIZE_ALIGN)
         if bs % align or not align <= bs <= MAX_BLOCK_SIZE:
             raise arg_error(ShapeError, "block_size", f"a multiple of {align} in [{align}, {MAX_BLOCK_SIZE}]", bs)
         cap = int(table.shape[1]) * bs
@@ -448,6 +458,13 @@ def normalise_mha(call, sink=None):
                                     "narrower band is not emulated)", got)
         _check_live_rows(m3, act_q, act_kv)
 
+    if quant.get("quant_out") is not None:
+        if rule == "band" and min(pre, nxt) < 0:
+            raise arg_error(ModeError, "pre_tokens" if pre < 0 else "next_tokens", ">= 0 with sparse_mode 4 and an "
+                            "int8 output (the doc's int8 constraints)", min(pre, nxt))
+        check_offset_rows(quant["quant_out"], list(call.quant_out)[1], act_q, act_kv, int(s1),
+                          lambda nq, kv: row_limits(rule, nq, kv, pre, nxt))
+
     # ---- learnable_sink
     sink_f = None
     if sink is not None:
@@ -476,16 +493,23 @@ def normalise_mha(call, sink=None):
         act_kv=act_kv.astype(np.int64), q_start=q_start.astype(np.int64), kv_blocks=kv_blocks, kv_rows=kv_rows,
         out_shape=tuple(int(x) for x in out_shape), lse_shape=tuple(int(x) for x in lse_shape), value_dim=int(dv),
         row_rule=rule, mask=m3, sink=sink_f, pre_tokens=pre, next_tokens=nxt, kv_antiquant=antiquant,
-        kv_antiquant_given={k: v for k, v in aq.items() if v is not None} if quantised else None)
+        kv_antiquant_given={k: v for k, v in aq.items() if v is not None} if quantised else None, **quant)
 
 
-def _antiquant(aq: dict, kv_dt: str, qdt: str, kv_n: int, d: int, dv: int, paged: bool, packed: bool):
+def _antiquant(aq: dict, kv_dt: str, qdt: str, kv_n: int, d: int, dv: int, paged: bool, packed: bool, s1: int):
     """The separated kv antiquant of an int8 / int32 key and value: ``(key scale, key offset,
-    value scale, value offset)`` as fp32 ``[KV_N, D]`` (offsets None when not given)."""
+    value scale, value offset)`` as fp32 ``[KV_N, D]`` (offsets None when not given). Paged
+    caches: int8 only, decode only (the doc's PageAttention table: antiquant with Q_S = 1 and an
+    int8 kv; "int4 kv ... 不支持 page attention"), block_size a multiple of
+    :data:`ANTIQUANT_PAGED_BLOCK_ALIGN`; TND / NTD take none (the doc's TND constraints)."""
     names = list(aq)  # key scale, key offset, value scale, value offset (v1 or v2 names)
-    if paged or packed:
-        raise arg_error(ModeError, names[0], "None with a paged cache or a TND / NTD layout (antiquant is "
-                        "emulated for dense B-first key / value)", describe(aq[names[0]]))
+    if packed:
+        raise arg_error(ModeError, names[0], "None with a TND / NTD layout (the doc's TND constraints take no "
+                        "antiquant)", describe(aq[names[0]]))
+    if paged and (s1 != 1 or kv_dt != "int8"):
+        raise arg_error(ModeError, names[0], "None with a paged cache unless Q_S = 1 with an int8 key / value (the "
+                        "doc's PageAttention table; int4 kv takes no PageAttention)",
+                        f"Q_S = {s1}, {kv_dt} key / value")
     if d != dv:
         raise arg_error(ShapeError, "value", f"key's D = {d} with antiquant", f"V_D = {dv}")
     align = ANTIQUANT_D_ALIGN[kv_dt]

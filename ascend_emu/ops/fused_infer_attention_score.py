@@ -59,6 +59,39 @@ C6. ``acc = pv`` on the first block, else ``fp16(fp16(acc * fp16(exp(m_old - m))
 C7. ``out = bf16(fp32(fp32(fp32(acc) * 1024) / l) * fp32(vs * fp32(1 / 127)))`` (lines 2813-2835,
     bf16 CAST_RINT in ``Bmm2CastAndCopyOut``); lse as step 4.
 
+The MHA form's int8 quant (validation in :mod:`ascend_emu.ops._fused_infer_attention_quant`), read
+from the A2 / A3 PFA kernel (cann-ops-adv ``src/transformer/prompt_flash_attention/``
+``prompt_flash_attention_s1s2_bns1_x910.h`` and ``_x910_base.h``: an int8 query has compute type
+fp16, ``PromptFlashAttentionTypeTraits<int8_t>`` in ``prompt_flash_attention_base.h``) and Ascend C's
+AscendQuant (``ascend_quant_pre_impl.h``: Cast to half, Muls, Adds, Cast to int8, each CAST_NONE),
+per row with ``ds1`` / ``ds2`` the FP19 of ``dequant_scale1`` / ``dequant_scale2`` (the fp32 bits,
+or bits 0-31 of the uint64 form, with the low 13 bits cleared: the fixpipe's quant register, op-plugin
+``torch_npu-npu_trans_quant_param.md``) and ``qs1`` = ``quant_scale1``:
+
+Q1. ``dot = q . k`` exactly in int32 (int8 cube).
+Q2. ``s = fp16(dot * ds1)`` (``SetQuantScalar(dequantScale1)``: the fixpipe dequant to fp16, one RNE
+    rounding; beyond 65504: inf, unverified).
+Q3. ``S = fp16(s * fp16(scale))`` (``Muls`` by the scale cast to half); masks as step 1.
+Q4. (pse is not emulated.)
+Q5. ``m = max S``; ``e = fp32(exp(fp32(S - m)))``; ``l = sum e`` (fp32, kv order; SoftmaxFlashV2 on
+    half data with fp32 max / sum).
+Q6. ``P = int8(fp16(fp16(e) * fp16(qs1)))`` (``QuantCompute`` = AscendQuant with offset 0, RNE,
+    saturating): the *unnormalised* exp is quantised.
+Q7. ``o = fp16(int32(P @ V) * ds2)`` (``SetQuantScalar(dequantScale2)``).
+Q8. ``out = fp16(o / fp16(l))`` (``Bmm2UpdateDivNoTail``'s half path: the sum cast with CAST_ROUND,
+    ties away, then ``Div`` in fp16); lse as step 4. Without ``quant_scale2`` the output is fp16.
+Q9. With ``quant_scale2`` (``quant_offset2`` optional; v2 ``quant_scale_out`` / ``quant_offset_out``,
+    also for a float query: the "后量化"): ``y = int8(fp16(fp16(fp16(x) * fp16(scale)) +
+    fp16(offset)))`` per element, AscendQuant (``DataCopyTransposeOut*``'s ``QuantCompute`` /
+    ``PostQuant2PerChannel*``), ``x`` the fp32 output before its rounding (an fp16 query's output
+    in fp16), the scale per tensor or per channel ``[N, D]``, RNE, saturating.
+
+Unverified for the int8 chain: the kv block size (the kernel runs the online softmax over tiles
+of ``singleProcessSInnerSize``, rescaling the fp16 accumulator per tile: here one block over the
+row, as the float path), the fp32 sum order inside SoftmaxFlashV2, RNE for the scalar casts of
+the scales to fp16 (the per-channel fp32 scale of the fp16 compute type is cast with CAST_ROUND:
+they differ on exact ties only).
+
 Unverified on hardware: the block boundaries (the tiling halves the block for 256 < kv <= 512
 with flash decode, and flash decode splits long rows across cores, combining them through the
 lse: not reproduced), the fp32 sum order inside SoftmaxFlashV2, fp16 overflow of ``acc`` (kept:
@@ -107,7 +140,8 @@ Choices where the sources leave room (each in one named constant, defined with t
   v1 page's sparse_mode constraints lines 407-409), the only modes emulated. op-plugin's own tests
   pass 65535 / 65535.
 - Rejected, naming the argument (not emulated): ``pse_shift``, every quant / antiquant / dequant
-  tensor and mode outside v2's C8 decode, ``query_padding_size`` / ``kv_padding_size`` (left
+  tensor and mode outside v2's C8 decode, the MHA form's kv antiquant and its int8 quant (Q1-Q9),
+  ``query_padding_size`` / ``kv_padding_size`` (left
   padding), the shared prefix, ``key_rope_antiquant_scale``, ``learnable_sink`` outside the MHA
   form's TND / NTD_TND, ``inner_precise`` other than 0 and the v2 dtype tags.
 - The ``.out`` forms write ``attention_out`` (and ``softmax_lse`` with the lse flag) after every
@@ -154,15 +188,15 @@ __all__ = ["npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v
 # ---------------------------------------------------------------------- public ops
 def normalise(call: FusedInferAttentionCall) -> FusedInferAttentionArgs:
     """Validate a call (nothing is read from a cache before every check passes): without
-    ``query_rope`` / ``key_rope`` and with a non-int8 query, the MHA / GQA form
+    ``query_rope`` / ``key_rope``, the MHA / GQA form (an int8 query there only under v1: full quant)
     (:func:`._fused_infer_attention_mha.normalise_mha`); otherwise the MLA form
     (:func:`._fused_infer_attention_args.normalise_mla`).
 
     Raises:
         As :func:`npu_fused_infer_attention_score`.
     """
-    if call.query_rope is None and call.key_rope is None and not (
-            isinstance(call.query, np.ndarray) and call.query.dtype == np.int8):
+    if call.query_rope is None and call.key_rope is None and (call.quant is None or not (
+            isinstance(call.query, np.ndarray) and call.query.dtype == np.int8)):
         return normalise_mha(call, call.sink)
     return normalise_mla(call)
 
@@ -216,12 +250,21 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
             together; attention_out of the output's shape and dtype, softmax_lse fp32 of the lse
             shape with the flag (not written without it); both apart in memory from each
             other and from every input (ShapeError naming the overlapping one otherwise).
-        pse_shift, the (anti)quant / dequant tensors and modes, query_padding_size,
-        kv_padding_size, the shared prefix, key_rope_antiquant_scale, inner_precise: only their
-            defaults (:data:`V1_REJECTED`).
+        dequant_scale1, quant_scale1, dequant_scale2: the MHA form's int8 full quant (an int8
+            query, key and value, BSH / BSND / BNSD / BNSD_BSND, dense, Q_S >= 2, D a multiple of
+            32): each one value, fp32 or uint64 (npu_trans_quant_param's form, offset bits 0),
+            all three required (steps Q1-Q8); None otherwise.
+        quant_scale2, quant_offset2: the int8 output quant (step Q9), of an int8 or a float16 /
+            bfloat16 query of the MHA form: fp32 (or bf16 with a bf16 query), one value or N * D
+            (per channel: D a multiple of 32, no lse); the offset optional, of the scale's dtype
+            and shape, rejected when a row takes no part in the computation.
+        pse_shift, the legacy antiquant_scale / _offset / _mode, query_padding_size,
+            kv_padding_size, the shared prefix, key_rope_antiquant_scale, inner_precise: only
+            their defaults (:data:`V1_REJECTED`).
 
     Returns:
-        ``(attention_out, softmax_lse)``: attention_out in query's dtype, ``[B, S1, N, D]``
+        ``(attention_out, softmax_lse)``: attention_out in query's dtype (int8 with quant_scale2;
+        fp16 for an int8 query without it), ``[B, S1, N, D]``
         (BSND), ``[B, N, S1, D]`` (BNSD), ``[T, N, D]`` (TND), ``[N, B, S1, D]`` (``*_NBSD``),
         ``[N, T, D]`` (TND_NTD); softmax_lse fp32 ``[B, N, S1, 1]`` / ``[T, N, 1]`` with the flag,
         else ``[0]``. The ``.out`` form returns the out arrays themselves.
@@ -234,9 +277,7 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
         ModeError: an unsupported layout, mode, mask or argument (naming it).
         IndexRangeError: a block_table entry the lengths need outside the cache.
     """
-    given = dict(pse_shift=pse_shift, dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
-                 dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2,
-                 antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
+    given = dict(pse_shift=pse_shift, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
                  query_padding_size=query_padding_size, kv_padding_size=kv_padding_size,
                  key_shared_prefix=key_shared_prefix, value_shared_prefix=value_shared_prefix,
                  actual_shared_prefix_len=actual_shared_prefix_len, key_rope_antiquant_scale=key_rope_antiquant_scale,
@@ -245,9 +286,12 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
     antiquant = dict(key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
                      value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
                      key_antiquant_mode=key_antiquant_mode, value_antiquant_mode=value_antiquant_mode)
+    full_quant = dict(dequant_scale1=dequant_scale1, quant_scale1=quant_scale1, dequant_scale2=dequant_scale2)
+    quant_out = dict(quant_scale2=quant_scale2, quant_offset2=quant_offset2)
     read = dict(query=query, key=key, value=value, query_rope=query_rope, key_rope=key_rope, atten_mask=atten_mask,
                 actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
-                block_table=block_table, **{k: v for k, v in antiquant.items() if "mode" not in k})
+                block_table=block_table, **{k: v for k, v in antiquant.items() if "mode" not in k}, **full_quant,
+                **quant_out)
     args = normalise(FusedInferAttentionCall(
         op="npu_fused_infer_attention_score", query=query, key=key, value=value, query_rope=query_rope,
         key_rope=key_rope, atten_mask=atten_mask, act_q=actual_seq_lengths, act_q_name="actual_seq_lengths",
@@ -255,7 +299,7 @@ def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_
         num_heads=num_heads, heads_name="num_heads", num_key_value_heads=num_key_value_heads, scale=scale,
         scale_name="scale", pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
         sparse_mode=sparse_mode, block_size=block_size, lse_flag=softmax_lse_flag, lse_name="softmax_lse_flag",
-        antiquant=antiquant))
+        antiquant=antiquant, full_quant=full_quant, quant_out=quant_out))
     return _run(args, attention_out, softmax_lse, read)
 
 
@@ -292,17 +336,18 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
     with it (spec decode) and the kernel indexes the scale for TND; TND is taken.
 
     ``learnable_sink``: the MHA / GQA form's bf16 ``[N]`` sink (TND / NTD_TND, value D <= 128;
-    numerics in :mod:`ascend_emu.ops._fused_infer_attention_mha`). The other v2-only arguments
-    (offsets, quant_scale_out / p, the dtype tags, ``out_dtype``) take only their defaults
-    (:data:`V2_REJECTED`).
+    numerics in :mod:`ascend_emu.ops._fused_infer_attention_mha`). ``quant_scale_out`` /
+    ``quant_offset_out``: v1's ``quant_scale2`` / ``quant_offset2`` (the int8 output quant of the
+    MHA form, step Q9). The other v2-only arguments (quant_scale_p, the dtype tags, ``out_dtype``)
+    take only their defaults (:data:`V2_REJECTED`); an int8 query without rope is the C8 decode's
+    (rope required): v2 has no MHA full quant here.
 
     Raises:
         As :func:`npu_fused_infer_attention_score`; C8: ModeError naming ``query_quant_mode`` (an
         int8 query without mode 3, or mode 3 with a float query), DTypeError / ShapeError naming
         the scale or cache that does not fit.
     """
-    given = dict(pse_shift=pse_shift, dequant_scale_key_rope=dequant_scale_key_rope,
-                 quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out, quant_scale_p=quant_scale_p,
+    given = dict(pse_shift=pse_shift, dequant_scale_key_rope=dequant_scale_key_rope, quant_scale_p=quant_scale_p,
                  query_dtype=query_dtype, key_dtype=key_dtype, value_dtype=value_dtype,
                  query_rope_dtype=query_rope_dtype, key_rope_dtype=key_rope_dtype,
                  key_shared_prefix_dtype=key_shared_prefix_dtype, value_shared_prefix_dtype=value_shared_prefix_dtype,
@@ -315,7 +360,8 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
                 actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, block_table=block_table,
                 dequant_scale_query=dequant_scale_query, dequant_scale_key=dequant_scale_key,
                 dequant_scale_value=dequant_scale_value, learnable_sink=learnable_sink,
-                dequant_offset_key=dequant_offset_key, dequant_offset_value=dequant_offset_value)
+                dequant_offset_key=dequant_offset_key, dequant_offset_value=dequant_offset_value,
+                quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out)
     args = normalise(FusedInferAttentionCall(
         op="npu_fused_infer_attention_score_v2", query=query, key=key, value=value, query_rope=query_rope,
         key_rope=key_rope, atten_mask=atten_mask, act_q=actual_seq_qlen, act_q_name="actual_seq_qlen",
@@ -325,7 +371,8 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
         sparse_mode=sparse_mode, block_size=block_size, lse_flag=return_softmax_lse, lse_name="return_softmax_lse",
         quant=(query_quant_mode, dequant_scale_query, dequant_scale_key, dequant_scale_value), sink=learnable_sink,
         antiquant=dict(dequant_scale_key=dequant_scale_key, dequant_offset_key=dequant_offset_key,
-                       dequant_scale_value=dequant_scale_value, dequant_offset_value=dequant_offset_value)))
+                       dequant_scale_value=dequant_scale_value, dequant_offset_value=dequant_offset_value),
+        quant_out=dict(quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out)))
     return _run(args, attention_out, softmax_lse, read)
 
 

@@ -276,12 +276,14 @@ MHA_IO = {"BSH": ("BSH", "BSH"), "BSND": ("BSND", "BSND"), "BNSD": ("BNSD", "BNS
 def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_heads=0, scale=1.0,
                   actual_seq_lengths=None, actual_seq_lengths_kv=None, block_table=None, sparse_mode=0,
                   atten_mask=None, learnable_sink=None, p_rounding="unnormalised", key_antiquant=None,
-                  value_antiquant=None):
+                  value_antiquant=None, quant_out=None, pre_tokens=2147483647, next_tokens=2147483647):
     """The MHA / GQA form (no rope), a plain loop per request, query token, head and kv position,
     from the doc's formula ``softmax(scale * q . k + mask) . v`` with its layout table, its
     ``actual_seq_lengths`` rules (B-first: per request, one value for all, None = the S dims; TND /
     NTD: prefix sums; paged: per-request kv lengths) and sparse modes (0 / 1: the mask, 1 masks out;
-    2: ``j <= s``; 3: ``j <= kv - q + s``; a decode (Q_S = 1, B-first) ignores 2 / 3). Evaluation as
+    2: ``j <= s``; 3: ``j <= kv - q + s``; 4: ``kv - q + s - pre_tokens <= j <= kv - q + s +
+    next_tokens``; a decode (Q_S = 1, B-first) ignores 2 / 3 / 4; a row seeing no position: output 0,
+    lse +inf). Evaluation as
     :func:`reference` (float64 dots rounded to fp32, fp32 scale, exp in float64 rounded to fp32,
     sequential fp32 sum, P rounded to the query dtype). ``learnable_sink``: per head, one more
     softmax entry (max over the scores and the sink, its exp added to the sum last).
@@ -289,6 +291,8 @@ def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_h
     value (int32: 8 int4 nibbles, the lowest first, two's complement): each element
     ``scale * (x + offset)``, step by step in fp16 for an fp16 query, in fp32 then bf16 for bf16
     (Ascend C's AscendAntiQuant); scale one value or ``KV_N * D`` values (channel ``h * D + d``).
+    ``quant_out``: ``(scale, offset or None)``, the int8 output quant of each fp32 output element
+    (:func:`ascend_quant`; one value or ``N * D`` values, channel ``n * D + d``).
 
     Returns ``(attention_out, softmax_lse)`` laid out as the op (lse always computed; +inf for
     rows without kv tokens, output 0 there)."""
@@ -298,9 +302,10 @@ def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_h
     g = n // kv_n
     q_layout, out_layout = MHA_IO[input_layout]
     packed = q_layout in ("TND", "NTD")
-    if key_antiquant is not None:
-        key = _dequant(key, key_antiquant, kv_n, q_layout, qdt)
-        value = _dequant(value, value_antiquant, kv_n, q_layout, qdt)
+    if key_antiquant is not None:  # a paged cache's channels: [nb, bs, KV_N*D] as BSH, [nb, KV_N, bs, D] as BNSD
+        lay = q_layout if block_table is None else ("BSH" if key.ndim == 3 else "BNSD")
+        key = _dequant(key, key_antiquant, kv_n, lay, qdt)
+        value = _dequant(value, value_antiquant, kv_n, lay, qdt)
     if packed:
         q_tnd = query if q_layout == "TND" else query.transpose(1, 0, 2)
         sums = [0] + [int(x) for x in actual_seq_lengths]
@@ -341,15 +346,16 @@ def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_h
     dv = None
     out = None
     lse = np.full((t_total, n), np.inf, dtype=np.float32)
-    rule = {0: "all", 1: "all", 2: "top_left", 3: "bottom_right"}[sparse_mode]
+    rule = {0: "all", 1: "all", 2: "top_left", 3: "bottom_right", 4: "band"}[sparse_mode]
     if not packed and s1 == 1:
         rule = "all"
-    mask = None if (atten_mask is None or sparse_mode in (2, 3)) else np.asarray(atten_mask).astype(bool)
+    mask = None if (atten_mask is None or sparse_mode in (2, 3, 4)) else np.asarray(atten_mask).astype(bool)
     for bi, toks in enumerate(reqs):
         kv_len, nq = kv_lens[bi], len(toks)
         for s, t in enumerate(toks):
-            lim = {"all": kv_len, "top_left": min(kv_len, s + 1),
-                   "bottom_right": min(kv_len, kv_len - nq + s + 1)}[rule]
+            lim = {"all": kv_len, "top_left": min(kv_len, s + 1), "bottom_right": min(kv_len, kv_len - nq + s + 1),
+                   "band": min(kv_len, kv_len - nq + s + next_tokens + 1)}[rule]
+            first = max(0, kv_len - nq + s - pre_tokens) if rule == "band" else 0
             for head in range(n):
                 h = head // g
                 if packed:
@@ -357,7 +363,7 @@ def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_h
                 else:
                     q = qrow(bi, s, head)
                 scores, vrows = [], []
-                for j in range(max(lim, 0)):
+                for j in range(first, max(lim, 0)):
                     if mask is not None:
                         if mask.ndim == 2 and mask.shape[0] == b and s1 == 1 and mask.shape[0] != s1:
                             mv = mask[bi, j]
@@ -408,7 +414,7 @@ def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_h
         dv = value.shape[-1] // kv_n if (q_layout == "BSH" or (block_table is not None and value.ndim == 3)) \
             else value.shape[-1]
         out = np.zeros((t_total, n, dv), dtype=np.float32)
-    o = out.astype(qdt)
+    o = out.astype(qdt) if quant_out is None else _quant_rows(out, *quant_out)
     if packed:
         lse_out = lse[..., None]
         o = o.transpose(1, 0, 2) if out_layout == "NTD" else o
@@ -468,3 +474,125 @@ def _dequant(x, antiquant, kv_n, q_layout, qdt):
                 r = np.float32(r + np.float32(of[ch]))
             out[idx] = np.float32(r * np.float32(sc[ch]))
     return out
+
+
+# ---------------------------------------------------------------------- int8 quant of the MHA form
+def fp19_value(scale) -> float:
+    """A per-tensor BMM dequant scale as the fixpipe reads it (op-plugin's npu_trans_quant_param
+    doc: the fp32's top 19 bits, sign, exponent and 10 mantissa bits): fp32 -> its bits; uint64 ->
+    bits 0-31; the low 13 bits dropped."""
+    x = np.asarray(scale).reshape(-1)
+    word = int(x[0]) & 0xFFFFFFFF if x.dtype == np.uint64 else int(x.view(np.uint32)[0])
+    word = (word >> 13) << 13
+    return float(np.frombuffer(word.to_bytes(4, "little"), dtype=np.float32)[0])
+
+
+def _int8_rne(v: float) -> int:
+    """RNE (Python's ``round``) then saturation to [-128, 127]."""
+    return max(-128, min(127, round(float(v))))
+
+
+def f16_half_away(t: float) -> np.float16:
+    """The fp16 nearest ``t``, ties away from zero (CAST_ROUND)."""
+    a = np.float16(t)
+    toward = np.float16(np.inf) if float(a) < t else np.float16(-np.inf)
+    b = np.nextafter(a, toward)
+    da, db = abs(float(a) - t), abs(float(b) - t)
+    if db < da or (db == da and abs(float(b)) > abs(float(a))):
+        return b
+    return a
+
+
+def ascend_quant(x: float, scale: float, offset) -> int:
+    """Ascend C's AscendQuant on one value: ``int8(fp16(fp16(fp16(x) * fp16(scale)) + fp16(offset)))``,
+    RNE throughout, saturating (ascendc ``ascend_quant_pre_impl.h``: Cast to half, Muls, Adds, Cast
+    to int8)."""
+    y = np.float16(np.float64(np.float16(x)) * np.float64(np.float16(scale)))
+    if offset is not None:
+        y = np.float16(np.float64(y) + np.float64(np.float16(offset)))
+    return _int8_rne(y)
+
+
+def _quant_rows(out, scale, offset):
+    """fp32 ``[T, N, D]`` -> int8 by :func:`ascend_quant` per element."""
+    t_total, n, d = out.shape
+    sc = np.asarray(scale, dtype=np.float32).reshape(-1)
+    of = None if offset is None else np.asarray(offset, dtype=np.float32).reshape(-1)
+    res = np.zeros(out.shape, dtype=np.int8)
+    for idx in np.ndindex(*out.shape):
+        ch = 0 if sc.size == 1 else idx[1] * d + idx[2]
+        res[idx] = ascend_quant(float(out[idx]), float(sc[ch]), None if of is None else float(of[ch]))
+    return res
+
+
+def reference_full_quant(query, key, value, dequant_scale1, quant_scale1, dequant_scale2, *, input_layout,
+                         num_heads, num_key_value_heads=0, scale=1.0, actual_seq_lengths=None,
+                         actual_seq_lengths_kv=None, sparse_mode=0, quant_out=None, pre_tokens=2147483647,
+                         next_tokens=2147483647):
+    """v1's int8 full quant (int8 query / key / value, dense B-first layouts), a plain loop per
+    request, query token, head and kv position, from the PFA kernel's int8 chain
+    (``prompt_flash_attention_s1s2_bns1_x910*.h``: compute type fp16): ``s = fp16(int(q . k) *
+    fp19(dequant_scale1))``, ``S = fp16(s * fp16(scale))``; ``m = max S``; ``e = fp32(exp(fp32(S - m)))``
+    (exp in float64), ``l`` their sequential fp32 sum; ``P = int8(fp16(fp16(e) * fp16(quant_scale1)))``
+    (AscendQuant); ``o = fp16(int(P . v) * fp19(dequant_scale2))``; ``out = fp16(o / fp16(l))``, the sum
+    rounded ties away (CAST_ROUND); ``lse = fp32(m + ln l)``. sparse_mode 0, 3 or 4 (the rows of
+    :func:`reference_mha`). ``quant_out``: ``(scale, offset)`` as
+    in :func:`reference_mha` (int8 output), else fp16. Returns ``(attention_out, softmax_lse)`` laid
+    out as the op."""
+    n = num_heads
+    kv_n = num_key_value_heads or n
+    g = n // kv_n
+    q_layout, out_layout = MHA_IO[input_layout]
+    ds1, ds2 = fp19_value(dequant_scale1), fp19_value(dequant_scale2)
+    qs1 = float(np.asarray(quant_scale1).reshape(-1)[0])
+    sc16 = float(np.float16(scale))
+    if q_layout == "BNSD":
+        b, s1 = query.shape[0], query.shape[2]
+    else:
+        b, s1 = query.shape[0], query.shape[1]
+    s2 = key.shape[2] if q_layout == "BNSD" else key.shape[1]
+    q_lens = [s1] * b if actual_seq_lengths is None else [int(x) for x in actual_seq_lengths]
+    kv_lens = [s2] * b if actual_seq_lengths_kv is None else [int(x) for x in actual_seq_lengths_kv]
+    qrow = _q_rows(query, q_layout, n)
+    d = query.shape[-1] if q_layout != "BSH" else query.shape[2] // n
+    out = np.zeros((b * s1, n, d), dtype=np.float32)
+    lse = np.full((b * s1, n), np.inf, dtype=np.float32)
+    for bi in range(b):
+        nq, kv_len = q_lens[bi], kv_lens[bi]
+        for s in range(nq):
+            diag = kv_len - nq + s
+            lim = {0: kv_len, 3: min(kv_len, diag + 1), 4: min(kv_len, diag + next_tokens + 1)}[sparse_mode]
+            first = max(0, diag - pre_tokens) if sparse_mode == 4 else 0
+            if lim <= first:
+                continue
+            t = bi * s1 + s
+            for head in range(n):
+                h = head // g
+                q = [int(x) for x in qrow(bi, s, head)]
+                ks = [_kv_row(key, q_layout, kv_n, bi, j, h, None, None) for j in range(first, lim)]
+                vs = [_kv_row(value, q_layout, kv_n, bi, j, h, None, None) for j in range(first, lim)]
+                scores = []
+                for k in ks:
+                    dot = sum(a * int(c) for a, c in zip(q, k, strict=True))
+                    s16 = np.float16(dot * ds1)
+                    scores.append(np.float16(float(s16) * sc16))
+                m = np.float32(max(float(x) for x in scores))
+                e = [np.float32(np.exp(np.float64(np.float32(np.float32(x) - m)))) for x in scores]
+                total = np.float32(0)
+                for x in e:
+                    total = np.float32(total + x)
+                p8 = [_int8_rne(np.float16(float(np.float16(x)) * float(np.float16(qs1)))) for x in e]
+                l16 = float(f16_half_away(float(total)))
+                for c in range(d):
+                    pv = sum(p * int(v[c]) for p, v in zip(p8, vs, strict=True))
+                    o16 = np.float16(pv * ds2)
+                    out[t, head, c] = np.float32(np.float16(float(o16) / l16))
+                lse[t, head] = np.float32(m + np.float32(np.log(np.float64(total))))
+    o = out.astype(np.float16) if quant_out is None else _quant_rows(out, *quant_out)
+    o = o.reshape(b, s1, n, d)
+    if out_layout == "BSH":
+        o = o.reshape(b, s1, n * d)
+    elif out_layout == "BNSD":
+        o = o.transpose(0, 2, 1, 3)
+    lse_out = lse.reshape(b, s1, n).transpose(0, 2, 1)[..., None]
+    return np.ascontiguousarray(o), np.ascontiguousarray(lse_out)
