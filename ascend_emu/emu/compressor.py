@@ -1,13 +1,14 @@
 """DeepSeek-V4's ``compressor`` on the CPU (the contract in :mod:`ascend_emu.ops.compressor`).
 
-NumPy, in the kernel's steps (vllm-ascend ``csrc/attention/compressor/op_kernel/arch32/``:
+In the kernel's steps (vllm-ascend ``csrc/attention/compressor/op_kernel/arch32/``:
 ``compressor_block_vec_perf.h``, ``rms_norm.h``, ``rope.h``, ``soft_max.h``), each an fp32
 operation:
 
 1. ``kv = x @ wkv^T``, ``score = x @ wgate^T`` for the call's tokens that are read or written:
-   exact products, fp32 accumulation (BLAS sgemm on blocks of weight rows widened exactly,
-   :func:`_project`; the NPU's cube sums K in its own tile order: not bit-identical);
-   ``score += ape[p % r]``;
+   exact products, fp32 accumulation (BLAS sgemm on blocks of :data:`BLOCK_ROWS` weight rows
+   widened exactly, :func:`_project`; the NPU's cube sums K in its own tile order: not
+   bit-identical); ``score += ape[p % r]``. Both land in one fp32 row per token, ``[kv | score]``:
+   the state row's layout;
 2. the state rows the groups read are gathered first (the state as it was before the call), the
    call's rows are written after the outputs are computed (the contract rejects a call whose
    reads and writes share a row, so this order is the kernel's result);
@@ -15,23 +16,29 @@ operation:
    (sequential over the rows: the overlap half's rows first, then the group's own),
    ``w_k = e_k / s``, ``c = sum_k w_k * kv_k`` (sequential in the same order; each product
    rounded to fp32, then added);
-4. RMSNorm: ``ss = sum(c^2)`` (the exact squares summed in float64, rounded once to fp32: the
-   RmsNorm API's lane order is not reproduced), ``rstd = 1 / sqrt(ss * fp32(1/D) + eps)``,
-   ``y = c * rstd * w``;
+4. RMSNorm: ``ss = sum(c^2)`` (the exact squares summed in float64 in column order, rounded once
+   to fp32: the RmsNorm API's lane order is not reproduced),
+   ``rstd = 1 / sqrt(ss * fp32(1/D) + eps)``, ``y = c * rstd * w``;
 5. RoPE on the last 64 values: ``y * cos + rotate(y) * sin`` (``rotate``: half
    ``[-y[32:], y[:32]]``, interleave ``(-y[2i+1], y[2i])``), two products rounded to fp32 then
    added, as ``rope.h``;
 6. one rounding (RNE) to x's dtype; padding rows are zero.
+
+Steps 2, 3 (but ``exp``) and 4-5 run in two compiled passes over the groups (:func:`_group_scores`,
+:func:`_group_rows`: no fused multiply-add, every operation in the order above); ``exp`` is
+NumPy's fp32 ``exp`` on the whole ``score - m`` buffer between them.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from ..ops.compressor import ROTARY_HALF, CompressorArgs, CompressorOutputs
 from ..quant.rounding import to_bf16, to_f32
 from .. import _deterministic
-from .matmul import _blas_threads, matmul_weight
+from .kernels import kernel_input
+from .matmul import _blas_threads, matmul_weight, widen_f32
 
 _ROPE = 64
 
@@ -42,33 +49,111 @@ def _round_out(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return to_bf16(v)
 
 
-def _rotate(y: np.ndarray, mode: int) -> np.ndarray:
-    out = np.empty_like(y)
-    if mode == ROTARY_HALF:
-        half = y.shape[-1] // 2
-        out[:, :half] = -y[:, half:]
-        out[:, half:] = y[:, :half]
-    else:
-        out[:, 0::2] = -y[:, 1::2]
-        out[:, 1::2] = y[:, 0::2]
-    return out
+#: Weight rows widened to fp32 at a time (256 x H=4096 x 4 bytes: 4 MiB). Every scenario's
+#: ``coff * D`` (256, 512, 1024) is a multiple, so each block is one sgemm of the same shape
+#: class as the whole product (OpenBLAS 0.3.31 on AVX-512: bit-identical to one sgemm on the
+#: whole widened weight, measured at T = 1, 2, 16, 37, 256); fewer, larger blocks repack x
+#: less often than 32-row ones (prefill T = 256: about 13 % less time per weight).
+BLOCK_ROWS = 256
 
 
-#: Weight rows widened to fp32 at a time (32 x H=4096 x 4 bytes: 512 KiB, within L2).
-BLOCK_ROWS = 32
-
-
-def _project(xs: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """fp32 ``xs [M, H] @ w^T`` for a bf16 / fp16 weight ``w [N, H]``: each block of
+def _project(xs: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """``out[:] = xs [M, H] @ w^T`` in fp32 for a bf16 / fp16 weight ``w [N, H]``: each block of
     :data:`BLOCK_ROWS` weight rows widened exactly (contiguous rows), then one sgemm per block; in
     the deterministic mode the project's fixed-order product (:func:`matmul_weight`)."""
     if _deterministic.enabled():
-        return matmul_weight(xs, w.T)
-    out = np.empty((xs.shape[0], w.shape[0]), np.float32)
+        out[...] = matmul_weight(xs, w.T)
+        return
     with _blas_threads(xs.shape[0] * w.shape[0] * w.shape[1]):
         for lo in range(0, w.shape[0], BLOCK_ROWS):
-            np.matmul(xs, to_f32(w[lo:lo + BLOCK_ROWS]).T, out=out[:, lo:lo + BLOCK_ROWS])
-    return out
+            np.matmul(xs, widen_f32(w[lo:lo + BLOCK_ROWS]).T, out=out[:, lo:lo + BLOCK_ROWS])
+
+
+@njit(cache=True, error_model="numpy")
+def _take_max(src, dst, m):
+    """``dst[:] = src``; ``m = max(m, src)`` per column, NaN once any is NaN (as ``np.max``)."""
+    for j in range(dst.shape[0]):
+        v = src[j]
+        dst[j] = v
+        mj = m[j]
+        m[j] = mj if (mj >= v or mj != mj) else v
+
+
+@njit(cache=True, error_model="numpy")
+def _group_scores(proj, state, g_row, g_blk, g_off, r, coff, d, width, e):
+    """``e[i, k] = score_k - m`` for every group ``i`` and row ``k`` (``m``: the column max over the
+    group's rows, NaN if any is NaN as ``np.max``); a row's score from the call's ``proj`` row
+    ``g_row[i, k]``, else from the state row ``(g_blk, g_off)``, else -inf (block -1)."""
+    rows = coff * r
+    m = np.empty(d, np.float32)
+    empty = np.full(d, -np.inf, np.float32)
+    for i in range(g_row.shape[0]):
+        m[:] = empty
+        for k in range(rows):
+            c0 = width + (0 if coff == 1 or k < r else d)
+            t, b = g_row[i, k], g_blk[i, k]
+            if t >= 0:
+                _take_max(proj[t, c0:c0 + d], e[i, k], m)
+            elif b >= 0:
+                _take_max(state[b, g_off[i, k], c0:c0 + d], e[i, k], m)
+            else:
+                _take_max(empty, e[i, k], m)
+        for k in range(rows):
+            ek = e[i, k]
+            for j in range(d):
+                ek[j] = ek[j] - m[j]
+
+
+@njit(cache=True, error_model="numpy")
+def _weigh(ek, s, kv, c):
+    """``c += (e_k / s) * kv_k`` per column, each operation rounded to fp32."""
+    for j in range(c.shape[0]):
+        c[j] = c[j] + (ek[j] / s[j]) * kv[j]
+
+
+@njit(cache=True, error_model="numpy")
+def _group_rows(proj, state, g_row, g_blk, g_off, r, coff, d, e, inv_d, eps, norm_w, cos, sin, half,
+                g_out, out):
+    """Steps 3-5 of the module doc for every group ``i`` from ``e = exp(score - m)``, into fp32
+    ``out[g_out[i]]``."""
+    rows = coff * r
+    s = np.empty(d, np.float32)
+    c = np.empty(d, np.float32)
+    zeros = np.zeros(d, np.float32)
+    tail = np.empty(64, np.float32)
+    h = d - 64
+    for i in range(g_row.shape[0]):
+        s[:] = zeros
+        for k in range(rows):
+            ek = e[i, k]
+            for j in range(d):
+                s[j] = s[j] + ek[j]
+        c[:] = zeros
+        for k in range(rows):
+            c0 = 0 if coff == 1 or k < r else d
+            t, b = g_row[i, k], g_blk[i, k]
+            if t >= 0:
+                _weigh(e[i, k], s, proj[t, c0:c0 + d], c)
+            elif b >= 0:
+                _weigh(e[i, k], s, state[b, g_off[i, k], c0:c0 + d], c)
+            else:
+                _weigh(e[i, k], s, zeros, c)
+        ss = 0.0
+        for j in range(d):
+            v = np.float64(c[j])
+            ss += v * v
+        rstd = np.float32(1) / np.float32(np.sqrt(np.float64(np.float32(ss) * inv_d + eps)))
+        y = out[g_out[i]]
+        for j in range(d):
+            y[j] = (c[j] * rstd) * norm_w[j]
+        tail[:] = y[h:]
+        ci, si = cos[i], sin[i]
+        for j in range(64):
+            if half:
+                rot = -tail[j + 32] if j < 32 else tail[j - 32]
+            else:
+                rot = -tail[j + 1] if j % 2 == 0 else tail[j - 1]
+            y[h + j] = tail[j] * ci[j] + rot * si[j]
 
 
 def compressor(args: CompressorArgs) -> CompressorOutputs:
@@ -77,52 +162,29 @@ def compressor(args: CompressorArgs) -> CompressorOutputs:
     d, coff, r = a.head_dim, a.coff, a.cmp_ratio
     width = coff * d
     out = np.zeros((int(np.prod(a.out_shape[:-1])), d), np.float32)
-    # 1. projections of the tokens that are read or written
+    # 1. projections of the tokens that are read or written, one [kv | score] row each
     need = np.union1d(a.group_tok[a.group_tok >= 0], a.write_tok).astype(np.int64)
-    kv = np.zeros((a.x.shape[0], width), np.float32)
-    sc = np.zeros((a.x.shape[0], width), np.float32)
+    proj = np.empty((need.size, 2 * width), np.float32)
     if need.size:
-        xs = to_f32(a.x[need])
-        kv[need] = _project(xs, a.wkv)
-        sc[need] = _project(xs, a.wgate) + a.ape[a.token_pos[need] % r]
-    # 2. the state rows the groups read, before anything is written
+        xs = widen_f32(a.x[need])
+        _project(xs, a.wkv, proj[:, :width])
+        _project(xs, a.wgate, proj[:, width:])
+        proj[:, width:] += a.ape[a.token_pos[need] % r]
+    row_of = np.full(a.x.shape[0], -1, np.int64)
+    row_of[need] = np.arange(need.size)
     n = a.group_out.size
     if n:
-        rows = coff * r
-        gkv = np.zeros((n, rows, d), np.float32)
-        gsc = np.full((n, rows, d), -np.inf, np.float32)
-        for k in range(rows):
-            cols = slice(0, d) if coff == 1 or k < r else slice(d, 2 * d)
-            tok, blk, off = a.group_tok[:, k], a.group_blk[:, k], a.group_off[:, k]
-            mine = tok >= 0
-            gkv[mine, k] = kv[tok[mine], cols]
-            gsc[mine, k] = sc[tok[mine], cols]
-            st = blk >= 0
-            if st.any():
-                rowv = a.state_cache[blk[st], off[st]]
-                gkv[st, k] = rowv[:, cols]
-                gsc[st, k] = rowv[:, width + cols.start:width + cols.stop]
-        # 3. softmax over the group's rows, weighted sum, in row order
-        m = gsc.max(axis=1)
-        e = np.exp(gsc - m[:, None, :])
-        s = np.zeros((n, d), np.float32)
-        for k in range(rows):
-            s += e[:, k]
-        c = np.zeros((n, d), np.float32)
-        for k in range(rows):
-            c += (e[:, k] / s) * gkv[:, k]
-        # 4. RMSNorm
-        ss = np.square(c.astype(np.float64)).sum(axis=1).astype(np.float32)
-        rstd = np.float32(1) / np.sqrt(ss * np.float32(1.0 / d) + np.float32(a.norm_eps))
-        y = c * rstd[:, None] * to_f32(a.norm_weight)[None, :]
-        # 5. RoPE on the last 64 values, the output row's table row
-        cos = to_f32(a.rope_cos[a.group_out])
-        sin = to_f32(a.rope_sin[a.group_out])
-        tail = y[:, d - _ROPE:]
-        y[:, d - _ROPE:] = tail * cos + _rotate(tail, a.rotary_mode) * sin
-        out[a.group_out] = y
+        # 2.-3. the group rows (the state as it was before the call), softmax, weighted sum
+        g_row = np.where(a.group_tok >= 0, row_of[np.maximum(a.group_tok, 0)], -1)
+        e = np.empty((n, coff * r, d), np.float32)
+        _group_scores(proj, a.state_cache, g_row, a.group_blk, a.group_off, r, coff, d, width, e)
+        np.exp(e, out=e)
+        # 4.-5. RMSNorm, RoPE on the last 64 values with the output row's table row
+        _group_rows(proj, a.state_cache, g_row, a.group_blk, a.group_off, r, coff, d, e, np.float32(1.0 / d),
+                    np.float32(a.norm_eps), kernel_input(to_f32(a.norm_weight)),
+                    kernel_input(to_f32(a.rope_cos[a.group_out])), kernel_input(to_f32(a.rope_sin[a.group_out])),
+                    a.rotary_mode == ROTARY_HALF, kernel_input(a.group_out), out)
     # the state rows of the call's tokens (block-0 entries were dropped by the contract)
     if a.write_tok.size:
-        a.state_cache[a.write_blk, a.write_off, :width] = kv[a.write_tok]
-        a.state_cache[a.write_blk, a.write_off, width:] = sc[a.write_tok]
+        a.state_cache[a.write_blk, a.write_off] = proj[row_of[a.write_tok]]
     return CompressorOutputs(_round_out(out, a.out_dtype).reshape(a.out_shape))
