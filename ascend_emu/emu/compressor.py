@@ -163,7 +163,10 @@ def compressor(args: CompressorArgs) -> CompressorOutputs:
     width = coff * d
     out = np.zeros((int(np.prod(a.out_shape[:-1])), d), np.float32)
     # 1. projections of the tokens that are read or written, one [kv | score] row each
-    need = np.union1d(a.group_tok[a.group_tok >= 0], a.write_tok).astype(np.int64)
+    taken = np.zeros(a.x.shape[0], bool)
+    taken[a.group_tok[a.group_tok >= 0]] = True
+    taken[a.write_tok] = True
+    need = np.flatnonzero(taken)
     proj = np.empty((need.size, 2 * width), np.float32)
     if need.size:
         xs = widen_f32(a.x[need])

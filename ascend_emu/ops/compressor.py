@@ -347,7 +347,7 @@ def _plan(first, used, start, table, state: np.ndarray, r: int, coff: int, cache
                  zero_reads=zero_reads, group_req=np.ascontiguousarray(g_req), group_pos=np.where(need, pos, -1))
 
 
-def _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, bs: int) -> None:
+def _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, blocks: int, bs: int) -> None:
     """A state row the call both reads (an earlier token of a group) and writes (a token of the
     call) makes the result depend on the kernel's order (its cores save before they read): such
     a call (a block id in two places of the table, or a ring shorter than the rows a call needs)
@@ -355,13 +355,16 @@ def _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, bs: int) -> None:
     need = g_blk >= 0
     if not need.any() or w_blk.size == 0:
         return
-    read = np.unique(slot_of_block_row(g_blk[need], g_off[need], bs))
-    both = np.intersect1d(read, slot_of_block_row(w_blk, w_off, bs))
+    read = slot_of_block_row(g_blk[need], g_off[need], bs)
+    written = np.zeros(blocks * bs, bool)  # one byte per state row (a row is 2 * coff * D fp32)
+    written[slot_of_block_row(w_blk, w_off, bs)] = True
+    both = read[written[read]]
     if both.size:
+        slot = int(both.min())
         raise arg_error(IndexRangeError, "state_block_table", "tables whose state rows read by the call (the "
                         "earlier tokens of its groups) are not also written by it (a block id used twice, or a "
                         "ring block shorter than the rows the call needs)",
-                        f"block {int(both[0]) // bs} row {int(both[0]) % bs} both read and written")
+                        f"block {slot // bs} row {slot % bs} both read and written")
 
 
 def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos, state_block_table, cu_seqlens,
@@ -480,7 +483,7 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
     plan = _plan(first, used, start, table, state, r, coff, cache_mode, per_batch)
     g_blk, g_off, w_blk, w_off = plan.group_blk, plan.group_off, plan.write_blk, plan.write_off
     g_req, g_pos = plan.group_req, plan.group_pos
-    _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, state.shape[1])
+    _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, state.shape[0], state.shape[1])
     input_contracts.report("compressor", plan.zero_reads)  # an error in checked mode: before any write
     layout = CacheLayout(mode="PA_BSND", num_blocks=state.shape[0], block_size=state.shape[1],
                          dim=state.shape[2], itemsize=4)
