@@ -11,6 +11,8 @@ and asserted with a margin. The reference sees each request's whole history, so 
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -356,6 +358,22 @@ def test_rejected_calls_name_the_argument_and_write_nothing(over, err, name):
     before = m.state.copy()
     with pytest.raises(err, match=name.replace("[", r"\[").replace("]", r"\]")):
         _call(m, **over)
+    assert_same_bytes(m.state, before, "state after a rejected call")
+
+
+@pytest.mark.parametrize("bad,named", [([(0, 1), (1, 0)], "[0, 1]"), ([(0, 1), (0, 0)], "[0, 0]"),
+                                       ([(1, 1), (1, 0)], "[1, 0]")])
+def test_the_first_bad_table_entry_in_request_order_is_named(bad, named):
+    """Both requests write positions 4..7 (column 1) and read 0..3 (column 0, the overlap half):
+    the error names the first bad entry request after request, a request's reads before its
+    writes, whichever entries of later requests are bad too."""
+    m = Model(128, 2, 4, block_size=4)
+    table = m.table.copy()
+    for at in bad:
+        table[at] = 10 ** 6
+    before = m.state.copy()
+    with pytest.raises(IndexRangeError, match=re.escape(f"state_block_table{named}")):
+        _call(m, state_block_table=table, start_pos=np.array([4, 4], np.int32))
     assert_same_bytes(m.state, before, "state after a rejected call")
 
 
