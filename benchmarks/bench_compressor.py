@@ -7,8 +7,11 @@ reads the state; ``prefill``: one request of ``--prefill`` tokens from position 
 op's time per call and its ratio to the machine floor (``benchmarks/_floor.py``): the product
 ``x [T, H] @ [wkv; wgate]^T [H, 2 * coff * D]`` on the fastest engine this machine has for bf16
 operands, plus the bytes the op moves otherwise at the copy bandwidth (x and the two weights
-read, the state rows written and read, the output written). Time per call: the best average over
-``--rounds`` alternating rounds of ``--calls`` calls after a warm-up round
+read, the state rows written and read, the output written). Beside it, in the same rounds, the
+"sgemm floor": the same product as one fp32 sgemm on operands widened beforehand (the emulator's
+engine for these products) plus the same movement, so that ``op / sgemm floor`` is what the op
+adds around its engine and ``sgemm floor / machine floor`` the engine's own gap. Time per call:
+the best average over ``--rounds`` alternating rounds of ``--calls`` calls after a warm-up round
 (``benchmarks/_timing.py``).
 
 Usage: ``python benchmarks/bench_compressor.py [--batch 16] [--prefill 512] [--calls 3] [--rounds 5]``
@@ -21,7 +24,7 @@ import argparse
 import ascend_emu  # noqa: F401  (before torch, as the other benchmarks: docs/performance.md "Threads")
 import ml_dtypes
 import numpy as np
-from _floor import MachineFloor, floor_line, movement, product, ratio_line
+from _floor import SGEMM, MachineFloor, Part, candidates, floor_line, movement, product, ratio_line
 from _timing import best_times
 
 from ascend_emu.ops import compressor
@@ -68,16 +71,18 @@ def main() -> None:
             w = np.concatenate([kw["wkv"], kw["wgate"]]).T
             groups = sum((s + n) // r - s // r for s, n in zip(starts, lens, strict=True))
             state_bytes = 4 * 2 * coff * d * (t + groups * coff * r)  # rows written, rows a group reads
-            floor = MachineFloor([product("x@[wkv;wgate]^T", kw["x"], w),
-                                  movement("x, weights, state, out", kw["x"].nbytes + w.nbytes + state_bytes // 2,
-                                           out.nbytes + state_bytes // 2)])
+            moved = movement("x, weights, state, out", kw["x"].nbytes + w.nbytes + state_bytes // 2,
+                             out.nbytes + state_bytes // 2)
+            floor = MachineFloor([product("x@[wkv;wgate]^T", kw["x"], w), moved])
+            sgemm = MachineFloor([Part("x@[wkv;wgate]^T", SGEMM, candidates(kw["x"], w)[SGEMM]), moved])
 
             def op(kw=kw):
                 compressor(**kw)
 
-            t_op, t_floor = best_times([op, floor], args.rounds, number=args.calls)
+            t_op, t_floor, t_sgemm = best_times([op, floor, sgemm], args.rounds, number=args.calls)
             print(f"{name:6s} {step:8s} T={t:4d}  {t_op * 1e3:8.2f} ms/call  {floor_line(floor, t_floor, 'ms')}  "
-                  f"{ratio_line(name + ' ' + step, t_op, t_floor)}")
+                  f"{ratio_line(name + ' ' + step, t_op, t_floor)}  (sgemm floor {t_sgemm * 1e3:.2f} ms: "
+                  f"op / sgemm floor {t_op / t_sgemm:.2f}, sgemm floor / machine floor {t_sgemm / t_floor:.2f})")
 
 
 if __name__ == "__main__":

@@ -465,6 +465,23 @@ def test_deterministic_mode_takes_the_fixed_order_product(monkeypatch):
     _check_rows(out, expected, 0.95)
 
 
+def test_groups_computed_in_chunks_give_the_same_bytes(monkeypatch):
+    """The group passes run a chunk of groups at a time (emu ``GROUP_BYTES``): one group per chunk
+    and all groups in one give the same output and state bytes."""
+    from ascend_emu.emu import compressor as emu_compressor
+
+    results = []
+    for group_bytes in (1, 1 << 30):
+        monkeypatch.setattr(emu_compressor, "GROUP_BYTES", group_bytes)
+        m = Model(128, 2, 4, seed=5)
+        outs = [m.step(chunks)[0] for chunks in ([13, 21], [1, 1], [9, 3])]
+        results.append((outs, m.state.copy()))
+    (outs_a, state_a), (outs_b, state_b) = results
+    for a, b in zip(outs_a, outs_b, strict=True):
+        assert_same_bytes(a, b, "cmp_kv")
+    assert_same_bytes(state_a, state_b, "state")
+
+
 def test_checked_mode_tracks_the_state_rows():
     """Checked mode: steps whose groups read rows the op wrote run; a group reading a row never
     written (a call starting mid-group on a fresh cache) raises before anything is written."""

@@ -24,9 +24,10 @@ operation:
    added, as ``rope.h``;
 6. one rounding (RNE) to x's dtype; padding rows are zero.
 
-Steps 2, 3 (but ``exp``) and 4-5 run in two compiled passes over the groups (:func:`_group_scores`,
-:func:`_group_rows`: no fused multiply-add, every operation in the order above); ``exp`` is
-NumPy's fp32 ``exp`` on the whole ``score - m`` buffer between them.
+Steps 2, 3 (but ``exp``) and 4-5 run in two compiled passes over a chunk of groups at a time
+(:func:`_group_scores`, :func:`_group_rows`: no fused multiply-add, every operation in the order
+above; :data:`GROUP_BYTES`); ``exp`` is NumPy's fp32 ``exp`` on the chunk's ``score - m`` between
+them. Every group is computed alone, so the chunks do not change the result.
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ def _project(xs: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     with _blas_threads(xs.shape[0] * w.shape[0] * w.shape[1]):
         for lo in range(0, w.shape[0], BLOCK_ROWS):
             np.matmul(xs, widen_f32(w[lo:lo + BLOCK_ROWS]).T, out=out[:, lo:lo + BLOCK_ROWS])
+
+
+#: Bytes of ``exp(score - m)`` the group passes fill at a time (a chunk of groups; at least one
+#: group: C128A's 128 rows x 512 take 256 KiB), so that the three passes over it run in L2.
+GROUP_BYTES = 512 << 10
 
 
 @njit(cache=True, error_model="numpy")
@@ -179,14 +185,21 @@ def compressor(args: CompressorArgs) -> CompressorOutputs:
     if n:
         # 2.-3. the group rows (the state as it was before the call), softmax, weighted sum
         g_row = np.where(a.group_tok >= 0, row_of[np.maximum(a.group_tok, 0)], -1)
-        e = np.empty((n, coff * r, d), np.float32)
-        _group_scores(proj, a.state_cache, g_row, a.group_blk, a.group_off, r, coff, d, width, e)
-        np.exp(e, out=e)
-        # 4.-5. RMSNorm, RoPE on the last 64 values with the output row's table row
-        _group_rows(proj, a.state_cache, g_row, a.group_blk, a.group_off, r, coff, d, e, np.float32(1.0 / d),
-                    np.float32(a.norm_eps), kernel_input(to_f32(a.norm_weight)),
-                    kernel_input(to_f32(a.rope_cos[a.group_out])), kernel_input(to_f32(a.rope_sin[a.group_out])),
-                    a.rotary_mode == ROTARY_HALF, kernel_input(a.group_out), out)
+        g_blk, g_off, g_out = a.group_blk, a.group_off, kernel_input(a.group_out)
+        norm_w = kernel_input(to_f32(a.norm_weight))
+        cos, sin = kernel_input(to_f32(a.rope_cos[g_out])), kernel_input(to_f32(a.rope_sin[g_out]))
+        half = a.rotary_mode == ROTARY_HALF
+        inv_d, eps = np.float32(1.0 / d), np.float32(a.norm_eps)
+        step = max(1, GROUP_BYTES // (coff * r * d * 4))  # groups whose exp(score - m) stay in cache
+        e = np.empty((min(n, step), coff * r, d), np.float32)
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            eg = e[:hi - lo]
+            _group_scores(proj, a.state_cache, g_row[lo:hi], g_blk[lo:hi], g_off[lo:hi], r, coff, d, width, eg)
+            np.exp(eg, out=eg)
+            # 4.-5. RMSNorm, RoPE on the last 64 values with the output row's table row
+            _group_rows(proj, a.state_cache, g_row[lo:hi], g_blk[lo:hi], g_off[lo:hi], r, coff, d, eg, inv_d, eps,
+                        norm_w, cos[lo:hi], sin[lo:hi], half, g_out[lo:hi], out)
     # the state rows of the call's tokens (block-0 entries were dropped by the contract)
     if a.write_tok.size:
         a.state_cache[a.write_blk, a.write_off] = proj[row_of[a.write_tok]]
