@@ -482,6 +482,30 @@ def test_groups_computed_in_chunks_give_the_same_bytes(monkeypatch):
     assert_same_bytes(state_a, state_b, "state")
 
 
+def test_weights_cast_to_fractal_nz_keep_their_widening_and_give_the_same_bytes():
+    """wkv / wgate cast to FRACTAL_NZ (vllm-ascend's linear weights with weight_nz_mode 2) are
+    multiplied on their fp32 widening kept on them (emu.matmul's keep limit), with the bytes of
+    the plain weights' 256-row blocks."""
+    from ascend_emu.emu import matmul
+    from ascend_emu.layouts import as_nz
+
+    m = Model(512, 2, 4, seed=4, nreq=1)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((37, H)).astype(BF16)
+    rope = rng.uniform(-1, 1, (37 // 4 + 1, 64)).astype(BF16)
+    results = []
+    for wkv, wgate in ((m.wkv, m.wgate), (as_nz(m.wkv), as_nz(m.wgate))):
+        state = np.zeros_like(m.state)
+        kept = matmul.kept_bytes()
+        out = ops.compressor(x, wkv, wgate, state, m.ape, m.norm_weight, rope, rope[::-1].copy(), m.table,
+                             np.array([0, 37], np.int32), None, np.array([0], np.int32), 64, 4, 2, 1e-6, 2, 1)
+        results.append((out, state, matmul.kept_bytes() - kept))
+    (out_a, state_a, kept_a), (out_b, state_b, kept_b) = results
+    assert kept_a == 0 and kept_b == 2 * m.wkv.size * 4
+    assert_same_bytes(out_a, out_b, "cmp_kv")
+    assert_same_bytes(state_a, state_b, "state")
+
+
 def test_checked_mode_tracks_the_state_rows():
     """Checked mode: steps whose groups read rows the op wrote run; a group reading a row never
     written (a call starting mid-group on a fresh cache) raises before anything is written."""

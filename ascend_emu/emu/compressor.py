@@ -38,8 +38,9 @@ from numba import njit
 from ..ops.compressor import ROTARY_HALF, CompressorArgs, CompressorOutputs
 from ..quant.rounding import to_bf16, to_f32
 from .. import _deterministic
+from ..layouts import NZArray
 from .kernels import kernel_input
-from .matmul import _blas_threads, matmul_weight, widen_f32
+from .matmul import _blas_threads, matmul_weight, weight_f32, widen_f32
 
 _ROPE = 64
 
@@ -50,24 +51,31 @@ def _round_out(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return to_bf16(v)
 
 
-#: Weight rows widened to fp32 at a time (256 x H=4096 x 4 bytes: 4 MiB). Every scenario's
-#: ``coff * D`` (256, 512, 1024) is a multiple, so each block is one sgemm of the same shape
-#: class as the whole product (OpenBLAS 0.3.31 on AVX-512: bit-identical to one sgemm on the
-#: whole widened weight, measured at T = 1, 2, 16, 37, 256); fewer, larger blocks repack x
-#: less often than 32-row ones (prefill T = 256: about 13 % less time per weight).
+#: Weight rows widened to fp32 at a time (256 x H=4096 x 4 bytes: 4 MiB), on every path (a kept
+#: widening is multiplied by the same blocks): OpenBLAS picks its kernels by shape, so the block
+#: width is part of the bits (on AVX-512, 256- or 512-row blocks of a 1024-row weight differ from
+#: one sgemm on the whole weight in the last bit of some sums at T >= 16).
+#: Fewer, larger blocks repack x less often than 32-row ones (prefill T = 256: about 13 % less
+#: time per weight).
 BLOCK_ROWS = 256
 
 
 def _project(xs: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """``out[:] = xs [M, H] @ w^T`` in fp32 for a bf16 / fp16 weight ``w [N, H]``: each block of
-    :data:`BLOCK_ROWS` weight rows widened exactly (contiguous rows), then one sgemm per block; in
-    the deterministic mode the project's fixed-order product (:func:`matmul_weight`)."""
+    :data:`BLOCK_ROWS` weight rows widened exactly (contiguous rows), then one sgemm per block; a
+    weight cast to FRACTAL_NZ (:class:`~ascend_emu.layouts.NZArray`: vllm-ascend's linear
+    weights with ``weight_nz_mode`` 2) by the same blocks of its widening kept on it
+    (:func:`~ascend_emu.emu.matmul.weight_f32`, within the keep limit: the same bits); in the
+    deterministic mode the project's fixed-order product (:func:`matmul_weight`)."""
     if _deterministic.enabled():
         out[...] = matmul_weight(xs, w.T)
         return
     with _blas_threads(xs.shape[0] * w.shape[0] * w.shape[1]):
+        # cast to FRACTAL_NZ: its widening kept on it (emu.matmul keep limit), multiplied by blocks
+        kept = weight_f32(w) if isinstance(w, NZArray) else None
         for lo in range(0, w.shape[0], BLOCK_ROWS):
-            np.matmul(xs, widen_f32(w[lo:lo + BLOCK_ROWS]).T, out=out[:, lo:lo + BLOCK_ROWS])
+            block = kept[lo:lo + BLOCK_ROWS] if kept is not None else widen_f32(w[lo:lo + BLOCK_ROWS])
+            np.matmul(xs, block.T, out=out[:, lo:lo + BLOCK_ROWS])
 
 
 #: Bytes of ``exp(score - m)`` the group passes fill at a time (a chunk of groups; at least one
