@@ -32,6 +32,8 @@ them. Every group is computed alone, so the chunks do not change the result.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from numba import njit
 
@@ -39,7 +41,7 @@ from ..ops.compressor import ROTARY_HALF, CompressorArgs, CompressorOutputs
 from ..quant.rounding import to_bf16, to_f32
 from .. import _deterministic
 from ..layouts import NZArray
-from .kernels import kernel_input
+from .kernels import kernel_input, widen_row
 from .matmul import _blas_threads, matmul_weight, weight_f32, widen_f32
 
 _ROPE = 64
@@ -73,9 +75,34 @@ def _project(xs: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     with _blas_threads(xs.shape[0] * w.shape[0] * w.shape[1]):
         # cast to FRACTAL_NZ: its widening kept on it (emu.matmul keep limit), multiplied by blocks
         kept = weight_f32(w) if isinstance(w, NZArray) else None
+        bits = None if kept is not None else kernel_input(np.asarray(w).view(np.uint16))
         for lo in range(0, w.shape[0], BLOCK_ROWS):
-            block = kept[lo:lo + BLOCK_ROWS] if kept is not None else widen_f32(w[lo:lo + BLOCK_ROWS])
-            np.matmul(xs, block.T, out=out[:, lo:lo + BLOCK_ROWS])
+            hi = min(lo + BLOCK_ROWS, w.shape[0])
+            if kept is not None:
+                block = kept[lo:hi]
+            else:
+                block = _scratch(hi - lo, w.shape[1])
+                _widen_rows(bits[lo:hi], block, w.dtype != np.float16)
+            np.matmul(xs, block.T, out=out[:, lo:hi])
+
+
+_local = threading.local()
+
+
+def _scratch(rows: int, cols: int) -> np.ndarray:
+    """This thread's fp32 ``[rows, cols]`` buffer for a widened weight block, reused by every call
+    (a new one of 4 MiB per block costs its page faults each time: half the widening)."""
+    buf = getattr(_local, "block", None)
+    if buf is None or buf.size < rows * cols:
+        buf = _local.block = np.empty(BLOCK_ROWS * cols, np.float32)
+    return buf[:rows * cols].reshape(rows, cols)
+
+
+@njit(cache=True)
+def _widen_rows(bits, out, is_bf16):
+    """``out[i] = `` the fp32 values of the bf16 / fp16 bits ``bits[i]`` (exact), row by row."""
+    for i in range(bits.shape[0]):
+        widen_row(bits[i], out[i], is_bf16)
 
 
 #: Bytes of ``exp(score - m)`` the group passes fill at a time (a chunk of groups; at least one
