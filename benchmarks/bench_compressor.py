@@ -14,9 +14,10 @@ adds around its engine and ``sgemm floor / machine floor`` the engine's own gap.
 the best average over ``--rounds`` alternating rounds of ``--calls`` calls after a warm-up round
 (``benchmarks/_timing.py``).
 
-``--cpu-time``: the same alternating rounds timed in process CPU time (``time.process_time``: all
-the process's threads) instead of wall time, for a machine shared with other work, where a
-process waits for a core for a varying part of each round.
+``--cpu-time``: the same alternating rounds (and the machine floor's choice of engine) timed in
+process CPU time (``time.process_time``: all the process's threads) instead of wall time, for a
+machine shared with other work, where a process waits for a core for a varying part of each
+round.
 
 ``--nz``: wkv and wgate cast to FRACTAL_NZ (``ascend_emu.layouts.as_nz``, as vllm-ascend's linear
 weights with ``weight_nz_mode`` 2), so the op multiplies their widening kept on them.
@@ -36,7 +37,7 @@ import time
 import ascend_emu  # noqa: F401  (before torch, as the other benchmarks: docs/performance.md "Threads")
 import ml_dtypes
 import numpy as np
-from _floor import SGEMM, MachineFloor, Part, candidates, floor_line, movement, product, ratio_line
+from _floor import SGEMM, TRIALS, MachineFloor, Part, candidates, floor_line, movement, product, ratio_line
 from _timing import best_times, run_with_threads
 
 from ascend_emu.layouts import as_nz
@@ -80,6 +81,14 @@ def cpu_best_times(fns, repeat: int, *, number: int = 1) -> list[float]:
     return best
 
 
+def cpu_product(label: str, a: np.ndarray, w: np.ndarray) -> Part:
+    """:func:`_floor.product` with the engines timed in process CPU time (``--cpu-time``)."""
+    fns = candidates(a, w)
+    times = dict(zip(fns, cpu_best_times(list(fns.values()), TRIALS), strict=True))
+    name = min(times, key=times.get)
+    return Part(label, name, fns[name], times[name], times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16, help="decode requests (one token each)")
@@ -107,7 +116,7 @@ def main() -> None:
             state_bytes = 4 * 2 * coff * d * (t + groups * coff * r)  # rows written, rows a group reads
             moved = movement("x, weights, state, out", kw["x"].nbytes + w.nbytes + state_bytes // 2,
                              out.nbytes + state_bytes // 2)
-            floor = MachineFloor([product("x@[wkv;wgate]^T", kw["x"], w), moved])
+            floor = MachineFloor([(cpu_product if args.cpu_time else product)("x@[wkv;wgate]^T", kw["x"], w), moved])
             sgemm = MachineFloor([Part("x@[wkv;wgate]^T", SGEMM, candidates(kw["x"], w)[SGEMM]), moved])
 
             def op(kw=kw):
