@@ -53,13 +53,11 @@ def _round_out(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return to_bf16(v)
 
 
-#: Weight rows widened to fp32 at a time (256 x H=4096 x 4 bytes: 4 MiB), on every path (a kept
-#: widening is multiplied by the same blocks): OpenBLAS picks its kernels by shape, so the block
-#: width is part of the bits (on AVX-512, 256- or 512-row blocks of a 1024-row weight differ from
-#: one sgemm on the whole weight in the last bit of some sums at T >= 16).
-#: Fewer, larger blocks repack x less often than 32-row ones (prefill T = 256: about 13 % less
-#: time per weight).
-BLOCK_ROWS = 256
+#: Weight rows widened to fp32 at a time (32 x H=4096 x 4 bytes: 512 KiB, within L2), on every
+#: path (a kept widening is multiplied by the same blocks). OpenBLAS picks its kernels by shape,
+#: so the block width is part of the bits: 256-row blocks took about 10 % less time at T = 256
+#: but moved the last bit of some fp32 sums, and so some bf16 outputs, against these.
+BLOCK_ROWS = 32
 
 
 def _project(xs: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
@@ -91,7 +89,7 @@ _local = threading.local()
 
 def _scratch(rows: int, cols: int) -> np.ndarray:
     """This thread's fp32 ``[rows, cols]`` buffer for a widened weight block, reused by every call
-    (a new one of 4 MiB per block costs its page faults each time: half the widening)."""
+    (a new array per block costs its allocation and page faults each time)."""
     buf = getattr(_local, "block", None)
     if buf is None or buf.size < rows * cols:
         buf = _local.block = np.empty(BLOCK_ROWS * cols, np.float32)
