@@ -11,6 +11,8 @@ and asserted with a margin. The reference sees each request's whole history, so 
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -359,6 +361,22 @@ def test_rejected_calls_name_the_argument_and_write_nothing(over, err, name):
     assert_same_bytes(m.state, before, "state after a rejected call")
 
 
+@pytest.mark.parametrize("bad,named", [([(0, 1), (1, 0)], "[0, 1]"), ([(0, 1), (0, 0)], "[0, 0]"),
+                                       ([(1, 1), (1, 0)], "[1, 0]")])
+def test_the_first_bad_table_entry_in_request_order_is_named(bad, named):
+    """Both requests write positions 4..7 (column 1) and read 0..3 (column 0, the overlap half):
+    the error names the first bad entry request after request, a request's reads before its
+    writes, whichever entries of later requests are bad too."""
+    m = Model(128, 2, 4, block_size=4)
+    table = m.table.copy()
+    for at in bad:
+        table[at] = 10 ** 6
+    before = m.state.copy()
+    with pytest.raises(IndexRangeError, match=re.escape(f"state_block_table{named}")):
+        _call(m, state_block_table=table, start_pos=np.array([4, 4], np.int32))
+    assert_same_bytes(m.state, before, "state after a rejected call")
+
+
 def test_a_state_row_both_read_and_written_is_rejected():
     """Request 1's table names request 0's block: request 1 would write the row request 0 reads."""
     m = Model(128, 2, 4, block_size=4)
@@ -445,6 +463,47 @@ def test_deterministic_mode_takes_the_fixed_order_product(monkeypatch):
     out, expected = m.step([6, 3])
     monkeypatch.undo()
     _check_rows(out, expected, 0.95)
+
+
+def test_groups_computed_in_chunks_give_the_same_bytes(monkeypatch):
+    """The group passes run a chunk of groups at a time (emu ``GROUP_BYTES``): one group per chunk
+    and all groups in one give the same output and state bytes."""
+    from ascend_emu.emu import compressor as emu_compressor
+
+    results = []
+    for group_bytes in (1, 1 << 30):
+        monkeypatch.setattr(emu_compressor, "GROUP_BYTES", group_bytes)
+        m = Model(128, 2, 4, seed=5)
+        outs = [m.step(chunks)[0] for chunks in ([13, 21], [1, 1], [9, 3])]
+        results.append((outs, m.state.copy()))
+    (outs_a, state_a), (outs_b, state_b) = results
+    for a, b in zip(outs_a, outs_b, strict=True):
+        assert_same_bytes(a, b, "cmp_kv")
+    assert_same_bytes(state_a, state_b, "state")
+
+
+def test_weights_cast_to_fractal_nz_keep_their_widening_and_give_the_same_bytes():
+    """wkv / wgate cast to FRACTAL_NZ (vllm-ascend's linear weights with weight_nz_mode 2) are
+    multiplied on their fp32 widening kept on them (emu.matmul's keep limit), with the bytes of
+    the plain weights' 256-row blocks."""
+    from ascend_emu.emu import matmul
+    from ascend_emu.layouts import as_nz
+
+    m = Model(512, 2, 4, seed=4, nreq=1)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((37, H)).astype(BF16)
+    rope = rng.uniform(-1, 1, (37 // 4 + 1, 64)).astype(BF16)
+    results = []
+    for wkv, wgate in ((m.wkv, m.wgate), (as_nz(m.wkv), as_nz(m.wgate))):
+        state = np.zeros_like(m.state)
+        kept = matmul.kept_bytes()
+        out = ops.compressor(x, wkv, wgate, state, m.ape, m.norm_weight, rope, rope[::-1].copy(), m.table,
+                             np.array([0, 37], np.int32), None, np.array([0], np.int32), 64, 4, 2, 1e-6, 2, 1)
+        results.append((out, state, matmul.kept_bytes() - kept))
+    (out_a, state_a, kept_a), (out_b, state_b, kept_b) = results
+    assert kept_a == 0 and kept_b == 2 * m.wkv.size * 4
+    assert_same_bytes(out_a, out_b, "cmp_kv")
+    assert_same_bytes(state_a, state_b, "state")
 
 
 def test_checked_mode_tracks_the_state_rows():

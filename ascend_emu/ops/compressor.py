@@ -253,20 +253,37 @@ def _lengths(x: np.ndarray, cu_seqlens, seqused, start_pos) -> tuple:
     return first, given, used, start
 
 
-def _block_of(table: np.ndarray, b: int, pos: np.ndarray, bs: int, blocks: int, what: str) -> np.ndarray:
-    """Block ids of request ``b``'s positions ``pos`` (cache_mode 1), checked."""
+def _first_bad_entry(table: np.ndarray, req: np.ndarray, pos: np.ndarray, bs: int, blocks: int, what: str,
+                     stage: int) -> tuple:
+    """Block ids of the positions ``pos`` of requests ``req`` (cache_mode 1; both in request order),
+    and the first error as ``(request, stage, error)`` (a missing table column at ``stage``, a
+    block id out of range at ``stage + 1``: the order in which a request's entries are checked),
+    or None."""
     cols = pos // bs
-    if cols.size and int(cols.max()) >= table.shape[1]:
-        p = int(pos[np.argmax(cols >= table.shape[1])])
-        raise arg_error(IndexRangeError, "state_block_table", f"a column for position {p} of request {b} "
-                        f"({what}: column {p // bs}, block_size {bs})", f"shape {list(table.shape)}")
-    ids = table[b, cols].astype(np.int64)
-    bad = (ids < 0) | (ids >= blocks)
+    width = table.shape[1]
+    miss = cols >= width
+    ids = table[req, np.minimum(cols, width - 1)].astype(np.int64) if width else np.zeros(pos.size, np.int64)
+    bad = ~miss & ((ids < 0) | (ids >= blocks))
+    found = []
+    if miss.any():
+        k = int(np.argmax(miss))
+        b, p = int(req[k]), int(pos[k])
+        found.append((b, stage, arg_error(IndexRangeError, "state_block_table", f"a column for position {p} of "
+                                          f"request {b} ({what}: column {p // bs}, block_size {bs})",
+                                          f"shape {list(table.shape)}")))
     if bad.any():
-        j = int(np.argmax(bad))
-        raise arg_error(IndexRangeError, f"state_block_table[{b}, {int(cols[j])}]",
-                        f"a block id in [0, {blocks}) ({what} position {int(pos[j])}; 0: not updated)", int(ids[j]))
-    return ids
+        k = int(np.argmax(bad))
+        b = int(req[k])
+        found.append((b, stage + 1, arg_error(IndexRangeError, f"state_block_table[{b}, {int(cols[k])}]",
+                                              f"a block id in [0, {blocks}) ({what} position {int(pos[k])}; "
+                                              "0: not updated)", int(ids[k]))))
+    return ids, min(found, key=lambda f: f[:2]) if found else None
+
+
+def _per_request(counts: np.ndarray) -> tuple:
+    """``(request, index)`` of each of ``counts.sum()`` items listed request after request."""
+    req = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+    return req, np.arange(req.size, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -283,70 +300,54 @@ class _Plan(StateRows):
 
 def _plan(first, used, start, table, state: np.ndarray, r: int, coff: int, cache_mode: int,
           per_batch: int | None) -> _Plan:
-    """The rows the call reads and writes (module doc); raises before anything is written."""
+    """The rows the call reads and writes (module doc), all requests at once; raises before
+    anything is written, the first bad table entry in request order (a request's reads before
+    its writes)."""
     blocks, bs = state.shape[0], state.shape[1]
-    g_tok, g_blk, g_off, g_out, g_pos, g_req = [], [], [], [], [], []
-    w_tok, w_blk, w_off = [], [], []
-    out_row = 0
-    rows = coff * r
+    # completed groups g0 .. g1 - 1 of each request, request after request
+    g0, g1 = start // r, (start + used) // r
+    req, idx = _per_request(g1 - g0)
+    own = (g0[req] + idx)[:, None] * r + np.arange(r, dtype=np.int64)
+    # positions of each group's rows: the overlap half (previous group) then its own
+    pos = np.concatenate([own - r, own], axis=1) if coff == 2 else own
+    s = start[req][:, None]
+    tok = np.where(pos >= s, first[req][:, None] + pos - s, -1)
+    need = (pos < s) & (pos >= 0)
+    g_req = np.broadcast_to(req[:, None], pos.shape)
+    blk = np.full(pos.shape, -1, np.int64)
+    off = np.where(need, pos % bs, 0)
+    # every used token writes its row
+    w_req, w_idx = _per_request(used)
+    w_pos = start[w_req] + w_idx
     zero_reads: list[Violation] = []
-    for b in range(first.size):
-        s, u, f = int(start[b]), int(used[b]), int(first[b])
-        g0, g1 = s // r, (s + u) // r  # completed groups: g0 .. g1 - 1
-        base = b * per_batch if per_batch is not None else out_row
-        if g1 > g0:
-            gs = np.arange(g0, g1, dtype=np.int64)
-            # positions of each group's rows: the overlap half (previous group) then its own
-            own = gs[:, None] * r + np.arange(r, dtype=np.int64)
-            pos = np.concatenate([own - r, own], axis=1) if coff == 2 else own
-            tok = np.where(pos >= s, f + pos - s, -1)
-            from_state = pos < s
-            need = from_state & (pos >= 0)
-            blk = np.full(pos.shape, -1, np.int64)
-            off = np.zeros(pos.shape, np.int64)
-            if need.any():
-                p = pos[need]
-                if cache_mode == CACHE_CONTINUOUS:
-                    ids = _block_of(table, b, p, bs, blocks, "read")
-                    blk[need] = ids
-                    if not zero_reads and (ids == STATE_SKIP_BLOCK).any():
-                        q = int(p[np.argmax(ids == STATE_SKIP_BLOCK)])
-                        zero_reads.append(Violation(
-                            f"state_block_table[{b}, {q // bs}]", str(STATE_SKIP_BLOCK), "state_block_zero",
-                            f"request {b} reads the state row of position {q} (a group completed by this call), "
-                            f"but block {STATE_SKIP_BLOCK} is never written: the row read is stale"))
-                else:
-                    blk[need] = int(table[b])
-                off[need] = p % bs
-            g_tok.append(tok)
-            g_pos.append(np.where(need, pos, -1))
-            g_req.append(np.full(pos.shape, b, np.int64))
-            g_blk.append(blk)
-            g_off.append(off)
-            g_out.append(base + np.arange(g1 - g0, dtype=np.int64))
-            out_row += g1 - g0
-        if u:
-            pos = np.arange(s, s + u, dtype=np.int64)
-            if cache_mode == CACHE_CYCLE:
-                pos = pos[pos >= max(g1 * r - (coff - 1) * r, 0)]
-                ids = np.full(pos.size, int(table[b]), np.int64)
-                keep = np.ones(pos.size, bool)
-            else:
-                ids = _block_of(table, b, pos, bs, blocks, "written")
-                keep = ids != 0
-            w_tok.append(f + pos[keep] - s)
-            w_blk.append(ids[keep])
-            w_off.append(pos[keep] % bs)
-    empty = np.zeros((0, rows), np.int64)
-    cat = (lambda parts, e: np.concatenate(parts) if parts else e)
-    none = np.zeros(0, np.int64)
-    return _Plan(group_tok=cat(g_tok, empty), group_blk=cat(g_blk, empty), group_off=cat(g_off, empty),
-                 group_out=cat(g_out, none), write_tok=cat(w_tok, none), write_blk=cat(w_blk, none),
-                 write_off=cat(w_off, none), zero_reads=zero_reads, group_req=cat(g_req, empty),
-                 group_pos=cat(g_pos, empty))
+    if cache_mode == CACHE_CONTINUOUS:
+        p, p_req = pos[need], g_req[need]
+        ids, read_bad = _first_bad_entry(table, p_req, p, bs, blocks, "read", 0)
+        w_ids, write_bad = _first_bad_entry(table, w_req, w_pos, bs, blocks, "written", 2)
+        bad = [f for f in (read_bad, write_bad) if f is not None]
+        if bad:
+            raise min(bad, key=lambda f: f[:2])[2]
+        blk[need] = ids
+        zero = ids == STATE_SKIP_BLOCK
+        if zero.any():
+            k = int(np.argmax(zero))
+            b, q = int(p_req[k]), int(p[k])
+            zero_reads.append(Violation(
+                f"state_block_table[{b}, {q // bs}]", str(STATE_SKIP_BLOCK), "state_block_zero",
+                f"request {b} reads the state row of position {q} (a group completed by this call), "
+                f"but block {STATE_SKIP_BLOCK} is never written: the row read is stale"))
+        keep = w_ids != 0
+    else:
+        blk[need] = table[g_req[need]]
+        keep = w_pos >= np.maximum(g1[w_req] * r - (coff - 1) * r, 0)
+        w_ids = table[w_req].astype(np.int64)
+    g_out = np.arange(req.size, dtype=np.int64) if per_batch is None else req * per_batch + idx
+    return _Plan(group_tok=tok, group_blk=blk, group_off=off, group_out=g_out,
+                 write_tok=(first[w_req] + w_idx)[keep], write_blk=w_ids[keep], write_off=(w_pos % bs)[keep],
+                 zero_reads=zero_reads, group_req=np.ascontiguousarray(g_req), group_pos=np.where(need, pos, -1))
 
 
-def _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, bs: int) -> None:
+def _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, blocks: int, bs: int) -> None:
     """A state row the call both reads (an earlier token of a group) and writes (a token of the
     call) makes the result depend on the kernel's order (its cores save before they read): such
     a call (a block id in two places of the table, or a ring shorter than the rows a call needs)
@@ -354,13 +355,16 @@ def _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, bs: int) -> None:
     need = g_blk >= 0
     if not need.any() or w_blk.size == 0:
         return
-    read = np.unique(slot_of_block_row(g_blk[need], g_off[need], bs))
-    both = np.intersect1d(read, slot_of_block_row(w_blk, w_off, bs))
+    read = slot_of_block_row(g_blk[need], g_off[need], bs)
+    written = np.zeros(blocks * bs, bool)  # one byte per state row (a row is 2 * coff * D fp32)
+    written[slot_of_block_row(w_blk, w_off, bs)] = True
+    both = read[written[read]]
     if both.size:
+        slot = int(both.min())
         raise arg_error(IndexRangeError, "state_block_table", "tables whose state rows read by the call (the "
                         "earlier tokens of its groups) are not also written by it (a block id used twice, or a "
                         "ring block shorter than the rows the call needs)",
-                        f"block {int(both[0]) // bs} row {int(both[0]) % bs} both read and written")
+                        f"block {slot // bs} row {slot % bs} both read and written")
 
 
 def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos, state_block_table, cu_seqlens,
@@ -479,7 +483,7 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
     plan = _plan(first, used, start, table, state, r, coff, cache_mode, per_batch)
     g_blk, g_off, w_blk, w_off = plan.group_blk, plan.group_off, plan.write_blk, plan.write_off
     g_req, g_pos = plan.group_req, plan.group_pos
-    _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, state.shape[1])
+    _check_no_read_write_alias(g_blk, g_off, w_blk, w_off, state.shape[0], state.shape[1])
     input_contracts.report("compressor", plan.zero_reads)  # an error in checked mode: before any write
     layout = CacheLayout(mode="PA_BSND", num_blocks=state.shape[0], block_size=state.shape[1],
                          dim=state.shape[2], itemsize=4)
@@ -496,9 +500,8 @@ def compressor(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
     checked_mode.read("compressor", reads)  # rows never written: an error in checked mode
     checked_mode.will_write((state if state.flags.c_contiguous else None, layout))
     token_pos = np.full(tokens, -1, np.int64)
-    for b in range(nb):
-        f, u = int(first[b]), int(used[b])
-        token_pos[f:f + u] = np.arange(int(start[b]), int(start[b]) + u)
+    t_req, t_idx = _per_request(used)
+    token_pos[first[t_req] + t_idx] = start[t_req] + t_idx
     args = CompressorArgs(x=x.reshape(tokens, h), wkv=wkv, wgate=wgate, ape=ape, norm_weight=norm_weight,
                           rope_sin=rope_sin.reshape(-1, ROPE_HEAD_DIM), rope_cos=rope_cos.reshape(-1, ROPE_HEAD_DIM),
                           state_cache=state, cmp_ratio=r, coff=coff, head_dim=d, rotary_mode=rotary, norm_eps=eps,
