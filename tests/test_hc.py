@@ -108,6 +108,22 @@ def test_v2_v3_and_custom_agree_byte_for_byte(case):
         assert_same_bytes(a, b)
 
 
+def test_each_token_alone_gives_the_batchs_bytes():
+    """Tokens are independent: one token alone (the calling thread's path) gives the bytes it has
+    in a batch of 5 (the parallel path, blocks of 4 tokens and a tail), for hc_pre and hc_post."""
+    x, hc_fn, scale, base = _inputs(t=5, seed=9)
+    pre_mix = np.random.default_rng(9).random((5, 4)).astype(np.float32)
+    batch = ops.npu_hc_pre_v3(x, hc_fn, scale, base, pre_mix)
+    post_batch = ops.npu_hc_post(batch[0], x, batch[1], batch[2])
+    for t in range(5):
+        alone = ops.npu_hc_pre_v3(x[t:t + 1], hc_fn, scale, base, pre_mix[t:t + 1])
+        for a, b in zip(alone, batch, strict=True):
+            assert_same_bytes(a[0], b[t])
+        post_alone = ops.npu_hc_post(batch[0][t:t + 1], x[t:t + 1], batch[1][t:t + 1], batch[2][t:t + 1])
+        assert_same_bytes(post_alone[0], post_batch[t])
+    assert_same_bytes(post_batch, ref.hc_post_fp32(batch[0], x, batch[1], batch[2]))
+
+
 def test_v3_pre_mix_weights_y_exactly(case):
     (x, hc_fn, scale, base), (_, post, comb, pre), _ = case
     pre_mix = np.random.default_rng(3).random((T, 4)).astype(np.float32)

@@ -44,6 +44,9 @@ CHUNK_TOKENS = 64
 K_CHUNK = 1024
 _F1 = np.float32(1.0)
 _NO_MASK = np.uint32(0xFFFFFFFF)
+#: Numba flags of the float64 sums: any summation order (``reassoc``; every product is exact in
+#: float64, so ``contract`` changes nothing), nothing else of ``fastmath``.
+_ANY_ORDER = {"reassoc", "contract"}
 #: dtype codes of the hc_post pass: bf16 bits, fp16 bits, fp32 values.
 _BF16, _F16, _F32 = 0, 1, 2
 
@@ -69,70 +72,83 @@ def inv_rms(x_rows: np.ndarray, eps: float) -> np.ndarray:
         return _F1 / np.sqrt(r)
 
 
-@njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
+@njit(cache=True, inline="always")
+def _mix_block(xbits, wbits, mask, mixes, ss, b):
+    """:func:`_mix_rows` for tokens ``4 b .. 4 b + 3`` (compiled with its caller's flags)."""
+    n, k_all = xbits.shape
+    m = wbits.shape[0]
+    t0 = b * 4
+    tb = min(4, n - t0)
+    xs = np.zeros((4, K_CHUNK))
+    acc = np.zeros((4, m))
+    sq = np.zeros(4)
+    for k0 in range(0, k_all, K_CHUNK):
+        kc = min(K_CHUNK, k_all - k0)
+        for t in range(tb):
+            s = 0.0
+            row = xbits[t0 + t, k0:k0 + kc]
+            dst = xs[t]
+            for k in range(kc):
+                v = np.float64(bf16_bits_to_f32(row[k]))
+                dst[k] = v
+                s += v * v
+            sq[t] += s
+        if tb == 4:
+            x0, x1, x2, x3 = xs[0], xs[1], xs[2], xs[3]
+            for j in range(0, m - 1, 2):
+                wa, wb = wbits[j, k0:k0 + kc], wbits[j + 1, k0:k0 + kc]
+                a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = 0.0
+                for k in range(kc):
+                    va = np.float64(np.uint32(wa[k] & mask).view(np.float32))
+                    vb = np.float64(np.uint32(wb[k] & mask).view(np.float32))
+                    a0 += x0[k] * va
+                    a1 += x1[k] * va
+                    a2 += x2[k] * va
+                    a3 += x3[k] * va
+                    b0 += x0[k] * vb
+                    b1 += x1[k] * vb
+                    b2 += x2[k] * vb
+                    b3 += x3[k] * vb
+                acc[0, j] += a0
+                acc[1, j] += a1
+                acc[2, j] += a2
+                acc[3, j] += a3
+                acc[0, j + 1] += b0
+                acc[1, j + 1] += b1
+                acc[2, j + 1] += b2
+                acc[3, j + 1] += b3
+            j_rest = m - m % 2
+        else:
+            j_rest = 0
+        for t in range(tb if j_rest < m else 0):
+            xt = xs[t]
+            for j in range(j_rest, m):
+                wa = wbits[j, k0:k0 + kc]
+                a0 = 0.0
+                for k in range(kc):
+                    a0 += xt[k] * np.float64(np.uint32(wa[k] & mask).view(np.float32))
+                acc[t, j] += a0
+    for t in range(tb):
+        ss[t0 + t] = np.float32(sq[t])
+        for j in range(m):
+            mixes[t0 + t, j] = np.float32(acc[t, j])
+
+
+@njit(cache=True, parallel=True, fastmath=_ANY_ORDER)
 def _mix_rows(xbits, wbits, mask, mixes, ss):
     """Sum of squares and mixes of bf16 rows ``xbits [n, K]`` (uint16) against ``wbits [m, K]``
     (fp32 bits, uint32; ``& mask`` applied as read): ``ss [n]`` and ``mixes [n, m]`` fp32, each
     summed in float64 (exact products; any order: ``reassoc``), rounded once. Blocks of 4
     tokens in parallel."""
-    n, k_all = xbits.shape
-    m = wbits.shape[0]
-    for b in prange((n + 3) // 4):
-        t0 = b * 4
-        tb = min(4, n - t0)
-        xs = np.zeros((4, K_CHUNK))
-        acc = np.zeros((4, m))
-        sq = np.zeros(4)
-        for k0 in range(0, k_all, K_CHUNK):
-            kc = min(K_CHUNK, k_all - k0)
-            for t in range(tb):
-                s = 0.0
-                row = xbits[t0 + t, k0:k0 + kc]
-                dst = xs[t]
-                for k in range(kc):
-                    v = np.float64(bf16_bits_to_f32(row[k]))
-                    dst[k] = v
-                    s += v * v
-                sq[t] += s
-            if tb == 4:
-                x0, x1, x2, x3 = xs[0], xs[1], xs[2], xs[3]
-                for j in range(0, m - 1, 2):
-                    wa, wb = wbits[j, k0:k0 + kc], wbits[j + 1, k0:k0 + kc]
-                    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = 0.0
-                    for k in range(kc):
-                        va = np.float64(np.uint32(wa[k] & mask).view(np.float32))
-                        vb = np.float64(np.uint32(wb[k] & mask).view(np.float32))
-                        a0 += x0[k] * va
-                        a1 += x1[k] * va
-                        a2 += x2[k] * va
-                        a3 += x3[k] * va
-                        b0 += x0[k] * vb
-                        b1 += x1[k] * vb
-                        b2 += x2[k] * vb
-                        b3 += x3[k] * vb
-                    acc[0, j] += a0
-                    acc[1, j] += a1
-                    acc[2, j] += a2
-                    acc[3, j] += a3
-                    acc[0, j + 1] += b0
-                    acc[1, j + 1] += b1
-                    acc[2, j + 1] += b2
-                    acc[3, j + 1] += b3
-                j_rest = m - m % 2
-            else:
-                j_rest = 0
-            for t in range(tb if j_rest < m else 0):
-                xt = xs[t]
-                for j in range(j_rest, m):
-                    wa = wbits[j, k0:k0 + kc]
-                    a0 = 0.0
-                    for k in range(kc):
-                        a0 += xt[k] * np.float64(np.uint32(wa[k] & mask).view(np.float32))
-                    acc[t, j] += a0
-        for t in range(tb):
-            ss[t0 + t] = np.float32(sq[t])
-            for j in range(m):
-                mixes[t0 + t, j] = np.float32(acc[t, j])
+    for b in prange((xbits.shape[0] + 3) // 4):
+        _mix_block(xbits, wbits, mask, mixes, ss, b)
+
+
+@njit(cache=True, fastmath=_ANY_ORDER)
+def _mix_rows_serial(xbits, wbits, mask, mixes, ss):
+    """:func:`_mix_rows` on the calling thread (no parallel launch: one block of tokens)."""
+    for b in range((xbits.shape[0] + 3) // 4):
+        _mix_block(xbits, wbits, mask, mixes, ss, b)
 
 
 @njit(cache=True, inline="always")
@@ -164,6 +180,62 @@ def _col_sums(c, out):
             out[i] = out[i] + c[r, i]
 
 
+@njit(cache=True, inline="always")
+def _stage2_token(t, mixes, rs, from_ss, k_inv, norm_eps, scale, base, xbits, pre_mix, iters, eps,
+                  ybits, post, comb, pre):
+    """:func:`_stage2_rows` for token ``t``."""
+    d = xbits.shape[2]
+    s0, s1, s2 = scale[0], scale[1], scale[2]
+    two = np.float32(2.0)
+    r = rs[t]
+    if from_ss:
+        r = _F1 / np.sqrt(r * k_inv + norm_eps)
+    mx = mixes[t]
+    w = np.empty(4, np.float32)
+    for i in range(4):
+        pre[t, i] = _sigmoid((mx[i] * r) * s0 + base[i]) + eps
+        post[t, i] = _sigmoid((mx[4 + i] * r) * s1 + base[4 + i]) * two
+        w[i] = pre[t, i] if pre_mix.shape[0] == 0 else pre_mix[t, i]
+    c = np.empty((4, 4), np.float32)
+    s = np.empty(4, np.float32)
+    for i in range(4):
+        for k in range(4):
+            c[i, k] = (mx[8 + 4 * i + k] * r) * s2 + base[8 + 4 * i + k]
+        top = c[i, 0]
+        for k in range(1, 4):
+            if c[i, k] > top or c[i, k] != c[i, k]:  # NaN-propagating max, as np.max
+                top = c[i, k]
+        for k in range(4):
+            c[i, k] = _exp32(c[i, k] - top)
+    _row_sums(c, s)
+    for i in range(4):
+        for k in range(4):
+            c[i, k] = c[i, k] / s[i] + eps
+    _col_sums(c, s)
+    for i in range(4):
+        for k in range(4):
+            c[i, k] = c[i, k] / (s[k] + eps)
+    for _ in range(iters - 1):
+        _row_sums(c, s)
+        for i in range(4):
+            for k in range(4):
+                c[i, k] = c[i, k] / (s[i] + eps)
+        _col_sums(c, s)
+        for i in range(4):
+            for k in range(4):
+                c[i, k] = c[i, k] / (s[k] + eps)
+    comb[t] = c
+    w0, w1, w2, w3 = w[0], w[1], w[2], w[3]
+    x0, x1, x2, x3 = xbits[t, 0], xbits[t, 1], xbits[t, 2], xbits[t, 3]
+    y = ybits[t]
+    for k in range(d):
+        acc = w0 * bf16_bits_to_f32(x0[k])
+        acc = acc + w1 * bf16_bits_to_f32(x1[k])
+        acc = acc + w2 * bf16_bits_to_f32(x2[k])
+        acc = acc + w3 * bf16_bits_to_f32(x3[k])
+        y[k] = f32_to_bf16_bits(acc)
+
+
 @njit(cache=True, parallel=True)
 def _stage2_rows(mixes, rs, from_ss, k_inv, norm_eps, scale, base, xbits, pre_mix, iters, eps, ybits, post,
                  comb, pre):
@@ -172,65 +244,27 @@ def _stage2_rows(mixes, rs, from_ss, k_inv, norm_eps, scale, base, xbits, pre_mi
     sqrt, ``1 /``); ``xbits [n, 4, D]`` bf16 bits; ``pre_mix [n, 4]`` fp32 weights of y, or
     ``[0, 4]`` for the computed gates. Writes ``ybits [n, D]`` (bf16 bits), ``post``, ``comb
     [n, 4, 4]``, ``pre`` fp32. fp32 operations only (no ``fastmath``), exp as :func:`_exp32`."""
-    n = mixes.shape[0]
-    d = xbits.shape[2]
-    s0, s1, s2 = scale[0], scale[1], scale[2]
-    two = np.float32(2.0)
-    for t in prange(n):
-        r = rs[t]
-        if from_ss:
-            r = _F1 / np.sqrt(r * k_inv + norm_eps)
-        mx = mixes[t]
-        w = np.empty(4, np.float32)
-        for i in range(4):
-            pre[t, i] = _sigmoid((mx[i] * r) * s0 + base[i]) + eps
-            post[t, i] = _sigmoid((mx[4 + i] * r) * s1 + base[4 + i]) * two
-            w[i] = pre[t, i] if pre_mix.shape[0] == 0 else pre_mix[t, i]
-        c = np.empty((4, 4), np.float32)
-        s = np.empty(4, np.float32)
-        for i in range(4):
-            for k in range(4):
-                c[i, k] = (mx[8 + 4 * i + k] * r) * s2 + base[8 + 4 * i + k]
-            top = c[i, 0]
-            for k in range(1, 4):
-                if c[i, k] > top or c[i, k] != c[i, k]:  # NaN-propagating max, as np.max
-                    top = c[i, k]
-            for k in range(4):
-                c[i, k] = _exp32(c[i, k] - top)
-        _row_sums(c, s)
-        for i in range(4):
-            for k in range(4):
-                c[i, k] = c[i, k] / s[i] + eps
-        _col_sums(c, s)
-        for i in range(4):
-            for k in range(4):
-                c[i, k] = c[i, k] / (s[k] + eps)
-        for _ in range(iters - 1):
-            _row_sums(c, s)
-            for i in range(4):
-                for k in range(4):
-                    c[i, k] = c[i, k] / (s[i] + eps)
-            _col_sums(c, s)
-            for i in range(4):
-                for k in range(4):
-                    c[i, k] = c[i, k] / (s[k] + eps)
-        comb[t] = c
-        w0, w1, w2, w3 = w[0], w[1], w[2], w[3]
-        x0, x1, x2, x3 = xbits[t, 0], xbits[t, 1], xbits[t, 2], xbits[t, 3]
-        y = ybits[t]
-        for k in range(d):
-            acc = w0 * bf16_bits_to_f32(x0[k])
-            acc = acc + w1 * bf16_bits_to_f32(x1[k])
-            acc = acc + w2 * bf16_bits_to_f32(x2[k])
-            acc = acc + w3 * bf16_bits_to_f32(x3[k])
-            y[k] = f32_to_bf16_bits(acc)
+    for t in prange(mixes.shape[0]):
+        _stage2_token(t, mixes, rs, from_ss, k_inv, norm_eps, scale, base,
+                      xbits, pre_mix, iters, eps, ybits, post, comb, pre)
+
+
+@njit(cache=True)
+def _stage2_rows_serial(mixes, rs, from_ss, k_inv, norm_eps, scale, base, xbits, pre_mix, iters, eps, ybits,
+                        post, comb, pre):
+    """:func:`_stage2_rows` on the calling thread (no parallel launch)."""
+    for t in range(mixes.shape[0]):
+        _stage2_token(t, mixes, rs, from_ss, k_inv, norm_eps, scale, base,
+                      xbits, pre_mix, iters, eps, ybits, post, comb, pre)
 
 
 def _stage2(mixes, rs, from_ss: bool, k: int, args: HcPreArgs, x_bits, pre_mix, outs) -> None:
-    """:func:`_stage2_rows` on checked arrays (``pre_mix`` None: the computed gates weight y)."""
+    """:func:`_stage2_rows` on checked arrays (``pre_mix`` None: the computed gates weight y); one
+    token runs on the calling thread (no parallel launch)."""
     pm = np.empty((0, 4), np.float32) if pre_mix is None else pre_mix
-    _stage2_rows(mixes, rs, from_ss, np.float32(1.0 / np.float32(k)), np.float32(args.norm_eps),
-                 args.hc_scale, args.hc_base, x_bits, pm, args.hc_sinkhorn_iters, np.float32(args.hc_eps), *outs)
+    run = _stage2_rows if mixes.shape[0] > 1 else _stage2_rows_serial
+    run(mixes, rs, from_ss, np.float32(1.0 / np.float32(k)), np.float32(args.norm_eps),
+        args.hc_scale, args.hc_base, x_bits, pm, args.hc_sinkhorn_iters, np.float32(args.hc_eps), *outs)
 
 
 def hc_pre(args: HcPreArgs) -> HcPreOutputs:
@@ -271,8 +305,8 @@ def hc_pre(args: HcPreArgs) -> HcPreOutputs:
                     None if pre_mix is None else pre_mix[a:a + CHUNK_TOKENS], part)
     else:
         mixes, ss = np.empty((n, args.hc_fn.shape[0]), np.float32), np.empty(n, np.float32)
-        _mix_rows(x_bits.reshape(n, hc * d), args.hc_fn.view(np.uint32), HF32_KEEP_MASK if fused else _NO_MASK,
-                  mixes, ss)
+        run = _mix_rows if n > 4 else _mix_rows_serial
+        run(x_bits.reshape(n, hc * d), args.hc_fn.view(np.uint32), HF32_KEEP_MASK if fused else _NO_MASK, mixes, ss)
         _stage2(mixes, ss, True, hc * d, args, x_bits, pre_mix, outs)
     return HcPreOutputs(y.reshape(*lead, d), post.reshape(*lead, hc), comb.reshape(*lead, hc, hc),
                         pre.reshape(*lead, hc))
@@ -307,31 +341,44 @@ def _round_row(src, dst, kind):
             dst[k] = src[k]
 
 
+@njit(cache=True, inline="always")
+def _hc_post_token(n, x, residual, post, comb, out, kind):
+    """:func:`_hc_post_rows` for token ``n``."""
+    hc, d = residual.shape[1], residual.shape[2]
+    xs = np.empty((hc + 1, d), np.float32)
+    acc = np.empty(d, np.float32)
+    _widen_row(x[n], xs[0], kind)
+    for j in range(hc):
+        _widen_row(residual[n, j], xs[1 + j], kind)
+    x0, r0, r1, r2, r3 = xs[0], xs[1], xs[2], xs[3], xs[4]
+    for i in range(hc):
+        p = post[n, i]
+        c0, c1, c2, c3 = comb[n, 0, i], comb[n, 1, i], comb[n, 2, i], comb[n, 3, i]
+        for k in range(d):
+            v = p * x0[k]
+            v = v + r0[k] * c0
+            v = v + r1[k] * c1
+            v = v + r2[k] * c2
+            v = v + r3[k] * c3
+            acc[k] = v
+        _round_row(acc, out[n, i], kind)
+
+
 @njit(cache=True, parallel=True)
 def _hc_post_rows(x, residual, post, comb, out, kind):
     """``out[n, i] = post[n, i] * x[n]``, then ``+= residual[n, j] * comb[n, j, i]`` for j = 0..3:
     fp32 multiplies and adds (no contraction into FMA: no ``fastmath``), one rounding to x's
     dtype (``kind``: bf16 / fp16 bits as uint16 arrays, or fp32 arrays), tokens in parallel
     (hc 4)."""
-    n_tok, hc, d = residual.shape
-    for n in prange(n_tok):
-        xs = np.empty((hc + 1, d), np.float32)
-        acc = np.empty(d, np.float32)
-        _widen_row(x[n], xs[0], kind)
-        for j in range(hc):
-            _widen_row(residual[n, j], xs[1 + j], kind)
-        x0, r0, r1, r2, r3 = xs[0], xs[1], xs[2], xs[3], xs[4]
-        for i in range(hc):
-            p = post[n, i]
-            c0, c1, c2, c3 = comb[n, 0, i], comb[n, 1, i], comb[n, 2, i], comb[n, 3, i]
-            for k in range(d):
-                v = p * x0[k]
-                v = v + r0[k] * c0
-                v = v + r1[k] * c1
-                v = v + r2[k] * c2
-                v = v + r3[k] * c3
-                acc[k] = v
-            _round_row(acc, out[n, i], kind)
+    for n in prange(residual.shape[0]):
+        _hc_post_token(n, x, residual, post, comb, out, kind)
+
+
+@njit(cache=True)
+def _hc_post_rows_serial(x, residual, post, comb, out, kind):
+    """:func:`_hc_post_rows` on the calling thread (no parallel launch)."""
+    for n in range(residual.shape[0]):
+        _hc_post_token(n, x, residual, post, comb, out, kind)
 
 
 def hc_post(args: HcPostArgs) -> HcPostOutputs:
@@ -350,6 +397,7 @@ def hc_post(args: HcPostArgs) -> HcPostOutputs:
     raw = np.float32 if kind == _F32 else np.uint16
     post, comb = to_f32(args.post).reshape(-1, hc), to_f32(args.comb).reshape(-1, hc, hc)
     out = np.empty(args.residual.shape, dtype)
-    _hc_post_rows(args.x.view(raw).reshape(-1, d), args.residual.view(raw).reshape(-1, hc, d), post, comb,
-                  out.view(raw).reshape(-1, hc, d), kind)
+    run = _hc_post_rows if post.shape[0] > 1 else _hc_post_rows_serial
+    run(args.x.view(raw).reshape(-1, d), args.residual.view(raw).reshape(-1, hc, d), post, comb,
+        out.view(raw).reshape(-1, hc, d), kind)
     return HcPostOutputs(out)
