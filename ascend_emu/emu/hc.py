@@ -47,6 +47,8 @@ _NO_MASK = np.uint32(0xFFFFFFFF)
 #: Numba flags of the float64 sums: any summation order (``reassoc``; every product is exact in
 #: float64, so ``contract`` changes nothing), nothing else of ``fastmath``.
 _ANY_ORDER = {"reassoc", "contract"}
+#: D values per chunk of the hc_post pass (its fp32 scratch: 9 rows of this, 18 KiB, in L1).
+POST_CHUNK = 512
 #: dtype codes of the hc_post pass: bf16 bits, fp16 bits, fp32 values.
 _BF16, _F16, _F32 = 0, 1, 2
 
@@ -343,25 +345,32 @@ def _round_row(src, dst, kind):
 
 @njit(cache=True, inline="always")
 def _hc_post_token(n, x, residual, post, comb, out, kind):
-    """:func:`_hc_post_rows` for token ``n``."""
-    hc, d = residual.shape[1], residual.shape[2]
-    xs = np.empty((hc + 1, d), np.float32)
-    acc = np.empty(d, np.float32)
-    _widen_row(x[n], xs[0], kind)
-    for j in range(hc):
-        _widen_row(residual[n, j], xs[1 + j], kind)
-    x0, r0, r1, r2, r3 = xs[0], xs[1], xs[2], xs[3], xs[4]
-    for i in range(hc):
-        p = post[n, i]
-        c0, c1, c2, c3 = comb[n, 0, i], comb[n, 1, i], comb[n, 2, i], comb[n, 3, i]
-        for k in range(d):
-            v = p * x0[k]
-            v = v + r0[k] * c0
-            v = v + r1[k] * c1
-            v = v + r2[k] * c2
-            v = v + r3[k] * c3
-            acc[k] = v
-        _round_row(acc, out[n, i], kind)
+    """:func:`_hc_post_rows` for token ``n``: D in chunks of :data:`POST_CHUNK`, each widened into
+    a scratch (rows padded off each other's cache sets), the 4 outputs computed in one pass over
+    it, then rounded into ``out``."""
+    d = residual.shape[2]
+    xs = np.empty((5, POST_CHUNK + 16), np.float32)
+    acc = np.empty((4, POST_CHUNK + 16), np.float32)
+    p0, p1, p2, p3 = post[n, 0], post[n, 1], post[n, 2], post[n, 3]
+    cm = comb[n]
+    c00, c01, c02, c03 = cm[0, 0], cm[0, 1], cm[0, 2], cm[0, 3]
+    c10, c11, c12, c13 = cm[1, 0], cm[1, 1], cm[1, 2], cm[1, 3]
+    c20, c21, c22, c23 = cm[2, 0], cm[2, 1], cm[2, 2], cm[2, 3]
+    c30, c31, c32, c33 = cm[3, 0], cm[3, 1], cm[3, 2], cm[3, 3]
+    for k0 in range(0, d, POST_CHUNK):
+        kc = min(POST_CHUNK, d - k0)
+        _widen_row(x[n, k0:k0 + kc], xs[0, :kc], kind)
+        for j in range(4):
+            _widen_row(residual[n, j, k0:k0 + kc], xs[1 + j, :kc], kind)
+        xv, r0, r1, r2, r3 = xs[0], xs[1], xs[2], xs[3], xs[4]
+        a0, a1, a2, a3 = acc[0], acc[1], acc[2], acc[3]
+        for k in range(kc):  # ((((post[i] x + r0 c[0, i]) + r1 c[1, i]) + r2 c[2, i]) + r3 c[3, i])
+            a0[k] = (((p0 * xv[k] + r0[k] * c00) + r1[k] * c10) + r2[k] * c20) + r3[k] * c30
+            a1[k] = (((p1 * xv[k] + r0[k] * c01) + r1[k] * c11) + r2[k] * c21) + r3[k] * c31
+            a2[k] = (((p2 * xv[k] + r0[k] * c02) + r1[k] * c12) + r2[k] * c22) + r3[k] * c32
+            a3[k] = (((p3 * xv[k] + r0[k] * c03) + r1[k] * c13) + r2[k] * c23) + r3[k] * c33
+        for i in range(4):
+            _round_row(acc[i, :kc], out[n, i, k0:k0 + kc], kind)
 
 
 @njit(cache=True, parallel=True)
