@@ -75,18 +75,63 @@ def inv_rms(x_rows: np.ndarray, eps: float) -> np.ndarray:
 
 
 @njit(cache=True, inline="always")
+def _w(wrow, k, mask):
+    """float64 value of ``wrow[k]`` (fp32 bits) ``& mask``."""
+    return np.float64(np.uint32(wrow[k] & mask).view(np.float32))
+
+
+@njit(cache=True, inline="always")
+def _mix_token(xbits, wbits, mask, mixes, ss, t):
+    """:func:`_mix_rows` for token ``t`` alone (a block's tail, decode): x's row widened once to
+    fp32, then 4 mixes per pass over it (hc_fn's rows streamed whole)."""
+    k_all = xbits.shape[1]
+    m = wbits.shape[0]
+    xs = np.empty(k_all, np.float32)
+    row = xbits[t]
+    s = 0.0
+    for k in range(k_all):
+        v = bf16_bits_to_f32(row[k])
+        xs[k] = v
+        s += np.float64(v) * np.float64(v)
+    ss[t] = np.float32(s)
+    j4 = m - m % 4
+    for j in range(0, j4, 4):
+        w0, w1, w2, w3 = wbits[j], wbits[j + 1], wbits[j + 2], wbits[j + 3]
+        a0 = a1 = a2 = a3 = 0.0
+        for k in range(k_all):
+            xv = np.float64(xs[k])
+            a0 += xv * _w(w0, k, mask)
+            a1 += xv * _w(w1, k, mask)
+            a2 += xv * _w(w2, k, mask)
+            a3 += xv * _w(w3, k, mask)
+        mixes[t, j], mixes[t, j + 1] = np.float32(a0), np.float32(a1)
+        mixes[t, j + 2], mixes[t, j + 3] = np.float32(a2), np.float32(a3)
+    for j in range(j4, m):
+        w0 = wbits[j]
+        a0 = 0.0
+        for k in range(k_all):
+            a0 += np.float64(xs[k]) * _w(w0, k, mask)
+        mixes[t, j] = np.float32(a0)
+
+
+@njit(cache=True, inline="always")
 def _mix_block(xbits, wbits, mask, mixes, ss, b):
-    """:func:`_mix_rows` for tokens ``4 b .. 4 b + 3`` (compiled with its caller's flags)."""
+    """:func:`_mix_rows` for tokens ``4 b .. 4 b + 3`` (compiled with its caller's flags): K in
+    chunks of :data:`K_CHUNK`, the 4 tokens' values widened to float64 once per chunk, then 2
+    mixes of all 4 tokens per pass over them; a block of fewer tokens runs :func:`_mix_token`."""
     n, k_all = xbits.shape
     m = wbits.shape[0]
     t0 = b * 4
-    tb = min(4, n - t0)
+    if n - t0 < 4:
+        for t in range(t0, n):
+            _mix_token(xbits, wbits, mask, mixes, ss, t)
+        return
     xs = np.zeros((4, K_CHUNK))
     acc = np.zeros((4, m))
     sq = np.zeros(4)
     for k0 in range(0, k_all, K_CHUNK):
         kc = min(K_CHUNK, k_all - k0)
-        for t in range(tb):
+        for t in range(4):
             s = 0.0
             row = xbits[t0 + t, k0:k0 + kc]
             dst = xs[t]
@@ -95,42 +140,38 @@ def _mix_block(xbits, wbits, mask, mixes, ss, b):
                 dst[k] = v
                 s += v * v
             sq[t] += s
-        if tb == 4:
-            x0, x1, x2, x3 = xs[0], xs[1], xs[2], xs[3]
-            for j in range(0, m - 1, 2):
-                wa, wb = wbits[j, k0:k0 + kc], wbits[j + 1, k0:k0 + kc]
-                a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = 0.0
-                for k in range(kc):
-                    va = np.float64(np.uint32(wa[k] & mask).view(np.float32))
-                    vb = np.float64(np.uint32(wb[k] & mask).view(np.float32))
-                    a0 += x0[k] * va
-                    a1 += x1[k] * va
-                    a2 += x2[k] * va
-                    a3 += x3[k] * va
-                    b0 += x0[k] * vb
-                    b1 += x1[k] * vb
-                    b2 += x2[k] * vb
-                    b3 += x3[k] * vb
-                acc[0, j] += a0
-                acc[1, j] += a1
-                acc[2, j] += a2
-                acc[3, j] += a3
-                acc[0, j + 1] += b0
-                acc[1, j + 1] += b1
-                acc[2, j + 1] += b2
-                acc[3, j + 1] += b3
-            j_rest = m - m % 2
-        else:
-            j_rest = 0
-        for t in range(tb if j_rest < m else 0):
-            xt = xs[t]
-            for j in range(j_rest, m):
-                wa = wbits[j, k0:k0 + kc]
+        x0, x1, x2, x3 = xs[0], xs[1], xs[2], xs[3]
+        for j in range(0, m - 1, 2):
+            wa, wb = wbits[j, k0:k0 + kc], wbits[j + 1, k0:k0 + kc]
+            a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = 0.0
+            for k in range(kc):
+                va = _w(wa, k, mask)
+                vb = _w(wb, k, mask)
+                a0 += x0[k] * va
+                a1 += x1[k] * va
+                a2 += x2[k] * va
+                a3 += x3[k] * va
+                b0 += x0[k] * vb
+                b1 += x1[k] * vb
+                b2 += x2[k] * vb
+                b3 += x3[k] * vb
+            acc[0, j] += a0
+            acc[1, j] += a1
+            acc[2, j] += a2
+            acc[3, j] += a3
+            acc[0, j + 1] += b0
+            acc[1, j + 1] += b1
+            acc[2, j + 1] += b2
+            acc[3, j + 1] += b3
+        if m % 2:
+            wa = wbits[m - 1, k0:k0 + kc]
+            for t in range(4):
+                xt = xs[t]
                 a0 = 0.0
                 for k in range(kc):
-                    a0 += xt[k] * np.float64(np.uint32(wa[k] & mask).view(np.float32))
-                acc[t, j] += a0
-    for t in range(tb):
+                    a0 += xt[k] * _w(wa, k, mask)
+                acc[t, m - 1] += a0
+    for t in range(4):
         ss[t0 + t] = np.float32(sq[t])
         for j in range(m):
             mixes[t0 + t, j] = np.float32(acc[t, j])
