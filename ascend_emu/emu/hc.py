@@ -385,10 +385,17 @@ def _round_row(src, dst, kind):
 
 
 @njit(cache=True, inline="always")
+def _post_value(xv, r0, r1, r2, r3, p, c0, c1, c2, c3):
+    """One output value: ``((((p x + r0 c0) + r1 c1) + r2 c2) + r3 c3)``, fp32 multiplies and adds."""
+    return (((p * xv + r0 * c0) + r1 * c1) + r2 * c2) + r3 * c3
+
+
+@njit(cache=True, inline="always")
 def _hc_post_token(n, x, residual, post, comb, out, kind):
-    """:func:`_hc_post_rows` for token ``n``: D in chunks of :data:`POST_CHUNK`, each widened into
-    a scratch (rows padded off each other's cache sets), the 4 outputs computed in one pass over
-    it, then rounded into ``out``."""
+    """:func:`_hc_post_rows` for token ``n``: D in chunks of :data:`POST_CHUNK`; the 4 outputs of
+    a chunk in one pass over its inputs (bf16 widened in registers, fp16 / fp32 through a
+    widened scratch) into an fp32 scratch, then rounded into ``out`` (scratch rows padded off
+    each other's cache sets)."""
     d = residual.shape[2]
     xs = np.empty((5, POST_CHUNK + 16), np.float32)
     acc = np.empty((4, POST_CHUNK + 16), np.float32)
@@ -398,18 +405,29 @@ def _hc_post_token(n, x, residual, post, comb, out, kind):
     c10, c11, c12, c13 = cm[1, 0], cm[1, 1], cm[1, 2], cm[1, 3]
     c20, c21, c22, c23 = cm[2, 0], cm[2, 1], cm[2, 2], cm[2, 3]
     c30, c31, c32, c33 = cm[3, 0], cm[3, 1], cm[3, 2], cm[3, 3]
+    a0, a1, a2, a3 = acc[0], acc[1], acc[2], acc[3]
     for k0 in range(0, d, POST_CHUNK):
         kc = min(POST_CHUNK, d - k0)
-        _widen_row(x[n, k0:k0 + kc], xs[0, :kc], kind)
-        for j in range(4):
-            _widen_row(residual[n, j, k0:k0 + kc], xs[1 + j, :kc], kind)
-        xv, r0, r1, r2, r3 = xs[0], xs[1], xs[2], xs[3], xs[4]
-        a0, a1, a2, a3 = acc[0], acc[1], acc[2], acc[3]
-        for k in range(kc):  # ((((post[i] x + r0 c[0, i]) + r1 c[1, i]) + r2 c[2, i]) + r3 c[3, i])
-            a0[k] = (((p0 * xv[k] + r0[k] * c00) + r1[k] * c10) + r2[k] * c20) + r3[k] * c30
-            a1[k] = (((p1 * xv[k] + r0[k] * c01) + r1[k] * c11) + r2[k] * c21) + r3[k] * c31
-            a2[k] = (((p2 * xv[k] + r0[k] * c02) + r1[k] * c12) + r2[k] * c22) + r3[k] * c32
-            a3[k] = (((p3 * xv[k] + r0[k] * c03) + r1[k] * c13) + r2[k] * c23) + r3[k] * c33
+        if kind == _BF16:
+            xb, q0, q1, q2, q3 = (x[n, k0:k0 + kc], residual[n, 0, k0:k0 + kc], residual[n, 1, k0:k0 + kc],
+                                  residual[n, 2, k0:k0 + kc], residual[n, 3, k0:k0 + kc])
+            for k in range(kc):
+                xv, r0, r1 = bf16_bits_to_f32(xb[k]), bf16_bits_to_f32(q0[k]), bf16_bits_to_f32(q1[k])
+                r2, r3 = bf16_bits_to_f32(q2[k]), bf16_bits_to_f32(q3[k])
+                a0[k] = _post_value(xv, r0, r1, r2, r3, p0, c00, c10, c20, c30)
+                a1[k] = _post_value(xv, r0, r1, r2, r3, p1, c01, c11, c21, c31)
+                a2[k] = _post_value(xv, r0, r1, r2, r3, p2, c02, c12, c22, c32)
+                a3[k] = _post_value(xv, r0, r1, r2, r3, p3, c03, c13, c23, c33)
+        else:
+            _widen_row(x[n, k0:k0 + kc], xs[0, :kc], kind)
+            for j in range(4):
+                _widen_row(residual[n, j, k0:k0 + kc], xs[1 + j, :kc], kind)
+            w, q0, q1, q2, q3 = xs[0], xs[1], xs[2], xs[3], xs[4]
+            for k in range(kc):
+                a0[k] = _post_value(w[k], q0[k], q1[k], q2[k], q3[k], p0, c00, c10, c20, c30)
+                a1[k] = _post_value(w[k], q0[k], q1[k], q2[k], q3[k], p1, c01, c11, c21, c31)
+                a2[k] = _post_value(w[k], q0[k], q1[k], q2[k], q3[k], p2, c02, c12, c22, c32)
+                a3[k] = _post_value(w[k], q0[k], q1[k], q2[k], q3[k], p3, c03, c13, c23, c33)
         for i in range(4):
             _round_row(acc[i, :kc], out[n, i, k0:k0 + kc], kind)
 
