@@ -94,8 +94,7 @@ def _mix_token(xbits, wbits, mask, mixes, ss, t):
         xs[k] = v
         s += np.float64(v) * np.float64(v)
     ss[t] = np.float32(s)
-    j4 = m - m % 4
-    for j in range(0, j4, 4):
+    for j in range(0, m, 4):
         w0, w1, w2, w3 = wbits[j], wbits[j + 1], wbits[j + 2], wbits[j + 3]
         a0 = a1 = a2 = a3 = 0.0
         for k in range(k_all):
@@ -106,12 +105,6 @@ def _mix_token(xbits, wbits, mask, mixes, ss, t):
             a3 += xv * _w(w3, k, mask)
         mixes[t, j], mixes[t, j + 1] = np.float32(a0), np.float32(a1)
         mixes[t, j + 2], mixes[t, j + 3] = np.float32(a2), np.float32(a3)
-    for j in range(j4, m):
-        w0 = wbits[j]
-        a0 = 0.0
-        for k in range(k_all):
-            a0 += np.float64(xs[k]) * _w(w0, k, mask)
-        mixes[t, j] = np.float32(a0)
 
 
 @njit(cache=True, inline="always")
@@ -141,7 +134,7 @@ def _mix_block(xbits, wbits, mask, mixes, ss, b):
                 s += v * v
             sq[t] += s
         x0, x1, x2, x3 = xs[0], xs[1], xs[2], xs[3]
-        for j in range(0, m - 1, 2):
+        for j in range(0, m, 2):
             wa, wb = wbits[j, k0:k0 + kc], wbits[j + 1, k0:k0 + kc]
             a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = 0.0
             for k in range(kc):
@@ -163,14 +156,6 @@ def _mix_block(xbits, wbits, mask, mixes, ss, b):
             acc[1, j + 1] += b1
             acc[2, j + 1] += b2
             acc[3, j + 1] += b3
-        if m % 2:
-            wa = wbits[m - 1, k0:k0 + kc]
-            for t in range(4):
-                xt = xs[t]
-                a0 = 0.0
-                for k in range(kc):
-                    a0 += xt[k] * _w(wa, k, mask)
-                acc[t, m - 1] += a0
     for t in range(4):
         ss[t0 + t] = np.float32(sq[t])
         for j in range(m):
@@ -180,7 +165,7 @@ def _mix_block(xbits, wbits, mask, mixes, ss, b):
 @njit(cache=True, parallel=True, fastmath=_ANY_ORDER)
 def _mix_rows(xbits, wbits, mask, mixes, ss):
     """Sum of squares and mixes of bf16 rows ``xbits [n, K]`` (uint16) against ``wbits [m, K]``
-    (fp32 bits, uint32; ``& mask`` applied as read): ``ss [n]`` and ``mixes [n, m]`` fp32, each
+    (fp32 bits, uint32; ``& mask`` applied as read; m a multiple of 4: 24): ``ss [n]`` and ``mixes [n, m]`` fp32, each
     summed in float64 (exact products; any order: ``reassoc``), rounded once. Blocks of 4
     tokens in parallel."""
     for b in prange((xbits.shape[0] + 3) // 4):
@@ -347,10 +332,12 @@ def hc_pre(args: HcPreArgs) -> HcPreOutputs:
             _stage2(mixes, rsqrt, False, hc * d, args, x_bits[a:a + CHUNK_TOKENS],
                     None if pre_mix is None else pre_mix[a:a + CHUNK_TOKENS], part)
     else:
-        mixes, ss = np.empty((n, args.hc_fn.shape[0]), np.float32), np.empty(n, np.float32)
+        mixes, ss = np.empty((n, args.hc_fn.shape[0]), np.float32), np.empty(n, np.float32)  # 24 mixes
         run = _mix_rows if n > 4 else _mix_rows_serial
         run(x_bits.reshape(n, hc * d), args.hc_fn.view(np.uint32), HF32_KEEP_MASK if fused else _NO_MASK, mixes, ss)
         _stage2(mixes, ss, True, hc * d, args, x_bits, pre_mix, outs)
+    if len(lead) == 1:  # [T, ...] already
+        return HcPreOutputs(y, post, comb, pre)
     return HcPreOutputs(y.reshape(*lead, d), post.reshape(*lead, hc), comb.reshape(*lead, hc, hc),
                         pre.reshape(*lead, hc))
 
