@@ -6,8 +6,9 @@ Two compiled passes per hc_pre call, in the kernel's order after the mixes (vllm
 - :func:`_mix_rows`, one pass over x's bf16 bits and hc_fn's fp32 bits (HF32 truncation applied
   as the bit mask on the fly: nothing is widened or copied ahead of the pass): the sum of
   squares and the 24 mixes, each the exact products (bf16 x HF32 / fp32 values: exact in
-  float64) summed in float64 in an order of the compiler's choosing (blocks of 4 tokens and
-  2 mixes over K chunks of :data:`K_CHUNK`), rounded once to fp32. The NPU sums them on the
+  float64) summed in float64 in an order of the compiler's choosing (blocks of 4 tokens, 2
+  mixes per pass over K chunks of :data:`K_CHUNK`; a token outside a block, as in decode, 4
+  mixes per pass over its whole row), rounded once to fp32. The NPU sums them on the
   cube in fp32 over K tiles split across cores: not bit-identical. In the deterministic mode
   (docs/numerics.md#deterministic) both sums are fp32 in the mode's fixed order instead;
 - :func:`_stage2_rows`, everything after the mixes, one fp32 operation per kernel instruction:
@@ -18,12 +19,17 @@ Two compiled passes per hc_pre call, in the kernel's order after the mixes (vllm
   ``(a0 + a1) + (a2 + a3)`` (unverified), column sums (``ReduceSumARA``) sequential over rows
   0..3; y: ``w[j] * x[j]`` in fp32, summed sequentially over j = 0..3, one RNE rounding to
   bf16. ``exp`` is evaluated in float64 and rounded once to fp32 (docs/numerics.md; the
-  vector unit's ``Exp`` is an approximation, so gates may differ in the last bits).
+  vector unit's ``Exp`` is an approximation, so gates may differ in the last bits), as a
+  written-out polynomial: the same bits on every CPU, in the deterministic mode too.
+
+A single token (a block of at most 4 for the mixes) runs on the calling thread: a parallel
+launch costs more than the pass.
 
 ``hc_post``: the A2 / A3 kernel (``hc_post_d_split.h``): ``post[i] * x``, then
 ``+ residual[j] * comb[j, i]`` for j = 0..3, each an fp32 multiply and an fp32 add, one
-rounding to x's dtype (RNE); one compiled pass reading x and residual in their own dtype
-(bf16 / fp16 bits widened in registers) and writing the rounded result, tokens in parallel.
+rounding to x's dtype (RNE); one compiled pass per :data:`POST_CHUNK` values of D: bf16 x
+and residual widened in registers (fp16 / fp32 through a widened scratch), the 4 outputs
+computed, then rounded into the output; tokens in parallel.
 """
 
 from __future__ import annotations
