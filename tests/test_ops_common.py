@@ -9,7 +9,7 @@ import pytest
 from ascend_emu import ops
 from ascend_emu.errors import DuplicateSlotWarning, FormatError, ModeError
 from ascend_emu.layouts import FRACTAL_NZ, ND, NZArray
-from ascend_emu.ops._check import check_nz_weight
+from ascend_emu.ops._check import check_float, check_nz_weight
 
 BF16 = ml_dtypes.bfloat16
 
@@ -76,3 +76,28 @@ def test_backend_selection(monkeypatch):
     monkeypatch.setenv("ASCEND_EMU_BACKEND", "nope")
     with pytest.raises(ModeError, match="ASCEND_EMU_BACKEND"):
         ops.backend_name()
+
+
+def test_check_float_takes_exactly_the_values_finite_in_fp32():
+    """The fp32 finiteness test is a float64 comparison: each value around the rounding threshold
+    (the midpoint between fp32's largest value and 2**128) is taken exactly when NumPy's fp32
+    cast of it is finite; NaN, inf, negatives under ``nonnegative`` and non-numbers are refused."""
+    from ascend_emu.errors import DTypeError
+
+    top = float(np.finfo(np.float32).max)
+    edge = 2.0**128 - 2.0**103
+    values = [0.0, -0.0, 1e-6, top, -top, edge, -edge, np.nextafter(edge, 0), np.nextafter(edge, np.inf),
+              np.nextafter(-edge, 0), 1e39, -1e40, 2**200, np.float16(3), np.int64(5), float("nan"), float("inf")]
+    for v in values:
+        with np.errstate(over="ignore", invalid="ignore"):
+            finite = bool(np.isfinite(np.float32(float(v))))
+        if finite:
+            assert check_float(v, "eps") == float(v)
+        else:
+            with pytest.raises(DTypeError, match="^eps: expected a float finite in fp32"):
+                check_float(v, "eps")
+    for bad in (True, "1.0", None, 10**400):
+        with pytest.raises(DTypeError, match="^eps: expected"):
+            check_float(bad, "eps")
+    with pytest.raises(DTypeError, match=">= 0"):
+        check_float(-1e-6, "eps", nonnegative=True)

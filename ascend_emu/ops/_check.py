@@ -260,6 +260,11 @@ def check_int(value, name: str, *, error: type = DTypeError, expected: str = "an
     return int(value)
 
 
+#: The smallest magnitude that rounds to inf in fp32 (RNE): the midpoint ``2**128 - 2**103`` between
+#: the largest fp32 value and ``2**128`` (ties go to the even ``2**128``).
+F32_INF_FROM = 2.0**128 - 2.0**103
+
+
 def check_float(value, name: str, *, nonnegative: bool = False) -> float:
     """A real Python / NumPy number (not a bool) that is finite once rounded to fp32, as the
     kernels use it (1e40 passes a float64 check and becomes inf); with ``nonnegative`` also >= 0
@@ -274,9 +279,8 @@ def check_float(value, name: str, *, nonnegative: bool = False) -> float:
             as_float = float(value)  # OverflowError: an int beyond float64
         except OverflowError:
             ok = False
-        else:
-            with np.errstate(over="ignore"):
-                ok = bool(np.isfinite(np.float32(as_float))) and not (nonnegative and as_float < 0)
+        else:  # NaN compares False; |x| from F32_INF_FROM up rounds to inf in fp32
+            ok = abs(as_float) < F32_INF_FROM and not (nonnegative and as_float < 0)
     if not ok:
         raise arg_error(DTypeError, name, f"a float finite in fp32 (|x| <= {float(np.finfo(np.float32).max):.7g})"
                         + (" and >= 0" if nonnegative else ""), describe(value))

@@ -43,6 +43,7 @@ vllm-project/vllm-ascend ``csrc/torch_binding.cpp`` (checks, schemas), ``csrc/mo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -187,7 +188,7 @@ def _x(x, name: str = "x", dtypes: tuple = ("bfloat16",)) -> tuple[np.ndarray, t
     if hc != HC_MULT or d not in HC_D or min(lead) < 1:
         raise arg_error(ShapeError, name, f"hc (dim {x.ndim - 2}) = {HC_MULT}, D (last dim) one of {HC_D} and "
                         f"every token dim >= 1", f"shape {list(x.shape)}")
-    tokens = int(np.prod(lead))
+    tokens = math.prod(lead)
     if tokens > MAX_TOKENS:
         raise arg_error(ShapeError, name, f"at most {MAX_TOKENS} tokens (T = B * S)", f"shape {list(x.shape)}")
     return x, tuple(int(n) for n in lead), int(d)
@@ -223,7 +224,7 @@ def _hc_pre(x, hc_fn, hc_scale, hc_base, pre_mix, hc_mult, hc_sinkhorn_iters, no
     if pre_mix is not None:
         pre_mix = _shaped(pre_mix, "pre_mix", (*lead, HC_MULT), "x's shape without D")
     if stage == "route":
-        stage = "fused" if fused_route(int(np.prod(lead))) else "composite"
+        stage = "fused" if fused_route(math.prod(lead)) else "composite"
     return get_backend().hc_pre(HcPreArgs(stage, x, lead, hc_fn=hc_fn, hc_scale=hc_scale, hc_base=hc_base,
                                           pre_mix=pre_mix, hc_mult=mult, hc_sinkhorn_iters=iters, **eps))
 
@@ -372,7 +373,7 @@ def npu_hc_post(x, residual, post, comb, *, x_layout: str = "any") -> np.ndarray
     if d not in HC_D or min(lead) < 1:
         raise arg_error(ShapeError, "x", f"D (last dim) one of {HC_D} and every token dim >= 1",
                         f"shape {list(x.shape)}")
-    if int(np.prod(lead)) > MAX_TOKENS:
+    if math.prod(lead) > MAX_TOKENS:
         raise arg_error(ShapeError, "x", f"at most {MAX_TOKENS} tokens", f"shape {list(x.shape)}")
     residual = _array(residual, "residual", (dtype_name(x.dtype),))
     post = _array(post, "post", HC_POST_DTYPES)
