@@ -31,8 +31,10 @@ rows) is decoded as the kernel's vector unit does before the cube's ``Q @ K^T`` 
 Fp8D448``, ``CastScale``): the E8M0 byte to bf16 to fp32 (``2**(byte - 127)``), the FP8 value to
 fp32, one fp32 multiply, a cast to bf16 (RINT); the rope part is the stored bf16. The product of a
 3-bit mantissa and a power of two is exact in bf16 unless it leaves bf16's range, so the decoded
-row is :func:`ascend_emu.quant.v4.decode_kv_rows`' value (a scale byte ``0xFF`` gives NaN; a
-product past the fp32 range inf, as the multiply does). Those bf16 rows then run the shared-KV
+row is :func:`ascend_emu.quant.v4.decode_kv_rows`' value rounded to bf16 (a scale byte ``0xFF``
+gives NaN; a product past the fp32 range inf, as the multiply does), computed for the rows read
+only, in one compiled pass (:func:`ascend_emu.quant.v4.decode_kv_rows_bf16`), and handed to the
+kernel as fp32. Those bf16 rows then run the shared-KV
 kernel (``ascend_emu/emu/sparse_attn_sharedkv.py``) with the sink as this kernel applies it:
 the running max starts at ``sinks[n]`` and the running sum at 1 ("maxUb initialised from sinks,
 sumUb to 1.0").
@@ -50,8 +52,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..quant.rounding import to_bf16
-from ..quant.v4 import decode_kv_rows, kv_row_bytes
+from ..quant.v4 import decode_kv_rows_bf16, kv_row_bytes
 from ..soc import require_ascend950
 from ._backend import get_backend
 from ._plan import PlanFormat
@@ -94,11 +95,12 @@ def _modes(kv_quant_mode, tile_size, rope_head_dim, *, allow_unset: bool) -> Non
 
 
 def _decoded(rows: np.ndarray, slots: np.ndarray, read: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rows ``slots[read]`` names, decoded to bf16 ``[n, 512]`` (module doc: the fp32
-    product is exact in bf16 but for values past bf16's range or below its subnormals, rounded
-    RNE as the kernel's cast), and ``slots`` renumbered into them (-1 where not read)."""
+    """The rows ``slots[read]`` names, decoded to their bf16 values held as fp32 ``[n, 512]``
+    (module doc: the fp32 product is exact in bf16 but for values past bf16's range or below its
+    subnormals, rounded RNE as the kernel's cast; :func:`ascend_emu.quant.v4.decode_kv_rows_bf16`),
+    and ``slots`` renumbered into them (-1 where not read)."""
     used = np.unique(slots[read & (slots >= 0)])
-    values = to_bf16(decode_kv_rows(rows[used].view(np.uint8), HEAD_DIM, quant_mode=2))
+    values = decode_kv_rows_bf16(rows.view(np.uint8), used, HEAD_DIM)
     renum = np.where(read & (slots >= 0), np.searchsorted(used, np.maximum(slots, 0)), -1)
     return values, renum.astype(np.int64)
 

@@ -119,11 +119,12 @@ class SharedKvArgs:
             950), the caller's data.
         out_shape: the output's shape (q's).
         token_batch, token_pos: int64 ``[T]``: each token's request and position ``p``.
-        ori_rows: ``[ori_blocks * ori_block_size, 512]`` view of ori_kv.
+        ori_rows: ``[ori_blocks * ori_block_size, 512]`` view of ori_kv (the 950: the rows read,
+            decoded to their bf16 values, as fp32 ``[n, 512]``).
         ori_slots: int64 ``[B, W]``: the ori row of request b's position ``ori_base[b] + w`` (-1
             past it; positions before ``ori_base[b]`` are not read: no window reaches them).
         ori_base: int64 ``[B]``: the position of column 0 of ``ori_slots``.
-        cmp_rows: ``[cmp_rows, 512]`` view of cmp_kv, or None (SWA).
+        cmp_rows: ``[cmp_rows, 512]`` view of cmp_kv (the 950: decoded as ori_rows), or None (SWA).
         cmp_slots: int64 ``[B, max S3]``: the cmp row of each compressed position, or None.
         cmp_indices: int64 ``[T, 512]`` compressed positions (-1 skip) for CSA, else None.
         sinks: fp32 ``[64]`` or None.

@@ -97,12 +97,14 @@ Inf as HiF8 does.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
-from ..errors import DTypeError, ModeError, NonFiniteInputError, ShapeError, arg_error, describe
+from ..errors import (DTypeError, IndexRangeError, ModeError, NonFiniteInputError, ShapeError, arg_error,
+                      describe)
 from .fp8 import FP8_DTYPES, FP8_MAX, fp8_name, to_fp8
 from .hifloat8 import to_hif8
 from .mx import E8M0_BIAS, E8M0_NAN, _check_int, e8m0_to_f32
-from .rounding import BF16, INT8_MAX, f32_to_f16, real_to_f32
+from .rounding import BF16, INT8_MAX, bf16_bits_to_f32, f32_bits_to_bf16_bits, f32_to_f16, real_to_f32
 from .schemes import quantize_per_token_multiplier
 
 #: Rope values at the end of each x row, stored first (bf16) in quant_mode 1 / 2 rows.
@@ -392,10 +394,7 @@ _FP8_TABLES: dict = {}
 
 def _fp8_f32(values: np.ndarray) -> np.ndarray:
     """fp32 values of an ml_dtypes fp8 array (exact; ml_dtypes' cast, through a 256-entry table)."""
-    table = _FP8_TABLES.get(values.dtype)
-    if table is None:
-        table = _FP8_TABLES[values.dtype] = np.arange(256, dtype=np.uint8).view(values.dtype).astype(np.float32)
-    return table[np.ascontiguousarray(values).view(np.uint8)]
+    return _fp8_table(values.dtype)[np.ascontiguousarray(values).view(np.uint8)]
 
 
 def decode_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m3fn",
@@ -436,6 +435,78 @@ def decode_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m
     out[:, q:] = rope.astype(np.float32)
     return out
 
+
+
+@njit(cache=True, nogil=True)
+def _decode_mode2_rows(rows, slots, values, scales, q, out):
+    """Kernel of :func:`decode_kv_rows_bf16`: rows uint8 ``[R, >= 128 + q + q / 64]``, slots int64
+    ``[n]`` (each in ``[0, R)``), values / scales fp32 ``[256]`` tables, out fp32 ``[n, q + 64]``."""
+    n_scales = q // KV_MX_GROUP
+    for i in range(slots.shape[0]):
+        row = rows[slots[i]]
+        for g in range(n_scales):
+            byte = row[KV_ROPE_BYTES + q + g]
+            f = scales[byte]
+            for j in range(g * KV_MX_GROUP, (g + 1) * KV_MX_GROUP):
+                if byte == E8M0_NAN:
+                    out[i, j] = bf16_bits_to_f32(np.uint16(0x7FC0))
+                else:
+                    v = values[row[KV_ROPE_BYTES + j]] * f
+                    out[i, j] = bf16_bits_to_f32(f32_bits_to_bf16_bits(np.float32(v).view(np.uint32)))
+        for j in range(KV_ROPE_DIM):
+            h = np.uint16(row[2 * j]) | (np.uint16(row[2 * j + 1]) << np.uint16(8))
+            v = bf16_bits_to_f32(h)  # exact; the rounding below only makes a NaN the canonical one
+            out[i, q + j] = bf16_bits_to_f32(f32_bits_to_bf16_bits(np.float32(v).view(np.uint32)))
+
+
+def decode_kv_rows_bf16(rows, slots, d: int = 512) -> np.ndarray:
+    """The rows ``slots`` of quant_mode 2 ``kv_compress_epilog`` rows (FP8 E4M3FN nope, E8M0
+    scales per 64 values, bf16 rope), decoded and rounded (RNE) to bf16, held as fp32
+    ``[n, d]``: ``to_bf16(decode_kv_rows(rows[slots], d, quant_mode=2))`` widened back, bit for
+    bit (a scale byte ``0xFF`` gives the NaN ``0x7FC0``), in one compiled pass over the rows read.
+
+    Args:
+        rows: uint8 ``[R, kv_row_bytes(d, 2)]`` rows (d 512: 640 bytes).
+        slots: int ``[n]`` row numbers, each in ``[0, R)``.
+        d: values per row, ``d - 64`` a positive multiple of 64.
+
+    Returns:
+        New fp32 ``[n, d]``: nope values in columns ``0 .. d - 65``, rope in the last 64.
+
+    Raises:
+        DTypeError: rows not uint8. ShapeError: rows not 2-D, a width that is not a row's, or
+        a ``d`` this format has no rows for.
+        IndexRangeError: a slot outside ``[0, R)``.
+    """
+    rows = np.asarray(rows)
+    if rows.dtype != np.uint8:
+        raise arg_error(DTypeError, "rows", "the rows' bytes as uint8", rows.dtype)
+    if rows.ndim != 2:
+        raise arg_error(ShapeError, "rows", "[R, row bytes]", describe(rows))
+    q = d - KV_ROPE_DIM
+    if q <= 0 or q % KV_MX_GROUP or rows.shape[1] != kv_row_bytes(d, 2):
+        raise arg_error(ShapeError, "rows", f"[R, {kv_row_bytes(d, 2) if q > 0 else 'row bytes'}] (quant_mode 2 "
+                        f"rows of d = {d}, d - 64 a multiple of 64)", describe(rows))
+    slots = np.ascontiguousarray(slots, dtype=np.int64).reshape(-1)
+    if slots.size and (int(slots.min()) < 0 or int(slots.max()) >= rows.shape[0]):
+        bad = int(slots.min()) if int(slots.min()) < 0 else int(slots.max())
+        raise arg_error(IndexRangeError, "slots", f"row numbers in [0, {rows.shape[0]})", bad)
+    values = _fp8_table(FP8_DTYPES["float8_e4m3fn"])
+    out = np.empty((slots.size, q + KV_ROPE_DIM), np.float32)
+    _decode_mode2_rows(rows, slots, values, _E8M0_TABLE, q, out)
+    return out
+
+
+def _fp8_table(dtype) -> np.ndarray:
+    """fp32 value of each of the 256 codes of an fp8 dtype (the table :func:`_fp8_f32` reads)."""
+    table = _FP8_TABLES.get(dtype)
+    if table is None:
+        table = _FP8_TABLES[dtype] = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float32)
+    return table
+
+
+#: fp32 value of each E8M0 byte (``0xFF``: NaN, replaced by the kernel).
+_E8M0_TABLE = e8m0_to_f32(np.arange(256, dtype=np.uint8))
 
 # ---------------------------------------------------------------------------- layout 2 (paged split)
 def kv_layout2_geometry(d: int, block_size: int, block_stride: int, quant_group_size: int | None = None
