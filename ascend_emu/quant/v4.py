@@ -104,7 +104,7 @@ from ..errors import (DTypeError, IndexRangeError, ModeError, NonFiniteInputErro
 from .fp8 import FP8_DTYPES, FP8_MAX, fp8_name, to_fp8
 from .hifloat8 import to_hif8
 from .mx import E8M0_BIAS, E8M0_NAN, _check_int, e8m0_to_f32
-from .rounding import BF16, INT8_MAX, bf16_bits_to_f32, f32_bits_to_bf16_bits, f32_to_f16, real_to_f32
+from .rounding import BF16, INT8_MAX, f32_to_f16, real_to_f32
 from .schemes import quantize_per_token_multiplier
 
 #: Rope values at the end of each x row, stored first (bf16) in quant_mode 1 / 2 rows.
@@ -437,26 +437,50 @@ def decode_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m
 
 
 
+@njit(cache=True, inline="always")
+def _e4m3_bits(c):
+    """fp32 bits of the FP8 E4M3FN code ``c`` (exact; ``0x7F`` / ``0xFF`` the NaN ``sign | 0x7FC00000``,
+    as ml_dtypes' cast), branch-free so that the row loop vectorises."""
+    c = np.uint32(c)
+    sign = (c & np.uint32(0x80)) << np.uint32(24)
+    e = (c >> np.uint32(3)) & np.uint32(0xF)
+    m = c & np.uint32(7)
+    normal = ((e + np.uint32(120)) << np.uint32(23)) | (m << np.uint32(20))
+    sub = np.float32(np.float32(m) * np.float32(2.0 ** -9)).view(np.uint32)  # exact: m * 2**-9
+    mag = normal if e != np.uint32(0) else sub
+    mag = np.uint32(0x7FC00000) if (c & np.uint32(0x7F)) == np.uint32(0x7F) else mag
+    return np.uint32(sign | mag)
+
+
+@njit(cache=True, inline="always")
+def _round_bf16_f32(v):
+    """fp32 ``v`` rounded RNE to bf16 (canonical NaN ``sign | 0x7FC0``), as fp32 (exact widening)."""
+    u = np.float32(v).view(np.uint32)
+    r = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)) << np.uint32(16)
+    nan = (u & np.uint32(0x80000000)) | np.uint32(0x7FC00000)
+    return np.uint32(nan if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000) else r).view(np.float32)
+
+
 @njit(cache=True, nogil=True)
-def _decode_mode2_rows(rows, slots, values, scales, q, out):
+def _decode_mode2_rows(rows, slots, scales, q, out):
     """Kernel of :func:`decode_kv_rows_bf16`: rows uint8 ``[R, >= 128 + q + q / 64]``, slots int64
-    ``[n]`` (each in ``[0, R)``), values / scales fp32 ``[256]`` tables, out fp32 ``[n, q + 64]``."""
-    n_scales = q // KV_MX_GROUP
+    ``[n]`` (each in ``[0, R)``), scales fp32 ``[256]`` E8M0 values, out fp32 ``[n, q + 64]``."""
     for i in range(slots.shape[0]):
         row = rows[slots[i]]
-        for g in range(n_scales):
+        o = out[i]
+        for g in range(q // KV_MX_GROUP):
             byte = row[KV_ROPE_BYTES + q + g]
-            f = scales[byte]
-            for j in range(g * KV_MX_GROUP, (g + 1) * KV_MX_GROUP):
-                if byte == E8M0_NAN:
-                    out[i, j] = bf16_bits_to_f32(np.uint16(0x7FC0))
-                else:
-                    v = values[row[KV_ROPE_BYTES + j]] * f
-                    out[i, j] = bf16_bits_to_f32(f32_bits_to_bf16_bits(np.float32(v).view(np.uint32)))
+            lo = g * KV_MX_GROUP
+            if byte == E8M0_NAN:
+                for j in range(lo, lo + KV_MX_GROUP):
+                    o[j] = np.uint32(0x7FC00000).view(np.float32)
+            else:
+                f = scales[byte]
+                for j in range(lo, lo + KV_MX_GROUP):
+                    o[j] = _round_bf16_f32(np.float32(_e4m3_bits(row[KV_ROPE_BYTES + j]).view(np.float32) * f))
         for j in range(KV_ROPE_DIM):
-            h = np.uint16(row[2 * j]) | (np.uint16(row[2 * j + 1]) << np.uint16(8))
-            v = bf16_bits_to_f32(h)  # exact; the rounding below only makes a NaN the canonical one
-            out[i, q + j] = bf16_bits_to_f32(f32_bits_to_bf16_bits(np.float32(v).view(np.uint32)))
+            h = np.uint32(row[2 * j]) | (np.uint32(row[2 * j + 1]) << np.uint32(8))
+            o[q + j] = _round_bf16_f32(np.uint32(h << np.uint32(16)).view(np.float32))  # exact; NaN made canonical
 
 
 def decode_kv_rows_bf16(rows, slots, d: int = 512) -> np.ndarray:
@@ -491,9 +515,8 @@ def decode_kv_rows_bf16(rows, slots, d: int = 512) -> np.ndarray:
     if slots.size and (int(slots.min()) < 0 or int(slots.max()) >= rows.shape[0]):
         bad = int(slots.min()) if int(slots.min()) < 0 else int(slots.max())
         raise arg_error(IndexRangeError, "slots", f"row numbers in [0, {rows.shape[0]})", bad)
-    values = _fp8_table(FP8_DTYPES["float8_e4m3fn"])
     out = np.empty((slots.size, q + KV_ROPE_DIM), np.float32)
-    _decode_mode2_rows(rows, slots, values, _E8M0_TABLE, q, out)
+    _decode_mode2_rows(rows, slots, _E8M0_TABLE, q, out)
     return out
 
 
