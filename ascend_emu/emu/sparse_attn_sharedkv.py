@@ -179,25 +179,29 @@ def _attend_chunk(q, win, cmp, tiles, args: SharedKvArgs, scale, sinks, is_bf16:
     s *= scale
     pad = np.concatenate([win, cmp], axis=1) < 0  # [a, rows]
     np.copyto(s, np.float32(-np.inf), where=pad[:, None, :])
+    nt = int(tiles[0])
+    tile_max = s.reshape(a, n, nt, TILE_ROWS).max(axis=3)  # [a, N, tiles]
     if args.sink_init:
-        m = np.repeat(sinks[None, :], a, axis=0)
+        m0 = np.repeat(sinks[None, :], a, axis=0)
         l_sum = np.ones((a, n), np.float32)
     else:
-        m = np.full((a, n), -np.inf, np.float32)
+        m0 = np.full((a, n), -np.inf, np.float32)
         l_sum = np.zeros((a, n), np.float32)
+    run = np.maximum.accumulate(np.concatenate([m0[:, :, None], tile_max], axis=2), axis=2)  # [a, N, 1 + tiles]
+    with np.errstate(invalid="ignore"):
+        alpha = np.exp(run[:, :, :-1] - run[:, :, 1:])  # [a, N, tiles]: exp(-inf) = 0 before the first tile
+    pexp = np.exp(s.reshape(a, n, nt, TILE_ROWS) - run[:, :, 1:, None])  # [a, N, tiles, 128]
+    row_sum = pexp.sum(axis=3, dtype=np.float32)  # [a, N, tiles]: each tile's pairwise sum
+    _round_rows(pexp.reshape(-1, TILE_ROWS), is_bf16, bits)
     acc = np.zeros((a, n, d), np.float32)
-    for j in range(int(tiles[0])):
+    for j in range(nt):
         k = int(np.count_nonzero(tiles > j))  # the leading run of tokens with tile j
-        sj = s[:k, :, j * TILE_ROWS:(j + 1) * TILE_ROWS]  # [k, N, 128]
-        m_new = np.maximum(m[:k], sj.max(axis=2))
-        with np.errstate(invalid="ignore"):
-            alpha = np.exp(m[:k] - m_new)  # exp(-inf) = 0 on the first tile
-        pexp = np.exp(sj - m_new[:, :, None])  # [k, N, 128]
-        l_sum[:k] = l_sum[:k] * alpha + pexp.sum(axis=2, dtype=np.float32)
-        _round_rows(pexp.reshape(-1, TILE_ROWS), is_bf16, bits)
-        pv = matmul_f32(pexp, k32[:k, j * TILE_ROWS:(j + 1) * TILE_ROWS])  # [k, N, D]
-        acc[:k] = acc[:k] * alpha[:, :, None] + pv
-        m[:k] = m_new
+        l_sum[:k] = l_sum[:k] * alpha[:k, :, j] + row_sum[:k, :, j]
+        pv = matmul_f32(pexp[:k, :, j], k32[:k, j * TILE_ROWS:(j + 1) * TILE_ROWS])  # [k, N, D]
+        acc_k = acc[:k]
+        np.multiply(acc_k, alpha[:k, :, j, None], out=acc_k)
+        acc_k += pv
+    m = run[np.arange(a), :, tiles]  # [a, N]: each token's max after its last tile
     if sinks is not None and not args.sink_init:
         l_sum = l_sum + np.exp(sinks[None, :] - m)
     return acc / l_sum[:, :, None]
