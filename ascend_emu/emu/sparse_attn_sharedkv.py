@@ -30,8 +30,9 @@ gathered fp32 rows) gathers its rows in one compiled pass, runs one batched prod
 token's ``S``, then each tile's softmax step and ``P @ K`` product for all the chunk's tokens that
 have the tile (tokens sorted by their tile count, so those are a leading run).
 
-The Ascend 950 op reaches this with its 640-byte rows already decoded by its contract to the
-bf16 values its vector unit feeds the cube (:mod:`ascend_emu.ops.kv_quant_sparse_attn_sharedkv`),
+The Ascend 950 op reaches this with its 640-byte rows (``args.encoded``): each row read is
+decoded, as it is gathered, to the bf16 values its vector unit feeds the cube
+(:mod:`ascend_emu.ops.kv_quant_sparse_attn_sharedkv`, :func:`ascend_emu.quant.v4.decode_kv_rows_bf16_into`),
 held as fp32.
 """
 
@@ -42,6 +43,7 @@ from numba import njit
 
 from ..ops.sparse_attn_sharedkv import SharedKvArgs, SharedKvOutputs
 from ..quant import BF16, to_bf16, to_f32
+from ..quant.v4 import decode_kv_rows_bf16_into
 from .kernels import narrow_row, widen_row
 from .matmul import matmul_f32, one_blas_thread
 
@@ -69,18 +71,6 @@ def _gather_bits(rows, slots, is_bf16, out, col0):
 
 
 @njit(cache=True, nogil=True)
-def _gather_f32(rows, slots, out, col0):
-    """:func:`_gather_bits` for fp32 rows (the 950's decoded rows)."""
-    for t in range(slots.shape[0]):
-        for j in range(slots.shape[1]):
-            s = slots[t, j]
-            if s < 0:
-                out[t, col0 + j, :] = 0.0
-            else:
-                out[t, col0 + j, :] = rows[s]
-
-
-@njit(cache=True, nogil=True)
 def _round_rows(x, is_bf16, bits):
     """Each row of fp32 ``x`` ``[n, W]`` rounded RNE to bf16 / fp16 and widened back, in place
     (``bits``: a uint16 ``[W]`` scratch)."""
@@ -89,15 +79,16 @@ def _round_rows(x, is_bf16, bits):
         widen_row(bits, x[i], is_bf16)
 
 
-def _gather(rows: np.ndarray, slots: np.ndarray, out: np.ndarray, col0: int) -> None:
-    """Rows ``slots`` ``[a, J]`` of a cache view (bf16 / fp16 / fp32 ``[R, D]``) into fp32
+def _gather(rows: np.ndarray, slots: np.ndarray, out: np.ndarray, col0: int, encoded: bool) -> None:
+    """Rows ``slots`` ``[a, J]`` of a cache view (bf16 / fp16 ``[R, D]``, or with
+    ``encoded`` the 950's ``[R, 640]`` rows, decoded as they are read) into fp32
     ``out[:, col0:col0 + J]``, padded places (-1) zero."""
+    if encoded:
+        decode_kv_rows_bf16_into(rows.view(np.uint8), slots, out, col0, out.shape[2])  # checks the slots
+        return
     if slots.size and int(slots.max()) >= rows.shape[0]:  # the contract's slots are in range
         raise AssertionError(f"sparse_attn_sharedkv: row {int(slots.max())} of {rows.shape[0]}")
-    if rows.dtype == np.float32:
-        _gather_f32(rows, slots, out, col0)
-    else:
-        _gather_bits(rows.view(np.uint16), slots, rows.dtype == BF16, out, col0)
+    _gather_bits(rows.view(np.uint16), slots, rows.dtype == BF16, out, col0)
 
 
 def sparse_attn_sharedkv(args: SharedKvArgs) -> SharedKvOutputs:
@@ -171,9 +162,9 @@ def _attend_chunk(q, win, cmp, tiles, args: SharedKvArgs, scale, sinks, is_bf16:
     a, n, d = q.shape
     width = TILE_ROWS + cmp.shape[1]
     k32 = np.empty((a, width, d), np.float32)  # [a, rows, D]
-    _gather(args.ori_rows, win, k32, 0)
+    _gather(args.ori_rows, win, k32, 0, args.encoded)
     if cmp.shape[1]:
-        _gather(args.cmp_rows, cmp, k32, TILE_ROWS)
+        _gather(args.cmp_rows, cmp, k32, TILE_ROWS, args.encoded)
     q32 = to_f32(q)  # [a, N, D] exact
     s = matmul_f32(q32, k32.transpose(0, 2, 1))  # [a, N, rows]
     s *= scale

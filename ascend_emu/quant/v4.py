@@ -462,45 +462,50 @@ def _round_bf16_f32(v):
 
 
 @njit(cache=True, nogil=True)
-def _decode_mode2_rows(rows, slots, scales, q, out):
-    """Kernel of :func:`decode_kv_rows_bf16`: rows uint8 ``[R, >= 128 + q + q / 64]``, slots int64
-    ``[n]`` (each in ``[0, R)``), scales fp32 ``[256]`` E8M0 values, out fp32 ``[n, q + 64]``."""
-    for i in range(slots.shape[0]):
-        row = rows[slots[i]]
-        o = out[i]
-        for g in range(q // KV_MX_GROUP):
-            byte = row[KV_ROPE_BYTES + q + g]
-            lo = g * KV_MX_GROUP
-            if byte == E8M0_NAN:
-                for j in range(lo, lo + KV_MX_GROUP):
-                    o[j] = np.uint32(0x7FC00000).view(np.float32)
-            else:
-                f = scales[byte]
-                for j in range(lo, lo + KV_MX_GROUP):
-                    o[j] = _round_bf16_f32(np.float32(_e4m3_bits(row[KV_ROPE_BYTES + j]).view(np.float32) * f))
-        for j in range(KV_ROPE_DIM):
-            h = np.uint32(row[2 * j]) | (np.uint32(row[2 * j + 1]) << np.uint32(8))
-            o[q + j] = _round_bf16_f32(np.uint32(h << np.uint32(16)).view(np.float32))  # exact; NaN made canonical
+def _decode_mode2_rows(rows, slots, scales, q, out, col0):
+    """Kernel of :func:`decode_kv_rows_bf16_into`: rows uint8 ``[R, >= 128 + q + q / 64]``, slots
+    int64 ``[a, J]`` (each in ``[-1, R)``), scales fp32 ``[256]`` E8M0 values, out fp32
+    ``[a, >= col0 + J, q + 64]``."""
+    for t in range(slots.shape[0]):
+        for i in range(slots.shape[1]):
+            o = out[t, col0 + i]
+            if slots[t, i] < 0:
+                o[:] = 0.0
+                continue
+            row = rows[slots[t, i]]
+            for g in range(q // KV_MX_GROUP):
+                byte = row[KV_ROPE_BYTES + q + g]
+                lo = g * KV_MX_GROUP
+                if byte == E8M0_NAN:
+                    for j in range(lo, lo + KV_MX_GROUP):
+                        o[j] = np.uint32(0x7FC00000).view(np.float32)
+                else:
+                    f = scales[byte]
+                    for j in range(lo, lo + KV_MX_GROUP):
+                        o[j] = _round_bf16_f32(np.float32(_e4m3_bits(row[KV_ROPE_BYTES + j]).view(np.float32) * f))
+            for j in range(KV_ROPE_DIM):
+                h = np.uint32(row[2 * j]) | (np.uint32(row[2 * j + 1]) << np.uint32(8))
+                o[q + j] = _round_bf16_f32(np.uint32(h << np.uint32(16)).view(np.float32))  # exact; NaN canonical
 
 
-def decode_kv_rows_bf16(rows, slots, d: int = 512) -> np.ndarray:
+def decode_kv_rows_bf16_into(rows, slots, out: np.ndarray, col0: int = 0, d: int = 512) -> None:
     """The rows ``slots`` of quant_mode 2 ``kv_compress_epilog`` rows (FP8 E4M3FN nope, E8M0
-    scales per 64 values, bf16 rope), decoded and rounded (RNE) to bf16, held as fp32
-    ``[n, d]``: ``to_bf16(decode_kv_rows(rows[slots], d, quant_mode=2))`` widened back, bit for
-    bit (a scale byte ``0xFF`` gives the NaN ``0x7FC0``), in one compiled pass over the rows read.
+    scales per 64 values, bf16 rope), decoded and rounded (RNE) to bf16, written as fp32 into
+    ``out[t, col0 + i]``: ``to_bf16(decode_kv_rows(rows[slots], d, quant_mode=2))`` widened back,
+    bit for bit (a scale byte ``0xFF`` gives the NaN ``0x7FC0``; a NaN rope value the canonical
+    one), zeros where a slot is -1; one compiled pass over the rows read, no other row touched.
 
     Args:
         rows: uint8 ``[R, kv_row_bytes(d, 2)]`` rows (d 512: 640 bytes).
-        slots: int ``[n]`` row numbers, each in ``[0, R)``.
+        slots: int ``[a, J]`` row numbers, each in ``[0, R)`` or -1 (a padded place).
+        out: fp32 C-contiguous ``[a, >= col0 + J, d]``, written at ``[:, col0:col0 + J]`` only.
+        col0: the first column of ``out`` written.
         d: values per row, ``d - 64`` a positive multiple of 64.
 
-    Returns:
-        New fp32 ``[n, d]``: nope values in columns ``0 .. d - 65``, rope in the last 64.
-
     Raises:
-        DTypeError: rows not uint8. ShapeError: rows not 2-D, a width that is not a row's, or
-        a ``d`` this format has no rows for.
-        IndexRangeError: a slot outside ``[0, R)``.
+        DTypeError: rows not uint8, out not fp32. ShapeError: rows not 2-D, a width that is not
+        a row's, a ``d`` this format has no rows for, slots not 2-D, or an ``out`` they do not
+        fit. IndexRangeError: a slot outside ``[-1, R)``. Nothing is written then.
     """
     rows = np.asarray(rows)
     if rows.dtype != np.uint8:
@@ -511,13 +516,34 @@ def decode_kv_rows_bf16(rows, slots, d: int = 512) -> np.ndarray:
     if q <= 0 or q % KV_MX_GROUP or rows.shape[1] != kv_row_bytes(d, 2):
         raise arg_error(ShapeError, "rows", f"[R, {kv_row_bytes(d, 2) if q > 0 else 'row bytes'}] (quant_mode 2 "
                         f"rows of d = {d}, d - 64 a multiple of 64)", describe(rows))
-    slots = np.ascontiguousarray(slots, dtype=np.int64).reshape(-1)
-    if slots.size and (int(slots.min()) < 0 or int(slots.max()) >= rows.shape[0]):
-        bad = int(slots.min()) if int(slots.min()) < 0 else int(slots.max())
-        raise arg_error(IndexRangeError, "slots", f"row numbers in [0, {rows.shape[0]})", bad)
-    out = np.empty((slots.size, q + KV_ROPE_DIM), np.float32)
-    _decode_mode2_rows(rows, slots, _E8M0_TABLE, q, out)
-    return out
+    slots = np.ascontiguousarray(slots, dtype=np.int64)
+    if slots.ndim != 2:
+        raise arg_error(ShapeError, "slots", "[a, J] row numbers", describe(slots))
+    if slots.size and (int(slots.min()) < -1 or int(slots.max()) >= rows.shape[0]):
+        bad = int(slots.min()) if int(slots.min()) < -1 else int(slots.max())
+        raise arg_error(IndexRangeError, "slots", f"row numbers in [0, {rows.shape[0]}) or -1", bad)
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32:
+        raise arg_error(DTypeError, "out", "an fp32 array", describe(out))
+    if (out.ndim != 3 or not out.flags.c_contiguous or out.shape[0] != slots.shape[0] or out.shape[2] != d
+            or not 0 <= col0 <= out.shape[1] - slots.shape[1]):
+        raise arg_error(ShapeError, "out", f"C-contiguous fp32 [{slots.shape[0]}, >= {col0} + {slots.shape[1]}, "
+                        f"{d}]", describe(out))
+    _decode_mode2_rows(rows, slots, _E8M0_TABLE, q, out, col0)
+
+
+def decode_kv_rows_bf16(rows, slots, d: int = 512) -> np.ndarray:
+    """:func:`decode_kv_rows_bf16_into` of int ``slots`` ``[n]`` (each in ``[0, R)``) into a new
+    fp32 ``[n, d]``: nope values in columns ``0 .. d - 65``, rope in the last 64.
+
+    Raises:
+        as :func:`decode_kv_rows_bf16_into`; IndexRangeError also for a slot -1.
+    """
+    slots = np.ascontiguousarray(slots, dtype=np.int64).reshape(1, -1)
+    if slots.size and int(slots.min()) < 0:
+        raise arg_error(IndexRangeError, "slots", "row numbers >= 0", int(slots.min()))
+    out = np.empty((1, slots.shape[1], max(int(d), 0)), np.float32)
+    decode_kv_rows_bf16_into(rows, slots, out, 0, d)
+    return out[0]
 
 
 def _fp8_table(dtype) -> np.ndarray:
