@@ -461,6 +461,12 @@ def _round_bf16_f32(v):
     return np.uint32(nan if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000) else r).view(np.float32)
 
 
+#: E8M0 bytes whose products with every FP8 E4M3FN value are exact normal bf16 values (or 0, or
+#: the fp8 NaN, already canonical): from ``2**-9 * 2**(10 - 127) = 2**-126`` to ``448 *
+#: 2**(246 - 127) < 2**128``; a 3-bit mantissa fits bf16's 7, so the bf16 rounding changes nothing.
+EXACT_BF16_SCALE_BYTES = (10, 246)
+
+
 @njit(cache=True, nogil=True)
 def _decode_mode2_rows(rows, slots, scales, q, out, col0):
     """Kernel of :func:`decode_kv_rows_bf16_into`: rows uint8 ``[R, >= 128 + q + q / 64]``, slots
@@ -479,6 +485,10 @@ def _decode_mode2_rows(rows, slots, scales, q, out, col0):
                 if byte == E8M0_NAN:
                     for j in range(lo, lo + KV_MX_GROUP):
                         o[j] = np.uint32(0x7FC00000).view(np.float32)
+                elif EXACT_BF16_SCALE_BYTES[0] <= byte <= EXACT_BF16_SCALE_BYTES[1]:  # the rounding is exact
+                    f = scales[byte]
+                    for j in range(lo, lo + KV_MX_GROUP):
+                        o[j] = np.float32(_e4m3_bits(row[KV_ROPE_BYTES + j]).view(np.float32) * f)
                 else:
                     f = scales[byte]
                     for j in range(lo, lo + KV_MX_GROUP):
