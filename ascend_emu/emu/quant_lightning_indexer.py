@@ -127,6 +127,16 @@ def _score_top_k_parallel(dots, ws, ks, limit, staged, idx_out):
         _score_top_k_range(c, c + 1, dots, ws, ks, limit, staged, idx_out)
 
 
+@njit(cache=True, nogil=True)
+def _gather_widen_int8(key_rows, slots, kh, out):
+    """``out[p] = fp32(key_rows[slots[p], kh])``: int8 key rows ``[R, N2, D]`` gathered and widened
+    (exact) in one pass; slots int64 ``[L]`` validated by the contract (each in ``[0, R)``)."""
+    for p in range(slots.shape[0]):
+        row = key_rows[slots[p], kh]
+        for j in range(out.shape[1]):
+            out[p, j] = np.float32(row[j])
+
+
 def _int8_as_f32(dim: int) -> bool:
     """Whether the int8 ``q . k`` runs as an fp32 product of the widened values
     (:func:`~ascend_emu.emu.matmul.matmul_f32`) rather than :func:`~ascend_emu.emu.matmul.matmul_int8`:
@@ -166,13 +176,15 @@ def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIn
         width = max(int(lim.max()), 0)
         slots = ia.slots[b, :width]  # [L] validated rows
         for kh in range(n2):
-            keys = np.ascontiguousarray(key_rows[slots, kh])  # [L, D] int8 / FP8 / HiF8 codes
+            exact_f32 = staged and _int8_as_f32(dim)
+            if exact_f32:  # int8 values widened once: every partial sum of D <= 1024 products is exact
+                keys = np.empty((width, dim), np.float32)  # [L, D]
+                _gather_widen_int8(key_rows, slots, kh, keys)
+            else:
+                keys = np.ascontiguousarray(key_rows[slots, kh])  # [L, D] int8 / FP8 / HiF8 codes
             if not staged:
                 keys = table[keys.view(np.uint8)]  # [L, D] fp32 values of the visible rows only
             ks = np.ascontiguousarray(ks_rows[slots, kh], dtype=np.float32)  # [L]
-            exact_f32 = staged and _int8_as_f32(dim)
-            if exact_f32:  # int8 values widened once: every partial sum of D <= 1024 products is exact
-                keys = keys.astype(np.float32)
             step = _chunk(width, g)
             for c0 in range(0, rows.size, step):
                 sub = rows[c0:c0 + step]
