@@ -77,7 +77,8 @@ def _stage_f16(d):
     where RNE to fp16 is RNE of the fp32 significand to 11 bits (a carry moves into the exponent
     as it should), and from 65520 up inf. The same bits as the fp16 cast widened back (checked
     over every integer up to ``2**24`` by ``tests/test_quant_lightning_indexer.py``)."""
-    x = np.float32(np.float32(max(d, 0.0)) * DEQ_SCALE)
+    d = np.float32(d)
+    x = np.float32((d if d > np.float32(0.0) else np.float32(0.0)) * DEQ_SCALE)
     u = x.view(np.uint32)
     r = np.uint32((u + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000))
     return np.float32(np.inf) if x >= F16_INF_FROM else r.view(np.float32)
