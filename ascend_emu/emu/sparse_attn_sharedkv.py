@@ -79,6 +79,19 @@ def _round_rows(x, is_bf16, bits):
         widen_row(bits, x[i], is_bf16)
 
 
+@njit(cache=True, nogil=True)
+def _rescale_add(acc, alpha, pv):
+    """``acc = acc * alpha[..., None] + pv`` in place, two fp32 roundings (no fused multiply-add):
+    acc fp32 ``[k, N, D]`` (a leading slice of a C-contiguous array), alpha ``[k, N]`` (any
+    strides), pv fp32 ``[k, N, D]``."""
+    for t in range(acc.shape[0]):
+        for h in range(acc.shape[1]):
+            a = alpha[t, h]
+            row, add = acc[t, h], pv[t, h]
+            for i in range(row.shape[0]):
+                row[i] = np.float32(row[i] * a) + add[i]
+
+
 def _gather(rows: np.ndarray, slots: np.ndarray, out: np.ndarray, col0: int, encoded: bool) -> None:
     """Rows ``slots`` ``[a, J]`` of a cache view (bf16 / fp16 ``[R, D]``, or with
     ``encoded`` the 950's ``[R, 640]`` rows, decoded as they are read) into fp32
@@ -121,9 +134,11 @@ def _token_rows(args: SharedKvArgs) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         count = (p + 1) // args.cmp_ratio
         cpos = np.arange(int(count.max(initial=0)))[None, :]
     else:
-        first = np.argsort(args.cmp_indices == -1, axis=1, kind="stable")  # valid entries first, in order
-        cpos = np.take_along_axis(args.cmp_indices, first, axis=1)
-        count = (cpos != -1).sum(axis=1)
+        cpos = args.cmp_indices
+        skip = cpos == -1
+        if (skip[:, :-1] > skip[:, 1:]).any():  # a valid entry after a -1: valid entries first, in order
+            cpos = np.take_along_axis(cpos, np.argsort(skip, axis=1, kind="stable"), axis=1)
+        count = cpos.shape[1] - skip.sum(axis=1)
         cpos = cpos[:, :int(count.max(initial=0))]
     width = -(-int(count.max(initial=0)) // TILE_ROWS) * TILE_ROWS
     cmp = np.full((t, width), -1, np.int64)
@@ -189,9 +204,7 @@ def _attend_chunk(q, win, cmp, tiles, args: SharedKvArgs, scale, sinks, is_bf16:
         k = int(np.count_nonzero(tiles > j))  # the leading run of tokens with tile j
         l_sum[:k] = l_sum[:k] * alpha[:k, :, j] + row_sum[:k, :, j]
         pv = matmul_f32(pexp[:k, :, j], k32[:k, j * TILE_ROWS:(j + 1) * TILE_ROWS])  # [k, N, D]
-        acc_k = acc[:k]
-        np.multiply(acc_k, alpha[:k, :, j, None], out=acc_k)
-        acc_k += pv
+        _rescale_add(acc[:k], alpha[:k, :, j], pv)
     m = run[np.arange(a), :, tiles]  # [a, N]: each token's max after its last tile
     if sinks is not None and not args.sink_init:
         l_sum = l_sum + np.exp(sinks[None, :] - m)
