@@ -175,18 +175,22 @@ def test_a_token_gives_the_same_bytes_alone_as_among_others(monkeypatch):
 
     from ascend_emu.emu import sparse_attn_sharedkv as emu_skv
 
+    real, seen = skv.prepare, []
+
+    def capture(*a, **k):
+        seen.append(real(*a, **k))
+        return seen[-1]
+
     for name, case in (("hca", CASES["hca"]), ("csa", dict(kind="csa", q_lens=[2, 1], kv_lens=[1100, 90]))):
         c = _case(**case)
         if name == "csa":  # token 0 (position 1098, 274 visible rows) names 270 of them: 3 tiles
             c["idx"][0] = -1
             c["idx"][0, 100:370] = np.arange(270)
         q, kw = _call_args(c)
-        seen = []
-        real = skv.prepare
-        monkeypatch.setattr(skv, "prepare", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+        monkeypatch.setattr(skv, "prepare", capture)
         together = ops.npu_sparse_attn_sharedkv(q, **kw)[0].reshape(-1, 64, D)
         monkeypatch.setattr(skv, "prepare", real)
-        args = seen[0]
+        args = seen[-1]
         if name == "csa":  # 3 compressed tiles against 1
             assert len(set(-(-(args.cmp_indices >= 0).sum(axis=1) // 128))) > 1
         for i in range(together.shape[0]):

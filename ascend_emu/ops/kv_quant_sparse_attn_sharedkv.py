@@ -57,7 +57,7 @@ from ..soc import require_ascend950
 from ._backend import get_backend
 from ._plan import PlanFormat
 from .sparse_attn_sharedkv import (_EMPTY_LSE, CMP_MASK_MODE, CMP_TOPK, HEAD_DIM, LAYOUT_KV, NUM_HEADS_Q,
-                                   ORI_MASK_MODE, ORI_WIN_LEFT, ORI_WIN_RIGHT, PLAN_FIELDS, SharedKvArgs, Variant,
+                                   ORI_MASK_MODE, ORI_WIN_LEFT, ORI_WIN_RIGHT, PLAN_FIELDS, Variant,
                                    _only, plan_words, prepare)
 
 #: kv_quant_mode 1: per-tile FP8 E4M3FN nope with E8M0 scales (the README's only mode).
