@@ -13,6 +13,11 @@ ratio 4 and the indexer's top-512):
   ``P [64, L] @ K`` over its ``L = 128 + 512`` rows (window and top-512) and the rows' bytes
   gathered at the copy bandwidth (bf16: 1024 bytes a row; the 950: 640).
 
+A last line times the attentions' products alone on the emulator's engine (fp32 sgemm on
+widened operands: one ``q @ K^T`` over a token's 640 rows, one ``P @ K`` per 128-row tile): the
+op over it is what the emulator adds to its products, it over the machine floor the engine's gap
+(oneDNN bf16 against sgemm).
+
 Time per call: the best average over ``--rounds`` alternating rounds of ``--calls`` calls after
 a warm-up round (``benchmarks/_timing.py``).
 
@@ -32,6 +37,7 @@ from _floor import MachineFloor, floor_line, movement, other, product, ratio_lin
 from _timing import best_times, run_with_threads
 
 from ascend_emu import ops
+from ascend_emu.emu.matmul import one_blas_thread
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -138,13 +144,29 @@ def main() -> None:
     pv = product("P@K", rng.uniform(0, 1, (N1, rows)).astype(BF16), kv)
     floor16 = MachineFloor([qk, pv, movement("rows", rows * D * 2)] * b)
     floor8 = MachineFloor([qk, pv, movement("rows", rows * 640)] * b)
+    # the emulator's own floor: its products on its engine (fp32 sgemm on widened operands, one
+    # q @ K^T over the token's rows, one P @ K per 128-row tile, one OpenBLAS thread)
+    q32, k32 = q[0].astype(np.float32), kv.astype(np.float32)
+    p32 = rng.uniform(0, 1, (N1, 128)).astype(BF16).astype(np.float32)
 
-    t_qli, f_qli, t16, f16, t8, f8 = best_times([indexer, qli_floor, a2a3, floor16, a950, floor8], args.rounds,
-                                                number=args.calls)
+    def own_products():
+        with one_blas_thread():
+            for _ in range(b):
+                np.matmul(q32, k32.T)
+                for j in range(0, rows, 128):
+                    np.matmul(p32, k32[j:j + 128])
+
+    own = MachineFloor([other("products", "sgemm", own_products)])
+
+    t_qli, f_qli, t16, f16, t8, f8, t_own = best_times([indexer, qli_floor, a2a3, floor16, a950, floor8, own],
+                                                       args.rounds, number=args.calls)
     for name, t, f, fl in (("npu_vllm_quant_lightning_indexer", t_qli, f_qli, qli_floor),
                            ("npu_sparse_attn_sharedkv", t16, f16, floor16),
                            ("npu_kv_quant_sparse_attn_sharedkv", t8, f8, floor8)):
         print(f"{name:34s} {t * 1e3:8.2f} ms/step  {floor_line(fl, f)}  {ratio_line(name, t, f)}")
+    print(f"{'attention products on sgemm':34s} {t_own * 1e3:8.2f} ms/step  (the emulator's engine; / machine floor "
+          f"{t_own / f16:.2f}): npu_sparse_attn_sharedkv / them {t16 / t_own:.2f}, "
+          f"npu_kv_quant_sparse_attn_sharedkv / them {t8 / t_own:.2f}")
 
 
 if __name__ == "__main__":

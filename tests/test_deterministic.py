@@ -178,14 +178,23 @@ def test_every_op_makes_no_library_product(name, monkeypatch):
             call()
     finally:
         emu_matmul.set_int8_engine(None)
-    checked = 0
+    checked = corners = 0
     for a, b, res in seen:
         a3, b3 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])  # the ops' products: 2-D or [H, M, K]
-        if a.ndim != b.ndim or a3.shape[0] * a3.shape[1] * a3.shape[2] * b3.shape[2] > REFERENCE_MACS:
+        if a.ndim != b.ndim:
             continue
-        for h in range(a3.shape[0]):
-            assert_same_bytes(res.reshape(a3.shape[0], a3.shape[1], -1)[h], fixed_order_matmul(a3[h], b3[h]),
-                              f"{name}: {a.shape} x {b.shape}, batch {h}")
+        r3 = res.reshape(a3.shape[0], a3.shape[1], -1)
+        if a3.shape[0] * a3.shape[1] * a3.shape[2] * b3.shape[2] > REFERENCE_MACS:
+            # a larger product: a corner of its first batch item (each element's order is its own)
+            m, n = min(a3.shape[1], 4), min(b3.shape[2], 32)
+            if corners == 3 or m * a3.shape[2] * n > REFERENCE_MACS:  # three corners an op: the test stays cheap
+                continue
+            corners += 1
+            assert_same_bytes(r3[0, :m, :n], fixed_order_matmul(a3[0, :m], b3[0, :, :n]),
+                              f"{name}: {a.shape} x {b.shape}, batch 0, corner")
+        else:
+            for h in range(a3.shape[0]):
+                assert_same_bytes(r3[h], fixed_order_matmul(a3[h], b3[h]), f"{name}: {a.shape} x {b.shape}, batch {h}")
         checked += 1
     if name != "npu_quant_lightning_indexer int8 PA_BSND":  # int8 products only
         assert checked, f"{name}: no fp32 product checked against the reference ({len(seen)} seen)"

@@ -173,6 +173,36 @@ def test_the_decoded_rows_are_what_the_a2a3_op_reads(monkeypatch):
     assert_same_bytes(got, ops.npu_sparse_attn_sharedkv(q, **a2)[0])
 
 
+def test_the_compiled_row_decode_matches_the_reference_bit_for_bit():
+    """quant.v4.decode_kv_rows_bf16 (the rows the op reads, decoded in one compiled pass) against the
+    reference decode rounded to bf16, over every scale byte (0: fp32 subnormal scale, 0xFF: NaN,
+    >= 0xB7: products past the bf16 / fp32 range) and every fp8 code, rows read out of order."""
+    from ascend_emu.quant.v4 import decode_kv_rows_bf16, decode_kv_rows_bf16_into
+
+    rng = np.random.default_rng(11)
+    rows = rng.integers(0, 256, (512, W), dtype=np.uint8)
+    rows[:256, 576:583] = np.arange(256, dtype=np.uint8)[:, None]  # every scale byte
+    rows[:256, 128:384] = np.arange(256, dtype=np.uint8)[None, :]  # every fp8 code under each
+    slots = rng.permutation(512)[:400]
+    got = decode_kv_rows_bf16(rows, slots)  # fp32 holding bf16 values
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = ref.decode_rows(rows[slots]).astype(np.float32).astype(BF16).astype(np.float32)
+    assert got.shape == (400, D) and got.dtype == np.float32
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert_same_bytes(np.where(nan, 0, got.view(np.uint32)), np.where(nan, 0, want.view(np.uint32)))
+    out = np.full((1, 3, D), 7.0, np.float32)  # into columns 1.. of a gathered row block; -1 pads with 0
+    decode_kv_rows_bf16_into(rows, np.array([[-1, slots[5]]]), out, 1)
+    assert (out[0, 0] == 7).all() and (out[0, 1] == 0).all()
+    assert_same_bytes(out[0, 2], decode_kv_rows_bf16(rows, slots[5:6])[0])
+    with pytest.raises(IndexRangeError, match="slots"):
+        decode_kv_rows_bf16(rows, np.array([3, 512]))
+    with pytest.raises(IndexRangeError, match="slots"):
+        decode_kv_rows_bf16_into(rows, np.array([[-2]]), out, 0)
+    with pytest.raises(ShapeError, match="rows"):
+        decode_kv_rows_bf16(rows[:, :600], slots)
+
+
 def test_output_does_not_depend_on_the_physical_block_order():
     for name in ("dense128", "sparse4", "swa"):
         c = _case(**CASES[name])

@@ -162,6 +162,26 @@ def test_fp16_rounding_of_the_dot_makes_ties_lower_index_first():
     assert out.reshape(-1).tolist() == [3, 0, 1, 2]
 
 
+def test_the_compiled_fp16_staging_is_the_fp16_cast_for_every_integer_dot():
+    """The kernel's branch-free staging of an exact dot (emu ``_stage_f16``) against NumPy's fp16
+    cast of ``relu(d) * 2**-10``, for every integer ``d`` from -2**21 to 2**24 (D <= 1024 int8
+    products stay within it): the same fp32 bits, ties to even included."""
+    from numba import njit
+
+    from ascend_emu.emu.quant_lightning_indexer import _stage_f16
+
+    @njit(cache=False)
+    def stage_all(d, out):
+        for i in range(d.size):
+            out[i] = _stage_f16(d[i])
+
+    d = np.arange(-2**21, 2**24 + 1, dtype=np.int64).astype(np.float32)  # exact in fp32
+    got = np.empty_like(d)
+    stage_all(d, got)
+    want = (np.maximum(d, np.float32(0)) * np.float32(2.0 ** -10)).astype(np.float16).astype(np.float32)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_negative_dots_relu_to_zero_and_tie():
     """relu: keys with negative dots all score 0 and follow the positive ones in position order."""
     query = np.ones((1, 1, 2, D), np.int8)

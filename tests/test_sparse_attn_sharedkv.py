@@ -167,6 +167,39 @@ def test_output_does_not_depend_on_the_physical_block_order():
         assert_same_bytes(ops.npu_sparse_attn_sharedkv(q, **a)[0], ops.npu_sparse_attn_sharedkv(q, **b)[0], name)
 
 
+def test_a_token_gives_the_same_bytes_alone_as_among_others(monkeypatch):
+    """The CPU kernel runs the call's tokens together, padding each tile to 128 places: a token's
+    output does not depend on the others (HCA, and CSA with 2 and 4 tiles in one call; the
+    indices' -1 entries anywhere)."""
+    from dataclasses import replace
+
+    from ascend_emu.emu import sparse_attn_sharedkv as emu_skv
+
+    real, seen = skv.prepare, []
+
+    def capture(*a, **k):
+        seen.append(real(*a, **k))
+        return seen[-1]
+
+    for name, case in (("hca", CASES["hca"]), ("csa", dict(kind="csa", q_lens=[2, 1], kv_lens=[1100, 90]))):
+        c = _case(**case)
+        if name == "csa":  # token 0 (position 1098, 274 visible rows) names 270 of them: 3 tiles
+            c["idx"][0] = -1
+            c["idx"][0, 100:370] = np.arange(270)
+        q, kw = _call_args(c)
+        monkeypatch.setattr(skv, "prepare", capture)
+        together = ops.npu_sparse_attn_sharedkv(q, **kw)[0].reshape(-1, 64, D)
+        monkeypatch.setattr(skv, "prepare", real)
+        args = seen[-1]
+        if name == "csa":  # 3 compressed tiles against 1
+            assert len(set(-(-(args.cmp_indices >= 0).sum(axis=1) // 128))) > 1
+        for i in range(together.shape[0]):
+            one = replace(args, q=args.q[i:i + 1], token_batch=args.token_batch[i:i + 1],
+                          token_pos=args.token_pos[i:i + 1],
+                          cmp_indices=None if args.cmp_indices is None else args.cmp_indices[i:i + 1])
+            assert_same_bytes(emu_skv.sparse_attn_sharedkv(one).out[0], together[i], f"{name} token {i}")
+
+
 def test_table_entries_before_every_window_are_not_read():
     """Blocks no window reaches (freed SWA blocks) may hold any id; the ones a window reads are checked."""
     c = _case(**CASES["swa"])  # request 0: kv 200, 3 queries: positions 70.. read, blocks 0 and 1 not

@@ -11,7 +11,8 @@ Numerics, step by step as the A2 / A3 kernel does them (ops-transformer
    bits), so rounding that once is the fp16 multiply.
 2. ``dot[h, p] = q[h] . k[p]``: int8 x int8 on the cube into int32 (``ComputeQk``, L0C
    ``int32_t``). Exact here: every partial sum is an integer of magnitude at most 128**3 = 2**21,
-   computed by :func:`~ascend_emu.emu.matmul.matmul_int8` (exact int32, held as float64).
+   computed by :func:`~ascend_emu.emu.matmul.matmul_int8` (exact int32), or, where its engine is
+   fp32 sgemm anyway, by one fp32 product of the widened values (exact: D <= 1024), held as fp32.
 3. ``s[h, p] = fp16(relu(dot) * 2**-10)``: the fixpipe moves L0C to L1 with ``reluPre = 1`` and
    ``quantPre = DEQF16`` with the scale ``0x3a800000`` = 2**-10 (``FixpSToL1``): the scaling is
    exact in fp32 (|dot| < 2**24), then one RNE rounding to fp16 (at most 2048, never overflows).
@@ -57,27 +58,38 @@ from numba import njit, prange
 
 from ..ops.quant_lightning_indexer import QuantLightningIndexerArgs, QuantLightningIndexerOutputs
 from ..quant.combined import NOPE_BYTE_VALUES
-from ..quant.rounding import f16_bits_to_f32, f32_bits_to_f16_bits
 from .lightning_indexer import PARALLEL_MIN_SCORES, _batch_rows, _chunk, _top_k
-from .matmul import matmul_f32, matmul_int8
+from .matmul import SGEMM_EXACT_K, int8_engine, matmul_f32, matmul_int8
 
 #: The fixpipe's dequant scale before the fp16 staging (``SetFixpipePreQuantFlag(0x3a800000)``).
 DEQ_SCALE = np.float32(2.0 ** -10)
 
 
+#: Smallest fp32 value fp16's RNE rounds to inf (65504 + half an ulp of 32).
+F16_INF_FROM = np.float32(65520.0)
+
+
 @njit(cache=True, inline="always")
 def _stage_f16(d):
-    """``fp32(fp16(relu(d) * 2**-10))`` of an exact integer dot ``d`` (float64), RNE."""
-    x = np.float32(max(d, 0.0)) * DEQ_SCALE  # exact: an integer below 2**24 times a power of two
-    return f16_bits_to_f32(f32_bits_to_f16_bits(np.float32(x).view(np.uint32)))
+    """``fp32(fp16(relu(d) * 2**-10))`` of an exact integer dot ``d`` (fp32 holding an integer of
+    magnitude at most ``2**24``), RNE, branch-free so that the head loop vectorises: ``x =
+    relu(d) * 2**-10`` is exact and either 0 or at least ``2**-10``, inside fp16's normal range,
+    where RNE to fp16 is RNE of the fp32 significand to 11 bits (a carry moves into the exponent
+    as it should), and from 65520 up inf. The same bits as the fp16 cast widened back (checked
+    over every integer up to ``2**24`` by ``tests/test_quant_lightning_indexer.py``)."""
+    d = np.float32(d)
+    x = np.float32((d if d > np.float32(0.0) else np.float32(0.0)) * DEQ_SCALE)
+    u = x.view(np.uint32)
+    r = np.uint32((u + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000))
+    return np.float32(np.inf) if x >= F16_INF_FROM else r.view(np.float32)
 
 
 @njit(cache=True)
 def _score_top_k_range(lo, hi, dots, ws, ks, limit, staged, idx_out):
     """Scores and top-k of query tokens ``lo <= c < hi`` of a chunk of one batch.
 
-    dots float64 ``[C * G, L]`` exact int dots (``dots[c * G + h, p]``), or fp32 dots of the
-    950's FP8 / HiF8 path; ws fp32 ``[C, G]`` the ``w * qs`` of step 1; ks fp32 ``[L]`` key scales
+    dots fp32 ``[C * G, L]`` exact int dots (``dots[c * G + h, p]``, below ``2**21``), or the fp32
+    dots of the 950's FP8 / HiF8 path; ws fp32 ``[C, G]`` the ``w * qs`` of step 1; ks fp32 ``[L]`` key scales
     of the batch's kv positions; limit int64 ``[C]`` (each <= L, or < 0 for a skipped row);
     staged: the int8 path's fp16 staging (step 3), else ``relu`` only; idx_out int32 ``[C, K]``.
     """
@@ -116,6 +128,25 @@ def _score_top_k_parallel(dots, ws, ks, limit, staged, idx_out):
         _score_top_k_range(c, c + 1, dots, ws, ks, limit, staged, idx_out)
 
 
+@njit(cache=True, nogil=True)
+def _gather_widen_int8(key_rows, slots, kh, out):
+    """``out[p] = fp32(key_rows[slots[p], kh])``: int8 key rows ``[R, N2, D]`` gathered and widened
+    (exact) in one pass; slots int64 ``[L]`` validated by the contract (each in ``[0, R)``)."""
+    for p in range(slots.shape[0]):
+        row = key_rows[slots[p], kh]
+        for j in range(out.shape[1]):
+            out[p, j] = np.float32(row[j])
+
+
+def _int8_as_f32(dim: int) -> bool:
+    """Whether the int8 ``q . k`` runs as an fp32 product of the widened values
+    (:func:`~ascend_emu.emu.matmul.matmul_f32`) rather than :func:`~ascend_emu.emu.matmul.matmul_int8`:
+    where the int8 engine is ``"sgemm"`` anyway, so the keys are widened once per batch instead of
+    once per product. Exact either way: ``dim`` <= :data:`~ascend_emu.emu.matmul.SGEMM_EXACT_K`
+    products of at most ``2**14`` sum to at most ``2**24`` in any order."""
+    return int8_engine() == "sgemm" and dim <= SGEMM_EXACT_K
+
+
 def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIndexerOutputs:
     """Backend of :func:`ascend_emu.ops.npu_quant_lightning_indexer`.
 
@@ -146,18 +177,25 @@ def quant_lightning_indexer(args: QuantLightningIndexerArgs) -> QuantLightningIn
         width = max(int(lim.max()), 0)
         slots = ia.slots[b, :width]  # [L] validated rows
         for kh in range(n2):
-            keys = np.ascontiguousarray(key_rows[slots, kh])  # [L, D] int8 / FP8 / HiF8 codes
+            exact_f32 = staged and _int8_as_f32(dim)
+            if exact_f32:  # int8 values widened once: every partial sum of D <= 1024 products is exact
+                keys = np.empty((width, dim), np.float32)  # [L, D]
+                _gather_widen_int8(key_rows, slots, kh, keys)
+            else:
+                keys = np.ascontiguousarray(key_rows[slots, kh])  # [L, D] int8 / FP8 / HiF8 codes
             if not staged:
                 keys = table[keys.view(np.uint8)]  # [L, D] fp32 values of the visible rows only
             ks = np.ascontiguousarray(ks_rows[slots, kh], dtype=np.float32)  # [L]
-            step = _chunk(width * 2, g)  # float64 dots: twice the fp32 bytes
+            step = _chunk(width, g)
             for c0 in range(0, rows.size, step):
                 sub = rows[c0:c0 + step]
                 q = query[sub, kh * g:(kh + 1) * g].reshape(-1, dim)  # [C * G, D]
-                if staged:
-                    dots = matmul_int8(q, keys, w_nk=True).astype(np.float64)  # [C * G, L] exact
+                if exact_f32:
+                    dots = matmul_f32(q.astype(np.float32), keys.T)  # [C * G, L] exact integers
+                elif staged:
+                    dots = matmul_int8(q, keys, w_nk=True).astype(np.float32)  # [C * G, L] exact (< 2**24)
                 else:
-                    dots = matmul_f32(q, keys.T).astype(np.float64)  # [C * G, L] fp32 values
+                    dots = matmul_f32(q, keys.T)  # [C * G, L] fp32 values
                 w = np.ascontiguousarray(ws[sub, kh * g:(kh + 1) * g])  # [C, G]
                 out_i = np.empty((sub.size, k), np.int32)
                 sub_lim = lim[c0:c0 + sub.size]

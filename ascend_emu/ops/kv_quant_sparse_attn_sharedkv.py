@@ -31,8 +31,10 @@ rows) is decoded as the kernel's vector unit does before the cube's ``Q @ K^T`` 
 Fp8D448``, ``CastScale``): the E8M0 byte to bf16 to fp32 (``2**(byte - 127)``), the FP8 value to
 fp32, one fp32 multiply, a cast to bf16 (RINT); the rope part is the stored bf16. The product of a
 3-bit mantissa and a power of two is exact in bf16 unless it leaves bf16's range, so the decoded
-row is :func:`ascend_emu.quant.v4.decode_kv_rows`' value (a scale byte ``0xFF`` gives NaN; a
-product past the fp32 range inf, as the multiply does). Those bf16 rows then run the shared-KV
+row is :func:`ascend_emu.quant.v4.decode_kv_rows`' value rounded to bf16 (a scale byte ``0xFF``
+gives NaN; a product past the fp32 range inf, as the multiply does). The kernel decodes each row
+it reads, and no other, as it gathers the rows (:func:`ascend_emu.quant.v4.decode_kv_rows_bf16_into`,
+one compiled pass, the rows' values as fp32). Those bf16 rows then run the shared-KV
 kernel (``ascend_emu/emu/sparse_attn_sharedkv.py``) with the sink as this kernel applies it:
 the running max starts at ``sinks[n]`` and the running sum at 1 ("maxUb initialised from sinks,
 sumUb to 1.0").
@@ -50,13 +52,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..quant.rounding import to_bf16
-from ..quant.v4 import decode_kv_rows, kv_row_bytes
+from ..quant.v4 import kv_row_bytes
 from ..soc import require_ascend950
 from ._backend import get_backend
 from ._plan import PlanFormat
 from .sparse_attn_sharedkv import (_EMPTY_LSE, CMP_MASK_MODE, CMP_TOPK, HEAD_DIM, LAYOUT_KV, NUM_HEADS_Q,
-                                   ORI_MASK_MODE, ORI_WIN_LEFT, ORI_WIN_RIGHT, PLAN_FIELDS, SharedKvArgs, Variant,
+                                   ORI_MASK_MODE, ORI_WIN_LEFT, ORI_WIN_RIGHT, PLAN_FIELDS, Variant,
                                    _only, plan_words, prepare)
 
 #: kv_quant_mode 1: per-tile FP8 E4M3FN nope with E8M0 scales (the README's only mode).
@@ -91,40 +92,6 @@ def _modes(kv_quant_mode, tile_size, rope_head_dim, *, allow_unset: bool) -> Non
     unset = (0,) if allow_unset else ()
     _only(tile_size, "tile_size", (TILE_SIZE, *unset), "README: only 64 (448 nope values / 7 scales)")
     _only(rope_head_dim, "rope_head_dim", (ROPE_HEAD_DIM, *unset), "README: only 64")
-
-
-def _decoded(rows: np.ndarray, slots: np.ndarray, read: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rows ``slots[read]`` names, decoded to bf16 ``[n, 512]`` (module doc: the fp32
-    product is exact in bf16 but for values past bf16's range or below its subnormals, rounded
-    RNE as the kernel's cast), and ``slots`` renumbered into them (-1 where not read)."""
-    used = np.unique(slots[read & (slots >= 0)])
-    values = to_bf16(decode_kv_rows(rows[used].view(np.uint8), HEAD_DIM, quant_mode=2))
-    renum = np.where(read & (slots >= 0), np.searchsorted(used, np.maximum(slots, 0)), -1)
-    return values, renum.astype(np.int64)
-
-
-def _decode_args(args: SharedKvArgs) -> SharedKvArgs:
-    """``args`` with the rows the attention reads decoded: each request's window rows (from its
-    first token's ``p - 127`` to its last token's ``p``), and its compressed rows (HCA: all
-    visible ones; CSA: those its tokens' indices name)."""
-    b, width = args.ori_slots.shape
-    last = np.full(b, -1, np.int64)
-    np.maximum.at(last, args.token_batch, args.token_pos)
-    first = np.full(b, np.iinfo(np.int64).max, np.int64)
-    np.minimum.at(first, args.token_batch, args.token_pos)
-    pos = args.ori_base[:, None] + np.arange(width)[None, :]  # [B, W]
-    read = (pos >= (first - args.win_left)[:, None]) & (pos <= last[:, None])
-    ori_rows, ori_slots = _decoded(args.ori_rows, args.ori_slots, read)
-    cmp_rows, cmp_slots = args.cmp_rows, args.cmp_slots
-    if cmp_rows is not None:
-        if args.cmp_indices is None:
-            read = np.arange(cmp_slots.shape[1])[None, :] < ((last + 1) // args.cmp_ratio)[:, None]
-        else:
-            read = np.zeros(cmp_slots.shape, bool)
-            tok, k = np.nonzero(args.cmp_indices >= 0)
-            read[args.token_batch[tok], args.cmp_indices[tok, k]] = True
-        cmp_rows, cmp_slots = _decoded(cmp_rows, cmp_slots, read)
-    return replace(args, ori_rows=ori_rows, ori_slots=ori_slots, cmp_rows=cmp_rows, cmp_slots=cmp_slots)
 
 
 def npu_kv_quant_sparse_attn_sharedkv_metadata(num_heads_q: int, num_heads_kv: int, head_dim: int,
@@ -220,7 +187,7 @@ def npu_kv_quant_sparse_attn_sharedkv(q, kv_quant_mode: int, ori_kv=None, cmp_kv
                    cu_seqlens_q, cu_seqlens_ori_kv, cu_seqlens_cmp_kv, seqused_q, seqused_kv, sinks, metadata,
                    softmax_scale, cmp_ratio, ori_mask_mode, cmp_mask_mode, ori_win_left, ori_win_right, layout_q,
                    layout_kv, return_softmax_lse, {"kv_quant_mode": KV_QUANT_MODE})
-    out = get_backend().sparse_attn_sharedkv(_decode_args(args)).out
+    out = get_backend().sparse_attn_sharedkv(replace(args, encoded=True)).out
     return out.reshape(args.out_shape), _EMPTY_LSE.copy()
 
 

@@ -119,11 +119,12 @@ class SharedKvArgs:
             950), the caller's data.
         out_shape: the output's shape (q's).
         token_batch, token_pos: int64 ``[T]``: each token's request and position ``p``.
-        ori_rows: ``[ori_blocks * ori_block_size, 512]`` view of ori_kv.
+        ori_rows: ``[ori_blocks * ori_block_size, 512]`` view of ori_kv (the 950: ``[.., 640]``
+            FP8 rows, ``encoded``).
         ori_slots: int64 ``[B, W]``: the ori row of request b's position ``ori_base[b] + w`` (-1
             past it; positions before ``ori_base[b]`` are not read: no window reaches them).
         ori_base: int64 ``[B]``: the position of column 0 of ``ori_slots``.
-        cmp_rows: ``[cmp_rows, 512]`` view of cmp_kv, or None (SWA).
+        cmp_rows: ``[cmp_rows, 512]`` view of cmp_kv (the 950: as ori_rows), or None (SWA).
         cmp_slots: int64 ``[B, max S3]``: the cmp row of each compressed position, or None.
         cmp_indices: int64 ``[T, 512]`` compressed positions (-1 skip) for CSA, else None.
         sinks: fp32 ``[64]`` or None.
@@ -133,6 +134,8 @@ class SharedKvArgs:
         sink_init: where the sink enters the online softmax: False, added to the denominator
             after the last tile (A2 / A3 reading); True, the running max starts at the sink and
             the running sum at 1 (the Ascend 950 kernel, ``kv_quant_sparse_attn_sharedkv``).
+        encoded: the rows are the 950's 640-byte rows, each read decoded to its bf16 values by
+            :func:`ascend_emu.quant.v4.decode_kv_rows_bf16_into` (the 950 contract's decode).
     """
 
     q: np.ndarray
@@ -151,6 +154,7 @@ class SharedKvArgs:
     win_left: int = ORI_WIN_LEFT
     win_right: int = ORI_WIN_RIGHT
     sink_init: bool = False
+    encoded: bool = False
 
 
 class SharedKvOutputs(NamedTuple):

@@ -97,8 +97,10 @@ Inf as HiF8 does.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
-from ..errors import DTypeError, ModeError, NonFiniteInputError, ShapeError, arg_error, describe
+from ..errors import (DTypeError, IndexRangeError, ModeError, NonFiniteInputError, ShapeError, arg_error,
+                      describe)
 from .fp8 import FP8_DTYPES, FP8_MAX, fp8_name, to_fp8
 from .hifloat8 import to_hif8
 from .mx import E8M0_BIAS, E8M0_NAN, _check_int, e8m0_to_f32
@@ -392,10 +394,7 @@ _FP8_TABLES: dict = {}
 
 def _fp8_f32(values: np.ndarray) -> np.ndarray:
     """fp32 values of an ml_dtypes fp8 array (exact; ml_dtypes' cast, through a 256-entry table)."""
-    table = _FP8_TABLES.get(values.dtype)
-    if table is None:
-        table = _FP8_TABLES[values.dtype] = np.arange(256, dtype=np.uint8).view(values.dtype).astype(np.float32)
-    return table[np.ascontiguousarray(values).view(np.uint8)]
+    return _fp8_table(values.dtype)[np.ascontiguousarray(values).view(np.uint8)]
 
 
 def decode_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m3fn",
@@ -436,6 +435,137 @@ def decode_kv_rows(rows, d: int = 512, *, quant_mode: int = 2, dtype="float8_e4m
     out[:, q:] = rope.astype(np.float32)
     return out
 
+
+
+@njit(cache=True, inline="always")
+def _e4m3_bits(c):
+    """fp32 bits of the FP8 E4M3FN code ``c`` (exact; ``0x7F`` / ``0xFF`` the NaN ``sign | 0x7FC00000``,
+    as ml_dtypes' cast), branch-free so that the row loop vectorises."""
+    c = np.uint32(c)
+    sign = (c & np.uint32(0x80)) << np.uint32(24)
+    e = (c >> np.uint32(3)) & np.uint32(0xF)
+    m = c & np.uint32(7)
+    normal = ((e + np.uint32(120)) << np.uint32(23)) | (m << np.uint32(20))
+    sub = np.float32(np.float32(m) * np.float32(2.0 ** -9)).view(np.uint32)  # exact: m * 2**-9
+    mag = normal if e != np.uint32(0) else sub
+    mag = np.uint32(0x7FC00000) if (c & np.uint32(0x7F)) == np.uint32(0x7F) else mag
+    return np.uint32(sign | mag)
+
+
+@njit(cache=True, inline="always")
+def _round_bf16_f32(v):
+    """fp32 ``v`` rounded RNE to bf16 (canonical NaN ``sign | 0x7FC0``), as fp32 (exact widening)."""
+    u = np.float32(v).view(np.uint32)
+    r = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)) << np.uint32(16)
+    nan = (u & np.uint32(0x80000000)) | np.uint32(0x7FC00000)
+    return np.uint32(nan if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000) else r).view(np.float32)
+
+
+#: E8M0 bytes whose products with every FP8 E4M3FN value are exact normal bf16 values (or 0, or
+#: the fp8 NaN, already canonical): from ``2**-9 * 2**(10 - 127) = 2**-126`` to ``448 *
+#: 2**(246 - 127) < 2**128``; a 3-bit mantissa fits bf16's 7, so the bf16 rounding changes nothing.
+EXACT_BF16_SCALE_BYTES = (10, 246)
+
+
+@njit(cache=True, nogil=True)
+def _decode_mode2_rows(rows, slots, scales, q, out, col0):
+    """Kernel of :func:`decode_kv_rows_bf16_into`: rows uint8 ``[R, >= 128 + q + q / 64]``, slots
+    int64 ``[a, J]`` (each in ``[-1, R)``), scales fp32 ``[256]`` E8M0 values, out fp32
+    ``[a, >= col0 + J, q + 64]``."""
+    for t in range(slots.shape[0]):
+        for i in range(slots.shape[1]):
+            o = out[t, col0 + i]
+            if slots[t, i] < 0:
+                o[:] = 0.0
+                continue
+            row = rows[slots[t, i]]
+            for g in range(q // KV_MX_GROUP):
+                byte = row[KV_ROPE_BYTES + q + g]
+                lo = g * KV_MX_GROUP
+                if byte == E8M0_NAN:
+                    for j in range(lo, lo + KV_MX_GROUP):
+                        o[j] = np.uint32(0x7FC00000).view(np.float32)
+                elif EXACT_BF16_SCALE_BYTES[0] <= byte <= EXACT_BF16_SCALE_BYTES[1]:  # the rounding is exact
+                    f = scales[byte]
+                    for j in range(lo, lo + KV_MX_GROUP):
+                        o[j] = np.float32(_e4m3_bits(row[KV_ROPE_BYTES + j]).view(np.float32) * f)
+                else:
+                    f = scales[byte]
+                    for j in range(lo, lo + KV_MX_GROUP):
+                        o[j] = _round_bf16_f32(np.float32(_e4m3_bits(row[KV_ROPE_BYTES + j]).view(np.float32) * f))
+            for j in range(KV_ROPE_DIM):
+                h = np.uint32(row[2 * j]) | (np.uint32(row[2 * j + 1]) << np.uint32(8))
+                o[q + j] = _round_bf16_f32(np.uint32(h << np.uint32(16)).view(np.float32))  # exact; NaN canonical
+
+
+def decode_kv_rows_bf16_into(rows, slots, out: np.ndarray, col0: int = 0, d: int = 512) -> None:
+    """The rows ``slots`` of quant_mode 2 ``kv_compress_epilog`` rows (FP8 E4M3FN nope, E8M0
+    scales per 64 values, bf16 rope), decoded and rounded (RNE) to bf16, written as fp32 into
+    ``out[t, col0 + i]``: ``to_bf16(decode_kv_rows(rows[slots], d, quant_mode=2))`` widened back,
+    bit for bit (a scale byte ``0xFF`` gives the NaN ``0x7FC0``; a NaN rope value the canonical
+    one), zeros where a slot is -1; one compiled pass over the rows read, no other row touched.
+
+    Args:
+        rows: uint8 ``[R, kv_row_bytes(d, 2)]`` rows (d 512: 640 bytes).
+        slots: int ``[a, J]`` row numbers, each in ``[0, R)`` or -1 (a padded place).
+        out: fp32 C-contiguous ``[a, >= col0 + J, d]``, written at ``[:, col0:col0 + J]`` only.
+        col0: the first column of ``out`` written.
+        d: values per row, ``d - 64`` a positive multiple of 64.
+
+    Raises:
+        DTypeError: rows not uint8, out not fp32. ShapeError: rows not 2-D, a width that is not
+        a row's, a ``d`` this format has no rows for, slots not 2-D, or an ``out`` they do not
+        fit. IndexRangeError: a slot outside ``[-1, R)``. Nothing is written then.
+    """
+    rows = np.asarray(rows)
+    if rows.dtype != np.uint8:
+        raise arg_error(DTypeError, "rows", "the rows' bytes as uint8", rows.dtype)
+    if rows.ndim != 2:
+        raise arg_error(ShapeError, "rows", "[R, row bytes]", describe(rows))
+    q = d - KV_ROPE_DIM
+    if q <= 0 or q % KV_MX_GROUP or rows.shape[1] != kv_row_bytes(d, 2):
+        raise arg_error(ShapeError, "rows", f"[R, {kv_row_bytes(d, 2) if q > 0 else 'row bytes'}] (quant_mode 2 "
+                        f"rows of d = {d}, d - 64 a multiple of 64)", describe(rows))
+    slots = np.ascontiguousarray(slots, dtype=np.int64)
+    if slots.ndim != 2:
+        raise arg_error(ShapeError, "slots", "[a, J] row numbers", describe(slots))
+    if slots.size and (int(slots.min()) < -1 or int(slots.max()) >= rows.shape[0]):
+        bad = int(slots.min()) if int(slots.min()) < -1 else int(slots.max())
+        raise arg_error(IndexRangeError, "slots", f"row numbers in [0, {rows.shape[0]}) or -1", bad)
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32:
+        raise arg_error(DTypeError, "out", "an fp32 array", describe(out))
+    if (out.ndim != 3 or not out.flags.c_contiguous or out.shape[0] != slots.shape[0] or out.shape[2] != d
+            or not 0 <= col0 <= out.shape[1] - slots.shape[1]):
+        raise arg_error(ShapeError, "out", f"C-contiguous fp32 [{slots.shape[0]}, >= {col0} + {slots.shape[1]}, "
+                        f"{d}]", describe(out))
+    _decode_mode2_rows(rows, slots, _E8M0_TABLE, q, out, col0)
+
+
+def decode_kv_rows_bf16(rows, slots, d: int = 512) -> np.ndarray:
+    """:func:`decode_kv_rows_bf16_into` of int ``slots`` ``[n]`` (each in ``[0, R)``) into a new
+    fp32 ``[n, d]``: nope values in columns ``0 .. d - 65``, rope in the last 64.
+
+    Raises:
+        as :func:`decode_kv_rows_bf16_into`; IndexRangeError also for a slot -1.
+    """
+    slots = np.ascontiguousarray(slots, dtype=np.int64).reshape(1, -1)
+    if slots.size and int(slots.min()) < 0:
+        raise arg_error(IndexRangeError, "slots", "row numbers >= 0", int(slots.min()))
+    out = np.empty((1, slots.shape[1], max(int(d), 0)), np.float32)
+    decode_kv_rows_bf16_into(rows, slots, out, 0, d)
+    return out[0]
+
+
+def _fp8_table(dtype) -> np.ndarray:
+    """fp32 value of each of the 256 codes of an fp8 dtype (the table :func:`_fp8_f32` reads)."""
+    table = _FP8_TABLES.get(dtype)
+    if table is None:
+        table = _FP8_TABLES[dtype] = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float32)
+    return table
+
+
+#: fp32 value of each E8M0 byte (``0xFF``: NaN, replaced by the kernel).
+_E8M0_TABLE = e8m0_to_f32(np.arange(256, dtype=np.uint8))
 
 # ---------------------------------------------------------------------------- layout 2 (paged split)
 def kv_layout2_geometry(d: int, block_size: int, block_stride: int, quant_group_size: int | None = None
