@@ -18,9 +18,10 @@ THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS", "OMP_NUM_THREAD
 
 def run_with_threads(threads: int | None) -> str:
     """With ``threads``, restart this script with every :data:`THREAD_VARIABLES` set to it (the
-    libraries read them when they load) unless they already are; return the thread set-up as one
-    line (``OPENBLAS_NUM_THREADS=1, ...``)."""
-    if threads is not None and os.environ.get("OPENBLAS_NUM_THREADS") != str(threads):
+    libraries read them when they load) unless all of them already are (one set by hand, e.g.
+    ``OPENBLAS_NUM_THREADS=1`` alone, would leave torch's oneDNN floor on every core); return the
+    thread set-up as one line (``OPENBLAS_NUM_THREADS=1, ...``)."""
+    if threads is not None and any(os.environ.get(v) != str(threads) for v in THREAD_VARIABLES):
         env = dict(os.environ, **{v: str(threads) for v in THREAD_VARIABLES})
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
     return ", ".join(f"{v}={os.environ.get(v, 'unset')}" for v in THREAD_VARIABLES)
