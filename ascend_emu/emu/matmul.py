@@ -9,6 +9,37 @@ the same bits on every host) and :func:`matmul_int8` a compiled exact int32 loop
 Numerics (docs/numerics.md#accumulation): bf16 / fp16 inputs are widened exactly to fp32 and
 multiplied with fp32 accumulation (sgemm); the caller rounds the result where the kernel does.
 
+bf16 products rounded straight to bf16 (:func:`matmul_bf16_out`, :func:`matmul_bf16_out_heads`):
+where the kernel rounds a bf16 x bf16 product's fp32 result straight to bf16 (the Cube's fixpipe
+output: the non-quant MLA prolog's four products, MlaPreprocess's ``q_nope @ wuk``), a product of
+two bf16 values is exact in fp32, so any engine that sums those products in fp32 and rounds once
+is as faithful as sgemm plus rounding; engines differ only in the order of the fp32 sums. Two
+engines (:data:`BF16_ENGINES`):
+
+- ``"sgemm"``: :func:`matmul_weight` / :func:`matmul_weight_heads` (the exact widening, fp32
+  BLAS), the caller's RNE rounding after;
+- ``"onednn-bf16"``: ``torch.matmul`` on bf16 tensors (oneDNN: bf16 multiplies, fp32
+  accumulation, one RNE rounding to bf16; no widened copy), only where the process has imported
+  torch already (the emulator never loads it on its own).
+
+Which one runs (:data:`BF16_ENGINE_ENV`, :func:`set_bf16_engine`; the deterministic mode always
+runs :func:`fixed_matmul`): in the default ``auto`` setting a product of at least
+:data:`BF16_MIN_ROWS` rows is timed on both engines at the first call of its
+``(kind, heads, M, K, N, torch threads)`` and the faster is kept for the process
+(:func:`bf16_choices`); smaller products stay on sgemm. The bf16 dot-product instructions
+(``vdpbf16ps``, AMX) treat subnormal inputs as zero and flush subnormal results, so oneDNN only
+gets operands it sums exactly as sgemm does (:func:`_bf16_operands_safe`, every call; a
+FRACTAL_NZ weight's exponent span is kept on it, as its widening is): every value a bf16 value
+(no low fp32 bits), none subnormal, inf or nan, both operands with a nonzero value, the smallest
+nonzero magnitudes' exponents summing to at least -112 (each product, and so each nonzero partial
+sum, a multiple of at least ``2**-126``: normal) and the largest ones' with ``log2(K)`` to at
+most 125 (no sum overflows); anything else runs on sgemm. The results differ from sgemm's in the
+order of the sums only: measured at the prolog's shapes 99.95-100 % of bf16 outputs equal to
+sgemm plus rounding (docs/performance.md, "A bf16-output engine"); the non-quant prolog on oneDNN
+stays inside the fidelity docs/fidelity.md states for it (``tests/test_bf16_engine.py``). With
+``auto`` the bits can change with the machine's load at the first call of a shape (which engine
+won); ``ASCEND_EMU_BF16_ENGINE=sgemm`` or the deterministic mode fix them.
+
 int8 x int8 products (:func:`matmul_int8`) have one contract whatever computes them: the exact
 int32 result, as the Cube unit's int32 accumulator holds it (docs/sources.md#npu_mla_prolog_v3: int8 matmuls
 are exact integers). The contraction length is bounded so that no int32 sum can wrap

@@ -15,7 +15,7 @@ dtype, bf16 or fp16):
 2. ``acc = int8 @ wdqkv^T`` exact in int32 (:func:`~ascend_emu.emu.matmul.matmul_int8`),
    ``fp32(acc + bias0) * descale0`` (per-token: ``fp32(acc) * descale0 * s``), round -> ``[T, 2112]``.
 3. RmsNormQuant1 on columns 576: (1536) as step 1; ``@ wuq^T`` as step 2 -> round ->
-   ``[T, N, 192]``. ``q_nope @ wuk`` per head in fp32 (sgemm), round; 'int8_nzcache':
+   ``[T, N, 192]``. ``q_nope @ wuk`` per head in fp32 (sgemm, or oneDNN's bf16 engine for bf16: :func:`~ascend_emu.emu.matmul.matmul_bf16_out_heads`), round; 'int8_nzcache':
    int8(fp16(fp32(rounded) * q_nope_scale[n])). ``q_pe``: plain rotate_half RoPE in fp32
    (``kernels.rope_row`` with ``deinterleave=False``), round.
 4. kv: ``ckv = rms_norm(kv[:512], gamma2, eps)`` (fp32; :data:`~ascend_emu.emu.kernels.MLAPO_KV_RMS`:

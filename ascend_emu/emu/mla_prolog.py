@@ -365,6 +365,8 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
     """Compute the MLA prolog in the scenario ``args`` selects; write kv / kr into their caches.
 
     The chain (docs/sources.md#npu_mla_prolog_v3; bf16 matmuls widen exactly to fp32 and accumulate in fp32,
+    the ones rounded straight to bf16 through :func:`~ascend_emu.emu.matmul.matmul_bf16_out` (sgemm, or
+    oneDNN's bf16 engine: the same fp32 products in another order, docs/numerics.md#accumulation),
     int8 matmuls are exact integers; RmsNorm / RoPE run in fp32; "-> bf16" is one RNE rounding;
     ``dequant(acc) = fp32(acc) * row scale * column scale``, two fp32 multiplies in that order):
 
