@@ -13,9 +13,14 @@ the sums. Two candidates per product, in alternating rounds:
 - ``torch-bf16``: ``torch.matmul`` on the bf16 tensors (oneDNN: bf16 multiplies, fp32
   accumulation, one rounding to bf16), no widened copy of the weight.
 
+- ``emulator``: ``ascend_emu.emu.matmul.matmul_bf16_out`` in the ``auto`` setting (the engine it
+  chose at its first call for the shape, printed; sgemm below ``BF16_MIN_ROWS`` rows), with its
+  operand checks and conversions, then the rounding.
+
 Printed per product and T: the median time of each, the median per-round ratio sgemm / torch
-(above 1: the bf16 engine is faster), the share of output elements whose bf16 bits are equal,
-and the largest difference in bf16 ulps. Operands are ``randn / sqrt(fan_in)``, no subnormals
+(above 1: the bf16 engine is faster), the emulator's median ratio to sgemm and its engine, the
+share of output elements whose bf16 bits are equal (torch against sgemm), and the largest
+difference in bf16 ulps. Operands are ``randn / sqrt(fan_in)``, no subnormals
 (the bf16 dot-product instructions flush subnormal operands to zero: such operands must stay on
 the exact path). Thread counts from the environment.
 
@@ -34,7 +39,7 @@ import numpy as np
 import torch
 
 from ascend_emu import ops
-from ascend_emu.emu.matmul import matmul_weight
+from ascend_emu.emu.matmul import bf16_choices, matmul_bf16_out, matmul_weight, set_bf16_engine
 from ascend_emu.quant.rounding import to_bf16
 from ascend_emu.torch_npu._convert import to_torch
 
@@ -71,7 +76,9 @@ def main() -> None:
               "x@Wdkv_kr": (7168, 576)}
     print(f"bf16 x bf16 -> bf16 products, sgemm + rounding against torch.matmul bf16; "
           f"torch {torch.__version__}, {torch.get_num_threads()} torch threads")
-    print(f"{'product':18} {'T':>3} {'sgemm ms':>9} {'torch ms':>9} {'sgemm/torch':>12} {'equal bits':>11} {'max ulps':>9}")
+    set_bf16_engine("auto")
+    print(f"{'product':18} {'T':>3} {'sgemm ms':>9} {'torch ms':>9} {'sgemm/torch':>12} {'emu/sgemm':>10} "
+          f"{'emu engine':>12} {'equal bits':>11} {'max ulps':>9}")
     for label, (k, n) in shapes.items():
         w = randn(k, n, scale=k ** -0.5)
         w_nz = ops.npu_format_cast(w, 29)  # as the op gets it: the kept fp32 widening is reused
@@ -86,19 +93,27 @@ def main() -> None:
             def new(a_t=a_t, w_t=w_t):
                 return torch.matmul(a_t, w_t)
 
+            def emu(a32=a32, w_nz=w_nz):
+                return to_bf16(matmul_bf16_out(a32, w_nz))
+
             ref, got = old(), new().view(torch.int16).numpy().view(BF16)
+            emu()  # the first call of the shape chooses its engine
+            engine = next((e for key, e in bf16_choices().items() if key[2:5] == (t, k, n)), "sgemm")
             equal = float((ref.view(np.uint16) == got.view(np.uint16)).mean())
             ulps = _ulps(ref, got)
             calls = 20 if t * k * n < 1 << 24 else 5
-            old_s, new_s, ratios = [], [], []
+            old_s, new_s, ratios, emu_ratios = [], [], [], []
             for _ in range(ns.rounds + 1):
-                o, g = _per_call(old, calls), _per_call(new, calls)
+                o, g, e = _per_call(old, calls), _per_call(new, calls), _per_call(emu, calls)
                 old_s.append(o)
                 new_s.append(g)
                 ratios.append(o / g)
-            old_s, new_s, ratios = old_s[1:], new_s[1:], ratios[1:]  # the first round warms up
+                emu_ratios.append(e / o)
+            # the first round warms up
+            old_s, new_s, ratios, emu_ratios = old_s[1:], new_s[1:], ratios[1:], emu_ratios[1:]
             print(f"{label:18} {t:3d} {statistics.median(old_s) * 1e3:9.3f} {statistics.median(new_s) * 1e3:9.3f} "
-                  f"{statistics.median(ratios):11.2f}x {equal:10.1%} {ulps:9d}")
+                  f"{statistics.median(ratios):11.2f}x {statistics.median(emu_ratios):9.2f}x {engine:>12} "
+                  f"{equal:10.1%} {ulps:9d}")
 
 
 if __name__ == "__main__":
