@@ -7,7 +7,10 @@ BlockSize=128. With torch installed each op also runs through the torch_npu drop
 run, and every figure is the best of N alternating runs after a warm-up:
 
 - non-quant, PA_BSND: the floor is ``x @ W_dq``, ``cq @ W_uq_qr``, the per-head
-  ``q_nope @ W_uk`` and ``x @ W_dkv_kr`` as fp32 BLAS calls on pre-widened fp32 weights.
+  ``q_nope @ W_uk`` and ``x @ W_dkv_kr`` as fp32 BLAS calls on pre-widened fp32 weights. The op
+  runs those products on its bf16-output engine (``emu.matmul.matmul_bf16_out``: sgemm or
+  oneDNN bf16, chosen per shape; ``ASCEND_EMU_BF16_ENGINE=sgemm`` for sgemm only); the engines
+  it chose are printed.
 - per-tile (kv_cache_quant_mode=3, 656-byte rows, PA_BSND), partial quant (weight_quant_mode=1)
   and full quant (2): the same four matmuls as the op runs them: int8 x int8 products through
   ``matmul_int8`` on the engine the op uses (exact int32; its name is printed), bf16 ones as fp32
@@ -50,7 +53,7 @@ from _timing import best_times
 from ascend_emu.mla import D_NOPE as D
 from ascend_emu.mla import D_ROPE as DR
 from ascend_emu.mla import HCKV
-from ascend_emu.emu.matmul import int8_engine, matmul_int8, set_int8_engine
+from ascend_emu.emu.matmul import bf16_choices, int8_engine, matmul_int8, set_int8_engine
 from ascend_emu.ops import npu_format_cast, npu_mla_prolog_v3
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -210,6 +213,9 @@ def main() -> None:
     report(f"npu_mla_prolog_v3 non-quant PA_BSND, {shape}",
            "fp32 x@Wdq, cq@Wuq_qr, q@Wuk per head, x@Wdkv_kr", t_floor, t_op, (t_drop or [None])[0],
            machine=machine, t_machine=t_machine)
+    chosen = ", ".join(f"{kind} [{m}, {k}] x [{k}, {nn}]{f' x {h}' if h > 1 else ''}: {engine}"
+                       for (kind, h, m, k, nn, _), engine in sorted(bf16_choices().items()))
+    print(f"  the op's bf16-output engines (emu.matmul.bf16_choices): {chosen or 'sgemm (none timed)'}")
 
     # ---- per-tile quant, partial (1, 3, 0) and full (2, 3, 0)
     x_i8 = int8(rng, (b, s, HE))  # [B, S, He]
