@@ -460,8 +460,8 @@ def matmul_f32(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> n
 #: products rounded straight to bf16").
 BF16_ENGINES = ("sgemm", "onednn-bf16")
 #: Environment variable choosing them (read at every call): ``auto`` or unset (timed per shape),
-#: ``sgemm`` (always the exact widening + sgemm), ``onednn-bf16`` (oneDNN wherever the operands
-#: allow it; for tests and benchmarks).
+#: ``sgemm`` (always the exact widening + sgemm), ``onednn-bf16`` (oneDNN wherever torch is loaded
+#: and the operands allow it, any size; for tests and benchmarks).
 BF16_ENGINE_ENV = "ASCEND_EMU_BF16_ENGINE"
 _BF16_SETTINGS = ("auto",) + BF16_ENGINES
 #: Timed rounds per engine when :func:`matmul_bf16_out` meets a new shape (after one untimed call
