@@ -465,8 +465,10 @@ BF16_ENGINES = ("sgemm", "onednn-bf16")
 BF16_ENGINE_ENV = "ASCEND_EMU_BF16_ENGINE"
 _BF16_SETTINGS = ("auto",) + BF16_ENGINES
 #: Timed rounds per engine when :func:`matmul_bf16_out` meets a new shape (after one untimed call
-#: of each: oneDNN kernel creation, the kept widening, first touch); the fastest call wins.
-BF16_CHOICE_ROUNDS = 2
+#: of each: oneDNN kernel creation, the kept widening, first touch; the engines take turns, the
+#: first of a round alternating); the fastest call wins. On the shared 2-core machine single calls
+#: of one product spread 2-3x (docs/performance.md), so one timed call each could pick wrong.
+BF16_CHOICE_ROUNDS = 3
 #: In the ``auto`` setting, products of fewer rows (``M``, tokens) stay on sgemm without a timing:
 #: measured on 1 and 2 threads (docs/performance.md, "A bf16-output engine"), oneDNN took
 #: 1.2-1.7x sgemm's time at T = 1 and paid from T = 16 (1.8-2.9x faster on one thread), and
@@ -609,10 +611,11 @@ def _bf16_run(key: tuple, sgemm, onednn, safe) -> np.ndarray:
         return onednn() if choice == "onednn-bf16" else sgemm()
     best = {}
     outs = {}
-    for name, fn in (("sgemm", sgemm), ("onednn-bf16", onednn)):
+    engines = [("sgemm", sgemm), ("onednn-bf16", onednn)]
+    for name, fn in engines:
         outs[name] = fn()  # untimed: kernel creation, kept widening, first touch
-    for _ in range(BF16_CHOICE_ROUNDS):
-        for name, fn in (("sgemm", sgemm), ("onednn-bf16", onednn)):
+    for r in range(BF16_CHOICE_ROUNDS):
+        for name, fn in engines[::-1] if r % 2 else engines:
             took, outs[name] = _timed(fn)
             best[name] = min(best.get(name, took), took)
     choice = min(best, key=best.get)
