@@ -118,6 +118,11 @@ ROWS: tuple[Row, ...] = (
        "bounded", "bit-identical share >= 0.999 per output, at most 1 bf16 ulp, dual-threshold 0.005 "
        "(fp32 BLAS sums vs the reference's order)", "tests/reference/mla_prolog.py", _PROLOG + "test_paged_modes",
        _PROLOG + "test_v3_scales_and_query_norm", "tests/test_rmsnorm_fidelity.py::test_v3_query_bit_identical_share"),
+    _r("npu_mla_prolog_v3 non-quant on oneDNN's bf16 engine (torch loaded, T >= 16)",
+       "query, query_rope, query_norm, kv_cache, kr_cache (bf16)", "bounded",
+       "dual-threshold 0.005, every error within 2 bf16 ulps of its row's largest value, bit-identical share >= 0.95 "
+       "on user-style weights (the same fp32 products summed in oneDNN's order; docs/numerics.md#accumulation)",
+       "tests/reference/mla_prolog.py", "tests/test_bf16_engine.py::test_mla_prolog_non_quant_on_onednn"),
     _r("npu_mla_prolog_v3 (quantized scenarios)", "query (int8 / bf16), query_rope, dequant scales, int8 caches",
        "bounded", "bit-identical share >= 0.9985 (query, rope), >= 0.997 (query_rope), scales within 1e-6 relative",
        "tests/reference/mla_prolog.py (A2 / A3 kernel chain)", _PROLOG + "test_v3_quant_scenarios"),

@@ -9,8 +9,9 @@ alternating rounds after a warm-up (``_timing.best_times``):
 - floor: the op's three products and nothing else: ``int8 x [T, He] @ wdqkv^T`` and
   ``int8 q [T, 1536] @ wuq^T`` through :func:`ascend_emu.emu.matmul.matmul_int8` (exact int32,
   on the engine the op uses; its name is printed: ``"onednn"`` is ``torch._int_mm``, oneDNN's
-  VNNI int8 GEMM, the fastest exact int8 engine here), and ``q_nope @ wuk`` per head as fp32 BLAS
-  on a pre-widened ``wuk``;
+  VNNI int8 GEMM, the fastest exact int8 engine here), and ``q_nope @ wuk`` per head on the op's
+  engine: fp32 BLAS on a pre-widened ``wuk``, or oneDNN bf16 where the op chose it
+  (``emu.matmul.matmul_bf16_out_heads``, from 16 tokens with torch loaded);
 - machine floor: the same three products, each on the fastest engine this machine has for it
   (``benchmarks/_floor.py``: the int8 engine, oneDNN bf16 or sgemm), with the engine each took;
 - the op through ``ascend_emu.ops`` and, with torch, through the torch_npu drop-in
@@ -53,7 +54,7 @@ def main() -> None:
 
     import ml_dtypes
 
-    from ascend_emu.emu.matmul import int8_engine, matmul_f32, matmul_int8, widen_f32
+    from ascend_emu.emu.matmul import bf16_choices, int8_engine, matmul_bf16_out_heads, matmul_f32, matmul_int8, widen_f32
     from ascend_emu.ops import npu_format_cast, npu_mla_preprocess
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
@@ -85,15 +86,21 @@ def main() -> None:
         x8, q8 = int8((t, he)), int8((t, hcq))
         q_nope = rng.standard_normal((n, t, d), dtype=np.float32)  # [N, T, 128]
 
-        def floor(x8=x8, q8=q8, q_nope=q_nope):
+        q_nope = q_nope.astype(bf16).astype(np.float32)  # bf16 values, as the op's
+
+        def floor(x8=x8, q8=q8, q_nope=q_nope, t=t):
             matmul_int8(x8, wdqkv, w_nk=True)  # [T, 2112]
             matmul_int8(q8, wuq, w_nk=True)  # [T, N*192]
-            matmul_f32(q_nope, wuk32)  # [N, T, 512]
+            # [N, T, 512] on the op's engine: oneDNN bf16 where the op chose it, else sgemm on wuk32
+            if ("heads", n, t, d, hckv) in {key[:5] for key, e in bf16_choices().items() if e != "sgemm"}:
+                matmul_bf16_out_heads(q_nope, wuk)
+            else:
+                matmul_f32(q_nope, wuk32)
 
         machine = MachineFloor([product("x@wdqkv", x8, wdqkv.T),  # [K, N] views of the [N, K] weights
                                 product("q@wuq", q8, wuq.T),
                                 product("q_nope@wuk", q_nope.astype(bf16), wuk)])
-        cands = {"floor (int8 x@wdqkv, q@wuq; fp32 q_nope@wuk)": floor, "machine": machine,
+        cands = {"floor (int8 x@wdqkv, q@wuq; q_nope@wuk on the op's engine)": floor, "machine": machine,
                  "npu_mla_preprocess (ops)": lambda pre=pre, kw=kw: npu_mla_preprocess(*pre, **kw)}
         if torch_ok:
             from ascend_emu.warmup import Call

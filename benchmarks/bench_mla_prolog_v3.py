@@ -7,11 +7,15 @@ BlockSize=128. With torch installed each op also runs through the torch_npu drop
 run, and every figure is the best of N alternating runs after a warm-up:
 
 - non-quant, PA_BSND: the floor is ``x @ W_dq``, ``cq @ W_uq_qr``, the per-head
-  ``q_nope @ W_uk`` and ``x @ W_dkv_kr`` as fp32 BLAS calls on pre-widened fp32 weights.
+  ``q_nope @ W_uk`` and ``x @ W_dkv_kr`` on the op's bf16-output engine
+  (``emu.matmul.matmul_bf16_out`` / ``matmul_bf16_out_heads``: sgemm on the kept fp32 widening
+  of the NZ weights and a pre-widened ``W_uk``, or oneDNN bf16, chosen per shape at the first
+  call, which the floor and the op share; ``ASCEND_EMU_BF16_ENGINE=sgemm`` for sgemm only); the
+  engines chosen are printed.
 - per-tile (kv_cache_quant_mode=3, 656-byte rows, PA_BSND), partial quant (weight_quant_mode=1)
   and full quant (2): the same four matmuls as the op runs them: int8 x int8 products through
-  ``matmul_int8`` on the engine the op uses (exact int32; its name is printed), bf16 ones as fp32
-  BLAS on pre-widened operands.
+  ``matmul_int8`` on the engine the op uses (exact int32; its name is printed), bf16 ones on the
+  op's bf16-output engine as above.
 - machine floor (every scenario, beside the floor above): the same products, each on the fastest
   engine this machine has for it (``benchmarks/_floor.py``: sgemm, oneDNN bf16 or the int8
   engine, chosen by timing them at set-up), printed with the engine each product took.
@@ -50,7 +54,8 @@ from _timing import best_times
 from ascend_emu.mla import D_NOPE as D
 from ascend_emu.mla import D_ROPE as DR
 from ascend_emu.mla import HCKV
-from ascend_emu.emu.matmul import int8_engine, matmul_int8, set_int8_engine
+from ascend_emu.emu.matmul import (bf16_choices, int8_engine, matmul_bf16_out, matmul_bf16_out_heads, matmul_int8,
+                                   set_int8_engine)
 from ascend_emu.ops import npu_format_cast, npu_mla_prolog_v3
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -185,15 +190,24 @@ def main() -> None:
                           kr_cache, cache_index=cache_index, cache_mode="PA_BSND")
 
     x32 = x.astype(np.float32).reshape(t, HE)  # [T, He]
-    w_dq32, w_uq_qr32, w_uk32, w_dkv_kr32 = (w.astype(np.float32) for w in (w_dq, w_uq_qr, w_uk, w_dkv_kr))
     cq32 = rng.standard_normal((t, HCQ), dtype=np.float32)  # [T, Hcq]
     q_nope32 = rng.standard_normal((n, t, D), dtype=np.float32)  # [N, T, D]
 
-    def floor():
-        np.matmul(x32, w_dq32)
-        np.matmul(cq32, w_uq_qr32)
-        np.matmul(q_nope32, w_uk32)
-        np.matmul(x32, w_dkv_kr32)
+    cq_b, q_nope_b = (v.astype(BF16).astype(np.float32) for v in (cq32, q_nope32))  # bf16 values, as the op's
+    w_uk32 = w_uk.astype(np.float32)
+
+    def uk_product():
+        """q_nope @ W_uk on the op's engine: oneDNN where the op chose it, else sgemm on the
+        pre-widened weight (the op widens W_uk per call: not counted in the floor)."""
+        if ("heads", n, t, D, HCKV) in {key[:5] for key, e in bf16_choices().items() if e != "sgemm"}:
+            return matmul_bf16_out_heads(q_nope_b, w_uk)
+        return np.matmul(q_nope_b, w_uk32)
+
+    def floor():  # the op's engines: sgemm on the kept widening, or oneDNN bf16 where it chose that
+        matmul_bf16_out(x32, w_dq_nz)
+        matmul_bf16_out(cq_b, w_uq_qr_nz)
+        uk_product()
+        matmul_bf16_out(x32, w_dkv_kr_nz)
 
     if args.op_only:
         (t_op,) = best_times([op], args.repeat)
@@ -208,8 +222,11 @@ def main() -> None:
                             product("q@Wuk", q_nope16, w_uk), product("x@Wdkv_kr", x2, w_dkv_kr)])
     t_floor, t_machine, t_op, *t_drop = best_times([floor, machine, op] + ([drop] if drop else []), args.repeat)
     report(f"npu_mla_prolog_v3 non-quant PA_BSND, {shape}",
-           "fp32 x@Wdq, cq@Wuq_qr, q@Wuk per head, x@Wdkv_kr", t_floor, t_op, (t_drop or [None])[0],
+           "x@Wdq, cq@Wuq_qr, q@Wuk per head, x@Wdkv_kr on the op's bf16 engines", t_floor, t_op, (t_drop or [None])[0],
            machine=machine, t_machine=t_machine)
+    chosen = ", ".join(f"{kind} [{m}, {k}] x [{k}, {nn}]{f' x {h}' if h > 1 else ''}: {engine}"
+                       for (kind, h, m, k, nn, _), engine in sorted(bf16_choices().items()))
+    print(f"  the op's bf16-output engines (emu.matmul.bf16_choices): {chosen or 'sgemm (none timed)'}")
 
     # ---- per-tile quant, partial (1, 3, 0) and full (2, 3, 0)
     x_i8 = int8(rng, (b, s, HE))  # [B, S, He]
@@ -241,10 +258,10 @@ def main() -> None:
                 matmul_int8(x_i8_2d, w_dq_i8_nz)
                 matmul_int8(x_i8_2d, w_dkv_kr_i8_nz)
             else:
-                np.matmul(x32, w_dq32)
-                np.matmul(x32, w_dkv_kr32)
+                matmul_bf16_out(x32, w_dq_nz)
+                matmul_bf16_out(x32, w_dkv_kr_nz)
             matmul_int8(q_i8, w_uq_qr_i8_nz)
-            np.matmul(q_nope32, w_uk32)
+            uk_product()
 
         drop = drop_in(npu_mla_prolog_v3, *tile_args, **tile_kwargs)
         down = (x_i8_2d, w_dq_i8, w_dkv_kr_i8) if full else (x2, w_dq, w_dkv_kr)
@@ -253,9 +270,9 @@ def main() -> None:
         t_floor, t_machine, t_op, *t_drop = best_times([floor_tile, machine, op_tile] + ([drop] if drop else []),
                                                        args.repeat)
         engine = int8_engine()
-        kinds = f"int8 ({engine}) x@Wdq, x@Wdkv_kr" if full else "fp32 x@Wdq, x@Wdkv_kr"
+        kinds = f"int8 ({engine}) x@Wdq, x@Wdkv_kr" if full else "bf16-engine x@Wdq, x@Wdkv_kr"
         report(f"npu_mla_prolog_v3 per-tile ({label} quant, weight_quant_mode={wqm}, 656-byte rows), {shape}",
-               f"{kinds}; int8 ({engine}) q@Wuq_qr; fp32 q@Wuk", t_floor, t_op, (t_drop or [None])[0],
+               f"{kinds}; int8 ({engine}) q@Wuq_qr; bf16-engine q@Wuk", t_floor, t_op, (t_drop or [None])[0],
                TARGET_RATIO_TILE, machine=machine, t_machine=t_machine)
 
     if not args.int8_matmuls:

@@ -9,6 +9,37 @@ the same bits on every host) and :func:`matmul_int8` a compiled exact int32 loop
 Numerics (docs/numerics.md#accumulation): bf16 / fp16 inputs are widened exactly to fp32 and
 multiplied with fp32 accumulation (sgemm); the caller rounds the result where the kernel does.
 
+bf16 products rounded straight to bf16 (:func:`matmul_bf16_out`, :func:`matmul_bf16_out_heads`):
+where the kernel rounds a bf16 x bf16 product's fp32 result straight to bf16 (the Cube's fixpipe
+output: the non-quant MLA prolog's four products, MlaPreprocess's ``q_nope @ wuk``), a product of
+two bf16 values is exact in fp32, so any engine that sums those products in fp32 and rounds once
+is as faithful as sgemm plus rounding; engines differ only in the order of the fp32 sums. Two
+engines (:data:`BF16_ENGINES`):
+
+- ``"sgemm"``: :func:`matmul_weight` / :func:`matmul_weight_heads` (the exact widening, fp32
+  BLAS), the caller's RNE rounding after;
+- ``"onednn-bf16"``: ``torch.matmul`` on bf16 tensors (oneDNN: bf16 multiplies, fp32
+  accumulation, one RNE rounding to bf16; no widened copy), only where the process has imported
+  torch already (the emulator never loads it on its own).
+
+Which one runs (:data:`BF16_ENGINE_ENV`, :func:`set_bf16_engine`; the deterministic mode always
+runs :func:`fixed_matmul`): in the default ``auto`` setting a product of at least
+:data:`BF16_MIN_ROWS` rows is timed on both engines at the first call of its
+``(kind, heads, M, K, N, torch threads)`` and the faster is kept for the process
+(:func:`bf16_choices`); smaller products stay on sgemm. The bf16 dot-product instructions
+(``vdpbf16ps``, AMX) treat subnormal inputs as zero and flush subnormal results, so oneDNN only
+gets operands it sums exactly as sgemm does (:func:`_bf16_operands_safe`, every call; a
+FRACTAL_NZ weight's exponent span is kept on it, as its widening is): every value a bf16 value
+(no low fp32 bits), none subnormal, inf or nan, both operands with a nonzero value, the smallest
+nonzero magnitudes' exponents summing to at least -112 (each product, and so each nonzero partial
+sum, a multiple of at least ``2**-126``: normal) and the largest ones' with ``log2(K)`` to at
+most 125 (no sum overflows); anything else runs on sgemm. The results differ from sgemm's in the
+order of the sums only: measured at the prolog's shapes 99.95-100 % of bf16 outputs equal to
+sgemm plus rounding (docs/performance.md, "A bf16-output engine"); the non-quant prolog on oneDNN
+stays inside the fidelity docs/fidelity.md states for it (``tests/test_bf16_engine.py``). With
+``auto`` the bits can change with the machine's load at the first call of a shape (which engine
+won); ``ASCEND_EMU_BF16_ENGINE=sgemm`` or the deterministic mode fix them.
+
 int8 x int8 products (:func:`matmul_int8`) have one contract whatever computes them: the exact
 int32 result, as the Cube unit's int32 accumulator holds it (docs/sources.md#npu_mla_prolog_v3: int8 matmuls
 are exact integers). The contraction length is bounded so that no int32 sum can wrap
@@ -63,6 +94,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import time
 import warnings
 import weakref
 from itertools import pairwise
@@ -421,6 +453,230 @@ def matmul_f32(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> n
     macs = a.shape[-1] * (a.shape[-2] if a.ndim > 1 else 1) * (b.shape[-1] if b.ndim > 1 else 1)
     with _blas_threads(macs):
         return np.matmul(a, b, out=out)
+
+
+# ---------------------------------------------------------------------- bf16 x bf16 -> bf16
+#: The engines of :func:`matmul_bf16_out` / :func:`matmul_bf16_out_heads` (module doc, "bf16
+#: products rounded straight to bf16").
+BF16_ENGINES = ("sgemm", "onednn-bf16")
+#: Environment variable choosing them (read at every call): ``auto`` or unset (timed per shape),
+#: ``sgemm`` (always the exact widening + sgemm), ``onednn-bf16`` (oneDNN wherever torch is loaded
+#: and the operands allow it, any size; for tests and benchmarks).
+BF16_ENGINE_ENV = "ASCEND_EMU_BF16_ENGINE"
+_BF16_SETTINGS = ("auto",) + BF16_ENGINES
+#: Timed rounds per engine when :func:`matmul_bf16_out` meets a new shape (after one untimed call
+#: of each: oneDNN kernel creation, the kept widening, first touch; the engines take turns, the
+#: first of a round alternating); the fastest call wins. On the shared 2-core machine single calls
+#: of one product spread 2-3x (docs/performance.md), so one timed call each could pick wrong.
+BF16_CHOICE_ROUNDS = 3
+#: In the ``auto`` setting, products of fewer rows (``M``, tokens) stay on sgemm without a timing:
+#: measured on 1 and 2 threads (docs/performance.md, "A bf16-output engine"), oneDNN took
+#: 1.2-1.7x sgemm's time at T = 1 and paid from T = 16 (1.8-2.9x faster on one thread), and
+#: decode-sized products keep the same bits run after run.
+BF16_MIN_ROWS = 16
+_bf16_setting: str | None = None
+_bf16_choices: dict[tuple, str] = {}
+_bf16_lock = threading.Lock()
+#: Biased-exponent bounds of :func:`_bf16_operands_safe` (module doc): every nonzero partial sum of
+#: fp32 products of the operands is a normal fp32 when the smallest nonzero operands' biased
+#: exponents sum to at least this (unbiased sum >= -112: each product is a multiple of
+#: ``2**(Ea + Ew - 14)`` >= ``2**-126``) ...
+BF16_MIN_EXP_SUM = 142
+#: ... and no sum of ``K`` products reaches ``2**127`` when the largest operands' biased exponents
+#: plus ``ceil(log2(K))`` sum to at most this (``2**(Ea + 1) * 2**(Ew + 1) * K <= 2**127``).
+BF16_MAX_EXP_SUM = 379
+
+
+def bf16_engine_setting() -> str:
+    """The setting of the bf16-output engines now: :func:`set_bf16_engine`'s, else
+    :data:`BF16_ENGINE_ENV` (``"auto"`` where unset).
+
+    Raises:
+        ModeError: the variable is set to something other than ``auto`` / ``sgemm`` / ``onednn-bf16``.
+    """
+    if _bf16_setting is not None:
+        return _bf16_setting
+    text = getenv(BF16_ENGINE_ENV, "") or "auto"
+    if text not in _BF16_SETTINGS:
+        raise ModeError(f"{BF16_ENGINE_ENV}: expected one of {_BF16_SETTINGS} or unset, got {text!r}")
+    return text
+
+
+def set_bf16_engine(name: str | None) -> str | None:
+    """Set the bf16-output engines for this process (``"auto"``, ``"sgemm"``, ``"onednn-bf16"``;
+    None: back to :data:`BF16_ENGINE_ENV`); returns the previous call's setting (None where the
+    environment ruled). ``"auto"`` forgets the per-shape choices made so far.
+
+    Raises:
+        ValueError: ``name`` not a setting.
+        ImportError: ``"onednn-bf16"`` without torch.
+    """
+    global _bf16_setting
+    if name is not None and name not in _BF16_SETTINGS:
+        raise ValueError(f"set_bf16_engine: name must be one of {_BF16_SETTINGS} or None, got {name!r}")
+    if name == "onednn-bf16":
+        _import_torch()
+    before = _bf16_setting
+    _bf16_setting = name
+    if name == "auto":
+        with _bf16_lock:
+            _bf16_choices.clear()
+    return before
+
+
+def bf16_choices() -> dict[tuple, str]:
+    """A copy of the per-shape choices made so far: ``(kind, batch, M, K, N, torch threads)`` ->
+    engine name (``kind`` ``"mm"`` or ``"heads"``)."""
+    with _bf16_lock:
+        return dict(_bf16_choices)
+
+
+@njit(cache=True, nogil=True)
+def _bf16_span(bits, shift):
+    """``(emin, emax, bad)`` over the values of ``bits`` (1-D uint16 bf16 bits with ``shift`` 16,
+    or uint32 fp32 bits with ``shift`` 0): the smallest biased exponent of a nonzero value (255
+    where none), the largest (0 where none), and whether any value is subnormal, inf / nan, or
+    (fp32) not a bf16 value (low 16 bits set). One branch-free pass."""
+    emin = np.uint32(255)
+    emax = np.uint32(0)
+    bad = np.uint32(0)
+    for i in range(bits.shape[0]):
+        x = np.uint32(bits[i]) << np.uint32(shift)
+        e = (x >> np.uint32(23)) & np.uint32(0xFF)
+        mant = x & np.uint32(0x7FFFFF)
+        emin = min(emin, e if e != 0 else np.uint32(255))
+        emax = max(emax, e)
+        bad |= np.uint32(e == 255) | np.uint32(e == 0 and mant != 0) | (x & np.uint32(0xFFFF))
+    return emin, emax, bad != 0
+
+
+def _span_of(x: np.ndarray) -> tuple[int, int, bool]:
+    """:func:`_bf16_span` of a bf16 or fp32 array (any shape and strides)."""
+    x = np.ascontiguousarray(x)
+    if x.dtype == BF16:
+        return _bf16_span(x.reshape(-1).view(np.uint16), 16)
+    return _bf16_span(x.reshape(-1).view(np.uint32), 0)
+
+
+_SPAN_ATTR = "_ascend_emu_bf16_span"
+
+
+def _weight_span(w) -> tuple[int, int, bool]:
+    """:func:`_span_of` a bf16 weight: kept on a FRACTAL_NZ weight (as its kept widening is, the
+    weight is not written in place), computed on every call for any other."""
+    if isinstance(w, NZArray):
+        span = getattr(w, _SPAN_ATTR, None)
+        if span is None:
+            span = _span_of(np.asarray(w))
+            setattr(w, _SPAN_ATTR, span)
+        return span
+    return _span_of(np.asarray(w))
+
+
+def _bf16_operands_safe(a_span, w_span, k: int) -> bool:
+    """Whether oneDNN's bf16 product of operands with these spans sums exactly the same fp32
+    products as sgemm (module doc): no subnormal, inf / nan or non-bf16 value, no product or
+    partial sum below the normal range (the bf16 dot-product instructions flush those to zero)
+    and none that overflows; both operands with a nonzero value."""
+    (amin, amax, abad), (wmin, wmax, wbad) = a_span, w_span
+    if abad or wbad or amax == 0 or wmax == 0:
+        return False
+    return int(amin) + int(wmin) >= BF16_MIN_EXP_SUM and int(amax) + int(wmax) + max(0, k - 1).bit_length() <= BF16_MAX_EXP_SUM
+
+
+def _bf16_tensor(torch, x: np.ndarray):
+    """A torch bf16 view of bf16 array ``x`` (any positive strides)."""
+    return _as_tensor(torch, np.asarray(x).view(np.uint16)).view(torch.bfloat16)
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def _bf16_run(key: tuple, sgemm, onednn, safe) -> np.ndarray:
+    """Run one bf16-output product ``key = (kind, batch, M, K, N)`` on the engine the setting and
+    the per-shape choice name: ``sgemm()`` / ``onednn()`` compute it; ``safe()`` says whether the
+    operands may go to oneDNN."""
+    setting = bf16_engine_setting()
+    if setting == "sgemm" or (setting == "auto" and key[2] < BF16_MIN_ROWS) or not _torch_loaded() or not safe():
+        return sgemm()
+    torch = _import_torch()
+    if setting == "onednn-bf16":
+        return onednn()
+    key = key + (torch.get_num_threads(),)
+    choice = _bf16_choices.get(key)
+    if choice is not None:
+        return onednn() if choice == "onednn-bf16" else sgemm()
+    best = {}
+    outs = {}
+    engines = [("sgemm", sgemm), ("onednn-bf16", onednn)]
+    for name, fn in engines:
+        outs[name] = fn()  # untimed: kernel creation, kept widening, first touch
+    for r in range(BF16_CHOICE_ROUNDS):
+        for name, fn in engines[::-1] if r % 2 else engines:
+            took, outs[name] = _timed(fn)
+            best[name] = min(best.get(name, took), took)
+    choice = min(best, key=best.get)
+    with _bf16_lock:
+        choice = _bf16_choices.setdefault(key, choice)
+    return outs[choice]
+
+
+def matmul_bf16_out(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``a @ w`` of bf16 values whose fp32 result the kernel rounds straight to bf16 (the Cube's
+    fixpipe output): fp32 ``[M, N]`` whose RNE rounding to bf16 is that result; the caller rounds
+    (a no-op on the oneDNN engine's values). The engine (module doc, "bf16 products rounded
+    straight to bf16"): :func:`matmul_weight` (exact widening, sgemm), or ``torch.matmul`` on bf16
+    tensors (oneDNN: fp32 accumulation, one rounding) where torch is loaded, the operands are safe
+    for the bf16 dot-product instructions (:func:`_bf16_operands_safe`) and, in the ``auto``
+    setting, it was the faster of the two at this shape's first call. Fixed path
+    (:func:`fixed_matmul`) in the deterministic mode.
+
+    Args:
+        a: fp32 ``[M, K]`` holding bf16 values (any other fp32 value keeps the product on sgemm).
+        w: ``[K, N]`` bf16 weight (NZ or ND); another dtype runs :func:`matmul_weight`.
+
+    Returns:
+        fp32 ``[M, N]``.
+
+    Raises:
+        ModeError: :data:`BF16_ENGINE_ENV` set to an unknown value.
+    """
+    m, k, n = a.shape[0], w.shape[0], w.shape[1]
+    if _deterministic.enabled() or w.dtype != BF16 or not (m and k and n):
+        return matmul_weight(a, w)
+
+    def onednn():
+        torch = _import_torch()
+        ta = torch.from_numpy(np.ascontiguousarray(a)).to(torch.bfloat16)
+        return torch.matmul(ta, _bf16_tensor(torch, w)).float().numpy()
+
+    return _bf16_run(("mm", 1, m, k, n), lambda: matmul_weight(a, w), onednn,
+                     lambda: _bf16_operands_safe(_span_of(a), _weight_span(w), k))
+
+
+def matmul_bf16_out_heads(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Per head ``h``: ``a[h] @ w[h]`` rounded straight to bf16 by the kernel, as
+    :func:`matmul_bf16_out` (the same engines; the weight's span is read on every call, as its
+    values are): ``a`` fp32 ``[N, M, K]`` holding bf16 values, ``w`` bf16 ``[N, K, D]``
+    (``weight_uk``; another dtype runs :func:`matmul_weight_heads`); fp32 ``[N, M, D]``.
+
+    Raises:
+        ModeError: :data:`BF16_ENGINE_ENV` set to an unknown value.
+    """
+    heads, m, k, d = a.shape[0], a.shape[1], w.shape[1], w.shape[2]
+    if _deterministic.enabled() or w.dtype != BF16 or not (heads and m and k and d):
+        return matmul_weight_heads(a, w)
+
+    def onednn():
+        torch = _import_torch()
+        ta = torch.from_numpy(np.ascontiguousarray(a)).to(torch.bfloat16)
+        return torch.matmul(ta, _bf16_tensor(torch, w)).float().numpy()
+
+    return _bf16_run(("heads", heads, m, k, d), lambda: matmul_weight_heads(a, w), onednn,
+                     lambda: _bf16_operands_safe(_span_of(a), _span_of(w), k))
 
 
 # ---------------------------------------------------------------------- int8 x int8 -> int32

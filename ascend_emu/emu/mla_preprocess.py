@@ -15,7 +15,7 @@ dtype, bf16 or fp16):
 2. ``acc = int8 @ wdqkv^T`` exact in int32 (:func:`~ascend_emu.emu.matmul.matmul_int8`),
    ``fp32(acc + bias0) * descale0`` (per-token: ``fp32(acc) * descale0 * s``), round -> ``[T, 2112]``.
 3. RmsNormQuant1 on columns 576: (1536) as step 1; ``@ wuq^T`` as step 2 -> round ->
-   ``[T, N, 192]``. ``q_nope @ wuk`` per head in fp32 (sgemm), round; 'int8_nzcache':
+   ``[T, N, 192]``. ``q_nope @ wuk`` per head in fp32 (sgemm, or oneDNN's bf16 engine for bf16: :func:`~ascend_emu.emu.matmul.matmul_bf16_out_heads`), round; 'int8_nzcache':
    int8(fp16(fp32(rounded) * q_nope_scale[n])). ``q_pe``: plain rotate_half RoPE in fp32
    (``kernels.rope_row`` with ``deinterleave=False``), round.
 4. kv: ``ckv = rms_norm(kv[:512], gamma2, eps)`` (fp32; :data:`~ascend_emu.emu.kernels.MLAPO_KV_RMS`:
@@ -36,7 +36,7 @@ from ..quant import BF16, INT8_MAX, f32_to_int8_via_f16
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 from .kernels import (LANES, LANES_PAIRWISE, MLAPO_KV_RMS, MLAPO_QUANT_RMS, bits16, kernel_input, launch_rows,
                       narrow_row, rms_norm_row, rope_row, round_to_int8, scatter_rows, widen_row)
-from .matmul import matmul_int8, matmul_weight_heads, widen_f32
+from .matmul import matmul_bf16_out_heads, matmul_int8, widen_f32
 
 
 #: The RmsNormQuant order (:data:`~ascend_emu.emu.kernels.MLAPO_QUANT_RMS`) and the kv RmsNorm's
@@ -279,7 +279,7 @@ def mla_preprocess(args: MlaPreprocessArgs) -> MlaPreprocessOutputs:
     q8, s1 = _rms_norm_quant(q_a, args.gamma1, args.beta1, _scalar(args.quant_scale1), _scalar(args.quant_offset1),
                              args.epsilon)  # [T, 1536] int8
     mm1 = _matmul_dequant(q8, wuq, args.bias1, descale_f32(args.descale1), s1, dt).reshape(t, n, QK_HEAD_DIM)
-    q_nope = matmul_weight_heads(mm1[:, :, :QK_NOPE_DIM].transpose(1, 0, 2), wuk)  # [N, T, 512]
+    q_nope = matmul_bf16_out_heads(mm1[:, :, :QK_NOPE_DIM].transpose(1, 0, 2), wuk)  # [N, T, 512], rounded below
     q_nope_bits = np.empty((t, n, KV_LORA_RANK), dtype=np.uint16)  # [T, N, 512] bits
     q_rope = np.empty((t, n, ROPE_DIM), dtype=np.uint16)  # [T, N, 64] bits
     krope = np.empty((t, ROPE_DIM), dtype=np.uint16)  # [T, 64] bits

@@ -21,7 +21,7 @@ from ..quant import (BF16, FP8_MAX, HIF8_MAX, INT8_MAX, MX_BLOCK_SIZE, CombinedR
                      to_fp8, to_hif8)
 from .kernels import (LANES, MLA_PROLOG_RMS, bits16, kernel_input, launch_rows, narrow_row, rms_norm_row,
                       rope_row, scatter_rows, widen_row)
-from .matmul import matmul_int8, matmul_weight, matmul_weight_heads, widen_f32
+from .matmul import matmul_bf16_out, matmul_bf16_out_heads, matmul_int8, matmul_weight, widen_f32
 
 #: The int8 bound the kernel's DynamicQuant divides by (its ``maxInt8Tensor``), fp32.
 _Q_MAX = np.float32(INT8_MAX)
@@ -365,6 +365,8 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
     """Compute the MLA prolog in the scenario ``args`` selects; write kv / kr into their caches.
 
     The chain (docs/sources.md#npu_mla_prolog_v3; bf16 matmuls widen exactly to fp32 and accumulate in fp32,
+    the ones rounded straight to bf16 through :func:`~ascend_emu.emu.matmul.matmul_bf16_out` (sgemm, or
+    oneDNN's bf16 engine: the same fp32 products in another order, docs/numerics.md#accumulation),
     int8 matmuls are exact integers; RmsNorm / RoPE run in fp32; "-> bf16" is one RNE rounding;
     ``dequant(acc) = fp32(acc) * row scale * column scale``, two fp32 multiplies in that order):
 
@@ -465,7 +467,7 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
             return _dequant_f32(_matmul_8bit(x, w, element), args.dequant_scale_x, col_scale)
         if full:
             return _int8_matmul_dequant(x, w, args.dequant_scale_x, col_scale)
-        return matmul_weight(x, w)
+        return matmul_bf16_out(x, w)  # bf16 x bf16, rounded straight to bf16 (_cq_norm / _kv_kr round_in)
 
     # ---- query path
     cq = down_proj(args.weight_dq, args.dequant_scale_w_dq)  # [T, Hcq]                  step 1
@@ -476,7 +478,7 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
         query_norm = np.empty((t, hcq), dtype=np.uint16)  # [T, Hcq] bf16 bits
         _cq_norm(cq, not full, bits16(args.rmsnorm_gamma_cq), eps_cq, qc_scale, True, cq_n, query_norm)
         query_norm = query_norm.view(BF16)
-        qcqr = matmul_weight(cq_n, args.weight_uq_qr)  # [T, N*(D+Dr)]  step 3
+        qcqr = matmul_bf16_out(cq_n, args.weight_uq_qr)  # [T, N*(D+Dr)]  step 3, rounded in _qcqr_split_rope
     else:
         round_cq = not full and element is None  # bf16 matmul output (partial quant) is bf16
         _cq_norm(cq, round_cq, bits16(args.rmsnorm_gamma_cq), eps_cq, qc_scale, False, cq_n, _NO_BITS)  # steps 1-2
@@ -498,7 +500,7 @@ def mla_prolog(args: MlaPrologArgs) -> MlaPrologOutputs:
     query_rope = np.empty((t, n, D_ROPE), dtype=np.uint16)  # [T, N, Dr]
     _qcqr_split_rope(qcqr, wqm == 0, cos, sin, q_nope, query_rope)  # steps 3, 5
     query = np.empty((t, n, HCKV), dtype=np.uint16)  # [T, N, Hckv]
-    _query_bits(matmul_weight_heads(q_nope, args.weight_uk), query)  # step 4
+    _query_bits(matmul_bf16_out_heads(q_nope, args.weight_uk), query)  # step 4, rounded in _query_bits
     query, query_rope = query.view(BF16), query_rope.view(BF16)
     dq_nope = None
     if args.query_quant_mode == 1 and element is not None:  # fp8 / hif8 [T, N, Hckv], fp32 [T, N, 1]

@@ -1,0 +1,204 @@
+"""The bf16-output engine of ``ascend_emu.emu.matmul`` (``matmul_bf16_out``,
+``matmul_bf16_out_heads``): the per-shape chooser, the fallback to sgemm for operands the bf16
+dot-product instructions would flush, the deterministic mode's fixed path, and the non-quant
+``npu_mla_prolog_v3`` routed through oneDNN against tests/reference/mla_prolog.py.
+
+The products are checked against float64 sums of the same bf16 values rounded once to bf16
+(ml_dtypes RNE), never against the code under test. Needs torch (the engine's oneDNN path).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ascend_emu import _deterministic  # noqa: E402
+from ascend_emu.emu import matmul  # noqa: E402
+from ascend_emu.errors import ModeError  # noqa: E402
+from ascend_emu.ops import npu_format_cast, npu_mla_prolog_v3  # noqa: E402
+from tests.helpers import dual_threshold_ok, max_ulp_bf16  # noqa: E402
+from tests.reference import mla_prolog as ref_prolog  # noqa: E402
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+@pytest.fixture
+def engine():
+    """Set the engine inside a test; the process's setting and choices restored after."""
+    before = matmul.set_bf16_engine(None)
+    saved = matmul.bf16_choices()
+    yield matmul.set_bf16_engine
+    matmul.set_bf16_engine(before)
+    matmul._bf16_choices.clear()
+    matmul._bf16_choices.update(saved)
+
+
+def ref_bf16(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """float64 ``a @ w`` of the bf16 values, rounded once to bf16 (``[..., M, N]``)."""
+    return np.matmul(np.asarray(a, np.float64), np.asarray(w).astype(np.float64)).astype(BF16)
+
+
+def positive(rng, shape, scale=1.0) -> np.ndarray:
+    """bf16 values in [0.5, 1.5) * scale: every sum of products well conditioned, so any fp32
+    order lands within one bf16 ulp of the float64 sum (relative error <= K * 2**-24)."""
+    return (rng.uniform(0.5, 1.5, shape) * scale).astype(BF16)
+
+
+def test_onednn_engine_within_one_ulp_of_float64(engine, rng):
+    engine("onednn-bf16")
+    a = positive(rng, (16, 1024))
+    w = positive(rng, (1024, 384), 2**-10)
+    got = matmul.matmul_bf16_out(a.astype(np.float32), npu_format_cast(w, 29)).astype(BF16)
+    assert max_ulp_bf16(got, ref_bf16(a, w)) <= 1
+    heads_a, heads_w = positive(rng, (4, 16, 128)), positive(rng, (4, 128, 512), 2**-7)
+    got = matmul.matmul_bf16_out_heads(heads_a.astype(np.float32), heads_w).astype(BF16)
+    assert max_ulp_bf16(got, ref_bf16(heads_a, heads_w)) <= 1
+
+
+def test_chooser_times_once_per_shape(engine, rng, monkeypatch):
+    engine("auto")
+    timings = []
+    real = matmul._timed
+    monkeypatch.setattr(matmul, "_timed", lambda fn: timings.append(1) or real(fn))
+    w = npu_format_cast(positive(rng, (256, 128), 2**-8), 29)
+    a = positive(rng, (matmul.BF16_MIN_ROWS, 256)).astype(np.float32)
+    first = matmul.matmul_bf16_out(a, w)
+    key = ("mm", 1, matmul.BF16_MIN_ROWS, 256, 128, torch.get_num_threads())
+    choice = matmul.bf16_choices()[key]
+    assert choice in matmul.BF16_ENGINES
+    assert len(timings) == 2 * matmul.BF16_CHOICE_ROUNDS
+    again = matmul.matmul_bf16_out(a, w)
+    assert len(timings) == 2 * matmul.BF16_CHOICE_ROUNDS  # cached: no second timing
+    assert np.array_equal(first.view(np.uint32), again.view(np.uint32))  # the same engine both times
+    small = positive(rng, (matmul.BF16_MIN_ROWS - 1, 256)).astype(np.float32)
+    matmul.matmul_bf16_out(small, w)  # decode-sized: sgemm, no timing, no choice
+    assert len(timings) == 2 * matmul.BF16_CHOICE_ROUNDS
+    assert not any(k[2] == matmul.BF16_MIN_ROWS - 1 for k in matmul.bf16_choices())
+
+
+def test_setting_rejects_unknown_names(engine, monkeypatch):
+    with pytest.raises(ValueError, match=r"set_bf16_engine: name must be one of .* got 'mkl'"):
+        engine("mkl")
+    engine(None)
+    monkeypatch.setenv(matmul.BF16_ENGINE_ENV, "fast")
+    with pytest.raises(ModeError, match=rf"{matmul.BF16_ENGINE_ENV}: expected one of .* got 'fast'"):
+        matmul.matmul_bf16_out(np.ones((16, 8), np.float32), np.ones((8, 8), BF16))
+    monkeypatch.setenv(matmul.BF16_ENGINE_ENV, "sgemm")
+    assert matmul.bf16_engine_setting() == "sgemm"
+
+
+def _tie_case(rng, extra_a: float, extra_w: float) -> tuple[np.ndarray, np.ndarray]:
+    """Rows whose float64 sum sits just above a bf16 rounding tie only through one small product
+    ``extra_a * extra_w``: ``2**-110 + 2**-118 (the tie) + extra``; a flush of that product (or
+    operand) rounds the tie to even instead. 16 rows, K = 64, N = 64 (oneDNN runs products this
+    small with K = 8 on a path that does not flush)."""
+    a = np.zeros((16, 64), np.float32)
+    w = np.zeros((64, 64), np.float32)
+    a[:, 0], w[0] = 2.0**-55, 2.0**-55
+    a[:, 1], w[1] = 2.0**-59, 2.0**-59
+    a[:, 2], w[2] = extra_a, extra_w
+    return a.astype(BF16), w.astype(BF16)
+
+
+@pytest.mark.parametrize("extra", [(2.0**-130, 2.0**0), (2.0**-65, 2.0**-65)],
+                         ids=["subnormal operand", "subnormal product"])
+def test_flushed_operands_stay_exact(engine, rng, extra):
+    """A subnormal operand (bf16 2**-130) or a product below fp32's normal range (2**-130 from
+    two normal operands) would be flushed to zero by the bf16 dot-product instructions; the engine
+    keeps such products on sgemm, so the sum keeps it and rounds up past the tie. Measured on
+    AMD Zen 4 (AVX512-BF16): oneDNN flushes the subnormal operand, and keeps the subnormal
+    product (so that case guards CPUs whose instructions flush products, as Intel documents)."""
+    engine("onednn-bf16")
+    a, w = _tie_case(rng, *extra)
+    want = ref_bf16(a, w)
+    assert np.all(want.astype(np.float64) == 2.0**-110 * (1 + 2.0**-7))  # the extra product decides
+    for weight in (w, npu_format_cast(w, 29)):
+        got = matmul.matmul_bf16_out(a.astype(np.float32), weight).astype(BF16)
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    got = matmul.matmul_bf16_out_heads(a.astype(np.float32)[None], w[None]).astype(BF16)
+    assert np.array_equal(got[0].view(np.uint16), want.view(np.uint16))
+
+
+def test_non_bf16_or_non_finite_operands_stay_exact(engine, rng, monkeypatch):
+    engine("onednn-bf16")
+    calls = []
+    real = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))
+    w = positive(rng, (64, 32))
+    a = positive(rng, (16, 64)).astype(np.float32)
+    matmul.matmul_bf16_out(a, w)
+    assert len(calls) == 1  # safe operands do go to oneDNN
+    for bad in (np.float32(1.0) + np.float32(2.0**-20), np.inf, np.nan):  # not a bf16 value, inf, nan
+        b = a.copy()
+        b[3, 5] = bad
+        got = matmul.matmul_bf16_out(b, w)
+        assert len(calls) == 1
+        want = np.matmul(b.astype(np.float64), w.astype(np.float64))
+        finite = np.isfinite(want)
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        assert max_ulp_bf16(got[finite].astype(BF16), want[finite].astype(BF16)) <= 1
+
+
+def test_deterministic_mode_keeps_its_fixed_path(engine, rng, monkeypatch):
+    engine("onednn-bf16")
+    monkeypatch.setattr(torch, "matmul", lambda *xs: pytest.fail("oneDNN called in the deterministic mode"))
+    a = positive(rng, (16, 96)).astype(np.float32)
+    w = positive(rng, (96, 40))
+    with _deterministic.scope(True):
+        got = matmul.matmul_bf16_out(a, npu_format_cast(w, 29))
+        heads = matmul.matmul_bf16_out_heads(a[None], w[None])
+    want = matmul.fixed_matmul(a, w.astype(np.float32))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(heads[0].view(np.uint32), want.view(np.uint32))
+
+
+# ---------------------------------------------------------------------- the prolog through oneDNN
+HE, HCQ, HCKV, D, DR, N, T = 7168, 1536, 512, 128, 64, 8, 16
+
+
+def test_mla_prolog_non_quant_on_onednn(engine, monkeypatch):
+    """All four bf16 products of the non-quant prolog on oneDNN (counted), T = 16, user-style
+    weights (``randn / sqrt(fan_in)``), against the float64 reference: the dual 0.005 criterion,
+    every error within two bf16 ulps of its row's largest value (no bound in ulps of the element
+    itself: on such data sgemm's order too lands hundreds of ulps off on values that cancel near
+    zero), and a bit-identical share of at least 0.95, the floor tests/test_rmsnorm_fidelity.py
+    holds another fp32 order (OpenBLAS SkylakeX) to: each flipped rounding of query_norm moves
+    about 5 % of the query row it feeds across bf16 boundaries. Measured here: query 0.984
+    (sgemm 0.991), query_rope 0.997, query_norm 0.9997, kv 0.9996, kr 1.0."""
+    engine("onednn-bf16")
+    calls = []
+    real = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))
+    rng = np.random.default_rng(37)
+
+    def w(shape, fan_in):
+        return (rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(fan_in))).astype(BF16)
+
+    w_dq, w_uq_qr, w_uk, w_dkv_kr = w((HE, HCQ), HE), w((HCQ, N * (D + DR)), HCQ), w((N, D, HCKV), D), \
+        w((HE, HCKV + DR), HE)
+    gamma_cq = (1 + 0.1 * rng.standard_normal(HCQ)).astype(BF16)
+    gamma_ckv = (1 + 0.1 * rng.standard_normal(HCKV)).astype(BF16)
+    x = rng.standard_normal((T, HE), dtype=np.float32).astype(BF16)
+    ang = np.outer(np.arange(T), 10000.0 ** (-np.arange(DR // 2) / (DR // 2)))
+    sin, cos = (np.concatenate([f(ang), f(ang)], axis=1).astype(BF16) for f in (np.sin, np.cos))
+    kv_cache = np.zeros((1, T, 1, HCKV), BF16)
+    kr_cache = np.zeros((1, T, 1, DR), BF16)
+    out = npu_mla_prolog_v3(x, npu_format_cast(w_dq, 29), npu_format_cast(w_uq_qr, 29), w_uk,
+                            npu_format_cast(w_dkv_kr, 29), gamma_cq, gamma_ckv, sin, cos, kv_cache, kr_cache,
+                            cache_index=np.arange(T, dtype=np.int64), cache_mode="PA_BSND", query_norm_flag=True)
+    assert len(calls) == 4  # x @ W_dq, cq @ W_uq_qr, q_nope @ W_uk, x @ W_dkv_kr
+    gold = ref_prolog.mla_prolog(x, w_dq.astype(np.float64), w_uq_qr.astype(np.float64), w_uk.astype(np.float64),
+                                 w_dkv_kr.astype(np.float64), gamma_cq, gamma_ckv, sin, cos)
+    got = {"query": out[0], "query_rope": out[1], "query_norm": out[3], "kv": kv_cache.reshape(T, HCKV),
+           "kr": kr_cache.reshape(T, DR)}
+    for what, actual in got.items():
+        want = gold[what].reshape(actual.shape)
+        assert dual_threshold_ok(actual, want, 0.005), what
+        err = np.abs(actual.astype(np.float64) - want.astype(np.float64))
+        scale = np.abs(want.astype(np.float64)).max(axis=-1, keepdims=True)
+        assert np.all(err <= scale * 2.0**-7), f"{what}: an error above 2 bf16 ulps of its row's largest value"
+        share = float(np.mean(actual.view(np.uint16) == want.view(np.uint16)))
+        assert share >= 0.95, f"{what}: bit-identical share {share:.4f}"
