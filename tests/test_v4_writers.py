@@ -152,6 +152,22 @@ def test_indexer_compress_epilog_mode1(a950, name, d):
     np.testing.assert_array_equal(_u8(scale).reshape(12, 4 * n), want_s)
 
 
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+def test_indexer_fp16_keys_every_finite_half(a950, name):
+    """Every finite fp16 magnitude (subnormals, zero, the largest), in rows of 128 neighbours so
+    that each group's scale is set by values of its own size, every other one negated: the
+    compiled widening of fp16 keys against the reference."""
+    mags = np.arange(0x7C00, dtype=np.uint16).view(np.float16).reshape(-1, 128)  # [248, 128]
+    x = np.where(np.arange(128) % 2 == 1, -mags, mags)
+    t = x.shape[0]
+    slots = np.random.default_rng(5).permutation(t).astype(np.int32)
+    cache, scale = _noise((t, 128), FP8[name]), _noise((t, 1), np.float32, 6)
+    want_c, want_s = ref.indexer_v1(_u8(cache).reshape(t, 128), _u8(scale).reshape(t, 4), x, slots, name=name)
+    ops.indexer_compress_epilog(cache, scale, x, slots)
+    np.testing.assert_array_equal(_u8(cache).reshape(t, 128), want_c)
+    np.testing.assert_array_equal(_u8(scale).reshape(t, 4), want_s)
+
+
 @pytest.mark.parametrize("round_scale", [True, False])
 def test_indexer_compress_epilog_mode0_mx(a950, round_scale):
     x = _x(10, SLOTS.size, 512)

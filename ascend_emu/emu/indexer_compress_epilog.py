@@ -14,21 +14,20 @@ import numpy as np
 from ..ops._v4_writers import V4WriterArgs, V4WriterOutputs
 from ..quant import v4 as codec
 from ..quant.fp8 import FP8_MAX
-from ..quant.rounding import real_to_f32
-from .kv_compress_epilog import FP8_FORMATS, indexer_fp8_rows, as_bytes
+from .kv_compress_epilog import FP8_FORMATS, as_bytes, geometry, indexer_fp8_rows
 
 
 def indexer_compress_epilog(args: V4WriterArgs) -> V4WriterOutputs:
     """Encode ``x[tokens]`` and write values and scales at ``slots``; returns the caches."""
-    xs = args.x[args.tokens]
     slots = args.slots
     if args.kind == "indexer":
         if slots.size:
             d = args.x.shape[1]
             if args.quant_mode == 1:
                 n = -(-d // codec.INDEXER_GROUP)
-                _fp8_rows(args, xs, as_bytes(args.cache), as_bytes(args.scale_cache), slots * d, slots * (4 * n))
+                _fp8_rows(args, as_bytes(args.cache), as_bytes(args.scale_cache), (1, d, 0, 0, 4 * n, 0, 0))
             else:
+                xs = args.x[args.tokens]
                 values, scale_bytes = codec.indexer_quant_mx(xs, args.fp8, round_scale=args.round_scale)
                 as_bytes(args.cache).reshape(-1, values.shape[1])[slots] = values
                 as_bytes(args.scale_cache).reshape(-1, scale_bytes.shape[1])[slots] = scale_bytes
@@ -36,18 +35,17 @@ def indexer_compress_epilog(args: V4WriterArgs) -> V4WriterOutputs:
     # indexer_v2: the packed uint8 cache
     if slots.size:
         d = args.x.shape[1]
-        row_bytes = args.block_stride // args.block_size
-        voff, soff = codec.indexer_v2_offsets(slots, d, args.block_size, row_bytes, args.block_stride)
+        geo = codec.indexer_v2_geometry(d, args.block_size, args.block_stride // args.block_size, args.block_stride)
         flat = as_bytes(args.cache)
-        _fp8_rows(args, xs, flat, flat, voff, soff)
+        _fp8_rows(args, flat, flat, (args.block_size, geo["block_stride"], 0, d, geo["block_stride"],
+                                     geo["scale_base"], geo["scale_row"]))
     return V4WriterOutputs((args.cache,))
 
 
-def _fp8_rows(args: V4WriterArgs, xs: np.ndarray, dst: np.ndarray, scale_dst: np.ndarray, value_off, scale_off) -> None:
-    """The fp32-scale indexer quant of the rows ``xs`` by :func:`.kv_compress_epilog.indexer_fp8_rows`."""
-    mant, bias, top, over = FP8_FORMATS[args.fp8]
+def _fp8_rows(args: V4WriterArgs, dst: np.ndarray, scale_dst: np.ndarray, placement: tuple) -> None:
+    """The fp32-scale indexer quant of ``x[tokens]`` by :func:`.kv_compress_epilog.indexer_fp8_rows`,
+    placed by ``placement`` (:data:`.kv_compress_epilog.GEO_FIELDS`)."""
     inv = codec.INDEXER_INV_FP8_MAX if args.fp8 == "float8_e4m3fn" else np.float32(np.float32(1.0) /
                                                                                    np.float32(FP8_MAX[args.fp8]))
-    x32 = real_to_f32(xs, "x")
-    indexer_fp8_rows(dst, scale_dst, x32, np.arange(xs.shape[0], dtype=np.int64), value_off, scale_off, inv, mant,
-                      bias, top, over)
+    geo = geometry(*placement, int(args.x.dtype == np.float16), *FP8_FORMATS[args.fp8])
+    indexer_fp8_rows(dst, scale_dst, np.ascontiguousarray(args.x).view(np.uint16), args.tokens, args.slots, geo, inv)

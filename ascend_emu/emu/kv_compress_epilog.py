@@ -8,7 +8,12 @@ not matter). quant_mode 1 and 3 encode the rows with the vectorised codecs of
 :mod:`ascend_emu.quant.v4` and copy them with one fancy-indexed assignment. The Numba pass
 computes what the codec computes, operation for operation (fp32 arithmetic, the kernel's E8M0
 step, RNE to fp8 by :func:`f32_to_fp8_bits`); ``tests/test_v4_writers.py`` holds both to the
-reference. ``benchmarks/bench_v4_writers.py`` measures them against a copy floor.
+reference. One kernel per quant serves every placement: a slot's value and scale offsets come
+from one parameter vector (:func:`place`, :data:`GEO_FIELDS`), so layout 1, layout 2 and the
+indexer caches differ only in it. The per-element loops run branch-free over slices (so that
+they vectorise: about 0.25 us per 640-byte row on the 2-core EPYC of docs/performance.md, three
+times the per-element version they replaced). ``benchmarks/bench_v4_writers.py`` measures them
+against a copy floor.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from numba import njit
 
 from ..ops._v4_writers import V4WriterArgs, V4WriterOutputs
 from ..quant import v4 as codec
-from ..quant.fp8 import FP8_MAX, to_fp8
+from ..quant.fp8 import FP8_MAX
 
 
 def as_bytes(a: np.ndarray) -> np.ndarray:
@@ -39,129 +44,180 @@ def f32_to_fp8_bits(x, mant, bias, top, over):
     """The fp8 code (uint8) of finite fp32 ``x``: round to nearest, ties to even on the bits
     (what ``ml_dtypes``' cast computes for finite inputs; :func:`ascend_emu.quant.fp8.to_fp8`):
     magnitudes past the largest finite code give ``over`` (E4M3FN NaN, E5M2 Inf), the sign is
-    kept (signed zeros included). ``tests/test_v4_writers.py`` checks it against ``to_fp8``."""
+    kept (signed zeros included). Without branches (the loops calling it vectorise): a normal
+    result rounds the magnitude's bits to ``mant`` bits (ties to even) and rebiases; below the
+    smallest normal one fp32 addition of ``2**(emin - mant + 23)`` rounds the magnitude to the
+    fp8 subnormal spacing (one rounding, ties to even). ``tests/test_v4_writers.py`` checks it
+    against ``to_fp8``."""
     u = np.float32(x).view(np.uint32)
     sign = np.uint32((u >> np.uint32(24)) & np.uint32(0x80))
-    e32 = np.int64((u >> np.uint32(23)) & np.uint32(0xFF))
-    if e32 == 0:  # fp32 zero or subnormal: far below half the smallest fp8 subnormal
-        return np.uint8(sign)
-    sig = np.int64(u & np.uint32(0x7FFFFF)) | np.int64(0x800000)
-    e = e32 - 127
-    emin = 1 - bias
-    drop = 23 - mant + (emin - e if e < emin else 0)
-    if drop > 25:
-        return np.uint8(sign)
-    # ties to even without a branch: add half - 1, plus 1 when the kept part is odd, then cut
-    q = (sig + ((np.int64(1) << (drop - 1)) - 1) + ((sig >> drop) & 1)) >> drop
-    if e < emin:
-        code = q
-    else:
-        code = ((e + bias) << mant) + q - (np.int64(1) << mant)
-    if code > top:
-        code = over
+    a = np.uint32(u & np.uint32(0x7FFFFFFF))
+    drop = np.int64(23 - mant)
+    normal = ((np.int64(a) + ((np.int64(1) << (drop - 1)) - 1) + ((np.int64(a) >> drop) & 1)) >> drop) \
+        - ((127 - bias) << mant)
+    magic = np.uint32((127 + 1 - bias - mant + 23) << 23)
+    f = np.float32(a.view(np.float32) + magic.view(np.float32))
+    sub = np.int64(f.view(np.uint32)) - np.int64(magic)
+    code = sub if a < np.uint32((127 + 1 - bias) << 23) else normal
+    code = over if code > top else code
     return np.uint8(sign | np.uint32(code))
 
 
+#: Fields of the ``geo`` int64 vector the writer kernels read (:func:`place`): rows a block, then
+#: per part (values, scales) the bytes a block, the part's offset in a block, the bytes a row.
+GEO_FIELDS = ("block_size", "value_stride", "value_base", "value_row", "scale_stride", "scale_base", "scale_row")
+
+
+@njit(cache=True, inline="always")
+def place(geo, slot):
+    """Flat byte offsets of slot ``slot``'s value part and scale part (``geo``: :data:`GEO_FIELDS`)."""
+    blk = slot // geo[0]
+    off = slot - blk * geo[0]
+    return blk * geo[1] + geo[2] + off * geo[3], blk * geo[4] + geo[5] + off * geo[6]
+
+
 @njit(cache=True)
-def mode2_rows(dst, xbits, tokens, value_off, rope_off, scale_off, pad_off, pad_len, q, group, inv, top_f,
-               round_scale, mant, bias, top, over, bf16_codes):  # pragma: no cover - compiled
+def mode2_rows(dst, xbits, tokens, slots, geo, top_f):  # pragma: no cover - compiled
     """quant_mode 2 rows (quant/v4.py's arithmetic, one token at a time) written into ``dst``
-    (flat uint8): the ``q`` fp8 codes of token ``i`` at ``value_off[i]``, its 64 rope values (bf16
-    bits, 128 bytes) at ``rope_off[i]``, its E8M0 bytes at ``scale_off[i]``, then ``pad_len``
-    zeros at ``pad_off[i]``. ``xbits``: x's bf16 bits ``[T, d]``; ``bf16_codes``: the fp8 code of
-    every bf16 value (:func:`bf16_fp8_codes`)."""
+    (flat uint8): the ``q`` fp8 codes of token ``tokens[i]`` at its value offset
+    (:func:`place` of ``slots[i]``), its ``d - q`` rope values (bf16 bits) at value offset +
+    ``rope_rel``, its E8M0 bytes at its scale offset, then ``pad_len`` zeros. ``xbits``: x's bf16
+    bits ``[T, d]``; ``geo``: :data:`GEO_FIELDS`, then ``q, group, round_scale, rope_rel,
+    pad_len`` and the fp8 format ``mant, bias, top, over`` (:data:`FP8_FORMATS`); ``top_f`` its
+    largest finite value (fp32). The loops run over slices from 0 (indices Numba knows are not
+    negative: no wrap-around test, so they vectorise)."""
     d = xbits.shape[1]
+    q, group, round_scale, rope_rel, pad_len = geo[7], geo[8], geo[9] != 0, geo[10], geo[11]
+    mant, bias, top, over = geo[12], geo[13], geo[14], geo[15]
+    inv = np.float32(np.float32(1.0) / top_f)
     groups = (q + group - 1) // group
-    row = np.empty(q, np.float32)
+    bits = np.empty(q, np.uint32)
+    row = bits.view(np.float32)
+    codes = np.empty(q, np.uint8)
     for i in range(tokens.shape[0]):
-        t = tokens[i]
+        xr = xbits[tokens[i]]
+        voff, soff = place(geo, slots[i])
         for c in range(q):
-            row[c] = np.uint32(np.uint32(xbits[t, c]) << np.uint32(16)).view(np.float32)
+            bits[c] = np.uint32(xr[c]) << np.uint32(16)
+        scale_out = dst[soff:soff + groups + pad_len]
         for g in range(groups):
             lo = g * group
             hi = min(lo + group, q)
-            amax = np.float32(0.0)
-            for c in range(lo, hi):
-                amax = max(amax, abs(row[c]))
-            if amax < np.float32(1e-4):
-                amax = np.float32(1e-4)
+            gb, gr, gc = bits[lo:hi], row[lo:hi], codes[lo:hi]
+            # |x| of finite values orders as the magnitude's bits: an integer max
+            m = np.uint32(0)
+            for c in range(gb.shape[0]):
+                a = np.uint32(gb[c] & np.uint32(0x7FFFFFFF))
+                m = a if a > m else m
+            amax = np.uint32(m).view(np.float32)
+            amax = amax if amax >= np.float32(1e-4) else np.float32(1e-4)
             s = np.float32(amax * inv)
             exp = np.int64((s.view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF))
-            dst[scale_off[i] + g] = np.uint8((exp + 1) & 0xFF if round_scale else exp)
             if round_scale:
                 # the kernel's mask of the exponent field: +1 for every normal s (s >= 1e-4 / 57344
                 # is normal); x / 2**k is x * 2**-k exactly (one rounding of the same value)
-                # x * 2**-k of a bf16 x is a bf16 value (below 2**-126 it rounds to a signed zero
-                # either way): its fp8 code is bf16_codes[its upper 16 bits]
+                scale_out[g] = np.uint8((exp + 1) & 0xFF)
                 mul = np.uint32(np.uint32(253 - exp) << np.uint32(23)).view(np.float32)
-                for c in range(lo, hi):
-                    v = np.float32(row[c] * mul)
-                    v = min(max(v, -top_f), top_f)
-                    dst[value_off[i] + c] = bf16_codes[np.float32(v).view(np.uint32) >> np.uint32(16)]
+                for c in range(gr.shape[0]):
+                    v = np.float32(gr[c] * mul)
+                    v = top_f if v > top_f else v
+                    v = -top_f if v < -top_f else v
+                    gc[c] = f32_to_fp8_bits(v, mant, bias, top, over)
             else:
-                for c in range(lo, hi):
-                    v = np.float32(row[c] / s)
-                    v = min(max(v, -top_f), top_f)
-                    dst[value_off[i] + c] = f32_to_fp8_bits(v, mant, bias, top, over)
-        for k in range(d - q):
-            h = xbits[t, q + k]
-            dst[rope_off[i] + 2 * k] = np.uint8(h & 0xFF)
-            dst[rope_off[i] + 2 * k + 1] = np.uint8(h >> 8)
+                scale_out[g] = np.uint8(exp)
+                for c in range(gr.shape[0]):
+                    v = np.float32(gr[c] / s)
+                    v = top_f if v > top_f else v
+                    v = -top_f if v < -top_f else v
+                    gc[c] = f32_to_fp8_bits(v, mant, bias, top, over)
+        values = dst[voff:voff + q]
+        for c in range(q):
+            values[c] = codes[c]
+        rope = dst[voff + rope_rel:voff + rope_rel + 2 * (d - q)]
+        for k in range(d - q):  # little-endian bf16 bits, as the cache holds them
+            h = xr[q + k]
+            rope[2 * k] = np.uint8(h & 0xFF)
+            rope[2 * k + 1] = np.uint8(h >> 8)
         for k in range(pad_len):
-            dst[pad_off[i] + k] = np.uint8(0)
+            scale_out[groups + k] = 0
+
+
+@njit(cache=True, inline="always")
+def half_to_f32(h, fp16):
+    """fp32 value of the finite 16-bit float with bits ``h``: bf16 (the upper half of fp32) or,
+    with ``fp16``, IEEE half (exact: normal by rebiasing, subnormal as ``mantissa * 2**-24``)."""
+    u = np.uint32(h)
+    if not fp16:
+        return np.uint32(u << np.uint32(16)).view(np.float32)
+    sign = np.uint32((u & np.uint32(0x8000)) << np.uint32(16))
+    e = np.uint32((u >> np.uint32(10)) & np.uint32(0x1F))
+    m = np.uint32(u & np.uint32(0x3FF))
+    normal = np.uint32(sign | ((e + np.uint32(112)) << np.uint32(23)) | (m << np.uint32(13))).view(np.float32)
+    sub = np.float32(np.float32(m) * np.float32(2.0 ** -24))
+    mag = normal if e != 0 else (sub if sign == 0 else -sub)
+    return mag
 
 
 @njit(cache=True)
-def indexer_fp8_rows(dst, scale_dst, x32, tokens, value_off, scale_off, inv, mant, bias, top, over
-                     ):  # pragma: no cover - compiled
+def indexer_fp8_rows(dst, scale_dst, xbits, tokens, slots, geo, inv):  # pragma: no cover - compiled
     """The indexer key quant (quant/v4.py ``indexer_quant_fp8``) of each token: its ``d`` fp8
-    codes into ``dst`` at ``value_off[i]``, its fp32 scales (little-endian) into ``scale_dst`` at
-    ``scale_off[i]`` (both flat uint8). ``x32``: x as fp32 ``[T, d]``."""
-    d = x32.shape[1]
+    codes into ``dst`` at its value offset (:func:`place` of ``slots[i]``), its fp32 scales
+    (little-endian) into ``scale_dst`` at its scale offset (both flat uint8). ``xbits``: x's bits
+    ``[T, d]`` (bf16, or fp16 when ``geo[7]``); ``geo``: :data:`GEO_FIELDS`, then ``fp16`` and the
+    fp8 format ``mant, bias, top, over``; ``inv``: fp32 ``1 / fp8 max`` as the kernel holds it."""
+    d = xbits.shape[1]
+    fp16 = geo[7] != 0
+    mant, bias, top, over = geo[8], geo[9], geo[10], geo[11]
     groups = (d + 127) // 128
+    bits = np.empty(d, np.uint32)
+    row = bits.view(np.float32)
+    codes = np.empty(d, np.uint8)
+    scales = np.empty(groups, np.float32)
     for i in range(tokens.shape[0]):
-        t = tokens[i]
+        xr = xbits[tokens[i]]
+        voff, soff = place(geo, slots[i])
+        for c in range(d):
+            row[c] = half_to_f32(xr[c], fp16)
         for g in range(groups):
             lo = g * 128
             hi = min(lo + 128, d)
-            amax = np.float32(0.0)
-            for c in range(lo, hi):
-                a = abs(x32[t, c])
-                if a > amax:
-                    amax = a
-            s = np.float32(amax * inv)  # 0 where amax is 0
-            sb = s.view(np.uint32)
-            for b in range(4):
-                scale_dst[scale_off[i] + 4 * g + b] = np.uint8((sb >> np.uint32(8 * b)) & np.uint32(0xFF))
-            for c in range(lo, hi):
-                v = x32[t, c]
-                if s != 0:
-                    w = np.float32(v / s)
-                    if np.isfinite(w):  # the kernel's Select: a non-finite quotient keeps x
-                        v = w
-                dst[value_off[i] + c] = f32_to_fp8_bits(v, mant, bias, top, over)
+            gb, gr, gc = bits[lo:hi], row[lo:hi], codes[lo:hi]
+            m = np.uint32(0)
+            for c in range(gb.shape[0]):
+                a = np.uint32(gb[c] & np.uint32(0x7FFFFFFF))
+                m = a if a > m else m
+            s = np.float32(np.uint32(m).view(np.float32) * inv)  # 0 where amax is 0
+            scales[g] = s
+            for c in range(gr.shape[0]):
+                v = gr[c]
+                w = np.float32(v / s)
+                # the kernel's Select: a zero scale or a non-finite quotient keeps x
+                v = w if (s != 0 and np.isfinite(w)) else v
+                gc[c] = f32_to_fp8_bits(v, mant, bias, top, over)
+        values = dst[voff:voff + d]
+        for c in range(d):
+            values[c] = codes[c]
+        scale_bytes = scales.view(np.uint8)
+        scale_out = scale_dst[soff:soff + 4 * groups]
+        for k in range(4 * groups):
+            scale_out[k] = scale_bytes[k]
 
 
-@functools.lru_cache(maxsize=None)
-def bf16_fp8_codes(name: str) -> np.ndarray:
-    """uint8 ``[65536]``: the fp8 code (``name``) of every bf16 bit pattern, as
-    :func:`ascend_emu.quant.fp8.to_fp8` encodes it (read-only)."""
-    values = (np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)).view(np.float32)
-    codes = to_fp8(values, name).view(np.uint8)
-    codes.flags.writeable = False
-    return codes
+@functools.lru_cache(maxsize=256)
+def geometry(*fields: int) -> np.ndarray:
+    """The kernels' int64 parameter vector ``fields`` (read-only; one per distinct call form)."""
+    g = np.array(fields, np.int64)
+    g.flags.writeable = False
+    return g
 
 
-def _mode2(args: V4WriterArgs, value_off, rope_off, scale_off, pad_off, pad_len: int) -> None:
-    """Run :func:`mode2_rows` for the tokens of ``args`` at the given byte offsets."""
+def _mode2(args: V4WriterArgs, placement: tuple, rope_rel: int, pad_len: int) -> None:
+    """Run :func:`mode2_rows` for the tokens of ``args``: ``placement`` the :data:`GEO_FIELDS`."""
     d = args.x.shape[1]
-    mant, bias, top, over = FP8_FORMATS[args.fp8]
-    top_f = np.float32(FP8_MAX[args.fp8])
-    inv = np.float32(np.float32(1.0) / top_f)
-    xbits = np.ascontiguousarray(args.x).view(np.uint16)
-    mode2_rows(as_bytes(args.cache), xbits, args.tokens, value_off, rope_off, scale_off, pad_off, int(pad_len),
-                d - codec.KV_ROPE_DIM, int(args.group), inv, top_f, bool(args.round_scale), mant, bias, top, over,
-                bf16_fp8_codes(args.fp8))
+    fmt = FP8_FORMATS[args.fp8]
+    geo = geometry(*placement, d - codec.KV_ROPE_DIM, int(args.group), int(args.round_scale), rope_rel, pad_len, *fmt)
+    mode2_rows(as_bytes(args.cache), np.ascontiguousarray(args.x).view(np.uint16), args.tokens, args.slots, geo,
+               np.float32(FP8_MAX[args.fp8]))
 
 
 def kv_compress_epilog(args: V4WriterArgs) -> V4WriterOutputs:
@@ -174,9 +230,8 @@ def kv_compress_epilog(args: V4WriterArgs) -> V4WriterOutputs:
                 q = d - codec.KV_ROPE_DIM
                 n = -(-q // args.group)
                 width = codec.kv_row_bytes(d, 2, args.group)
-                base = slots * width
-                _mode2(args, base + codec.KV_ROPE_BYTES, base, base + codec.KV_ROPE_BYTES + q,
-                       base + codec.KV_ROPE_BYTES + q + n, width - (codec.KV_ROPE_BYTES + q + n))
+                rope = codec.KV_ROPE_BYTES
+                _mode2(args, (1, width, rope, 0, width, rope + q, 0), -rope, width - (rope + q + n))
             return V4WriterOutputs((args.cache,))
         xs = args.x[args.tokens]
         if args.quant_mode == 3:
@@ -193,11 +248,8 @@ def kv_compress_epilog(args: V4WriterArgs) -> V4WriterOutputs:
             d = args.x.shape[1]
             q = d - codec.KV_ROPE_DIM
             geo = codec.kv_layout2_geometry(d, args.block_size, args.block_stride, args.group)
-            blk, off = slots // args.block_size, slots % args.block_size
-            base = blk * args.block_stride
-            value = base + off * geo["value_row"]
-            scale = base + geo["scale_base"] + off * geo["scale_row"]
-            n = geo["scale_count"]
-            _mode2(args, value, value + q, scale, scale + n, geo["scale_row"] - n)
+            stride = args.block_stride
+            _mode2(args, (args.block_size, stride, 0, geo["value_row"], stride, geo["scale_base"], geo["scale_row"]),
+                   q, geo["scale_row"] - geo["scale_count"])
         return V4WriterOutputs((args.cache,))
     raise AssertionError(f"kv_compress_epilog backend: unknown kind {args.kind!r}")
