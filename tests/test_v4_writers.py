@@ -118,6 +118,36 @@ def test_duplicate_slots_last_row_wins_with_warning(a950):
     np.testing.assert_array_equal(_u8(cache).reshape(4, 640), want)
 
 
+def test_many_rows_a_signature_seen_before_keeps_the_slot_policy(a950):
+    """Above 32 live rows (the duplicate search sorts) and on a call signature already
+    validated: a duplicate still warns and the last row wins, a slot past the cache and a NaN in
+    a quantized value of row 40 are still rejected with the cache untouched, and a NaN in a
+    skipped row is not read."""
+    t = 48
+    x = _x(17, t, 512)
+    slots = np.random.default_rng(17).permutation(64)[:t].astype(np.int32)
+    slots[5] = -1
+    x[5] = np.nan
+    cache = _noise((64, 1, 640), FP8["float8_e4m3fn"])
+    want = ref.kv_layout1(_u8(cache).reshape(64, 640), x, slots)
+    ops.kv_compress_epilog(cache, x, slots)  # the signature is now known
+    np.testing.assert_array_equal(_u8(cache).reshape(64, 640), want)
+    dup = slots.copy()
+    dup[40] = dup[3]
+    want = ref.kv_layout1(_u8(cache).reshape(64, 640), x, dup)
+    with pytest.warns(DuplicateSlotWarning, match=f"slot {int(dup[3])}"):
+        ops.kv_compress_epilog(cache, x, dup)
+    np.testing.assert_array_equal(_u8(cache).reshape(64, 640), want)
+    before = _u8(cache).copy()
+    with pytest.raises(IndexRangeError, match=r"slot_mapping\[40\] = 64"):
+        ops.kv_compress_epilog(cache, x, np.where(np.arange(t) == 40, 64, slots).astype(np.int32))
+    bad = x.copy()
+    bad[40, 7] = np.inf
+    with pytest.raises(NonFiniteInputError, match=r"x\[40, 7\]"):
+        ops.kv_compress_epilog(cache, bad, slots)
+    np.testing.assert_array_equal(_u8(cache), before)
+
+
 def test_all_rows_skipped_writes_nothing(a950):
     x = _x(7, 2, 512)
     cache = _noise((3, 640), FP8["float8_e4m3fn"])
