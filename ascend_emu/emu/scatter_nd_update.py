@@ -45,7 +45,10 @@ def scatter_nd_update(args: ScatterNdArgs) -> ScatterNdOutputs:
         rows = np.flatnonzero(slots >= 0)  # [t]
     out = _bits(var)
     d0, d1 = args.index_dims[0], args.index_dims[-1]
-    if k == 2 and (d0 == 1 or out.strides[0] == d1 * out.strides[1]):  # the two dims merge: one flat index
+    if k == 2 and out.flags.c_contiguous:  # the two dims merge: one flat index (a view, no copy)
+        out = out.reshape(d0 * d1, *out.shape[2:])
+        k = 1
+    elif k == 2 and (d0 == 1 or out.strides[0] == d1 * out.strides[1]):
         out = np.lib.stride_tricks.as_strided(out, (d0 * d1, *out.shape[2:]), out.strides[1:])
         k = 1
 
