@@ -183,19 +183,23 @@ def test_indexer_compress_epilog_mode1(a950, name, d):
 
 
 @pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
-def test_indexer_fp16_keys_every_finite_half(a950, name):
+@pytest.mark.parametrize("quant_mode, round_scale", [(1, True), (0, True), (0, False)])
+def test_indexer_fp16_keys_every_finite_half(a950, name, quant_mode, round_scale):
     """Every finite fp16 magnitude (subnormals, zero, the largest), in rows of 128 neighbours so
     that each group's scale is set by values of its own size, every other one negated: the
-    compiled widening of fp16 keys against the reference."""
+    compiled widening of fp16 keys against the reference, fp32 (quant_mode 1) and E8M0 scales."""
     mags = np.arange(0x7C00, dtype=np.uint16).view(np.float16).reshape(-1, 128)  # [248, 128]
     x = np.where(np.arange(128) % 2 == 1, -mags, mags)
     t = x.shape[0]
     slots = np.random.default_rng(5).permutation(t).astype(np.int32)
-    cache, scale = _noise((t, 128), FP8[name]), _noise((t, 1), np.float32, 6)
-    want_c, want_s = ref.indexer_v1(_u8(cache).reshape(t, 128), _u8(scale).reshape(t, 4), x, slots, name=name)
-    ops.indexer_compress_epilog(cache, scale, x, slots)
+    width = 4 if quant_mode == 1 else 1
+    scale_dtype = np.float32 if quant_mode == 1 else ml_dtypes.float8_e8m0fnu
+    cache, scale = _noise((t, 128), FP8[name]), _noise((t, 1), scale_dtype, 6)
+    want_c, want_s = ref.indexer_v1(_u8(cache).reshape(t, 128), _u8(scale).reshape(t, width), x, slots,
+                                    quant_mode=quant_mode, name=name, round_scale=round_scale)
+    ops.indexer_compress_epilog(cache, scale, x, slots, quant_mode=quant_mode, round_scale=round_scale)
     np.testing.assert_array_equal(_u8(cache).reshape(t, 128), want_c)
-    np.testing.assert_array_equal(_u8(scale).reshape(t, 4), want_s)
+    np.testing.assert_array_equal(_u8(scale).reshape(t, width), want_s)
 
 
 @pytest.mark.parametrize("round_scale", [True, False])

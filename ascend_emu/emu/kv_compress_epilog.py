@@ -2,12 +2,13 @@
 (and the byte scatter :mod:`.indexer_compress_epilog` shares).
 
 quant_mode 2 (the 640-byte rows of layout 1 and the split of layout 2: vllm-ascend's path) runs
-in one Numba pass per call (:func:`mode2_rows`): each token's groups are quantized and their
-bytes stored straight at their offsets in the cache (the slots are distinct, so the order does
-not matter). quant_mode 1 and 3 encode the rows with the vectorised codecs of
-:mod:`ascend_emu.quant.v4` and copy them with one fancy-indexed assignment. The Numba pass
-computes what the codec computes, operation for operation (fp32 arithmetic, the kernel's E8M0
-step, RNE to fp8 by :func:`f32_to_fp8_bits`); ``tests/test_v4_writers.py`` holds both to the
+in one Numba pass per call (:func:`mode2_rows`), quant_mode 1 in the fp32-scale pass
+(:func:`indexer_fp8_rows`): each token's groups are quantized and their bytes stored straight at
+their offsets in the cache (the slots are distinct, so the order does not matter). quant_mode 3
+(HiF8) encodes the rows with the vectorised codec of :mod:`ascend_emu.quant.v4` and copies them
+with one fancy-indexed assignment. The Numba passes compute what the codecs compute, operation
+for operation (fp32 arithmetic, the kernel's E8M0 step, RNE to fp8 by :func:`f32_to_fp8_bits`);
+``tests/test_v4_writers.py`` holds them to the
 reference. One kernel per quant serves every placement: a slot's value and scale offsets come
 from one parameter vector (:func:`place`, :data:`GEO_FIELDS`), so layout 1, layout 2 and the
 indexer caches differ only in it. The per-element loops run branch-free over slices (so that
@@ -76,19 +77,36 @@ def place(geo, slot):
     return blk * geo[1] + geo[2] + off * geo[3], blk * geo[4] + geo[5] + off * geo[6]
 
 
+@njit(cache=True, inline="always")
+def half_to_f32(h, fp16):
+    """fp32 value of the finite 16-bit float with bits ``h``: bf16 (the upper half of fp32) or,
+    with ``fp16``, IEEE half (exact: normal by rebiasing, subnormal as ``mantissa * 2**-24``)."""
+    u = np.uint32(h)
+    if not fp16:
+        return np.uint32(u << np.uint32(16)).view(np.float32)
+    sign = np.uint32((u & np.uint32(0x8000)) << np.uint32(16))
+    e = np.uint32((u >> np.uint32(10)) & np.uint32(0x1F))
+    m = np.uint32(u & np.uint32(0x3FF))
+    normal = np.uint32(sign | ((e + np.uint32(112)) << np.uint32(23)) | (m << np.uint32(13))).view(np.float32)
+    sub = np.float32(np.float32(m) * np.float32(2.0 ** -24))
+    mag = normal if e != 0 else (sub if sign == 0 else -sub)
+    return mag
+
+
 @njit(cache=True)
-def mode2_rows(dst, xbits, tokens, slots, geo, top_f):  # pragma: no cover - compiled
-    """quant_mode 2 rows (quant/v4.py's arithmetic, one token at a time) written into ``dst``
-    (flat uint8): the ``q`` fp8 codes of token ``tokens[i]`` at its value offset
-    (:func:`place` of ``slots[i]``), its ``d - q`` rope values (bf16 bits) at value offset +
-    ``rope_rel``, its E8M0 bytes at its scale offset, then ``pad_len`` zeros. ``xbits``: x's bf16
-    bits ``[T, d]``; ``geo``: :data:`GEO_FIELDS`, then ``q, group, round_scale, rope_rel,
-    pad_len`` and the fp8 format ``mant, bias, top, over`` (:data:`FP8_FORMATS`); ``top_f`` its
-    largest finite value (fp32). The loops run over slices from 0 (indices Numba knows are not
-    negative: no wrap-around test, so they vectorise)."""
+def mode2_rows(dst, scale_dst, xbits, tokens, slots, geo, top_f):  # pragma: no cover - compiled
+    """E8M0-scaled fp8 rows (quant/v4.py's quant_mode 2 arithmetic, also the indexer's MX quant;
+    one token at a time): the ``q`` fp8 codes of token ``tokens[i]`` into ``dst`` at its value
+    offset (:func:`place` of ``slots[i]``), its ``d - q`` rope values (bf16 bits) at value offset
+    + ``rope_rel``, its E8M0 bytes into ``scale_dst`` at its scale offset, then ``pad_len`` zeros
+    (both flat uint8, possibly one array). ``xbits``: x's bits ``[T, d]`` (bf16, or fp16 when
+    ``geo[16]``); ``geo``: :data:`GEO_FIELDS`, then ``q, group, round_scale, rope_rel, pad_len``,
+    the fp8 format ``mant, bias, top, over`` (:data:`FP8_FORMATS`) and ``fp16``; ``top_f`` the
+    format's largest finite value (fp32). The loops run over slices from 0 (indices Numba knows
+    are not negative: no wrap-around test, so they vectorise)."""
     d = xbits.shape[1]
     q, group, round_scale, rope_rel, pad_len = geo[7], geo[8], geo[9] != 0, geo[10], geo[11]
-    mant, bias, top, over = geo[12], geo[13], geo[14], geo[15]
+    mant, bias, top, over, fp16 = geo[12], geo[13], geo[14], geo[15], geo[16] != 0
     inv = np.float32(np.float32(1.0) / top_f)
     groups = (q + group - 1) // group
     bits = np.empty(q, np.uint32)
@@ -98,8 +116,8 @@ def mode2_rows(dst, xbits, tokens, slots, geo, top_f):  # pragma: no cover - com
         xr = xbits[tokens[i]]
         voff, soff = place(geo, slots[i])
         for c in range(q):
-            bits[c] = np.uint32(xr[c]) << np.uint32(16)
-        scale_out = dst[soff:soff + groups + pad_len]
+            row[c] = half_to_f32(xr[c], fp16)
+        scale_out = scale_dst[soff:soff + groups + pad_len]
         for g in range(groups):
             lo = g * group
             hi = min(lo + group, q)
@@ -115,7 +133,7 @@ def mode2_rows(dst, xbits, tokens, slots, geo, top_f):  # pragma: no cover - com
             exp = np.int64((s.view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF))
             if round_scale:
                 # the kernel's mask of the exponent field: +1 for every normal s (s >= 1e-4 / 57344
-                # is normal); x / 2**k is x * 2**-k exactly (one rounding of the same value)
+                # is normal); x / 2**k is x * 2**-k (2**-k a normal fp32: one rounding of one value)
                 scale_out[g] = np.uint8((exp + 1) & 0xFF)
                 mul = np.uint32(np.uint32(253 - exp) << np.uint32(23)).view(np.float32)
                 for c in range(gr.shape[0]):
@@ -142,45 +160,33 @@ def mode2_rows(dst, xbits, tokens, slots, geo, top_f):  # pragma: no cover - com
             scale_out[groups + k] = 0
 
 
-@njit(cache=True, inline="always")
-def half_to_f32(h, fp16):
-    """fp32 value of the finite 16-bit float with bits ``h``: bf16 (the upper half of fp32) or,
-    with ``fp16``, IEEE half (exact: normal by rebiasing, subnormal as ``mantissa * 2**-24``)."""
-    u = np.uint32(h)
-    if not fp16:
-        return np.uint32(u << np.uint32(16)).view(np.float32)
-    sign = np.uint32((u & np.uint32(0x8000)) << np.uint32(16))
-    e = np.uint32((u >> np.uint32(10)) & np.uint32(0x1F))
-    m = np.uint32(u & np.uint32(0x3FF))
-    normal = np.uint32(sign | ((e + np.uint32(112)) << np.uint32(23)) | (m << np.uint32(13))).view(np.float32)
-    sub = np.float32(np.float32(m) * np.float32(2.0 ** -24))
-    mag = normal if e != 0 else (sub if sign == 0 else -sub)
-    return mag
-
-
 @njit(cache=True)
 def indexer_fp8_rows(dst, scale_dst, xbits, tokens, slots, geo, inv):  # pragma: no cover - compiled
-    """The indexer key quant (quant/v4.py ``indexer_quant_fp8``) of each token: its ``d`` fp8
-    codes into ``dst`` at its value offset (:func:`place` of ``slots[i]``), its fp32 scales
-    (little-endian) into ``scale_dst`` at its scale offset (both flat uint8). ``xbits``: x's bits
-    ``[T, d]`` (bf16, or fp16 when ``geo[7]``); ``geo``: :data:`GEO_FIELDS`, then ``fp16`` and the
-    fp8 format ``mant, bias, top, over``; ``inv``: fp32 ``1 / fp8 max`` as the kernel holds it."""
+    """fp32-scaled fp8 rows: the indexer key quant (quant/v4.py ``indexer_quant_fp8``), also
+    ``kv_compress_epilog`` quant_mode 1 (``_kv_mode1``, groups of 128 and a rope part) of each
+    token: its first ``q`` values as fp8 codes into ``dst`` at its value offset (:func:`place` of
+    ``slots[i]``), its ``d - q`` rope values (bf16 bits) at value offset + ``rope_rel``, its fp32
+    scales (little-endian) into ``scale_dst`` at its scale offset, then ``pad_len`` zeros (both
+    flat uint8, possibly one array). ``xbits``: x's bits ``[T, d]`` (bf16, or fp16 when
+    ``geo[7]``); ``geo``: :data:`GEO_FIELDS`, then ``fp16``, the fp8 format ``mant, bias, top,
+    over``, then ``q, rope_rel, pad_len``; ``inv``: fp32 ``1 / fp8 max`` as the kernel holds it."""
     d = xbits.shape[1]
     fp16 = geo[7] != 0
     mant, bias, top, over = geo[8], geo[9], geo[10], geo[11]
-    groups = (d + 127) // 128
-    bits = np.empty(d, np.uint32)
+    q, rope_rel, pad_len = geo[12], geo[13], geo[14]
+    groups = (q + 127) // 128
+    bits = np.empty(q, np.uint32)
     row = bits.view(np.float32)
-    codes = np.empty(d, np.uint8)
+    codes = np.empty(q, np.uint8)
     scales = np.empty(groups, np.float32)
     for i in range(tokens.shape[0]):
         xr = xbits[tokens[i]]
         voff, soff = place(geo, slots[i])
-        for c in range(d):
+        for c in range(q):
             row[c] = half_to_f32(xr[c], fp16)
         for g in range(groups):
             lo = g * 128
-            hi = min(lo + 128, d)
+            hi = min(lo + 128, q)
             gb, gr, gc = bits[lo:hi], row[lo:hi], codes[lo:hi]
             m = np.uint32(0)
             for c in range(gb.shape[0]):
@@ -194,13 +200,20 @@ def indexer_fp8_rows(dst, scale_dst, xbits, tokens, slots, geo, inv):  # pragma:
                 # the kernel's Select: a zero scale or a non-finite quotient keeps x
                 v = w if (s != 0 and np.isfinite(w)) else v
                 gc[c] = f32_to_fp8_bits(v, mant, bias, top, over)
-        values = dst[voff:voff + d]
-        for c in range(d):
+        values = dst[voff:voff + q]
+        for c in range(q):
             values[c] = codes[c]
+        rope = dst[voff + rope_rel:voff + rope_rel + 2 * (d - q)]
+        for k in range(d - q):  # little-endian bf16 bits, as the cache holds them
+            h = xr[q + k]
+            rope[2 * k] = np.uint8(h & 0xFF)
+            rope[2 * k + 1] = np.uint8(h >> 8)
         scale_bytes = scales.view(np.uint8)
-        scale_out = scale_dst[soff:soff + 4 * groups]
+        scale_out = scale_dst[soff:soff + 4 * groups + pad_len]
         for k in range(4 * groups):
             scale_out[k] = scale_bytes[k]
+        for k in range(pad_len):
+            scale_out[4 * groups + k] = 0
 
 
 @functools.lru_cache(maxsize=256)
@@ -211,45 +224,60 @@ def geometry(*fields: int) -> np.ndarray:
     return g
 
 
-def _mode2(args: V4WriterArgs, placement: tuple, rope_rel: int, pad_len: int) -> None:
-    """Run :func:`mode2_rows` for the tokens of ``args``: ``placement`` the :data:`GEO_FIELDS`."""
-    d = args.x.shape[1]
-    fmt = FP8_FORMATS[args.fp8]
-    geo = geometry(*placement, d - codec.KV_ROPE_DIM, int(args.group), int(args.round_scale), rope_rel, pad_len, *fmt)
-    mode2_rows(as_bytes(args.cache), np.ascontiguousarray(args.x).view(np.uint16), args.tokens, args.slots, geo,
+def mode2(args: V4WriterArgs, dst: np.ndarray, scale_dst: np.ndarray, placement: tuple, q: int, rope_rel: int,
+          pad_len: int) -> None:
+    """Run :func:`mode2_rows` for the tokens of ``args`` (its group, round_scale, fp8 type):
+    ``placement`` the :data:`GEO_FIELDS`, ``q`` the values quantized of each row."""
+    geo = geometry(*placement, q, int(args.group), int(args.round_scale), rope_rel, pad_len, *FP8_FORMATS[args.fp8],
+                   int(args.x.dtype == np.float16))
+    mode2_rows(dst, scale_dst, np.ascontiguousarray(args.x).view(np.uint16), args.tokens, args.slots, geo,
                np.float32(FP8_MAX[args.fp8]))
+
+
+def fp32_scaled(args: V4WriterArgs, dst: np.ndarray, scale_dst: np.ndarray, placement: tuple, inv: np.float32,
+                q: int, rope_rel: int = 0, pad_len: int = 0) -> None:
+    """Run :func:`indexer_fp8_rows` for the tokens of ``args`` (its fp8 type): ``placement`` the
+    :data:`GEO_FIELDS`, ``inv`` the fp32 ``1 / fp8 max``, ``q`` the values quantized of each row."""
+    geo = geometry(*placement, int(args.x.dtype == np.float16), *FP8_FORMATS[args.fp8], q, rope_rel, pad_len)
+    indexer_fp8_rows(dst, scale_dst, np.ascontiguousarray(args.x).view(np.uint16), args.tokens, args.slots, geo, inv)
+
+
+@functools.lru_cache(maxsize=256)
+def _kv_form(kind: str, quant_mode: int, d: int, group: int, block_size: int, block_stride: int) -> tuple:
+    """``(placement, q, rope_rel, pad_len)`` of a quant_mode 1 / 2 call form (the kernels'
+    parameters, :data:`GEO_FIELDS`): layout 1 rows of ``kv_row_bytes`` bytes (quant_mode 2: rope,
+    values, E8M0 bytes, zeros; quant_mode 1: values, rope, fp32 scales, zeros) or layout 2's split
+    (:func:`ascend_emu.quant.v4.kv_layout2_geometry`)."""
+    q = d - codec.KV_ROPE_DIM
+    rope = codec.KV_ROPE_BYTES
+    if kind == "kv_layout2":
+        geo = codec.kv_layout2_geometry(d, block_size, block_stride, group)
+        return ((block_size, block_stride, 0, geo["value_row"], block_stride, geo["scale_base"], geo["scale_row"]),
+                q, q, geo["scale_row"] - geo["scale_count"])
+    width = codec.kv_row_bytes(d, quant_mode, group)
+    n = -(-q // group)
+    if quant_mode == 2:
+        return (1, width, rope, 0, width, rope + q, 0), q, -rope, width - (rope + q + n)
+    return (1, width, 0, 0, width, q + rope, 0), q, q, width - (q + rope + 4 * n)
 
 
 def kv_compress_epilog(args: V4WriterArgs) -> V4WriterOutputs:
     """Encode ``x[tokens]`` and write it at ``slots`` (module doc); returns the cache."""
     slots = args.slots
-    if args.kind == "kv_rows":
-        if args.quant_mode == 2:
-            if slots.size:
-                d = args.x.shape[1]
-                q = d - codec.KV_ROPE_DIM
-                n = -(-q // args.group)
-                width = codec.kv_row_bytes(d, 2, args.group)
-                rope = codec.KV_ROPE_BYTES
-                _mode2(args, (1, width, rope, 0, width, rope + q, 0), -rope, width - (rope + q + n))
-            return V4WriterOutputs((args.cache,))
-        xs = args.x[args.tokens]
-        if args.quant_mode == 3:
-            rows = codec.encode_kv_rows(xs, quant_mode=3, scale=args.scale) if slots.size else None
-        else:
-            rows = codec.encode_kv_rows(xs, quant_mode=args.quant_mode, dtype=args.fp8, round_scale=args.round_scale,
-                                        quant_group_size=args.group) if slots.size else None
-        if rows is not None:
-            width = rows.shape[1]
-            as_bytes(args.cache).reshape(-1, width)[slots] = rows
+    if not slots.size:
         return V4WriterOutputs((args.cache,))
-    if args.kind == "kv_layout2":
-        if slots.size:
-            d = args.x.shape[1]
-            q = d - codec.KV_ROPE_DIM
-            geo = codec.kv_layout2_geometry(d, args.block_size, args.block_stride, args.group)
-            stride = args.block_stride
-            _mode2(args, (args.block_size, stride, 0, geo["value_row"], stride, geo["scale_base"], geo["scale_row"]),
-                   q, geo["scale_row"] - geo["scale_count"])
+    if args.kind not in ("kv_rows", "kv_layout2"):
+        raise AssertionError(f"kv_compress_epilog backend: unknown kind {args.kind!r}")
+    if args.quant_mode == 3:  # HiF8: the NumPy codec, rows copied by one fancy-indexed assignment
+        rows = codec.encode_kv_rows(args.x[args.tokens], quant_mode=3, scale=args.scale)
+        as_bytes(args.cache).reshape(-1, rows.shape[1])[slots] = rows
         return V4WriterOutputs((args.cache,))
-    raise AssertionError(f"kv_compress_epilog backend: unknown kind {args.kind!r}")
+    flat = as_bytes(args.cache)
+    placement, q, rope_rel, pad_len = _kv_form(args.kind, args.quant_mode, args.x.shape[1], args.group,
+                                               args.block_size, args.block_stride)
+    if args.quant_mode == 2:
+        mode2(args, flat, flat, placement, q, rope_rel, pad_len)
+    else:
+        inv = np.float32(np.float32(1.0) / np.float32(FP8_MAX[args.fp8]))  # quant/v4.py _kv_mode1
+        fp32_scaled(args, flat, flat, placement, inv, q, rope_rel, pad_len)
+    return V4WriterOutputs((args.cache,))
