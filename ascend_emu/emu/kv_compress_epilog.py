@@ -194,11 +194,14 @@ def indexer_fp8_rows(dst, scale_dst, xbits, tokens, slots, geo, inv):  # pragma:
                 m = a if a > m else m
             s = np.float32(np.uint32(m).view(np.float32) * inv)  # 0 where amax is 0
             scales[g] = s
+            keep = s == 0
             for c in range(gr.shape[0]):
                 v = gr[c]
                 w = np.float32(v / s)
-                # the kernel's Select: a zero scale or a non-finite quotient keeps x
-                v = w if (s != 0 and np.isfinite(w)) else v
+                # the kernel's Select: a zero scale or a non-finite quotient (all exponent bits
+                # set) keeps x; tested on the bits, without a branch
+                inf_nan = (w.view(np.uint32) & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+                v = v if (keep | inf_nan) else w
                 gc[c] = f32_to_fp8_bits(v, mant, bias, top, over)
         values = dst[voff:voff + q]
         for c in range(q):
