@@ -4,7 +4,7 @@ For each token count T (``--tokens``, default 1, 16, 128 and 1024) and each writ
 op's time per call and its ratio to the machine floor (``benchmarks/_floor.py``): the bytes the
 writer must read (x, slot_mapping) and write (the rows it places) moved at the machine's copy
 bandwidth. Writers: ``kv_compress_epilog`` layout 1 (640-byte rows, d 512; quant_mode 2, and
-quant_mode 1 with fp32 scales) and layout 2 (the paged split, block 128),
+quant_mode 1 with fp32 scales, quant_mode 3's HiF8 rows of 512 bytes) and layout 2 (the paged split, block 128),
 ``indexer_compress_epilog`` (fp8 keys + fp32 scales, and the MX form with E8M0 bytes, d 128) and
 ``indexer_compress_epilog_v2`` (packed uint8 cache, d 128); slots distinct and shuffled over a
 cache of ``--slots`` rows. Scatter writers (``npu_scatter_nd_update_v2`` and kin) join the table by
@@ -44,6 +44,7 @@ def writer_cases(rng, t: int, n_slots: int) -> list[tuple[str, object, int, int]
     xi = (rng.standard_normal((t, D_IDX)) * 4).astype(BF16)
     blocks = -(-n_slots // BLOCK)
     kv1 = np.zeros((n_slots, 1, ROW), FP8)
+    kvh = np.zeros((n_slots, D_KV), np.uint8)
     kv2 = np.zeros((blocks, BLOCK, 1, ROW), FP8)
     ic, isc = np.zeros((n_slots, D_IDX), FP8), np.zeros((n_slots, 1), np.float32)
     imx = np.zeros((n_slots, 1), ml_dtypes.float8_e8m0fnu)
@@ -54,6 +55,8 @@ def writer_cases(rng, t: int, n_slots: int) -> list[tuple[str, object, int, int]
         ("kv_compress_epilog L2", lambda: ops.kv_compress_epilog(kv2, x, slots, layout=2), read_kv, t * (576 + 8)),
         ("kv_compress_epilog L1 mode 1", lambda: ops.kv_compress_epilog(kv1, x, slots, quant_group_size=128,
                                                                          quant_mode=1), read_kv, t * ROW),
+        ("kv_compress_epilog L1 HiF8", lambda: ops.kv_compress_epilog(kvh, x, slots, quant_group_size=128, quant_mode=3,
+                                                                       scale=0.5), read_kv, t * D_KV),
         ("indexer_compress_epilog", lambda: ops.indexer_compress_epilog(ic, isc, xi, slots), read_idx, t * (D_IDX + 4)),
         ("indexer_compress_epilog MX", lambda: ops.indexer_compress_epilog(ic, imx, xi, slots, quant_mode=0), read_idx,
          t * (D_IDX + 1)),

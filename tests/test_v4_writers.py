@@ -434,6 +434,32 @@ def test_checked_mode_marks_written_slots_and_rejects_duplicates(a950):
         np.testing.assert_array_equal(_u8(cache), before)
 
 
+def test_numba_hifloat8_rows_match_the_codec():
+    """quant_mode 3's compiled HiF8 pass (a table of the code of every bf16 magnitude, looked up by
+    the upper half of the fp32 product) against quant.hifloat8.to_hif8 of ``fl32(x * scale)``:
+    every bf16 x (NaN, Inf, both signs) times scales that fill the product's low bits, and every
+    rounding boundary of HiF8 times 1 and its two fp32 neighbours."""
+    from ascend_emu.emu.kv_compress_epilog import hif8_codes, hif8_rows
+    from ascend_emu.quant.hifloat8 import _MIDPOINTS, to_hif8
+
+    def run(x, scale):
+        xbits = np.ascontiguousarray(x.astype(BF16)).view(np.uint16).reshape(1, -1)
+        dst = np.zeros(xbits.size, np.uint8)
+        hif8_rows(dst, xbits, np.zeros(1, np.int64), np.zeros(1, np.int64), xbits.size, np.float32(scale), hif8_codes())
+        return dst
+
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(BF16)
+    mids = _MIDPOINTS.astype(np.float32).astype(BF16)  # bf16 values: the check of the table's premise
+    assert np.array_equal(mids.astype(np.float64), _MIDPOINTS)
+    for x, scales in ((every, (1.0, 0.5, 1.0000001, 3.1415927, 1e-3, 7.7e4)),
+                      (np.concatenate([mids, -mids]), (1.0, np.nextafter(np.float32(1), np.float32(2)),
+                                                       np.nextafter(np.float32(1), np.float32(0))))):
+        for scale in scales:
+            with np.errstate(over="ignore", invalid="ignore"):
+                want = to_hif8(x.astype(np.float32) * np.float32(scale))
+            np.testing.assert_array_equal(run(x, scale), want, err_msg=f"scale {scale}")
+
+
 @pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
 def test_numba_fp8_encoder_matches_the_codec(name):
     """The writers' compiled fp8 rounding against quant.fp8.to_fp8 (ml_dtypes): every bf16 value,

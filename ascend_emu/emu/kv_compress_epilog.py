@@ -3,11 +3,12 @@
 
 quant_mode 2 (the 640-byte rows of layout 1 and the split of layout 2: vllm-ascend's path) runs
 in one Numba pass per call (:func:`mode2_rows`), quant_mode 1 in the fp32-scale pass
-(:func:`indexer_fp8_rows`): each token's groups are quantized and their bytes stored straight at
-their offsets in the cache (the slots are distinct, so the order does not matter). quant_mode 3
-(HiF8) encodes the rows with the vectorised codec of :mod:`ascend_emu.quant.v4` and copies them
-with one fancy-indexed assignment. The Numba passes compute what the codecs compute, operation
-for operation (fp32 arithmetic, the kernel's E8M0 step, RNE to fp8 by :func:`f32_to_fp8_bits`);
+(:func:`indexer_fp8_rows`), quant_mode 3 (HiF8) in :func:`hif8_rows` (a table of the code of
+every bf16 magnitude, :func:`hif8_codes`): each token's groups are quantized and their bytes
+stored straight at their offsets in the cache (the slots are distinct, so the order does not
+matter). The Numba passes compute what the codecs of :mod:`ascend_emu.quant.v4` compute,
+operation for operation (fp32 arithmetic, the kernel's E8M0 step, RNE to fp8 by
+:func:`f32_to_fp8_bits`, HiF8's ties away from zero);
 ``tests/test_v4_writers.py`` holds them to the
 reference. One kernel per quant serves every placement: a slot's value and scale offsets come
 from one parameter vector (:func:`place`, :data:`GEO_FIELDS`), so layout 1, layout 2 and the
@@ -27,6 +28,7 @@ from numba import njit
 from ..ops._v4_writers import V4WriterArgs, V4WriterOutputs
 from ..quant import v4 as codec
 from ..quant.fp8 import FP8_MAX
+from ..quant.hifloat8 import to_hif8
 
 
 def as_bytes(a: np.ndarray) -> np.ndarray:
@@ -219,6 +221,45 @@ def indexer_fp8_rows(dst, scale_dst, xbits, tokens, slots, geo, inv):  # pragma:
             scale_out[4 * groups + k] = 0
 
 
+@njit(cache=True)
+def hif8_rows(dst, xbits, tokens, slots, width, scale, table):  # pragma: no cover - compiled
+    """quant_mode 3 rows (quant/v4.py: HiF8 codes of ``fl32(x * scale)``) into ``dst`` (flat
+    uint8) at ``slots[i] * width``: ``xbits`` x's bf16 bits ``[T, d]``, ``scale`` fp32, ``table``
+    the HiF8 code of every non-negative bf16 bit pattern (:func:`hif8_codes`), looked up by the
+    product's upper 16 bits (a NaN by its whole magnitude); a negative product takes the sign bit
+    unless its code is 0x00 (no -0) or 0x80 (NaN)."""
+    d = xbits.shape[1]
+    for i in range(tokens.shape[0]):
+        xr = xbits[tokens[i]]
+        out = dst[slots[i] * width:slots[i] * width + d]
+        for c in range(d):
+            v = np.float32(np.uint32(np.uint32(xr[c]) << np.uint32(16)).view(np.float32) * scale)
+            u = v.view(np.uint32)
+            mag = np.uint32(u & np.uint32(0x7FFFFFFF))
+            code = np.uint32(table[mag >> np.uint32(16)])
+            nan = np.uint32(mag > np.uint32(0x7F800000))  # also a NaN whose payload is all low bits
+            code = (code & (nan - np.uint32(1))) | (nan << np.uint32(7))
+            # the sign, without a branch (signs are random): not on 0x00 (no -0) nor 0x80 (NaN)
+            signed = np.uint32(code != np.uint32(0)) & np.uint32(code != np.uint32(0x80))
+            out[c] = np.uint8(code | (((u >> np.uint32(31)) & signed) << np.uint32(7)))
+
+
+@functools.lru_cache(maxsize=None)
+def hif8_codes() -> np.ndarray:
+    """uint8 ``[32768]``: :func:`ascend_emu.quant.hifloat8.to_hif8` of every non-negative bf16
+    bit pattern (read-only). It decides every fp32 magnitude by its upper 16 bits: HiF8 values
+    have at most 4 significant bits, so every rounding boundary (the midpoint of two neighbouring
+    values, at most 5) is a bf16 value, and the fp32 values sharing a bf16 prefix lie on one
+    side of each boundary (at or above one that equals the prefix: a tie, rounded away from
+    zero as :func:`~ascend_emu.quant.hifloat8.to_hif8` does); only a NaN whose payload lies in
+    the low 16 bits reads as Inf here (:func:`hif8_rows` tests for it). ``tests/test_v4_writers.py``
+    checks the lookup against ``to_hif8``."""
+    values = (np.arange(1 << 15, dtype=np.uint32) << np.uint32(16)).view(np.float32)
+    codes = to_hif8(values)
+    codes.flags.writeable = False
+    return codes
+
+
 @functools.lru_cache(maxsize=256)
 def geometry(*fields: int) -> np.ndarray:
     """The kernels' int64 parameter vector ``fields`` (read-only; one per distinct call form)."""
@@ -271,11 +312,11 @@ def kv_compress_epilog(args: V4WriterArgs) -> V4WriterOutputs:
         return V4WriterOutputs((args.cache,))
     if args.kind not in ("kv_rows", "kv_layout2"):
         raise AssertionError(f"kv_compress_epilog backend: unknown kind {args.kind!r}")
-    if args.quant_mode == 3:  # HiF8: the NumPy codec, rows copied by one fancy-indexed assignment
-        rows = codec.encode_kv_rows(args.x[args.tokens], quant_mode=3, scale=args.scale)
-        as_bytes(args.cache).reshape(-1, rows.shape[1])[slots] = rows
-        return V4WriterOutputs((args.cache,))
     flat = as_bytes(args.cache)
+    if args.quant_mode == 3:  # HiF8 rows of d bytes
+        hif8_rows(flat, np.ascontiguousarray(args.x).view(np.uint16), args.tokens, slots, args.x.shape[1],
+                  np.float32(args.scale), hif8_codes())
+        return V4WriterOutputs((args.cache,))
     placement, q, rope_rel, pad_len = _kv_form(args.kind, args.quant_mode, args.x.shape[1], args.group,
                                                args.block_size, args.block_stride)
     if args.quant_mode == 2:
