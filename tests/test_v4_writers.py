@@ -435,11 +435,11 @@ def test_checked_mode_marks_written_slots_and_rejects_duplicates(a950):
 
 
 def test_numba_hifloat8_rows_match_the_codec():
-    """quant_mode 3's compiled HiF8 pass (a table of the code of every bf16 magnitude, looked up by
-    the upper half of the fp32 product) against quant.hifloat8.to_hif8 of ``fl32(x * scale)``:
+    """quant_mode 3's compiled HiF8 pass (a table of codes looked up by the upper 12 magnitude bits
+    of the fp32 product) against quant.hifloat8.to_hif8 of ``fl32(x * scale)``:
     every bf16 x (NaN, Inf, both signs) times scales that fill the product's low bits, and every
     rounding boundary of HiF8 times 1 and its two fp32 neighbours."""
-    from ascend_emu.emu.kv_compress_epilog import hif8_codes, hif8_rows
+    from ascend_emu.emu.kv_compress_epilog import HIF8_INDEX_SHIFT, hif8_codes, hif8_rows
     from ascend_emu.quant.hifloat8 import _MIDPOINTS, to_hif8
 
     def run(x, scale):
@@ -449,8 +449,10 @@ def test_numba_hifloat8_rows_match_the_codec():
         return dst
 
     every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(BF16)
-    mids = _MIDPOINTS.astype(np.float32).astype(BF16)  # bf16 values: the check of the table's premise
+    mids = _MIDPOINTS.astype(np.float32)  # the table's premise: no boundary below its index bits
     assert np.array_equal(mids.astype(np.float64), _MIDPOINTS)
+    assert not (mids.view(np.uint32) & np.uint32((1 << HIF8_INDEX_SHIFT) - 1)).any()
+    mids = mids.astype(BF16)
     for x, scales in ((every, (1.0, 0.5, 1.0000001, 3.1415927, 1e-3, 7.7e4)),
                       (np.concatenate([mids, -mids]), (1.0, np.nextafter(np.float32(1), np.float32(2)),
                                                        np.nextafter(np.float32(1), np.float32(0))))):

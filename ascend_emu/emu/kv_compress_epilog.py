@@ -4,7 +4,7 @@
 quant_mode 2 (the 640-byte rows of layout 1 and the split of layout 2: vllm-ascend's path) runs
 in one Numba pass per call (:func:`mode2_rows`), quant_mode 1 in the fp32-scale pass
 (:func:`indexer_fp8_rows`), quant_mode 3 (HiF8) in :func:`hif8_rows` (a table of the code of
-every bf16 magnitude, :func:`hif8_codes`): each token's groups are quantized and their bytes
+every fp32 magnitude's upper 12 bits, :func:`hif8_codes`): each token's groups are quantized and their bytes
 stored straight at their offsets in the cache (the slots are distinct, so the order does not
 matter). The Numba passes compute what the codecs of :mod:`ascend_emu.quant.v4` compute,
 operation for operation (fp32 arithmetic, the kernel's E8M0 step, RNE to fp8 by
@@ -221,12 +221,16 @@ def indexer_fp8_rows(dst, scale_dst, xbits, tokens, slots, geo, inv):  # pragma:
             scale_out[4 * groups + k] = 0
 
 
+#: :func:`hif8_codes`' index: a magnitude's bits above this (8 exponent and 4 mantissa bits).
+HIF8_INDEX_SHIFT = 19
+
+
 @njit(cache=True)
 def hif8_rows(dst, xbits, tokens, slots, width, scale, table):  # pragma: no cover - compiled
     """quant_mode 3 rows (quant/v4.py: HiF8 codes of ``fl32(x * scale)``) into ``dst`` (flat
     uint8) at ``slots[i] * width``: ``xbits`` x's bf16 bits ``[T, d]``, ``scale`` fp32, ``table``
-    the HiF8 code of every non-negative bf16 bit pattern (:func:`hif8_codes`), looked up by the
-    product's upper 16 bits (a NaN by its whole magnitude); a negative product takes the sign bit
+    :func:`hif8_codes`, looked up by the product's upper magnitude bits (a NaN by its whole
+    magnitude); a negative product takes the sign bit
     unless its code is 0x00 (no -0) or 0x80 (NaN)."""
     d = xbits.shape[1]
     for i in range(tokens.shape[0]):
@@ -236,7 +240,7 @@ def hif8_rows(dst, xbits, tokens, slots, width, scale, table):  # pragma: no cov
             v = np.float32(np.uint32(np.uint32(xr[c]) << np.uint32(16)).view(np.float32) * scale)
             u = v.view(np.uint32)
             mag = np.uint32(u & np.uint32(0x7FFFFFFF))
-            code = np.uint32(table[mag >> np.uint32(16)])
+            code = np.uint32(table[mag >> np.uint32(HIF8_INDEX_SHIFT)])
             nan = np.uint32(mag > np.uint32(0x7F800000))  # also a NaN whose payload is all low bits
             code = (code & (nan - np.uint32(1))) | (nan << np.uint32(7))
             # the sign, without a branch (signs are random): not on 0x00 (no -0) nor 0x80 (NaN)
@@ -246,15 +250,16 @@ def hif8_rows(dst, xbits, tokens, slots, width, scale, table):  # pragma: no cov
 
 @functools.lru_cache(maxsize=None)
 def hif8_codes() -> np.ndarray:
-    """uint8 ``[32768]``: :func:`ascend_emu.quant.hifloat8.to_hif8` of every non-negative bf16
-    bit pattern (read-only). It decides every fp32 magnitude by its upper 16 bits: HiF8 values
-    have at most 4 significant bits, so every rounding boundary (the midpoint of two neighbouring
-    values, at most 5) is a bf16 value, and the fp32 values sharing a bf16 prefix lie on one
-    side of each boundary (at or above one that equals the prefix: a tie, rounded away from
-    zero as :func:`~ascend_emu.quant.hifloat8.to_hif8` does); only a NaN whose payload lies in
-    the low 16 bits reads as Inf here (:func:`hif8_rows` tests for it). ``tests/test_v4_writers.py``
-    checks the lookup against ``to_hif8``."""
-    values = (np.arange(1 << 15, dtype=np.uint32) << np.uint32(16)).view(np.float32)
+    """uint8 ``[4096]``: :func:`ascend_emu.quant.hifloat8.to_hif8` of every non-negative fp32
+    magnitude whose bits below the top 4 mantissa bits are zero, indexed by those upper 12
+    magnitude bits (read-only). It decides every fp32 magnitude by those bits: HiF8 values have
+    at most 4 significant bits, so every rounding boundary (the midpoint of two neighbouring
+    values, at most 5) has at most 4 mantissa bits, and the fp32 values sharing the upper 12 bits
+    lie on one side of each boundary (at or above one that equals the prefix: a tie, rounded
+    away from zero as :func:`~ascend_emu.quant.hifloat8.to_hif8` does); only a NaN whose payload
+    lies in the low bits reads as Inf here (:func:`hif8_rows` tests for it). 4 KiB: the lookups
+    stay in L1. ``tests/test_v4_writers.py`` checks the pass against ``to_hif8``."""
+    values = (np.arange(1 << 12, dtype=np.uint32) << np.uint32(HIF8_INDEX_SHIFT)).view(np.float32)
     codes = to_hif8(values)
     codes.flags.writeable = False
     return codes
