@@ -292,22 +292,31 @@ def fp32_scaled(args: V4WriterArgs, dst: np.ndarray, scale_dst: np.ndarray, plac
 
 
 @functools.lru_cache(maxsize=256)
-def _kv_form(kind: str, quant_mode: int, d: int, group: int, block_size: int, block_stride: int) -> tuple:
-    """``(placement, q, rope_rel, pad_len)`` of a quant_mode 1 / 2 call form (the kernels'
-    parameters, :data:`GEO_FIELDS`): layout 1 rows of ``kv_row_bytes`` bytes (quant_mode 2: rope,
+def _kv_form(kind: str, quant_mode: int, d: int, group: int, block_size: int, block_stride: int, fp8: str,
+             round_scale: bool) -> tuple:
+    """``(kernel, geo, fp32 parameter)`` of a quant_mode 1 / 2 call form: :func:`mode2_rows` with
+    ``top_f`` or :func:`indexer_fp8_rows` with ``1 / fp8 max`` (quant/v4.py ``_kv_mode1``), and
+    their parameter vector for layout 1 rows of ``kv_row_bytes`` bytes (quant_mode 2: rope,
     values, E8M0 bytes, zeros; quant_mode 1: values, rope, fp32 scales, zeros) or layout 2's split
     (:func:`ascend_emu.quant.v4.kv_layout2_geometry`)."""
     q = d - codec.KV_ROPE_DIM
     rope = codec.KV_ROPE_BYTES
     if kind == "kv_layout2":
         geo = codec.kv_layout2_geometry(d, block_size, block_stride, group)
-        return ((block_size, block_stride, 0, geo["value_row"], block_stride, geo["scale_base"], geo["scale_row"]),
-                q, q, geo["scale_row"] - geo["scale_count"])
-    width = codec.kv_row_bytes(d, quant_mode, group)
-    n = -(-q // group)
+        placement, rope_rel, pad_len = ((block_size, block_stride, 0, geo["value_row"], block_stride, geo["scale_base"],
+                                         geo["scale_row"]), q, geo["scale_row"] - geo["scale_count"])
+    else:
+        width = codec.kv_row_bytes(d, quant_mode, group)
+        n = -(-q // group)
+        if quant_mode == 2:
+            placement, rope_rel, pad_len = (1, width, rope, 0, width, rope + q, 0), -rope, width - (rope + q + n)
+        else:
+            placement, rope_rel, pad_len = (1, width, 0, 0, width, q + rope, 0), q, width - (q + rope + 4 * n)
+    fmt = FP8_FORMATS[fp8]
+    top_f = np.float32(FP8_MAX[fp8])
     if quant_mode == 2:
-        return (1, width, rope, 0, width, rope + q, 0), q, -rope, width - (rope + q + n)
-    return (1, width, 0, 0, width, q + rope, 0), q, q, width - (q + rope + 4 * n)
+        return mode2_rows, geometry(*placement, q, group, int(round_scale), rope_rel, pad_len, *fmt, 0), top_f
+    return indexer_fp8_rows, geometry(*placement, 0, *fmt, q, rope_rel, pad_len), np.float32(np.float32(1.0) / top_f)
 
 
 def kv_compress_epilog(args: V4WriterArgs) -> V4WriterOutputs:
@@ -318,15 +327,11 @@ def kv_compress_epilog(args: V4WriterArgs) -> V4WriterOutputs:
     if args.kind not in ("kv_rows", "kv_layout2"):
         raise AssertionError(f"kv_compress_epilog backend: unknown kind {args.kind!r}")
     flat = as_bytes(args.cache)
+    xbits = np.ascontiguousarray(args.x).view(np.uint16)  # bf16 (the op's only x dtype)
     if args.quant_mode == 3:  # HiF8 rows of d bytes
-        hif8_rows(flat, np.ascontiguousarray(args.x).view(np.uint16), args.tokens, slots, args.x.shape[1],
-                  np.float32(args.scale), hif8_codes())
+        hif8_rows(flat, xbits, args.tokens, slots, args.x.shape[1], np.float32(args.scale), hif8_codes())
         return V4WriterOutputs((args.cache,))
-    placement, q, rope_rel, pad_len = _kv_form(args.kind, args.quant_mode, args.x.shape[1], args.group,
-                                               args.block_size, args.block_stride)
-    if args.quant_mode == 2:
-        mode2(args, flat, flat, placement, q, rope_rel, pad_len)
-    else:
-        inv = np.float32(np.float32(1.0) / np.float32(FP8_MAX[args.fp8]))  # quant/v4.py _kv_mode1
-        fp32_scaled(args, flat, flat, placement, inv, q, rope_rel, pad_len)
+    kernel, geo, param = _kv_form(args.kind, args.quant_mode, args.x.shape[1], args.group, args.block_size,
+                                  args.block_stride, args.fp8, args.round_scale)
+    kernel(flat, flat, xbits, args.tokens, slots, geo, param)
     return V4WriterOutputs((args.cache,))
