@@ -148,6 +148,25 @@ def test_many_rows_a_signature_seen_before_keeps_the_slot_policy(a950):
     np.testing.assert_array_equal(_u8(cache), before)
 
 
+def test_strided_x_writes_the_same_bytes(a950):
+    """x in Fortran order or as a column slice of a wider array (the compiled passes read any
+    strides) writes what the C-contiguous x writes."""
+    x = _x(18, SLOTS.size, 512)
+    want = _noise((12, 1, 640), FP8["float8_e4m3fn"])
+    got_f, got_s = want.copy(), want.copy()
+    ops.kv_compress_epilog(want, x, SLOTS)
+    ops.kv_compress_epilog(got_f, np.asfortranarray(x), SLOTS)
+    ops.kv_compress_epilog(got_s, np.concatenate([x, x], axis=1)[:, :512], SLOTS)
+    np.testing.assert_array_equal(_u8(got_f), _u8(want))
+    np.testing.assert_array_equal(_u8(got_s), _u8(want))
+    wide = _x(19, SLOTS.size, 256)
+    ic, isc = _noise((12, 128), FP8["float8_e4m3fn"]), _noise((12, 1), np.float32, 7)
+    want_c, want_s = ref.indexer_v1(_u8(ic).reshape(12, 128), _u8(isc).reshape(12, 4), wide[:, :128], SLOTS)
+    ops.indexer_compress_epilog(ic, isc, wide[:, :128], SLOTS)
+    np.testing.assert_array_equal(_u8(ic).reshape(12, 128), want_c)
+    np.testing.assert_array_equal(_u8(isc).reshape(12, 4), want_s)
+
+
 def test_all_rows_skipped_writes_nothing(a950):
     x = _x(7, 2, 512)
     cache = _noise((3, 640), FP8["float8_e4m3fn"])
