@@ -416,7 +416,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "            if seen[live[a]]:", "            if seen[live[a]] and a < 0:",
            ("tests/test_layouts_paged.py",), "the compiled duplicate search, over 32 slots: a repeat not noticed"),
     Mutant("scatter_first_duplicate_wins", "ascend_emu/emu/scatter_nd_update.py",
-           "        rows = _last_writes(slots)  # [t]", "        rows = np.flatnonzero(slots >= 0)[::-1]  # [t]",
+           "    for i in range(slots.shape[0]):\n        s = slots[i]",
+           "    for i in range(slots.shape[0] - 1, -1, -1):\n        s = slots[i]",
            ("tests/test_scatter_nd_update.py",), "duplicate rows: the first written, not the last"),
     # ------------------------------------------------------------------ the V4 epilog writers
     Mutant("kv_epilog_layout2_scale_row_off_by_one", "ascend_emu/emu/kv_compress_epilog.py",
