@@ -473,15 +473,17 @@ def slots_from_positions(index: np.ndarray, cache_length: int, *, name: str = "i
     return np.where(idx >= 0, b * cache_length + idx, SKIP_INDEX).reshape(-1)
 
 
-#: Live slots up to which :func:`_has_duplicates` compares pairwise; beyond, it marks a table
+#: Live slots up to which :func:`has_duplicate_slots` compares pairwise; beyond, it marks a table
 #: of ``max(slots) + 1`` flags when that is at most this many times the live slots, else sorts.
 _PAIRWISE_SLOTS = 32
 _MARK_RATIO = 64
 
 
 @njit(cache=True)
-def _has_duplicates(slots):  # pragma: no cover - compiled
-    """Whether two non-negative entries of int64 ``slots`` are equal (negative ones: skips)."""
+def has_duplicate_slots(slots):  # pragma: no cover - compiled
+    """Whether two non-negative entries of int64 ``slots`` are equal (negative ones: skips). The
+    one duplicate search of the writers' compiled passes (:func:`duplicate_slots`, the V4 epilog
+    writers' slot pass)."""
     live = slots[slots >= 0]
     n = live.shape[0]
     if n <= _PAIRWISE_SLOTS:
@@ -516,7 +518,7 @@ def duplicate_slots(slots: np.ndarray) -> dict[int, list[int]]:
         increasing order; empty when every slot is written at most once.
     """
     slots = np.asarray(slots).reshape(-1)
-    if slots.dtype == np.int64 and not _has_duplicates(slots):  # the usual call: one compiled pass
+    if slots.dtype == np.int64 and not has_duplicate_slots(slots):  # the usual call: one compiled pass
         return {}
     live = np.flatnonzero(slots >= 0)  # [L] token ids
     if live.size < 2:

@@ -23,6 +23,7 @@ from numba import njit
 from .. import checked_mode
 from ..errors import ModeError, NonFiniteInputError, ShapeError, arg_error, describe
 from ..layouts import CacheLayout
+from ..layouts.slots import has_duplicate_slots
 from . import _check
 from ._backend import get_backend
 from ._check import (check_call_bytes, check_dtype, dtype_name, required, write_targets,
@@ -143,10 +144,6 @@ def finite_rows(x: np.ndarray, tokens: np.ndarray, cols: int) -> None:
 #: Bytes of working copies per slot_mapping element of :func:`writer_slots` (the static size
 #: bound every writer checks with its other static checks, :func:`check_index_bytes`).
 INDEX_WORK_BYTES = 64
-#: Live rows up to which :func:`_plan` looks for duplicate slots pairwise (beyond: a sorted copy).
-_PAIRWISE_ROWS = 32
-
-
 def check_index_bytes(slot_mapping: np.ndarray, name: str = "slot_mapping") -> None:
     """The size bound :func:`writer_slots` checks before its working copies (a static check)."""
     check_call_bytes(slot_mapping, name, INDEX_WORK_BYTES, "index working copies")
@@ -172,16 +169,8 @@ def _plan(slot_mapping, rows, xbits, cols, exp_mask):  # pragma: no cover - comp
         tokens[n] = i
         slots[n] = v
         n += 1
-    if n <= _PAIRWISE_ROWS:
-        for a in range(1, n):
-            for b in range(a):
-                if slots[a] == slots[b]:
-                    return False, tokens[:0], slots[:0]
-    else:
-        ordered = np.sort(slots[:n])
-        for a in range(1, n):
-            if ordered[a] == ordered[a - 1]:
-                return False, tokens[:0], slots[:0]
+    if has_duplicate_slots(slots[:n]):
+        return False, tokens[:0], slots[:0]
     for j in range(n):
         xr = xbits[tokens[j]]
         bad = False
