@@ -3,8 +3,9 @@
 For each token count T (``--tokens``, default 1, 16, 128 and 1024) and each writer it prints the
 op's time per call and its ratio to the machine floor (``benchmarks/_floor.py``): the bytes the
 writer must read (x, slot_mapping) and write (the rows it places) moved at the machine's copy
-bandwidth. Writers: ``kv_compress_epilog`` layout 1 (640-byte rows, d 512) and layout 2 (the
-paged split, block 128), ``indexer_compress_epilog`` (fp8 keys + fp32 scales, d 128) and
+bandwidth. Writers: ``kv_compress_epilog`` layout 1 (640-byte rows, d 512; quant_mode 2, and
+quant_mode 1 with fp32 scales, quant_mode 3's HiF8 rows of 512 bytes) and layout 2 (the paged split, block 128),
+``indexer_compress_epilog`` (fp8 keys + fp32 scales, and the MX form with E8M0 bytes, d 128) and
 ``indexer_compress_epilog_v2`` (packed uint8 cache, d 128); slots distinct and shuffled over a
 cache of ``--slots`` rows. Scatter writers (``npu_scatter_nd_update_v2`` and kin) join the table by
 themselves once ``ascend_emu.ops`` has them (:func:`scatter_cases`, the hook). The SoC is set to
@@ -43,14 +44,22 @@ def writer_cases(rng, t: int, n_slots: int) -> list[tuple[str, object, int, int]
     xi = (rng.standard_normal((t, D_IDX)) * 4).astype(BF16)
     blocks = -(-n_slots // BLOCK)
     kv1 = np.zeros((n_slots, 1, ROW), FP8)
+    kvh = np.zeros((n_slots, D_KV), np.uint8)
     kv2 = np.zeros((blocks, BLOCK, 1, ROW), FP8)
     ic, isc = np.zeros((n_slots, D_IDX), FP8), np.zeros((n_slots, 1), np.float32)
+    imx = np.zeros((n_slots, 1), ml_dtypes.float8_e8m0fnu)
     iv2 = np.zeros((blocks, BLOCK, 1, D_IDX + 4), np.uint8)
     read_kv, read_idx = x.nbytes + slots.nbytes, xi.nbytes + slots.nbytes
     return [
         ("kv_compress_epilog L1", lambda: ops.kv_compress_epilog(kv1, x, slots), read_kv, t * ROW),
         ("kv_compress_epilog L2", lambda: ops.kv_compress_epilog(kv2, x, slots, layout=2), read_kv, t * (576 + 8)),
+        ("kv_compress_epilog L1 mode 1", lambda: ops.kv_compress_epilog(kv1, x, slots, quant_group_size=128,
+                                                                         quant_mode=1), read_kv, t * ROW),
+        ("kv_compress_epilog L1 HiF8", lambda: ops.kv_compress_epilog(kvh, x, slots, quant_group_size=128, quant_mode=3,
+                                                                       scale=0.5), read_kv, t * D_KV),
         ("indexer_compress_epilog", lambda: ops.indexer_compress_epilog(ic, isc, xi, slots), read_idx, t * (D_IDX + 4)),
+        ("indexer_compress_epilog MX", lambda: ops.indexer_compress_epilog(ic, imx, xi, slots, quant_mode=0), read_idx,
+         t * (D_IDX + 1)),
         ("indexer_compress_epilog_v2", lambda: ops.indexer_compress_epilog_v2(iv2, xi, slots), read_idx,
          t * (D_IDX + 4)),
     ]
@@ -91,7 +100,7 @@ def main() -> None:
         fns = [f for pair in zip([c[1] for c in cases], floors, strict=True) for f in pair]
         times = best_times(fns, args.rounds, number=args.calls)
         for (name, *_), floor, op_t, floor_t in zip(cases, floors, times[0::2], times[1::2], strict=True):
-            print(f"T={t:5d}  {name:27s} {op_t * 1e6:9.1f} us/call  {floor_line(floor, floor_t, 'us')}  "
+            print(f"T={t:5d}  {name:29s} {op_t * 1e6:9.1f} us/call  {floor_line(floor, floor_t, 'us')}  "
                   f"{ratio_line(name, op_t, floor_t)}")
 
 

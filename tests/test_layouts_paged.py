@@ -333,6 +333,21 @@ def test_duplicate_slots_property(slots):
     assert got == want and list(got) == list(want)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-1, 80), min_size=33, max_size=200), st.sampled_from([1, 1 << 40]))
+def test_duplicate_slots_property_many_rows(slots, spread):
+    """Over 32 live slots the duplicate search marks a table (slots close together) or sorts
+    (``spread``: slots far apart); both against the dictionary built here."""
+    slots = [s * spread if s >= 0 else s for s in slots]
+    want = {}
+    for t, s in enumerate(slots):
+        if s >= 0:
+            want.setdefault(s, []).append(t)
+    want = {s: t for s, t in sorted(want.items()) if len(t) > 1}
+    got = duplicate_slots(np.array(slots, dtype=np.int64))
+    assert got == want and list(got) == list(want)
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.int16, np.uint8])
 @pytest.mark.parametrize("kv_lens, bs", [([5, 2], 4), ([16, 1, 0, 33], 16), ([1], 1)])
 def test_slots_from_block_table(kv_lens, bs, dtype, rng):

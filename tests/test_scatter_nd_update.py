@@ -216,6 +216,21 @@ def test_rejected_calls_write_nothing(change, error, match):
         np.testing.assert_array_equal(_bytes(cache), before)
 
 
+@pytest.mark.parametrize("op", _C_ASCEND)
+def test_a_signature_seen_before_still_checks_memory_and_indices(op):
+    """The static checks run once per call signature; the overlap test and the index values run
+    on every call: an update inside var, or a bad index, after a good call of the same shapes."""
+    cache, idx, upd = _cache_call()
+    inside = cache[0, :2]  # [2, 1, 16], update's shape: same signature as a separate array
+    op(cache, idx, inside.copy())
+    before = _bytes(cache)
+    with pytest.raises(ShapeError, match="update"):
+        op(cache, idx, inside)
+    with pytest.raises(IndexRangeError, match=r"indices\[1, 0\] = 4"):
+        op(cache, np.array([[1, 2], [4, 0]], np.int32), upd)
+    np.testing.assert_array_equal(_bytes(cache), before)
+
+
 def test_rejects_overlap_and_read_only():
     cache, idx, upd = _cache_call()
     before = _bytes(cache)

@@ -118,6 +118,55 @@ def test_duplicate_slots_last_row_wins_with_warning(a950):
     np.testing.assert_array_equal(_u8(cache).reshape(4, 640), want)
 
 
+def test_many_rows_a_signature_seen_before_keeps_the_slot_policy(a950):
+    """Above 32 live rows (the duplicate search sorts) and on a call signature already
+    validated: a duplicate still warns and the last row wins, a slot past the cache and a NaN in
+    a quantized value of row 40 are still rejected with the cache untouched, and a NaN in a
+    skipped row is not read."""
+    t = 48
+    x = _x(17, t, 512)
+    slots = np.random.default_rng(17).permutation(64)[:t].astype(np.int32)
+    slots[5] = -1
+    x[5] = np.nan
+    cache = _noise((64, 1, 640), FP8["float8_e4m3fn"])
+    want = ref.kv_layout1(_u8(cache).reshape(64, 640), x, slots)
+    ops.kv_compress_epilog(cache, x, slots)  # the signature is now known
+    np.testing.assert_array_equal(_u8(cache).reshape(64, 640), want)
+    dup = slots.copy()
+    dup[40] = dup[3]
+    want = ref.kv_layout1(_u8(cache).reshape(64, 640), x, dup)
+    with pytest.warns(DuplicateSlotWarning, match=f"slot {int(dup[3])}"):
+        ops.kv_compress_epilog(cache, x, dup)
+    np.testing.assert_array_equal(_u8(cache).reshape(64, 640), want)
+    before = _u8(cache).copy()
+    with pytest.raises(IndexRangeError, match=r"slot_mapping\[40\] = 64"):
+        ops.kv_compress_epilog(cache, x, np.where(np.arange(t) == 40, 64, slots).astype(np.int32))
+    bad = x.copy()
+    bad[40, 7] = np.inf
+    with pytest.raises(NonFiniteInputError, match=r"x\[40, 7\]"):
+        ops.kv_compress_epilog(cache, bad, slots)
+    np.testing.assert_array_equal(_u8(cache), before)
+
+
+def test_strided_x_writes_the_same_bytes(a950):
+    """x in Fortran order or as a column slice of a wider array (the compiled passes read any
+    strides) writes what the C-contiguous x writes."""
+    x = _x(18, SLOTS.size, 512)
+    want = _noise((12, 1, 640), FP8["float8_e4m3fn"])
+    got_f, got_s = want.copy(), want.copy()
+    ops.kv_compress_epilog(want, x, SLOTS)
+    ops.kv_compress_epilog(got_f, np.asfortranarray(x), SLOTS)
+    ops.kv_compress_epilog(got_s, np.concatenate([x, x], axis=1)[:, :512], SLOTS)
+    np.testing.assert_array_equal(_u8(got_f), _u8(want))
+    np.testing.assert_array_equal(_u8(got_s), _u8(want))
+    wide = _x(19, SLOTS.size, 256)
+    ic, isc = _noise((12, 128), FP8["float8_e4m3fn"]), _noise((12, 1), np.float32, 7)
+    want_c, want_s = ref.indexer_v1(_u8(ic).reshape(12, 128), _u8(isc).reshape(12, 4), wide[:, :128], SLOTS)
+    ops.indexer_compress_epilog(ic, isc, wide[:, :128], SLOTS)
+    np.testing.assert_array_equal(_u8(ic).reshape(12, 128), want_c)
+    np.testing.assert_array_equal(_u8(isc).reshape(12, 4), want_s)
+
+
 def test_all_rows_skipped_writes_nothing(a950):
     x = _x(7, 2, 512)
     cache = _noise((3, 640), FP8["float8_e4m3fn"])
@@ -150,6 +199,26 @@ def test_indexer_compress_epilog_mode1(a950, name, d):
     ops.indexer_compress_epilog(cache, scale, x, SLOTS)
     np.testing.assert_array_equal(_u8(cache).reshape(12, d), want_c)
     np.testing.assert_array_equal(_u8(scale).reshape(12, 4 * n), want_s)
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("quant_mode, round_scale", [(1, True), (0, True), (0, False)])
+def test_indexer_fp16_keys_every_finite_half(a950, name, quant_mode, round_scale):
+    """Every finite fp16 magnitude (subnormals, zero, the largest), in rows of 128 neighbours so
+    that each group's scale is set by values of its own size, every other one negated: the
+    compiled widening of fp16 keys against the reference, fp32 (quant_mode 1) and E8M0 scales."""
+    mags = np.arange(0x7C00, dtype=np.uint16).view(np.float16).reshape(-1, 128)  # [248, 128]
+    x = np.where(np.arange(128) % 2 == 1, -mags, mags)
+    t = x.shape[0]
+    slots = np.random.default_rng(5).permutation(t).astype(np.int32)
+    width = 4 if quant_mode == 1 else 1
+    scale_dtype = np.float32 if quant_mode == 1 else ml_dtypes.float8_e8m0fnu
+    cache, scale = _noise((t, 128), FP8[name]), _noise((t, 1), scale_dtype, 6)
+    want_c, want_s = ref.indexer_v1(_u8(cache).reshape(t, 128), _u8(scale).reshape(t, width), x, slots,
+                                    quant_mode=quant_mode, name=name, round_scale=round_scale)
+    ops.indexer_compress_epilog(cache, scale, x, slots, quant_mode=quant_mode, round_scale=round_scale)
+    np.testing.assert_array_equal(_u8(cache).reshape(t, 128), want_c)
+    np.testing.assert_array_equal(_u8(scale).reshape(t, width), want_s)
 
 
 @pytest.mark.parametrize("round_scale", [True, False])
@@ -382,6 +451,34 @@ def test_checked_mode_marks_written_slots_and_rejects_duplicates(a950):
         with pytest.raises(DuplicateSlotError):
             ops.kv_compress_epilog(cache, x, np.where(SLOTS == 11, 5, SLOTS).astype(np.int32))
         np.testing.assert_array_equal(_u8(cache), before)
+
+
+def test_numba_hifloat8_rows_match_the_codec():
+    """quant_mode 3's compiled HiF8 pass (a table of codes looked up by the upper 12 magnitude bits
+    of the fp32 product) against quant.hifloat8.to_hif8 of ``fl32(x * scale)``:
+    every bf16 x (NaN, Inf, both signs) times scales that fill the product's low bits, and every
+    rounding boundary of HiF8 times 1 and its two fp32 neighbours."""
+    from ascend_emu.emu.kv_compress_epilog import HIF8_INDEX_SHIFT, hif8_codes, hif8_rows
+    from ascend_emu.quant.hifloat8 import _MIDPOINTS, to_hif8
+
+    def run(x, scale):
+        xbits = np.ascontiguousarray(x.astype(BF16)).view(np.uint16).reshape(1, -1)
+        dst = np.zeros(xbits.size, np.uint8)
+        hif8_rows(dst, xbits, np.zeros(1, np.int64), np.zeros(1, np.int64), xbits.size, np.float32(scale), hif8_codes())
+        return dst
+
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(BF16)
+    mids = _MIDPOINTS.astype(np.float32)  # the table's premise: no boundary below its index bits
+    assert np.array_equal(mids.astype(np.float64), _MIDPOINTS)
+    assert not (mids.view(np.uint32) & np.uint32((1 << HIF8_INDEX_SHIFT) - 1)).any()
+    mids = mids.astype(BF16)
+    for x, scales in ((every, (1.0, 0.5, 1.0000001, 3.1415927, 1e-3, 7.7e4)),
+                      (np.concatenate([mids, -mids]), (1.0, np.nextafter(np.float32(1), np.float32(2)),
+                                                       np.nextafter(np.float32(1), np.float32(0))))):
+        for scale in scales:
+            with np.errstate(over="ignore", invalid="ignore"):
+                want = to_hif8(x.astype(np.float32) * np.float32(scale))
+            np.testing.assert_array_equal(run(x, scale), want, err_msg=f"scale {scale}")
 
 
 @pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])

@@ -1,19 +1,21 @@
 """DeepSeek-V4's row scatters on the CPU: ``npu_scatter_nd_update_v2`` / ``_sk`` and
 ``scatter_nd_update_asc`` (:mod:`ascend_emu.ops.scatter_nd_update`).
 
-Pure data movement in NumPy, byte-exact: one fancy-indexed assignment of whole rows into ``var``
-as passed (a strided ``var`` is written in place), both sides viewed as unsigned integers of the
-element's size, so the bytes are copied as they are (and faster than through ml_dtypes' bf16).
-Of duplicate rows only the last is written (the contract warned), so the result does not depend
-on NumPy's assignment order. Indices are validated by the contract.
+Pure data movement, byte-exact: one compiled pass (:func:`copy_rows`) copies whole rows into
+``var`` as passed (a strided ``var`` is written in place: its elements are viewed, never copied),
+both sides viewed as unsigned integers of the element's size, so the bytes are copied as they
+are. The rows are copied in index order, so of duplicate rows the last one stays (the contract
+warned). Indices are validated by the contract.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from numba import njit
 
 from ..ops.scatter_nd_update import ScatterNdArgs, ScatterNdOutputs
-from .paged_cache import _last_writes
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -21,9 +23,21 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a.view(np.dtype(f"u{a.dtype.itemsize}"))
 
 
-#: Runs of consecutive written rows copied one slice at a time (no gathered copy of update);
-#: more runs than this (padding rows scattered through the call) take one gather instead.
-MAX_RUNS = 64
+@njit(cache=True)
+def copy_rows(dst, src, slots):  # pragma: no cover - compiled
+    """``dst[slots[i] // B, slots[i] % B] = src[i]`` for each ``i`` in order (``B = dst.shape[1]``),
+    rows with slot -1 skipped: of duplicate slots the last row is what stays. ``dst``: var's
+    elements as unsigned integers ``[d0, B, W]`` (any leading strides, rows contiguous),
+    ``src``: ``[n, W]``; the slots are validated by the contract."""
+    b = dst.shape[1]
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        if s >= 0:
+            blk = s // b
+            row = dst[blk, s - blk * b]
+            r = src[i]
+            for c in range(r.shape[0]):
+                row[c] = r[c]
 
 
 def scatter_nd_update(args: ScatterNdArgs) -> ScatterNdOutputs:
@@ -36,30 +50,8 @@ def scatter_nd_update(args: ScatterNdArgs) -> ScatterNdOutputs:
         :class:`~ascend_emu.ops.scatter_nd_update.ScatterNdOutputs`: var, written in place.
     """
     var, k, slots = args.var, len(args.index_dims), args.slots
-    src = _bits(np.asarray(args.update)).reshape(args.update.shape[0], *var.shape[k:])  # [n, ...row]
-    if args.duplicates:
-        rows = _last_writes(slots)  # [t] the rows that write: live, the last of each slot
-    elif (slots >= 0).all():
-        rows = None  # every row writes, each its own slot
-    else:
-        rows = np.flatnonzero(slots >= 0)  # [t]
-    out = _bits(var)
-    d0, d1 = args.index_dims[0], args.index_dims[-1]
-    if k == 2 and (d0 == 1 or out.strides[0] == d1 * out.strides[1]):  # the two dims merge: one flat index
-        out = np.lib.stride_tricks.as_strided(out, (d0 * d1, *out.shape[2:]), out.strides[1:])
-        k = 1
-
-    def put(dst: np.ndarray, rows_src: np.ndarray) -> None:
-        out[(dst,) if k == 1 else np.divmod(dst, d1)] = rows_src
-
-    if rows is None:
-        put(slots, src)
-    elif rows.size:
-        breaks = np.flatnonzero(np.diff(rows) != 1) + 1  # starts of runs of consecutive rows
-        if breaks.size < MAX_RUNS:  # slices of update: no gathered copy
-            for a, b in zip(np.concatenate(([0], breaks)), np.concatenate((breaks, [rows.size])), strict=True):
-                lo, hi = int(rows[a]), int(rows[b - 1]) + 1
-                put(slots[lo:hi], src[lo:hi])
-        else:
-            put(slots[rows], src[rows])
+    width = math.prod(var.shape[k:])
+    out = _bits(var).view()
+    out.shape = (*args.index_dims, width) if k == 2 else (args.index_dims[0], 1, width)  # a view or an error
+    copy_rows(out, _bits(np.asarray(args.update)).reshape(args.update.shape[0], width), slots)
     return ScatterNdOutputs(var)

@@ -115,6 +115,35 @@ def _index_slots(idx, num_rows, allow_skip):
     return True, out
 
 
+@njit(cache=True)
+def _index_rows(cols, d0, d1):  # pragma: no cover - compiled
+    """The regular case of :func:`slots_from_index_rows` in one pass over an int32 / int64
+    ``[n, K]`` index (K 1: ``d1`` unused; K 2: (block, offset) rows): ``(True, int64 [n] flat
+    slots, -1 for a skipped row)``, or ``(False, empty)`` at the first value the policy rejects
+    (the caller then raises with the NumPy path's message)."""
+    n, k = cols.shape
+    out = np.empty(n, np.int64)  # [n]
+    for i in range(n):
+        b = np.int64(cols[i, 0])
+        if k == 1:
+            if 0 <= b < d0:
+                out[i] = b
+            elif b == SKIP_INDEX:
+                out[i] = SKIP_INDEX
+            else:
+                return False, out[:0]
+        else:
+            o = np.int64(cols[i, 1])
+            o_ok = 0 <= o < d1
+            if 0 <= b < d0 and o_ok:
+                out[i] = b * d1 + o
+            elif b == SKIP_INDEX and (o_ok or o == SKIP_INDEX):
+                out[i] = SKIP_INDEX
+            else:
+                return False, out[:0]
+    return True, out
+
+
 def slots_from_index_rows(index: np.ndarray, dims: Sequence[int], *, name: str) -> np.ndarray:
     """The DeepSeek-V4 writers' index rows (``npu_scatter_nd_update_v2`` / ``_sk``,
     ``scatter_nd_update_asc``, the epilog writers' ``slot_mapping``) as flat rows of the table
@@ -157,6 +186,10 @@ def slots_from_index_rows(index: np.ndarray, dims: Sequence[int], *, name: str) 
     if cols.ndim != 2 or cols.shape[1] != k:
         want = "[n] or [n, 1] (flat slots)" if k == 1 else "[n, 2] ((block, offset) rows)"
         raise arg_error(ShapeError, name, f"a {want} index tensor", f"shape {list(idx.shape)}")
+    if cols.dtype in (np.int32, np.int64) and cols.shape[0]:
+        ok, flat = _index_rows(cols, dims[0], dims[-1])  # the regular call in one compiled pass
+        if ok:
+            return flat
     v = cols.astype(np.int64)  # [n, K]
     hi = np.asarray(dims, dtype=np.int64)[None, :]  # [1, K]
     inside = (v >= 0) & (v < hi)  # [n, K]
@@ -440,6 +473,40 @@ def slots_from_positions(index: np.ndarray, cache_length: int, *, name: str = "i
     return np.where(idx >= 0, b * cache_length + idx, SKIP_INDEX).reshape(-1)
 
 
+#: Live slots up to which :func:`has_duplicate_slots` compares pairwise; beyond, it marks a table
+#: of ``max(slots) + 1`` flags when that is at most this many times the live slots, else sorts.
+_PAIRWISE_SLOTS = 32
+_MARK_RATIO = 64
+
+
+@njit(cache=True)
+def has_duplicate_slots(slots):  # pragma: no cover - compiled
+    """Whether two non-negative entries of int64 ``slots`` are equal (negative ones: skips). The
+    one duplicate search of the writers' compiled passes (:func:`duplicate_slots`, the V4 epilog
+    writers' slot pass)."""
+    live = slots[slots >= 0]
+    n = live.shape[0]
+    if n <= _PAIRWISE_SLOTS:
+        for a in range(1, n):
+            for b in range(a):
+                if live[a] == live[b]:
+                    return True
+        return False
+    top = live.max()
+    if top < _MARK_RATIO * n:
+        seen = np.zeros(top + 1, np.bool_)
+        for a in range(n):
+            if seen[live[a]]:
+                return True
+            seen[live[a]] = True
+        return False
+    ordered = np.sort(live)
+    for a in range(1, n):
+        if ordered[a] == ordered[a - 1]:
+            return True
+    return False
+
+
 def duplicate_slots(slots: np.ndarray) -> dict[int, list[int]]:
     """Slots written by more than one token.
 
@@ -451,6 +518,8 @@ def duplicate_slots(slots: np.ndarray) -> dict[int, list[int]]:
         increasing order; empty when every slot is written at most once.
     """
     slots = np.asarray(slots).reshape(-1)
+    if slots.dtype == np.int64 and not has_duplicate_slots(slots):  # the usual call: one compiled pass
+        return {}
     live = np.flatnonzero(slots >= 0)  # [L] token ids
     if live.size < 2:
         return {}

@@ -18,13 +18,16 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+from numba import njit
 
 from .. import checked_mode
 from ..errors import ModeError, NonFiniteInputError, ShapeError, arg_error, describe
 from ..layouts import CacheLayout
+from ..layouts.slots import has_duplicate_slots
 from . import _check
 from ._backend import get_backend
-from ._check import check_dtype, dtype_name, required, write_targets, writer_slots_and_duplicates
+from ._check import (check_call_bytes, check_dtype, dtype_name, required, write_targets,
+                     writer_slots_and_duplicates)
 
 #: Bytes of working memory per x element a writer may take (fp32 copies, encoded rows).
 WORK_BYTES = 16
@@ -136,6 +139,72 @@ def finite_rows(x: np.ndarray, tokens: np.ndarray, cols: int) -> None:
                         "(NaN / Inf have no defined bytes: docs/v4.md)",
                         f"{np.float32(part[i, c])!r} at x[{int(tokens[i])}, {c}]")
 
+
+
+#: Bytes of working copies per slot_mapping element of :func:`writer_slots` (the static size
+#: bound every writer checks with its other static checks, :func:`check_index_bytes`).
+INDEX_WORK_BYTES = 64
+def check_index_bytes(slot_mapping: np.ndarray, name: str = "slot_mapping") -> None:
+    """The size bound :func:`writer_slots` checks before its working copies (a static check)."""
+    check_call_bytes(slot_mapping, name, INDEX_WORK_BYTES, "index working copies")
+
+
+@njit(cache=True)
+def _plan(slot_mapping, rows, xbits, cols, exp_mask):  # pragma: no cover - compiled
+    """One pass of the usual call's slot policy and finite check: ``(True, tokens, slots)`` when
+    every slot is -1 or in ``[0, rows)``, no two live rows share a slot and no live row of
+    ``xbits`` (16-bit float bits ``[T, d]``) has every bit of ``exp_mask`` set (NaN / Inf) in its
+    first ``cols`` values; else ``(False, ...)`` at the first irregularity (the caller then takes
+    the full path, which raises or warns with its messages)."""
+    t = slot_mapping.shape[0]
+    tokens = np.empty(t, np.int64)
+    slots = np.empty(t, np.int64)
+    n = 0
+    for i in range(t):
+        v = np.int64(slot_mapping[i])
+        if v == -1:
+            continue
+        if v < 0 or v >= rows:
+            return False, tokens[:0], slots[:0]
+        tokens[n] = i
+        slots[n] = v
+        n += 1
+    if has_duplicate_slots(slots[:n]):
+        return False, tokens[:0], slots[:0]
+    for j in range(n):
+        xr = xbits[tokens[j]]
+        bad = False
+        for c in range(cols):  # no exit inside the row: the loop vectorises
+            bad |= (xr[c] & exp_mask) == exp_mask
+        if bad:
+            return False, tokens[:0], slots[:0]
+    return True, tokens[:n], slots[:n]
+
+
+def plan_rows(slot_mapping: np.ndarray, rows: int, x: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`writer_slots` then :func:`finite_rows` of a validated call: the rows of ``x`` to
+    write and their slots, in one compiled pass (:func:`_plan`) when the call is regular (every
+    slot -1 or in range, no duplicates, finite values); any other call takes those two functions,
+    which raise (IndexRangeError, NonFiniteInputError) or warn (DuplicateSlotWarning) with
+    their messages. Nothing is written either way.
+
+    Args:
+        slot_mapping: int32 / int64 ``[T]`` (checked by the op).
+        rows: slots the cache has.
+        x: bf16 / fp16 ``[T, d]``.
+        cols: leading values of each written row that must be finite (the quantized ones).
+
+    Returns:
+        ``(tokens, slots)``: int64 ``[L]`` rows of x (increasing) and their distinct slots.
+    """
+    mask = _EXPONENT_MASKS.get(dtype_name(x.dtype))
+    if mask is not None and slot_mapping.ndim == 1:
+        ok, tokens, slots = _plan(slot_mapping, rows, x.view(np.uint16), cols, mask)
+        if ok:
+            return tokens, slots
+    tokens, slots = writer_slots(slot_mapping, rows)
+    finite_rows(x, tokens, cols)
+    return tokens, slots
 
 
 @functools.lru_cache(maxsize=256)

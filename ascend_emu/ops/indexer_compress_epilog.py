@@ -28,13 +28,15 @@ in the doc; the kernel's HiF8 mode is not documented) only 1.0, quant_mode 0 or 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from ..errors import ModeError, ShapeError, arg_error
 from ..quant import v4 as codec
 from ..soc import require_ascend950_op
-from ._check import check_cache, check_call_bytes, check_disjoint, check_dtype, check_float, dtype_name, required
-from ._v4_writers import (WORK_BYTES, V4WriterArgs, check_bool, check_int, finite_rows,
-                          row_layout, run_writer, slot_vector, writer_slots)
+from ._check import (ValidatedSignatures, check_cache, check_call_bytes, check_disjoint, check_dtype, check_float,
+                     dtype_name, required, trusted)
+from ._v4_writers import (WORK_BYTES, V4WriterArgs, check_bool, check_index_bytes, check_int, plan_rows, row_layout,
+                          run_writer, slot_vector)
 
 #: x dtypes (fp16 / bf16) and slot_mapping dtype (int32) of both indexer writers.
 INDEXER_X_DTYPES = ("float16", "bfloat16")
@@ -76,6 +78,45 @@ def indexer_compress_epilog(indexer_compress_cache, indexer_compress_scale, x, s
     Source: cann-recipes-infer ``custom-npu_indexer_compress_epilog.md`` and its kernel.
     """
     require_ascend950_op("indexer_compress_epilog")
+    key, st, known = _VALIDATED_V1.lookup((indexer_compress_cache, indexer_compress_scale, x, slot_mapping, quant_mode,
+                                           round_scale, scale), _v1_static)
+    cache, sc, slot_mapping = indexer_compress_cache, indexer_compress_scale, slot_mapping
+    if not known:  # a known signature: plain native arrays, as required() leaves them
+        cache, sc = required(cache, "indexer_compress_cache"), required(sc, "indexer_compress_scale")
+        x, slot_mapping = required(x, "x"), required(slot_mapping, "slot_mapping")
+    check_disjoint([("indexer_compress_cache", cache), ("indexer_compress_scale", sc)],
+                   [("x", x), ("slot_mapping", slot_mapping)])
+    tokens, slots = plan_rows(slot_mapping, st.rows, x, st.cols)
+    if not known:
+        _VALIDATED_V1.put(key, st)
+    args = trusted(V4WriterArgs, kind="indexer", x=x, tokens=tokens, slots=slots, cache=cache, scale_cache=sc,
+                   quant_mode=st.mode, group=codec.INDEXER_GROUP, round_scale=st.round_scale, scale=1.0, fp8=st.fp8,
+                   block_size=0, block_stride=0)
+    run_writer("indexer_compress_epilog", "indexer_compress_epilog", args, ("cache", "scale_cache"), st.layouts)
+
+
+class _IndexerStatic(NamedTuple):
+    """What the indexer writers' static checks derive of a call signature."""
+
+    mode: int
+    round_scale: bool
+    fp8: str
+    rows: int
+    cols: int
+    block_size: int
+    row_bytes: int
+    layouts: tuple
+
+
+#: Call signatures of each indexer writer whose static checks passed.
+_VALIDATED_V1 = ValidatedSignatures()
+_VALIDATED_V2 = ValidatedSignatures()
+
+
+def _v1_static(indexer_compress_cache, indexer_compress_scale, x, slot_mapping, quant_mode, round_scale,
+               scale) -> _IndexerStatic:
+    """Every check of :func:`indexer_compress_epilog` that reads no value or address, in the op's
+    order; raises as the op documents."""
     mode = check_int(quant_mode, "quant_mode", INDEXER_QUANT_MODES)
     rs = check_bool(round_scale, "round_scale")
     if check_float(scale, "scale") != 1.0:
@@ -99,15 +140,10 @@ def indexer_compress_epilog(indexer_compress_cache, indexer_compress_scale, x, s
         raise arg_error(ShapeError, "indexer_compress_scale", f"{cache.shape[0]} rows (indexer_compress_cache's)",
                         f"shape {list(sc.shape)}")
     check_call_bytes(x, "x", WORK_BYTES)
-    check_disjoint([("indexer_compress_cache", cache), ("indexer_compress_scale", sc)],
-                   [("x", x), ("slot_mapping", slot_mapping)])
-    tokens, slots = writer_slots(slot_mapping, int(cache.shape[0]))
-    finite_rows(x, tokens, d)
-    args = V4WriterArgs("indexer", x, tokens, slots, cache, sc, mode, codec.INDEXER_GROUP, rs, 1.0,
-                        dtype_name(cache.dtype))
+    check_index_bytes(slot_mapping)
     n = int(cache.shape[0])
-    run_writer("indexer_compress_epilog", "indexer_compress_epilog", args, ("cache", "scale_cache"),
-               (row_layout(n, cache.nbytes // max(n, 1)), row_layout(n, sc.nbytes // max(n, 1))))
+    return _IndexerStatic(mode, rs, dtype_name(cache.dtype), n, d, 0, 0,
+                          (row_layout(n, cache.nbytes // max(n, 1)), row_layout(n, sc.nbytes // max(n, 1))))
 
 
 def indexer_compress_epilog_v2(indexer_compress_cache, x, slot_mapping, layout: int = 2) -> None:
@@ -135,6 +171,25 @@ def indexer_compress_epilog_v2(indexer_compress_cache, x, slot_mapping, layout: 
     Source: vllm-ascend ``csrc/attention/indexer_compress_epilog_v2/`` (tiling, ``_single_row.h``).
     """
     require_ascend950_op("indexer_compress_epilog_v2")
+    key, st, known = _VALIDATED_V2.lookup((indexer_compress_cache, x, slot_mapping, layout), _v2_static)
+    cache = indexer_compress_cache
+    if not known:  # a known signature: plain native arrays, as required() leaves them
+        cache, x, slot_mapping = (required(cache, "indexer_compress_cache"), required(x, "x"),
+                                  required(slot_mapping, "slot_mapping"))
+    check_disjoint([("indexer_compress_cache", cache)], [("x", x), ("slot_mapping", slot_mapping)])
+    x2 = x.reshape(-1, st.cols)
+    tokens, slots = plan_rows(slot_mapping, st.rows, x2, st.cols)
+    if not known:
+        _VALIDATED_V2.put(key, st)
+    args = trusted(V4WriterArgs, kind="indexer_v2", x=x2, tokens=tokens, slots=slots, cache=cache, scale_cache=None,
+                   quant_mode=1, group=codec.INDEXER_GROUP, round_scale=True, scale=1.0, fp8="float8_e4m3fn",
+                   block_size=st.block_size, block_stride=st.block_size * st.row_bytes)
+    run_writer("indexer_compress_epilog_v2", "indexer_compress_epilog", args, ("cache",), st.layouts)
+
+
+def _v2_static(indexer_compress_cache, x, slot_mapping, layout) -> _IndexerStatic:
+    """Every check of :func:`indexer_compress_epilog_v2` that reads no value or address, in the
+    op's order; raises as the op documents."""
     check_int(layout, "layout", (INDEXER_V2_LAYOUT,))
     x = required(x, "x")
     check_dtype(x, "x", INDEXER_X_DTYPES)
@@ -153,10 +208,6 @@ def indexer_compress_epilog_v2(indexer_compress_cache, x, slot_mapping, layout: 
     codec.indexer_v2_geometry(d, bs, row_bytes)
     x2 = x.reshape(t, d)
     check_call_bytes(x2, "x", WORK_BYTES)
-    check_disjoint([("indexer_compress_cache", cache)], [("x", x), ("slot_mapping", slot_mapping)])
-    tokens, slots = writer_slots(slot_mapping, int(cache.shape[0]) * bs)
-    finite_rows(x2, tokens, d)
-    args = V4WriterArgs("indexer_v2", x2, tokens, slots, cache, None, 1, codec.INDEXER_GROUP, True, 1.0,
-                        "float8_e4m3fn", bs, bs * row_bytes)
-    run_writer("indexer_compress_epilog_v2", "indexer_compress_epilog", args, ("cache",),
-               (row_layout(int(cache.shape[0]) * bs, row_bytes),))
+    check_index_bytes(slot_mapping)
+    rows = int(cache.shape[0]) * bs
+    return _IndexerStatic(1, True, "float8_e4m3fn", rows, d, bs, row_bytes, (row_layout(rows, row_bytes),))

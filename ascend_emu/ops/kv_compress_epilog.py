@@ -52,14 +52,18 @@ Choices where the sources leave room (stricter than the hardware, never looser):
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..errors import ModeError, ShapeError, arg_error
+from ..layouts import CacheLayout
 from ..quant import v4 as codec
 from ..soc import require_ascend950_op
-from ._check import check_cache, check_call_bytes, check_disjoint, check_dtype, check_float, dtype_name, required
-from ._v4_writers import (WORK_BYTES, V4WriterArgs, check_bool, check_int, finite_rows,
-                          row_layout, run_writer, slot_vector, writer_slots)
+from ._check import (ValidatedSignatures, check_cache, check_call_bytes, check_disjoint, check_dtype, check_float,
+                     dtype_name, required, trusted)
+from ._v4_writers import (WORK_BYTES, V4WriterArgs, check_bool, check_index_bytes, check_int, plan_rows, row_layout,
+                          run_writer, slot_vector)
 
 #: Element types of a kv_compress_epilog cache for quant_mode 1 / 2 (fp8) and 3 (HiF8 codes).
 KV_FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
@@ -123,6 +127,46 @@ def kv_compress_epilog(kv_compress_cache, x, slot_mapping, quant_group_size: int
     Source: module docstring (vllm-ascend kernel and binding; cann-recipes-infer doc and golden).
     """
     require_ascend950_op("kv_compress_epilog")
+    key, st, known = _VALIDATED.lookup((kv_compress_cache, x, slot_mapping, quant_group_size, quant_mode,
+                                        round_scale_flag, layout, scale), _kv_static)
+    cache, x, slot_mapping = kv_compress_cache, x, slot_mapping
+    if not known:  # a known signature: plain native arrays, as required() leaves them
+        cache, x, slot_mapping = required(cache, "kv_compress_cache"), required(x, "x"), required(slot_mapping,
+                                                                                                  "slot_mapping")
+    check_disjoint([("kv_compress_cache", cache)], [("x", x), ("slot_mapping", slot_mapping)])
+    tokens, slots = plan_rows(slot_mapping, st.rows, x, st.cols)
+    if not known:
+        _VALIDATED.put(key, st)
+    args = trusted(V4WriterArgs, kind=st.kind, x=x, tokens=tokens, slots=slots, cache=cache, scale_cache=None,
+                   quant_mode=st.mode, group=st.group, round_scale=st.round_scale, scale=st.value, fp8=st.fp8,
+                   block_size=st.block_size, block_stride=st.block_stride)
+    run_writer("kv_compress_epilog", "kv_compress_epilog", args, ("cache",), (st.layout,))
+
+
+class _KvStatic(NamedTuple):
+    """What :func:`_kv_static` derives of a call signature (:class:`~._check.ValidatedSignatures`)."""
+
+    kind: str
+    mode: int
+    group: int
+    round_scale: bool
+    value: float
+    fp8: str
+    rows: int
+    cols: int
+    block_size: int
+    block_stride: int
+    layout: CacheLayout
+
+
+#: Call signatures of kv_compress_epilog whose static checks passed.
+_VALIDATED = ValidatedSignatures()
+
+
+def _kv_static(kv_compress_cache, x, slot_mapping, quant_group_size, quant_mode, round_scale_flag, layout,
+               scale) -> _KvStatic:
+    """Every check of :func:`kv_compress_epilog` that reads no value or address (modes, dtypes,
+    shapes, flags, size bounds), in the op's order; raises as the op documents."""
     mode = check_int(quant_mode, "quant_mode", codec.KV_QUANT_MODES)
     if mode == 3 and scale is None:
         raise arg_error(ModeError, "quant_mode", "1 or 2 (quant_mode 3, HiF8 with a scale, is the recipes' kernel: "
@@ -177,10 +221,7 @@ def kv_compress_epilog(kv_compress_cache, x, slot_mapping, quant_group_size: int
         rows = int(cache.shape[0]) * block_size
         kind = "kv_layout2"
     check_call_bytes(x, "x", WORK_BYTES)
-    check_disjoint([("kv_compress_cache", cache)], [("x", x), ("slot_mapping", slot_mapping)])
-    tokens, slots = writer_slots(slot_mapping, rows)
-    finite_rows(x, tokens, 0 if mode == 3 else d - codec.KV_ROPE_DIM)
-    args = V4WriterArgs(kind, x, tokens, slots, cache, None, mode, group, round_scale, value,
-                        "hifloat8" if mode == 3 else dtype_name(cache.dtype), block_size, block_stride)
-    run_writer("kv_compress_epilog", "kv_compress_epilog", args, ("cache",),
-               (row_layout(rows, cache.nbytes // max(rows, 1)),))
+    check_index_bytes(slot_mapping)
+    return _KvStatic(kind, mode, group, round_scale, value, "hifloat8" if mode == 3 else dtype_name(cache.dtype),
+                     rows, 0 if mode == 3 else d - codec.KV_ROPE_DIM, block_size, block_stride,
+                     row_layout(rows, cache.nbytes // max(rows, 1)))

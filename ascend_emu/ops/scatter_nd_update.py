@@ -60,8 +60,8 @@ from .. import checked_mode
 from ..errors import ShapeError, arg_error
 from ..layouts import CacheLayout
 from ._backend import get_backend
-from ._check import (check_call_bytes, check_disjoint, check_dtype, dtype_name, required, write_targets,
-                     writer_slots_and_duplicates)
+from ._check import (ValidatedSignatures, check_call_bytes, check_disjoint, check_dtype, dtype_name, required,
+                     signature, trusted, write_targets, writer_slots_and_duplicates)
 
 V2 = "npu_scatter_nd_update_v2"
 SK = "npu_scatter_nd_update_sk"
@@ -136,9 +136,36 @@ def _check_rows_layout(var: np.ndarray, k: int) -> None:
                         f"of {row_bytes} bytes apart, blocks at least one block apart)", f"strides {var.strides}")
 
 
+#: Call signatures (op, var, indices, update) whose static checks passed, with var's index dims
+#: and slot map; only for a C-contiguous var (the signature does not hold a strided var's strides).
+_VALIDATED = ValidatedSignatures()
+
+
 def _scatter_nd(op: str, var, indices, update) -> None:
-    """The shared contract (module doc); writes ``var`` through the backend."""
-    var, indices, update = required(var, "var"), required(indices, "indices"), required(update, "update")
+    """The shared contract (module doc); writes ``var`` through the backend. The checks that
+    read no value or address (:func:`_static`) run once per call signature of a C-contiguous
+    var; the index values and the memory overlap on every call."""
+    given = (op, var, indices, update)
+    key = signature(*given) if type(var) is np.ndarray and var.flags.c_contiguous else None
+    st = _VALIDATED.get(key)
+    if st is None:
+        var, indices, update = required(var, "var"), required(indices, "indices"), required(update, "update")
+        st = _static(*given[:1], var, indices, update)
+    dims, layout = st
+    check_disjoint((("var", var),), (("indices", indices), ("update", update)))
+    slots, duplicates = writer_slots_and_duplicates(indices, dims, name="indices")
+    _VALIDATED.put(key, st)
+    args = write_targets(trusted(ScatterNdArgs, op=op, var=var, indices=indices, update=update, index_dims=dims,
+                                 slots=slots, duplicates=duplicates), ("var",))
+    caches = ((args.var, layout, var),)
+    checked_mode.will_write(*caches)
+    get_backend().scatter_nd_update(args)
+    checked_mode.wrote(op, slots, caches)
+
+
+def _static(op: str, var: np.ndarray, indices: np.ndarray, update: np.ndarray) -> tuple:
+    """The checks of :func:`_scatter_nd` that read no value or address, in its order: returns
+    ``(index dims, slot map)`` (:func:`_rows_layout`). Raises as the ops document."""
     check_dtype(var, "var", VAR_DTYPES[op])
     check_dtype(update, "update", (dtype_name(var.dtype),))
     check_dtype(indices, "indices", INDEX_DTYPES)
@@ -172,15 +199,9 @@ def _scatter_nd(op: str, var, indices, update) -> None:
         _check_rows_layout(var, k)
     if not var.flags.writeable:
         raise arg_error(ShapeError, "var", "a writable tensor (updated in place)", "a read-only array")
-    check_disjoint((("var", var),), (("indices", indices), ("update", update)))
     check_call_bytes(update, "update", 2 * update.itemsize, "update working copies")  # a broadcast view?
     dims = tuple(int(d) for d in var.shape[:k])
-    slots, duplicates = writer_slots_and_duplicates(indices, dims, name="indices")
-    args = write_targets(ScatterNdArgs(op, var, indices, update, dims, slots, duplicates), ("var",))
-    caches = ((args.var, _rows_layout(var, dims), var),)
-    checked_mode.will_write(*caches)
-    get_backend().scatter_nd_update(args)
-    checked_mode.wrote(op, slots, caches)
+    return dims, _rows_layout(var, dims)
 
 
 def _rows_layout(var: np.ndarray, dims: tuple[int, ...]) -> CacheLayout | None:
