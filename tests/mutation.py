@@ -293,7 +293,7 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/test_fused_infer_attention_mha.py::test_learnable_sink",),
            "FIA MHA: the learnable sink's exp left out of the softmax sum"),
     Mutant("fia_mha_top_left_off_by_one", "ascend_emu/ops/_fused_infer_attention_args.py",
-           "            return np.minimum(s + 1, kv_len)", "            return np.minimum(s + 2, kv_len)",
+           "        hi = np.minimum(s + 1, kv_len)", "        hi = np.minimum(s + 2, kv_len)",
            ("tests/test_fused_infer_attention_mha.py::test_causal_modes_and_decode_ignores_them",),
            "FIA MHA: sparse_mode 2 (leftUpCausal) lets token s see position s + 1"),
     Mutant("fia_mha_bsh_heads_swapped", "ascend_emu/emu/fused_infer_attention_score.py",

@@ -219,7 +219,7 @@ def _stage2_token(t, mixes, rs, from_ss, k_inv, norm_eps, scale, base, xbits, pr
                   ybits, post, comb, pre):
     """:func:`_stage2_rows` for token ``t``."""
     d = xbits.shape[2]
-    s0, s1, s2 = scale[0], scale[1], scale[2]
+    scale_pre, scale_post, scale_comb = scale[0], scale[1], scale[2]
     two = np.float32(2.0)
     r = rs[t]
     if from_ss:
@@ -227,14 +227,14 @@ def _stage2_token(t, mixes, rs, from_ss, k_inv, norm_eps, scale, base, xbits, pr
     mx = mixes[t]
     w = np.empty(4, np.float32)
     for i in range(4):
-        pre[t, i] = _sigmoid((mx[i] * r) * s0 + base[i]) + eps
-        post[t, i] = _sigmoid((mx[4 + i] * r) * s1 + base[4 + i]) * two
+        pre[t, i] = _sigmoid((mx[i] * r) * scale_pre + base[i]) + eps
+        post[t, i] = _sigmoid((mx[4 + i] * r) * scale_post + base[4 + i]) * two
         w[i] = pre[t, i] if pre_mix.shape[0] == 0 else pre_mix[t, i]
     c = np.empty((4, 4), np.float32)
     s = np.empty(4, np.float32)
     for i in range(4):
         for k in range(4):
-            c[i, k] = (mx[8 + 4 * i + k] * r) * s2 + base[8 + 4 * i + k]
+            c[i, k] = (mx[8 + 4 * i + k] * r) * scale_comb + base[8 + 4 * i + k]
         top = c[i, 0]
         for k in range(1, 4):
             if c[i, k] > top or c[i, k] != c[i, k]:  # NaN-propagating max, as np.max
