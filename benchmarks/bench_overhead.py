@@ -30,8 +30,13 @@ what ``.npu()`` gives by default) against the same call with the tensors as the 
 model gave them (CPU tensors marked as on the NPU, the old default): ``npu/mark`` is the median of
 each round's ratio, target <= 1.05 (docs/performance.md#per-call-cost).
 
+Clock: ``--clock wall`` (the default) times rounds with ``time.perf_counter``; ``--clock cpu`` with
+``time.process_time``, the CPU time of the process (every thread), which leaves out the time the
+process waits for a core: on a machine shared with other work, at one thread, the per-call times
+and ratios it gives are those of the process when it runs, not of the queue for the cores.
+
 Usage: ``python benchmarks/bench_overhead.py [--rounds 9] [--seconds 0.03] [--threads 1 2]
-[--order torch-first emu-first]``.
+[--order torch-first emu-first] [--clock wall|cpu]``.
 """
 
 from __future__ import annotations
@@ -91,11 +96,12 @@ class CompiledTimer:
             if self._depth:
                 return fn(*args, **kwargs)
             self._depth += 1
-            start = time.perf_counter()
+            clock = _clock
+            start = clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.inside += time.perf_counter() - start
+                self.inside += clock() - start
                 self._depth -= 1
         return timed
 
@@ -192,20 +198,26 @@ def _cases():
     return cases
 
 
+#: The clock of the timed rounds (``--clock``): ``time.perf_counter`` or ``time.process_time``.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = time.perf_counter
+
+
 def _per_round(fn, calls: int, timer: CompiledTimer | None = None) -> tuple[float, float]:
-    """(wall seconds per call, seconds per call outside the compiled work) of one round."""
+    """(seconds per call, seconds per call outside the compiled work) of one round, on ``_clock``."""
+    clock = _clock
     if timer is None:
-        start = time.perf_counter()
+        start = clock()
         for _ in range(calls):
             fn()
-        wall = (time.perf_counter() - start) / calls
+        wall = (clock() - start) / calls
         return wall, wall
     with timer:
         timer.inside = 0.0
-        start = time.perf_counter()
+        start = clock()
         for _ in range(calls):
             fn()
-        wall = time.perf_counter() - start
+        wall = clock() - start
     return wall / calls, (wall - timer.inside) / calls
 
 
@@ -275,7 +287,7 @@ def measure(rounds: int, seconds_per_round: float) -> dict:
 
 def _print(order: str, info: dict) -> None:
     table = info["table"]
-    print(f"\nimport order {order}: threading {info['threading']}, Numba threads {info['threads']}"
+    print(f"\nimport order {order}: threading {info['threading']}, Numba threads {info['threads']}, clock {info['clock']}"
           f"{'' if info['drop_in'] else ', torch_npu drop-in not importable'}")
     print("  us per call, medians of alternating rounds; 'outside' = time outside Numba kernels with the matmuls"
           " stubbed; added = drop-in - ops")
@@ -341,7 +353,9 @@ def _first_calls(threads: int) -> None:
         print(f"  {op:56s} {first * 1e3:8.0f} ms {second * 1e3:6.1f} ms")
 
 
-def child(order: str, rounds: int, seconds: float) -> dict:
+def child(order: str, rounds: int, seconds: float, clock: str = "wall") -> dict:
+    global _clock
+    _clock = CLOCKS[clock]
     if order == "torch-first":
         try:
             importlib.import_module("torch")
@@ -352,7 +366,7 @@ def child(order: str, rounds: int, seconds: float) -> dict:
     from ascend_emu import _threads
 
     return {"table": measure(rounds, seconds), "threading": _threads.CHOICE or "not configured",
-            "threads": numba.get_num_threads(), "drop_in": "torch" in sys.modules}
+            "threads": numba.get_num_threads(), "drop_in": "torch" in sys.modules, "clock": clock}
 
 
 def main() -> None:
@@ -365,6 +379,8 @@ def main() -> None:
                              "default 1 2)")
     parser.add_argument("--order", choices=ORDERS, nargs="*", default=list(ORDERS),
                         help="import orders (none: skip the per-call tables)")
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                        help="wall: perf_counter (default); cpu: the process's CPU time (a shared machine, 1 thread)")
     parser.add_argument("--first-calls", action="store_true",
                         help="also time each op's first call in a fresh process (warm Numba cache)")
     parser.add_argument("--first-call", action="store_true", help=argparse.SUPPRESS)
@@ -374,14 +390,14 @@ def main() -> None:
         print(json.dumps(first_calls()))
         return
     if args.child:
-        print(json.dumps(child(args.order[0], args.rounds, args.seconds)))
+        print(json.dumps(child(args.order[0], args.rounds, args.seconds, args.clock)))
         return
     for threads in args.threads:
         env = dict(os.environ, NUMBA_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                    OMP_NUM_THREADS=str(threads))
         for order in args.order:
             proc = subprocess.run([sys.executable, __file__, "--child", "--order", order, "--rounds",
-                                   str(args.rounds), "--seconds", str(args.seconds)],
+                                   str(args.rounds), "--seconds", str(args.seconds), "--clock", args.clock],
                                   env=env, capture_output=True, text=True)
             if proc.returncode:
                 print(f"\nimport order {order}, {threads} thread(s): failed\n{proc.stderr[-3000:]}")
