@@ -30,6 +30,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..layouts import CacheLayout
+from . import kernels as _kernels
 from ..ops.kv_rmsnorm_rope_cache import (RMS_SIZE, ROPE_SIZE, UNWRITTEN_OUTPUT_FILL, V_SPLIT_K_SIZE,
                                          KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs)
 from ..quant import BF16, to_f32
@@ -156,8 +157,8 @@ def _small_call(kv, gamma, cos, sin, eps, is_bf16, no_rows, no_scale, no_k_int8,
 
 def _small_rows_and_scatter(args: KvRmsNormRopeCacheArgs, kv: np.ndarray, cos: np.ndarray,
                             sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`fused_rows` and the two in-order scatters of a small non-quant call (fewer than
-    :data:`SMALL_TOKENS` tokens, one thread) in one Numba launch (:func:`_small_call`).
+    """:func:`fused_rows` and the two in-order scatters of a small non-quant call (:func:`_small`)
+    in one Numba launch (:func:`_small_call`).
 
     Args:
         args: the validated arguments.
@@ -182,9 +183,12 @@ def _small_rows_and_scatter(args: KvRmsNormRopeCacheArgs, kv: np.ndarray, cos: n
     return k_rows, c_rows
 
 
-#: Fewest tokens that leave the one-launch path of a small non-quant call (:func:`_small_rows_and_scatter`):
-#: below it the rows run on one thread (:func:`_parts`) and both scatters copy in token order.
-SMALL_TOKENS = 2 * TOKENS_PER_PART
+def _small(tokens: int, row_bytes: int) -> bool:
+    """Whether a non-quant call takes the one-launch path (:func:`_small_rows_and_scatter`): its
+    rows run on one thread (:func:`_parts`) and both scatters copy in token order
+    (:func:`~ascend_emu.emu.kernels.scatter_rows`), by the thresholds in force now (the warm-up
+    lowers them to compile the threaded kernels, and then this path is not taken)."""
+    return tokens < 2 * TOKENS_PER_PART and tokens * row_bytes < 2 * _kernels.SCATTER_BYTES_PER_THREAD
 
 
 def _filled(shape: tuple, dtype: np.dtype) -> np.ndarray:
@@ -278,7 +282,7 @@ def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs) -> KvRmsNormRopeCacheOut
     sin = kernel_input(args.sin).reshape(t, ROPE_SIZE)  # [T, 64]
     v = kernel_input(args.v).reshape(t, c_size) if split else None  # [T, 128] kv dtype
     order = rms_order(args.k_layout, quant)
-    if not quant and not split and t < SMALL_TOKENS and max(t * k_size, t * c_size) * 2 < 2 * SCATTER_BYTES_PER_THREAD:
+    if not quant and not split and _small(t, max(k_size, c_size) * 2):
         assert order.lanes != LANES_IN_ORDER and not order.prescale and not order.reciprocal
         k_rows, c_rows = _small_rows_and_scatter(args, kv.view(np.uint16), cos.view(np.uint16), sin.view(np.uint16))
         return _outputs(args, k_rows, c_rows)
