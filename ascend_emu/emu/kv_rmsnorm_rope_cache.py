@@ -1,4 +1,6 @@
-"""emu backend of ``npu_kv_rmsnorm_rope_cache``: one fused Numba pass per token, then two scatters.
+"""emu backend of ``npu_kv_rmsnorm_rope_cache``: one fused Numba pass per token, then two scatters
+(a small non-quant call, on one thread with both scatters in token order, runs the same three
+kernels in one Numba launch: :func:`_small_call`).
 
 Numerics (docs/sources.md#rope, docs/sources.md#quant_rounding, docs/sources.md#rms_norm, docs/sources.md#npu_kv_rmsnorm_rope_cache; kernel ``kv_rms_norm_rope_cache_b16_pa_nz_quant.h``):
 
