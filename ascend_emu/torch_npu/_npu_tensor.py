@@ -296,8 +296,21 @@ def wrap_outputs(out, on_npu: dict):
     """An emulated op's outputs from a call on NPU tensors, on the NPU: an output that is an
     argument's CPU tensor is that argument (in-place ops return their argument), any other a
     new NPUTensor over its memory."""
-    if type(out) is tuple:  # several outputs: converted one by one without a generator
-        return tuple([_wrap_output(v, on_npu) for v in out])
+    if type(out) is tuple:  # several outputs: the arguments' memory looked up by identity, built once
+        by_elem = None
+        wrapped = []
+        for value in out:
+            if type(value) is _Tensor:
+                if by_elem is None:
+                    by_elem = {id(t._elem): t for t in on_npu.values()}
+                same = by_elem.get(id(value))
+                if same is None:
+                    same = _wrap_new(value) if (value.layout is _strided and not value.requires_grad
+                                                and not value.storage_offset()) else NPUTensor(value)
+                wrapped.append(same)
+            else:
+                wrapped.append(_wrap_output(value, on_npu))
+        return tuple(wrapped)
     return _wrap_output(out, on_npu)
 
 
