@@ -9,6 +9,9 @@ kernel's tree order) with the official criterion (docs/sources.md#npu_kv_rmsnorm
 
 from __future__ import annotations
 
+import importlib
+import warnings
+
 import numba
 import numpy as np
 import pytest
@@ -353,6 +356,40 @@ def test_one_vs_two_threads_identical(rng, quant):
     else:
         check_values(k_cache, ref.k_cache, BF16, MIN_IDENTICAL_K)
         check_values(ckv_cache, ref.ckv_cache, BF16)
+
+
+@pytest.mark.parametrize("mode", ["PA_NZ", "PA_BNSD", "Norm", "PA_BLK_NZ"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_small_call_path_writes_what_the_general_path_writes(rng, mode, dtype, monkeypatch):
+    """A small non-quant call runs rows and both scatters in one launch: the same caches and
+    outputs, byte for byte, as the general path (fused pass, then two scatters), duplicate
+    slots (the last token wins) and skipped tokens included; the warm-up's lowered thresholds
+    (to compile the threaded kernels) leave the one-launch path."""
+    emu_kv = importlib.import_module("ascend_emu.emu.kv_rmsnorm_rope_cache")
+    b, s, bs, nb, cache_length = 3, 5, 16, 8, 12
+    inputs = make_inputs(rng, b, s, dtype)
+    index = make_index(rng, mode, b, s, bs, nb, cache_length)
+    if mode in ("PA_NZ", "PA_BNSD"):
+        index[1] = index[4]  # a duplicate slot: the later token wins
+    results, taken = [], []
+    real = emu_kv._small_call
+    monkeypatch.setattr(emu_kv, "_small_call", lambda *a: (taken.append(True), real(*a))[1])
+    for small in (True, False):
+        if not small:
+            monkeypatch.setattr(emu_kv, "_small", lambda tokens, row_bytes: False)
+        caches = [poisoned(sh, dtype) for sh in cache_shapes(mode, b, nb, bs, cache_length)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DuplicateSlotWarning)
+            out = call(inputs, index, *caches, cache_mode=mode, is_output_kv=mode != "Norm")
+        results.append([raw(x).copy() for x in out])
+        assert taken == [True]  # the first call took the one-launch path, the second did not
+    for small, general in zip(*results, strict=True):
+        assert np.array_equal(small, general)
+    monkeypatch.undo()
+    warmup = importlib.import_module("ascend_emu.warmup")
+    with warmup.split_every_kernel():
+        assert not emu_kv._small(b * s, 1024)
+    assert emu_kv._small(b * s, 1024) and not emu_kv._small(2 * TOKENS_PER_PART, 1024)
 
 
 # ---------------------------------------------------------------------- bad inputs

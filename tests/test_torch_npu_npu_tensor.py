@@ -92,6 +92,68 @@ def test_compiled_emulated_op_on_npu_tensors_matches_eager():
     torch.testing.assert_close(scale, scale_eager, rtol=0, atol=0)
 
 
+def _kv_args(block_num=4, block_size=16):
+    g = torch.Generator().manual_seed(3)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(torch.bfloat16)
+
+    inputs = (randn(2, 1, 1, 576), randn(512), randn(2, 1, 1, 64), randn(2, 1, 1, 64), torch.tensor([5, 17]))
+    caches = (randn(block_num, block_size, 1, 64), randn(block_num, block_size, 1, 512))
+    return inputs, caches
+
+
+@pytest.mark.parametrize("by_keyword", [False, True])
+def test_eager_call_on_npu_tensors_returns_the_caches_and_new_npu_outputs(by_keyword):
+    """``torch_npu.<op>`` on NPU tensors (the eager path, arguments by position or keyword): the
+    caches written in place come back as the caller's NPU tensor objects, the new outputs are NPU
+    tensors, and every byte equals the same call on CPU tensors."""
+    inputs, caches = _kv_args()
+    host_caches = tuple(c.clone() for c in caches)
+    npu_inputs = tuple(to_npu(t.clone()) for t in inputs)
+    npu_caches = tuple(to_npu(c.clone()) for c in caches)
+    if by_keyword:
+        out = torch_npu.npu_kv_rmsnorm_rope_cache(*npu_inputs[:4], index=npu_inputs[4], k_cache=npu_caches[0],
+                                                  ckv_cache=npu_caches[1], cache_mode="PA_NZ", is_output_kv=True)
+    else:
+        out = torch_npu.npu_kv_rmsnorm_rope_cache(*npu_inputs, *npu_caches, cache_mode="PA_NZ", is_output_kv=True)
+    ref = torch_npu.npu_kv_rmsnorm_rope_cache(*inputs, *host_caches, cache_mode="PA_NZ", is_output_kv=True)
+    assert out[0] is npu_caches[0] and out[1] is npu_caches[1]
+    assert all(type(o) is NPUTensor and o.device == NPU0 for o in out)
+    assert all(type(r) is torch.Tensor and r.device.type == "cpu" for r in ref)
+    for got, want in zip(out, ref, strict=True):
+        assert got.shape == want.shape and got.stride() == want.stride() and got.dtype == want.dtype
+        assert torch.equal(got.cpu().view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.parametrize("host", ["kv", "index", "ckv_cache"])
+def test_eager_call_mixing_devices_names_the_host_argument_and_writes_nothing(host):
+    inputs, caches = _kv_args()
+    names = ("kv", "gamma", "cos", "sin", "index", "k_cache", "ckv_cache")
+    args = {n: (t.clone() if n == host else to_npu(t.clone())) for n, t in zip(names, (*inputs, *caches), strict=True)}
+    before = [args[n].cpu().clone() for n in ("k_cache", "ckv_cache")]
+    positional = [args.pop(n) for n in names[:4]]
+    with pytest.raises(RuntimeError, match=f"{host}: expected a tensor on npu:0.*got a tensor on cpu") as exc:
+        torch_npu.npu_kv_rmsnorm_rope_cache(*positional, **args, cache_mode="PA_NZ")
+    assert isinstance(exc.value, DTypeError)
+    after = [args[n] for n in ("k_cache", "ckv_cache")]
+    for b, a in zip(before, after, strict=True):
+        assert torch.equal(b.view(torch.int16), a.cpu().view(torch.int16))
+
+
+def test_new_outputs_keep_strides_and_storage_offset_of_their_memory():
+    base = torch.arange(24.0).reshape(4, 6)
+    views = (base[1:], base.T, base[:, ::2])  # an offset, a transposed and a strided view
+    wrapped = _npu_tensor.wrap_outputs(views, {})
+    for view, npu in zip(views, wrapped, strict=True):
+        assert type(npu) is NPUTensor and npu.device == NPU0 and npu._elem is view
+        assert npu.shape == view.shape and npu.stride() == view.stride()
+        assert npu.storage_offset() == view.storage_offset()
+        torch.testing.assert_close(npu.cpu(), view)
+    n = to_npu(torch.ones(3))
+    assert _npu_tensor.wrap_outputs((n._elem, [n._elem]), {"x": n}) == (n, [n])  # an argument's memory: the argument
+
+
 _TENSOR_MODEL_SCRIPT = r"""
 import torch
 import torch_npu

@@ -1,4 +1,6 @@
-"""emu backend of ``npu_kv_rmsnorm_rope_cache``: one fused Numba pass per token, then two scatters.
+"""emu backend of ``npu_kv_rmsnorm_rope_cache``: one fused Numba pass per token, then two scatters
+(a small non-quant call, on one thread with both scatters in token order, runs the same three
+kernels in one Numba launch: :func:`_small_call`).
 
 Numerics (docs/sources.md#rope, docs/sources.md#quant_rounding, docs/sources.md#rms_norm, docs/sources.md#npu_kv_rmsnorm_rope_cache; kernel ``kv_rms_norm_rope_cache_b16_pa_nz_quant.h``):
 
@@ -30,17 +32,21 @@ import numpy as np
 from numba import njit, prange
 
 from ..layouts import CacheLayout
+from . import kernels as _kernels
 from ..ops.kv_rmsnorm_rope_cache import (RMS_SIZE, ROPE_SIZE, UNWRITTEN_OUTPUT_FILL, V_SPLIT_K_SIZE,
                                          KvRmsNormRopeCacheArgs, KvRmsNormRopeCacheOutputs)
 from ..quant import BF16, to_f32
-from .kernels import (KV_CACHE_BLK_NZ_RMS, KV_CACHE_RMS, LANES, LANES_IN_ORDER, LANES_PAIRWISE, LANES_PAIRWISE_EIGHTHS,
-                      SCATTER_BYTES_PER_THREAD, RmsNormOrder, kernel_input, last_writer, narrow_row, rms_norm_row, rope_row, round_to_int8,
-                      scatter_rows, widen_row)
+from .kernels import (_WORDS, KV_CACHE_BLK_NZ_RMS, KV_CACHE_RMS, LANES, LANES_IN_ORDER, LANES_PAIRWISE,
+                      LANES_PAIRWISE_EIGHTHS, SCATTER_BYTES_PER_THREAD, RmsNormOrder, _scatter_in_order, _word_size,
+                      kernel_input, last_writer, narrow_row, rms_norm_row, rope_row, round_to_int8, scatter_rows,
+                      widen_row)
 #: Fewest tokens per parallel range: a range must outlast the wake-up of its thread (tens of
 #: microseconds; a token takes about 0.2 us), so small batches run on one thread.
 TOKENS_PER_PART = 256
 _NO_SCALE = np.empty(0, dtype=np.float32)
 _NO_ROWS = np.empty((0, 0), dtype=np.uint16)
+_NO_K_INT8 = np.empty((0, ROPE_SIZE), dtype=np.int8)
+_NO_C_INT8 = np.empty((0, RMS_SIZE), dtype=np.int8)
 
 
 @njit(cache=True)
@@ -137,6 +143,56 @@ def _kv_rmsnorm_rope_parallel(parts, kv, split, gamma, cos, sin, v, eps, is_bf16
                                lanes_order, quant, k_scale, c_scale, k_rows, c_rows, k_int8, c_int8)
 
 
+@njit(cache=True)
+def _small_call(kv, gamma, cos, sin, eps, is_bf16, no_rows, no_scale, no_k_int8, no_c_int8, k_rows, c_rows, slots,
+                k_cache, k_src, k_nz, k_block_size, k_row_words, k_chunk,
+                c_cache, c_src, c_nz, c_block_size, c_row_words, c_chunk):
+    """A small non-quant call in one launch: :func:`_kv_rmsnorm_rope_range` over every token, then
+    :func:`~ascend_emu.emu.kernels._scatter_in_order` of the k rows and of the c rows (``k_src`` /
+    ``c_src``: the rows' memory as the scatter's words): the calls, arguments and order of
+    :func:`fused_rows` and two :func:`~ascend_emu.emu.kernels.scatter_rows`, so the same bytes."""
+    _kv_rmsnorm_rope_range(0, kv.shape[0], kv, False, gamma, cos, sin, no_rows, eps, is_bf16, LANES_PAIRWISE, False,
+                           no_scale, no_scale, k_rows, c_rows, no_k_int8, no_c_int8)
+    _scatter_in_order(k_cache, k_src, slots, k_nz, k_block_size, k_row_words, k_chunk)
+    _scatter_in_order(c_cache, c_src, slots, c_nz, c_block_size, c_row_words, c_chunk)
+
+
+def _small_rows_and_scatter(args: KvRmsNormRopeCacheArgs, kv: np.ndarray, cos: np.ndarray,
+                            sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fused_rows` and the two in-order scatters of a small non-quant call (:func:`_small`)
+    in one Numba launch (:func:`_small_call`).
+
+    Args:
+        args: the validated arguments.
+        kv: uint16 ``[T, 576]``, cos / sin: uint16 ``[T, 64]`` bits, C-contiguous.
+
+    Returns:
+        ``(k_rows, c_rows)``: uint16 kv-dtype bits ``[T, 64]`` / ``[T, 512]``.
+    """
+    t = kv.shape[0]
+    k_rows = np.empty((t, ROPE_SIZE), dtype=np.uint16)  # [T, 64] kv-dtype bits
+    c_rows = np.empty((t, RMS_SIZE), dtype=np.uint16)  # [T, 512] kv-dtype bits
+    geometry = []
+    for cache, rows, layout in ((args.k_cache, k_rows, args.k_layout), (args.ckv_cache, c_rows, args.ckv_layout)):
+        row_bytes, chunk = rows.nbytes // t, layout.chunk_bytes
+        w = _word_size(cache.nbytes, chunk, row_bytes)
+        word = _WORDS[w]
+        geometry += [cache.reshape(-1).view(word), rows.view(word), layout.nz, layout.block_size, row_bytes // w,
+                     chunk // w]
+    _small_call(kv, kernel_input(to_f32(args.gamma)), cos, sin, np.float32(args.epsilon), args.kv_dtype == BF16,
+                _NO_ROWS, _NO_SCALE, _NO_K_INT8, _NO_C_INT8, k_rows, c_rows, np.asarray(args.slots).reshape(-1),
+                *geometry)
+    return k_rows, c_rows
+
+
+def _small(tokens: int, row_bytes: int) -> bool:
+    """Whether a non-quant call takes the one-launch path (:func:`_small_rows_and_scatter`): its
+    rows run on one thread (:func:`_parts`) and both scatters copy in token order
+    (:func:`~ascend_emu.emu.kernels.scatter_rows`), by the thresholds in force now (the warm-up
+    lowers them to compile the threaded kernels, and then this path is not taken)."""
+    return tokens < 2 * TOKENS_PER_PART and tokens * row_bytes < 2 * _kernels.SCATTER_BYTES_PER_THREAD
+
+
 def _filled(shape: tuple, dtype: np.dtype) -> np.ndarray:
     """An array of :data:`UNWRITTEN_OUTPUT_FILL` (``np.zeros`` when it is 0: ten times faster than
     ``np.full`` for bf16)."""
@@ -227,11 +283,16 @@ def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs) -> KvRmsNormRopeCacheOut
     cos = kernel_input(args.cos).reshape(t, ROPE_SIZE)  # [T, 64]
     sin = kernel_input(args.sin).reshape(t, ROPE_SIZE)  # [T, 64]
     v = kernel_input(args.v).reshape(t, c_size) if split else None  # [T, 128] kv dtype
+    order = rms_order(args.k_layout, quant)
+    if not quant and not split and _small(t, max(k_size, c_size) * 2):
+        assert order.lanes != LANES_IN_ORDER and not order.prescale and not order.reciprocal
+        k_rows, c_rows = _small_rows_and_scatter(args, kv.view(np.uint16), cos.view(np.uint16), sin.view(np.uint16))
+        return _outputs(args, k_rows, c_rows)
     k_rows, c_rows, k_int8, c_int8 = fused_rows(
         kv.view(np.uint16), kernel_input(to_f32(args.gamma)), cos.view(np.uint16), sin.view(np.uint16), args.epsilon,
         args.kv_dtype == BF16, _scale(args.k_rope_scale, k_size) if quant else None,
         _scale(args.c_kv_scale, c_size) if quant else None, v=None if v is None else v.view(np.uint16),
-        order=rms_order(args.k_layout, quant))
+        order=order)
     if split:
         c_rows = v.view(np.uint16)  # [T, 128]: v as it came
     k_src, c_src = (k_int8, c_int8) if quant else (k_rows, c_rows)
@@ -241,7 +302,14 @@ def kv_rmsnorm_rope_cache(args: KvRmsNormRopeCacheArgs) -> KvRmsNormRopeCacheOut
         keep = np.flatnonzero(args.slots >= 0) if args.unique_slots else last_writer(args.slots)
     scatter_rows(args.k_cache, k_src, args.slots, args.k_layout, keep=keep)
     scatter_rows(args.ckv_cache, c_src, args.slots, args.ckv_layout, keep=keep)
+    return _outputs(args, k_rows, c_rows)
 
+
+def _outputs(args: KvRmsNormRopeCacheArgs, k_rows: np.ndarray, c_rows: np.ndarray) -> KvRmsNormRopeCacheOutputs:
+    """The op's outputs from the uint16 rows ``k_rows`` ``[T, 64 | 192]`` / ``c_rows`` ``[T, 512 | 128]``
+    (K/V-split: ``c_rows`` is the caller's v bits)."""
+    split = args.v_split
+    k_size, c_size = args.k_layout.dim, args.ckv_layout.dim
     b, s, dtype = args.batch, args.seq_len, args.kv_dtype
     if args.is_output_kv:
         k_embed_out = k_rows.view(dtype).reshape(b, 1, s, k_size)  # [B, 1, S, 64 | 192]

@@ -82,12 +82,11 @@ class NPUTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor):
-        if elem.layout is _strided and not elem.requires_grad and not elem.storage_offset():  # fewer keywords: faster
-            out = _MAKE_WRAPPER(cls, elem.shape, strides=elem.stride(), dtype=elem.dtype, device=NPU_DEVICE)
-        else:
-            out = _MAKE_WRAPPER(cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(),
-                                dtype=elem.dtype, layout=elem.layout, device=NPU_DEVICE,
-                                requires_grad=elem.requires_grad)
+        if elem.layout is _strided and not elem.requires_grad and not elem.storage_offset():
+            return _wrap_new(elem)
+        out = _MAKE_WRAPPER(cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(),
+                            dtype=elem.dtype, layout=elem.layout, device=NPU_DEVICE,
+                            requires_grad=elem.requires_grad)
         out._elem = elem
         return out
 
@@ -245,16 +244,19 @@ def _check_devices(func, args, kwargs) -> None:
                        f"{NPU_DEVICE} and cpu!")
 
 
-def check_same_device(on_npu: dict, params: dict, public: str) -> None:
+def check_same_device(on_npu: dict, params: dict, public: str, names=None) -> None:
     """The eager path's device check of an emulated op called with NPU tensors (``on_npu``: name
     -> NPUTensor, replaced in ``params`` by their CPU tensors): another tensor argument of one
     or more dimensions is on the CPU, a cpu / npu mix, rejected naming it (as :func:`_check_devices`).
+    ``names``: the op's tensor arguments (the only ones that can hold a tensor on the eager
+    path), else every entry of ``params`` is looked at.
 
     Raises:
         DTypeError (a ``RuntimeError`` too): the first such argument.
     """
-    for name, value in params.items():
-        if type(value) is _Tensor and value.dim() > 0 and name not in on_npu:
+    for name in params if names is None else names:
+        value = params[name]
+        if type(value) is _Tensor and name not in on_npu and value.dim() > 0:
             raise _mixed(name, value, public)
 
 
@@ -265,26 +267,51 @@ def _mixed(name: str, value: torch.Tensor, public: str):
         f"a tensor on cpu: {tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"))
 
 
+def _wrap_new(elem: torch.Tensor) -> NPUTensor:
+    """A new :class:`NPUTensor` over ``elem``, a strided CPU tensor at storage offset 0 that does
+    not require grad (what an op kernel returns), with the fewest keywords
+    ``_make_wrapper_subclass`` takes for it: the most of a new output's cost."""
+    out = _MAKE_WRAPPER(NPUTensor, elem.shape, strides=elem.stride(), dtype=elem.dtype, device=NPU_DEVICE)
+    out._elem = elem
+    return out
+
+
+def _wrap_output(value, on_npu: dict):
+    """One output of an emulated op on the NPU (:func:`wrap_outputs`)."""
+    if type(value) is _Tensor:
+        for t in on_npu.values():
+            if t._elem is value:
+                return t
+        if value.layout is _strided and not value.requires_grad and not value.storage_offset():
+            return _wrap_new(value)
+        return NPUTensor(value)
+    if isinstance(value, _Tensor):
+        return value if type(value) is NPUTensor else NPUTensor(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_wrap_output(v, on_npu) for v in value)
+    return value
+
+
 def wrap_outputs(out, on_npu: dict):
     """An emulated op's outputs from a call on NPU tensors, on the NPU: an output that is an
     argument's CPU tensor is that argument (in-place ops return their argument), any other a
     new NPUTensor over its memory."""
-    if type(out) is _Tensor:  # the common case: one new output
-        for t in on_npu.values():
-            if t._elem is out:
-                return t
-        return NPUTensor(out)
-    by_elem = {id(t._elem): t for t in on_npu.values()}
-
-    def wrap(value):
-        if isinstance(value, _Tensor) and type(value) is not NPUTensor:
-            same = by_elem.get(id(value))
-            return NPUTensor(value) if same is None else same
-        if isinstance(value, (list, tuple)):
-            return type(value)(wrap(v) for v in value)
-        return value
-
-    return wrap(out)
+    if type(out) is tuple:  # several outputs: the arguments' memory looked up by identity, built once
+        by_elem = None
+        wrapped = []
+        for value in out:
+            if type(value) is _Tensor:
+                if by_elem is None:
+                    by_elem = {id(t._elem): t for t in on_npu.values()}
+                same = by_elem.get(id(value))
+                if same is None:
+                    same = _wrap_new(value) if (value.layout is _strided and not value.requires_grad
+                                                and not value.storage_offset()) else NPUTensor(value)
+                wrapped.append(same)
+            else:
+                wrapped.append(_wrap_output(value, on_npu))
+        return tuple(wrapped)
+    return _wrap_output(out, on_npu)
 
 
 def to_npu(t: torch.Tensor) -> NPUTensor:

@@ -295,6 +295,8 @@ class _Binding:
         #: For n positional arguments given: the required names that must come by keyword.
         self.by_keyword = tuple(tuple(name for i, name in required if i >= n) for n in range(self.positional + 1))
         self.table = _kind_table(schema)
+        #: The schema's ``Tensor`` / ``Tensor?`` arguments (the only ones the eager path binds a tensor to).
+        self.tensor_names = tuple(name for name, kind, _ in self.table if kind == "Tensor")
         defaults, names, body = self.defaults, self.names, self.body
 
         def kernel(*args, **kwargs):
@@ -353,37 +355,51 @@ class _Binding:
             return None
         params = self.defaults.copy()
         slots = self.slots
+        on_npu = None
         for name, value in zip(self.names, args, strict=False):  # args: the leading arguments
-            slot = slots[name]
-            if not (type(value) is _Tensor and slot[1] == "Tensor" and value.is_cpu  # the common case inline
-                    and value.layout is _strided and not (grad and value.requires_grad)):
-                if type(value) is NPUTensor and slot[1] == "Tensor" and not (grad and value.requires_grad) \
-                        and type(value._elem) is _Tensor and value._elem.layout is _strided:  # the npu device
-                    params.setdefault(ON_NPU_KEY, {})[name] = value
-                    value = value._elem
-                else:
-                    value = _admit(value, slot, grad)
-                    if value is _REFUSED:
-                        return None
-                    if type(value) is _OnNPU:
-                        params.setdefault(ON_NPU_KEY, {})[name] = value.wrapper
-                        value = value.elem
+            cls = type(value)
+            if cls is _Tensor:  # the common case inline
+                if not (slots[name][1] == "Tensor" and value.is_cpu and value.layout is _strided
+                        and not (grad and value.requires_grad)):
+                    return None  # _admit refuses it too
+            elif cls is NPUTensor:  # the npu device: its CPU memory
+                elem = value._elem
+                if not (slots[name][1] == "Tensor" and not (grad and value.requires_grad) and type(elem) is _Tensor
+                        and elem.layout is _strided):
+                    return None
+                if on_npu is None:
+                    on_npu = params[ON_NPU_KEY] = {}
+                on_npu[name] = value
+                value = elem
+            else:
+                value = _admit(value, slots[name], grad)
+                if value is _REFUSED:
+                    return None
             params[name] = value
         for name, value in kwargs.items():
             slot = slots.get(name)
             if slot is None or slot[0] < n:
                 return None
             kind = slot[1]
-            if not ((type(value) is _Tensor and kind == "Tensor" and value.is_cpu  # the common cases inline
-                     and value.layout is _strided and not (grad and value.requires_grad))
-                    or (_SCALARS.get(kind) is type(value) and (kind != "int" or INT64_MIN <= value <= INT64_MAX))
-                    or (value is None and slot[2])):
+            cls = type(value)
+            if cls is _Tensor:  # the common cases inline
+                if not (kind == "Tensor" and value.is_cpu and value.layout is _strided
+                        and not (grad and value.requires_grad)):
+                    return None
+            elif cls is NPUTensor:
+                elem = value._elem
+                if not (kind == "Tensor" and not (grad and value.requires_grad) and type(elem) is _Tensor
+                        and elem.layout is _strided):
+                    return None
+                if on_npu is None:
+                    on_npu = params[ON_NPU_KEY] = {}
+                on_npu[name] = value
+                value = elem
+            elif not ((_SCALARS.get(kind) is cls and (kind != "int" or INT64_MIN <= value <= INT64_MAX))
+                      or (value is None and slot[2])):
                 value = _admit(value, slot, grad)
                 if value is _REFUSED:
                     return None
-                if type(value) is _OnNPU:
-                    params.setdefault(ON_NPU_KEY, {})[name] = value.wrapper
-                    value = value.elem
             params[name] = value
         for name in self.by_keyword[n]:
             if name not in kwargs:
@@ -396,13 +412,6 @@ _REFUSED = object()
 ON_NPU_KEY = "\0on_npu"
 
 
-class _OnNPU:
-    """:func:`_admit`'s answer for an NPUTensor: its CPU tensor, flagged."""
-
-    __slots__ = ("elem", "wrapper")
-
-    def __init__(self, elem: torch.Tensor, wrapper: torch.Tensor):
-        self.elem, self.wrapper = elem, wrapper
 _Tensor, _strided = torch.Tensor, torch.strided
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
@@ -418,11 +427,7 @@ def _admit(value, slot: tuple[int, str, bool], grad: bool):
         if (cls is torch.Tensor or cls is torch.nn.Parameter) and value.is_cpu and value.layout is torch.strided \
                 and not (grad and value.requires_grad):
             return value
-        if cls is NPUTensor and not (grad and value.requires_grad):  # the real npu device: its CPU memory
-            elem = value._elem
-            if type(elem) is torch.Tensor and elem.layout is torch.strided:
-                return _OnNPU(elem, value)
-        return _REFUSED
+        return _REFUSED  # an NPUTensor: bound by _Binding.bind_eager itself
     if kind == "List[int]":  # int[] (FIA's actual_seq_lengths): a list of Python ints, as the dispatcher passes it
         if isinstance(value, (list, tuple)) and all(type(v) is int and INT64_MIN <= v <= INT64_MAX for v in value):
             return list(value)
@@ -743,7 +748,7 @@ def public_op(namespace: str, name: str) -> Callable:
                     if params is not None:
                         if ON_NPU_KEY in params:  # NPUTensors: run on their memory, outputs on the NPU
                             on_npu = params.pop(ON_NPU_KEY)
-                            check_same_device(on_npu, params, public)
+                            check_same_device(on_npu, params, public, binding.tensor_names)
                             return wrap_outputs(binding.body(params), on_npu)
                         if _checked_enabled():
                             _flag_host_call(public, params)
