@@ -1,5 +1,6 @@
 """The bf16-output engine of ``ascend_emu.emu.matmul`` (``matmul_bf16_out``,
-``matmul_bf16_out_heads``): the per-shape chooser, the fallback to sgemm for operands the bf16
+``matmul_bf16_out_heads``): the ``auto`` rule (fixed per host, never timed), the ``timed``
+setting's per-shape chooser, the fallback to sgemm for operands the bf16
 dot-product instructions would flush, the deterministic mode's fixed path, and the non-quant
 ``npu_mla_prolog_v3`` routed through oneDNN against tests/reference/mla_prolog.py.
 
@@ -29,11 +30,13 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 def engine():
     """Set the engine inside a test; the process's setting and choices restored after."""
     before = matmul.set_bf16_engine(None)
-    saved = matmul.bf16_choices()
+    saved, used = matmul.bf16_choices(), matmul.bf16_engines_used()
     yield matmul.set_bf16_engine
     matmul.set_bf16_engine(before)
     matmul._bf16_choices.clear()
     matmul._bf16_choices.update(saved)
+    matmul._bf16_used.clear()
+    matmul._bf16_used.update(used)
 
 
 def ref_bf16(a: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -58,8 +61,49 @@ def test_onednn_engine_within_one_ulp_of_float64(engine, rng):
     assert max_ulp_bf16(got, ref_bf16(heads_a, heads_w)) <= 1
 
 
-def test_chooser_times_once_per_shape(engine, rng, monkeypatch):
+@pytest.mark.parametrize("flags", [set(), {"avx512_bf16"}, {"amx_bf16"}], ids=["no bf16 dot", "avx512_bf16", "amx_bf16"])
+def test_auto_is_a_fixed_rule(engine, rng, monkeypatch, flags):
+    """``auto`` never times: oneDNN exactly where the CPU has bf16 dot-product instructions, the
+    product has at least BF16_MIN_ROWS rows and the operands are safe; the same engine, so the
+    same bits, on every call however the engines' times compare."""
     engine("auto")
+    monkeypatch.setattr(matmul, "_cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(matmul, "_timed", lambda fn: pytest.fail("auto timed an engine"))
+    calls = []
+    real = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))
+    w = npu_format_cast(positive(rng, (256, 128), 2**-8), 29)
+    big = positive(rng, (matmul.BF16_MIN_ROWS, 256)).astype(np.float32)
+    small = big[:-1]
+    first = matmul.matmul_bf16_out(big, w)
+    again = matmul.matmul_bf16_out(big, w)
+    assert np.array_equal(first.view(np.uint32), again.view(np.uint32))
+    assert len(calls) == (2 if flags else 0)
+    matmul.matmul_bf16_out(small, w)  # decode-sized: sgemm on every CPU
+    assert len(calls) == (2 if flags else 0)
+    unsafe = big.copy()
+    unsafe[0, 0] = 2.0**-130  # subnormal: sgemm on every CPU
+    matmul.matmul_bf16_out(unsafe, w)
+    assert len(calls) == (2 if flags else 0)
+    used = matmul.bf16_engines_used()
+    threads = torch.get_num_threads()
+    assert used[("mm", 1, matmul.BF16_MIN_ROWS, 256, 128, threads)] == "sgemm"  # the unsafe call last
+    assert used[("mm", 1, matmul.BF16_MIN_ROWS - 1, 256, 128, threads)] == "sgemm"
+    assert not matmul.bf16_choices()
+
+
+def test_cpu_flags_read_once(monkeypatch):
+    monkeypatch.setattr(matmul, "_cpu_flag_set", None)
+    opened = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    first = matmul._cpu_has_bf16_dot(), matmul._cpu_has_int8_dot()
+    assert (matmul._cpu_has_bf16_dot(), matmul._cpu_has_int8_dot()) == first
+    assert opened.count("/proc/cpuinfo") <= 1
+
+
+def test_chooser_times_once_per_shape(engine, rng, monkeypatch):
+    engine("timed")
     timings = []
     real = matmul._timed
     monkeypatch.setattr(matmul, "_timed", lambda fn: timings.append(1) or real(fn))
@@ -86,8 +130,9 @@ def test_setting_rejects_unknown_names(engine, monkeypatch):
     monkeypatch.setenv(matmul.BF16_ENGINE_ENV, "fast")
     with pytest.raises(ModeError, match=rf"{matmul.BF16_ENGINE_ENV}: expected one of .* got 'fast'"):
         matmul.matmul_bf16_out(np.ones((16, 8), np.float32), np.ones((8, 8), BF16))
-    monkeypatch.setenv(matmul.BF16_ENGINE_ENV, "sgemm")
-    assert matmul.bf16_engine_setting() == "sgemm"
+    for name in ("sgemm", "timed", "auto"):
+        monkeypatch.setenv(matmul.BF16_ENGINE_ENV, name)
+        assert matmul.bf16_engine_setting() == name
 
 
 def _tie_case(rng, extra_a: float, extra_w: float) -> tuple[np.ndarray, np.ndarray]:

@@ -23,10 +23,18 @@ engines (:data:`BF16_ENGINES`):
   torch already (the emulator never loads it on its own).
 
 Which one runs (:data:`BF16_ENGINE_ENV`, :func:`set_bf16_engine`; the deterministic mode always
-runs :func:`fixed_matmul`): in the default ``auto`` setting a product of at least
-:data:`BF16_MIN_ROWS` rows is timed on both engines at the first call of its
-``(kind, heads, M, K, N, torch threads)`` and the faster is kept for the process
-(:func:`bf16_choices`); smaller products stay on sgemm. The bf16 dot-product instructions
+runs :func:`fixed_matmul`): in the default ``auto`` setting a fixed rule per host
+(:func:`_bf16_auto_onednn`): oneDNN where the process has imported torch, the product has at
+least :data:`BF16_MIN_ROWS` rows, the operands are safe (below) and the CPU has bf16 dot-product
+instructions (:func:`_cpu_has_bf16_dot`: ``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``,
+read once; without them oneDNN emulates bf16 and is no faster); sgemm for everything else. The
+rule never looks at time, so the engine, and with it the bits, depend on the CPU kind only (as
+OpenBLAS's kernels already do), never on the machine's load: a recording and its replay, a CLI
+subprocess and Ray workers on one host give the same bits. The ``timed`` setting times both
+engines at the first call of a shape's ``(kind, heads, M, K, N, torch threads)`` (products of at
+least :data:`BF16_MIN_ROWS` rows with safe operands) and keeps the faster for the process
+(:func:`bf16_choices`): faster where the rule guesses wrong, but its bits can change with the
+load at that first call. The bf16 dot-product instructions
 (``vdpbf16ps``, AMX) treat subnormal inputs as zero and flush subnormal results, so oneDNN only
 gets operands it sums exactly as sgemm does (:func:`_bf16_operands_safe`, every call; a
 FRACTAL_NZ weight's exponent span is kept on it, as its widening is): every value a bf16 value
@@ -36,9 +44,8 @@ sum, a multiple of at least ``2**-126``: normal) and the largest ones' with ``lo
 most 125 (no sum overflows); anything else runs on sgemm. The results differ from sgemm's in the
 order of the sums only: measured at the prolog's shapes 99.95-100 % of bf16 outputs equal to
 sgemm plus rounding (docs/performance.md, "A bf16-output engine"); the non-quant prolog on oneDNN
-stays inside the fidelity docs/fidelity.md states for it (``tests/test_bf16_engine.py``). With
-``auto`` the bits can change with the machine's load at the first call of a shape (which engine
-won); ``ASCEND_EMU_BF16_ENGINE=sgemm`` or the deterministic mode fix them.
+stays inside the fidelity docs/fidelity.md states for it (``tests/test_bf16_engine.py``).
+``ASCEND_EMU_BF16_ENGINE=sgemm`` or the deterministic mode give the same bits on every CPU kind.
 
 int8 x int8 products (:func:`matmul_int8`) have one contract whatever computes them: the exact
 int32 result, as the Cube unit's int32 accumulator holds it (docs/sources.md#npu_mla_prolog_v3: int8 matmuls
@@ -459,23 +466,27 @@ def matmul_f32(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> n
 #: The engines of :func:`matmul_bf16_out` / :func:`matmul_bf16_out_heads` (module doc, "bf16
 #: products rounded straight to bf16").
 BF16_ENGINES = ("sgemm", "onednn-bf16")
-#: Environment variable choosing them (read at every call): ``auto`` or unset (timed per shape),
-#: ``sgemm`` (always the exact widening + sgemm), ``onednn-bf16`` (oneDNN wherever torch is loaded
-#: and the operands allow it, any size; for tests and benchmarks).
+#: Environment variable choosing them (read at every call): ``auto`` or unset (the fixed rule of
+#: :func:`_bf16_auto_onednn`), ``timed`` (timed per shape, kept for the process), ``sgemm`` (always
+#: the exact widening + sgemm), ``onednn-bf16`` (oneDNN wherever torch is loaded and the operands
+#: allow it, any size and CPU; for tests and benchmarks).
 BF16_ENGINE_ENV = "ASCEND_EMU_BF16_ENGINE"
-_BF16_SETTINGS = ("auto",) + BF16_ENGINES
-#: Timed rounds per engine when :func:`matmul_bf16_out` meets a new shape (after one untimed call
+_BF16_SETTINGS = ("auto", "timed") + BF16_ENGINES
+#: CPU flags (``/proc/cpuinfo``) of the bf16 dot-product instructions oneDNN's bf16 GEMM uses.
+_BF16_DOT_FLAGS = ("avx512_bf16", "amx_bf16")
+#: Timed rounds per engine when the ``timed`` setting meets a new shape (after one untimed call
 #: of each: oneDNN kernel creation, the kept widening, first touch; the engines take turns, the
 #: first of a round alternating); the fastest call wins. On the shared 2-core machine single calls
 #: of one product spread 2-3x (docs/performance.md), so one timed call each could pick wrong.
 BF16_CHOICE_ROUNDS = 3
-#: In the ``auto`` setting, products of fewer rows (``M``, tokens) stay on sgemm without a timing:
+#: In the ``auto`` and ``timed`` settings, products of fewer rows (``M``, tokens) stay on sgemm:
 #: measured on 1 and 2 threads (docs/performance.md, "A bf16-output engine"), oneDNN took
 #: 1.2-1.7x sgemm's time at T = 1 and paid from T = 16 (1.8-2.9x faster on one thread), and
 #: decode-sized products keep the same bits run after run.
 BF16_MIN_ROWS = 16
 _bf16_setting: str | None = None
 _bf16_choices: dict[tuple, str] = {}
+_bf16_used: dict[tuple, str] = {}
 _bf16_lock = threading.Lock()
 #: Biased-exponent bounds of :func:`_bf16_operands_safe` (module doc): every nonzero partial sum of
 #: fp32 products of the operands is a normal fp32 when the smallest nonzero operands' biased
@@ -492,7 +503,8 @@ def bf16_engine_setting() -> str:
     :data:`BF16_ENGINE_ENV` (``"auto"`` where unset).
 
     Raises:
-        ModeError: the variable is set to something other than ``auto`` / ``sgemm`` / ``onednn-bf16``.
+        ModeError: the variable is set to something other than ``auto`` / ``timed`` / ``sgemm`` /
+            ``onednn-bf16``.
     """
     if _bf16_setting is not None:
         return _bf16_setting
@@ -503,9 +515,9 @@ def bf16_engine_setting() -> str:
 
 
 def set_bf16_engine(name: str | None) -> str | None:
-    """Set the bf16-output engines for this process (``"auto"``, ``"sgemm"``, ``"onednn-bf16"``;
-    None: back to :data:`BF16_ENGINE_ENV`); returns the previous call's setting (None where the
-    environment ruled). ``"auto"`` forgets the per-shape choices made so far.
+    """Set the bf16-output engines for this process (``"auto"``, ``"timed"``, ``"sgemm"``,
+    ``"onednn-bf16"``; None: back to :data:`BF16_ENGINE_ENV`); returns the previous call's setting
+    (None where the environment ruled). ``"timed"`` forgets the per-shape choices made so far.
 
     Raises:
         ValueError: ``name`` not a setting.
@@ -518,15 +530,22 @@ def set_bf16_engine(name: str | None) -> str | None:
         _import_torch()
     before = _bf16_setting
     _bf16_setting = name
-    if name == "auto":
+    if name == "timed":
         with _bf16_lock:
             _bf16_choices.clear()
     return before
 
 
+def bf16_engines_used() -> dict[tuple, str]:
+    """A copy of the engine each bf16-output product shape ran on last where torch was loaded
+    (any setting but the deterministic mode's): ``(kind, batch, M, K, N, torch threads)`` ->
+    engine name (``kind`` ``"mm"`` or ``"heads"``); for benchmarks and reports."""
+    return dict(_bf16_used)
+
+
 def bf16_choices() -> dict[tuple, str]:
-    """A copy of the per-shape choices made so far: ``(kind, batch, M, K, N, torch threads)`` ->
-    engine name (``kind`` ``"mm"`` or ``"heads"``)."""
+    """A copy of the per-shape choices the ``timed`` setting made so far: ``(kind, batch, M, K, N,
+    torch threads)`` -> engine name (``kind`` ``"mm"`` or ``"heads"``)."""
     with _bf16_lock:
         return dict(_bf16_choices)
 
@@ -596,19 +615,30 @@ def _timed(fn):
 
 
 def _bf16_run(key: tuple, sgemm, onednn, safe) -> np.ndarray:
-    """Run one bf16-output product ``key = (kind, batch, M, K, N)`` on the engine the setting and
-    the per-shape choice name: ``sgemm()`` / ``onednn()`` compute it; ``safe()`` says whether the
-    operands may go to oneDNN."""
+    """Run one bf16-output product ``key = (kind, batch, M, K, N)`` on the engine the setting names
+    (module doc) and note it (:func:`bf16_engines_used`): ``sgemm()`` / ``onednn()`` compute it;
+    ``safe()`` says whether the operands may go to oneDNN."""
     setting = bf16_engine_setting()
-    if setting == "sgemm" or (setting == "auto" and key[2] < BF16_MIN_ROWS) or not _torch_loaded() or not safe():
+    if setting == "sgemm" or not _torch_loaded():
         return sgemm()
+    if setting == "auto":
+        name = "onednn-bf16" if _bf16_auto_onednn(key[2], safe) else "sgemm"
+    elif key[2] < BF16_MIN_ROWS and setting == "timed" or not safe():
+        name = "sgemm"
+    else:
+        name = setting
     torch = _import_torch()
-    if setting == "onednn-bf16":
-        return onednn()
     key = key + (torch.get_num_threads(),)
-    choice = _bf16_choices.get(key)
-    if choice is not None:
-        return onednn() if choice == "onednn-bf16" else sgemm()
+    if name == "timed":
+        name = _bf16_choices.get(key)
+        if name is None:
+            return _bf16_choose(key, sgemm, onednn)
+    _bf16_used[key] = name
+    return onednn() if name == "onednn-bf16" else sgemm()
+
+
+def _bf16_choose(key: tuple, sgemm, onednn) -> np.ndarray:
+    """The ``timed`` setting's first call of a shape: both engines timed, the faster kept."""
     best = {}
     outs = {}
     engines = [("sgemm", sgemm), ("onednn-bf16", onednn)]
@@ -621,7 +651,21 @@ def _bf16_run(key: tuple, sgemm, onednn, safe) -> np.ndarray:
     choice = min(best, key=best.get)
     with _bf16_lock:
         choice = _bf16_choices.setdefault(key, choice)
+    _bf16_used[key] = choice
     return outs[choice]
+
+
+def _bf16_auto_onednn(rows: int, safe) -> bool:
+    """The ``auto`` rule (module doc): whether a product of ``rows`` rows runs on oneDNN: at least
+    :data:`BF16_MIN_ROWS` rows, a CPU with bf16 dot-product instructions, torch importable and
+    ``safe()`` (checked last, as it reads the operands). Depends on the host and the operands only."""
+    if rows < BF16_MIN_ROWS or not _cpu_has_bf16_dot():
+        return False
+    try:
+        _import_torch()
+    except ImportError:
+        return False
+    return bool(safe())
 
 
 def matmul_bf16_out(a: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -630,8 +674,9 @@ def matmul_bf16_out(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     (a no-op on the oneDNN engine's values). The engine (module doc, "bf16 products rounded
     straight to bf16"): :func:`matmul_weight` (exact widening, sgemm), or ``torch.matmul`` on bf16
     tensors (oneDNN: fp32 accumulation, one rounding) where torch is loaded, the operands are safe
-    for the bf16 dot-product instructions (:func:`_bf16_operands_safe`) and, in the ``auto``
-    setting, it was the faster of the two at this shape's first call. Fixed path
+    for the bf16 dot-product instructions (:func:`_bf16_operands_safe`) and the setting's rule
+    allows it (``auto``: at least :data:`BF16_MIN_ROWS` rows on a CPU with bf16 dot-product
+    instructions; ``timed``: the faster of the two at this shape's first call). Fixed path
     (:func:`fixed_matmul`) in the deterministic mode.
 
     Args:
@@ -694,18 +739,37 @@ _int8_engine: str | None = None
 _torch = None
 
 
+def _cpu_flags() -> frozenset:
+    """The CPU's flags (Linux ``/proc/cpuinfo``, first ``flags`` line; empty where they cannot be
+    read), read once per process."""
+    global _cpu_flag_set
+    if _cpu_flag_set is None:
+        flags = frozenset()
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+                for line in info:
+                    if line.startswith("flags"):
+                        flags = frozenset(line.split(":", 1)[1].split())
+                        break
+        except OSError:
+            pass
+        _cpu_flag_set = flags
+    return _cpu_flag_set
+
+
+_cpu_flag_set: frozenset | None = None
+
+
 def _cpu_has_int8_dot() -> bool:
-    """Whether the CPU has int8 dot-product instructions (Linux ``/proc/cpuinfo`` flags; False
-    where they cannot be read)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            for line in info:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return any(f in flags for f in _INT8_DOT_FLAGS)
-    except OSError:
-        pass
-    return False
+    """Whether the CPU has int8 dot-product instructions (:data:`_INT8_DOT_FLAGS`; False where the
+    flags cannot be read)."""
+    return any(f in _cpu_flags() for f in _INT8_DOT_FLAGS)
+
+
+def _cpu_has_bf16_dot() -> bool:
+    """Whether the CPU has bf16 dot-product instructions (:data:`_BF16_DOT_FLAGS`; False where the
+    flags cannot be read)."""
+    return any(f in _cpu_flags() for f in _BF16_DOT_FLAGS)
 
 
 def _import_torch():
