@@ -724,6 +724,82 @@ def matmul_bf16_out_heads(a: np.ndarray, w: np.ndarray) -> np.ndarray:
                      lambda: _bf16_operands_safe(_span_of(a), _span_of(w), k))
 
 
+# ---------------------------------------------------------------------- bf16 x bf16 -> fp32
+_fp32_precision_lock = threading.Lock()
+
+
+def span(x: np.ndarray) -> tuple[int, int, bool]:
+    """The exponent span :func:`matmul_bf16_f32` checks an operand with (``(emin, emax, bad)``,
+    module doc): of a bf16 or fp32 array, any shape; a caller multiplying views of one array
+    (a tile, a transposed view) passes the whole array's span, which bounds every view's."""
+    return _span_of(x)
+
+
+def bf16_engine_may_run(rows: int) -> bool:
+    """Whether a bf16 product of ``rows`` rows can run on oneDNN now (the setting, torch loaded,
+    the deterministic mode off, the ``auto`` rule's rows and CPU flags; the operands not yet
+    looked at): a caller with work to do only for oneDNN (a widened weight, spans) asks first.
+
+    Raises:
+        ModeError: :data:`BF16_ENGINE_ENV` set to an unknown value.
+    """
+    setting = bf16_engine_setting()
+    if setting == "sgemm" or _deterministic.enabled() or not _torch_loaded():
+        return False
+    if setting == "onednn-bf16":
+        return True
+    return rows >= BF16_MIN_ROWS and (setting == "timed" or _cpu_has_bf16_dot())
+
+
+def matmul_bf16_f32(a: np.ndarray, b: np.ndarray, *, a_span=None, b_span=None, sgemm=None) -> np.ndarray:
+    """``a @ b`` of bf16 values whose fp32 result feeds more fp32 math (attention scores, a
+    projection summed further): fp32 ``[..., M, N]``, batch dims as ``np.matmul``. The engine
+    (module doc, "bf16 products with an fp32 result"): :func:`matmul_f32` (sgemm; the fixed order
+    in the deterministic mode), or ``torch.matmul`` on the fp32 tensors with
+    ``torch.backends.mkldnn.matmul.fp32_precision = "bf16"`` (oneDNN: bf16 dot products, fp32
+    accumulation, fp32 output; the flag set and restored around the call under a lock) by the
+    same settings and rule as :func:`matmul_bf16_out` (:data:`BF16_ENGINE_ENV`).
+
+    Args:
+        a: fp32 ``[..., M, K]`` holding bf16 values (any other value keeps the product on sgemm);
+            any positive strides.
+        b: fp32 ``[..., K, N]`` likewise (a transposed view is not copied).
+        a_span, b_span: :func:`span` of ``a`` / ``b`` or of an array they are views of (computed
+            here where None).
+        sgemm: the product where oneDNN does not run (default :func:`matmul_f32`): a caller whose
+            fp32 path multiplies by blocks keeps its bits.
+
+    Returns:
+        fp32 ``[..., M, N]`` (C-contiguous).
+
+    Raises:
+        ModeError: :data:`BF16_ENGINE_ENV` set to an unknown value.
+    """
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), dtype=np.int64))
+    if _deterministic.enabled() or a.dtype != np.float32 or b.dtype != np.float32 or not (m and k and n and batch):
+        return matmul_f32(a, b) if sgemm is None else sgemm()
+
+    def onednn():
+        torch = _import_torch()
+        ta, tb = _as_tensor(torch, a), _as_tensor(torch, b)
+        mkl = torch.backends.mkldnn.matmul
+        with _fp32_precision_lock:
+            before = mkl.fp32_precision
+            mkl.fp32_precision = "bf16"
+            try:
+                out = torch.matmul(ta, tb)
+            finally:
+                mkl.fp32_precision = before
+        return out.numpy()
+
+    def safe():
+        return _bf16_operands_safe(_span_of(a) if a_span is None else a_span,
+                                   _span_of(b) if b_span is None else b_span, k)
+
+    return _bf16_run(("f32", batch, m, k, n), sgemm or (lambda: matmul_f32(a, b)), onednn, safe)
+
+
 # ---------------------------------------------------------------------- int8 x int8 -> int32
 #: Longest contraction :func:`matmul_int8` accepts: ``K * 128 * 128 <= 2**31 - 1``, so no int32
 #: sum can wrap whatever the values (the largest is ``K * (-128) * (-128)``).
