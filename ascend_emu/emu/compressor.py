@@ -71,7 +71,7 @@ def _project(xs: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     if _deterministic.enabled():
         out[...] = matmul_weight(xs, w.T)
         return
-    if w.dtype == BF16 and bf16_engine_may_run(xs.shape[0]):
+    if w.dtype == BF16 and xs.shape[0] >= ENGINE_MIN_ROWS and bf16_engine_may_run(xs.shape[0]):
         _project_engine(xs, w, out)
         return
     with _blas_threads(xs.shape[0] * w.shape[0] * w.shape[1]):
@@ -92,6 +92,11 @@ def _project(xs: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
 #: fp32 at H = 4096). oneDNN's bits do not depend on the block (measured at H 4096: blocks of
 #: 32 to 1024 rows, 16 to 300 tokens, 1 and 2 threads give the same fp32 results).
 ENGINE_ROWS = 256
+#: Fewest tokens whose projections go to the fp32-output bf16 engine (a fixed rule, as the
+#: engine's own): measured at H 4096, one thread, against the sgemm blocks: 16 tokens 1.0x with a
+#: weight widened per call (the widening, the weight's span and oneDNN's bf16 conversion eat the
+#: gain; `bench_compressor.py` decode 5-20 % slower), 32 tokens 1.3x, 64 1.6x, 256 2.0x.
+ENGINE_MIN_ROWS = 32
 _SPANS_ATTR = "_ascend_emu_compressor_block_spans"
 
 

@@ -1,4 +1,5 @@
-"""Matmuls of the emu backend: exact widening to fp32, fp32 BLAS accumulation; exact int8 products.
+"""Matmuls of the emu backend: exact widening to fp32, fp32 accumulation (BLAS, or oneDNN's bf16 dot
+products for bf16 values); exact int8 products.
 Every product of every op goes through this module, so one switch covers them all: in the
 deterministic mode (:func:`ascend_emu._deterministic.enabled`, docs/numerics.md#deterministic)
 :func:`matmul_f32`, :func:`matmul_weight` and :func:`matmul_weight_heads` run
@@ -46,6 +47,23 @@ order of the sums only: measured at the prolog's shapes 99.95-100 % of bf16 outp
 sgemm plus rounding (docs/performance.md, "A bf16-output engine"); the non-quant prolog on oneDNN
 stays inside the fidelity docs/fidelity.md states for it (``tests/test_bf16_engine.py``).
 ``ASCEND_EMU_BF16_ENGINE=sgemm`` or the deterministic mode give the same bits on every CPU kind.
+
+bf16 products with an fp32 result (:func:`matmul_bf16_f32`): where a bf16 x bf16 product's fp32
+result feeds more fp32 math (the V4 shared-KV attentions' ``S = q @ K^T`` and ``round(P) @ K``,
+the V4 compressor's projections), the same two engines with an fp32 output: sgemm
+(:func:`matmul_f32`), or ``torch.matmul`` on the fp32 tensors with
+``torch.backends.mkldnn.matmul.fp32_precision = "bf16"`` (oneDNN: the operands converted to bf16,
+exact for bf16 values, bf16 dot products, fp32 accumulation, fp32 output). torch 2.13 has no
+per-call form of it (``mm`` / ``bmm`` / ``addmm`` with ``out_dtype`` are not implemented on the
+CPU), so the flag, process-wide, is set and restored around each call under a lock: the
+emulator's own calls never see each other's, but torch code the user runs in another Python
+thread at that moment would run in bf16 mode too. The same settings (:data:`BF16_ENGINE_ENV`),
+the same ``auto`` rule and the same operand check; a caller passes the operands' spans
+(:func:`span`) where it multiplies views of one array. Measured at the attentions' and the
+compressor's shapes on the AMD Zen 4 host: oneDNN's results do not depend on M (16 to 300 rows),
+the weight block or the thread count (1, 2); 99.8-100 % of the attention outputs equal to sgemm's,
+the bit-identical shares against float64 the same to three digits (docs/performance.md,
+"An fp32-output bf16 engine").
 
 int8 x int8 products (:func:`matmul_int8`) have one contract whatever computes them: the exact
 int32 result, as the Cube unit's int32 accumulator holds it (docs/sources.md#npu_mla_prolog_v3: int8 matmuls
