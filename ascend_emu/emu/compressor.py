@@ -6,8 +6,10 @@ operation:
 
 1. ``kv = x @ wkv^T``, ``score = x @ wgate^T`` for the call's tokens that are read or written:
    exact products, fp32 accumulation (BLAS sgemm on blocks of :data:`BLOCK_ROWS` weight rows
-   widened exactly, :func:`_project`; the NPU's cube sums K in its own tile order: not
-   bit-identical); ``score += ape[p % r]``. Both land in one fp32 row per token, ``[kv | score]``:
+   widened exactly, :func:`_project`; with bf16 x and weights and at least
+   :data:`ENGINE_MIN_ROWS` tokens, the fp32-output bf16 engine where its rule runs it,
+   :func:`_project_engine`; the NPU's cube sums K in its own tile order: not bit-identical);
+   ``score += ape[p % r]``. Both land in one fp32 row per token, ``[kv | score]``:
    the state row's layout;
 2. the state rows the groups read are gathered first (the state as it was before the call), the
    call's rows are written after the outputs are computed (the contract rejects a call whose
