@@ -505,6 +505,8 @@ BF16_MIN_ROWS = 16
 _bf16_setting: str | None = None
 _bf16_choices: dict[tuple, str] = {}
 _bf16_used: dict[tuple, str] = {}
+#: Shapes :func:`bf16_engines_used` remembers at most (forgotten all at once past it).
+BF16_USED_KEEP = 4096
 _bf16_lock = threading.Lock()
 #: Biased-exponent bounds of :func:`_bf16_operands_safe` (module doc): every nonzero partial sum of
 #: fp32 products of the operands is a normal fp32 when the smallest nonzero operands' biased
@@ -651,6 +653,8 @@ def _bf16_run(key: tuple, sgemm, onednn, safe) -> np.ndarray:
         name = _bf16_choices.get(key)
         if name is None:
             return _bf16_choose(key, sgemm, onednn)
+    if len(_bf16_used) >= BF16_USED_KEEP and key not in _bf16_used:
+        _bf16_used.clear()  # a report, not a cache: bounded
     _bf16_used[key] = name
     return onednn() if name == "onednn-bf16" else sgemm()
 
