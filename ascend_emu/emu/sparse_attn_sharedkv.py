@@ -14,7 +14,9 @@ request, position and the cache rows it reads):
    (exact products), summed by the project's fp32 product (:func:`ascend_emu.emu.matmul.matmul_f32`:
    BLAS's order, each element a dot of 512 products; for bf16 q and K the fp32-output bf16
    engine :func:`ascend_emu.emu.matmul.matmul_bf16_f32`, the same exact products summed in fp32
-   in oneDNN's order where its rule runs it), then one fp32 multiply;
+   in oneDNN's order where its rule runs it: the spans it checks are the chunk's gathered rows'
+   and, for ``P @ K``, the chunk's rounded P, so a chunk with a subnormal P, a score more than
+   about 87 below its running max, runs its ``P @ K`` products on sgemm), then one fp32 multiply;
 4. online softmax in fp32, tile by tile: ``m' = max(m, rowmax S)``, ``a = exp(m - m')``,
    ``P = exp(S - m')``, ``l = l * a + rowsum P`` (NumPy's pairwise fp32 sum over the tile's 128
    places, padded ones adding 0), ``acc = acc * a + round(P) @ K`` (the same engine as ``S``), where ``round(P)`` is P
