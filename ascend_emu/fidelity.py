@@ -216,9 +216,21 @@ ROWS: tuple[Row, ...] = (
        "tests/test_v4_quant.py::test_mode2_exact_powers_of_two_follow_the_kernel"),
     _r("npu_kv_quant_sparse_attn_sharedkv (DeepSeek-V4, Ascend 950)", "out (bf16)", "bounded",
        "dual-threshold 0.005 vs float64 over the decoded 640-byte rows; bit-identical share measured 0.59-0.67, "
-       "asserted in [0.55, 0.75] (P rounded to bf16 before P @ K)", "tests/reference/kv_quant_sparse_attn_sharedkv.py",
+       "asserted in [0.55, 0.75] (P rounded to bf16 before P @ K); the same shares to three digits on sgemm and on "
+       "oneDNN's fp32-output bf16 engine", "tests/reference/kv_quant_sparse_attn_sharedkv.py",
        "tests/test_kv_quant_sparse_attn_sharedkv.py::test_within_the_dual_criterion_with_the_measured_bit_identical_"
        "share"),
+    _r("npu_sparse_attn_sharedkv on oneDNN's fp32-output bf16 engine (DeepSeek-V4; torch loaded, >= 16 rows)",
+       "out (bf16)", "bounded",
+       "dual-threshold 0.005 vs float64; bit-identical share in the range its own tests assert (0.628-0.640 "
+       "measured, the same as sgemm's to three digits; 99.8-100 % of outputs equal to sgemm's: the same fp32 "
+       "products summed in oneDNN's order, docs/numerics.md#accumulation)", "tests/reference/sparse_attn_sharedkv.py",
+       "tests/test_bf16_engine.py::test_shared_kv_attention_through_the_f32_engine"),
+    _r("compressor on oneDNN's fp32-output bf16 engine (DeepSeek-V4; torch loaded, >= 32 tokens)",
+       "cmp_kv, state rows", "bounded",
+       "dual-threshold 0.005 vs float64; ND and FRACTAL_NZ weights the same bits (the same fp32 products summed "
+       "in oneDNN's order, docs/numerics.md#accumulation)", "tests/reference/compressor.py",
+       "tests/test_bf16_engine.py::test_compressor_through_the_f32_engine"),
     _r("npu_kv_quant_sparse_attn_sharedkv (DeepSeek-V4, Ascend 950)", "out: the sink's place in the online softmax",
        "unverified", "the running max starts at the sink as the 950 kernel's source reads; differs from the A2 / A3 "
        "order in rounding only, which no test here tells apart", "-"),

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from ascend_emu import ops
-from ascend_emu.emu.matmul import bf16_choices, matmul_bf16_out, matmul_weight, set_bf16_engine
+from ascend_emu.emu.matmul import bf16_engines_used, matmul_bf16_out, matmul_weight, set_bf16_engine
 from ascend_emu.quant.rounding import to_bf16
 from ascend_emu.torch_npu._convert import to_torch
 
@@ -112,8 +112,8 @@ def main() -> None:
                 return to_bf16(matmul_bf16_out(a32, w_nz))
 
             ref, got = old(), new().view(torch.int16).numpy().view(BF16)
-            emu()  # the first call of the shape chooses its engine
-            engine = next((e for key, e in bf16_choices().items() if key[2:5] == (t, k, n)), "sgemm")
+            emu()  # the engine the setting picks for this shape (noted by the emulator)
+            engine = next((e for key, e in bf16_engines_used().items() if key[2:5] == (t, k, n)), "sgemm")
             equal = float((ref.view(np.uint16) == got.view(np.uint16)).mean())
             ulps = _ulps(ref, got)
             calls = 20 if t * k * n < 1 << 24 else 5

@@ -54,7 +54,7 @@ def main() -> None:
 
     import ml_dtypes
 
-    from ascend_emu.emu.matmul import bf16_choices, int8_engine, matmul_bf16_out_heads, matmul_f32, matmul_int8, widen_f32
+    from ascend_emu.emu.matmul import bf16_engines_used, int8_engine, matmul_bf16_out_heads, matmul_f32, matmul_int8, widen_f32
     from ascend_emu.ops import npu_format_cast, npu_mla_preprocess
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
@@ -92,7 +92,7 @@ def main() -> None:
             matmul_int8(x8, wdqkv, w_nk=True)  # [T, 2112]
             matmul_int8(q8, wuq, w_nk=True)  # [T, N*192]
             # [N, T, 512] on the op's engine: oneDNN bf16 where the op chose it, else sgemm on wuk32
-            if ("heads", n, t, d, hckv) in {key[:5] for key, e in bf16_choices().items() if e != "sgemm"}:
+            if ("heads", n, t, d, hckv) in {key[:5] for key, e in bf16_engines_used().items() if e != "sgemm"}:
                 matmul_bf16_out_heads(q_nope, wuk)
             else:
                 matmul_f32(q_nope, wuk32)

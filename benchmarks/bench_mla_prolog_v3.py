@@ -9,9 +9,9 @@ run, and every figure is the best of N alternating runs after a warm-up:
 - non-quant, PA_BSND: the floor is ``x @ W_dq``, ``cq @ W_uq_qr``, the per-head
   ``q_nope @ W_uk`` and ``x @ W_dkv_kr`` on the op's bf16-output engine
   (``emu.matmul.matmul_bf16_out`` / ``matmul_bf16_out_heads``: sgemm on the kept fp32 widening
-  of the NZ weights and a pre-widened ``W_uk``, or oneDNN bf16, chosen per shape at the first
-  call, which the floor and the op share; ``ASCEND_EMU_BF16_ENGINE=sgemm`` for sgemm only); the
-  engines chosen are printed.
+  of the NZ weights and a pre-widened ``W_uk``, or oneDNN bf16 by the emulator's engine rule
+  (``auto``: the CPU kind and the shape), which the floor and the op share;
+  ``ASCEND_EMU_BF16_ENGINE=sgemm`` for sgemm only); the engines used are printed.
 - per-tile (kv_cache_quant_mode=3, 656-byte rows, PA_BSND), partial quant (weight_quant_mode=1)
   and full quant (2): the same four matmuls as the op runs them: int8 x int8 products through
   ``matmul_int8`` on the engine the op uses (exact int32; its name is printed), bf16 ones on the
@@ -54,7 +54,7 @@ from _timing import best_times
 from ascend_emu.mla import D_NOPE as D
 from ascend_emu.mla import D_ROPE as DR
 from ascend_emu.mla import HCKV
-from ascend_emu.emu.matmul import (bf16_choices, int8_engine, matmul_bf16_out, matmul_bf16_out_heads, matmul_int8,
+from ascend_emu.emu.matmul import (bf16_engines_used, int8_engine, matmul_bf16_out, matmul_bf16_out_heads, matmul_int8,
                                    set_int8_engine)
 from ascend_emu.ops import npu_format_cast, npu_mla_prolog_v3
 
@@ -199,7 +199,7 @@ def main() -> None:
     def uk_product():
         """q_nope @ W_uk on the op's engine: oneDNN where the op chose it, else sgemm on the
         pre-widened weight (the op widens W_uk per call: not counted in the floor)."""
-        if ("heads", n, t, D, HCKV) in {key[:5] for key, e in bf16_choices().items() if e != "sgemm"}:
+        if ("heads", n, t, D, HCKV) in {key[:5] for key, e in bf16_engines_used().items() if e != "sgemm"}:
             return matmul_bf16_out_heads(q_nope_b, w_uk)
         return np.matmul(q_nope_b, w_uk32)
 
@@ -225,8 +225,8 @@ def main() -> None:
            "x@Wdq, cq@Wuq_qr, q@Wuk per head, x@Wdkv_kr on the op's bf16 engines", t_floor, t_op, (t_drop or [None])[0],
            machine=machine, t_machine=t_machine)
     chosen = ", ".join(f"{kind} [{m}, {k}] x [{k}, {nn}]{f' x {h}' if h > 1 else ''}: {engine}"
-                       for (kind, h, m, k, nn, _), engine in sorted(bf16_choices().items()))
-    print(f"  the op's bf16-output engines (emu.matmul.bf16_choices): {chosen or 'sgemm (none timed)'}")
+                       for (kind, h, m, k, nn, _), engine in sorted(bf16_engines_used().items()))
+    print(f"  the op's bf16-output engines (emu.matmul.bf16_engines_used): {chosen or 'sgemm'}")
 
     # ---- per-tile quant, partial (1, 3, 0) and full (2, 3, 0)
     x_i8 = int8(rng, (b, s, HE))  # [B, S, He]

@@ -13,10 +13,11 @@ ratio 4 and the indexer's top-512):
   ``P [64, L] @ K`` over its ``L = 128 + 512`` rows (window and top-512) and the rows' bytes
   gathered at the copy bandwidth (bf16: 1024 bytes a row; the 950: 640).
 
-A last line times the attentions' products alone on the emulator's engine (fp32 sgemm on
-widened operands: one ``q @ K^T`` over a token's 640 rows, one ``P @ K`` per 128-row tile): the
-op over it is what the emulator adds to its products, it over the machine floor the engine's gap
-(oneDNN bf16 against sgemm).
+Two last lines time the attentions' products alone: on sgemm (fp32 on widened operands: one
+``q @ K^T`` over a token's 640 rows, one ``P @ K`` per 128-row tile), and as the op runs them now
+(``emu.matmul.matmul_bf16_f32``: oneDNN's fp32 matmul in bf16 mode where the engine's rule takes
+them, batched over the tokens, sgemm otherwise; the engine it ran is printed): the op over them is
+what the emulator adds to its products, they over the machine floor the engine's gap.
 
 Time per call: the best average over ``--rounds`` alternating rounds of ``--calls`` calls after
 a warm-up round (``benchmarks/_timing.py``).
@@ -37,7 +38,7 @@ from _floor import MachineFloor, floor_line, movement, other, product, ratio_lin
 from _timing import best_times, run_with_threads
 
 from ascend_emu import ops
-from ascend_emu.emu.matmul import one_blas_thread
+from ascend_emu.emu.matmul import bf16_engines_used, matmul_bf16_f32, one_blas_thread, span
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -157,9 +158,19 @@ def main() -> None:
                     np.matmul(p32, k32[j:j + 128])
 
     own = MachineFloor([other("products", "sgemm", own_products)])
+    q3, k3, p3 = (np.repeat(v[None], b, axis=0) for v in (q32, k32, np.tile(p32, (1, rows // 128))))
+    spans = [span(v) for v in (q3, k3, p3)]
 
-    t_qli, f_qli, t16, f16, t8, f8, t_own = best_times([indexer, qli_floor, a2a3, floor16, a950, floor8, own],
-                                                       args.rounds, number=args.calls)
+    def engine_products():  # as the op runs them: one batched S, one batched P @ K per tile
+        with one_blas_thread():
+            matmul_bf16_f32(q3, k3.transpose(0, 2, 1), a_span=spans[0], b_span=spans[1])
+            for j in range(0, rows, 128):
+                matmul_bf16_f32(p3[:, :, j:j + 128], k3[:, j:j + 128], a_span=spans[2], b_span=spans[1])
+
+    engine_products()
+    eng = ", ".join(sorted({e for key, e in bf16_engines_used().items() if key[0] == "f32"})) or "sgemm"
+    t_qli, f_qli, t16, f16, t8, f8, t_own, t_eng = best_times(
+        [indexer, qli_floor, a2a3, floor16, a950, floor8, own, engine_products], args.rounds, number=args.calls)
     for name, t, f, fl in (("npu_vllm_quant_lightning_indexer", t_qli, f_qli, qli_floor),
                            ("npu_sparse_attn_sharedkv", t16, f16, floor16),
                            ("npu_kv_quant_sparse_attn_sharedkv", t8, f8, floor8)):
@@ -167,6 +178,9 @@ def main() -> None:
     print(f"{'attention products on sgemm':34s} {t_own * 1e3:8.2f} ms/step  (the emulator's engine; / machine floor "
           f"{t_own / f16:.2f}): npu_sparse_attn_sharedkv / them {t16 / t_own:.2f}, "
           f"npu_kv_quant_sparse_attn_sharedkv / them {t8 / t_own:.2f}")
+    print(f"{'attention products, op engine':34s} {t_eng * 1e3:8.2f} ms/step  ({eng}: matmul_bf16_f32, the fp32-output "
+          f"bf16 engine's rule; / machine floor {t_eng / f16:.2f}): npu_sparse_attn_sharedkv / them {t16 / t_eng:.2f}, "
+          f"npu_kv_quant_sparse_attn_sharedkv / them {t8 / t_eng:.2f}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The bf16-output engine of ``ascend_emu.emu.matmul`` (``matmul_bf16_out``,
-``matmul_bf16_out_heads``): the per-shape chooser, the fallback to sgemm for operands the bf16
+``matmul_bf16_out_heads``): the ``auto`` rule (fixed per host, never timed), the ``timed``
+setting's per-shape chooser, the fallback to sgemm for operands the bf16
 dot-product instructions would flush, the deterministic mode's fixed path, and the non-quant
 ``npu_mla_prolog_v3`` routed through oneDNN against tests/reference/mla_prolog.py.
 
@@ -29,11 +30,13 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 def engine():
     """Set the engine inside a test; the process's setting and choices restored after."""
     before = matmul.set_bf16_engine(None)
-    saved = matmul.bf16_choices()
+    saved, used = matmul.bf16_choices(), matmul.bf16_engines_used()
     yield matmul.set_bf16_engine
     matmul.set_bf16_engine(before)
     matmul._bf16_choices.clear()
     matmul._bf16_choices.update(saved)
+    matmul._bf16_used.clear()
+    matmul._bf16_used.update(used)
 
 
 def ref_bf16(a: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -58,8 +61,49 @@ def test_onednn_engine_within_one_ulp_of_float64(engine, rng):
     assert max_ulp_bf16(got, ref_bf16(heads_a, heads_w)) <= 1
 
 
-def test_chooser_times_once_per_shape(engine, rng, monkeypatch):
+@pytest.mark.parametrize("flags", [set(), {"avx512_bf16"}, {"amx_bf16"}], ids=["no bf16 dot", "avx512_bf16", "amx_bf16"])
+def test_auto_is_a_fixed_rule(engine, rng, monkeypatch, flags):
+    """``auto`` never times: oneDNN exactly where the CPU has bf16 dot-product instructions, the
+    product has at least BF16_MIN_ROWS rows and the operands are safe; the same engine, so the
+    same bits, on every call however the engines' times compare."""
     engine("auto")
+    monkeypatch.setattr(matmul, "_cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(matmul, "_timed", lambda fn: pytest.fail("auto timed an engine"))
+    calls = []
+    real = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))
+    w = npu_format_cast(positive(rng, (256, 128), 2**-8), 29)
+    big = positive(rng, (matmul.BF16_MIN_ROWS, 256)).astype(np.float32)
+    small = big[:-1]
+    first = matmul.matmul_bf16_out(big, w)
+    again = matmul.matmul_bf16_out(big, w)
+    assert np.array_equal(first.view(np.uint32), again.view(np.uint32))
+    assert len(calls) == (2 if flags else 0)
+    matmul.matmul_bf16_out(small, w)  # decode-sized: sgemm on every CPU
+    assert len(calls) == (2 if flags else 0)
+    unsafe = big.copy()
+    unsafe[0, 0] = 2.0**-130  # subnormal: sgemm on every CPU
+    matmul.matmul_bf16_out(unsafe, w)
+    assert len(calls) == (2 if flags else 0)
+    used = matmul.bf16_engines_used()
+    threads = torch.get_num_threads()
+    assert used[("mm", 1, matmul.BF16_MIN_ROWS, 256, 128, threads)] == "sgemm"  # the unsafe call last
+    assert used[("mm", 1, matmul.BF16_MIN_ROWS - 1, 256, 128, threads)] == "sgemm"
+    assert not matmul.bf16_choices()
+
+
+def test_cpu_flags_read_once(monkeypatch):
+    monkeypatch.setattr(matmul, "_cpu_flag_set", None)
+    opened = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    first = matmul._cpu_has_bf16_dot(), matmul._cpu_has_int8_dot()
+    assert (matmul._cpu_has_bf16_dot(), matmul._cpu_has_int8_dot()) == first
+    assert opened.count("/proc/cpuinfo") <= 1
+
+
+def test_chooser_times_once_per_shape(engine, rng, monkeypatch):
+    engine("timed")
     timings = []
     real = matmul._timed
     monkeypatch.setattr(matmul, "_timed", lambda fn: timings.append(1) or real(fn))
@@ -86,8 +130,9 @@ def test_setting_rejects_unknown_names(engine, monkeypatch):
     monkeypatch.setenv(matmul.BF16_ENGINE_ENV, "fast")
     with pytest.raises(ModeError, match=rf"{matmul.BF16_ENGINE_ENV}: expected one of .* got 'fast'"):
         matmul.matmul_bf16_out(np.ones((16, 8), np.float32), np.ones((8, 8), BF16))
-    monkeypatch.setenv(matmul.BF16_ENGINE_ENV, "sgemm")
-    assert matmul.bf16_engine_setting() == "sgemm"
+    for name in ("sgemm", "timed", "auto"):
+        monkeypatch.setenv(matmul.BF16_ENGINE_ENV, name)
+        assert matmul.bf16_engine_setting() == name
 
 
 def _tie_case(rng, extra_a: float, extra_w: float) -> tuple[np.ndarray, np.ndarray]:
@@ -202,3 +247,134 @@ def test_mla_prolog_non_quant_on_onednn(engine, monkeypatch):
         assert np.all(err <= scale * 2.0**-7), f"{what}: an error above 2 bf16 ulps of its row's largest value"
         share = float(np.mean(actual.view(np.uint16) == want.view(np.uint16)))
         assert share >= 0.95, f"{what}: bit-identical share {share:.4f}"
+
+
+# ---------------------------------------------------------------------- bf16 x bf16 -> fp32
+def ref_f32_bound(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float64 ``a @ b`` and the fp32-accumulation bound ``K * 2**-24 * (|a| @ |b|)`` (every
+    product exact, K - 1 fp32 additions in any order; the classical bound with ``K`` for ``K - 1``)."""
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return a64 @ b64, a.shape[-1] * 2.0**-24 * (np.abs(a64) @ np.abs(b64))
+
+
+def test_f32_engine_runs_onednn_in_bf16_mode_and_restores_the_flag(engine, rng, monkeypatch):
+    engine("onednn-bf16")
+    flags = torch.backends.mkldnn.matmul
+    before = flags.fp32_precision
+    seen = []
+    real = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda *xs: seen.append(flags.fp32_precision) or real(*xs))
+    a = rng.standard_normal((3, 16, 512), dtype=np.float32).astype(BF16).astype(np.float32)
+    b = rng.standard_normal((3, 640, 512), dtype=np.float32).astype(BF16).astype(np.float32)
+    got = matmul.matmul_bf16_f32(a, b.transpose(0, 2, 1))  # a transposed view, as the attention's K^T
+    assert seen == ["bf16"] and flags.fp32_precision == before
+    want, bound = ref_f32_bound(a, b.transpose(0, 2, 1))
+    assert got.dtype == np.float32 and got.shape == (3, 16, 640)
+    assert np.all(np.abs(got - want) <= bound)
+    assert np.mean(got.view(np.uint32) & 0xFFFF != 0) > 0.9  # an fp32 result, not rounded to bf16
+    monkeypatch.setattr(torch, "matmul", lambda *xs: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        matmul.matmul_bf16_f32(a, b.transpose(0, 2, 1))
+    assert flags.fp32_precision == before  # restored on an error too
+
+
+def test_f32_engine_auto_rule_and_sgemm_setting(engine, rng, monkeypatch):
+    a = positive(rng, (16, 256)).astype(np.float32)
+    b = positive(rng, (256, 64), 2**-8).astype(np.float32)
+    calls = []
+    real = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))
+    monkeypatch.setattr(matmul, "_timed", lambda fn: pytest.fail("auto timed an engine"))
+    engine("auto")
+    monkeypatch.setattr(matmul, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    assert matmul.bf16_engine_may_run(16) and not matmul.bf16_engine_may_run(15)
+    matmul.matmul_bf16_f32(a, b)
+    matmul.matmul_bf16_f32(a[:15], b)  # fewer rows: sgemm
+    assert len(calls) == 1
+    monkeypatch.setattr(matmul, "_cpu_flags", lambda: frozenset({"avx512f"}))
+    assert not matmul.bf16_engine_may_run(16)
+    got = matmul.matmul_bf16_f32(a, b)
+    assert len(calls) == 1
+    assert np.array_equal(got.view(np.uint32), np.matmul(a, b).view(np.uint32))  # sgemm's bits
+    engine("sgemm")
+    monkeypatch.setattr(matmul, "_cpu_flags", lambda: frozenset({"amx_bf16"}))
+    assert not matmul.bf16_engine_may_run(1024)
+    matmul.matmul_bf16_f32(a, b)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("extra", [(2.0**-130, 2.0**0), (2.0**-65, 2.0**-65)],
+                         ids=["subnormal operand", "subnormal product"])
+def test_f32_engine_keeps_flushed_operands_exact(engine, rng, extra, monkeypatch):
+    """As test_flushed_operands_stay_exact, with an fp32 result: the extra product is part of the
+    exact fp32 sum ``2**-110 + 2**-118 + 2**-130``, which a flush would drop. Measured on AMD Zen 4:
+    oneDNN's fp32 matmul in bf16 mode kept both at these shapes, so the operands are also checked
+    not to reach it (the guard is for CPUs that flush, as Intel documents)."""
+    engine("onednn-bf16")
+    monkeypatch.setattr(torch, "matmul", lambda *xs: pytest.fail("flushable operands sent to oneDNN"))
+    a, w = _tie_case(rng, *extra)
+    a32, w32 = a.astype(np.float32), w.astype(np.float32)
+    want = np.matmul(a32.astype(np.float64), w32.astype(np.float64))
+    assert np.all(want == 2.0**-110 + 2.0**-118 + 2.0**-130)
+    got = matmul.matmul_bf16_f32(a32, w32)
+    assert np.array_equal(got.astype(np.float64), want)
+    got = matmul.matmul_bf16_f32(a32[None], w32[None], a_span=matmul.span(a32), b_span=matmul.span(w32))
+    assert np.array_equal(got[0].astype(np.float64), want)
+
+
+def test_f32_engine_non_bf16_values_and_deterministic_mode(engine, rng, monkeypatch):
+    engine("onednn-bf16")
+    monkeypatch.setattr(torch, "matmul", lambda *xs: pytest.fail("oneDNN called"))
+    a = positive(rng, (16, 96)).astype(np.float32)
+    b = positive(rng, (96, 40)).astype(np.float32)
+    c = a.copy()
+    c[2, 3] += np.float32(2.0**-12)  # not a bf16 value: its low bits would be dropped
+    assert np.array_equal(matmul.matmul_bf16_f32(c, b).view(np.uint32), np.matmul(c, b).view(np.uint32))
+    with _deterministic.scope(True):
+        got = matmul.matmul_bf16_f32(a, b)
+    assert np.array_equal(got.view(np.uint32), matmul.fixed_matmul(a, b).view(np.uint32))
+
+
+def test_shared_kv_attention_through_the_f32_engine(engine, monkeypatch):
+    """npu_sparse_attn_sharedkv with both products on oneDNN (counted): within the dual criterion
+    of the float64 reference, with the bit-identical share test_sparse_attn_sharedkv.py asserts
+    (measured the same to three digits on sgemm and oneDNN, 99.8-100 % of outputs equal)."""
+    from ascend_emu import ops
+    from tests import test_sparse_attn_sharedkv as skv_tests
+    from tests.helpers import bit_identical_share
+
+    engine("onednn-bf16")
+    calls = []
+    real = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))
+    c = skv_tests._case(**skv_tests.CASES["hca"])
+    q, kw = skv_tests._call_args(c)
+    gold = skv_tests._golden(c)
+    got = ops.npu_sparse_attn_sharedkv(q, **kw)[0].reshape(gold.shape)
+    assert len(calls) >= 2
+    assert dual_threshold_ok(got, gold, 0.005)
+    share = bit_identical_share(got, gold.astype(np.float32).astype(BF16))
+    assert skv_tests.SHARE_RANGE[0] <= share <= skv_tests.SHARE_RANGE[1]
+
+
+def test_compressor_through_the_f32_engine(engine, monkeypatch, rng):
+    """ops.compressor's projections on oneDNN (counted), ND and FRACTAL_NZ weights the same bits,
+    every output within the dual criterion of tests/reference/compressor.py."""
+    from tests import test_compressor as ctests
+
+    engine("onednn-bf16")
+    calls = []
+    real = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))
+    from ascend_emu.layouts import as_nz
+
+    m, m_nz = (ctests.Model(128, 2, 4, nreq=2, block_size=8, seed=5) for _ in range(2))
+    m_nz.wkv, m_nz.wgate = as_nz(m_nz.wkv), as_nz(m_nz.wgate)
+    out, expected = m.step([24, 20])
+    assert calls
+    flat = out.reshape(-1, 128)
+    for idx, rows in expected:
+        assert dual_threshold_ok(flat[idx], rows, 0.005)
+    out_nz, _ = m_nz.step([24, 20])
+    assert np.array_equal(np.asarray(out).view(np.uint16), np.asarray(out_nz).view(np.uint16))
+    assert np.array_equal(m.state.view(np.uint32), m_nz.state.view(np.uint32))

@@ -1,4 +1,5 @@
-"""Matmuls of the emu backend: exact widening to fp32, fp32 BLAS accumulation; exact int8 products.
+"""Matmuls of the emu backend: exact widening to fp32, fp32 accumulation (BLAS, or oneDNN's bf16 dot
+products for bf16 values); exact int8 products.
 Every product of every op goes through this module, so one switch covers them all: in the
 deterministic mode (:func:`ascend_emu._deterministic.enabled`, docs/numerics.md#deterministic)
 :func:`matmul_f32`, :func:`matmul_weight` and :func:`matmul_weight_heads` run
@@ -23,10 +24,18 @@ engines (:data:`BF16_ENGINES`):
   torch already (the emulator never loads it on its own).
 
 Which one runs (:data:`BF16_ENGINE_ENV`, :func:`set_bf16_engine`; the deterministic mode always
-runs :func:`fixed_matmul`): in the default ``auto`` setting a product of at least
-:data:`BF16_MIN_ROWS` rows is timed on both engines at the first call of its
-``(kind, heads, M, K, N, torch threads)`` and the faster is kept for the process
-(:func:`bf16_choices`); smaller products stay on sgemm. The bf16 dot-product instructions
+runs :func:`fixed_matmul`): in the default ``auto`` setting a fixed rule per host
+(:func:`_bf16_auto_onednn`): oneDNN where the process has imported torch, the product has at
+least :data:`BF16_MIN_ROWS` rows, the operands are safe (below) and the CPU has bf16 dot-product
+instructions (:func:`_cpu_has_bf16_dot`: ``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``,
+read once; without them oneDNN emulates bf16 and is no faster); sgemm for everything else. The
+rule never looks at time, so the engine, and with it the bits, depend on the CPU kind only (as
+OpenBLAS's kernels already do), never on the machine's load: a recording and its replay, a CLI
+subprocess and Ray workers on one host give the same bits. The ``timed`` setting times both
+engines at the first call of a shape's ``(kind, heads, M, K, N, torch threads)`` (products of at
+least :data:`BF16_MIN_ROWS` rows with safe operands) and keeps the faster for the process
+(:func:`bf16_choices`): faster where the rule guesses wrong, but its bits can change with the
+load at that first call. The bf16 dot-product instructions
 (``vdpbf16ps``, AMX) treat subnormal inputs as zero and flush subnormal results, so oneDNN only
 gets operands it sums exactly as sgemm does (:func:`_bf16_operands_safe`, every call; a
 FRACTAL_NZ weight's exponent span is kept on it, as its widening is): every value a bf16 value
@@ -36,9 +45,25 @@ sum, a multiple of at least ``2**-126``: normal) and the largest ones' with ``lo
 most 125 (no sum overflows); anything else runs on sgemm. The results differ from sgemm's in the
 order of the sums only: measured at the prolog's shapes 99.95-100 % of bf16 outputs equal to
 sgemm plus rounding (docs/performance.md, "A bf16-output engine"); the non-quant prolog on oneDNN
-stays inside the fidelity docs/fidelity.md states for it (``tests/test_bf16_engine.py``). With
-``auto`` the bits can change with the machine's load at the first call of a shape (which engine
-won); ``ASCEND_EMU_BF16_ENGINE=sgemm`` or the deterministic mode fix them.
+stays inside the fidelity docs/fidelity.md states for it (``tests/test_bf16_engine.py``).
+``ASCEND_EMU_BF16_ENGINE=sgemm`` or the deterministic mode give the same bits on every CPU kind.
+
+bf16 products with an fp32 result (:func:`matmul_bf16_f32`): where a bf16 x bf16 product's fp32
+result feeds more fp32 math (the V4 shared-KV attentions' ``S = q @ K^T`` and ``round(P) @ K``,
+the V4 compressor's projections), the same two engines with an fp32 output: sgemm
+(:func:`matmul_f32`), or ``torch.matmul`` on the fp32 tensors with
+``torch.backends.mkldnn.matmul.fp32_precision = "bf16"`` (oneDNN: the operands converted to bf16,
+exact for bf16 values, bf16 dot products, fp32 accumulation, fp32 output). torch 2.13 has no
+per-call form of it (``mm`` / ``bmm`` / ``addmm`` with ``out_dtype`` are not implemented on the
+CPU), so the flag, process-wide, is set and restored around each call under a lock: the
+emulator's own calls never see each other's, but torch code the user runs in another Python
+thread at that moment would run in bf16 mode too. The same settings (:data:`BF16_ENGINE_ENV`),
+the same ``auto`` rule and the same operand check; a caller passes the operands' spans
+(:func:`span`) where it multiplies views of one array. Measured at the attentions' and the
+compressor's shapes on the AMD Zen 4 host: oneDNN's results do not depend on M (16 to 300 rows),
+the weight block or the thread count (1, 2); 99.8-100 % of the attention outputs equal to sgemm's,
+the bit-identical shares against float64 the same to three digits (docs/performance.md,
+"An fp32-output bf16 engine").
 
 int8 x int8 products (:func:`matmul_int8`) have one contract whatever computes them: the exact
 int32 result, as the Cube unit's int32 accumulator holds it (docs/sources.md#npu_mla_prolog_v3: int8 matmuls
@@ -459,23 +484,29 @@ def matmul_f32(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> n
 #: The engines of :func:`matmul_bf16_out` / :func:`matmul_bf16_out_heads` (module doc, "bf16
 #: products rounded straight to bf16").
 BF16_ENGINES = ("sgemm", "onednn-bf16")
-#: Environment variable choosing them (read at every call): ``auto`` or unset (timed per shape),
-#: ``sgemm`` (always the exact widening + sgemm), ``onednn-bf16`` (oneDNN wherever torch is loaded
-#: and the operands allow it, any size; for tests and benchmarks).
+#: Environment variable choosing them (read at every call): ``auto`` or unset (the fixed rule of
+#: :func:`_bf16_auto_onednn`), ``timed`` (timed per shape, kept for the process), ``sgemm`` (always
+#: the exact widening + sgemm), ``onednn-bf16`` (oneDNN wherever torch is loaded and the operands
+#: allow it, any size and CPU; for tests and benchmarks).
 BF16_ENGINE_ENV = "ASCEND_EMU_BF16_ENGINE"
-_BF16_SETTINGS = ("auto",) + BF16_ENGINES
-#: Timed rounds per engine when :func:`matmul_bf16_out` meets a new shape (after one untimed call
+_BF16_SETTINGS = ("auto", "timed") + BF16_ENGINES
+#: CPU flags (``/proc/cpuinfo``) of the bf16 dot-product instructions oneDNN's bf16 GEMM uses.
+_BF16_DOT_FLAGS = ("avx512_bf16", "amx_bf16")
+#: Timed rounds per engine when the ``timed`` setting meets a new shape (after one untimed call
 #: of each: oneDNN kernel creation, the kept widening, first touch; the engines take turns, the
 #: first of a round alternating); the fastest call wins. On the shared 2-core machine single calls
 #: of one product spread 2-3x (docs/performance.md), so one timed call each could pick wrong.
 BF16_CHOICE_ROUNDS = 3
-#: In the ``auto`` setting, products of fewer rows (``M``, tokens) stay on sgemm without a timing:
+#: In the ``auto`` and ``timed`` settings, products of fewer rows (``M``, tokens) stay on sgemm:
 #: measured on 1 and 2 threads (docs/performance.md, "A bf16-output engine"), oneDNN took
 #: 1.2-1.7x sgemm's time at T = 1 and paid from T = 16 (1.8-2.9x faster on one thread), and
 #: decode-sized products keep the same bits run after run.
 BF16_MIN_ROWS = 16
 _bf16_setting: str | None = None
 _bf16_choices: dict[tuple, str] = {}
+_bf16_used: dict[tuple, str] = {}
+#: Shapes :func:`bf16_engines_used` remembers at most (forgotten all at once past it).
+BF16_USED_KEEP = 4096
 _bf16_lock = threading.Lock()
 #: Biased-exponent bounds of :func:`_bf16_operands_safe` (module doc): every nonzero partial sum of
 #: fp32 products of the operands is a normal fp32 when the smallest nonzero operands' biased
@@ -492,7 +523,8 @@ def bf16_engine_setting() -> str:
     :data:`BF16_ENGINE_ENV` (``"auto"`` where unset).
 
     Raises:
-        ModeError: the variable is set to something other than ``auto`` / ``sgemm`` / ``onednn-bf16``.
+        ModeError: the variable is set to something other than ``auto`` / ``timed`` / ``sgemm`` /
+            ``onednn-bf16``.
     """
     if _bf16_setting is not None:
         return _bf16_setting
@@ -503,9 +535,9 @@ def bf16_engine_setting() -> str:
 
 
 def set_bf16_engine(name: str | None) -> str | None:
-    """Set the bf16-output engines for this process (``"auto"``, ``"sgemm"``, ``"onednn-bf16"``;
-    None: back to :data:`BF16_ENGINE_ENV`); returns the previous call's setting (None where the
-    environment ruled). ``"auto"`` forgets the per-shape choices made so far.
+    """Set the bf16-output engines for this process (``"auto"``, ``"timed"``, ``"sgemm"``,
+    ``"onednn-bf16"``; None: back to :data:`BF16_ENGINE_ENV`); returns the previous call's setting
+    (None where the environment ruled). ``"timed"`` forgets the per-shape choices made so far.
 
     Raises:
         ValueError: ``name`` not a setting.
@@ -518,15 +550,22 @@ def set_bf16_engine(name: str | None) -> str | None:
         _import_torch()
     before = _bf16_setting
     _bf16_setting = name
-    if name == "auto":
+    if name == "timed":
         with _bf16_lock:
             _bf16_choices.clear()
     return before
 
 
+def bf16_engines_used() -> dict[tuple, str]:
+    """A copy of the engine each bf16-output product shape ran on last where torch was loaded
+    (any setting but the deterministic mode's): ``(kind, batch, M, K, N, torch threads)`` ->
+    engine name (``kind`` ``"mm"`` or ``"heads"``); for benchmarks and reports."""
+    return dict(_bf16_used)
+
+
 def bf16_choices() -> dict[tuple, str]:
-    """A copy of the per-shape choices made so far: ``(kind, batch, M, K, N, torch threads)`` ->
-    engine name (``kind`` ``"mm"`` or ``"heads"``)."""
+    """A copy of the per-shape choices the ``timed`` setting made so far: ``(kind, batch, M, K, N,
+    torch threads)`` -> engine name (``kind`` ``"mm"`` or ``"heads"``)."""
     with _bf16_lock:
         return dict(_bf16_choices)
 
@@ -596,19 +635,32 @@ def _timed(fn):
 
 
 def _bf16_run(key: tuple, sgemm, onednn, safe) -> np.ndarray:
-    """Run one bf16-output product ``key = (kind, batch, M, K, N)`` on the engine the setting and
-    the per-shape choice name: ``sgemm()`` / ``onednn()`` compute it; ``safe()`` says whether the
-    operands may go to oneDNN."""
+    """Run one bf16-output product ``key = (kind, batch, M, K, N)`` on the engine the setting names
+    (module doc) and note it (:func:`bf16_engines_used`): ``sgemm()`` / ``onednn()`` compute it;
+    ``safe()`` says whether the operands may go to oneDNN."""
     setting = bf16_engine_setting()
-    if setting == "sgemm" or (setting == "auto" and key[2] < BF16_MIN_ROWS) or not _torch_loaded() or not safe():
+    if setting == "sgemm" or not _torch_loaded():
         return sgemm()
+    if setting == "auto":
+        name = "onednn-bf16" if _bf16_auto_onednn(key[2], safe) else "sgemm"
+    elif key[2] < BF16_MIN_ROWS and setting == "timed" or not safe():
+        name = "sgemm"
+    else:
+        name = setting
     torch = _import_torch()
-    if setting == "onednn-bf16":
-        return onednn()
     key = key + (torch.get_num_threads(),)
-    choice = _bf16_choices.get(key)
-    if choice is not None:
-        return onednn() if choice == "onednn-bf16" else sgemm()
+    if name == "timed":
+        name = _bf16_choices.get(key)
+        if name is None:
+            return _bf16_choose(key, sgemm, onednn)
+    if len(_bf16_used) >= BF16_USED_KEEP and key not in _bf16_used:
+        _bf16_used.clear()  # a report, not a cache: bounded
+    _bf16_used[key] = name
+    return onednn() if name == "onednn-bf16" else sgemm()
+
+
+def _bf16_choose(key: tuple, sgemm, onednn) -> np.ndarray:
+    """The ``timed`` setting's first call of a shape: both engines timed, the faster kept."""
     best = {}
     outs = {}
     engines = [("sgemm", sgemm), ("onednn-bf16", onednn)]
@@ -621,7 +673,21 @@ def _bf16_run(key: tuple, sgemm, onednn, safe) -> np.ndarray:
     choice = min(best, key=best.get)
     with _bf16_lock:
         choice = _bf16_choices.setdefault(key, choice)
+    _bf16_used[key] = choice
     return outs[choice]
+
+
+def _bf16_auto_onednn(rows: int, safe) -> bool:
+    """The ``auto`` rule (module doc): whether a product of ``rows`` rows runs on oneDNN: at least
+    :data:`BF16_MIN_ROWS` rows, a CPU with bf16 dot-product instructions, torch importable and
+    ``safe()`` (checked last, as it reads the operands). Depends on the host and the operands only."""
+    if rows < BF16_MIN_ROWS or not _cpu_has_bf16_dot():
+        return False
+    try:
+        _import_torch()
+    except ImportError:
+        return False
+    return bool(safe())
 
 
 def matmul_bf16_out(a: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -630,8 +696,9 @@ def matmul_bf16_out(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     (a no-op on the oneDNN engine's values). The engine (module doc, "bf16 products rounded
     straight to bf16"): :func:`matmul_weight` (exact widening, sgemm), or ``torch.matmul`` on bf16
     tensors (oneDNN: fp32 accumulation, one rounding) where torch is loaded, the operands are safe
-    for the bf16 dot-product instructions (:func:`_bf16_operands_safe`) and, in the ``auto``
-    setting, it was the faster of the two at this shape's first call. Fixed path
+    for the bf16 dot-product instructions (:func:`_bf16_operands_safe`) and the setting's rule
+    allows it (``auto``: at least :data:`BF16_MIN_ROWS` rows on a CPU with bf16 dot-product
+    instructions; ``timed``: the faster of the two at this shape's first call). Fixed path
     (:func:`fixed_matmul`) in the deterministic mode.
 
     Args:
@@ -679,6 +746,82 @@ def matmul_bf16_out_heads(a: np.ndarray, w: np.ndarray) -> np.ndarray:
                      lambda: _bf16_operands_safe(_span_of(a), _span_of(w), k))
 
 
+# ---------------------------------------------------------------------- bf16 x bf16 -> fp32
+_fp32_precision_lock = threading.Lock()
+
+
+def span(x: np.ndarray) -> tuple[int, int, bool]:
+    """The exponent span :func:`matmul_bf16_f32` checks an operand with (``(emin, emax, bad)``,
+    module doc): of a bf16 or fp32 array, any shape; a caller multiplying views of one array
+    (a tile, a transposed view) passes the whole array's span, which bounds every view's."""
+    return _span_of(x)
+
+
+def bf16_engine_may_run(rows: int) -> bool:
+    """Whether a bf16 product of ``rows`` rows can run on oneDNN now (the setting, torch loaded,
+    the deterministic mode off, the ``auto`` rule's rows and CPU flags; the operands not yet
+    looked at): a caller with work to do only for oneDNN (a widened weight, spans) asks first.
+
+    Raises:
+        ModeError: :data:`BF16_ENGINE_ENV` set to an unknown value.
+    """
+    setting = bf16_engine_setting()
+    if setting == "sgemm" or _deterministic.enabled() or not _torch_loaded():
+        return False
+    if setting == "onednn-bf16":
+        return True
+    return rows >= BF16_MIN_ROWS and (setting == "timed" or _cpu_has_bf16_dot())
+
+
+def matmul_bf16_f32(a: np.ndarray, b: np.ndarray, *, a_span=None, b_span=None, sgemm=None) -> np.ndarray:
+    """``a @ b`` of bf16 values whose fp32 result feeds more fp32 math (attention scores, a
+    projection summed further): fp32 ``[..., M, N]``, batch dims as ``np.matmul``. The engine
+    (module doc, "bf16 products with an fp32 result"): :func:`matmul_f32` (sgemm; the fixed order
+    in the deterministic mode), or ``torch.matmul`` on the fp32 tensors with
+    ``torch.backends.mkldnn.matmul.fp32_precision = "bf16"`` (oneDNN: bf16 dot products, fp32
+    accumulation, fp32 output; the flag set and restored around the call under a lock) by the
+    same settings and rule as :func:`matmul_bf16_out` (:data:`BF16_ENGINE_ENV`).
+
+    Args:
+        a: fp32 ``[..., M, K]`` holding bf16 values (any other value keeps the product on sgemm);
+            any positive strides.
+        b: fp32 ``[..., K, N]`` likewise (a transposed view is not copied).
+        a_span, b_span: :func:`span` of ``a`` / ``b`` or of an array they are views of (computed
+            here where None).
+        sgemm: the product where oneDNN does not run (default :func:`matmul_f32`): a caller whose
+            fp32 path multiplies by blocks keeps its bits.
+
+    Returns:
+        fp32 ``[..., M, N]`` (C-contiguous).
+
+    Raises:
+        ModeError: :data:`BF16_ENGINE_ENV` set to an unknown value.
+    """
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), dtype=np.int64))
+    if _deterministic.enabled() or a.dtype != np.float32 or b.dtype != np.float32 or not (m and k and n and batch):
+        return matmul_f32(a, b) if sgemm is None else sgemm()
+
+    def onednn():
+        torch = _import_torch()
+        ta, tb = _as_tensor(torch, a), _as_tensor(torch, b)
+        mkl = torch.backends.mkldnn.matmul
+        with _fp32_precision_lock:
+            before = mkl.fp32_precision
+            mkl.fp32_precision = "bf16"
+            try:
+                out = torch.matmul(ta, tb)
+            finally:
+                mkl.fp32_precision = before
+        return out.numpy()
+
+    def safe():
+        return _bf16_operands_safe(_span_of(a) if a_span is None else a_span,
+                                   _span_of(b) if b_span is None else b_span, k)
+
+    return _bf16_run(("f32", batch, m, k, n), sgemm or (lambda: matmul_f32(a, b)), onednn, safe)
+
+
 # ---------------------------------------------------------------------- int8 x int8 -> int32
 #: Longest contraction :func:`matmul_int8` accepts: ``K * 128 * 128 <= 2**31 - 1``, so no int32
 #: sum can wrap whatever the values (the largest is ``K * (-128) * (-128)``).
@@ -694,18 +837,37 @@ _int8_engine: str | None = None
 _torch = None
 
 
+def _cpu_flags() -> frozenset:
+    """The CPU's flags (Linux ``/proc/cpuinfo``, first ``flags`` line; empty where they cannot be
+    read), read once per process."""
+    global _cpu_flag_set
+    if _cpu_flag_set is None:
+        flags = frozenset()
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+                for line in info:
+                    if line.startswith("flags"):
+                        flags = frozenset(line.split(":", 1)[1].split())
+                        break
+        except OSError:
+            pass
+        _cpu_flag_set = flags
+    return _cpu_flag_set
+
+
+_cpu_flag_set: frozenset | None = None
+
+
 def _cpu_has_int8_dot() -> bool:
-    """Whether the CPU has int8 dot-product instructions (Linux ``/proc/cpuinfo`` flags; False
-    where they cannot be read)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            for line in info:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return any(f in flags for f in _INT8_DOT_FLAGS)
-    except OSError:
-        pass
-    return False
+    """Whether the CPU has int8 dot-product instructions (:data:`_INT8_DOT_FLAGS`; False where the
+    flags cannot be read)."""
+    return any(f in _cpu_flags() for f in _INT8_DOT_FLAGS)
+
+
+def _cpu_has_bf16_dot() -> bool:
+    """Whether the CPU has bf16 dot-product instructions (:data:`_BF16_DOT_FLAGS`; False where the
+    flags cannot be read)."""
+    return any(f in _cpu_flags() for f in _BF16_DOT_FLAGS)
 
 
 def _import_torch():

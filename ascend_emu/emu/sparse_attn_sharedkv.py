@@ -12,10 +12,14 @@ request, position and the cache rows it reads):
    with rows whose score is ``-inf`` (``P = 0``) and whose K is 0, as a masked tile;
 3. ``S = (q @ K^T) * fp32(softmax_scale)`` over all of the token's rows at once: fp32 operands
    (exact products), summed by the project's fp32 product (:func:`ascend_emu.emu.matmul.matmul_f32`:
-   BLAS's order, each element a dot of 512 products), then one fp32 multiply;
+   BLAS's order, each element a dot of 512 products; for bf16 q and K the fp32-output bf16
+   engine :func:`ascend_emu.emu.matmul.matmul_bf16_f32`, the same exact products summed in fp32
+   in oneDNN's order where its rule runs it: the spans it checks are the chunk's gathered rows'
+   and, for ``P @ K``, the chunk's rounded P, so a chunk with a subnormal P, a score more than
+   about 87 below its running max, runs its ``P @ K`` products on sgemm), then one fp32 multiply;
 4. online softmax in fp32, tile by tile: ``m' = max(m, rowmax S)``, ``a = exp(m - m')``,
    ``P = exp(S - m')``, ``l = l * a + rowsum P`` (NumPy's pairwise fp32 sum over the tile's 128
-   places, padded ones adding 0), ``acc = acc * a + round(P) @ K``, where ``round(P)`` is P
+   places, padded ones adding 0), ``acc = acc * a + round(P) @ K`` (the same engine as ``S``), where ``round(P)`` is P
    rounded (RNE) to the cache dtype before the second product (the reading of the reference
    model's kernel, which copies P to the half-precision buffer before its P @ V; the README
    does not say), while ``l`` sums the unrounded P;
@@ -45,7 +49,7 @@ from ..ops.sparse_attn_sharedkv import SharedKvArgs, SharedKvOutputs
 from ..quant import BF16, to_bf16, to_f32
 from ..quant.v4 import decode_kv_rows_bf16_into
 from .kernels import narrow_row, widen_row
-from .matmul import matmul_f32, one_blas_thread
+from .matmul import matmul_bf16_f32, matmul_f32, one_blas_thread, span
 
 #: Rows per online-softmax tile: the window (at most 128 rows) is tile 0, the compressed rows
 #: follow 128 at a time.
@@ -181,7 +185,11 @@ def _attend_chunk(q, win, cmp, tiles, args: SharedKvArgs, scale, sinks, is_bf16:
     if cmp.shape[1]:
         _gather(args.cmp_rows, cmp, k32, TILE_ROWS, args.encoded)
     q32 = to_f32(q)  # [a, N, D] exact
-    s = matmul_f32(q32, k32.transpose(0, 2, 1))  # [a, N, rows]
+    if is_bf16:  # bf16 x bf16 products, fp32 results: the fp32-output bf16 engine where it runs
+        k_span = span(k32)
+        s = matmul_bf16_f32(q32, k32.transpose(0, 2, 1), b_span=k_span)  # [a, N, rows]
+    else:
+        s = matmul_f32(q32, k32.transpose(0, 2, 1))
     s *= scale
     pad = np.concatenate([win, cmp], axis=1) < 0  # [a, rows]
     np.copyto(s, np.float32(-np.inf), where=pad[:, None, :])
@@ -199,11 +207,16 @@ def _attend_chunk(q, win, cmp, tiles, args: SharedKvArgs, scale, sinks, is_bf16:
     pexp = np.exp(s.reshape(a, n, nt, TILE_ROWS) - run[:, :, 1:, None])  # [a, N, tiles, 128]
     row_sum = pexp.sum(axis=3, dtype=np.float32)  # [a, N, tiles]: each tile's pairwise sum
     _round_rows(pexp.reshape(-1, TILE_ROWS), is_bf16, bits)
+    p_span = span(pexp) if is_bf16 else None  # bounds every tile's: one pass
     acc = np.zeros((a, n, d), np.float32)
     for j in range(nt):
         k = int(np.count_nonzero(tiles > j))  # the leading run of tokens with tile j
         l_sum[:k] = l_sum[:k] * alpha[:k, :, j] + row_sum[:k, :, j]
-        pv = matmul_f32(pexp[:k, :, j], k32[:k, j * TILE_ROWS:(j + 1) * TILE_ROWS])  # [k, N, D]
+        tile = k32[:k, j * TILE_ROWS:(j + 1) * TILE_ROWS]
+        if is_bf16:
+            pv = matmul_bf16_f32(pexp[:k, :, j], tile, a_span=p_span, b_span=k_span)  # [k, N, D]
+        else:
+            pv = matmul_f32(pexp[:k, :, j], tile)
         _rescale_add(acc[:k], alpha[:k, :, j], pv)
     m = run[np.arange(a), :, tiles]  # [a, N]: each token's max after its last tile
     if sinks is not None and not args.sink_init:
