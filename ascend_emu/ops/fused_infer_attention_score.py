@@ -159,7 +159,8 @@ Choices where the sources leave room (each in one named constant, defined with t
   tensor and mode outside v2's C8 decode, the MHA form's kv antiquant and its int8 quant (Q1-Q9),
   ``query_padding_size`` / ``kv_padding_size`` (left
   padding), the shared prefix, ``key_rope_antiquant_scale``, ``learnable_sink`` outside the MHA
-  form's TND / NTD_TND, ``inner_precise`` other than 0 and the v2 dtype tags.
+  form's TND / NTD_TND, ``inner_precise`` other than 0 and the v2 dtype tags (``out_dtype`` but
+  with ``quant_scale_out``, step Q10).
 - The ``.out`` forms write ``attention_out`` (and ``softmax_lse`` with the lse flag) after every
   check passed; ``workspace`` is not read. The workspace query returns uint8 ``[0]``: the
   emulation needs none (the real size comes from the device tiling).
