@@ -87,6 +87,20 @@ def test_overflow_is_not_saturated(rng, soc950, code):
         assert (np.isnan(vals).any() if name == "float8_e4m3fn" else np.isinf(vals).any())
 
 
+@pytest.mark.parametrize("input_layout", ["BSH", "BNSD_BSND"])
+def test_other_layouts_and_the_recorded_dtype_name(rng, soc950, input_layout):
+    """The output's layout as the float output's; a recorded call's dtype name stands for its code."""
+    q, k, v, kw = make_dense(rng, input_layout, s2=16, exact=True)
+    qs, qo = np.array([5.0], np.float32), np.array([-0.5], np.float32)
+    out, _ = FIA2(q, k, v, quant_scale_out=qs, quant_offset_out=qo, out_dtype="torch.float8_e5m2", **_v2(kw))
+    want, _ = reference_mha(q, k, v, quant_out=(qs, qo), quant_out_type="float8_e5m2", **kw)
+    assert out.shape == want.shape == FIA2(q, k, v, **_v2(kw))[0].shape
+    _assert_same_codes(out, want, "float8_e5m2")
+    hif8, _ = FIA2(q, k, v, quant_scale_out=qs, out_dtype="torch_npu.hifloat8", **_v2(kw))
+    _assert_same_codes(hif8, reference_mha(q, k, v, quant_out=(qs, None), quant_out_type="hifloat8", **kw)[0],
+                       "hifloat8")
+
+
 def test_int8_code_is_the_default_output(rng):
     """out_dtype 1 (torch.int8) is the int8 output on every SoC."""
     q, k, v, kw = make_dense(rng, "BSND")
