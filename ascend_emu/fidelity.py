@@ -72,6 +72,7 @@ _SFA = "tests/test_sparse_flash_attention.py::"
 _FIA = "tests/test_fused_infer_attention_score.py::"
 _FIA_MHA = "tests/test_fused_infer_attention_mha.py::"
 _FIA_Q = "tests/test_fused_infer_attention_quant.py::"
+_FIA_Q950 = "tests/test_fused_infer_attention_quant_950.py::"
 _LI = "tests/test_lightning_indexer.py::"
 _QLI = "tests/test_quant_lightning_indexer.py::"
 _KV = "tests/test_kv_rmsnorm_rope_cache.py::"
@@ -186,6 +187,16 @@ ROWS: tuple[Row, ...] = (
        "tests/reference/fused_infer_attention.py (reference_mha quant_out, reference_full_quant)",
        _FIA_Q + "test_output_quant_of_a_float_query_v1_and_v2",
        _FIA_Q + "test_full_quant_int8_output_with_offset_causal_and_lengths"),
+    _r("npu_fused_infer_attention_score_v2 (out_dtype, Ascend 950)", "attention_out (FP8 E4M3FN / E5M2 output)",
+       "exact", "the arch35 post-quant as read: fp32 multiply by the scale, fp32 add of the offset, one RNE cast, "
+       "not saturating; unverified on hardware (whether an fp16 query's output is rounded to fp16 first)",
+       "tests/reference/fused_infer_attention.py (reference_mha quant_out_type), tests/reference/formats_950.py",
+       _FIA_Q950 + "test_8bit_output_matches_the_reference", _FIA_Q950 + "test_overflow_is_not_saturated"),
+    _r("npu_fused_infer_attention_score_v2 (out_dtype, Ascend 950)", "attention_out (HiFloat8 output)", "unverified",
+       "the kernel casts with CAST_HYBRID, a stochastic rounding: the emulation rounds to nearest, ties away, so a "
+       "code may differ by one HiF8 step; the steps before the cast as the FP8 row",
+       "tests/reference/fused_infer_attention.py (reference_mha quant_out_type), tests/reference/formats_950.py",
+       _FIA_Q950 + "test_8bit_output_matches_the_reference"),
     _r("npu_fused_infer_attention_score (int8 full quant, MHA form)", "attention_out (rows longer than one tiling "
        "block)", "unverified", "the kernel's per-tile online softmax with its fp16 accumulator rescale is not "
        "reproduced (one block over the row)", "-"),

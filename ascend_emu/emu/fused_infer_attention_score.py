@@ -50,7 +50,7 @@ from ..mla import D_ROPE
 from ..ops.fused_infer_attention_score import (C8_DOT_BIAS, C8_DOT_BIAS_BITS, C8_FLOAT_EPS, C8_KV_BLOCK, C8_P_RANGE,
                                                C8_PV_STAGE_SCALE, EMPTY_ROW_LSE, EMPTY_ROW_OUTPUT,
                                                FusedInferAttentionArgs, FusedInferAttentionOutputs)
-from ..quant import BF16, unpack_int4_from_int32
+from ..quant import BF16, to_fp8, to_hif8, unpack_int4_from_int32
 from ..quant.rounding import bf16_bits_to_f32, f32_bits_to_bf16_bits
 from ..quant.rounding import f32_round_f16 as _f16
 from ..quant.rounding import f32_to_f16, round_half_even, saturate_int8
@@ -581,12 +581,34 @@ def output_quant(out: np.ndarray, scale: np.ndarray, offset) -> np.ndarray:
         return saturate_int8(round_half_even(y.astype(np.float32)))
 
 
+def output_quant_950(out: np.ndarray, scale: np.ndarray, offset, name: str) -> np.ndarray:
+    """Step Q10, the Ascend 950's post-quant to an 8-bit float: ``cast(fp32(fp32(x * scale) +
+    offset))``, FP8 RNE unsaturated (:func:`ascend_emu.quant.to_fp8`), HiFloat8 nearest, ties
+    away (:func:`ascend_emu.quant.to_hif8`; the hardware's CAST_HYBRID is stochastic).
+
+    Args:
+        out: fp32 ``[T, N, D]`` before the output rounding; scale, offset: fp32 ``[N, D]``
+            (offset None: none added); name: ``'float8_e4m3fn'``, ``'float8_e5m2'`` or ``'hifloat8'``.
+
+    Returns:
+        ``[T, N, D]``: an ml_dtypes FP8 array, or uint8 HiFloat8 codes.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = out * scale  # fp32 product, one rounding
+        if offset is not None:
+            y = y + offset
+    return to_hif8(y) if name == "hifloat8" else to_fp8(y, name, saturate=False)
+
+
 def _finish(args: FusedInferAttentionArgs, out: np.ndarray, lse: np.ndarray) -> FusedInferAttentionOutputs:
     """fp32 ``out`` ``[T, N, D]`` and ``lse`` ``[T, N]`` (token-major) -> the op's outputs: one RNE
-    rounding to ``args.out_dtype`` (with an output quant: :func:`output_quant`), the output / lse
+    rounding to ``args.out_dtype`` (with an output quant: :func:`output_quant`, or
+    :func:`output_quant_950` for v2's 8-bit float types), the output / lse
     layouts."""
     t_size, n, d = out.shape
-    if args.quant_out is not None:
+    if args.quant_out is not None and args.quant_out_type != "int8":
+        rounded = output_quant_950(out, *args.quant_out, args.quant_out_type)  # [T, N, D] fp8 / hif8 codes
+    elif args.quant_out is not None:
         rounded = output_quant(out, *args.quant_out)  # [T, N, D] int8
     else:
         rounded = out.astype(args.out_dtype)  # one RNE rounding, [T, N, D]

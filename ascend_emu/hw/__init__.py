@@ -463,10 +463,15 @@ def fused_infer_attention_score(args: FusedInferAttentionArgs) -> FusedInferAtte
             c8.update(query_quant_mode=args.query_quant_mode, key_quant_mode=0, value_quant_mode=0)
         if args.sink is not None:  # the caller's bf16 [N] learnable_sink
             c8.update(_on_device(dict(learnable_sink=args.sink.astype(BF16)), torch))
+        if args.quant_out is not None and args.quant_out_type != "int8":  # out_dtype: an Ascend 950 8-bit float
+            c8.update(out_dtype=TORCH_NPU_DTYPE_CODES[args.quant_out_type])
         out, lse = tnpu.npu_fused_infer_attention_score_v2(
             **tensors, **common, **c8, actual_seq_qlen=q_lens, actual_seq_kvlen=kv_lens,
             num_query_heads=args.num_heads, softmax_scale=float(args.scale), return_softmax_lse=args.softmax_lse_flag)
     lse_host = to_host(lse).reshape(args.lse_shape) if args.softmax_lse_flag else np.empty(0, dtype=np.float32)
+    if out.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # back as its bytes, viewed as ml_dtypes FP8
+        return FusedInferAttentionOutputs(to_host(out.view(torch.uint8)).view(args.out_dtype).reshape(args.out_shape),
+                                          lse_host)
     return FusedInferAttentionOutputs(to_host(out).reshape(args.out_shape), lse_host)
 
 

@@ -19,6 +19,7 @@ from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
 from ..layouts import NZ_ROW_BYTES, CacheLayout, blocks_from_block_table
 from ..mla import D_ROPE, HCKV, NKV
 from ._check import MAX_BATCH, check_dtype, check_float, dtype_name, prefix_lengths, required
+from ._fused_infer_attention_quant import quant_out_dtype
 
 #: input_layout values of the MLA callers -> (query layout, attention_out layout) (the meta
 #: function's ``get_query_and_attention_out_layout`` map, restricted).
@@ -69,7 +70,7 @@ V1_REJECTED.update(antiquant_mode=0, inner_precise=0)
 V2_REJECTED = {name: None for name in (
     "pse_shift", "dequant_scale_key_rope", "quant_scale_p", "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
     "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype", "dequant_scale_key_dtype",
-    "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype", "out_dtype")}
+    "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype")}
 V2_REJECTED.update(key_quant_mode=0, value_quant_mode=0, inner_precise=0)
 
 #: v2 C8 decode (full quant, A2 / A3): int8 query / key / value, ``query_quant_mode`` 3
@@ -181,7 +182,9 @@ class FusedInferAttentionArgs:
             (:mod:`._fused_infer_attention_quant`); else None.
         quant_out: the int8 output quant (v1 ``quant_scale2`` / ``quant_offset2``, v2
             ``quant_scale_out`` / ``quant_offset_out``): ``(scale, offset)`` fp32 ``[N, Dv]`` (a
-            per-tensor value broadcast; offset None when absent); else None. quant_given: the
+            per-tensor value broadcast; offset None when absent); else None. quant_out_type: its
+            element type (``'int8'``; v2 ``out_dtype`` on the Ascend 950: ``'float8_e4m3fn'``,
+            ``'float8_e5m2'``, ``'hifloat8'``). quant_given: the
             caller's quant arguments by name (the hw backend passes them on).
     """
 
@@ -231,6 +234,7 @@ class FusedInferAttentionArgs:
     kv_antiquant_given: dict | None = None
     full_quant: tuple | None = None
     quant_out: tuple | None = None
+    quant_out_type: str = "int8"
     quant_given: dict | None = None
 
     @property
@@ -263,10 +267,11 @@ class FusedInferAttentionArgs:
 
     @property
     def out_dtype(self) -> np.dtype:
-        """attention_out's dtype: int8 with an output quant scale; fp16 for an int8 query without
-        one (full quant); query_rope's (bf16 / fp16; bf16 under C8); query's without rope."""
+        """attention_out's dtype: the output quant's type with an output quant scale (int8, v2
+        ``out_dtype``'s FP8 type, uint8 HiFloat8 codes); fp16 for an int8 query without one (full
+        quant); query_rope's (bf16 / fp16; bf16 under C8); query's without rope."""
         if self.quant_out is not None:
-            return np.dtype(np.int8)
+            return quant_out_dtype(self.quant_out_type)
         if self.full_quant is not None:
             return np.dtype(np.float16)
         return self.query.dtype if self.query_rope is None else self.query_rope.dtype
@@ -345,6 +350,8 @@ class FusedInferAttentionCall:
             passed (None for v2).
         quant_out: the output quant scale and offset by name as passed (v1 ``quant_scale2`` /
             ``quant_offset2``, v2 ``quant_scale_out`` / ``quant_offset_out``).
+        out_type: the output quant's element type (v2 ``out_dtype`` checked by
+            :func:`._fused_infer_attention_quant.check_out_dtype`; ``'int8'`` for v1).
     """
 
     op: str
@@ -376,6 +383,7 @@ class FusedInferAttentionCall:
     antiquant: dict | None = None
     full_quant: dict | None = None
     quant_out: dict | None = None
+    out_type: str = "int8"
 
 # ---------------------------------------------------------------------- validation
 def reject(given: dict, allowed: dict, op: str) -> None:

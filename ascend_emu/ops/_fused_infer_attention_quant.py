@@ -11,14 +11,25 @@ offset rejected where a row takes no part in the computation; "Q_S = 1 ... qkvå…
 and ``torch_npu-npu_trans_quant_param.md`` (the uint64 form: the scale's FP19 bits in bits 0-31,
 the offset in bits 37-45, bit 46 set). Numerics: the op module's steps Q1-Q9
 (:mod:`ascend_emu.ops.fused_infer_attention_score`).
+
+v2's ``out_dtype`` (:func:`check_out_dtype`): the output quant's element type, int8 when absent
+(op-plugin ``op_plugin/ops/opapi/FusedInferAttentionScoreV2KernelNpuOpApi.cpp``,
+``construct_fia_output_tensor_v2``: with ``quant_scale_out`` the output is int8 unless
+``out_dtype`` names another type); FP8 E4M3FN / E5M2 and HiFloat8 (uint8 codes) on an emulated
+Ascend 950 only (the arch35 post-quant, ops-transformer
+``attention/common/op_kernel/arch35/vf/vf_post_quant_arch35.h``; the A2 / A3 int8 constraints of
+the v2 doc); numerics in step Q10 of the op module.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .. import soc
 from ..errors import DTypeError, ModeError, ShapeError, arg_error, describe
+from ..quant.fp8 import FP8_DTYPES, SCALAR_TYPE_CODES, TORCH_NPU_DTYPE_CODES
 from ._check import check_dtype, required
+from .quant_950 import dtype_code
 
 #: The query dtype of the full quant (key and value int8 too).
 FULL_QUANT_DTYPE = "int8"
@@ -36,6 +47,16 @@ FP19_MASK = 0xFFFFE000
 #: uint64 bits that may be set besides the scale's 32: bit 46 (the flag npu_trans_quant_param sets);
 #: the 9-bit offset (bits 37-45) is not emulated and must be 0.
 UINT64_FLAG_BIT = 1 << 46
+#: The output quant's element type without ``out_dtype``.
+QUANT_OUT_DEFAULT_TYPE = "int8"
+#: Output quant element types only an Ascend 950 writes (v2 ``out_dtype``; HiFloat8 as uint8 codes).
+QUANT_OUT_TYPES_950 = ("float8_e4m3fn", "float8_e5m2", "hifloat8")
+#: ``out_dtype`` codes taken -> the element type: a torch dtype's ScalarType value (int8 1,
+#: float8_e5m2 23, float8_e4m3fn 24) or a torch_npu code (hifloat8 290, float8_e5m2 291,
+#: float8_e4m3fn 292).
+QUANT_OUT_TYPE_CODES = {
+    **{SCALAR_TYPE_CODES[name]: name for name in (QUANT_OUT_DEFAULT_TYPE, "float8_e5m2", "float8_e4m3fn")},
+    **{TORCH_NPU_DTYPE_CODES[name]: name for name in QUANT_OUT_TYPES_950}}
 #: int8 D alignment (32 bytes): the query's D for the full quant, value's D for a per-channel output quant.
 INT8_D_ALIGN = 32
 
@@ -76,13 +97,14 @@ def check_quant(call, *, qdt: str, kv_dt: str, input_layout: str, s1: int, n: in
 
     Args:
         call: the :class:`~ascend_emu.ops._fused_infer_attention_args.FusedInferAttentionCall`
-            (``full_quant`` / ``quant_out``: the arguments by name, as passed).
+            (``full_quant`` / ``quant_out``: the arguments by name, as passed; ``out_type``: the
+            output quant's element type, :func:`check_out_dtype`).
         qdt, kv_dt: query / key dtype names; input_layout: as passed; s1: Q_S; n: N; d, dv:
             query's and value's D; paged: block_table given; packed: a TND / NTD query;
             lse_flag: the lse flag.
 
     Returns:
-        ``full_quant`` / ``quant_out`` / ``quant_given`` for
+        ``full_quant`` / ``quant_out`` / ``quant_out_type`` / ``quant_given`` for
         :class:`~ascend_emu.ops._fused_infer_attention_args.FusedInferAttentionArgs` (empty dict
         when no quant argument is given and the query is not int8).
 
@@ -148,6 +170,7 @@ def check_quant(call, *, qdt: str, kv_dt: str, input_layout: str, s1: int, n: in
             raise arg_error(ModeError, scale_name, "None with an int4 (int32) key / value (the v2 doc: int4 antiquant "
                             "takes no output quant)", describe(scale))
         out["quant_out"] = _quant_out(scale, offset, scale_name, offset_name, qdt, n, dv, lse_flag)
+        out["quant_out_type"] = call.out_type
     out["quant_given"] = given
     return out
 
@@ -196,3 +219,44 @@ def check_offset_rows(quant_out, offset_name: str, act_q: np.ndarray, act_kv: np
             raise arg_error(ModeError, offset_name, "None when a row takes no part in the computation (the doc "
                             "intercepts it; quantise outside the op)", f"request {b}: {nq} of {s1} query tokens, "
                             f"{kv} kv tokens")
+
+
+def check_out_dtype(out_dtype, scale, scale_name: str = "quant_scale_out") -> str:
+    """Validate v2's ``out_dtype`` (a dtype code; a torch dtype crosses the drop-in as its
+    ScalarType value) against the output quant scale.
+
+    Args:
+        out_dtype: None or a code of :data:`QUANT_OUT_TYPE_CODES` (a recorded call's dtype name,
+            ``'torch.float8_e5m2'``, stands for its code).
+        scale, scale_name: the output quant scale as passed and its name.
+
+    Returns:
+        The output quant's element type name (:data:`QUANT_OUT_DEFAULT_TYPE` for None).
+
+    Raises:
+        ModeError: ``out_dtype`` given without the scale (the out_dtype of an int8 / fp8 query is
+            not emulated), a code outside :data:`QUANT_OUT_TYPE_CODES`, an FP8 / HiFloat8 type on
+            a SoC other than the Ascend 950.
+    """
+    if out_dtype is None:
+        return QUANT_OUT_DEFAULT_TYPE
+    code = dtype_code(out_dtype, "out_dtype")
+    if scale is None:
+        raise arg_error(ModeError, "out_dtype", f"None without {scale_name} (out_dtype names the output quant's "
+                        "type; the out_dtype of an int8 / fp8 query is not emulated)", code)
+    name = QUANT_OUT_TYPE_CODES.get(code)
+    if name is None:
+        raise arg_error(ModeError, "out_dtype", "the output quant's type: a code among "
+                        f"{sorted(QUANT_OUT_TYPE_CODES)} (int8 1, float8_e5m2 23 / 291, float8_e4m3fn 24 / 292, "
+                        "hifloat8 290)", code)
+    if name in QUANT_OUT_TYPES_950:
+        soc.require_ascend950("out_dtype", code, name)
+    return name
+
+
+def quant_out_dtype(name: str) -> np.dtype:
+    """The array dtype of an output quant element type: int8, the ml_dtypes FP8 type, uint8 for
+    HiFloat8 codes."""
+    if name in FP8_DTYPES:
+        return FP8_DTYPES[name]
+    return np.dtype(np.uint8 if name == "hifloat8" else np.int8)

@@ -86,6 +86,22 @@ Q9. With ``quant_scale2`` (``quant_offset2`` optional; v2 ``quant_scale_out`` / 
     ``PostQuant2PerChannel*``), ``x`` the fp32 output before its rounding (an fp16 query's output
     in fp16), the scale per tensor or per channel ``[N, D]``, RNE, saturating.
 
+Q10. v2's ``out_dtype`` with ``quant_scale_out`` on an emulated Ascend 950 (FP8 E4M3FN / E5M2,
+    HiFloat8), from the arch35 post-quant (ops-transformer
+    ``attention/common/op_kernel/arch35/vf/vf_post_quant_arch35.h`` and ``vf_post_quant_common.h``:
+    ``Muls`` / ``Mul`` by the scale, ``Adds`` / ``Add`` of the offset, then one ``Cast`` to the
+    output type, NO_SAT): ``y = cast(fp32(fp32(x * scale) + offset))`` per element, ``x`` the
+    fp32 output before its rounding, a bf16 scale / offset widened to fp32 (exact). FP8: RNE
+    (``castTraitP0``, CAST_RINT), not saturating (the 950's INF_NAN mode:
+    :func:`ascend_emu.quant.to_fp8` with ``saturate=False``: E4M3FN overflow NaN, E5M2 Inf).
+    HiFloat8: the kernel casts with CAST_HYBRID, which the Ascend C RoundMode doc calls a
+    stochastic rounding for hif8 outputs; the emulation rounds to nearest, ties away
+    (:func:`ascend_emu.quant.to_hif8`), so a hardware code may differ by one HiF8 step where the
+    hardware rounds the other way (unverified, and not reproducible bit for bit). Unverified:
+    whether an fp16 query's output reaches the post-quant in fp32 (taken) or rounded to fp16
+    first. The int8 output keeps step Q9 on every SoC (the arch35 file computes the int8 product
+    in fp32 before its fp16 and int8 casts, unsaturated; not emulated on the 950).
+
 Unverified for the int8 chain: the kv block size (the kernel runs the online softmax over tiles
 of ``singleProcessSInnerSize``, rescaling the fp16 accumulator per tile: here one block over the
 row, as the float path), the fp32 sum order inside SoftmaxFlashV2, RNE for the scalar casts of
@@ -143,7 +159,8 @@ Choices where the sources leave room (each in one named constant, defined with t
   tensor and mode outside v2's C8 decode, the MHA form's kv antiquant and its int8 quant (Q1-Q9),
   ``query_padding_size`` / ``kv_padding_size`` (left
   padding), the shared prefix, ``key_rope_antiquant_scale``, ``learnable_sink`` outside the MHA
-  form's TND / NTD_TND, ``inner_precise`` other than 0 and the v2 dtype tags.
+  form's TND / NTD_TND, ``inner_precise`` other than 0 and the v2 dtype tags (``out_dtype`` but
+  with ``quant_scale_out``, step Q10).
 - The ``.out`` forms write ``attention_out`` (and ``softmax_lse`` with the lse flag) after every
   check passed; ``workspace`` is not read. The workspace query returns uint8 ``[0]``: the
   emulation needs none (the real size comes from the device tiling).
@@ -161,6 +178,7 @@ from ._backend import get_backend
 from ._check import check_disjoint, required
 from ._fused_infer_attention_mha import MAX_HEADS as MAX_QUERY_HEADS_NO_ROPE
 from ._fused_infer_attention_mha import normalise_mha, output_shapes
+from ._fused_infer_attention_quant import QUANT_OUT_DEFAULT_TYPE, check_out_dtype, quant_out_dtype
 from ._fused_infer_attention_args import (LAYOUTS, QUERY_DTYPES, QUERY_HEADS, HEAD_DIM_ABSORBED, HEAD_DIM_PREFILL,
                                           HEAD_DIMS, HEAD_DIM_NO_ROPE, VALUE_DIM_NO_ROPE,
                                           SPARSE_MODES, CAUSAL_MASK_SIZE, MASK_DTYPES, DEFAULT_TOKENS,
@@ -338,14 +356,19 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
     ``learnable_sink``: the MHA / GQA form's bf16 ``[N]`` sink (TND / NTD_TND, value D <= 128;
     numerics in :mod:`ascend_emu.ops._fused_infer_attention_mha`). ``quant_scale_out`` /
     ``quant_offset_out``: v1's ``quant_scale2`` / ``quant_offset2`` (the int8 output quant of the
-    MHA form, step Q9). The other v2-only arguments (quant_scale_p, the dtype tags, ``out_dtype``)
-    take only their defaults (:data:`V2_REJECTED`); an int8 query without rope is the C8 decode's
-    (rope required): v2 has no MHA full quant here.
+    MHA form, step Q9). ``out_dtype`` (with ``quant_scale_out`` only): the output quant's type,
+    int8 when None; on an emulated Ascend 950 also ``torch.float8_e4m3fn`` / ``float8_e5m2`` (24
+    / 23, or torch_npu's 292 / 291; an ml_dtypes FP8 output) and ``torch_npu.hifloat8`` (290; uint8
+    HiFloat8 codes), numerics step Q10
+    (:func:`._fused_infer_attention_quant.check_out_dtype`). The other v2-only arguments
+    (quant_scale_p, the dtype tags) take only their defaults (:data:`V2_REJECTED`); an int8 query
+    without rope is the C8 decode's (rope required): v2 has no MHA full quant here.
 
     Raises:
         As :func:`npu_fused_infer_attention_score`; C8: ModeError naming ``query_quant_mode`` (an
         int8 query without mode 3, or mode 3 with a float query), DTypeError / ShapeError naming
-        the scale or cache that does not fit.
+        the scale or cache that does not fit; ModeError naming ``out_dtype`` (given without
+        ``quant_scale_out``, a type outside int8 / FP8 / HiFloat8, FP8 / HiFloat8 off the 950).
     """
     given = dict(pse_shift=pse_shift, dequant_scale_key_rope=dequant_scale_key_rope, quant_scale_p=quant_scale_p,
                  query_dtype=query_dtype, key_dtype=key_dtype, value_dtype=value_dtype,
@@ -353,9 +376,10 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
                  key_shared_prefix_dtype=key_shared_prefix_dtype, value_shared_prefix_dtype=value_shared_prefix_dtype,
                  dequant_scale_query_dtype=dequant_scale_query_dtype, dequant_scale_key_dtype=dequant_scale_key_dtype,
                  dequant_scale_value_dtype=dequant_scale_value_dtype,
-                 dequant_scale_key_rope_dtype=dequant_scale_key_rope_dtype, out_dtype=out_dtype,
+                 dequant_scale_key_rope_dtype=dequant_scale_key_rope_dtype,
                  key_quant_mode=key_quant_mode, value_quant_mode=value_quant_mode, inner_precise=inner_precise)
     reject(given, V2_REJECTED, "npu_fused_infer_attention_score_v2")
+    out_type = check_out_dtype(out_dtype, quant_scale_out)
     read = dict(query=query, key=key, value=value, query_rope=query_rope, key_rope=key_rope, atten_mask=atten_mask,
                 actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, block_table=block_table,
                 dequant_scale_query=dequant_scale_query, dequant_scale_key=dequant_scale_key,
@@ -372,7 +396,7 @@ def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, ke
         quant=(query_quant_mode, dequant_scale_query, dequant_scale_key, dequant_scale_value), sink=learnable_sink,
         antiquant=dict(dequant_scale_key=dequant_scale_key, dequant_offset_key=dequant_offset_key,
                        dequant_scale_value=dequant_scale_value, dequant_offset_value=dequant_offset_value),
-        quant_out=dict(quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out)))
+        quant_out=dict(quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out), out_type=out_type))
     return _run(args, attention_out, softmax_lse, read)
 
 
@@ -404,10 +428,11 @@ _npu_fused_infer_attention_score_v2_get_max_workspace.__name__ = "_npu_fused_inf
 
 
 def _infer_output(query, value, quant_out, block_table, input_layout, num_heads, num_key_value_heads, lse_flag,
-                  query_rope, names):
+                  query_rope, names, out_type=QUANT_OUT_DEFAULT_TYPE):
     """The infer_output ops' shared body: shapes by :func:`._fused_infer_attention_mha.output_shapes`,
-    dtype int8 with a quant output scale, else query_rope's (fp16 without) for an int8 query, else
-    query's; zero-filled arrays (the device returns uninitialised memory)."""
+    dtype ``out_type``'s (int8 unless v2's out_dtype says otherwise) with a quant output scale,
+    else query_rope's (fp16 without) for an int8 query, else query's; zero-filled arrays (the
+    device returns uninitialised memory)."""
     query, value = required(query, "query"), required(value, "value")
     heads = _int(num_heads, names[0])
     kv_heads = _int(num_key_value_heads, "num_key_value_heads")
@@ -418,7 +443,7 @@ def _infer_output(query, value, quant_out, block_table, input_layout, num_heads,
     out_shape, lse_shape = output_shapes(query.shape, value.shape, block_table is not None, input_layout, heads,
                                          kv_heads, bool(lse_flag))
     if quant_out is not None:
-        dtype = np.dtype(np.int8)
+        dtype = quant_out_dtype(out_type)
     elif query.dtype == np.int8:
         dtype = np.float16 if query_rope is None else required(query_rope, "query_rope").dtype
     else:
@@ -451,16 +476,19 @@ def _npu_fused_infer_attention_score_v2_infer_output(query, value, *, query_dtyp
                                                      query_rope=None, out_dtype=None):
     """``torch_npu._npu_fused_infer_attention_score_v2_infer_output`` (op-plugin
     ``op_plugin_functions.yaml`` line 6207; ``construct_fia_output_tensor_v2``): as the v1 form
-    under the v2 names; the dtype tags (``query_dtype``, ``value_dtype``, ``out_dtype``) take only
-    None (not emulated).
+    under the v2 names; ``out_dtype`` with ``quant_scale_out``: the output's type as the op's
+    (:func:`._fused_infer_attention_quant.check_out_dtype`); the input dtype tags
+    (``query_dtype``, ``value_dtype``) take only None (not emulated).
 
     Raises:
-        As the v1 form; ModeError naming a dtype tag given.
+        As the v1 form; ModeError naming a dtype tag given, or an ``out_dtype`` the op rejects.
     """
-    reject(dict(query_dtype=query_dtype, value_dtype=value_dtype, out_dtype=out_dtype),
-           dict(query_dtype=None, value_dtype=None, out_dtype=None), "_npu_fused_infer_attention_score_v2_infer_output")
+    reject(dict(query_dtype=query_dtype, value_dtype=value_dtype), dict(query_dtype=None, value_dtype=None),
+           "_npu_fused_infer_attention_score_v2_infer_output")
+    out_type = check_out_dtype(out_dtype, quant_scale_out)
     return _infer_output(query, value, quant_scale_out, block_table, input_layout, num_query_heads,
-                         num_key_value_heads, return_softmax_lse, query_rope, ("num_query_heads", "return_softmax_lse"))
+                         num_key_value_heads, return_softmax_lse, query_rope, ("num_query_heads", "return_softmax_lse"),
+                         out_type)
 
 
 def _check_out(x, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -271,15 +271,25 @@ def fused_infer_attention_score_v2(query, key, value, *, quant_scale_out=None, q
                                    input_layout="BSH", num_query_heads=1, num_key_value_heads=0,
                                    return_softmax_lse=False, out_dtype=None, **_):
     """``(attention_out, softmax_lse)`` (``npu_fused_infer_attention_score_v2_forward``, without the
-    hifloat8 / fp8 / packed-fp4 inputs): as v1, with ``out_dtype`` when given (a quantised output
-    or an int8 query)."""
-    if out_dtype is not None:
-        raise arg_error(ModeError, "out_dtype", "None (dtype tags are not emulated)", describe(out_dtype))
+    hifloat8 / fp8 / packed-fp4 inputs): as v1, with ``out_dtype``'s type for a quantised output
+    (the op's :func:`~ascend_emu.ops._fused_infer_attention_quant.check_out_dtype`; HiFloat8 as
+    uint8)."""
     out_shape, lse_shape = _fia_shapes(query, value, block_table, input_layout, num_query_heads, num_key_value_heads,
                                        return_softmax_lse)
-    dtype = torch.int8 if quant_scale_out is not None else (
-        (query_rope.dtype if query_rope is not None else torch.half) if query.dtype == torch.int8 else query.dtype)
+    if quant_scale_out is not None or out_dtype is not None:
+        dtype = _quant_out_torch_dtype(out_dtype, quant_scale_out)
+    else:
+        dtype = (query_rope.dtype if query_rope is not None else torch.half) if query.dtype == torch.int8 \
+            else query.dtype
     return _new(query, out_shape, dtype), _new(query, lse_shape, torch.float32)
+
+
+def _quant_out_torch_dtype(out_dtype, scale):
+    """The torch dtype of a quantised FIA v2 output (int8, an FP8 dtype, uint8 for HiFloat8)."""
+    from ..ops._fused_infer_attention_quant import check_out_dtype, quant_out_dtype
+
+    name = check_out_dtype(out_dtype, scale)
+    return torch.uint8 if name == "hifloat8" else getattr(torch, quant_out_dtype(name).name)
 
 
 def fused_infer_attention_score_out(*args, attention_out, softmax_lse, **_):
@@ -290,13 +300,13 @@ def fused_infer_attention_score_out(*args, attention_out, softmax_lse, **_):
 def fused_infer_attention_score_infer_output(query, value, *, input_layout="BSH", quant_scale2=None,
                                              quant_scale_out=None, block_table=None, num_heads=None,
                                              num_query_heads=None, num_key_value_heads=0, softmax_lse_flag=False,
-                                             return_softmax_lse=False, query_rope=None, **_):
+                                             return_softmax_lse=False, query_rope=None, out_dtype=None, **_):
     """``(attention_out, softmax_lse)`` of both infer_output ops: the forward fakes' shapes and dtypes."""
     heads = num_heads if num_heads is not None else (num_query_heads if num_query_heads is not None else 1)
     out_shape, lse_shape = _fia_shapes(query, value, block_table, input_layout, heads, num_key_value_heads,
                                        softmax_lse_flag or return_softmax_lse)
     quant = quant_scale2 if quant_scale2 is not None else quant_scale_out
-    dtype = torch.int8 if quant is not None else (
+    dtype = _quant_out_torch_dtype(out_dtype, quant) if quant is not None or out_dtype is not None else (
         (query_rope.dtype if query_rope is not None else torch.half) if query.dtype == torch.int8 else query.dtype)
     return _new(query, out_shape, dtype), _new(query, lse_shape, torch.float32)
 

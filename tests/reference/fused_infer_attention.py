@@ -276,7 +276,8 @@ MHA_IO = {"BSH": ("BSH", "BSH"), "BSND": ("BSND", "BSND"), "BNSD": ("BNSD", "BNS
 def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_heads=0, scale=1.0,
                   actual_seq_lengths=None, actual_seq_lengths_kv=None, block_table=None, sparse_mode=0,
                   atten_mask=None, learnable_sink=None, p_rounding="unnormalised", key_antiquant=None,
-                  value_antiquant=None, quant_out=None, pre_tokens=2147483647, next_tokens=2147483647):
+                  value_antiquant=None, quant_out=None, pre_tokens=2147483647, next_tokens=2147483647,
+                  quant_out_type="int8"):
     """The MHA / GQA form (no rope), a plain loop per request, query token, head and kv position,
     from the doc's formula ``softmax(scale * q . k + mask) . v`` with its layout table, its
     ``actual_seq_lengths`` rules (B-first: per request, one value for all, None = the S dims; TND /
@@ -292,7 +293,9 @@ def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_h
     ``scale * (x + offset)``, step by step in fp16 for an fp16 query, in fp32 then bf16 for bf16
     (Ascend C's AscendAntiQuant); scale one value or ``KV_N * D`` values (channel ``h * D + d``).
     ``quant_out``: ``(scale, offset or None)``, the int8 output quant of each fp32 output element
-    (:func:`ascend_quant`; one value or ``N * D`` values, channel ``n * D + d``).
+    (:func:`ascend_quant`; one value or ``N * D`` values, channel ``n * D + d``);
+    ``quant_out_type`` ``'float8_e4m3fn'`` / ``'float8_e5m2'`` / ``'hifloat8'``: the Ascend 950's
+    8-bit float output instead (:func:`post_quant_8bit`; uint8 codes returned).
 
     Returns ``(attention_out, softmax_lse)`` laid out as the op (lse always computed; +inf for
     rows without kv tokens, output 0 there)."""
@@ -414,7 +417,12 @@ def reference_mha(query, key, value, *, input_layout, num_heads, num_key_value_h
         dv = value.shape[-1] // kv_n if (q_layout == "BSH" or (block_table is not None and value.ndim == 3)) \
             else value.shape[-1]
         out = np.zeros((t_total, n, dv), dtype=np.float32)
-    o = out.astype(qdt) if quant_out is None else _quant_rows(out, *quant_out)
+    if quant_out is None:
+        o = out.astype(qdt)
+    elif quant_out_type == "int8":
+        o = _quant_rows(out, *quant_out)
+    else:
+        o = post_quant_8bit(out, *quant_out, quant_out_type)
     if packed:
         lse_out = lse[..., None]
         o = o.transpose(1, 0, 2) if out_layout == "NTD" else o
@@ -511,6 +519,27 @@ def ascend_quant(x: float, scale: float, offset) -> int:
     if offset is not None:
         y = np.float16(np.float64(y) + np.float64(np.float16(offset)))
     return _int8_rne(y)
+
+
+def post_quant_8bit(out, scale, offset, name):
+    """The Ascend 950's post-quant of fp32 ``[T, N, D]`` to an 8-bit float, per element from the
+    arch35 kernel's steps (a multiply by the scale rounded to fp32, an add of the offset rounded to
+    fp32, one cast): FP8 by :func:`tests.reference.formats_950.fp8_encode` (ties to even, not
+    saturating), HiFloat8 by :func:`tests.reference.formats_950.hif8_encode` (ties away). Scale /
+    offset: one value or ``N * D`` values (channel ``n * D + d``). Returns uint8 codes."""
+    from tests.reference.formats_950 import fp8_encode, hif8_encode
+
+    t_total, n, d = out.shape
+    sc = np.asarray(scale, dtype=np.float32).reshape(-1)
+    of = None if offset is None else np.asarray(offset, dtype=np.float32).reshape(-1)
+    y = np.zeros(out.shape, dtype=np.float32)
+    for idx in np.ndindex(*out.shape):
+        ch = 0 if sc.size == 1 else idx[1] * d + idx[2]
+        v = np.float32(np.float64(out[idx]) * np.float64(sc[ch]))
+        if of is not None:
+            v = np.float32(np.float64(v) + np.float64(of[ch]))
+        y[idx] = v
+    return hif8_encode(y) if name == "hifloat8" else fp8_encode(y, name, saturate=False).reshape(out.shape)
 
 
 def _quant_rows(out, scale, offset):
