@@ -71,7 +71,7 @@ def test_auto_is_a_fixed_rule(engine, rng, monkeypatch, flags):
     monkeypatch.setattr(matmul, "_timed", lambda fn: pytest.fail("auto timed an engine"))
     calls = []
     real = torch.matmul
-    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))
+    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))  # type: ignore[func-returns-value]
     w = npu_format_cast(positive(rng, (256, 128), 2**-8), 29)
     big = positive(rng, (matmul.BF16_MIN_ROWS, 256)).astype(np.float32)
     small = big[:-1]
@@ -96,7 +96,7 @@ def test_cpu_flags_read_once(monkeypatch):
     monkeypatch.setattr(matmul, "_cpu_flag_set", None)
     opened = []
     real_open = open
-    monkeypatch.setattr("builtins.open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    monkeypatch.setattr("builtins.open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))  # type: ignore[func-returns-value]
     first = matmul._cpu_has_bf16_dot(), matmul._cpu_has_int8_dot()
     assert (matmul._cpu_has_bf16_dot(), matmul._cpu_has_int8_dot()) == first
     assert opened.count("/proc/cpuinfo") <= 1
@@ -106,7 +106,7 @@ def test_chooser_times_once_per_shape(engine, rng, monkeypatch):
     engine("timed")
     timings = []
     real = matmul._timed
-    monkeypatch.setattr(matmul, "_timed", lambda fn: timings.append(1) or real(fn))
+    monkeypatch.setattr(matmul, "_timed", lambda fn: timings.append(1) or real(fn))  # type: ignore[func-returns-value]
     w = npu_format_cast(positive(rng, (256, 128), 2**-8), 29)
     a = positive(rng, (matmul.BF16_MIN_ROWS, 256)).astype(np.float32)
     first = matmul.matmul_bf16_out(a, w)
@@ -171,7 +171,7 @@ def test_non_bf16_or_non_finite_operands_stay_exact(engine, rng, monkeypatch):
     engine("onednn-bf16")
     calls = []
     real = torch.matmul
-    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))
+    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))  # type: ignore[func-returns-value]
     w = positive(rng, (64, 32))
     a = positive(rng, (16, 64)).astype(np.float32)
     matmul.matmul_bf16_out(a, w)
@@ -216,7 +216,7 @@ def test_mla_prolog_non_quant_on_onednn(engine, monkeypatch):
     engine("onednn-bf16")
     calls = []
     real = torch.matmul
-    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))
+    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))  # type: ignore[func-returns-value]
     rng = np.random.default_rng(37)
 
     def w(shape, fan_in):
@@ -263,7 +263,7 @@ def test_f32_engine_runs_onednn_in_bf16_mode_and_restores_the_flag(engine, rng, 
     before = flags.fp32_precision
     seen = []
     real = torch.matmul
-    monkeypatch.setattr(torch, "matmul", lambda *xs: seen.append(flags.fp32_precision) or real(*xs))
+    monkeypatch.setattr(torch, "matmul", lambda *xs: seen.append(flags.fp32_precision) or real(*xs))  # type: ignore[func-returns-value]
     a = rng.standard_normal((3, 16, 512), dtype=np.float32).astype(BF16).astype(np.float32)
     b = rng.standard_normal((3, 640, 512), dtype=np.float32).astype(BF16).astype(np.float32)
     got = matmul.matmul_bf16_f32(a, b.transpose(0, 2, 1))  # a transposed view, as the attention's K^T
@@ -283,7 +283,7 @@ def test_f32_engine_auto_rule_and_sgemm_setting(engine, rng, monkeypatch):
     b = positive(rng, (256, 64), 2**-8).astype(np.float32)
     calls = []
     real = torch.matmul
-    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))
+    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))  # type: ignore[func-returns-value]
     monkeypatch.setattr(matmul, "_timed", lambda fn: pytest.fail("auto timed an engine"))
     engine("auto")
     monkeypatch.setattr(matmul, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
@@ -346,7 +346,7 @@ def test_shared_kv_attention_through_the_f32_engine(engine, monkeypatch):
     engine("onednn-bf16")
     calls = []
     real = torch.matmul
-    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))
+    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))  # type: ignore[func-returns-value]
     c = skv_tests._case(**skv_tests.CASES["hca"])
     q, kw = skv_tests._call_args(c)
     gold = skv_tests._golden(c)
@@ -365,7 +365,7 @@ def test_compressor_through_the_f32_engine(engine, monkeypatch, rng):
     engine("onednn-bf16")
     calls = []
     real = torch.matmul
-    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))
+    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))  # type: ignore[func-returns-value]
     from ascend_emu.layouts import as_nz
 
     m, m_nz = (ctests.Model(128, 2, 4, nreq=2, block_size=8, seed=5) for _ in range(2))

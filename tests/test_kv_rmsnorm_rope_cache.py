@@ -373,7 +373,7 @@ def test_small_call_path_writes_what_the_general_path_writes(rng, mode, dtype, m
         index[1] = index[4]  # a duplicate slot: the later token wins
     results, taken = [], []
     real = emu_kv._small_call
-    monkeypatch.setattr(emu_kv, "_small_call", lambda *a: (taken.append(True), real(*a))[1])
+    monkeypatch.setattr(emu_kv, "_small_call", lambda *a: (taken.append(True), real(*a))[1])  # type: ignore[func-returns-value]
     for small in (True, False):
         if not small:
             monkeypatch.setattr(emu_kv, "_small", lambda tokens, row_bytes: False)

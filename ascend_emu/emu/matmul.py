@@ -880,8 +880,9 @@ def _import_torch():
 
 
 def _torch_loaded() -> bool:
-    """Whether the process has imported torch already (the drop-in's users always have)."""
-    return "torch" in sys.modules
+    """Whether the process has imported torch already (the drop-in's users always have); a
+    ``sys.modules["torch"] = None`` entry (torch blocked) is not."""
+    return sys.modules.get("torch") is not None
 
 
 def default_int8_engine() -> str:
