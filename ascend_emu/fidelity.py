@@ -237,11 +237,6 @@ ROWS: tuple[Row, ...] = (
        "measured, the same as sgemm's to three digits; 99.8-100 % of outputs equal to sgemm's: the same fp32 "
        "products summed in oneDNN's order, docs/numerics.md#accumulation)", "tests/reference/sparse_attn_sharedkv.py",
        "tests/test_bf16_engine.py::test_shared_kv_attention_through_the_f32_engine"),
-    _r("compressor on oneDNN's fp32-output bf16 engine (DeepSeek-V4; torch loaded, >= 32 tokens)",
-       "cmp_kv, state rows", "bounded",
-       "dual-threshold 0.005 vs float64; ND and FRACTAL_NZ weights the same bits (the same fp32 products summed "
-       "in oneDNN's order, docs/numerics.md#accumulation)", "tests/reference/compressor.py",
-       "tests/test_bf16_engine.py::test_compressor_through_the_f32_engine"),
     _r("npu_kv_quant_sparse_attn_sharedkv (DeepSeek-V4, Ascend 950)", "out: the sink's place in the online softmax",
        "unverified", "the running max starts at the sink as the 950 kernel's source reads; differs from the A2 / A3 "
        "order in rounding only, which no test here tells apart", "-"),

@@ -355,26 +355,3 @@ def test_shared_kv_attention_through_the_f32_engine(engine, monkeypatch):
     assert dual_threshold_ok(got, gold, 0.005)
     share = bit_identical_share(got, gold.astype(np.float32).astype(BF16))
     assert skv_tests.SHARE_RANGE[0] <= share <= skv_tests.SHARE_RANGE[1]
-
-
-def test_compressor_through_the_f32_engine(engine, monkeypatch, rng):
-    """ops.compressor's projections on oneDNN (counted), ND and FRACTAL_NZ weights the same bits,
-    every output within the dual criterion of tests/reference/compressor.py."""
-    from tests import test_compressor as ctests
-
-    engine("onednn-bf16")
-    calls = []
-    real = torch.matmul
-    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))  # type: ignore[func-returns-value]
-    from ascend_emu.layouts import as_nz
-
-    m, m_nz = (ctests.Model(128, 2, 4, nreq=2, block_size=8, seed=5) for _ in range(2))
-    m_nz.wkv, m_nz.wgate = as_nz(m_nz.wkv), as_nz(m_nz.wgate)
-    out, expected = m.step([24, 20])
-    assert calls
-    flat = out.reshape(-1, 128)
-    for idx, rows in expected:
-        assert dual_threshold_ok(flat[idx], rows, 0.005)
-    out_nz, _ = m_nz.step([24, 20])
-    assert np.array_equal(np.asarray(out).view(np.uint16), np.asarray(out_nz).view(np.uint16))
-    assert np.array_equal(m.state.view(np.uint32), m_nz.state.view(np.uint32))

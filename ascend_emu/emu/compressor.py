@@ -6,10 +6,8 @@ operation:
 
 1. ``kv = x @ wkv^T``, ``score = x @ wgate^T`` for the call's tokens that are read or written:
    exact products, fp32 accumulation (BLAS sgemm on blocks of :data:`BLOCK_ROWS` weight rows
-   widened exactly, :func:`_project`; with bf16 x and weights and at least
-   :data:`ENGINE_MIN_ROWS` tokens, the fp32-output bf16 engine where its rule runs it,
-   :func:`_project_engine`; the NPU's cube sums K in its own tile order: not bit-identical);
-   ``score += ape[p % r]``. Both land in one fp32 row per token, ``[kv | score]``:
+   widened exactly, :func:`_project`; the NPU's cube sums K in its own tile order: not
+   bit-identical); ``score += ape[p % r]``. Both land in one fp32 row per token, ``[kv | score]``:
    the state row's layout;
 2. the state rows the groups read are gathered first (the state as it was before the call), the
    call's rows are written after the outputs are computed (the contract rejects a call whose
@@ -44,8 +42,7 @@ from ..quant.rounding import to_bf16, to_f32
 from .. import _deterministic
 from ..layouts import NZArray
 from .kernels import kernel_input, widen_row
-from ..quant import BF16
-from .matmul import _blas_threads, bf16_engine_may_run, matmul_bf16_f32, matmul_weight, span, weight_f32, widen_f32
+from .matmul import _blas_threads, matmul_weight, weight_f32, widen_f32
 
 _ROPE = 64
 
@@ -73,9 +70,6 @@ def _project(xs: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     if _deterministic.enabled():
         out[...] = matmul_weight(xs, w.T)
         return
-    if w.dtype == BF16 and xs.shape[0] >= ENGINE_MIN_ROWS and bf16_engine_may_run(xs.shape[0]):
-        _project_engine(xs, w, out)
-        return
     with _blas_threads(xs.shape[0] * w.shape[0] * w.shape[1]):
         # cast to FRACTAL_NZ: its widening kept on it (emu.matmul keep limit), multiplied by blocks
         kept = weight_f32(w) if isinstance(w, NZArray) else None
@@ -90,63 +84,7 @@ def _project(xs: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
             np.matmul(xs, block.T, out=out[:, lo:hi])
 
 
-#: Weight rows per product on the fp32-output bf16 engine (:func:`_project_engine`; 4 MiB of
-#: fp32 at H = 4096). oneDNN's bits do not depend on the block (measured at H 4096: blocks of
-#: 32 to 1024 rows, 16 to 300 tokens, 1 and 2 threads give the same fp32 results).
-ENGINE_ROWS = 256
-#: Fewest tokens whose projections go to the fp32-output bf16 engine (a fixed rule, as the
-#: engine's own): measured at H 4096, one thread, against the sgemm blocks: 16 tokens 1.0x with a
-#: weight widened per call (the widening, the weight's span and oneDNN's bf16 conversion eat the
-#: gain; `bench_compressor.py` decode 5-20 % slower), 32 tokens 1.3x, 64 1.6x, 256 2.0x.
-ENGINE_MIN_ROWS = 32
-_SPANS_ATTR = "_ascend_emu_compressor_block_spans"
-
-
-def _project_engine(xs: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    """:func:`_project` for a bf16 weight where the fp32-output bf16 engine may run
-    (:func:`~ascend_emu.emu.matmul.matmul_bf16_f32`): per block of :data:`ENGINE_ROWS` weight
-    rows (widened exactly, as :func:`_project`'s, or taken from the kept widening), oneDNN where
-    the engine's rule takes the block's operands (their exponent spans: the weight block's kept on
-    a FRACTAL_NZ weight, computed on every call for any other), else the block's sgemm products
-    by :data:`BLOCK_ROWS` rows as :func:`_project` runs them (the same bits)."""
-    kept = weight_f32(w) if isinstance(w, NZArray) else None
-    spans = None
-    if kept is not None:
-        spans = getattr(w, _SPANS_ATTR, None)
-        if spans is None:
-            spans = [span(kept[lo:lo + ENGINE_ROWS]) for lo in range(0, w.shape[0], ENGINE_ROWS)]
-            setattr(w, _SPANS_ATTR, spans)
-    bits = None if kept is not None else kernel_input(np.asarray(w).view(np.uint16))
-    x_span = span(xs)
-    for i, lo in enumerate(range(0, w.shape[0], ENGINE_ROWS)):
-        hi = min(lo + ENGINE_ROWS, w.shape[0])
-        if kept is not None:
-            block, b_span = kept[lo:hi], spans[i]
-        else:
-            block = _engine_scratch(hi - lo, w.shape[1])
-            _widen_rows(bits[lo:hi], block, True)
-            b_span = span(bits[lo:hi].view(BF16))
-
-        def sgemm(block=block, lo=lo, hi=hi):
-            with _blas_threads(xs.shape[0] * (hi - lo) * w.shape[1]):
-                for j in range(0, hi - lo, BLOCK_ROWS):
-                    np.matmul(xs, block[j:j + BLOCK_ROWS].T, out=out[:, lo + j:min(hi, lo + j + BLOCK_ROWS)])
-            return None
-
-        res = matmul_bf16_f32(xs, block.T, a_span=x_span, b_span=b_span, sgemm=sgemm)
-        if res is not None:
-            out[:, lo:hi] = res
-
-
 _local = threading.local()
-
-
-def _engine_scratch(rows: int, cols: int) -> np.ndarray:
-    """This thread's fp32 ``[rows, cols]`` buffer for :func:`_project_engine`'s widened blocks."""
-    buf = getattr(_local, "engine_block", None)
-    if buf is None or buf.size < rows * cols:
-        buf = _local.engine_block = np.empty(ENGINE_ROWS * cols, np.float32)
-    return buf[:rows * cols].reshape(rows, cols)
 
 
 def _scratch(rows: int, cols: int) -> np.ndarray:
