@@ -406,3 +406,28 @@ def test_sparse_flash_attention_through_the_f32_engine(engine, monkeypatch):
         assert len(calls) >= 2, f"{lq}/{lk}: {len(calls)} products on oneDNN"
         gold = sfa.run_reference(case, quant=quant, sparse_mode=3)[0]
         sfa.assert_matches(out, gold, f"attention_out {lq}/{lk} on oneDNN", SFA_ONEDNN_SHARES[i])
+
+
+def test_lightning_indexer_through_the_f32_engine(engine, monkeypatch):
+    """npu_lightning_indexer's q . k product on oneDNN (counted; 64 heads): integer-valued data
+    (every fp32 sum exact in any order) gives the reference's indices and values exactly, random
+    data the top-k within the score tolerance of tests/reference/lightning_indexer.py, 99 % of the
+    indices equal."""
+    from tests import test_lightning_indexer as li
+
+    engine("onednn-bf16")
+    calls = []
+    real = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda *xs: calls.append(1) or real(*xs))  # type: ignore[func-returns-value]
+    rng = np.random.default_rng(23)
+    query, key, weights, kw = li.make_case(rng, "BSND", "PA_BSND", BF16, [1, 2], [300, 120], block_size=32,
+                                           data="int")
+    out, ref = li.run_both(query, key, weights, kw, 64, 3)
+    assert calls
+    li.check(out, ref, BF16, exact=True)
+    del calls[:]
+    query, key, weights, kw = li.make_case(rng, "BSND", "PA_BSND", BF16, [1, 1], [2048, 700], block_size=128)
+    out, ref = li.run_both(query, key, weights, kw, 512, 3)
+    assert calls
+    li.check(out, ref, BF16, exact=False, scale=li._score_scale(query, weights, key, kw))
+    assert np.mean(out[0].reshape(-1, 512) == ref[0].reshape(-1, 512)) > 0.99
