@@ -50,7 +50,8 @@ stays inside the fidelity docs/fidelity.md states for it (``tests/test_bf16_engi
 
 bf16 products with an fp32 result (:func:`matmul_bf16_f32`): where a bf16 x bf16 product's fp32
 result feeds more fp32 math (the V4 shared-KV attentions' ``S = q @ K^T`` and ``round(P) @ K``,
-the V4 compressor's projections), the same two engines with an fp32 output: sgemm
+the V4 compressor's projections, the V3.2 sparse flash attentions' ``q @ K^T`` and ``P @ V``, the
+lightning indexer's ``q . k``), the same two engines with an fp32 output: sgemm
 (:func:`matmul_f32`), or ``torch.matmul`` on the fp32 tensors with
 ``torch.backends.mkldnn.matmul.fp32_precision = "bf16"`` (oneDNN: the operands converted to bf16,
 exact for bf16 values, bf16 dot products, fp32 accumulation, fp32 output). torch 2.13 has no
