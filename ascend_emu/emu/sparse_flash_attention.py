@@ -28,8 +28,9 @@ both products holds bf16 values (dequantized rows and ``P`` are rounded to the q
 they go through the fp32-output bf16 engine :func:`~ascend_emu.emu.matmul.matmul_bf16_f32`
 (oneDNN's bf16 dot products with fp32 accumulation where its fixed per-host rule allows it, with
 the operands' exponent spans read once per pass; else sgemm): the same exact products summed in
-fp32 in another order, measured at the op-plugin golden's decode shape 1.2x faster for the whole
-op on one thread (docs/performance.md). BLAS is never called inside a
+fp32 in another order; ``P @ V`` multiplies ``P`` scaled by ``2**P_SHIFT`` so that its values down
+to bf16's subnormal range stay on the engine (:data:`P_SHIFT`). Measured at the op-plugin
+golden's decode shape 1.5x faster for the whole op on one thread (docs/performance.md). BLAS is never called inside a
 Numba parallel region; parallelism comes from BLAS's threads and from ``prange`` in the gather,
 the softmax and the rounding. Each unit's matmul shapes depend only on its data, and the Numba
 parts compute every element in a fixed order, so results do not depend on the Numba thread count.
@@ -443,15 +444,45 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
         if not dense:
             smax[pass_units], ssum[pass_units] = sm, ss
         o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]
-        p_span = span(scores[:rows]) if engine else None
+        if engine:  # P scaled by 2**P_SHIFT (exact): its small and subnormal values normal for oneDNN
+            p_scaled = scores[:rows] * np.float32(2.0 ** P_SHIFT)  # [rows, G]
+            p_span = span(p_scaled)
         for i, (off, length) in enumerate(spans):
             p_t, v_rows = scores[off:off + length].T, kv[off:off + length, v_cols]  # [G, L], [L, 512]
-            o[i] = (matmul_bf16_f32(p_t, v_rows, a_span=p_span, b_span=kv_span) if engine
-                    else matmul_f32(p_t, v_rows))  # [G, 512]
+            o_i = None
+            if engine:  # None where the engine's rule or the operands keep the product on sgemm
+                o_i = _scaled_pv(matmul_bf16_f32(p_scaled[off:off + length].T, v_rows, a_span=p_span,
+                                                 b_span=kv_span, sgemm=_no_product))
+            o[i] = matmul_f32(p_t, v_rows) if o_i is None else o_i  # [G, 512]
         bits = out[u0:u1].reshape(-1) if dense else np.empty((u1 - u0) * group * HCKV, dtype=np.uint16)  # [U'*G*512]
         round_out(o.reshape(-1), is_bf16, bits)
         if not dense:
             out[pass_units] = bits.reshape(u1 - u0, group, HCKV)
+
+
+#: ``P @ V`` on the fp32-output bf16 engine multiplies ``P * 2**P_SHIFT`` (exact: a power of two;
+#: ``P`` <= 1, so at most ``2**64``) and scales the result back: ``P``'s smallest values (down to
+#: bf16's subnormal ``2**-133``) would otherwise keep the product off the engine, whose bf16
+#: dot-product instructions flush subnormal operands and products. The products are the same
+#: exact values scaled, summed in fp32 in another order; where sgemm would round a product or a
+#: sum in fp32's subnormal range (below ``2**-126``: an output element that is the sum of tiny
+#: ``P * V`` terms only, e.g. where the dominant row's ``V`` is 0) the engine's sum is exact and
+#: rounded once (RNE) when scaled back.
+P_SHIFT = 64
+
+
+def _no_product() -> None:
+    """The sgemm stand-in of the scaled ``P @ V``: None, the caller runs the unscaled product."""
+    return None
+
+
+def _scaled_pv(o_scaled: np.ndarray | None) -> np.ndarray | None:
+    """``o_scaled * 2**-P_SHIFT`` (exact for normal results, one RNE rounding below ``2**-126``),
+    or None where there is no result (the caller then runs the unscaled product on sgemm)."""
+    if o_scaled is None:
+        return None
+    o_scaled *= np.float32(2.0 ** -P_SHIFT)
+    return o_scaled
 
 
 #: Fewest heads in one range of the softmax (:func:`_head_cols`): 16 fp32 lanes, one AVX-512 vector.
