@@ -237,6 +237,20 @@ ROWS: tuple[Row, ...] = (
        "measured, the same as sgemm's to three digits; 99.8-100 % of outputs equal to sgemm's: the same fp32 "
        "products summed in oneDNN's order, docs/numerics.md#accumulation)", "tests/reference/sparse_attn_sharedkv.py",
        "tests/test_bf16_engine.py::test_shared_kv_attention_through_the_f32_engine"),
+    _r("npu_sparse_flash_attention / npu_kv_quant_sparse_flash_attention on oneDNN's fp32-output bf16 engine "
+       "(bf16 query; torch loaded, >= 16 rows)", "attention_out", "bounded",
+       "the official isclose criterion, no row further than 2^-6 of its largest magnitude, bit-identical share "
+       "against float64 measured 0.9995-1.0 on an AVX-512 bf16 CPU (0.9986-1.0 on sgemm; 0.9978 against 0.9949 "
+       "at a decode shape whose P reaches bf16's subnormals), asserted less 0.005 (the same fp32 products summed "
+       "in oneDNN's order, P scaled by 2^64 and back, docs/numerics.md#accumulation)",
+       "tests/reference/sparse_attention.py",
+       "tests/test_bf16_engine.py::test_sparse_flash_attention_through_the_f32_engine",
+       "tests/test_bf16_engine.py::test_kv_quant_sparse_flash_attention_decode_scales_p_onto_the_engine"),
+    _r("npu_lightning_indexer on oneDNN's fp32-output bf16 engine (bf16; torch loaded, >= 16 rows)",
+       "sparse_indices, sparse_values", "bounded",
+       "exact on integer-valued inputs; random data: selected scores within the score tolerance, 99 % of indices "
+       "equal (the same fp32 products summed in oneDNN's order)", "tests/reference/lightning_indexer.py",
+       "tests/test_bf16_engine.py::test_lightning_indexer_through_the_f32_engine"),
     _r("npu_kv_quant_sparse_attn_sharedkv (DeepSeek-V4, Ascend 950)", "out: the sink's place in the online softmax",
        "unverified", "the running max starts at the sink as the 950 kernel's source reads; differs from the A2 / A3 "
        "order in rounding only, which no test here tells apart", "-"),

@@ -209,6 +209,8 @@ def test_drop_in_honours_use_deterministic_algorithms(monkeypatch):
     before = torch.are_deterministic_algorithms_enabled()
     with monkeypatch.context() as m:
         m.setattr(np, "matmul", lambda *a, **k: (_ for _ in ()).throw(ProductCalled("numpy.matmul")))
+        # the fast path's bf16 product may run on the fp32-output bf16 engine (torch.matmul) instead
+        m.setattr(torch, "matmul", lambda *a, **k: (_ for _ in ()).throw(ProductCalled("torch.matmul")))
         try:
             torch.use_deterministic_algorithms(True)
             drop_in_det = call.through_drop_in()()

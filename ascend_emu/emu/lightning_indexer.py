@@ -9,7 +9,10 @@ Numerics (docs/sources.md#npu_lightning_indexer; the A2/A3 kernel ``lightning_in
 2. ``dot[p, h] = q[h] . k[p]``: fp32 inputs, fp32 accumulation (BLAS sgemm, like the kernel's
    cube matmul whose fp32 result goes to the vector units unrounded). The summation order inside
    the 128-term dot is BLAS's; the cube's is not public, so this step may differ from the hardware
-   in the last fp32 bits.
+   in the last fp32 bits. With bf16 query and key the product goes through the fp32-output bf16
+   engine :func:`~ascend_emu.emu.matmul.matmul_bf16_f32` (oneDNN's bf16 dot products, fp32
+   accumulation, where its fixed per-host rule allows it; else sgemm): the same exact products,
+   another fp32 order.
 3. ``relu(dot) * w[h]`` in fp32 (the kernel applies ReLU to the fp32 matmul result and
    multiplies by the fp32-cast weight). ReLU keeps NaN.
 4. Sum over the G = N1 heads (at most 64; DeepSeek-V3.2: 64) in the kernel's order
@@ -43,7 +46,7 @@ from ..ops.lightning_indexer import (EMPTY_VALUE_SHAPE, PAD_VALUE, SKIPPED_ROW_V
 from ..quant import BF16
 from ..quant.rounding import f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 from .kernels import bits16, widen_row
-from .matmul import matmul_f32
+from .matmul import bf16_engine_may_run, matmul_bf16_f32, matmul_f32, span
 
 #: Below these sizes one thread is faster than waking the pool, and a BLAS call right after a
 #: parallel region competes with its spinning workers on a small machine: key rows gathered,
@@ -260,11 +263,13 @@ def lightning_indexer(args: LightningIndexerArgs) -> LightningIndexerOutputs:
     k_bits = bits16(args.key).reshape(-1, n2, dim)  # [R, N2, D] (read-only keys copied: one kernel signature)
     q32 = query.astype(np.float32)  # [T, N1, D]
     w32 = args.weights.reshape(t_rows, n1).astype(np.float32)  # [T, N1]
+    engine, q_span = is_bf16 and bf16_engine_may_run(t_rows * g), None  # rows: at most T * G
     for b, rows in _batch_rows(args.token_batch):
         lim = args.limit[rows]  # [n_tok]
         width = max(int(lim.max()), 0)
         for kh in range(n2):
             keys = np.empty((width, dim), np.float32)  # [L, D]
+            k_span = None
             if width >= PARALLEL_MIN_ROWS:
                 _gather_keys_parallel(numba.get_num_threads(), k_bits, args.slots[b], kh, is_bf16, keys)
             else:
@@ -272,7 +277,12 @@ def lightning_indexer(args: LightningIndexerArgs) -> LightningIndexerOutputs:
             for c0 in range(0, rows.size, _chunk(width, g)):
                 sub = rows[c0:c0 + _chunk(width, g)]
                 q = q32[sub, kh * g:(kh + 1) * g].reshape(-1, dim)  # [C * G, D]
-                dots = matmul_f32(q, keys.T)  # [C * G, L] fp32 BLAS
+                if engine and width:  # bf16 x bf16, fp32 result: the fp32-output bf16 engine where it runs
+                    q_span = span(q32) if q_span is None else q_span  # bounds every chunk's
+                    k_span = span(keys) if k_span is None else k_span
+                    dots = matmul_bf16_f32(q, keys.T, a_span=q_span, b_span=k_span)  # [C * G, L]
+                else:
+                    dots = matmul_f32(q, keys.T)  # [C * G, L] fp32 BLAS
                 w = np.ascontiguousarray(w32[sub, kh * g:(kh + 1) * g])  # [C, G]
                 out_i = np.empty((sub.size, k), np.int32)
                 out_v = np.empty((sub.size, k) if args.return_value else (0, 0), np.uint16)

@@ -50,8 +50,10 @@ stays inside the fidelity docs/fidelity.md states for it (``tests/test_bf16_engi
 
 bf16 products with an fp32 result (:func:`matmul_bf16_f32`): where a bf16 x bf16 product's fp32
 result feeds more fp32 math (the V4 shared-KV attentions' ``S = q @ K^T`` and ``round(P) @ K``,
-not the V4 compressor's projections: on oneDNN its bf16 outputs lost their
-near-exact rounding, and a two-row output failed the 0.005 dual criterion its docs state), the same two engines with an fp32 output: sgemm
+the V3.2 sparse flash attentions' ``q @ K^T`` and ``P @ V``, the lightning indexer's ``q . k``;
+not the V4 compressor's projections: on oneDNN its near-exactly rounded bf16 outputs lost that,
+and a two-row output failed the 0.005 dual criterion its docs state), the same two engines with
+an fp32 output: sgemm
 (:func:`matmul_f32`), or ``torch.matmul`` on the fp32 tensors with
 ``torch.backends.mkldnn.matmul.fp32_precision = "bf16"`` (oneDNN: the operands converted to bf16,
 exact for bf16 values, bf16 dot products, fp32 accumulation, fp32 output). torch 2.13 has no

@@ -23,7 +23,14 @@ with more rows is a pass of its own), so memory stays bounded whatever the batch
    buffer), then one RNE rounding of ``O`` to the query dtype per pass.
 
 The matmuls' summation order is BLAS's (docs/numerics.md#accumulation: inputs widened exactly to
-fp32, fp32 accumulation, one rounding where the kernel rounds). BLAS is never called inside a
+fp32, fp32 accumulation, one rounding where the kernel rounds). With a bf16 query every operand of
+both products holds bf16 values (dequantized rows and ``P`` are rounded to the query dtype), so
+they go through the fp32-output bf16 engine :func:`~ascend_emu.emu.matmul.matmul_bf16_f32`
+(oneDNN's bf16 dot products with fp32 accumulation where its fixed per-host rule allows it, with
+the operands' exponent spans read once per pass; else sgemm): the same exact products summed in
+fp32 in another order; ``P @ V`` multiplies ``P`` scaled by ``2**P_SHIFT`` so that its values down
+to bf16's subnormal range stay on the engine (:data:`P_SHIFT`). Measured at the op-plugin
+golden's decode shape 1.5x faster for the whole op on one thread (docs/performance.md). BLAS is never called inside a
 Numba parallel region; parallelism comes from BLAS's threads and from ``prange`` in the gather,
 the softmax and the rounding. Each unit's matmul shapes depend only on its data, and the Numba
 parts compute every element in a fixed order, so results do not depend on the Numba thread count.
@@ -50,7 +57,7 @@ from ..quant import BF16, MLA_ROW, NUM_TILES, ROPE_OFFSET, SCALE_OFFSET
 from ..quant.combined import NOPE_BYTE_VALUES
 from ..quant.rounding import bf16_bits_to_f32, f16_bits_to_f32, f32_bits_to_bf16_bits, f32_bits_to_f16_bits
 from .kernels import bits16, kernel_input, narrow_row, parallel_parts, widen_row
-from .matmul import matmul_f32
+from .matmul import bf16_engine_may_run, matmul_bf16_f32, matmul_f32, span
 
 #: uint16 word of the first rope element / fp32 word of the first scale in a 656-byte row.
 _ROPE_WORD = ROPE_OFFSET // 2
@@ -418,8 +425,16 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
         q = np.empty((u1 - u0, group, D_QK), dtype=np.float32)  # [U', G, 576]
         widen_query(query, pass_units, is_bf16, q)
         spans = list(zip(offsets.tolist(), lens.tolist(), strict=True))  # (first row, rows) per unit
+        # bf16 queries: every operand of both products holds bf16 values (the dequantized rows are
+        # rounded to the query dtype, P too), so they may run on the fp32-output bf16 engine; the
+        # spans of the whole pass's buffers bound every unit's views (one pass each)
+        engine = is_bf16 and bf16_engine_may_run(max(int(lens.max()), group))
+        kv_span = span(kv[:rows]) if engine else None
+        q_span = span(q) if engine else None
         for i, (off, length) in enumerate(spans):
-            scores[off:off + length] = matmul_f32(kv[off:off + length, :D_QK], q[i].T)  # [L, G]
+            k_rows, q_t = kv[off:off + length, :D_QK], q[i].T  # [L, 576], [576, G]
+            scores[off:off + length] = (matmul_bf16_f32(k_rows, q_t, a_span=kv_span, b_span=q_span) if engine
+                                        else matmul_f32(k_rows, q_t))  # [L, G]
         if dense:  # units u0..u1-1 are rows u0..u1-1: the kernels write them in place
             sm, ss = smax[u0:u1], ssum[u0:u1]  # [U', G] views
         else:
@@ -429,12 +444,45 @@ def _attend(args: SparseFlashAttentionArgs, opd: _Operands, units: np.ndarray, l
         if not dense:
             smax[pass_units], ssum[pass_units] = sm, ss
         o = np.empty((u1 - u0, group, HCKV), dtype=np.float32)  # [U', G, 512]
+        if engine:  # P scaled by 2**P_SHIFT (exact): its small and subnormal values normal for oneDNN
+            p_scaled = scores[:rows] * np.float32(2.0 ** P_SHIFT)  # [rows, G]
+            p_span = span(p_scaled)
         for i, (off, length) in enumerate(spans):
-            o[i] = matmul_f32(scores[off:off + length].T, kv[off:off + length, v_cols])  # [G, 512]
+            p_t, v_rows = scores[off:off + length].T, kv[off:off + length, v_cols]  # [G, L], [L, 512]
+            o_i = None
+            if engine:  # None where the engine's rule or the operands keep the product on sgemm
+                o_i = _scaled_pv(matmul_bf16_f32(p_scaled[off:off + length].T, v_rows, a_span=p_span,
+                                                 b_span=kv_span, sgemm=_no_product))
+            o[i] = matmul_f32(p_t, v_rows) if o_i is None else o_i  # [G, 512]
         bits = out[u0:u1].reshape(-1) if dense else np.empty((u1 - u0) * group * HCKV, dtype=np.uint16)  # [U'*G*512]
         round_out(o.reshape(-1), is_bf16, bits)
         if not dense:
             out[pass_units] = bits.reshape(u1 - u0, group, HCKV)
+
+
+#: ``P @ V`` on the fp32-output bf16 engine multiplies ``P * 2**P_SHIFT`` (exact: a power of two;
+#: ``P`` <= 1, so at most ``2**64``) and scales the result back: ``P``'s smallest values (down to
+#: bf16's subnormal ``2**-133``) would otherwise keep the product off the engine, whose bf16
+#: dot-product instructions flush subnormal operands and products. The products are the same
+#: exact values scaled, summed in fp32 in another order; where sgemm would round a product or a
+#: sum in fp32's subnormal range (below ``2**-126``: an output element that is the sum of tiny
+#: ``P * V`` terms only, e.g. where the dominant row's ``V`` is 0) the engine's sum is exact and
+#: rounded once (RNE) when scaled back.
+P_SHIFT = 64
+
+
+def _no_product() -> None:
+    """The sgemm stand-in of the scaled ``P @ V``: None, the caller runs the unscaled product."""
+    return None
+
+
+def _scaled_pv(o_scaled: np.ndarray | None) -> np.ndarray | None:
+    """``o_scaled * 2**-P_SHIFT`` (exact for normal results, one RNE rounding below ``2**-126``),
+    or None where there is no result (the caller then runs the unscaled product on sgemm)."""
+    if o_scaled is None:
+        return None
+    o_scaled *= np.float32(2.0 ** -P_SHIFT)
+    return o_scaled
 
 
 #: Fewest heads in one range of the softmax (:func:`_head_cols`): 16 fp32 lanes, one AVX-512 vector.
