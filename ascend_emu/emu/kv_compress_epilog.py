@@ -95,6 +95,16 @@ def half_to_f32(h, fp16):
     return mag
 
 
+@njit(cache=True, inline="always")
+def put_rope(rope, xr, q):
+    """The rope part of a row: ``xr[q:]``'s bf16 bits as little-endian bytes, as the cache holds
+    them, into the uint8 slice ``rope`` (``2 * (len(xr) - q)`` bytes)."""
+    for k in range(xr.shape[0] - q):
+        h = xr[q + k]
+        rope[2 * k] = np.uint8(h & 0xFF)
+        rope[2 * k + 1] = np.uint8(h >> 8)
+
+
 @njit(cache=True)
 def mode2_rows(dst, scale_dst, xbits, tokens, slots, geo, top_f):  # pragma: no cover - compiled
     """E8M0-scaled fp8 rows (quant/v4.py's quant_mode 2 arithmetic, also the indexer's MX quant;
@@ -153,11 +163,7 @@ def mode2_rows(dst, scale_dst, xbits, tokens, slots, geo, top_f):  # pragma: no 
         values = dst[voff:voff + q]
         for c in range(q):
             values[c] = codes[c]
-        rope = dst[voff + rope_rel:voff + rope_rel + 2 * (d - q)]
-        for k in range(d - q):  # little-endian bf16 bits, as the cache holds them
-            h = xr[q + k]
-            rope[2 * k] = np.uint8(h & 0xFF)
-            rope[2 * k + 1] = np.uint8(h >> 8)
+        put_rope(dst[voff + rope_rel:voff + rope_rel + 2 * (d - q)], xr, q)
         for k in range(pad_len):
             scale_out[groups + k] = 0
 
@@ -208,11 +214,7 @@ def indexer_fp8_rows(dst, scale_dst, xbits, tokens, slots, geo, inv):  # pragma:
         values = dst[voff:voff + q]
         for c in range(q):
             values[c] = codes[c]
-        rope = dst[voff + rope_rel:voff + rope_rel + 2 * (d - q)]
-        for k in range(d - q):  # little-endian bf16 bits, as the cache holds them
-            h = xr[q + k]
-            rope[2 * k] = np.uint8(h & 0xFF)
-            rope[2 * k + 1] = np.uint8(h >> 8)
+        put_rope(dst[voff + rope_rel:voff + rope_rel + 2 * (d - q)], xr, q)
         scale_bytes = scales.view(np.uint8)
         scale_out = scale_dst[soff:soff + 4 * groups + pad_len]
         for k in range(4 * groups):
