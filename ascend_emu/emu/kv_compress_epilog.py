@@ -29,6 +29,7 @@ from ..ops._v4_writers import V4WriterArgs, V4WriterOutputs
 from ..quant import v4 as codec
 from ..quant.fp8 import FP8_MAX
 from ..quant.hifloat8 import to_hif8
+from .kernels import widen_row
 
 
 def as_bytes(a: np.ndarray) -> np.ndarray:
@@ -80,22 +81,6 @@ def place(geo, slot):
 
 
 @njit(cache=True, inline="always")
-def half_to_f32(h, fp16):
-    """fp32 value of the finite 16-bit float with bits ``h``: bf16 (the upper half of fp32) or,
-    with ``fp16``, IEEE half (exact: normal by rebiasing, subnormal as ``mantissa * 2**-24``)."""
-    u = np.uint32(h)
-    if not fp16:
-        return np.uint32(u << np.uint32(16)).view(np.float32)
-    sign = np.uint32((u & np.uint32(0x8000)) << np.uint32(16))
-    e = np.uint32((u >> np.uint32(10)) & np.uint32(0x1F))
-    m = np.uint32(u & np.uint32(0x3FF))
-    normal = np.uint32(sign | ((e + np.uint32(112)) << np.uint32(23)) | (m << np.uint32(13))).view(np.float32)
-    sub = np.float32(np.float32(m) * np.float32(2.0 ** -24))
-    mag = normal if e != 0 else (sub if sign == 0 else -sub)
-    return mag
-
-
-@njit(cache=True, inline="always")
 def put_rope(rope, xr, q):
     """The rope part of a row: ``xr[q:]``'s bf16 bits as little-endian bytes, as the cache holds
     them, into the uint8 slice ``rope`` (``2 * (len(xr) - q)`` bytes)."""
@@ -127,8 +112,7 @@ def mode2_rows(dst, scale_dst, xbits, tokens, slots, geo, top_f):  # pragma: no 
     for i in range(tokens.shape[0]):
         xr = xbits[tokens[i]]
         voff, soff = place(geo, slots[i])
-        for c in range(q):
-            row[c] = half_to_f32(xr[c], fp16)
+        widen_row(xr[:q], row, not fp16)
         scale_out = scale_dst[soff:soff + groups + pad_len]
         for g in range(groups):
             lo = g * group
@@ -190,8 +174,7 @@ def indexer_fp8_rows(dst, scale_dst, xbits, tokens, slots, geo, inv):  # pragma:
     for i in range(tokens.shape[0]):
         xr = xbits[tokens[i]]
         voff, soff = place(geo, slots[i])
-        for c in range(q):
-            row[c] = half_to_f32(xr[c], fp16)
+        widen_row(xr[:q], row, not fp16)
         for g in range(groups):
             lo = g * 128
             hi = min(lo + 128, q)
